@@ -1,0 +1,1 @@
+//! The shmtrace producer library. Lands with its own issue.
