@@ -26,3 +26,11 @@
 
 #[cfg(any(test, loom))]
 extern crate std;
+
+pub mod layout;
+pub mod proto;
+pub mod reader;
+pub mod smb;
+pub mod state;
+pub mod sync;
+pub mod writer;

@@ -1,0 +1,1 @@
+//! Placeholder: this module lands with the abi core (issue 2).
