@@ -1,1 +1,813 @@
-//! Placeholder: this module lands with the abi core (issue 2).
+//! Atomic words and the chunk state-machine operations over them.
+//!
+//! This is the coordination layer of the SMB (bbqueue's "coordination", as
+//! opposed to "storage"). It has three parts:
+//!
+//! 1. **The shim** [`atomic`]: `core::sync::atomic` normally, `loom`'s
+//!    atomics under `RUSTFLAGS="--cfg loom"` (maitake-sync style). Only
+//!    [`OwnedPageWords`] is built from it.
+//! 2. **Two tiny traits**, [`AtomicWord32`] and [`AtomicWord16`], implemented
+//!    for the `core` atomics (used by [`crate::smb::Smb`] through
+//!    `AtomicU32::from_ptr` into the shared mapping) and, under `--cfg loom`,
+//!    for loom's atomics; plus [`PageWords`], "the atomic words of one page".
+//! 3. **Generic operations** ([`try_partition`], [`try_acquire_for_writing`],
+//!    [`release_as_complete`], [`try_acquire_for_reading`],
+//!    [`release_as_free`], [`release_complete_as_free`],
+//!    [`scrape_snapshot`]) that run unchanged on the real mapping and on owned
+//!    loom model pages.
+//!
+//! # Invariants and memory ordering
+//!
+//! * Every state change is a compare-and-swap of the whole `header_bitmap`
+//!   word with `AcqRel` ordering, computed by [`crate::state::apply`]. Loads
+//!   that decide whether to acquire use `Acquire`; hints use `Relaxed`.
+//! * A CAS that loses a race re-evaluates the transition on the value it
+//!   found, at most [`CAS_ATTEMPTS`] times, then returns a `Contended` error.
+//!   `no_std` code cannot sleep: backing off is the caller's job.
+//! * After winning `Free → BeingWritten` the producer initializes the chunk
+//!   header: `writer_id` and `chunk_id` with `Relaxed`, then `packets` with
+//!   `Release`. Readers load `packets` with `Acquire` before trusting
+//!   `writer_id`/`chunk_id` or payload bytes.
+//! * Before `BeingRead → Free` (or the emulation `Complete → Free`) the chunk
+//!   header is cleared (`writer_id = 0`, `chunk_id = 0` relaxed, `packets = 0`
+//!   release) so a later reader can tell an initialized header from a stale
+//!   one.
+//! * Nothing here panics on any bitmap value: a peer that scribbles on the
+//!   shared words gets typed errors, never a crash.
+//! * Shared words must be native lock-free atomics (address-free, so they
+//!   work across processes); this module only exists on targets with native
+//!   32- and 16-bit atomics.
+
+use core::fmt;
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+pub use core::sync::atomic::Ordering;
+
+use crate::layout::{ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, MAX_CHUNKS_PER_PAGE};
+use crate::state::{self, ChunkState, PartitionError, Transition, TransitionError};
+
+/// The atomic types the crate's owned words are built from: `core`'s
+/// normally, `loom`'s under `--cfg loom`.
+pub mod atomic {
+    #[cfg(not(loom))]
+    pub use core::sync::atomic::{AtomicU16, AtomicU32};
+    #[cfg(loom)]
+    pub use loom::sync::atomic::{AtomicU16, AtomicU32};
+}
+
+/// Most times a state CAS is retried after losing a race before the
+/// operation gives up with a `Contended` error (same budget as Perfetto).
+pub const CAS_ATTEMPTS: u32 = 64;
+
+/// A 32-bit atomic word: `load`, `store` and `compare_exchange`.
+pub trait AtomicWord32 {
+    /// Atomic load.
+    fn load(&self, order: Ordering) -> u32;
+    /// Atomic store.
+    fn store(&self, value: u32, order: Ordering);
+    /// Strong compare-and-exchange.
+    fn compare_exchange(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32>;
+}
+
+/// A 16-bit atomic word: `load` and `store` (the u16 header words are only
+/// ever written by their single owner).
+pub trait AtomicWord16 {
+    /// Atomic load.
+    fn load(&self, order: Ordering) -> u16;
+    /// Atomic store.
+    fn store(&self, value: u16, order: Ordering);
+}
+
+macro_rules! impl_words {
+    ($a32:ty, $a16:ty) => {
+        impl AtomicWord32 for $a32 {
+            #[inline]
+            fn load(&self, order: Ordering) -> u32 {
+                <$a32>::load(self, order)
+            }
+            #[inline]
+            fn store(&self, value: u32, order: Ordering) {
+                <$a32>::store(self, value, order)
+            }
+            #[inline]
+            fn compare_exchange(
+                &self,
+                current: u32,
+                new: u32,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u32, u32> {
+                <$a32>::compare_exchange(self, current, new, success, failure)
+            }
+        }
+        impl AtomicWord16 for $a16 {
+            #[inline]
+            fn load(&self, order: Ordering) -> u16 {
+                <$a16>::load(self, order)
+            }
+            #[inline]
+            fn store(&self, value: u16, order: Ordering) {
+                <$a16>::store(self, value, order)
+            }
+        }
+    };
+}
+
+impl_words!(core::sync::atomic::AtomicU32, core::sync::atomic::AtomicU16);
+#[cfg(loom)]
+impl_words!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU16);
+
+/// The three atomic words of one chunk header.
+#[derive(Debug)]
+pub struct ChunkWords<'a, W32: ?Sized, W16: ?Sized> {
+    /// `chunk_id` (offset 0).
+    pub chunk_id: &'a W32,
+    /// `writer_id` (offset 4).
+    pub writer_id: &'a W16,
+    /// `packets` (offset 6).
+    pub packets: &'a W16,
+}
+
+impl<W32: ?Sized, W16: ?Sized> Clone for ChunkWords<'_, W32, W16> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W32: ?Sized, W16: ?Sized> Copy for ChunkWords<'_, W32, W16> {}
+
+impl<W32: AtomicWord32 + ?Sized, W16: AtomicWord16 + ?Sized> ChunkWords<'_, W32, W16> {
+    /// Producer header initialization: ids relaxed, then `packets` release.
+    pub fn init(&self, header: &ChunkHeaderRepr) {
+        self.writer_id.store(header.writer_id, Relaxed);
+        self.chunk_id.store(header.chunk_id, Relaxed);
+        self.packets.store(header.packets.bits(), Release);
+    }
+
+    /// Header clearing before a chunk is freed: ids relaxed, then `packets`
+    /// release.
+    pub fn clear(&self) {
+        self.writer_id.store(0, Relaxed);
+        self.chunk_id.store(0, Relaxed);
+        self.packets.store(0, Release);
+    }
+
+    /// Loads the header with the given ordering for `packets` (ids are
+    /// loaded relaxed, after it).
+    pub fn load(&self, packets_order: Ordering) -> ChunkHeaderRepr {
+        let packets = Packets::from_bits(self.packets.load(packets_order));
+        ChunkHeaderRepr {
+            chunk_id: self.chunk_id.load(Relaxed),
+            writer_id: self.writer_id.load(Relaxed),
+            packets,
+        }
+    }
+}
+
+/// The atomic words of one SMB page: its `header_bitmap` and, per layout,
+/// the header words of each chunk.
+pub trait PageWords {
+    /// Type of the 32-bit words.
+    type Word32: AtomicWord32;
+    /// Type of the 16-bit words.
+    type Word16: AtomicWord16;
+
+    /// The page's `header_bitmap`.
+    fn header_bitmap(&self) -> &Self::Word32;
+
+    /// Header words of `chunk` under `layout`, or `None` if the layout has
+    /// no such chunk.
+    fn chunk_words(
+        &self,
+        layout: PageLayout,
+        chunk: usize,
+    ) -> Option<ChunkWords<'_, Self::Word32, Self::Word16>>;
+}
+
+#[derive(Debug, Default)]
+struct OwnedChunkWords {
+    chunk_id: atomic::AtomicU32,
+    writer_id: atomic::AtomicU16,
+    packets: atomic::AtomicU16,
+}
+
+/// A page's atomic words owned by the caller rather than overlaid on shared
+/// memory: used by unit tests and by loom models (loom atomics cannot live
+/// in a mapping). Chunk header words are indexed by chunk number regardless
+/// of layout (the byte aliasing between layouts is a storage concern,
+/// tested on [`crate::smb::Smb`]).
+#[derive(Debug)]
+pub struct OwnedPageWords {
+    header_bitmap: atomic::AtomicU32,
+    chunks: [OwnedChunkWords; MAX_CHUNKS_PER_PAGE],
+}
+
+impl OwnedPageWords {
+    /// A free, unpartitioned page with cleared chunk headers.
+    pub fn new() -> Self {
+        OwnedPageWords {
+            header_bitmap: atomic::AtomicU32::new(0),
+            chunks: core::array::from_fn(|_| OwnedChunkWords::default()),
+        }
+    }
+}
+
+impl Default for OwnedPageWords {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PageWords for OwnedPageWords {
+    type Word32 = atomic::AtomicU32;
+    type Word16 = atomic::AtomicU16;
+
+    fn header_bitmap(&self) -> &Self::Word32 {
+        &self.header_bitmap
+    }
+
+    fn chunk_words(
+        &self,
+        layout: PageLayout,
+        chunk: usize,
+    ) -> Option<ChunkWords<'_, Self::Word32, Self::Word16>> {
+        if chunk >= layout.num_chunks() {
+            return None;
+        }
+        let c = self.chunks.get(chunk)?;
+        Some(ChunkWords {
+            chunk_id: &c.chunk_id,
+            writer_id: &c.writer_id,
+            packets: &c.packets,
+        })
+    }
+}
+
+/// Why a chunk could not be acquired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The page index is not below the SMB's page count.
+    PageOutOfRange {
+        /// The requested page.
+        page: usize,
+        /// Pages in the SMB.
+        num_pages: usize,
+    },
+    /// The page's current layout has no chunk with this index (the page may
+    /// be unpartitioned or repartitioned).
+    ChunkOutOfRange {
+        /// The requested chunk.
+        chunk: usize,
+        /// Chunks in the current layout.
+        num_chunks: usize,
+    },
+    /// The chunk is not in the state the acquisition starts from (`Free`
+    /// for writing, `Complete` for reading).
+    WrongState {
+        /// The state the acquisition needs.
+        expected: ChunkState,
+        /// The state found.
+        found: ChunkState,
+    },
+    /// Other chunks of the page kept changing: every one of the
+    /// [`CAS_ATTEMPTS`] compare-and-swaps lost a race. Back off and retry.
+    Contended,
+    /// No page of the SMB had a free chunk (only from the "any chunk"
+    /// acquisition).
+    NoFreeChunk,
+}
+
+impl From<TransitionError> for AcquireError {
+    fn from(e: TransitionError) -> Self {
+        match e {
+            TransitionError::ChunkOutOfRange { chunk, num_chunks } => {
+                AcquireError::ChunkOutOfRange { chunk, num_chunks }
+            }
+            TransitionError::WrongState { expected, found } => {
+                AcquireError::WrongState { expected, found }
+            }
+        }
+    }
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::PageOutOfRange { page, num_pages } => {
+                write!(f, "page {page} is out of range (SMB has {num_pages} pages)")
+            }
+            Self::ChunkOutOfRange { chunk, num_chunks } => {
+                write!(
+                    f,
+                    "chunk {chunk} does not exist in the page's layout of {num_chunks} chunks"
+                )
+            }
+            Self::WrongState { expected, found } => {
+                write!(f, "chunk is {found}, expected {expected}")
+            }
+            Self::Contended => write!(f, "page header kept changing for {CAS_ATTEMPTS} attempts"),
+            Self::NoFreeChunk => f.write_str("no free chunk in the SMB"),
+        }
+    }
+}
+
+impl core::error::Error for AcquireError {}
+
+/// Why a chunk could not be released. The chunk's state is left as it was;
+/// it is lost to its owner (the peer broke the protocol, or the page was
+/// contended beyond the retry budget).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseError {
+    /// The page index is not below the SMB's page count.
+    PageOutOfRange {
+        /// The requested page.
+        page: usize,
+        /// Pages in the SMB.
+        num_pages: usize,
+    },
+    /// The page's layout is no longer the one the chunk was acquired with
+    /// (a peer repartitioned it).
+    LayoutChanged {
+        /// Layout at acquisition.
+        acquired: PageLayout,
+        /// Layout found now.
+        found: PageLayout,
+    },
+    /// The page's current layout has no chunk with this index.
+    ChunkOutOfRange {
+        /// The chunk index.
+        chunk: usize,
+        /// Chunks in the current layout.
+        num_chunks: usize,
+    },
+    /// The chunk is not in the state the release starts from.
+    WrongState {
+        /// The state the release needs.
+        expected: ChunkState,
+        /// The state found.
+        found: ChunkState,
+    },
+    /// Every one of the [`CAS_ATTEMPTS`] compare-and-swaps lost a race.
+    Contended,
+}
+
+impl From<TransitionError> for ReleaseError {
+    fn from(e: TransitionError) -> Self {
+        match e {
+            TransitionError::ChunkOutOfRange { chunk, num_chunks } => {
+                ReleaseError::ChunkOutOfRange { chunk, num_chunks }
+            }
+            TransitionError::WrongState { expected, found } => {
+                ReleaseError::WrongState { expected, found }
+            }
+        }
+    }
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::PageOutOfRange { page, num_pages } => {
+                write!(f, "page {page} is out of range (SMB has {num_pages} pages)")
+            }
+            Self::LayoutChanged { acquired, found } => {
+                write!(
+                    f,
+                    "page layout changed from {acquired:?} to {found:?} while the chunk was held"
+                )
+            }
+            Self::ChunkOutOfRange { chunk, num_chunks } => {
+                write!(
+                    f,
+                    "chunk {chunk} does not exist in the page's layout of {num_chunks} chunks"
+                )
+            }
+            Self::WrongState { expected, found } => {
+                write!(f, "chunk is {found}, expected {expected}")
+            }
+            Self::Contended => write!(f, "page header kept changing for {CAS_ATTEMPTS} attempts"),
+        }
+    }
+}
+
+impl core::error::Error for ReleaseError {}
+
+/// Why a chunk was not scraped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScrapeError {
+    /// The page index is not below the SMB's page count.
+    PageOutOfRange {
+        /// The requested page.
+        page: usize,
+        /// Pages in the SMB.
+        num_pages: usize,
+    },
+    /// The page's current layout has no chunk with this index.
+    ChunkOutOfRange {
+        /// The chunk index.
+        chunk: usize,
+        /// Chunks in the current layout.
+        num_chunks: usize,
+    },
+    /// The chunk is free: nothing to scrape.
+    ChunkFree,
+    /// The chunk is still being written and has fewer than two fragments,
+    /// so none of them is known to be finished.
+    NoFinishedFragment {
+        /// The fragment count found.
+        count: u16,
+    },
+    /// The destination buffer cannot hold the chunk.
+    BufferTooSmall {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes available.
+        got: usize,
+    },
+    /// The copied header failed validation.
+    InvalidHeader(ChunkHeaderError),
+}
+
+impl fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::PageOutOfRange { page, num_pages } => {
+                write!(f, "page {page} is out of range (SMB has {num_pages} pages)")
+            }
+            Self::ChunkOutOfRange { chunk, num_chunks } => {
+                write!(
+                    f,
+                    "chunk {chunk} does not exist in the page's layout of {num_chunks} chunks"
+                )
+            }
+            Self::ChunkFree => f.write_str("chunk is free"),
+            Self::NoFinishedFragment { count } => {
+                write!(
+                    f,
+                    "chunk being written has {count} fragment(s), none known finished"
+                )
+            }
+            Self::BufferTooSmall { needed, got } => {
+                write!(f, "destination holds {got} bytes, chunk needs {needed}")
+            }
+            Self::InvalidHeader(e) => write!(f, "invalid chunk header: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for ScrapeError {}
+
+/// P0: partitions a free page (`0 → layout << 28`, CAS `AcqRel`).
+pub fn try_partition<P: PageWords + ?Sized>(
+    page: &P,
+    layout: PageLayout,
+) -> Result<(), PartitionError> {
+    let next = state::partition(0, layout)?;
+    page.header_bitmap()
+        .compare_exchange(0, next, AcqRel, Relaxed)
+        .map(|_| ())
+        .map_err(|bitmap| PartitionError::PageNotFree { bitmap })
+}
+
+fn acquire<P: PageWords + ?Sized>(
+    page: &P,
+    chunk: usize,
+    transition: Transition,
+    header: Option<&ChunkHeaderRepr>,
+) -> Result<PageLayout, AcquireError> {
+    let word = page.header_bitmap();
+    let mut bitmap = word.load(Acquire);
+    for _ in 0..CAS_ATTEMPTS {
+        let next = state::apply(bitmap, chunk, transition)?;
+        let layout = state::layout(bitmap);
+        let words = page
+            .chunk_words(layout, chunk)
+            .ok_or(AcquireError::ChunkOutOfRange {
+                chunk,
+                num_chunks: layout.num_chunks(),
+            })?;
+        match word.compare_exchange(bitmap, next, AcqRel, Acquire) {
+            Ok(_) => {
+                if let Some(header) = header {
+                    words.init(header);
+                }
+                return Ok(layout);
+            }
+            Err(actual) => bitmap = actual,
+        }
+    }
+    Err(AcquireError::Contended)
+}
+
+/// P1: acquires `chunk` for writing (`Free → BeingWritten`) and initializes
+/// its header from `header`. Returns the page layout the chunk belongs to.
+pub fn try_acquire_for_writing<P: PageWords + ?Sized>(
+    page: &P,
+    chunk: usize,
+    header: &ChunkHeaderRepr,
+) -> Result<PageLayout, AcquireError> {
+    acquire(page, chunk, Transition::AcquireForWriting, Some(header))
+}
+
+/// S1: acquires `chunk` for reading (`Complete → BeingRead`). Returns the
+/// page layout the chunk belongs to.
+pub fn try_acquire_for_reading<P: PageWords + ?Sized>(
+    page: &P,
+    chunk: usize,
+) -> Result<PageLayout, AcquireError> {
+    acquire(page, chunk, Transition::AcquireForReading, None)
+}
+
+fn release<P: PageWords + ?Sized>(
+    page: &P,
+    acquired: Option<PageLayout>,
+    chunk: usize,
+    transition: Transition,
+) -> Result<(), ReleaseError> {
+    let word = page.header_bitmap();
+    let mut bitmap = word.load(Relaxed);
+    for _ in 0..CAS_ATTEMPTS {
+        let found = state::layout(bitmap);
+        if let Some(acquired) = acquired {
+            if found != acquired {
+                return Err(ReleaseError::LayoutChanged { acquired, found });
+            }
+        }
+        let next = state::apply(bitmap, chunk, transition)?;
+        if transition.to() == ChunkState::Free {
+            // Clear the header of the chunk as the current layout places it,
+            // before the CAS publishes the free state.
+            let words = page
+                .chunk_words(found, chunk)
+                .ok_or(ReleaseError::ChunkOutOfRange {
+                    chunk,
+                    num_chunks: found.num_chunks(),
+                })?;
+            words.clear();
+        }
+        match word.compare_exchange(bitmap, next, AcqRel, Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(actual) => bitmap = actual,
+        }
+    }
+    Err(ReleaseError::Contended)
+}
+
+/// P2: the producer hands a chunk it acquired with layout `acquired` over
+/// (`BeingWritten → Complete`).
+pub fn release_as_complete<P: PageWords + ?Sized>(
+    page: &P,
+    acquired: PageLayout,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    release(page, Some(acquired), chunk, Transition::ReleaseAsComplete)
+}
+
+/// S2: the service frees a chunk it acquired for reading with layout
+/// `acquired` (`BeingRead → Free`), clearing its header first. If every
+/// chunk of the page is then free the page becomes unpartitioned (`0`).
+pub fn release_as_free<P: PageWords + ?Sized>(
+    page: &P,
+    acquired: PageLayout,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    release(page, Some(acquired), chunk, Transition::ReleaseAsFree)
+}
+
+/// E1: a producer in shmem-emulation mode frees a `Complete` chunk itself
+/// (`Complete → Free`), clearing its header first.
+pub fn release_complete_as_free<P: PageWords + ?Sized>(
+    page: &P,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    release(page, None, chunk, Transition::EmulationReleaseAsFree)
+}
+
+/// What a scraper learned about a chunk before copying it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrapeSnapshot {
+    /// The page layout at the time of the snapshot.
+    pub layout: PageLayout,
+    /// The chunk state (`BeingWritten`, `BeingRead` or `Complete`).
+    pub state: ChunkState,
+    /// The header as loaded (`packets` with `Acquire`), not yet validated.
+    pub header: ChunkHeaderRepr,
+}
+
+impl ScrapeSnapshot {
+    /// Whether the producer finished the chunk (`Complete`): then every
+    /// counted fragment is final. Otherwise only the first `count - 1`
+    /// fragments are.
+    pub fn complete(&self) -> bool {
+        self.state == ChunkState::Complete
+    }
+}
+
+/// Reads the state and header of a non-free chunk without changing its
+/// state: bitmap `Acquire`, then `packets` `Acquire`. A chunk that is not
+/// `Complete` (being written, or in a transient read) needs at least two
+/// fragments, otherwise [`ScrapeError::NoFinishedFragment`].
+pub fn scrape_snapshot<P: PageWords + ?Sized>(
+    page: &P,
+    chunk: usize,
+) -> Result<ScrapeSnapshot, ScrapeError> {
+    let bitmap = page.header_bitmap().load(Acquire);
+    let layout = state::layout(bitmap);
+    let out_of_range = ScrapeError::ChunkOutOfRange {
+        chunk,
+        num_chunks: layout.num_chunks(),
+    };
+    let chunk_state = state::chunk_state(bitmap, chunk).ok_or(out_of_range)?;
+    if chunk_state == ChunkState::Free {
+        return Err(ScrapeError::ChunkFree);
+    }
+    let words = page.chunk_words(layout, chunk).ok_or(out_of_range)?;
+    let header = words.load(Acquire);
+    let snapshot = ScrapeSnapshot {
+        layout,
+        state: chunk_state,
+        header,
+    };
+    if !snapshot.complete() && header.packets.count() < 2 {
+        return Err(ScrapeError::NoFinishedFragment {
+            count: header.packets.count(),
+        });
+    }
+    Ok(snapshot)
+}
+
+/// Relaxed hint: bit `j` set iff chunk `j` exists and is free.
+pub fn free_chunks<P: PageWords + ?Sized>(page: &P) -> u16 {
+    state::free_chunks(page.header_bitmap().load(Relaxed))
+}
+
+/// Relaxed hint: whether the page is unpartitioned and entirely free.
+pub fn is_page_free<P: PageWords + ?Sized>(page: &P) -> bool {
+    page.header_bitmap().load(Relaxed) == 0
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::layout::ChunkFlags;
+
+    fn header(writer_id: u16, chunk_id: u32, count: u16) -> ChunkHeaderRepr {
+        ChunkHeaderRepr {
+            chunk_id,
+            writer_id,
+            packets: Packets::new(count, ChunkFlags::EMPTY).unwrap(),
+        }
+    }
+
+    #[test]
+    fn lifecycle_on_owned_page() {
+        let page = OwnedPageWords::new();
+        assert!(is_page_free(&page));
+        try_partition(&page, PageLayout::Div2).unwrap();
+        assert_eq!(
+            try_partition(&page, PageLayout::Div1),
+            Err(PartitionError::PageNotFree {
+                bitmap: 0x2000_0000
+            })
+        );
+        assert_eq!(free_chunks(&page), 0b11);
+        let layout = try_acquire_for_writing(&page, 1, &header(7, 42, 0)).unwrap();
+        assert_eq!(layout, PageLayout::Div2);
+        assert_eq!(free_chunks(&page), 0b01);
+        let words = page.chunk_words(layout, 1).unwrap();
+        assert_eq!(words.load(Acquire), header(7, 42, 0));
+        // Not complete yet: the service cannot take it.
+        assert_eq!(
+            try_acquire_for_reading(&page, 1),
+            Err(AcquireError::WrongState {
+                expected: ChunkState::Complete,
+                found: ChunkState::BeingWritten
+            })
+        );
+        assert_eq!(
+            scrape_snapshot(&page, 1),
+            Err(ScrapeError::NoFinishedFragment { count: 0 })
+        );
+        words
+            .packets
+            .store(Packets::new(3, ChunkFlags::EMPTY).unwrap().bits(), Release);
+        let snap = scrape_snapshot(&page, 1).unwrap();
+        assert!(!snap.complete());
+        assert_eq!(snap.header.packets.count(), 3);
+        release_as_complete(&page, layout, 1).unwrap();
+        assert!(scrape_snapshot(&page, 1).unwrap().complete());
+        assert_eq!(try_acquire_for_reading(&page, 1), Ok(PageLayout::Div2));
+        release_as_free(&page, layout, 1).unwrap();
+        assert_eq!(words.load(Acquire), ChunkHeaderRepr::default());
+        assert!(is_page_free(&page));
+        assert_eq!(
+            scrape_snapshot(&page, 0),
+            Err(ScrapeError::ChunkOutOfRange {
+                chunk: 0,
+                num_chunks: 0
+            })
+        );
+    }
+
+    #[test]
+    fn release_detects_layout_change_and_wrong_state() {
+        let page = OwnedPageWords::new();
+        try_partition(&page, PageLayout::Div4).unwrap();
+        let layout = try_acquire_for_writing(&page, 0, &header(1, 0, 0)).unwrap();
+        // A hostile peer rewrites the layout.
+        page.header_bitmap
+            .store(state::partitioned(PageLayout::Div14) | 1, Relaxed);
+        assert_eq!(
+            release_as_complete(&page, layout, 0),
+            Err(ReleaseError::LayoutChanged {
+                acquired: PageLayout::Div4,
+                found: PageLayout::Div14
+            })
+        );
+        // ... or the state.
+        page.header_bitmap
+            .store(state::partitioned(PageLayout::Div4) | 2, Relaxed);
+        assert_eq!(
+            release_as_complete(&page, layout, 0),
+            Err(ReleaseError::WrongState {
+                expected: ChunkState::BeingWritten,
+                found: ChunkState::BeingRead
+            })
+        );
+        assert_eq!(
+            release_as_free(&page, PageLayout::Div1, 0),
+            Err(ReleaseError::LayoutChanged {
+                acquired: PageLayout::Div1,
+                found: PageLayout::Div4
+            })
+        );
+        page.header_bitmap
+            .store(state::partitioned(PageLayout::Div4), Relaxed);
+        assert_eq!(
+            release_as_free(&page, layout, 0),
+            Err(ReleaseError::WrongState {
+                expected: ChunkState::BeingRead,
+                found: ChunkState::Free
+            })
+        );
+    }
+
+    #[test]
+    fn emulation_release_frees_and_clears() {
+        let page = OwnedPageWords::new();
+        try_partition(&page, PageLayout::Div1).unwrap();
+        let layout = try_acquire_for_writing(&page, 0, &header(9, 5, 2)).unwrap();
+        assert_eq!(
+            release_complete_as_free(&page, 0),
+            Err(ReleaseError::WrongState {
+                expected: ChunkState::Complete,
+                found: ChunkState::BeingWritten
+            })
+        );
+        release_as_complete(&page, layout, 0).unwrap();
+        release_complete_as_free(&page, 0).unwrap();
+        assert!(is_page_free(&page));
+        assert_eq!(
+            page.chunk_words(PageLayout::Div1, 0).unwrap().load(Acquire),
+            ChunkHeaderRepr::default()
+        );
+    }
+
+    #[test]
+    fn out_of_range_and_non_partition_layouts() {
+        let page = OwnedPageWords::new();
+        assert_eq!(
+            try_acquire_for_writing(&page, 0, &header(1, 0, 0)),
+            Err(AcquireError::ChunkOutOfRange {
+                chunk: 0,
+                num_chunks: 0
+            })
+        );
+        assert_eq!(
+            try_partition(&page, PageLayout::Reserved1),
+            Err(PartitionError::NotAPartitionLayout(PageLayout::Reserved1))
+        );
+        try_partition(&page, PageLayout::Div7).unwrap();
+        assert_eq!(
+            try_acquire_for_writing(&page, 7, &header(1, 0, 0)),
+            Err(AcquireError::ChunkOutOfRange {
+                chunk: 7,
+                num_chunks: 7
+            })
+        );
+        assert_eq!(
+            release_as_complete(&page, PageLayout::Div7, 6),
+            Err(ReleaseError::WrongState {
+                expected: ChunkState::BeingWritten,
+                found: ChunkState::Free
+            })
+        );
+        assert_eq!(page.chunk_words(PageLayout::Div7, 7).map(|_| ()), None);
+    }
+}

@@ -1,0 +1,261 @@
+//! All pointer work of the crate: the SMB region, atomic words overlaid on
+//! it, and byte copies in and out of chunk payloads.
+//!
+//! # Invariants
+//!
+//! * A [`Region`] covers `len` bytes starting at a non-null `base` that stay
+//!   valid for reads and writes for `'m` and are never referenced through
+//!   `&[u8]`/`&mut [u8]` (a peer may change them at any time).
+//! * Atomic words are handed out only at in-bounds, naturally aligned
+//!   offsets ([`Region::atomic_u32`], [`Region::atomic_u16`]).
+//! * Payload bytes are touched only through [`PayloadMut`] / [`Payload`],
+//!   whose (unsafe) constructors require the caller to hold the chunk under
+//!   the state machine; their methods bounds-check every access against
+//!   the chunk, which was itself checked against the region.
+
+use core::marker::PhantomData;
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU16, AtomicU32};
+
+use super::SmbStorage;
+
+// `from_ptr` needs the pointer aligned to the atomic's alignment; we check
+// offsets against these, so they must not exceed the integer's size.
+const _: () = assert!(align_of::<AtomicU32>() == 4 && align_of::<AtomicU16>() == 2);
+
+/// A byte range was outside the chunk payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfBounds {
+    /// Offset from the payload start.
+    pub offset: usize,
+    /// Bytes requested.
+    pub len: usize,
+    /// Payload capacity.
+    pub capacity: usize,
+}
+
+impl core::fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{} byte(s) at offset {} exceed the chunk payload of {} bytes",
+            self.len, self.offset, self.capacity
+        )
+    }
+}
+
+impl core::error::Error for OutOfBounds {}
+
+/// The memory of an SMB.
+#[derive(Debug)]
+pub(crate) struct Region<'m> {
+    base: NonNull<u8>,
+    len: usize,
+    _memory: PhantomData<&'m core::cell::UnsafeCell<[u8]>>,
+}
+
+// SAFETY: a `Region` is a pointer + length to memory that, by the contract
+// of `Region::new`, is valid for `'m` regardless of the thread touching it.
+// The region itself only hands out atomics (thread-safe by definition) and
+// payload accessors whose unsafe constructors make the caller responsible
+// for exclusivity under the chunk state machine.
+unsafe impl Send for Region<'_> {}
+// SAFETY: see `Send`: every access through `&Region` is either atomic or
+// goes through an accessor whose constructor carries the exclusivity proof.
+unsafe impl Sync for Region<'_> {}
+
+impl<'m> Region<'m> {
+    /// # Safety
+    ///
+    /// `base` must be valid for reads and writes of `len` bytes for all of
+    /// `'m`, and during `'m` no Rust reference to those bytes may exist.
+    pub(crate) const unsafe fn new(base: NonNull<u8>, len: usize) -> Self {
+        Region {
+            base,
+            len,
+            _memory: PhantomData,
+        }
+    }
+
+    /// Region over storage the caller lends exclusively for `'m`.
+    pub(crate) fn from_storage<const N: usize>(storage: &'m mut SmbStorage<N>) -> Self {
+        let base = NonNull::from(&mut storage.bytes).cast::<u8>();
+        // SAFETY: `base` comes from a `&'m mut [u8; N]`, so it is valid for
+        // reads and writes of `N` bytes for `'m`; the exclusive borrow is
+        // held by the returned region for all of `'m`, so no other reference
+        // to the bytes can exist meanwhile.
+        unsafe { Region::new(base, N) }
+    }
+
+    /// Address of the first byte.
+    pub(crate) fn addr(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn in_bounds(&self, offset: usize, len: usize) -> bool {
+        matches!(offset.checked_add(len), Some(end) if end <= self.len)
+    }
+
+    /// The 32-bit atomic at `offset`, if in bounds and 4-aligned.
+    pub(crate) fn atomic_u32(&self, offset: usize) -> Option<&AtomicU32> {
+        if !self.in_bounds(offset, 4) || (self.addr().wrapping_add(offset)) % 4 != 0 {
+            return None;
+        }
+        // SAFETY: `offset + 4 <= len` so the word lies inside the region,
+        // which is valid for reads and writes for `'m` (outliving `&self`);
+        // the address is 4-aligned as checked above, matching
+        // `align_of::<AtomicU32>()`. Within this process the word is only
+        // accessed atomically: non-atomic accesses go through `Payload*`,
+        // whose constructors require exclusive ownership of payload bytes,
+        // and the state machine keeps payloads disjoint from live header
+        // words (a page's layout only changes once all its chunks are free).
+        Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
+    }
+
+    /// The 16-bit atomic at `offset`, if in bounds and 2-aligned.
+    pub(crate) fn atomic_u16(&self, offset: usize) -> Option<&AtomicU16> {
+        if !self.in_bounds(offset, 2) || (self.addr().wrapping_add(offset)) % 2 != 0 {
+            return None;
+        }
+        // SAFETY: as in `atomic_u32`, with size and alignment 2.
+        Some(unsafe { AtomicU16::from_ptr(self.base.as_ptr().add(offset).cast::<u16>()) })
+    }
+
+    fn sub_ptr(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
+        if !self.in_bounds(offset, len) {
+            return None;
+        }
+        // SAFETY: `offset <= len` of the region, so the result stays inside
+        // (or one past the end of) the same allocation.
+        Some(unsafe { self.base.add(offset) })
+    }
+
+    /// Write access to `len` payload bytes at `offset`; `None` if out of
+    /// the region.
+    ///
+    /// # Safety
+    ///
+    /// For the lifetime of the result, nothing in this process may access
+    /// these bytes except through it: the caller owns the chunk as
+    /// `BeingWritten` and the bytes are its payload (not any live header).
+    pub(crate) unsafe fn payload_mut(&self, offset: usize, len: usize) -> Option<PayloadMut<'_>> {
+        let ptr = self.sub_ptr(offset, len)?;
+        Some(PayloadMut {
+            ptr,
+            len,
+            _chunk: PhantomData,
+        })
+    }
+
+    /// Read access to `len` payload bytes at `offset`; `None` if out of the
+    /// region.
+    ///
+    /// # Safety
+    ///
+    /// For the lifetime of the result, nothing in this process may write
+    /// these bytes: the caller holds the chunk as `BeingRead`, or otherwise
+    /// knows that no writer of this process can be active (other processes
+    /// are untrusted peers and are handled by copying out and validating).
+    pub(crate) unsafe fn payload(&self, offset: usize, len: usize) -> Option<Payload<'_>> {
+        let ptr = self.sub_ptr(offset, len)?;
+        Some(Payload {
+            ptr,
+            len,
+            _chunk: PhantomData,
+        })
+    }
+}
+
+fn check(offset: usize, len: usize, capacity: usize) -> Result<(), OutOfBounds> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(OutOfBounds {
+            offset,
+            len,
+            capacity,
+        }),
+    }
+}
+
+/// Exclusive write access to one chunk payload.
+#[derive(Debug)]
+pub(crate) struct PayloadMut<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _chunk: PhantomData<&'a ()>,
+}
+
+// SAFETY: the payload is exclusively owned (constructor contract), so moving
+// that ownership to another thread is fine.
+unsafe impl Send for PayloadMut<'_> {}
+
+impl PayloadMut<'_> {
+    /// Capacity in bytes.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies `src` to `offset`.
+    #[inline]
+    pub(crate) fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        check(offset, src.len(), self.len)?;
+        // SAFETY: `offset + src.len() <= self.len` (checked), and the
+        // payload's `len` bytes lie in the region (checked at construction),
+        // so the destination is valid for writes; we own the bytes
+        // exclusively (constructor contract) and `&mut self` prevents two
+        // writes through this handle at once; `src` is a Rust slice and
+        // cannot overlap memory nobody may reference.
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes from `offset` into `dst`.
+    #[inline]
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        check(offset, dst.len(), self.len)?;
+        // SAFETY: in bounds as checked; we own the bytes exclusively and
+        // `&self` excludes a concurrent `write` through this handle.
+        unsafe {
+            ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+}
+
+/// Read access to one chunk payload that no writer of this process touches.
+#[derive(Debug)]
+pub(crate) struct Payload<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _chunk: PhantomData<&'a ()>,
+}
+
+// SAFETY: read-only access to bytes no writer of this process touches
+// (constructor contract); any thread may perform it.
+unsafe impl Send for Payload<'_> {}
+
+impl Payload<'_> {
+    /// Copies the whole payload into the start of `dst`; the caller checked
+    /// `dst.len() >= self.len`.
+    pub(crate) fn copy_to(&self, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        if dst.len() < self.len {
+            return Err(OutOfBounds {
+                offset: 0,
+                len: self.len,
+                capacity: dst.len(),
+            });
+        }
+        // SAFETY: the source is `self.len` in-region bytes (checked at
+        // construction) that no writer of this process touches (constructor
+        // contract); the destination is a Rust slice of at least `self.len`
+        // bytes and cannot overlap the region, which no reference covers.
+        unsafe { ptr::copy_nonoverlapping(self.ptr.as_ptr(), dst.as_mut_ptr(), self.len) };
+        Ok(())
+    }
+}
