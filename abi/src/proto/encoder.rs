@@ -1,0 +1,543 @@
+//! The encoder proper: a [`Sink`] abstraction over where bytes go, the
+//! [`Encoder`] that tracks open nested messages, and the [`Message`] handle
+//! that writes fields.
+//!
+//! # Invariants
+//!
+//! * A nested message reserves [`SIZE_FIELD_LEN`] contiguous bytes for its
+//!   size (a "slot") and remembers the logical stream position where its body
+//!   starts. When it closes, its size is `position() - start`, and the sink
+//!   writes it back into the slot, wherever the slot lives by then (inline,
+//!   in a patch entry, or nowhere).
+//! * The encoder's stack of open slots is handed to the sink on every call
+//!   that may move to a new region, so a scattered sink can relocate slots
+//!   that lie in a region it gives up. Slots are ordered outermost first.
+//! * Each [`Message`] knows its depth. A message only writes when the stack
+//!   depth equals its own, closing deeper (forgotten) children first; so a
+//!   `mem::forget`-ed child handle cannot corrupt its parent's framing.
+//! * Nesting deeper than [`MAX_DEPTH`] never panics: the too-deep message and
+//!   everything inside it are dropped whole (no tag, no bytes), counted in
+//!   [`Encoder::dropped_messages`], and reported as
+//!   [`EncodeError::NestingTooDeep`]. The enclosing message stays valid.
+//! * The first error is latched; writing continues (errors never panic) and
+//!   the owner of the encoder decides what an error means for the output.
+
+use super::wire::{
+    self, is_valid_field_number, put_varint, tag, WireType, MAX_MESSAGE_LEN, MAX_VARINT_LEN,
+};
+use heapless::Vec;
+
+#[cfg(doc)]
+use super::wire::SIZE_FIELD_LEN;
+
+/// Maximum number of nested messages open at once below the root message.
+///
+/// A `begin_nested` at this depth yields a message that discards everything
+/// written into it (see the module invariants). 16 is well beyond what
+/// Perfetto's schemas need in practice (TracePacket → TrackEvent →
+/// DebugAnnotation → a few levels of dictionaries).
+pub const MAX_DEPTH: usize = 16;
+
+/// Why encoding produced incomplete or no output. The first error is latched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// A field number of 0 or above 2^29 - 1 was used; the field was not
+    /// written.
+    InvalidFieldNumber(u32),
+    /// A nested message or bytes field grew past [`MAX_MESSAGE_LEN`] bytes and
+    /// its size cannot be encoded in the 4-byte size field; the output is
+    /// malformed from that field on.
+    MessageTooLong(u64),
+    /// A nested message was opened at depth [`MAX_DEPTH`]; it was dropped.
+    NestingTooDeep,
+    /// The destination buffer had no room for the whole message.
+    BufferFull,
+}
+
+impl core::fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::InvalidFieldNumber(n) => write!(f, "invalid protobuf field number {n}"),
+            Self::MessageTooLong(n) => {
+                write!(
+                    f,
+                    "message of {n} bytes exceeds the {MAX_MESSAGE_LEN}-byte limit"
+                )
+            }
+            Self::NestingTooDeep => write!(f, "nested messages deeper than {MAX_DEPTH}"),
+            Self::BufferFull => write!(f, "output buffer too small"),
+        }
+    }
+}
+
+/// Where an [`Encoder`] puts bytes.
+///
+/// A sink presents one logical byte stream that may be stored in several
+/// discontiguous regions (a trace writer's chunks). `open` always lists the
+/// size slots of the nested messages currently open, outermost first; a sink
+/// that gives up a region while writing must rewrite every slot that lies in
+/// that region (e.g. into a patch entry) before returning.
+pub trait Sink {
+    /// Where a reserved size field lives. Copied freely; only meaningful to
+    /// the sink that produced it.
+    type Slot: Copy;
+
+    /// Appends `bytes` to the stream.
+    fn write(&mut self, bytes: &[u8], open: &mut [Self::Slot]);
+
+    /// Reserves [`SIZE_FIELD_LEN`] *contiguous* bytes at the current position
+    /// for a size that [`Sink::fill_size_field`] will provide later.
+    fn reserve_size_field(&mut self, open: &mut [Self::Slot]) -> Self::Slot;
+
+    /// Logical position: bytes appended so far (reserved size fields included,
+    /// region-switching overhead such as fragment headers excluded). Wraps
+    /// modulo 2^32; only differences are meaningful.
+    fn position(&self) -> u32;
+
+    /// Stores `size` (at most [`MAX_MESSAGE_LEN`]) into `slot`, which was
+    /// reserved `size` bytes before the current position. A sink may compact
+    /// the field to one byte when `size <= 127` and the body is still
+    /// contiguous with the slot, moving the body back and reducing
+    /// `position()` by 3.
+    fn fill_size_field(&mut self, slot: Self::Slot, size: u32);
+}
+
+/// A protobuf encoder over a [`Sink`]: owns the sink and the stack of open
+/// nested messages. Write fields through [`Encoder::root`].
+pub struct Encoder<S: Sink> {
+    sink: S,
+    slots: Vec<S::Slot, MAX_DEPTH>,
+    starts: Vec<u32, MAX_DEPTH>,
+    dropped: u32,
+    error: Option<EncodeError>,
+}
+
+impl<S: Sink> Encoder<S> {
+    /// An encoder writing into `sink`, with no message open.
+    pub const fn new(sink: S) -> Self {
+        Self {
+            sink,
+            slots: Vec::new(),
+            starts: Vec::new(),
+            dropped: 0,
+            error: None,
+        }
+    }
+
+    /// The root message: fields written through it go straight into the
+    /// stream (the root has no size field of its own).
+    pub fn root(&mut self) -> Message<'_, S> {
+        Message {
+            enc: self,
+            depth: 0,
+        }
+    }
+
+    /// Closes every open nested message (innermost first), back-filling sizes.
+    pub fn close_all(&mut self) {
+        self.close_to(0);
+    }
+
+    /// The first error since construction or the last [`Encoder::take_error`].
+    pub fn error(&self) -> Option<EncodeError> {
+        self.error
+    }
+
+    /// Returns and clears the latched error.
+    pub fn take_error(&mut self) -> Option<EncodeError> {
+        self.error.take()
+    }
+
+    /// Nested messages dropped because they were opened at [`MAX_DEPTH`].
+    pub fn dropped_messages(&self) -> u32 {
+        self.dropped
+    }
+
+    /// Number of nested messages currently open.
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Shared access to the sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// Exclusive access to the sink together with the open slots (outermost
+    /// first), for sinks that need to relocate them outside a write.
+    pub fn sink_and_slots(&mut self) -> (&mut S, &mut [S::Slot]) {
+        (&mut self.sink, &mut self.slots)
+    }
+
+    /// Consumes the encoder after closing all open messages.
+    pub fn into_sink(mut self) -> S {
+        self.close_all();
+        self.sink
+    }
+
+    fn latch(&mut self, e: EncodeError) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+
+    /// Closes nested messages until `depth` remain open.
+    fn close_to(&mut self, depth: usize) {
+        while self.slots.len() > depth {
+            let (Some(slot), Some(start)) = (self.slots.pop(), self.starts.pop()) else {
+                return;
+            };
+            let size = self.sink.position().wrapping_sub(start);
+            let size = if size > MAX_MESSAGE_LEN {
+                self.latch(EncodeError::MessageTooLong(u64::from(size)));
+                MAX_MESSAGE_LEN
+            } else {
+                size
+            };
+            self.sink.fill_size_field(slot, size);
+        }
+    }
+
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.sink.write(bytes, &mut self.slots);
+    }
+}
+
+/// A small stack buffer holding one field's tag and scalar value, so each
+/// scalar field costs a single [`Sink::write`].
+struct Scratch {
+    buf: [u8; 2 * MAX_VARINT_LEN],
+    len: usize,
+}
+
+impl Scratch {
+    #[inline]
+    fn new() -> Self {
+        Self {
+            buf: [0; 2 * MAX_VARINT_LEN],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn varint(&mut self, value: u64) {
+        let mut tmp = [0u8; MAX_VARINT_LEN];
+        let n = put_varint(value, &mut tmp);
+        self.bytes(tmp.get(..n).unwrap_or(&[]));
+    }
+
+    #[inline]
+    fn bytes(&mut self, bytes: &[u8]) {
+        if let Some(dst) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            dst.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        self.buf.get(..self.len).unwrap_or(&[])
+    }
+}
+
+/// A message being written: the root message of an [`Encoder`] or a nested
+/// message opened with [`Message::begin_nested`] / [`Message::nested`].
+///
+/// Dropping a nested `Message` closes it (its size is back-filled). While a
+/// child exists its parent is mutably borrowed, so fields cannot interleave.
+pub struct Message<'a, S: Sink> {
+    enc: &'a mut Encoder<S>,
+    /// Number of open nested messages this message sits at; above
+    /// [`MAX_DEPTH`] the message is a discarding placeholder.
+    depth: u8,
+}
+
+impl<S: Sink> Drop for Message<'_, S> {
+    fn drop(&mut self) {
+        let depth = usize::from(self.depth);
+        if depth > 0 && depth <= MAX_DEPTH {
+            self.enc.close_to(depth - 1);
+        }
+    }
+}
+
+impl<'a, S: Sink> Message<'a, S> {
+    /// Prepares a write of `field`: returns `false` if nothing must be
+    /// written (discarding placeholder or invalid field number).
+    #[inline]
+    fn begin_field(&mut self, field: u32) -> bool {
+        let depth = usize::from(self.depth);
+        if self.enc.slots.len() != depth && !self.realign() {
+            return false;
+        }
+        if !is_valid_field_number(field) {
+            self.enc.latch(EncodeError::InvalidFieldNumber(field));
+            return false;
+        }
+        true
+    }
+
+    /// Slow path of [`Self::begin_field`]: closes forgotten children, or
+    /// reports that this message is a discarding placeholder.
+    #[cold]
+    fn realign(&mut self) -> bool {
+        let depth = usize::from(self.depth);
+        if depth > MAX_DEPTH || depth > self.enc.slots.len() {
+            return false;
+        }
+        self.enc.close_to(depth);
+        true
+    }
+
+    #[inline]
+    fn varint_field(&mut self, field: u32, value: u64) {
+        if self.begin_field(field) {
+            let mut s = Scratch::new();
+            s.varint(u64::from(tag(field, WireType::Varint)));
+            s.varint(value);
+            self.enc.put(s.as_slice());
+        }
+    }
+
+    /// Writes a `uint64` field.
+    #[inline]
+    pub fn uint64(&mut self, field: u32, value: u64) {
+        self.varint_field(field, value);
+    }
+
+    /// Writes a `uint32` field.
+    #[inline]
+    pub fn uint32(&mut self, field: u32, value: u32) {
+        self.varint_field(field, u64::from(value));
+    }
+
+    /// Writes an `int64` field (negative values take 10 bytes).
+    #[inline]
+    pub fn int64(&mut self, field: u32, value: i64) {
+        self.varint_field(field, value as u64);
+    }
+
+    /// Writes an `int32` field (negative values are sign-extended to 10 bytes,
+    /// as the protobuf spec requires).
+    #[inline]
+    pub fn int32(&mut self, field: u32, value: i32) {
+        self.varint_field(field, i64::from(value) as u64);
+    }
+
+    /// Writes a `sint32` field (zigzag).
+    #[inline]
+    pub fn sint32(&mut self, field: u32, value: i32) {
+        self.varint_field(field, u64::from(wire::zigzag32(value)));
+    }
+
+    /// Writes a `sint64` field (zigzag).
+    #[inline]
+    pub fn sint64(&mut self, field: u32, value: i64) {
+        self.varint_field(field, wire::zigzag64(value));
+    }
+
+    /// Writes a `bool` field.
+    #[inline]
+    pub fn bool(&mut self, field: u32, value: bool) {
+        self.varint_field(field, u64::from(value));
+    }
+
+    /// Writes an enum field (encoded like `int32`).
+    #[inline]
+    pub fn enumeration(&mut self, field: u32, value: i32) {
+        self.int32(field, value);
+    }
+
+    #[inline]
+    fn fixed_field<const N: usize>(&mut self, field: u32, wire_type: WireType, le: [u8; N]) {
+        if self.begin_field(field) {
+            let mut s = Scratch::new();
+            s.varint(u64::from(tag(field, wire_type)));
+            s.bytes(&le);
+            self.enc.put(s.as_slice());
+        }
+    }
+
+    /// Writes a `fixed64` field.
+    #[inline]
+    pub fn fixed64(&mut self, field: u32, value: u64) {
+        self.fixed_field(field, WireType::Fixed64, value.to_le_bytes());
+    }
+
+    /// Writes a `fixed32` field.
+    #[inline]
+    pub fn fixed32(&mut self, field: u32, value: u32) {
+        self.fixed_field(field, WireType::Fixed32, value.to_le_bytes());
+    }
+
+    /// Writes an `sfixed64` field.
+    #[inline]
+    pub fn sfixed64(&mut self, field: u32, value: i64) {
+        self.fixed_field(field, WireType::Fixed64, value.to_le_bytes());
+    }
+
+    /// Writes an `sfixed32` field.
+    #[inline]
+    pub fn sfixed32(&mut self, field: u32, value: i32) {
+        self.fixed_field(field, WireType::Fixed32, value.to_le_bytes());
+    }
+
+    /// Writes a `double` field.
+    #[inline]
+    pub fn double(&mut self, field: u32, value: f64) {
+        self.fixed_field(field, WireType::Fixed64, value.to_le_bytes());
+    }
+
+    /// Writes a `float` field.
+    #[inline]
+    pub fn float(&mut self, field: u32, value: f32) {
+        self.fixed_field(field, WireType::Fixed32, value.to_le_bytes());
+    }
+
+    /// Writes a `bytes` field (also any pre-encoded message body).
+    ///
+    /// Longer than [`MAX_MESSAGE_LEN`] is refused with
+    /// [`EncodeError::MessageTooLong`] and nothing is written.
+    pub fn bytes(&mut self, field: u32, value: &[u8]) {
+        if !self.begin_field(field) {
+            return;
+        }
+        let len = value.len() as u64;
+        if len > u64::from(MAX_MESSAGE_LEN) {
+            self.enc.latch(EncodeError::MessageTooLong(len));
+            return;
+        }
+        let mut s = Scratch::new();
+        s.varint(u64::from(tag(field, WireType::LengthDelimited)));
+        s.varint(len);
+        self.enc.put(s.as_slice());
+        self.enc.put(value);
+    }
+
+    /// Writes a `string` field.
+    #[inline]
+    pub fn string(&mut self, field: u32, value: &str) {
+        self.bytes(field, value.as_bytes());
+    }
+
+    /// Writes a packed `repeated uint64` field (one length-delimited record).
+    pub fn packed_uint64(&mut self, field: u32, values: &[u64]) {
+        self.packed(field, values.iter().copied());
+    }
+
+    /// Writes a packed `repeated uint32` field.
+    pub fn packed_uint32(&mut self, field: u32, values: &[u32]) {
+        self.packed(field, values.iter().map(|&v| u64::from(v)));
+    }
+
+    /// Writes a packed `repeated int64` field.
+    pub fn packed_int64(&mut self, field: u32, values: &[i64]) {
+        self.packed(field, values.iter().map(|&v| v as u64));
+    }
+
+    fn packed<I: Iterator<Item = u64> + Clone>(&mut self, field: u32, values: I) {
+        if !self.begin_field(field) {
+            return;
+        }
+        let len: u64 = values.clone().map(|v| wire::varint_len(v) as u64).sum();
+        if len > u64::from(MAX_MESSAGE_LEN) {
+            self.enc.latch(EncodeError::MessageTooLong(len));
+            return;
+        }
+        let mut s = Scratch::new();
+        s.varint(u64::from(tag(field, WireType::LengthDelimited)));
+        s.varint(len);
+        self.enc.put(s.as_slice());
+        for v in values {
+            let mut b = [0u8; MAX_VARINT_LEN];
+            let n = put_varint(v, &mut b);
+            self.enc.put(b.get(..n).unwrap_or(&[]));
+        }
+    }
+
+    /// Appends pre-encoded field bytes verbatim (e.g. a cached serialized
+    /// field). The caller vouches that they are well-formed.
+    pub fn raw(&mut self, bytes: &[u8]) {
+        if self.enc.slots.len() != usize::from(self.depth) && !self.realign() {
+            return;
+        }
+        self.enc.put(bytes);
+    }
+
+    /// Opens nested message `field`; it is closed (size back-filled) when the
+    /// returned handle is dropped. At [`MAX_DEPTH`] the handle discards all
+    /// writes (see the module docs).
+    pub fn begin_nested(&mut self, field: u32) -> Message<'_, S> {
+        let depth = usize::from(self.depth);
+        let child_depth = self.depth.saturating_add(1);
+        if depth > MAX_DEPTH || !self.begin_field(field) {
+            // Already discarding (or invalid field): the child discards too.
+            return Message {
+                enc: self.enc,
+                depth: discarding_depth(child_depth),
+            };
+        }
+        if depth == MAX_DEPTH {
+            self.enc.dropped = self.enc.dropped.saturating_add(1);
+            self.enc.latch(EncodeError::NestingTooDeep);
+            return Message {
+                enc: self.enc,
+                depth: child_depth,
+            };
+        }
+        let mut s = Scratch::new();
+        s.varint(u64::from(tag(field, WireType::LengthDelimited)));
+        self.enc.put(s.as_slice());
+        let enc = &mut *self.enc;
+        let slot = enc.sink.reserve_size_field(&mut enc.slots);
+        let start = enc.sink.position();
+        // Both pushes succeed: depth < MAX_DEPTH was checked above and the
+        // stacks always have equal length.
+        let _ = enc.slots.push(slot);
+        let _ = enc.starts.push(start);
+        Message {
+            enc: self.enc,
+            depth: child_depth,
+        }
+    }
+
+    /// Writes nested message `field` with `f` and closes it.
+    ///
+    /// ```
+    /// use shmtrace_abi::proto::encode_to_slice;
+    /// let mut buf = [0u8; 16];
+    /// let n = encode_to_slice(&mut buf, |packet| {
+    ///     packet.nested(11, |track_event| track_event.uint32(9, 1));
+    /// })
+    /// .unwrap();
+    /// assert_eq!(&buf[..n], &[0x5A, 0x02, 0x48, 0x01]);
+    /// ```
+    pub fn nested<R>(&mut self, field: u32, f: impl FnOnce(&mut Message<'_, S>) -> R) -> R {
+        let mut child = self.begin_nested(field);
+        f(&mut child)
+    }
+
+    /// `true` if writes to this message are discarded because it was opened
+    /// past [`MAX_DEPTH`].
+    pub fn is_discarding(&self) -> bool {
+        usize::from(self.depth) > MAX_DEPTH
+    }
+
+    /// The encoder this message writes through.
+    pub fn encoder(&self) -> &Encoder<S> {
+        self.enc
+    }
+
+    /// Exclusive access to the encoder, for the owner of a root message.
+    pub(crate) fn encoder_mut(&mut self) -> &mut Encoder<S> {
+        self.enc
+    }
+}
+
+/// Depth marking a discarding placeholder (always above [`MAX_DEPTH`]).
+#[inline]
+fn discarding_depth(d: u8) -> u8 {
+    d.max(MAX_DEPTH as u8 + 1)
+}

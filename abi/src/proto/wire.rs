@@ -1,0 +1,181 @@
+//! Protobuf wire-format primitives: tags, varints, zigzag, and the
+//! fixed-width "redundant varint" size fields protozero-style encoders
+//! back-fill.
+//!
+//! Everything here is a pure function over integers and small arrays; none of
+//! it can fail or panic.
+
+/// Longest encoding of a 64-bit varint.
+pub const MAX_VARINT_LEN: usize = 10;
+
+/// Bytes reserved for the size of a nested message or of a packet fragment
+/// before its length is known (`kMessageLengthFieldSize`).
+pub const SIZE_FIELD_LEN: usize = 4;
+
+/// Largest length a [`SIZE_FIELD_LEN`]-byte redundant varint can express
+/// (`2^28 - 1`). The same value, written into a fragment size field, is the
+/// drop sentinel (`kPacketSizeDropPacket`).
+pub const MAX_MESSAGE_LEN: u32 = 0x0FFF_FFFF;
+
+/// Longest body whose size fits a single byte; nested messages and root
+/// fragments up to this length may be compacted to a 1-byte size.
+pub const MAX_ONE_BYTE_LEN: u32 = 127;
+
+/// Largest valid protobuf field number (`2^29 - 1`).
+pub const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
+
+/// Protobuf wire types this encoder emits (groups are never produced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WireType {
+    /// Base-128 varint (int32/64, uint32/64, sint32/64, bool, enum).
+    Varint = 0,
+    /// Little-endian 8 bytes (fixed64, sfixed64, double).
+    Fixed64 = 1,
+    /// Varint length followed by that many bytes (bytes, string, messages,
+    /// packed repeated fields).
+    LengthDelimited = 2,
+    /// Little-endian 4 bytes (fixed32, sfixed32, float).
+    Fixed32 = 5,
+}
+
+/// The tag of `field` with wire type `wire_type`: `(field << 3) | wire_type`.
+///
+/// `field` must be in `1..=MAX_FIELD_NUMBER` for the result to be a valid
+/// tag; callers check that (see [`is_valid_field_number`]).
+#[inline]
+pub const fn tag(field: u32, wire_type: WireType) -> u32 {
+    (field << 3) | wire_type as u32
+}
+
+/// `true` if `field` is a legal protobuf field number.
+#[inline]
+pub const fn is_valid_field_number(field: u32) -> bool {
+    field.wrapping_sub(1) < MAX_FIELD_NUMBER
+}
+
+/// Number of bytes of the minimal varint encoding of `value` (1..=10).
+#[inline]
+pub const fn varint_len(value: u64) -> usize {
+    // ceil(bits / 7), where bits = position of the highest set bit (>= 1).
+    let bits = 64 - (value | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Writes the minimal varint encoding of `value` at the start of `out` and
+/// returns its length.
+#[inline]
+pub fn put_varint(value: u64, out: &mut [u8; MAX_VARINT_LEN]) -> usize {
+    let mut v = value;
+    let mut i = 0;
+    for slot in out.iter_mut() {
+        i += 1;
+        if v < 0x80 {
+            *slot = v as u8;
+            break;
+        }
+        *slot = (v as u8) | 0x80;
+        v >>= 7;
+    }
+    i
+}
+
+/// ZigZag-maps a signed 32-bit value (sint32) so small magnitudes encode short.
+#[inline]
+pub const fn zigzag32(value: i32) -> u32 {
+    ((value << 1) ^ (value >> 31)) as u32
+}
+
+/// ZigZag-maps a signed 64-bit value (sint64).
+#[inline]
+pub const fn zigzag64(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+/// Encodes `value` (at most [`MAX_MESSAGE_LEN`]; higher bits are dropped) as
+/// a [`SIZE_FIELD_LEN`]-byte redundant varint: the continuation bit is set on
+/// the first three bytes whatever the value, so 5 is `85 80 80 00` and 0 is
+/// `80 80 80 00`. The first byte is therefore never zero, which is how a
+/// writer tells a filled patch from a pending one.
+#[inline]
+pub const fn redundant_varint4(value: u32) -> [u8; SIZE_FIELD_LEN] {
+    [
+        (value as u8 & 0x7F) | 0x80,
+        ((value >> 7) as u8 & 0x7F) | 0x80,
+        ((value >> 14) as u8 & 0x7F) | 0x80,
+        (value >> 21) as u8 & 0x7F,
+    ]
+}
+
+/// The drop sentinel as it appears in a fragment size field: `FF FF FF 7F`.
+pub const DROP_SENTINEL_BYTES: [u8; SIZE_FIELD_LEN] = redundant_varint4(MAX_MESSAGE_LEN);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(v: u64) -> std::vec::Vec<u8> {
+        let mut b = [0u8; MAX_VARINT_LEN];
+        let n = put_varint(v, &mut b);
+        b[..n].to_vec()
+    }
+
+    #[test]
+    fn varints_match_the_protobuf_spec() {
+        assert_eq!(enc(0), [0x00]);
+        assert_eq!(enc(1), [0x01]);
+        assert_eq!(enc(127), [0x7F]);
+        assert_eq!(enc(128), [0x80, 0x01]);
+        assert_eq!(enc(150), [0x96, 0x01]);
+        assert_eq!(enc(300), [0xAC, 0x02]);
+        assert_eq!(
+            enc(u64::MAX),
+            [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]
+        );
+        // int32 -1 is sign-extended to 64 bits: ten bytes.
+        assert_eq!(enc(-1i64 as u64).len(), 10);
+    }
+
+    #[test]
+    fn varint_len_agrees_with_put_varint() {
+        for shift in 0..64 {
+            for v in [1u64 << shift, (1u64 << shift) - 1, (1u64 << shift) + 1] {
+                assert_eq!(varint_len(v), enc(v).len(), "value {v}");
+            }
+        }
+        assert_eq!(varint_len(0), 1);
+        assert_eq!(varint_len(u64::MAX), 10);
+    }
+
+    #[test]
+    fn zigzag_matches_the_protobuf_spec() {
+        assert_eq!(zigzag32(0), 0);
+        assert_eq!(zigzag32(-1), 1);
+        assert_eq!(zigzag32(1), 2);
+        assert_eq!(zigzag32(-2), 3);
+        assert_eq!(zigzag32(i32::MAX), 0xFFFF_FFFE);
+        assert_eq!(zigzag32(i32::MIN), 0xFFFF_FFFF);
+        assert_eq!(zigzag64(-1), 1);
+        assert_eq!(zigzag64(i64::MIN), u64::MAX);
+    }
+
+    #[test]
+    fn redundant_varints_match_the_facts_sheet() {
+        assert_eq!(redundant_varint4(5), [0x85, 0x80, 0x80, 0x00]);
+        assert_eq!(redundant_varint4(0), [0x80, 0x80, 0x80, 0x00]);
+        assert_eq!(redundant_varint4(300), [0xAC, 0x82, 0x80, 0x00]);
+        assert_eq!(DROP_SENTINEL_BYTES, [0xFF, 0xFF, 0xFF, 0x7F]);
+    }
+
+    #[test]
+    fn tags_and_field_numbers() {
+        assert_eq!(tag(8, WireType::Varint), 0x40);
+        assert_eq!(tag(11, WireType::LengthDelimited), 0x5A);
+        assert_eq!(tag(1, WireType::Fixed64), 0x09);
+        assert_eq!(tag(1, WireType::Fixed32), 0x0D);
+        assert!(!is_valid_field_number(0));
+        assert!(is_valid_field_number(1));
+        assert!(is_valid_field_number(MAX_FIELD_NUMBER));
+        assert!(!is_valid_field_number(MAX_FIELD_NUMBER + 1));
+    }
+}

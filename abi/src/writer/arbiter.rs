@@ -1,0 +1,75 @@
+//! The seam between a [`TraceWriter`](super::TraceWriter) and whoever owns
+//! the shared memory buffer and talks to the service.
+//!
+//! A std producer implements [`ChunkArbiter`] by batching chunk commits and
+//! patches into `CommitData` IPCs; firmware without IPC uses
+//! [`PollingArbiter`](super::PollingArbiter), which queues them for a
+//! polling service in the same program.
+
+use crate::layout::ChunkHeaderRepr;
+use crate::smb::WritableChunk;
+
+use super::patches::PatchGroup;
+
+/// Global id of a service trace buffer (`DataSourceConfig.target_buffer`).
+pub type BufferId = u16;
+
+/// The arbiter could not take patches now; the writer keeps them and offers
+/// them again later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchesDeferred;
+
+impl core::fmt::Display for PatchesDeferred {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("no room to queue patches now")
+    }
+}
+
+impl core::error::Error for PatchesDeferred {}
+
+/// Supplies chunks to a writer and delivers what it produces.
+///
+/// Implementations are called only from the writer's thread, between (never
+/// during) the writer's own accesses to a chunk.
+pub trait ChunkArbiter<'s> {
+    /// Takes a free chunk (`Free → BeingWritten`, partitioning a page if
+    /// needed) and initializes its header with `header`. `None` means the
+    /// SMB is exhausted (or the arbiter cannot accept another commit): the
+    /// writer then drops packets until a later acquisition succeeds.
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'s>>;
+
+    /// Takes back a finished chunk: marks it `Complete` and arranges for the
+    /// service to move it into `target_buffer`. Must not lose it silently:
+    /// an implementation that cannot deliver must count the loss.
+    fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: BufferId);
+
+    /// Delivers one group of patches (one `ChunkToPatch`). Returning
+    /// [`PatchesDeferred`] keeps them in the writer for a later attempt.
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred>;
+
+    /// The writer was flushed: deliver pending commits now rather than after
+    /// any batching delay.
+    fn flush(&mut self);
+}
+
+impl<'s, A: ChunkArbiter<'s> + ?Sized> ChunkArbiter<'s> for &mut A {
+    #[inline]
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'s>> {
+        (**self).acquire_chunk(header)
+    }
+
+    #[inline]
+    fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: BufferId) {
+        (**self).commit_chunk(chunk, target_buffer)
+    }
+
+    #[inline]
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
+        (**self).send_patches(group)
+    }
+
+    #[inline]
+    fn flush(&mut self) {
+        (**self).flush()
+    }
+}

@@ -1,0 +1,473 @@
+//! The writer's byte stream over a sequence of chunks: the [`Sink`] the
+//! protobuf encoder writes packets into.
+//!
+//! # Invariants
+//!
+//! * While a packet is written for real (`!discarding`), `chunk` is `Some`,
+//!   `frag_header + 4 <= frag_start <= cursor <= capacity`, and the current
+//!   fragment is the last one counted in the chunk header.
+//! * An [`ChunkSlot::Inline`] slot always points into the *current* chunk:
+//!   every chunk switch rewrites the inline slots of the still-open nested
+//!   messages into patch entries (normal crossing) or detaches them (packet
+//!   abandoned).
+//! * The header's `packets` word is stored (release) only when a fragment is
+//!   started in an existing chunk, when a finished packet inflates the count
+//!   for scrapers, and when a chunk is handed over with new flags. The
+//!   per-packet fast path therefore does exactly one atomic store.
+//! * If the count is inflated, at least one payload byte is free, so the
+//!   chunk can always be padded with an empty fragment before release.
+//! * A packet is either written whole or dropped whole: a packet abandoned
+//!   mid-way has the drop sentinel in the size field of its last fragment,
+//!   and the chunk holding it is released at once (a v1 service ignores the
+//!   rest of a chunk after a sentinel).
+
+use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, MAX_PACKET_COUNT};
+use crate::proto::wire::{
+    redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
+};
+use crate::proto::Sink;
+use crate::smb::WritableChunk;
+
+use super::arbiter::{BufferId, ChunkArbiter};
+use super::patches::PatchFifo;
+use super::{DropReason, WriterStats, DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
+
+/// Start a packet in a new chunk if fewer bytes than this are left: the
+/// 4-byte size field plus 8 bytes of packet ("chunk too full").
+pub const MIN_PACKET_ROOM: usize = SIZE_FIELD_LEN + 8;
+
+/// Most fragments a writer puts in one chunk: one below the 10-bit maximum,
+/// so the count can always be inflated once more for a scraper.
+pub const MAX_FRAGMENTS_PER_CHUNK: u16 = MAX_PACKET_COUNT - 1;
+
+/// Where the size field of an open nested message lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkSlot {
+    /// In the current chunk, at this payload offset.
+    Inline(u16),
+    /// In the writer's patch FIFO, entry with this sequence number.
+    Patch(u32),
+    /// Nowhere: the packet is being discarded.
+    Detached,
+}
+
+/// The chunk stream of one writer. See the module invariants.
+pub struct ChunkStream<'s, A, const P: usize> {
+    arbiter: A,
+    writer_id: u16,
+    target_buffer: BufferId,
+    next_chunk_id: u32,
+
+    chunk: Option<WritableChunk<'s>>,
+    chunk_id: u32,
+    capacity: usize,
+    cursor: usize,
+    count: u16,
+    flags: ChunkFlags,
+    inflated: bool,
+
+    frag_header: usize,
+    frag_start: usize,
+    frag_base: u32,
+    continuation: bool,
+    discarding: bool,
+    discard_pos: u32,
+    drop_reason: Option<DropReason>,
+    pending_loss: u32,
+
+    patches: PatchFifo<P>,
+    stats: WriterStats,
+}
+
+impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
+    pub(crate) fn new(arbiter: A, writer_id: u16, target_buffer: BufferId) -> Self {
+        Self {
+            arbiter,
+            writer_id,
+            target_buffer,
+            next_chunk_id: 0,
+            chunk: None,
+            chunk_id: 0,
+            capacity: 0,
+            cursor: 0,
+            count: 0,
+            flags: ChunkFlags::EMPTY,
+            inflated: false,
+            frag_header: 0,
+            frag_start: 0,
+            frag_base: 0,
+            continuation: false,
+            discarding: false,
+            discard_pos: 0,
+            drop_reason: None,
+            pending_loss: 0,
+            patches: PatchFifo::new(),
+            stats: WriterStats::new(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    pub(crate) fn stats_mut(&mut self) -> &mut WriterStats {
+        &mut self.stats
+    }
+
+    pub(crate) fn arbiter(&self) -> &A {
+        &self.arbiter
+    }
+
+    pub(crate) fn arbiter_mut(&mut self) -> &mut A {
+        &mut self.arbiter
+    }
+
+    pub(crate) fn pending_patches(&self) -> usize {
+        P - self.patches.free()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_next_chunk_id(&mut self, id: u32) {
+        self.next_chunk_id = id;
+    }
+
+    pub(crate) fn next_chunk_id(&self) -> u32 {
+        self.next_chunk_id
+    }
+
+    pub(crate) fn drop_reason(&self) -> Option<DropReason> {
+        self.drop_reason
+    }
+
+    /// Loss bits the next written packet must carry (field 42), 0 if none.
+    pub(crate) fn pending_loss(&self) -> u32 {
+        self.pending_loss
+    }
+
+    fn header(&self, packets: Packets) -> ChunkHeaderRepr {
+        ChunkHeaderRepr {
+            chunk_id: self.next_chunk_id,
+            writer_id: self.writer_id,
+            packets,
+        }
+    }
+
+    fn packets(&self) -> Packets {
+        // `count` never exceeds MAX_PACKET_COUNT (capped at
+        // MAX_FRAGMENTS_PER_CHUNK + 1 by the inflation), so `new` succeeds.
+        Packets::new(self.count, self.flags).unwrap_or(Packets::EMPTY)
+    }
+
+    fn publish_packets(&self) {
+        if let Some(chunk) = &self.chunk {
+            chunk.set_packets(self.packets());
+        }
+    }
+
+    #[inline]
+    fn chunk_write(&mut self, offset: usize, bytes: &[u8]) {
+        if let Some(chunk) = &mut self.chunk {
+            // In bounds by the module invariants; a failure would only lose
+            // bytes of our own chunk, never memory safety.
+            let _ = chunk.write(offset, bytes);
+        }
+    }
+
+    /// Installs a freshly acquired chunk (header already written by the
+    /// arbiter with `count`/`flags`).
+    fn install(&mut self, chunk: WritableChunk<'s>, count: u16, flags: ChunkFlags) {
+        self.capacity = chunk.capacity();
+        self.chunk = Some(chunk);
+        self.chunk_id = self.next_chunk_id;
+        self.next_chunk_id = self.next_chunk_id.wrapping_add(1);
+        self.cursor = 0;
+        self.count = count;
+        self.flags = flags;
+        self.inflated = false;
+    }
+
+    /// Hands the current chunk (between packets) to the arbiter, padding an
+    /// inflated count with an empty fragment first.
+    fn return_chunk(&mut self) {
+        if self.inflated {
+            let at = self.cursor;
+            self.chunk_write(at, &[0]);
+            self.cursor += 1;
+            self.inflated = false;
+        }
+        if let Some(chunk) = self.chunk.take() {
+            self.arbiter.commit_chunk(chunk, self.target_buffer);
+            self.stats.chunks_committed += 1;
+        }
+        self.deliver_patches();
+    }
+
+    /// Offers every ready patch group to the arbiter, in FIFO order.
+    pub(crate) fn deliver_patches(&mut self) {
+        while let Some(group) = self.patches.ready_group(self.target_buffer, self.writer_id) {
+            let n = group.len();
+            if self.arbiter.send_patches(&group).is_err() {
+                self.stats.patch_deliveries_deferred += 1;
+                return;
+            }
+            self.stats.patch_groups_sent += 1;
+            self.patches.pop_front(n);
+        }
+    }
+
+    /// Starts a packet: makes sure a chunk with room is available, counts
+    /// the new fragment and reserves its size field. Returns `false` if the
+    /// packet is dropped (no chunk available).
+    pub(crate) fn begin_packet(&mut self) -> bool {
+        self.discarding = false;
+        self.drop_reason = None;
+        self.continuation = false;
+        let need_chunk = match &self.chunk {
+            None => true,
+            Some(_) => {
+                let next_count = if self.inflated {
+                    self.count
+                } else {
+                    self.count + 1
+                };
+                self.capacity.saturating_sub(self.cursor) < MIN_PACKET_ROOM
+                    || next_count > MAX_FRAGMENTS_PER_CHUNK
+            }
+        };
+        if need_chunk {
+            let packets = Packets::new(1, ChunkFlags::EMPTY).unwrap_or(Packets::EMPTY);
+            let acquired = self.arbiter.acquire_chunk(self.header(packets));
+            if self.chunk.is_some() {
+                self.return_chunk();
+            }
+            match acquired {
+                Some(chunk) => self.install(chunk, 1, ChunkFlags::EMPTY),
+                None => {
+                    self.discarding = true;
+                    self.discard_pos = 0;
+                    self.drop_reason = Some(DropReason::SmbFull);
+                    self.pending_loss |= DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL;
+                    return false;
+                }
+            }
+        } else if self.inflated {
+            self.inflated = false;
+        } else {
+            self.count += 1;
+            self.publish_packets();
+        }
+        self.frag_header = self.cursor;
+        self.cursor += SIZE_FIELD_LEN;
+        self.frag_start = self.cursor;
+        self.frag_base = 0;
+        self.deliver_patches();
+        true
+    }
+
+    /// Abandons the packet being written: sentinel into its last fragment's
+    /// size field, inline size slots detached, chunk released, rest of the
+    /// packet discarded.
+    pub(crate) fn abandon(&mut self, open: &mut [ChunkSlot], reason: DropReason) {
+        if self.discarding {
+            return;
+        }
+        let pos = self.position();
+        let at = self.frag_header;
+        self.chunk_write(at, &DROP_SENTINEL_BYTES);
+        for slot in open.iter_mut() {
+            if matches!(slot, ChunkSlot::Inline(_)) {
+                *slot = ChunkSlot::Detached;
+            }
+        }
+        self.inflated = false;
+        if let Some(chunk) = self.chunk.take() {
+            self.arbiter.commit_chunk(chunk, self.target_buffer);
+            self.stats.chunks_committed += 1;
+        }
+        self.discarding = true;
+        self.discard_pos = pos;
+        self.drop_reason = Some(reason);
+        self.pending_loss |= reason.loss_bits();
+        self.deliver_patches();
+    }
+
+    /// Moves the packet being written into a new chunk (the current one is
+    /// full). On failure the packet is abandoned.
+    fn cross(&mut self, open: &mut [ChunkSlot]) {
+        let inline = open
+            .iter()
+            .filter(|s| matches!(s, ChunkSlot::Inline(_)))
+            .count();
+        if self.patches.free() < inline {
+            self.abandon(open, DropReason::PatchStorageFull);
+            return;
+        }
+        let packets = Packets::new(1, ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK)
+            .unwrap_or(Packets::EMPTY);
+        let Some(new) = self.arbiter.acquire_chunk(self.header(packets)) else {
+            self.abandon(open, DropReason::SmbFull);
+            return;
+        };
+        let pos = self.position();
+        let size = self.cursor.saturating_sub(self.frag_start) as u32;
+        let at = self.frag_header;
+        self.chunk_write(at, &redundant_varint4(size));
+        self.flags = self.flags | ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK;
+        for slot in open.iter_mut() {
+            if let ChunkSlot::Inline(offset) = *slot {
+                // Room was checked above.
+                *slot = match self.patches.push(self.chunk_id, offset) {
+                    Some(seq) => ChunkSlot::Patch(seq),
+                    None => ChunkSlot::Detached,
+                };
+                self.flags = self.flags | ChunkFlags::CHUNK_NEEDS_PATCHING;
+            }
+        }
+        self.publish_packets();
+        if let Some(old) = self.chunk.take() {
+            self.arbiter.commit_chunk(old, self.target_buffer);
+            self.stats.chunks_committed += 1;
+        }
+        self.install(new, 1, ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK);
+        self.frag_header = 0;
+        self.cursor = SIZE_FIELD_LEN;
+        self.frag_start = SIZE_FIELD_LEN;
+        self.frag_base = pos;
+        self.continuation = true;
+        self.deliver_patches();
+    }
+
+    /// Ends the packet: writes the last fragment's size, inflates the count
+    /// for scrapers (or returns a chunk with no room left), delivers ready
+    /// patches. Returns `false` if the packet was dropped.
+    pub(crate) fn finish_packet(&mut self) -> bool {
+        if self.discarding {
+            self.discarding = false;
+            self.deliver_patches();
+            return false;
+        }
+        let size = self.cursor.saturating_sub(self.frag_start);
+        let at = self.frag_header;
+        if !self.continuation && size <= MAX_ONE_BYTE_LEN as usize {
+            self.compact(at, size);
+        } else {
+            self.chunk_write(at, &redundant_varint4(size as u32));
+        }
+        if self.capacity > self.cursor {
+            self.count += 1;
+            self.inflated = true;
+            self.publish_packets();
+        } else {
+            self.return_chunk();
+        }
+        self.pending_loss = 0;
+        self.deliver_patches();
+        true
+    }
+
+    /// Rewrites the 4-byte size field at `at` (followed by a `size`-byte
+    /// body ending at the cursor) as a 1-byte size, moving the body back.
+    fn compact(&mut self, at: usize, size: usize) {
+        let mut body = [0u8; MAX_ONE_BYTE_LEN as usize];
+        let Some(body) = body.get_mut(..size) else {
+            return;
+        };
+        if let Some(chunk) = &mut self.chunk {
+            if chunk.read_back(at + SIZE_FIELD_LEN, body).is_ok() {
+                let _ = chunk.write_u8(at, size as u8);
+                let _ = chunk.write(at + 1, body);
+                self.cursor -= SIZE_FIELD_LEN - 1;
+            }
+        }
+    }
+
+    /// Returns the current chunk (flush), padding an inflated count.
+    pub(crate) fn flush(&mut self) {
+        if self.chunk.is_some() {
+            self.return_chunk();
+        }
+        self.deliver_patches();
+        self.arbiter.flush();
+    }
+
+    /// Slow path of [`Sink::write`]: fills the chunk, crosses to the next.
+    #[cold]
+    fn write_slow(&mut self, mut bytes: &[u8], open: &mut [ChunkSlot]) {
+        loop {
+            if self.discarding || self.chunk.is_none() {
+                self.discard_pos = self.discard_pos.wrapping_add(bytes.len() as u32);
+                return;
+            }
+            let n = bytes.len().min(self.capacity.saturating_sub(self.cursor));
+            let (now, rest) = bytes.split_at(n);
+            let at = self.cursor;
+            self.chunk_write(at, now);
+            self.cursor += n;
+            if rest.is_empty() {
+                return;
+            }
+            bytes = rest;
+            self.cross(open);
+        }
+    }
+}
+
+impl<'s, A: ChunkArbiter<'s>, const P: usize> Sink for ChunkStream<'s, A, P> {
+    type Slot = ChunkSlot;
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8], open: &mut [ChunkSlot]) {
+        if !self.discarding {
+            if let Some(chunk) = &mut self.chunk {
+                let end = self.cursor + bytes.len();
+                if end <= self.capacity {
+                    let _ = chunk.write(self.cursor, bytes);
+                    self.cursor = end;
+                    return;
+                }
+            }
+        }
+        self.write_slow(bytes, open);
+    }
+
+    fn reserve_size_field(&mut self, open: &mut [ChunkSlot]) -> ChunkSlot {
+        if !self.discarding && self.capacity.saturating_sub(self.cursor) < SIZE_FIELD_LEN {
+            self.cross(open);
+        }
+        if self.discarding || self.chunk.is_none() {
+            self.discard_pos = self.discard_pos.wrapping_add(SIZE_FIELD_LEN as u32);
+            return ChunkSlot::Detached;
+        }
+        let at = self.cursor;
+        self.cursor += SIZE_FIELD_LEN;
+        ChunkSlot::Inline(at as u16)
+    }
+
+    #[inline]
+    fn position(&self) -> u32 {
+        if self.discarding {
+            self.discard_pos
+        } else {
+            self.frag_base
+                .wrapping_add(self.cursor.saturating_sub(self.frag_start) as u32)
+        }
+    }
+
+    fn fill_size_field(&mut self, slot: ChunkSlot, size: u32) {
+        match slot {
+            ChunkSlot::Inline(offset) => {
+                let at = usize::from(offset);
+                if self.discarding {
+                    return;
+                }
+                if size <= MAX_ONE_BYTE_LEN && at + SIZE_FIELD_LEN + size as usize == self.cursor {
+                    self.compact(at, size as usize);
+                } else {
+                    self.chunk_write(at, &redundant_varint4(size));
+                }
+            }
+            ChunkSlot::Patch(seq) => self.patches.fill(seq, redundant_varint4(size)),
+            ChunkSlot::Detached => {}
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! Writer tests with exact expected chunk bytes, flags and patches.
+
+use std::boxed::Box;
+use std::vec::Vec;
+
+use super::*;
+use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize};
+use crate::proto::wire::redundant_varint4;
+use crate::proto::MAX_DEPTH;
+use crate::reader::{apply_patch, FragmentEvent, Fragments};
+use crate::smb::{ChunkLocation, Smb, SmbStorage};
+
+#[derive(Debug)]
+enum Ev {
+    Chunk {
+        header: ChunkHeaderRepr,
+        location: ChunkLocation,
+        target: u16,
+        payload: Vec<u8>,
+    },
+    Patches(PatchBatch),
+}
+
+fn drain(rx: &mut CommitReceiver<'_>, smb: &Smb<'_>) -> Vec<Ev> {
+    let mut buf = [0u8; 4096];
+    let mut out = Vec::new();
+    rx.drain(smb, &mut buf, |d| match d {
+        Drained::Chunk {
+            target_buffer,
+            location,
+            header,
+            bytes,
+        } => out.push(Ev::Chunk {
+            header,
+            location,
+            target: target_buffer,
+            payload: bytes[8..].to_vec(),
+        }),
+        Drained::Patches(b) => out.push(Ev::Patches(*b)),
+    });
+    out
+}
+
+fn packets(count: u16, flags: u8) -> Packets {
+    Packets::new(count, ChunkFlags::from_bits_retain(flags)).unwrap()
+}
+
+fn chunk(ev: &Ev) -> (&ChunkHeaderRepr, &[u8]) {
+    match ev {
+        Ev::Chunk {
+            header, payload, ..
+        } => (header, payload),
+        Ev::Patches(_) => panic!("expected a chunk, got {ev:?}"),
+    }
+}
+
+fn data_fragments(payload: &[u8], p: Packets) -> Vec<Vec<u8>> {
+    Fragments::new(payload, p)
+        .map(|f| match f.unwrap() {
+            FragmentEvent::Data(f) => f.data.to_vec(),
+            FragmentEvent::Dropped(d) => panic!("unexpected sentinel {d:?}"),
+        })
+        .collect()
+}
+
+/// Field 87 (first_packet_on_sequence = true): every writer's first packet.
+const FIRST: [u8; 3] = [0xB8, 0x05, 0x01];
+
+#[test]
+fn small_packets_are_compacted_and_padded_on_flush() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 7).unwrap();
+    assert_eq!(w.write_packet(|p| p.uint64(8, 100)), PacketOutcome::Written);
+    assert_eq!(w.write_packet(|p| p.uint64(8, 101)), PacketOutcome::Written);
+    // Nothing is committed before the flush.
+    assert!(rx.is_empty());
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 1);
+    let Ev::Chunk {
+        header,
+        location,
+        target,
+        payload,
+    } = &ev[0]
+    else {
+        panic!()
+    };
+    assert_eq!(*location, ChunkLocation { page: 0, chunk: 0 });
+    assert_eq!(*target, 7);
+    assert_eq!((header.chunk_id, header.writer_id), (0, 1));
+    // Two packets + the empty fragment padding the inflated count.
+    assert_eq!(header.packets, packets(3, 0));
+    assert_eq!(
+        &payload[..10],
+        &[0x05, 0xB8, 0x05, 0x01, 0x40, 0x64, 0x02, 0x40, 0x65, 0x00]
+    );
+    assert_eq!(w.stats().packets_written, 2);
+    assert_eq!(w.stats().chunks_committed, 1);
+}
+
+#[test]
+fn packet_split_across_two_chunks_golden() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    // Div14 of a 4 KiB page: 292-byte chunks, 284-byte payloads.
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div14, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 7).unwrap();
+    let blob: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+    let outcome = w.write_packet(|p| {
+        p.uint64(8, 100);
+        p.nested(11, |m| m.bytes(2, &blob));
+    });
+    assert_eq!(outcome, PacketOutcome::Written);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 3, "{ev:?}");
+
+    // Chunk 0: one fragment (280 bytes) that continues, needs patching.
+    let (h0, p0) = chunk(&ev[0]);
+    assert_eq!((h0.chunk_id, h0.writer_id), (0, 1));
+    assert_eq!(h0.packets, packets(1, 0x2 | 0x4));
+    assert_eq!(h0.packets.bits().to_le_bytes(), [0x01, 0x18]);
+    assert_eq!(p0.len(), 284);
+    let mut expected0 = Vec::new();
+    expected0.extend_from_slice(&[0x98, 0x82, 0x80, 0x00]); // 280
+    expected0.extend_from_slice(&FIRST);
+    expected0.extend_from_slice(&[0x40, 0x64, 0x5A]);
+    expected0.extend_from_slice(&[0, 0, 0, 0]); // nested size: left for the patch
+    expected0.extend_from_slice(&[0x12, 0xAC, 0x02]);
+    expected0.extend_from_slice(&blob[..267]);
+    assert_eq!(p0, &expected0[..]);
+
+    // The patch: offset 10 (after the 8-byte header), nested size 303.
+    let Ev::Patches(batch) = &ev[1] else {
+        panic!("{:?}", ev[1])
+    };
+    assert_eq!(
+        (
+            batch.target_buffer,
+            batch.writer_id,
+            batch.chunk_id,
+            batch.has_more
+        ),
+        (7, 1, 0, false)
+    );
+    assert_eq!(
+        batch.patches(),
+        &[Patch {
+            offset: 10,
+            data: [0xAF, 0x82, 0x80, 0x00]
+        }]
+    );
+
+    // Chunk 1: the 33-byte tail, then the pad for the inflated count.
+    let (h1, p1) = chunk(&ev[2]);
+    assert_eq!((h1.chunk_id, h1.writer_id), (1, 1));
+    assert_eq!(h1.packets, packets(2, 0x1));
+    assert_eq!(h1.packets.bits().to_le_bytes(), [0x02, 0x04]);
+    let mut expected1 = Vec::new();
+    expected1.extend_from_slice(&[0xA1, 0x80, 0x80, 0x00]); // 33
+    expected1.extend_from_slice(&blob[267..]);
+    expected1.push(0x00);
+    assert_eq!(&p1[..expected1.len()], &expected1[..]);
+
+    // Service side: patch, then reassemble.
+    let mut p0 = p0.to_vec();
+    for patch in batch.patches() {
+        apply_patch(&mut p0, u32::from(patch.offset), &patch.data).unwrap();
+    }
+    let mut packet = Vec::new();
+    for f in data_fragments(&p0, h0.packets) {
+        packet.extend_from_slice(&f);
+    }
+    for f in data_fragments(p1, h1.packets) {
+        packet.extend_from_slice(&f);
+    }
+    let mut expected = FIRST.to_vec();
+    expected.extend_from_slice(&[0x40, 0x64, 0x5A, 0xAF, 0x82, 0x80, 0x00, 0x12, 0xAC, 0x02]);
+    expected.extend_from_slice(&blob);
+    assert_eq!(packet, expected);
+}
+
+#[test]
+fn middle_chunks_hold_one_fragment_continuing_both_ways() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<16>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div14, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 3, 1).unwrap();
+    let blob = [0x33u8; 1000];
+    assert_eq!(
+        w.write_packet(|p| p.bytes(1, &blob)),
+        PacketOutcome::Written
+    );
+    assert_eq!(w.write_packet(|p| p.uint32(13, 2)), PacketOutcome::Written);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let chunks: Vec<_> = ev.iter().map(chunk).collect();
+    assert_eq!(chunks.len(), 4);
+    let flags: Vec<u8> = chunks
+        .iter()
+        .map(|(h, _)| h.packets.flags().bits())
+        .collect();
+    let counts: Vec<u16> = chunks.iter().map(|(h, _)| h.packets.count()).collect();
+    let ids: Vec<u32> = chunks.iter().map(|(h, _)| h.chunk_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    assert_eq!(flags, [0x2, 0x3, 0x3, 0x1]);
+    // Last chunk: the tail, the second packet (compacted) and the pad.
+    assert_eq!(counts, [1, 1, 1, 3]);
+    let mut packet = Vec::new();
+    for (h, p) in &chunks {
+        let frags = data_fragments(p, h.packets);
+        packet.extend_from_slice(&frags[0]);
+    }
+    let mut expected = FIRST.to_vec();
+    expected.extend_from_slice(&[0x0A, 0xE8, 0x07]);
+    expected.extend_from_slice(&blob);
+    assert_eq!(packet, expected);
+    let last = data_fragments(chunks[3].1, chunks[3].0.packets);
+    assert_eq!(last[1], [0x68, 0x02]);
+}
+
+#[test]
+fn a_chunk_filled_exactly_is_returned_at_once() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    // 4 (size) + 3 (field 87) + 1 + 2 (tag, length) + 4070 = 4080 = payload.
+    let blob = std::vec![0x11u8; 4070];
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Written
+    );
+    // No byte left to inflate the count: the chunk is committed right away.
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 1);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(h.packets, packets(1, 0));
+    assert_eq!(&p[..4], &redundant_varint4(4076));
+}
+
+#[test]
+fn a_packet_starts_in_a_new_chunk_when_fewer_than_12_bytes_are_left() {
+    let mut storage = Box::new(SmbStorage::<8192>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    // Leave exactly 11 bytes: 4 + 3 + 3 + n = 4080 - 11 -> n = 4059.
+    let blob = std::vec![0x22u8; 4059];
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Written
+    );
+    assert!(rx.is_empty());
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(
+        ev.len(),
+        1,
+        "the full chunk was returned for the second packet"
+    );
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!((h.chunk_id, h.packets), (0, packets(2, 0)));
+    assert_eq!(p[4069], 0x00, "pad fragment after the first packet");
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(h.chunk_id, 1);
+    assert_eq!(&p[..3], &[0x02, 0x40, 0x01]);
+}
+
+#[test]
+fn at_most_1022_fragments_per_chunk() {
+    let mut storage = Box::new(SmbStorage::<8192>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    for i in 0..1023u64 {
+        assert_eq!(
+            w.write_packet(|p| p.uint64(8, i % 100)),
+            PacketOutcome::Written
+        );
+    }
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 2);
+    let (h0, p0) = chunk(&ev[0]);
+    // 1022 packets, then the pad that made the inflated 1023rd slot honest.
+    assert_eq!(h0.packets, packets(1023, 0));
+    assert_eq!(data_fragments(p0, h0.packets).len(), 1022);
+    let (h1, p1) = chunk(&ev[1]);
+    assert_eq!(h1.packets, packets(2, 0));
+    assert_eq!(data_fragments(p1, h1.packets), [[0x40, 22]]);
+}
+
+#[test]
+fn smb_exhaustion_drops_whole_packets_and_marks_the_next_one() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    let blob = [0x44u8; 1500];
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Written
+    );
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Written
+    );
+    // Does not fit: the only chunk is full and the service is not draining.
+    let third = w.write_packet(|p| {
+        p.uint64(8, 3);
+        p.nested(11, |m| m.bytes(2, &blob));
+    });
+    assert_eq!(third, PacketOutcome::Dropped(DropReason::SmbFull));
+    assert_eq!(
+        w.write_packet(|p| p.uint64(8, 4)),
+        PacketOutcome::Dropped(DropReason::SmbFull)
+    );
+    assert_eq!(w.stats().packets_dropped_smb_full, 2);
+    assert_eq!(
+        w.pending_patches(),
+        0,
+        "open sizes in the abandoned chunk were detached"
+    );
+
+    // The service drains: two whole packets, then the sentinel.
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 1);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(h.packets, packets(3, 0));
+    let items: Vec<_> = Fragments::new(p, h.packets).map(|f| f.unwrap()).collect();
+    assert_eq!(items.len(), 3);
+    let FragmentEvent::Dropped(d) = items[2] else {
+        panic!("{:?}", items[2])
+    };
+    assert_eq!(&p[d.offset..d.offset + 4], &[0xFF, 0xFF, 0xFF, 0x7F]);
+
+    // Recovery: the next packet says what was lost.
+    assert_eq!(w.write_packet(|p| p.uint64(8, 5)), PacketOutcome::Written);
+    assert_eq!(w.write_packet(|p| p.uint64(8, 6)), PacketOutcome::Written);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(h.chunk_id, 1);
+    assert_eq!(
+        data_fragments(p, h.packets),
+        [
+            std::vec![0xD0, 0x02, 0x81, 0x02, 0x40, 0x05],
+            std::vec![0x40, 0x06]
+        ]
+    );
+    assert_eq!(w.arbiter().stats().smb_full, 2);
+}
+
+#[test]
+fn full_patch_storage_abandons_the_packet() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div14, tx).unwrap();
+    let mut w: TraceWriter<_, 1> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    let blob = [0x55u8; 400];
+    // Two nested sizes are open in the first chunk when it fills up; only
+    // one patch entry fits.
+    let outcome = w.write_packet(|p| p.nested(1, |a| a.nested(2, |b| b.bytes(3, &blob))));
+    assert_eq!(
+        outcome,
+        PacketOutcome::Dropped(DropReason::PatchStorageFull)
+    );
+    assert_eq!(w.write_packet(|p| p.uint64(8, 9)), PacketOutcome::Written);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 2);
+    let (h0, p0) = chunk(&ev[0]);
+    assert_eq!(
+        h0.packets,
+        packets(1, 0),
+        "no continuation or patch flags on an abandoned packet"
+    );
+    assert_eq!(&p0[..4], &[0xFF, 0xFF, 0xFF, 0x7F]);
+    let (h1, p1) = chunk(&ev[1]);
+    // previous_packet_dropped = 1, and field 87 still pending (no packet
+    // was written before).
+    assert_eq!(
+        data_fragments(p1, h1.packets),
+        [std::vec![0xD0, 0x02, 0x01, 0xB8, 0x05, 0x01, 0x40, 0x09]]
+    );
+    assert_eq!(w.stats().packets_dropped_patch_storage, 1);
+}
+
+#[test]
+fn chunk_ids_wrap_around() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div2, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 9, 1).unwrap();
+    w.set_next_chunk_id(u32::MAX);
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+    w.flush();
+    assert_eq!(w.write_packet(|p| p.uint64(8, 2)), PacketOutcome::Written);
+    w.flush();
+    let ids: Vec<u32> = drain(&mut rx, &smb)
+        .iter()
+        .map(|e| chunk(e).0.chunk_id)
+        .collect();
+    assert_eq!(ids, [u32::MAX, 0]);
+    assert_eq!(w.next_chunk_id(), 1);
+}
+
+#[test]
+fn writer_ids_are_validated() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    for (id, ok) in [(0u16, false), (1, true), (32767, true), (32768, false)] {
+        let mut q = CommitQueue::<4>::new();
+        let (tx, _rx) = q.split();
+        let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+        let r: Result<TraceWriter<_>, _> = TraceWriter::new(arbiter, id, 1);
+        assert_eq!(r.is_ok(), ok, "writer id {id}");
+        if !ok {
+            assert_eq!(r.err(), Some(WriterError::InvalidWriterId(id)));
+        }
+    }
+}
+
+#[test]
+fn too_deep_nesting_keeps_the_packet_and_counts_the_drop() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    fn nest<S: crate::proto::Sink>(m: &mut crate::proto::Message<'_, S>, n: usize) {
+        if n == 0 {
+            m.uint32(1, 1);
+        } else {
+            m.nested(1, |c| nest(c, n - 1));
+        }
+    }
+    let outcome = w.write_packet(|p| {
+        p.uint64(8, 1);
+        nest(p, MAX_DEPTH + 1);
+    });
+    assert_eq!(
+        outcome,
+        PacketOutcome::Incomplete(EncodeError::NestingTooDeep)
+    );
+    assert_eq!(w.stats().nested_messages_dropped, 1);
+    assert_eq!(w.stats().packets_incomplete, 1);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let (h, p) = chunk(&ev[0]);
+    let frags = data_fragments(p, h.packets);
+    // 87, timestamp, then MAX_DEPTH levels with the innermost empty.
+    assert_eq!(frags[0].len(), 3 + 2 + 2 * MAX_DEPTH);
+}
+
+#[test]
+fn queue_full_acts_as_an_exhausted_smb() {
+    let mut storage = Box::new(SmbStorage::<16384>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    // Three slots: the first chunk's commit plus two free for the next one.
+    let mut q = CommitQueue::<4>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    // ~3 KiB packets: the fifth needs a fourth chunk while three commits
+    // would be pending.
+    let blob = [0u8; 3000];
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(w.write_packet(|p| p.bytes(2, &blob)));
+    }
+    assert_eq!(outcomes[..4], [PacketOutcome::Written; 4]);
+    assert_eq!(outcomes[4], PacketOutcome::Dropped(DropReason::SmbFull));
+    assert_eq!(w.arbiter().stats().queue_full, 1);
+    assert_eq!(w.arbiter().stats().smb_full, 0);
+    let moved = drain(&mut rx, &smb);
+    assert_eq!(moved.len(), 3);
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+}
