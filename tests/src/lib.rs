@@ -1,1 +1,20 @@
-//! End-to-end and interop test support. Lands with the interop-harness issue.
+//! End-to-end and interop test support for shmtrace, with the real Perfetto
+//! (v59, from perfetto-sdk-sys 1.4.0) as the oracle.
+//!
+//! * [`drivers`]: the real service, producer and consumer, as the
+//!   `real-service`, `real-producer` and `real-consumer` binaries of this
+//!   package (C++ in `interop/`, linked against the real Perfetto).
+//! * [`scenario`]: the interop matrix ([`scenario::Cell`]) and the scenarios
+//!   run in each cell, with process guards and private socket paths.
+//! * [`checker`]: the shared trace checker (`checker/check_trace.py`, official
+//!   Perfetto protos) and its report.
+//! * [`config`]: the TraceConfig messages the scenarios send.
+
+pub mod checker;
+pub mod config;
+pub mod drivers;
+pub mod error;
+pub mod process;
+pub mod scenario;
+
+pub use error::{HarnessError, Result};

@@ -1,0 +1,611 @@
+#!/usr/bin/env python3
+"""Semantic checker for Perfetto traces written by the interop tests.
+
+Decodes one or more trace files (concatenated in the order given, as the
+successive ReadBuffers of one session) with the official schema from the PyPI
+`perfetto` package, replays every packet sequence the way a trace processor
+would, and compares what it finds with what the producers say they emitted.
+
+    check_trace.py --trace FILE [--trace FILE ...] --expect EXPECT.json
+                   [--report REPORT.json] [--quiet]
+
+EXPECT.json:
+    {
+      "producers": [{"pid": 1234 | null, "emitted": {"slice_begin": 10, ...}}],
+      "loss": "none" | "allowed",
+      "require_trace_stats": true
+    }
+`pid: null` matches the packets of every producer together. The keys of
+`emitted` are EMITTED_KEYS below (those the producer driver reports).
+
+Checks, per producer sequence (trusted_packet_sequence_id):
+  * trusted_uid, trusted_pid and trusted_packet_sequence_id are present;
+  * incremental state: SEQ_INCREMENTAL_STATE_CLEARED resets the interning
+    tables, the packet defaults and the sequence-scoped clocks; a packet that
+    needs incremental state while it is invalid (never cleared, or after a
+    loss mark) is skipped and counted, as a trace processor would;
+  * every interned id used (event categories, event names, debug annotation
+    names, interned debug annotation string values) resolves;
+  * timestamps, decoded through the sequence's clock snapshots (incremental
+    clock 64 deltas included), never go backwards;
+  * slices nest per track: every SLICE_END closes an open SLICE_BEGIN (LIFO),
+    and nothing is left open;
+  * flows pair: every flow id is started once and terminated once;
+  * counter events point at a described counter track.
+Then across the trace: event counts per type match the expectation exactly
+when loss is "none" (and no loss indicator may appear); when loss is
+"allowed", counts may only fall short, and a shortfall must be explained by a
+loss indicator (previous_packet_dropped mid-sequence, lost sequence start, or
+overwrite/discard/packet-loss counters in trace_stats).
+
+Exit status: 0 all checks passed, 1 violations found, 2 usage or environment
+error. The report (JSON) carries everything the tests assert on.
+"""
+
+import argparse
+import collections
+import json
+import sys
+
+try:
+    from google.protobuf.message import DecodeError
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+except ImportError as e:  # pragma: no cover - environment problem
+    sys.stderr.write(
+        "check_trace.py: cannot import the official Perfetto protos "
+        "(perfetto.protos.perfetto.trace.perfetto_trace_pb2): %s\n"
+        "Install them with `pip install perfetto protobuf` "
+        "(bash .ci/run does this).\n" % e)
+    sys.exit(2)
+
+SEQ_INCREMENTAL_STATE_CLEARED = 1
+SEQ_NEEDS_INCREMENTAL_STATE = 2
+SERVICE_SEQUENCE_ID = 1
+BOOTTIME = 6
+FIRST_SEQUENCE_SCOPED_CLOCK = 64
+
+# Keys a producer reports, and how each one is counted in the trace.
+EMITTED_KEYS = (
+    "slice_begin", "slice_end", "instant", "counter_int", "counter_double",
+    "flow_begin", "flow_end", "large", "large_bytes", "arg_int", "arg_uint",
+    "arg_double", "arg_bool", "arg_string", "arg_pointer",
+)
+# Producer-side bookkeeping with no trace counterpart.
+PRODUCER_ONLY_KEYS = ("skipped_disabled",)
+# The producer driver's huge-annotation event (see interop/real_producer.cc).
+LARGE_EVENT_NAME = "large"
+LARGE_ARG_NAME = "blob"
+
+ARG_KIND_KEYS = {
+    "int_value": "arg_int",
+    "uint_value": "arg_uint",
+    "double_value": "arg_double",
+    "bool_value": "arg_bool",
+    "string_value": "arg_string",
+    "string_value_iid": "arg_string",
+    "pointer_value": "arg_pointer",
+}
+
+TYPE_KEYS = {
+    pb.TrackEvent.TYPE_SLICE_BEGIN: "slice_begin",
+    pb.TrackEvent.TYPE_SLICE_END: "slice_end",
+    pb.TrackEvent.TYPE_INSTANT: "instant",
+}
+
+# TraceStats.BufferStats counters that mean data was lost or rejected.
+# (readaheads_failed is not one: a read that finds a fragmented packet whose
+# next chunk has not been committed yet counts it and retries later.)
+BUFFER_LOSS_STATS = (
+    "chunks_overwritten", "chunks_discarded", "trace_writer_packet_loss",
+    "abi_violations", "patches_failed",
+)
+SERVICE_LOSS_STATS = ("chunks_discarded", "patches_discarded",
+                      "invalid_packets")
+
+
+class Sequence:
+    """Replay state of one packet sequence."""
+
+    def __init__(self, seq_id):
+        self.id = seq_id
+        self.pids = set()
+        self.uids = set()
+        self.packets = 0
+        self.track_events = 0
+        self.cleared = 0
+        self.loss_marks = 0
+        self.start_lost = False
+        self.lossy = False
+        self.skipped_incremental = 0
+        self.valid = False
+        self.interned = {}
+        self.defaults = None
+        self.clocks = {}
+        self.last_boot_ts = None
+        self.first_ts_packet = None
+
+    def reset_incremental_state(self):
+        self.valid = True
+        self.interned = {
+            "event_categories": {},
+            "event_names": {},
+            "debug_annotation_names": {},
+            "debug_annotation_string_values": {},
+        }
+        self.defaults = None
+        self.clocks = {c: v for c, v in self.clocks.items()
+                       if c < FIRST_SEQUENCE_SCOPED_CLOCK}
+
+    def summary(self):
+        return {
+            "id": self.id,
+            "pids": sorted(self.pids),
+            "uids": sorted(self.uids),
+            "packets": self.packets,
+            "track_events": self.track_events,
+            "cleared": self.cleared,
+            "loss_marks": self.loss_marks,
+            "start_lost": self.start_lost,
+            "skipped_incremental": self.skipped_incremental,
+        }
+
+
+def is_repeated(field):
+    # protobuf >= 5 has `is_repeated`; older releases only `label`.
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def scalar_fields(message):
+    """The set scalar fields of a message, as a plain dict."""
+    out = {}
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE and not is_repeated(field):
+            out[field.name] = value
+    return out
+
+
+class Checker:
+    def __init__(self, expect):
+        self.expect = expect
+        self.violations = []
+        self.sequences = {}
+        self.kinds = collections.Counter()
+        self.counts = collections.defaultdict(collections.Counter)
+        self.by_name = collections.Counter()
+        self.by_category = collections.Counter()
+        self.resolved = collections.Counter()
+        self.unresolved = collections.Counter()
+        self.stacks = collections.defaultdict(list)
+        self.max_depth = 0
+        self.unmatched_ends_after_loss = 0
+        self.flows_begun = collections.Counter()
+        self.flows_terminated = collections.Counter()
+        self.counter_tracks = set()
+        self.counter_track_uses = collections.Counter()
+        self.described_tracks = set()
+        self.trace_stats = None
+        self.service_kinds = collections.Counter()
+        self.packets = 0
+
+    def violation(self, message):
+        if len(self.violations) < 200:
+            self.violations.append(message)
+        elif len(self.violations) == 200:
+            self.violations.append("... (further violations omitted)")
+
+    # ------------------------------------------------------------------
+    def run(self, traces):
+        for path, trace in traces:
+            for index, packet in enumerate(trace.packet):
+                self.packets += 1
+                self.packet(packet, "%s#%d" % (path, index))
+        self.finish()
+
+    def packet(self, packet, where):
+        kind = packet.WhichOneof("data") or "(none)"
+        self.kinds[kind] += 1
+        if not packet.HasField("trusted_packet_sequence_id"):
+            self.violation("%s: packet without trusted_packet_sequence_id" %
+                           where)
+            return
+        if not packet.HasField("trusted_uid"):
+            self.violation("%s: packet without trusted_uid" % where)
+        seq_id = packet.trusted_packet_sequence_id
+        if seq_id == SERVICE_SEQUENCE_ID:
+            self.service_kinds[kind] += 1
+            if packet.HasField("trace_stats"):
+                self.trace_stats = packet.trace_stats
+            return
+        if not packet.HasField("trusted_pid"):
+            self.violation("%s: producer packet without trusted_pid" % where)
+        seq = self.sequences.get(seq_id)
+        first = seq is None
+        if first:
+            seq = self.sequences[seq_id] = Sequence(seq_id)
+        seq.packets += 1
+        seq.pids.add(packet.trusted_pid)
+        seq.uids.add(packet.trusted_uid)
+        pid = packet.trusted_pid
+
+        if first and not packet.first_packet_on_sequence:
+            seq.start_lost = True
+            seq.lossy = True
+        if packet.previous_packet_dropped and not first:
+            # The very first packet read from a sequence is flagged by the
+            # service (TraceBufferV1) with no loss involved.
+            seq.loss_marks += 1
+            seq.lossy = True
+            seq.valid = False
+        flags = packet.sequence_flags
+        if flags & SEQ_INCREMENTAL_STATE_CLEARED:
+            seq.cleared += 1
+            seq.reset_incremental_state()
+        if (flags & SEQ_NEEDS_INCREMENTAL_STATE) and not seq.valid:
+            seq.skipped_incremental += 1
+            return
+        if packet.HasField("trace_packet_defaults"):
+            seq.defaults = packet.trace_packet_defaults
+        if packet.HasField("interned_data"):
+            self.intern(seq, packet.interned_data, where)
+        if packet.HasField("clock_snapshot"):
+            self.clock_snapshot(seq, packet.clock_snapshot)
+        if packet.HasField("track_descriptor"):
+            desc = packet.track_descriptor
+            self.described_tracks.add(desc.uuid)
+            if desc.HasField("counter"):
+                self.counter_tracks.add(desc.uuid)
+        self.timestamp(seq, packet, where)
+        if packet.HasField("track_event"):
+            seq.track_events += 1
+            self.track_event(seq, pid, packet.track_event, where)
+
+    def intern(self, seq, data, where):
+        if not seq.valid:
+            # Interned data on a sequence whose state is unknown cannot be
+            # trusted to be complete; a cleared packet will come first.
+            return
+        for table in seq.interned:
+            for entry in getattr(data, table):
+                name = entry.name if table != "debug_annotation_string_values" \
+                    else entry.str
+                old = seq.interned[table].get(entry.iid)
+                if old is not None and old != name:
+                    self.violation(
+                        "%s: %s iid %d redefined from %r to %r without an "
+                        "incremental state clear" %
+                        (where, table, entry.iid, old, name))
+                seq.interned[table][entry.iid] = name
+
+    def clock_snapshot(self, seq, snapshot):
+        boot = None
+        for clock in snapshot.clocks:
+            if clock.clock_id == BOOTTIME:
+                boot = clock.timestamp
+        for clock in snapshot.clocks:
+            seq.clocks[clock.clock_id] = {
+                "incremental": clock.is_incremental,
+                "last": clock.timestamp,
+                "ref": clock.timestamp,
+                "ref_boot": boot,
+                "mult": clock.unit_multiplier_ns or 1,
+            }
+
+    def timestamp(self, seq, packet, where):
+        if not packet.HasField("timestamp"):
+            return
+        if packet.HasField("timestamp_clock_id"):
+            clock_id = packet.timestamp_clock_id
+        elif seq.defaults is not None and \
+                seq.defaults.HasField("timestamp_clock_id"):
+            clock_id = seq.defaults.timestamp_clock_id
+        else:
+            clock_id = BOOTTIME
+        ts = packet.timestamp
+        if clock_id == BOOTTIME:
+            boot = ts
+        elif clock_id in seq.clocks:
+            clock = seq.clocks[clock_id]
+            if clock["incremental"]:
+                if ts >= 1 << 63:
+                    self.violation("%s: negative incremental timestamp delta "
+                                   "%d on clock %d" % (where, ts - (1 << 64),
+                                                       clock_id))
+                    return
+                value = clock["last"] + ts
+                clock["last"] = value
+            else:
+                value = ts
+            if clock["ref_boot"] is None:
+                return
+            boot = clock["ref_boot"] + (value - clock["ref"]) * clock["mult"]
+        elif clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
+            self.violation("%s: timestamp on sequence-scoped clock %d that "
+                           "this sequence never defined" % (where, clock_id))
+            return
+        else:
+            return  # Another builtin clock: no per-sequence conversion.
+        if seq.last_boot_ts is not None and boot < seq.last_boot_ts:
+            self.violation(
+                "%s: timestamp goes backwards on sequence %d (%d < %d)" %
+                (where, seq.id, boot, seq.last_boot_ts))
+        seq.last_boot_ts = boot
+
+    def resolve(self, seq, table, iid, where):
+        name = seq.interned[table].get(iid) if seq.valid else None
+        if name is None:
+            self.unresolved[table] += 1
+            self.violation("%s: %s iid %d does not resolve on sequence %d" %
+                           (where, table, iid, seq.id))
+        else:
+            self.resolved[table] += 1
+        return name
+
+    def track_event(self, seq, pid, event, where):
+        counts = self.counts[pid]
+        name = None
+        if event.HasField("name_iid"):
+            name = self.resolve(seq, "event_names", event.name_iid, where)
+        elif event.HasField("name"):
+            name = event.name
+        categories = list(event.categories)
+        for iid in event.category_iids:
+            cat = self.resolve(seq, "event_categories", iid, where)
+            if cat is not None:
+                categories.append(cat)
+        for cat in categories:
+            self.by_category[cat] += 1
+        if event.type != pb.TrackEvent.TYPE_SLICE_END and \
+                event.type != pb.TrackEvent.TYPE_COUNTER:
+            self.by_name[name] += 1
+
+        if event.HasField("track_uuid"):
+            track = event.track_uuid
+        elif seq.defaults is not None and \
+                seq.defaults.track_event_defaults.HasField("track_uuid"):
+            track = seq.defaults.track_event_defaults.track_uuid
+        else:
+            track = 0
+
+        type_key = TYPE_KEYS.get(event.type)
+        if type_key:
+            counts[type_key] += 1
+        if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            stack = self.stacks[track]
+            stack.append(name)
+            self.max_depth = max(self.max_depth, len(stack))
+        elif event.type == pb.TrackEvent.TYPE_SLICE_END:
+            stack = self.stacks[track]
+            if stack:
+                stack.pop()
+            elif seq.lossy:
+                self.unmatched_ends_after_loss += 1
+            else:
+                self.violation("%s: SLICE_END with no open slice on track %d" %
+                               (where, track))
+        elif event.type == pb.TrackEvent.TYPE_COUNTER:
+            which = event.WhichOneof("counter_value_field")
+            if which == "counter_value":
+                counts["counter_int"] += 1
+            elif which == "double_counter_value":
+                counts["counter_double"] += 1
+            else:
+                self.violation("%s: COUNTER event without a value" % where)
+            self.counter_track_uses[track] += 1
+            if track not in self.counter_tracks and not seq.lossy:
+                self.violation("%s: counter on track %d, which no "
+                               "track_descriptor describes as a counter" %
+                               (where, track))
+        elif event.type != pb.TrackEvent.TYPE_INSTANT:
+            self.violation("%s: unexpected track event type %d" %
+                           (where, event.type))
+
+        for flow in list(event.flow_ids) + list(event.flow_ids_old):
+            self.flows_begun[flow] += 1
+            counts["flow_begin"] += 1
+        for flow in list(event.terminating_flow_ids) + \
+                list(event.terminating_flow_ids_old):
+            self.flows_terminated[flow] += 1
+            counts["flow_end"] += 1
+
+        large = name == LARGE_EVENT_NAME
+        if large:
+            counts["large"] += 1
+        for arg in event.debug_annotations:
+            arg_name = None
+            if arg.HasField("name_iid"):
+                arg_name = self.resolve(seq, "debug_annotation_names",
+                                        arg.name_iid, where)
+            elif arg.HasField("name"):
+                arg_name = arg.name
+            kind = arg.WhichOneof("value")
+            if kind == "string_value_iid":
+                self.resolve(seq, "debug_annotation_string_values",
+                             arg.string_value_iid, where)
+            key = ARG_KIND_KEYS.get(kind)
+            if key:
+                counts[key] += 1
+            if large and arg_name == LARGE_ARG_NAME and \
+                    kind == "string_value":
+                counts["large_bytes"] += len(arg.string_value)
+
+    # ------------------------------------------------------------------
+    def finish(self):
+        open_slices = sum(len(s) for s in self.stacks.values())
+        lossy = any(s.lossy for s in self.sequences.values())
+        if open_slices and self.expect["loss"] == "none":
+            self.violation("%d slices were never closed" % open_slices)
+        self.check_flows(lossy)
+        self.check_counts()
+
+    def check_flows(self, lossy):
+        strict = self.expect["loss"] == "none"
+        for flow, n in self.flows_begun.items():
+            if n > 1:
+                self.violation("flow %d started %d times" % (flow, n))
+            if strict and flow not in self.flows_terminated:
+                self.violation("flow %d never terminated" % flow)
+        for flow, n in self.flows_terminated.items():
+            if n > 1:
+                self.violation("flow %d terminated %d times" % (flow, n))
+            if strict and flow not in self.flows_begun:
+                self.violation("flow %d terminated but never started" % flow)
+
+    def buffer_stats(self):
+        if self.trace_stats is None:
+            return []
+        return [scalar_fields(b) for b in self.trace_stats.buffer_stats]
+
+    def loss_indicators(self):
+        out = collections.Counter()
+        for seq in self.sequences.values():
+            out["mid_sequence_loss_marks"] += seq.loss_marks
+            out["sequences_start_lost"] += int(seq.start_lost)
+            out["skipped_needing_incremental_state"] += seq.skipped_incremental
+        for stats in self.buffer_stats():
+            for key in BUFFER_LOSS_STATS:
+                out["buffer." + key] += stats.get(key, 0)
+        if self.trace_stats is not None:
+            service = scalar_fields(self.trace_stats)
+            for key in SERVICE_LOSS_STATS:
+                out["service." + key] += service.get(key, 0)
+        return {k: v for k, v in out.items() if v}
+
+    def check_counts(self):
+        loss = self.expect["loss"]
+        indicators = self.loss_indicators()
+        if loss == "none" and indicators:
+            self.violation("data loss in a scenario that allows none: %s" %
+                           json.dumps(indicators, sort_keys=True))
+        if self.expect.get("require_trace_stats", True) and \
+                self.trace_stats is None:
+            self.violation("no trace_stats packet")
+        for required in ("trace_config", "clock_snapshot"):
+            if self.expect.get("require_service_packets", True) and \
+                    not self.service_kinds[required]:
+                self.violation("no %s packet from the service" % required)
+
+        explained = bool(indicators)
+        for producer in self.expect["producers"]:
+            pid = producer.get("pid")
+            if pid is None:
+                got = collections.Counter()
+                for c in self.counts.values():
+                    got.update(c)
+                label = "all producers"
+            else:
+                got = self.counts.get(pid, collections.Counter())
+                label = "producer pid %d" % pid
+            for key, want in sorted(producer["emitted"].items()):
+                if key in PRODUCER_ONLY_KEYS:
+                    continue
+                have = got.get(key, 0)
+                if have == want:
+                    continue
+                if loss == "allowed" and have < want:
+                    if not explained:
+                        self.violation(
+                            "%s: %s %d of %d, and nothing records a loss" %
+                            (label, key, have, want))
+                    continue
+                self.violation("%s: %s expected %d, trace has %d" %
+                               (label, key, want, have))
+
+    def report(self):
+        totals = collections.Counter()
+        for c in self.counts.values():
+            totals.update(c)
+        service = scalar_fields(self.trace_stats) \
+            if self.trace_stats is not None else None
+        return {
+            "ok": not self.violations,
+            "violations": self.violations,
+            "packets": self.packets,
+            "packets_by_kind": dict(self.kinds),
+            "service_packets_by_kind": dict(self.service_kinds),
+            "totals": {k: totals.get(k, 0) for k in EMITTED_KEYS},
+            "producers": {str(pid): {k: c.get(k, 0) for k in EMITTED_KEYS}
+                          for pid, c in self.counts.items()},
+            "events_by_name": {str(k): v for k, v in self.by_name.items()},
+            "events_by_category": dict(self.by_category),
+            "sequences": [s.summary() for _, s in
+                          sorted(self.sequences.items())],
+            "interning": {"resolved": dict(self.resolved),
+                          "unresolved": dict(self.unresolved)},
+            "slices": {"open": sum(len(s) for s in self.stacks.values()),
+                       "max_depth": self.max_depth,
+                       "unmatched_ends_after_loss":
+                           self.unmatched_ends_after_loss},
+            "flows": {"started": len(self.flows_begun),
+                      "terminated": len(self.flows_terminated),
+                      "paired": len(set(self.flows_begun) &
+                                    set(self.flows_terminated))},
+            "counter_tracks": len(self.counter_tracks),
+            "loss_indicators": self.loss_indicators(),
+            "trace_stats": service,
+            "buffer_stats": self.buffer_stats(),
+        }
+
+
+def load_expectation(path):
+    with open(path) as f:
+        expect = json.load(f)
+    if expect.get("loss") not in ("none", "allowed"):
+        raise ValueError("'loss' must be \"none\" or \"allowed\"")
+    producers = expect.get("producers")
+    if not isinstance(producers, list) or not producers:
+        raise ValueError("'producers' must be a non-empty list")
+    for producer in producers:
+        unknown = set(producer.get("emitted", {})) - set(EMITTED_KEYS) - \
+            set(PRODUCER_ONLY_KEYS)
+        if unknown:
+            raise ValueError("unknown emitted keys: %s" % sorted(unknown))
+    return expect
+
+
+def check(trace_paths, expect):
+    """Decodes and checks the traces; returns the report dict."""
+    traces = []
+    for path in trace_paths:
+        trace = pb.Trace()
+        with open(path, "rb") as f:
+            data = f.read()
+        trace.ParseFromString(data)
+        traces.append((path, trace))
+    checker = Checker(expect)
+    checker.run(traces)
+    return checker.report()
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", action="append", required=True)
+    parser.add_argument("--expect", required=True)
+    parser.add_argument("--report")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        expect = load_expectation(args.expect)
+    except (OSError, ValueError) as e:
+        sys.stderr.write("check_trace.py: bad expectation %s: %s\n" %
+                         (args.expect, e))
+        return 2
+    try:
+        report = check(args.trace, expect)
+    except (OSError, DecodeError) as e:  # findings, not crashes
+        report = {"ok": False, "violations": ["cannot decode: %s" % e]}
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1, sort_keys=True)
+    if not args.quiet:
+        for v in report["violations"]:
+            sys.stderr.write("VIOLATION: %s\n" % v)
+        sys.stderr.write("check_trace.py: %s (%s packets)\n" %
+                         ("OK" if report["ok"] else "FAILED",
+                          report.get("packets", "?")))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

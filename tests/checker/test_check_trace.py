@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Unit tests of check_trace.py on the golden trace and hand-broken copies.
+
+The golden trace (tests/golden/capture_run_trace.pftrace) was written by the
+real Perfetto; the checker must accept it and must reject every breakage below
+with the matching message. Run: python3 -m unittest tests/checker/test_check_trace.py
+"""
+
+import copy
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import check_trace  # noqa: E402
+from check_trace import pb  # noqa: E402
+
+GOLDEN_DIR = os.path.join(HERE, "..", "golden")
+GOLDEN_TRACE = os.path.join(GOLDEN_DIR, "capture_run_trace.pftrace")
+GOLDEN_EXPECT = os.path.join(GOLDEN_DIR, "capture_run_expect.json")
+
+TE = pb.TrackEvent
+
+
+def load_golden():
+    trace = pb.Trace()
+    with open(GOLDEN_TRACE, "rb") as f:
+        trace.ParseFromString(f.read())
+    return trace
+
+
+def load_expect():
+    return check_trace.load_expectation(GOLDEN_EXPECT)
+
+
+class CheckerTest(unittest.TestCase):
+    def setUp(self):
+        self.trace = load_golden()
+        self.expect = load_expect()
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def check(self, trace=None, expect=None):
+        path = os.path.join(self.tmp.name, "t.pftrace")
+        with open(path, "wb") as f:
+            f.write((trace or self.trace).SerializeToString())
+        return check_trace.check([path], expect or self.expect)
+
+    def assert_violation(self, report, fragment):
+        self.assertFalse(report["ok"], "checker accepted a broken trace")
+        joined = "\n".join(report["violations"])
+        self.assertIn(fragment, joined)
+
+    def producer_packets(self, seq_id=3):
+        return [p for p in self.trace.packet
+                if p.trusted_packet_sequence_id == seq_id]
+
+    def events(self, event_type, seq_id=3):
+        return [p for p in self.producer_packets(seq_id)
+                if p.HasField("track_event") and
+                p.track_event.type == event_type]
+
+    def remove(self, packet):
+        for i, p in enumerate(self.trace.packet):
+            if p is packet:
+                del self.trace.packet[i]
+                return
+        raise AssertionError("packet not found")
+
+    # ---------------------------------------------------------------
+    def test_golden_trace_passes(self):
+        report = self.check()
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report["totals"]["slice_begin"], 50)
+        self.assertEqual(report["totals"]["instant"], 77)
+        self.assertEqual(report["interning"]["resolved"],
+                         {"event_categories": 127, "event_names": 127,
+                          "debug_annotation_names": 153})
+        self.assertEqual(report["slices"]["max_depth"], 2)
+        self.assertEqual(report["flows"]["paired"], 25)
+        self.assertEqual(report["counter_tracks"], 2)
+        self.assertEqual(len(report["sequences"]), 3)
+
+    def test_golden_file_through_cli(self):
+        out = os.path.join(self.tmp.name, "report.json")
+        status = check_trace.main(["--trace", GOLDEN_TRACE, "--expect",
+                                   GOLDEN_EXPECT, "--report", out, "--quiet"])
+        self.assertEqual(status, 0)
+        with open(out) as f:
+            self.assertTrue(json.load(f)["ok"])
+
+    def test_count_mismatch(self):
+        expect = copy.deepcopy(self.expect)
+        expect["producers"][0]["emitted"]["instant"] = 78
+        self.assert_violation(self.check(expect=expect),
+                              "instant expected 78, trace has 77")
+
+    def test_missing_slice_end(self):
+        self.remove(self.events(TE.TYPE_SLICE_END)[-1])
+        report = self.check()
+        self.assert_violation(report, "slice_end expected 50, trace has 49")
+        self.assert_violation(report, "slices were never closed")
+
+    def test_slice_end_without_begin(self):
+        self.remove(self.events(TE.TYPE_SLICE_BEGIN)[0])
+        self.assert_violation(self.check(), "SLICE_END with no open slice")
+
+    def test_unresolved_event_name(self):
+        self.events(TE.TYPE_INSTANT)[3].track_event.name_iid = 999
+        self.assert_violation(self.check(),
+                              "event_names iid 999 does not resolve")
+
+    def test_unresolved_debug_annotation_name(self):
+        packet = self.events(TE.TYPE_SLICE_BEGIN)[5]
+        packet.track_event.debug_annotations[0].name_iid = 777
+        self.assert_violation(
+            self.check(), "debug_annotation_names iid 777 does not resolve")
+
+    def test_interned_name_redefined(self):
+        later = self.events(TE.TYPE_INSTANT)[10]
+        entry = later.interned_data.event_names.add()
+        entry.iid = 1
+        entry.name = "not-outer"
+        self.assert_violation(self.check(), "redefined from 'outer'")
+
+    def test_incremental_clear_resets_interning(self):
+        # A clear in mid-sequence without re-emitted interned data leaves the
+        # following events' iids dangling.
+        self.events(TE.TYPE_INSTANT)[20].sequence_flags |= \
+            check_trace.SEQ_INCREMENTAL_STATE_CLEARED
+        self.assert_violation(self.check(), "does not resolve")
+
+    def test_sequence_never_cleared(self):
+        first = self.producer_packets()[0]
+        self.assertTrue(first.sequence_flags &
+                        check_trace.SEQ_INCREMENTAL_STATE_CLEARED)
+        first.sequence_flags = 0
+        report = self.check()
+        self.assert_violation(report, "skipped_needing_incremental_state")
+        self.assert_violation(report, "slice_begin expected 50, trace has 24")
+
+    def test_missing_trusted_pid(self):
+        self.producer_packets()[4].ClearField("trusted_pid")
+        self.assert_violation(self.check(), "producer packet without trusted_pid")
+
+    def test_missing_trusted_uid(self):
+        self.producer_packets()[4].ClearField("trusted_uid")
+        self.assert_violation(self.check(), "packet without trusted_uid")
+
+    def test_missing_sequence_id(self):
+        self.producer_packets()[4].ClearField("trusted_packet_sequence_id")
+        self.assert_violation(self.check(),
+                              "packet without trusted_packet_sequence_id")
+
+    def test_negative_incremental_delta(self):
+        self.events(TE.TYPE_INSTANT)[7].timestamp = (1 << 64) - 5
+        self.assert_violation(self.check(),
+                              "negative incremental timestamp delta -5")
+
+    def test_timestamp_goes_backwards(self):
+        packet = self.events(TE.TYPE_INSTANT)[7]
+        packet.timestamp_clock_id = check_trace.BOOTTIME
+        packet.timestamp = 1
+        self.assert_violation(self.check(), "timestamp goes backwards")
+
+    def test_undefined_sequence_clock(self):
+        packet = self.events(TE.TYPE_INSTANT)[7]
+        packet.timestamp_clock_id = 100
+        self.assert_violation(self.check(), "sequence-scoped clock 100")
+
+    def test_unterminated_flow(self):
+        packet = next(p for p in self.producer_packets()
+                      if p.track_event.terminating_flow_ids)
+        packet.track_event.ClearField("terminating_flow_ids")
+        report = self.check()
+        self.assert_violation(report, "never terminated")
+        self.assert_violation(report, "flow_end expected 25, trace has 24")
+
+    def test_flow_started_twice(self):
+        starts = [p for p in self.producer_packets()
+                  if p.track_event.flow_ids]
+        starts[1].track_event.flow_ids[0] = starts[0].track_event.flow_ids[0]
+        self.assert_violation(self.check(), "started 2 times")
+
+    def test_counter_on_undescribed_track(self):
+        counter = self.events(TE.TYPE_COUNTER)[2]
+        counter.track_event.track_uuid = 12345
+        self.assert_violation(self.check(), "no track_descriptor describes")
+
+    def test_mid_sequence_loss_mark(self):
+        self.events(TE.TYPE_INSTANT)[30].previous_packet_dropped = 1
+        report = self.check()
+        self.assert_violation(report, "data loss in a scenario that allows none")
+        self.assertEqual(
+            report["loss_indicators"]["mid_sequence_loss_marks"], 1)
+
+    def test_missing_trace_stats(self):
+        stats = next(p for p in self.trace.packet if p.HasField("trace_stats"))
+        self.remove(stats)
+        self.assert_violation(self.check(), "no trace_stats packet")
+
+    def test_buffer_overwrite_stat_is_loss(self):
+        stats = next(p for p in self.trace.packet if p.HasField("trace_stats"))
+        stats.trace_stats.buffer_stats[0].chunks_overwritten = 2
+        self.assert_violation(self.check(), "buffer.chunks_overwritten")
+
+    def test_allowed_loss_must_be_recorded(self):
+        expect = copy.deepcopy(self.expect)
+        expect["loss"] = "allowed"
+        for packet in self.events(TE.TYPE_INSTANT)[-3:]:
+            self.remove(packet)
+        self.assert_violation(self.check(expect=expect),
+                              "nothing records a loss")
+
+    def test_allowed_loss_recorded_in_stats(self):
+        expect = copy.deepcopy(self.expect)
+        expect["loss"] = "allowed"
+        for packet in self.events(TE.TYPE_INSTANT)[-3:]:
+            self.remove(packet)
+        stats = next(p for p in self.trace.packet if p.HasField("trace_stats"))
+        stats.trace_stats.buffer_stats[0].chunks_discarded = 1
+        report = self.check(expect=expect)
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report["loss_indicators"],
+                         {"buffer.chunks_discarded": 1})
+
+    def test_allowed_loss_cannot_add_events(self):
+        expect = copy.deepcopy(self.expect)
+        expect["loss"] = "allowed"
+        expect["producers"][0]["emitted"]["instant"] = 70
+        self.assert_violation(self.check(expect=expect),
+                              "instant expected 70, trace has 77")
+
+    def test_truncated_file(self):
+        path = os.path.join(self.tmp.name, "cut.pftrace")
+        with open(GOLDEN_TRACE, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[:len(data) - 7])
+        out = os.path.join(self.tmp.name, "report.json")
+        expect = os.path.join(self.tmp.name, "expect.json")
+        with open(expect, "w") as f:
+            json.dump(self.expect, f)
+        status = check_trace.main(["--trace", path, "--expect", expect,
+                                   "--report", out, "--quiet"])
+        self.assertEqual(status, 1)
+        with open(out) as f:
+            self.assertIn("cannot decode", json.load(f)["violations"][0])
+
+    def test_unknown_expectation_key_rejected(self):
+        path = os.path.join(self.tmp.name, "bad.json")
+        with open(path, "w") as f:
+            json.dump({"loss": "none",
+                       "producers": [{"pid": None,
+                                      "emitted": {"slices": 1}}]}, f)
+        with self.assertRaises(ValueError):
+            check_trace.load_expectation(path)
+
+
+if __name__ == "__main__":
+    unittest.main()

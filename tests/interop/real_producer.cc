@@ -1,0 +1,341 @@
+// A producer built on the real Perfetto SDK (public C API, system backend):
+// registers the `track_event` data source with the categories below and, once
+// a session enables them, emits a known mix of track events from N threads.
+//
+//   real-producer [--socket PATH] [--threads N] [--iterations N] [--phases P]
+//                 [--large-kb K] [--large-every M] [--iteration-sleep-us U]
+//                 [--shmem-kb S] [--start-timeout-ms T] [--stop-timeout-ms T]
+//
+// The socket defaults to $PERFETTO_PRODUCER_SOCK_NAME. Each thread runs
+// `iterations` iterations per phase; one iteration emits, on the thread's
+// track: slice "outer" { slice "inner" { instant "tick", instant "flow_out"
+// (starts a flow), instant "flow_in" (terminates it) }, and, every
+// `large-every` iterations, instant "large" carrying a `large-kb` KiB string }
+// plus one int and one double counter on per-thread counter tracks. Debug
+// annotations cover int, string, double, bool, uint and pointer values.
+//
+// Between phases the worker threads stay alive (so their trace writers keep
+// their current chunks) and the producer waits for a line on stdin. After the
+// last phase it waits until the session stops (the categories are disabled).
+//
+// Progress is JSON lines on stdout: {"event":"enabled"}, then per phase
+// {"event":"phase", "phase":p, "emitted":{...}} with the cumulative counts of
+// what was emitted while the session was enabled, and finally
+// {"event":"stopped"}. Exit status: 0 ok, 2 usage error, 3 timeout.
+
+#include <stdio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "driver_util.h"
+#include "perfetto_c.h"
+
+#define INTEROP_CATEGORIES(C)                                    \
+  C(cat_interop, "interop", "Nested slices and instants")        \
+  C(cat_flow, "interop.flow", "Flow begin and end instants")     \
+  C(cat_counter, "interop.counter", "Int and double counters")   \
+  C(cat_large, "interop.large", "Instants with huge annotations")
+
+PERFETTO_TE_CATEGORIES_DEFINE(INTEROP_CATEGORIES)
+
+namespace {
+
+using shmtrace_interop::EmitLine;
+using shmtrace_interop::FailWith;
+using shmtrace_interop::Flags;
+using shmtrace_interop::MonotonicMs;
+
+constexpr char kDriver[] = "real-producer";
+
+// What one thread emitted; summed over threads for the report.
+struct Counts {
+  uint64_t slice_begin = 0;
+  uint64_t slice_end = 0;
+  uint64_t instant = 0;
+  uint64_t counter_int = 0;
+  uint64_t counter_double = 0;
+  uint64_t flow_begin = 0;
+  uint64_t flow_end = 0;
+  uint64_t large = 0;
+  uint64_t large_bytes = 0;
+  uint64_t arg_int = 0;
+  uint64_t arg_uint = 0;
+  uint64_t arg_double = 0;
+  uint64_t arg_bool = 0;
+  uint64_t arg_string = 0;
+  uint64_t arg_pointer = 0;
+  uint64_t skipped_disabled = 0;
+
+  void Add(const Counts& o) {
+    slice_begin += o.slice_begin;
+    slice_end += o.slice_end;
+    instant += o.instant;
+    counter_int += o.counter_int;
+    counter_double += o.counter_double;
+    flow_begin += o.flow_begin;
+    flow_end += o.flow_end;
+    large += o.large;
+    large_bytes += o.large_bytes;
+    arg_int += o.arg_int;
+    arg_uint += o.arg_uint;
+    arg_double += o.arg_double;
+    arg_bool += o.arg_bool;
+    arg_string += o.arg_string;
+    arg_pointer += o.arg_pointer;
+    skipped_disabled += o.skipped_disabled;
+  }
+
+  std::string Json() const {
+    auto f = [](const char* k, uint64_t v) {
+      return std::string("\"") + k + "\":" + std::to_string(v);
+    };
+    return "{" + f("slice_begin", slice_begin) + "," +
+           f("slice_end", slice_end) + "," + f("instant", instant) + "," +
+           f("counter_int", counter_int) + "," +
+           f("counter_double", counter_double) + "," +
+           f("flow_begin", flow_begin) + "," + f("flow_end", flow_end) + "," +
+           f("large", large) + "," + f("large_bytes", large_bytes) + "," +
+           f("arg_int", arg_int) + "," + f("arg_uint", arg_uint) + "," +
+           f("arg_double", arg_double) + "," + f("arg_bool", arg_bool) + "," +
+           f("arg_string", arg_string) + "," + f("arg_pointer", arg_pointer) +
+           "," + f("skipped_disabled", skipped_disabled) + "}";
+  }
+};
+
+struct Options {
+  uint64_t threads;
+  uint64_t iterations;
+  uint64_t phases;
+  uint64_t large_kb;
+  uint64_t large_every;
+  uint64_t iteration_sleep_us;
+};
+
+bool Enabled(const PerfettoTeCategory& cat) {
+  return PERFETTO_TE_IS_CATEGORY_ENABLED(cat);
+}
+
+// Hands phases to the workers and collects their counts.
+class PhaseGate {
+ public:
+  explicit PhaseGate(size_t workers) : counts_(workers) {}
+
+  // Worker side: blocks until phase `phase` may run; false means "exit".
+  bool WaitForPhase(uint64_t phase) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return released_phase_ >= phase || exit_; });
+    return released_phase_ >= phase;
+  }
+
+  void PhaseDone(size_t worker, const Counts& counts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counts_[worker] = counts;
+    done_workers_++;
+    cv_.notify_all();
+  }
+
+  // Main side: runs one phase and returns the cumulative counts.
+  Counts RunPhase(uint64_t phase) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_workers_ = 0;
+    released_phase_ = phase;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_workers_ == counts_.size(); });
+    Counts total;
+    for (const Counts& c : counts_)
+      total.Add(c);
+    return total;
+  }
+
+  void ReleaseExit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exit_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t released_phase_ = 0;
+  size_t done_workers_ = 0;
+  bool exit_ = false;
+  std::vector<Counts> counts_;
+};
+
+void Worker(size_t index, const Options& opt, PhaseGate* gate) {
+  Counts counts;
+  const std::string thread_label = "worker-" + std::to_string(index);
+  const std::string int_track = "interop.int.t" + std::to_string(index);
+  const std::string double_track = "interop.double.t" + std::to_string(index);
+  std::string blob;
+  if (opt.large_kb > 0) {
+    blob.resize(opt.large_kb * 1024);
+    for (size_t i = 0; i < blob.size(); i++)
+      blob[i] = static_cast<char>('a' + (i * 7 + index) % 26);
+  }
+  int pointee = 0;
+  uint64_t iteration = 0;
+  for (uint64_t phase = 1; gate->WaitForPhase(phase); phase++) {
+    for (uint64_t i = 0; i < opt.iterations; i++, iteration++) {
+      // Everything below is emitted only while the session is enabled, so
+      // the counts are exactly what reached the SDK's trace writers. The
+      // category check and PERFETTO_TE's own check could only disagree if
+      // the session stopped in between, which the tests never do mid-phase.
+      if (!Enabled(cat_interop)) {
+        counts.skipped_disabled++;
+        continue;
+      }
+      const int64_t iter = static_cast<int64_t>(iteration);
+      PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("outer"),
+                  PERFETTO_TE_ARG_INT64("iter", iter),
+                  PERFETTO_TE_ARG_STRING("thread", thread_label.c_str()));
+      counts.slice_begin++;
+      counts.arg_int++;
+      counts.arg_string++;
+
+      PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("inner"),
+                  PERFETTO_TE_ARG_DOUBLE("ratio", iter / 4.0),
+                  PERFETTO_TE_ARG_BOOL("even", iter % 2 == 0),
+                  PERFETTO_TE_ARG_UINT64("big", 0xFFFFFFFF00000000ull + iter));
+      counts.slice_begin++;
+      counts.arg_double++;
+      counts.arg_bool++;
+      counts.arg_uint++;
+
+      PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT("tick"),
+                  PERFETTO_TE_ARG_POINTER(
+                      "ptr", reinterpret_cast<uintptr_t>(&pointee)));
+      counts.instant++;
+      counts.arg_pointer++;
+
+      const uint64_t flow = (static_cast<uint64_t>(index) << 32) | iteration;
+      PERFETTO_TE(cat_flow, PERFETTO_TE_INSTANT("flow_out"),
+                  PERFETTO_TE_FLOW(PerfettoTeProcessScopedFlow(flow)));
+      counts.instant++;
+      counts.flow_begin++;
+      PERFETTO_TE(cat_flow, PERFETTO_TE_INSTANT("flow_in"),
+                  PERFETTO_TE_TERMINATING_FLOW(PerfettoTeProcessScopedFlow(flow)));
+      counts.instant++;
+      counts.flow_end++;
+
+      if (opt.large_kb > 0 && opt.large_every > 0 &&
+          iteration % opt.large_every == 0) {
+        PERFETTO_TE(cat_large, PERFETTO_TE_INSTANT("large"),
+                    PERFETTO_TE_ARG_STRING("blob", blob.c_str()));
+        counts.instant++;
+        counts.large++;
+        counts.large_bytes += blob.size();
+        counts.arg_string++;
+      }
+
+      PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END());
+      counts.slice_end++;
+      PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END());
+      counts.slice_end++;
+
+      PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(),
+                  PERFETTO_TE_INT_COUNTER(iter * 3),
+                  PERFETTO_TE_COUNTER_TRACK(int_track.c_str(),
+                                            PerfettoTeProcessTrackUuid()));
+      counts.counter_int++;
+      PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(),
+                  PERFETTO_TE_DOUBLE_COUNTER(iter * 0.5),
+                  PERFETTO_TE_COUNTER_TRACK(double_track.c_str(),
+                                            PerfettoTeProcessTrackUuid()));
+      counts.counter_double++;
+
+      if (opt.iteration_sleep_us > 0)
+        usleep(static_cast<useconds_t>(opt.iteration_sleep_us));
+    }
+    gate->PhaseDone(index, counts);
+  }
+}
+
+bool WaitUntil(bool want_enabled, uint64_t timeout_ms) {
+  const uint64_t deadline = MonotonicMs() + timeout_ms;
+  while (Enabled(cat_interop) != want_enabled) {
+    if (MonotonicMs() > deadline)
+      return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int shmtrace_real_producer_main(int argc, char** argv) {
+  Flags flags(argc, argv,
+              {"socket", "threads", "iterations", "phases", "large-kb",
+               "large-every", "iteration-sleep-us", "shmem-kb",
+               "start-timeout-ms", "stop-timeout-ms"},
+              {});
+  Options opt;
+  opt.threads = flags.U64("threads", 1);
+  opt.iterations = flags.U64("iterations", 100);
+  opt.phases = flags.U64("phases", 1);
+  opt.large_kb = flags.U64("large-kb", 0);
+  opt.large_every = flags.U64("large-every", 10);
+  opt.iteration_sleep_us = flags.U64("iteration-sleep-us", 0);
+  uint64_t shmem_kb = flags.U64("shmem-kb", 0);
+  uint64_t start_timeout_ms = flags.U64("start-timeout-ms", 30000);
+  uint64_t stop_timeout_ms = flags.U64("stop-timeout-ms", 30000);
+  if (!flags.ok())
+    return FailWith(kDriver, flags.error());
+  if (opt.threads == 0 || opt.threads > 64 || opt.phases == 0)
+    return FailWith(kDriver, "--threads must be 1..64 and --phases >= 1");
+  if (shmem_kb % 4 != 0)
+    return FailWith(kDriver, "--shmem-kb must be a multiple of 4");
+  if (flags.Has("socket"))
+    setenv("PERFETTO_PRODUCER_SOCK_NAME", flags.Str("socket", "").c_str(), 1);
+  if (!getenv("PERFETTO_PRODUCER_SOCK_NAME"))
+    return FailWith(kDriver, "--socket or PERFETTO_PRODUCER_SOCK_NAME needed");
+
+  struct PerfettoProducerInitArgs args = PERFETTO_PRODUCER_INIT_ARGS_INIT();
+  args.backends = PERFETTO_BACKEND_SYSTEM;
+  args.shmem_size_hint_kb = static_cast<uint32_t>(shmem_kb);
+  PerfettoProducerInit(args);
+  PerfettoTeInit();
+  PERFETTO_TE_REGISTER_CATEGORIES(INTEROP_CATEGORIES);
+
+  if (!WaitUntil(true, start_timeout_ms)) {
+    FailWith(kDriver, "no session enabled the categories within " +
+                          std::to_string(start_timeout_ms) + " ms");
+    return 3;
+  }
+  EmitLine("{\"event\":\"enabled\",\"pid\":" + std::to_string(getpid()) + "}");
+
+  PhaseGate gate(opt.threads);
+  std::vector<std::thread> workers;
+  for (size_t i = 0; i < opt.threads; i++)
+    workers.emplace_back(Worker, i, std::cref(opt), &gate);
+  for (uint64_t phase = 1; phase <= opt.phases; phase++) {
+    if (phase > 1) {
+      // Wait for the harness to say "next" (any line, or EOF).
+      char line[256];
+      if (!fgets(line, sizeof(line), stdin)) {
+        // EOF: run the remaining phases anyway.
+      }
+    }
+    Counts total = gate.RunPhase(phase);
+    EmitLine("{\"event\":\"phase\",\"phase\":" + std::to_string(phase) +
+             ",\"threads\":" + std::to_string(opt.threads) +
+             ",\"emitted\":" + total.Json() + "}");
+  }
+  gate.ReleaseExit();
+  for (std::thread& t : workers)
+    t.join();
+
+  if (!WaitUntil(false, stop_timeout_ms)) {
+    FailWith(kDriver, "the session did not stop within " +
+                          std::to_string(stop_timeout_ms) + " ms");
+    return 3;
+  }
+  EmitLine("{\"event\":\"stopped\"}");
+  return 0;
+}

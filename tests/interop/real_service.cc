@@ -1,0 +1,53 @@
+// The real Perfetto tracing service (what `traced` runs), listening on a
+// producer and a consumer socket.
+//
+//   real-service [--producer-socket PATH] [--consumer-socket PATH]
+//
+// Socket paths default to $PERFETTO_PRODUCER_SOCK_NAME and
+// $PERFETTO_CONSUMER_SOCK_NAME; one of the two must name each. Prints
+// {"event":"ready"} once both sockets listen, then serves until killed.
+
+#include "driver_util.h"
+#include "perfetto_internal.h"
+
+namespace {
+
+using shmtrace_interop::EmitLine;
+using shmtrace_interop::FailWith;
+using shmtrace_interop::Flags;
+
+constexpr char kDriver[] = "real-service";
+
+std::string FromEnv(const char* name) {
+  const char* value = getenv(name);
+  return value ? value : "";
+}
+
+}  // namespace
+
+extern "C" int shmtrace_real_service_main(int argc, char** argv) {
+  Flags flags(argc, argv, {"producer-socket", "consumer-socket"}, {});
+  if (!flags.ok())
+    return FailWith(kDriver, flags.error());
+  std::string producer_socket =
+      flags.Str("producer-socket", FromEnv("PERFETTO_PRODUCER_SOCK_NAME"));
+  std::string consumer_socket =
+      flags.Str("consumer-socket", FromEnv("PERFETTO_CONSUMER_SOCK_NAME"));
+  if (producer_socket.empty() || consumer_socket.empty()) {
+    return FailWith(kDriver,
+                    "both a producer and a consumer socket are needed "
+                    "(--producer-socket/--consumer-socket or "
+                    "PERFETTO_PRODUCER_SOCK_NAME/PERFETTO_CONSUMER_SOCK_NAME)");
+  }
+
+  perfetto::base::UnixTaskRunner task_runner;
+  std::unique_ptr<perfetto::ServiceIPCHost> host =
+      perfetto::ServiceIPCHost::CreateInstance(&task_runner);
+  if (!host->Start(producer_socket.c_str(), consumer_socket.c_str())) {
+    return FailWith(kDriver, "cannot listen on " + producer_socket + " and " +
+                                 consumer_socket);
+  }
+  EmitLine("{\"event\":\"ready\"}");
+  task_runner.Run();
+  return 0;
+}

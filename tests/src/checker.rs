@@ -1,0 +1,273 @@
+//! Runs the shared trace checker (`tests/checker/check_trace.py`, which
+//! decodes with the official Perfetto protos) and exposes its report.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{HarnessError, Result};
+
+/// Counts of what a producer emitted, by the producer driver's vocabulary;
+/// the checker counts the same keys in the trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventCounts {
+    /// TYPE_SLICE_BEGIN events.
+    pub slice_begin: u64,
+    /// TYPE_SLICE_END events.
+    pub slice_end: u64,
+    /// TYPE_INSTANT events (the large ones included).
+    pub instant: u64,
+    /// Counter events with an int64 value.
+    pub counter_int: u64,
+    /// Counter events with a double value.
+    pub counter_double: u64,
+    /// Flow ids started.
+    pub flow_begin: u64,
+    /// Flow ids terminated.
+    pub flow_end: u64,
+    /// "large" instants (huge debug annotation).
+    pub large: u64,
+    /// Total bytes of the huge annotations.
+    pub large_bytes: u64,
+    /// int64 debug annotations.
+    pub arg_int: u64,
+    /// uint64 debug annotations.
+    pub arg_uint: u64,
+    /// double debug annotations.
+    pub arg_double: u64,
+    /// bool debug annotations.
+    pub arg_bool: u64,
+    /// string debug annotations.
+    pub arg_string: u64,
+    /// pointer debug annotations.
+    pub arg_pointer: u64,
+    /// Producer only: iterations skipped because the session was not enabled.
+    pub skipped_disabled: u64,
+}
+
+impl std::ops::AddAssign for EventCounts {
+    fn add_assign(&mut self, c: EventCounts) {
+        self.slice_begin += c.slice_begin;
+        self.slice_end += c.slice_end;
+        self.instant += c.instant;
+        self.counter_int += c.counter_int;
+        self.counter_double += c.counter_double;
+        self.flow_begin += c.flow_begin;
+        self.flow_end += c.flow_end;
+        self.large += c.large;
+        self.large_bytes += c.large_bytes;
+        self.arg_int += c.arg_int;
+        self.arg_uint += c.arg_uint;
+        self.arg_double += c.arg_double;
+        self.arg_bool += c.arg_bool;
+        self.arg_string += c.arg_string;
+        self.arg_pointer += c.arg_pointer;
+        self.skipped_disabled += c.skipped_disabled;
+    }
+}
+
+impl EventCounts {
+    /// Total track events (every type).
+    pub fn track_events(&self) -> u64 {
+        self.slice_begin + self.slice_end + self.instant + self.counter_int + self.counter_double
+    }
+}
+
+/// What the producers emitted, for one producer process.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProducerExpectation {
+    /// The producer's pid (`trusted_pid` in the trace); `None` = all producers.
+    pub pid: Option<u32>,
+    /// What it emitted.
+    pub emitted: EventCounts,
+}
+
+/// Whether a scenario may lose data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    /// Every emitted event must be in the trace; no loss indicator may appear.
+    None,
+    /// Events may be missing, but only if the trace records a loss.
+    Allowed,
+}
+
+/// The checker's input.
+#[derive(Debug, Clone, Serialize)]
+pub struct Expectation {
+    /// One entry per producer process.
+    pub producers: Vec<ProducerExpectation>,
+    /// Loss policy.
+    pub loss: Loss,
+    /// Whether a `trace_stats` packet must be present.
+    pub require_trace_stats: bool,
+    /// Whether the service's trace_config and clock_snapshot must be present.
+    pub require_service_packets: bool,
+}
+
+/// Replay summary of one packet sequence.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SequenceSummary {
+    /// trusted_packet_sequence_id.
+    pub id: u32,
+    /// trusted_pid values seen.
+    pub pids: Vec<u32>,
+    /// Packets on the sequence.
+    pub packets: u64,
+    /// Track events on the sequence.
+    pub track_events: u64,
+    /// Packets with SEQ_INCREMENTAL_STATE_CLEARED.
+    pub cleared: u64,
+    /// previous_packet_dropped marks after the first packet.
+    pub loss_marks: u64,
+    /// The sequence's first packet is missing from the trace.
+    pub start_lost: bool,
+    /// Packets skipped because they needed lost incremental state.
+    pub skipped_incremental: u64,
+}
+
+/// The checker's report (see `check_trace.py`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TraceReport {
+    /// True when no check failed.
+    pub ok: bool,
+    /// Every failed check, human-readable.
+    pub violations: Vec<String>,
+    /// Packets in the trace.
+    #[serde(default)]
+    pub packets: u64,
+    /// Counts over all producers.
+    #[serde(default)]
+    pub totals: EventCounts,
+    /// Counts per producer pid.
+    #[serde(default)]
+    pub producers: BTreeMap<String, EventCounts>,
+    /// Producer sequences.
+    #[serde(default)]
+    pub sequences: Vec<SequenceSummary>,
+    /// Non-zero loss indicators by name.
+    #[serde(default)]
+    pub loss_indicators: BTreeMap<String, u64>,
+    /// `TraceStats.buffer_stats`, one map of set scalar fields per buffer.
+    #[serde(default)]
+    pub buffer_stats: Vec<BTreeMap<String, serde_json::Value>>,
+    /// Scalar fields of `TraceStats`.
+    #[serde(default)]
+    pub trace_stats: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+impl TraceReport {
+    /// A `TraceStats.BufferStats` field summed over buffers (0 when unset).
+    pub fn buffer_stat(&self, field: &str) -> u64 {
+        self.buffer_stats
+            .iter()
+            .filter_map(|b| b.get(field)?.as_u64())
+            .sum()
+    }
+
+    /// Sequences that carry track events.
+    pub fn track_event_sequences(&self) -> impl Iterator<Item = &SequenceSummary> {
+        self.sequences.iter().filter(|s| s.track_events > 0)
+    }
+
+    /// Fails with every violation when the checker did not pass.
+    pub fn assert_ok(&self, context: &str) {
+        assert!(
+            self.ok,
+            "{context}: the trace checker found violations:\n  {}",
+            self.violations.join("\n  ")
+        );
+    }
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("SHMTRACE_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+}
+
+fn checker_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("checker")
+        .join("check_trace.py")
+}
+
+/// Verifies once per process that python3 and the official protos import.
+pub fn ensure_environment() -> Result<()> {
+    static CHECKED: OnceLock<Result<(), String>> = OnceLock::new();
+    let outcome = CHECKED.get_or_init(|| {
+        let output = Command::new(python())
+            .args([
+                "-c",
+                "import google.protobuf, perfetto.protos.perfetto.trace.perfetto_trace_pb2",
+            ])
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", python().display()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("import failed")
+                .to_string())
+        }
+    });
+    outcome
+        .clone()
+        .map_err(|detail| HarnessError::CheckerEnvironment { detail })
+}
+
+/// Checks `traces` (concatenated in order) against `expect`. `work_dir`
+/// receives the expectation and report files, named after `label`.
+pub fn check(
+    traces: &[PathBuf],
+    expect: &Expectation,
+    work_dir: &Path,
+    label: &str,
+) -> Result<TraceReport> {
+    ensure_environment()?;
+    let expect_path = work_dir.join(format!("{label}.expect.json"));
+    let report_path = work_dir.join(format!("{label}.report.json"));
+    let json =
+        serde_json::to_vec_pretty(expect).map_err(|e| HarnessError::Checker(e.to_string()))?;
+    std::fs::write(&expect_path, json).map_err(|source| HarnessError::Io {
+        action: "write",
+        path: expect_path.clone(),
+        source,
+    })?;
+    let mut command = Command::new(python());
+    command.arg(checker_script());
+    for trace in traces {
+        command.arg("--trace").arg(trace);
+    }
+    command
+        .arg("--expect")
+        .arg(&expect_path)
+        .arg("--report")
+        .arg(&report_path)
+        .arg("--quiet");
+    let output = command
+        .output()
+        .map_err(|e| HarnessError::Checker(format!("cannot run {}: {e}", python().display())))?;
+    match output.status.code() {
+        Some(0 | 1) => {}
+        _ => {
+            return Err(HarnessError::Checker(format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+    let report = std::fs::read(&report_path).map_err(|source| HarnessError::Io {
+        action: "read",
+        path: report_path.clone(),
+        source,
+    })?;
+    serde_json::from_slice(&report)
+        .map_err(|e| HarnessError::Checker(format!("{}: {e}", report_path.display())))
+}

@@ -1,0 +1,202 @@
+//! Child processes of a scenario: spawned with piped stdin/stdout and stderr
+//! in a log file, read as JSON event lines, and killed when dropped — also
+//! when a test panics — so no test leaves a process behind.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::error::{HarnessError, Result};
+
+/// How much of a child's stderr log an error message quotes.
+const STDERR_TAIL_BYTES: u64 = 4096;
+
+/// A running driver process. Dropping it kills the process and reaps it.
+#[derive(Debug)]
+pub struct ChildProcess {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    events: Receiver<Value>,
+    stderr_log: PathBuf,
+}
+
+impl ChildProcess {
+    /// Starts `command` as the process called `name`; its stderr goes to
+    /// `<log_dir>/<name>.stderr`.
+    pub fn spawn(name: &str, mut command: Command, log_dir: &Path) -> Result<Self> {
+        let stderr_log = log_dir.join(format!("{}.stderr", name.replace(' ', "-")));
+        let stderr = File::create(&stderr_log).map_err(|source| HarnessError::Io {
+            action: "create",
+            path: stderr_log.clone(),
+            source,
+        })?;
+        let program = PathBuf::from(command.get_program());
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|source| HarnessError::Spawn {
+                name: name.into(),
+                program,
+                source,
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| HarnessError::Scenario("stdout not piped".into()))?;
+        let (sender, events) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // Non-JSON lines (none expected) become strings so they show
+                // up in errors instead of vanishing.
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                if sender.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(ChildProcess {
+            name: name.into(),
+            child,
+            stdin,
+            events,
+            stderr_log,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The role name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits for the next event line whose `"event"` is `event`, skipping
+    /// other events. An `"error"` event, the end of stdout or the timeout
+    /// fail.
+    pub fn expect_event(&mut self, event: &str, timeout: Duration) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(value) => match value.get("event").and_then(Value::as_str) {
+                    Some(e) if e == event => return Ok(value),
+                    Some("error") => {
+                        let message = value.get("message").and_then(Value::as_str).unwrap_or("?");
+                        return Err(self.driver_error(format!("reported an error: {message}")));
+                    }
+                    Some(_) => continue,
+                    None => {
+                        return Err(self.driver_error(format!("unexpected output line {value}")))
+                    }
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(HarnessError::Timeout {
+                        name: self.name.clone(),
+                        what: format!("\"{event}\" event"),
+                        timeout,
+                        stderr_tail: self.stderr_tail(),
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().ok();
+                    return Err(self.driver_error(format!(
+                        "exited ({}) before reporting \"{event}\"",
+                        status.map_or("unknown status".into(), |s| s.to_string())
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Writes one command line to the process's stdin.
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        let name = self.name.clone();
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| HarnessError::Scenario(format!("{name}: stdin already closed")))?;
+        let written = stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush());
+        written.map_err(|e| self.driver_error(format!("cannot write to stdin: {e}")))
+    }
+
+    /// Closes stdin (the drivers read end of input as "stop").
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Waits for the process to exit and requires status 0.
+    pub fn expect_success(&mut self, timeout: Duration) -> Result<()> {
+        let status = self.wait(timeout)?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.driver_error(format!("exited with {status}")))
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+                Ok(None) => {
+                    return Err(HarnessError::Timeout {
+                        name: self.name.clone(),
+                        what: "exit".into(),
+                        timeout,
+                        stderr_tail: self.stderr_tail(),
+                    })
+                }
+                Err(e) => return Err(self.driver_error(format!("cannot wait: {e}"))),
+            }
+        }
+    }
+
+    fn driver_error(&self, message: String) -> HarnessError {
+        HarnessError::Driver {
+            name: self.name.clone(),
+            message,
+            stderr_tail: self.stderr_tail(),
+        }
+    }
+
+    /// The last few KiB of the process's stderr.
+    pub fn stderr_tail(&self) -> String {
+        let Ok(mut file) = File::open(&self.stderr_log) else {
+            return "(no stderr log)".into();
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = file.seek(SeekFrom::Start(len.saturating_sub(STDERR_TAIL_BYTES)));
+        let mut tail = Vec::new();
+        let _ = file.read_to_end(&mut tail);
+        String::from_utf8_lossy(&tail).into_owned()
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        self.stdin = None;
+        if let Ok(None) = self.child.try_wait() {
+            // Already-exited children make kill fail harmlessly.
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,585 @@
+//! The interop matrix: which implementation plays the service, the
+//! producer(s) and the consumer ([`Cell`]), and what they do ([`Scenario`]).
+//!
+//! [`run`] plays one scenario in one cell, in a private temporary directory
+//! (sockets, config, traces, logs), and checks the resulting trace with the
+//! shared checker. The choreography:
+//!
+//! 1. start the service, wait until it listens;
+//! 2. start the producers (they connect and wait for a session), then the
+//!    consumer (it enables tracing from the scenario's TraceConfig);
+//! 3. for each phase, wait until every producer reports what it emitted;
+//!    between phases optionally flush and read mid-session, or sample the
+//!    size of the write_into_file output; then let the producers go on;
+//! 4. stop the session (consumer command, or the config's duration), wait
+//!    for the trace and for every process to exit cleanly;
+//! 5. check the trace against what the producers reported.
+//!
+//! Every process is owned by a guard that kills it when dropped, so a failing
+//! or panicking test leaves nothing running.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation, TraceReport};
+use crate::config::{self, FillPolicy, IncrementalStateConfig, TraceConfig};
+use crate::error::{HarnessError, Result};
+use crate::process::ChildProcess;
+
+/// How long a process may take to start and connect.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one emission phase may take.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long stopping, reading and exiting may take.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The track_event categories the producer drivers register.
+const CATEGORIES: [&str; 2] = ["interop", "interop.*"];
+
+/// Paths of the real-Perfetto driver binaries (built by this package).
+#[derive(Debug, Clone)]
+pub struct RealBinaries {
+    /// `real-service`.
+    pub service: PathBuf,
+    /// `real-producer`.
+    pub producer: PathBuf,
+    /// `real-consumer`.
+    pub consumer: PathBuf,
+}
+
+/// The [`RealBinaries`] of this package; usable from integration tests,
+/// where cargo provides `CARGO_BIN_EXE_*`.
+#[macro_export]
+macro_rules! real_binaries {
+    () => {
+        $crate::scenario::RealBinaries {
+            service: env!("CARGO_BIN_EXE_real-service").into(),
+            producer: env!("CARGO_BIN_EXE_real-producer").into(),
+            consumer: env!("CARGO_BIN_EXE_real-consumer").into(),
+        }
+    };
+}
+
+/// Who plays the tracing service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceImpl {
+    /// The real Perfetto service (`real-service`).
+    Real,
+}
+
+/// Who plays the producers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProducerImpl {
+    /// The real Perfetto SDK (`real-producer`).
+    Real,
+}
+
+/// Who plays the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerImpl {
+    /// The real Perfetto consumer client (`real-consumer`).
+    Real,
+}
+
+/// One cell of the interop matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cell {
+    /// The service.
+    pub service: ServiceImpl,
+    /// The producers.
+    pub producer: ProducerImpl,
+    /// The consumer.
+    pub consumer: ConsumerImpl,
+}
+
+impl Cell {
+    /// Real producer -> real service <- real consumer: the reference cell.
+    pub const REAL: Cell = Cell {
+        service: ServiceImpl::Real,
+        producer: ProducerImpl::Real,
+        consumer: ConsumerImpl::Real,
+    };
+}
+
+/// What one producer process emits (see `interop/real_producer.cc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerSpec {
+    /// Emitting threads (one trace writer, i.e. one sequence, each).
+    pub threads: u32,
+    /// Iterations per thread per phase.
+    pub iterations: u32,
+    /// Phases; the scenario's between-phase action runs between them.
+    pub phases: u32,
+    /// Size of the huge annotation, KiB (0 = none).
+    pub large_kb: u32,
+    /// Emit the huge annotation every this many iterations.
+    pub large_every: u32,
+    /// Pause after each iteration, µs.
+    pub iteration_sleep_us: u32,
+    /// Shared memory size hint, KiB (0 = the SDK default).
+    pub shmem_kb: u32,
+}
+
+impl Default for ProducerSpec {
+    fn default() -> Self {
+        ProducerSpec {
+            threads: 1,
+            iterations: 100,
+            phases: 1,
+            large_kb: 0,
+            large_every: 10,
+            iteration_sleep_us: 0,
+            shmem_kb: 0,
+        }
+    }
+}
+
+/// How the session ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The consumer flushes and disables once every producer is done.
+    ByConsumer,
+    /// The service ends it after `TraceConfig.duration_ms`.
+    ByDuration {
+        /// The duration.
+        duration_ms: u32,
+    },
+}
+
+/// What happens between two producer phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BetweenPhases {
+    /// Nothing.
+    Nothing,
+    /// The consumer flushes, then reads the buffers into a separate file.
+    FlushAndRead,
+    /// Wait `settle`, then record the size of the write_into_file output.
+    /// Also done after the last phase, before the stop.
+    SampleFileSize {
+        /// Time for the service to drain what was emitted.
+        settle: Duration,
+    },
+}
+
+/// One interop scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Short name, used for the temporary directory.
+    pub name: &'static str,
+    /// Trace buffer size, KiB.
+    pub buffer_kb: u32,
+    /// Trace buffer fill policy.
+    pub fill_policy: FillPolicy,
+    /// One entry per producer process.
+    pub producers: Vec<ProducerSpec>,
+    /// How the session ends.
+    pub stop: Stop,
+    /// `incremental_state_config.clear_period_ms`, if any.
+    pub clear_period_ms: Option<u32>,
+    /// Stream into a file (write_into_file with the consumer's fd), with this
+    /// drain period in ms.
+    pub write_into_file_period_ms: Option<u32>,
+    /// Between-phase action.
+    pub between_phases: BetweenPhases,
+    /// Whether data may be lost.
+    pub loss: Loss,
+}
+
+impl Scenario {
+    /// A scenario with one 4 MiB ring buffer, the given producers, stopped
+    /// by the consumer, no loss allowed.
+    pub fn new(name: &'static str, producers: Vec<ProducerSpec>) -> Self {
+        Scenario {
+            name,
+            buffer_kb: 4096,
+            fill_policy: FillPolicy::RingBuffer,
+            producers,
+            stop: Stop::ByConsumer,
+            clear_period_ms: None,
+            write_into_file_period_ms: None,
+            between_phases: BetweenPhases::Nothing,
+            loss: Loss::None,
+        }
+    }
+
+    /// The TraceConfig the consumer sends.
+    pub fn trace_config(&self) -> TraceConfig {
+        let mut config = TraceConfig::track_event(self.buffer_kb, self.fill_policy, &CATEGORIES);
+        if let Stop::ByDuration { duration_ms } = self.stop {
+            config.duration_ms = Some(duration_ms);
+        }
+        config.incremental_state_config = self.clear_period_ms.map(|ms| IncrementalStateConfig {
+            clear_period_ms: Some(ms),
+        });
+        if let Some(period) = self.write_into_file_period_ms {
+            config.write_into_file = Some(true);
+            config.file_write_period_ms = Some(period);
+        }
+        config
+    }
+
+    fn phases(&self) -> Result<u32> {
+        let first = self
+            .producers
+            .first()
+            .ok_or_else(|| HarnessError::Scenario("no producers".into()))?;
+        if self
+            .producers
+            .iter()
+            .any(|p| p.phases != first.phases || p.phases == 0)
+        {
+            return Err(HarnessError::Scenario(
+                "all producers need the same, non-zero number of phases".into(),
+            ));
+        }
+        if self.between_phases == BetweenPhases::FlushAndRead
+            && self.write_into_file_period_ms.is_some()
+        {
+            return Err(HarnessError::Scenario(
+                "write_into_file sessions cannot be read mid-session".into(),
+            ));
+        }
+        Ok(first.phases)
+    }
+}
+
+/// What one producer process reported.
+#[derive(Debug, Clone)]
+pub struct ProducerRun {
+    /// Its pid (its packets' `trusted_pid`).
+    pub pid: u32,
+    /// Cumulative counts after each phase.
+    pub phases: Vec<EventCounts>,
+}
+
+impl ProducerRun {
+    /// Everything it emitted.
+    pub fn emitted(&self) -> EventCounts {
+        self.phases.last().copied().unwrap_or_default()
+    }
+}
+
+/// A mid-session flush and read.
+#[derive(Debug, Clone)]
+pub struct MidRead {
+    /// Whether the flush succeeded.
+    pub flush_ok: bool,
+    /// The checker's report on all reads so far, against the producers'
+    /// counts at that point.
+    pub report: TraceReport,
+}
+
+/// The result of a scenario run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The checker's report on the whole trace.
+    pub report: TraceReport,
+    /// Per producer, what it emitted.
+    pub producers: Vec<ProducerRun>,
+    /// Mid-session reads (BetweenPhases::FlushAndRead).
+    pub mid_reads: Vec<MidRead>,
+    /// Sizes of the write_into_file output sampled while the session ran.
+    pub file_sizes: Vec<u64>,
+    /// Size of the final trace file.
+    pub trace_bytes: u64,
+}
+
+impl Outcome {
+    /// What all producers emitted together.
+    pub fn emitted(&self) -> EventCounts {
+        let mut total = EventCounts::default();
+        for p in &self.producers {
+            total += p.emitted();
+        }
+        total
+    }
+}
+
+/// The private directory of one run: sockets, config, traces, logs.
+struct WorkDir {
+    dir: tempfile::TempDir,
+}
+
+impl WorkDir {
+    fn new(name: &str) -> Result<Self> {
+        // Unix socket paths are limited to 107 bytes: prefer a short base.
+        let base = std::env::temp_dir();
+        let base = if base.as_os_str().len() > 60 {
+            PathBuf::from("/tmp")
+        } else {
+            base
+        };
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("shmtrace-{name}-"))
+            .tempdir_in(&base)
+            .map_err(|source| HarnessError::Io {
+                action: "create a temporary directory in",
+                path: base,
+                source,
+            })?;
+        Ok(WorkDir { dir })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|source| HarnessError::Io {
+        action: "write",
+        path: path.into(),
+        source,
+    })
+}
+
+fn file_size(path: &Path) -> Result<u64> {
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|source| HarnessError::Io {
+            action: "stat",
+            path: path.into(),
+            source,
+        })
+}
+
+fn u32_field(event: &Value, field: &str, who: &ChildProcess) -> Result<u32> {
+    event
+        .get(field)
+        .and_then(Value::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| HarnessError::Driver {
+            name: who.name().into(),
+            message: format!("event {event} lacks a numeric \"{field}\""),
+            stderr_tail: who.stderr_tail(),
+        })
+}
+
+fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
+    event
+        .get("emitted")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or_else(|| HarnessError::Driver {
+            name: who.name().into(),
+            message: format!("event {event} lacks \"emitted\" counts"),
+            stderr_tail: who.stderr_tail(),
+        })
+}
+
+fn spawn_service(
+    which: ServiceImpl,
+    bins: &RealBinaries,
+    dir: &WorkDir,
+    producer_socket: &Path,
+    consumer_socket: &Path,
+) -> Result<ChildProcess> {
+    let mut command = match which {
+        ServiceImpl::Real => Command::new(&bins.service),
+    };
+    command
+        .arg("--producer-socket")
+        .arg(producer_socket)
+        .arg("--consumer-socket")
+        .arg(consumer_socket);
+    ChildProcess::spawn("service", command, dir.dir.path())
+}
+
+fn spawn_producer(
+    which: ProducerImpl,
+    bins: &RealBinaries,
+    dir: &WorkDir,
+    index: usize,
+    spec: &ProducerSpec,
+    producer_socket: &Path,
+) -> Result<ChildProcess> {
+    let mut command = match which {
+        ProducerImpl::Real => Command::new(&bins.producer),
+    };
+    command
+        .env("PERFETTO_PRODUCER_SOCK_NAME", producer_socket)
+        .arg(format!("--threads={}", spec.threads))
+        .arg(format!("--iterations={}", spec.iterations))
+        .arg(format!("--phases={}", spec.phases))
+        .arg(format!("--large-kb={}", spec.large_kb))
+        .arg(format!("--large-every={}", spec.large_every))
+        .arg(format!("--iteration-sleep-us={}", spec.iteration_sleep_us))
+        .arg(format!("--shmem-kb={}", spec.shmem_kb));
+    ChildProcess::spawn(&format!("producer {}", index + 1), command, dir.dir.path())
+}
+
+fn spawn_consumer(
+    which: ConsumerImpl,
+    bins: &RealBinaries,
+    dir: &WorkDir,
+    consumer_socket: &Path,
+    config: &Path,
+    out: &Path,
+    write_into_file: bool,
+) -> Result<ChildProcess> {
+    let mut command = match which {
+        ConsumerImpl::Real => Command::new(&bins.consumer),
+    };
+    command
+        .arg("--socket")
+        .arg(consumer_socket)
+        .arg("--config")
+        .arg(config)
+        .arg("--out")
+        .arg(out);
+    if write_into_file {
+        command.arg("--write-into-file");
+    }
+    command.arg(format!(
+        "--timeout-ms={}",
+        (PHASE_TIMEOUT + STOP_TIMEOUT).as_millis()
+    ));
+    ChildProcess::spawn("consumer", command, dir.dir.path())
+}
+
+fn expectation(
+    producers: &[ProducerRun],
+    phase: usize,
+    loss: Loss,
+    whole_session: bool,
+) -> Expectation {
+    Expectation {
+        producers: producers
+            .iter()
+            .map(|p| ProducerExpectation {
+                pid: Some(p.pid),
+                emitted: p.phases[phase],
+            })
+            .collect(),
+        loss,
+        require_trace_stats: whole_session,
+        require_service_packets: true,
+    }
+}
+
+/// Plays `scenario` in `cell` and checks the trace. Errors are harness or
+/// process failures; the trace's own verdict is in `Outcome::report`.
+pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outcome> {
+    checker::ensure_environment()?;
+    let phases = scenario.phases()?;
+    // Declared first, dropped last: the processes below die before their
+    // directory goes away.
+    let dir = WorkDir::new(scenario.name)?;
+    let producer_socket = dir.path("producer.sock");
+    let consumer_socket = dir.path("consumer.sock");
+    let config_path = dir.path("config.pb");
+    let trace_path = dir.path("trace.pftrace");
+    let write_into_file = scenario.write_into_file_period_ms.is_some();
+    write_file(&config_path, &config::encode(&scenario.trace_config()))?;
+
+    let mut service = spawn_service(cell.service, bins, &dir, &producer_socket, &consumer_socket)?;
+    service.expect_event("ready", START_TIMEOUT)?;
+
+    let mut producers = Vec::new();
+    for (index, spec) in scenario.producers.iter().enumerate() {
+        producers.push(spawn_producer(
+            cell.producer,
+            bins,
+            &dir,
+            index,
+            spec,
+            &producer_socket,
+        )?);
+    }
+    let mut consumer = spawn_consumer(
+        cell.consumer,
+        bins,
+        &dir,
+        &consumer_socket,
+        &config_path,
+        &trace_path,
+        write_into_file,
+    )?;
+    consumer.expect_event("connected", START_TIMEOUT)?;
+
+    let mut runs = Vec::new();
+    for producer in &mut producers {
+        let enabled = producer.expect_event("enabled", START_TIMEOUT)?;
+        runs.push(ProducerRun {
+            pid: u32_field(&enabled, "pid", producer)?,
+            phases: Vec::new(),
+        });
+    }
+
+    let mut mid_paths = Vec::new();
+    let mut mid_flushes = Vec::new();
+    let mut file_sizes = Vec::new();
+    for phase in 1..=phases {
+        for (producer, run) in producers.iter_mut().zip(&mut runs) {
+            let event = producer.expect_event("phase", PHASE_TIMEOUT)?;
+            run.phases.push(emitted_field(&event, producer)?);
+        }
+        let last = phase == phases;
+        match scenario.between_phases {
+            BetweenPhases::FlushAndRead if !last => {
+                consumer.send_line("flush")?;
+                let flush = consumer.expect_event("flush", STOP_TIMEOUT)?;
+                mid_flushes.push(flush.get("ok").and_then(Value::as_bool) == Some(true));
+                let path = dir.path(&format!("read-{phase}.pftrace"));
+                consumer.send_line(&format!("read {}", path.display()))?;
+                consumer.expect_event("read", STOP_TIMEOUT)?;
+                mid_paths.push(path);
+            }
+            BetweenPhases::SampleFileSize { settle } => {
+                thread::sleep(settle);
+                file_sizes.push(file_size(&trace_path)?);
+            }
+            _ => {}
+        }
+        if !last {
+            for producer in &mut producers {
+                producer.send_line("next")?;
+            }
+        }
+    }
+
+    let stop_timeout = match scenario.stop {
+        Stop::ByConsumer => {
+            consumer.send_line("stop")?;
+            STOP_TIMEOUT
+        }
+        Stop::ByDuration { duration_ms } => {
+            STOP_TIMEOUT + Duration::from_millis(duration_ms.into())
+        }
+    };
+    consumer.expect_event("done", stop_timeout)?;
+    consumer.close_stdin();
+    consumer.expect_success(STOP_TIMEOUT)?;
+    for producer in &mut producers {
+        producer.expect_event("stopped", STOP_TIMEOUT)?;
+        producer.expect_success(STOP_TIMEOUT)?;
+    }
+    drop(service);
+
+    let mut mid_reads = Vec::new();
+    for (index, flush_ok) in mid_flushes.into_iter().enumerate() {
+        let expect = expectation(&runs, index, scenario.loss, false);
+        let report = checker::check(
+            &mid_paths[..=index],
+            &expect,
+            dir.dir.path(),
+            &format!("read-{}", index + 1),
+        )?;
+        mid_reads.push(MidRead { flush_ok, report });
+    }
+    let mut all_reads = mid_paths.clone();
+    all_reads.push(trace_path.clone());
+    let expect = expectation(&runs, phases as usize - 1, scenario.loss, true);
+    let report = checker::check(&all_reads, &expect, dir.dir.path(), "trace")?;
+    let trace_bytes = file_size(&trace_path)?;
+    Ok(Outcome {
+        report,
+        producers: runs,
+        mid_reads,
+        file_sizes,
+        trace_bytes,
+    })
+}
