@@ -2,10 +2,16 @@
 // producer and a consumer socket.
 //
 //   real-service [--producer-socket PATH] [--consumer-socket PATH]
+//                [--exit-on-stdin-eof]
 //
 // Socket paths default to $PERFETTO_PRODUCER_SOCK_NAME and
 // $PERFETTO_CONSUMER_SOCK_NAME; one of the two must name each. Prints
-// {"event":"ready"} once both sockets listen, then serves until killed.
+// {"event":"ready"} once both sockets listen, then serves until killed or,
+// with --exit-on-stdin-eof, until its stdin reaches end of input: a harness
+// that holds the other end of a pipe can never leave the service behind,
+// even when the harness itself is killed.
+
+#include <unistd.h>
 
 #include "driver_util.h"
 #include "perfetto_internal.h"
@@ -26,7 +32,8 @@ std::string FromEnv(const char* name) {
 }  // namespace
 
 extern "C" int shmtrace_real_service_main(int argc, char** argv) {
-  Flags flags(argc, argv, {"producer-socket", "consumer-socket"}, {});
+  Flags flags(argc, argv, {"producer-socket", "consumer-socket"},
+              {"exit-on-stdin-eof"});
   if (!flags.ok())
     return FailWith(kDriver, flags.error());
   std::string producer_socket =
@@ -46,6 +53,15 @@ extern "C" int shmtrace_real_service_main(int argc, char** argv) {
   if (!host->Start(producer_socket.c_str(), consumer_socket.c_str())) {
     return FailWith(kDriver, "cannot listen on " + producer_socket + " and " +
                                  consumer_socket);
+  }
+  if (flags.Has("exit-on-stdin-eof")) {
+    task_runner.AddFileDescriptorWatch(STDIN_FILENO, [&task_runner] {
+      char buf[256];
+      if (read(STDIN_FILENO, buf, sizeof(buf)) <= 0) {
+        task_runner.RemoveFileDescriptorWatch(STDIN_FILENO);
+        task_runner.Quit();
+      }
+    });
   }
   EmitLine("{\"event\":\"ready\"}");
   task_runner.Run();

@@ -384,7 +384,9 @@ fn spawn_service(
         .arg("--producer-socket")
         .arg(producer_socket)
         .arg("--consumer-socket")
-        .arg(consumer_socket);
+        .arg(consumer_socket)
+        // Our end of its stdin closes when we die, however we die.
+        .arg("--exit-on-stdin-eof");
     ChildProcess::spawn("service", command, dir.dir.path())
 }
 

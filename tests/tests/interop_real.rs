@@ -174,11 +174,14 @@ fn discard_when_full() {
         report.buffer_stats
     );
     assert_eq!(report.buffer_stat("chunks_overwritten"), 0);
-    // What was kept is a clean prefix of each sequence.
+    // What was kept is a clean prefix of each sequence (a thread that was
+    // descheduled while the other filled the buffer may have none at all).
     let emitted = outcome.emitted();
     assert!(report.totals.slice_begin > 0);
     assert!(report.totals.slice_begin < emitted.slice_begin);
-    assert_clean_sequences(&outcome, 2);
+    let kept = report.track_event_sequences().count();
+    assert!((1..=2).contains(&kept), "{:#?}", report.sequences);
+    assert_clean_sequences(&outcome, kept);
 }
 
 #[test]
