@@ -122,7 +122,6 @@ class Sequence:
         self.defaults = None
         self.clocks = {}
         self.last_boot_ts = None
-        self.first_ts_packet = None
 
     def reset_incremental_state(self):
         self.valid = True
@@ -433,13 +432,12 @@ class Checker:
     # ------------------------------------------------------------------
     def finish(self):
         open_slices = sum(len(s) for s in self.stacks.values())
-        lossy = any(s.lossy for s in self.sequences.values())
         if open_slices and self.expect["loss"] == "none":
             self.violation("%d slices were never closed" % open_slices)
-        self.check_flows(lossy)
+        self.check_flows()
         self.check_counts()
 
-    def check_flows(self, lossy):
+    def check_flows(self):
         strict = self.expect["loss"] == "none"
         for flow, n in self.flows_begun.items():
             if n > 1:

@@ -149,6 +149,12 @@ pub struct TraceReport {
     /// Producer sequences.
     #[serde(default)]
     pub sequences: Vec<SequenceSummary>,
+    /// Non-END, non-COUNTER track events by resolved name.
+    #[serde(default)]
+    pub events_by_name: BTreeMap<String, u64>,
+    /// Track events by resolved category.
+    #[serde(default)]
+    pub events_by_category: BTreeMap<String, u64>,
     /// Non-zero loss indicators by name.
     #[serde(default)]
     pub loss_indicators: BTreeMap<String, u64>,

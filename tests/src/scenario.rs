@@ -17,6 +17,28 @@
 //!
 //! Every process is owned by a guard that kills it when dropped, so a failing
 //! or panicking test leaves nothing running.
+//!
+//! # Driver protocol
+//!
+//! Each role is a process that reports progress as JSON lines on stdout
+//! (`{"event": ...}`; `{"event":"error","message":...}` aborts the run) and
+//! takes commands on stdin. An `Ours` variant of [`ServiceImpl`],
+//! [`ProducerImpl`] or [`ConsumerImpl`] must speak the same protocol (or be
+//! wrapped by an adapter that does); the real drivers in `interop/*.cc`
+//! document it in full.
+//!
+//! * service: `--producer-socket P --consumer-socket C --exit-on-stdin-eof`;
+//!   reports `ready` once both sockets listen.
+//! * producer: socket in `PERFETTO_PRODUCER_SOCK_NAME`; `--threads`,
+//!   `--iterations`, `--phases`, `--large-kb`, `--large-every`,
+//!   `--iteration-sleep-us`, `--shmem-kb`; reports `enabled` (with its `pid`),
+//!   then `phase` (cumulative `emitted` [`EventCounts`]) after each phase and
+//!   waits for a stdin line before the next, then `stopped` when the session
+//!   has stopped.
+//! * consumer: `--socket C --config FILE --out FILE [--write-into-file]
+//!   --timeout-ms N`; reports `connected`; stdin commands `flush` (reports
+//!   `flush` with `ok`), `read PATH` (reports `read`), `stop` (flush, disable,
+//!   read); reports `done` once the trace is in `--out`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

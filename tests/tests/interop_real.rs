@@ -55,6 +55,22 @@ fn small_packets() {
     assert_eq!(emitted.skipped_disabled, 0);
     assert_eq!(outcome.report.totals.track_events(), emitted.track_events());
     assert_clean_sequences(&outcome, 2);
+    // Interned names and categories resolve to the right strings.
+    let by_name = &outcome.report.events_by_name;
+    for name in ["outer", "inner", "tick", "flow_out", "flow_in"] {
+        assert_eq!(by_name.get(name), Some(&400), "{name}: {by_name:?}");
+    }
+    let by_category = &outcome.report.events_by_category;
+    assert_eq!(
+        by_category.get("interop"),
+        Some(&(3 * 400)),
+        "{by_category:?}"
+    );
+    assert_eq!(
+        by_category.get("interop.flow"),
+        Some(&(2 * 400)),
+        "{by_category:?}"
+    );
     assert_eq!(outcome.report.buffer_stat("chunks_overwritten"), 0);
     assert!(outcome.report.buffer_stat("chunks_read") > 0);
 }
