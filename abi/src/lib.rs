@@ -13,19 +13,53 @@
 //! * [`sync`]: the atomic-word shim (`core` atomics normally, loom under
 //!   `--cfg loom`) and the small traits the state-machine operations are
 //!   generic over.
-//! * [`smb`]: the view over shared memory the crate does not own; the only
-//!   `unsafe` code lives in its `raw` submodule.
+//! * [`smb`]: the view over shared memory the crate does not own. All
+//!   pointer work lives in its private `raw` submodule; `smb` itself has a
+//!   handful of `unsafe` calls into it, each carrying the state-machine
+//!   ownership argument. The rest of the crate is `unsafe`-free
+//!   (`#![deny(unsafe_code)]`, allowed item by item).
 //! * [`proto`]: the zero-alloc protobuf encoder.
 //! * [`writer`]: the producer-side `TraceWriter` (fragmentation, patches,
 //!   drop mode).
 //! * [`reader`]: the service-side parser of a copied (untrusted) chunk and
 //!   patch application.
+//!
+//! ## Shared memory rules
+//!
+//! * Words shared with the peer (page header bitmap, chunk header fields) are
+//!   native lock-free atomics overlaid on the memory with `from_ptr`; the
+//!   crate refuses to build on targets without native 16- and 32-bit
+//!   compare-and-swap, because emulated atomics (critical sections) are not
+//!   atomic with respect to another process, core or debug probe.
+//! * Payload bytes are copied in and out with `ptr::copy_nonoverlapping`;
+//!   no Rust reference ever covers memory the peer can change, and anything
+//!   read from it is validated from a private copy.
+//! * Nothing a peer writes can make this crate panic.
+//!
+//! ## Testing
+//!
+//! `cargo test -p shmtrace-abi` (unit, property and real-thread stress tests);
+//! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-abi --release --test loom_smb`
+//! (loom models of the chunk protocol); `cargo +nightly miri test -p
+//! shmtrace-abi` (undefined-behaviour and data-race checks of the pointer
+//! code).
 #![no_std]
 #![deny(missing_docs)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![deny(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 #[cfg(any(test, loom))]
 extern crate std;
+
+#[cfg(not(all(target_has_atomic = "32", target_has_atomic = "16")))]
+compile_error!(
+    "shmtrace-abi needs native lock-free 16- and 32-bit atomics with compare-and-swap: \
+     SMB words are shared with another process, core or probe, for which emulated \
+     atomics are not atomic"
+);
 
 pub mod layout;
 pub mod proto;

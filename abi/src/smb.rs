@@ -33,6 +33,7 @@
 //!   our back) produces typed errors, never a panic; data it corrupts is only
 //!   ever handed out as copies for the caller to validate.
 
+#[allow(unsafe_code)]
 mod raw;
 
 use core::fmt;
@@ -272,6 +273,7 @@ impl<'m> Smb<'m> {
     ///   of them must not run while a [`WritableChunk`] or [`ReadableChunk`]
     ///   of another one is alive. (A single `Smb` enforces this through
     ///   `&mut self`.)
+    #[allow(unsafe_code)]
     pub unsafe fn from_raw_parts(
         ptr: *mut u8,
         len: usize,
@@ -401,6 +403,7 @@ impl<'m> Smb<'m> {
 
     /// Producer: takes `chunk` of `page` (`Free → BeingWritten`) and writes
     /// `header` into it (ids relaxed, `packets` release).
+    #[allow(unsafe_code)]
     pub fn try_acquire_chunk_for_writing(
         &self,
         page: usize,
@@ -554,6 +557,7 @@ impl<'m> Smb<'m> {
     /// token of this `Smb` can be alive meanwhile, so within this process
     /// nothing writes what it copies (see [`Smb::from_raw_parts`] for several
     /// `Smb`s over the same memory).
+    #[allow(unsafe_code)]
     pub fn scrape(
         &mut self,
         page: usize,
@@ -767,6 +771,7 @@ impl ReadableChunk<'_> {
     /// Copies the whole chunk (header, then payload) into `dst[..chunk_size]`
     /// first, then parses and validates the header from the copy
     /// (`writer_id` in `1..=32767`). The payload is never parsed here.
+    #[allow(unsafe_code)]
     pub fn copy_out(&self, dst: &mut [u8]) -> Result<CopiedChunk, CopyError> {
         if dst.len() < self.size {
             return Err(CopyError::BufferTooSmall {
@@ -827,6 +832,7 @@ impl ReadableChunk<'_> {
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests {
     use std::boxed::Box;
     use std::vec;
