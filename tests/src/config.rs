@@ -3,9 +3,9 @@
 //! (v59).
 //!
 //! These are local on purpose: the IPC library in `host-service` is growing
-//! its own complete prost `TraceConfig`. When it lands, [`encode`] is the one
-//! place to switch: everything else builds a [`TraceConfig`] through
-//! [`TraceConfig::for_scenario`]-style helpers and calls `encode`.
+//! its own complete prost `TraceConfig`. When it lands, switch here: the
+//! scenarios only build configs through [`TraceConfig::track_event`] and
+//! `Scenario::trace_config`, and serialize them with [`encode`].
 
 use prost::Message;
 
