@@ -582,6 +582,21 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
         producer.expect_success(STOP_TIMEOUT)?;
     }
     drop(service);
+    if scenario.loss == Loss::None {
+        // Counts are exact only if every iteration ran inside the session.
+        for (producer, run) in producers.iter().zip(&runs) {
+            let skipped = run.emitted().skipped_disabled;
+            if skipped > 0 {
+                return Err(HarnessError::Driver {
+                    name: producer.name().into(),
+                    message: format!(
+                        "skipped {skipped} iterations while the session was not enabled"
+                    ),
+                    stderr_tail: producer.stderr_tail(),
+                });
+            }
+        }
+    }
 
     let mut mid_reads = Vec::new();
     for (index, flush_ok) in mid_flushes.into_iter().enumerate() {
