@@ -1,0 +1,180 @@
+//! Debug annotations: named values attached to an event (`DebugAnnotation`,
+//! TrackEvent field 4), including nested dictionaries and arrays.
+//!
+//! Values borrow what they show, so building them never allocates:
+//!
+//! ```
+//! use shmtrace_producer::{Arg, DebugValue};
+//! let entries = [("x", DebugValue::from(1)), ("label", DebugValue::from("hi"))];
+//! let items = [DebugValue::from(1.5), DebugValue::from(true)];
+//! let args = [
+//!     Arg::new("player", 7u32),
+//!     Arg::new("pos", DebugValue::Dict(&entries)),
+//!     Arg::new("samples", DebugValue::Array(&items)),
+//! ];
+//! assert_eq!(args.len(), 3);
+//! ```
+
+use shmtrace_abi::proto::{Message, Sink};
+
+/// One annotation value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DebugValue<'a> {
+    /// `bool_value`.
+    Bool(bool),
+    /// `int_value`.
+    Int(i64),
+    /// `uint_value`.
+    Uint(u64),
+    /// `double_value`.
+    Double(f64),
+    /// `string_value`.
+    Str(&'a str),
+    /// `pointer_value` (shown in hex).
+    Pointer(u64),
+    /// `dict_entries`: named children.
+    Dict(&'a [(&'a str, DebugValue<'a>)]),
+    /// `array_values`: unnamed children.
+    Array(&'a [DebugValue<'a>]),
+}
+
+impl DebugValue<'_> {
+    /// A pointer value.
+    pub fn pointer<T: ?Sized>(ptr: *const T) -> Self {
+        DebugValue::Pointer(ptr.cast::<()>() as usize as u64)
+    }
+}
+
+macro_rules! from_int {
+    ($variant:ident: $($t:ty),*) => {$(
+        impl From<$t> for DebugValue<'_> {
+            #[inline]
+            fn from(v: $t) -> Self {
+                DebugValue::$variant(v as _)
+            }
+        }
+    )*};
+}
+from_int!(Int: i8, i16, i32, i64, isize);
+from_int!(Uint: u8, u16, u32, u64, usize);
+from_int!(Double: f32, f64);
+
+impl From<bool> for DebugValue<'_> {
+    #[inline]
+    fn from(v: bool) -> Self {
+        DebugValue::Bool(v)
+    }
+}
+
+impl<'a> From<&'a str> for DebugValue<'a> {
+    #[inline]
+    fn from(v: &'a str) -> Self {
+        DebugValue::Str(v)
+    }
+}
+
+impl<'a> From<&'a String> for DebugValue<'a> {
+    #[inline]
+    fn from(v: &'a String) -> Self {
+        DebugValue::Str(v)
+    }
+}
+
+/// An annotation name: static names are interned per sequence, others are
+/// written inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgName<'a> {
+    /// A `'static` name (interned: `name_iid`).
+    Static(&'static str),
+    /// A name built at run time (`name`).
+    Dynamic(&'a str),
+}
+
+/// A named debug annotation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arg<'a> {
+    /// The name.
+    pub name: ArgName<'a>,
+    /// The value.
+    pub value: DebugValue<'a>,
+}
+
+impl<'a> Arg<'a> {
+    /// An annotation with a static (interned) name.
+    #[inline]
+    pub fn new(name: &'static str, value: impl Into<DebugValue<'a>>) -> Self {
+        Arg {
+            name: ArgName::Static(name),
+            value: value.into(),
+        }
+    }
+
+    /// An annotation with a name built at run time (written inline).
+    #[inline]
+    pub fn dynamic(name: &'a str, value: impl Into<DebugValue<'a>>) -> Self {
+        Arg {
+            name: ArgName::Dynamic(name),
+            value: value.into(),
+        }
+    }
+}
+
+/// DebugAnnotation field numbers.
+mod field {
+    pub const NAME_IID: u32 = 1;
+    pub const BOOL: u32 = 2;
+    pub const UINT: u32 = 3;
+    pub const INT: u32 = 4;
+    pub const DOUBLE: u32 = 5;
+    pub const STRING: u32 = 6;
+    pub const POINTER: u32 = 7;
+    pub const NAME: u32 = 10;
+    pub const DICT_ENTRIES: u32 = 11;
+    pub const ARRAY_VALUES: u32 = 12;
+}
+
+/// How an annotation's name is written.
+pub(crate) enum NameRef<'a> {
+    Iid(u64),
+    Inline(&'a str),
+    None,
+}
+
+/// Writes one `DebugAnnotation` message body (name, then value).
+pub(crate) fn write_annotation<S: Sink>(
+    m: &mut Message<'_, S>,
+    name: NameRef<'_>,
+    value: &DebugValue<'_>,
+) {
+    match name {
+        NameRef::Iid(iid) => m.uint64(field::NAME_IID, iid),
+        NameRef::Inline(n) => m.string(field::NAME, n),
+        NameRef::None => {}
+    }
+    write_value(m, value);
+}
+
+fn write_value<S: Sink>(m: &mut Message<'_, S>, value: &DebugValue<'_>) {
+    match *value {
+        DebugValue::Bool(b) => m.bool(field::BOOL, b),
+        DebugValue::Int(i) => m.int64(field::INT, i),
+        DebugValue::Uint(u) => m.uint64(field::UINT, u),
+        DebugValue::Double(d) => m.double(field::DOUBLE, d),
+        DebugValue::Str(s) => m.string(field::STRING, s),
+        DebugValue::Pointer(p) => m.uint64(field::POINTER, p),
+        DebugValue::Dict(entries) => {
+            for (name, v) in entries {
+                m.nested(field::DICT_ENTRIES, |child| {
+                    write_annotation(child, NameRef::Inline(name), v)
+                });
+            }
+        }
+        DebugValue::Array(items) => {
+            for v in items {
+                m.nested(field::ARRAY_VALUES, |child| {
+                    write_annotation(child, NameRef::None, v)
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The producer's side of an SMB: hands chunks to trace writers, turns
+//! finished chunks and patches into `CommitData` messages, allocates writer
+//! ids, and takes chunks back from idle writers.
+//!
+//! # Invariants
+//!
+//! * A chunk is listed in a commit only after its `BeingWritten → Complete`
+//!   transition succeeded; a failed transition (a peer rewrote the page
+//!   header) is counted as lost, never committed.
+//! * When no chunk is free, the acquiring writer first reclaims chunks held
+//!   by idle writers (second-chance sweep, try-locks only), kicks the
+//!   sender, and then either drops the packet (policy `Drop`) or sleeps with
+//!   an exponential backoff up to the policy's bound (`StallThenDrop`). It
+//!   never waits forever and never stalls on the connection's own thread.
+//! * Writer ids are handed out round-robin over 1..=32767, skipping ids in
+//!   use, so an id is reused only after every other id was handed out.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, MAX_WRITER_ID};
+use shmtrace_abi::smb::{Smb, WritableChunk};
+use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
+
+use crate::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
+use crate::shm::SharedMemory;
+use crate::writer::WriterCell;
+
+/// What a writer does when the SMB has no free chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BufferExhaustedPolicy {
+    /// Drop the packet and mark the loss on the next one (Perfetto's SDK
+    /// default).
+    #[default]
+    Drop,
+    /// Wait for a chunk, at most this long per packet, then drop.
+    StallThenDrop(Duration),
+}
+
+/// Counters of one SMB connection (monotonic).
+#[derive(Debug, Default)]
+pub(crate) struct ArbiterCounters {
+    pub chunks_committed: AtomicU64,
+    pub chunks_lost: AtomicU64,
+    pub acquire_failures: AtomicU64,
+    pub stalls: AtomicU64,
+    pub chunks_reclaimed: AtomicU64,
+    pub packets_dropped: AtomicU64,
+}
+
+/// Snapshot of a producer's data-path counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProducerStats {
+    /// Chunks handed to the service.
+    pub chunks_committed: u64,
+    /// Chunks that could not be handed over (a peer broke the SMB).
+    pub chunks_lost: u64,
+    /// Times a writer found no free chunk.
+    pub acquire_failures: u64,
+    /// Sleeps while stalling for a chunk.
+    pub stalls: u64,
+    /// Chunks taken back from idle writers.
+    pub chunks_reclaimed: u64,
+    /// Packets dropped (SMB full or otherwise); each loss is also marked in
+    /// the trace with `previous_packet_dropped`.
+    pub packets_dropped: u64,
+}
+
+/// Round-robin writer id allocator over 1..=[`MAX_WRITER_ID`].
+struct WriterIds {
+    used: Vec<u64>,
+    next: u16,
+    in_use: usize,
+}
+
+impl WriterIds {
+    fn new() -> Self {
+        WriterIds {
+            used: vec![0; usize::from(MAX_WRITER_ID) / 64 + 1],
+            next: 1,
+            in_use: 0,
+        }
+    }
+
+    fn is_used(&self, id: u16) -> bool {
+        self.used[usize::from(id) / 64] & (1 << (id % 64)) != 0
+    }
+
+    fn alloc(&mut self) -> Option<u16> {
+        if self.in_use >= usize::from(MAX_WRITER_ID) {
+            return None;
+        }
+        loop {
+            let id = self.next;
+            self.next = if id >= MAX_WRITER_ID { 1 } else { id + 1 };
+            if !self.is_used(id) {
+                self.used[usize::from(id) / 64] |= 1 << (id % 64);
+                self.in_use += 1;
+                return Some(id);
+            }
+        }
+    }
+
+    fn free(&mut self, id: u16) {
+        if id != 0 && id <= MAX_WRITER_ID && self.is_used(id) {
+            self.used[usize::from(id) / 64] &= !(1 << (id % 64));
+            self.in_use -= 1;
+        }
+    }
+}
+
+/// One SMB and everything about how this producer uses it.
+pub struct Arbiter {
+    shm: SharedMemory,
+    layout: PageLayout,
+    cursor: AtomicUsize,
+    outbox: Arc<Outbox>,
+    ids: Mutex<WriterIds>,
+    cells: Mutex<Vec<Arc<WriterCell>>>,
+    closed: AtomicBool,
+    pub(crate) counters: ArbiterCounters,
+}
+
+impl Arbiter {
+    pub(crate) fn new(shm: SharedMemory, layout: PageLayout, outbox: Arc<Outbox>) -> Arc<Self> {
+        Arc::new(Arbiter {
+            shm,
+            layout,
+            cursor: AtomicUsize::new(0),
+            outbox,
+            ids: Mutex::new(WriterIds::new()),
+            cells: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            counters: ArbiterCounters::default(),
+        })
+    }
+
+    pub(crate) fn smb(&self) -> &Smb<'static> {
+        self.shm.smb()
+    }
+
+    pub(crate) fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    pub(crate) fn is_emulated(&self) -> bool {
+        self.shm.is_emulated()
+    }
+
+    /// No more chunks are handed out (connection gone).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn ids(&self) -> MutexGuard<'_, WriterIds> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cells(&self) -> MutexGuard<'_, Vec<Arc<WriterCell>>> {
+        self.cells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn alloc_writer_id(&self) -> Option<u16> {
+        self.ids().alloc()
+    }
+
+    pub(crate) fn free_writer_id(&self, id: u16) {
+        self.ids().free(id);
+    }
+
+    pub(crate) fn add_cell(&self, cell: Arc<WriterCell>) {
+        self.cells().push(cell);
+    }
+
+    pub(crate) fn remove_cell(&self, cell: &Arc<WriterCell>) {
+        self.cells().retain(|c| !Arc::ptr_eq(c, cell));
+    }
+
+    /// A writer-side handle for a writer with `policy`.
+    pub(crate) fn writer_arbiter(self: &Arc<Self>, policy: BufferExhaustedPolicy) -> WriterArbiter {
+        WriterArbiter {
+            smb: self.shm.smb_static(),
+            arbiter: self.clone(),
+            policy,
+        }
+    }
+
+    /// Flushes writers that stayed idle since the previous sweep (second
+    /// chance) so they do not pin chunks. Only tries locks. Returns how
+    /// many were flushed.
+    ///
+    /// A writer calling this from inside its own event skips itself: its
+    /// lock is taken.
+    pub(crate) fn sweep_idle(&self) -> usize {
+        let Ok(cells) = self.cells.try_lock() else {
+            return 0;
+        };
+        let mut flushed = 0;
+        for cell in cells.iter() {
+            if !cell.take_idle() {
+                continue;
+            }
+            if let Some(mut g) = cell.try_lock() {
+                if g.inner().out.dirty {
+                    g.inner().flush();
+                    flushed += 1;
+                }
+            }
+        }
+        drop(cells);
+        self.counters
+            .chunks_reclaimed
+            .fetch_add(flushed as u64, Ordering::Relaxed);
+        flushed
+    }
+
+    /// Copies the bytes of every chunk of an emulated-SMB commit into the
+    /// request and frees the chunks (the service never sees our memory).
+    pub(crate) fn materialize(&self, chunks: &mut [ChunkToMove]) {
+        if !self.is_emulated() {
+            return;
+        }
+        let smb = self.smb();
+        for c in chunks.iter_mut().filter(|c| c.data.is_none()) {
+            let Ok(readable) = smb.try_acquire_chunk_for_reading(c.page as usize, c.chunk as usize)
+            else {
+                continue;
+            };
+            let mut buf = vec![0u8; readable.chunk_size()];
+            if let Ok(copied) = readable.copy_out(&mut buf) {
+                buf.truncate(copied.len);
+                c.data = Some(buf);
+            }
+            let _ = readable.release_as_free();
+        }
+    }
+
+    /// The counters.
+    pub(crate) fn stats(&self) -> ProducerStats {
+        let c = &self.counters;
+        ProducerStats {
+            chunks_committed: c.chunks_committed.load(Ordering::Relaxed),
+            chunks_lost: c.chunks_lost.load(Ordering::Relaxed),
+            acquire_failures: c.acquire_failures.load(Ordering::Relaxed),
+            stalls: c.stalls.load(Ordering::Relaxed),
+            chunks_reclaimed: c.chunks_reclaimed.load(Ordering::Relaxed),
+            packets_dropped: c.packets_dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+thread_local! {
+    /// Set on the connection's own threads: they must never stall for
+    /// chunks (they are the ones freeing them).
+    static NO_STALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one that must never stall for chunks.
+pub(crate) fn forbid_stalls_on_this_thread() {
+    NO_STALL.with(|c| c.set(true));
+}
+
+/// The [`ChunkArbiter`] of one trace writer: a handle to the shared
+/// [`Arbiter`] plus the writer's buffer-exhausted policy.
+pub struct WriterArbiter {
+    // `smb` borrows from `arbiter`'s shared memory; the Arc keeps it alive
+    // (see `shm` module invariants).
+    smb: &'static Smb<'static>,
+    arbiter: Arc<Arbiter>,
+    policy: BufferExhaustedPolicy,
+}
+
+impl WriterArbiter {
+    fn try_acquire(&self, header: ChunkHeaderRepr) -> Option<WritableChunk<'static>> {
+        let pages = self.smb.num_pages();
+        for _ in 0..2 {
+            let start = self.arbiter.cursor.load(Ordering::Relaxed) % pages;
+            if let Ok(chunk) =
+                self.smb
+                    .try_acquire_any_chunk_for_writing(start, self.arbiter.layout, header)
+            {
+                self.arbiter
+                    .cursor
+                    .store(chunk.location().page, Ordering::Relaxed);
+                return Some(chunk);
+            }
+        }
+        None
+    }
+}
+
+impl ChunkArbiter<'static> for WriterArbiter {
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'static>> {
+        if self.arbiter.is_closed() {
+            return None;
+        }
+        if let Some(c) = self.try_acquire(header) {
+            return Some(c);
+        }
+        self.arbiter
+            .counters
+            .acquire_failures
+            .fetch_add(1, Ordering::Relaxed);
+        self.arbiter.sweep_idle();
+        self.arbiter.outbox.kick();
+        let BufferExhaustedPolicy::StallThenDrop(limit) = self.policy else {
+            return None;
+        };
+        if NO_STALL.with(|c| c.get()) {
+            return None;
+        }
+        let start = Instant::now();
+        let mut sleep_us: u64 = 8;
+        loop {
+            let remaining = limit.saturating_sub(start.elapsed());
+            if remaining.is_zero() || self.arbiter.is_closed() {
+                return None;
+            }
+            self.arbiter.counters.stalls.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(sleep_us).min(remaining));
+            sleep_us = (sleep_us * 8).min(100_000);
+            if let Some(c) = self.try_acquire(header) {
+                return Some(c);
+            }
+            self.arbiter.sweep_idle();
+            self.arbiter.outbox.kick();
+        }
+    }
+
+    fn commit_chunk(&mut self, chunk: WritableChunk<'static>, target_buffer: BufferId) {
+        match chunk.release_as_complete() {
+            Ok(loc) => {
+                self.arbiter
+                    .counters
+                    .chunks_committed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.arbiter.outbox.commit_chunk(ChunkToMove {
+                    page: loc.page as u32,
+                    chunk: loc.chunk as u32,
+                    target_buffer: u32::from(target_buffer),
+                    data: None,
+                });
+            }
+            Err(_) => {
+                self.arbiter
+                    .counters
+                    .chunks_lost
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
+        let new_group = || ChunkToPatch {
+            target_buffer: u32::from(group.target_buffer),
+            writer_id: u32::from(group.writer_id),
+            chunk_id: group.chunk_id,
+            patches: heapless::Vec::new(),
+            has_more_patches: group.has_more,
+        };
+        // A group normally fits one entry (its size is bounded by the
+        // writer's patch capacity); split defensively if not.
+        let mut current = new_group();
+        for p in group.patches() {
+            let entry = PatchEntry {
+                offset: u32::from(p.offset),
+                data: p.data,
+            };
+            if let Err(entry) = current.patches.push(entry) {
+                let mut full = std::mem::replace(&mut current, new_group());
+                full.has_more_patches = true;
+                self.arbiter.outbox.commit_patches(full);
+                let _ = current.patches.push(entry);
+            }
+        }
+        self.arbiter.outbox.commit_patches(current);
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        self.arbiter.outbox.kick();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writer_ids_round_robin_and_skip_used() {
+        let mut ids = WriterIds::new();
+        assert_eq!(ids.alloc(), Some(1));
+        assert_eq!(ids.alloc(), Some(2));
+        ids.free(1);
+        assert_eq!(ids.alloc(), Some(3), "freed ids are not reused right away");
+        ids.next = MAX_WRITER_ID;
+        assert_eq!(ids.alloc(), Some(MAX_WRITER_ID));
+        assert_eq!(ids.alloc(), Some(1), "wraps to 1, skipping 0");
+        assert_eq!(ids.alloc(), Some(4), "skips 2 and 3, still in use");
+        ids.free(0);
+        ids.free(9999); // not in use: ignored
+        assert_eq!(ids.in_use, 5);
+    }
+
+    #[test]
+    fn writer_ids_exhaust_cleanly() {
+        let mut ids = WriterIds::new();
+        for _ in 0..MAX_WRITER_ID {
+            assert!(ids.alloc().is_some());
+        }
+        assert_eq!(ids.alloc(), None);
+        ids.free(77);
+        assert_eq!(ids.alloc(), Some(77));
+    }
+}

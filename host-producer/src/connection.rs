@@ -1,0 +1,564 @@
+//! The I/O shell: connects to the tracing service's producer socket and
+//! feeds the service's commands to the runtime, and the runtime's outbox to
+//! the service.
+//!
+//! Two threads per connection:
+//!
+//! * the *command* thread (the one [`init`] starts) connects, initializes,
+//!   registers data sources, then reads the `GetAsyncCommand` stream and
+//!   runs each command (SetupTracing maps the SMB; Setup/Start/Stop
+//!   DataSource, Flush and ClearIncrementalState go to the runtime);
+//! * the *sender* thread takes messages out of the outbox in order and
+//!   sends them (`CommitData`, `RegisterTraceWriter`, …, all without
+//!   waiting for replies), and sweeps idle writers periodically.
+//!
+//! When the service is not there the program runs on with tracing off and
+//! the command thread retries with a backoff; when the connection drops, all
+//! instances stop (tracing off) and it reconnects.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use shmtrace_abi::layout::PageLayout;
+use shmtrace_service::ipc::{Binding, Client, ClientError, SocketAddress};
+use shmtrace_service::protos::{
+    self as pb, commit_data_request, get_async_command_response::Cmd, producer_port, ProducerPort,
+};
+
+use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
+use crate::data_source::{DataSourceConfig, DescriptorInfo};
+use crate::error::ConnectError;
+use crate::filter::TrackEventConfig;
+use crate::outbox::{CommitRequest, Outgoing};
+use crate::runtime::runtime;
+use crate::shm::SharedMemory;
+
+/// Size of the private SMB under shmem emulation (`kShmemEmulationSize`).
+const EMULATION_SMB_SIZE: usize = 1 << 20;
+/// Largest CommitData the sender builds under emulation (chunk bytes ride
+/// in the message; `kMaxCommitDataRequestChunkSize`).
+const MAX_EMULATED_COMMIT_BYTES: usize = 130_560;
+/// How often idle writers are swept (flushed so they do not pin chunks).
+const IDLE_SWEEP_PERIOD: Duration = Duration::from_millis(500);
+/// First retry delay after a failed connection; doubles up to the maximum.
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// How the producer connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerConfig {
+    /// `producer_name` (sessions can filter on it).
+    pub name: String,
+    /// Socket name; `None` = `$PERFETTO_PRODUCER_SOCK_NAME` or the
+    /// upstream default (`/run/perfetto/traced-producer.sock`, else
+    /// `/tmp/perfetto-producer`).
+    pub socket: Option<String>,
+    /// SMB size hint in bytes (0 = service default, 256 KiB upstream).
+    pub shmem_size_hint_bytes: u32,
+    /// SMB page size hint in bytes (0 = service default, 4 KiB).
+    pub shmem_page_size_hint_bytes: u32,
+    /// How pages are split into chunks (`Div1` like Perfetto; `Div4` gives
+    /// 4x the chunks, which helps many-threaded programs with small SMBs).
+    pub page_layout: PageLayout,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        let name = std::env::args()
+            .next()
+            .and_then(|a| {
+                std::path::Path::new(&a)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "shmtrace-producer".into());
+        ProducerConfig {
+            name,
+            socket: None,
+            shmem_size_hint_bytes: 0,
+            shmem_page_size_hint_bytes: 0,
+            page_layout: PageLayout::Div1,
+        }
+    }
+}
+
+/// State of the connection to the service, for [`Producer`].
+struct Status {
+    connected: Mutex<bool>,
+    changed: Condvar,
+    connections: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// The process's producer: connects in the background, see [`init`].
+pub struct Producer {
+    status: Arc<Status>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+static PRODUCER: OnceLock<Producer> = OnceLock::new();
+
+/// Starts the producer (once per process): a background thread connects to
+/// the service, and keeps reconnecting. Returns immediately; tracing is off
+/// until a session enables something.
+pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
+    let address = match &config.socket {
+        Some(s) => s.clone(),
+        None => shmtrace_service::ipc::socket::producer_socket_name(),
+    };
+    let address = SocketAddress::parse(&address).map_err(ConnectError::Address)?;
+    let mut started = false;
+    let producer = PRODUCER.get_or_init(|| {
+        started = true;
+        let status = Arc::new(Status {
+            connected: Mutex::new(false),
+            changed: Condvar::new(),
+            connections: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let thread = {
+            let status = status.clone();
+            std::thread::Builder::new()
+                .name("shmtrace-producer".into())
+                .spawn(move || connection_loop(&config, &address, &status))
+                .ok()
+        };
+        Producer {
+            status,
+            thread: Mutex::new(thread),
+        }
+    });
+    if !started {
+        return Err(ConnectError::AlreadyInitialized);
+    }
+    if producer
+        .thread
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_none()
+    {
+        return Err(ConnectError::Thread);
+    }
+    Ok(producer)
+}
+
+impl Producer {
+    /// The producer started by [`init`], if any.
+    pub fn get() -> Option<&'static Producer> {
+        PRODUCER.get()
+    }
+
+    /// Whether the service connection is up.
+    pub fn is_connected(&self) -> bool {
+        *self
+            .status
+            .connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until connected; `false` on timeout.
+    pub fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut c = self
+            .status
+            .connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while !*c {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            c = self
+                .status
+                .changed
+                .wait_timeout(c, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    /// Number of successful connections so far (reconnects included).
+    pub fn connections(&self) -> u64 {
+        self.status.connections.load(Ordering::Relaxed)
+    }
+
+    /// Disconnects for good: every session's data is flushed to the
+    /// service first, then tracing is off for the rest of the process.
+    pub fn shutdown(&self) {
+        flush_all();
+        self.status.stop.store(true, Ordering::Release);
+        runtime().outbox().kick();
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Hands every writer's current chunk to the service now (e.g. before the
+/// program exits), waiting up to a second for the messages to leave.
+pub fn flush_all() {
+    runtime().flush(&[], 0);
+    runtime().outbox().drain_wait(Duration::from_secs(1));
+}
+
+fn set_connected(status: &Status, up: bool) {
+    *status.connected.lock().unwrap_or_else(|e| e.into_inner()) = up;
+    status.changed.notify_all();
+}
+
+fn connection_loop(config: &ProducerConfig, address: &SocketAddress, status: &Arc<Status>) {
+    forbid_stalls_on_this_thread();
+    let mut delay = RETRY_MIN;
+    while !status.stop.load(Ordering::Acquire) {
+        match Session::open(config, address) {
+            Ok(session) => {
+                delay = RETRY_MIN;
+                status.connections.fetch_add(1, Ordering::Relaxed);
+                set_connected(status, true);
+                let reason = session.run(config, status);
+                log::info!("shmtrace-producer: disconnected from {address}: {reason}");
+                set_connected(status, false);
+            }
+            Err(e) => log::debug!("shmtrace-producer: cannot connect to {address}: {e}"),
+        }
+        runtime().disconnected();
+        let until = Instant::now() + delay;
+        while Instant::now() < until && !status.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+        }
+        delay = (delay * 2).min(RETRY_MAX);
+    }
+}
+
+/// One connection.
+struct Session {
+    _client: Client,
+    port: Binding<ProducerPort>,
+    commands: shmtrace_service::ipc::PendingCall<producer_port::GetAsyncCommand>,
+    emulation: bool,
+}
+
+impl Session {
+    fn open(config: &ProducerConfig, address: &SocketAddress) -> Result<Self, ClientError> {
+        let client = Client::connect(address)?;
+        let port = client.bind::<ProducerPort>()?;
+        let reply =
+            port.call::<producer_port::InitializeConnection>(&pb::InitializeConnectionRequest {
+                shared_memory_page_size_hint_bytes: nonzero(config.shmem_page_size_hint_bytes),
+                shared_memory_size_hint_bytes: nonzero(config.shmem_size_hint_bytes),
+                producer_name: Some(config.name.clone()),
+                sdk_version: Some(concat!("shmtrace-producer ", env!("CARGO_PKG_VERSION")).into()),
+                ..Default::default()
+            })?;
+        let emulation = reply.use_shmem_emulation.unwrap_or(false);
+        let commands =
+            port.start::<producer_port::GetAsyncCommand>(&pb::GetAsyncCommandRequest {}, None)?;
+        runtime().connected();
+        for d in runtime().descriptors() {
+            port.send::<producer_port::RegisterDataSource>(
+                &pb::RegisterDataSourceRequest {
+                    data_source_descriptor: Some(descriptor_proto(&d)),
+                },
+                None,
+            )?;
+        }
+        Ok(Session {
+            _client: client,
+            port,
+            commands,
+            emulation,
+        })
+    }
+
+    /// Runs until the connection ends; returns why.
+    fn run(mut self, config: &ProducerConfig, status: &Arc<Status>) -> String {
+        let stop_sender = Arc::new(AtomicBool::new(false));
+        let current = Arc::new(Mutex::new(None::<Arc<Arbiter>>));
+        let sender = {
+            let (port, stop, status, current) = (
+                self.port.clone(),
+                stop_sender.clone(),
+                status.clone(),
+                current.clone(),
+            );
+            std::thread::Builder::new()
+                .name("shmtrace-producer-tx".into())
+                .spawn(move || sender_loop(&port, &stop, &status, &current))
+        };
+        let reason = loop {
+            if status.stop.load(Ordering::Acquire) {
+                break "shut down".to_string();
+            }
+            match self.commands.next(Some(Duration::from_millis(200))) {
+                None => break "the command stream ended".to_string(),
+                Some(Err(ClientError::Timeout)) => continue,
+                Some(Err(e)) => break e.to_string(),
+                Some(Ok(reply)) => {
+                    if let Some(cmd) = reply.message.cmd {
+                        if let Err(e) = self.handle(cmd, reply.fd, config, &current) {
+                            break e.to_string();
+                        }
+                    }
+                    if !reply.has_more {
+                        break "the service ended the command stream".to_string();
+                    }
+                }
+            }
+        };
+        // Tracing off first, so writers stop producing; the sender drains
+        // what it can, then stops.
+        runtime().disconnected();
+        stop_sender.store(true, Ordering::Release);
+        runtime().outbox().kick();
+        if let Ok(t) = sender {
+            let _ = t.join();
+        }
+        reason
+    }
+
+    fn handle(
+        &mut self,
+        cmd: Cmd,
+        fd: Option<OwnedFd>,
+        config: &ProducerConfig,
+        current: &Mutex<Option<Arc<Arbiter>>>,
+    ) -> Result<(), ConnectError> {
+        let rt = runtime();
+        match cmd {
+            Cmd::SetupTracing(s) => {
+                let page = s.shared_buffer_page_size_kb.unwrap_or(4) as usize * 1024;
+                let shm = match (fd, self.emulation) {
+                    (Some(fd), false) => SharedMemory::map(fd, page)?,
+                    (_, true) => SharedMemory::heap(EMULATION_SMB_SIZE, page, true)?,
+                    (None, false) => return Err(ConnectError::NoSmb),
+                };
+                let arbiter = rt.setup_smb(shm, config.page_layout);
+                *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(arbiter);
+            }
+            Cmd::SetupDataSource(s) => {
+                let id = s.new_instance_id.unwrap_or(0);
+                let cfg = decode_config(s.config.as_ref());
+                if !rt.setup_data_source(id, cfg) {
+                    log::warn!("shmtrace-producer: cannot set up data source instance {id}");
+                }
+            }
+            Cmd::StartDataSource(s) => {
+                let id = s.new_instance_id.unwrap_or(0);
+                // Services older than Android Q send no SetupDataSource.
+                rt.setup_data_source(id, decode_config(s.config.as_ref()));
+                rt.start_data_source(id);
+            }
+            Cmd::StopDataSource(s) => rt.stop_data_source(s.instance_id.unwrap_or(0)),
+            Cmd::Flush(f) => rt.flush(&f.data_source_ids, f.request_id.unwrap_or(0)),
+            Cmd::ClearIncrementalState(c) => rt.clear_incremental_state(&c.data_source_ids),
+        }
+        Ok(())
+    }
+}
+
+fn nonzero(v: u32) -> Option<u32> {
+    (v != 0).then_some(v)
+}
+
+/// Decodes the parts of a serialized `DataSourceConfig` the runtime uses.
+pub(crate) fn decode_config(raw: Option<&Bytes>) -> DataSourceConfig {
+    let raw = raw.cloned().unwrap_or_default();
+    let parsed: pb::DataSourceConfig = prost::Message::decode(raw.clone()).unwrap_or_default();
+    let track_event_config = parsed.track_event_config.as_ref().map(|b| {
+        let t: pb::TrackEventConfig = prost::Message::decode(b.clone()).unwrap_or_default();
+        TrackEventConfig {
+            disabled_categories: t.disabled_categories,
+            enabled_categories: t.enabled_categories,
+            disabled_tags: t.disabled_tags,
+            enabled_tags: t.enabled_tags,
+        }
+    });
+    DataSourceConfig {
+        name: parsed.name.unwrap_or_default(),
+        target_buffer: parsed.target_buffer.unwrap_or(0),
+        trace_duration_ms: parsed.trace_duration_ms.unwrap_or(0),
+        tracing_session_id: parsed.tracing_session_id.unwrap_or(0),
+        track_event_config,
+        raw: raw.to_vec(),
+    }
+}
+
+fn descriptor_proto(d: &DescriptorInfo) -> pb::DataSourceDescriptor {
+    pb::DataSourceDescriptor {
+        name: Some(d.name.clone()),
+        id: Some(d.id),
+        will_notify_on_stop: Some(true),
+        will_notify_on_start: Some(true),
+        handles_incremental_state_clear: Some(true),
+        no_flush: d.no_flush.then_some(true),
+        track_event_descriptor: d.track_event_descriptor.clone().map(Bytes::from),
+        ..Default::default()
+    }
+}
+
+fn sender_loop(
+    port: &Binding<ProducerPort>,
+    stop: &AtomicBool,
+    status: &Status,
+    current: &Mutex<Option<Arc<Arbiter>>>,
+) {
+    forbid_stalls_on_this_thread();
+    let outbox = runtime().outbox().clone();
+    let mut last_sweep = Instant::now();
+    while !stop.load(Ordering::Acquire) && !status.stop.load(Ordering::Acquire) {
+        if let Some(msg) = outbox.next_timeout(Duration::from_millis(100)) {
+            let arbiter = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let result = send(port, msg, arbiter.as_deref());
+            outbox.sent();
+            if let Err(e) = result {
+                log::debug!("shmtrace-producer: send failed: {e}");
+                return;
+            }
+        }
+        if last_sweep.elapsed() >= IDLE_SWEEP_PERIOD {
+            runtime().sweep_idle();
+            last_sweep = Instant::now();
+        }
+    }
+}
+
+fn send(
+    port: &Binding<ProducerPort>,
+    msg: Outgoing,
+    arbiter: Option<&Arbiter>,
+) -> Result<(), ClientError> {
+    match msg {
+        Outgoing::Commit(mut req) => {
+            if let Some(a) = arbiter {
+                a.materialize(&mut req.chunks_to_move);
+            }
+            let emulated = arbiter.is_some_and(|a| a.is_emulated());
+            let result = if emulated {
+                send_split(port, &req)
+            } else {
+                send_commit(port, &req)
+            };
+            runtime().outbox().recycle(req);
+            result
+        }
+        Outgoing::RegisterTraceWriter {
+            writer_id,
+            target_buffer,
+        } => port.send::<producer_port::RegisterTraceWriter>(
+            &pb::RegisterTraceWriterRequest {
+                trace_writer_id: Some(writer_id),
+                target_buffer: Some(target_buffer),
+            },
+            None,
+        ),
+        Outgoing::UnregisterTraceWriter { writer_id } => port
+            .send::<producer_port::UnregisterTraceWriter>(
+                &pb::UnregisterTraceWriterRequest {
+                    trace_writer_id: Some(writer_id),
+                },
+                None,
+            ),
+        Outgoing::DataSourceStarted { instance_id } => port
+            .send::<producer_port::NotifyDataSourceStarted>(
+                &pb::NotifyDataSourceStartedRequest {
+                    data_source_id: Some(instance_id),
+                },
+                None,
+            ),
+        Outgoing::DataSourceStopped { instance_id } => port
+            .send::<producer_port::NotifyDataSourceStopped>(
+                &pb::NotifyDataSourceStoppedRequest {
+                    data_source_id: Some(instance_id),
+                },
+                None,
+            ),
+        Outgoing::RegisterDataSource(d) => port.send::<producer_port::RegisterDataSource>(
+            &pb::RegisterDataSourceRequest {
+                data_source_descriptor: Some(descriptor_proto(&d)),
+            },
+            None,
+        ),
+        Outgoing::UpdateDataSource(d) => port.send::<producer_port::UpdateDataSource>(
+            &pb::UpdateDataSourceRequest {
+                data_source_descriptor: Some(descriptor_proto(&d)),
+            },
+            None,
+        ),
+    }
+}
+
+fn commit_proto(
+    req: &CommitRequest,
+    chunks: &[crate::outbox::ChunkToMove],
+    patches: bool,
+) -> pb::CommitDataRequest {
+    pb::CommitDataRequest {
+        chunks_to_move: chunks
+            .iter()
+            .map(|c| commit_data_request::ChunksToMove {
+                page: c.data.is_none().then_some(c.page),
+                chunk: c.data.is_none().then_some(c.chunk),
+                target_buffer: Some(c.target_buffer),
+                data: c.data.clone().map(Bytes::from),
+                chunk_incomplete: None,
+            })
+            .collect(),
+        chunks_to_patch: if patches {
+            req.chunks_to_patch
+                .iter()
+                .map(|p| commit_data_request::ChunkToPatch {
+                    target_buffer: Some(p.target_buffer),
+                    writer_id: Some(p.writer_id),
+                    chunk_id: Some(p.chunk_id),
+                    patches: p
+                        .patches
+                        .iter()
+                        .map(|e| commit_data_request::chunk_to_patch::Patch {
+                            offset: Some(e.offset),
+                            data: Some(Bytes::copy_from_slice(&e.data)),
+                        })
+                        .collect(),
+                    has_more_patches: Some(p.has_more_patches),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        flush_request_id: (patches && req.flush_request_id != 0).then_some(req.flush_request_id),
+    }
+}
+
+fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
+    port.send::<producer_port::CommitData>(&commit_proto(req, &req.chunks_to_move, true), None)
+}
+
+/// Emulated SMB: chunk bytes ride in the request, so split it to stay under
+/// the IPC frame limit. Patches and the flush ack go with the last part.
+fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, c) in req.chunks_to_move.iter().enumerate() {
+        let len = c.data.as_ref().map_or(0, Vec::len) + 32;
+        if bytes + len > MAX_EMULATED_COMMIT_BYTES && i > start {
+            port.send::<producer_port::CommitData>(
+                &commit_proto(req, &req.chunks_to_move[start..i], false),
+                None,
+            )?;
+            start = i;
+            bytes = 0;
+        }
+        bytes += len;
+    }
+    port.send::<producer_port::CommitData>(
+        &commit_proto(req, &req.chunks_to_move[start..], true),
+        None,
+    )
+}

@@ -1,0 +1,607 @@
+//! Data sources: the types a program registers, their instances (one per
+//! tracing session that asked for them, at most [`MAX_INSTANCES`] at a
+//! time), and the per-thread writers that serve each instance.
+//!
+//! # Fast path
+//!
+//! `DataSource::is_enabled` (and a category's `is_enabled`) is one relaxed
+//! load of a bitmask of running instance slots. When enabled, each set bit
+//! costs: a thread-local lookup, one acquire load of the slot's generation
+//! (compared with the one the thread's writer was made for), and the
+//! writer's try-lock (one atomic swap and one release store). A writer is
+//! created on a thread's first event for an instance (slow path: locks,
+//! allocation, `RegisterTraceWriter`).
+//!
+//! # Invariants
+//!
+//! * A slot's generation changes when an instance is set up in it and when
+//!   that instance stops; a thread-local writer is used only while the
+//!   generation it was created under is current.
+//! * An instance's writer list and its `stopped` flag share one lock:
+//!   writers are only added to an instance that has not stopped, and
+//!   stopping takes the whole list, so every writer of an instance is
+//!   flushed and retired exactly once (by the stop, or by its thread's exit,
+//!   whichever removes it from the list first).
+//! * Events emitted from inside an event callback on the same thread
+//!   (re-entrancy) are dropped rather than deadlocking on the thread's own
+//!   writer lock.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use shmtrace_abi::proto::Message;
+use shmtrace_abi::writer::TraceWriter;
+
+use crate::arbiter::{Arbiter, BufferExhaustedPolicy};
+use crate::category::MAX_INSTANCES;
+use crate::filter::TrackEventConfig;
+use crate::outbox::Outgoing;
+use crate::writer::{ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD, FLAG_FLUSH};
+
+/// How long housekeeping waits for a writer's owner to finish its event
+/// before leaving a request for the owner instead.
+const HOUSEKEEPING_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// The parts of a `DataSourceConfig` this crate uses, plus the whole
+/// serialized message for data sources that read their own fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataSourceConfig {
+    /// `name` (1).
+    pub name: String,
+    /// `target_buffer` (2): global id of the buffer to write into.
+    pub target_buffer: u32,
+    /// `trace_duration_ms` (3).
+    pub trace_duration_ms: u32,
+    /// `tracing_session_id` (4).
+    pub tracing_session_id: u64,
+    /// `track_event_config` (113), decoded, if present.
+    pub track_event_config: Option<TrackEventConfig>,
+    /// The serialized `DataSourceConfig` as the service sent it.
+    pub raw: Vec<u8>,
+}
+
+/// Arguments of [`DataSourceHandler::on_setup`].
+#[derive(Debug)]
+pub struct SetupArgs<'a> {
+    /// Instance slot (0..8); stable for the instance's life.
+    pub instance_index: usize,
+    /// The service's id for this instance.
+    pub instance_id: u64,
+    /// The instance's config.
+    pub config: &'a DataSourceConfig,
+}
+
+/// Arguments of [`DataSourceHandler::on_start`] and
+/// [`DataSourceHandler::on_stop`].
+#[derive(Debug)]
+pub struct InstanceArgs<'a> {
+    /// Instance slot (0..8).
+    pub instance_index: usize,
+    /// The service's id for this instance.
+    pub instance_id: u64,
+    /// The instance's config.
+    pub config: &'a DataSourceConfig,
+}
+
+/// Callbacks of a data source. All run on the producer's connection
+/// thread; events may be emitted from `on_start` and `on_stop` (they are
+/// recorded), not from `on_setup`.
+pub trait DataSourceHandler: Send + Sync + 'static {
+    /// A session configured an instance (not started yet).
+    fn on_setup(&self, _args: &SetupArgs<'_>) {}
+    /// The instance started: tracing is enabled for it.
+    fn on_start(&self, _args: &InstanceArgs<'_>) {}
+    /// The instance is stopping: tracing is still enabled during the call.
+    fn on_stop(&self, _args: &InstanceArgs<'_>) {}
+    /// The service asked for a flush; the instance's writers are flushed
+    /// right after this returns.
+    fn on_flush(&self, _args: &InstanceArgs<'_>) {}
+}
+
+/// A handler that does nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopHandler;
+
+impl DataSourceHandler for NoopHandler {}
+
+/// How a data source is advertised and how its writers behave.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataSourceOptions {
+    /// What writers do when the SMB is full.
+    pub buffer_exhausted_policy: BufferExhaustedPolicy,
+    /// Advertise `no_flush` (the service will not send Flush for it).
+    pub no_flush: bool,
+    /// Extra serialized `DataSourceDescriptor` fields appended to the
+    /// descriptor (e.g. a `gpu_counter_descriptor`, field 5).
+    pub extra_descriptor_fields: Vec<u8>,
+}
+
+/// What the connection needs to register a data source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DescriptorInfo {
+    pub name: String,
+    pub id: u64,
+    pub no_flush: bool,
+    /// Serialized `TrackEventDescriptor` (track_event only).
+    pub track_event_descriptor: Option<Vec<u8>>,
+    pub extra_fields: Vec<u8>,
+}
+
+pub(crate) struct InstanceState {
+    pub started: bool,
+    pub stopped: bool,
+    pub cells: Vec<Arc<WriterCell>>,
+}
+
+/// One running instance of a data source.
+pub(crate) struct Instance {
+    pub id: u64,
+    pub slot: usize,
+    pub generation: u32,
+    pub config: Arc<DataSourceConfig>,
+    pub arbiter: Arc<Arbiter>,
+    state: Mutex<InstanceState>,
+}
+
+impl Instance {
+    pub(crate) fn state(&self) -> MutexGuard<'_, InstanceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn target_buffer(&self) -> u16 {
+        u16::try_from(self.config.target_buffer).unwrap_or(0)
+    }
+
+    fn args(&self) -> InstanceArgs<'_> {
+        InstanceArgs {
+            instance_index: self.slot,
+            instance_id: self.id,
+            config: &self.config,
+        }
+    }
+
+    /// A snapshot of the instance's writers.
+    pub(crate) fn cells(&self) -> Vec<Arc<WriterCell>> {
+        self.state().cells.clone()
+    }
+}
+
+#[derive(Default)]
+struct InstanceSlot {
+    generation: AtomicU32,
+    current: Mutex<Option<Arc<Instance>>>,
+}
+
+impl InstanceSlot {
+    fn current(&self) -> MutexGuard<'_, Option<Arc<Instance>>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Which built-in behaviour a type has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    TrackEvent,
+    Custom,
+}
+
+/// A registered data source type.
+pub(crate) struct DataSourceType {
+    pub index: usize,
+    pub id: u64,
+    pub name: String,
+    pub kind: Kind,
+    pub options: DataSourceOptions,
+    enabled: AtomicU8,
+    slots: [InstanceSlot; MAX_INSTANCES],
+    handler: Arc<dyn DataSourceHandler>,
+    /// Events dropped because they were emitted re-entrantly.
+    pub reentrant_drops: AtomicU64,
+}
+
+impl DataSourceType {
+    pub(crate) fn new(
+        index: usize,
+        id: u64,
+        name: String,
+        kind: Kind,
+        options: DataSourceOptions,
+        handler: Arc<dyn DataSourceHandler>,
+    ) -> Self {
+        DataSourceType {
+            index,
+            id,
+            name,
+            kind,
+            options,
+            enabled: AtomicU8::new(0),
+            slots: Default::default(),
+            handler,
+            reentrant_drops: AtomicU64::new(0),
+        }
+    }
+
+    /// Bitmask of started instance slots (one relaxed load).
+    #[inline(always)]
+    pub(crate) fn enabled_mask(&self) -> u8 {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// The instance with service id `id`, if this type has it.
+    pub(crate) fn find(&self, id: u64) -> Option<Arc<Instance>> {
+        self.slots
+            .iter()
+            .find_map(|s| s.current().as_ref().filter(|i| i.id == id).cloned())
+    }
+
+    /// Every current instance.
+    pub(crate) fn instances(&self) -> Vec<Arc<Instance>> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.current().clone())
+            .collect()
+    }
+
+    /// Sets up a new instance in a free slot. `None` if all 8 are taken.
+    pub(crate) fn setup(
+        &self,
+        id: u64,
+        config: DataSourceConfig,
+        arbiter: Arc<Arbiter>,
+    ) -> Option<Arc<Instance>> {
+        for (slot, s) in self.slots.iter().enumerate() {
+            let mut current = s.current();
+            if current.is_some() {
+                continue;
+            }
+            let generation = s.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            let inst = Arc::new(Instance {
+                id,
+                slot,
+                generation,
+                config: Arc::new(config),
+                arbiter,
+                state: Mutex::new(InstanceState {
+                    started: false,
+                    stopped: false,
+                    cells: Vec::new(),
+                }),
+            });
+            *current = Some(inst.clone());
+            drop(current);
+            self.handler.on_setup(&SetupArgs {
+                instance_index: slot,
+                instance_id: id,
+                config: &inst.config,
+            });
+            return Some(inst);
+        }
+        None
+    }
+
+    /// Starts `inst`: enables tracing for its slot.
+    pub(crate) fn start(&self, inst: &Instance) {
+        {
+            let mut st = inst.state();
+            if st.started || st.stopped {
+                return;
+            }
+            st.started = true;
+        }
+        if self.kind == Kind::TrackEvent {
+            let filter = inst.config.track_event_config.clone().unwrap_or_default();
+            crate::category::registry().set_filter(inst.slot, Some(filter));
+        }
+        self.enabled.fetch_or(1 << inst.slot, Ordering::Relaxed);
+        self.handler.on_start(&inst.args());
+    }
+
+    /// Stops `inst`: calls `on_stop`, disables its slot, flushes and
+    /// retires its writers, frees the slot.
+    pub(crate) fn stop(&self, inst: &Arc<Instance>) {
+        let was_started = inst.state().started;
+        if was_started {
+            self.handler.on_stop(&inst.args());
+        }
+        self.enabled.fetch_and(!(1 << inst.slot), Ordering::Relaxed);
+        if self.kind == Kind::TrackEvent {
+            crate::category::registry().set_filter(inst.slot, None);
+        }
+        let slot = &self.slots[inst.slot];
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        let cells = {
+            let mut st = inst.state();
+            st.stopped = true;
+            std::mem::take(&mut st.cells)
+        };
+        for cell in cells {
+            retire(&cell, &inst.arbiter);
+        }
+        let mut current = slot.current();
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, inst)) {
+            *current = None;
+        }
+    }
+
+    /// Runs the flush callback of `inst` and flushes its writers.
+    pub(crate) fn flush(&self, inst: &Instance) {
+        self.handler.on_flush(&inst.args());
+        for cell in inst.cells() {
+            match cell.lock_bounded(HOUSEKEEPING_LOCK_WAIT) {
+                Some(mut g) => g.inner().flush(),
+                None => cell.request(FLAG_FLUSH),
+            }
+        }
+    }
+
+    /// Asks every writer of `inst` to reset its incremental state.
+    pub(crate) fn clear_incremental_state(&self, inst: &Instance) {
+        for cell in inst.cells() {
+            cell.request(FLAG_CLEAR);
+        }
+    }
+
+    /// Creates the calling thread's writer for slot `slot` under
+    /// `generation`.
+    #[cold]
+    fn new_writer(&self, slot: usize, generation: u32) -> Option<TlsEntry> {
+        let inst = self.slots.get(slot)?.current().clone()?;
+        if inst.generation != generation {
+            return None;
+        }
+        let mut st = inst.state();
+        if st.stopped || !st.started {
+            return None;
+        }
+        let arbiter = &inst.arbiter;
+        let id = arbiter.alloc_writer_id()?;
+        let policy = self.options.buffer_exhausted_policy;
+        let Ok(writer) = TraceWriter::new(arbiter.writer_arbiter(policy), id, inst.target_buffer())
+        else {
+            arbiter.free_writer_id(id);
+            return None;
+        };
+        let cell = Arc::new(WriterCell::new(writer, arbiter.clone()));
+        arbiter.outbox().push(Outgoing::RegisterTraceWriter {
+            writer_id: u32::from(id),
+            target_buffer: inst.config.target_buffer,
+        });
+        st.cells.push(cell.clone());
+        arbiter.add_cell(cell.clone());
+        drop(st);
+        Some(TlsEntry {
+            generation,
+            cell,
+            instance: inst,
+        })
+    }
+
+    /// Runs `f` once per instance in `mask` with the calling thread's
+    /// writer for it (created on first use). Returns how many instances
+    /// were written to.
+    #[inline]
+    pub(crate) fn with_writers(
+        &self,
+        mask: u8,
+        mut f: impl FnMut(&mut WriterInner, &Instance),
+    ) -> usize {
+        THREAD_WRITERS
+            .try_with(|tw| {
+                let Ok(mut per_type) = tw.per_type.try_borrow_mut() else {
+                    self.reentrant_drops.fetch_add(1, Ordering::Relaxed);
+                    return 0;
+                };
+                if per_type.len() <= self.index {
+                    per_type.resize_with(self.index + 1, Default::default);
+                }
+                let entries = &mut per_type[self.index];
+                let mut written = 0;
+                let mut m = mask;
+                while m != 0 {
+                    let slot = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let generation = self.slots[slot].generation.load(Ordering::Acquire);
+                    let entry = &mut entries[slot];
+                    if entry.as_ref().is_none_or(|e| e.generation != generation) {
+                        *entry = self.new_writer(slot, generation);
+                    }
+                    let Some(e) = entry else { continue };
+                    let mut g = e.cell.lock_owner();
+                    if g.flags() & FLAG_DEAD != 0 {
+                        drop(g);
+                        *entry = None;
+                        continue;
+                    }
+                    g.apply_clear();
+                    f(g.inner(), &e.instance);
+                    written += 1;
+                }
+                written
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Flushes a writer and takes it out of service: marks it dead, removes it
+/// from its arbiter, unregisters its id.
+pub(crate) fn retire(cell: &Arc<WriterCell>, arbiter: &Arbiter) {
+    match cell.lock_bounded(HOUSEKEEPING_LOCK_WAIT) {
+        Some(mut g) => {
+            g.inner().flush();
+            cell.request(FLAG_DEAD);
+        }
+        None => cell.request(FLAG_DEAD | FLAG_FLUSH),
+    }
+    arbiter.remove_cell(cell);
+    arbiter.outbox().push(Outgoing::UnregisterTraceWriter {
+        writer_id: u32::from(cell.writer_id()),
+    });
+    arbiter.free_writer_id(cell.writer_id());
+}
+
+struct TlsEntry {
+    generation: u32,
+    cell: Arc<WriterCell>,
+    instance: Arc<Instance>,
+}
+
+#[derive(Default)]
+struct ThreadWriters {
+    per_type: RefCell<Vec<[Option<TlsEntry>; MAX_INSTANCES]>>,
+}
+
+impl Drop for ThreadWriters {
+    fn drop(&mut self) {
+        for entry in self
+            .per_type
+            .get_mut()
+            .iter_mut()
+            .flat_map(|e| e.iter_mut())
+            .filter_map(Option::take)
+        {
+            let removed = {
+                let mut st = entry.instance.state();
+                let before = st.cells.len();
+                st.cells.retain(|c| !Arc::ptr_eq(c, &entry.cell));
+                st.cells.len() != before
+            };
+            if removed {
+                retire(&entry.cell, &entry.instance.arbiter);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static THREAD_WRITERS: ThreadWriters = ThreadWriters::default();
+}
+
+/// A custom data source: register it once, then write packets from any
+/// thread while a session has it enabled.
+///
+/// ```no_run
+/// use shmtrace_producer::{DataSource, NoopHandler};
+/// let ds = DataSource::register("com.example.my_source", NoopHandler).unwrap();
+/// if ds.is_enabled() {
+///     ds.trace(|ctx| {
+///         ctx.packet(|p| {
+///             p.uint64(8, 42); // timestamp
+///             p.bytes(900, b"payload"); // for_testing
+///         });
+///     });
+/// }
+/// ```
+#[derive(Clone)]
+pub struct DataSource {
+    pub(crate) ty: Arc<DataSourceType>,
+}
+
+impl std::fmt::Debug for DataSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataSource")
+            .field("name", &self.ty.name)
+            .finish()
+    }
+}
+
+impl DataSource {
+    /// Registers data source `name` with default options.
+    pub fn register(
+        name: &str,
+        handler: impl DataSourceHandler,
+    ) -> Result<Self, crate::RegisterError> {
+        Self::register_with(name, DataSourceOptions::default(), handler)
+    }
+
+    /// Registers data source `name` with `options`.
+    pub fn register_with(
+        name: &str,
+        options: DataSourceOptions,
+        handler: impl DataSourceHandler,
+    ) -> Result<Self, crate::RegisterError> {
+        let ty = crate::runtime::runtime().register_type(
+            name,
+            Kind::Custom,
+            options,
+            Arc::new(handler),
+        )?;
+        Ok(DataSource { ty })
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.ty.name
+    }
+
+    /// Whether any session has this data source started: one relaxed load.
+    #[inline(always)]
+    pub fn is_enabled(&self) -> bool {
+        self.ty.enabled_mask() != 0
+    }
+
+    /// Calls `f` once for each started instance, with the calling thread's
+    /// writer for it. Does nothing (beyond one load) when disabled.
+    #[inline]
+    pub fn trace(&self, mut f: impl FnMut(&mut TraceContext<'_>)) {
+        let mask = self.ty.enabled_mask();
+        if mask == 0 {
+            return;
+        }
+        self.ty.with_writers(mask, |inner, instance| {
+            f(&mut TraceContext { inner, instance })
+        });
+    }
+}
+
+/// One instance's writer, inside [`DataSource::trace`].
+pub struct TraceContext<'a> {
+    inner: &'a mut WriterInner,
+    instance: &'a Instance,
+}
+
+impl TraceContext<'_> {
+    /// Writes one TracePacket with `f`; `false` if it was dropped (SMB
+    /// full). Losses are marked on the next packet.
+    #[inline]
+    pub fn packet(&mut self, f: impl FnOnce(&mut Message<'_, ProducerSink>)) -> bool {
+        use crate::event::PacketWriter;
+        let ok = self.inner.out.write_packet(f);
+        if !ok {
+            self.instance
+                .arbiter
+                .counters
+                .packets_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Writes one TracePacket from already serialized fields.
+    pub fn raw_packet(&mut self, fields: &[u8]) -> bool {
+        self.packet(|p| p.raw(fields))
+    }
+
+    /// The instance's config.
+    pub fn config(&self) -> &DataSourceConfig {
+        &self.instance.config
+    }
+
+    /// The instance slot (0..8).
+    pub fn instance_index(&self) -> usize {
+        self.instance.slot
+    }
+
+    /// `true` once after the writer started or the service asked to clear
+    /// incremental state: re-emit whatever later packets depend on (and
+    /// set `SEQ_INCREMENTAL_STATE_CLEARED`).
+    pub fn take_incremental_state_cleared(&mut self) -> bool {
+        std::mem::replace(&mut self.inner.custom_cleared, false)
+    }
+
+    /// Hands the current chunk to the service now.
+    pub fn flush(&mut self) {
+        self.inner.flush();
+    }
+}

@@ -1,0 +1,832 @@
+//! Encoding track events into TracePackets, with per-sequence incremental
+//! state (interning and track descriptors).
+//!
+//! # What a sequence looks like
+//!
+//! 1. A reset packet: `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED` (1)
+//!    and `trace_packet_defaults.track_event_defaults.track_uuid` = the
+//!    writing thread's track, so events on that track omit `track_uuid`.
+//! 2. Descriptor packets for the thread track and the process track.
+//! 3. Events, each with `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE` (2).
+//!    Static event names, categories and annotation names are referenced by
+//!    interned id (from 1 per kind); the first packet using a string carries
+//!    it in `interned_data`. A track other than the thread's gets its
+//!    descriptor packet before the first event that uses it.
+//!
+//! # Invariants
+//!
+//! * Every id an event references was emitted on this sequence after its
+//!   last reset: interning tables and the set of emitted tracks are cleared
+//!   together with each reset packet.
+//! * When any packet of a sequence is lost (dropped by the writer), the
+//!   sequence is reset before its next event, so readers that skipped the
+//!   dependent packets after the loss resynchronise (1 after 2s).
+//! * Timestamps are absolute (no incremental clock), so losing packets never
+//!   shifts the time of later ones.
+
+use shmtrace_abi::proto::{Message, Sink};
+
+use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
+use crate::category::Category;
+use crate::intern::{Lookup, StrInterner, TrackSet};
+use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
+
+/// `TracePacket` field numbers used here.
+pub(crate) mod packet_field {
+    pub const TIMESTAMP: u32 = 8;
+    pub const TRACK_EVENT: u32 = 11;
+    pub const INTERNED_DATA: u32 = 12;
+    pub const SEQUENCE_FLAGS: u32 = 13;
+    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
+    pub const TRACE_PACKET_DEFAULTS: u32 = 59;
+    pub const TRACK_DESCRIPTOR: u32 = 60;
+}
+
+/// `TrackEvent` field numbers used here.
+pub(crate) mod event_field {
+    pub const CATEGORY_IIDS: u32 = 3;
+    pub const DEBUG_ANNOTATIONS: u32 = 4;
+    pub const TYPE: u32 = 9;
+    pub const NAME_IID: u32 = 10;
+    pub const TRACK_UUID: u32 = 11;
+    pub const CATEGORIES: u32 = 22;
+    pub const NAME: u32 = 23;
+    pub const COUNTER_VALUE: u32 = 30;
+    pub const DOUBLE_COUNTER_VALUE: u32 = 44;
+    pub const FLOW_IDS: u32 = 47;
+    pub const TERMINATING_FLOW_IDS: u32 = 48;
+}
+
+/// `InternedData` field numbers (each entry is `{iid = 1, name = 2}`).
+pub(crate) mod interned_field {
+    pub const EVENT_CATEGORIES: u32 = 1;
+    pub const EVENT_NAMES: u32 = 2;
+    pub const DEBUG_ANNOTATION_NAMES: u32 = 3;
+}
+
+/// `TracePacket.SequenceFlags`.
+pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
+/// `TracePacket.SequenceFlags`.
+pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+
+/// New interned entries one packet can carry; beyond that, strings are
+/// written inline.
+const MAX_NEW_INTERNED_PER_PACKET: usize = 16;
+
+/// `TrackEvent.Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum EventType {
+    /// Begin of a slice.
+    SliceBegin = 1,
+    /// End of the innermost open slice on the track.
+    SliceEnd = 2,
+    /// A zero-duration event.
+    Instant = 3,
+    /// A counter sample.
+    Counter = 4,
+}
+
+/// A counter sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CounterValue {
+    /// `counter_value` (int64).
+    Int(i64),
+    /// `double_counter_value`.
+    Double(f64),
+}
+
+impl From<i64> for CounterValue {
+    fn from(v: i64) -> Self {
+        CounterValue::Int(v)
+    }
+}
+impl From<i32> for CounterValue {
+    fn from(v: i32) -> Self {
+        CounterValue::Int(v.into())
+    }
+}
+impl From<u32> for CounterValue {
+    fn from(v: u32) -> Self {
+        CounterValue::Int(v.into())
+    }
+}
+impl From<f64> for CounterValue {
+    fn from(v: f64) -> Self {
+        CounterValue::Double(v)
+    }
+}
+impl From<f32> for CounterValue {
+    fn from(v: f32) -> Self {
+        CounterValue::Double(v.into())
+    }
+}
+
+/// An event name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventName<'a> {
+    /// No name (slice ends, counters).
+    None,
+    /// A `'static` name: interned per sequence (`name_iid`).
+    Static(&'static str),
+    /// A name built at run time: written inline (`name`).
+    Dynamic(&'a str),
+}
+
+impl From<&'static str> for EventName<'_> {
+    #[inline]
+    fn from(s: &'static str) -> Self {
+        EventName::Static(s)
+    }
+}
+
+/// Everything about one event except the writer it goes to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventData<'a> {
+    pub kind: EventType,
+    pub category: Option<&'static Category>,
+    pub name: EventName<'a>,
+    pub track: Option<&'a Track<'a>>,
+    pub timestamp: Timestamp,
+    pub flows: &'a [Flow],
+    pub terminating_flows: &'a [Flow],
+    pub args: &'a [Arg<'a>],
+    pub counter: Option<CounterValue>,
+}
+
+impl<'a> EventData<'a> {
+    pub(crate) fn new(
+        kind: EventType,
+        category: Option<&'static Category>,
+        timestamp: Timestamp,
+    ) -> Self {
+        EventData {
+            kind,
+            category,
+            name: EventName::None,
+            track: None,
+            timestamp,
+            flows: &[],
+            terminating_flows: &[],
+            args: &[],
+            counter: None,
+        }
+    }
+}
+
+/// A callback adding fields to a TrackEvent being written.
+pub(crate) type ExtraFields<'f, S> = &'f mut dyn FnMut(&mut EventContext<'_, '_, S>);
+
+/// Something that writes whole TracePackets (a trace writer, or a test
+/// buffer).
+pub(crate) trait PacketWriter {
+    /// The sink packets are encoded into.
+    type Sink: Sink;
+    /// Writes one packet with `f`; `false` if it was dropped.
+    fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool;
+}
+
+#[derive(Clone, Copy)]
+struct NewEntry {
+    field: u32,
+    iid: u64,
+    name: &'static str,
+}
+
+/// Incremental state of one sequence (one trace writer).
+pub(crate) struct SequenceState {
+    names: StrInterner,
+    categories: StrInterner,
+    arg_names: StrInterner,
+    tracks: TrackSet,
+    needs_reset: bool,
+    new_entries: heapless::Vec<NewEntry, MAX_NEW_INTERNED_PER_PACKET>,
+    thread_track: Track<'static>,
+    /// Resets written (first one included).
+    pub(crate) resets: u64,
+}
+
+impl SequenceState {
+    /// State of a new sequence written from the calling thread.
+    pub(crate) fn new() -> Self {
+        Self::for_track(ThreadTrack::current())
+    }
+
+    /// State of a new sequence whose default track is `thread_track`.
+    pub(crate) fn for_track(thread_track: Track<'static>) -> Self {
+        SequenceState {
+            names: StrInterner::new(),
+            categories: StrInterner::new(),
+            arg_names: StrInterner::new(),
+            tracks: TrackSet::new(),
+            needs_reset: true,
+            new_entries: heapless::Vec::new(),
+            thread_track,
+            resets: 0,
+        }
+    }
+
+    /// Requests a reset before the next event (ClearIncrementalState, or a
+    /// packet was lost).
+    pub(crate) fn invalidate(&mut self) {
+        self.needs_reset = true;
+    }
+
+    fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
+        let table = match field {
+            interned_field::EVENT_CATEGORIES => &mut self.categories,
+            interned_field::EVENT_NAMES => &mut self.names,
+            _ => &mut self.arg_names,
+        };
+        if self.new_entries.is_full() {
+            // Only strings already known can be referenced now.
+            return table.lookup(s);
+        }
+        match table.intern(s) {
+            Lookup::Known(iid) => Some(iid),
+            Lookup::New(iid) => {
+                // Room was checked above.
+                let _ = self.new_entries.push(NewEntry {
+                    field,
+                    iid,
+                    name: s,
+                });
+                Some(iid)
+            }
+            Lookup::Full => None,
+        }
+    }
+
+    /// Writes the reset packet and the thread/process descriptors.
+    fn reset<W: PacketWriter>(&mut self, w: &mut W, now: u64) -> bool {
+        self.names.clear();
+        self.categories.clear();
+        self.arg_names.clear();
+        self.tracks.clear();
+        self.resets += 1;
+        let thread_uuid = self.thread_track.uuid();
+        let ok = w.write_packet(|p| {
+            p.uint64(packet_field::TIMESTAMP, now);
+            p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
+            p.nested(packet_field::TRACE_PACKET_DEFAULTS, |d| {
+                d.nested(11, |te| te.uint64(11, thread_uuid));
+            });
+        });
+        let process = crate::track::ProcessTrack::current();
+        let thread = self.thread_track;
+        ok && self.emit_descriptor(w, &thread, now) && self.emit_descriptor(w, &process, now)
+    }
+
+    fn emit_descriptor<W: PacketWriter>(&mut self, w: &mut W, track: &Track<'_>, now: u64) -> bool {
+        self.tracks.insert(track.uuid());
+        w.write_packet(|p| {
+            p.uint64(packet_field::TIMESTAMP, now);
+            p.nested(packet_field::TRACK_DESCRIPTOR, |d| {
+                track.write_descriptor(d)
+            });
+        })
+    }
+
+    /// Makes sure the sequence's incremental state is valid and `track`'s
+    /// descriptor was emitted. `false` if a packet was lost doing so.
+    fn prepare<W: PacketWriter>(&mut self, w: &mut W, track: Option<&Track<'_>>, now: u64) -> bool {
+        if self.needs_reset {
+            if !self.reset(w, now) {
+                return false;
+            }
+            self.needs_reset = false;
+        }
+        if let Some(t) = track {
+            if t.uuid() != self.thread_track.uuid() && self.tracks.insert(t.uuid()) {
+                return w.write_packet(|p| {
+                    p.uint64(packet_field::TIMESTAMP, now);
+                    p.nested(packet_field::TRACK_DESCRIPTOR, |d| t.write_descriptor(d));
+                });
+            }
+        }
+        true
+    }
+
+    /// Writes one event (plus whatever incremental state it needs first).
+    /// `extra` may add fields to the TrackEvent. Returns `false` if any
+    /// packet was dropped; the sequence is then reset before the next event.
+    pub(crate) fn write_event<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &EventData<'_>,
+        extra: Option<ExtraFields<'_, W::Sink>>,
+    ) -> bool {
+        if !self.prepare(w, ev.track, ev.timestamp.ns) {
+            self.needs_reset = true;
+            return false;
+        }
+        self.new_entries.clear();
+        let ok = w.write_packet(|p| {
+            p.uint64(packet_field::TIMESTAMP, ev.timestamp.ns);
+            if ev.timestamp.clock != Clock::Boottime {
+                p.uint32(packet_field::TIMESTAMP_CLOCK_ID, ev.timestamp.clock.id());
+            }
+            p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
+            {
+                let mut te = p.begin_nested(packet_field::TRACK_EVENT);
+                self.write_track_event(&mut te, ev);
+                if let Some(f) = extra {
+                    let mut ctx = EventContext {
+                        event: &mut te,
+                        seq: self,
+                    };
+                    f(&mut ctx);
+                }
+            }
+            self.write_interned(p);
+        });
+        if !ok {
+            self.needs_reset = true;
+        }
+        ok
+    }
+
+    fn write_track_event<S: Sink>(&mut self, te: &mut Message<'_, S>, ev: &EventData<'_>) {
+        te.enumeration(event_field::TYPE, ev.kind as i32);
+        if let Some(t) = ev.track {
+            if t.uuid() != self.thread_track.uuid() {
+                te.uint64(event_field::TRACK_UUID, t.uuid());
+            }
+        }
+        if let Some(cat) = ev.category {
+            if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
+                for member in cat
+                    .name()
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|m| !m.is_empty())
+                {
+                    match self.intern(interned_field::EVENT_CATEGORIES, member) {
+                        Some(iid) => te.uint64(event_field::CATEGORY_IIDS, iid),
+                        None => te.string(event_field::CATEGORIES, member),
+                    }
+                }
+            }
+        }
+        match ev.name {
+            EventName::None => {}
+            EventName::Static(n) => match self.intern(interned_field::EVENT_NAMES, n) {
+                Some(iid) => te.uint64(event_field::NAME_IID, iid),
+                None => te.string(event_field::NAME, n),
+            },
+            EventName::Dynamic(n) => te.string(event_field::NAME, n),
+        }
+        for arg in ev.args {
+            self.write_arg(te, arg);
+        }
+        for f in ev.flows {
+            te.fixed64(event_field::FLOW_IDS, f.id());
+        }
+        for f in ev.terminating_flows {
+            te.fixed64(event_field::TERMINATING_FLOW_IDS, f.id());
+        }
+        match ev.counter {
+            Some(CounterValue::Int(v)) => te.int64(event_field::COUNTER_VALUE, v),
+            Some(CounterValue::Double(v)) => te.double(event_field::DOUBLE_COUNTER_VALUE, v),
+            None => {}
+        }
+    }
+
+    fn write_arg<S: Sink>(&mut self, te: &mut Message<'_, S>, arg: &Arg<'_>) {
+        let name = match arg.name {
+            ArgName::Static(n) => match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
+                Some(iid) => NameRef::Iid(iid),
+                None => NameRef::Inline(n),
+            },
+            ArgName::Dynamic(n) => NameRef::Inline(n),
+        };
+        te.nested(event_field::DEBUG_ANNOTATIONS, |a| {
+            write_annotation(a, name, &arg.value)
+        });
+    }
+
+    fn write_interned<S: Sink>(&mut self, p: &mut Message<'_, S>) {
+        if self.new_entries.is_empty() {
+            return;
+        }
+        let mut data = p.begin_nested(packet_field::INTERNED_DATA);
+        // Group by field so each repeated field is contiguous (not required
+        // by protobuf, but what readers expect to see).
+        for field in [
+            interned_field::EVENT_CATEGORIES,
+            interned_field::EVENT_NAMES,
+            interned_field::DEBUG_ANNOTATION_NAMES,
+        ] {
+            for e in self.new_entries.iter().filter(|e| e.field == field) {
+                data.nested(field, |entry| {
+                    entry.uint64(1, e.iid);
+                    entry.string(2, e.name);
+                });
+            }
+        }
+        drop(data);
+        self.new_entries.clear();
+    }
+}
+
+/// Access to the TrackEvent being written, for fields the typed API does
+/// not cover (e.g. extensions or a `log_message`).
+pub struct EventContext<'m, 'a, S: Sink> {
+    event: &'m mut Message<'a, S>,
+    seq: &'m mut SequenceState,
+}
+
+impl<'a, S: Sink> EventContext<'_, 'a, S> {
+    /// The TrackEvent message: write any field by number.
+    pub fn event(&mut self) -> &mut Message<'a, S> {
+        self.event
+    }
+
+    /// Adds a debug annotation (static names are interned).
+    pub fn add_arg(&mut self, arg: &Arg<'_>) {
+        self.seq.write_arg(self.event, arg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotation::DebugValue;
+    use crate::test_schema::{self as ts, Interned};
+    use crate::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
+    use prost::Message as _;
+    use shmtrace_abi::proto::wire::redundant_varint4;
+    use shmtrace_abi::proto::Encoder;
+
+    /// Collects packets into byte vectors; drops the packets whose index is
+    /// in `drop`.
+    #[derive(Default)]
+    struct VecWriter {
+        packets: Vec<Vec<u8>>,
+        drop: Vec<usize>,
+        attempts: usize,
+    }
+
+    /// A growable sink writing every nested size as a 4-byte redundant
+    /// varint (valid protobuf, like a chunk writer's output).
+    #[derive(Default)]
+    pub(crate) struct VecSink(pub(crate) Vec<u8>);
+
+    impl Sink for VecSink {
+        type Slot = usize;
+        fn write(&mut self, bytes: &[u8], _open: &mut [usize]) {
+            self.0.extend_from_slice(bytes);
+        }
+        fn reserve_size_field(&mut self, _open: &mut [usize]) -> usize {
+            self.0.extend_from_slice(&[0; 4]);
+            self.0.len() - 4
+        }
+        fn position(&self) -> u32 {
+            self.0.len() as u32
+        }
+        fn fill_size_field(&mut self, slot: usize, size: u32) {
+            self.0[slot..slot + 4].copy_from_slice(&redundant_varint4(size));
+        }
+    }
+
+    impl PacketWriter for VecWriter {
+        type Sink = VecSink;
+        fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
+            let index = self.attempts;
+            self.attempts += 1;
+            let mut enc = Encoder::new(VecSink::default());
+            f(&mut enc.root());
+            assert_eq!(enc.error(), None);
+            let bytes = enc.into_sink().0;
+            if self.drop.contains(&index) {
+                return false;
+            }
+            self.packets.push(bytes);
+            true
+        }
+    }
+
+    impl VecWriter {
+        fn decoded(&self) -> Vec<ts::TracePacket> {
+            self.packets
+                .iter()
+                .map(|b| ts::TracePacket::decode(&b[..]).expect("valid TracePacket"))
+                .collect()
+        }
+    }
+
+    static CAT: Category = Category::new("cat");
+    static GROUP: Category = Category::new("a,b");
+
+    fn ev(kind: EventType, name: EventName<'static>) -> EventData<'static> {
+        let mut e = EventData::new(kind, Some(&CAT), Timestamp::boottime(1000));
+        e.name = name;
+        e
+    }
+
+    fn seq() -> SequenceState {
+        SequenceState::for_track(ThreadTrack::for_thread(4242))
+    }
+
+    #[test]
+    fn first_packets_reset_the_sequence() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "hello".into()), None));
+        let p = w.decoded();
+        assert_eq!(
+            p.len(),
+            4,
+            "reset, thread descriptor, process descriptor, event"
+        );
+        assert_eq!(p[0].sequence_flags, Some(SEQ_INCREMENTAL_STATE_CLEARED));
+        let defaults = p[0].trace_packet_defaults.as_ref().unwrap();
+        assert_eq!(
+            defaults.track_event_defaults.as_ref().unwrap().track_uuid,
+            Some(4242 ^ crate::process_uuid())
+        );
+        let thread = p[1].track_descriptor.as_ref().unwrap();
+        assert_eq!(thread.uuid, Some(4242 ^ crate::process_uuid()));
+        assert_eq!(thread.thread.as_ref().unwrap().tid, Some(4242));
+        assert_eq!(
+            thread.thread.as_ref().unwrap().pid,
+            Some(crate::current_pid())
+        );
+        let process = p[2].track_descriptor.as_ref().unwrap();
+        assert_eq!(process.uuid, Some(crate::process_uuid()));
+        assert_eq!(
+            process.process.as_ref().unwrap().pid,
+            Some(crate::current_pid())
+        );
+        assert!(!process.process.as_ref().unwrap().cmdline.is_empty());
+        let e = &p[3];
+        assert_eq!(e.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+        assert_eq!(e.timestamp, Some(1000));
+        assert_eq!(e.timestamp_clock_id, None);
+        let te = e.track_event.as_ref().unwrap();
+        assert_eq!(te.r#type, Some(EventType::Instant as i32));
+        assert_eq!(te.track_uuid, None, "thread track comes from the defaults");
+        assert_eq!(te.name_iid, Some(1));
+        assert_eq!(te.category_iids, vec![1]);
+        let data = e.interned_data.as_ref().unwrap();
+        assert_eq!(data.event_names[0].iid, Some(1));
+        assert_eq!(data.event_names[0].name.as_deref(), Some("hello"));
+        assert_eq!(data.event_categories[0].name.as_deref(), Some("cat"));
+    }
+
+    #[test]
+    fn interning_reuses_ids_and_restarts_after_clear() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        for name in ["a", "b", "a"] {
+            assert!(s.write_event(
+                &mut w,
+                &ev(EventType::SliceBegin, EventName::Static(name)),
+                None
+            ));
+        }
+        let p = w.decoded();
+        let events: Vec<_> = p.iter().filter(|p| p.track_event.is_some()).collect();
+        let iids: Vec<_> = events
+            .iter()
+            .map(|p| p.track_event.as_ref().unwrap().name_iid.unwrap())
+            .collect();
+        assert_eq!(iids, [1, 2, 1]);
+        assert!(
+            events[2].interned_data.is_none(),
+            "known strings are not re-emitted"
+        );
+        assert_eq!(
+            events[1].interned_data.as_ref().unwrap().event_names.len(),
+            1
+        );
+        assert!(events[1]
+            .interned_data
+            .as_ref()
+            .unwrap()
+            .event_categories
+            .is_empty());
+
+        s.invalidate();
+        w.packets.clear();
+        assert!(s.write_event(
+            &mut w,
+            &ev(EventType::SliceBegin, EventName::Static("b")),
+            None
+        ));
+        let p = w.decoded();
+        assert_eq!(p[0].sequence_flags, Some(SEQ_INCREMENTAL_STATE_CLEARED));
+        let e = p.last().unwrap();
+        assert_eq!(
+            e.track_event.as_ref().unwrap().name_iid,
+            Some(1),
+            "ids restart at 1"
+        );
+        assert_eq!(
+            e.interned_data.as_ref().unwrap().event_names[0]
+                .name
+                .as_deref(),
+            Some("b")
+        );
+        assert_eq!(s.resets, 2);
+    }
+
+    #[test]
+    fn a_lost_packet_resets_the_sequence() {
+        let mut w = VecWriter {
+            drop: vec![4],
+            ..Default::default()
+        };
+        let mut s = seq();
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "x".into()), None)); // packets 0..=3
+        assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None)); // 4 dropped
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+        let p = w.decoded();
+        // 4 packets, then a new reset + 2 descriptors + the event.
+        assert_eq!(p.len(), 8);
+        assert_eq!(p[4].sequence_flags, Some(SEQ_INCREMENTAL_STATE_CLEARED));
+        let mut interned = Interned::default();
+        for pk in &p {
+            interned.update(pk);
+            if let Some(te) = &pk.track_event {
+                assert_eq!(pk.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+                interned.event_name(te).unwrap();
+            }
+        }
+        assert_eq!(
+            interned
+                .event_name(p[7].track_event.as_ref().unwrap())
+                .as_deref(),
+            Some("y")
+        );
+    }
+
+    #[test]
+    fn group_dynamic_names_and_ends() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let mut e = EventData::new(EventType::SliceBegin, Some(&GROUP), Timestamp::boottime(5));
+        let dynamic = String::from("dyn-name");
+        e.name = EventName::Dynamic(&dynamic);
+        assert!(s.write_event(&mut w, &e, None));
+        let end = EventData::new(EventType::SliceEnd, Some(&GROUP), Timestamp::boottime(6));
+        assert!(s.write_event(&mut w, &end, None));
+        let p = w.decoded();
+        let mut interned = Interned::default();
+        p.iter().for_each(|pk| interned.update(pk));
+        let begin = p[3].track_event.as_ref().unwrap();
+        assert_eq!(begin.name.as_deref(), Some("dyn-name"));
+        assert_eq!(begin.name_iid, None);
+        assert_eq!(interned.event_categories(begin), ["a", "b"]);
+        let end = p[4].track_event.as_ref().unwrap();
+        assert_eq!(end.r#type, Some(EventType::SliceEnd as i32));
+        assert!(end.category_iids.is_empty() && end.name.is_none() && end.name_iid.is_none());
+    }
+
+    #[test]
+    fn annotations_flows_counters_timestamps() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let dict = [
+            ("x", DebugValue::from(-3)),
+            ("inner", DebugValue::Array(&[DebugValue::Bool(true)])),
+        ];
+        let arr = [DebugValue::from(1.5), DebugValue::from("s")];
+        let dyn_name = String::from("runtime");
+        let args = [
+            Arg::new("b", true),
+            Arg::new("i", -7i64),
+            Arg::new("u", u64::MAX),
+            Arg::new("d", 0.25),
+            Arg::new("s", "str"),
+            Arg::new("p", DebugValue::Pointer(0xdead)),
+            Arg::new("dict", DebugValue::Dict(&dict)),
+            Arg::new("arr", DebugValue::Array(&arr)),
+            Arg::dynamic(&dyn_name, 1u8),
+        ];
+        let flows = [Flow::global(11), Flow::global(u64::MAX)];
+        let term = [Flow::global(12)];
+        let mut e = ev(EventType::Instant, "args".into());
+        e.args = &args;
+        e.flows = &flows;
+        e.terminating_flows = &term;
+        e.timestamp = Timestamp {
+            clock: Clock::Monotonic,
+            ns: 77,
+        };
+        assert!(s.write_event(&mut w, &e, None));
+        let counter = CounterTrack::new("Memory")
+            .with_unit(CounterUnit::SizeBytes)
+            .with_multiplier(1024);
+        let mut c = EventData::new(EventType::Counter, Some(&CAT), Timestamp::boottime(9));
+        c.track = Some(counter.track());
+        c.counter = Some(CounterValue::Int(4));
+        assert!(s.write_event(&mut w, &c, None));
+        c.counter = Some(CounterValue::Double(2.5));
+        assert!(s.write_event(&mut w, &c, None));
+
+        let p = w.decoded();
+        let mut interned = Interned::default();
+        p.iter().for_each(|pk| interned.update(pk));
+        let pk = &p[3];
+        assert_eq!((pk.timestamp, pk.timestamp_clock_id), (Some(77), Some(3)));
+        let te = pk.track_event.as_ref().unwrap();
+        assert_eq!(te.flow_ids, [11, u64::MAX]);
+        assert_eq!(te.terminating_flow_ids, [12]);
+        let a = &te.debug_annotations;
+        let names: Vec<_> = a.iter().map(|x| interned.arg_name(x).unwrap()).collect();
+        assert_eq!(
+            names,
+            ["b", "i", "u", "d", "s", "p", "dict", "arr", "runtime"]
+        );
+        assert_eq!(
+            a[8].name.as_deref(),
+            Some("runtime"),
+            "dynamic names are inline"
+        );
+        assert_eq!(a[0].bool_value, Some(true));
+        assert_eq!(a[1].int_value, Some(-7));
+        assert_eq!(a[2].uint_value, Some(u64::MAX));
+        assert_eq!(a[3].double_value, Some(0.25));
+        assert_eq!(a[4].string_value.as_deref(), Some("str"));
+        assert_eq!(a[5].pointer_value, Some(0xdead));
+        assert_eq!(a[6].dict_entries.len(), 2);
+        assert_eq!(a[6].dict_entries[0].name.as_deref(), Some("x"));
+        assert_eq!(a[6].dict_entries[0].int_value, Some(-3));
+        assert_eq!(a[6].dict_entries[1].array_values[0].bool_value, Some(true));
+        assert_eq!(a[7].array_values[0].double_value, Some(1.5));
+        assert_eq!(a[7].array_values[1].string_value.as_deref(), Some("s"));
+        assert_eq!(a[7].array_values[1].name, None);
+
+        // Counter: descriptor once, then two samples on its track.
+        let desc = p[4].track_descriptor.as_ref().unwrap();
+        assert_eq!(desc.uuid, Some(counter.track().uuid()));
+        assert_eq!(desc.parent_uuid, Some(ProcessTrack::current().uuid()));
+        assert_eq!(desc.name.as_deref(), Some("Memory"));
+        let cd = desc.counter.as_ref().unwrap();
+        assert_eq!((cd.unit, cd.unit_multiplier), (Some(3), Some(1024)));
+        let c1 = p[5].track_event.as_ref().unwrap();
+        assert_eq!(
+            (c1.r#type, c1.track_uuid, c1.counter_value),
+            (Some(4), Some(counter.track().uuid()), Some(4))
+        );
+        assert!(c1.category_iids.is_empty());
+        let c2 = p[6].track_event.as_ref().unwrap();
+        assert_eq!(c2.double_counter_value, Some(2.5));
+        assert_eq!(p.len(), 7);
+    }
+
+    #[test]
+    fn custom_track_descriptors_once_per_reset() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let root = Track::global(10)
+            .with_name("Root")
+            .with_child_ordering(ChildOrdering::Explicit);
+        let child = Track::child_of(&root, 3)
+            .with_name("C")
+            .with_sibling_order_rank(-100);
+        for t in [&root, &child, &child] {
+            let mut e = ev(EventType::Instant, "on".into());
+            e.track = Some(t);
+            assert!(s.write_event(&mut w, &e, None));
+        }
+        s.invalidate();
+        let mut e = ev(EventType::Instant, "on".into());
+        e.track = Some(&child);
+        assert!(s.write_event(&mut w, &e, None));
+        let descs: Vec<_> = w
+            .decoded()
+            .into_iter()
+            .filter_map(|p| p.track_descriptor)
+            .collect();
+        let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
+        let t = 4242 ^ crate::process_uuid();
+        let pr = crate::process_uuid();
+        assert_eq!(uuids, [t, pr, 10, 3 ^ 10, t, pr, 3 ^ 10]);
+        assert_eq!(descs[2].child_ordering, Some(3));
+        assert_eq!(descs[3].sibling_order_rank, Some(-100));
+        assert_eq!(descs[3].parent_uuid, Some(10));
+    }
+
+    #[test]
+    fn extra_fields_through_the_context() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let mut f = |ctx: &mut EventContext<'_, '_, VecSink>| {
+            ctx.event().string(1001, "ext");
+            ctx.add_arg(&Arg::new("late", 5));
+        };
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "e".into()), Some(&mut f)));
+        let p = w.decoded();
+        let te = p[3].track_event.as_ref().unwrap();
+        assert_eq!(te.test_extension.as_deref(), Some("ext"));
+        assert_eq!(te.debug_annotations[0].int_value, Some(5));
+        assert_eq!(
+            p[3].interned_data.as_ref().unwrap().debug_annotation_names[0]
+                .name
+                .as_deref(),
+            Some("late")
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! Per-sequence interning: small open-addressing tables that map static
+//! strings (by address) to interned ids, and track uuids to "descriptor
+//! already emitted on this sequence".
+//!
+//! # Invariants
+//!
+//! * Interned ids start at 1 in every table and after every [`clear`]
+//!   (`iid` 0 means "unset" in Perfetto's protos).
+//! * Keys are the address and length of a `&'static str`: the bytes behind
+//!   them never change, so equal keys always mean equal strings. Equal
+//!   strings at different addresses get different ids, which is legal.
+//! * Tables grow by doubling while below [`MAX_ENTRIES`]; after warm-up a
+//!   lookup neither allocates nor hashes more than a multiply and a shift.
+//!   A full table reports [`Lookup::Full`] and the caller writes the string
+//!   inline instead.
+//!
+//! [`clear`]: StrInterner::clear
+
+/// Most entries one table holds before it stops interning new keys.
+pub const MAX_ENTRIES: usize = 1 << 16;
+
+const INITIAL_SLOTS: usize = 64;
+
+/// Result of interning one string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// Already emitted on this sequence under this id.
+    Known(u64),
+    /// New: the caller must emit `(iid, string)` in this packet's
+    /// `interned_data`.
+    New(u64),
+    /// The table is full: write the string inline.
+    Full,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    key_ptr: usize,
+    key_len: usize,
+    /// 0 = empty slot.
+    value: u64,
+}
+
+#[inline]
+fn hash(a: usize, b: usize) -> u64 {
+    ((a as u64) ^ (b as u64).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Open-addressing map from a two-word key to a non-zero value.
+struct Table {
+    slots: Vec<Slot>,
+    len: usize,
+}
+
+impl Table {
+    fn new() -> Self {
+        Table {
+            slots: Vec::new(),
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn index(&self, a: usize, b: usize) -> usize {
+        let bits = self.slots.len().trailing_zeros();
+        (hash(a, b) >> (64 - bits)) as usize
+    }
+
+    /// The value for the key, or the slot where it would go.
+    #[inline]
+    fn find(&self, a: usize, b: usize) -> Result<u64, usize> {
+        let mask = self.slots.len() - 1;
+        let mut i = self.index(a, b);
+        loop {
+            let s = self.slots[i];
+            if s.value == 0 {
+                return Err(i);
+            }
+            if s.key_ptr == a && s.key_len == b {
+                return Ok(s.value);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Looks the key up; inserts `make()` if absent and there is room.
+    /// Returns `(value, inserted)`, or `None` when full.
+    #[inline]
+    fn get_or_insert(
+        &mut self,
+        a: usize,
+        b: usize,
+        make: impl FnOnce() -> u64,
+    ) -> Option<(u64, bool)> {
+        if self.slots.is_empty() {
+            self.slots = vec![Slot::default(); INITIAL_SLOTS];
+        }
+        match self.find(a, b) {
+            Ok(v) => Some((v, false)),
+            Err(mut i) => {
+                if self.len >= MAX_ENTRIES {
+                    return None;
+                }
+                if (self.len + 1) * 2 > self.slots.len() {
+                    self.grow();
+                    i = self.find(a, b).err()?;
+                }
+                let value = make();
+                self.slots[i] = Slot {
+                    key_ptr: a,
+                    key_len: b,
+                    value,
+                };
+                self.len += 1;
+                Some((value, true))
+            }
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let doubled = vec![Slot::default(); self.slots.len() * 2];
+        let old = std::mem::replace(&mut self.slots, doubled);
+        for s in old.into_iter().filter(|s| s.value != 0) {
+            if let Err(i) = self.find(s.key_ptr, s.key_len) {
+                self.slots[i] = s;
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = Slot::default());
+        self.len = 0;
+    }
+}
+
+/// Interning table for one kind of string (event names, categories, debug
+/// annotation names) on one sequence.
+pub struct StrInterner {
+    table: Table,
+    next_iid: u64,
+}
+
+impl Default for StrInterner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StrInterner {
+    /// An empty table; the first id handed out is 1.
+    pub fn new() -> Self {
+        StrInterner {
+            table: Table::new(),
+            next_iid: 1,
+        }
+    }
+
+    /// The id of `s` on this sequence.
+    #[inline]
+    pub fn intern(&mut self, s: &'static str) -> Lookup {
+        let next = &mut self.next_iid;
+        match self.table.get_or_insert(s.as_ptr() as usize, s.len(), || {
+            let iid = *next;
+            *next += 1;
+            iid
+        }) {
+            Some((iid, false)) => Lookup::Known(iid),
+            Some((iid, true)) => Lookup::New(iid),
+            None => Lookup::Full,
+        }
+    }
+
+    /// The id of `s` if it is already interned; never inserts.
+    #[inline]
+    pub fn lookup(&self, s: &'static str) -> Option<u64> {
+        if self.table.slots.is_empty() {
+            return None;
+        }
+        self.table.find(s.as_ptr() as usize, s.len()).ok()
+    }
+
+    /// Forgets everything (incremental state cleared); ids restart at 1.
+    pub fn clear(&mut self) {
+        self.table.clear();
+        self.next_iid = 1;
+    }
+
+    /// Number of interned strings.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.table.len
+    }
+
+    /// `true` if nothing is interned.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.table.len == 0
+    }
+}
+
+/// Set of track uuids whose descriptor was emitted on this sequence.
+pub struct TrackSet {
+    table: Table,
+}
+
+impl Default for TrackSet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TrackSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        TrackSet {
+            table: Table::new(),
+        }
+    }
+
+    /// Adds `uuid`; `true` if it was not in the set (or the set is full, in
+    /// which case the descriptor is simply emitted again).
+    #[inline]
+    pub fn insert(&mut self, uuid: u64) -> bool {
+        // Split the uuid into two words so 32-bit targets keep all bits.
+        let (a, b) = (uuid as usize, (uuid >> 32) as usize);
+        self.table
+            .get_or_insert(a, b, || 1)
+            .is_none_or(|(_, inserted)| inserted)
+    }
+
+    /// Empties the set.
+    pub fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_start_at_one_and_are_stable() {
+        let mut t = StrInterner::new();
+        assert_eq!(t.intern("a"), Lookup::New(1));
+        assert_eq!(t.intern("b"), Lookup::New(2));
+        assert_eq!(t.intern("a"), Lookup::Known(1));
+        t.clear();
+        assert!(t.is_empty());
+        assert_eq!(t.intern("b"), Lookup::New(1));
+        assert_eq!(t.intern("a"), Lookup::New(2));
+    }
+
+    #[test]
+    fn grows_and_keeps_every_key() {
+        let names: Vec<&'static str> = (0..5000)
+            .map(|i| &*Box::leak(format!("name{i}").into_boxed_str()))
+            .collect();
+        let mut t = StrInterner::new();
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(t.intern(n), Lookup::New(i as u64 + 1));
+        }
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(t.intern(n), Lookup::Known(i as u64 + 1));
+        }
+        assert_eq!(t.len(), 5000);
+    }
+
+    #[test]
+    fn full_table_refuses_new_keys() {
+        let mut t = StrInterner::new();
+        let big: &'static str = Box::leak("x".repeat(MAX_ENTRIES + 1).into_boxed_str());
+        for i in 0..MAX_ENTRIES {
+            assert!(matches!(t.intern(&big[i..i + 1]), Lookup::New(_)));
+        }
+        assert_eq!(t.intern(&big[MAX_ENTRIES..]), Lookup::Full);
+        assert_eq!(t.intern(&big[0..1]), Lookup::Known(1));
+    }
+
+    #[test]
+    fn track_set() {
+        let mut s = TrackSet::new();
+        assert!(s.insert(7));
+        assert!(!s.insert(7));
+        assert!(s.insert(7 | (1 << 40)));
+        s.clear();
+        assert!(s.insert(7));
+    }
+}

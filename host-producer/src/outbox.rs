@@ -1,0 +1,436 @@
+//! Everything the producer sends to the service, in order.
+//!
+//! Application threads (writers returning chunks, delivering patches,
+//! registering themselves) and the connection's command handler push into
+//! one [`Outbox`]; the connection takes messages out and sends them.
+//!
+//! # Invariants
+//!
+//! * Messages leave in the order they were pushed. Chunk commits and patches
+//!   accumulate in one pending [`CommitRequest`] (batching); pushing any
+//!   other message first seals that pending request behind the messages
+//!   already queued, so e.g. a `NotifyDataSourceStopped` never overtakes the
+//!   last chunks of the instance it reports on.
+//! * A pending request is sealed once it holds [`MAX_CHUNKS_PER_COMMIT`]
+//!   chunks or patch groups, which keeps every request far below the IPC
+//!   frame limit even for emulated SMBs (whose chunks carry their bytes).
+//! * The lock is held only to move small values in and out; nothing blocks
+//!   or calls back while holding it. Spare request buffers are recycled, so
+//!   steady-state commits do not allocate.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::data_source::DescriptorInfo;
+
+/// Chunks (or patch groups) per `CommitDataRequest` before it is sealed.
+pub(crate) const MAX_CHUNKS_PER_COMMIT: usize = 64;
+
+/// Request buffers kept for reuse.
+const SPARE_REQUESTS: usize = 4;
+
+/// `CommitDataRequest.ChunksToMove`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChunkToMove {
+    /// Page index in the SMB.
+    pub page: u32,
+    /// Chunk index in the page.
+    pub chunk: u32,
+    /// Global id of the target buffer.
+    pub target_buffer: u32,
+    /// The chunk's bytes (header included), under shmem emulation only.
+    pub data: Option<Vec<u8>>,
+}
+
+/// One patch of a `ChunkToPatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PatchEntry {
+    /// Offset from the start of the chunk payload.
+    pub offset: u32,
+    /// The 4 bytes to write.
+    pub data: [u8; 4],
+}
+
+/// `CommitDataRequest.ChunkToPatch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChunkToPatch {
+    /// Global id of the buffer holding the chunk.
+    pub target_buffer: u32,
+    /// The writer that owns the chunk.
+    pub writer_id: u32,
+    /// The chunk.
+    pub chunk_id: u32,
+    /// The patches (a writer delivers at most its patch capacity at once,
+    /// so they are stored inline: delivering patches never allocates).
+    pub patches: heapless::Vec<PatchEntry, { shmtrace_abi::writer::DEFAULT_PATCH_CAPACITY }>,
+    /// More patches for this chunk will follow.
+    pub has_more_patches: bool,
+}
+
+/// `CommitDataRequest`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CommitRequest {
+    /// Chunks to move into trace buffers.
+    pub chunks_to_move: Vec<ChunkToMove>,
+    /// Patches for chunks committed earlier.
+    pub chunks_to_patch: Vec<ChunkToPatch>,
+    /// Acknowledges every flush up to this id (0 = none).
+    pub flush_request_id: u64,
+}
+
+impl CommitRequest {
+    /// An empty request with room for a full batch, so filling it does not
+    /// allocate.
+    fn with_capacity() -> Self {
+        CommitRequest {
+            chunks_to_move: Vec::with_capacity(MAX_CHUNKS_PER_COMMIT),
+            chunks_to_patch: Vec::with_capacity(MAX_CHUNKS_PER_COMMIT),
+            flush_request_id: 0,
+        }
+    }
+
+    /// `true` if there is nothing to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.chunks_to_move.is_empty()
+            && self.chunks_to_patch.is_empty()
+            && self.flush_request_id == 0
+    }
+
+    fn clear(&mut self) {
+        self.chunks_to_move.clear();
+        self.chunks_to_patch.clear();
+        self.flush_request_id = 0;
+    }
+
+    fn items(&self) -> usize {
+        self.chunks_to_move.len() + self.chunks_to_patch.len()
+    }
+}
+
+/// One message to the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outgoing {
+    /// `RegisterTraceWriter`.
+    RegisterTraceWriter {
+        /// Writer id.
+        writer_id: u32,
+        /// Global buffer id.
+        target_buffer: u32,
+    },
+    /// `UnregisterTraceWriter`.
+    UnregisterTraceWriter {
+        /// Writer id.
+        writer_id: u32,
+    },
+    /// `CommitData`.
+    Commit(CommitRequest),
+    /// `NotifyDataSourceStarted`.
+    DataSourceStarted {
+        /// Instance id.
+        instance_id: u64,
+    },
+    /// `NotifyDataSourceStopped`.
+    DataSourceStopped {
+        /// Instance id.
+        instance_id: u64,
+    },
+    /// `RegisterDataSource`.
+    RegisterDataSource(DescriptorInfo),
+    /// `UpdateDataSource`.
+    UpdateDataSource(DescriptorInfo),
+}
+
+struct Inner {
+    /// Messages taken out but not reported sent yet.
+    in_flight: usize,
+    queue: VecDeque<Outgoing>,
+    pending: CommitRequest,
+    spare: Vec<CommitRequest>,
+    closed: bool,
+}
+
+/// The ordered queue of messages to the service. See the module docs.
+pub(crate) struct Outbox {
+    inner: Mutex<Inner>,
+    ready: Condvar,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Outbox {
+    /// An empty outbox.
+    pub(crate) fn new() -> Self {
+        Outbox {
+            inner: Mutex::new(Inner {
+                in_flight: 0,
+                queue: VecDeque::with_capacity(64),
+                pending: CommitRequest::with_capacity(),
+                spare: (0..SPARE_REQUESTS)
+                    .map(|_| CommitRequest::with_capacity())
+                    .collect(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section leaves `Inner` consistent (pushes and
+        // moves only), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn seal(inner: &mut Inner) {
+        if !inner.pending.is_empty() {
+            let fresh = inner
+                .spare
+                .pop()
+                .unwrap_or_else(CommitRequest::with_capacity);
+            let full = std::mem::replace(&mut inner.pending, fresh);
+            inner.queue.push_back(Outgoing::Commit(full));
+        }
+    }
+
+    fn after_commit_push(&self, mut inner: MutexGuard<'_, Inner>, was_empty: bool) {
+        if inner.pending.items() >= MAX_CHUNKS_PER_COMMIT {
+            Self::seal(&mut inner);
+        }
+        drop(inner);
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Adds a chunk to the pending commit.
+    pub(crate) fn commit_chunk(&self, chunk: ChunkToMove) {
+        let mut inner = self.lock();
+        if inner.closed {
+            return;
+        }
+        let was_empty = inner.pending.is_empty() && inner.queue.is_empty();
+        inner.pending.chunks_to_move.push(chunk);
+        self.after_commit_push(inner, was_empty);
+    }
+
+    /// Adds a patch group to the pending commit.
+    pub(crate) fn commit_patches(&self, patch: ChunkToPatch) {
+        let mut inner = self.lock();
+        if inner.closed {
+            return;
+        }
+        let was_empty = inner.pending.is_empty() && inner.queue.is_empty();
+        inner.pending.chunks_to_patch.push(patch);
+        self.after_commit_push(inner, was_empty);
+    }
+
+    /// Acknowledges flush `id` with the pending commit and sends it now.
+    pub(crate) fn ack_flush(&self, id: u64) {
+        let mut inner = self.lock();
+        if inner.closed {
+            return;
+        }
+        inner.pending.flush_request_id = inner.pending.flush_request_id.max(id);
+        Self::seal(&mut inner);
+        drop(inner);
+        self.ready.notify_one();
+    }
+
+    /// Queues a message after everything pushed so far.
+    pub(crate) fn push(&self, msg: Outgoing) {
+        let mut inner = self.lock();
+        if inner.closed {
+            return;
+        }
+        Self::seal(&mut inner);
+        inner.queue.push_back(msg);
+        drop(inner);
+        self.ready.notify_one();
+    }
+
+    /// Wakes the sender (e.g. a writer is waiting for chunks to free up).
+    pub(crate) fn kick(&self) {
+        self.ready.notify_one();
+    }
+
+    /// The next message, if any (sealing the pending commit when the queue
+    /// is empty).
+    #[cfg(test)]
+    pub(crate) fn try_next(&self) -> Option<Outgoing> {
+        let mut inner = self.lock();
+        if inner.queue.is_empty() {
+            Self::seal(&mut inner);
+        }
+        inner.queue.pop_front()
+    }
+
+    /// Like [`Outbox::try_next`], but waits up to `timeout` for a message.
+    pub(crate) fn next_timeout(&self, timeout: Duration) -> Option<Outgoing> {
+        let mut inner = self.lock();
+        if inner.queue.is_empty() && inner.pending.is_empty() && !inner.closed {
+            inner = self
+                .ready
+                .wait_timeout(inner, timeout)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        if inner.queue.is_empty() {
+            Self::seal(&mut inner);
+        }
+        let msg = inner.queue.pop_front();
+        inner.in_flight += usize::from(msg.is_some());
+        msg
+    }
+
+    /// The sender finished sending a message from [`Outbox::next_timeout`].
+    pub(crate) fn sent(&self) {
+        let mut inner = self.lock();
+        inner.in_flight = inner.in_flight.saturating_sub(1);
+        drop(inner);
+        self.ready.notify_all();
+    }
+
+    /// Waits (at most `timeout`) until everything pushed so far was sent, or
+    /// the outbox is closed.
+    pub(crate) fn drain_wait(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut inner = self.lock();
+        self.ready.notify_all();
+        while !inner.closed
+            && (inner.in_flight > 0 || !inner.queue.is_empty() || !inner.pending.is_empty())
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let wait = left.min(Duration::from_millis(5));
+            inner = self
+                .ready
+                .wait_timeout(inner, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Waits up to `timeout` until something is queued or pending.
+    #[cfg(test)]
+    pub(crate) fn wait(&self, timeout: Duration) {
+        let inner = self.lock();
+        if inner.queue.is_empty() && inner.pending.is_empty() && !inner.closed {
+            drop(self.ready.wait_timeout(inner, timeout));
+        }
+    }
+
+    /// Returns a sent request's buffers for reuse.
+    pub(crate) fn recycle(&self, mut req: CommitRequest) {
+        req.clear();
+        let mut inner = self.lock();
+        if inner.spare.len() < SPARE_REQUESTS {
+            inner.spare.push(req);
+        }
+    }
+
+    /// Drops everything queued and ignores later pushes (connection gone),
+    /// or (with `false`) accepts pushes again for a new connection.
+    pub(crate) fn set_closed(&self, closed: bool) {
+        let mut inner = self.lock();
+        inner.closed = closed;
+        inner.in_flight = 0;
+        if closed {
+            inner.queue.clear();
+            inner.pending.clear();
+        }
+        drop(inner);
+        self.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(page: u32) -> ChunkToMove {
+        ChunkToMove {
+            page,
+            chunk: 0,
+            target_buffer: 1,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn commits_batch_and_keep_order_with_other_messages() {
+        let o = Outbox::new();
+        o.commit_chunk(chunk(1));
+        o.commit_chunk(chunk(2));
+        o.push(Outgoing::DataSourceStopped { instance_id: 7 });
+        o.commit_chunk(chunk(3));
+        match o.try_next() {
+            Some(Outgoing::Commit(c)) => {
+                assert_eq!(
+                    c.chunks_to_move.iter().map(|c| c.page).collect::<Vec<_>>(),
+                    [1, 2]
+                );
+                o.recycle(c);
+            }
+            other => panic!("expected a commit, got {other:?}"),
+        }
+        assert_eq!(
+            o.try_next(),
+            Some(Outgoing::DataSourceStopped { instance_id: 7 })
+        );
+        match o.try_next() {
+            Some(Outgoing::Commit(c)) => assert_eq!(c.chunks_to_move.len(), 1),
+            other => panic!("expected a commit, got {other:?}"),
+        }
+        assert_eq!(o.try_next(), None);
+    }
+
+    #[test]
+    fn flush_ack_rides_on_the_pending_commit() {
+        let o = Outbox::new();
+        o.commit_chunk(chunk(1));
+        o.ack_flush(5);
+        o.ack_flush(3);
+        let Some(Outgoing::Commit(c)) = o.try_next() else {
+            panic!("no commit")
+        };
+        assert_eq!((c.chunks_to_move.len(), c.flush_request_id), (1, 5));
+        let Some(Outgoing::Commit(c)) = o.try_next() else {
+            panic!("no ack")
+        };
+        assert_eq!((c.chunks_to_move.len(), c.flush_request_id), (0, 3));
+    }
+
+    #[test]
+    fn large_batches_are_split() {
+        let o = Outbox::new();
+        for i in 0..(MAX_CHUNKS_PER_COMMIT as u32 * 2 + 1) {
+            o.commit_chunk(chunk(i));
+        }
+        let mut sizes = Vec::new();
+        while let Some(Outgoing::Commit(c)) = o.try_next() {
+            sizes.push(c.chunks_to_move.len());
+        }
+        assert_eq!(sizes, [MAX_CHUNKS_PER_COMMIT, MAX_CHUNKS_PER_COMMIT, 1]);
+    }
+
+    #[test]
+    fn closed_outbox_drops_everything() {
+        let o = Outbox::new();
+        o.commit_chunk(chunk(1));
+        o.set_closed(true);
+        o.push(Outgoing::DataSourceStarted { instance_id: 1 });
+        assert_eq!(o.try_next(), None);
+        o.set_closed(false);
+        o.push(Outgoing::DataSourceStarted { instance_id: 1 });
+        assert_eq!(
+            o.try_next(),
+            Some(Outgoing::DataSourceStarted { instance_id: 1 })
+        );
+    }
+}

@@ -1,0 +1,273 @@
+//! The process-wide producer state and the service's commands, without any
+//! I/O (the connection module feeds it, tests drive it directly).
+//!
+//! The service talks to a producer through a handful of commands
+//! (SetupTracing, SetupDataSource, StartDataSource, StopDataSource, Flush,
+//! ClearIncrementalState) and expects replies through the [`Outbox`]. Each
+//! command is a method here; their effects on the outbox are ordered as the
+//! protocol needs (e.g. the last chunks of an instance are committed before
+//! `NotifyDataSourceStopped`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+
+use shmtrace_abi::layout::PageLayout;
+
+use crate::arbiter::{Arbiter, ProducerStats};
+use crate::data_source::{
+    DataSourceConfig, DataSourceHandler, DataSourceOptions, DataSourceType, DescriptorInfo,
+    Instance, Kind,
+};
+use crate::error::RegisterError;
+use crate::outbox::{Outbox, Outgoing};
+use crate::shm::SharedMemory;
+
+/// Name of the track event data source.
+pub const TRACK_EVENT_DATA_SOURCE: &str = "track_event";
+
+/// The process-wide producer state.
+pub(crate) struct Runtime {
+    types: RwLock<Vec<Arc<DataSourceType>>>,
+    outbox: Arc<Outbox>,
+    arbiter: Mutex<Option<Arc<Arbiter>>>,
+    next_id: AtomicU64,
+    /// Counters of SMBs that are gone, so stats survive reconnects.
+    past: Mutex<ProducerStats>,
+}
+
+pub(crate) fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let outbox = Arc::new(Outbox::new());
+        // Nothing is sent until a connection opens the outbox.
+        outbox.set_closed(true);
+        let track_event = Arc::new(DataSourceType::new(
+            0,
+            1,
+            TRACK_EVENT_DATA_SOURCE.to_owned(),
+            Kind::TrackEvent,
+            DataSourceOptions::default(),
+            Arc::new(crate::track_event::TrackEventHandler),
+        ));
+        Runtime {
+            types: RwLock::new(vec![track_event]),
+            outbox,
+            arbiter: Mutex::new(None),
+            next_id: AtomicU64::new(2),
+            past: Mutex::new(ProducerStats::default()),
+        }
+    })
+}
+
+impl Runtime {
+    fn types(&self) -> Vec<Arc<DataSourceType>> {
+        self.types.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn arbiter_slot(&self) -> MutexGuard<'_, Option<Arc<Arbiter>>> {
+        self.arbiter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The track event data source type (always index 0).
+    pub(crate) fn track_event(&self) -> Arc<DataSourceType> {
+        self.types.read().unwrap_or_else(|e| e.into_inner())[0].clone()
+    }
+
+    pub(crate) fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    pub(crate) fn register_type(
+        &self,
+        name: &str,
+        kind: Kind,
+        options: DataSourceOptions,
+        handler: Arc<dyn DataSourceHandler>,
+    ) -> Result<Arc<DataSourceType>, RegisterError> {
+        if name.is_empty() {
+            return Err(RegisterError::EmptyName);
+        }
+        let mut types = self.types.write().unwrap_or_else(|e| e.into_inner());
+        if types.iter().any(|t| t.name == name) {
+            return Err(RegisterError::AlreadyRegistered(name.to_owned()));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let ty = Arc::new(DataSourceType::new(
+            types.len(),
+            id,
+            name.to_owned(),
+            kind,
+            options,
+            handler,
+        ));
+        types.push(ty.clone());
+        drop(types);
+        self.outbox
+            .push(Outgoing::RegisterDataSource(descriptor(&ty)));
+        Ok(ty)
+    }
+
+    /// Re-advertises the track event descriptor (categories changed).
+    pub(crate) fn track_event_descriptor_changed(&self) {
+        self.outbox
+            .push(Outgoing::UpdateDataSource(descriptor(&self.track_event())));
+    }
+
+    /// Every registered data source, as the connection registers them.
+    pub(crate) fn descriptors(&self) -> Vec<DescriptorInfo> {
+        self.types().iter().map(|t| descriptor(t)).collect()
+    }
+
+    /// A new connection: the outbox accepts messages again.
+    pub(crate) fn connected(&self) {
+        self.outbox.set_closed(false);
+    }
+
+    /// SetupTracing: from now on writers use `shm`.
+    pub(crate) fn setup_smb(&self, shm: SharedMemory, layout: PageLayout) -> Arc<Arbiter> {
+        let arbiter = Arbiter::new(shm, layout, self.outbox.clone());
+        if let Some(old) = self.arbiter_slot().replace(arbiter.clone()) {
+            old.close();
+            self.retire_arbiter(&old);
+        }
+        arbiter
+    }
+
+    fn retire_arbiter(&self, old: &Arbiter) {
+        let s = old.stats();
+        let mut past = self.past.lock().unwrap_or_else(|e| e.into_inner());
+        past.chunks_committed += s.chunks_committed;
+        past.chunks_lost += s.chunks_lost;
+        past.acquire_failures += s.acquire_failures;
+        past.stalls += s.stalls;
+        past.chunks_reclaimed += s.chunks_reclaimed;
+        past.packets_dropped += s.packets_dropped;
+    }
+
+    /// The current SMB's arbiter, if any.
+    pub(crate) fn arbiter(&self) -> Option<Arc<Arbiter>> {
+        self.arbiter_slot().clone()
+    }
+
+    fn find(&self, instance_id: u64) -> Option<(Arc<DataSourceType>, Arc<Instance>)> {
+        self.types()
+            .into_iter()
+            .find_map(|t| t.find(instance_id).map(|i| (t, i)))
+    }
+
+    /// SetupDataSource. Returns `false` if it cannot be set up (unknown
+    /// name, no SMB yet, or all 8 instance slots busy).
+    pub(crate) fn setup_data_source(&self, instance_id: u64, config: DataSourceConfig) -> bool {
+        if self.find(instance_id).is_some() {
+            return true;
+        }
+        let Some(arbiter) = self.arbiter() else {
+            return false;
+        };
+        let Some(ty) = self.types().into_iter().find(|t| t.name == config.name) else {
+            return false;
+        };
+        ty.setup(instance_id, config, arbiter).is_some()
+    }
+
+    /// StartDataSource: enables tracing, then NotifyDataSourceStarted.
+    pub(crate) fn start_data_source(&self, instance_id: u64) {
+        if let Some((ty, inst)) = self.find(instance_id) {
+            ty.start(&inst);
+        }
+        // Acknowledged even for unknown ids, so the service never waits.
+        self.outbox
+            .push(Outgoing::DataSourceStarted { instance_id });
+    }
+
+    /// StopDataSource: flushes and retires the instance's writers, then
+    /// NotifyDataSourceStopped.
+    pub(crate) fn stop_data_source(&self, instance_id: u64) {
+        if let Some((ty, inst)) = self.find(instance_id) {
+            ty.stop(&inst);
+        }
+        self.outbox
+            .push(Outgoing::DataSourceStopped { instance_id });
+    }
+
+    /// Flush: flushes the writers of the listed instances (all, if the list
+    /// is empty), then acknowledges `request_id`.
+    pub(crate) fn flush(&self, instance_ids: &[u64], request_id: u64) {
+        for ty in self.types() {
+            for inst in ty.instances() {
+                if instance_ids.is_empty() || instance_ids.contains(&inst.id) {
+                    ty.flush(&inst);
+                }
+            }
+        }
+        if request_id != 0 {
+            self.outbox.ack_flush(request_id);
+        } else {
+            self.outbox.kick();
+        }
+    }
+
+    /// ClearIncrementalState for the listed instances.
+    pub(crate) fn clear_incremental_state(&self, instance_ids: &[u64]) {
+        for id in instance_ids {
+            if let Some((ty, inst)) = self.find(*id) {
+                ty.clear_incremental_state(&inst);
+            }
+        }
+    }
+
+    /// Periodic housekeeping: flushes writers idle since the last call.
+    pub(crate) fn sweep_idle(&self) -> usize {
+        self.arbiter().map_or(0, |a| a.sweep_idle())
+    }
+
+    /// The connection is gone: every instance stops (without notifying),
+    /// the SMB is released once its writers let go, nothing more is sent.
+    pub(crate) fn disconnected(&self) {
+        let arbiter = self.arbiter_slot().take();
+        if let Some(a) = &arbiter {
+            a.close();
+        }
+        self.outbox.set_closed(true);
+        for ty in self.types() {
+            for inst in ty.instances() {
+                ty.stop(&inst);
+            }
+        }
+        if let Some(a) = arbiter {
+            self.retire_arbiter(&a);
+        }
+    }
+
+    /// Data-path counters since the process started.
+    pub(crate) fn stats(&self) -> ProducerStats {
+        let mut s = *self.past.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = self.arbiter() {
+            let c = a.stats();
+            s.chunks_committed += c.chunks_committed;
+            s.chunks_lost += c.chunks_lost;
+            s.acquire_failures += c.acquire_failures;
+            s.stalls += c.stalls;
+            s.chunks_reclaimed += c.chunks_reclaimed;
+            s.packets_dropped += c.packets_dropped;
+        }
+        s
+    }
+}
+
+fn descriptor(ty: &DataSourceType) -> DescriptorInfo {
+    DescriptorInfo {
+        name: ty.name.clone(),
+        id: ty.id,
+        no_flush: ty.options.no_flush,
+        track_event_descriptor: (ty.kind == Kind::TrackEvent)
+            .then(crate::track_event::serialized_descriptor),
+        extra_fields: ty.options.extra_descriptor_fields.clone(),
+    }
+}
+
+/// Data-path counters of this process (chunks, stalls, drops), summed over
+/// every connection so far.
+pub fn stats() -> ProducerStats {
+    runtime().stats()
+}

@@ -1,0 +1,7 @@
+//! Tests of the whole producer data path against an in-process loopback
+//! service (see [`loopback`]): real SMB state machine, real commits and
+//! patches, packets decoded with a prost schema.
+
+mod alloc;
+mod loopback;
+mod runtime;

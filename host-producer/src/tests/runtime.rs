@@ -1,0 +1,580 @@
+//! Session lifecycle, flush, clear, filtering, concurrency, idle threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use prost::Message as _;
+use shmtrace_abi::layout::PageLayout;
+
+use super::loopback::{serial, Loopback, Sequence};
+use crate::filter::TrackEventConfig;
+use crate::outbox::Outgoing;
+use crate::runtime::runtime;
+use crate::test_schema::{self as ts, Interned};
+use crate::{
+    trace_counter, trace_event, trace_instant, track_event, Arg, BufferExhaustedPolicy, Category,
+    CounterTrack, DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, DebugValue,
+    Flow, InstanceArgs, SetupArgs, Track,
+};
+
+static T_MAIN: Category = Category::new("t.main").with_description("main test category");
+static T_SLOW: Category = Category::new("t.slow").with_tags(&["slow"]);
+static T_OTHER: Category = Category::new("t.other");
+
+fn register() {
+    track_event::register_categories(&[&T_MAIN, &T_SLOW, &T_OTHER]);
+}
+
+fn decode(seq: &Sequence) -> Vec<ts::TracePacket> {
+    seq.packets
+        .iter()
+        .map(|b| ts::TracePacket::decode(&b[..]).expect("valid TracePacket"))
+        .collect()
+}
+
+/// Decoded events of one sequence: (type, name, categories, packet).
+fn events(seq: &Sequence) -> Vec<(i32, Option<String>, Vec<String>, ts::TracePacket)> {
+    let mut interned = Interned::default();
+    let mut out = Vec::new();
+    for p in decode(seq) {
+        interned.update(&p);
+        if let Some(te) = &p.track_event {
+            out.push((
+                te.r#type.unwrap(),
+                interned.event_name(te),
+                interned.event_categories(te),
+                p.clone(),
+            ));
+        }
+    }
+    out
+}
+
+fn all_events(lb: &Loopback) -> Vec<(i32, Option<String>, Vec<String>, ts::TracePacket)> {
+    lb.sequences().values().flat_map(events).collect()
+}
+
+#[test]
+fn session_lifecycle_and_protocol_order() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    assert!(!T_MAIN.is_enabled());
+    lb.start_track_event(11, 3, TrackEventConfig::default());
+    assert!(T_MAIN.is_enabled());
+    assert!(!T_SLOW.is_enabled(), "slow is disabled by default");
+    {
+        let _g = trace_event!(T_MAIN, "outer", "n" => 1);
+        trace_instant!(T_MAIN, "tick");
+        trace_instant!(T_SLOW, "never");
+    }
+    runtime().stop_data_source(11);
+    assert!(!T_MAIN.is_enabled());
+    trace_instant!(T_MAIN, "after-stop");
+    lb.drain();
+
+    let ev = all_events(&lb);
+    let summary: Vec<_> = ev
+        .iter()
+        .map(|(t, n, c, _)| (*t, n.clone(), c.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, Some("outer".into()), vec!["t.main".to_string()]),
+            (3, Some("tick".into()), vec!["t.main".to_string()]),
+            (2, None, vec![]),
+        ]
+    );
+    let rx = lb.received();
+    // Started, then the writer registered, its chunk, unregistration, stop.
+    let kinds: Vec<String> = rx
+        .messages
+        .iter()
+        .map(|m| match m {
+            Outgoing::DataSourceStarted { instance_id } => format!("started {instance_id}"),
+            Outgoing::DataSourceStopped { instance_id } => format!("stopped {instance_id}"),
+            Outgoing::RegisterTraceWriter { target_buffer, .. } => {
+                format!("register {target_buffer}")
+            }
+            Outgoing::UnregisterTraceWriter { .. } => "unregister".into(),
+            other => format!("{other:?}"),
+        })
+        .filter(|k| !k.starts_with("RegisterDataSource") && !k.starts_with("UpdateDataSource"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["started 11", "register 3", "unregister", "stopped 11"]
+    );
+    assert_eq!(rx.chunk_targets.values().copied().collect::<Vec<_>>(), [3]);
+    drop(rx);
+    lb.shutdown();
+}
+
+#[test]
+fn flush_commits_pending_chunks_and_acks() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(21, 1, TrackEventConfig::default());
+    trace_instant!(T_MAIN, "before-flush");
+    lb.drain();
+    assert!(
+        all_events(&lb).is_empty(),
+        "the chunk is still held by the writer"
+    );
+    runtime().flush(&[21], 77);
+    lb.drain();
+    assert_eq!(lb.received().flush_acks, [77]);
+    let ev = all_events(&lb);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].1.as_deref(), Some("before-flush"));
+    runtime().stop_data_source(21);
+    lb.shutdown();
+}
+
+#[test]
+fn clear_incremental_state_resets_the_sequence() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(31, 1, TrackEventConfig::default());
+    trace_instant!(T_MAIN, "a");
+    trace_instant!(T_MAIN, "a");
+    runtime().clear_incremental_state(&[31]);
+    trace_instant!(T_MAIN, "a");
+    runtime().stop_data_source(31);
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 1);
+    let packets = decode(seqs.values().next().unwrap());
+    let flags: Vec<u32> = packets
+        .iter()
+        .map(|p| p.sequence_flags.unwrap_or(0))
+        .collect();
+    // reset, 2 descriptors, 2 events, reset, 2 descriptors, 1 event.
+    assert_eq!(flags, [1, 0, 0, 2, 2, 1, 0, 0, 2]);
+    assert_eq!(packets[0].first_packet_on_sequence, Some(true));
+    let names: Vec<_> = packets
+        .iter()
+        .filter_map(|p| p.track_event.as_ref()?.name_iid)
+        .collect();
+    assert_eq!(names, [1, 1, 1]);
+    assert!(packets[3].interned_data.is_some() && packets[4].interned_data.is_none());
+    assert!(
+        packets[8].interned_data.is_some(),
+        "re-emitted after the clear"
+    );
+    lb.shutdown();
+}
+
+#[test]
+fn concurrent_sessions_get_their_own_writers_and_filters() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let only_main = TrackEventConfig {
+        enabled_categories: vec!["t.main".into()],
+        disabled_categories: vec!["*".into()],
+        ..Default::default()
+    };
+    let slow_too = TrackEventConfig {
+        enabled_tags: vec!["slow".into()],
+        ..Default::default()
+    };
+    lb.start_track_event(41, 5, only_main);
+    lb.start_track_event(42, 6, slow_too);
+    assert_eq!(T_MAIN.enabled_instances().count_ones(), 2);
+    assert_eq!(T_SLOW.enabled_instances().count_ones(), 1);
+    assert_eq!(T_OTHER.enabled_instances().count_ones(), 1);
+    trace_instant!(T_MAIN, "both");
+    trace_instant!(T_SLOW, "slow-only-42");
+    trace_instant!(T_OTHER, "other-only-42");
+    runtime().stop_data_source(41);
+    runtime().stop_data_source(42);
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 2, "one writer per session");
+    let rx = lb.received();
+    let mut by_buffer: Vec<(u32, Vec<String>)> = seqs
+        .iter()
+        .map(|(w, s)| {
+            (
+                rx.chunk_targets[w],
+                events(s).into_iter().filter_map(|e| e.1).collect(),
+            )
+        })
+        .collect();
+    by_buffer.sort();
+    assert_eq!(
+        by_buffer,
+        [
+            (5, vec!["both".to_string()]),
+            (
+                6,
+                vec![
+                    "both".to_string(),
+                    "slow-only-42".to_string(),
+                    "other-only-42".to_string()
+                ]
+            )
+        ]
+    );
+    drop(rx);
+    lb.shutdown();
+}
+
+#[test]
+fn events_spanning_chunks_are_patched_and_reassembled() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div4, false);
+    lb.start_track_event(51, 1, TrackEventConfig::default());
+    // A 3000-byte string inside a nested annotation spans 1 KiB chunks.
+    let big = "x".repeat(3000);
+    let nested = [("blob", DebugValue::Str(&big))];
+    for i in 0..5 {
+        let args = [Arg::new("i", i), Arg::new("d", DebugValue::Dict(&nested))];
+        T_MAIN.instant("big").args(&args).emit();
+    }
+    runtime().stop_data_source(51);
+    let seqs = lb.sequences();
+    let seq = seqs.values().next().unwrap();
+    assert_eq!((seq.dropped, seq.gaps), (0, 0));
+    let ev = events(seq);
+    assert_eq!(ev.len(), 5);
+    for (i, e) in ev.iter().enumerate() {
+        let a = &e.3.track_event.as_ref().unwrap().debug_annotations;
+        assert_eq!(a[0].int_value, Some(i as i64));
+        assert_eq!(
+            a[1].dict_entries[0].string_value.as_deref(),
+            Some(big.as_str())
+        );
+    }
+    assert!(
+        lb.received().patches_applied > 0,
+        "nested sizes crossed chunks"
+    );
+    lb.shutdown();
+}
+
+#[test]
+fn emulated_smb_sends_chunk_bytes() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(16 * 1024, PageLayout::Div1, true);
+    lb.start_track_event(61, 1, TrackEventConfig::default());
+    for _ in 0..200 {
+        trace_instant!(T_MAIN, "emulated", "v" => 7);
+    }
+    runtime().stop_data_source(61);
+    let ev = all_events(&lb);
+    assert_eq!(ev.len(), 200);
+    // Every chunk went back to Free: the SMB is empty again.
+    let smb = lb.arbiter.smb();
+    assert!((0..smb.num_pages()).all(|p| smb.is_page_free(p)));
+    lb.shutdown();
+}
+
+#[test]
+fn counters_flows_tracks_end_to_end() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(71, 1, TrackEventConfig::default());
+    let mem = CounterTrack::new("mem").with_multiplier(1024);
+    trace_counter!(T_MAIN, &mem, 4);
+    trace_counter!(T_MAIN, "fps", 59.5);
+    let req = Track::new(99).with_name("request");
+    let flow = [Flow::process_scoped(5)];
+    T_MAIN.slice("phase1").track(&req).flows(&flow).emit();
+    T_MAIN.end().track(&req).terminating_flows(&flow).emit();
+    runtime().stop_data_source(71);
+    let seqs = lb.sequences();
+    let packets = decode(seqs.values().next().unwrap());
+    let descs: Vec<_> = packets
+        .iter()
+        .filter_map(|p| p.track_descriptor.clone())
+        .collect();
+    let names: Vec<_> = descs.iter().filter_map(|d| d.name.clone()).collect();
+    assert_eq!(names, ["mem", "fps", "request"]);
+    let te: Vec<_> = packets
+        .iter()
+        .filter_map(|p| p.track_event.clone())
+        .collect();
+    assert_eq!(te[0].counter_value, Some(4));
+    assert_eq!(te[0].track_uuid, Some(mem.track().uuid()));
+    assert_eq!(te[1].double_counter_value, Some(59.5));
+    assert_eq!(te[2].flow_ids, [flow[0].id()]);
+    assert_eq!(te[2].track_uuid, Some(req.uuid()));
+    assert_eq!(te[3].terminating_flow_ids, [flow[0].id()]);
+    assert_eq!(te[3].r#type, Some(2));
+    lb.shutdown();
+}
+
+/// Many threads, a 4-chunk SMB: no deadlock, every packet either arrives
+/// or is counted and marked as lost.
+#[test]
+fn many_threads_tiny_smb_lose_marked_data_only() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(16 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(81, 1, TrackEventConfig::default());
+    let before = crate::stats().packets_dropped;
+    let threads = 32;
+    let per_thread = 2000;
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..per_thread {
+                    trace_instant!(T_MAIN, "spin", "t" => t as u64, "i" => i as u64);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    runtime().stop_data_source(81);
+    let dropped = crate::stats().packets_dropped - before;
+    let seqs = lb.sequences();
+    let mut received = 0;
+    let mut marked = 0;
+    for seq in seqs.values() {
+        let mut interned = Interned::default();
+        let mut lost_since_clear = false;
+        for p in decode(seq) {
+            if p.previous_packet_dropped.is_some() {
+                marked += 1;
+                assert_eq!(p.previous_packet_dropped, Some(257));
+                lost_since_clear = true;
+            }
+            if p.sequence_flags.unwrap_or(0) & 1 != 0 {
+                lost_since_clear = false;
+            }
+            interned.update(&p);
+            if let Some(te) = &p.track_event {
+                assert!(
+                    !lost_since_clear,
+                    "a dependent packet right after a loss, before a reset"
+                );
+                assert_eq!(interned.event_name(te).as_deref(), Some("spin"));
+                received += 1;
+            }
+        }
+    }
+    let emitted = (threads * per_thread) as u64;
+    // Every emitted event either arrived or was counted as dropped (a
+    // dropped event may also cost the reset packets it needed).
+    assert!(
+        received as u64 + dropped >= emitted,
+        "received {received} + dropped {dropped} < {emitted}"
+    );
+    assert!(received as u64 <= emitted);
+    if received as u64 != emitted {
+        assert!(marked > 0, "losses are marked in the trace");
+    }
+    lb.shutdown();
+}
+
+/// 200 threads each write one event and then sit idle, holding a chunk,
+/// while the SMB has 16 chunks: a busy thread still gets chunks (the idle
+/// writers are flushed), with the stall policy losing nothing.
+#[test]
+fn idle_threads_do_not_pin_chunks() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let ds = match DataSource::register_with(
+        "test.idle",
+        DataSourceOptions {
+            buffer_exhausted_policy: BufferExhaustedPolicy::StallThenDrop(Duration::from_secs(5)),
+            ..Default::default()
+        },
+        crate::NoopHandler,
+    ) {
+        Ok(ds) => ds,
+        Err(e) => panic!("{e}"),
+    };
+    let config = DataSourceConfig {
+        name: "test.idle".into(),
+        target_buffer: 2,
+        ..Default::default()
+    };
+    assert!(runtime().setup_data_source(91, config));
+    runtime().start_data_source(91);
+
+    let idle = 200;
+    let wrote = Arc::new(Barrier::new(idle + 1));
+    let release = Arc::new(Barrier::new(idle + 1));
+    let handles: Vec<_> = (0..idle)
+        .map(|_| {
+            let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
+            std::thread::spawn(move || {
+                ds.trace(|ctx| {
+                    ctx.packet(|p| p.uint64(8, 1));
+                });
+                wrote.wait();
+                release.wait();
+            })
+        })
+        .collect();
+    wrote.wait();
+    let busy = 3000;
+    let big = [0x55u8; 200];
+    for i in 0..busy {
+        ds.trace(|ctx| {
+            assert!(
+                ctx.packet(|p| {
+                    p.uint64(8, 1000 + i);
+                    p.bytes(900, &big);
+                }),
+                "packet {i} dropped"
+            );
+        });
+    }
+    assert!(crate::stats().chunks_reclaimed > 0);
+    release.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    runtime().stop_data_source(91);
+    let seqs = lb.sequences();
+    let total: usize = seqs.values().map(|s| s.packets.len()).sum();
+    assert_eq!(total, idle + busy as usize);
+    lb.shutdown();
+}
+
+struct Recorder {
+    calls: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl DataSourceHandler for Recorder {
+    fn on_setup(&self, args: &SetupArgs<'_>) {
+        self.calls.lock().unwrap().push(format!(
+            "setup {} {}",
+            args.instance_id, args.config.target_buffer
+        ));
+    }
+    fn on_start(&self, args: &InstanceArgs<'_>) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("start {}", args.instance_id));
+    }
+    fn on_stop(&self, args: &InstanceArgs<'_>) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("stop {}", args.instance_id));
+    }
+    fn on_flush(&self, args: &InstanceArgs<'_>) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("flush {}", args.instance_id));
+    }
+}
+
+#[test]
+fn custom_data_source_callbacks_config_and_raw_packets() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ds = DataSource::register(
+        "test.custom",
+        Recorder {
+            calls: calls.clone(),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        DataSource::register("test.custom", crate::NoopHandler).unwrap_err(),
+        crate::RegisterError::AlreadyRegistered("test.custom".into())
+    );
+    assert!(!ds.is_enabled());
+    let config = DataSourceConfig {
+        name: "test.custom".into(),
+        target_buffer: 4,
+        raw: vec![1, 2, 3],
+        ..Default::default()
+    };
+    assert!(runtime().setup_data_source(101, config));
+    assert!(!ds.is_enabled(), "set up but not started");
+    runtime().start_data_source(101);
+    assert!(ds.is_enabled());
+    let seen = AtomicUsize::new(0);
+    for i in 0..3u64 {
+        ds.trace(|ctx| {
+            assert_eq!(ctx.config().raw, [1, 2, 3]);
+            assert_eq!(ctx.take_incremental_state_cleared(), i == 0);
+            // TracePacket { timestamp = i, for_testing = "r" } as raw bytes.
+            assert!(ctx.raw_packet(&[0x40, i as u8, 0xA2, 0x38, 0x01, b'r']));
+            seen.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    assert_eq!(seen.load(Ordering::Relaxed), 3);
+    runtime().clear_incremental_state(&[101]);
+    ds.trace(|ctx| assert!(ctx.take_incremental_state_cleared()));
+    runtime().flush(&[101], 5);
+    runtime().stop_data_source(101);
+    assert!(!ds.is_enabled());
+    let seqs = lb.sequences();
+    let packets = decode(seqs.values().next().unwrap());
+    assert_eq!(packets.len(), 3);
+    assert_eq!(packets[0].first_packet_on_sequence, Some(true));
+    assert_eq!(packets[2].timestamp, Some(2));
+    assert_eq!(packets[1].for_testing.as_deref(), Some(&b"r"[..]));
+    assert_eq!(
+        *calls.lock().unwrap(),
+        ["setup 101 4", "start 101", "flush 101", "stop 101"]
+    );
+    assert_eq!(lb.received().flush_acks, [5]);
+    lb.shutdown();
+}
+
+#[test]
+fn stop_while_threads_write_never_deadlocks() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(32 * 1024, PageLayout::Div1, false);
+    for round in 0..5u64 {
+        let id = 200 + round;
+        lb.start_track_event(id, 1, TrackEventConfig::default());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _g = trace_event!(T_MAIN, "w");
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        runtime().stop_data_source(id);
+        assert!(!T_MAIN.is_enabled());
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+    lb.drain();
+    let rx = lb.received();
+    let registered = rx
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Outgoing::RegisterTraceWriter { .. }))
+        .count();
+    let unregistered = rx
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Outgoing::UnregisterTraceWriter { .. }))
+        .count();
+    assert_eq!(registered, unregistered, "every writer retired");
+    assert!(registered >= 5);
+    drop(rx);
+    lb.shutdown();
+}

@@ -1,0 +1,540 @@
+//! Tracks (timelines events belong to), their uuids and descriptors, flows
+//! and timestamps.
+//!
+//! Uuids follow the C++ SDK's scheme so traces look alike: the process
+//! track has a random per-process uuid, a thread track's uuid is its tid
+//! xor the process uuid, a child track's uuid is its id xor its parent's
+//! uuid, and a named track's id is the FNV-1a hash of its name.
+//!
+//! A track's descriptor (`TrackDescriptor`, TracePacket field 60) is
+//! written on a sequence before the first event that uses the track, and
+//! again after every incremental-state reset of that sequence.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use shmtrace_abi::proto::{Message, Sink};
+
+use crate::sys;
+
+/// `TrackDescriptor.ChildTracksOrdering`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(i32)]
+pub enum ChildOrdering {
+    /// Let the UI decide.
+    #[default]
+    Unknown = 0,
+    /// Alphabetical by name.
+    Lexicographic = 1,
+    /// By first event.
+    Chronological = 2,
+    /// By `sibling_order_rank`.
+    Explicit = 3,
+}
+
+/// `CounterDescriptor.Unit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(i32)]
+pub enum CounterUnit {
+    /// No unit.
+    #[default]
+    Unspecified = 0,
+    /// Nanoseconds.
+    TimeNs = 1,
+    /// A count.
+    Count = 2,
+    /// Bytes.
+    SizeBytes = 3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TrackKind<'a> {
+    Custom,
+    Process,
+    Thread {
+        tid: i64,
+    },
+    Counter {
+        unit: CounterUnit,
+        unit_name: Option<&'a str>,
+        multiplier: i64,
+        incremental: bool,
+    },
+}
+
+/// A timeline events are placed on. Cheap to copy; build it where you use
+/// it (`Track::new(request_id)`) or keep one in a `static`/field.
+///
+/// ```
+/// use shmtrace_producer::{ChildOrdering, Track};
+/// let root = Track::global(10).with_name("Root").with_child_ordering(ChildOrdering::Explicit);
+/// let child = Track::child_of(&root, 1).with_name("B").with_sibling_order_rank(1);
+/// assert_eq!(child.uuid(), 1 ^ 10);
+/// assert_eq!(child.parent_uuid(), Some(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Track<'a> {
+    uuid: u64,
+    parent_uuid: u64,
+    name: Option<&'a str>,
+    description: Option<&'a str>,
+    child_ordering: ChildOrdering,
+    sibling_order_rank: Option<i32>,
+    pub(crate) kind: TrackKind<'a>,
+}
+
+/// FNV-1a, 64 bit (named track ids).
+pub const fn fnv1a(s: &str) -> u64 {
+    let bytes = s.as_bytes();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    h
+}
+
+const NAMED_TRACK_MAGIC: u64 = 0xCD57_1EC5_EAD3_7024;
+const COUNTER_TRACK_MAGIC: u64 = 0x8E2A_4D19_5B0C_66F3;
+
+impl Track<'static> {
+    /// A track with uuid `uuid` and no parent (unique in the whole trace).
+    pub const fn global(uuid: u64) -> Self {
+        Track {
+            uuid,
+            parent_uuid: 0,
+            name: None,
+            description: None,
+            child_ordering: ChildOrdering::Unknown,
+            sibling_order_rank: None,
+            kind: TrackKind::Custom,
+        }
+    }
+}
+
+impl<'a> Track<'a> {
+    /// A track identified by `id` under this process's track (like the C++
+    /// SDK's `Track(id)`): uuid `id ^ process uuid`.
+    pub fn new(id: u64) -> Self {
+        Self::child_of(&ProcessTrack::current(), id)
+    }
+
+    /// A track identified by `id` under `parent`: uuid `id ^ parent.uuid()`.
+    pub fn child_of(parent: &Track<'_>, id: u64) -> Self {
+        Track {
+            uuid: id ^ parent.uuid,
+            parent_uuid: parent.uuid,
+            ..Track::global(0)
+        }
+    }
+
+    /// A named track under this process's track; `id` tells apart several
+    /// tracks with the same name.
+    pub fn named(name: &'a str, id: u64) -> Self {
+        Self::named_child_of(&ProcessTrack::current(), name, id)
+    }
+
+    /// A named track under `parent`.
+    pub fn named_child_of(parent: &Track<'_>, name: &'a str, id: u64) -> Self {
+        Track::child_of(parent, id ^ fnv1a(name) ^ NAMED_TRACK_MAGIC).with_name(name)
+    }
+
+    /// Sets the name shown in the UI.
+    pub fn with_name(self, name: &'a str) -> Self {
+        Track {
+            name: Some(name),
+            ..self
+        }
+    }
+
+    /// Sets the description.
+    pub fn with_description(self, description: &'a str) -> Self {
+        Track {
+            description: Some(description),
+            ..self
+        }
+    }
+
+    /// Sets how the UI orders this track's children.
+    pub fn with_child_ordering(self, ordering: ChildOrdering) -> Self {
+        Track {
+            child_ordering: ordering,
+            ..self
+        }
+    }
+
+    /// Sets the rank among siblings (for a parent with
+    /// [`ChildOrdering::Explicit`]).
+    pub fn with_sibling_order_rank(self, rank: i32) -> Self {
+        Track {
+            sibling_order_rank: Some(rank),
+            ..self
+        }
+    }
+
+    /// The uuid.
+    pub fn uuid(&self) -> u64 {
+        self.uuid
+    }
+
+    /// The parent's uuid, if any.
+    pub fn parent_uuid(&self) -> Option<u64> {
+        (self.parent_uuid != 0).then_some(self.parent_uuid)
+    }
+
+    /// The name, if any.
+    pub fn name(&self) -> Option<&'a str> {
+        self.name
+    }
+
+    /// Writes this track's `TrackDescriptor` fields into `desc`.
+    pub(crate) fn write_descriptor<S: Sink>(&self, desc: &mut Message<'_, S>) {
+        desc.uint64(1, self.uuid);
+        if self.parent_uuid != 0 {
+            desc.uint64(5, self.parent_uuid);
+        }
+        if let Some(name) = self.name {
+            desc.string(2, name);
+        }
+        if let Some(d) = self.description {
+            desc.string(14, d);
+        }
+        if self.child_ordering != ChildOrdering::Unknown {
+            desc.enumeration(11, self.child_ordering as i32);
+        }
+        if let Some(rank) = self.sibling_order_rank {
+            desc.int32(12, rank);
+        }
+        match self.kind {
+            TrackKind::Custom => {}
+            TrackKind::Process => {
+                let info = process_info();
+                desc.nested(3, |p| {
+                    p.int32(1, info.pid);
+                    for arg in &info.cmdline {
+                        p.string(2, arg);
+                    }
+                    let name = process_name();
+                    if !name.is_empty() {
+                        p.string(6, &name);
+                    }
+                });
+            }
+            TrackKind::Thread { tid } => {
+                desc.nested(4, |t| {
+                    t.int32(1, process_info().pid);
+                    t.int64(2, tid);
+                    if tid == sys::current_tid() {
+                        if let Some(name) = sys::current_thread_name() {
+                            t.string(5, &name);
+                        }
+                    }
+                });
+            }
+            TrackKind::Counter {
+                unit,
+                unit_name,
+                multiplier,
+                incremental,
+            } => {
+                desc.nested(8, |c| {
+                    if unit != CounterUnit::Unspecified {
+                        c.enumeration(3, unit as i32);
+                    }
+                    if multiplier != 1 {
+                        c.int64(4, multiplier);
+                    }
+                    if incremental {
+                        c.bool(5, true);
+                    }
+                    if let Some(u) = unit_name {
+                        c.string(6, u);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// The track of the current process.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessTrack;
+
+impl ProcessTrack {
+    /// This process's track (random uuid, process descriptor with pid, name
+    /// and command line).
+    pub fn current() -> Track<'static> {
+        Track {
+            kind: TrackKind::Process,
+            ..Track::global(process_uuid())
+        }
+    }
+}
+
+/// The track of a thread of this process.
+#[derive(Debug, Clone, Copy)]
+pub struct ThreadTrack;
+
+impl ThreadTrack {
+    /// The calling thread's track (the default track of events).
+    pub fn current() -> Track<'static> {
+        Self::for_thread(sys::current_tid())
+    }
+
+    /// The track of thread `tid` of this process.
+    pub fn for_thread(tid: i64) -> Track<'static> {
+        Track {
+            kind: TrackKind::Thread { tid },
+            ..Track::global(tid as u64 ^ process_uuid())
+        }
+    }
+}
+
+/// A counter track: a named timeline of numeric samples.
+///
+/// ```
+/// use shmtrace_producer::{CounterTrack, CounterUnit};
+/// let memory = CounterTrack::new("Memory").with_unit(CounterUnit::SizeBytes).with_multiplier(1024);
+/// let fps = CounterTrack::new("Framerate").with_unit_name("fps");
+/// assert_ne!(memory.track().uuid(), fps.track().uuid());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CounterTrack<'a> {
+    track: Track<'a>,
+}
+
+impl<'a> CounterTrack<'a> {
+    /// A counter track called `name` under this process's track.
+    pub fn new(name: &'a str) -> Self {
+        Self::child_of(&ProcessTrack::current(), name)
+    }
+
+    /// A counter track called `name` under `parent`.
+    pub fn child_of(parent: &Track<'_>, name: &'a str) -> Self {
+        let base = Track::child_of(parent, fnv1a(name) ^ COUNTER_TRACK_MAGIC).with_name(name);
+        CounterTrack {
+            track: Track {
+                kind: TrackKind::Counter {
+                    unit: CounterUnit::Unspecified,
+                    unit_name: None,
+                    multiplier: 1,
+                    incremental: false,
+                },
+                ..base
+            },
+        }
+    }
+
+    fn map_counter(
+        self,
+        f: impl FnOnce(&mut CounterUnit, &mut Option<&'a str>, &mut i64, &mut bool),
+    ) -> Self {
+        let mut t = self.track;
+        if let TrackKind::Counter {
+            unit,
+            unit_name,
+            multiplier,
+            incremental,
+        } = &mut t.kind
+        {
+            f(unit, unit_name, multiplier, incremental);
+        }
+        CounterTrack { track: t }
+    }
+
+    /// Sets the unit.
+    pub fn with_unit(self, unit: CounterUnit) -> Self {
+        self.map_counter(|u, _, _, _| *u = unit)
+    }
+
+    /// Sets a free-form unit name ("fps").
+    pub fn with_unit_name(self, name: &'a str) -> Self {
+        self.map_counter(|_, n, _, _| *n = Some(name))
+    }
+
+    /// Values are multiplied by `multiplier` (e.g. 1024 for KiB samples of
+    /// a byte counter).
+    pub fn with_multiplier(self, multiplier: i64) -> Self {
+        self.map_counter(|_, _, m, _| *m = multiplier)
+    }
+
+    /// Values are deltas to add up.
+    pub fn with_incremental(self, incremental: bool) -> Self {
+        self.map_counter(|_, _, _, i| *i = incremental)
+    }
+
+    /// The underlying track.
+    pub fn track(&self) -> &Track<'a> {
+        &self.track
+    }
+}
+
+/// A flow: links events (on any tracks) into one chain of arrows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Flow(u64);
+
+impl Flow {
+    /// A flow id unique in this process (xor-ed with the process uuid).
+    pub fn process_scoped(id: u64) -> Self {
+        Flow(id ^ process_uuid())
+    }
+
+    /// A flow id used as is (unique in the whole trace).
+    pub const fn global(id: u64) -> Self {
+        Flow(id)
+    }
+
+    /// A process-scoped flow identified by a pointer.
+    pub fn from_pointer<T>(ptr: *const T) -> Self {
+        Self::process_scoped(ptr as usize as u64)
+    }
+
+    /// The id written into `flow_ids` / `terminating_flow_ids`.
+    pub const fn id(self) -> u64 {
+        self.0
+    }
+}
+
+/// Clock of an explicit timestamp (Perfetto `BuiltinClock` ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// `CLOCK_BOOTTIME` (6), the trace's default clock.
+    Boottime,
+    /// `CLOCK_MONOTONIC` (3).
+    Monotonic,
+    /// `CLOCK_REALTIME` (1).
+    Realtime,
+    /// Any other clock id (builtin 1..=63, or 64..=127 sequence-scoped).
+    Other(u32),
+}
+
+impl Clock {
+    /// The `timestamp_clock_id` value.
+    pub const fn id(self) -> u32 {
+        match self {
+            Clock::Boottime => 6,
+            Clock::Monotonic => 3,
+            Clock::Realtime => 1,
+            Clock::Other(id) => id,
+        }
+    }
+}
+
+/// An explicit event timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timestamp {
+    /// The clock.
+    pub clock: Clock,
+    /// Nanoseconds on that clock.
+    pub ns: u64,
+}
+
+impl Timestamp {
+    /// Now, on the trace clock (boot time).
+    #[inline]
+    pub fn now() -> Self {
+        Timestamp {
+            clock: Clock::Boottime,
+            ns: sys::boottime_ns(),
+        }
+    }
+
+    /// `ns` nanoseconds of boot time.
+    pub const fn boottime(ns: u64) -> Self {
+        Timestamp {
+            clock: Clock::Boottime,
+            ns,
+        }
+    }
+}
+
+struct ProcessInfo {
+    pid: i32,
+    cmdline: Vec<String>,
+}
+
+fn process_info() -> &'static ProcessInfo {
+    static INFO: OnceLock<ProcessInfo> = OnceLock::new();
+    INFO.get_or_init(|| {
+        let cmdline = std::fs::read("/proc/self/cmdline")
+            .map(|raw| {
+                raw.split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ProcessInfo {
+            pid: rustix::process::getpid().as_raw_nonzero().get(),
+            cmdline,
+        }
+    })
+}
+
+static PROCESS_NAME: Mutex<Option<String>> = Mutex::new(None);
+
+/// Overrides the process name written into the process track descriptor
+/// (default: the first word of the command line). Takes effect on each
+/// sequence's next incremental-state reset.
+pub fn set_process_name(name: &str) {
+    *PROCESS_NAME.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.to_owned());
+}
+
+fn process_name() -> String {
+    if let Some(n) = PROCESS_NAME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+    {
+        return n;
+    }
+    process_info().cmdline.first().cloned().unwrap_or_default()
+}
+
+/// This process's pid.
+pub fn current_pid() -> i32 {
+    process_info().pid
+}
+
+/// The random uuid of this process's track.
+pub fn process_uuid() -> u64 {
+    static UUID: AtomicU64 = AtomicU64::new(0);
+    let u = UUID.load(Ordering::Relaxed);
+    if u != 0 {
+        return u;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i32(current_pid());
+    h.write_u64(sys::boottime_ns());
+    let fresh = h.finish() | 1;
+    match UUID.compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => fresh,
+        Err(existing) => existing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_scheme() {
+        let p = ProcessTrack::current();
+        assert_eq!(p.uuid(), process_uuid());
+        assert_eq!(p.parent_uuid(), None);
+        let t = Track::new(1234);
+        assert_eq!(t.uuid(), 1234 ^ process_uuid());
+        assert_eq!(t.parent_uuid(), Some(process_uuid()));
+        let th = ThreadTrack::for_thread(77);
+        assert_eq!(th.uuid(), 77 ^ process_uuid());
+        assert_ne!(Track::named("a", 0).uuid(), Track::named("b", 0).uuid());
+        assert_ne!(Track::named("a", 0).uuid(), Track::named("a", 1).uuid());
+        assert_eq!(Flow::process_scoped(5).id(), 5 ^ process_uuid());
+        assert_eq!(Flow::global(5).id(), 5);
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

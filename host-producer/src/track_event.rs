@@ -1,0 +1,474 @@
+//! The track event API: categories, events, session observers.
+//!
+//! Register categories once, then emit events with the macros
+//! ([`trace_event!`](crate::trace_event), [`trace_instant!`](crate::trace_instant),
+//! [`trace_counter!`](crate::trace_counter), …) or the [`Event`] builder for
+//! everything else (tracks, explicit timestamps, flows, arbitrary fields):
+//!
+//! ```
+//! use shmtrace_producer::{track_event, trace_event, trace_instant, trace_counter, Category, Flow, Track};
+//!
+//! static RENDERING: Category = Category::new("rendering").with_description("Graphics");
+//! track_event::register_categories(&[&RENDERING]);
+//!
+//! fn draw_player(number: u32) {
+//!     let _slice = trace_event!(RENDERING, "DrawPlayer", "player_number" => number);
+//!     trace_instant!(RENDERING, "Checkpoint");
+//!     trace_counter!(RENDERING, "Framerate", 120.0);
+//!     // Builder: another track, a flow.
+//!     let request = Track::new(42);
+//!     RENDERING.instant("HandleRequest").track(&request).flows(&[Flow::process_scoped(7)]).emit();
+//! }
+//! draw_player(1); // no session: each trace point is one relaxed load
+//! ```
+//!
+//! A disabled trace point costs one relaxed load (the category's bitmask of
+//! sessions enabling it); arguments are not evaluated.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
+
+use crate::annotation::Arg;
+use crate::category::{registry, Category, DynamicCategory};
+use crate::data_source::{DataSourceHandler, DataSourceType, InstanceArgs, SetupArgs};
+use crate::event::{CounterValue, EventContext, EventData, EventName, EventType, ExtraFields};
+use crate::track::{CounterTrack, Flow, Timestamp, Track};
+use crate::writer::ProducerSink;
+
+/// Registers static categories so sessions can enable them and the service
+/// advertises them (`TrackEventDescriptor`). Registering again is a no-op.
+pub fn register_categories(categories: &[&'static Category]) {
+    if registry().register(categories) {
+        crate::runtime::runtime().track_event_descriptor_changed();
+    }
+}
+
+/// Whether any session has track events enabled (any category).
+pub fn is_enabled() -> bool {
+    track_event_type().enabled_mask() != 0
+}
+
+/// Callbacks about track event sessions, run on the producer's connection
+/// thread.
+pub trait TrackEventSessionObserver: Send + Sync {
+    /// A session configured track events (not started yet).
+    fn on_setup(&self, _args: &SetupArgs<'_>) {}
+    /// A session started; events emitted here are recorded.
+    fn on_start(&self, _args: &InstanceArgs<'_>) {}
+    /// A session is stopping; events emitted here are still recorded.
+    fn on_stop(&self, _args: &InstanceArgs<'_>) {}
+}
+
+type Observers = Mutex<Vec<Arc<dyn TrackEventSessionObserver>>>;
+
+fn observers() -> &'static Observers {
+    static OBSERVERS: Observers = Mutex::new(Vec::new());
+    &OBSERVERS
+}
+
+fn each_observer(f: impl Fn(&dyn TrackEventSessionObserver)) {
+    let list = observers()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for o in list {
+        f(&*o);
+    }
+}
+
+/// Adds a session observer.
+pub fn add_session_observer(observer: Arc<dyn TrackEventSessionObserver>) {
+    observers()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(observer);
+}
+
+/// Removes a session observer added with [`add_session_observer`].
+pub fn remove_session_observer(observer: &Arc<dyn TrackEventSessionObserver>) {
+    observers()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|o| !Arc::ptr_eq(o, observer));
+}
+
+/// The track event data source's callbacks: forwards to observers.
+pub(crate) struct TrackEventHandler;
+
+impl DataSourceHandler for TrackEventHandler {
+    fn on_setup(&self, args: &SetupArgs<'_>) {
+        each_observer(|o| o.on_setup(args));
+    }
+    fn on_start(&self, args: &InstanceArgs<'_>) {
+        each_observer(|o| o.on_start(args));
+    }
+    fn on_stop(&self, args: &InstanceArgs<'_>) {
+        each_observer(|o| o.on_stop(args));
+    }
+}
+
+/// The serialized `TrackEventDescriptor` advertising the registered
+/// categories (`available_categories` = 1: `{name = 1, description = 2,
+/// tags = 3}`).
+pub(crate) fn serialized_descriptor() -> Vec<u8> {
+    fn write<S: Sink>(d: &mut Message<'_, S>, cats: &[&'static Category]) {
+        for c in cats {
+            d.nested(1, |e| {
+                e.string(1, c.name());
+                if !c.description().is_empty() {
+                    e.string(2, c.description());
+                }
+                for t in c.tags() {
+                    e.string(3, t);
+                }
+            });
+        }
+    }
+    let cats = registry().advertised();
+    let mut buf = vec![0u8; encoded_len(|d| write(d, &cats)) as usize];
+    match encode_to_slice(&mut buf, |d| write(d, &cats)) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The track event data source type (cached: one load per event).
+#[inline]
+pub(crate) fn track_event_type() -> &'static DataSourceType {
+    static TYPE: OnceLock<Arc<DataSourceType>> = OnceLock::new();
+    TYPE.get_or_init(|| crate::runtime::runtime().track_event())
+}
+
+/// Anything that names a category: a `&'static Category` (a static) or a
+/// [`DynamicCategory`]. Used by the macros.
+pub trait IntoCategory {
+    /// The category.
+    fn into_category(self) -> &'static Category;
+}
+
+impl IntoCategory for &'static Category {
+    #[inline(always)]
+    fn into_category(self) -> &'static Category {
+        self
+    }
+}
+
+impl IntoCategory for &DynamicCategory {
+    #[inline(always)]
+    fn into_category(self) -> &'static Category {
+        self.category()
+    }
+}
+
+impl IntoCategory for DynamicCategory {
+    #[inline(always)]
+    fn into_category(self) -> &'static Category {
+        self.category()
+    }
+}
+
+/// A track event about to be emitted. Build it with [`Category::slice`],
+/// [`Category::instant`], [`Category::counter`] or [`Category::end`], adjust
+/// it, then [`emit`](Event::emit) it (or [`scoped`](Event::scoped) for a
+/// slice that ends when the guard drops).
+#[must_use = "an event is only recorded when emitted"]
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    category: &'static Category,
+    data: EventData<'a>,
+    timestamp: Option<Timestamp>,
+}
+
+impl Category {
+    fn event<'a>(&'static self, kind: EventType, name: EventName<'a>) -> Event<'a> {
+        let mut data = EventData::new(kind, Some(self), Timestamp::boottime(0));
+        data.name = name;
+        Event {
+            category: self,
+            data,
+            timestamp: None,
+        }
+    }
+
+    /// A slice begin (emit it, or use [`Event::scoped`]).
+    #[inline]
+    pub fn slice<'a>(&'static self, name: impl Into<EventName<'a>>) -> Event<'a> {
+        self.event(EventType::SliceBegin, name.into())
+    }
+
+    /// An instant event.
+    #[inline]
+    pub fn instant<'a>(&'static self, name: impl Into<EventName<'a>>) -> Event<'a> {
+        self.event(EventType::Instant, name.into())
+    }
+
+    /// The end of the innermost open slice (on the thread's track unless
+    /// [`Event::track`] says otherwise).
+    #[inline]
+    pub fn end<'a>(&'static self) -> Event<'a> {
+        self.event(EventType::SliceEnd, EventName::None)
+    }
+
+    /// A counter sample on `track`.
+    #[inline]
+    pub fn counter<'a>(
+        &'static self,
+        track: &'a CounterTrack<'a>,
+        value: impl Into<CounterValue>,
+    ) -> Event<'a> {
+        let mut e = self.event(EventType::Counter, EventName::None);
+        e.data.track = Some(track.track());
+        e.data.counter = Some(value.into());
+        e
+    }
+}
+
+impl<'a> Event<'a> {
+    /// Puts the event on `track` instead of the thread's track.
+    #[inline]
+    pub fn track(mut self, track: &'a Track<'a>) -> Self {
+        self.data.track = Some(track);
+        self
+    }
+
+    /// Sets an explicit timestamp (default: now, boot time).
+    #[inline]
+    pub fn timestamp(mut self, timestamp: Timestamp) -> Self {
+        self.timestamp = Some(timestamp);
+        self
+    }
+
+    /// Adds flows (arrows to other events with the same flow).
+    #[inline]
+    pub fn flows(mut self, flows: &'a [Flow]) -> Self {
+        self.data.flows = flows;
+        self
+    }
+
+    /// Adds flows that end at this event.
+    #[inline]
+    pub fn terminating_flows(mut self, flows: &'a [Flow]) -> Self {
+        self.data.terminating_flows = flows;
+        self
+    }
+
+    /// Adds debug annotations.
+    #[inline]
+    pub fn args(mut self, args: &'a [Arg<'a>]) -> Self {
+        self.data.args = args;
+        self
+    }
+
+    /// Whether emitting would record anything (one relaxed load).
+    #[inline(always)]
+    pub fn is_enabled(&self) -> bool {
+        self.category.is_enabled()
+    }
+
+    /// Records the event in every session that enables its category.
+    #[inline]
+    pub fn emit(self) {
+        let mask = self.category.enabled_instances();
+        if mask != 0 {
+            write(&self.data, self.timestamp, mask, None);
+        }
+    }
+
+    /// Like [`emit`](Self::emit), and `f` may write more TrackEvent fields
+    /// (called once per session).
+    #[inline]
+    pub fn emit_with(self, mut f: impl FnMut(&mut EventContext<'_, '_, ProducerSink>)) {
+        let mask = self.category.enabled_instances();
+        if mask != 0 {
+            write(&self.data, self.timestamp, mask, Some(&mut f));
+        }
+    }
+
+    /// Emits a slice begin and returns a guard that ends the slice (on the
+    /// same track) when dropped.
+    #[inline]
+    pub fn scoped(self) -> SliceGuard<'a> {
+        let mask = self.category.enabled_instances();
+        if mask == 0 {
+            return SliceGuard::disabled();
+        }
+        let mut data = self.data;
+        data.kind = EventType::SliceBegin;
+        write(&data, self.timestamp, mask, None);
+        SliceGuard {
+            category: Some(self.category),
+            track: data.track,
+        }
+    }
+}
+
+#[inline(never)]
+fn write(
+    data: &EventData<'_>,
+    timestamp: Option<Timestamp>,
+    mask: u8,
+    mut extra: Option<ExtraFields<'_, ProducerSink>>,
+) {
+    let mut data = *data;
+    data.timestamp = timestamp.unwrap_or_else(Timestamp::now);
+    track_event_type().with_writers(mask, |inner, instance| {
+        let extra = extra
+            .as_mut()
+            .map(|f| &mut **f as ExtraFields<'_, ProducerSink>);
+        if !inner.seq.write_event(&mut inner.out, &data, extra) {
+            instance
+                .arbiter
+                .counters
+                .packets_dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+}
+
+/// Ends a slice when dropped (returned by [`trace_event!`](crate::trace_event)
+/// and [`Event::scoped`]).
+#[must_use = "the slice ends when this guard is dropped"]
+#[derive(Debug)]
+pub struct SliceGuard<'a> {
+    category: Option<&'static Category>,
+    track: Option<&'a Track<'a>>,
+}
+
+impl SliceGuard<'_> {
+    /// A guard that does nothing (the category was disabled).
+    #[inline(always)]
+    pub fn disabled() -> Self {
+        SliceGuard {
+            category: None,
+            track: None,
+        }
+    }
+}
+
+impl Drop for SliceGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(cat) = self.category {
+            let mut e = cat.end();
+            e.data.track = self.track;
+            e.emit();
+        }
+    }
+}
+
+#[doc(hidden)]
+#[inline]
+pub fn __scoped_slice<'a>(
+    cat: &'static Category,
+    name: EventName<'a>,
+    args: &[Arg<'_>],
+) -> SliceGuard<'a> {
+    let mask = cat.enabled_instances();
+    if mask == 0 {
+        return SliceGuard::disabled();
+    }
+    let mut data = cat.event(EventType::SliceBegin, name).data;
+    data.args = args;
+    write(&data, None, mask, None);
+    SliceGuard {
+        category: Some(cat),
+        track: None,
+    }
+}
+
+#[doc(hidden)]
+#[inline]
+pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, args: &[Arg<'_>]) {
+    let mask = cat.enabled_instances();
+    if mask == 0 {
+        return;
+    }
+    let mut data = cat.event(kind, name).data;
+    data.args = args;
+    write(&data, None, mask, None);
+}
+
+/// A scoped slice on the calling thread's track: returns a guard that ends
+/// the slice when dropped. Up to any number of `"name" => value` debug
+/// annotations.
+///
+/// ```
+/// # use shmtrace_producer::{trace_event, Category};
+/// static CAT: Category = Category::new("cat");
+/// let _guard = trace_event!(CAT, "Work", "items" => 3, "label" => "x");
+/// ```
+#[macro_export]
+macro_rules! trace_event {
+    ($cat:expr, $name:expr $(, $k:literal => $v:expr)* $(,)?) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            $crate::track_event::__scoped_slice(__cat, $crate::EventName::from($name), &[$($crate::Arg::new($k, $v)),*])
+        } else {
+            $crate::track_event::SliceGuard::disabled()
+        }
+    }};
+}
+
+/// Begins a slice on the calling thread's track (end it with
+/// [`trace_event_end!`](crate::trace_event_end)).
+#[macro_export]
+macro_rules! trace_event_begin {
+    ($cat:expr, $name:expr $(, $k:literal => $v:expr)* $(,)?) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            $crate::track_event::__event(__cat, $crate::EventType::SliceBegin, $crate::EventName::from($name), &[$($crate::Arg::new($k, $v)),*]);
+        }
+    }};
+}
+
+/// Ends the innermost slice on the calling thread's track.
+#[macro_export]
+macro_rules! trace_event_end {
+    ($cat:expr) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            $crate::track_event::__event(
+                __cat,
+                $crate::EventType::SliceEnd,
+                $crate::EventName::None,
+                &[],
+            );
+        }
+    }};
+}
+
+/// An instant event on the calling thread's track.
+#[macro_export]
+macro_rules! trace_instant {
+    ($cat:expr, $name:expr $(, $k:literal => $v:expr)* $(,)?) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            $crate::track_event::__event(__cat, $crate::EventType::Instant, $crate::EventName::from($name), &[$($crate::Arg::new($k, $v)),*]);
+        }
+    }};
+}
+
+/// A counter sample: `trace_counter!(CAT, "Name", value)` on a counter
+/// track of that name under the process track, or
+/// `trace_counter!(CAT, &counter_track, value)`. Integer values are int64
+/// counters, floating-point values double counters.
+#[macro_export]
+macro_rules! trace_counter {
+    ($cat:expr, $name:literal, $value:expr $(,)?) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            let __track = $crate::CounterTrack::new($name);
+            __cat.counter(&__track, $value).emit();
+        }
+    }};
+    ($cat:expr, $track:expr, $value:expr $(,)?) => {{
+        let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
+        if __cat.is_enabled() {
+            __cat.counter($track, $value).emit();
+        }
+    }};
+}
