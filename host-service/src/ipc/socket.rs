@@ -1,0 +1,473 @@
+//! The thin socket shell: addresses, listening, connecting, and moving bytes
+//! and file descriptors between a socket and the sans-IO
+//! [`FrameDecoder`] / [`OutQueue`].
+//!
+//! Everything is `SOCK_CLOEXEC` / `MSG_CMSG_CLOEXEC`. The functions work on
+//! blocking and non-blocking sockets alike: [`recv_into`] and
+//! [`send_queued`] report `WouldBlock` as "nothing more for now".
+//!
+//! File descriptor rules (Perfetto's): at most one fd per `recvmsg` is kept,
+//! extra ones in the same message are closed; a truncated control or data
+//! message closes every fd it carried and fails the read. On the send side an
+//! fd goes with the first `sendmsg` of its frame (see [`OutQueue`]).
+
+use std::fmt;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use thiserror::Error;
+
+use super::frame::FrameDecoder;
+use super::outq::OutQueue;
+
+/// Environment variable overriding the producer socket (on the service side
+/// it may list several sockets, comma-separated).
+pub const PRODUCER_SOCKET_ENV: &str = "PERFETTO_PRODUCER_SOCK_NAME";
+
+/// Environment variable overriding the consumer socket.
+pub const CONSUMER_SOCKET_ENV: &str = "PERFETTO_CONSUMER_SOCK_NAME";
+
+/// Directory used for the default sockets when it exists and is searchable.
+const RUN_DIR: &str = "/run/perfetto/";
+
+/// Longest socket name, as Perfetto accepts it (`sun_path` minus the NUL).
+pub const MAX_NAME_LEN: usize = 106;
+
+/// Where a tracing service listens: a filesystem path, or a Linux abstract
+/// socket (written `@name`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SocketAddress {
+    /// A socket file.
+    Path(PathBuf),
+    /// An abstract socket name (without the leading `@`/NUL).
+    Abstract(Vec<u8>),
+}
+
+/// An address this implementation cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum AddressError {
+    /// The empty string.
+    #[error("empty socket name")]
+    Empty,
+    /// A name longer than [`MAX_NAME_LEN`].
+    #[error("socket name {0:?} is longer than {MAX_NAME_LEN} bytes")]
+    TooLong(String),
+    /// A TCP (`host:port`) or vsock (`vsock://cid:port`) address, which
+    /// Perfetto accepts but this implementation does not serve.
+    #[error("{family} socket {address:?} is not supported (only UNIX sockets are)")]
+    Unsupported {
+        /// `"vsock"` or `"TCP"`.
+        family: &'static str,
+        /// The address as given.
+        address: String,
+    },
+}
+
+impl SocketAddress {
+    /// Parses a socket name with Perfetto's rules: `@name` is abstract,
+    /// `vsock://…` is vsock, a name ending in `:<integer>` is TCP, anything
+    /// else is a filesystem path.
+    pub fn parse(name: &str) -> Result<Self, AddressError> {
+        if name.is_empty() {
+            return Err(AddressError::Empty);
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(AddressError::TooLong(name.to_owned()));
+        }
+        if let Some(abstract_name) = name.strip_prefix('@') {
+            return Ok(Self::Abstract(abstract_name.as_bytes().to_vec()));
+        }
+        let unsupported = |family| AddressError::Unsupported {
+            family,
+            address: name.to_owned(),
+        };
+        if name.starts_with("vsock://") {
+            return Err(unsupported("vsock"));
+        }
+        if let Some((_, port)) = name.rsplit_once(':') {
+            if port.parse::<i32>().is_ok() {
+                return Err(unsupported("TCP"));
+            }
+        }
+        Ok(Self::Path(PathBuf::from(name)))
+    }
+
+    fn to_sockaddr(&self) -> io::Result<SocketAddrUnix> {
+        Ok(match self {
+            Self::Path(path) => SocketAddrUnix::new(path.as_path())?,
+            Self::Abstract(name) => SocketAddrUnix::new_abstract_name(name)?,
+        })
+    }
+}
+
+impl fmt::Display for SocketAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Path(path) => write!(f, "{}", path.display()),
+            Self::Abstract(name) => write!(f, "@{}", String::from_utf8_lossy(name)),
+        }
+    }
+}
+
+fn default_socket(env: &str, run_name: &str, tmp_name: &str) -> String {
+    if let Some(name) = std::env::var_os(env) {
+        return name.to_string_lossy().into_owned();
+    }
+    let use_run = rustix::fs::access(RUN_DIR, rustix::fs::Access::EXEC_OK).is_ok();
+    if use_run {
+        format!("{RUN_DIR}{run_name}")
+    } else {
+        tmp_name.to_owned()
+    }
+}
+
+/// The producer socket name clients connect to: `$PERFETTO_PRODUCER_SOCK_NAME`,
+/// else `/run/perfetto/traced-producer.sock` if `/run/perfetto/` is
+/// searchable, else `/tmp/perfetto-producer`.
+pub fn producer_socket_name() -> String {
+    default_socket(
+        PRODUCER_SOCKET_ENV,
+        "traced-producer.sock",
+        "/tmp/perfetto-producer",
+    )
+}
+
+/// The consumer socket name: `$PERFETTO_CONSUMER_SOCK_NAME`, else
+/// `/run/perfetto/traced-consumer.sock` if `/run/perfetto/` is searchable,
+/// else `/tmp/perfetto-consumer`.
+pub fn consumer_socket_name() -> String {
+    default_socket(
+        CONSUMER_SOCKET_ENV,
+        "traced-consumer.sock",
+        "/tmp/perfetto-consumer",
+    )
+}
+
+/// The producer sockets a service listens on: [`producer_socket_name`] split
+/// at commas.
+pub fn producer_socket_names_for_service() -> Vec<String> {
+    producer_socket_name()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Credentials of the process at the other end of a UNIX socket, as the
+/// kernel recorded them at `connect` time (`SO_PEERCRED`): unforgeable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// The peer credentials of a connected UNIX socket.
+///
+/// The pid is 0 when the peer lives in a pid namespace this process cannot
+/// see. (`rustix::net::sockopt::socket_peercred` is not used because it
+/// stores the pid in a non-zero type.)
+pub fn peer_credentials(socket: impl AsFd) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let size = std::mem::size_of::<libc::ucred>();
+    let mut len = size as libc::socklen_t;
+    // SAFETY: `cred` is a live, writable `ucred` and `len` holds its size:
+    // getsockopt(SO_PEERCRED) writes at most `len` bytes of a `ucred` there
+    // and updates `len`. The descriptor is borrowed for the whole call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != size {
+        return Err(io::Error::other("SO_PEERCRED returned a short ucred"));
+    }
+    Ok(PeerCredentials {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// A listening socket.
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    address: SocketAddress,
+}
+
+impl Listener {
+    /// Binds and listens on `address`. A stale socket file at that path is
+    /// removed first (other kinds of files are left alone and make this fail).
+    pub fn bind(address: &SocketAddress) -> io::Result<Self> {
+        if let SocketAddress::Path(path) = address {
+            remove_stale_socket(path)?;
+        }
+        let fd = net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        net::bind(&fd, &address.to_sockaddr()?)?;
+        net::listen(&fd, 1024)?;
+        Ok(Self {
+            fd,
+            address: address.clone(),
+        })
+    }
+
+    /// The address this listener is bound to.
+    pub fn address(&self) -> &SocketAddress {
+        &self.address
+    }
+
+    /// Accepts one connection (blocking, unless the listener was made
+    /// non-blocking with [`set_nonblocking`](Self::set_nonblocking)).
+    pub fn accept(&self) -> io::Result<UnixStream> {
+        let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC)?;
+        Ok(UnixStream::from(fd))
+    }
+
+    /// Makes [`accept`](Self::accept) return `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        rustix::io::ioctl_fionbio(&self.fd, nonblocking)?;
+        Ok(())
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Connects to `address` (blocking connect, close-on-exec socket).
+pub fn connect(address: &SocketAddress) -> io::Result<UnixStream> {
+    let fd = net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    net::connect(&fd, &address.to_sockaddr()?)?;
+    Ok(UnixStream::from(fd))
+}
+
+/// A connected pair of close-on-exec stream sockets.
+pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
+    let (a, b) = net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    Ok((UnixStream::from(a), UnixStream::from(b)))
+}
+
+/// What one [`recv_into`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Bytes were added to the decoder.
+    Data(usize),
+    /// The peer closed the connection.
+    Closed,
+    /// Nothing to read now (non-blocking socket).
+    WouldBlock,
+}
+
+/// Why a receive failed.
+#[derive(Debug, Error)]
+pub enum RecvError {
+    /// The socket reported an error.
+    #[error("recvmsg failed: {0}")]
+    Io(#[from] io::Error),
+    /// The kernel truncated the message or its control data (too many fds,
+    /// or an fd the receiver is not allowed to use); its fds were closed.
+    #[error("received message was truncated (MSG_TRUNC/MSG_CTRUNC)")]
+    Truncated,
+}
+
+/// One `recvmsg` into `decoder`, keeping at most one received fd.
+pub fn recv_into(socket: impl AsFd, decoder: &mut FrameDecoder) -> Result<Received, RecvError> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let buf = decoder.recv_buf();
+    if buf.is_empty() {
+        return Err(RecvError::Io(io::Error::other(
+            "frame decoder not drained before receiving",
+        )));
+    }
+    let msg = loop {
+        match net::recvmsg(
+            &socket,
+            &mut [IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => break msg,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => return Ok(Received::WouldBlock),
+            Err(e) => return Err(RecvError::Io(e.into())),
+        }
+    };
+    if msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
+        // Dropping `control` closes whatever fds did arrive.
+        return Err(RecvError::Truncated);
+    }
+    let mut fd = None;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for received in fds {
+                if fd.is_none() {
+                    fd = Some(received);
+                } else {
+                    log::warn!("closing an extra file descriptor received in one message");
+                }
+            }
+        }
+    }
+    if msg.bytes == 0 {
+        return Ok(Received::Closed);
+    }
+    decoder.commit(msg.bytes, fd);
+    Ok(Received::Data(msg.bytes))
+}
+
+/// Sends as much of `queue` as the socket takes (`MSG_NOSIGNAL`). Returns
+/// the number of bytes sent; the queue is empty unless the socket is
+/// non-blocking and full (then wait for it to become writable).
+pub fn send_queued(socket: impl AsFd, queue: &mut OutQueue) -> io::Result<usize> {
+    let mut total = 0;
+    while let Some(segment) = queue.next_send() {
+        let fds;
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if let Some(fd) = segment.fd {
+            fds = [fd];
+            if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(io::Error::other("control buffer too small for one fd"));
+            }
+        }
+        match net::sendmsg(
+            &socket,
+            &[IoSlice::new(segment.bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(sent) => {
+                queue.advance(sent);
+                total += sent;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses_like_perfetto() {
+        assert_eq!(
+            SocketAddress::parse("/tmp/perfetto-producer"),
+            Ok(SocketAddress::Path("/tmp/perfetto-producer".into()))
+        );
+        assert_eq!(
+            SocketAddress::parse("@traced"),
+            Ok(SocketAddress::Abstract(b"traced".to_vec()))
+        );
+        assert_eq!(SocketAddress::parse(""), Err(AddressError::Empty));
+        assert!(matches!(
+            SocketAddress::parse("127.0.0.1:32278"),
+            Err(AddressError::Unsupported { family: "TCP", .. })
+        ));
+        assert!(matches!(
+            SocketAddress::parse("vsock://2:1234"),
+            Err(AddressError::Unsupported {
+                family: "vsock",
+                ..
+            })
+        ));
+        // A colon without a number is just part of a path.
+        assert!(matches!(
+            SocketAddress::parse("/tmp/a:b"),
+            Ok(SocketAddress::Path(_))
+        ));
+        assert!(matches!(
+            SocketAddress::parse(&"x".repeat(107)),
+            Err(AddressError::TooLong(_))
+        ));
+        assert_eq!(SocketAddress::parse("@x").unwrap().to_string(), "@x");
+    }
+
+    #[test]
+    fn peer_credentials_are_our_own_on_a_pair() {
+        let (a, _b) = pair().unwrap();
+        let cred = peer_credentials(&a).unwrap();
+        assert_eq!(cred.pid, std::process::id() as i32);
+        assert_eq!(cred.uid, rustix::process::getuid().as_raw());
+    }
+
+    #[test]
+    fn listens_and_connects_on_abstract_and_path_sockets() {
+        let name = format!("@shmtrace-test-{}", std::process::id());
+        let addr = SocketAddress::parse(&name).unwrap();
+        let listener = Listener::bind(&addr).unwrap();
+        let _client = connect(&addr).unwrap();
+        let server = listener.accept().unwrap();
+        assert_eq!(
+            peer_credentials(&server).unwrap().pid,
+            std::process::id() as i32
+        );
+
+        let dir = std::env::temp_dir().join(format!("shmtrace-sock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let addr = SocketAddress::Path(dir.join("s"));
+        drop(Listener::bind(&addr).unwrap());
+        // The stale socket file left behind is replaced.
+        let listener = Listener::bind(&addr).unwrap();
+        let _client = connect(&addr).unwrap();
+        listener.accept().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

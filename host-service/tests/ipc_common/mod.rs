@@ -1,0 +1,52 @@
+//! Test helpers shared by the `ipc_*` tests: a blocking host loop.
+
+#![allow(dead_code)]
+
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use shmtrace_service::ipc::host::{Call, HostConnection, HostError, ServiceTable};
+use shmtrace_service::ipc::socket::{self, Received, RecvError};
+
+/// How a served connection ended.
+#[derive(Debug)]
+pub enum End {
+    /// The client closed the connection.
+    Closed,
+    /// The host closed it because of a protocol error.
+    Protocol(HostError),
+    /// A socket error.
+    Recv(RecvError),
+}
+
+/// Serves one connection on a thread: every call goes to `handler`, which
+/// answers through the connection. Replies are flushed after each read.
+pub fn serve<R, F>(stream: UnixStream, table: ServiceTable<R>, mut handler: F) -> JoinHandle<End>
+where
+    R: Send + 'static,
+    F: FnMut(&mut HostConnection<R>, Call<R>) + Send + 'static,
+{
+    std::thread::spawn(move || {
+        let peer = socket::peer_credentials(&stream).ok();
+        let mut conn = HostConnection::new(Arc::new(table), peer);
+        loop {
+            match socket::recv_into(&stream, conn.decoder()) {
+                Ok(Received::Data(_)) => {}
+                Ok(Received::Closed) => return End::Closed,
+                Ok(Received::WouldBlock) => continue,
+                Err(e) => return End::Recv(e),
+            }
+            loop {
+                match conn.poll_call() {
+                    Ok(Some(call)) => handler(&mut conn, call),
+                    Ok(None) => break,
+                    Err(e) => return End::Protocol(e),
+                }
+            }
+            if socket::send_queued(&stream, conn.out()).is_err() {
+                return End::Closed;
+            }
+        }
+    })
+}
