@@ -518,12 +518,16 @@ impl<'m> Smb<'m> {
     }
 
     /// Shmem-emulation producer: frees a `Complete` chunk itself
-    /// (`Complete → Free`, header cleared first). Producers that need the
-    /// chunk's bytes first can instead use
-    /// [`try_acquire_chunk_for_reading`](Self::try_acquire_chunk_for_reading)
-    /// + [`ReadableChunk::copy_out`] + [`ReadableChunk::release_as_free`],
-    ///   which ends in the same state (the transient `BeingRead` is invisible
-    ///   in private memory).
+    /// (`Complete → Free`, header cleared first).
+    ///
+    /// Only for an SMB no service reads (emulation mode, private memory): as
+    /// in Perfetto, the header is cleared before the state CAS, so a service
+    /// taking the chunk at the same moment could copy a cleared header.
+    /// Producers that need the chunk's bytes first can use
+    /// [`try_acquire_chunk_for_reading`](Self::try_acquire_chunk_for_reading),
+    /// [`ReadableChunk::copy_out`] and [`ReadableChunk::release_as_free`]
+    /// instead, which end in the same state (the transient `BeingRead` is
+    /// invisible in private memory).
     pub fn release_complete_as_free(
         &self,
         page: usize,
