@@ -9,8 +9,10 @@
 //!   the claimed length is never used to size an allocation. The receive
 //!   buffer grows with the bytes actually received, up to [`MAX_FRAME_LEN`].
 //! * A zero-length frame is skipped (as upstream does). A frame that is not a
-//!   valid `IPCFrame` is an error. After any error the decoder stays failed:
-//!   the caller is expected to close the connection and log the error.
+//!   valid `IPCFrame` is an error (Perfetto drops such a frame and carries
+//!   on; here a peer that sends invalid protobuf loses its connection, as a
+//!   broken or hostile peer should). After any error the decoder stays
+//!   failed: the caller closes the connection.
 //! * File descriptors are bound to frames by stream position: an fd received
 //!   with a `recvmsg` belongs to the frame containing the last byte that
 //!   `recvmsg` returned. This is exact for senders that, like Perfetto and

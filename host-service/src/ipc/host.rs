@@ -194,7 +194,16 @@ impl<R: 'static> HostConnection<R> {
     /// answers itself. `Ok(None)`: more bytes are needed. An error is fatal:
     /// log it and close the connection.
     pub fn poll_call(&mut self) -> Result<Option<Call<R>>, HostError> {
-        while let Some(received) = self.decoder.next_frame()? {
+        loop {
+            let received = match self.decoder.next_frame() {
+                Ok(Some(received)) => received,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    let pid = self.peer.map_or(0, |p| p.pid);
+                    log::warn!("closing the connection of pid {pid}: {e}");
+                    return Err(e.into());
+                }
+            };
             let request_id = received.frame.request_id.unwrap_or(0);
             match received.frame.msg {
                 Some(Msg::MsgBindService(bind)) => {
@@ -247,7 +256,6 @@ impl<R: 'static> HostConnection<R> {
                 _ => self.queue(&request_error_frame(request_id, "unknown request"), None),
             }
         }
-        Ok(None)
     }
 
     /// Sends one reply to `to`: `Ok(msg)` succeeds, `Err(())` rejects;

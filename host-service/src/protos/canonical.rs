@@ -208,6 +208,11 @@ pub fn redundant_varint(value: u32) -> [u8; 4] {
 
 /// Re-encodes the serialized message `bytes` of type `schema` the way
 /// Perfetto would, appending to `out`. Unknown fields are kept, last.
+///
+/// Fields of one number keep their relative order, so "last value wins" and
+/// sub-message merging mean the same after re-encoding. The exception is
+/// input that sets several members of one `oneof` (which a protobuf encoder
+/// never produces): the member that ends up last may change.
 pub fn reencode_into(
     schema: &MessageSchema,
     bytes: &[u8],
