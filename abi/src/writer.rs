@@ -223,7 +223,6 @@ pub struct TraceWriter<'s, A: ChunkArbiter<'s>, const P: usize = DEFAULT_PATCH_C
     enc: Encoder<ChunkStream<'s, A, P>>,
     writer_id: u16,
     target_buffer: BufferId,
-    first_packet: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
@@ -237,7 +236,6 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
             enc: Encoder::new(ChunkStream::new(arbiter, writer_id, target_buffer)),
             writer_id,
             target_buffer,
-            first_packet: true,
         })
     }
 
@@ -255,22 +253,30 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// derefs to a [`Message`]); the packet ends when the handle is dropped
     /// or [`Packet::finish`]ed.
     pub fn new_packet(&mut self) -> Packet<'_, 's, A, P> {
+        self.finish_forgotten_packet();
         let writing = self.enc.sink_and_slots().0.begin_packet();
         if writing {
             let loss = self.enc.sink().pending_loss();
+            let first = self.enc.sink().first_packet();
             let mut root = self.enc.root();
             if loss != 0 {
                 root.uint32(FIELD_PREVIOUS_PACKET_DROPPED, loss);
             }
-            if self.first_packet {
+            if first {
                 root.bool(FIELD_FIRST_PACKET_ON_SEQUENCE, true);
             }
         }
-        let first_packet = &mut self.first_packet;
         Packet {
             msg: self.enc.root(),
-            first_packet,
             finished: false,
+        }
+    }
+
+    /// A [`Packet`] handle that was leaked (`mem::forget`) left its packet
+    /// open: finish it now so its fragment stays well-formed.
+    fn finish_forgotten_packet(&mut self) {
+        if self.enc.sink().in_packet() {
+            let _ = finish_packet(&mut self.enc);
         }
     }
 
@@ -288,6 +294,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// offers pending patches, and asks the arbiter to deliver everything
     /// now. The next packet starts in a new chunk.
     pub fn flush(&mut self) {
+        self.finish_forgotten_packet();
         self.enc.sink_and_slots().0.flush();
     }
 
@@ -330,50 +337,51 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> Drop for TraceWriter<'s, A, P> {
     }
 }
 
+/// Ends the packet being written on `enc`: closes open nested messages,
+/// abandons the packet if a size overflowed, finalizes the fragment, counts.
+fn finish_packet<'s, A: ChunkArbiter<'s>, const P: usize>(
+    enc: &mut Encoder<ChunkStream<'s, A, P>>,
+) -> PacketOutcome {
+    enc.close_all();
+    let error = enc.take_error();
+    let (stream, open) = enc.sink_and_slots();
+    if let Some(EncodeError::MessageTooLong(_)) = error {
+        stream.abandon(open, DropReason::PacketTooLong);
+    }
+    let written = stream.finish_packet();
+    let stats = stream.stats_mut();
+    if written {
+        stats.packets_written += 1;
+        match error {
+            None => PacketOutcome::Written,
+            Some(e) => {
+                stats.packets_incomplete += 1;
+                PacketOutcome::Incomplete(e)
+            }
+        }
+    } else {
+        let reason = stream.drop_reason().unwrap_or(DropReason::SmbFull);
+        let stats = stream.stats_mut();
+        match reason {
+            DropReason::SmbFull => stats.packets_dropped_smb_full += 1,
+            DropReason::PatchStorageFull => stats.packets_dropped_patch_storage += 1,
+            DropReason::PacketTooLong => stats.packets_dropped_too_long += 1,
+        }
+        PacketOutcome::Dropped(reason)
+    }
+}
+
 /// A packet being written. Derefs to its root [`Message`]; ends when dropped.
 pub struct Packet<'w, 's, A: ChunkArbiter<'s>, const P: usize> {
     msg: PacketMessage<'w, 's, A, P>,
-    first_packet: &'w mut bool,
     finished: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>, const P: usize> Packet<'_, 's, A, P> {
     /// Ends the packet and reports what became of it.
     pub fn finish(mut self) -> PacketOutcome {
-        self.end()
-    }
-
-    fn end(&mut self) -> PacketOutcome {
         self.finished = true;
-        let enc = self.msg.encoder_mut();
-        enc.close_all();
-        let error = enc.take_error();
-        let (stream, open) = enc.sink_and_slots();
-        if let Some(EncodeError::MessageTooLong(_)) = error {
-            stream.abandon(open, DropReason::PacketTooLong);
-        }
-        let written = stream.finish_packet();
-        let stats = stream.stats_mut();
-        if written {
-            stats.packets_written += 1;
-            *self.first_packet = false;
-            match error {
-                None => PacketOutcome::Written,
-                Some(e) => {
-                    stats.packets_incomplete += 1;
-                    PacketOutcome::Incomplete(e)
-                }
-            }
-        } else {
-            let reason = stream.drop_reason().unwrap_or(DropReason::SmbFull);
-            let stats = stream.stats_mut();
-            match reason {
-                DropReason::SmbFull => stats.packets_dropped_smb_full += 1,
-                DropReason::PatchStorageFull => stats.packets_dropped_patch_storage += 1,
-                DropReason::PacketTooLong => stats.packets_dropped_too_long += 1,
-            }
-            PacketOutcome::Dropped(reason)
-        }
+        finish_packet(self.msg.encoder_mut())
     }
 }
 
@@ -393,7 +401,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> DerefMut for Packet<'_, 's, A, P> 
 impl<'s, A: ChunkArbiter<'s>, const P: usize> Drop for Packet<'_, 's, A, P> {
     fn drop(&mut self) {
         if !self.finished {
-            let _ = self.end();
+            let _ = finish_packet(self.msg.encoder_mut());
         }
     }
 }

@@ -176,9 +176,14 @@ impl<'a> Fragments<'a> {
         }
     }
 
-    /// Fragments of a chunk scraped while still being written: only the first
-    /// `count - 1` fragments are known to be finished, and the
-    /// continues-on-next and needs-patching flags do not hold yet.
+    /// Fragments of a chunk copied while still being written, given its *raw*
+    /// header word: only the first `count - 1` fragments are known to be
+    /// finished, and the continues-on-next and needs-patching flags do not
+    /// hold yet.
+    ///
+    /// `Smb::scrape` already returns the header reduced to the finished
+    /// prefix; parse such a copy with [`Fragments::new`] instead (applying
+    /// the rule twice would lose a fragment).
     pub fn new_incomplete(payload: &'a [u8], packets: Packets) -> Self {
         let flags = packets.flags().difference(
             ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK.union(ChunkFlags::CHUNK_NEEDS_PATCHING),

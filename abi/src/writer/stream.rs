@@ -74,6 +74,8 @@ pub struct ChunkStream<'s, A, const P: usize> {
     discard_pos: u32,
     drop_reason: Option<DropReason>,
     pending_loss: u32,
+    in_packet: bool,
+    first_packet: bool,
 
     patches: PatchFifo<P>,
     stats: WriterStats,
@@ -101,6 +103,8 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             discard_pos: 0,
             drop_reason: None,
             pending_loss: 0,
+            in_packet: false,
+            first_packet: true,
             patches: PatchFifo::new(),
             stats: WriterStats::new(),
         }
@@ -142,6 +146,16 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// Loss bits the next written packet must carry (field 42), 0 if none.
     pub(crate) fn pending_loss(&self) -> u32 {
         self.pending_loss
+    }
+
+    /// No packet has been written yet (the next one carries field 87).
+    pub(crate) fn first_packet(&self) -> bool {
+        self.first_packet
+    }
+
+    /// A packet was begun and not finished yet.
+    pub(crate) fn in_packet(&self) -> bool {
+        self.in_packet
     }
 
     fn header(&self, packets: Packets) -> ChunkHeaderRepr {
@@ -219,6 +233,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// the new fragment and reserves its size field. Returns `false` if the
     /// packet is dropped (no chunk available).
     pub(crate) fn begin_packet(&mut self) -> bool {
+        self.in_packet = true;
         self.discarding = false;
         self.drop_reason = None;
         self.continuation = false;
@@ -341,6 +356,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// for scrapers (or returns a chunk with no room left), delivers ready
     /// patches. Returns `false` if the packet was dropped.
     pub(crate) fn finish_packet(&mut self) -> bool {
+        self.in_packet = false;
         if self.discarding {
             self.discarding = false;
             self.deliver_patches();
@@ -361,6 +377,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             self.return_chunk();
         }
         self.pending_loss = 0;
+        self.first_packet = false;
         self.deliver_patches();
         true
     }

@@ -502,3 +502,30 @@ fn queue_full_acts_as_an_exhausted_smb() {
     assert_eq!(moved.len(), 3);
     assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
 }
+
+#[test]
+fn a_leaked_packet_handle_is_finished_by_the_next_packet() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    let mut p = w.new_packet();
+    p.uint64(8, 1);
+    let child = p.begin_nested(11);
+    core::mem::forget(child);
+    core::mem::forget(p);
+    assert_eq!(w.write_packet(|p| p.uint64(8, 2)), PacketOutcome::Written);
+    assert_eq!(w.stats().packets_written, 2);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(
+        data_fragments(p, h.packets),
+        [
+            std::vec![0xB8, 0x05, 0x01, 0x40, 0x01, 0x5A, 0x00],
+            std::vec![0x40, 0x02]
+        ]
+    );
+}
