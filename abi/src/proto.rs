@@ -30,5 +30,5 @@ pub mod encoder;
 mod slice;
 pub mod wire;
 
-pub use encoder::{EncodeError, Encoder, Message, Sink, MAX_DEPTH};
+pub use encoder::{EncodeError, Encoder, Message, Sink, MAX_DEPTH, SMALL_WRITE_LEN};
 pub use slice::{encode_to_slice, encoded_len, CountedSlot, SizeCounter, SliceSink, SliceSlot};

@@ -22,9 +22,7 @@
 //! * The first error is latched; writing continues (errors never panic) and
 //!   the owner of the encoder decides what an error means for the output.
 
-use super::wire::{
-    self, is_valid_field_number, put_varint, tag, WireType, MAX_MESSAGE_LEN, MAX_VARINT_LEN,
-};
+use super::wire::{self, is_valid_field_number, tag, WireType, MAX_MESSAGE_LEN};
 use heapless::Vec;
 
 #[cfg(doc)]
@@ -85,6 +83,15 @@ pub trait Sink {
 
     /// Appends `bytes` to the stream.
     fn write(&mut self, bytes: &[u8], open: &mut [Self::Slot]);
+
+    /// Appends the first `len` bytes of `buf` (a field's tag and scalar
+    /// value). A sink with room for all of `buf` may copy it whole, since
+    /// bytes past the current position are scratch space: one fixed-size
+    /// copy is much cheaper than a variable-length one.
+    #[inline]
+    fn write_small(&mut self, buf: &[u8; SMALL_WRITE_LEN], len: usize, open: &mut [Self::Slot]) {
+        self.write(buf.get(..len).unwrap_or(buf), open);
+    }
 
     /// Reserves [`SIZE_FIELD_LEN`] *contiguous* bytes at the current position
     /// for a size that [`Sink::fill_size_field`] will provide later.
@@ -203,12 +210,21 @@ impl<S: Sink> Encoder<S> {
     fn put(&mut self, bytes: &[u8]) {
         self.sink.write(bytes, &mut self.slots);
     }
+
+    #[inline]
+    fn put_small(&mut self, s: &Scratch) {
+        self.sink.write_small(&s.buf, s.len(), &mut self.slots);
+    }
 }
 
+/// Size of the buffer a field's tag and scalar value are assembled in
+/// before one [`Sink::write_small`]: a 5-byte tag plus a 10-byte varint fit.
+pub const SMALL_WRITE_LEN: usize = 16;
+
 /// A small stack buffer holding one field's tag and scalar value, so each
-/// scalar field costs a single [`Sink::write`].
+/// scalar field costs a single fixed-size [`Sink::write_small`].
 struct Scratch {
-    buf: [u8; 2 * MAX_VARINT_LEN],
+    buf: [u8; SMALL_WRITE_LEN],
     len: usize,
 }
 
@@ -216,31 +232,44 @@ impl Scratch {
     #[inline]
     fn new() -> Self {
         Self {
-            buf: [0; 2 * MAX_VARINT_LEN],
+            buf: [0; SMALL_WRITE_LEN],
             len: 0,
         }
     }
 
+    /// Appends one byte. Callers never push more than [`SMALL_WRITE_LEN`]
+    /// bytes (a 5-byte tag plus at most 10 more); the index is masked so a
+    /// mistake could only garble the scratch, never panic.
     #[inline]
-    fn varint(&mut self, value: u64) {
-        let mut tmp = [0u8; MAX_VARINT_LEN];
-        let n = put_varint(value, &mut tmp);
-        self.bytes(tmp.get(..n).unwrap_or(&[]));
+    fn push(&mut self, byte: u8) {
+        self.buf[self.len & (SMALL_WRITE_LEN - 1)] = byte;
+        self.len += 1;
+    }
+
+    #[inline]
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        self.push(value as u8);
     }
 
     #[inline]
     fn bytes(&mut self, bytes: &[u8]) {
-        if let Some(dst) = self.buf.get_mut(self.len..self.len + bytes.len()) {
-            dst.copy_from_slice(bytes);
-            self.len += bytes.len();
+        for &b in bytes {
+            self.push(b);
         }
     }
 
+    /// Bytes pushed, capped at the buffer size.
     #[inline]
-    fn as_slice(&self) -> &[u8] {
-        self.buf.get(..self.len).unwrap_or(&[])
+    fn len(&self) -> usize {
+        self.len.min(SMALL_WRITE_LEN)
     }
 }
+
+const _: () = assert!(SMALL_WRITE_LEN.is_power_of_two() && SMALL_WRITE_LEN >= 15);
 
 /// A message being written: the root message of an [`Encoder`] or a nested
 /// message opened with [`Message::begin_nested`] / [`Message::nested`].
@@ -297,7 +326,7 @@ impl<'a, S: Sink> Message<'a, S> {
             let mut s = Scratch::new();
             s.varint(u64::from(tag(field, WireType::Varint)));
             s.varint(value);
-            self.enc.put(s.as_slice());
+            self.enc.put_small(&s);
         }
     }
 
@@ -356,7 +385,7 @@ impl<'a, S: Sink> Message<'a, S> {
             let mut s = Scratch::new();
             s.varint(u64::from(tag(field, wire_type)));
             s.bytes(&le);
-            self.enc.put(s.as_slice());
+            self.enc.put_small(&s);
         }
     }
 
@@ -412,7 +441,7 @@ impl<'a, S: Sink> Message<'a, S> {
         let mut s = Scratch::new();
         s.varint(u64::from(tag(field, WireType::LengthDelimited)));
         s.varint(len);
-        self.enc.put(s.as_slice());
+        self.enc.put_small(&s);
         self.enc.put(value);
     }
 
@@ -449,11 +478,11 @@ impl<'a, S: Sink> Message<'a, S> {
         let mut s = Scratch::new();
         s.varint(u64::from(tag(field, WireType::LengthDelimited)));
         s.varint(len);
-        self.enc.put(s.as_slice());
+        self.enc.put_small(&s);
         for v in values {
-            let mut b = [0u8; MAX_VARINT_LEN];
-            let n = put_varint(v, &mut b);
-            self.enc.put(b.get(..n).unwrap_or(&[]));
+            let mut s = Scratch::new();
+            s.varint(v);
+            self.enc.put_small(&s);
         }
     }
 
@@ -489,7 +518,7 @@ impl<'a, S: Sink> Message<'a, S> {
         }
         let mut s = Scratch::new();
         s.varint(u64::from(tag(field, WireType::LengthDelimited)));
-        self.enc.put(s.as_slice());
+        self.enc.put_small(&s);
         let enc = &mut *self.enc;
         let slot = enc.sink.reserve_size_field(&mut enc.slots);
         let start = enc.sink.position();

@@ -13,13 +13,15 @@
 //! 4-byte redundant varint, the form a chunk writer uses for messages that
 //! span chunks.
 
-use super::encoder::{EncodeError, Encoder, Message, Sink};
+use super::encoder::{EncodeError, Encoder, Message, Sink, SMALL_WRITE_LEN};
 use super::wire::{put_varint, redundant_varint4, varint_len, MAX_VARINT_LEN, SIZE_FIELD_LEN};
 
 /// A [`Sink`] writing into one contiguous `&mut [u8]`.
 ///
 /// Running out of room never panics: the sink stops writing, remembers the
 /// overflow, and [`SliceSink::finish`] reports [`EncodeError::BufferFull`].
+/// Bytes of the buffer past the encoded length may be overwritten (scratch
+/// space for [`Sink::write_small`]).
 pub struct SliceSink<'b> {
     buf: &'b mut [u8],
     pos: usize,
@@ -98,6 +100,17 @@ impl Sink for SliceSink<'_> {
                 self.pos += bytes.len();
             }
             None => self.overflowed = true,
+        }
+    }
+
+    #[inline]
+    fn write_small(&mut self, buf: &[u8; SMALL_WRITE_LEN], len: usize, open: &mut [SliceSlot]) {
+        match self.buf.get_mut(self.pos..self.pos + SMALL_WRITE_LEN) {
+            Some(dst) if !self.overflowed => {
+                dst.copy_from_slice(buf);
+                self.pos += len;
+            }
+            _ => self.write(buf.get(..len).unwrap_or(buf), open),
         }
     }
 

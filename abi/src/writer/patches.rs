@@ -94,7 +94,7 @@ impl<const N: usize> PatchFifo<N> {
         N - self.entries.len()
     }
 
-    #[cfg(test)]
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -25,7 +25,7 @@ use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, MAX_PACKET_COUNT};
 use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
-use crate::proto::Sink;
+use crate::proto::{Sink, SMALL_WRITE_LEN};
 use crate::smb::WritableChunk;
 
 use super::arbiter::{BufferId, ChunkArbiter};
@@ -217,7 +217,15 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     }
 
     /// Offers every ready patch group to the arbiter, in FIFO order.
+    #[inline]
     pub(crate) fn deliver_patches(&mut self) {
+        if !self.patches.is_empty() {
+            self.deliver_patches_slow();
+        }
+    }
+
+    #[cold]
+    fn deliver_patches_slow(&mut self) {
         while let Some(group) = self.patches.ready_group(self.target_buffer, self.writer_id) {
             let n = group.len();
             if self.arbiter.send_patches(&group).is_err() {
@@ -445,6 +453,22 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> Sink for ChunkStream<'s, A, P> {
             }
         }
         self.write_slow(bytes, open);
+    }
+
+    #[inline]
+    fn write_small(&mut self, buf: &[u8; SMALL_WRITE_LEN], len: usize, open: &mut [ChunkSlot]) {
+        if !self.discarding {
+            if let Some(chunk) = &mut self.chunk {
+                if self.cursor + SMALL_WRITE_LEN <= self.capacity {
+                    // The bytes past `len` land in unused payload space that
+                    // later writes overwrite.
+                    let _ = chunk.write(self.cursor, buf);
+                    self.cursor += len;
+                    return;
+                }
+            }
+        }
+        self.write_slow(buf.get(..len).unwrap_or(buf), open);
     }
 
     fn reserve_size_field(&mut self, open: &mut [ChunkSlot]) -> ChunkSlot {
