@@ -10,10 +10,13 @@
 //!   trace writer's chunk stream implements it and switches chunks in the
 //!   middle of a field; [`SliceSink`] implements it over a plain `&mut [u8]`
 //!   (tests, messages the service builds); [`SizeCounter`] only measures.
-//! * [`Encoder`] / [`Message`]: typed field writers. Nested messages reserve
-//!   a 4-byte size that is back-filled when the message closes; a small body
-//!   (≤ 127 bytes) still contiguous with its size field is compacted to a
-//!   1-byte size.
+//! * [`Encoder`] / [`Message`]: typed field writers. A nested message
+//!   reserves room for its size, which the sink back-fills when the message
+//!   closes. The chunk stream reserves 4 bytes and writes a 4-byte redundant
+//!   varint, or compacts it to 1 byte when the body is at most 127 bytes and
+//!   still contiguous with the size field (the same rule protozero follows);
+//!   [`SliceSink`] produces canonical minimal varints (or, on request, 4-byte
+//!   redundant ones).
 //!
 //! Nesting is limited to [`MAX_DEPTH`] open messages; deeper messages are
 //! dropped whole and counted, never a panic (see [`encoder`]'s invariants).

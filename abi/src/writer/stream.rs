@@ -6,7 +6,7 @@
 //! * While a packet is written for real (`!discarding`), `chunk` is `Some`,
 //!   `frag_header + 4 <= frag_start <= cursor <= capacity`, and the current
 //!   fragment is the last one counted in the chunk header.
-//! * An [`ChunkSlot::Inline`] slot always points into the *current* chunk:
+//! * A [`ChunkSlot::Inline`] slot always points into the *current* chunk:
 //!   every chunk switch rewrites the inline slots of the still-open nested
 //!   messages into patch entries (normal crossing) or detaches them (packet
 //!   abandoned).
@@ -322,8 +322,12 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             .filter(|s| matches!(s, ChunkSlot::Inline(_)))
             .count();
         if self.patches.free() < inline {
-            self.abandon(open, DropReason::PatchStorageFull);
-            return;
+            // Delivered-but-deferred groups may be accepted by now.
+            self.deliver_patches();
+            if self.patches.free() < inline {
+                self.abandon(open, DropReason::PatchStorageFull);
+                return;
+            }
         }
         let packets = Packets::new(1, ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK)
             .unwrap_or(Packets::EMPTY);
@@ -372,9 +376,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         }
         let size = self.cursor.saturating_sub(self.frag_start);
         let at = self.frag_header;
-        if !self.continuation && size <= MAX_ONE_BYTE_LEN as usize {
-            self.compact(at, size);
-        } else {
+        if self.continuation || size > MAX_ONE_BYTE_LEN as usize || !self.compact(at, size) {
             self.chunk_write(at, &redundant_varint4(size as u32));
         }
         if self.capacity > self.cursor {
@@ -391,19 +393,20 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     }
 
     /// Rewrites the 4-byte size field at `at` (followed by a `size`-byte
-    /// body ending at the cursor) as a 1-byte size, moving the body back.
-    fn compact(&mut self, at: usize, size: usize) {
+    /// body ending at the cursor, `size <= 127`) as a 1-byte size, moving the
+    /// body back. Returns `false` (nothing changed) if that was impossible.
+    fn compact(&mut self, at: usize, size: usize) -> bool {
         let mut body = [0u8; MAX_ONE_BYTE_LEN as usize];
-        let Some(body) = body.get_mut(..size) else {
-            return;
+        let (Some(body), Some(chunk)) = (body.get_mut(..size), &mut self.chunk) else {
+            return false;
         };
-        if let Some(chunk) = &mut self.chunk {
-            if chunk.read_back(at + SIZE_FIELD_LEN, body).is_ok() {
-                let _ = chunk.write_u8(at, size as u8);
-                let _ = chunk.write(at + 1, body);
-                self.cursor -= SIZE_FIELD_LEN - 1;
-            }
+        if chunk.read_back(at + SIZE_FIELD_LEN, body).is_err() {
+            return false;
         }
+        let _ = chunk.write_u8(at, size as u8);
+        let _ = chunk.write(at + 1, body);
+        self.cursor -= SIZE_FIELD_LEN - 1;
+        true
     }
 
     /// Returns the current chunk (flush), padding an inflated count.
@@ -501,9 +504,8 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> Sink for ChunkStream<'s, A, P> {
                 if self.discarding {
                     return;
                 }
-                if size <= MAX_ONE_BYTE_LEN && at + SIZE_FIELD_LEN + size as usize == self.cursor {
-                    self.compact(at, size as usize);
-                } else {
+                let contiguous = at + SIZE_FIELD_LEN + size as usize == self.cursor;
+                if size > MAX_ONE_BYTE_LEN || !contiguous || !self.compact(at, size as usize) {
                     self.chunk_write(at, &redundant_varint4(size));
                 }
             }
