@@ -1,5 +1,5 @@
 #![no_main]
 
 // Frame decoder + host dispatcher + client matching on arbitrary bytes; the
-// logic lives in `shmtrace_service::fuzzing::ipc_frame`.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| shmtrace_service::fuzzing::ipc_frame(data));
+// logic lives in `shmtrace_ipc::fuzzing::ipc_frame`.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| shmtrace_ipc::fuzzing::ipc_frame(data));

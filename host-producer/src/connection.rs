@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_service::ipc::{Binding, Client, ClientError, SocketAddress};
-use shmtrace_service::protos::{
+use shmtrace_ipc::{Binding, Client, ClientError, SocketAddress};
+use shmtrace_ipc::protos::{
     self as pb, commit_data_request, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
 
@@ -108,7 +108,7 @@ static PRODUCER: OnceLock<Producer> = OnceLock::new();
 pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     let address = match &config.socket {
         Some(s) => s.clone(),
-        None => shmtrace_service::ipc::socket::producer_socket_name(),
+        None => shmtrace_ipc::socket::producer_socket_name(),
     };
     let address = SocketAddress::parse(&address).map_err(ConnectError::Address)?;
     let mut started = false;
@@ -242,7 +242,7 @@ fn connection_loop(config: &ProducerConfig, address: &SocketAddress, status: &Ar
 struct Session {
     _client: Client,
     port: Binding<ProducerPort>,
-    commands: shmtrace_service::ipc::PendingCall<producer_port::GetAsyncCommand>,
+    commands: shmtrace_ipc::PendingCall<producer_port::GetAsyncCommand>,
     emulation: bool,
 }
 
@@ -447,6 +447,9 @@ fn send(
                 send_commit(port, &req)
             };
             runtime().outbox().recycle(req);
+            if let Some(a) = arbiter {
+                a.commit_sent();
+            }
             result
         }
         Outgoing::RegisterTraceWriter {

@@ -47,7 +47,7 @@ pub enum RegisterError {
 pub enum ConnectError {
     /// The socket name cannot be used.
     #[error("invalid producer socket name: {0}")]
-    Address(#[source] shmtrace_service::ipc::socket::AddressError),
+    Address(#[source] shmtrace_ipc::socket::AddressError),
     /// [`init`](crate::init) was already called in this process.
     #[error("the producer is already initialized")]
     AlreadyInitialized,

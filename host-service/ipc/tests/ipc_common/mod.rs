@@ -6,8 +6,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use shmtrace_service::ipc::host::{Call, HostConnection, HostError, ServiceTable};
-use shmtrace_service::ipc::socket::{self, Received, RecvError};
+use shmtrace_ipc::host::{Call, HostConnection, HostError, ServiceTable};
+use shmtrace_ipc::socket::{self, Received, RecvError};
 
 /// How a served connection ended.
 #[derive(Debug)]

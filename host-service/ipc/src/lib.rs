@@ -1,5 +1,18 @@
-//! The IPC layer: Perfetto's socket protocol, byte-compatible with the real
-//! Perfetto (v59).
+//! # shmtrace-ipc
+//!
+//! Perfetto's socket protocol and protocol messages, byte-compatible with the
+//! real Perfetto (v59): the library part of `host-service/` that producers
+//! (`shmtrace-producer`), consumers (the `shmtrace` CLI) and the tracing
+//! service (`shmtrace-service`) all share. It is its own crate so that a
+//! producer never compiles service internals and the `shmtrace` binary can
+//! depend on the producer library (for `shmtrace demo`) without a cycle.
+//!
+//! * [`protos`] — the protocol messages (`perfetto.protos`, upstream's names
+//!   and field numbers), compiled from `proto/` at build time with `protox`
+//!   and `prost-build` (no system `protoc` needed), and the canonical encoder
+//!   that reproduces the real Perfetto's bytes.
+//!
+//! The IPC layer proper:
 //!
 //! Layers, bottom up:
 //!
@@ -23,11 +36,15 @@
 //! Nothing here panics on input from the peer: every malformation is an
 //! error for that connection only.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod connection;
 pub mod frame;
 pub mod host;
 pub mod outq;
+pub mod protos;
 pub mod rpc;
 pub mod socket;
 
@@ -37,3 +54,6 @@ pub use frame::{FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use host::{Call, HostConnection, PendingReply, ServiceTable};
 pub use outq::OutQueue;
 pub use socket::{Listener, PeerCredentials, SocketAddress};
+
+#[doc(hidden)]
+pub mod fuzzing;

@@ -9,11 +9,11 @@ use std::sync::mpsc;
 
 use bytes::Bytes;
 use ipc_common::serve;
-use shmtrace_service::ipc::host::ServiceTable;
-use shmtrace_service::ipc::socket;
-use shmtrace_service::ipc::Client;
-use shmtrace_service::protos::wire::{put_tag, put_varint, Fields, WireType};
-use shmtrace_service::protos::{
+use shmtrace_ipc::host::ServiceTable;
+use shmtrace_ipc::socket;
+use shmtrace_ipc::Client;
+use shmtrace_ipc::protos::wire::{put_tag, put_varint, Fields, WireType};
+use shmtrace_ipc::protos::{
     self, consumer_port, ds_config, get_async_command_response as cmd, producer_port, trace_config,
     ConsumerPort, DataSourceConfig, EnableTracingRequest, EnableTracingResponse,
     GetAsyncCommandResponse, ProducerPort, TraceConfig,

@@ -323,10 +323,10 @@ impl<T: Clone> ClientCore<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipc::frame::{
+    use crate::frame::{
         bind_service_reply_frame, invoke_method_reply_frame, request_error_frame,
     };
-    use crate::ipc::rpc::Service;
+    use crate::rpc::Service;
     use crate::protos::ProducerPort;
 
     fn received(frame: IpcFrame) -> ReceivedFrame {

@@ -109,6 +109,15 @@ pub struct PendingReply {
 }
 
 impl PendingReply {
+    /// The handle for request `request_id` (for code that drives a service
+    /// core without a socket: simulations and tests).
+    pub fn new(request_id: u64, drop_reply: bool) -> Self {
+        Self {
+            request_id,
+            drop_reply,
+        }
+    }
+
     /// The client's request id.
     pub fn request_id(&self) -> u64 {
         self.request_id

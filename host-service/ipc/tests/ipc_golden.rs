@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
-use shmtrace_service::ipc::frame::{
+use shmtrace_ipc::frame::{
     bind_service_frame, bind_service_reply_frame, encode_frame, invoke_method_frame, FrameDecoder,
 };
-use shmtrace_service::ipc::host::{HostConnection, ServiceTable};
-use shmtrace_service::ipc::rpc::{Method, Service, ServiceRequest};
-use shmtrace_service::protos::{
+use shmtrace_ipc::host::{HostConnection, ServiceTable};
+use shmtrace_ipc::rpc::{Method, Service, ServiceRequest};
+use shmtrace_ipc::protos::{
     self, canonical, commit_data_request::ChunksToMove, consumer_port, ds_config,
     get_async_command_response as cmd, ipc_frame::Msg, observable_events, producer_port,
     read_buffers_response::Slice, trace_config, CommitDataRequest, ConsumerPort, DataSourceConfig,
@@ -489,7 +489,7 @@ fn consumer_session_decodes_and_reassembles_the_trace() {
         packet.extend_from_slice(slice.data.as_ref().unwrap());
         if slice.last_slice_for_packet == Some(true) {
             trace.push(0x0a);
-            shmtrace_service::protos::wire::put_varint(&mut trace, packet.len() as u64);
+            shmtrace_ipc::protos::wire::put_varint(&mut trace, packet.len() as u64);
             trace.append(&mut packet);
             packets += 1;
         }

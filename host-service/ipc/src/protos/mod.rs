@@ -7,7 +7,7 @@
 //!   [`CommitDataRequest`], [`TraceStats`], [`TracingServiceState`], …), plus
 //!   the [`TracePacket`] fields the service writes.
 //! * The services themselves: [`ProducerPort`] and [`ConsumerPort`] implement
-//!   [`Service`](crate::ipc::rpc::Service) with their method tables, and the
+//!   [`Service`](crate::rpc::Service) with their method tables, and the
 //!   modules [`producer_port`] / [`consumer_port`] hold one marker type per
 //!   method and a `Request` enum of decoded requests.
 //!
@@ -38,6 +38,12 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/perfetto.protos.rs"));
 }
 pub use generated::*;
+
+/// The `FileDescriptorSet` of every `.proto` file under `proto/`, for
+/// run-time reflection (text-format configs, trace decoding with
+/// `prost-reflect`).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
 /// Serializes `msg` for a raw-bytes config field (canonical encoding).
 pub fn to_raw<M: ProtoSchema>(msg: &M) -> Bytes {

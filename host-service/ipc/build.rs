@@ -54,6 +54,13 @@ fn main() {
     });
 
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    // The descriptors themselves, for run-time reflection (the CLI's
+    // text-format configs and trace decoding use them through prost-reflect).
+    std::fs::write(
+        out_dir.join("file_descriptor_set.bin"),
+        protox::prost::Message::encode_to_vec(&fds),
+    )
+    .expect("write OUT_DIR/file_descriptor_set.bin");
     let schema = SchemaGen::new(&fds).render();
     std::fs::write(out_dir.join("schema.rs"), schema).expect("write OUT_DIR/schema.rs");
 
@@ -225,8 +232,8 @@ fn flatten(msg: &DescriptorProto, parent_name: &str, parent_mod: &str, out: &mut
 }
 
 /// Emits, per proto service, a unit struct implementing
-/// `crate::ipc::rpc::Service`, a module with one marker type per method
-/// implementing `crate::ipc::rpc::Method`, and a `Request` enum of every
+/// `crate::rpc::Service`, a module with one marker type per method
+/// implementing `crate::rpc::Method`, and a `Request` enum of every
 /// decoded request.
 struct PortGenerator;
 
@@ -235,7 +242,7 @@ impl prost_build::ServiceGenerator for PortGenerator {
         let ty = &service.name;
         let module = service.proto_name.to_snake_case();
         let proto_name = &service.proto_name;
-        let rpc = "crate::ipc::rpc";
+        let rpc = "crate::rpc";
 
         let mut table = String::new();
         let mut variants = String::new();

@@ -2,8 +2,8 @@
 //! producer library and the command-line consumer use.
 //!
 //! ```no_run
-//! use shmtrace_service::ipc::{Client, SocketAddress};
-//! use shmtrace_service::protos::{producer_port, InitializeConnectionRequest, ProducerPort};
+//! use shmtrace_ipc::{Client, SocketAddress};
+//! use shmtrace_ipc::protos::{producer_port, InitializeConnectionRequest, ProducerPort};
 //!
 //! let client = Client::connect(&SocketAddress::parse("/tmp/perfetto-producer")?)?;
 //! let port = client.bind::<ProducerPort>()?;

@@ -124,7 +124,7 @@ impl OutQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipc::frame::{bind_service_frame, request_error_frame};
+    use crate::frame::{bind_service_frame, request_error_frame};
 
     fn fd() -> OwnedFd {
         std::fs::File::open("/dev/null").unwrap().into()

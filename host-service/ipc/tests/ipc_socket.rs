@@ -13,16 +13,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use ipc_common::{serve, End};
 use prost::Message;
-use shmtrace_service::ipc::client::{BindError, RpcError};
-use shmtrace_service::ipc::frame::{
+use shmtrace_ipc::client::{BindError, RpcError};
+use shmtrace_ipc::frame::{
     bind_service_frame, encode_frame, invoke_method_frame, FrameDecoder, FrameError,
     MAX_PAYLOAD_LEN,
 };
-use shmtrace_service::ipc::host::{HostConnection, HostError, ServiceTable};
-use shmtrace_service::ipc::rpc::ServiceRequest;
-use shmtrace_service::ipc::socket::{self, Received, RecvError};
-use shmtrace_service::ipc::{Client, ClientError};
-use shmtrace_service::protos::{
+use shmtrace_ipc::host::{HostConnection, HostError, ServiceTable};
+use shmtrace_ipc::rpc::ServiceRequest;
+use shmtrace_ipc::socket::{self, Received, RecvError};
+use shmtrace_ipc::{Client, ClientError};
+use shmtrace_ipc::protos::{
     commit_data_request::ChunksToMove, get_async_command_response as cmd, ipc_frame::Msg,
     producer_port, CommitDataRequest, GetAsyncCommandResponse, InitializeConnectionRequest,
     InitializeConnectionResponse, IpcFrame, ProducerPort, SyncResponse,
@@ -51,7 +51,7 @@ fn commit(i: u32) -> IpcFrame {
     invoke_method_frame(u64::from(i) + 10, 1, 4, req.encode_to_vec().into(), true)
 }
 
-fn expect_commit(call: shmtrace_service::ipc::Call<producer_port::Request>, i: u32) {
+fn expect_commit(call: shmtrace_ipc::Call<producer_port::Request>, i: u32) {
     assert_eq!(call.reply.request_id(), u64::from(i) + 10);
     assert!(call.reply.drop_reply());
     match call.request {

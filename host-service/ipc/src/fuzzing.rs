@@ -6,10 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
-use crate::ipc::client::{ClientCore, Incoming};
-use crate::ipc::frame::FrameDecoder;
-use crate::ipc::host::{HostConnection, ServiceTable};
-use crate::ipc::rpc::ServiceRequest;
+use crate::client::{ClientCore, Incoming};
+use crate::frame::FrameDecoder;
+use crate::host::{HostConnection, ServiceTable};
+use crate::rpc::ServiceRequest;
 use crate::protos::{
     canonical, consumer_port, producer_port, ConsumerPort, IpcFrame, ProducerPort, SyncResponse,
 };

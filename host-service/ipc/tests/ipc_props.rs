@@ -4,12 +4,12 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 use prost::Message;
-use shmtrace_service::ipc::frame::{
+use shmtrace_ipc::frame::{
     bind_service_frame, encode_frame, invoke_method_frame, invoke_method_reply_frame,
     request_error_frame, FrameDecoder,
 };
-use shmtrace_service::protos::wire::{put_tag, put_varint, Fields, WireType};
-use shmtrace_service::protos::{
+use shmtrace_ipc::protos::wire::{put_tag, put_varint, Fields, WireType};
+use shmtrace_ipc::protos::{
     canonical, commit_data_request as cdr, ds_config, CommitDataRequest, DataSourceConfig, IpcFrame,
 };
 
@@ -143,12 +143,12 @@ fn the_fuzz_entry_point_accepts_real_traffic_and_its_mutations() {
         for seed in [0u8, 3, 60] {
             let mut input = vec![seed];
             input.extend_from_slice(&stream);
-            shmtrace_service::fuzzing::ipc_frame(&input);
+            shmtrace_ipc::fuzzing::ipc_frame(&input);
             // Deterministic mutations: flip one byte at a time, at a stride.
             for at in (1..input.len()).step_by(37) {
                 let mut mutated = input.clone();
                 mutated[at] ^= 0x5a;
-                shmtrace_service::fuzzing::ipc_frame(&mutated);
+                shmtrace_ipc::fuzzing::ipc_frame(&mutated);
             }
         }
     }
