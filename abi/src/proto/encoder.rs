@@ -4,11 +4,12 @@
 //!
 //! # Invariants
 //!
-//! * A nested message reserves [`SIZE_FIELD_LEN`] contiguous bytes for its
-//!   size (a "slot") and remembers the logical stream position where its body
-//!   starts. When it closes, its size is `position() - start`, and the sink
-//!   writes it back into the slot, wherever the slot lives by then (inline,
-//!   in a patch entry, or nowhere).
+//! * A nested message reserves room for its size (a "slot") and remembers
+//!   the logical stream position where its body starts. When it closes, its
+//!   size is `position() - start`, and the sink writes it back into the slot,
+//!   wherever the slot lives by then (inline, in a patch entry, or nowhere).
+//!   Messages close innermost first, so when a slot is filled every later
+//!   slot is already filled and the sink may still resize the field.
 //! * The encoder's stack of open slots is handed to the sink on every call
 //!   that may move to a new region, so a scattered sink can relocate slots
 //!   that lie in a region it gives up. Slots are ordered outermost first.
@@ -93,8 +94,10 @@ pub trait Sink {
         self.write(buf.get(..len).unwrap_or(buf), open);
     }
 
-    /// Reserves [`SIZE_FIELD_LEN`] *contiguous* bytes at the current position
-    /// for a size that [`Sink::fill_size_field`] will provide later.
+    /// Reserves contiguous room at the current position for a size that
+    /// [`Sink::fill_size_field`] will provide later. A scattered sink
+    /// reserves [`SIZE_FIELD_LEN`] bytes, enough for any size; a contiguous
+    /// sink may reserve less and grow the field when it is filled.
     fn reserve_size_field(&mut self, open: &mut [Self::Slot]) -> Self::Slot;
 
     /// Logical position: bytes appended so far (reserved size fields included,
@@ -102,11 +105,12 @@ pub trait Sink {
     /// modulo 2^32; only differences are meaningful.
     fn position(&self) -> u32;
 
-    /// Stores `size` (at most [`MAX_MESSAGE_LEN`]) into `slot`, which was
-    /// reserved `size` bytes before the current position. A sink may compact
-    /// the field to one byte when `size <= 127` and the body is still
-    /// contiguous with the slot, moving the body back and reducing
-    /// `position()` by 3.
+    /// Stores `size` (at most [`MAX_MESSAGE_LEN`]) into `slot`, whose body
+    /// is the last `size` bytes of the stream. A sink may change the encoded
+    /// length of the field if the body is still contiguous with it (compact
+    /// 4 bytes to 1 when `size <= 127`, or grow a 1-byte reservation to the
+    /// minimal varint), moving the body and changing `position()` by the
+    /// same amount.
     fn fill_size_field(&mut self, slot: Self::Slot, size: u32);
 }
 
