@@ -1,0 +1,576 @@
+//! Unit tests and property tests of the trace buffer.
+
+use super::*;
+
+const P: ProducerId = 1;
+const W: WriterId = 1;
+
+/// A fragment: `varint(len)` then `data` (1-byte size when it fits, like
+/// the C++ writer's compaction; 4-byte redundant varint otherwise).
+fn frag(out: &mut Vec<u8>, data: &[u8]) {
+    let len = data.len() as u32;
+    if len < 128 {
+        out.push(len as u8);
+    } else {
+        out.extend_from_slice(&[
+            (len & 0x7F) as u8 | 0x80,
+            ((len >> 7) & 0x7F) as u8 | 0x80,
+            ((len >> 14) & 0x7F) as u8 | 0x80,
+            (len >> 21) as u8,
+        ]);
+    }
+    out.extend_from_slice(data);
+}
+
+fn payload(frags: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in frags {
+        frag(&mut out, f);
+    }
+    // Unused tail of a real chunk: garbage the parser must ignore.
+    out.extend_from_slice(&[0xEE; 7]);
+    out
+}
+
+fn flags(bits: u8) -> ChunkFlags {
+    ChunkFlags::from_bits_retain(bits)
+}
+
+struct Chunk {
+    producer: ProducerId,
+    writer: WriterId,
+    id: u32,
+    count: u16,
+    flags: u8,
+    payload: Vec<u8>,
+    complete: bool,
+}
+
+fn chunk(id: u32, frags: &[&[u8]], flag_bits: u8) -> Chunk {
+    Chunk {
+        producer: P,
+        writer: W,
+        id,
+        count: frags.len() as u16,
+        flags: flag_bits,
+        payload: payload(frags),
+        complete: true,
+    }
+}
+
+impl Chunk {
+    fn commit(&self, buf: &mut TraceBuffer) -> CommitOutcome {
+        buf.commit(&ChunkCommit {
+            producer: self.producer,
+            writer: self.writer,
+            chunk_id: self.id,
+            packets: Packets::new(self.count, flags(self.flags)).expect("count"),
+            payload: &self.payload,
+            complete: self.complete,
+        })
+    }
+    fn writer(mut self, producer: ProducerId, writer: WriterId) -> Self {
+        self.producer = producer;
+        self.writer = writer;
+        self
+    }
+    fn incomplete(mut self) -> Self {
+        self.complete = false;
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    producer: ProducerId,
+    writer: WriterId,
+    loss: u32,
+    data: Vec<u8>,
+}
+
+fn read_all(buf: &mut TraceBuffer, mode: ReadMode) -> Vec<Read> {
+    let mut out = Vec::new();
+    buf.begin_read(mode);
+    while buf.read(usize::MAX, |p| {
+        out.push(Read {
+            producer: p.producer,
+            writer: p.writer,
+            loss: p.loss.bits(),
+            data: p.to_vec(),
+        })
+    }) == ReadStatus::More
+    {}
+    out
+}
+
+fn datas(reads: &[Read]) -> Vec<Vec<u8>> {
+    reads.iter().map(|r| r.data.clone()).collect()
+}
+
+fn losses(reads: &[Read]) -> Vec<u32> {
+    reads.iter().map(|r| r.loss).collect()
+}
+
+fn buffer(size: usize) -> TraceBuffer {
+    TraceBuffer::new(size, FillPolicy::RingBuffer).expect("size")
+}
+
+#[test]
+fn reads_whole_packets_in_order_without_loss() {
+    let mut buf = buffer(64 * 1024);
+    assert_eq!(
+        chunk(0, &[b"a", b"bb"], 0).commit(&mut buf),
+        CommitOutcome::Stored
+    );
+    assert_eq!(
+        chunk(1, &[b"ccc"], 0).commit(&mut buf),
+        CommitOutcome::Stored
+    );
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(
+        datas(&reads),
+        [b"a".to_vec(), b"bb".to_vec(), b"ccc".to_vec()]
+    );
+    assert_eq!(losses(&reads), [0, 0, 0]);
+    let s = buf.stats();
+    assert_eq!((s.chunks_written, s.chunks_read), (2, 2));
+    // Payloads of 4 and 4 bytes: 16 + 16 overhead each.
+    assert_eq!((s.bytes_written, s.bytes_read), (64, 64));
+    // Reads are destructive.
+    assert!(read_all(&mut buf, ReadMode::Live).is_empty());
+}
+
+#[test]
+fn reassembles_a_packet_spanning_three_chunks() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"x", b"hello "], 0x2).commit(&mut buf);
+    chunk(1, &[b"big "], 0x3).commit(&mut buf);
+    chunk(2, &[b"world", b"y"], 0x1).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(
+        datas(&reads),
+        [b"x".to_vec(), b"hello big world".to_vec(), b"y".to_vec()]
+    );
+    assert_eq!(losses(&reads), [0, 0, 0]);
+    assert_eq!(buf.stats().readaheads_succeeded, 1);
+    assert_eq!(buf.stats().chunks_read, 3);
+}
+
+#[test]
+fn a_spanning_packet_waits_for_its_next_chunk_in_live_reads_only() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"x", b"hel"], 0x2).commit(&mut buf);
+    assert_eq!(datas(&read_all(&mut buf, ReadMode::Live)), [b"x".to_vec()]);
+    chunk(1, &[b"lo"], 0x1).commit(&mut buf);
+    assert_eq!(
+        datas(&read_all(&mut buf, ReadMode::Live)),
+        [b"hello".to_vec()]
+    );
+
+    chunk(2, &[b"z", b"lost"], 0x2).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Drain);
+    assert_eq!(datas(&reads), [b"z".to_vec()]);
+    assert_eq!(buf.stats().readaheads_failed, 1);
+    // The loss is reported on the sequence's next packet.
+    chunk(4, &[b"next"], 0).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"next".to_vec()]);
+    let loss = DataLoss::because(DataLoss::REASSEMBLY_GAP) | DataLoss::READ_GAP;
+    assert_eq!(losses(&reads), [loss.bits()]);
+}
+
+#[test]
+fn out_of_order_chunks_are_read_in_id_order() {
+    let mut buf = buffer(64 * 1024);
+    chunk(1, &[b"second"], 0).commit(&mut buf);
+    chunk(0, &[b"first"], 0).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"first".to_vec(), b"second".to_vec()]);
+    assert_eq!(losses(&reads), [0, 0]);
+    assert_eq!(buf.stats().chunks_committed_out_of_order, 1);
+}
+
+#[test]
+fn chunk_ids_wrap_at_u32() {
+    let mut buf = buffer(64 * 1024);
+    chunk(u32::MAX - 1, &[b"a"], 0).commit(&mut buf);
+    chunk(u32::MAX, &[b"b", b"sp"], 0x2).commit(&mut buf);
+    chunk(0, &[b"an", b"c"], 0x1).commit(&mut buf);
+    chunk(1, &[b"d"], 0).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(
+        datas(&reads),
+        [
+            b"a".to_vec(),
+            b"b".to_vec(),
+            b"span".to_vec(),
+            b"c".to_vec(),
+            b"d".to_vec()
+        ]
+    );
+    // The sequence's first chunk read is not chunk 0: the ids before it are
+    // reported missing, nothing else.
+    assert_eq!(losses(&reads), [3, 0, 0, 0, 0]);
+    assert_eq!(buf.stats().chunks_committed_out_of_order, 0);
+}
+
+#[test]
+fn a_gap_is_reported_and_skipped_and_the_late_chunk_refused() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a"], 0).commit(&mut buf);
+    chunk(2, &[b"c"], 0).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"a".to_vec(), b"c".to_vec()]);
+    assert_eq!(
+        losses(&reads),
+        [0, DataLoss::because(DataLoss::READ_GAP).bits()]
+    );
+    assert_eq!(
+        chunk(1, &[b"b"], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::Stale)
+    );
+    assert_eq!(buf.stats().chunks_discarded, 1);
+}
+
+#[test]
+fn a_gap_with_a_continuation_reports_the_orphan() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a"], 0).commit(&mut buf);
+    chunk(2, &[b"tail", b"c"], 0x1).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"a".to_vec(), b"c".to_vec()]);
+    let loss = DataLoss::because(DataLoss::READ_GAP) | DataLoss::ORPHAN_CONTINUATION;
+    assert_eq!(losses(&reads), [0, loss.bits()]);
+}
+
+#[test]
+fn ring_wrap_evicts_the_oldest_chunks_with_exact_stats() {
+    // 8 KiB ring; each chunk has a 1000-byte packet: payload 1002 bytes,
+    // footprint 1008 + 16 = 1024. Eight fit exactly.
+    let mut buf = buffer(8192);
+    let data: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 1000]).collect();
+    for (i, d) in data.iter().enumerate() {
+        chunk(i as u32, &[d], 0).commit(&mut buf);
+    }
+    let s = *buf.stats();
+    assert_eq!(s.chunks_written, 12);
+    assert_eq!(s.chunks_overwritten, 4);
+    assert_eq!(s.bytes_overwritten, 4 * 1024);
+    assert_eq!(s.write_wrap_count, 1);
+    assert_eq!(s.padding_bytes_written, 0);
+    assert_eq!(s.bytes_written, 12 * 1024);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), data[4..].to_vec());
+    let mut expect = vec![0; 8];
+    expect[0] = DataLoss::because(DataLoss::OVERWRITE).bits();
+    assert_eq!(losses(&reads), expect);
+    assert_eq!(buf.stats().chunks_read, 8);
+    // Overwriting read data is not an overwrite.
+    chunk(12, &[&data[0]], 0).commit(&mut buf);
+    assert_eq!(buf.stats().chunks_overwritten, 4);
+}
+
+#[test]
+fn wrap_leaves_padding_and_counts_it() {
+    // Footprints of 1024 and 2048 in a 4160-byte ring.
+    let mut buf = buffer(4160);
+    chunk(0, &[&[1u8; 1000]], 0).commit(&mut buf);
+    chunk(1, &[&[2u8; 1000]], 0).commit(&mut buf);
+    chunk(2, &[&[3u8; 2000]], 0).commit(&mut buf); // 2000+2 → 2016+16 = 2032
+                                                   // 1024+1024+2032 = 4080; 80 bytes left: the next 1024 wraps.
+    chunk(3, &[&[4u8; 1000]], 0).commit(&mut buf);
+    let s = *buf.stats();
+    assert_eq!(s.padding_bytes_written, 80);
+    assert_eq!(s.write_wrap_count, 1);
+    assert_eq!(s.chunks_overwritten, 1);
+    assert_eq!(s.bytes_written, 1024 * 3 + 2032 + 80);
+}
+
+#[test]
+fn discard_policy_keeps_the_beginning() {
+    let mut buf = TraceBuffer::new(4096 + 32, FillPolicy::Discard).expect("size");
+    chunk(0, &[&[1u8; 1000]], 0).commit(&mut buf);
+    chunk(1, &[&[2u8; 1000]], 0).commit(&mut buf);
+    chunk(2, &[&[3u8; 1000]], 0).commit(&mut buf);
+    chunk(3, &[&[4u8; 1000]], 0).commit(&mut buf);
+    assert_eq!(
+        chunk(4, &[&[5u8; 1000]], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::Full)
+    );
+    // Latched: even after reading, new chunks are refused.
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 4);
+    assert_eq!(
+        chunk(5, &[b"x"], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::Full)
+    );
+    let s = buf.stats();
+    assert_eq!(
+        (s.chunks_discarded, s.chunks_overwritten, s.chunks_read),
+        (2, 0, 4)
+    );
+}
+
+#[test]
+fn patches_apply_only_to_a_stored_chunk_of_the_same_producer() {
+    let mut buf = buffer(64 * 1024);
+    // A packet whose nested length (4 bytes at payload offset 3) is patched.
+    let first = [0x0A, 0x00, 0x00, 0x00, 0x00, b'h'];
+    let patch: &[u8] = &[0x85, 0x80, 0x80, 0x00];
+    // Before the chunk exists: fails.
+    assert_eq!(
+        buf.patch(P, W, 0, &[(3, patch)], false),
+        PatchResult::ChunkNotFound
+    );
+    assert_eq!(buf.stats().patches_failed, 1);
+    chunk(0, &[b"a", &first], 0x2 | 0x4).commit(&mut buf);
+    chunk(1, &[b"ello"], 0x1).commit(&mut buf);
+    // Needs patching: only the whole packet is readable.
+    assert_eq!(datas(&read_all(&mut buf, ReadMode::Live)), [b"a".to_vec()]);
+    // A forged patch from another producer finds nothing.
+    assert_eq!(
+        buf.patch(2, W, 0, &[(3, &[9, 9, 9, 9])], false),
+        PatchResult::ChunkNotFound
+    );
+    // The real one: "a" took payload bytes 0..2, the fragment's size byte
+    // is at 2, its data (0x0A then the placeholder) at 3.
+    match buf.patch(P, W, 0, &[(4, patch)], false) {
+        PatchResult::Applied(o) => assert_eq!((o.applied, o.failed), (1, None)),
+        other => panic!("{other:?}"),
+    }
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(
+        datas(&reads),
+        [vec![
+            0x0A, 0x85, 0x80, 0x80, 0x00, b'h', b'e', b'l', b'l', b'o'
+        ]]
+    );
+    assert_eq!(losses(&reads), [0]);
+    // The chunk is gone now: patching it fails.
+    assert_eq!(
+        buf.patch(P, W, 0, &[(4, patch)], false),
+        PatchResult::ChunkNotFound
+    );
+    assert_eq!(buf.stats().patches_succeeded, 1);
+    assert_eq!(buf.stats().patches_failed, 3);
+}
+
+#[test]
+fn has_more_patches_keeps_the_chunk_waiting() {
+    let mut buf = buffer(64 * 1024);
+    // One 9-byte fragment (size byte at 0, data at 1..10) that continues.
+    chunk(0, &[&[0u8; 9]], 0x2 | 0x4).commit(&mut buf);
+    chunk(1, &[b"!"], 0x1).commit(&mut buf);
+    buf.patch(P, W, 0, &[(1, &[1, 2, 3, 4])], true);
+    assert!(read_all(&mut buf, ReadMode::Live).is_empty());
+    buf.patch(P, W, 0, &[(5, &[5, 6, 7, 8])], false);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [vec![1, 2, 3, 4, 5, 6, 7, 8, 0, b'!']]);
+    assert_eq!(buf.stats().patches_succeeded, 2);
+}
+
+#[test]
+fn a_patch_out_of_bounds_fails_and_keeps_the_chunk_waiting_until_drain() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[&[0u8; 6]], 0x2 | 0x4).commit(&mut buf);
+    chunk(1, &[b"end"], 0x1).commit(&mut buf);
+    match buf.patch(P, W, 0, &[(5, &[1, 1, 1, 1])], false) {
+        PatchResult::Applied(o) => assert!(o.failed.is_some()),
+        other => panic!("{other:?}"),
+    }
+    assert!(read_all(&mut buf, ReadMode::Live).is_empty());
+    assert!(read_all(&mut buf, ReadMode::Drain).is_empty());
+    assert_eq!(buf.stats().readaheads_failed, 1);
+}
+
+#[test]
+fn recommit_after_scrape_replaces_the_copy_without_duplicates() {
+    let mut buf = buffer(64 * 1024);
+    // Scraped while being written: 3 counted, the third unfinished.
+    let scraped = Chunk {
+        payload: payload(&[b"p1", b"p2", b"unfinished"]),
+        ..chunk(0, &[b"p1", b"p2", b"p3"], 0)
+    }
+    .incomplete();
+    assert_eq!(scraped.commit(&mut buf), CommitOutcome::Stored);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"p1".to_vec(), b"p2".to_vec()]);
+    // Scraped again, unchanged: a no-op.
+    assert_eq!(scraped.commit(&mut buf), CommitOutcome::Duplicate);
+    // The real commit: grows, read resumes after what was read.
+    let p4: &[u8] = b"p4, longer than the scraped copy's footprint";
+    assert_eq!(
+        chunk(0, &[b"p1", b"p2", b"p3", p4], 0).commit(&mut buf),
+        CommitOutcome::Rewritten
+    );
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"p3".to_vec(), p4.to_vec()]);
+    assert_eq!(losses(&reads), [0, 0]);
+    let s = buf.stats();
+    assert_eq!(
+        (
+            s.chunks_written,
+            s.chunks_rewritten,
+            s.chunks_relocated,
+            s.chunks_read
+        ),
+        (1, 1, 1, 1)
+    );
+    // A duplicate of the consumed chunk is recognized.
+    assert_eq!(
+        chunk(0, &[b"p1", b"p2", b"p3", p4], 0).commit(&mut buf),
+        CommitOutcome::Duplicate
+    );
+}
+
+#[test]
+fn recommits_that_shrink_or_drop_flags_are_violations() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a", b"b"], 0x2).commit(&mut buf);
+    assert_eq!(
+        chunk(0, &[b"a"], 0x2).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::InvalidRecommit)
+    );
+    assert_eq!(
+        chunk(0, &[b"a", b"b", b"c"], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::InvalidRecommit)
+    );
+    assert_eq!(
+        chunk(0, &[b"a", b"b"], 0x2).incomplete().commit(&mut buf),
+        CommitOutcome::Refused(Refusal::InvalidRecommit)
+    );
+    assert_eq!(buf.stats().abi_violations, 3);
+}
+
+#[test]
+fn incomplete_heads_wait_in_live_reads_and_are_drained_at_the_end() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a", b"b", b"c"], 0)
+        .incomplete()
+        .commit(&mut buf);
+    chunk(1, &[b"d"], 0).commit(&mut buf);
+    assert_eq!(
+        datas(&read_all(&mut buf, ReadMode::Live)),
+        [b"a".to_vec(), b"b".to_vec()]
+    );
+    let reads = read_all(&mut buf, ReadMode::Drain);
+    assert_eq!(datas(&reads), [b"d".to_vec()]);
+    // Packet "c" was never finished, and something follows it.
+    assert_eq!(
+        losses(&reads),
+        [DataLoss::because(DataLoss::READ_GAP).bits()]
+    );
+}
+
+#[test]
+fn closed_sequences_never_wait() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a", b"b"], 0).incomplete().commit(&mut buf);
+    chunk(0, &[b"x", b"sp"], 0x2).writer(2, 5).commit(&mut buf);
+    buf.producer_gone(P);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"a".to_vec(), b"x".to_vec()]);
+    buf.producer_gone(2);
+    assert!(read_all(&mut buf, ReadMode::Live).is_empty());
+    assert_eq!(buf.stats().readaheads_failed, 1);
+}
+
+#[test]
+fn a_reused_writer_id_starts_a_new_sequence() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a"], 0).commit(&mut buf);
+    chunk(1, &[b"b"], 0).commit(&mut buf);
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 2);
+    buf.writer_unregistered(P, W);
+    buf.writer_registered(P, W);
+    // The new writer starts at chunk 0 again.
+    assert_eq!(
+        chunk(0, &[b"new"], 0).commit(&mut buf),
+        CommitOutcome::Stored
+    );
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"new".to_vec()]);
+    assert_eq!(losses(&reads), [0]);
+}
+
+#[test]
+fn sentinels_and_corrupt_chunks_are_reported_where_they_happen() {
+    let mut buf = buffer(64 * 1024);
+    let mut sentinel = payload(&[b"a"]);
+    sentinel.truncate(2);
+    sentinel.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0x7F, 1, b'z']);
+    Chunk {
+        count: 3,
+        payload: sentinel,
+        ..chunk(0, &[], 0)
+    }
+    .commit(&mut buf);
+    chunk(1, &[b"b"], 0).commit(&mut buf);
+    // Count 3 but only one fragment and then garbage size.
+    Chunk {
+        count: 3,
+        payload: vec![1, b'c', 0x7F, 1],
+        ..chunk(2, &[], 0)
+    }
+    .commit(&mut buf);
+    chunk(3, &[b"d"], 0).commit(&mut buf);
+    assert_eq!(buf.stats().trace_writer_packet_loss, 1);
+    assert_eq!(buf.stats().abi_violations, 1);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(
+        datas(&reads),
+        [b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
+    );
+    let abort = DataLoss::because(DataLoss::WRITER_ABORT).bits();
+    let corrupt = DataLoss::because(DataLoss::CHUNK_CORRUPTED).bits();
+    assert_eq!(losses(&reads), [0, abort, 0, corrupt]);
+}
+
+#[test]
+fn a_chunk_larger_than_the_buffer_is_an_abi_violation() {
+    let mut buf = buffer(TraceBuffer::MIN_SIZE);
+    let big = vec![7u8; 5000];
+    assert!(matches!(
+        chunk(0, &[&big], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::TooLarge { .. })
+    ));
+    assert_eq!(buf.stats().abi_violations, 1);
+    assert!(matches!(
+        TraceBuffer::new(100, FillPolicy::RingBuffer),
+        Err(BufferError::TooSmall { .. })
+    ));
+}
+
+#[test]
+fn reads_resume_within_a_pass_when_the_budget_runs_out() {
+    let mut buf = buffer(64 * 1024);
+    for i in 0..10u32 {
+        chunk(i, &[&[i as u8; 100]], 0)
+            .writer(1, (i % 3 + 1) as u16)
+            .commit(&mut buf);
+    }
+    buf.begin_read(ReadMode::Live);
+    let mut got = Vec::new();
+    let mut calls = 0;
+    while buf.read(250, |p| got.push(p.to_vec())) == ReadStatus::More {
+        calls += 1;
+    }
+    assert_eq!(got.len(), 10);
+    assert!(calls >= 3);
+    // Write order across sequences is approximated.
+    assert_eq!(
+        got.iter().map(|d| d[0]).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<u8>>()
+    );
+}
+
+#[test]
+fn zero_length_fragments_are_skipped() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a", b"", b"b", b""], 0).commit(&mut buf);
+    assert_eq!(
+        datas(&read_all(&mut buf, ReadMode::Live)),
+        [b"a".to_vec(), b"b".to_vec()]
+    );
+}
+
+mod props;

@@ -1,0 +1,258 @@
+//! `CommitData`: moving chunks out of a producer's SMB (or out of the
+//! request, in shmem emulation) into trace buffers, applying patches, and
+//! SMB scraping (facts §1.6, §1.7, §2.5, §9.8).
+//!
+//! Every chunk is copied before it is looked at; every index and id the
+//! producer sends is checked against what it owns. A chunk the producer may
+//! not write (unknown or foreign buffer, or not the buffer its writer
+//! registered) is discarded and counted. Where upstream would abort on a
+//! `CHECK` — the producer changed a chunk's layout or state while the
+//! service held it — the producer loses its connection.
+
+use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE, MAX_WRITER_ID};
+use shmtrace_abi::reader::MAX_PATCHES_PER_GROUP;
+use shmtrace_abi::smb::CopyError;
+
+use super::{BufferId, ProducerId, SessionId, TracingService};
+use crate::protos::commit_data_request::{ChunkToPatch, ChunksToMove};
+use crate::protos::CommitDataRequest;
+use crate::service::buffer::{ChunkCommit, PatchResult};
+
+/// Largest chunk accepted in `ChunksToMove.data` (the chunk header's
+/// 16-bit sizes; upstream truncates 65536 and would abort).
+pub const MAX_EMULATED_CHUNK: usize = 65535;
+
+impl TracingService {
+    /// Handles one `CommitDataRequest` of `producer`: moves, then patches,
+    /// then the flush ack. `Err` names a fault that costs the producer its
+    /// connection.
+    pub(super) fn commit_data(
+        &mut self,
+        producer: ProducerId,
+        req: CommitDataRequest,
+    ) -> Result<(), String> {
+        for c in &req.chunks_to_move {
+            self.move_chunk(producer, c)?;
+        }
+        for p in &req.chunks_to_patch {
+            self.patch_chunk(producer, p);
+        }
+        if let Some(id) = req.flush_request_id.filter(|&id| id != 0) {
+            self.flush_acked(producer, id);
+        }
+        Ok(())
+    }
+
+    /// Whether `producer` may write chunks of `writer` into `buffer`.
+    fn may_write(&self, producer: ProducerId, writer: u16, buffer: u32) -> Option<BufferId> {
+        let p = self.producers.get(&producer)?;
+        let buffer = BufferId::try_from(buffer).ok()?;
+        if !self.buffers.contains_key(&buffer) || !p.allowed_buffers.contains(&buffer) {
+            return None;
+        }
+        match p.writers.get(&writer) {
+            Some(&registered) if registered != buffer => None,
+            _ => Some(buffer),
+        }
+    }
+
+    fn move_chunk(&mut self, producer: ProducerId, c: &ChunksToMove) -> Result<(), String> {
+        let target = c.target_buffer.unwrap_or(0);
+        if let Some(data) = &c.data {
+            // Shmem emulation: the whole chunk, header included, is in the
+            // request.
+            if data.len() < CHUNK_HEADER_SIZE || data.len() > MAX_EMULATED_CHUNK {
+                self.stats.chunks_discarded += 1;
+                return Ok(());
+            }
+            let mut head = [0u8; CHUNK_HEADER_SIZE];
+            head.copy_from_slice(&data[..CHUNK_HEADER_SIZE]);
+            let header = ChunkHeaderRepr::from_bytes(head);
+            let complete = !c.chunk_incomplete.unwrap_or(false);
+            self.store_chunk(
+                producer,
+                target,
+                header,
+                &data[CHUNK_HEADER_SIZE..],
+                complete,
+            );
+            return Ok(());
+        }
+        let (page, chunk) = (
+            c.page.unwrap_or(u32::MAX) as usize,
+            c.chunk.unwrap_or(u32::MAX) as usize,
+        );
+        let mut copy = std::mem::take(&mut self.chunk_copy);
+        let copied = self.copy_chunk(producer, page, chunk, &mut copy);
+        if let Ok(Some(header)) = &copied {
+            let len = header.1;
+            self.store_chunk(
+                producer,
+                target,
+                header.0,
+                copy.get(CHUNK_HEADER_SIZE..len).unwrap_or(&[]),
+                true,
+            );
+        }
+        self.chunk_copy = copy;
+        copied.map(|_| ())
+    }
+
+    /// Copies chunk `page`/`chunk` of `producer`'s SMB into `dst` and frees
+    /// it: the header and chunk size, `None` if there was nothing to take.
+    fn copy_chunk(
+        &mut self,
+        producer: ProducerId,
+        page: usize,
+        chunk: usize,
+        dst: &mut [u8],
+    ) -> Result<Option<(ChunkHeaderRepr, usize)>, String> {
+        let Some(shm) = self.producers.get(&producer).and_then(|p| p.smb.as_ref()) else {
+            return Ok(None);
+        };
+        let smb = shm
+            .smb()
+            .map_err(|e| format!("producer {producer}: SMB unusable: {e}"))?;
+        // Complete → BeingRead; anything else (out of range, not complete)
+        // is ignored, as upstream does.
+        let Ok(readable) = smb.try_acquire_chunk_for_reading(page, chunk) else {
+            return Ok(None);
+        };
+        let copied = readable.copy_out(dst);
+        if let Err(e) = readable.release_as_free() {
+            // Upstream CHECK-fails here (facts §1.6): the producer changed
+            // the page under us.
+            return Err(format!(
+                "producer {producer} changed chunk {page}/{chunk} while it was being read: {e}"
+            ));
+        }
+        match copied {
+            Ok(copied) => Ok(Some((copied.header, copied.len))),
+            Err(CopyError::InvalidHeader(e)) => {
+                log::debug!("producer {producer}: chunk {page}/{chunk} has an invalid header: {e}");
+                self.stats.chunks_discarded += 1;
+                Ok(None)
+            }
+            Err(e) => Err(format!("producer {producer}: chunk copy failed: {e}")),
+        }
+    }
+
+    /// Offers a copied chunk to its buffer if the producer may write there.
+    fn store_chunk(
+        &mut self,
+        producer: ProducerId,
+        target: u32,
+        header: ChunkHeaderRepr,
+        payload: &[u8],
+        complete: bool,
+    ) {
+        if header.validate().is_err() {
+            self.stats.chunks_discarded += 1;
+            return;
+        }
+        let Some(buffer) = self.may_write(producer, header.writer_id, target) else {
+            self.stats.chunks_discarded += 1;
+            return;
+        };
+        if let Some((_, buf)) = self.buffers.get_mut(&buffer) {
+            buf.commit(&ChunkCommit {
+                producer,
+                writer: header.writer_id,
+                chunk_id: header.chunk_id,
+                packets: header.packets,
+                payload,
+                complete,
+            });
+        }
+    }
+
+    fn patch_chunk(&mut self, producer: ProducerId, p: &ChunkToPatch) {
+        let n = p.patches.len() as u64;
+        let writer = p.writer_id.unwrap_or(0);
+        let buffer = BufferId::try_from(p.target_buffer.unwrap_or(0)).ok();
+        let valid_writer = (1..=u32::from(MAX_WRITER_ID)).contains(&writer);
+        let Some(buffer) = buffer.filter(|b| valid_writer && self.buffers.contains_key(b)) else {
+            self.stats.patches_discarded += n;
+            return;
+        };
+        if p.patches.len() > MAX_PATCHES_PER_GROUP {
+            self.stats.patches_discarded += n;
+            return;
+        }
+        let patches: Vec<(u32, &[u8])> = p
+            .patches
+            .iter()
+            .map(|x| {
+                (
+                    x.offset.unwrap_or(u32::MAX),
+                    x.data.as_deref().unwrap_or(&[]),
+                )
+            })
+            .collect();
+        let Some((_, buf)) = self.buffers.get_mut(&buffer) else {
+            return;
+        };
+        // The key includes the trusted producer id: a producer can only
+        // ever patch its own chunks.
+        match buf.patch(
+            producer,
+            writer as u16,
+            p.chunk_id.unwrap_or(0),
+            &patches,
+            p.has_more_patches.unwrap_or(false),
+        ) {
+            PatchResult::Applied(outcome) => {
+                self.stats.patches_discarded += u64::from(outcome.discarded)
+            }
+            PatchResult::TooMany(_) => self.stats.patches_discarded += n,
+            PatchResult::ChunkNotFound => {}
+        }
+    }
+
+    /// Scrapes `producer`'s SMB (if it asked for scraping): copies every
+    /// chunk being written or complete-but-uncommitted into the buffer its
+    /// writer registered — of session `only` if given.
+    pub(super) fn scrape_producer(&mut self, producer: ProducerId, only: Option<SessionId>) {
+        let Some(p) = self.producers.get(&producer) else {
+            return;
+        };
+        if !p.scraping {
+            return;
+        }
+        let Some(shm) = &p.smb else { return };
+        let Ok(mut smb) = shm.smb() else { return };
+        let writers = p.writers.clone();
+        let mut found = Vec::new();
+        let mut dst = vec![0u8; smb.page_size().get()];
+        let result = smb.scrape_all(&mut dst, |scraped, bytes| {
+            let Some(&buffer) = writers.get(&scraped.header.writer_id) else {
+                return;
+            };
+            found.push((
+                buffer,
+                scraped.header,
+                scraped.complete,
+                bytes.get(CHUNK_HEADER_SIZE..).unwrap_or(&[]).to_vec(),
+            ));
+        });
+        if let Err(e) = result {
+            log::warn!("producer {producer}: scraping failed: {e}");
+        }
+        for (buffer, header, complete, payload) in found {
+            let Some((sid, buf)) = self.buffers.get_mut(&buffer) else {
+                continue;
+            };
+            if only.is_some_and(|s| s != *sid) {
+                continue;
+            }
+            buf.commit(&ChunkCommit {
+                producer,
+                writer: header.writer_id,
+                chunk_id: header.chunk_id,
+                packets: header.packets,
+                payload: &payload,
+                complete,
+            });
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The service core, sans-IO: the tracing service's whole behaviour, with
+//! no sockets, no threads and no clock of its own.
+//!
+//! Like `quinn-proto`, it is driven from outside:
+//!
+//! * connections come and go ([`TracingService::connect_producer`],
+//!   [`TracingService::connect_consumer`], [`TracingService::disconnect`]);
+//! * decoded calls arrive ([`TracingService::on_producer_call`],
+//!   [`TracingService::on_consumer_call`]);
+//! * time passes: [`TracingService::poll_timeout`] says when the next timer
+//!   is due and [`TracingService::on_timeout`] fires what is due, reading the
+//!   time from the [`Environment`];
+//! * what must be sent comes out of [`TracingService::poll_output`]
+//!   (replies, stream items with file descriptors, connections to close),
+//!   and ReadBuffers streams are pulled reply by reply with
+//!   [`TracingService::poll_read_reply`], so a consumer that reads slowly
+//!   holds back only its own stream.
+//!
+//! The I/O shell ([`super::shell`]) and the simulation tests drive it the
+//! same way. The only system resources the core touches are the producers'
+//! shared memory buffers (memfds it creates and maps) and the files of
+//! `write_into_file` sessions, both handed to it by descriptor.
+//!
+//! # Trust
+//!
+//! Producers and consumers are untrusted. Identities (uid, pid) come from
+//! the connection's peer credentials; producer ids, buffer ids and packet
+//! sequence ids are assigned here. Malformed or hostile input costs the peer
+//! its request or, where upstream would abort (facts §9.8), its connection
+//! ([`Output::Disconnect`]) — never the service or another peer's data.
+
+mod commit;
+mod consumer;
+mod packets;
+mod producer;
+mod readback;
+mod session;
+mod timers;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+
+use bytes::Bytes;
+
+use crate::ipc::{PeerCredentials, PendingReply};
+use crate::protos::{self, SystemInfo};
+
+use super::buffer::TraceBuffer;
+use super::env::{Environment, Nanos};
+
+use consumer::ConsumerConn;
+use producer::Producer;
+use session::Session;
+use timers::Timers;
+
+pub use readback::READ_REPLY_LIMIT;
+
+/// A connection, as the core knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// Producer id (assigned per producer connection, 1..=65535).
+pub type ProducerId = u16;
+/// Global trace buffer id (1..=65535).
+pub type BufferId = u16;
+/// Tracing session id.
+pub type SessionId = u64;
+
+/// Settings of the service.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The service's own uid: lockdown mode admits only producers of this
+    /// uid, and service packets carry it as `trusted_uid`.
+    pub uid: u32,
+    /// What the `system_info` packet says about this machine.
+    pub system_info: SystemInfo,
+    /// Version string (`tracing_service_version`).
+    pub version: String,
+}
+
+impl ServiceConfig {
+    /// A config for tests and embedding: uid 0, minimal system info.
+    pub fn new(uid: u32) -> Self {
+        let version = format!("shmtrace {}", env!("CARGO_PKG_VERSION"));
+        Self {
+            uid,
+            system_info: SystemInfo {
+                tracing_service_version: Some(version.clone()),
+                ..SystemInfo::default()
+            },
+            version,
+        }
+    }
+}
+
+/// The body of a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyBody {
+    /// Success, with the serialized response message.
+    Ok(Bytes),
+    /// Failure (`success = false`; also ends a stream).
+    Err,
+}
+
+/// Something the shell must do.
+#[derive(Debug)]
+pub enum Output {
+    /// Send a reply to a call (an item of a stream if `has_more`).
+    Reply {
+        /// Connection.
+        conn: ConnId,
+        /// The call answered.
+        to: PendingReply,
+        /// What to send.
+        body: ReplyBody,
+        /// More replies follow (streams).
+        has_more: bool,
+        /// A descriptor to attach (the SMB on `SetupTracing`).
+        fd: Option<OwnedFd>,
+    },
+    /// Close a connection whose peer broke the protocol.
+    Disconnect {
+        /// Connection.
+        conn: ConnId,
+        /// Why, for the log.
+        reason: String,
+    },
+}
+
+/// Service-wide counters (the service-level fields of `TraceStats`).
+#[derive(Debug, Default, Clone, Copy)]
+struct ServiceStats {
+    producers_seen: u64,
+    data_sources_seen: u64,
+    chunks_discarded: u64,
+    patches_discarded: u64,
+}
+
+enum Endpoint {
+    Producer {
+        creds: PeerCredentials,
+        id: Option<ProducerId>,
+    },
+    Consumer(ConsumerConn),
+}
+
+/// The tracing service. See the module docs.
+pub struct TracingService {
+    cfg: ServiceConfig,
+    env: Box<dyn Environment>,
+    conns: HashMap<ConnId, Endpoint>,
+    next_conn: u64,
+    producers: BTreeMap<ProducerId, Producer>,
+    last_producer_id: ProducerId,
+    sessions: BTreeMap<SessionId, Session>,
+    last_session_id: SessionId,
+    buffers: HashMap<BufferId, (SessionId, TraceBuffer)>,
+    last_buffer_id: BufferId,
+    last_instance_id: u64,
+    last_flush_id: u64,
+    lockdown: bool,
+    timers: Timers,
+    out: VecDeque<Output>,
+    stats: ServiceStats,
+    /// Scratch space for one chunk copied out of an SMB.
+    chunk_copy: Vec<u8>,
+}
+
+impl std::fmt::Debug for TracingService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TracingService")
+            .field("connections", &self.conns.len())
+            .field("producers", &self.producers.len())
+            .field("sessions", &self.sessions.len())
+            .field("buffers", &self.buffers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TracingService {
+    /// A service with no connections.
+    pub fn new(cfg: ServiceConfig, env: Box<dyn Environment>) -> Self {
+        Self {
+            cfg,
+            env,
+            conns: HashMap::new(),
+            next_conn: 1,
+            producers: BTreeMap::new(),
+            last_producer_id: 0,
+            sessions: BTreeMap::new(),
+            last_session_id: 0,
+            buffers: HashMap::new(),
+            last_buffer_id: 0,
+            last_instance_id: 0,
+            last_flush_id: 0,
+            lockdown: false,
+            timers: Timers::default(),
+            out: VecDeque::new(),
+            stats: ServiceStats::default(),
+            chunk_copy: vec![0; shmtrace_abi::layout::MAX_PAGE_SIZE],
+        }
+    }
+
+    /// A producer connected (to the producer socket).
+    pub fn connect_producer(&mut self, creds: PeerCredentials) -> ConnId {
+        let conn = self.new_conn();
+        self.conns
+            .insert(conn, Endpoint::Producer { creds, id: None });
+        conn
+    }
+
+    /// A consumer connected (to the consumer socket).
+    pub fn connect_consumer(&mut self, creds: PeerCredentials) -> ConnId {
+        let conn = self.new_conn();
+        self.conns
+            .insert(conn, Endpoint::Consumer(ConsumerConn::new(creds)));
+        conn
+    }
+
+    fn new_conn(&mut self) -> ConnId {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        conn
+    }
+
+    /// A connection closed (or was closed by the shell after
+    /// [`Output::Disconnect`]). Pending outputs for it are dropped.
+    pub fn disconnect(&mut self, conn: ConnId) {
+        match self.conns.remove(&conn) {
+            Some(Endpoint::Producer { id: Some(id), .. }) => self.producer_gone(id),
+            Some(Endpoint::Consumer(c)) => self.consumer_gone(c),
+            _ => {}
+        }
+        self.out.retain(|o| match o {
+            Output::Reply { conn: c, .. } | Output::Disconnect { conn: c, .. } => *c != conn,
+        });
+    }
+
+    /// The next thing to send.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`on_timeout`](Self::on_timeout) must next be called.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.timers.next_deadline()
+    }
+
+    /// Fires every timer that is due.
+    pub fn on_timeout(&mut self) {
+        let now = self.env.now();
+        while let Some(timer) = self.timers.pop_due(now) {
+            self.fire(timer);
+        }
+    }
+
+    /// Now, from the environment.
+    fn now(&self) -> Nanos {
+        self.env.now()
+    }
+
+    fn reply<M: protos::schema::ProtoSchema>(
+        &mut self,
+        conn: ConnId,
+        to: &PendingReply,
+        msg: &M,
+        has_more: bool,
+    ) {
+        self.reply_with_fd(conn, to, msg, has_more, None);
+    }
+
+    fn reply_with_fd<M: protos::schema::ProtoSchema>(
+        &mut self,
+        conn: ConnId,
+        to: &PendingReply,
+        msg: &M,
+        has_more: bool,
+        fd: Option<OwnedFd>,
+    ) {
+        if to.drop_reply() {
+            return;
+        }
+        let body = ReplyBody::Ok(protos::to_raw(msg));
+        self.out.push_back(Output::Reply {
+            conn,
+            to: to.clone(),
+            body,
+            has_more,
+            fd,
+        });
+    }
+
+    fn reject(&mut self, conn: ConnId, to: &PendingReply) {
+        if to.drop_reply() {
+            return;
+        }
+        self.out.push_back(Output::Reply {
+            conn,
+            to: to.clone(),
+            body: ReplyBody::Err,
+            has_more: false,
+            fd: None,
+        });
+    }
+
+    fn disconnect_peer(&mut self, conn: ConnId, reason: String) {
+        log::warn!("closing connection {}: {reason}", conn.0);
+        self.out.push_back(Output::Disconnect { conn, reason });
+    }
+}

@@ -1,0 +1,239 @@
+//! The packets the service writes into traces (facts §9.6), encoded with
+//! upstream's field order.
+//!
+//! Every service packet carries `trusted_uid` (the service's uid),
+//! `trusted_packet_sequence_id = 1` and `timestamp_clock_id = 6`
+//! (BOOTTIME); the sync marker carries only the first two and ends with the
+//! marker, so that a reader scanning the raw bytes for the marker finds the
+//! start of the next packet right after it.
+
+use crate::protos::{
+    self, ClockSnapshot, SystemInfo, TraceProvenance, TraceStats, TraceUuid, TracingServiceEvent,
+};
+use crate::service::env::clock_id;
+
+use super::session::Lifecycle;
+
+/// The sync marker's 16 bytes (UUID `82477a76-b28d-42ba-81dc-33326d57a079`).
+pub const SYNC_MARKER: [u8; 16] = [
+    0x82, 0x47, 0x7a, 0x76, 0xb2, 0x8d, 0x42, 0xba, 0x81, 0xdc, 0x33, 0x32, 0x6d, 0x57, 0xa0, 0x79,
+];
+
+/// The packet sequence id of the service's own packets.
+pub const SERVICE_SEQUENCE_ID: u32 = 1;
+
+// Top-level TracePacket fields (number << 3 | wire type), as varint bytes.
+const TIMESTAMP: &[u8] = &[0x40]; // 8, varint
+const CLOCK_SNAPSHOT: &[u8] = &[0x32]; // 6, bytes
+const TRUSTED_UID: &[u8] = &[0x18]; // 3, varint
+const SEQUENCE_ID: &[u8] = &[0x50]; // 10, varint
+const CLOCK_ID: &[u8] = &[0xD0, 0x03]; // 58, varint
+const TRACE_CONFIG: &[u8] = &[0x8A, 0x02]; // 33, bytes
+const TRACE_STATS: &[u8] = &[0x9A, 0x02]; // 35, bytes
+const SYNC: &[u8] = &[0xA2, 0x02]; // 36, bytes
+const SYSTEM_INFO: &[u8] = &[0xEA, 0x02]; // 45, bytes
+const SERVICE_EVENT: &[u8] = &[0xAA, 0x04]; // 69, bytes
+const TRACE_UUID: &[u8] = &[0xCA, 0x05]; // 89, bytes
+const PROVENANCE: &[u8] = &[0xE2, 0x07]; // 124, bytes
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn bytes_field(out: &mut Vec<u8>, tag: &[u8], bytes: &[u8]) {
+    out.extend_from_slice(tag);
+    varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn varint_field(out: &mut Vec<u8>, tag: &[u8], v: u64) {
+    out.extend_from_slice(tag);
+    varint(out, v);
+}
+
+/// Writes the trusted header: uid, sequence id 1, BOOTTIME.
+fn header(out: &mut Vec<u8>, uid: u32) {
+    varint_field(out, TRUSTED_UID, i64::from(uid as i32) as u64);
+    varint_field(out, SEQUENCE_ID, u64::from(SERVICE_SEQUENCE_ID));
+    varint_field(out, CLOCK_ID, u64::from(clock_id::BOOTTIME));
+}
+
+/// A `clock_snapshot` packet.
+pub fn clock_snapshot(uid: u32, clocks: &[(u32, u64)], primary: Option<i32>) -> Vec<u8> {
+    let snap = ClockSnapshot {
+        clocks: clocks
+            .iter()
+            .map(|&(id, ts)| protos::clock_snapshot::Clock {
+                clock_id: Some(id),
+                timestamp: Some(ts),
+                ..Default::default()
+            })
+            .collect(),
+        primary_trace_clock: Some(primary.unwrap_or(clock_id::BOOTTIME as i32)),
+    };
+    let mut out = Vec::new();
+    bytes_field(&mut out, CLOCK_SNAPSHOT, &protos::to_raw(&snap));
+    header(&mut out, uid);
+    out
+}
+
+/// The `trace_config` packet: the consumer's config, verbatim.
+pub fn trace_config(uid: u32, raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    header(&mut out, uid);
+    bytes_field(&mut out, TRACE_CONFIG, raw);
+    out
+}
+
+/// The `trace_uuid` packet.
+pub fn trace_uuid(uid: u32, (msb, lsb): (i64, i64)) -> Vec<u8> {
+    let mut out = Vec::new();
+    header(&mut out, uid);
+    bytes_field(
+        &mut out,
+        TRACE_UUID,
+        &protos::to_raw(&TraceUuid {
+            msb: Some(msb),
+            lsb: Some(lsb),
+        }),
+    );
+    out
+}
+
+/// A sync marker packet (no clock id; the marker is the last field).
+pub fn sync_marker(uid: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    varint_field(&mut out, TRUSTED_UID, i64::from(uid as i32) as u64);
+    varint_field(&mut out, SEQUENCE_ID, u64::from(SERVICE_SEQUENCE_ID));
+    bytes_field(&mut out, SYNC, &SYNC_MARKER);
+    out
+}
+
+/// The `trace_provenance` packet: per buffer, the sequences in it.
+pub fn provenance(uid: u32, ts: u64, buffers: Vec<Vec<(u32, i32)>>) -> Vec<u8> {
+    let prov = TraceProvenance {
+        buffers: buffers
+            .into_iter()
+            .map(|seqs| protos::trace_provenance::Buffer {
+                sequences: seqs
+                    .into_iter()
+                    .map(|(id, producer)| protos::trace_provenance::Sequence {
+                        id: Some(id),
+                        producer_id: Some(producer),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    let mut out = Vec::new();
+    varint_field(&mut out, TIMESTAMP, ts);
+    bytes_field(&mut out, PROVENANCE, &protos::to_raw(&prov));
+    header(&mut out, uid);
+    out
+}
+
+/// The `system_info` packet.
+pub fn system_info(uid: u32, info: &SystemInfo) -> Vec<u8> {
+    let mut out = Vec::new();
+    bytes_field(&mut out, SYSTEM_INFO, &protos::to_raw(info));
+    header(&mut out, uid);
+    out
+}
+
+/// A lifecycle `service_event` packet.
+pub fn service_event(uid: u32, ts: u64, event: Lifecycle) -> Vec<u8> {
+    use protos::tracing_service_event::EventType as E;
+    let e = match event {
+        Lifecycle::TracingStarted => E::TracingStarted(true),
+        Lifecycle::AllDataSourcesStarted => E::AllDataSourcesStarted(true),
+        Lifecycle::FlushStarted => E::FlushStarted(true),
+        Lifecycle::AllDataSourcesFlushed => E::AllDataSourcesFlushed(true),
+        Lifecycle::ReadTracingBuffersCompleted => E::ReadTracingBuffersCompleted(true),
+        Lifecycle::TracingDisabled => E::TracingDisabled(true),
+    };
+    let mut out = Vec::new();
+    varint_field(&mut out, TIMESTAMP, ts);
+    header(&mut out, uid);
+    bytes_field(
+        &mut out,
+        SERVICE_EVENT,
+        &protos::to_raw(&TracingServiceEvent {
+            event_type: Some(e),
+        }),
+    );
+    out
+}
+
+/// The `trace_stats` packet.
+pub fn trace_stats(uid: u32, stats: &TraceStats) -> Vec<u8> {
+    let mut out = Vec::new();
+    header(&mut out, uid);
+    bytes_field(&mut out, TRACE_STATS, &protos::to_raw(stats));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn sync_marker_is_upstreams() {
+        // facts §9.6, service uid 0.
+        assert_eq!(
+            sync_marker(0),
+            hex("18005001a2021082477a76b28d42ba81dc33326d57a079")
+        );
+    }
+
+    #[test]
+    fn service_events_match_the_v59_capture() {
+        // `tracing_started` from the golden ReadBuffers reply (slice 8).
+        let pkt = service_event(0, 1_125_480_036_323, Lifecycle::TracingStarted);
+        assert_eq!(pkt, hex("40e3efd9dee02018005001d00306aa04021001"));
+        let pkt = service_event(0, 1_127_482_320_337, Lifecycle::AllDataSourcesFlushed);
+        assert_eq!(pkt, hex("40d1cbbb99e82018005001d00306aa04021801"));
+    }
+
+    #[test]
+    fn config_and_uuid_packets_match_the_v59_capture() {
+        let config =
+            hex("0a0608808001200212170a150a0b747261636b5f6576656e7410008a070312012a18d00f");
+        assert_eq!(
+            trace_config(0, &config),
+            hex(&format!(
+                "18005001d003068a0224{}",
+                "0a0608808001200212170a150a0b747261636b5f6576656e7410008a070312012a18d00f"
+            ))
+        );
+        let msb = 0x46e5b9ffd1e2f0f7u64 as i64;
+        let lsb = 0x10fb8bc6d8c3d5b3u64 as i64;
+        let pkt = trace_uuid(0, (lsb, msb));
+        // The capture's uuid packet: ca 05 14 10 <lsb> 08 <msb> — upstream
+        // writes lsb (field 2) first; ours is field order. Both decode the
+        // same; check the header and the decoded value.
+        assert_eq!(&pkt[..7], &hex("18005001d00306")[..]);
+        let uuid: TraceUuid = prost::Message::decode(&pkt[10..]).unwrap();
+        assert_eq!((uuid.msb, uuid.lsb), (Some(lsb), Some(msb)));
+    }
+
+    #[test]
+    fn clock_snapshots_put_the_payload_first() {
+        let pkt = clock_snapshot(0, &[(6, 100), (1, 200)], None);
+        assert_eq!(pkt[0], 0x32);
+        assert!(pkt.ends_with(&hex("18005001d00306")));
+        let snap: ClockSnapshot = prost::Message::decode(&pkt[2..2 + pkt[1] as usize]).unwrap();
+        assert_eq!(snap.clocks.len(), 2);
+        assert_eq!(snap.primary_trace_clock, Some(6));
+    }
+}

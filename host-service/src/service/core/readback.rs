@@ -1,0 +1,481 @@
+//! Getting the trace out: `ReadBuffers` streams and `write_into_file`.
+//!
+//! Both produce the same packets in the same order (facts §9.6): the
+//! service's own packets first (clock snapshots, config, UUID, sync marker,
+//! provenance, system info, lifecycle events), then the producers' packets
+//! buffer by buffer — each validated and followed by its trusted appendix —
+//! and, once everything was read, `read_tracing_buffers_completed` and the
+//! trace stats when due.
+//!
+//! Memory stays bounded however large the buffers are: a `ReadBuffers`
+//! stream is produced one reply (at most [`READ_REPLY_LIMIT`] bytes) at a
+//! time, when the shell asks for it, and a file is written in
+//! [`FILE_BATCH`]-byte batches.
+
+use std::collections::VecDeque;
+use std::io::Write;
+
+use bytes::Bytes;
+
+use super::packets;
+use super::session::{Lifecycle, Session, SessionState};
+use super::{ConnId, Output, ReplyBody, SessionId, TracingService};
+use crate::ipc::PendingReply;
+use crate::protos::read_buffers_response::Slice;
+use crate::protos::ReadBuffersResponse;
+use crate::service::buffer::{Packet, ReadMode, ReadStatus};
+use crate::service::trusted::TrustedFields;
+use crate::service::validator::validate;
+
+/// Largest `ReadBuffers` reply, with upstream's per-slice overhead
+/// estimate (facts §6.3).
+pub const READ_REPLY_LIMIT: usize = 128 * 1024 - 64;
+const SLICE_OVERHEAD: usize = 16;
+
+/// Bytes written to a `write_into_file` file at once.
+pub const FILE_BATCH: usize = 1024 * 1024;
+
+/// Where a read is in a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Service packets before the producers' packets.
+    Preamble,
+    /// Producer packets of buffer `i`.
+    Buffer(usize),
+    /// Service packets after everything was read.
+    Trailer,
+    /// Nothing left.
+    Done,
+}
+
+/// A `ReadBuffers` stream in progress.
+#[derive(Debug)]
+pub struct ReadStream {
+    to: PendingReply,
+    stage: Stage,
+    /// Slices read but not yet sent: `(bytes, last slice of its packet)`.
+    pending: VecDeque<(Bytes, bool)>,
+}
+
+impl TracingService {
+    /// `ConsumerPort.ReadBuffers`: starts a stream, produced by
+    /// [`poll_read_reply`](Self::poll_read_reply).
+    pub(super) fn read_buffers(&mut self, conn: ConnId, to: PendingReply) {
+        let session = self.consumer(conn).and_then(|c| c.session);
+        let readable = session
+            .and_then(|s| self.sessions.get(&s))
+            .filter(|s| s.file.is_none());
+        let Some(sid) = readable.map(|s| s.id) else {
+            // No session, or a write_into_file one: one empty reply.
+            self.reply(conn, &to, &ReadBuffersResponse::default(), false);
+            return;
+        };
+        self.begin_reads(sid);
+        if let Some(c) = self.consumer_mut(conn) {
+            if let Some(old) = c.read.replace(ReadStream {
+                to,
+                stage: Stage::Preamble,
+                pending: VecDeque::new(),
+            }) {
+                // A new ReadBuffers ends the previous stream.
+                self.out.push_back(Output::Reply {
+                    conn,
+                    to: old.to,
+                    body: ReplyBody::Ok(Bytes::new()),
+                    has_more: false,
+                    fd: None,
+                });
+            }
+        }
+    }
+
+    /// Consumers with a `ReadBuffers` stream waiting for its next reply.
+    pub fn pending_reads(&self) -> Vec<ConnId> {
+        let mut v: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, e)| matches!(e, super::Endpoint::Consumer(c) if c.read.is_some()))
+            .map(|(&id, _)| id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn begin_reads(&mut self, sid: SessionId) {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let mode = if s.state == SessionState::Disabled {
+            ReadMode::Drain
+        } else {
+            ReadMode::Live
+        };
+        for b in &s.buffers {
+            if let Some((_, buf)) = self.buffers.get_mut(b) {
+                buf.begin_read(mode);
+            }
+        }
+    }
+
+    /// The next reply of `conn`'s `ReadBuffers` stream (`None` if it has
+    /// none). Call it while the connection can take more data.
+    pub fn poll_read_reply(&mut self, conn: ConnId) -> Option<Output> {
+        let mut stream = self.consumer_mut(conn)?.read.take()?;
+        let sid = self.consumer(conn).and_then(|c| c.session);
+        let mut slices = Vec::new();
+        let mut size = 0;
+        loop {
+            while let Some((bytes, _)) = stream.pending.front() {
+                let len = bytes.len() + SLICE_OVERHEAD;
+                if size + len > READ_REPLY_LIMIT && !slices.is_empty() {
+                    break;
+                }
+                let Some((data, last)) = stream.pending.pop_front() else {
+                    break;
+                };
+                size += len;
+                slices.push(Slice {
+                    data: Some(data),
+                    last_slice_for_packet: Some(last),
+                });
+            }
+            if size >= READ_REPLY_LIMIT / 2
+                || !stream.pending.is_empty()
+                || stream.stage == Stage::Done
+            {
+                break;
+            }
+            match sid {
+                Some(sid) => self.read_more(sid, &mut stream, READ_REPLY_LIMIT - size),
+                None => stream.stage = Stage::Done,
+            }
+        }
+        let has_more = stream.stage != Stage::Done || !stream.pending.is_empty();
+        let body = ReplyBody::Ok(crate::protos::to_raw(&ReadBuffersResponse { slices }));
+        let to = stream.to.clone();
+        if has_more {
+            if let Some(c) = self.consumer_mut(conn) {
+                c.read = Some(stream);
+            }
+        }
+        if to.drop_reply() {
+            return if has_more {
+                self.poll_read_reply(conn)
+            } else {
+                None
+            };
+        }
+        Some(Output::Reply {
+            conn,
+            to,
+            body,
+            has_more,
+            fd: None,
+        })
+    }
+
+    /// Reads about `budget` more bytes of `sid` into the stream.
+    fn read_more(&mut self, sid: SessionId, stream: &mut ReadStream, budget: usize) {
+        let uid = self.cfg.uid;
+        match stream.stage {
+            Stage::Preamble => {
+                let now = self.now();
+                let info = self.cfg.system_info.clone();
+                let Some(s) = self.sessions.get_mut(&sid) else {
+                    stream.stage = Stage::Done;
+                    return;
+                };
+                for p in preamble(s, uid, now, &info) {
+                    stream.pending.push_back((Bytes::from(p), true));
+                }
+                stream.stage = Stage::Buffer(0);
+            }
+            Stage::Buffer(i) => {
+                let Some(s) = self.sessions.get_mut(&sid) else {
+                    stream.stage = Stage::Done;
+                    return;
+                };
+                let Some(&id) = s.buffers.get(i) else {
+                    stream.stage = Stage::Trailer;
+                    return;
+                };
+                let Some((_, buf)) = self.buffers.get_mut(&id) else {
+                    stream.stage = Stage::Buffer(i + 1);
+                    return;
+                };
+                let status = buf.read(budget, |p| {
+                    if let Some(appendix) = admit(s, p, i) {
+                        for slice in p.slices() {
+                            stream
+                                .pending
+                                .push_back((Bytes::copy_from_slice(slice), false));
+                        }
+                        stream
+                            .pending
+                            .push_back((Bytes::copy_from_slice(appendix.as_bytes()), true));
+                    }
+                });
+                if status == ReadStatus::Done {
+                    stream.stage = Stage::Buffer(i + 1);
+                }
+            }
+            Stage::Trailer => {
+                let now = self.now();
+                let stats = self.trace_stats(sid);
+                if let Some(s) = self.sessions.get_mut(&sid) {
+                    for p in trailer(s, uid, now, &stats) {
+                        stream.pending.push_back((Bytes::from(p), true));
+                    }
+                }
+                stream.stage = Stage::Done;
+            }
+            Stage::Done => {}
+        }
+    }
+
+    /// Writes everything readable of a `write_into_file` session to its
+    /// file; `last` is the final drain at the end of the session.
+    pub(super) fn drain_to_file(&mut self, sid: SessionId, last: bool) {
+        let uid = self.cfg.uid;
+        let now = self.now();
+        let info = self.cfg.system_info.clone();
+        let stats = self.trace_stats(sid);
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let Some(mut sink) = s.file.take() else {
+            return;
+        };
+        if sink.closed {
+            s.file = Some(sink);
+            return;
+        }
+        let mode = if last {
+            ReadMode::Drain
+        } else {
+            ReadMode::Live
+        };
+        let mut w = FileWriter {
+            sink: &mut sink,
+            batch: Vec::with_capacity(FILE_BATCH),
+            full: false,
+            error: None,
+        };
+        for p in preamble(s, uid, now, &info) {
+            w.packet(std::iter::once(&p[..]), p.len());
+        }
+        let buffers = s.buffers.clone();
+        for (index, id) in buffers.iter().enumerate() {
+            let Some((_, buf)) = self.buffers.get_mut(id) else {
+                continue;
+            };
+            buf.begin_read(mode);
+            loop {
+                let status = buf.read(FILE_BATCH, |p| {
+                    if let Some(appendix) = admit(s, p, index) {
+                        let a = appendix.as_bytes();
+                        w.packet(p.slices().chain(std::iter::once(a)), p.len() + a.len());
+                    }
+                });
+                w.write_batch();
+                if w.stopped() || status == ReadStatus::Done {
+                    break;
+                }
+            }
+            if w.stopped() {
+                break;
+            }
+        }
+        if last && !w.stopped() {
+            for p in trailer(s, uid, now, &stats) {
+                w.packet(std::iter::once(&p[..]), p.len());
+            }
+        }
+        w.write_batch();
+        let (full, error) = (w.full, w.error.take());
+        if let Some(e) = &error {
+            log::warn!("session {sid}: writing the trace file failed: {e}");
+            s.error = Some(format!("writing the trace file failed: {e}"));
+        }
+        let stop = error.is_some() || full;
+        if last || stop {
+            if let Err(e) = sink.file.sync_data() {
+                log::debug!("session {sid}: fdatasync of the trace file: {e}");
+            }
+            sink.closed = true;
+        }
+        s.file = Some(sink);
+        if stop && !last {
+            let why = if full {
+                "reached max_file_size_bytes"
+            } else {
+                "could not be written"
+            };
+            log::info!("session {sid}: the trace file {why}; stopping the session");
+            self.disable_tracing(sid, false);
+        }
+    }
+}
+
+/// Batches `Trace.packet` records for a file.
+struct FileWriter<'a> {
+    sink: &'a mut super::session::FileSink,
+    batch: Vec<u8>,
+    /// `max_file_size_bytes` was reached: nothing more is written.
+    full: bool,
+    error: Option<std::io::Error>,
+}
+
+impl FileWriter<'_> {
+    fn stopped(&self) -> bool {
+        self.full || self.error.is_some()
+    }
+
+    /// Adds one packet of `len` bytes as `0x0A varint(len) bytes`, unless
+    /// it would cross the size limit.
+    fn packet<'b>(&mut self, slices: impl Iterator<Item = &'b [u8]>, len: usize) {
+        if self.stopped() {
+            return;
+        }
+        let mut head = [0u8; 11];
+        head[0] = 0x0A;
+        let mut n = 1;
+        let mut v = len as u64;
+        while v >= 0x80 {
+            head[n] = v as u8 | 0x80;
+            v >>= 7;
+            n += 1;
+        }
+        head[n] = v as u8;
+        n += 1;
+        let total = (n + len) as u64;
+        if self.sink.max_size > 0
+            && self.sink.written + self.batch.len() as u64 + total > self.sink.max_size
+        {
+            self.full = true;
+            return;
+        }
+        self.batch.extend_from_slice(&head[..n]);
+        for s in slices {
+            self.batch.extend_from_slice(s);
+        }
+        if self.batch.len() >= FILE_BATCH {
+            self.write_batch();
+        }
+    }
+
+    fn write_batch(&mut self) {
+        if self.batch.is_empty() || self.error.is_some() {
+            return;
+        }
+        match self.sink.file.write_all(&self.batch) {
+            Ok(()) => self.sink.written += self.batch.len() as u64,
+            Err(e) => self.error = Some(e),
+        }
+        self.batch.clear();
+    }
+}
+
+/// Validates a producer packet read from buffer `buffer_index` of the
+/// session; `None` if the validator rejects it, else the trusted appendix
+/// to send after its slices.
+fn admit(
+    s: &mut Session,
+    p: &Packet<'_>,
+    buffer_index: usize,
+) -> Option<crate::service::trusted::Appendix> {
+    if let Err(e) = validate(p.slices()) {
+        log::debug!(
+            "dropping an invalid packet of producer {} writer {}: {e}",
+            p.producer,
+            p.writer
+        );
+        s.invalid_packets += 1;
+        return None;
+    }
+    let (uid, pid) = s
+        .identities
+        .get(&p.producer)
+        .map_or((u32::MAX, 0), |i| (i.uid, i.pid));
+    let sequence_id = s.sequence_id(p.producer, p.writer);
+    s.sequence_buffers
+        .entry(sequence_id)
+        .or_insert((buffer_index, p.producer));
+    let trusted = TrustedFields {
+        uid: uid as i32,
+        sequence_id,
+        pid: (pid > 0).then_some(pid),
+        machine_id: 0,
+        previous_packet_dropped: p.loss.bits(),
+    };
+    Some(trusted.encode())
+}
+
+/// The service packets before the producers' packets of a read.
+fn preamble(s: &mut Session, uid: u32, now: u64, info: &crate::protos::SystemInfo) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let builtin = s.builtin();
+    let primary = builtin.primary_trace_clock;
+    if let Some(snap) = s.initial_snapshot.take() {
+        out.push(packets::clock_snapshot(uid, &snap, primary));
+    }
+    if !s.preamble_done && !builtin.disable_trace_config.unwrap_or(false) {
+        out.push(packets::trace_config(uid, &s.raw_config));
+    }
+    if !s.preamble_done {
+        out.push(packets::trace_uuid(uid, s.uuid));
+    }
+    for snap in std::mem::take(&mut s.snapshots) {
+        out.push(packets::clock_snapshot(uid, &snap, primary));
+    }
+    if s.sync_due || !s.preamble_done {
+        s.sync_due = false;
+        out.push(packets::sync_marker(uid));
+    }
+    if !s.preamble_done {
+        let mut per_buffer: Vec<Vec<(u32, i32)>> = vec![Vec::new(); s.buffers.len()];
+        for (&id, &(index, producer)) in &s.sequence_buffers {
+            if let Some(b) = per_buffer.get_mut(index) {
+                b.push((id, i32::from(producer)));
+            }
+        }
+        out.push(packets::provenance(uid, now, per_buffer));
+        if !builtin.disable_system_info.unwrap_or(false) {
+            out.push(packets::system_info(uid, info));
+        }
+    }
+    s.preamble_done = true;
+    if !builtin.disable_service_events.unwrap_or(false) {
+        let mut events: Vec<(u64, Lifecycle)> = s
+            .events
+            .iter()
+            .filter(|(_, _, emitted)| !emitted)
+            .map(|&(t, e, _)| (t, e))
+            .collect();
+        events.sort_by_key(|&(t, _)| t);
+        for (t, e) in events {
+            out.push(packets::service_event(uid, t, e));
+        }
+    }
+    for e in &mut s.events {
+        e.2 = true;
+    }
+    out
+}
+
+/// The service packets after everything was read.
+fn trailer(s: &mut Session, uid: u32, now: u64, stats: &crate::protos::TraceStats) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    if !s.builtin().disable_service_events.unwrap_or(false) {
+        out.push(packets::service_event(
+            uid,
+            now,
+            Lifecycle::ReadTracingBuffersCompleted,
+        ));
+    }
+    if s.stats_due || s.state == SessionState::Disabled {
+        s.stats_due = false;
+        out.push(packets::trace_stats(uid, stats));
+    }
+    out
+}

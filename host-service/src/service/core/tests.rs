@@ -1,0 +1,1250 @@
+//! Deterministic simulations of the service core: scripted producers and
+//! consumers, a fake clock, no sockets. Producers write real chunks with the
+//! ABI's `TraceWriter` into the memfd SMB the service sent them.
+
+use std::cell::RefCell;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use prost::Message as _;
+use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout};
+use shmtrace_abi::smb::{Smb, WritableChunk};
+use shmtrace_abi::writer::{ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
+
+use super::*;
+use crate::ipc::rpc::ServiceRequest;
+use crate::ipc::Call;
+use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
+use crate::protos::get_async_command_response::Cmd;
+use crate::protos::{
+    consumer_port, producer_port, trace_config, DataSourceDescriptor, TraceConfig,
+};
+use crate::service::env::FakeEnvironment;
+use crate::service::shm::SharedMemory;
+
+const PRODUCER_UID: u32 = 1000;
+const PRODUCER_PID: i32 = 4242;
+
+/// A service with a fake clock, and what it sent.
+struct Sim {
+    svc: TracingService,
+    env: FakeEnvironment,
+    next_request: u64,
+    sent: Vec<Output>,
+}
+
+/// One reply, as the peer would see it.
+#[derive(Debug)]
+struct Got {
+    body: ReplyBody,
+    has_more: bool,
+    fd: Option<OwnedFd>,
+}
+
+fn creds(uid: u32, pid: i32) -> PeerCredentials {
+    PeerCredentials { pid, uid, gid: uid }
+}
+
+impl Sim {
+    fn new() -> Self {
+        let env = FakeEnvironment::new(1_000_000_000);
+        let svc = TracingService::new(ServiceConfig::new(0), Box::new(env.clone()));
+        Self {
+            svc,
+            env,
+            next_request: 1,
+            sent: Vec::new(),
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(o) = self.svc.poll_output() {
+            self.sent.push(o);
+        }
+    }
+
+    fn producer_call(
+        &mut self,
+        conn: ConnId,
+        request: producer_port::Request,
+        fd: Option<OwnedFd>,
+    ) -> u64 {
+        let id = self.next_request;
+        self.next_request += 1;
+        let method = request.method();
+        self.svc.on_producer_call(
+            conn,
+            Call {
+                request,
+                service_id: 1,
+                method,
+                reply: PendingReply::new(id, false),
+                fd,
+            },
+        );
+        self.pump();
+        id
+    }
+
+    fn consumer_call(
+        &mut self,
+        conn: ConnId,
+        request: consumer_port::Request,
+        fd: Option<OwnedFd>,
+    ) -> u64 {
+        let id = self.next_request;
+        self.next_request += 1;
+        let method = request.method();
+        self.svc.on_consumer_call(
+            conn,
+            Call {
+                request,
+                service_id: 1,
+                method,
+                reply: PendingReply::new(id, false),
+                fd,
+            },
+        );
+        self.pump();
+        id
+    }
+
+    /// Takes every reply sent to `conn` for request `id`.
+    fn replies(&mut self, conn: ConnId, id: u64) -> Vec<Got> {
+        let mut got = Vec::new();
+        let mut keep = Vec::new();
+        for o in self.sent.drain(..) {
+            match o {
+                Output::Reply {
+                    conn: c,
+                    to,
+                    body,
+                    has_more,
+                    fd,
+                } if c == conn && to.request_id() == id => got.push(Got { body, has_more, fd }),
+                other => keep.push(other),
+            }
+        }
+        self.sent = keep;
+        got
+    }
+
+    fn reply_ok<M: prost::Message + Default>(&mut self, conn: ConnId, id: u64) -> M {
+        let got = self.replies(conn, id);
+        assert_eq!(got.len(), 1, "expected one reply to request {id}: {got:?}");
+        match &got[0].body {
+            ReplyBody::Ok(b) => M::decode(b.clone()).expect("reply decodes"),
+            ReplyBody::Err => panic!("request {id} failed"),
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.env.advance_ms(ms);
+        self.svc.on_timeout();
+        self.pump();
+    }
+
+    fn disconnects(&mut self) -> Vec<ConnId> {
+        let mut v = Vec::new();
+        self.sent.retain(|o| match o {
+            Output::Disconnect { conn, .. } => {
+                v.push(*conn);
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+}
+
+/// A scripted producer.
+struct TestProducer {
+    conn: ConnId,
+    commands: u64,
+    smb: Option<SharedMemory>,
+}
+
+impl TestProducer {
+    fn connect(sim: &mut Sim, name: &str, descriptors: &[DataSourceDescriptor]) -> Self {
+        Self::connect_as(sim, name, descriptors, PRODUCER_UID, true)
+    }
+
+    fn connect_as(
+        sim: &mut Sim,
+        name: &str,
+        descriptors: &[DataSourceDescriptor],
+        uid: u32,
+        scraping: bool,
+    ) -> Self {
+        let conn = sim.svc.connect_producer(creds(uid, PRODUCER_PID));
+        let mode = if scraping { 1 } else { 2 };
+        let init = crate::protos::InitializeConnectionRequest {
+            producer_name: Some(name.into()),
+            smb_scraping_mode: Some(mode),
+            ..Default::default()
+        };
+        let id = sim.producer_call(
+            conn,
+            producer_port::Request::InitializeConnection(init),
+            None,
+        );
+        let _: crate::protos::InitializeConnectionResponse = sim.reply_ok(conn, id);
+        let commands = sim.producer_call(
+            conn,
+            producer_port::Request::GetAsyncCommand(Default::default()),
+            None,
+        );
+        for d in descriptors {
+            let req = crate::protos::RegisterDataSourceRequest {
+                data_source_descriptor: Some(d.clone()),
+            };
+            let id = sim.producer_call(conn, producer_port::Request::RegisterDataSource(req), None);
+            let _: crate::protos::RegisterDataSourceResponse = sim.reply_ok(conn, id);
+        }
+        Self {
+            conn,
+            commands,
+            smb: None,
+        }
+    }
+
+    /// The commands received since the last call; maps the SMB on
+    /// SetupTracing.
+    fn commands(&mut self, sim: &mut Sim) -> Vec<Cmd> {
+        let mut out = Vec::new();
+        for got in sim.replies(self.conn, self.commands) {
+            assert!(got.has_more, "the command stream never ends");
+            let ReplyBody::Ok(b) = got.body else {
+                panic!("command stream failed")
+            };
+            let cmd = crate::protos::GetAsyncCommandResponse::decode(b)
+                .expect("command")
+                .cmd
+                .expect("cmd");
+            if let Cmd::SetupTracing(s) = &cmd {
+                let fd = got.fd.expect("SetupTracing carries the SMB");
+                let page = s.shared_buffer_page_size_kb.unwrap_or(4) * 1024;
+                self.smb = Some(SharedMemory::adopt(fd, page).expect("the SMB maps"));
+            } else {
+                assert!(got.fd.is_none());
+            }
+            out.push(cmd);
+        }
+        out
+    }
+
+    fn call(&self, sim: &mut Sim, req: producer_port::Request) -> u64 {
+        sim.producer_call(self.conn, req, None)
+    }
+
+    fn commit(&self, sim: &mut Sim, req: crate::protos::CommitDataRequest) -> u64 {
+        self.call(sim, producer_port::Request::CommitData(req))
+    }
+
+    /// Writes packets with a real TraceWriter and returns the CommitData
+    /// it would send.
+    fn write(
+        &self,
+        writer_id: u16,
+        buffer: u16,
+        packets: &[&[u8]],
+        flush: bool,
+    ) -> crate::protos::CommitDataRequest {
+        let shm = self.smb.as_ref().expect("SMB set up");
+        let smb = shm.smb().expect("smb");
+        let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
+        let arb = Arbiter {
+            smb: &smb,
+            log: log.clone(),
+        };
+        let mut w: TraceWriter<'_, _> = TraceWriter::new(arb, writer_id, buffer).expect("writer");
+        for p in packets {
+            // Big payloads go in a nested message, whose size field is
+            // patched when it spans chunks.
+            let outcome = if p.len() > 1000 {
+                w.write_packet(|m| m.nested(900, |n| n.raw(p)))
+            } else {
+                w.write_packet(|m| m.bytes(900, p))
+            };
+            assert_eq!(outcome, shmtrace_abi::writer::PacketOutcome::Written);
+        }
+        if flush {
+            w.flush();
+        }
+        drop(w);
+        let req = log.borrow().clone();
+        req
+    }
+}
+
+struct Arbiter<'s> {
+    smb: &'s Smb<'s>,
+    log: Rc<RefCell<crate::protos::CommitDataRequest>>,
+}
+
+impl<'s> ChunkArbiter<'s> for Arbiter<'s> {
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'s>> {
+        self.smb
+            .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
+            .ok()
+    }
+    fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: u16) {
+        let loc = chunk.release_as_complete().expect("release");
+        self.log.borrow_mut().chunks_to_move.push(ChunksToMove {
+            page: Some(loc.page as u32),
+            chunk: Some(loc.chunk as u32),
+            target_buffer: Some(u32::from(target_buffer)),
+            ..Default::default()
+        });
+    }
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
+        self.log.borrow_mut().chunks_to_patch.push(ChunkToPatch {
+            target_buffer: Some(u32::from(group.target_buffer)),
+            writer_id: Some(u32::from(group.writer_id)),
+            chunk_id: Some(group.chunk_id),
+            patches: group
+                .patches()
+                .map(|p| chunk_to_patch::Patch {
+                    offset: Some(u32::from(p.offset)),
+                    data: Some(Bytes::copy_from_slice(&p.data)),
+                })
+                .collect(),
+            has_more_patches: Some(group.has_more),
+        });
+        Ok(())
+    }
+    fn flush(&mut self) {}
+}
+
+fn descriptor(name: &str, notify_start: bool, notify_stop: bool) -> DataSourceDescriptor {
+    DataSourceDescriptor {
+        name: Some(name.into()),
+        will_notify_on_start: Some(notify_start),
+        will_notify_on_stop: Some(notify_stop),
+        handles_incremental_state_clear: Some(true),
+        ..Default::default()
+    }
+}
+
+fn config(ds: &str, size_kb: u32, tweak: impl FnOnce(&mut TraceConfig)) -> Bytes {
+    let dsc = crate::protos::DataSourceConfig {
+        name: Some(ds.into()),
+        target_buffer: Some(0),
+        ..Default::default()
+    };
+    let mut cfg = TraceConfig {
+        buffers: vec![trace_config::BufferConfig {
+            size_kb: Some(size_kb),
+            ..Default::default()
+        }],
+        data_sources: vec![trace_config::DataSource {
+            config: Some(crate::protos::to_raw(&dsc)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    crate::protos::to_raw(&cfg)
+}
+
+struct TestConsumer {
+    conn: ConnId,
+    enable: u64,
+}
+
+impl TestConsumer {
+    fn enable(sim: &mut Sim, cfg: Bytes) -> Self {
+        Self::enable_with(sim, cfg, None, 2000)
+    }
+
+    fn enable_with(sim: &mut Sim, cfg: Bytes, fd: Option<OwnedFd>, uid: u32) -> Self {
+        let conn = sim.svc.connect_consumer(creds(uid, 77));
+        let req = crate::protos::EnableTracingRequest {
+            trace_config: Some(cfg),
+            attach_notification_only: None,
+        };
+        let enable = sim.consumer_call(conn, consumer_port::Request::EnableTracing(req), fd);
+        Self { conn, enable }
+    }
+
+    fn call(&self, sim: &mut Sim, req: consumer_port::Request) -> u64 {
+        sim.consumer_call(self.conn, req, None)
+    }
+
+    /// The EnableTracing reply, if sent.
+    fn enabled_reply(&self, sim: &mut Sim) -> Option<crate::protos::EnableTracingResponse> {
+        let got = sim.replies(self.conn, self.enable);
+        assert!(got.len() <= 1);
+        got.into_iter().next().map(|g| match g.body {
+            ReplyBody::Ok(b) => crate::protos::EnableTracingResponse::decode(b).expect("decodes"),
+            ReplyBody::Err => panic!("EnableTracing rejected"),
+        })
+    }
+
+    /// Reads the buffers: every packet, reassembled from its slices.
+    fn read(&self, sim: &mut Sim) -> Vec<Vec<u8>> {
+        let id = self.call(sim, consumer_port::Request::ReadBuffers(Default::default()));
+        let mut packets = Vec::new();
+        let mut cur = Vec::new();
+        let mut replies = sim.replies(self.conn, id);
+        while let Some(out) = sim.svc.poll_read_reply(self.conn) {
+            let Output::Reply { body, has_more, .. } = out else {
+                panic!("not a reply")
+            };
+            replies.push(Got {
+                body,
+                has_more,
+                fd: None,
+            });
+        }
+        assert!(!replies.is_empty());
+        for (i, r) in replies.iter().enumerate() {
+            assert_eq!(
+                r.has_more,
+                i + 1 < replies.len(),
+                "only the last reply ends the stream"
+            );
+            let ReplyBody::Ok(b) = &r.body else {
+                panic!("ReadBuffers failed")
+            };
+            let resp = crate::protos::ReadBuffersResponse::decode(b.clone()).expect("decodes");
+            for s in resp.slices {
+                cur.extend_from_slice(s.data.as_deref().unwrap_or(&[]));
+                if s.last_slice_for_packet == Some(true) {
+                    packets.push(std::mem::take(&mut cur));
+                }
+            }
+        }
+        assert!(cur.is_empty(), "a packet without its last slice");
+        packets
+    }
+}
+
+/// The top-level fields of a packet: `(field, varint value or bytes)`.
+fn fields(packet: &[u8]) -> Vec<(u32, Result<u64, Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let varint = |i: &mut usize| {
+        let mut v = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = packet[*i];
+            *i += 1;
+            v |= u64::from(b & 0x7F) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                return v;
+            }
+        }
+    };
+    while i < packet.len() {
+        let tag = varint(&mut i);
+        let field = (tag >> 3) as u32;
+        match tag & 7 {
+            0 => out.push((field, Ok(varint(&mut i)))),
+            2 => {
+                let len = varint(&mut i) as usize;
+                out.push((field, Err(packet[i..i + len].to_vec())));
+                i += len;
+            }
+            1 => i += 8,
+            5 => i += 4,
+            w => panic!("wire type {w}"),
+        }
+    }
+    out
+}
+
+fn field(packet: &[u8], number: u32) -> Option<Result<u64, Vec<u8>>> {
+    fields(packet)
+        .into_iter()
+        .rev()
+        .find(|(f, _)| *f == number)
+        .map(|(_, v)| v)
+}
+
+/// The producer packets (those with the test payload field 900).
+fn payloads(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    packets
+        .iter()
+        .filter_map(|p| field(p, 900).and_then(|v| v.err()))
+        .collect()
+}
+
+fn setup_tracing_buffer(cmds: &[Cmd]) -> u16 {
+    cmds.iter()
+        .find_map(|c| match c {
+            Cmd::SetupDataSource(s) => {
+                let cfg =
+                    crate::protos::DataSourceConfig::decode(s.config.clone().unwrap()).unwrap();
+                Some(cfg.target_buffer.unwrap() as u16)
+            }
+            _ => None,
+        })
+        .expect("a SetupDataSource")
+}
+
+#[test]
+fn a_whole_session_from_enable_to_read() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("track_event", true, false)]);
+    let c = TestConsumer::enable(&mut sim, config("track_event", 1024, |_| {}));
+    // SetupTracing (with the SMB), SetupDataSource, StartDataSource.
+    let cmds = p.commands(&mut sim);
+    assert!(matches!(cmds[0], Cmd::SetupTracing(ref s) if s.shared_buffer_page_size_kb == Some(4)));
+    let buffer = setup_tracing_buffer(&cmds);
+    let Cmd::SetupDataSource(setup) = &cmds[1] else {
+        panic!("{cmds:?}")
+    };
+    let Cmd::StartDataSource(start) = &cmds[2] else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(setup.new_instance_id, start.new_instance_id);
+    let cfg = crate::protos::DataSourceConfig::decode(setup.config.clone().unwrap()).unwrap();
+    assert_eq!(cfg.name.as_deref(), Some("track_event"));
+    assert_eq!(cfg.tracing_session_id, Some(1));
+    assert_eq!(cfg.stop_timeout_ms, Some(5000));
+    let id = p.call(
+        &mut sim,
+        producer_port::Request::NotifyDataSourceStarted(
+            crate::protos::NotifyDataSourceStartedRequest {
+                data_source_id: setup.new_instance_id,
+            },
+        ),
+    );
+    let _: crate::protos::NotifyDataSourceStartedResponse = sim.reply_ok(p.conn, id);
+    p.call(
+        &mut sim,
+        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
+            trace_writer_id: Some(1),
+            target_buffer: Some(u32::from(buffer)),
+        }),
+    );
+
+    // Two small packets and one of 10 KB that spans three chunks (with
+    // patches).
+    let big = vec![0xAB; 10_000];
+    let req = p.write(1, buffer, &[b"first", b"second", &big], true);
+    assert!(req.chunks_to_move.len() >= 3);
+    let id = p.commit(&mut sim, req);
+    let _: crate::protos::CommitDataResponse = sim.reply_ok(p.conn, id);
+
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let _: crate::protos::DisableTracingResponse = sim.reply_ok(c.conn, id);
+    assert!(matches!(p.commands(&mut sim)[..], [Cmd::StopDataSource(_)]));
+    let resp = c.enabled_reply(&mut sim).expect("answered at stop");
+    assert_eq!(
+        resp.state,
+        Some(crate::protos::enable_tracing_response::State::Disabled(
+            true
+        ))
+    );
+    assert_eq!(resp.error, None);
+
+    let packets = c.read(&mut sim);
+    let got = payloads(&packets);
+    assert_eq!(got.len(), 3);
+    assert_eq!((&got[0][..], &got[1][..]), (&b"first"[..], &b"second"[..]));
+    assert!(got[2] == big, "the big packet, reassembled and patched");
+    // Producer packets carry the trusted appendix: uid, sequence 2, pid.
+    for pkt in packets.iter().filter(|p| field(p, 900).is_some()) {
+        assert_eq!(field(pkt, 3), Some(Ok(u64::from(PRODUCER_UID))));
+        assert_eq!(field(pkt, 10), Some(Ok(2)));
+        assert_eq!(field(pkt, 79), Some(Ok(PRODUCER_PID as u64)));
+        assert_eq!(field(pkt, 42), None, "no loss");
+    }
+    // Service packets in upstream order.
+    let kinds: Vec<u32> = packets
+        .iter()
+        .take_while(|p| field(p, 900).is_none())
+        .map(|p| {
+            fields(p)
+                .iter()
+                .map(|(f, _)| *f)
+                .find(|f| ![3, 8, 10, 58].contains(f))
+                .unwrap_or(0)
+        })
+        .collect();
+    assert_eq!(&kinds[..6], &[6, 33, 89, 6, 36, 124][..], "{kinds:?}");
+    assert!(kinds.contains(&45) && kinds.contains(&69));
+    let last = packets.last().unwrap();
+    assert!(field(last, 35).is_some(), "trace_stats at the end");
+    let stats =
+        crate::protos::TraceStats::decode(&field(last, 35).unwrap().unwrap_err()[..]).unwrap();
+    let b = &stats.buffer_stats[0];
+    assert_eq!(b.chunks_written, b.chunks_read);
+    assert_eq!(b.readaheads_succeeded, Some(1));
+    assert!(b.patches_succeeded.unwrap() >= 1);
+    for pkt in packets.iter().filter(|p| field(p, 900).is_none()) {
+        assert_eq!(
+            field(pkt, 10),
+            Some(Ok(1)),
+            "service packets are sequence 1"
+        );
+    }
+}
+
+#[test]
+fn flush_without_an_ack_times_out() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    p.commands(&mut sim);
+    let req = crate::protos::FlushRequest {
+        timeout_ms: Some(1000),
+        flags: Some(4),
+    };
+    let id = c.call(&mut sim, consumer_port::Request::Flush(req));
+    let cmds = p.commands(&mut sim);
+    let Cmd::Flush(f) = &cmds[0] else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(f.flags, Some(4));
+    assert_eq!(f.data_source_ids.len(), 1);
+    sim.advance(999);
+    assert!(sim.replies(c.conn, id).is_empty());
+    sim.advance(1);
+    let got = sim.replies(c.conn, id);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, ReplyBody::Err);
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::GetTraceStats(Default::default()),
+    );
+    let stats: crate::protos::GetTraceStatsResponse = sim.reply_ok(c.conn, id);
+    let stats = stats.trace_stats.unwrap();
+    assert_eq!(
+        (stats.flushes_requested, stats.flushes_failed),
+        (Some(1), Some(1))
+    );
+}
+
+#[test]
+fn flush_acks_are_cumulative() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    p.commands(&mut sim);
+    let a = c.call(&mut sim, consumer_port::Request::Flush(Default::default()));
+    let b = c.call(&mut sim, consumer_port::Request::Flush(Default::default()));
+    let ids: Vec<u64> = p
+        .commands(&mut sim)
+        .iter()
+        .filter_map(|c| match c {
+            Cmd::Flush(f) => f.request_id,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 2);
+    // One ack for the second flush answers both.
+    let req = crate::protos::CommitDataRequest {
+        flush_request_id: Some(ids[1]),
+        ..Default::default()
+    };
+    p.commit(&mut sim, req);
+    let _: crate::protos::FlushResponse = sim.reply_ok(c.conn, a);
+    let _: crate::protos::FlushResponse = sim.reply_ok(c.conn, b);
+}
+
+#[test]
+fn stop_waits_for_data_sources_that_notify() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, true)]);
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| cfg.data_source_stop_timeout_ms = Some(3000)),
+    );
+    p.commands(&mut sim);
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let cmds = p.commands(&mut sim);
+    let Cmd::StopDataSource(stop) = &cmds[0] else {
+        panic!("{cmds:?}")
+    };
+    sim.advance(1000);
+    assert!(c.enabled_reply(&mut sim).is_none(), "waits for the ack");
+    p.call(
+        &mut sim,
+        producer_port::Request::NotifyDataSourceStopped(
+            crate::protos::NotifyDataSourceStoppedRequest {
+                data_source_id: stop.instance_id,
+            },
+        ),
+    );
+    assert!(c.enabled_reply(&mut sim).is_some());
+
+    // Without the ack: the stop timeout ends the wait.
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, true)]);
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| cfg.data_source_stop_timeout_ms = Some(3000)),
+    );
+    p.commands(&mut sim);
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    sim.advance(2999);
+    assert!(c.enabled_reply(&mut sim).is_none());
+    sim.advance(1);
+    assert!(c.enabled_reply(&mut sim).is_some());
+    assert_eq!(
+        sim.svc
+            .session_states()
+            .values()
+            .copied()
+            .collect::<Vec<_>>(),
+        [session::SessionState::Disabled]
+    );
+}
+
+#[test]
+fn duration_flushes_then_stops() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| cfg.duration_ms = Some(2000)),
+    );
+    p.commands(&mut sim);
+    sim.advance(2000);
+    let cmds = p.commands(&mut sim);
+    let Some(Cmd::Flush(f)) = cmds.first() else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(f.flags, Some(0x12), "reason trace stop, initiator traced");
+    assert!(c.enabled_reply(&mut sim).is_none());
+    p.commit(
+        &mut sim,
+        crate::protos::CommitDataRequest {
+            flush_request_id: f.request_id,
+            ..Default::default()
+        },
+    );
+    assert!(matches!(p.commands(&mut sim)[..], [Cmd::StopDataSource(_)]));
+    assert!(c.enabled_reply(&mut sim).is_some());
+}
+
+#[test]
+fn unsupported_configs_and_calls_answer_with_clear_errors() {
+    let mut sim = Sim::new();
+    let cfg = config("ds", 64, |cfg| {
+        cfg.trigger_config = Some(trace_config::TriggerConfig {
+            trigger_mode: Some(2),
+            trigger_timeout_ms: Some(1000),
+            ..Default::default()
+        })
+    });
+    let c = TestConsumer::enable(&mut sim, cfg);
+    let resp = c.enabled_reply(&mut sim).expect("answered at once");
+    assert!(resp
+        .error
+        .unwrap()
+        .contains("trigger_config is not supported"));
+    // Bad buffer index.
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |cfg| cfg.buffers.clear()));
+    assert!(c
+        .enabled_reply(&mut sim)
+        .unwrap()
+        .error
+        .unwrap()
+        .contains("target_buffer 0 does not exist"));
+    // unique_session_name.
+    let named = |cfg: &mut TraceConfig| cfg.unique_session_name = Some("x".into());
+    let first = TestConsumer::enable(&mut sim, config("ds", 64, named));
+    assert!(first.enabled_reply(&mut sim).is_none());
+    let second = TestConsumer::enable(&mut sim, config("ds", 64, named));
+    assert!(second
+        .enabled_reply(&mut sim)
+        .unwrap()
+        .error
+        .unwrap()
+        .contains("already exists"));
+    // CloneSession says why it fails.
+    let id = first.call(
+        &mut sim,
+        consumer_port::Request::CloneSession(Default::default()),
+    );
+    let resp: crate::protos::CloneSessionResponse = sim.reply_ok(first.conn, id);
+    assert_eq!(resp.success, Some(false));
+    assert!(resp.error.unwrap().contains("not supported"));
+    let id = first.call(
+        &mut sim,
+        consumer_port::Request::QueryCapabilities(Default::default()),
+    );
+    let caps: crate::protos::QueryCapabilitiesResponse = sim.reply_ok(first.conn, id);
+    assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(false));
+}
+
+#[test]
+fn lockdown_refuses_other_uids() {
+    let mut sim = Sim::new();
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| cfg.lockdown_mode = Some(2)),
+    );
+    assert!(c.enabled_reply(&mut sim).is_none());
+    let conn = sim.svc.connect_producer(creds(PRODUCER_UID, 1));
+    let id = sim.producer_call(
+        conn,
+        producer_port::Request::InitializeConnection(Default::default()),
+        None,
+    );
+    assert_eq!(sim.replies(conn, id)[0].body, ReplyBody::Err);
+    // The service's own uid is admitted.
+    let ok = TestProducer::connect_as(&mut sim, "root", &[], 0, true);
+    let id = ok.call(&mut sim, producer_port::Request::Sync(Default::default()));
+    let _: crate::protos::SyncResponse = sim.reply_ok(ok.conn, id);
+}
+
+#[test]
+fn calls_before_initialize_and_twice_are_refused() {
+    let mut sim = Sim::new();
+    let conn = sim.svc.connect_producer(creds(1, 1));
+    let id = sim.producer_call(conn, producer_port::Request::Sync(Default::default()), None);
+    assert_eq!(sim.replies(conn, id)[0].body, ReplyBody::Err);
+    let p = TestProducer::connect(&mut sim, "p", &[]);
+    let id = p.call(
+        &mut sim,
+        producer_port::Request::InitializeConnection(Default::default()),
+    );
+    assert_eq!(sim.replies(p.conn, id)[0].body, ReplyBody::Err);
+}
+
+#[test]
+fn hostile_commits_cost_nothing_but_their_own_data() {
+    let mut sim = Sim::new();
+    let mut good = TestProducer::connect(&mut sim, "good", &[descriptor("ds", false, false)]);
+    let mut evil = TestProducer::connect(&mut sim, "evil", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
+    let buffer = setup_tracing_buffer(&good.commands(&mut sim));
+    evil.commands(&mut sim);
+    good.call(
+        &mut sim,
+        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
+            trace_writer_id: Some(1),
+            target_buffer: Some(u32::from(buffer)),
+        }),
+    );
+    let req = good.write(1, buffer, &[b"mine"], true);
+    // The evil producer: commits for pages that do not exist, chunks that
+    // are free, a foreign buffer, garbage emulated chunks, forged patches
+    // for the good producer's chunk.
+    let mut forged = crate::protos::CommitDataRequest::default();
+    for page in [0u32, 63, 64, u32::MAX] {
+        forged.chunks_to_move.push(ChunksToMove {
+            page: Some(page),
+            chunk: Some(0),
+            target_buffer: Some(u32::from(buffer)),
+            ..Default::default()
+        });
+    }
+    forged.chunks_to_move.push(ChunksToMove {
+        target_buffer: Some(9999),
+        data: Some(Bytes::from_static(&[1, 2, 3])),
+        ..Default::default()
+    });
+    forged.chunks_to_move.push(ChunksToMove {
+        target_buffer: Some(u32::from(buffer)),
+        data: Some(Bytes::from(vec![0xFF; 70_000])),
+        ..Default::default()
+    });
+    forged.chunks_to_patch.push(ChunkToPatch {
+        target_buffer: Some(u32::from(buffer)),
+        writer_id: Some(1),
+        chunk_id: Some(0),
+        patches: vec![chunk_to_patch::Patch {
+            offset: Some(0),
+            data: Some(Bytes::from_static(b"EVIL")),
+        }],
+        has_more_patches: Some(false),
+    });
+    forged.chunks_to_patch.push(ChunkToPatch {
+        target_buffer: Some(u32::from(buffer)),
+        writer_id: Some(0),
+        ..Default::default()
+    });
+    let id = good.commit(&mut sim, req);
+    let _: crate::protos::CommitDataResponse = sim.reply_ok(good.conn, id);
+    let id = evil.commit(&mut sim, forged);
+    let _: crate::protos::CommitDataResponse = sim.reply_ok(evil.conn, id);
+    // Garbage in the evil producer's whole SMB, then commits of everything.
+    {
+        let smb = evil.smb.as_ref().unwrap().smb().unwrap();
+        let header = ChunkHeaderRepr {
+            chunk_id: 5,
+            writer_id: 7,
+            packets: shmtrace_abi::layout::Packets::from_bits(0xFFFF),
+        };
+        let mut w = smb
+            .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
+            .unwrap();
+        w.write(0, &[0xFF; 64]).unwrap();
+        w.release_as_complete().unwrap();
+    }
+    let mut all = crate::protos::CommitDataRequest::default();
+    for page in 0..64 {
+        all.chunks_to_move.push(ChunksToMove {
+            page: Some(page),
+            chunk: Some(0),
+            target_buffer: Some(u32::from(buffer)),
+            ..Default::default()
+        });
+    }
+    evil.commit(&mut sim, all);
+    assert!(sim.disconnects().is_empty());
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let packets = c.read(&mut sim);
+    assert_eq!(payloads(&packets), [b"mine".to_vec()]);
+    let stats = crate::protos::TraceStats::decode(
+        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
+    )
+    .unwrap();
+    assert!(stats.chunks_discarded.unwrap() >= 2);
+    assert_eq!(stats.patches_discarded, Some(0));
+    assert_eq!(
+        stats.buffer_stats[0].patches_failed,
+        Some(1),
+        "the forged patch found no chunk of its own"
+    );
+}
+
+#[test]
+fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let mut other = TestProducer::connect(&mut sim, "other", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
+    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    other.commands(&mut sim);
+    p.call(
+        &mut sim,
+        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
+            trace_writer_id: Some(1),
+            target_buffer: Some(u32::from(buffer)),
+        }),
+    );
+    // A whole packet, then one that is still being written (9 KB so far,
+    // across chunks) when the producer dies.
+    let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
+    {
+        let smb = p.smb.as_ref().unwrap().smb().unwrap();
+        let mut w: TraceWriter<'_, _> = TraceWriter::new(
+            Arbiter {
+                smb: &smb,
+                log: log.clone(),
+            },
+            1,
+            buffer,
+        )
+        .unwrap();
+        let _ = w.write_packet(|m| m.bytes(900, b"whole"));
+        let mut unfinished = w.new_packet();
+        unfinished.nested(900, |n| n.raw(&[7u8; 9000]));
+        std::mem::forget(unfinished);
+        std::mem::forget(w);
+    }
+    let req = log.borrow().clone();
+    assert!(req.chunks_to_move.len() >= 2);
+    p.commit(&mut sim, req);
+    let theirs = other.write(1, buffer, &[b"theirs"], true);
+    other.commit(&mut sim, theirs);
+    sim.svc.disconnect(p.conn);
+    sim.pump();
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let packets = c.read(&mut sim);
+    let mut got = payloads(&packets);
+    got.sort();
+    assert_eq!(got, [b"theirs".to_vec(), b"whole".to_vec()]);
+    let stats = crate::protos::TraceStats::decode(
+        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
+    )
+    .unwrap();
+    assert_eq!(stats.buffer_stats[0].readaheads_failed, Some(1));
+}
+
+#[test]
+fn write_into_file_streams_a_valid_trace() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let file = rustix::fs::memfd_create("trace", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let cfg = config("ds", 256, |cfg| {
+        cfg.write_into_file = Some(true);
+        cfg.file_write_period_ms = Some(100);
+    });
+    let c = TestConsumer::enable_with(&mut sim, cfg, Some(file.try_clone().unwrap()), 2000);
+    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    let req = p.write(1, buffer, &[b"early"], true);
+    p.commit(&mut sim, req);
+    sim.advance(100);
+    let size_after_first_drain = rustix::fs::fstat(&file).unwrap().st_size;
+    assert!(size_after_first_drain > 0, "periodic drain wrote");
+    // ReadBuffers on a file session: a single empty reply.
+    assert!(c.read(&mut sim).is_empty());
+    let req = p.write(2, buffer, &[b"late"], true);
+    p.commit(&mut sim, req);
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    assert!(c.enabled_reply(&mut sim).is_some());
+    let bytes = std::fs::read(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    ))
+    .unwrap();
+    let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
+    let raw: Vec<Vec<u8>> = fields(&bytes)
+        .into_iter()
+        .map(|(f, v)| {
+            assert_eq!(f, 1);
+            v.unwrap_err()
+        })
+        .collect();
+    assert_eq!(raw.len(), trace.packet.len());
+    assert_eq!(payloads(&raw), [b"early".to_vec(), b"late".to_vec()]);
+    assert!(field(raw.last().unwrap(), 35).is_some(), "stats at the end");
+}
+
+#[test]
+fn max_file_size_stops_the_session() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let file = rustix::fs::memfd_create("trace", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let cfg = config("ds", 256, |cfg| {
+        cfg.write_into_file = Some(true);
+        cfg.file_write_period_ms = Some(100);
+        cfg.max_file_size_bytes = Some(4096);
+    });
+    let c = TestConsumer::enable_with(&mut sim, cfg, Some(file.try_clone().unwrap()), 2000);
+    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    let big: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 500]).collect();
+    let refs: Vec<&[u8]> = big.iter().map(|v| &v[..]).collect();
+    let req = p.write(1, buffer, &refs, true);
+    p.commit(&mut sim, req);
+    sim.advance(100);
+    assert!(rustix::fs::fstat(&file).unwrap().st_size <= 4096);
+    assert!(matches!(p.commands(&mut sim)[..], [Cmd::StopDataSource(_)]));
+    assert!(c.enabled_reply(&mut sim).is_some());
+}
+
+#[test]
+fn observe_events_reports_instance_states() {
+    let mut sim = Sim::new();
+    let conn = sim.svc.connect_consumer(creds(5, 5));
+    let req = crate::protos::ObserveEventsRequest {
+        events_to_observe: vec![1, 2],
+    };
+    let obs = sim.consumer_call(conn, consumer_port::Request::ObserveEvents(req), None);
+    let req = crate::protos::EnableTracingRequest {
+        trace_config: Some(config("ds", 64, |_| {})),
+        attach_notification_only: None,
+    };
+    sim.consumer_call(conn, consumer_port::Request::EnableTracing(req), None);
+    // No instance yet: all (zero) data sources started.
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", true, false)]);
+    let cmds = p.commands(&mut sim);
+    let Cmd::StartDataSource(start) = &cmds[2] else {
+        panic!()
+    };
+    p.call(
+        &mut sim,
+        producer_port::Request::NotifyDataSourceStarted(
+            crate::protos::NotifyDataSourceStartedRequest {
+                data_source_id: start.new_instance_id,
+            },
+        ),
+    );
+    let events: Vec<crate::protos::ObservableEvents> = sim
+        .replies(conn, obs)
+        .into_iter()
+        .map(|g| {
+            assert!(g.has_more);
+            let ReplyBody::Ok(b) = g.body else { panic!() };
+            crate::protos::ObserveEventsResponse::decode(b)
+                .unwrap()
+                .events
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(events[0].all_data_sources_started, Some(true));
+    let states: Vec<i32> = events[1..]
+        .iter()
+        .flat_map(|e| e.instance_state_changes.iter().map(|c| c.state.unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [1, 2],
+        "configured (reported as stopped), then started"
+    );
+    assert_eq!(
+        events[1].instance_state_changes[0].producer_name.as_deref(),
+        Some("prod")
+    );
+}
+
+#[test]
+fn deferred_start_waits_for_start_tracing_and_clears_incremental_state() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| {
+            cfg.deferred_start = Some(true);
+            cfg.incremental_state_config = Some(trace_config::IncrementalStateConfig {
+                clear_period_ms: Some(1000),
+            });
+        }),
+    );
+    let cmds = p.commands(&mut sim);
+    assert!(cmds.iter().all(|c| !matches!(c, Cmd::StartDataSource(_))));
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::StartTracing(Default::default()),
+    );
+    let _: crate::protos::StartTracingResponse = sim.reply_ok(c.conn, id);
+    assert!(matches!(
+        p.commands(&mut sim)[..],
+        [Cmd::StartDataSource(_)]
+    ));
+    sim.advance(1000);
+    let cmds = p.commands(&mut sim);
+    assert!(
+        matches!(&cmds[..], [Cmd::ClearIncrementalState(c)] if c.data_source_ids.len() == 1),
+        "{cmds:?}"
+    );
+}
+
+#[test]
+fn detach_and_attach() {
+    let mut sim = Sim::new();
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    let req = crate::protos::DetachRequest {
+        key: Some("k".into()),
+    };
+    let id = c.call(&mut sim, consumer_port::Request::Detach(req));
+    let _: crate::protos::DetachResponse = sim.reply_ok(c.conn, id);
+    sim.svc.disconnect(c.conn);
+    assert_eq!(
+        sim.svc.session_states().len(),
+        1,
+        "a detached session survives its consumer"
+    );
+    let conn = sim.svc.connect_consumer(creds(2000, 9));
+    let req = crate::protos::AttachRequest {
+        key: Some("k".into()),
+    };
+    let id = sim.consumer_call(conn, consumer_port::Request::Attach(req), None);
+    let resp: crate::protos::AttachResponse = sim.reply_ok(conn, id);
+    let cfg = TraceConfig::decode(resp.trace_config.unwrap()).unwrap();
+    assert_eq!(cfg.buffers[0].size_kb, Some(64));
+    // Another uid cannot attach.
+    let other = sim.svc.connect_consumer(creds(3000, 9));
+    let req = crate::protos::AttachRequest {
+        key: Some("k".into()),
+    };
+    let id = sim.consumer_call(other, consumer_port::Request::Attach(req), None);
+    assert_eq!(sim.replies(other, id)[0].body, ReplyBody::Err);
+}
+
+#[test]
+fn query_service_state_lists_producers_and_sessions() {
+    let mut sim = Sim::new();
+    TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::QueryServiceState(Default::default()),
+    );
+    let resp: crate::protos::QueryServiceStateResponse = sim.reply_ok(c.conn, id);
+    let state = resp.service_state.unwrap();
+    assert_eq!(state.producers[0].name.as_deref(), Some("prod"));
+    assert_eq!(state.producers[0].uid, Some(PRODUCER_UID as i32));
+    assert_eq!(
+        state.data_sources[0]
+            .ds_descriptor
+            .as_ref()
+            .unwrap()
+            .name
+            .as_deref(),
+        Some("ds")
+    );
+    assert_eq!(state.tracing_sessions[0].state.as_deref(), Some("STARTED"));
+    assert_eq!(state.tracing_sessions[0].num_data_sources, Some(1));
+}
+
+#[test]
+fn recommit_after_scrape_on_flush() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
+    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    p.call(
+        &mut sim,
+        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
+            trace_writer_id: Some(1),
+            target_buffer: Some(u32::from(buffer)),
+        }),
+    );
+    // Written but not returned: the chunk stays BeingWritten (inflated
+    // count), then a flush completes and the service scrapes it.
+    let shm = p.smb.take().unwrap();
+    let smb = shm.smb().unwrap();
+    let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
+    let mut w: TraceWriter<'_, _> = TraceWriter::new(
+        Arbiter {
+            smb: &smb,
+            log: log.clone(),
+        },
+        1,
+        buffer,
+    )
+    .unwrap();
+    let _ = w.write_packet(|m| m.bytes(900, b"scraped"));
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::Flush(crate::protos::FlushRequest {
+            timeout_ms: Some(100),
+            flags: None,
+        }),
+    );
+    sim.advance(100);
+    assert_eq!(
+        sim.replies(c.conn, id)[0].body,
+        ReplyBody::Err,
+        "no ack: timed out (and scraped)"
+    );
+    assert_eq!(payloads(&c.read(&mut sim)), [b"scraped".to_vec()]);
+    // The real commit of the same chunk later: only the new packet shows.
+    let _ = w.write_packet(|m| m.bytes(900, b"after"));
+    w.flush();
+    drop(w);
+    let req = log.borrow().clone();
+    let _ = smb;
+    p.smb = Some(shm);
+    p.commit(&mut sim, req);
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let packets = c.read(&mut sim);
+    assert_eq!(payloads(&packets), [b"after".to_vec()]);
+    let stats = crate::protos::TraceStats::decode(
+        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
+    )
+    .unwrap();
+    assert_eq!(stats.buffer_stats[0].chunks_rewritten, Some(1));
+}

@@ -1,0 +1,162 @@
+//! What the service core needs from the machine: clocks and randomness.
+//!
+//! The core never reads a clock itself; it asks its [`Environment`]. The
+//! real one ([`SystemEnvironment`]) reads the kernel clocks; tests use a
+//! fake one whose time only moves when the test says so, which makes every
+//! timeout and period deterministic.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use rustix::time::ClockId;
+
+/// A boot-clock timestamp in nanoseconds (`CLOCK_BOOTTIME`): the service's
+/// time base for timers and the packets it writes.
+pub type Nanos = u64;
+
+/// Builtin clock ids (`BuiltinClock`, facts §8.1).
+pub mod clock_id {
+    /// `CLOCK_REALTIME`.
+    pub const REALTIME: u32 = 1;
+    /// `CLOCK_REALTIME_COARSE`.
+    pub const REALTIME_COARSE: u32 = 2;
+    /// `CLOCK_MONOTONIC`.
+    pub const MONOTONIC: u32 = 3;
+    /// `CLOCK_MONOTONIC_COARSE`.
+    pub const MONOTONIC_COARSE: u32 = 4;
+    /// `CLOCK_MONOTONIC_RAW`.
+    pub const MONOTONIC_RAW: u32 = 5;
+    /// `CLOCK_BOOTTIME`: the default trace clock.
+    pub const BOOTTIME: u32 = 6;
+}
+
+/// Clocks and randomness.
+pub trait Environment {
+    /// Now, on the boot clock.
+    fn now(&self) -> Nanos;
+    /// A snapshot of the clocks a trace processor aligns: `(clock id,
+    /// timestamp ns)`, BOOTTIME first, all read as close together as
+    /// possible.
+    fn clock_snapshot(&self) -> Vec<(u32, u64)>;
+    /// Random bits (trace UUIDs).
+    fn random_u64(&self) -> u64;
+}
+
+/// The machine's real clocks and `getrandom`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemEnvironment;
+
+fn read(clock: ClockId) -> u64 {
+    let t = rustix::time::clock_gettime(clock);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+impl Environment for SystemEnvironment {
+    fn now(&self) -> Nanos {
+        read(ClockId::Boottime)
+    }
+
+    fn clock_snapshot(&self) -> Vec<(u32, u64)> {
+        // Upstream's order: BOOTTIME, REALTIME_COARSE, MONOTONIC_COARSE,
+        // REALTIME, MONOTONIC, MONOTONIC_RAW.
+        vec![
+            (clock_id::BOOTTIME, read(ClockId::Boottime)),
+            (clock_id::REALTIME_COARSE, read(ClockId::RealtimeCoarse)),
+            (clock_id::MONOTONIC_COARSE, read(ClockId::MonotonicCoarse)),
+            (clock_id::REALTIME, read(ClockId::Realtime)),
+            (clock_id::MONOTONIC, read(ClockId::Monotonic)),
+            (clock_id::MONOTONIC_RAW, read(ClockId::MonotonicRaw)),
+        ]
+    }
+
+    fn random_u64(&self) -> u64 {
+        let mut bytes = [0u8; 8];
+        match rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()) {
+            Ok(8) => u64::from_le_bytes(bytes),
+            // Only uniqueness matters (trace UUIDs): fall back to the clock.
+            _ => read(ClockId::Realtime) ^ read(ClockId::Monotonic).rotate_left(32),
+        }
+    }
+}
+
+/// A clock that stands still until told to move: every clock reads the same
+/// time plus a fixed offset. For deterministic tests.
+#[derive(Debug, Clone, Default)]
+pub struct FakeEnvironment {
+    now: Rc<Cell<Nanos>>,
+    random: Rc<Cell<u64>>,
+}
+
+impl FakeEnvironment {
+    /// A fake clock at `start` ns.
+    pub fn new(start: Nanos) -> Self {
+        Self {
+            now: Rc::new(Cell::new(start)),
+            random: Rc::new(Cell::new(0x5EED)),
+        }
+    }
+
+    /// Moves time forward by `ms` milliseconds.
+    pub fn advance_ms(&self, ms: u64) {
+        self.now.set(self.now.get() + ms * 1_000_000);
+    }
+
+    /// Sets the time.
+    pub fn set(&self, now: Nanos) {
+        self.now.set(now);
+    }
+}
+
+impl Environment for FakeEnvironment {
+    fn now(&self) -> Nanos {
+        self.now.get()
+    }
+
+    fn clock_snapshot(&self) -> Vec<(u32, u64)> {
+        let now = self.now.get();
+        vec![
+            (clock_id::BOOTTIME, now),
+            (clock_id::REALTIME, now + 1_700_000_000_000_000_000),
+            (clock_id::MONOTONIC, now),
+        ]
+    }
+
+    fn random_u64(&self) -> u64 {
+        // SplitMix64: deterministic and well spread.
+        let s = self.random.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.random.set(s);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_clocks_are_read() {
+        let env = SystemEnvironment;
+        let a = env.now();
+        let snap = env.clock_snapshot();
+        assert_eq!(snap[0].0, clock_id::BOOTTIME);
+        assert!(snap[0].1 >= a);
+        assert_eq!(snap.len(), 6);
+        assert_ne!(env.random_u64(), env.random_u64());
+    }
+
+    #[test]
+    fn the_fake_clock_moves_only_when_told() {
+        let env = FakeEnvironment::new(1000);
+        assert_eq!(env.now(), 1000);
+        env.advance_ms(5);
+        assert_eq!(env.now(), 5_001_000);
+        let shared = env.clone();
+        shared.advance_ms(1);
+        assert_eq!(env.now(), 6_001_000);
+    }
+}
