@@ -1,0 +1,80 @@
+//! `shmtrace inspect`: what a trace file holds, and whether it is sound.
+//!
+//! Reads traces written by the real Perfetto as well as by shmtrace. Several
+//! files are read as successive reads of one session (as a consumer that
+//! reads mid-session writes them), so sequences continue across them.
+
+mod analysis;
+mod kinds;
+mod report;
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+
+pub use analysis::{
+    config_info, stats_info, Analysis, Analyzer, ConfigInfo, Problem, ProblemKind, SequenceInfo,
+    BUFFER_LOSS_STATS, SERVICE_LOSS_STATS,
+};
+pub use report::render;
+
+use super::trace_file::PacketReader;
+use super::{exit, CliError};
+
+/// Arguments of `shmtrace inspect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InspectArgs {
+    /// Trace file(s). Several are read as successive reads of one session.
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Exit with status 1 if the trace has problems: broken slice nesting,
+    /// unresolved interned data, unpaired flows, lost data that nothing
+    /// records, malformed packets.
+    #[arg(long)]
+    pub check: bool,
+    /// Print the analysis as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Also print the session's TraceConfig (text format).
+    #[arg(long)]
+    pub config: bool,
+    /// How many categories, names and tracks to list.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub top: usize,
+}
+
+/// Reads and analyzes trace files.
+pub fn analyze_files(files: &[PathBuf]) -> Result<Analysis, CliError> {
+    let mut analyzer = Analyzer::new();
+    for path in files {
+        let file = File::open(path).map_err(|source| CliError::Io {
+            action: "open",
+            path: path.clone(),
+            source,
+        })?;
+        analyzer.file(&path.display().to_string());
+        for packet in PacketReader::new(file) {
+            match packet {
+                Ok(packet) => analyzer.packet(packet.index, &packet.bytes),
+                Err(e) => analyzer.damaged(&e.to_string()),
+            }
+        }
+    }
+    Ok(analyzer.finish())
+}
+
+/// Runs `shmtrace inspect`, printing to `out`; returns the exit status.
+pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<u8, CliError> {
+    let analysis = analyze_files(&args.files)?;
+    if args.json {
+        serde_json::to_writer_pretty(&mut *out, &analysis).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        render(&analysis, args.top, args.config, out)?;
+    }
+    Ok(if args.check && !analysis.ok() {
+        exit::CHECK_FAILED
+    } else {
+        exit::OK
+    })
+}

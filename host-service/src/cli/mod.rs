@@ -1,0 +1,111 @@
+//! The `shmtrace` command-line tool: record a trace, query a service,
+//! inspect a trace file. Each command works against the shmtrace service
+//! and the real Perfetto service alike (through the consumer socket), and
+//! mirrors Perfetto's `perfetto` command where that helps muscle memory.
+//!
+//! * [`record`]: a consumer that runs one tracing session and writes the
+//!   trace file, with a live progress line and a summary.
+//! * [`query`]: the service's producers, data sources, sessions and buffers.
+//! * [`inspect`]: what a trace file holds, and `--check` for whether it is
+//!   sound.
+//! * [`config`]: trace configs from text format, binary or quick flags.
+//!
+//! The binary (`src/bin/shmtrace.rs`) only parses arguments and maps
+//! [`CliError`]s to messages and [exit] statuses.
+
+pub mod config;
+pub mod consumer;
+pub mod inspect;
+pub mod query;
+pub mod record;
+pub mod schema;
+pub mod trace_file;
+pub mod units;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::ipc::socket::AddressError;
+use crate::ipc::ClientError;
+
+/// Exit statuses of `shmtrace`.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// `inspect --check` found problems.
+    pub const CHECK_FAILED: u8 = 1;
+    /// Bad arguments or an unusable config (clap uses it for usage errors).
+    pub const USAGE: u8 = 2;
+    /// The tracing service cannot be reached.
+    pub const NO_SERVICE: u8 = 3;
+    /// A file cannot be read or written.
+    pub const IO: u8 = 4;
+    /// The service refused or aborted the session, or broke the protocol.
+    pub const SESSION: u8 = 5;
+    /// Stopped by a second Ctrl-C, without writing the trace.
+    pub const ABORTED: u8 = 130;
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// Bad arguments.
+    #[error("{0}")]
+    Usage(String),
+    /// The config cannot be used.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The socket name is not usable.
+    #[error("invalid socket address: {0}")]
+    Address(#[from] AddressError),
+    /// The service is not there.
+    #[error(
+        "cannot connect to the tracing service at {address}: {source}\n\
+         Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
+         Pass --socket, or set PERFETTO_CONSUMER_SOCK_NAME."
+    )]
+    Connect {
+        /// The address tried.
+        address: String,
+        /// Why it failed.
+        source: ClientError,
+    },
+    /// Talking to the service failed.
+    #[error("{what}: {source}")]
+    Ipc {
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        source: ClientError,
+    },
+    /// The service refused or ended the session with an error.
+    #[error("the service {0}")]
+    Session(String),
+    /// A file operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`open`, `create`, `write`, ...).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// Writing to the terminal or a pipe failed.
+    #[error("output error: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) | Self::Config(_) | Self::Address(_) => exit::USAGE,
+            Self::Connect { .. } => exit::NO_SERVICE,
+            Self::Io { .. } | Self::Output(_) => exit::IO,
+            Self::Ipc { .. } | Self::Session(_) => exit::SESSION,
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! `shmtrace record`: a consumer that runs one tracing session and writes
+//! the trace file.
+//!
+//! Everything that can be checked is checked before tracing starts: the
+//! config (it parses, has buffers and data sources, targets existing
+//! buffers), the output file (it can be written), the service (it answers
+//! on the consumer socket). Ctrl-C or SIGTERM ends the session cleanly —
+//! flush, stop, read, write — and keeps the data; a second Ctrl-C aborts
+//! without writing.
+
+mod progress;
+mod session;
+mod summary;
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+pub use progress::{Progress, ProgressMode, Snapshot};
+pub use session::{Ended, Output, SessionReport};
+pub use summary::Summary;
+
+use super::config::{Config, Fill, QuickConfig};
+use super::consumer::Consumer;
+use super::inspect;
+use super::units::{parse_duration, parse_size_kb, UtcTime};
+use super::{exit, CliError};
+
+/// Arguments of `shmtrace record`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RecordArgs {
+    /// TraceConfig file: binary protobuf, or text format with --txt; `-`
+    /// reads standard input. Without it, the quick flags build the config.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The config file is in text format (as Perfetto's `--txt`).
+    #[arg(long, requires = "config")]
+    pub txt: bool,
+    /// Output file [default: shmtrace-<UTC date-time>.pftrace].
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Quick config: stop after this long (10s, 500ms, 2m, 1h) [default:
+    /// until Ctrl-C].
+    #[arg(short = 't', long = "time", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "config")]
+    pub time: Option<Duration>,
+    /// Quick config: trace buffer size (32mb, 512kb, 1gb; a bare number is
+    /// KiB) [default: 32mb].
+    #[arg(short = 'b', long = "buffer", value_name = "SIZE", value_parser = parse_size_kb, conflicts_with = "config")]
+    pub buffer_kb: Option<u32>,
+    /// Quick config: record only these track_event categories
+    /// (comma-separated; patterns such as `net.*` work) [default: every
+    /// category the producers enable by default].
+    #[arg(
+        long,
+        value_name = "CATEGORIES",
+        value_delimiter = ',',
+        conflicts_with = "config"
+    )]
+    pub app_categories: Vec<String>,
+    /// Quick config: what happens when the buffer is full [default: ring].
+    #[arg(long, value_enum, conflicts_with = "config")]
+    pub fill: Option<Fill>,
+    /// Have the service stream the trace into the output file while the
+    /// session runs (the config's write_into_file), instead of reading the
+    /// buffers at the end.
+    #[arg(long)]
+    pub write_into_file: bool,
+    /// The service's consumer socket [default: $PERFETTO_CONSUMER_SOCK_NAME,
+    /// else /run/perfetto/traced-consumer.sock if /run/perfetto exists, else
+    /// /tmp/perfetto-consumer].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<String>,
+    /// How to show progress.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    pub progress: ProgressMode,
+}
+
+/// Runs `shmtrace record`; returns the exit status.
+pub fn run(args: &RecordArgs) -> Result<u8, CliError> {
+    let mut progress = Progress::new(args.progress);
+    let result = record(args, &mut progress);
+    if let Err(e) = &result {
+        progress.done();
+        progress.event(json!({"event": "error", "message": e.to_string()}));
+    }
+    result
+}
+
+fn load_config(args: &RecordArgs) -> Result<Config, CliError> {
+    let Some(path) = &args.config else {
+        return Ok(Config::from_quick(&QuickConfig {
+            duration: args.time,
+            buffer_kb: args.buffer_kb.unwrap_or(super::config::DEFAULT_BUFFER_KB),
+            categories: args
+                .app_categories
+                .iter()
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect(),
+            fill: args.fill.unwrap_or_default(),
+        }));
+    };
+    let (bytes, origin) = if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(|source| CliError::Io {
+                action: "read",
+                path: PathBuf::from("standard input"),
+                source,
+            })?;
+        (bytes, "<stdin>".to_owned())
+    } else {
+        let bytes = std::fs::read(path).map_err(|source| CliError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
+        (bytes, path.display().to_string())
+    };
+    let config = if args.txt {
+        let text = String::from_utf8(bytes).map_err(|_| {
+            CliError::Usage(format!("{origin}: a text-format config must be UTF-8"))
+        })?;
+        Config::from_text(&text, &origin)?
+    } else {
+        Config::from_binary(bytes, &origin)?
+    };
+    Ok(config)
+}
+
+/// The output file, opened for writing but not truncated yet (so that a
+/// failure before tracing starts leaves an existing file alone).
+struct OutputFile {
+    path: PathBuf,
+    file: File,
+    created: bool,
+}
+
+impl OutputFile {
+    fn open(path: &Path) -> Result<Self, CliError> {
+        let created = !path.exists();
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| CliError::Io {
+                action: "create",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(OutputFile {
+            path: path.to_path_buf(),
+            file,
+            created,
+        })
+    }
+
+    /// Removes the file if this run created it.
+    fn discard(self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn io_error<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> CliError + 'a {
+    move |source| CliError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
+    // 1. Everything that can be checked before tracing.
+    let mut config = load_config(args)?;
+    config.check()?;
+    if args.write_into_file {
+        config.set_write_into_file();
+    }
+    let view = config.view().clone();
+    let service_path = view.output_path.clone().filter(|p| !p.is_empty());
+    let (output, trace_path) = match service_path {
+        Some(path) if args.out.is_some() => {
+            return Err(CliError::Usage(format!(
+                "the config sets output_path ({path}): the service writes the trace there; \
+                 drop -o"
+            )))
+        }
+        Some(_) if view.write_into_file != Some(true) => {
+            return Err(CliError::Usage(
+                "the config sets output_path without write_into_file".into(),
+            ))
+        }
+        Some(path) => (None, PathBuf::from(path)),
+        None => {
+            let path = args.out.clone().unwrap_or_else(|| {
+                PathBuf::from(format!("shmtrace-{}.pftrace", UtcTime::now().compact()))
+            });
+            (Some(OutputFile::open(&path)?), path)
+        }
+    };
+
+    // 2. Ctrl-C and SIGTERM: the first stops cleanly, a second Ctrl-C
+    // aborts. (Registered before connecting, so no signal is lost.)
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(
+            signal,
+            i32::from(exit::ABORTED),
+            Arc::clone(&stop),
+        )
+        .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+        .map_err(CliError::Output)?;
+    }
+
+    // 3. The service.
+    let consumer = match Consumer::connect(args.socket.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(o) = output {
+                o.discard();
+            }
+            return Err(e);
+        }
+    };
+    progress.event(json!({"event": "connected", "socket": consumer.address().to_string()}));
+    let wanted = config.data_source_names();
+    let mut registered: BTreeSet<String> = BTreeSet::new();
+    match consumer.service_state(false) {
+        Ok(state) => {
+            registered.extend(
+                state
+                    .data_sources
+                    .into_iter()
+                    .filter_map(|d| d.ds_descriptor.and_then(|d| d.name)),
+            );
+            for name in wanted.iter().filter(|n| !registered.contains(*n)) {
+                progress.warn(&format!(
+                    "no producer has registered the data source {name:?} (yet); the session \
+                     runs, and a producer that registers it later joins"
+                ));
+            }
+        }
+        Err(e) => progress.warn(&format!("cannot list the service's data sources: {e}")),
+    }
+
+    // 4. The session.
+    let session_output = match &output {
+        Some(o) => {
+            o.file.set_len(0).map_err(io_error("truncate", &o.path))?;
+            if view.write_into_file == Some(true) {
+                let fd: OwnedFd = o
+                    .file
+                    .try_clone()
+                    .map_err(io_error("open", &o.path))?
+                    .into();
+                Output::IntoFile { fd }
+            } else {
+                let file = o.file.try_clone().map_err(io_error("open", &o.path))?;
+                Output::Read {
+                    file,
+                    path: &o.path,
+                }
+            }
+        }
+        None => Output::ByService,
+    };
+    progress.note(&format!(
+        "recording into {} (config: {})",
+        trace_path.display(),
+        config.origin()
+    ));
+    let mut report = session::run(&consumer, &config, session_output, &stop, progress)?;
+    registered.extend(std::mem::take(&mut report.registered));
+    report.registered = registered;
+    drop(consumer);
+
+    // 5. The summary, from the file itself.
+    let analysis = inspect::analyze_files(std::slice::from_ref(&trace_path)).ok();
+    let file_bytes = std::fs::metadata(&trace_path).map_or(0, |m| m.len());
+    let summary = Summary::new(&trace_path, file_bytes, &config, &report, analysis.as_ref());
+    progress.done();
+    if let Ended::Failed(error) = &report.ended {
+        if summary.packets == 0 {
+            if let Some(o) = output {
+                o.discard();
+            }
+            return Err(CliError::Session(format!("refused the session: {error}")));
+        }
+    }
+    summary
+        .render(&mut std::io::stderr().lock())
+        .map_err(CliError::Output)?;
+    progress.event(json!({"event": "done", "summary": summary}));
+    match report.ended {
+        Ended::Failed(error) => Err(CliError::Session(format!(
+            "ended the session with an error: {error} (what was recorded is in {})",
+            trace_path.display()
+        ))),
+        _ => Ok(exit::OK),
+    }
+}

@@ -1,0 +1,332 @@
+//! `shmtrace inspect` on the golden trace (recorded from the real Perfetto
+//! v59) and on hand-broken copies of it: what it reports, and that
+//! `--check` fails exactly when something is wrong.
+
+mod cli_common;
+
+use std::path::Path;
+
+use cli_common::*;
+use prost_reflect::Value;
+
+fn check_fails_with(trace: &EditTrace, dir: &TempDir, kind: &str, fragment: &str) {
+    let path = trace.write(&dir.path("broken.pftrace"));
+    let (code, a) = inspect(&[&path]);
+    let found = problems(&a);
+    assert_eq!(code, 1, "--check accepted a broken trace: {found}");
+    assert!(
+        a["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["kind"] == kind && p["message"].as_str().unwrap().contains(fragment)),
+        "no [{kind}] problem containing {fragment:?} in:\n{found}"
+    );
+}
+
+fn check_passes(trace: &EditTrace, dir: &TempDir) -> serde_json::Value {
+    let path = trace.write(&dir.path("ok.pftrace"));
+    let (code, a) = inspect(&[&path]);
+    assert_eq!(code, 0, "unexpected problems:\n{}", problems(&a));
+    a
+}
+
+#[test]
+fn golden_trace_is_sound_and_fully_described() {
+    let (code, a) = inspect(&[Path::new(GOLDEN)]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["packets"], 228);
+    assert_eq!(a["packets_by_kind"]["track_event"]["packets"], 202);
+    assert_eq!(a["packets_by_kind"]["track_descriptor"]["packets"], 8);
+    assert_eq!(a["packets_by_kind"]["trace_stats"]["packets"], 1);
+    let te = &a["track_events"];
+    assert_eq!(te["total"], 202);
+    assert_eq!(te["slice_begin"], 50);
+    assert_eq!(te["slice_end"], 50);
+    assert_eq!(te["instant"], 77);
+    assert_eq!(te["counter"], 25);
+    assert_eq!(te["args"], 153);
+    // 127 categories + 127 names + 153 argument names, as the Python
+    // checker with the official schema counts them.
+    assert_eq!(te["interned_resolved"], 407);
+    assert_eq!(te["interned_unresolved"], 0);
+    assert_eq!(te["max_depth"], 2);
+    assert_eq!(te["open_slices"], 0);
+    assert_eq!(te["flow_links"], 25);
+    assert_eq!(te["flows_unpaired_start"], 0);
+    assert_eq!(te["by_category"]["oracle"], 102);
+    assert_eq!(te["by_category"]["oracle.net"], 25);
+    for name in ["outer", "inner", "tick", "flow_out", "flow_in"] {
+        assert_eq!(te["by_name"][name], 25, "{name}");
+    }
+    let sequences = a["sequences"].as_array().unwrap();
+    assert_eq!(sequences.len(), 3);
+    for s in sequences {
+        assert_eq!(s["start_lost"], false);
+        assert_eq!(s["cleared"], 1);
+        assert_eq!(s["loss_marks"], 0);
+        assert_eq!(s["buffer"], 0, "writer_stats map sequences to buffers");
+    }
+    let counters: Vec<_> = a["tracks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == "counter")
+        .collect();
+    assert_eq!(counters.len(), 2);
+    assert_eq!(
+        counters
+            .iter()
+            .map(|t| t["events"].as_u64().unwrap())
+            .sum::<u64>(),
+        25
+    );
+    let session = &a["session"];
+    assert!(session["service_version"]
+        .as_str()
+        .unwrap()
+        .starts_with("Perfetto v59.0"));
+    assert_eq!(session["config"]["buffers"][0][0], 16384);
+    assert_eq!(session["config"]["buffers"][0][1], "discard");
+    assert_eq!(session["config"]["duration_ms"], 2000);
+    assert_eq!(session["uuid"], "10f711e4-6b10-eab3-46ca-75cffa38b877");
+    assert_eq!(a["clocks"]["primary"], "BOOTTIME");
+    assert_eq!(a["clocks"]["sequence_scoped"]["64"], 3);
+    let span = a["clocks"]["last_ns"].as_u64().unwrap() - a["clocks"]["first_ns"].as_u64().unwrap();
+    assert!((1_900_000_000..3_000_000_000).contains(&span), "{span}");
+    assert_eq!(a["loss"]["loss_marks"], 0);
+    assert_eq!(a["loss"]["stats"].as_array().unwrap().len(), 0);
+    assert_eq!(a["stats"]["buffers"][0]["chunks_written"], 3);
+    assert_eq!(a["stats"]["service"]["flushes_succeeded"], 1);
+}
+
+#[test]
+fn human_report() {
+    let out = run(&["inspect", "--config", GOLDEN]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "228 packets",
+        "Perfetto v59.0",
+        "track_event (enabled: *)",
+        "enabled_categories: [\"*\"]",
+        "Track events: 202 (50 slices begun, 50 ended, 77 instants, 25 counters)",
+        "flow_in 25",
+        "counter",
+        "oracle.counter.t0",
+        "Data loss: none recorded",
+        "buffer 0: 12.0 KiB of 16.0 MiB, 3 chunks written",
+        "Check: OK",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn slice_end_without_begin_is_broken_nesting() {
+    let dir = TempDir::new("nesting");
+    let mut t = EditTrace::golden();
+    let first_begin = t.events(3, SLICE_BEGIN)[0];
+    // Keep the interned data it carries: only drop the event.
+    t.clear(first_begin, "track_event");
+    check_fails_with(&t, &dir, "nesting", "SLICE_END with no open slice");
+}
+
+#[test]
+fn unresolved_interned_name() {
+    let dir = TempDir::new("intern");
+    let mut t = EditTrace::golden();
+    let i = t.events(3, INSTANT)[3];
+    t.edit(i, "track_event { name_iid: 999 }");
+    check_fails_with(&t, &dir, "interning", "event name iid 999 does not resolve");
+}
+
+#[test]
+fn unresolved_argument_name() {
+    let dir = TempDir::new("arg");
+    let mut t = EditTrace::golden();
+    let i = t.events(4, SLICE_BEGIN)[2];
+    t.edit(
+        i,
+        "track_event { debug_annotations { name_iid: 77 int_value: 1 } }",
+    );
+    check_fails_with(&t, &dir, "interning", "debug annotation name iid 77");
+}
+
+#[test]
+fn interned_entry_redefined_without_a_clear() {
+    let dir = TempDir::new("redefine");
+    let mut t = EditTrace::golden();
+    let i = t.events(3, INSTANT)[10];
+    t.edit(
+        i,
+        "interned_data { event_names { iid: 1 name: \"renamed\" } }",
+    );
+    check_fails_with(
+        &t,
+        &dir,
+        "interning",
+        "redefined from \"outer\" to \"renamed\"",
+    );
+}
+
+#[test]
+fn marked_loss_excuses_its_consequences() {
+    let dir = TempDir::new("marked");
+    let mut t = EditTrace::golden();
+    // A gap in the middle of sequence 3: the service marks the next packet.
+    // Everything after it needs interned data the sequence no longer has.
+    let i = t.events(3, SLICE_BEGIN)[10];
+    t.edit(i, "previous_packet_dropped: 1");
+    let a = check_passes(&t, &dir);
+    let seq3 = a["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == 3)
+        .unwrap()
+        .clone();
+    assert_eq!(seq3["loss_marks"], 1);
+    assert!(seq3["skipped_packets"].as_u64().unwrap() > 50, "{seq3}");
+    assert_eq!(a["loss"]["loss_marks"], 1);
+}
+
+#[test]
+fn lost_start_is_a_problem_unless_a_statistic_records_the_loss() {
+    let dir = TempDir::new("start");
+    let mut t = EditTrace::golden();
+    let first = t.sequence(3)[0];
+    t.remove(first);
+    check_fails_with(&t, &dir, "unmarked_loss", "sequence 3");
+
+    // The same trace, with the buffer statistics admitting overwritten data.
+    let stats = t.find("chunks_read");
+    let buffers = t.packets[stats]
+        .get_field_by_name_mut("trace_stats")
+        .and_then(Value::as_message_mut)
+        .and_then(|s| s.get_field_by_name_mut("buffer_stats"))
+        .and_then(Value::as_list_mut)
+        .unwrap();
+    buffers[0]
+        .as_message_mut()
+        .unwrap()
+        .set_field_by_name("chunks_overwritten", Value::U64(1));
+    let a = check_passes(&t, &dir);
+    assert_eq!(a["loss"]["sequences_start_lost"], 1);
+    assert_eq!(a["loss"]["stats"][0][0], "buffer 0: chunks_overwritten");
+}
+
+#[test]
+fn flow_that_never_continues_is_unpaired() {
+    let dir = TempDir::new("flow");
+    let mut t = EditTrace::golden();
+    let i = t
+        .events(4, INSTANT)
+        .into_iter()
+        .rev()
+        .find(|&i| {
+            t.packets[i]
+                .to_text_format()
+                .contains("terminating_flow_ids")
+        })
+        .unwrap();
+    t.clear(i, "track_event.terminating_flow_ids");
+    check_fails_with(&t, &dir, "flows", "started but never continued");
+}
+
+#[test]
+fn counter_on_a_track_that_is_not_a_counter() {
+    let dir = TempDir::new("counter");
+    let mut t = EditTrace::golden();
+    let i = t.events(3, COUNTER)[0];
+    t.edit(i, "track_event { track_uuid: 42 }");
+    check_fails_with(&t, &dir, "counters", "COUNTER on track 42");
+}
+
+#[test]
+fn time_going_backwards() {
+    let dir = TempDir::new("time");
+    let mut t = EditTrace::golden();
+    let i = t.events(3, INSTANT)[5];
+    // A delta of -5 ns on the incremental clock 64.
+    t.edit(i, &format!("timestamp: {}", u64::MAX - 4));
+    check_fails_with(&t, &dir, "timestamps", "negative timestamp delta -5");
+}
+
+#[test]
+fn packet_without_trusted_sequence_id() {
+    let dir = TempDir::new("trusted");
+    let mut t = EditTrace::golden();
+    let i = t.events(4, INSTANT)[0];
+    t.clear(i, "trusted_packet_sequence_id");
+    check_fails_with(&t, &dir, "trusted_fields", "no trusted_packet_sequence_id");
+}
+
+#[test]
+fn cut_file_is_reported() {
+    let dir = TempDir::new("cut");
+    let bytes = std::fs::read(GOLDEN).unwrap();
+    let path = dir.path("cut.pftrace");
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let (code, a) = inspect(&[&path]);
+    assert_eq!(code, 1);
+    assert_eq!(a["packets"], 227, "every whole packet is still read");
+    assert_eq!(a["loss"]["file_damaged"], true);
+    assert!(
+        problems(&a).contains("the trace was cut short"),
+        "{}",
+        problems(&a)
+    );
+    // Without --check the report is printed and the status is 0.
+    let out = run(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("the file is damaged or cut short"));
+}
+
+#[test]
+fn successive_reads_are_one_session() {
+    let dir = TempDir::new("reads");
+    let t = EditTrace::golden();
+    let (head, tail) = t.packets.split_at(60);
+    let first = EditTrace {
+        packets: head.to_vec(),
+    }
+    .write(&dir.path("read-1.pftrace"));
+    let second = EditTrace {
+        packets: tail.to_vec(),
+    }
+    .write(&dir.path("read-2.pftrace"));
+    let (code, a) = inspect(&[&first, &second]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["packets"], 228);
+    assert_eq!(a["track_events"]["interned_resolved"], 407);
+    // The second read alone continues sequences whose start is elsewhere.
+    let (code, a) = inspect(&[&second]);
+    assert_eq!(code, 1);
+    assert!(
+        problems(&a).contains("start is missing"),
+        "{}",
+        problems(&a)
+    );
+}
+
+#[test]
+fn not_a_trace() {
+    let dir = TempDir::new("notrace");
+    let path = dir.path("x.pftrace.gz");
+    std::fs::write(&path, [0x1f, 0x8b, 0x08, 0x00]).unwrap();
+    let (code, a) = inspect(&[&path]);
+    assert_eq!(code, 1);
+    assert!(problems(&a).contains("gzip-compressed"), "{}", problems(&a));
+
+    let out = run(&["inspect", dir.path("missing.pftrace").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(4));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot open") && err.contains("missing.pftrace"),
+        "{err}"
+    );
+}

@@ -1,0 +1,496 @@
+//! `shmtrace record` against a scripted ConsumerPort service: the
+//! protocol it speaks (call order, config, descriptor passing), the bytes it
+//! writes, Ctrl-C, and every kind of bad input.
+
+mod cli_common;
+
+use std::path::Path;
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
+
+use cli_common::fake::{FakeService, Script};
+use cli_common::*;
+use prost::Message;
+use shmtrace_service::protos::{self, DataSourceConfig, TraceConfig, TrackEventConfig};
+
+fn producer() -> Vec<(String, String)> {
+    vec![("real-producer".into(), "track_event".into())]
+}
+
+fn golden_script() -> Script {
+    Script {
+        packets: golden_packets(),
+        registered: producer(),
+        started: producer(),
+        ..Default::default()
+    }
+}
+
+fn spawn_record(socket: &Path, args: &[&str]) -> Child {
+    shmtrace()
+        .arg("record")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record")
+}
+
+fn interrupt(child: &Child) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `calls` holds `expected` in this order (other calls may come between).
+fn assert_in_order(calls: &[String], expected: &[&str]) {
+    let mut it = calls.iter();
+    for want in expected {
+        assert!(
+            it.any(|c| c == want),
+            "{want} missing or out of order in {calls:?}"
+        );
+    }
+}
+
+fn received_config(fake: &FakeService) -> TraceConfig {
+    let bytes = fake.seen.lock().unwrap().config.clone().expect("a config");
+    TraceConfig::decode(bytes.as_slice()).unwrap()
+}
+
+fn finish(child: Child) -> Output {
+    child.wait_with_output().expect("wait for shmtrace record")
+}
+
+#[test]
+fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
+    let dir = TempDir::new("ctrlc");
+    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let out_path = dir.path("out.pftrace");
+    let child = spawn_record(
+        &fake.socket,
+        &[
+            "-o",
+            out_path.to_str().unwrap(),
+            "-b",
+            "1mb",
+            "--app-categories",
+            "gfx,net",
+            "--progress",
+            "plain",
+        ],
+    );
+    fake.wait_for("EnableTracing");
+    std::thread::sleep(Duration::from_millis(300));
+    interrupt(&child);
+    let out = finish(child);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+
+    // Each packet came in three slices; the file is `0A len packet` each,
+    // exactly as the real Perfetto wrote the golden trace.
+    assert_eq!(
+        std::fs::read(&out_path).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+    assert_in_order(
+        &fake.calls(),
+        &[
+            "ObserveEvents",
+            "EnableTracing",
+            "Flush",
+            "DisableTracing",
+            "ReadBuffers",
+            "FreeBuffers",
+        ],
+    );
+    assert!(!fake.seen.lock().unwrap().got_fd);
+
+    let config = received_config(&fake);
+    assert_eq!(config.buffers[0].size_kb, Some(1024));
+    assert_eq!(config.duration_ms, None);
+    let ds: DataSourceConfig = protos::from_raw(config.data_sources[0].config.as_ref()).unwrap();
+    assert_eq!(ds.name.as_deref(), Some("track_event"));
+    let te: TrackEventConfig = protos::from_raw(ds.track_event_config.as_ref()).unwrap();
+    assert_eq!(te.disabled_categories, ["*"]);
+    assert_eq!(te.enabled_categories, ["gfx", "net"]);
+
+    for expected in [
+        "stopped on request (flushed)",
+        "228 packets",
+        "track events  202 on 3 sequence(s)",
+        "track_event: recorded from real-producer",
+        "data loss     none",
+        "https://ui.perfetto.dev",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing from:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn session_ended_by_the_service() {
+    let dir = TempDir::new("duration");
+    let script = Script {
+        end_after: Some(Duration::from_millis(400)),
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &[
+            "-o",
+            out_path.to_str().unwrap(),
+            "-t",
+            "400ms",
+            "--fill",
+            "discard",
+        ],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("ended by the service after the configured 400 ms"),
+        "{stderr}"
+    );
+    let calls = fake.calls();
+    assert!(
+        !calls.iter().any(|c| c == "Flush" || c == "DisableTracing"),
+        "{calls:?}"
+    );
+    assert_in_order(&calls, &["EnableTracing", "ReadBuffers", "FreeBuffers"]);
+    let config = received_config(&fake);
+    assert_eq!(config.duration_ms, Some(400));
+    assert_eq!(config.buffers[0].size_kb, Some(32 * 1024), "the default -b");
+    assert_eq!(
+        config.buffers[0].fill_policy,
+        Some(protos::trace_config::buffer_config::FillPolicy::Discard as i32)
+    );
+    assert_eq!(
+        std::fs::read(&out_path).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+}
+
+#[test]
+fn write_into_file_passes_the_descriptor_and_never_reads() {
+    let dir = TempDir::new("wif");
+    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let out_path = dir.path("out.pftrace");
+    // A stale, longer file must not leave bytes behind.
+    std::fs::write(&out_path, vec![0u8; 20_000]).unwrap();
+    let child = spawn_record(
+        &fake.socket,
+        &["-o", out_path.to_str().unwrap(), "--write-into-file"],
+    );
+    fake.wait_for("EnableTracing");
+    interrupt(&child);
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(fake.seen.lock().unwrap().got_fd);
+    assert!(!fake.calls().iter().any(|c| c == "ReadBuffers"));
+    assert_eq!(received_config(&fake).write_into_file, Some(true));
+    assert_eq!(
+        std::fs::read(&out_path).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+    assert!(text(&out.stderr).contains("228 packets"));
+}
+
+#[test]
+fn text_config_is_sent_as_written() {
+    let dir = TempDir::new("txt");
+    let script = Script {
+        end_after: Some(Duration::from_millis(200)),
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let config_path = dir.path("config.pbtxt");
+    std::fs::write(
+        &config_path,
+        r#"
+# As Perfetto users write it.
+buffers: {
+    size_kb: 2048
+    fill_policy: RING_BUFFER
+}
+buffers { size_kb: 512 fill_policy: DISCARD }
+data_sources: {
+    config {
+        name: "track_event"
+        target_buffer: 1
+        track_event_config {
+            disabled_categories: "*"
+            enabled_categories: ["rendering", "net.*"]
+        }
+    }
+    producer_name_filter: "my-app"
+}
+duration_ms: 10000
+flush_period_ms: 2000
+incremental_state_config { clear_period_ms: 500 }
+"#,
+    )
+    .unwrap();
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &[
+            "--txt",
+            "-c",
+            config_path.to_str().unwrap(),
+            "-o",
+            out_path.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let config = received_config(&fake);
+    assert_eq!(config.buffers.len(), 2);
+    assert_eq!(config.buffers[1].size_kb, Some(512));
+    assert_eq!(config.duration_ms, Some(10_000));
+    assert_eq!(config.flush_period_ms, Some(2000));
+    assert_eq!(
+        config.incremental_state_config.unwrap().clear_period_ms,
+        Some(500)
+    );
+    assert_eq!(config.data_sources[0].producer_name_filter, ["my-app"]);
+    let ds: DataSourceConfig = protos::from_raw(config.data_sources[0].config.as_ref()).unwrap();
+    assert_eq!(ds.target_buffer, Some(1));
+    let te: TrackEventConfig = protos::from_raw(ds.track_event_config.as_ref()).unwrap();
+    assert_eq!(te.enabled_categories, ["rendering", "net.*"]);
+}
+
+#[test]
+fn data_source_nobody_registered() {
+    let dir = TempDir::new("unregistered");
+    let script = Script {
+        end_after: Some(Duration::from_millis(300)),
+        registered: vec![("other".into(), "linux.ftrace".into())],
+        ..Default::default()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &["-o", out_path.to_str().unwrap()],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: no producer has registered the data source \"track_event\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("track_event: no producer registered it; nothing was recorded from it"),
+        "{stderr}"
+    );
+    assert_in_order(
+        &fake.calls(),
+        &["EnableTracing", "ReadBuffers", "FreeBuffers"],
+    );
+    assert!(out_path.exists(), "the (empty) trace is still written");
+}
+
+#[test]
+fn unreachable_service() {
+    let dir = TempDir::new("nosvc");
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &dir.path("nobody.sock"),
+        &["-o", out_path.to_str().unwrap()],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to the tracing service at"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nobody.sock"), "{stderr}");
+    assert!(stderr.contains("PERFETTO_CONSUMER_SOCK_NAME"), "{stderr}");
+    assert!(!out_path.exists(), "no empty file left behind");
+
+    // The same through the environment variable, as Perfetto's tools read it.
+    let out = shmtrace()
+        .args(["record", "-o", out_path.to_str().unwrap()])
+        .env("PERFETTO_CONSUMER_SOCK_NAME", dir.path("env.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains("env.sock"));
+}
+
+#[test]
+fn unwritable_output_fails_before_tracing() {
+    let dir = TempDir::new("unwritable");
+    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let out = finish(spawn_record(
+        &fake.socket,
+        &["-o", dir.path("no/such/dir/out.pftrace").to_str().unwrap()],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("cannot create"), "{stderr}");
+    assert!(stderr.contains("no/such/dir/out.pftrace"), "{stderr}");
+    assert_eq!(fake.seen.lock().unwrap().connections, 0);
+}
+
+#[test]
+fn existing_file_survives_a_failure_before_tracing() {
+    let dir = TempDir::new("keep");
+    let out_path = dir.path("precious.pftrace");
+    std::fs::write(&out_path, b"old trace").unwrap();
+    let out = finish(spawn_record(
+        &dir.path("nobody.sock"),
+        &["-o", out_path.to_str().unwrap()],
+    ));
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(std::fs::read(&out_path).unwrap(), b"old trace");
+}
+
+#[test]
+fn refused_session() {
+    let dir = TempDir::new("refused");
+    let script = Script {
+        refuse: Some("Too many concurrent tracing sesions (5)".into()),
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &["-o", out_path.to_str().unwrap()],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("the service refused the session: Too many concurrent tracing sesions (5)"),
+        "{stderr}"
+    );
+    assert!(!out_path.exists());
+}
+
+#[test]
+fn bad_configs_are_rejected_before_connecting() {
+    let dir = TempDir::new("badcfg");
+    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "buffers {\n  size_kb: 1024\n}\ndata_sources {\n  config {\n    name: \"track_event\"\n    track_event_config { enabled_categoris: \"a\" }\n  }\n}\n",
+            &["--txt"],
+            "config.txt:7:26: ",
+        ),
+        ("buffers { size_kb: 1024 }\n", &["--txt"], "no data_sources"),
+        (
+            "buffers { size_kb: 1024 }\ndata_sources { config { name: \"x\" target_buffer: 3 } }\n",
+            &["--txt"],
+            "target_buffer is 3, but the config declares 1 buffer(s)",
+        ),
+        ("buffers { size_kb: 1024 }\n", &[], "add --txt"),
+    ];
+    for (config, flags, expected) in cases {
+        let path = dir.path("config.txt");
+        std::fs::write(&path, config).unwrap();
+        let mut args = vec!["-c", path.to_str().unwrap(), "-o"];
+        let out_path = dir.path("out.pftrace");
+        args.push(out_path.to_str().unwrap());
+        args.extend_from_slice(flags);
+        let out = finish(spawn_record(&fake.socket, &args));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{config}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing from:\n{stderr}"
+        );
+    }
+    // Quick flags and a config do not mix; units are checked.
+    for args in [
+        &["-c", "x", "-t", "10s"][..],
+        &["-t", "10 parsecs"],
+        &["-b", "0"],
+    ] {
+        let out = finish(spawn_record(&fake.socket, args));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(fake.seen.lock().unwrap().connections, 0);
+}
+
+#[test]
+fn failed_flush_is_reported_and_the_data_kept() {
+    let dir = TempDir::new("flushfail");
+    let script = Script {
+        fail_flush: true,
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let child = spawn_record(&fake.socket, &["-o", out_path.to_str().unwrap()]);
+    fake.wait_for("EnableTracing");
+    interrupt(&child);
+    let out = finish(child);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("the flush did not complete"), "{stderr}");
+    assert_eq!(
+        std::fs::read(&out_path).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+}
+
+#[test]
+fn json_progress_for_programs() {
+    let dir = TempDir::new("json");
+    let script = Script {
+        end_after: Some(Duration::from_millis(1500)),
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &["-o", out_path.to_str().unwrap(), "--progress", "json"],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let events: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_in_order(
+        &names.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        &[
+            "connected",
+            "tracing",
+            "data_source_started",
+            "started",
+            "progress",
+            "done",
+        ],
+    );
+    let progress = events.iter().find(|e| e["event"] == "progress").unwrap();
+    assert_eq!(progress["producers"], 1);
+    assert_eq!(progress["data_sources"], 1);
+    let done = events.last().unwrap();
+    assert_eq!(done["event"], "done");
+    assert_eq!(done["summary"]["packets"], 228);
+    assert_eq!(done["summary"]["track_events"], 202);
+    assert_eq!(
+        done["summary"]["data_sources"][0]["producers"][0],
+        "real-producer"
+    );
+}
