@@ -119,7 +119,8 @@ pub trait Sink {
 pub struct Encoder<S: Sink> {
     sink: S,
     slots: Vec<S::Slot, MAX_DEPTH>,
-    starts: Vec<u32, MAX_DEPTH>,
+    /// Body start position of the message whose slot is `slots[i]`.
+    starts: [u32; MAX_DEPTH],
     dropped: u32,
     error: Option<EncodeError>,
 }
@@ -130,7 +131,7 @@ impl<S: Sink> Encoder<S> {
         Self {
             sink,
             slots: Vec::new(),
-            starts: Vec::new(),
+            starts: [0; MAX_DEPTH],
             dropped: 0,
             error: None,
         }
@@ -196,9 +197,10 @@ impl<S: Sink> Encoder<S> {
     /// Closes nested messages until `depth` remain open.
     fn close_to(&mut self, depth: usize) {
         while self.slots.len() > depth {
-            let (Some(slot), Some(start)) = (self.slots.pop(), self.starts.pop()) else {
+            let Some(slot) = self.slots.pop() else {
                 return;
             };
+            let start = self.starts[self.slots.len() & (MAX_DEPTH - 1)];
             let size = self.sink.position().wrapping_sub(start);
             let size = if size > MAX_MESSAGE_LEN {
                 self.latch(EncodeError::MessageTooLong(u64::from(size)));
@@ -274,6 +276,7 @@ impl Scratch {
 }
 
 const _: () = assert!(SMALL_WRITE_LEN.is_power_of_two() && SMALL_WRITE_LEN >= 15);
+const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
 /// A message being written: the root message of an [`Encoder`] or a nested
 /// message opened with [`Message::begin_nested`] / [`Message::nested`].
@@ -526,10 +529,10 @@ impl<'a, S: Sink> Message<'a, S> {
         let enc = &mut *self.enc;
         let slot = enc.sink.reserve_size_field(&mut enc.slots);
         let start = enc.sink.position();
-        // Both pushes succeed: depth < MAX_DEPTH was checked above and the
-        // stacks always have equal length.
+        // The push succeeds: depth < MAX_DEPTH was checked above, and
+        // `slots.len() == depth` (so the mask is a no-op).
+        enc.starts[enc.slots.len() & (MAX_DEPTH - 1)] = start;
         let _ = enc.slots.push(slot);
-        let _ = enc.starts.push(start);
         Message {
             enc: self.enc,
             depth: child_depth,
