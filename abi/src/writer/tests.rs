@@ -529,3 +529,73 @@ fn a_leaked_packet_handle_is_finished_by_the_next_packet() {
         ]
     );
 }
+
+#[test]
+fn polling_arbiter_rejects_unusable_configurations() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, _rx) = q.split();
+    assert_eq!(
+        PollingArbiter::new(&smb, PageLayout::NotPartitioned, tx).err(),
+        Some(ArbiterError::LayoutWithoutChunks(
+            PageLayout::NotPartitioned
+        ))
+    );
+    let mut q = CommitQueue::<2>::new();
+    let (tx, _rx) = q.split();
+    assert_eq!(
+        PollingArbiter::new(&smb, PageLayout::Div1, tx).err(),
+        Some(ArbiterError::QueueTooSmall { capacity: 1 })
+    );
+}
+
+#[test]
+fn drained_chunks_parse_as_whole_copied_chunks() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div7, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 4, 9).unwrap();
+    assert_eq!(w.write_packet(|p| p.uint64(8, 7)), PacketOutcome::Written);
+    w.flush();
+    let mut buf = [0u8; 4096];
+    let mut seen = 0;
+    let stats = rx.drain(&smb, &mut buf, |d| {
+        let Drained::Chunk {
+            target_buffer,
+            location,
+            header,
+            bytes,
+        } = d
+        else {
+            panic!("expected a chunk")
+        };
+        assert_eq!(
+            (target_buffer, location),
+            (9, ChunkLocation { page: 0, chunk: 0 })
+        );
+        assert_eq!(bytes.len(), 584);
+        let (parsed, frags) = Fragments::from_chunk(bytes).unwrap();
+        assert_eq!(parsed, header);
+        let data: Vec<_> = frags
+            .map(|f| match f.unwrap() {
+                FragmentEvent::Data(f) => f.data.to_vec(),
+                FragmentEvent::Dropped(_) => panic!(),
+            })
+            .collect();
+        assert_eq!(data, [std::vec![0xB8, 0x05, 0x01, 0x40, 0x07]]);
+        seen += 1;
+    });
+    assert_eq!(seen, 1);
+    assert_eq!(
+        stats,
+        DrainStats {
+            chunks_moved: 1,
+            ..DrainStats::default()
+        }
+    );
+    // The chunk is free again, the page unpartitioned.
+    assert!(smb.is_page_free(0));
+}
