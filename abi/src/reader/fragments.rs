@@ -176,14 +176,12 @@ impl<'a> Fragments<'a> {
         }
     }
 
-    /// Fragments of a chunk copied while still being written, given its *raw*
-    /// header word: only the first `count - 1` fragments are known to be
+    /// Fragments of a chunk copied while still being written (a scraped
+    /// chunk that was not `Complete`), given its header word as the producer
+    /// wrote it: only the first `count - 1` fragments are known to be
     /// finished, and the continues-on-next and needs-patching flags do not
-    /// hold yet.
-    ///
-    /// `Smb::scrape` already returns the header reduced to the finished
-    /// prefix; parse such a copy with [`Fragments::new`] instead (applying
-    /// the rule twice would lose a fragment).
+    /// hold yet. This is the one place the rule is applied:
+    /// [`Smb::scrape`](crate::smb::Smb::scrape) leaves header and copy raw.
     pub fn new_incomplete(payload: &'a [u8], packets: Packets) -> Self {
         let flags = packets.flags().difference(
             ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK.union(ChunkFlags::CHUNK_NEEDS_PATCHING),
