@@ -130,6 +130,16 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         P - self.patches.free()
     }
 
+    /// What a scraper would copy from the current chunk: its `packets` word
+    /// and payload.
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> Option<(Packets, std::vec::Vec<u8>)> {
+        let chunk = self.chunk.as_ref()?;
+        let mut payload = std::vec![0u8; self.capacity];
+        chunk.read_back(0, &mut payload).ok()?;
+        Some((chunk.packets(), payload))
+    }
+
     #[cfg(test)]
     pub(crate) fn set_next_chunk_id(&mut self, id: u32) {
         self.next_chunk_id = id;

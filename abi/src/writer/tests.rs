@@ -599,3 +599,36 @@ fn drained_chunks_parse_as_whole_copied_chunks() {
     // The chunk is free again, the page unpartitioned.
     assert!(smb.is_page_free(0));
 }
+
+#[test]
+fn a_scraper_sees_every_finished_packet() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, _rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    fn scrape<'s, A: ChunkArbiter<'s>>(w: &TraceWriter<'s, A>) -> (u16, Vec<Vec<u8>>) {
+        let (packets, payload) = w.enc.sink().snapshot().unwrap();
+        let frags = Fragments::new_incomplete(&payload, packets)
+            .map(|f| match f.unwrap() {
+                FragmentEvent::Data(f) => f.data.to_vec(),
+                FragmentEvent::Dropped(_) => panic!(),
+            })
+            .collect();
+        (packets.count(), frags)
+    }
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+    // Count inflated right after the packet: 1 finished + 1 reserved slot.
+    let (count, frags) = scrape(&w);
+    assert_eq!(count, 2);
+    assert_eq!(frags, [std::vec![0xB8, 0x05, 0x01, 0x40, 0x01]]);
+    // The next packet reuses the slot (no store), then inflates again.
+    let mut p = w.new_packet();
+    p.uint64(8, 2);
+    drop(p);
+    let (count, frags) = scrape(&w);
+    assert_eq!(count, 3);
+    assert_eq!(frags.len(), 2);
+    assert_eq!(frags[1], [0x40, 0x02]);
+}
