@@ -28,6 +28,15 @@ enum Command {
     Query(cli::query::QueryArgs),
     /// Show what a trace file holds; --check tests whether it is sound.
     Inspect(cli::inspect::InspectArgs),
+    /// Run the tracing service (what `traced` is to Perfetto).
+    ///
+    /// Listens on the producer socket (any process may connect) and the
+    /// consumer socket (owner only). Sockets: the flags, else
+    /// PERFETTO_PRODUCER_SOCK_NAME / PERFETTO_CONSUMER_SOCK_NAME, else
+    /// /run/perfetto/traced-{producer,consumer}.sock if /run/perfetto/
+    /// exists, else /tmp/perfetto-{producer,consumer}. Stops cleanly on
+    /// SIGINT/SIGTERM; logs to stderr.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +46,7 @@ fn main() -> ExitCode {
         Command::Record(a) => cli::record::run(a),
         Command::Query(a) => cli::query::run(a, stdout),
         Command::Inspect(a) => cli::inspect::run(a, stdout),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -46,6 +56,148 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("shmtrace: error: {e}");
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `shmtrace serve`.
+mod serve {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    use shmtrace_service::cli::{exit, CliError};
+    use shmtrace_service::ipc::SocketAddress;
+    use shmtrace_service::service::{daemon, shell};
+
+    /// Flags of `shmtrace serve`.
+    #[derive(Debug, clap::Args)]
+    pub struct ServeArgs {
+        /// Producer socket(s), comma-separated (a path, or @name for an
+        /// abstract socket).
+        #[arg(long, value_name = "ADDRESS")]
+        producer_socket: Option<String>,
+        /// Consumer socket (a path, or @name for an abstract socket).
+        #[arg(long, value_name = "ADDRESS")]
+        consumer_socket: Option<String>,
+        /// Also let this group id connect to the consumer socket.
+        #[arg(long, value_name = "GID")]
+        consumer_group: Option<u32>,
+        /// Fork into the background once the sockets accept connections.
+        #[arg(long)]
+        background: bool,
+        /// Stop when stdin reaches end of file (for supervisors and test
+        /// harnesses that own the service's stdin).
+        #[arg(long)]
+        exit_on_stdin_eof: bool,
+        /// Print `{"event":"ready"}` on stdout once the sockets accept
+        /// connections.
+        #[arg(long)]
+        notify_ready: bool,
+        /// Log level: off, error, warn, info, debug, trace.
+        #[arg(long, default_value = "info", value_name = "LEVEL", value_parser = parse_level)]
+        log_level: log::LevelFilter,
+    }
+
+    fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
+        s.parse()
+            .map_err(|_| format!("unknown log level {s:?} (off, error, warn, info, debug, trace)"))
+    }
+
+    fn addresses(args: &ServeArgs) -> Result<shell::ShellConfig, CliError> {
+        let (default_producers, default_consumer) = shell::default_addresses()?;
+        let producer_sockets = match &args.producer_socket {
+            Some(list) => list
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(SocketAddress::parse)
+                .collect::<Result<Vec<_>, _>>()?,
+            None => default_producers,
+        };
+        let consumer_socket = match &args.consumer_socket {
+            Some(a) => SocketAddress::parse(a)?,
+            None => default_consumer,
+        };
+        if producer_sockets.is_empty() {
+            return Err(CliError::Usage("no producer socket given".into()));
+        }
+        Ok(shell::ShellConfig {
+            producer_sockets,
+            consumer_socket,
+            consumer_group: args.consumer_group,
+        })
+    }
+
+    /// Runs the service until SIGINT or SIGTERM.
+    pub fn run(args: &ServeArgs) -> Result<u8, CliError> {
+        daemon::init_logging(args.log_level);
+        let cfg = addresses(args)?;
+        let readiness = if args.background {
+            Some(
+                daemon::background()
+                    .map_err(|e| CliError::Usage(format!("cannot go to the background: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let failed = |readiness: Option<daemon::Readiness>, e: String| {
+            if let Some(r) = readiness {
+                r.failed();
+            }
+            log::error!("{e}");
+            Ok(exit::NO_SERVICE)
+        };
+        let (stop_read, stop_write) = match UnixStream::pair() {
+            Ok(p) => p,
+            Err(e) => return failed(readiness, format!("cannot create the stop pipe: {e}")),
+        };
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            let registered = stop_write
+                .try_clone()
+                .and_then(|w| signal_hook::low_level::pipe::register(signal, w));
+            if let Err(e) = registered {
+                return failed(readiness, format!("cannot handle signal {signal}: {e}"));
+            }
+        }
+        if args.exit_on_stdin_eof {
+            let stop = match stop_write.try_clone() {
+                Ok(s) => s,
+                Err(e) => return failed(readiness, format!("cannot watch stdin: {e}")),
+            };
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+                let mut stop = stop;
+                let _ = std::io::Write::write_all(&mut stop, &[0]);
+            });
+        }
+        let shell = match shell::Shell::bind(&cfg) {
+            Ok(s) => s,
+            Err(e) => return failed(readiness, e.to_string()),
+        };
+        log::info!(
+            "listening: producers on {}, consumers on {}",
+            cfg.producer_sockets
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            cfg.consumer_socket
+        );
+        if let Some(r) = readiness {
+            r.ready();
+        }
+        if args.notify_ready {
+            println!("{{\"event\":\"ready\"}}");
+        }
+        let core = shmtrace_service::service::core::TracingService::new(
+            shell::system_service_config(),
+            Box::new(shmtrace_service::service::env::SystemEnvironment),
+        );
+        match shell.run(core, Some(stop_read.as_fd())) {
+            Ok(()) => Ok(exit::OK),
+            Err(e) => {
+                log::error!("{e}");
+                Ok(exit::NO_SERVICE)
+            }
         }
     }
 }

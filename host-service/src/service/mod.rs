@@ -12,10 +12,14 @@
 //! * [`env`]: clocks and randomness, real or fake.
 //! * [`core`]: the whole service behaviour, sans-IO: producer and consumer
 //!   ports, sessions, flush/stop protocols, readback and `write_into_file`.
+//! * [`shell`]: the epoll loop that runs the core on UNIX sockets, and
+//!   [`daemon`]: `--background` and logging for `shmtrace serve`.
 
 pub mod buffer;
 pub mod core;
+pub mod daemon;
 pub mod env;
+pub mod shell;
 pub mod shm;
 pub mod trusted;
 pub mod validator;

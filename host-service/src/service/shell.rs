@@ -1,0 +1,551 @@
+//! The I/O shell: one epoll loop that runs the [service core](super::core)
+//! on UNIX sockets.
+//!
+//! The shell owns the sockets and nothing else: it accepts connections
+//! (taking the peer's credentials with `SO_PEERCRED`), feeds received bytes
+//! to the IPC host ([`HostConnection`]), hands decoded calls to the core,
+//! routes the core's replies (and the SMB descriptors they carry) back, and
+//! sleeps until the next socket event or core timer. All behaviour is in the
+//! core.
+//!
+//! Sockets: the producer socket(s) are world-connectable (`0666`: any
+//! process may trace); the consumer socket is restricted to the owner
+//! (`0600`), or owner and one group (`0660`) if a group is configured.
+//!
+//! Backpressure: a consumer's `ReadBuffers` stream is produced only while
+//! its send queue is short, so a slow reader holds back only itself. A
+//! producer that stops reading its socket while the service queues commands
+//! for it (upstream disconnects after a 10 ms send timeout) is disconnected
+//! once [`MAX_PRODUCER_BACKLOG`] bytes are queued.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use rustix::event::epoll;
+use rustix::fs::Mode;
+use thiserror::Error;
+
+use crate::ipc::frame::invoke_method_reply_frame;
+use crate::ipc::socket::{self, peer_credentials, Received};
+use crate::ipc::{HostConnection, Listener, ServiceTable, SocketAddress};
+use crate::protos::{
+    consumer_port, producer_port, ConsumerPort, ProducerPort, SystemInfo, Utsname,
+};
+
+use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
+use super::env::{Environment, SystemEnvironment};
+
+/// Bytes queued for a producer beyond which it is disconnected.
+pub const MAX_PRODUCER_BACKLOG: usize = 8 * 1024 * 1024;
+/// A consumer's `ReadBuffers` stream is refilled while less than this is
+/// queued for it.
+pub const READ_WINDOW: usize = 512 * 1024;
+
+const TOKEN_STOP: u64 = 0;
+const TOKEN_LISTENER: u64 = 1;
+const TOKEN_CONN: u64 = 1 << 32;
+
+/// Why the shell could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ShellError {
+    /// A socket could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// A system call of the event loop failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShellError {
+    move |e| ShellError::Os {
+        what,
+        source: e.into(),
+    }
+}
+
+/// Where the service listens.
+#[derive(Debug, Clone)]
+pub struct ShellConfig {
+    /// Producer sockets (upstream accepts a comma-separated list).
+    pub producer_sockets: Vec<SocketAddress>,
+    /// The consumer socket.
+    pub consumer_socket: SocketAddress,
+    /// A group that may also connect to the consumer socket.
+    pub consumer_group: Option<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Producer,
+    Consumer,
+}
+
+enum Host {
+    Producer(HostConnection<producer_port::Request>),
+    Consumer(HostConnection<consumer_port::Request>),
+}
+
+impl Host {
+    fn out(&mut self) -> &mut crate::ipc::OutQueue {
+        match self {
+            Host::Producer(h) => h.out(),
+            Host::Consumer(h) => h.out(),
+        }
+    }
+
+    fn decoder(&mut self) -> &mut crate::ipc::FrameDecoder {
+        match self {
+            Host::Producer(h) => h.decoder(),
+            Host::Consumer(h) => h.decoder(),
+        }
+    }
+}
+
+struct Conn {
+    socket: UnixStream,
+    host: Host,
+    /// Registered for writability.
+    wants_out: bool,
+}
+
+/// The bound sockets, ready to run.
+pub struct Shell {
+    listeners: Vec<(Listener, Side)>,
+    epoll: OwnedFd,
+    conns: HashMap<ConnId, Conn>,
+    producer_table: Arc<ServiceTable<producer_port::Request>>,
+    consumer_table: Arc<ServiceTable<consumer_port::Request>>,
+}
+
+impl std::fmt::Debug for Shell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shell")
+            .field(
+                "listeners",
+                &self
+                    .listeners
+                    .iter()
+                    .map(|(l, _)| l.address().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .field("connections", &self.conns.len())
+            .finish()
+    }
+}
+
+fn bind(address: &SocketAddress, mode: u32, group: Option<u32>) -> Result<Listener, ShellError> {
+    let err = |source: io::Error| ShellError::Bind {
+        address: address.to_string(),
+        source,
+    };
+    let listener = Listener::bind(address).map_err(err)?;
+    if let SocketAddress::Path(path) = address {
+        if let Some(gid) = group {
+            rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
+                .map_err(|e| err(e.into()))?;
+        }
+        rustix::fs::chmod(path, Mode::from_raw_mode(mode)).map_err(|e| err(e.into()))?;
+    }
+    listener.set_nonblocking(true).map_err(err)?;
+    Ok(listener)
+}
+
+impl Shell {
+    /// Binds the sockets (replacing stale socket files).
+    pub fn bind(cfg: &ShellConfig) -> Result<Self, ShellError> {
+        let mut listeners = Vec::new();
+        for a in &cfg.producer_sockets {
+            listeners.push((bind(a, 0o666, None)?, Side::Producer));
+        }
+        let consumer_mode = if cfg.consumer_group.is_some() {
+            0o660
+        } else {
+            0o600
+        };
+        listeners.push((
+            bind(&cfg.consumer_socket, consumer_mode, cfg.consumer_group)?,
+            Side::Consumer,
+        ));
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(os("epoll_create"))?;
+        for (i, (l, _)) in listeners.iter().enumerate() {
+            epoll::add(
+                &epoll,
+                l,
+                epoll::EventData::new_u64(TOKEN_LISTENER + i as u64),
+                epoll::EventFlags::IN,
+            )
+            .map_err(os("epoll_ctl"))?;
+        }
+        Ok(Self {
+            listeners,
+            epoll,
+            conns: HashMap::new(),
+            producer_table: Arc::new(ServiceTable::from(ProducerPort)),
+            consumer_table: Arc::new(ServiceTable::from(ConsumerPort)),
+        })
+    }
+
+    /// Runs `core` until `stop` becomes readable (or forever without one).
+    /// Socket files are removed on the way out.
+    pub fn run(
+        mut self,
+        mut core: TracingService,
+        stop: Option<BorrowedFd<'_>>,
+    ) -> Result<(), ShellError> {
+        if let Some(stop) = stop {
+            epoll::add(
+                &self.epoll,
+                stop,
+                epoll::EventData::new_u64(TOKEN_STOP),
+                epoll::EventFlags::IN,
+            )
+            .map_err(os("epoll_ctl"))?;
+        }
+        let clock = SystemEnvironment;
+        let mut events = Vec::with_capacity(256);
+        let result = loop {
+            let timeout = core.poll_timeout().map(|deadline| {
+                let ns = deadline.saturating_sub(clock.now());
+                rustix::time::Timespec {
+                    tv_sec: (ns / 1_000_000_000) as i64,
+                    tv_nsec: (ns % 1_000_000_000) as i64,
+                }
+            });
+            events.clear();
+            match epoll::wait(
+                &self.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                timeout.as_ref(),
+            ) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    break Err(ShellError::Os {
+                        what: "epoll_wait",
+                        source: e.into(),
+                    })
+                }
+            }
+            let mut stopping = false;
+            for ev in &events {
+                let token = ev.data.u64();
+                if token == TOKEN_STOP {
+                    stopping = true;
+                } else if token >= TOKEN_CONN {
+                    self.on_conn_event(&mut core, ConnId(token - TOKEN_CONN), ev.flags);
+                } else {
+                    self.accept(&mut core, (token - TOKEN_LISTENER) as usize);
+                }
+            }
+            if stopping {
+                log::info!("stopping");
+                break Ok(());
+            }
+            core.on_timeout();
+            self.flush_outputs(&mut core);
+        };
+        for (l, _) in &self.listeners {
+            if let SocketAddress::Path(path) = l.address() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        result
+    }
+
+    fn accept(&mut self, core: &mut TracingService, index: usize) {
+        let Some((listener, side)) = self.listeners.get(index) else {
+            return;
+        };
+        let side = *side;
+        loop {
+            let socket = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("accept on {} failed: {e}", listener.address());
+                    return;
+                }
+            };
+            let creds = match peer_credentials(&socket) {
+                Ok(c) => c,
+                Err(e) => {
+                    log::warn!("SO_PEERCRED failed, dropping the connection: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = socket.set_nonblocking(true) {
+                log::warn!("cannot make a connection non-blocking: {e}");
+                continue;
+            }
+            let (conn, host) = match side {
+                Side::Producer => (
+                    core.connect_producer(creds),
+                    Host::Producer(HostConnection::new(
+                        self.producer_table.clone(),
+                        Some(creds),
+                    )),
+                ),
+                Side::Consumer => (
+                    core.connect_consumer(creds),
+                    Host::Consumer(HostConnection::new(
+                        self.consumer_table.clone(),
+                        Some(creds),
+                    )),
+                ),
+            };
+            let token = epoll::EventData::new_u64(TOKEN_CONN + conn.0);
+            let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
+            if let Err(e) = epoll::add(&self.epoll, &socket, token, flags) {
+                log::warn!("epoll_ctl failed for a new connection: {e}");
+                core.disconnect(conn);
+                continue;
+            }
+            log::debug!(
+                "connection {} from pid {} uid {}",
+                conn.0,
+                creds.pid,
+                creds.uid
+            );
+            self.conns.insert(
+                conn,
+                Conn {
+                    socket,
+                    host,
+                    wants_out: false,
+                },
+            );
+        }
+    }
+
+    fn on_conn_event(&mut self, core: &mut TracingService, conn: ConnId, flags: epoll::EventFlags) {
+        if flags.intersects(
+            epoll::EventFlags::IN
+                | epoll::EventFlags::HUP
+                | epoll::EventFlags::RDHUP
+                | epoll::EventFlags::ERR,
+        ) {
+            self.receive(core, conn);
+        }
+        if flags.contains(epoll::EventFlags::OUT) {
+            self.send(core, conn);
+        }
+    }
+
+    /// Reads everything available and dispatches the calls.
+    fn receive(&mut self, core: &mut TracingService, conn: ConnId) {
+        loop {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            let received = socket::recv_into(&c.socket, c.host.decoder());
+            let closed = match received {
+                Ok(Received::Data(_)) => false,
+                Ok(Received::WouldBlock) => return,
+                Ok(Received::Closed) => true,
+                Err(e) => {
+                    log::info!("connection {}: {e}", conn.0);
+                    true
+                }
+            };
+            // Dispatch whatever complete frames arrived (also before a close).
+            loop {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                let dispatched = match &mut c.host {
+                    Host::Producer(h) => h
+                        .poll_call()
+                        .map(|call| call.map(|call| core.on_producer_call(conn, call))),
+                    Host::Consumer(h) => h
+                        .poll_call()
+                        .map(|call| call.map(|call| core.on_consumer_call(conn, call))),
+                };
+                match dispatched {
+                    Ok(Some(())) => self.route_outputs(core),
+                    Ok(None) => break,
+                    Err(e) => {
+                        log::info!("connection {}: {e}; closing it", conn.0);
+                        self.close(core, conn);
+                        return;
+                    }
+                }
+            }
+            if closed {
+                self.close(core, conn);
+                return;
+            }
+        }
+    }
+
+    fn close(&mut self, core: &mut TracingService, conn: ConnId) {
+        if let Some(c) = self.conns.remove(&conn) {
+            let _ = epoll::delete(&self.epoll, &c.socket);
+            log::debug!("connection {} closed", conn.0);
+        }
+        core.disconnect(conn);
+    }
+
+    /// Moves the core's outputs into the connections' send queues.
+    fn route_outputs(&mut self, core: &mut TracingService) {
+        while let Some(o) = core.poll_output() {
+            self.route(core, o);
+        }
+    }
+
+    fn route(&mut self, core: &mut TracingService, o: Output) {
+        match o {
+            Output::Reply {
+                conn,
+                to,
+                body,
+                has_more,
+                fd,
+            } => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                let body = match body {
+                    ReplyBody::Ok(b) => Ok(b),
+                    ReplyBody::Err => Err(()),
+                };
+                let frame = invoke_method_reply_frame(to.request_id(), body, has_more);
+                if let Err(e) = c.host.out().push_frame(&frame, fd) {
+                    log::error!("connection {}: dropping a reply: {e}", conn.0);
+                }
+            }
+            Output::Disconnect { conn, reason } => {
+                log::info!("disconnecting connection {}: {reason}", conn.0);
+                self.close(core, conn);
+            }
+        }
+    }
+
+    /// Routes the core's outputs, refills `ReadBuffers` streams while their
+    /// connections have room, and sends, until nothing more can move now.
+    fn flush_outputs(&mut self, core: &mut TracingService) {
+        loop {
+            self.route_outputs(core);
+            let mut produced = false;
+            for conn in core.pending_reads() {
+                loop {
+                    let room = self
+                        .conns
+                        .get_mut(&conn)
+                        .is_some_and(|c| c.host.out().len() < READ_WINDOW);
+                    if !room {
+                        break;
+                    }
+                    match core.poll_read_reply(conn) {
+                        Some(o) => {
+                            self.route(core, o);
+                            produced = true;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            let pending: Vec<ConnId> = self
+                .conns
+                .iter_mut()
+                .filter_map(|(&id, c)| (!c.host.out().is_empty()).then_some(id))
+                .collect();
+            for conn in pending {
+                self.send(core, conn);
+            }
+            if !produced {
+                return;
+            }
+        }
+    }
+
+    /// Sends what is queued; asks for writability if the socket is full.
+    fn send(&mut self, core: &mut TracingService, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if let Err(e) = socket::send_queued(&c.socket, c.host.out()) {
+            log::info!("connection {}: send failed: {e}", conn.0);
+            self.close(core, conn);
+            return;
+        }
+        let backlog = c.host.out().len();
+        if matches!(c.host, Host::Producer(_)) && backlog > MAX_PRODUCER_BACKLOG {
+            log::warn!(
+                "connection {}: producer is not reading its socket ({backlog} bytes queued)",
+                conn.0
+            );
+            self.close(core, conn);
+            return;
+        }
+        let wants_out = backlog > 0;
+        if wants_out != c.wants_out {
+            let mut flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
+            if wants_out {
+                flags |= epoll::EventFlags::OUT;
+            }
+            let token = epoll::EventData::new_u64(TOKEN_CONN + conn.0);
+            if epoll::modify(&self.epoll, &c.socket, token, flags).is_ok() {
+                c.wants_out = wants_out;
+            }
+        }
+    }
+}
+
+/// The [`ServiceConfig`] of this process: its uid, and what `system_info`
+/// says about the machine.
+pub fn system_service_config() -> ServiceConfig {
+    let mut cfg = ServiceConfig::new(rustix::process::getuid().as_raw());
+    let uts = rustix::system::uname();
+    let text = |s: &std::ffi::CStr| Some(s.to_string_lossy().into_owned());
+    let info = rustix::system::sysinfo();
+    cfg.system_info = SystemInfo {
+        utsname: Some(Utsname {
+            sysname: text(uts.sysname()),
+            version: text(uts.version()),
+            release: text(uts.release()),
+            machine: text(uts.machine()),
+        }),
+        tracing_service_version: Some(cfg.version.clone()),
+        page_size: Some(rustix::param::page_size() as u32),
+        num_cpus: std::thread::available_parallelism()
+            .ok()
+            .map(|n| n.get() as u32),
+        system_ram_bytes: Some(info.totalram as u64 * u64::from(info.mem_unit)),
+        ..SystemInfo::default()
+    };
+    cfg
+}
+
+/// The addresses from the `PERFETTO_*_SOCK_NAME` variables, else upstream's
+/// defaults.
+pub fn default_addresses() -> Result<(Vec<SocketAddress>, SocketAddress), socket::AddressError> {
+    let producers = socket::producer_socket_names_for_service()
+        .iter()
+        .map(|n| SocketAddress::parse(n))
+        .collect::<Result<_, _>>()?;
+    Ok((
+        producers,
+        SocketAddress::parse(&socket::consumer_socket_name())?,
+    ))
+}
+
+/// Starts a shell for `core` and returns once it stops: convenience for
+/// embedding and tests.
+pub fn serve(cfg: &ShellConfig, stop: Option<BorrowedFd<'_>>) -> Result<(), ShellError> {
+    let shell = Shell::bind(cfg)?;
+    let core = TracingService::new(system_service_config(), Box::new(SystemEnvironment));
+    shell.run(core, stop)
+}

@@ -1,0 +1,332 @@
+//! The service on real UNIX sockets: the epoll shell, SCM_RIGHTS for the
+//! SMB, socket permissions, clean shutdown. Peers are this project's IPC
+//! client; the SMB is written with the ABI's `TraceWriter`.
+
+use std::cell::RefCell;
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout};
+use shmtrace_abi::smb::{Smb, WritableChunk};
+use shmtrace_abi::writer::{ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
+use shmtrace_service::ipc::{Client, SocketAddress};
+use shmtrace_service::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
+use shmtrace_service::protos::get_async_command_response::Cmd;
+use shmtrace_service::protos::{
+    self, consumer_port, producer_port, trace_config, ConsumerPort, ProducerPort,
+};
+use shmtrace_service::service::shell::{self, ShellConfig};
+use shmtrace_service::service::shm::SharedMemory;
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(10));
+
+struct Running {
+    stop: UnixStream,
+    thread: JoinHandle<Result<(), shell::ShellError>>,
+    producer: SocketAddress,
+    consumer: SocketAddress,
+}
+
+impl Running {
+    fn start(cfg: ShellConfig) -> Self {
+        let (stop_read, stop) = UnixStream::pair().unwrap();
+        let (producer, consumer) = (cfg.producer_sockets[0].clone(), cfg.consumer_socket.clone());
+        let bound = shell::Shell::bind(&cfg).expect("bind");
+        let thread = std::thread::spawn(move || {
+            let core = shmtrace_service::service::core::TracingService::new(
+                shell::system_service_config(),
+                Box::new(shmtrace_service::service::env::SystemEnvironment),
+            );
+            bound.run(core, Some(stop_read.as_fd()))
+        });
+        Self {
+            stop,
+            thread,
+            producer,
+            consumer,
+        }
+    }
+
+    fn abstract_sockets() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let id = format!("shmtrace-test-{}-{n}", std::process::id());
+        Self::start(ShellConfig {
+            producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
+            consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
+            consumer_group: None,
+        })
+    }
+
+    fn stop(mut self) {
+        std::io::Write::write_all(&mut self.stop, &[0]).unwrap();
+        self.thread.join().expect("no panic").expect("clean exit");
+    }
+}
+
+struct Arbiter<'s> {
+    smb: &'s Smb<'s>,
+    log: Rc<RefCell<protos::CommitDataRequest>>,
+}
+
+impl<'s> ChunkArbiter<'s> for Arbiter<'s> {
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'s>> {
+        self.smb
+            .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
+            .ok()
+    }
+    fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: u16) {
+        let loc = chunk.release_as_complete().expect("release");
+        self.log.borrow_mut().chunks_to_move.push(ChunksToMove {
+            page: Some(loc.page as u32),
+            chunk: Some(loc.chunk as u32),
+            target_buffer: Some(u32::from(target_buffer)),
+            ..Default::default()
+        });
+    }
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
+        self.log.borrow_mut().chunks_to_patch.push(ChunkToPatch {
+            target_buffer: Some(u32::from(group.target_buffer)),
+            writer_id: Some(u32::from(group.writer_id)),
+            chunk_id: Some(group.chunk_id),
+            patches: group
+                .patches()
+                .map(|p| chunk_to_patch::Patch {
+                    offset: Some(u32::from(p.offset)),
+                    data: Some(Bytes::copy_from_slice(&p.data)),
+                })
+                .collect(),
+            has_more_patches: Some(group.has_more),
+        });
+        Ok(())
+    }
+    fn flush(&mut self) {}
+}
+
+fn track_config(size_kb: u32) -> Bytes {
+    let dsc = protos::DataSourceConfig {
+        name: Some("ds".into()),
+        target_buffer: Some(0),
+        ..Default::default()
+    };
+    let cfg = protos::TraceConfig {
+        buffers: vec![trace_config::BufferConfig {
+            size_kb: Some(size_kb),
+            ..Default::default()
+        }],
+        data_sources: vec![trace_config::DataSource {
+            config: Some(protos::to_raw(&dsc)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    protos::to_raw(&cfg)
+}
+
+/// Reads a whole ReadBuffers stream into packets.
+fn read_packets(consumer: &shmtrace_service::ipc::Binding<ConsumerPort>) -> Vec<Vec<u8>> {
+    let mut call = consumer
+        .start::<consumer_port::ReadBuffers>(&Default::default(), None)
+        .unwrap();
+    let mut packets = Vec::new();
+    let mut cur = Vec::new();
+    while let Some(reply) = call.next(WAIT) {
+        let reply = reply.expect("ReadBuffers reply");
+        for s in reply.message.slices {
+            cur.extend_from_slice(s.data.as_deref().unwrap_or(&[]));
+            if s.last_slice_for_packet == Some(true) {
+                packets.push(std::mem::take(&mut cur));
+            }
+        }
+    }
+    packets
+}
+
+/// Field 900 (the test payload) of a packet.
+fn payload(packet: &[u8]) -> Option<Vec<u8>> {
+    let mut i = 0;
+    let varint = |i: &mut usize| {
+        let (mut v, mut s) = (0u64, 0);
+        loop {
+            let b = packet[*i];
+            *i += 1;
+            v |= u64::from(b & 0x7F) << s;
+            s += 7;
+            if b & 0x80 == 0 {
+                return v;
+            }
+        }
+    };
+    let mut found = None;
+    while i < packet.len() {
+        let tag = varint(&mut i);
+        match tag & 7 {
+            0 => {
+                varint(&mut i);
+            }
+            2 => {
+                let len = varint(&mut i) as usize;
+                if tag >> 3 == 900 {
+                    found = Some(packet[i..i + len].to_vec());
+                }
+                i += len;
+            }
+            1 => i += 8,
+            _ => i += 4,
+        }
+    }
+    found
+}
+
+#[test]
+fn a_session_over_real_sockets() {
+    let running = Running::abstract_sockets();
+    // Producer: connect, initialize, command stream, data source.
+    let pclient = Client::connect(&running.producer).expect("producer connects");
+    let producer = pclient.bind::<ProducerPort>().expect("ProducerPort");
+    let init = protos::InitializeConnectionRequest {
+        producer_name: Some("p".into()),
+        ..Default::default()
+    };
+    let resp = producer
+        .call::<producer_port::InitializeConnection>(&init)
+        .expect("init");
+    assert_eq!(resp.direct_smb_patching_supported, Some(true));
+    let mut commands = producer
+        .start::<producer_port::GetAsyncCommand>(&Default::default(), None)
+        .unwrap();
+    let reg = protos::RegisterDataSourceRequest {
+        data_source_descriptor: Some(protos::DataSourceDescriptor {
+            name: Some("ds".into()),
+            ..Default::default()
+        }),
+    };
+    producer
+        .call::<producer_port::RegisterDataSource>(&reg)
+        .expect("register");
+
+    // Consumer: enable.
+    let cclient = Client::connect(&running.consumer).expect("consumer connects");
+    let consumer = cclient.bind::<ConsumerPort>().expect("ConsumerPort");
+    let enable = protos::EnableTracingRequest {
+        trace_config: Some(track_config(8192)),
+        attach_notification_only: None,
+    };
+    let enabled = consumer
+        .start::<consumer_port::EnableTracing>(&enable, None)
+        .unwrap();
+
+    // SetupTracing carries the SMB over SCM_RIGHTS.
+    let setup = commands.next(WAIT).unwrap().unwrap();
+    let Some(Cmd::SetupTracing(s)) = setup.message.cmd else {
+        panic!("{:?}", setup.message)
+    };
+    let shm = SharedMemory::adopt(
+        setup.fd.expect("the SMB fd"),
+        s.shared_buffer_page_size_kb.unwrap() * 1024,
+    )
+    .unwrap();
+    assert_eq!(shm.len(), 256 * 1024, "upstream's default SMB size");
+    let setup_ds = commands.next(WAIT).unwrap().unwrap();
+    let Some(Cmd::SetupDataSource(ds)) = setup_ds.message.cmd else {
+        panic!()
+    };
+    let cfg = protos::DataSourceConfig::decode(ds.config.unwrap()).unwrap();
+    let buffer = cfg.target_buffer.unwrap() as u16;
+    assert!(matches!(
+        commands.next(WAIT).unwrap().unwrap().message.cmd,
+        Some(Cmd::StartDataSource(_))
+    ));
+
+    // Write 2000 packets, some spanning chunks, and commit them.
+    let expected: Vec<Vec<u8>> = (0..2000u32)
+        .map(|i| vec![(i % 251) as u8; (i as usize * 7) % 3000 + 1])
+        .collect();
+    let log = Rc::new(RefCell::new(protos::CommitDataRequest::default()));
+    {
+        let smb = shm.smb().unwrap();
+        let mut w: TraceWriter<'_, _> = TraceWriter::new(
+            Arbiter {
+                smb: &smb,
+                log: log.clone(),
+            },
+            1,
+            buffer,
+        )
+        .unwrap();
+        for (i, p) in expected.iter().enumerate() {
+            let _ = w.write_packet(|m| m.bytes(900, p));
+            if i % 50 == 49 {
+                w.flush();
+                let req = std::mem::take(&mut *log.borrow_mut());
+                producer
+                    .call::<producer_port::CommitData>(&req)
+                    .expect("commit");
+            }
+        }
+    }
+    let id = consumer.call::<consumer_port::DisableTracing>(&Default::default());
+    assert!(id.is_ok());
+    let done = enabled.wait().expect("EnableTracing answered at stop");
+    assert_eq!(done.message.error, None);
+    let packets = read_packets(&consumer);
+    let got: Vec<Vec<u8>> = packets.iter().filter_map(|p| payload(p)).collect();
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected, "every packet, in order");
+    drop(pclient);
+    drop(cclient);
+    running.stop();
+}
+
+#[test]
+fn socket_permissions_and_clean_shutdown() {
+    let dir = tempfile_dir();
+    let p = dir.join("producer.sock");
+    let c = dir.join("consumer.sock");
+    let running = Running::start(ShellConfig {
+        producer_sockets: vec![SocketAddress::Path(p.clone())],
+        consumer_socket: SocketAddress::Path(c.clone()),
+        consumer_group: None,
+    });
+    let mode =
+        |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&p), 0o666, "any process may produce");
+    assert_eq!(mode(&c), 0o600, "only the owner may consume");
+    // A client that sends garbage is dropped; the service goes on.
+    let mut bad = UnixStream::connect(&p).unwrap();
+    std::io::Write::write_all(&mut bad, &[0xFF, 0xFF, 0xFF, 0x7F, 1, 2, 3]).unwrap();
+    let client = Client::connect(&running.consumer).unwrap();
+    let consumer = client.bind::<ConsumerPort>().unwrap();
+    let caps = consumer
+        .call::<consumer_port::QueryCapabilities>(&Default::default())
+        .unwrap();
+    assert_eq!(
+        caps.capabilities.unwrap().has_query_capabilities,
+        Some(true)
+    );
+    drop(client);
+    running.stop();
+    assert!(
+        !p.exists() && !c.exists(),
+        "socket files removed on shutdown"
+    );
+    let _ = std::fs::remove_dir(&dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "shmtrace-shell-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
