@@ -21,4 +21,3 @@ pub mod cli;
 pub use shmtrace_ipc as ipc;
 pub use shmtrace_ipc::protos;
 pub mod service;
-

@@ -323,11 +323,9 @@ impl<T: Clone> ClientCore<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{
-        bind_service_reply_frame, invoke_method_reply_frame, request_error_frame,
-    };
-    use crate::rpc::Service;
+    use crate::frame::{bind_service_reply_frame, invoke_method_reply_frame, request_error_frame};
     use crate::protos::ProducerPort;
+    use crate::rpc::Service;
 
     fn received(frame: IpcFrame) -> ReceivedFrame {
         ReceivedFrame { frame, fd: None }

@@ -9,10 +9,10 @@ use prost::Message;
 use crate::client::{ClientCore, Incoming};
 use crate::frame::FrameDecoder;
 use crate::host::{HostConnection, ServiceTable};
-use crate::rpc::ServiceRequest;
 use crate::protos::{
     canonical, consumer_port, producer_port, ConsumerPort, IpcFrame, ProducerPort, SyncResponse,
 };
+use crate::rpc::ServiceRequest;
 
 /// Requests of a host exposing both ports.
 #[derive(Debug)]

@@ -10,14 +10,14 @@ use std::sync::mpsc;
 use bytes::Bytes;
 use ipc_common::serve;
 use shmtrace_ipc::host::ServiceTable;
-use shmtrace_ipc::socket;
-use shmtrace_ipc::Client;
 use shmtrace_ipc::protos::wire::{put_tag, put_varint, Fields, WireType};
 use shmtrace_ipc::protos::{
     self, consumer_port, ds_config, get_async_command_response as cmd, producer_port, trace_config,
     ConsumerPort, DataSourceConfig, EnableTracingRequest, EnableTracingResponse,
     GetAsyncCommandResponse, ProducerPort, TraceConfig,
 };
+use shmtrace_ipc::socket;
+use shmtrace_ipc::Client;
 
 /// Field numbers the service owns in a DataSourceConfig.
 const SERVICE_OWNED: [u32; 6] = [2, 3, 4, 6, 7, 8];

@@ -6,11 +6,11 @@ mod ipc_common;
 
 use ipc_common::serve;
 use shmtrace_ipc::host::ServiceTable;
+use shmtrace_ipc::protos::{producer_port, ProducerPort, SyncResponse};
 use shmtrace_ipc::socket::{
     self, Listener, SocketAddress, CONSUMER_SOCKET_ENV, PRODUCER_SOCKET_ENV,
 };
 use shmtrace_ipc::Client;
-use shmtrace_ipc::protos::{producer_port, ProducerPort, SyncResponse};
 
 #[test]
 fn env_names_abstract_sockets_and_peer_credentials() {

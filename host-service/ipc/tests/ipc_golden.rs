@@ -13,7 +13,6 @@ use shmtrace_ipc::frame::{
     bind_service_frame, bind_service_reply_frame, encode_frame, invoke_method_frame, FrameDecoder,
 };
 use shmtrace_ipc::host::{HostConnection, ServiceTable};
-use shmtrace_ipc::rpc::{Method, Service, ServiceRequest};
 use shmtrace_ipc::protos::{
     self, canonical, commit_data_request::ChunksToMove, consumer_port, ds_config,
     get_async_command_response as cmd, ipc_frame::Msg, observable_events, producer_port,
@@ -23,6 +22,7 @@ use shmtrace_ipc::protos::{
     ProducerPort, ReadBuffersResponse, RegisterDataSourceRequest, TraceConfig, TrackEventCategory,
     TrackEventConfig, TrackEventDescriptor,
 };
+use shmtrace_ipc::rpc::{Method, Service, ServiceRequest};
 
 #[derive(Debug)]
 struct Golden {

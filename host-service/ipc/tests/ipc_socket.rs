@@ -19,14 +19,14 @@ use shmtrace_ipc::frame::{
     MAX_PAYLOAD_LEN,
 };
 use shmtrace_ipc::host::{HostConnection, HostError, ServiceTable};
-use shmtrace_ipc::rpc::ServiceRequest;
-use shmtrace_ipc::socket::{self, Received, RecvError};
-use shmtrace_ipc::{Client, ClientError};
 use shmtrace_ipc::protos::{
     commit_data_request::ChunksToMove, get_async_command_response as cmd, ipc_frame::Msg,
     producer_port, CommitDataRequest, GetAsyncCommandResponse, InitializeConnectionRequest,
     InitializeConnectionResponse, IpcFrame, ProducerPort, SyncResponse,
 };
+use shmtrace_ipc::rpc::ServiceRequest;
+use shmtrace_ipc::socket::{self, Received, RecvError};
+use shmtrace_ipc::{Client, ClientError};
 use std::sync::Arc;
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(30));
