@@ -30,7 +30,11 @@
 //!   native lock-free atomics overlaid on the memory with `from_ptr`; the
 //!   crate refuses to build on targets without native 16- and 32-bit
 //!   compare-and-swap, because emulated atomics (critical sections) are not
-//!   atomic with respect to another process, core or debug probe.
+//!   atomic with respect to another process, core or debug probe. For the
+//!   same reason the crate has no `portable-atomic` dependency: the only
+//!   atomics it owns are shared words, and producer-local queues come from
+//!   `heapless` (whose own `portable-atomic` feature a firmware build can
+//!   enable).
 //! * Payload bytes are copied in and out with `ptr::copy_nonoverlapping`;
 //!   no Rust reference ever covers memory the peer can change, and anything
 //!   read from it is validated from a private copy.
