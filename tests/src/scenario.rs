@@ -39,6 +39,16 @@
 //!   --timeout-ms N`; reports `connected`; stdin commands `flush` (reports
 //!   `flush` with `ok`), `read PATH` (reports `read`), `stop` (flush, disable,
 //!   read); reports `done` once the trace is in `--out`.
+//!
+//! [`ConsumerImpl::OurCli`] is `shmtrace record` itself, as a person runs
+//! it: `--progress json` makes it report `connected` and `done` (with its
+//! summary) the same way, and `stop` becomes Ctrl-C (SIGINT). It has no
+//! mid-session reads, so scenarios that flush and read between phases do not
+//! apply to it.
+//!
+//! Every run also judges the whole trace with `shmtrace inspect --check`
+//! (see [`shmtrace_binary`]), so the CLI's checker is held against the real
+//! Perfetto's traces as well as ours.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -104,6 +114,8 @@ pub enum ProducerImpl {
 pub enum ConsumerImpl {
     /// The real Perfetto consumer client (`real-consumer`).
     Real,
+    /// `shmtrace record` (see [`shmtrace_binary`]).
+    OurCli,
 }
 
 /// One cell of the interop matrix.
@@ -124,6 +136,89 @@ impl Cell {
         producer: ProducerImpl::Real,
         consumer: ConsumerImpl::Real,
     };
+
+    /// Real producer -> real service <- `shmtrace record`.
+    pub const REAL_WITH_OUR_CLI: Cell = Cell {
+        service: ServiceImpl::Real,
+        producer: ProducerImpl::Real,
+        consumer: ConsumerImpl::OurCli,
+    };
+}
+
+/// The `shmtrace` binary: `$SHMTRACE_BIN`, else `shmtrace` in the cargo
+/// target directory this test binary was built in (`target/<profile>/`),
+/// which `cargo test --workspace` builds before running any test.
+pub fn shmtrace_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SHMTRACE_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        action: "locate the running test binary",
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    // <target>/<profile>/deps/<test binary> or <target>/<profile>/<binary>.
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("shmtrace"))
+        .collect::<Vec<_>>();
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            HarnessError::Scenario(format!(
+                "the shmtrace binary is not built (looked for {}); run `cargo build -p \
+                 shmtrace-service --bin shmtrace` (or `cargo test --workspace`, which builds \
+                 it), or set SHMTRACE_BIN",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
+/// What `shmtrace inspect --check` said about a trace.
+#[derive(Debug, Clone)]
+pub struct InspectVerdict {
+    /// Whether the check passed.
+    pub ok: bool,
+    /// Its analysis (`--json`).
+    pub analysis: Value,
+}
+
+/// Runs `shmtrace inspect --check --json` on `traces` (successive reads of
+/// one session, in order).
+pub fn inspect(traces: &[PathBuf]) -> Result<InspectVerdict> {
+    let bin = shmtrace_binary()?;
+    let output = Command::new(&bin)
+        .args(["inspect", "--check", "--json"])
+        .args(traces)
+        .output()
+        .map_err(|source| HarnessError::Spawn {
+            name: "shmtrace inspect".into(),
+            program: bin.clone(),
+            source,
+        })?;
+    let driver_error = |message: String| HarnessError::Driver {
+        name: "shmtrace inspect".into(),
+        message,
+        stderr_tail: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    let analysis: Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| driver_error(format!("printed no analysis: {e}")))?;
+    match output.status.code() {
+        Some(0) => Ok(InspectVerdict { ok: true, analysis }),
+        Some(1) => Ok(InspectVerdict {
+            ok: false,
+            analysis,
+        }),
+        _ => Err(driver_error(format!("failed: {}", output.status))),
+    }
 }
 
 /// What one producer process emits (see `interop/real_producer.cc`).
@@ -307,6 +402,12 @@ pub struct Outcome {
     pub file_sizes: Vec<u64>,
     /// Size of the final trace file.
     pub trace_bytes: u64,
+    /// `shmtrace inspect --check` on the whole trace (all reads); a failed
+    /// check fails [`run`].
+    pub inspect: InspectVerdict,
+    /// What `shmtrace record` reported when done (its summary), in the
+    /// [`ConsumerImpl::OurCli`] cells.
+    pub cli_summary: Option<Value>,
 }
 
 impl Outcome {
@@ -446,6 +547,20 @@ fn spawn_consumer(
 ) -> Result<ChildProcess> {
     let mut command = match which {
         ConsumerImpl::Real => Command::new(&bins.consumer),
+        ConsumerImpl::OurCli => {
+            let mut command = Command::new(shmtrace_binary()?);
+            command
+                .args(["record", "--progress", "json", "--socket"])
+                .arg(consumer_socket)
+                .arg("-c")
+                .arg(config)
+                .arg("-o")
+                .arg(out);
+            if write_into_file {
+                command.arg("--write-into-file");
+            }
+            return ChildProcess::spawn("consumer (shmtrace record)", command, dir.dir.path());
+        }
     };
     command
         .arg("--socket")
@@ -462,6 +577,27 @@ fn spawn_consumer(
         (PHASE_TIMEOUT + STOP_TIMEOUT).as_millis()
     ));
     ChildProcess::spawn("consumer", command, dir.dir.path())
+}
+
+/// Ctrl-C for a process (SIGINT, through the shell's `kill`).
+fn interrupt(process: &ChildProcess) -> Result<()> {
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", process.pid())])
+        .status()
+        .map_err(|source| HarnessError::Spawn {
+            name: "kill".into(),
+            program: PathBuf::from("sh"),
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Driver {
+            name: process.name().into(),
+            message: format!("cannot send SIGINT: kill exited with {status}"),
+            stderr_tail: process.stderr_tail(),
+        })
+    }
 }
 
 fn expectation(
@@ -489,6 +625,15 @@ fn expectation(
 pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outcome> {
     checker::ensure_environment()?;
     let phases = scenario.phases()?;
+    if cell.consumer == ConsumerImpl::OurCli
+        && scenario.between_phases == BetweenPhases::FlushAndRead
+    {
+        return Err(HarnessError::Scenario(
+            "shmtrace record has no mid-session reads (flush-and-read between phases)".into(),
+        ));
+    }
+    // Fail early, before any process starts, if the CLI is not built.
+    shmtrace_binary()?;
     // Declared first, dropped last: the processes below die before their
     // directory goes away.
     let dir = WorkDir::new(scenario.name)?;
@@ -566,6 +711,10 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     }
 
     let stop_timeout = match scenario.stop {
+        Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => {
+            interrupt(&consumer)?;
+            STOP_TIMEOUT
+        }
         Stop::ByConsumer => {
             consumer.send_line("stop")?;
             STOP_TIMEOUT
@@ -574,7 +723,8 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
             STOP_TIMEOUT + Duration::from_millis(duration_ms.into())
         }
     };
-    consumer.expect_event("done", stop_timeout)?;
+    let done = consumer.expect_event("done", stop_timeout)?;
+    let cli_summary = done.get("summary").cloned();
     consumer.close_stdin();
     consumer.expect_success(STOP_TIMEOUT)?;
     for producer in &mut producers {
@@ -614,11 +764,24 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     let expect = expectation(&runs, phases as usize - 1, scenario.loss, true);
     let report = checker::check(&all_reads, &expect, dir.dir.path(), "trace")?;
     let trace_bytes = file_size(&trace_path)?;
+    let inspect = inspect(&all_reads)?;
+    if !inspect.ok {
+        return Err(HarnessError::Driver {
+            name: "shmtrace inspect --check".into(),
+            message: format!(
+                "rejects the trace of scenario {}: {}",
+                scenario.name, inspect.analysis["problems"]
+            ),
+            stderr_tail: String::new(),
+        });
+    }
     Ok(Outcome {
         report,
         producers: runs,
         mid_reads,
         file_sizes,
         trace_bytes,
+        inspect,
+        cli_summary,
     })
 }

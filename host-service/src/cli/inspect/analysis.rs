@@ -15,8 +15,8 @@
 //!   service flags the first packet it reads of every sequence; that flag
 //!   means nothing.)
 //! * A sequence whose first packet lacks `first_packet_on_sequence` lost its
-//!   start, if any sequence of the trace sets that flag (older SDKs set it
-//!   on none).
+//!   start, unless no sequence of the trace sets that flag (SDKs before v29)
+//!   and the first packet clears the incremental state.
 //!
 //! Problems (what `inspect --check` fails on) are only the ones no recorded
 //! loss explains: a SLICE_END with nothing open, an interned id that does
@@ -413,6 +413,8 @@ struct Evidence {
 struct Sequence {
     info: SequenceInfo,
     first_flagged: bool,
+    /// The first packet cleared the incremental state.
+    first_cleared: bool,
     marked: bool,
     valid: bool,
     ever_valid: bool,
@@ -666,18 +668,19 @@ impl Analyzer {
                 seq.info.uids.push(uid);
             }
         }
+        let flags = packet.sequence_flags.unwrap_or(0);
+        let clears = flags & SEQ_INCREMENTAL_STATE_CLEARED != 0
+            || packet.incremental_state_cleared == Some(true);
         if first {
             seq.first_flagged = packet.first_packet_on_sequence == Some(true);
+            seq.first_cleared = clears;
         } else if packet.previous_packet_dropped.unwrap_or(0) != 0 {
             seq.info.loss_marks += 1;
             seq.marked = true;
             seq.valid = false;
             self.out.loss.loss_reasons |= packet.previous_packet_dropped.unwrap_or(0);
         }
-        let flags = packet.sequence_flags.unwrap_or(0);
-        if flags & SEQ_INCREMENTAL_STATE_CLEARED != 0
-            || packet.incremental_state_cleared == Some(true)
-        {
+        if clears {
             seq.info.cleared += 1;
             seq.valid = true;
             seq.ever_valid = true;
@@ -1065,7 +1068,10 @@ impl Analyzer {
         let mut any_loss = service_loss > 0 || !loss_by_buffer.is_empty();
         for seq in sequences.values_mut() {
             seq.info.buffer = self.buffer_of_sequence.get(&seq.info.id).copied();
-            seq.info.start_lost = any_first_flag && !seq.first_flagged;
+            // Without `first_packet_on_sequence` anywhere in the trace
+            // (SDKs before v29), a sequence that starts with a clear
+            // started cleanly.
+            seq.info.start_lost = !seq.first_flagged && (any_first_flag || !seq.first_cleared);
             let loss = &mut self.out.loss;
             loss.loss_marks += seq.info.loss_marks;
             loss.skipped_packets += seq.info.skipped_packets;
