@@ -494,3 +494,28 @@ fn json_progress_for_programs() {
         "real-producer"
     );
 }
+
+#[test]
+fn started_data_source_that_recorded_nothing_is_called_out() {
+    let dir = TempDir::new("empty");
+    let script = Script {
+        end_after: Some(Duration::from_millis(300)),
+        packets: vec![],
+        ..golden_script()
+    };
+    let fake = FakeService::start(&dir.path("c.sock"), script);
+    let out_path = dir.path("out.pftrace");
+    let out = finish(spawn_record(
+        &fake.socket,
+        &["-o", out_path.to_str().unwrap()],
+    ));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "track_event: started on real-producer, but no track events were recorded \
+             (are the categories enabled?)"
+        ),
+        "{stderr}"
+    );
+}

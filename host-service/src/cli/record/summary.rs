@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::session::{Ended, SessionReport};
-use crate::cli::config::Config;
+use crate::cli::config::{Config, TRACK_EVENT};
 use crate::cli::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
 use crate::cli::units::{Bytes, Elapsed};
 
@@ -95,7 +95,15 @@ impl Summary {
                     .into_iter()
                     .collect();
                 let registered = report.registered.contains(&name) || !producers.is_empty();
-                let status = if !producers.is_empty() {
+                let nothing_recorded =
+                    name == TRACK_EVENT && analysis.is_some_and(|a| a.track_events.total == 0);
+                let status = if !producers.is_empty() && nothing_recorded {
+                    format!(
+                        "started on {}, but no track events were recorded (are the \
+                         categories enabled?)",
+                        producers.join(", ")
+                    )
+                } else if !producers.is_empty() {
                     format!("recorded from {}", producers.join(", "))
                 } else if !registered {
                     "no producer registered it; nothing was recorded from it".to_owned()
