@@ -119,6 +119,10 @@ pub struct Arbiter {
     ids: Mutex<WriterIds>,
     cells: Mutex<Vec<Arc<WriterCell>>>,
     closed: AtomicBool,
+    /// Bumped each time a commit reached the service: only then can chunks
+    /// become free again, so a writer that found the SMB full retries only
+    /// after it changed.
+    commit_epoch: AtomicU64,
     pub(crate) counters: ArbiterCounters,
 }
 
@@ -132,6 +136,7 @@ impl Arbiter {
             ids: Mutex::new(WriterIds::new()),
             cells: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            commit_epoch: AtomicU64::new(0),
             counters: ArbiterCounters::default(),
         })
     }
@@ -146,6 +151,11 @@ impl Arbiter {
 
     pub(crate) fn is_emulated(&self) -> bool {
         self.shm.is_emulated()
+    }
+
+    /// A commit was sent to the service (chunks may free up).
+    pub(crate) fn commit_sent(&self) {
+        self.commit_epoch.fetch_add(1, Ordering::Release);
     }
 
     /// No more chunks are handed out (connection gone).
@@ -187,6 +197,8 @@ impl Arbiter {
             smb: self.shm.smb_static(),
             arbiter: self.clone(),
             policy,
+            full_at: None,
+            skipped: 0,
         }
     }
 
@@ -254,6 +266,10 @@ impl Arbiter {
     }
 }
 
+/// A writer that found the SMB full retries after a commit, or after this
+/// many dropped packets at the latest.
+const RETRY_EVERY: u32 = 256;
+
 thread_local! {
     /// Set on the connection's own threads: they must never stall for
     /// chunks (they are the ones freeing them).
@@ -273,6 +289,10 @@ pub struct WriterArbiter {
     smb: &'static Smb<'static>,
     arbiter: Arc<Arbiter>,
     policy: BufferExhaustedPolicy,
+    /// Commit epoch at which this writer last found the SMB full.
+    full_at: Option<u64>,
+    /// Acquisitions skipped since then.
+    skipped: u32,
 }
 
 impl WriterArbiter {
@@ -299,9 +319,22 @@ impl ChunkArbiter<'static> for WriterArbiter {
         if self.arbiter.is_closed() {
             return None;
         }
+        let epoch = self.arbiter.commit_epoch.load(Ordering::Acquire);
+        if self.full_at == Some(epoch)
+            && self.skipped < RETRY_EVERY
+            && self.policy == BufferExhaustedPolicy::Drop
+        {
+            // Nothing was committed since the SMB was found full: scanning
+            // it again now would only cost time. Drop straight away.
+            self.skipped += 1;
+            return None;
+        }
+        self.skipped = 0;
         if let Some(c) = self.try_acquire(header) {
+            self.full_at = None;
             return Some(c);
         }
+        self.full_at = Some(epoch);
         self.arbiter
             .counters
             .acquire_failures

@@ -42,6 +42,7 @@ pub const MAX_INSTANCES: usize = 8;
 /// when any member is, and events carry every member as a category.
 pub struct Category {
     name: &'static str,
+    group: bool,
     description: &'static str,
     tags: &'static [&'static str],
     enabled: AtomicU8,
@@ -52,6 +53,7 @@ impl Category {
     pub const fn new(name: &'static str) -> Self {
         Category {
             name,
+            group: contains_comma(name),
             description: "",
             tags: &[],
             enabled: AtomicU8::new(0),
@@ -89,7 +91,7 @@ impl Category {
 
     /// `true` if this is a comma-separated group of categories.
     pub fn is_group(&self) -> bool {
-        self.name.contains(',')
+        self.group
     }
 
     /// Whether any running session enables this category: one relaxed load.
@@ -112,6 +114,18 @@ impl Category {
             self.enabled.fetch_and(!bit, Ordering::Relaxed);
         }
     }
+}
+
+const fn contains_comma(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b',' {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 impl fmt::Debug for Category {

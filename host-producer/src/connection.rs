@@ -24,16 +24,16 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_ipc::{Binding, Client, ClientError, SocketAddress};
 use shmtrace_ipc::protos::{
     self as pb, commit_data_request, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
+use shmtrace_ipc::{Binding, Client, ClientError, SocketAddress};
 
 use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
 use crate::data_source::{DataSourceConfig, DescriptorInfo};
 use crate::error::ConnectError;
 use crate::filter::TrackEventConfig;
-use crate::outbox::{CommitRequest, Outgoing};
+use crate::outbox::{CommitRequest, Outgoing, MAX_CHUNKS_PER_COMMIT};
 use crate::runtime::runtime;
 use crate::shm::SharedMemory;
 
@@ -540,7 +540,21 @@ fn commit_proto(
 }
 
 fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
-    port.send::<producer_port::CommitData>(&commit_proto(req, &req.chunks_to_move, true), None)
+    if req.chunks_to_move.len() <= MAX_CHUNKS_PER_COMMIT
+        && req.chunks_to_patch.len() <= MAX_CHUNKS_PER_COMMIT
+    {
+        return port.send::<producer_port::CommitData>(
+            &commit_proto(req, &req.chunks_to_move, true),
+            None,
+        );
+    }
+    for part in req.split(MAX_CHUNKS_PER_COMMIT) {
+        port.send::<producer_port::CommitData>(
+            &commit_proto(&part, &part.chunks_to_move, true),
+            None,
+        )?;
+    }
+    Ok(())
 }
 
 /// Emulated SMB: chunk bytes ride in the request, so split it to stay under

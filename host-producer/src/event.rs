@@ -24,10 +24,11 @@
 //! * Timestamps are absolute (no incremental clock), so losing packets never
 //!   shifts the time of later ones.
 
-use shmtrace_abi::proto::{Message, Sink};
+use shmtrace_abi::proto::{encode_to_slice, Message, Sink};
 
 use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
 use crate::category::Category;
+use crate::fast::FastBuf;
 use crate::intern::{Lookup, StrInterner, TrackSet};
 use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 
@@ -72,6 +73,28 @@ pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 /// New interned entries one packet can carry; beyond that, strings are
 /// written inline.
 const MAX_NEW_INTERNED_PER_PACKET: usize = 16;
+
+/// Constant tags of the fast path (`(field << 3) | wire type`).
+const TAG_TIMESTAMP: u8 = 0x40;
+const TAG_SEQUENCE_FLAGS: u8 = 0x68;
+const TAG_TRACK_EVENT: u8 = 0x5A;
+const TAG_INTERNED_DATA: u8 = 0x62;
+const TAG_TIMESTAMP_CLOCK_ID: [u8; 2] = [0xD0, 0x03];
+const TAG_CATEGORY_IIDS: u8 = 0x18;
+const TAG_DEBUG_ANNOTATIONS: u8 = 0x22;
+const TAG_TYPE: u8 = 0x48;
+const TAG_NAME_IID: u8 = 0x50;
+const TAG_TRACK_UUID: u8 = 0x58;
+const TAG_CATEGORIES: [u8; 2] = [0xB2, 0x01];
+const TAG_NAME: [u8; 2] = [0xBA, 0x01];
+const TAG_COUNTER_VALUE: [u8; 2] = [0xF0, 0x01];
+const TAG_DOUBLE_COUNTER_VALUE: [u8; 2] = [0xE1, 0x02];
+const TAG_FLOW_IDS: [u8; 2] = [0xF9, 0x02];
+const TAG_TERMINATING_FLOW_IDS: [u8; 2] = [0x81, 0x03];
+
+/// Size of the per-sequence scratch buffer events are encoded into;
+/// larger events are encoded straight into the writer's chunks.
+const SCRATCH_LEN: usize = 512;
 
 /// `TrackEvent.Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +207,11 @@ pub(crate) trait PacketWriter {
     type Sink: Sink;
     /// Writes one packet with `f`; `false` if it was dropped.
     fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool;
+
+    /// Writes one packet whose fields are already encoded.
+    fn write_encoded_packet(&mut self, fields: &[u8]) -> bool {
+        self.write_packet(|p| p.raw(fields))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -202,6 +230,8 @@ pub(crate) struct SequenceState {
     needs_reset: bool,
     new_entries: heapless::Vec<NewEntry, MAX_NEW_INTERNED_PER_PACKET>,
     thread_track: Track<'static>,
+    /// Where events are encoded before being copied into the writer.
+    scratch: Vec<u8>,
     /// Resets written (first one included).
     pub(crate) resets: u64,
 }
@@ -222,6 +252,7 @@ impl SequenceState {
             needs_reset: true,
             new_entries: heapless::Vec::new(),
             thread_track,
+            scratch: vec![0; SCRATCH_LEN],
             resets: 0,
         }
     }
@@ -321,29 +352,227 @@ impl SequenceState {
             return false;
         }
         self.new_entries.clear();
-        let ok = w.write_packet(|p| {
-            p.uint64(packet_field::TIMESTAMP, ev.timestamp.ns);
-            if ev.timestamp.clock != Clock::Boottime {
-                p.uint32(packet_field::TIMESTAMP_CLOCK_ID, ev.timestamp.clock.id());
+        let ok = match extra {
+            // Common case: encode into the scratch buffer (contiguous, so
+            // the encoder's cheapest paths), then hand the writer one copy.
+            None => {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let encoded = match self.encode_fast(&mut scratch, ev) {
+                    Some(n) => Ok(n),
+                    None => encode_to_slice(&mut scratch, |p| self.write_event_fields(p, ev, None)),
+                };
+                let ok = match encoded {
+                    Ok(n) => w.write_encoded_packet(scratch.get(..n).unwrap_or(&[])),
+                    // Too big for the scratch buffer (or an encoding error
+                    // to report through the writer): stream it instead.
+                    Err(_) => w.write_packet(|p| self.write_event_fields(p, ev, None)),
+                };
+                self.scratch = scratch;
+                ok
             }
-            p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
-            {
-                let mut te = p.begin_nested(packet_field::TRACK_EVENT);
-                self.write_track_event(&mut te, ev);
-                if let Some(f) = extra {
-                    let mut ctx = EventContext {
-                        event: &mut te,
-                        seq: self,
-                    };
-                    f(&mut ctx);
-                }
-            }
-            self.write_interned(p);
-        });
+            Some(f) => w.write_packet(|p| self.write_event_fields(p, ev, Some(f))),
+        };
         if !ok {
             self.needs_reset = true;
         }
         ok
+    }
+
+    /// [`Self::write_event_fields`] for events without nested annotations,
+    /// with the [`FastBuf`] cursor. `None` if the event does not qualify or
+    /// does not fit `buf` (interned strings stay pending for the retry).
+    fn encode_fast(&mut self, buf: &mut [u8], ev: &EventData<'_>) -> Option<usize> {
+        use crate::annotation::DebugValue as V;
+        if ev
+            .args
+            .iter()
+            .any(|a| matches!(a.value, V::Dict(_) | V::Array(_)))
+        {
+            return None;
+        }
+        let mut f = FastBuf::new(buf);
+        f.byte(TAG_TIMESTAMP);
+        f.varint(ev.timestamp.ns);
+        if ev.timestamp.clock != Clock::Boottime {
+            f.bytes(&TAG_TIMESTAMP_CLOCK_ID);
+            f.varint(u64::from(ev.timestamp.clock.id()));
+        }
+        f.bytes(&[TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
+        f.byte(TAG_TRACK_EVENT);
+        let te = f.begin_nested();
+        f.byte(TAG_TYPE);
+        f.varint(ev.kind as u64);
+        if let Some(t) = ev.track {
+            if t.uuid() != self.thread_track.uuid() {
+                f.byte(TAG_TRACK_UUID);
+                f.varint(t.uuid());
+            }
+        }
+        if let Some(cat) = ev.category {
+            if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
+                if cat.is_group() {
+                    for member in cat
+                        .name()
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                    {
+                        self.fast_category(&mut f, member);
+                    }
+                } else {
+                    self.fast_category(&mut f, cat.name());
+                }
+            }
+        }
+        match ev.name {
+            EventName::None => {}
+            EventName::Static(n) => match self.intern(interned_field::EVENT_NAMES, n) {
+                Some(iid) => {
+                    f.byte(TAG_NAME_IID);
+                    f.varint(iid);
+                }
+                None => {
+                    f.bytes(&TAG_NAME);
+                    f.len_bytes(n.as_bytes());
+                }
+            },
+            EventName::Dynamic(n) => {
+                f.bytes(&TAG_NAME);
+                f.len_bytes(n.as_bytes());
+            }
+        }
+        for arg in ev.args {
+            f.byte(TAG_DEBUG_ANNOTATIONS);
+            let a = f.begin_nested();
+            match arg.name {
+                ArgName::Static(n) => {
+                    match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
+                        Some(iid) => {
+                            f.byte(0x08);
+                            f.varint(iid);
+                        }
+                        None => {
+                            f.byte(0x52);
+                            f.len_bytes(n.as_bytes());
+                        }
+                    }
+                }
+                ArgName::Dynamic(n) => {
+                    f.byte(0x52);
+                    f.len_bytes(n.as_bytes());
+                }
+            }
+            match arg.value {
+                V::Bool(b) => f.bytes(&[0x10, u8::from(b)]),
+                V::Uint(u) => {
+                    f.byte(0x18);
+                    f.varint(u);
+                }
+                V::Int(i) => {
+                    f.byte(0x20);
+                    f.varint(i as u64);
+                }
+                V::Double(d) => {
+                    f.byte(0x29);
+                    f.fixed64(d.to_bits());
+                }
+                V::Str(s) => {
+                    f.byte(0x32);
+                    f.len_bytes(s.as_bytes());
+                }
+                V::Pointer(p) => {
+                    f.byte(0x38);
+                    f.varint(p);
+                }
+                // Excluded above.
+                V::Dict(_) | V::Array(_) => {}
+            }
+            f.end_nested(a);
+        }
+        for flow in ev.flows {
+            f.bytes(&TAG_FLOW_IDS);
+            f.fixed64(flow.id());
+        }
+        for flow in ev.terminating_flows {
+            f.bytes(&TAG_TERMINATING_FLOW_IDS);
+            f.fixed64(flow.id());
+        }
+        match ev.counter {
+            Some(CounterValue::Int(v)) => {
+                f.bytes(&TAG_COUNTER_VALUE);
+                f.varint(v as u64);
+            }
+            Some(CounterValue::Double(v)) => {
+                f.bytes(&TAG_DOUBLE_COUNTER_VALUE);
+                f.fixed64(v.to_bits());
+            }
+            None => {}
+        }
+        f.end_nested(te);
+        if !self.new_entries.is_empty() {
+            f.byte(TAG_INTERNED_DATA);
+            let d = f.begin_nested();
+            for field in [
+                interned_field::EVENT_CATEGORIES,
+                interned_field::EVENT_NAMES,
+                interned_field::DEBUG_ANNOTATION_NAMES,
+            ] {
+                for e in self.new_entries.iter().filter(|e| e.field == field) {
+                    f.byte((field << 3 | 2) as u8);
+                    let entry = f.begin_nested();
+                    f.byte(0x08);
+                    f.varint(e.iid);
+                    f.byte(0x12);
+                    f.len_bytes(e.name.as_bytes());
+                    f.end_nested(entry);
+                }
+            }
+            f.end_nested(d);
+        }
+        f.finish()
+    }
+
+    #[inline]
+    fn fast_category(&mut self, f: &mut FastBuf<'_>, name: &'static str) {
+        match self.intern(interned_field::EVENT_CATEGORIES, name) {
+            Some(iid) => {
+                f.byte(TAG_CATEGORY_IIDS);
+                f.varint(iid);
+            }
+            None => {
+                f.bytes(&TAG_CATEGORIES);
+                f.len_bytes(name.as_bytes());
+            }
+        }
+    }
+
+    /// The TracePacket fields of one event (TrackEvent and new interned
+    /// data). Interning is idempotent across retries: strings interned by
+    /// an attempt that was abandoned stay in `new_entries` and are emitted
+    /// by the next attempt.
+    fn write_event_fields<S: Sink>(
+        &mut self,
+        p: &mut Message<'_, S>,
+        ev: &EventData<'_>,
+        extra: Option<ExtraFields<'_, S>>,
+    ) {
+        p.uint64(packet_field::TIMESTAMP, ev.timestamp.ns);
+        if ev.timestamp.clock != Clock::Boottime {
+            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, ev.timestamp.clock.id());
+        }
+        p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
+        {
+            let mut te = p.begin_nested(packet_field::TRACK_EVENT);
+            self.write_track_event(&mut te, ev);
+            if let Some(f) = extra {
+                let mut ctx = EventContext {
+                    event: &mut te,
+                    seq: self,
+                };
+                f(&mut ctx);
+            }
+        }
+        self.write_interned(p);
     }
 
     fn write_track_event<S: Sink>(&mut self, te: &mut Message<'_, S>, ev: &EventData<'_>) {
@@ -355,16 +584,17 @@ impl SequenceState {
         }
         if let Some(cat) = ev.category {
             if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
-                for member in cat
-                    .name()
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|m| !m.is_empty())
-                {
-                    match self.intern(interned_field::EVENT_CATEGORIES, member) {
-                        Some(iid) => te.uint64(event_field::CATEGORY_IIDS, iid),
-                        None => te.string(event_field::CATEGORIES, member),
+                if cat.is_group() {
+                    for member in cat
+                        .name()
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                    {
+                        self.write_category(te, member);
                     }
+                } else {
+                    self.write_category(te, cat.name());
                 }
             }
         }
@@ -392,6 +622,14 @@ impl SequenceState {
         }
     }
 
+    #[inline]
+    fn write_category<S: Sink>(&mut self, te: &mut Message<'_, S>, name: &'static str) {
+        match self.intern(interned_field::EVENT_CATEGORIES, name) {
+            Some(iid) => te.uint64(event_field::CATEGORY_IIDS, iid),
+            None => te.string(event_field::CATEGORIES, name),
+        }
+    }
+
     fn write_arg<S: Sink>(&mut self, te: &mut Message<'_, S>, arg: &Arg<'_>) {
         let name = match arg.name {
             ArgName::Static(n) => match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
@@ -405,6 +643,9 @@ impl SequenceState {
         });
     }
 
+    /// Writes `interned_data` for the strings first used by this event
+    /// (kept until the next event starts, so a retried encoding emits them
+    /// again).
     fn write_interned<S: Sink>(&mut self, p: &mut Message<'_, S>) {
         if self.new_entries.is_empty() {
             return;
@@ -424,8 +665,6 @@ impl SequenceState {
                 });
             }
         }
-        drop(data);
-        self.new_entries.clear();
     }
 }
 
@@ -455,6 +694,7 @@ mod tests {
     use crate::test_schema::{self as ts, Interned};
     use crate::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
     use prost::Message as _;
+    use shmtrace_abi::proto::encode_to_slice;
     use shmtrace_abi::proto::wire::redundant_varint4;
     use shmtrace_abi::proto::Encoder;
 
@@ -807,6 +1047,122 @@ mod tests {
         assert_eq!(descs[2].child_ordering, Some(3));
         assert_eq!(descs[3].sibling_order_rank, Some(-100));
         assert_eq!(descs[3].parent_uuid, Some(10));
+    }
+
+    #[test]
+    fn fast_path_tags_are_the_protobuf_tags() {
+        use shmtrace_abi::proto::wire::{put_varint, tag, WireType};
+        let enc = |field, wt| {
+            let mut b = [0u8; 10];
+            let n = put_varint(u64::from(tag(field, wt)), &mut b);
+            b[..n].to_vec()
+        };
+        let (v, ld, f64w) = (
+            WireType::Varint,
+            WireType::LengthDelimited,
+            WireType::Fixed64,
+        );
+        assert_eq!(enc(packet_field::TIMESTAMP, v), [TAG_TIMESTAMP]);
+        assert_eq!(enc(packet_field::SEQUENCE_FLAGS, v), [TAG_SEQUENCE_FLAGS]);
+        assert_eq!(enc(packet_field::TRACK_EVENT, ld), [TAG_TRACK_EVENT]);
+        assert_eq!(enc(packet_field::INTERNED_DATA, ld), [TAG_INTERNED_DATA]);
+        assert_eq!(
+            enc(packet_field::TIMESTAMP_CLOCK_ID, v),
+            TAG_TIMESTAMP_CLOCK_ID
+        );
+        assert_eq!(enc(event_field::CATEGORY_IIDS, v), [TAG_CATEGORY_IIDS]);
+        assert_eq!(
+            enc(event_field::DEBUG_ANNOTATIONS, ld),
+            [TAG_DEBUG_ANNOTATIONS]
+        );
+        assert_eq!(enc(event_field::TYPE, v), [TAG_TYPE]);
+        assert_eq!(enc(event_field::NAME_IID, v), [TAG_NAME_IID]);
+        assert_eq!(enc(event_field::TRACK_UUID, v), [TAG_TRACK_UUID]);
+        assert_eq!(enc(event_field::CATEGORIES, ld), TAG_CATEGORIES);
+        assert_eq!(enc(event_field::NAME, ld), TAG_NAME);
+        assert_eq!(enc(event_field::COUNTER_VALUE, v), TAG_COUNTER_VALUE);
+        assert_eq!(
+            enc(event_field::DOUBLE_COUNTER_VALUE, f64w),
+            TAG_DOUBLE_COUNTER_VALUE
+        );
+        assert_eq!(enc(event_field::FLOW_IDS, f64w), TAG_FLOW_IDS);
+        assert_eq!(
+            enc(event_field::TERMINATING_FLOW_IDS, f64w),
+            TAG_TERMINATING_FLOW_IDS
+        );
+        // DebugAnnotation fields used by the fast path.
+        assert_eq!(enc(1, v), [0x08]);
+        assert_eq!(enc(10, ld), [0x52]);
+        assert_eq!(enc(2, v), [0x10]);
+        assert_eq!(enc(3, v), [0x18]);
+        assert_eq!(enc(4, v), [0x20]);
+        assert_eq!(enc(5, f64w), [0x29]);
+        assert_eq!(enc(6, ld), [0x32]);
+        assert_eq!(enc(7, v), [0x38]);
+    }
+
+    /// The fast path and the general encoder produce the same messages.
+    #[test]
+    fn fast_path_matches_the_general_encoder() {
+        let dynamic = String::from("dyn");
+        let long = "L".repeat(200);
+        let track = Track::global(77).with_name("t");
+        let flows = [Flow::global(1), Flow::global(u64::MAX)];
+        let args = [
+            Arg::new("b", false),
+            Arg::new("u", u64::MAX),
+            Arg::new("i", i64::MIN),
+            Arg::new("d", -0.5),
+            Arg::new("s", "string"),
+            Arg::new("p", DebugValue::Pointer(7)),
+            Arg::dynamic(&dynamic, 3),
+            Arg::new("long", long.as_str()),
+        ];
+        let mut events = Vec::new();
+        for kind in [
+            EventType::SliceBegin,
+            EventType::SliceEnd,
+            EventType::Instant,
+            EventType::Counter,
+        ] {
+            let mut e = ev(kind, "n".into());
+            events.push(e);
+            e.args = &args;
+            e.flows = &flows;
+            e.terminating_flows = &flows[..1];
+            e.track = Some(&track);
+            e.timestamp = Timestamp {
+                clock: Clock::Monotonic,
+                ns: u64::MAX,
+            };
+            e.counter = Some(CounterValue::Int(-1));
+            events.push(e);
+            e.counter = Some(CounterValue::Double(1e300));
+            e.name = EventName::Dynamic(&dynamic);
+            e.category = Some(&GROUP);
+            events.push(e);
+        }
+        let mut fast = seq();
+        let mut general = seq();
+        for (i, e) in events.iter().enumerate() {
+            fast.new_entries.clear();
+            general.new_entries.clear();
+            let mut a = vec![0u8; 4096];
+            let n = fast.encode_fast(&mut a, e).expect("fits");
+            let mut b = vec![0u8; 4096];
+            let m = encode_to_slice(&mut b, |p| general.write_event_fields(p, e, None)).unwrap();
+            let pa = ts::TracePacket::decode(&a[..n]).unwrap();
+            let pb = ts::TracePacket::decode(&b[..m]).unwrap();
+            assert_eq!(pa, pb, "event {i}");
+        }
+        // Nested values and tiny buffers are not for the fast path.
+        let dict = [("k", DebugValue::from(1))];
+        let nested = [Arg::new("d", DebugValue::Dict(&dict))];
+        let mut e = ev(EventType::Instant, "n".into());
+        e.args = &nested;
+        assert_eq!(fast.encode_fast(&mut [0u8; 512], &e), None);
+        e.args = &args;
+        assert_eq!(fast.encode_fast(&mut [0u8; 64], &e), None);
     }
 
     #[test]

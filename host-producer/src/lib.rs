@@ -14,6 +14,7 @@ mod connection;
 mod data_source;
 mod error;
 mod event;
+mod fast;
 pub mod filter;
 mod intern;
 mod outbox;

@@ -11,9 +11,12 @@
 //!   other message first seals that pending request behind the messages
 //!   already queued, so e.g. a `NotifyDataSourceStopped` never overtakes the
 //!   last chunks of the instance it reports on.
-//! * A pending request is sealed once it holds [`MAX_CHUNKS_PER_COMMIT`]
-//!   chunks or patch groups, which keeps every request far below the IPC
-//!   frame limit even for emulated SMBs (whose chunks carry their bytes).
+//! * Application threads never allocate here: the pending request and
+//!   the spare ones have room for every chunk of the SMB
+//!   ([`Outbox::reserve`]), and a chunk cannot be committed twice before
+//!   the service frees it, which needs the commit to have been sent. The
+//!   sender splits large requests ([`CommitRequest::split`]) to stay far
+//!   below the IPC frame limit.
 //! * The lock is held only to move small values in and out; nothing blocks
 //!   or calls back while holding it. Spare request buffers are recycled, so
 //!   steady-state commits do not allocate.
@@ -82,10 +85,10 @@ pub(crate) struct CommitRequest {
 impl CommitRequest {
     /// An empty request with room for a full batch, so filling it does not
     /// allocate.
-    fn with_capacity() -> Self {
+    fn with_capacity(n: usize) -> Self {
         CommitRequest {
-            chunks_to_move: Vec::with_capacity(MAX_CHUNKS_PER_COMMIT),
-            chunks_to_patch: Vec::with_capacity(MAX_CHUNKS_PER_COMMIT),
+            chunks_to_move: Vec::with_capacity(n),
+            chunks_to_patch: Vec::with_capacity(n),
             flush_request_id: 0,
         }
     }
@@ -103,8 +106,46 @@ impl CommitRequest {
         self.flush_request_id = 0;
     }
 
-    fn items(&self) -> usize {
-        self.chunks_to_move.len() + self.chunks_to_patch.len()
+    fn reserve(&mut self, n: usize) {
+        self.chunks_to_move
+            .reserve(n.saturating_sub(self.chunks_to_move.len()));
+        self.chunks_to_patch
+            .reserve(n.saturating_sub(self.chunks_to_patch.len()));
+    }
+
+    /// Cuts the request into messages of at most `max` chunks and `max`
+    /// patch groups; the flush ack goes with the last one.
+    pub(crate) fn split(&self, max: usize) -> Vec<CommitRequest> {
+        let max = max.max(1);
+        let parts = self
+            .chunks_to_move
+            .len()
+            .div_ceil(max)
+            .max(self.chunks_to_patch.len().div_ceil(max))
+            .max(1);
+        (0..parts)
+            .map(|i| CommitRequest {
+                chunks_to_move: self
+                    .chunks_to_move
+                    .iter()
+                    .skip(i * max)
+                    .take(max)
+                    .cloned()
+                    .collect(),
+                chunks_to_patch: self
+                    .chunks_to_patch
+                    .iter()
+                    .skip(i * max)
+                    .take(max)
+                    .cloned()
+                    .collect(),
+                flush_request_id: if i + 1 == parts {
+                    self.flush_request_id
+                } else {
+                    0
+                },
+            })
+            .collect()
     }
 }
 
@@ -147,6 +188,8 @@ struct Inner {
     queue: VecDeque<Outgoing>,
     pending: CommitRequest,
     spare: Vec<CommitRequest>,
+    /// Capacity every request buffer is given.
+    capacity: usize,
     closed: bool,
 }
 
@@ -169,11 +212,12 @@ impl Outbox {
             inner: Mutex::new(Inner {
                 in_flight: 0,
                 queue: VecDeque::with_capacity(64),
-                pending: CommitRequest::with_capacity(),
+                pending: CommitRequest::with_capacity(MAX_CHUNKS_PER_COMMIT),
                 spare: (0..SPARE_REQUESTS)
-                    .map(|_| CommitRequest::with_capacity())
+                    .map(|_| CommitRequest::with_capacity(MAX_CHUNKS_PER_COMMIT))
                     .collect(),
                 closed: false,
+                capacity: MAX_CHUNKS_PER_COMMIT,
             }),
             ready: Condvar::new(),
         }
@@ -187,19 +231,29 @@ impl Outbox {
 
     fn seal(inner: &mut Inner) {
         if !inner.pending.is_empty() {
+            let capacity = inner.capacity;
             let fresh = inner
                 .spare
                 .pop()
-                .unwrap_or_else(CommitRequest::with_capacity);
+                .unwrap_or_else(|| CommitRequest::with_capacity(capacity));
             let full = std::mem::replace(&mut inner.pending, fresh);
             inner.queue.push_back(Outgoing::Commit(full));
         }
     }
 
-    fn after_commit_push(&self, mut inner: MutexGuard<'_, Inner>, was_empty: bool) {
-        if inner.pending.items() >= MAX_CHUNKS_PER_COMMIT {
-            Self::seal(&mut inner);
+    /// Gives every request buffer room for `chunks` chunks (all the chunks
+    /// of a new SMB), so committing never allocates.
+    pub(crate) fn reserve(&self, chunks: usize) {
+        let mut inner = self.lock();
+        inner.capacity = inner.capacity.max(chunks);
+        let capacity = inner.capacity;
+        inner.pending.reserve(capacity);
+        for s in &mut inner.spare {
+            s.reserve(capacity);
         }
+    }
+
+    fn after_commit_push(&self, inner: MutexGuard<'_, Inner>, was_empty: bool) {
         drop(inner);
         if was_empty {
             self.ready.notify_one();
@@ -409,14 +463,36 @@ mod tests {
     #[test]
     fn large_batches_are_split() {
         let o = Outbox::new();
+        o.reserve(1000);
         for i in 0..(MAX_CHUNKS_PER_COMMIT as u32 * 2 + 1) {
             o.commit_chunk(chunk(i));
         }
-        let mut sizes = Vec::new();
-        while let Some(Outgoing::Commit(c)) = o.try_next() {
-            sizes.push(c.chunks_to_move.len());
-        }
-        assert_eq!(sizes, [MAX_CHUNKS_PER_COMMIT, MAX_CHUNKS_PER_COMMIT, 1]);
+        o.ack_flush(9);
+        let Some(Outgoing::Commit(c)) = o.try_next() else {
+            panic!("no commit")
+        };
+        assert!(o.try_next().is_none(), "one request, however large");
+        let parts = c.split(MAX_CHUNKS_PER_COMMIT);
+        let sizes: Vec<_> = parts
+            .iter()
+            .map(|p| (p.chunks_to_move.len(), p.flush_request_id))
+            .collect();
+        assert_eq!(
+            sizes,
+            [
+                (MAX_CHUNKS_PER_COMMIT, 0),
+                (MAX_CHUNKS_PER_COMMIT, 0),
+                (1, 9)
+            ]
+        );
+        let pages: Vec<u32> = parts
+            .iter()
+            .flat_map(|p| p.chunks_to_move.iter().map(|c| c.page))
+            .collect();
+        assert_eq!(
+            pages,
+            (0..(MAX_CHUNKS_PER_COMMIT as u32 * 2 + 1)).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -125,6 +125,8 @@ impl Runtime {
 
     /// SetupTracing: from now on writers use `shm`.
     pub(crate) fn setup_smb(&self, shm: SharedMemory, layout: PageLayout) -> Arc<Arbiter> {
+        let chunks = shm.smb().num_pages() * layout.num_chunks();
+        self.outbox.reserve(chunks);
         let arbiter = Arbiter::new(shm, layout, self.outbox.clone());
         if let Some(old) = self.arbiter_slot().replace(arbiter.clone()) {
             old.close();

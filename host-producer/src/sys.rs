@@ -34,9 +34,21 @@ pub fn current_tid() -> i64 {
     .unwrap_or_else(|_| i64::from(rustix::thread::gettid().as_raw_nonzero().get()))
 }
 
-/// The calling thread's name as the kernel knows it (`comm`), if any.
-pub fn current_thread_name() -> Option<String> {
-    let name = rustix::thread::name().ok()?;
-    let name = name.to_string_lossy().into_owned();
-    (!name.is_empty()).then_some(name)
+thread_local! {
+    /// The thread's name, read once (`None` inside: the thread has none).
+    static THREAD_NAME: std::cell::OnceCell<Option<String>> = const { std::cell::OnceCell::new() };
+}
+
+/// Calls `f` with the calling thread's name as the kernel knows it
+/// (`comm`), read once per thread, so later calls do not allocate.
+pub fn with_thread_name<R>(mut f: impl FnMut(Option<&str>) -> R) -> R {
+    let read = || {
+        let name = rustix::thread::name().ok()?;
+        let name = name.to_string_lossy().into_owned();
+        (!name.is_empty()).then_some(name)
+    };
+    THREAD_NAME
+        .try_with(|cell| f(cell.get_or_init(read).as_deref()))
+        // Thread-local storage is being torn down: read it uncached.
+        .unwrap_or_else(|_| f(read().as_deref()))
 }

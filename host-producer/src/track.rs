@@ -11,7 +11,7 @@
 //! again after every incremental-state reset of that sequence.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use shmtrace_abi::proto::{Message, Sink};
 
@@ -227,9 +227,11 @@ impl<'a> Track<'a> {
                     t.int32(1, process_info().pid);
                     t.int64(2, tid);
                     if tid == sys::current_tid() {
-                        if let Some(name) = sys::current_thread_name() {
-                            t.string(5, &name);
-                        }
+                        sys::with_thread_name(|name| {
+                            if let Some(name) = name {
+                                t.string(5, name);
+                            }
+                        });
                     }
                 });
             }
@@ -453,6 +455,7 @@ impl Timestamp {
 struct ProcessInfo {
     pid: i32,
     cmdline: Vec<String>,
+    default_name: Arc<str>,
 }
 
 fn process_info() -> &'static ProcessInfo {
@@ -466,23 +469,28 @@ fn process_info() -> &'static ProcessInfo {
                     .collect()
             })
             .unwrap_or_default();
+        let cmdline: Vec<String> = cmdline;
+        let default_name = Arc::from(cmdline.first().map_or("", String::as_str));
         ProcessInfo {
             pid: rustix::process::getpid().as_raw_nonzero().get(),
             cmdline,
+            default_name,
         }
     })
 }
 
-static PROCESS_NAME: Mutex<Option<String>> = Mutex::new(None);
+static PROCESS_NAME: Mutex<Option<Arc<str>>> = Mutex::new(None);
 
 /// Overrides the process name written into the process track descriptor
 /// (default: the first word of the command line). Takes effect on each
 /// sequence's next incremental-state reset.
 pub fn set_process_name(name: &str) {
-    *PROCESS_NAME.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.to_owned());
+    *PROCESS_NAME.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(name));
 }
 
-fn process_name() -> String {
+/// The process name (no allocation: descriptors are re-emitted on every
+/// incremental-state reset).
+fn process_name() -> Arc<str> {
     if let Some(n) = PROCESS_NAME
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -490,7 +498,7 @@ fn process_name() -> String {
     {
         return n;
     }
-    process_info().cmdline.first().cloned().unwrap_or_default()
+    process_info().default_name.clone()
 }
 
 /// This process's pid.

@@ -104,6 +104,7 @@ fn handle(arbiter: &Arbiter, rx: &mut Received, msg: Outgoing) {
                 rx.flush_acks.push(c.flush_request_id);
             }
             runtime().outbox().recycle(c);
+            arbiter.commit_sent();
         }
         other => rx.messages.push(other),
     }
@@ -139,6 +140,44 @@ impl Loopback {
             stop,
             pump: Some(pump),
         }
+    }
+
+    /// Connects without a pump thread: nothing is drained until
+    /// [`Loopback::drain`] or [`Loopback::discard`] is called.
+    pub(crate) fn manual(size: usize, layout: PageLayout) -> Self {
+        let rt = runtime();
+        rt.connected();
+        let shm = SharedMemory::heap(size, 4096, false).unwrap();
+        let arbiter = rt.setup_smb(shm, layout);
+        Loopback {
+            arbiter,
+            received: Arc::new(Mutex::new(Received::default())),
+            stop: Arc::new(AtomicBool::new(false)),
+            pump: None,
+        }
+    }
+
+    /// Frees every committed chunk without keeping its contents; returns
+    /// how many.
+    pub(crate) fn discard(&self) -> usize {
+        let mut freed = 0;
+        while let Some(msg) = runtime().outbox().try_next() {
+            if let Outgoing::Commit(c) = msg {
+                for m in &c.chunks_to_move {
+                    if let Ok(r) = self
+                        .arbiter
+                        .smb()
+                        .try_acquire_chunk_for_reading(m.page as usize, m.chunk as usize)
+                    {
+                        let _ = r.release_as_free();
+                        freed += 1;
+                    }
+                }
+                runtime().outbox().recycle(c);
+                self.arbiter.commit_sent();
+            }
+        }
+        freed
     }
 
     /// Drains whatever is queued right now (the pump also does).
@@ -217,22 +256,17 @@ impl Loopback {
     }
 
     /// Stops everything: the runtime disconnects, the pump ends.
-    pub(crate) fn shutdown(mut self) {
+    pub(crate) fn shutdown(self) {
         self.drain();
-        self.stop.store(true, Ordering::Release);
-        if let Some(p) = self.pump.take() {
-            p.join().unwrap();
-        }
-        runtime().disconnected();
     }
 }
 
 impl Drop for Loopback {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
         if let Some(p) = self.pump.take() {
-            self.stop.store(true, Ordering::Release);
             let _ = p.join();
-            runtime().disconnected();
         }
+        runtime().disconnected();
     }
 }

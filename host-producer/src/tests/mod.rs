@@ -4,4 +4,5 @@
 
 mod alloc;
 mod loopback;
+mod perf;
 mod runtime;

@@ -1,0 +1,449 @@
+//! Our producer vs the real Perfetto C SDK, in the same process, against
+//! the same tracing service, in the same session.
+//!
+//! ```text
+//! SHMTRACE_BENCH_SERVICE=path/to/real-service cargo bench -p shmtrace-producer --bench vs_perfetto
+//! ```
+//!
+//! The service is started from `$SHMTRACE_BENCH_SERVICE` with
+//! `$SHMTRACE_BENCH_SERVICE_ARGS` (default: the harness's `real-service`
+//! flags, `--producer-socket {producer} --consumer-socket {consumer}
+//! --exit-on-stdin-eof`); without it, a service already listening on
+//! `$PERFETTO_PRODUCER_SOCK_NAME` / `$PERFETTO_CONSUMER_SOCK_NAME` is used;
+//! with neither, the benchmark says so and exits.
+//!
+//! Both producers (ours, and the C SDK with the system backend) connect to
+//! that service; one session (started through the C SDK's consumer API)
+//! enables the "on" categories of both. Rows: a disabled trace point, a
+//! scoped slice with a static name (begin + end), the same slice with two
+//! debug annotations, an int64 counter. The C SDK is measured twice: through
+//! its C API directly (what a C program's `PERFETTO_TE` does: extras on the
+//! stack, one call), and through the `perfetto-sdk` crate's macros (what a
+//! Rust program gets; they add a mutex and allocations per event). Each cell
+//! is the median of several rounds; the ratio column is ours / C API.
+
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use perfetto_sdk::producer::{Backends, Producer as CProducer, ProducerInitArgsBuilder};
+use perfetto_sdk::tracing_session::TracingSession;
+use perfetto_sdk::track_event::{
+    TrackEvent as CTrackEvent, TrackEventDebugArg, TrackEventTrack, TrackEventType,
+};
+use perfetto_sdk_sys as sys;
+use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
+use shmtrace_producer::{
+    trace_counter, trace_event, trace_instant, track_event, Category, CounterTrack,
+};
+
+static RS_ON: Category = Category::new("bench.rs");
+static RS_OFF: Category = Category::new("bench.rs.off");
+
+perfetto_sdk::track_event_categories! {
+    pub mod perfetto_te_ns {
+        ("bench.crate", "C SDK via the perfetto-sdk crate", []),
+        ("bench.crate.off", "disabled", []),
+    }
+}
+
+/// Iterations per round and rounds per cell.
+const ITERATIONS: u64 = 50_000;
+const ROUNDS: usize = 9;
+const SMB_KB: u32 = 32 * 1024;
+
+struct Service {
+    child: Option<Child>,
+    _dir: PathBuf,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_service() -> Option<Service> {
+    let dir = std::env::temp_dir().join(format!("shmtrace-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let Some(bin) = std::env::var_os("SHMTRACE_BENCH_SERVICE") else {
+        let running = std::env::var_os("PERFETTO_PRODUCER_SOCK_NAME").is_some()
+            && std::env::var_os("PERFETTO_CONSUMER_SOCK_NAME").is_some();
+        return running.then_some(Service {
+            child: None,
+            _dir: dir,
+        });
+    };
+    let producer = dir.join("producer.sock");
+    let consumer = dir.join("consumer.sock");
+    let template = std::env::var("SHMTRACE_BENCH_SERVICE_ARGS").unwrap_or_else(|_| {
+        "--producer-socket {producer} --consumer-socket {consumer} --exit-on-stdin-eof".into()
+    });
+    let args: Vec<String> = template
+        .split_whitespace()
+        .map(|a| {
+            a.replace("{producer}", &producer.to_string_lossy())
+                .replace("{consumer}", &consumer.to_string_lossy())
+        })
+        .collect();
+    let child = Command::new(&bin)
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", PathBuf::from(&bin).display()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(producer.exists() && consumer.exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "the service did not create its sockets"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::env::set_var("PERFETTO_PRODUCER_SOCK_NAME", &producer);
+    std::env::set_var("PERFETTO_CONSUMER_SOCK_NAME", &consumer);
+    Some(Service {
+        child: Some(child),
+        _dir: dir,
+    })
+}
+
+/// A category registered through the C API directly.
+struct CCategory {
+    impl_: *mut sys::PerfettoTeCategoryImpl,
+    enabled: *const AtomicBool,
+}
+
+impl CCategory {
+    fn register(name: &'static CStr) -> Self {
+        let desc = Box::leak(Box::new(sys::PerfettoTeCategoryDescriptor {
+            name: name.as_ptr(),
+            desc: c"direct C API".as_ptr(),
+            tags: ptr::null_mut(),
+            num_tags: 0,
+        }));
+        // SAFETY: `desc` is a valid descriptor with NUL-terminated strings
+        // and no tags, leaked so it outlives the category.
+        let impl_ = unsafe { sys::PerfettoTeCategoryImplCreate(desc) };
+        // SAFETY: `impl_` was just created; the enabled flag it returns
+        // lives as long as the category (forever here) and is a C11
+        // atomic_bool, layout-compatible with `AtomicBool`.
+        let enabled = unsafe { sys::PerfettoTeCategoryImplGetEnabled(impl_) } as *const AtomicBool;
+        CCategory { impl_, enabled }
+    }
+
+    #[inline(always)]
+    fn is_enabled(&self) -> bool {
+        // SAFETY: see `register`.
+        unsafe { (*self.enabled).load(Ordering::Relaxed) }
+    }
+
+    /// `PERFETTO_TE(cat, type, extras...)`: extras on the stack, one call.
+    #[inline(always)]
+    fn emit(
+        &self,
+        kind: sys::PerfettoTeType,
+        name: *const c_char,
+        extras: &[*mut sys::PerfettoTeHlExtra],
+    ) {
+        if self.is_enabled() {
+            let mut list = [ptr::null_mut(); 4];
+            list[..extras.len()].copy_from_slice(extras);
+            // SAFETY: a registered category, a valid type, a NUL-terminated
+            // static name (or null), and a null-terminated extras array
+            // whose entries point at live extras on the caller's stack.
+            unsafe { sys::PerfettoTeHlEmitImpl(self.impl_, kind as i32, name, list.as_ptr()) };
+        }
+    }
+}
+
+fn write_config<S: Sink>(c: &mut Message<'_, S>) {
+    // TraceConfig.buffers (1): {size_kb (1) = 256 MiB, fill_policy (4) = RING_BUFFER (1)}
+    c.nested(1, |b| {
+        b.uint32(1, 256 * 1024);
+        b.enumeration(4, 1);
+    });
+    // TraceConfig.data_sources (2): {config (1): {name (1), track_event_config (113)}}
+    c.nested(2, |ds| {
+        ds.nested(1, |cfg| {
+            cfg.string(1, "track_event");
+            cfg.nested(113, |te| {
+                te.string(1, "*");
+                for on in ["bench.rs", "bench.crate", "bench.c"] {
+                    te.string(2, on);
+                }
+            });
+        });
+    });
+}
+
+// The closures are needed: `write_config` names one sink lifetime, the
+// encoder wants a closure generic over it.
+#[allow(clippy::redundant_closure)]
+fn trace_config() -> Vec<u8> {
+    let mut buf = vec![0u8; encoded_len(|m| write_config(m)) as usize];
+    let n = encode_to_slice(&mut buf, |m| write_config(m)).expect("config encodes");
+    buf.truncate(n);
+    buf
+}
+
+/// CPU time of the calling thread: other processes on the machine do not
+/// inflate it.
+fn cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// One row: the three implementations' loops.
+type Row<'a> = [Box<dyn FnMut(u64) + 'a>; 3];
+
+/// Median CPU ns per operation of each implementation over `ROUNDS`
+/// rounds, the implementations interleaved (rotating which goes first) so
+/// none pays for the service draining another's data.
+fn measure(mut row: Row<'_>) -> [f64; 3] {
+    for f in row.iter_mut() {
+        for i in 0..ITERATIONS / 10 {
+            f(i);
+        }
+    }
+    let mut samples: [Vec<f64>; 3] = Default::default();
+    for round in 0..ROUNDS {
+        for k in 0..3 {
+            let which = (round + k) % 3;
+            // Let the service drain the SMB between samples.
+            std::thread::sleep(Duration::from_millis(20));
+            let f = &mut row[which];
+            let start = cpu_ns();
+            for i in 0..ITERATIONS {
+                f(i);
+            }
+            samples[which].push((cpu_ns() - start) as f64 / ITERATIONS as f64);
+        }
+    }
+    samples.map(|mut s| {
+        s.sort_by(|a, b| a.total_cmp(b));
+        s[ROUNDS / 2]
+    })
+}
+
+fn main() {
+    // `cargo test --benches` runs benchmarks with `--test`: only check that
+    // this one starts.
+    if std::env::args().any(|a| a == "--test" || a == "--list") {
+        return;
+    }
+    let Some(_service) = start_service() else {
+        println!(
+            "vs_perfetto: skipped: set SHMTRACE_BENCH_SERVICE to a tracing service binary (e.g. the \
+             harness's real-service), or PERFETTO_PRODUCER_SOCK_NAME and PERFETTO_CONSUMER_SOCK_NAME \
+             to a running service"
+        );
+        return;
+    };
+
+    // The C SDK, system backend.
+    CProducer::init(
+        ProducerInitArgsBuilder::new()
+            .backends(Backends::SYSTEM)
+            .shmem_size_hint_kb(SMB_KB)
+            .build(),
+    );
+    CTrackEvent::init();
+    perfetto_te_ns::register().expect("categories register");
+    let c_on = CCategory::register(c"bench.c");
+    let c_off = CCategory::register(c"bench.c.off");
+    CTrackEvent::publish_categories();
+
+    // Ours.
+    let producer = shmtrace_producer::init(shmtrace_producer::ProducerConfig {
+        name: "vs_perfetto".into(),
+        socket: std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok(),
+        shmem_size_hint_bytes: SMB_KB * 1024,
+        ..Default::default()
+    })
+    .expect("our producer starts");
+    track_event::register_categories(&[&RS_ON, &RS_OFF]);
+    assert!(
+        producer.wait_connected(Duration::from_secs(10)),
+        "our producer did not connect"
+    );
+
+    let mut session = TracingSession::system().expect("consumer session");
+    session.setup(&trace_config());
+    session.start_blocking();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(RS_ON.is_enabled()
+        && c_on.is_enabled()
+        && perfetto_sdk::track_event_category_enabled!("bench.crate"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the session did not enable every producer"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!RS_OFF.is_enabled() && !c_off.is_enabled());
+
+    let counter = CounterTrack::new("bench.counter");
+    let crate_counter = TrackEventTrack::register_counter_track(
+        "bench.counter.crate",
+        TrackEventTrack::process_track_uuid(),
+    )
+    .expect("counter track");
+    // A registered counter track for the C API (its cheapest form: the
+    // descriptor is serialized once).
+    // SAFETY: set by `PerfettoTeInit`, read-only after.
+    let process_uuid = unsafe { sys::perfetto_te_process_track_uuid };
+    let c_counter_uuid = process_uuid ^ 0x5EED_C0DE;
+    let mut c_counter_desc = vec![0u8; 64];
+    let n = encode_to_slice(&mut c_counter_desc, |d| {
+        d.uint64(1, c_counter_uuid);
+        d.uint64(5, process_uuid);
+        d.string(2, "bench.counter.c");
+        d.nested(8, |_| {});
+    })
+    .expect("descriptor encodes");
+    c_counter_desc.truncate(n);
+    let c_counter = sys::PerfettoTeRegisteredTrackImpl {
+        descriptor: c_counter_desc.as_mut_ptr().cast(),
+        descriptor_size: c_counter_desc.len(),
+        uuid: c_counter_uuid,
+    };
+
+    let slice_begin = sys::PerfettoTeType_PERFETTO_TE_TYPE_SLICE_BEGIN;
+    let slice_end = sys::PerfettoTeType_PERFETTO_TE_TYPE_SLICE_END;
+    let instant = sys::PerfettoTeType_PERFETTO_TE_TYPE_INSTANT;
+    let counter_type = sys::PerfettoTeType_PERFETTO_TE_TYPE_COUNTER;
+    let name = c"slice".as_ptr();
+    let sink = AtomicBool::new(false);
+
+    let rows: [(&str, [f64; 3]); 4] = [
+        (
+            "disabled trace point",
+            measure([
+                Box::new(|_| trace_instant!(RS_OFF, "slice")),
+                Box::new(|_| c_off.emit(instant, name, &[])),
+                Box::new(|_| perfetto_sdk::track_event_instant!("bench.crate.off", "slice")),
+            ]),
+        ),
+        (
+            "scoped slice, static name",
+            measure([
+                Box::new(|_| {
+                    let _g = trace_event!(RS_ON, "slice");
+                    sink.store(true, Ordering::Relaxed);
+                }),
+                Box::new(|_| {
+                    c_on.emit(slice_begin, name, &[]);
+                    sink.store(true, Ordering::Relaxed);
+                    c_on.emit(slice_end, ptr::null(), &[]);
+                }),
+                Box::new(|_| {
+                    perfetto_sdk::scoped_track_event!("bench.crate", "slice");
+                    sink.store(true, Ordering::Relaxed);
+                }),
+            ]),
+        ),
+        (
+            "slice with 2 debug annotations",
+            measure([
+                Box::new(|i| {
+                    let _g = trace_event!(RS_ON, "slice", "count" => i, "label" => "value");
+                    sink.store(true, Ordering::Relaxed);
+                }),
+                Box::new(|i| {
+                    let mut a = sys::PerfettoTeHlExtraDebugArgUint64 {
+                        header: sys::PerfettoTeHlExtra {
+                            type_: sys::PerfettoTeHlExtraType_PERFETTO_TE_HL_EXTRA_TYPE_DEBUG_ARG_UINT64,
+                        },
+                        name: c"count".as_ptr(),
+                        value: i,
+                    };
+                    let mut b = sys::PerfettoTeHlExtraDebugArgString {
+                        header: sys::PerfettoTeHlExtra {
+                            type_: sys::PerfettoTeHlExtraType_PERFETTO_TE_HL_EXTRA_TYPE_DEBUG_ARG_STRING,
+                        },
+                        name: c"label".as_ptr(),
+                        value: c"value".as_ptr(),
+                    };
+                    c_on.emit(slice_begin, name, &[&mut a.header, &mut b.header]);
+                    sink.store(true, Ordering::Relaxed);
+                    c_on.emit(slice_end, ptr::null(), &[]);
+                }),
+                Box::new(|i| {
+                    perfetto_sdk::scoped_track_event!(
+                        "bench.crate",
+                        "slice",
+                        |ctx: &mut perfetto_sdk::track_event::EventContext| {
+                            ctx.add_debug_arg("count", TrackEventDebugArg::Uint64(i))
+                                .add_debug_arg("label", TrackEventDebugArg::String("value"));
+                        }
+                    );
+                    sink.store(true, Ordering::Relaxed);
+                }),
+            ]),
+        ),
+        (
+            "int64 counter",
+            measure([
+                Box::new(|i| trace_counter!(RS_ON, &counter, i as i64)),
+                Box::new(|i| {
+                    let mut track = sys::PerfettoTeHlExtraRegisteredTrack {
+                        header: sys::PerfettoTeHlExtra {
+                            type_: sys::PerfettoTeHlExtraType_PERFETTO_TE_HL_EXTRA_TYPE_REGISTERED_TRACK,
+                        },
+                        track: &c_counter,
+                    };
+                    let mut value = sys::PerfettoTeHlExtraCounterInt64 {
+                        header: sys::PerfettoTeHlExtra {
+                            type_:
+                                sys::PerfettoTeHlExtraType_PERFETTO_TE_HL_EXTRA_TYPE_COUNTER_INT64,
+                        },
+                        value: i as i64,
+                    };
+                    c_on.emit(
+                        counter_type,
+                        ptr::null(),
+                        &[&mut track.header, &mut value.header],
+                    );
+                }),
+                Box::new(|i| {
+                    perfetto_sdk::track_event_counter!(
+                        "bench.crate",
+                        |ctx: &mut perfetto_sdk::track_event::EventContext| {
+                            ctx.set_track(&crate_counter).set_counter(
+                                perfetto_sdk::track_event::TrackEventCounter::Int64(i as i64),
+                            );
+                        }
+                    );
+                }),
+            ]),
+        ),
+    ];
+    let _ = TrackEventType::SliceEnd;
+    session.stop_blocking();
+    let stats = shmtrace_producer::stats();
+
+    println!();
+    println!(
+        "{:<32} {:>12} {:>14} {:>16} {:>10}",
+        "ns per operation (median)", "shmtrace", "Perfetto C API", "perfetto-sdk crate", "ratio"
+    );
+    for (label, [ours, c_api, krate]) in rows {
+        println!(
+            "{label:<32} {ours:>12.1} {c_api:>14.1} {krate:>16.1} {:>10.3}",
+            ours / c_api
+        );
+    }
+    println!(
+        "\n{} iterations x {} rounds per cell; our producer dropped {} packets (SMB full), committed {} chunks",
+        ITERATIONS, ROUNDS, stats.packets_dropped, stats.chunks_committed
+    );
+}

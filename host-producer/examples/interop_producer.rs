@@ -1,0 +1,439 @@
+//! The interop harness's producer driver, on shmtrace-producer: the same
+//! command line, events and JSON-lines protocol as the harness's
+//! `real-producer` (the real Perfetto C SDK), so the harness can swap one
+//! for the other.
+//!
+//! ```text
+//! interop_producer [--socket PATH] [--threads N] [--iterations N] [--phases P]
+//!                  [--large-kb K] [--large-every M] [--iteration-sleep-us U]
+//!                  [--shmem-kb S] [--start-timeout-ms T] [--stop-timeout-ms T]
+//! ```
+//!
+//! Each thread runs `iterations` iterations per phase; one iteration emits,
+//! on the thread's track: slice "outer" { slice "inner" { instant "tick",
+//! instant "flow_out" (starts a flow), instant "flow_in" (terminates it) },
+//! and every `large-every` iterations instant "large" with a `large-kb` KiB
+//! string } plus one int and one double counter on per-thread counter
+//! tracks. Progress: `{"event":"enabled","pid":…}`, per phase
+//! `{"event":"phase","phase":p,"threads":n,"emitted":{…}}` (cumulative
+//! counts), then `{"event":"stopped"}`. Between phases it waits for a line
+//! on stdin. Exit status: 0 ok, 2 usage error, 3 timeout.
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use shmtrace_producer::{
+    track_event, Category, CounterTrack, DebugValue, Flow, ProcessTrack, ProducerConfig,
+};
+
+static CAT_INTEROP: Category =
+    Category::new("interop").with_description("Nested slices and instants");
+static CAT_FLOW: Category =
+    Category::new("interop.flow").with_description("Flow begin and end instants");
+static CAT_COUNTER: Category =
+    Category::new("interop.counter").with_description("Int and double counters");
+static CAT_LARGE: Category =
+    Category::new("interop.large").with_description("Instants with huge annotations");
+
+const DRIVER: &str = "interop_producer";
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    slice_begin: u64,
+    slice_end: u64,
+    instant: u64,
+    counter_int: u64,
+    counter_double: u64,
+    flow_begin: u64,
+    flow_end: u64,
+    large: u64,
+    large_bytes: u64,
+    arg_int: u64,
+    arg_uint: u64,
+    arg_double: u64,
+    arg_bool: u64,
+    arg_string: u64,
+    arg_pointer: u64,
+    skipped_disabled: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.slice_begin += o.slice_begin;
+        self.slice_end += o.slice_end;
+        self.instant += o.instant;
+        self.counter_int += o.counter_int;
+        self.counter_double += o.counter_double;
+        self.flow_begin += o.flow_begin;
+        self.flow_end += o.flow_end;
+        self.large += o.large;
+        self.large_bytes += o.large_bytes;
+        self.arg_int += o.arg_int;
+        self.arg_uint += o.arg_uint;
+        self.arg_double += o.arg_double;
+        self.arg_bool += o.arg_bool;
+        self.arg_string += o.arg_string;
+        self.arg_pointer += o.arg_pointer;
+        self.skipped_disabled += o.skipped_disabled;
+    }
+
+    fn json(&self) -> String {
+        format!(
+            "{{\"slice_begin\":{},\"slice_end\":{},\"instant\":{},\"counter_int\":{},\"counter_double\":{},\
+             \"flow_begin\":{},\"flow_end\":{},\"large\":{},\"large_bytes\":{},\"arg_int\":{},\"arg_uint\":{},\
+             \"arg_double\":{},\"arg_bool\":{},\"arg_string\":{},\"arg_pointer\":{},\"skipped_disabled\":{}}}",
+            self.slice_begin,
+            self.slice_end,
+            self.instant,
+            self.counter_int,
+            self.counter_double,
+            self.flow_begin,
+            self.flow_end,
+            self.large,
+            self.large_bytes,
+            self.arg_int,
+            self.arg_uint,
+            self.arg_double,
+            self.arg_bool,
+            self.arg_string,
+            self.arg_pointer,
+            self.skipped_disabled
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Options {
+    threads: u64,
+    iterations: u64,
+    phases: u64,
+    large_kb: u64,
+    large_every: u64,
+    iteration_sleep_us: u64,
+}
+
+#[derive(Default)]
+struct GateState {
+    released_phase: u64,
+    done: usize,
+    exit: bool,
+    counts: Vec<Counts>,
+}
+
+/// Hands phases to the workers and collects their counts.
+struct PhaseGate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl PhaseGate {
+    fn new(workers: usize) -> Self {
+        PhaseGate {
+            state: Mutex::new(GateState {
+                counts: vec![Counts::default(); workers],
+                ..Default::default()
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn wait_for_phase(&self, phase: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        while s.released_phase < phase && !s.exit {
+            s = self.cv.wait(s).unwrap();
+        }
+        s.released_phase >= phase
+    }
+
+    fn phase_done(&self, worker: usize, counts: Counts) {
+        let mut s = self.state.lock().unwrap();
+        s.counts[worker] = counts;
+        s.done += 1;
+        self.cv.notify_all();
+    }
+
+    fn run_phase(&self, phase: u64) -> Counts {
+        let mut s = self.state.lock().unwrap();
+        s.done = 0;
+        s.released_phase = phase;
+        self.cv.notify_all();
+        while s.done < s.counts.len() {
+            s = self.cv.wait(s).unwrap();
+        }
+        let mut total = Counts::default();
+        s.counts.iter().for_each(|c| total.add(c));
+        total
+    }
+
+    fn release_exit(&self) {
+        self.state.lock().unwrap().exit = true;
+        self.cv.notify_all();
+    }
+}
+
+fn worker(index: usize, opt: Options, gate: &PhaseGate) {
+    let mut counts = Counts::default();
+    let thread_label = format!("worker-{index}");
+    let int_name = format!("interop.int.t{index}");
+    let double_name = format!("interop.double.t{index}");
+    let process = ProcessTrack::current();
+    let int_track = CounterTrack::child_of(&process, &int_name);
+    let double_track = CounterTrack::child_of(&process, &double_name);
+    let blob: String = (0..opt.large_kb as usize * 1024)
+        .map(|i| (b'a' + ((i * 7 + index) % 26) as u8) as char)
+        .collect();
+    let pointee = 0u32;
+    let mut iteration: u64 = 0;
+    let mut phase = 1;
+    while gate.wait_for_phase(phase) {
+        for _ in 0..opt.iterations {
+            if !CAT_INTEROP.is_enabled() {
+                counts.skipped_disabled += 1;
+                iteration += 1;
+                continue;
+            }
+            let iter = iteration as i64;
+            let outer_args = [
+                shmtrace_producer::Arg::new("iter", iter),
+                shmtrace_producer::Arg::new("thread", thread_label.as_str()),
+            ];
+            CAT_INTEROP.slice("outer").args(&outer_args).emit();
+            counts.slice_begin += 1;
+            counts.arg_int += 1;
+            counts.arg_string += 1;
+
+            let inner_args = [
+                shmtrace_producer::Arg::new("ratio", iter as f64 / 4.0),
+                shmtrace_producer::Arg::new("even", iter % 2 == 0),
+                shmtrace_producer::Arg::new("big", 0xFFFF_FFFF_0000_0000u64 + iteration),
+            ];
+            CAT_INTEROP.slice("inner").args(&inner_args).emit();
+            counts.slice_begin += 1;
+            counts.arg_double += 1;
+            counts.arg_bool += 1;
+            counts.arg_uint += 1;
+
+            let ptr_args = [shmtrace_producer::Arg::new(
+                "ptr",
+                DebugValue::pointer(&pointee),
+            )];
+            CAT_INTEROP.instant("tick").args(&ptr_args).emit();
+            counts.instant += 1;
+            counts.arg_pointer += 1;
+
+            let flow = [Flow::process_scoped(((index as u64) << 32) | iteration)];
+            CAT_FLOW.instant("flow_out").flows(&flow).emit();
+            counts.instant += 1;
+            counts.flow_begin += 1;
+            CAT_FLOW.instant("flow_in").terminating_flows(&flow).emit();
+            counts.instant += 1;
+            counts.flow_end += 1;
+
+            if opt.large_kb > 0 && opt.large_every > 0 && iteration % opt.large_every == 0 {
+                let large_args = [shmtrace_producer::Arg::new("blob", blob.as_str())];
+                CAT_LARGE.instant("large").args(&large_args).emit();
+                counts.instant += 1;
+                counts.large += 1;
+                counts.large_bytes += blob.len() as u64;
+                counts.arg_string += 1;
+            }
+
+            CAT_INTEROP.end().emit();
+            counts.slice_end += 1;
+            CAT_INTEROP.end().emit();
+            counts.slice_end += 1;
+
+            CAT_COUNTER.counter(&int_track, iter * 3).emit();
+            counts.counter_int += 1;
+            CAT_COUNTER.counter(&double_track, iter as f64 * 0.5).emit();
+            counts.counter_double += 1;
+
+            if opt.iteration_sleep_us > 0 {
+                std::thread::sleep(Duration::from_micros(opt.iteration_sleep_us));
+            }
+            iteration += 1;
+        }
+        gate.phase_done(index, counts);
+        phase += 1;
+    }
+}
+
+fn emit_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn fail(message: &str, status: u8) -> ExitCode {
+    let escaped = message.replace('\\', "\\\\").replace('"', "\\\"");
+    eprintln!("{DRIVER}: error: {message}");
+    emit_line(&format!(
+        "{{\"event\":\"error\",\"message\":\"{escaped}\"}}"
+    ));
+    ExitCode::from(status)
+}
+
+fn wait_until(want_enabled: bool, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while CAT_INTEROP.is_enabled() != want_enabled {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+struct Flags {
+    values: Vec<(String, String)>,
+}
+
+impl Flags {
+    fn parse() -> Result<Self, String> {
+        const KNOWN: [&str; 10] = [
+            "socket",
+            "threads",
+            "iterations",
+            "phases",
+            "large-kb",
+            "large-every",
+            "iteration-sleep-us",
+            "shmem-kb",
+            "start-timeout-ms",
+            "stop-timeout-ms",
+        ];
+        let mut values = Vec::new();
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let Some(name) = arg.strip_prefix("--") else {
+                return Err(format!("unexpected argument {arg:?}"));
+            };
+            let (name, value) = match name.split_once('=') {
+                Some((n, v)) => (n.to_string(), v.to_string()),
+                None => (
+                    name.to_string(),
+                    args.next()
+                        .ok_or_else(|| format!("--{name} needs a value"))?,
+                ),
+            };
+            if !KNOWN.contains(&name.as_str()) {
+                return Err(format!("unknown flag --{name}"));
+            }
+            values.push((name, value));
+        }
+        Ok(Flags { values })
+    }
+
+    fn str(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn u64(&self, name: &str, default: u64) -> Result<u64, String> {
+        self.str(name).map_or(Ok(default), |v| {
+            v.parse()
+                .map_err(|_| format!("--{name}: not a number: {v:?}"))
+        })
+    }
+}
+
+fn run() -> Result<ExitCode, String> {
+    let flags = Flags::parse()?;
+    let opt = Options {
+        threads: flags.u64("threads", 1)?,
+        iterations: flags.u64("iterations", 100)?,
+        phases: flags.u64("phases", 1)?,
+        large_kb: flags.u64("large-kb", 0)?,
+        large_every: flags.u64("large-every", 10)?,
+        iteration_sleep_us: flags.u64("iteration-sleep-us", 0)?,
+    };
+    let shmem_kb = flags.u64("shmem-kb", 0)?;
+    let start_timeout = Duration::from_millis(flags.u64("start-timeout-ms", 30000)?);
+    let stop_timeout = Duration::from_millis(flags.u64("stop-timeout-ms", 30000)?);
+    if opt.threads == 0 || opt.threads > 64 || opt.phases == 0 {
+        return Err("--threads must be 1..64 and --phases >= 1".into());
+    }
+    if shmem_kb % 4 != 0 {
+        return Err("--shmem-kb must be a multiple of 4".into());
+    }
+    let socket = flags
+        .str("socket")
+        .map(str::to_owned)
+        .or_else(|| std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok())
+        .ok_or("--socket or PERFETTO_PRODUCER_SOCK_NAME needed")?;
+
+    shmtrace_producer::init(ProducerConfig {
+        socket: Some(socket),
+        shmem_size_hint_bytes: (shmem_kb * 1024) as u32,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())?;
+    track_event::register_categories(&[&CAT_INTEROP, &CAT_FLOW, &CAT_COUNTER, &CAT_LARGE]);
+
+    if !wait_until(true, start_timeout) {
+        return Ok(fail(
+            &format!(
+                "no session enabled the categories within {} ms",
+                start_timeout.as_millis()
+            ),
+            3,
+        ));
+    }
+    emit_line(&format!(
+        "{{\"event\":\"enabled\",\"pid\":{}}}",
+        std::process::id()
+    ));
+
+    let gate = Arc::new(PhaseGate::new(opt.threads as usize));
+    let workers: Vec<_> = (0..opt.threads as usize)
+        .map(|i| {
+            let gate = gate.clone();
+            std::thread::Builder::new()
+                .name(format!("worker-{i}"))
+                .spawn(move || worker(i, opt, &gate))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let stdin = std::io::stdin();
+    for phase in 1..=opt.phases {
+        if phase > 1 {
+            // Wait for the harness to say "next"; at end of input the
+            // remaining phases run back to back.
+            let mut line = String::new();
+            let _ = stdin.lock().read_line(&mut line);
+        }
+        let total = gate.run_phase(phase);
+        emit_line(&format!(
+            "{{\"event\":\"phase\",\"phase\":{phase},\"threads\":{},\"emitted\":{}}}",
+            opt.threads,
+            total.json()
+        ));
+    }
+    gate.release_exit();
+    for w in workers {
+        let _ = w.join();
+    }
+    if !wait_until(false, stop_timeout) {
+        return Ok(fail(
+            &format!(
+                "the session did not stop within {} ms",
+                stop_timeout.as_millis()
+            ),
+            3,
+        ));
+    }
+    emit_line("{\"event\":\"stopped\"}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => fail(&e, 2),
+    }
+}
