@@ -28,6 +28,11 @@ enum Command {
     Query(cli::query::QueryArgs),
     /// Show what a trace file holds; --check tests whether it is sound.
     Inspect(cli::inspect::InspectArgs),
+    /// The whole stack in one command: start a tracing service in this
+    /// process on private sockets, run an example app instrumented with
+    /// shmtrace-producer, record a few seconds into demo.pftrace, and print
+    /// the summary.
+    Demo(cli::demo::DemoArgs),
     /// Run the tracing service (what `traced` is to Perfetto).
     ///
     /// Listens on the producer socket (any process may connect) and the
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
         Command::Record(a) => cli::record::run(a),
         Command::Query(a) => cli::query::run(a, stdout),
         Command::Inspect(a) => cli::inspect::run(a, stdout),
+        Command::Demo(a) => cli::demo::run(a),
         Command::Serve(a) => serve::run(a),
     };
     match result {

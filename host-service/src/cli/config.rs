@@ -152,6 +152,12 @@ impl Config {
         }
     }
 
+    /// Names where the config came from, for messages.
+    pub fn with_origin(mut self, origin: &str) -> Self {
+        origin.clone_into(&mut self.origin);
+        self
+    }
+
     /// The serialized config, as it will be sent.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes

@@ -9,12 +9,15 @@
 //! * [`inspect`]: what a trace file holds, and `--check` for whether it is
 //!   sound.
 //! * [`config`]: trace configs from text format, binary or quick flags.
+//! * [`demo`]: the whole stack in one command — an in-process service on
+//!   private sockets, an example app, a recorded `demo.pftrace`.
 //!
 //! The binary (`src/bin/shmtrace.rs`) only parses arguments and maps
 //! [`CliError`]s to messages and [exit] statuses.
 
 pub mod config;
 pub mod consumer;
+pub mod demo;
 pub mod inspect;
 pub mod query;
 pub mod record;
@@ -93,6 +96,9 @@ pub enum CliError {
         /// Why it failed.
         source: std::io::Error,
     },
+    /// `demo` could not bring up its service or example app.
+    #[error("demo: {0}")]
+    Demo(String),
     /// Writing to the terminal or a pipe failed.
     #[error("output error: {0}")]
     Output(#[from] std::io::Error),
@@ -105,7 +111,7 @@ impl CliError {
             Self::Usage(_) | Self::Config(_) | Self::Address(_) => exit::USAGE,
             Self::Connect { .. } => exit::NO_SERVICE,
             Self::Io { .. } | Self::Output(_) => exit::IO,
-            Self::Ipc { .. } | Self::Session(_) => exit::SESSION,
+            Self::Ipc { .. } | Self::Session(_) | Self::Demo(_) => exit::SESSION,
         }
     }
 }

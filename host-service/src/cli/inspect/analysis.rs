@@ -425,6 +425,22 @@ struct Sequence {
     evidence: Vec<Evidence>,
 }
 
+/// Where and when an event was, for what is matched at the end.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    /// BOOTTIME ns (the sequence's last known time if the packet has none).
+    ts: u64,
+    /// Position in the whole trace (ties between equal times).
+    order: u64,
+    seq_id: u32,
+    /// The sequence had a loss mark before this event.
+    after_loss: bool,
+    /// Index into `Analysis::files`.
+    file: usize,
+    /// Packet index in that file.
+    packet: u64,
+}
+
 /// An open flow.
 #[derive(Debug, Default)]
 struct Flow {
@@ -438,8 +454,10 @@ pub struct Analyzer {
     out: Analysis,
     sequences: BTreeMap<u32, Sequence>,
     tracks: HashMap<u64, TrackInfo>,
-    stacks: HashMap<u64, Vec<String>>,
-    flows: HashMap<u64, Flow>,
+    /// Slice begins (`true`) and ends per track, matched at the end.
+    slices: Vec<(u64, bool, Mark)>,
+    /// `(ts, order, flow id, terminating)`, linked at the end.
+    flow_marks: Vec<(u64, u64, u64, bool)>,
     counter_uses: Vec<(u64, u32, String)>,
     service_events: Vec<(String, u64)>,
     buffer_of_sequence: HashMap<u32, u32>,
@@ -531,7 +549,7 @@ impl Analyzer {
         if seq_id == SERVICE_SEQUENCE_ID {
             self.service_packet(packet);
         } else {
-            self.producer_packet(seq_id, uid, packet, &at);
+            self.producer_packet(seq_id, uid, packet, &at, index);
         }
     }
 
@@ -648,6 +666,7 @@ impl Analyzer {
         uid: Option<i32>,
         mut packet: TracePacket,
         at: &str,
+        index: u64,
     ) {
         let seq = self.sequences.entry(seq_id).or_insert_with(|| Sequence {
             info: SequenceInfo {
@@ -720,7 +739,7 @@ impl Analyzer {
         self.timestamp(seq_id, &packet, at);
         match packet.data.take() {
             Some(Data::TrackDescriptor(desc)) => self.track_descriptor(desc),
-            Some(Data::TrackEvent(event)) => self.track_event(seq_id, event, at),
+            Some(Data::TrackEvent(event)) => self.track_event(seq_id, event, at, index),
             _ => {}
         }
     }
@@ -887,8 +906,15 @@ impl Analyzer {
         found
     }
 
-    fn track_event(&mut self, seq_id: u32, event: TrackEvent, at: &str) {
-        self.flow_event(&event);
+    fn track_event(&mut self, seq_id: u32, event: TrackEvent, at: &str, index: u64) {
+        // Time order across sequences: the packet's timestamp, else the
+        // sequence's last one.
+        let ts = self
+            .sequences
+            .get(&seq_id)
+            .and_then(|s| s.last_boot_ts)
+            .unwrap_or(0);
+        self.flow_event(&event, ts);
         self.out.track_events.total += 1;
         if let Some(seq) = self.sequences.get_mut(&seq_id) {
             seq.info.track_events += 1;
@@ -937,32 +963,25 @@ impl Analyzer {
             .events += 1;
         let marked = self.sequences.get(&seq_id).is_some_and(|s| s.marked);
         let event_type = EventType::try_from(event.r#type.unwrap_or(0)).ok();
+        let mark = Mark {
+            ts,
+            order: self.out.packets,
+            seq_id,
+            after_loss: marked,
+            file: self.out.files.len().saturating_sub(1),
+            packet: index,
+        };
         let counts = &mut self.out.track_events;
         match event_type {
             Some(EventType::SliceBegin) => {
                 counts.slice_begin += 1;
-                let label = name.clone().unwrap_or_else(|| "(unnamed)".into());
-                *counts.by_name.entry(label.clone()).or_insert(0) += 1;
-                let stack = self.stacks.entry(track).or_default();
-                stack.push(label);
-                counts.max_depth = counts.max_depth.max(stack.len() as u64);
+                let label = name.unwrap_or_else(|| "(unnamed)".into());
+                *counts.by_name.entry(label).or_insert(0) += 1;
+                self.slices.push((track, true, mark));
             }
             Some(EventType::SliceEnd) => {
                 counts.slice_end += 1;
-                let stack = self.stacks.entry(track).or_default();
-                if stack.pop().is_none() {
-                    let message = format!("{at}: SLICE_END with no open slice on track {track}");
-                    if let Some(seq) = self.sequences.get_mut(&seq_id) {
-                        if marked {
-                            seq.info.unmatched_ends_after_loss += 1;
-                        } else {
-                            seq.evidence.push(Evidence {
-                                kind: ProblemKind::Nesting,
-                                message,
-                            });
-                        }
-                    }
-                }
+                self.slices.push((track, false, mark));
             }
             Some(EventType::Instant) => {
                 counts.instant += 1;
@@ -987,33 +1006,81 @@ impl Analyzer {
         }
     }
 
-    /// Flows, as Perfetto links them: an id in `flow_ids` starts a flow or,
-    /// if one with that id is open, continues it; an id in
-    /// `terminating_flow_ids` continues and closes it.
+    /// Collects the flow ids of an event (linked in time order at the end).
     // The deprecated `*_flow_ids_old` fields are still found in traces.
     #[allow(deprecated)]
-    fn flow_event(&mut self, event: &TrackEvent) {
+    fn flow_event(&mut self, event: &TrackEvent, ts: u64) {
+        let order = self.out.packets;
         for &id in event.flow_ids.iter().chain(&event.flow_ids_old) {
-            match self.flows.get_mut(&id) {
-                Some(flow) => {
-                    flow.links += 1;
-                    self.out.track_events.flow_links += 1;
-                }
-                None => {
-                    self.flows.insert(id, Flow::default());
-                }
-            }
+            self.flow_marks.push((ts, order, id, false));
         }
         for &id in event
             .terminating_flow_ids
             .iter()
             .chain(&event.terminating_flow_ids_old)
         {
-            match self.flows.remove(&id) {
-                Some(_) => self.out.track_events.flow_links += 1,
-                None => self.out.track_events.flows_unpaired_end += 1,
+            self.flow_marks.push((ts, order, id, true));
+        }
+    }
+
+    /// Matches slice ends to begins per track, in time order (tracks can be
+    /// shared by sequences, whose packets are not interleaved in time order
+    /// in a trace file), and files unmatched ends with their sequence.
+    fn match_slices(&mut self, sequences: &mut BTreeMap<u32, Sequence>) {
+        let mut slices = std::mem::take(&mut self.slices);
+        slices.sort_by_key(|(track, _, m)| (*track, m.ts, m.order));
+        let mut depth: HashMap<u64, u64> = HashMap::new();
+        for (track, begin, mark) in slices {
+            let d = depth.entry(track).or_insert(0);
+            if begin {
+                *d += 1;
+                let counts = &mut self.out.track_events;
+                counts.max_depth = counts.max_depth.max(*d);
+            } else if *d > 0 {
+                *d -= 1;
+            } else if let Some(seq) = sequences.get_mut(&mark.seq_id) {
+                if mark.after_loss {
+                    seq.info.unmatched_ends_after_loss += 1;
+                } else {
+                    let file = self.out.files.get(mark.file).cloned().unwrap_or_default();
+                    seq.evidence.push(Evidence {
+                        kind: ProblemKind::Nesting,
+                        message: format!(
+                            "{file} packet #{}: SLICE_END with no open slice on track {track}",
+                            mark.packet
+                        ),
+                    });
+                }
             }
         }
+        self.out.track_events.open_slices = depth.values().sum();
+    }
+
+    /// Links flows as Perfetto does, in time order: an id in `flow_ids`
+    /// starts a flow or, if one with that id is open, continues it; an id
+    /// in `terminating_flow_ids` continues and closes it.
+    fn match_flows(&mut self) {
+        let mut marks = std::mem::take(&mut self.flow_marks);
+        marks.sort_by_key(|&(ts, order, _, _)| (ts, order));
+        let mut open: HashMap<u64, Flow> = HashMap::new();
+        let counts = &mut self.out.track_events;
+        for (_, _, id, terminating) in marks {
+            match (open.get_mut(&id), terminating) {
+                (Some(flow), false) => {
+                    flow.links += 1;
+                    counts.flow_links += 1;
+                }
+                (None, false) => {
+                    open.insert(id, Flow::default());
+                }
+                (Some(_), true) => {
+                    open.remove(&id);
+                    counts.flow_links += 1;
+                }
+                (None, true) => counts.flows_unpaired_end += 1,
+            }
+        }
+        counts.flows_unpaired_start = open.values().filter(|f| f.links == 0).count() as u64;
     }
 
     fn annotation(&mut self, seq_id: u32, arg: &DebugAnnotation, at: &str) {
@@ -1065,6 +1132,8 @@ impl Analyzer {
         }
         let any_first_flag = self.sequences.values().any(|s| s.first_flagged);
         let mut sequences = std::mem::take(&mut self.sequences);
+        self.match_slices(&mut sequences);
+        self.match_flows();
         let mut any_loss = service_loss > 0 || !loss_by_buffer.is_empty();
         for seq in sequences.values_mut() {
             seq.info.buffer = self.buffer_of_sequence.get(&seq.info.id).copied();
@@ -1124,8 +1193,7 @@ impl Analyzer {
                 );
             }
         }
-        let open_starts = self.flows.values().filter(|f| f.links == 0).count() as u64;
-        self.out.track_events.flows_unpaired_start = open_starts;
+        let open_starts = self.out.track_events.flows_unpaired_start;
         let any_loss = any_loss || self.out.loss.any();
         if !any_loss {
             if open_starts > 0 {
@@ -1142,7 +1210,6 @@ impl Analyzer {
                 );
             }
         }
-        self.out.track_events.open_slices = self.stacks.values().map(|s| s.len() as u64).sum();
         self.out.sequences = sequences.into_values().map(|s| s.info).collect();
         let mut tracks: Vec<TrackInfo> = self.tracks.into_values().collect();
         tracks.sort_by_key(|t| (t.pid, t.tid, t.kind != "process", t.uuid));

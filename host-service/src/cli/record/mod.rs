@@ -138,14 +138,16 @@ fn load_config(args: &RecordArgs) -> Result<Config, CliError> {
 
 /// The output file, opened for writing but not truncated yet (so that a
 /// failure before tracing starts leaves an existing file alone).
-struct OutputFile {
+#[derive(Debug)]
+pub struct OutputFile {
     path: PathBuf,
     file: File,
     created: bool,
 }
 
 impl OutputFile {
-    fn open(path: &Path) -> Result<Self, CliError> {
+    /// Opens (or creates) `path` for writing; fails if it cannot be written.
+    pub fn open(path: &Path) -> Result<Self, CliError> {
         let created = !path.exists();
         let file = OpenOptions::new()
             .write(true)
@@ -213,18 +215,8 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
         }
     };
 
-    // 2. Ctrl-C and SIGTERM: the first stops cleanly, a second Ctrl-C
-    // aborts. (Registered before connecting, so no signal is lost.)
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(
-            signal,
-            i32::from(exit::ABORTED),
-            Arc::clone(&stop),
-        )
-        .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
-        .map_err(CliError::Output)?;
-    }
+    // 2. Signals, registered before connecting so that none is lost.
+    let stop = stop_signals()?;
 
     // 3. The service.
     let consumer = match Consumer::connect(args.socket.as_deref()) {
@@ -236,6 +228,37 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             return Err(e);
         }
     };
+    record_session(&consumer, &config, output, trace_path, &stop, progress)
+}
+
+/// Ctrl-C and SIGTERM set the returned flag (the session then stops
+/// cleanly); a second one aborts the process with [`exit::ABORTED`].
+pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(
+            signal,
+            i32::from(exit::ABORTED),
+            Arc::clone(&stop),
+        )
+        .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+        .map_err(CliError::Output)?;
+    }
+    Ok(stop)
+}
+
+/// Runs one session of `config` on `consumer` into `output` (or, with
+/// `None`, into the config's `output_path`, which is `trace_path`), then
+/// prints the summary; returns the exit status.
+pub fn record_session(
+    consumer: &Consumer,
+    config: &Config,
+    output: Option<OutputFile>,
+    trace_path: PathBuf,
+    stop: &AtomicBool,
+    progress: &mut Progress,
+) -> Result<u8, CliError> {
+    let view = config.view();
     progress.event(json!({"event": "connected", "socket": consumer.address().to_string()}));
     let wanted = config.data_source_names();
     let mut registered: BTreeSet<String> = BTreeSet::new();
@@ -283,15 +306,14 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
         trace_path.display(),
         config.origin()
     ));
-    let mut report = session::run(&consumer, &config, session_output, &stop, progress)?;
+    let mut report = session::run(consumer, config, session_output, stop, progress)?;
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
-    drop(consumer);
 
     // 5. The summary, from the file itself.
     let analysis = inspect::analyze_files(std::slice::from_ref(&trace_path)).ok();
     let file_bytes = std::fs::metadata(&trace_path).map_or(0, |m| m.len());
-    let summary = Summary::new(&trace_path, file_bytes, &config, &report, analysis.as_ref());
+    let summary = Summary::new(&trace_path, file_bytes, config, &report, analysis.as_ref());
     progress.done();
     if let Ended::Failed(error) = &report.ended {
         if summary.packets == 0 {

@@ -1,0 +1,127 @@
+//! `shmtrace demo`: our service, our producer and our consumer end to end,
+//! through real sockets and the real shared memory buffer; the trace it
+//! writes must be sound and hold what the example app emits.
+
+mod cli_common;
+
+use std::collections::BTreeSet;
+
+use cli_common::*;
+
+#[test]
+fn demo_records_a_sound_trace_of_the_example_app() {
+    let dir = TempDir::new("demo");
+    let out_path = dir.path("demo.pftrace");
+    let out = run(&[
+        "demo",
+        "-o",
+        out_path.to_str().unwrap(),
+        "-t",
+        "1s",
+        "--progress",
+        "plain",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for expected in [
+        "tracing service running in this process on",
+        "stopped on request (flushed)",
+        "track_event: recorded from shmtrace-demo",
+        "data loss     none",
+        "https://ui.perfetto.dev",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing from:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("problem"), "{stderr}");
+
+    let (code, a) = inspect(&[&out_path]);
+    assert_eq!(code, 0, "the demo trace fails --check:\n{}", problems(&a));
+    let te = &a["track_events"];
+    // A 60 fps loop for a second: each frame is frame > update, render >
+    // draw, present, and three counters.
+    let frames = te["by_name"]["frame"].as_u64().unwrap();
+    assert!(frames >= 20, "only {frames} frames in {te}");
+    for name in ["update", "render", "draw", "present"] {
+        assert_eq!(te["by_name"][name], frames, "{name}");
+    }
+    assert_eq!(te["slice_begin"], te["slice_end"]);
+    assert_eq!(te["open_slices"], 0);
+    assert_eq!(te["max_depth"], 3);
+    // Every job submitted on the main thread ran on a worker.
+    let jobs = te["by_name"]["submit job"].as_u64().unwrap();
+    assert!(jobs > 0);
+    assert_eq!(te["by_name"]["run job"], jobs);
+    assert_eq!(te["flow_links"], jobs);
+    assert_eq!(te["flows_unpaired_start"], 0);
+    assert_eq!(te["counter"], 3 * frames);
+    assert_eq!(te["interned_unresolved"], 0);
+
+    let threads: BTreeSet<&str> = a["tracks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == "thread")
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        threads,
+        BTreeSet::from(["demo-main", "demo-worker-0", "demo-worker-1"])
+    );
+    let counters: BTreeSet<&str> = a["tracks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == "counter")
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        counters,
+        BTreeSet::from(["frame time", "queued jobs", "heap"])
+    );
+    assert!(a["tracks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["kind"] == "process" && t["name"] == "shmtrace demo app"));
+    // One producer process, three writers; the service's own packets too.
+    let sequences = a["sequences"].as_array().unwrap();
+    assert_eq!(sequences.len(), 3);
+    assert!(sequences
+        .iter()
+        .all(|s| s["start_lost"] == false && s["loss_marks"] == 0));
+    let session = &a["session"];
+    assert!(session["service_version"]
+        .as_str()
+        .unwrap()
+        .starts_with("shmtrace"));
+    assert_eq!(a["stats"]["service"]["flushes_succeeded"], 1);
+
+    // The private socket directory is gone.
+    let socket_dir = stderr
+        .lines()
+        .find_map(|l| {
+            l.split("tracing service running in this process on ")
+                .nth(1)
+        })
+        .expect("the socket directory is named");
+    assert!(socket_dir.contains("shmtrace-demo-"), "{socket_dir}");
+    assert!(
+        !std::path::Path::new(socket_dir).exists(),
+        "{socket_dir} left behind"
+    );
+}
+
+#[test]
+fn demo_refuses_an_unwritable_output() {
+    let dir = TempDir::new("demo-out");
+    let out = run(&[
+        "demo",
+        "-o",
+        dir.path("missing/dir/demo.pftrace").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot create"));
+}
