@@ -43,7 +43,7 @@ pub struct RecordArgs {
     /// The config file is in text format (as Perfetto's `--txt`).
     #[arg(long, requires = "config")]
     pub txt: bool,
-    /// Output file [default: shmtrace-<UTC date-time>.pftrace].
+    /// Output file [default: shmtrace-YYYYMMDD-HHMMSS.pftrace, UTC].
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Quick config: stop after this long (10s, 500ms, 2m, 1h) [default:
