@@ -3,14 +3,17 @@
 //!
 //! ```text
 //! cargo run --release -p shmtrace-producer --example stress -- -n 1000000 -t 4
-//!     [--socket PATH] [--shmem-kb KB] [--start-timeout-s S] [--stop-timeout-s S]
+//!     [--socket PATH] [--shmem-kb KB] [--stall-ms MS] [--start-timeout-s S] [--stop-timeout-s S]
 //! ```
 //!
 //! It connects to the producer socket (`--socket`, else
 //! `$PERFETTO_PRODUCER_SOCK_NAME`, else Perfetto's default), waits until a
 //! session enables its categories (`stress`, `stress.flow`,
 //! `stress.counter`), emits, then waits for the session to stop and prints
-//! what it emitted. Each group of 10 events is: slice "outer" (int and
+//! what it emitted. The SMB size hint defaults to 4 MiB (`--shmem-kb`); when
+//! the service cannot keep up, events are dropped and the losses marked in
+//! the trace (Perfetto's default), or, with `--stall-ms`, writers wait up to
+//! that long for a free chunk first. Each group of 10 events is: slice "outer" (int and
 //! string args) { slice "inner" (double and bool args) { instant "tick"
 //! (pointer and uint args), instant "flow_out" (starts a flow), instant
 //! "flow_in" (terminates it), instant "nested" (a dict arg holding an
@@ -26,8 +29,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use shmtrace_producer::{
-    trace_counter, trace_event, track_event, Arg, Category, CounterTrack, DebugValue, Flow,
-    ProducerConfig,
+    trace_counter, trace_event, track_event, Arg, BufferExhaustedPolicy, Category, CounterTrack,
+    DebugValue, Flow, ProducerConfig,
 };
 
 static STRESS: Category =
@@ -188,6 +191,7 @@ struct Options {
     threads: usize,
     socket: Option<String>,
     shmem_kb: u32,
+    stall: Option<Duration>,
     start_timeout: Duration,
     stop_timeout: Duration,
 }
@@ -197,7 +201,8 @@ fn parse() -> Result<Options, String> {
         events: 1_000_000,
         threads: 1,
         socket: None,
-        shmem_kb: 0,
+        shmem_kb: 4096,
+        stall: None,
         start_timeout: Duration::from_secs(60),
         stop_timeout: Duration::from_secs(60),
     };
@@ -213,11 +218,12 @@ fn parse() -> Result<Options, String> {
             "-t" | "--threads" => o.threads = num(value()?)? as usize,
             "--socket" => o.socket = Some(value()?),
             "--shmem-kb" => o.shmem_kb = num(value()?)? as u32,
+            "--stall-ms" => o.stall = Some(Duration::from_millis(num(value()?)?)),
             "--start-timeout-s" => o.start_timeout = Duration::from_secs(num(value()?)?),
             "--stop-timeout-s" => o.stop_timeout = Duration::from_secs(num(value()?)?),
             "-h" | "--help" => {
                 return Err(
-                    "usage: stress -n EVENTS -t THREADS [--socket PATH] [--shmem-kb KB] \
+                    "usage: stress -n EVENTS -t THREADS [--socket PATH] [--shmem-kb KB] [--stall-ms MS] \
                             [--start-timeout-s S] [--stop-timeout-s S]"
                         .into(),
                 )
@@ -263,6 +269,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(limit) = o.stall {
+        track_event::set_buffer_exhausted_policy(BufferExhaustedPolicy::StallThenDrop(limit));
+    }
     track_event::register_categories(&[&STRESS, &STRESS_FLOW, &STRESS_COUNTER]);
     eprintln!("stress: waiting for a session enabling category \"stress\"");
     if !wait_until(true, o.start_timeout) {

@@ -46,6 +46,7 @@ pub(crate) struct ArbiterCounters {
     pub acquire_failures: AtomicU64,
     pub stalls: AtomicU64,
     pub chunks_reclaimed: AtomicU64,
+    pub stall_deadlocks_avoided: AtomicU64,
     pub packets_dropped: AtomicU64,
 }
 
@@ -151,6 +152,19 @@ impl Arbiter {
 
     pub(crate) fn is_emulated(&self) -> bool {
         self.shm.is_emulated()
+    }
+
+    /// `true` if some chunk is committed and not yet freed (`Complete` or
+    /// `BeingRead`), or some commit is still queued: waiting for a free
+    /// chunk can succeed.
+    fn chunks_on_their_way(&self) -> bool {
+        // The high bit of a chunk's 2-bit state is set for BeingRead (2)
+        // and Complete (3); bits 28..31 are the layout.
+        const HIGH_STATE_BITS: u32 = 0x0AAA_AAAA;
+        let smb = self.smb();
+        self.outbox.has_pending()
+            || (0..smb.num_pages())
+                .any(|p| smb.header_bitmap(p).unwrap_or(0) & HIGH_STATE_BITS != 0)
     }
 
     /// A commit was sent to the service (chunks may free up).
@@ -266,6 +280,10 @@ impl Arbiter {
     }
 }
 
+/// Consecutive stalls with no chunk committed-but-not-freed after which a
+/// stalling writer gives up (the sweeps of idle writers had their chance).
+const STUCK_STALLS: u32 = 6;
+
 /// A writer that found the SMB full retries after a commit, or after this
 /// many dropped packets at the latest.
 const RETRY_EVERY: u32 = 256;
@@ -349,6 +367,7 @@ impl ChunkArbiter<'static> for WriterArbiter {
         }
         let start = Instant::now();
         let mut sleep_us: u64 = 8;
+        let mut stuck = 0;
         loop {
             let remaining = limit.saturating_sub(start.elapsed());
             if remaining.is_zero() || self.arbiter.is_closed() {
@@ -362,6 +381,22 @@ impl ChunkArbiter<'static> for WriterArbiter {
             }
             self.arbiter.sweep_idle();
             self.arbiter.outbox.kick();
+            if self.arbiter.chunks_on_their_way() {
+                stuck = 0;
+            } else {
+                stuck += 1;
+            }
+            if stuck >= STUCK_STALLS {
+                // Every chunk stayed held by a writer (each, like this one,
+                // possibly waiting with a full chunk) while idle ones were
+                // swept: waiting cannot free anything. Drop instead;
+                // returning our chunk then lets the others go on.
+                self.arbiter
+                    .counters
+                    .stall_deadlocks_avoided
+                    .fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
         }
     }
 

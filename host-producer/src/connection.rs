@@ -387,6 +387,12 @@ pub(crate) fn decode_config(raw: Option<&Bytes>) -> DataSourceConfig {
         trace_duration_ms: parsed.trace_duration_ms.unwrap_or(0),
         tracing_session_id: parsed.tracing_session_id.unwrap_or(0),
         track_event_config,
+        // DROP = 1, STALL_THEN_ABORT = 2, STALL_THEN_DROP = 3.
+        stall_when_exhausted: match parsed.buffer_exhausted_policy {
+            Some(1) => Some(false),
+            Some(2 | 3) => Some(true),
+            _ => None,
+        },
         raw: raw.to_vec(),
     }
 }

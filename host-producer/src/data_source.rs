@@ -40,6 +40,10 @@ use crate::filter::TrackEventConfig;
 use crate::outbox::Outgoing;
 use crate::writer::{ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD, FLAG_FLUSH};
 
+/// How long a writer stalls for a chunk when a session's config asks for a
+/// stalling policy.
+pub const CONFIG_STALL_LIMIT: Duration = Duration::from_secs(2);
+
 /// How long housekeeping waits for a writer's owner to finish its event
 /// before leaving a request for the owner instead.
 const HOUSEKEEPING_LOCK_WAIT: Duration = Duration::from_millis(100);
@@ -58,6 +62,9 @@ pub struct DataSourceConfig {
     pub tracing_session_id: u64,
     /// `track_event_config` (113), decoded, if present.
     pub track_event_config: Option<TrackEventConfig>,
+    /// `buffer_exhausted_policy` (9): `Some(true)` for the stalling ones
+    /// (`STALL_THEN_DROP`, `STALL_THEN_ABORT`), `Some(false)` for `DROP`.
+    pub stall_when_exhausted: Option<bool>,
     /// The serialized `DataSourceConfig` as the service sent it.
     pub raw: Vec<u8>,
 }
@@ -111,6 +118,11 @@ impl DataSourceHandler for NoopHandler {}
 pub struct DataSourceOptions {
     /// What writers do when the SMB is full.
     pub buffer_exhausted_policy: BufferExhaustedPolicy,
+    /// Let a session's `DataSourceConfig.buffer_exhausted_policy` override
+    /// [`Self::buffer_exhausted_policy`] (stalls are bounded by
+    /// [`CONFIG_STALL_LIMIT`]; "stall then abort" stalls then drops: a
+    /// producer never aborts the program).
+    pub policy_configurable: bool,
     /// Advertise `no_flush` (the service will not send Flush for it).
     pub no_flush: bool,
     /// Extra serialized `DataSourceDescriptor` fields appended to the
@@ -138,6 +150,8 @@ pub(crate) struct InstanceState {
 /// One running instance of a data source.
 pub(crate) struct Instance {
     pub id: u64,
+    /// What its writers do when the SMB is full.
+    pub policy: BufferExhaustedPolicy,
     pub slot: usize,
     pub generation: u32,
     pub config: Arc<DataSourceConfig>,
@@ -195,6 +209,8 @@ pub(crate) struct DataSourceType {
     pub kind: Kind,
     pub options: DataSourceOptions,
     enabled: AtomicU8,
+    /// The default policy (starts as `options.buffer_exhausted_policy`).
+    policy: Mutex<BufferExhaustedPolicy>,
     slots: [InstanceSlot; MAX_INSTANCES],
     handler: Arc<dyn DataSourceHandler>,
     /// Events dropped because they were emitted re-entrantly.
@@ -210,6 +226,7 @@ impl DataSourceType {
         options: DataSourceOptions,
         handler: Arc<dyn DataSourceHandler>,
     ) -> Self {
+        let policy = options.buffer_exhausted_policy;
         DataSourceType {
             index,
             id,
@@ -217,6 +234,7 @@ impl DataSourceType {
             kind,
             options,
             enabled: AtomicU8::new(0),
+            policy: Mutex::new(policy),
             slots: Default::default(),
             handler,
             reentrant_drops: AtomicU64::new(0),
@@ -257,7 +275,9 @@ impl DataSourceType {
                 continue;
             }
             let generation = s.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            let policy = self.policy_for(&config);
             let inst = Arc::new(Instance {
+                policy,
                 id,
                 slot,
                 generation,
@@ -279,6 +299,22 @@ impl DataSourceType {
             return Some(inst);
         }
         None
+    }
+
+    /// Changes the default policy of writers created from now on.
+    pub(crate) fn set_policy(&self, policy: BufferExhaustedPolicy) {
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+    }
+
+    fn policy_for(&self, config: &DataSourceConfig) -> BufferExhaustedPolicy {
+        let default = *self.policy.lock().unwrap_or_else(|e| e.into_inner());
+        match config.stall_when_exhausted {
+            Some(true) if self.options.policy_configurable => {
+                BufferExhaustedPolicy::StallThenDrop(CONFIG_STALL_LIMIT)
+            }
+            Some(false) if self.options.policy_configurable => BufferExhaustedPolicy::Drop,
+            _ => default,
+        }
     }
 
     /// Starts `inst`: enables tracing for its slot.
@@ -357,7 +393,7 @@ impl DataSourceType {
         }
         let arbiter = &inst.arbiter;
         let id = arbiter.alloc_writer_id()?;
-        let policy = self.options.buffer_exhausted_policy;
+        let policy = inst.policy;
         let Ok(writer) = TraceWriter::new(arbiter.writer_arbiter(policy), id, inst.target_buffer())
         else {
             arbiter.free_writer_id(id);
@@ -603,5 +639,56 @@ impl TraceContext<'_> {
     /// Hands the current chunk to the service now.
     pub fn flush(&mut self) {
         self.inner.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_config_chooses_the_policy_only_if_allowed() {
+        let stall = DataSourceConfig {
+            stall_when_exhausted: Some(true),
+            ..Default::default()
+        };
+        let drop = DataSourceConfig {
+            stall_when_exhausted: Some(false),
+            ..Default::default()
+        };
+        let unset = DataSourceConfig::default();
+        let open = DataSourceType::new(
+            9,
+            9,
+            "x".into(),
+            Kind::Custom,
+            DataSourceOptions {
+                policy_configurable: true,
+                ..Default::default()
+            },
+            Arc::new(NoopHandler),
+        );
+        assert_eq!(
+            open.policy_for(&stall),
+            BufferExhaustedPolicy::StallThenDrop(CONFIG_STALL_LIMIT)
+        );
+        assert_eq!(open.policy_for(&unset), BufferExhaustedPolicy::Drop);
+        open.set_policy(BufferExhaustedPolicy::StallThenDrop(Duration::from_millis(
+            5,
+        )));
+        assert_eq!(open.policy_for(&drop), BufferExhaustedPolicy::Drop);
+        assert_eq!(
+            open.policy_for(&unset),
+            BufferExhaustedPolicy::StallThenDrop(Duration::from_millis(5))
+        );
+        let closed = DataSourceType::new(
+            9,
+            9,
+            "y".into(),
+            Kind::Custom,
+            DataSourceOptions::default(),
+            Arc::new(NoopHandler),
+        );
+        assert_eq!(closed.policy_for(&stall), BufferExhaustedPolicy::Drop);
     }
 }

@@ -234,6 +234,42 @@ pub(crate) struct SequenceState {
     scratch: Vec<u8>,
     /// Resets written (first one included).
     pub(crate) resets: u64,
+    /// Slices open on the thread track, and whether each begin was written.
+    slices: SliceStack,
+    /// Slice ends not written because their begin was not.
+    pub(crate) orphan_ends_suppressed: u64,
+}
+
+/// Which of the slices open on a thread track had their begin written,
+/// innermost last; deeper than 64 levels the answer is "written".
+#[derive(Default)]
+struct SliceStack {
+    written: u64,
+    depth: u32,
+}
+
+impl SliceStack {
+    fn push(&mut self, written: bool) {
+        if self.depth < 64 {
+            let bit = 1u64 << self.depth;
+            if written {
+                self.written |= bit;
+            } else {
+                self.written &= !bit;
+            }
+        }
+        self.depth = self.depth.saturating_add(1);
+    }
+
+    /// Pops the innermost slice: `true` if its begin was written (so its
+    /// end should be); `false` for an end without any open slice.
+    fn pop(&mut self) -> bool {
+        if self.depth == 0 {
+            return false;
+        }
+        self.depth -= 1;
+        self.depth >= 64 || self.written & (1u64 << self.depth) != 0
+    }
 }
 
 impl SequenceState {
@@ -254,6 +290,8 @@ impl SequenceState {
             thread_track,
             scratch: vec![0; SCRATCH_LEN],
             resets: 0,
+            slices: SliceStack::default(),
+            orphan_ends_suppressed: 0,
         }
     }
 
@@ -342,6 +380,34 @@ impl SequenceState {
     /// `extra` may add fields to the TrackEvent. Returns `false` if any
     /// packet was dropped; the sequence is then reset before the next event.
     pub(crate) fn write_event<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &EventData<'_>,
+        extra: Option<ExtraFields<'_, W::Sink>>,
+    ) -> bool {
+        let on_thread_track = ev
+            .track
+            .is_none_or(|t| t.uuid() == self.thread_track.uuid());
+        if on_thread_track {
+            match ev.kind {
+                EventType::SliceBegin => {
+                    let ok = self.write_event_now(w, ev, extra);
+                    self.slices.push(ok);
+                    return ok;
+                }
+                // Its begin was lost (or came before this sequence): an end
+                // alone would close an unrelated slice, or nothing.
+                EventType::SliceEnd if !self.slices.pop() => {
+                    self.orphan_ends_suppressed += 1;
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        self.write_event_now(w, ev, extra)
+    }
+
+    fn write_event_now<W: PacketWriter>(
         &mut self,
         w: &mut W,
         ev: &EventData<'_>,
@@ -899,6 +965,53 @@ mod tests {
                 .as_deref(),
             Some("y")
         );
+    }
+
+    #[test]
+    fn ends_of_lost_or_unknown_slices_are_not_written() {
+        // Packet 4 (the begin of "b") is dropped.
+        let mut w = VecWriter {
+            drop: vec![4],
+            ..Default::default()
+        };
+        let mut s = seq();
+        let end = || EventData::new(EventType::SliceEnd, Some(&CAT), Timestamp::boottime(9));
+        assert!(s.write_event(&mut w, &ev(EventType::SliceBegin, "a".into()), None)); // 0..=3
+        assert!(!s.write_event(&mut w, &ev(EventType::SliceBegin, "b".into()), None)); // 4: lost
+        assert!(s.write_event(&mut w, &end(), None)); // end of "b": suppressed
+        assert!(s.write_event(&mut w, &end(), None)); // end of "a": written (after a reset)
+        assert!(s.write_event(&mut w, &end(), None)); // nothing open: suppressed
+        assert_eq!(s.orphan_ends_suppressed, 2);
+        let types: Vec<i32> = w
+            .decoded()
+            .iter()
+            .filter_map(|p| p.track_event.as_ref()?.r#type)
+            .collect();
+        assert_eq!(
+            types,
+            [EventType::SliceBegin as i32, EventType::SliceEnd as i32]
+        );
+        // Slices on other tracks are not tracked (they may end elsewhere).
+        let t = Track::global(5);
+        let mut e = end();
+        e.track = Some(&t);
+        assert!(s.write_event(&mut w, &e, None));
+        assert_eq!(s.orphan_ends_suppressed, 2);
+    }
+
+    #[test]
+    fn slice_stack_deeper_than_64() {
+        let mut st = SliceStack::default();
+        for i in 0..70 {
+            st.push(i % 2 == 0);
+        }
+        for _ in 0..6 {
+            assert!(st.pop(), "beyond 64 levels: assumed written");
+        }
+        for i in (0..64).rev() {
+            assert_eq!(st.pop(), i % 2 == 0, "level {i}");
+        }
+        assert!(!st.pop());
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use category::{Category, DynamicCategory, MAX_INSTANCES};
 pub use connection::{flush_all, init, Producer, ProducerConfig};
 pub use data_source::{
     DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, InstanceArgs, NoopHandler,
-    SetupArgs, TraceContext,
+    SetupArgs, TraceContext, CONFIG_STALL_LIMIT,
 };
 pub use error::{ConnectError, RegisterError, SmbSetupError};
 pub use event::{CounterValue, EventContext, EventName, EventType};

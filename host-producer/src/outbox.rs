@@ -306,6 +306,12 @@ impl Outbox {
         self.ready.notify_one();
     }
 
+    /// `true` if anything waits to be sent or is being sent.
+    pub(crate) fn has_pending(&self) -> bool {
+        let inner = self.lock();
+        inner.in_flight > 0 || !inner.queue.is_empty() || !inner.pending.is_empty()
+    }
+
     /// Wakes the sender (e.g. a writer is waiting for chunks to free up).
     pub(crate) fn kick(&self) {
         self.ready.notify_one();

@@ -46,7 +46,10 @@ pub(crate) fn runtime() -> &'static Runtime {
             1,
             TRACK_EVENT_DATA_SOURCE.to_owned(),
             Kind::TrackEvent,
-            DataSourceOptions::default(),
+            DataSourceOptions {
+                policy_configurable: true,
+                ..Default::default()
+            },
             Arc::new(crate::track_event::TrackEventHandler),
         ));
         Runtime {

@@ -44,6 +44,13 @@ pub fn register_categories(categories: &[&'static Category]) {
     }
 }
 
+/// What track event writers created from now on do when the SMB is full
+/// (default: drop and mark the loss, like Perfetto's SDK). A session's
+/// `DataSourceConfig.buffer_exhausted_policy` takes precedence.
+pub fn set_buffer_exhausted_policy(policy: crate::BufferExhaustedPolicy) {
+    track_event_type().set_policy(policy);
+}
+
 /// Whether any session has track events enabled (any category).
 pub fn is_enabled() -> bool {
     track_event_type().enabled_mask() != 0
