@@ -282,7 +282,7 @@ impl Arbiter {
 
 /// Consecutive stalls with no chunk committed-but-not-freed after which a
 /// stalling writer gives up (the sweeps of idle writers had their chance).
-const STUCK_STALLS: u32 = 6;
+const STUCK_STALLS: u32 = 3;
 
 /// A writer that found the SMB full retries after a commit, or after this
 /// many dropped packets at the latest.
