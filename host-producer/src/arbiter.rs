@@ -38,8 +38,8 @@ pub enum BufferExhaustedPolicy {
     StallThenDrop(Duration),
 }
 
-/// Counters of one SMB connection (monotonic).
-#[derive(Debug, Default)]
+/// The process's data-path counters (monotonic, across connections).
+#[derive(Debug)]
 pub(crate) struct ArbiterCounters {
     pub chunks_committed: AtomicU64,
     pub chunks_lost: AtomicU64,
@@ -48,6 +48,32 @@ pub(crate) struct ArbiterCounters {
     pub chunks_reclaimed: AtomicU64,
     pub stall_deadlocks_avoided: AtomicU64,
     pub packets_dropped: AtomicU64,
+}
+
+/// The counters every arbiter of this process adds to.
+pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
+    chunks_committed: AtomicU64::new(0),
+    chunks_lost: AtomicU64::new(0),
+    acquire_failures: AtomicU64::new(0),
+    stalls: AtomicU64::new(0),
+    chunks_reclaimed: AtomicU64::new(0),
+    stall_deadlocks_avoided: AtomicU64::new(0),
+    packets_dropped: AtomicU64::new(0),
+};
+
+impl ArbiterCounters {
+    /// A snapshot.
+    pub(crate) fn snapshot(&self) -> ProducerStats {
+        ProducerStats {
+            chunks_committed: self.chunks_committed.load(Ordering::Relaxed),
+            chunks_lost: self.chunks_lost.load(Ordering::Relaxed),
+            acquire_failures: self.acquire_failures.load(Ordering::Relaxed),
+            stalls: self.stalls.load(Ordering::Relaxed),
+            chunks_reclaimed: self.chunks_reclaimed.load(Ordering::Relaxed),
+            stalls_given_up: self.stall_deadlocks_avoided.load(Ordering::Relaxed),
+            packets_dropped: self.packets_dropped.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Snapshot of a producer's data-path counters.
@@ -63,6 +89,8 @@ pub struct ProducerStats {
     pub stalls: u64,
     /// Chunks taken back from idle writers.
     pub chunks_reclaimed: u64,
+    /// Stalls abandoned early because every chunk was held by a writer.
+    pub stalls_given_up: u64,
     /// Packets dropped (SMB full or otherwise); each loss is also marked in
     /// the trace with `previous_packet_dropped`.
     pub packets_dropped: u64,
@@ -124,7 +152,7 @@ pub struct Arbiter {
     /// become free again, so a writer that found the SMB full retries only
     /// after it changed.
     commit_epoch: AtomicU64,
-    pub(crate) counters: ArbiterCounters,
+    pub(crate) counters: &'static ArbiterCounters,
 }
 
 impl Arbiter {
@@ -138,7 +166,7 @@ impl Arbiter {
             cells: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             commit_epoch: AtomicU64::new(0),
-            counters: ArbiterCounters::default(),
+            counters: &COUNTERS,
         })
     }
 
@@ -263,19 +291,6 @@ impl Arbiter {
                 c.data = Some(buf);
             }
             let _ = readable.release_as_free();
-        }
-    }
-
-    /// The counters.
-    pub(crate) fn stats(&self) -> ProducerStats {
-        let c = &self.counters;
-        ProducerStats {
-            chunks_committed: c.chunks_committed.load(Ordering::Relaxed),
-            chunks_lost: c.chunks_lost.load(Ordering::Relaxed),
-            acquire_failures: c.acquire_failures.load(Ordering::Relaxed),
-            stalls: c.stalls.load(Ordering::Relaxed),
-            chunks_reclaimed: c.chunks_reclaimed.load(Ordering::Relaxed),
-            packets_dropped: c.packets_dropped.load(Ordering::Relaxed),
         }
     }
 }

@@ -31,8 +31,6 @@ pub(crate) struct Runtime {
     outbox: Arc<Outbox>,
     arbiter: Mutex<Option<Arc<Arbiter>>>,
     next_id: AtomicU64,
-    /// Counters of SMBs that are gone, so stats survive reconnects.
-    past: Mutex<ProducerStats>,
 }
 
 pub(crate) fn runtime() -> &'static Runtime {
@@ -57,7 +55,6 @@ pub(crate) fn runtime() -> &'static Runtime {
             outbox,
             arbiter: Mutex::new(None),
             next_id: AtomicU64::new(2),
-            past: Mutex::new(ProducerStats::default()),
         }
     })
 }
@@ -133,20 +130,8 @@ impl Runtime {
         let arbiter = Arbiter::new(shm, layout, self.outbox.clone());
         if let Some(old) = self.arbiter_slot().replace(arbiter.clone()) {
             old.close();
-            self.retire_arbiter(&old);
         }
         arbiter
-    }
-
-    fn retire_arbiter(&self, old: &Arbiter) {
-        let s = old.stats();
-        let mut past = self.past.lock().unwrap_or_else(|e| e.into_inner());
-        past.chunks_committed += s.chunks_committed;
-        past.chunks_lost += s.chunks_lost;
-        past.acquire_failures += s.acquire_failures;
-        past.stalls += s.stalls;
-        past.chunks_reclaimed += s.chunks_reclaimed;
-        past.packets_dropped += s.packets_dropped;
     }
 
     /// The current SMB's arbiter, if any.
@@ -239,24 +224,6 @@ impl Runtime {
                 ty.stop(&inst);
             }
         }
-        if let Some(a) = arbiter {
-            self.retire_arbiter(&a);
-        }
-    }
-
-    /// Data-path counters since the process started.
-    pub(crate) fn stats(&self) -> ProducerStats {
-        let mut s = *self.past.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = self.arbiter() {
-            let c = a.stats();
-            s.chunks_committed += c.chunks_committed;
-            s.chunks_lost += c.chunks_lost;
-            s.acquire_failures += c.acquire_failures;
-            s.stalls += c.stalls;
-            s.chunks_reclaimed += c.chunks_reclaimed;
-            s.packets_dropped += c.packets_dropped;
-        }
-        s
     }
 }
 
@@ -274,5 +241,5 @@ fn descriptor(ty: &DataSourceType) -> DescriptorInfo {
 /// Data-path counters of this process (chunks, stalls, drops), summed over
 /// every connection so far.
 pub fn stats() -> ProducerStats {
-    runtime().stats()
+    crate::arbiter::COUNTERS.snapshot()
 }
