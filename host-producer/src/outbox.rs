@@ -113,39 +113,43 @@ impl CommitRequest {
             .reserve(n.saturating_sub(self.chunks_to_patch.len()));
     }
 
-    /// Cuts the request into messages of at most `max` chunks and `max`
-    /// patch groups; the flush ack goes with the last one.
+    /// Cuts the request into messages of at most `max` chunks or patch
+    /// groups. Chunks go first, patches after all of them (a patch may be
+    /// for any chunk of the request), and the flush ack with the last
+    /// message: the service then sees exactly what one big request would
+    /// have done.
     pub(crate) fn split(&self, max: usize) -> Vec<CommitRequest> {
         let max = max.max(1);
-        let parts = self
+        let mut parts: Vec<CommitRequest> = self
             .chunks_to_move
-            .len()
-            .div_ceil(max)
-            .max(self.chunks_to_patch.len().div_ceil(max))
-            .max(1);
-        (0..parts)
-            .map(|i| CommitRequest {
-                chunks_to_move: self
-                    .chunks_to_move
-                    .iter()
-                    .skip(i * max)
-                    .take(max)
-                    .cloned()
-                    .collect(),
-                chunks_to_patch: self
-                    .chunks_to_patch
-                    .iter()
-                    .skip(i * max)
-                    .take(max)
-                    .cloned()
-                    .collect(),
-                flush_request_id: if i + 1 == parts {
-                    self.flush_request_id
-                } else {
-                    0
-                },
+            .chunks(max)
+            .map(|c| CommitRequest {
+                chunks_to_move: c.to_vec(),
+                ..Default::default()
             })
-            .collect()
+            .collect();
+        let mut patches = self.chunks_to_patch.chunks(max);
+        // The last chunk message also carries the first patch groups.
+        if let (Some(last), Some(first)) = (parts.last_mut(), patches.next()) {
+            last.chunks_to_patch = first.to_vec();
+        } else if let Some(first) = self.chunks_to_patch.chunks(max).next() {
+            parts.push(CommitRequest {
+                chunks_to_patch: first.to_vec(),
+                ..Default::default()
+            });
+        }
+        parts.extend(patches.map(|p| CommitRequest {
+            chunks_to_patch: p.to_vec(),
+            ..Default::default()
+        }));
+        match parts.last_mut() {
+            Some(last) => last.flush_request_id = self.flush_request_id,
+            None => parts.push(CommitRequest {
+                flush_request_id: self.flush_request_id,
+                ..Default::default()
+            }),
+        }
+        parts
     }
 }
 

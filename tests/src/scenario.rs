@@ -107,6 +107,9 @@ pub enum ServiceImpl {
 pub enum ProducerImpl {
     /// The real Perfetto SDK (`real-producer`).
     Real,
+    /// shmtrace-producer: its `interop_producer` example (see
+    /// [`our_producer_binary`]), a twin of `real-producer`.
+    Ours,
 }
 
 /// Who plays the consumer.
@@ -134,6 +137,13 @@ impl Cell {
     pub const REAL: Cell = Cell {
         service: ServiceImpl::Real,
         producer: ProducerImpl::Real,
+        consumer: ConsumerImpl::Real,
+    };
+
+    /// Our producer -> real service <- real consumer: cell (b).
+    pub const OUR_PRODUCER: Cell = Cell {
+        service: ServiceImpl::Real,
+        producer: ProducerImpl::Ours,
         consumer: ConsumerImpl::Real,
     };
 
@@ -173,6 +183,44 @@ pub fn shmtrace_binary() -> Result<PathBuf> {
                 "the shmtrace binary is not built (looked for {}); run `cargo build -p \
                  shmtrace-service --bin shmtrace` (or `cargo test --workspace`, which builds \
                  it), or set SHMTRACE_BIN",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
+/// Our producer driver (`host-producer/examples/interop_producer.rs`):
+/// `$SHMTRACE_INTEROP_PRODUCER`, else `examples/interop_producer` in the cargo
+/// target directory this test binary was built in, which `cargo test
+/// --workspace` builds (it builds every package's examples).
+pub fn our_producer_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("SHMTRACE_INTEROP_PRODUCER") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        action: "locate the running test binary",
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    // <target>/<profile>/deps/<test binary> or <target>/<profile>/<binary>.
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("examples").join("interop_producer"))
+        .collect::<Vec<_>>();
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            HarnessError::Scenario(format!(
+                "our producer driver is not built (looked for {}); run `cargo build -p \
+                 shmtrace-producer --example interop_producer` (or `cargo test --workspace`, \
+                 which builds it), or set SHMTRACE_INTEROP_PRODUCER",
                 candidates
                     .iter()
                     .map(|p| p.display().to_string())
@@ -523,6 +571,7 @@ fn spawn_producer(
 ) -> Result<ChildProcess> {
     let mut command = match which {
         ProducerImpl::Real => Command::new(&bins.producer),
+        ProducerImpl::Ours => Command::new(our_producer_binary()?),
     };
     command
         .env("PERFETTO_PRODUCER_SOCK_NAME", producer_socket)

@@ -63,50 +63,59 @@ pub(crate) struct Loopback {
 fn handle(arbiter: &Arbiter, rx: &mut Received, msg: Outgoing) {
     match msg {
         Outgoing::Commit(mut c) => {
-            rx.commits += 1;
             arbiter.materialize(&mut c.chunks_to_move);
-            for m in &c.chunks_to_move {
-                let bytes = match &m.data {
-                    Some(d) => d.clone(),
-                    None => {
-                        let r = arbiter
-                            .smb()
-                            .try_acquire_chunk_for_reading(m.page as usize, m.chunk as usize)
-                            .expect("committed chunk is Complete");
-                        let mut buf = vec![0u8; r.chunk_size()];
-                        let copied = r.copy_out(&mut buf).expect("valid chunk");
-                        r.release_as_free().expect("release");
-                        buf.truncate(copied.len);
-                        buf
-                    }
-                };
-                let header = shmtrace_abi::layout::ChunkHeaderRepr::from_bytes(
-                    bytes[..8].try_into().unwrap(),
-                );
-                let writer = u32::from(header.writer_id);
-                rx.chunk_targets.insert(writer, m.target_buffer);
-                let at = rx.messages.len();
-                rx.first_chunk_at.entry(writer).or_insert(at);
-                rx.chunks.insert((writer, header.chunk_id), bytes);
-            }
-            for p in &c.chunks_to_patch {
-                let chunk = rx
-                    .chunks
-                    .get_mut(&(p.writer_id, p.chunk_id))
-                    .expect("patch for a known chunk");
-                let entries: Vec<(u32, &[u8])> =
-                    p.patches.iter().map(|e| (e.offset, &e.data[..])).collect();
-                let outcome = apply_patches(&mut chunk[8..], entries).expect("few patches");
-                assert!(outcome.failed.is_none(), "patch failed: {outcome:?}");
-                rx.patches_applied += 1;
-            }
-            if c.flush_request_id != 0 {
-                rx.flush_acks.push(c.flush_request_id);
+            // Like the connection's sender: big requests travel as several
+            // (tiny parts here, to exercise the split on every test).
+            for part in c.split(3) {
+                handle_commit(arbiter, rx, &part);
             }
             runtime().outbox().recycle(c);
             arbiter.commit_sent();
         }
         other => rx.messages.push(other),
+    }
+}
+
+/// What a service does with one `CommitData`: move the chunks out of the
+/// SMB, then apply the patches (each must find its chunk), then the ack.
+fn handle_commit(arbiter: &Arbiter, rx: &mut Received, c: &crate::outbox::CommitRequest) {
+    rx.commits += 1;
+    for m in &c.chunks_to_move {
+        let bytes = match &m.data {
+            Some(d) => d.clone(),
+            None => {
+                let r = arbiter
+                    .smb()
+                    .try_acquire_chunk_for_reading(m.page as usize, m.chunk as usize)
+                    .expect("committed chunk is Complete");
+                let mut buf = vec![0u8; r.chunk_size()];
+                let copied = r.copy_out(&mut buf).expect("valid chunk");
+                r.release_as_free().expect("release");
+                buf.truncate(copied.len);
+                buf
+            }
+        };
+        let header =
+            shmtrace_abi::layout::ChunkHeaderRepr::from_bytes(bytes[..8].try_into().unwrap());
+        let writer = u32::from(header.writer_id);
+        rx.chunk_targets.insert(writer, m.target_buffer);
+        let at = rx.messages.len();
+        rx.first_chunk_at.entry(writer).or_insert(at);
+        rx.chunks.insert((writer, header.chunk_id), bytes);
+    }
+    for p in &c.chunks_to_patch {
+        let chunk = rx
+            .chunks
+            .get_mut(&(p.writer_id, p.chunk_id))
+            .expect("patch for a chunk committed before it");
+        let entries: Vec<(u32, &[u8])> =
+            p.patches.iter().map(|e| (e.offset, &e.data[..])).collect();
+        let outcome = apply_patches(&mut chunk[8..], entries).expect("few patches");
+        assert!(outcome.failed.is_none(), "patch failed: {outcome:?}");
+        rx.patches_applied += 1;
+    }
+    if c.flush_request_id != 0 {
+        rx.flush_acks.push(c.flush_request_id);
     }
 }
 

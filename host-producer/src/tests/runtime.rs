@@ -578,3 +578,51 @@ fn stop_while_threads_write_never_deadlocks() {
     drop(rx);
     lb.shutdown();
 }
+
+/// Huge events (300 KiB strings, ~75 chunks each) from two threads, as the
+/// interop "large" scenario does: every packet arrives whole, every patch
+/// finds its chunk.
+#[test]
+fn huge_events_from_two_threads() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(4 << 20, PageLayout::Div1, false);
+    lb.start_track_event(111, 1, TrackEventConfig::default());
+    let handles: Vec<_> = (0..2)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let blob: String = (0..300 * 1024)
+                    .map(|i| (b'a' + ((i * 7 + t) % 26) as u8) as char)
+                    .collect();
+                for i in 0..12u64 {
+                    let _outer = trace_event!(T_MAIN, "outer", "i" => i);
+                    if i % 4 == 0 {
+                        trace_instant!(T_MAIN, "large", "blob" => blob.as_str());
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    runtime().flush(&[111], 3);
+    runtime().stop_data_source(111);
+    let seqs = lb.sequences();
+    let mut large = 0;
+    for seq in seqs.values() {
+        assert_eq!((seq.dropped, seq.gaps), (0, 0));
+        for (_, name, _, p) in events(seq) {
+            if name.as_deref() == Some("large") {
+                let s = p.track_event.unwrap().debug_annotations[0]
+                    .string_value
+                    .clone()
+                    .unwrap();
+                assert_eq!(s.len(), 300 * 1024);
+                large += 1;
+            }
+        }
+    }
+    assert_eq!(large, 6);
+    lb.shutdown();
+}
