@@ -759,6 +759,7 @@ mod tests {
     use crate::annotation::DebugValue;
     use crate::test_schema::{self as ts, Interned};
     use crate::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
+    use proptest::prelude::*;
     use prost::Message as _;
     use shmtrace_abi::proto::encode_to_slice;
     use shmtrace_abi::proto::wire::redundant_varint4;
@@ -1160,6 +1161,142 @@ mod tests {
         assert_eq!(descs[2].child_ordering, Some(3));
         assert_eq!(descs[3].sibling_order_rank, Some(-100));
         assert_eq!(descs[3].parent_uuid, Some(10));
+    }
+
+    /// Writer whose attempts succeed or fail following `mask` (cycled).
+    struct MaskWriter {
+        inner: VecWriter,
+        mask: Vec<bool>,
+        /// For each attempt: was it written?
+        outcomes: Vec<bool>,
+    }
+
+    impl PacketWriter for MaskWriter {
+        type Sink = VecSink;
+        fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
+            let drop = self.mask[self.outcomes.len() % self.mask.len()];
+            if drop {
+                self.inner.drop.push(self.inner.attempts);
+            }
+            let ok = self.inner.write_packet(f);
+            self.outcomes.push(ok);
+            ok
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Event {
+            kind: u8,
+            name: usize,
+            cat: usize,
+            arg: usize,
+            track: usize,
+        },
+        Clear,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0u8..4, 0usize..4, 0usize..2, 0usize..4, 0usize..3)
+                .prop_map(|(kind, name, cat, arg, track)| Op::Event { kind, name, cat, arg, track }),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    static CATS: [Category; 2] = [Category::new("p.one"), Category::new("p.a,p.b")];
+    const NAMES: [&str; 4] = ["n0", "n1", "n2", "n3"];
+    const ARGS: [&str; 4] = ["a0", "a1", "a2", "a3"];
+
+    proptest! {
+        /// The interning state machine, as a trace reader sees it: whatever
+        /// is lost and whenever state is cleared, every packet that needs
+        /// incremental state comes after a reset on the same sequence with
+        /// no loss in between, every id it uses was defined since that
+        /// reset, ids count from 1 per table after each reset, and every
+        /// written event decodes to what was emitted.
+        #[test]
+        fn interning_state_machine(ops in prop::collection::vec(op(), 1..80),
+                                   mask in prop::collection::vec(prop::bool::weighted(0.15), 1..40)) {
+            let tracks = [None, Some(Track::global(1000)), Some(Track::global(2000).with_name("t2"))];
+            let mut w = MaskWriter { inner: VecWriter::default(), mask, outcomes: Vec::new() };
+            let mut s = seq();
+            let mut expected = Vec::new();
+            for op in &ops {
+                match *op {
+                    Op::Clear => s.invalidate(),
+                    Op::Event { kind, name, cat, arg, track } => {
+                        let kind = [EventType::SliceBegin, EventType::Instant, EventType::Counter, EventType::SliceEnd][kind as usize];
+                        if kind == EventType::SliceEnd {
+                            continue; // slice pairing is covered elsewhere
+                        }
+                        let args = [Arg::new(ARGS[arg], arg as u64)];
+                        let mut e = EventData::new(kind, Some(&CATS[cat]), Timestamp::boottime(1));
+                        e.name = EventName::Static(NAMES[name]);
+                        e.args = &args;
+                        e.track = tracks[track].as_ref();
+                        if kind == EventType::Counter {
+                            e.counter = Some(CounterValue::Int(1));
+                        }
+                        let before = w.inner.packets.len();
+                        if s.write_event(&mut w, &e, None) {
+                            // The event is the last packet written.
+                            prop_assert!(w.inner.packets.len() > before);
+                            expected.push((w.inner.packets.len() - 1, kind, name, cat, arg, track));
+                        }
+                    }
+                }
+            }
+            // Replay as a reader. A loss invalidates the state; only a reset
+            // (flag 1) validates it again.
+            let packets = w.inner.decoded();
+            let mut valid = false;
+            let mut interned = Interned::default();
+            let mut next_iid = [1u64; 3];
+            let mut seen_tracks = std::collections::HashSet::new();
+            let mut written_index = 0usize;
+            let mut lost_since_last = false;
+            let mut lost_before: Vec<bool> = Vec::new();
+            for ok in &w.outcomes {
+                if *ok { lost_before.push(lost_since_last); lost_since_last = false; } else { lost_since_last = true; }
+            }
+            for (i, p) in packets.iter().enumerate() {
+                if lost_before[i] { valid = false; }
+                let flags = p.sequence_flags.unwrap_or(0);
+                if flags & SEQ_INCREMENTAL_STATE_CLEARED != 0 {
+                    valid = true;
+                    next_iid = [1; 3];
+                    seen_tracks.clear();
+                }
+                if let Some(d) = &p.track_descriptor { seen_tracks.insert(d.uuid.unwrap()); }
+                if let Some(data) = &p.interned_data {
+                    for (k, entries) in [&data.event_categories, &data.event_names, &data.debug_annotation_names].into_iter().enumerate() {
+                        for e in entries {
+                            prop_assert_eq!(e.iid, Some(next_iid[k]), "iids count from 1 per table");
+                            next_iid[k] += 1;
+                        }
+                    }
+                }
+                interned.update(p);
+                if let Some(te) = &p.track_event {
+                    prop_assert_eq!(flags, SEQ_NEEDS_INCREMENTAL_STATE);
+                    prop_assert!(valid, "packet {} needs state after a loss, before a reset", i);
+                    if let Some(u) = te.track_uuid { prop_assert!(seen_tracks.contains(&u), "track described before use"); }
+                    let (at, kind, name, cat, arg, track) = expected[written_index];
+                    written_index += 1;
+                    prop_assert_eq!(at, i);
+                    prop_assert_eq!(te.r#type, Some(kind as i32));
+                    prop_assert_eq!(interned.event_name(te), Some(NAMES[name].to_string()));
+                    if kind != EventType::Counter {
+                        let cats: Vec<String> = CATS[cat].name().split(',').map(String::from).collect();
+                        prop_assert_eq!(interned.event_categories(te), cats);
+                    }
+                    prop_assert_eq!(interned.arg_name(&te.debug_annotations[0]), Some(ARGS[arg].to_string()));
+                    prop_assert_eq!(te.track_uuid, tracks[track].map(|t| t.uuid()));
+                }
+            }
+            prop_assert_eq!(written_index, expected.len());
+        }
     }
 
     #[test]

@@ -626,3 +626,146 @@ fn huge_events_from_two_threads() {
     assert_eq!(large, 6);
     lb.shutdown();
 }
+
+#[derive(Default)]
+struct SessionLog {
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl crate::TrackEventSessionObserver for SessionLog {
+    fn on_setup(&self, args: &SetupArgs<'_>) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("setup {}", args.instance_id));
+    }
+    fn on_start(&self, args: &InstanceArgs<'_>) {
+        // Events emitted from on_start are recorded.
+        trace_instant!(T_MAIN, "from-on-start");
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("start {}", args.instance_id));
+    }
+    fn on_stop(&self, args: &InstanceArgs<'_>) {
+        trace_instant!(T_MAIN, "from-on-stop");
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("stop {}", args.instance_id));
+    }
+}
+
+#[test]
+fn session_observers_see_setup_start_stop_and_can_emit() {
+    let _s = serial();
+    register();
+    let log = Arc::new(SessionLog::default());
+    let observer: Arc<dyn crate::TrackEventSessionObserver> = log.clone();
+    track_event::add_session_observer(observer.clone());
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(121, 1, TrackEventConfig::default());
+    runtime().stop_data_source(121);
+    track_event::remove_session_observer(&observer);
+    lb.start_track_event(122, 1, TrackEventConfig::default());
+    runtime().stop_data_source(122);
+    assert_eq!(
+        *log.calls.lock().unwrap(),
+        ["setup 121", "start 121", "stop 121"]
+    );
+    let names: Vec<_> = all_events(&lb).into_iter().filter_map(|e| e.1).collect();
+    assert_eq!(names, ["from-on-start", "from-on-stop"]);
+    lb.shutdown();
+}
+
+/// Up to 8 concurrent instances of one data source, each with its own
+/// writer and buffer; a 9th is refused and acknowledged without effect.
+#[test]
+fn eight_concurrent_instances_and_no_ninth() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(256 * 1024, PageLayout::Div1, false);
+    for i in 0..8u64 {
+        lb.start_track_event(130 + i, 10 + i as u32, TrackEventConfig::default());
+    }
+    assert_eq!(T_MAIN.enabled_instances(), 0xFF);
+    let ninth = DataSourceConfig {
+        name: crate::TRACK_EVENT_DATA_SOURCE.into(),
+        target_buffer: 99,
+        ..Default::default()
+    };
+    assert!(
+        !runtime().setup_data_source(138, ninth),
+        "a 9th instance is refused"
+    );
+    runtime().start_data_source(138);
+    trace_instant!(T_MAIN, "to-all");
+    for i in 0..8u64 {
+        runtime().stop_data_source(130 + i);
+    }
+    runtime().stop_data_source(138);
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 8, "one writer per instance");
+    let rx = lb.received();
+    let mut buffers: Vec<u32> = seqs.keys().map(|w| rx.chunk_targets[w]).collect();
+    buffers.sort();
+    assert_eq!(buffers, (10..18).collect::<Vec<u32>>());
+    for seq in seqs.values() {
+        assert_eq!(events(seq).len(), 1);
+    }
+    let started = rx
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Outgoing::DataSourceStarted { .. }))
+        .count();
+    let stopped = rx
+        .messages
+        .iter()
+        .filter(|m| matches!(m, Outgoing::DataSourceStopped { .. }))
+        .count();
+    assert_eq!(
+        (started, stopped),
+        (9, 9),
+        "every start and stop is acknowledged"
+    );
+    drop(rx);
+    lb.shutdown();
+}
+
+#[test]
+fn dynamic_categories_follow_each_sessions_filter() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let early = crate::DynamicCategory::new("dyn.early");
+    lb.start_track_event(
+        141,
+        1,
+        TrackEventConfig {
+            enabled_categories: vec!["dyn.*".into()],
+            disabled_categories: vec!["*".into()],
+            ..Default::default()
+        },
+    );
+    let late = crate::DynamicCategory::new("dyn.late");
+    let other = crate::DynamicCategory::new("other.dyn");
+    assert!(early.is_enabled() && late.is_enabled());
+    assert!(!other.is_enabled());
+    trace_instant!(early, "e");
+    trace_instant!(late, "l");
+    trace_instant!(other, "o");
+    runtime().stop_data_source(141);
+    assert!(!early.is_enabled());
+    let ev: Vec<_> = all_events(&lb)
+        .into_iter()
+        .map(|e| (e.1.unwrap(), e.2))
+        .collect();
+    assert_eq!(
+        ev,
+        [
+            ("e".to_string(), vec!["dyn.early".to_string()]),
+            ("l".to_string(), vec!["dyn.late".to_string()])
+        ]
+    );
+    lb.shutdown();
+}
