@@ -140,7 +140,7 @@ impl WriterIds {
 }
 
 /// One SMB and everything about how this producer uses it.
-pub struct Arbiter {
+pub(crate) struct Arbiter {
     shm: SharedMemory,
     layout: PageLayout,
     cursor: AtomicUsize,
@@ -315,7 +315,9 @@ pub(crate) fn forbid_stalls_on_this_thread() {
 }
 
 /// The [`ChunkArbiter`] of one trace writer: a handle to the shared
-/// [`Arbiter`] plus the writer's buffer-exhausted policy.
+/// SMB arbiter plus the writer's buffer-exhausted policy. Only reachable
+/// through [`ProducerSink`](crate::ProducerSink), the type TrackEvent fields
+/// are written into.
 pub struct WriterArbiter {
     // `smb` borrows from `arbiter`'s shared memory; the Arc keeps it alive
     // (see `shm` module invariants).

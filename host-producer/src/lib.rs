@@ -2,8 +2,87 @@
 //!
 //! What Perfetto's client library is to C++ programs, for Rust: track
 //! events (slices, instants, counters, flows, debug annotations) and custom
-//! data sources, written into the shared memory buffer of a Perfetto
-//! tracing service (ours or the real one).
+//! data sources, written into the shared memory buffer (SMB) of a Perfetto
+//! tracing service — the real `traced` or shmtrace's own `shmtrace serve`,
+//! unchanged.
+//!
+//! ```no_run
+//! use shmtrace_producer::{track_event, trace_event, trace_counter, Category, ProducerConfig};
+//!
+//! static RENDERING: Category = Category::new("rendering").with_description("Graphics");
+//!
+//! fn main() {
+//!     // Connects in the background to $PERFETTO_PRODUCER_SOCK_NAME (or
+//!     // Perfetto's default socket); tracing stays off until a session
+//!     // enables something, and the program never waits for the service.
+//!     shmtrace_producer::init(ProducerConfig::default()).unwrap();
+//!     track_event::register_categories(&[&RENDERING]);
+//!
+//!     let _frame = trace_event!(RENDERING, "DrawFrame", "frame" => 1);
+//!     trace_counter!(RENDERING, "fps", 59.9);
+//! }
+//! ```
+//!
+//! # What it does
+//!
+//! * **Connection** ([`init`], [`Producer`]): binds `ProducerPort`,
+//!   `InitializeConnection` with the SMB size/page hints, registers every
+//!   data source (`track_event` with a `TrackEventDescriptor` listing the
+//!   categories), reads the `GetAsyncCommand` stream. Without a service the
+//!   program runs with tracing off and the producer retries (250 ms backoff
+//!   doubling to 5 s); when the service goes away every session stops and
+//!   it reconnects. The SMB fd from `SetupTracing` is mapped; under shmem
+//!   emulation a private 1 MiB SMB is used and chunks travel in
+//!   `CommitData`.
+//! * **Sessions**: up to [`MAX_INSTANCES`] concurrent instances per data
+//!   source, each with its own writers, target buffer and (for track
+//!   events) category filter. `StartDataSource` is acknowledged with
+//!   `NotifyDataSourceStarted`; `StopDataSource` flushes and retires the
+//!   instance's writers, then `NotifyDataSourceStopped`; `Flush` flushes the
+//!   listed instances and acknowledges with `CommitData.flush_request_id`;
+//!   `ClearIncrementalState` makes every writer re-emit its interned data
+//!   and descriptors.
+//! * **Writers**: one per (thread, instance), thread-local, created on the
+//!   thread's first event. The fast path takes no lock besides the writer's
+//!   own uncontended try-lock, allocates nothing, and does one atomic
+//!   store to publish each packet. Finished chunks are batched into
+//!   `CommitData` (chunks and patches, in order) by a sender thread.
+//! * **Running out of chunks**: by default a packet is dropped and the loss
+//!   is marked on the next one (`previous_packet_dropped`), and the sequence
+//!   restarts its incremental state; with
+//!   [`BufferExhaustedPolicy::StallThenDrop`] (per data source, or asked by
+//!   the session's config) the writer waits, bounded. Idle threads never pin
+//!   chunks: writers untouched since the last sweep are flushed by the
+//!   sender every 500 ms and whenever a writer finds the SMB full. Nothing
+//!   aborts, nothing waits forever; every loss is counted ([`stats`]).
+//! * **Track events** ([`track_event`]): categories ([`Category`],
+//!   [`DynamicCategory`]) enabled per session with the documented matching
+//!   order ([`filter`]); events through the macros or the [`Event`]
+//!   builder; tracks ([`Track`], [`ProcessTrack`], [`ThreadTrack`],
+//!   [`CounterTrack`]) described before first use on each sequence;
+//!   [`Flow`]s; [`DebugValue`] annotations including nested dictionaries
+//!   and arrays; interning of names, categories and annotation names per
+//!   sequence. Timestamps are absolute boot-time nanoseconds (no
+//!   incremental clock), so losing a packet never shifts later ones.
+//! * **Custom data sources** ([`DataSource`]): a name, a
+//!   [`DataSourceHandler`] for setup/start/stop/flush, arbitrary
+//!   TracePackets from any thread ([`TraceContext`]).
+//!
+//! Not implemented: startup tracing (writers before a session is known),
+//! producer-provided SMBs, direct SMB patching, the v2 ring buffer, thread
+//! time sampling, and `TrackEventConfig`'s fields beyond the four category
+//! and tag lists.
+//!
+//! # Layout
+//!
+//! The I/O shell (`connection`) drives a sans-IO core: `runtime` (the
+//! service's commands), `data_source` (types, instances, thread-local
+//! writers), `writer` (the writer cells and their locking), `arbiter` (the
+//! SMB: chunks, commits, writer ids), `outbox` (ordered messages to the
+//! service), `event`/`fast`/`intern` (track event encoding), `shm` (the
+//! mapping). The protobuf encoder, the trace writer (fragmentation, patches,
+//! drop mode) and the SMB state machine are `shmtrace-abi`'s; the IPC client
+//! and messages are `shmtrace-ipc`'s.
 
 #![deny(missing_docs)]
 
