@@ -397,17 +397,28 @@ pub(crate) fn decode_config(raw: Option<&Bytes>) -> DataSourceConfig {
     }
 }
 
+/// The `DataSourceDescriptor` a data source is registered with: ours, plus
+/// the data source's extra fields (those the protocol schema knows, e.g.
+/// `gpu_counter_descriptor`; later fields replace earlier ones). The
+/// identity and notification fields are always ours.
 fn descriptor_proto(d: &DescriptorInfo) -> pb::DataSourceDescriptor {
-    pb::DataSourceDescriptor {
-        name: Some(d.name.clone()),
-        id: Some(d.id),
-        will_notify_on_stop: Some(true),
-        will_notify_on_start: Some(true),
-        handles_incremental_state_clear: Some(true),
-        no_flush: d.no_flush.then_some(true),
-        track_event_descriptor: d.track_event_descriptor.clone().map(Bytes::from),
-        ..Default::default()
+    let mut desc = pb::DataSourceDescriptor::default();
+    if !d.extra_fields.is_empty() {
+        if let Err(e) = prost::Message::merge(&mut desc, &d.extra_fields[..]) {
+            log::warn!("shmtrace-producer: data source {:?}: ignoring malformed extra descriptor fields: {e}", d.name);
+            desc = pb::DataSourceDescriptor::default();
+        }
     }
+    desc.name = Some(d.name.clone());
+    desc.id = Some(d.id);
+    desc.will_notify_on_stop = Some(true);
+    desc.will_notify_on_start = Some(true);
+    desc.handles_incremental_state_clear = Some(true);
+    desc.no_flush = d.no_flush.then_some(true);
+    if let Some(te) = &d.track_event_descriptor {
+        desc.track_event_descriptor = Some(Bytes::from(te.clone()));
+    }
+    desc
 }
 
 fn sender_loop(
@@ -584,4 +595,63 @@ fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), C
         &commit_proto(req, &req.chunks_to_move[start..], true),
         None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_carry_our_fields_and_the_extra_ones() {
+        // gpu_counter_descriptor (5) = "gpu", name (1) = "spoof".
+        let extra = vec![
+            0x2A, 3, b'g', b'p', b'u', 0x0A, 5, b's', b'p', b'o', b'o', b'f',
+        ];
+        let d = DescriptorInfo {
+            name: "real".into(),
+            id: 9,
+            no_flush: true,
+            track_event_descriptor: None,
+            extra_fields: extra,
+        };
+        let p = descriptor_proto(&d);
+        assert_eq!(
+            p.name.as_deref(),
+            Some("real"),
+            "the name cannot be overridden"
+        );
+        assert_eq!(p.id, Some(9));
+        assert_eq!(p.gpu_counter_descriptor.as_deref(), Some(&b"gpu"[..]));
+        assert_eq!(
+            (p.will_notify_on_start, p.will_notify_on_stop),
+            (Some(true), Some(true))
+        );
+        assert_eq!(
+            (p.handles_incremental_state_clear, p.no_flush),
+            (Some(true), Some(true))
+        );
+        let bad = DescriptorInfo {
+            extra_fields: vec![0xFF],
+            ..d
+        };
+        assert_eq!(descriptor_proto(&bad).gpu_counter_descriptor, None);
+    }
+
+    #[test]
+    fn configs_decode_the_fields_the_runtime_uses() {
+        // DataSourceConfig { name: "track_event", target_buffer: 3,
+        // tracing_session_id: 7, buffer_exhausted_policy: STALL_THEN_DROP,
+        // track_event_config { enabled_categories: "a" } }
+        let raw = Bytes::from_static(&[
+            0x0A, 11, b't', b'r', b'a', b'c', b'k', b'_', b'e', b'v', b'e', b'n', b't', 0x10, 3,
+            0x20, 7, 0x48, 3, 0x8A, 0x07, 3, 0x12, 1, b'a',
+        ]);
+        let c = decode_config(Some(&raw));
+        assert_eq!(c.name, "track_event");
+        assert_eq!((c.target_buffer, c.tracing_session_id), (3, 7));
+        assert_eq!(c.stall_when_exhausted, Some(true));
+        assert_eq!(c.track_event_config.unwrap().enabled_categories, ["a"]);
+        assert_eq!(c.raw, &raw[..]);
+        assert_eq!(decode_config(None), DataSourceConfig::default());
+    }
 }

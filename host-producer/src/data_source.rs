@@ -125,8 +125,10 @@ pub struct DataSourceOptions {
     pub policy_configurable: bool,
     /// Advertise `no_flush` (the service will not send Flush for it).
     pub no_flush: bool,
-    /// Extra serialized `DataSourceDescriptor` fields appended to the
-    /// descriptor (e.g. a `gpu_counter_descriptor`, field 5).
+    /// Extra serialized `DataSourceDescriptor` fields merged into the
+    /// descriptor (e.g. a `gpu_counter_descriptor`, field 5, or an
+    /// `ftrace_descriptor`, field 8). The name, id and notification flags
+    /// are always the producer's own.
     pub extra_descriptor_fields: Vec<u8>,
 }
 
