@@ -33,9 +33,13 @@ fn main() {
     }
     // A counter named inline, on the process track.
     trace_counter!(METRICS, "frames", 60);
-    // A sample recorded now for a time in the past.
-    let earlier = Timestamp::boottime(Timestamp::now().ns - 1_000_000);
-    METRICS.counter(&fps, 12.5).timestamp(earlier).emit();
+    // An explicit timestamp: the time the value was measured, taken before
+    // the (possibly slow) measurement finished. Timestamps earlier than
+    // the sequence's previous event are legal too, but readers then have
+    // to sort.
+    let measured_at = Timestamp::now();
+    let value = 12.5;
+    METRICS.counter(&fps, value).timestamp(measured_at).emit();
 
     shmtrace_producer::flush_all();
 }

@@ -3,7 +3,8 @@
 //! thread.
 //!
 //! Enable it with a TraceConfig data source named `com.example.counters`.
-//! Each packet carries a timestamp and a `for_testing` payload (field 900);
+//! Each packet carries a timestamp and a `for_testing` `TestEvent` (field
+//! 900: `str` = the worker's name, `seq_value` = a counter);
 //! the serialized `DataSourceConfig` the session sent is available too.
 //!
 //! ```text
@@ -16,6 +17,8 @@ use std::time::Duration;
 use shmtrace_producer::{
     DataSource, DataSourceHandler, InstanceArgs, ProducerConfig, SetupArgs, Timestamp,
 };
+
+const WORKERS: [&str; 2] = ["worker 0", "worker 1"];
 
 struct Handler {
     started: AtomicU64,
@@ -64,7 +67,10 @@ fn main() {
                         }
                         ctx.packet(|p| {
                             p.uint64(8, Timestamp::now().ns); // timestamp
-                            p.bytes(900, &[w, i as u8]); // for_testing
+                            p.nested(900, |test_event| {
+                                test_event.string(1, WORKERS[usize::from(w)]); // str
+                                test_event.uint32(2, i as u32); // seq_value
+                            });
                         });
                     });
                 }
