@@ -21,8 +21,10 @@
 //! plain instants.
 //!
 //! Output: a human summary on stderr and, on stdout, one JSON line
-//! `{"event":"done", …, "emitted":{…}}` with the counts in the keys the
-//! interop checker uses, then `{"event":"stopped"}`.
+//! `{"event":"done", "pid", "events", "threads", "nested_args",
+//! "ns_per_event", "wall_ns_per_event", "packets_dropped", "emitted":{…}}`
+//! whose `emitted` has exactly the keys of the interop checker
+//! (`tests/checker/check_trace.py --expect`), then `{"event":"stopped"}`.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
@@ -85,7 +87,7 @@ impl Counts {
         format!(
             "{{\"slice_begin\":{},\"slice_end\":{},\"instant\":{},\"counter_int\":{},\"counter_double\":{},\
              \"flow_begin\":{},\"flow_end\":{},\"large\":0,\"large_bytes\":0,\"arg_int\":{},\"arg_uint\":{},\
-             \"arg_double\":{},\"arg_bool\":{},\"arg_string\":{},\"arg_pointer\":{},\"arg_nested\":{},\
+             \"arg_double\":{},\"arg_bool\":{},\"arg_string\":{},\"arg_pointer\":{},\
              \"skipped_disabled\":{}}}",
             self.slice_begin,
             self.slice_end,
@@ -100,7 +102,6 @@ impl Counts {
             self.arg_bool,
             self.arg_string,
             self.arg_pointer,
-            self.arg_nested,
             self.skipped_disabled
         )
     }
@@ -326,11 +327,12 @@ fn main() -> ExitCode {
         stats_after_emit.chunks_committed
     );
     println!(
-        "{{\"event\":\"done\",\"pid\":{},\"events\":{},\"threads\":{},\"ns_per_event\":{:.1},\
+        "{{\"event\":\"done\",\"pid\":{},\"events\":{},\"threads\":{},\"nested_args\":{},\"ns_per_event\":{:.1},\
          \"wall_ns_per_event\":{:.1},\"packets_dropped\":{},\"emitted\":{}}}",
         std::process::id(),
         total.events(),
         o.threads,
+        total.arg_nested,
         ns_per_event,
         wall_ns_per_event,
         stats_after_emit.packets_dropped,

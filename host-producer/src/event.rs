@@ -31,6 +31,7 @@ use crate::category::Category;
 use crate::fast::FastBuf;
 use crate::intern::{Lookup, StrInterner, TrackSet};
 use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
+use shmtrace_abi::writer::{DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
 
 /// `TracePacket` field numbers used here.
 pub(crate) mod packet_field {
@@ -38,6 +39,7 @@ pub(crate) mod packet_field {
     pub const TRACK_EVENT: u32 = 11;
     pub const INTERNED_DATA: u32 = 12;
     pub const SEQUENCE_FLAGS: u32 = 13;
+    pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
     pub const TIMESTAMP_CLOCK_ID: u32 = 58;
     pub const TRACE_PACKET_DEFAULTS: u32 = 59;
     pub const TRACK_DESCRIPTOR: u32 = 60;
@@ -238,6 +240,10 @@ pub(crate) struct SequenceState {
     slices: SliceStack,
     /// Slice ends not written because their begin was not.
     pub(crate) orphan_ends_suppressed: u64,
+    /// A packet was written on this sequence.
+    started: bool,
+    /// Packets were lost before the first one was written.
+    lost_before_start: bool,
 }
 
 /// Which of the slices open on a thread track had their begin written,
@@ -292,6 +298,8 @@ impl SequenceState {
             resets: 0,
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
+            started: false,
+            lost_before_start: false,
         }
     }
 
@@ -334,13 +342,30 @@ impl SequenceState {
         self.tracks.clear();
         self.resets += 1;
         let thread_uuid = self.thread_track.uuid();
+        // Packets lost before the sequence's first one: the first packet's
+        // loss bit is indistinguishable from the one a trace buffer sets on
+        // every sequence it starts reading, so put a plain first packet
+        // ahead and mark the loss on the reset that follows it.
+        let mark_loss = !self.started && self.lost_before_start;
+        if mark_loss && !w.write_packet(|p| p.uint64(packet_field::TIMESTAMP, now)) {
+            return false;
+        }
         let ok = w.write_packet(|p| {
             p.uint64(packet_field::TIMESTAMP, now);
+            if mark_loss {
+                p.uint32(
+                    packet_field::PREVIOUS_PACKET_DROPPED,
+                    DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL,
+                );
+            }
             p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
             p.nested(packet_field::TRACE_PACKET_DEFAULTS, |d| {
                 d.nested(11, |te| te.uint64(11, thread_uuid));
             });
         });
+        if ok {
+            self.started = true;
+        }
         let process = crate::track::ProcessTrack::current();
         let thread = self.thread_track;
         ok && self.emit_descriptor(w, &thread, now) && self.emit_descriptor(w, &process, now)
@@ -415,6 +440,7 @@ impl SequenceState {
     ) -> bool {
         if !self.prepare(w, ev.track, ev.timestamp.ns) {
             self.needs_reset = true;
+            self.lost_before_start |= !self.started;
             return false;
         }
         self.new_entries.clear();
@@ -440,6 +466,7 @@ impl SequenceState {
         };
         if !ok {
             self.needs_reset = true;
+            self.lost_before_start |= !self.started;
         }
         ok
     }
@@ -936,6 +963,43 @@ mod tests {
             Some("b")
         );
         assert_eq!(s.resets, 2);
+    }
+
+    #[test]
+    fn losses_before_the_first_packet_are_marked_after_it() {
+        // The first two attempts (a reset, then the next event's reset) are
+        // lost before anything was written.
+        let mut w = VecWriter {
+            drop: vec![0, 1],
+            ..Default::default()
+        };
+        let mut s = seq();
+        assert!(!s.write_event(&mut w, &ev(EventType::Instant, "a".into()), None));
+        assert!(!s.write_event(&mut w, &ev(EventType::Instant, "b".into()), None));
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "c".into()), None));
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "d".into()), None));
+        let p = w.decoded();
+        // A plain first packet, then the reset carrying the loss mark.
+        assert_eq!(
+            p[0],
+            ts::TracePacket {
+                timestamp: Some(1000),
+                ..Default::default()
+            }
+        );
+        assert_eq!(p[1].sequence_flags, Some(SEQ_INCREMENTAL_STATE_CLEARED));
+        assert_eq!(p[1].previous_packet_dropped, Some(257));
+        assert_eq!(p.len(), 1 + 3 + 2);
+        assert!(p[2..].iter().all(|x| x.previous_packet_dropped.is_none()));
+        // Later losses are marked by the writer itself (not here).
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "a".into()), None));
+        assert_eq!(
+            w.decoded()[0].sequence_flags,
+            Some(SEQ_INCREMENTAL_STATE_CLEARED),
+            "no preamble without loss"
+        );
     }
 
     #[test]
