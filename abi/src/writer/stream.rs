@@ -268,12 +268,14 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             }
         };
         if need_chunk {
-            let packets = Packets::new(1, ChunkFlags::EMPTY).unwrap_or(Packets::EMPTY);
-            let acquired = self.arbiter.acquire_chunk(self.header(packets));
+            // Between packets nothing in the full chunk is needed any more:
+            // hand it back before asking for a new one, so a stalling arbiter
+            // never waits while this writer holds a chunk (hold-and-wait).
             if self.chunk.is_some() {
                 self.return_chunk();
             }
-            match acquired {
+            let packets = Packets::new(1, ChunkFlags::EMPTY).unwrap_or(Packets::EMPTY);
+            match self.arbiter.acquire_chunk(self.header(packets)) {
                 Some(chunk) => self.install(chunk, 1, ChunkFlags::EMPTY),
                 None => {
                     self.discarding = true;

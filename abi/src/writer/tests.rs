@@ -8,7 +8,7 @@ use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize};
 use crate::proto::wire::redundant_varint4;
 use crate::proto::MAX_DEPTH;
 use crate::reader::{apply_patch, FragmentEvent, Fragments};
-use crate::smb::{ChunkLocation, Smb, SmbStorage};
+use crate::smb::{ChunkLocation, Smb, SmbStorage, WritableChunk};
 
 #[derive(Debug)]
 enum Ev {
@@ -631,4 +631,56 @@ fn a_scraper_sees_every_finished_packet() {
     assert_eq!(count, 3);
     assert_eq!(frags.len(), 2);
     assert_eq!(frags[1], [0x40, 0x02]);
+}
+
+/// Records the order in which a writer talks to its arbiter.
+struct OrderLog<A> {
+    inner: A,
+    calls: Vec<&'static str>,
+}
+
+impl<'s, A: ChunkArbiter<'s>> ChunkArbiter<'s> for OrderLog<A> {
+    fn acquire_chunk(&mut self, header: ChunkHeaderRepr) -> Option<WritableChunk<'s>> {
+        self.calls.push("acquire");
+        self.inner.acquire_chunk(header)
+    }
+
+    fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: BufferId) {
+        self.calls.push("commit");
+        self.inner.commit_chunk(chunk, target_buffer)
+    }
+
+    fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
+        self.inner.send_patches(group)
+    }
+
+    fn flush(&mut self) {
+        self.inner.flush()
+    }
+}
+
+#[test]
+fn a_full_chunk_is_returned_before_the_next_one_is_requested() {
+    // Hold-and-wait would let N stalling writers hold N full chunks while
+    // each waits for a free one; between packets the old chunk must go back
+    // first.
+    let mut storage = Box::new(SmbStorage::<8192>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, _rx) = q.split();
+    let inner = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let log = OrderLog {
+        inner,
+        calls: Vec::new(),
+    };
+    let mut w: TraceWriter<_> = TraceWriter::new(log, 1, 1).unwrap();
+    // 4 (size) + 1 (tag) + 2 (length) + 4066 bytes leave 7 of the 4080
+    // payload bytes: fewer than 12, so the next packet needs a new chunk.
+    let blob = [0x44u8; 4066];
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Written
+    );
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+    assert_eq!(w.arbiter().calls, ["acquire", "commit", "acquire"]);
 }
