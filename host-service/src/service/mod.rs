@@ -19,6 +19,8 @@ pub mod buffer;
 pub mod core;
 pub mod daemon;
 pub mod env;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod shell;
 pub mod shm;
 pub mod trusted;

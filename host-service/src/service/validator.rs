@@ -131,15 +131,16 @@ impl PacketValidator {
 
     /// Adds one byte to the varint being read; the value once complete.
     fn push_varint_byte(&mut self, b: u8) -> Option<u64> {
-        if self.varint_len == 10 {
-            self.error = Some(InvalidPacket::VarintTooLong);
-            return None;
-        }
         self.varint |= u64::from(b & 0x7F)
             .checked_shl(7 * self.varint_len)
             .unwrap_or(0);
         self.varint_len += 1;
         if b & 0x80 != 0 {
+            if self.varint_len == 10 {
+                // A tenth byte that still continues: too long, whatever
+                // follows.
+                self.error = Some(InvalidPacket::VarintTooLong);
+            }
             return None;
         }
         let value = self.varint;
@@ -284,6 +285,13 @@ mod tests {
             0x40, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01,
         ];
         assert_eq!(validate([&long[..]]), Err(InvalidPacket::VarintTooLong));
+        // Ten continuing bytes are too long even when the input ends there;
+        // a 10-byte varint is fine.
+        assert_eq!(validate([&long[..11]]), Err(InvalidPacket::VarintTooLong));
+        let ten = [
+            0x40, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01,
+        ];
+        assert_eq!(validate([&ten[..]]), Ok(()));
         // Length 2^28.
         assert_eq!(
             validate([&[0x5A, 0x80, 0x80, 0x80, 0x80, 0x01][..]]),

@@ -286,6 +286,15 @@ impl TraceBuffer {
     /// Stores a chunk (or a newer version of a stored one).
     pub fn commit(&mut self, c: &ChunkCommit<'_>) -> CommitOutcome {
         let parsed = parse(c.payload, c.packets, c.complete);
+        log::trace!(
+            "commit producer {} writer {} chunk {} count {} flags {:#x} complete {}",
+            c.producer,
+            c.writer,
+            c.chunk_id,
+            c.packets.count(),
+            c.packets.flags().bits(),
+            c.complete
+        );
         let footprint = ring::footprint(parsed.len);
         if footprint > self.ring.capacity() {
             self.stats.abi_violations += 1;
@@ -534,16 +543,11 @@ impl TraceBuffer {
         PatchResult::Applied(outcome)
     }
 
-    /// A writer (re)registered: a writer id that is reused starts a new
-    /// sequence (its chunk ids restart at 0).
-    pub fn writer_registered(&mut self, producer: ProducerId, writer: WriterId) {
-        self.seqs.close(producer, writer);
-    }
-
-    /// A writer was unregistered: its sequence gets no more chunks, so the
-    /// reader never waits for it.
+    /// A writer was unregistered: its id may be reused, and a chunk 0 for it
+    /// then starts a new sequence. (Registration is not ordered with the
+    /// writer's commits by the C++ SDK, so it carries no such meaning.)
     pub fn writer_unregistered(&mut self, producer: ProducerId, writer: WriterId) {
-        self.seqs.close(producer, writer);
+        self.seqs.unregister(producer, writer);
     }
 
     /// A producer disconnected: none of its sequences gets more chunks.

@@ -86,6 +86,8 @@ impl<'a> Packet<'a> {
 pub(super) struct ReadState {
     pass: u64,
     pos: u64,
+    /// Every record with a lower id is dead (read or replaced).
+    dead_before: u64,
     mode: ReadMode,
     ranges: Vec<(usize, usize)>,
 }
@@ -96,6 +98,7 @@ impl Default for ReadState {
         Self {
             pass: 1,
             pos: 0,
+            dead_before: 0,
             mode: ReadMode::Live,
             ranges: Vec::new(),
         }
@@ -106,12 +109,14 @@ impl TraceBuffer {
     /// Starts a read pass from the oldest record.
     pub fn begin_read(&mut self, mode: ReadMode) {
         self.read.pass += 1;
-        self.read.pos = 0;
+        self.read.pos = self.read.dead_before;
         self.read.mode = mode;
     }
 
     /// Reads packets of the current pass, calling `visit` for each, until
-    /// `budget` bytes were returned or the pass is over.
+    /// `budget` bytes were returned or the pass is over. Every call that
+    /// returns [`ReadStatus::More`] returned at least one packet, so a loop
+    /// until [`ReadStatus::Done`] always ends.
     pub fn read(&mut self, budget: usize, visit: impl FnMut(&Packet<'_>)) -> ReadStatus {
         let mut reader = Reader {
             data: self.ring.data(),
@@ -125,11 +130,15 @@ impl TraceBuffer {
         };
         let mut pos = self.read.pos.max(self.ring.front_id());
         while pos < self.ring.end_id() {
+            let mut live = false;
             if let Some(&Owner::Chunk { seq: idx, ext }) = self.ring.get(pos).map(|r| &r.owner) {
                 if let Some(seq) = self.seqs.get_mut(idx) {
-                    let live = seq.chunks.get(&ext).is_some_and(|s| s.record == pos);
+                    let names =
+                        |seq: &Sequence| seq.chunks.get(&ext).is_some_and(|s| s.record == pos);
+                    live = names(seq);
                     if live && seq.stalled_pass != reader.pass {
                         let outcome = reader.read_sequence(seq, ext, pos);
+                        live = names(seq);
                         if seq.chunks.is_empty() {
                             self.seqs.emptied(idx);
                         }
@@ -139,6 +148,11 @@ impl TraceBuffer {
                         }
                     }
                 }
+            }
+            // Records never come back to life: a dead prefix is skipped by
+            // every later pass.
+            if !live && pos == self.read.dead_before.max(self.ring.front_id()) {
+                self.read.dead_before = pos + 1;
             }
             pos += 1;
         }
@@ -258,6 +272,13 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
                 return SeqRead::Caught;
             }
             if ext > seq.floor {
+                log::debug!(
+                    "producer {} writer {}: {} chunk(s) before chunk {} never arrived",
+                    seq.producer,
+                    seq.writer,
+                    ext - seq.floor,
+                    (ext as u32)
+                );
                 seq.loss |= seq.gap_loss();
                 seq.floor = ext;
             }
@@ -268,7 +289,7 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
                 if slot.consumed >= slot.count {
                     break;
                 }
-                if self.emitted >= self.budget {
+                if self.emitted > 0 && self.emitted >= self.budget {
                     return SeqRead::OutOfBudget;
                 }
                 let index = slot.consumed;

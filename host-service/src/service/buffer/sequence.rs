@@ -96,7 +96,8 @@ pub struct Sequence {
     /// Stored chunks by extended id.
     pub chunks: BTreeMap<u64, Slot>,
     newest_ext: u64,
-    newest_id: u32,
+    /// Chunk id of `newest_ext`.
+    pub newest_id: u32,
     /// Everything below has been consumed or given up.
     pub floor: u64,
     /// Highest extended id evicted while unread.
@@ -106,6 +107,8 @@ pub struct Sequence {
     /// No more commits will come (writer unregistered, producer gone): the
     /// reader never waits for this sequence.
     pub closed: bool,
+    /// The writer was unregistered (its id may be reused).
+    pub unregistered: bool,
     /// The read pass in which reading this sequence stalled.
     pub stalled_pass: u64,
     /// The last chunk consumed, to recognize a duplicate re-commit of it:
@@ -126,6 +129,7 @@ impl Sequence {
             overwritten_upto: None,
             loss: DataLoss::NONE,
             closed: false,
+            unregistered: false,
             stalled_pass: 0,
             last_consumed: None,
             empty_stamp: 0,
@@ -162,9 +166,10 @@ impl Sequence {
 /// All sequences of a buffer.
 ///
 /// The *current* sequence of a `(producer, writer)` receives its commits.
-/// Closing it (the writer was unregistered or re-registered, the producer
-/// left) detaches it: it stays until its chunks are read or evicted, and the
-/// next commit for that key starts a new sequence. Empty current sequences
+/// It is replaced by a new one when a writer id is reused (see
+/// [`Sequences::current_or_insert`]). Closed sequences (their producer left)
+/// get no more chunks: the reader never waits for them, and they are freed
+/// once empty. Empty current sequences
 /// are kept (for gap detection) up to [`MAX_EMPTY_SEQUENCES`].
 #[derive(Debug, Default)]
 pub struct Sequences {
@@ -200,7 +205,17 @@ impl Sequences {
         chunk_id: u32,
     ) -> SeqIdx {
         if let Some(&idx) = self.current.get(&(producer, writer)) {
-            return idx;
+            // Chunk 0 of an unregistered writer id that had gone past chunk
+            // 0 is a new writer reusing the id: it starts a new sequence.
+            let reused = chunk_id == 0
+                && self
+                    .get(idx)
+                    .is_some_and(|s| s.unregistered && s.newest_id != 0);
+            if !reused {
+                return idx;
+            }
+            self.current.remove(&(producer, writer));
+            self.close_idx(idx);
         }
         let seq = Sequence::new(producer, writer, chunk_id);
         let idx = match self.free.pop() {
@@ -217,10 +232,14 @@ impl Sequences {
         idx
     }
 
-    /// Closes the current sequence of a writer (see the type docs).
-    pub fn close(&mut self, producer: ProducerId, writer: WriterId) {
-        if let Some(idx) = self.current.remove(&(producer, writer)) {
-            self.close_idx(idx);
+    /// Notes that a writer was unregistered: its id may be reused by a new
+    /// writer, whose chunk ids restart at 0. Late commits of the old writer
+    /// still go to its sequence.
+    pub fn unregister(&mut self, producer: ProducerId, writer: WriterId) {
+        if let Some(idx) = self.current.get(&(producer, writer)).copied() {
+            if let Some(seq) = self.get_mut(idx) {
+                seq.unregistered = true;
+            }
         }
     }
 
@@ -325,7 +344,7 @@ mod tests {
         assert_eq!(seqs.current(1, 1), None);
         assert!(seqs.current(1, MAX_EMPTY_SEQUENCES as u16 + 10).is_some());
         // Closing an empty sequence frees it.
-        seqs.close(1, MAX_EMPTY_SEQUENCES as u16 + 10);
-        assert_eq!(seqs.len(), MAX_EMPTY_SEQUENCES - 1);
+        seqs.close_producer(1);
+        assert_eq!(seqs.len(), 0);
     }
 }

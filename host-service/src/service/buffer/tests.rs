@@ -481,7 +481,6 @@ fn a_reused_writer_id_starts_a_new_sequence() {
     chunk(1, &[b"b"], 0).commit(&mut buf);
     assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 2);
     buf.writer_unregistered(P, W);
-    buf.writer_registered(P, W);
     // The new writer starts at chunk 0 again.
     assert_eq!(
         chunk(0, &[b"new"], 0).commit(&mut buf),
@@ -561,6 +560,20 @@ fn reads_resume_within_a_pass_when_the_budget_runs_out() {
         got.iter().map(|d| d[0]).collect::<Vec<_>>(),
         (0..10).collect::<Vec<u8>>()
     );
+}
+
+#[test]
+fn a_zero_budget_still_makes_progress() {
+    let mut buf = buffer(64 * 1024);
+    chunk(0, &[b"a", b"b"], 0).commit(&mut buf);
+    buf.begin_read(ReadMode::Live);
+    let mut got = Vec::new();
+    let mut calls = 0;
+    while buf.read(0, |p| got.push(p.to_vec())) == ReadStatus::More {
+        calls += 1;
+        assert!(calls < 10, "no progress");
+    }
+    assert_eq!(got, [b"a".to_vec(), b"b".to_vec()]);
 }
 
 #[test]

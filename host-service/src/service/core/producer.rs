@@ -134,20 +134,21 @@ impl TracingService {
             Request::RegisterTraceWriter(req) => {
                 let writer = req.trace_writer_id.unwrap_or(0);
                 let buffer = req.target_buffer.unwrap_or(0);
+                log::debug!("producer {producer}: writer {writer} registered for buffer {buffer}");
                 if let (Ok(writer), Ok(buffer)) =
                     (WriterId::try_from(writer), BufferId::try_from(buffer))
                 {
                     if let Some(p) = self.producers.get_mut(&producer) {
                         p.writers.insert(writer, buffer);
                     }
-                    // A reused writer id starts a new sequence.
-                    if let Some((_, buf)) = self.buffers.get_mut(&buffer) {
-                        buf.writer_registered(producer, writer);
-                    }
                 }
                 self.reply(conn, &to, &RegisterTraceWriterResponse {}, false);
             }
             Request::UnregisterTraceWriter(req) => {
+                log::debug!(
+                    "producer {producer}: writer {:?} unregistered",
+                    req.trace_writer_id
+                );
                 if let Ok(writer) = WriterId::try_from(req.trace_writer_id.unwrap_or(0)) {
                     if let Some(p) = self.producers.get_mut(&producer) {
                         p.writers.remove(&writer);

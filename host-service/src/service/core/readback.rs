@@ -21,7 +21,6 @@ use super::packets;
 use super::session::{Lifecycle, Session, SessionState};
 use super::{ConnId, Output, ReplyBody, SessionId, TracingService};
 use crate::ipc::PendingReply;
-use crate::protos::read_buffers_response::Slice;
 use crate::protos::ReadBuffersResponse;
 use crate::service::buffer::{Packet, ReadMode, ReadStatus};
 use crate::service::trusted::TrustedFields;
@@ -53,8 +52,43 @@ enum Stage {
 pub struct ReadStream {
     to: PendingReply,
     stage: Stage,
-    /// Slices read but not yet sent: `(bytes, last slice of its packet)`.
-    pending: VecDeque<(Bytes, bool)>,
+    /// Bytes of the slices read but not yet sent.
+    arena: Vec<u8>,
+    /// Those slices: `(start, end)` in `arena`, and whether each is the
+    /// last slice of its packet.
+    pending: VecDeque<(usize, usize, bool)>,
+}
+
+impl ReadStream {
+    fn push(&mut self, bytes: &[u8], last: bool) {
+        let start = self.arena.len();
+        self.arena.extend_from_slice(bytes);
+        self.pending.push_back((start, self.arena.len(), last));
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: usize) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint_len(v: usize) -> usize {
+    (usize::BITS - (v | 1).leading_zeros()).div_ceil(7) as usize
+}
+
+/// Appends `ReadBuffersResponse.slices` entry `{data, last_slice_for_packet}`
+/// (field order and encoding as upstream's).
+fn encode_slice(out: &mut Vec<u8>, data: &[u8], last: bool) {
+    let inner = 1 + varint_len(data.len()) + data.len() + 2;
+    out.push(0x12);
+    put_varint(out, inner);
+    out.push(0x0A);
+    put_varint(out, data.len());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&[0x10, u8::from(last)]);
 }
 
 impl TracingService {
@@ -75,6 +109,7 @@ impl TracingService {
             if let Some(old) = c.read.replace(ReadStream {
                 to,
                 stage: Stage::Preamble,
+                arena: Vec::new(),
                 pending: VecDeque::new(),
             }) {
                 // A new ReadBuffers ends the previous stream.
@@ -122,36 +157,32 @@ impl TracingService {
     pub fn poll_read_reply(&mut self, conn: ConnId) -> Option<Output> {
         let mut stream = self.consumer_mut(conn)?.read.take()?;
         let sid = self.consumer(conn).and_then(|c| c.session);
-        let mut slices = Vec::new();
-        let mut size = 0;
+        let mut out = Vec::with_capacity(READ_REPLY_LIMIT.min(64 * 1024));
         loop {
-            while let Some((bytes, _)) = stream.pending.front() {
-                let len = bytes.len() + SLICE_OVERHEAD;
-                if size + len > READ_REPLY_LIMIT && !slices.is_empty() {
+            while let Some(&(start, end, last)) = stream.pending.front() {
+                if out.len() + (end - start) + SLICE_OVERHEAD > READ_REPLY_LIMIT && !out.is_empty()
+                {
                     break;
                 }
-                let Some((data, last)) = stream.pending.pop_front() else {
-                    break;
-                };
-                size += len;
-                slices.push(Slice {
-                    data: Some(data),
-                    last_slice_for_packet: Some(last),
-                });
+                stream.pending.pop_front();
+                encode_slice(&mut out, stream.arena.get(start..end).unwrap_or(&[]), last);
             }
-            if size >= READ_REPLY_LIMIT / 2
+            if stream.pending.is_empty() {
+                stream.arena.clear();
+            }
+            if out.len() >= READ_REPLY_LIMIT / 2
                 || !stream.pending.is_empty()
                 || stream.stage == Stage::Done
             {
                 break;
             }
             match sid {
-                Some(sid) => self.read_more(sid, &mut stream, READ_REPLY_LIMIT - size),
+                Some(sid) => self.read_more(sid, &mut stream, READ_REPLY_LIMIT - out.len()),
                 None => stream.stage = Stage::Done,
             }
         }
         let has_more = stream.stage != Stage::Done || !stream.pending.is_empty();
-        let body = ReplyBody::Ok(crate::protos::to_raw(&ReadBuffersResponse { slices }));
+        let body = ReplyBody::Ok(Bytes::from(out));
         let to = stream.to.clone();
         if has_more {
             if let Some(c) = self.consumer_mut(conn) {
@@ -186,7 +217,7 @@ impl TracingService {
                     return;
                 };
                 for p in preamble(s, uid, now, &info) {
-                    stream.pending.push_back((Bytes::from(p), true));
+                    stream.push(&p, true);
                 }
                 stream.stage = Stage::Buffer(0);
             }
@@ -206,13 +237,9 @@ impl TracingService {
                 let status = buf.read(budget, |p| {
                     if let Some(appendix) = admit(s, p, i) {
                         for slice in p.slices() {
-                            stream
-                                .pending
-                                .push_back((Bytes::copy_from_slice(slice), false));
+                            stream.push(slice, false);
                         }
-                        stream
-                            .pending
-                            .push_back((Bytes::copy_from_slice(appendix.as_bytes()), true));
+                        stream.push(appendix.as_bytes(), true);
                     }
                 });
                 if status == ReadStatus::Done {
@@ -224,7 +251,7 @@ impl TracingService {
                 let stats = self.trace_stats(sid);
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     for p in trailer(s, uid, now, &stats) {
-                        stream.pending.push_back((Bytes::from(p), true));
+                        stream.push(&p, true);
                     }
                 }
                 stream.stage = Stage::Done;
@@ -393,14 +420,23 @@ fn admit(
         s.invalid_packets += 1;
         return None;
     }
-    let (uid, pid) = s
-        .identities
-        .get(&p.producer)
-        .map_or((u32::MAX, 0), |i| (i.uid, i.pid));
-    let sequence_id = s.sequence_id(p.producer, p.writer);
-    s.sequence_buffers
-        .entry(sequence_id)
-        .or_insert((buffer_index, p.producer));
+    // Packets come in runs of one sequence: remember the last one looked up.
+    let key = (p.producer, p.writer);
+    let (uid, pid, sequence_id) = match s.last_sequence {
+        Some((k, uid, pid, id)) if k == key => (uid, pid, id),
+        _ => {
+            let (uid, pid) = s
+                .identities
+                .get(&p.producer)
+                .map_or((u32::MAX, 0), |i| (i.uid, i.pid));
+            let id = s.sequence_id(p.producer, p.writer);
+            s.sequence_buffers
+                .entry(id)
+                .or_insert((buffer_index, p.producer));
+            s.last_sequence = Some((key, uid, pid, id));
+            (uid, pid, id)
+        }
+    };
     let trusted = TrustedFields {
         uid: uid as i32,
         sequence_id,

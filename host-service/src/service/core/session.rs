@@ -213,6 +213,9 @@ pub struct Session {
     pub sequence_ids: HashMap<(ProducerId, WriterId), u32>,
     /// Buffer index and producer of each sequence id seen (provenance).
     pub sequence_buffers: BTreeMap<u32, (usize, ProducerId)>,
+    /// The sequence of the last producer packet read: `((producer,
+    /// writer), uid, pid, sequence id)`.
+    pub last_sequence: Option<((ProducerId, WriterId), u32, i32, u32)>,
     /// Identities of the producers that had instances.
     pub identities: HashMap<ProducerId, ProducerIdentity>,
     /// Lifecycle events, with whether they were emitted.
@@ -632,6 +635,7 @@ impl TracingService {
             stop_epoch: 0,
             sequence_ids: HashMap::new(),
             sequence_buffers: BTreeMap::new(),
+            last_sequence: None,
             identities: HashMap::new(),
             events: Vec::new(),
             initial_snapshot: None,

@@ -1,0 +1,659 @@
+//! Fuzz entry points for the service (see `fuzz/`): each takes arbitrary
+//! bytes, drives one part of the service with them, and panics only if an
+//! invariant breaks. Hidden from the docs; also runnable from tests.
+//!
+//! * [`trace_buffer_ops`]: a script of commits (well-formed and garbage),
+//!   scrapes, patches, writer and producer life-cycle events and reads,
+//!   against a small buffer. Invariants: nothing panics, every packet read
+//!   is non-empty and made of bytes that were committed, and after a final
+//!   drain every chunk stored is accounted as read or overwritten.
+//! * [`smb_commit`]: a service core with two producers; the input scribbles
+//!   over one producer's SMB (headers, page bitmaps, payloads) between
+//!   `CommitData` requests, flushes (with scraping) and reads. Invariants:
+//!   nothing panics, the honest producer's packets come out exactly.
+//! * [`packet_validator`]: the streaming validator against a plain
+//!   reference parser, over arbitrary slicings; an accepted packet with the
+//!   trusted appendix reads back the appended values.
+
+use prost::Message;
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout};
+
+use super::buffer::{ChunkCommit, FillPolicy, ReadMode, ReadStatus, TraceBuffer};
+use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
+use super::env::FakeEnvironment;
+use super::shm::SharedMemory;
+use super::trusted::TrustedFields;
+use super::validator::{validate, InvalidPacket, RESERVED_FIELDS};
+use crate::ipc::rpc::ServiceRequest;
+use crate::ipc::{Call, PeerCredentials, PendingReply};
+use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
+use crate::protos::get_async_command_response::Cmd;
+use crate::protos::{
+    self, consumer_port, producer_port, trace_config, CommitDataRequest, DataSourceConfig,
+    DataSourceDescriptor, EnableTracingRequest, FlushRequest, GetAsyncCommandResponse,
+    InitializeConnectionRequest, ReadBuffersResponse, RegisterDataSourceRequest,
+    RegisterTraceWriterRequest, TraceConfig,
+};
+
+/// A byte reader that never fails (zeros once exhausted).
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a.to_vec()
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Builds a payload of `n` well-formed fragments (1-byte sizes) from input.
+fn fragments(input: &mut Input<'_>, n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let len = usize::from(input.u8() % 40);
+        out.push(len as u8);
+        out.extend(input.bytes(len));
+    }
+    out
+}
+
+/// See the module docs.
+pub fn trace_buffer_ops(data: &[u8]) {
+    let mut input = Input(data);
+    let policy = if input.u8() & 1 == 0 {
+        FillPolicy::RingBuffer
+    } else {
+        FillPolicy::Discard
+    };
+    let size = TraceBuffer::MIN_SIZE + usize::from(input.u16() % 8192);
+    let Ok(mut buf) = TraceBuffer::new(size, policy) else {
+        return;
+    };
+    let mut committed = Vec::new();
+    while !input.is_empty() {
+        let producer = u16::from(input.u8() % 3);
+        let writer = u16::from(input.u8() % 3) + 1;
+        match input.u8() % 8 {
+            0..=2 => {
+                let chunk_id =
+                    u32::from(input.u8() % 16).wrapping_sub(u32::from(input.u8() % 2) * 8);
+                let count = input.u8() % 6;
+                let flags = input.u8() & 0x7;
+                let payload = if input.u8() % 4 == 0 {
+                    {
+                        let n = usize::from(input.u8());
+                        input.bytes(n)
+                    }
+                } else {
+                    fragments(&mut input, usize::from(count))
+                };
+                committed.push(payload.clone());
+                let packets = Packets::new(u16::from(count), ChunkFlags::from_bits_retain(flags))
+                    .unwrap_or(Packets::EMPTY);
+                let complete = input.u8() % 4 != 0;
+                buf.commit(&ChunkCommit {
+                    producer,
+                    writer,
+                    chunk_id,
+                    packets,
+                    payload: &payload,
+                    complete,
+                });
+            }
+            3 => {
+                let chunk_id = u32::from(input.u8() % 16);
+                let patch = input.bytes(4);
+                let offset = u32::from(input.u8());
+                buf.patch(
+                    producer,
+                    writer,
+                    chunk_id,
+                    &[(offset, &patch)],
+                    input.u8() & 1 == 0,
+                );
+            }
+            4 => buf.writer_unregistered(producer, writer),
+            5 => buf.producer_gone(producer),
+            _ => {
+                let mode = if input.u8() & 1 == 0 {
+                    ReadMode::Live
+                } else {
+                    ReadMode::Drain
+                };
+                let budget = usize::from(input.u16());
+                buf.begin_read(mode);
+                while buf.read(budget, |p| check_packet(p, &committed)) == ReadStatus::More {}
+            }
+        }
+    }
+    buf.begin_read(ReadMode::Drain);
+    while buf.read(usize::MAX, |p| check_packet(p, &committed)) == ReadStatus::More {}
+    let s = buf.stats();
+    assert_eq!(
+        s.chunks_written,
+        s.chunks_read + s.chunks_overwritten,
+        "{s:?}"
+    );
+}
+
+/// Every slice of a packet read must be a substring of some committed
+/// payload (patches aside: a patch can change bytes, so only slices of
+/// chunks never patched could be checked exactly; lengths are checked).
+fn check_packet(p: &super::buffer::Packet<'_>, committed: &[Vec<u8>]) {
+    assert!(!p.is_empty());
+    assert_eq!(p.slices().map(<[u8]>::len).sum::<usize>(), p.len());
+    for s in p.slices() {
+        assert!(
+            committed.iter().any(|c| c.len() >= s.len()),
+            "a slice longer than any chunk"
+        );
+    }
+}
+
+/// Reference top-level parse: `Ok(fields)` (with varint values) or the
+/// first error; reserved fields are errors if `producer` is set.
+fn reference(bytes: &[u8], producer: bool) -> Result<Vec<(u32, u64)>, InvalidPacket> {
+    let mut i = 0;
+    let mut out = Vec::new();
+    let varint = |i: &mut usize| -> Result<u64, InvalidPacket> {
+        let mut v = 0u64;
+        for n in 0..10 {
+            let b = *bytes.get(*i).ok_or(InvalidPacket::Truncated)?;
+            *i += 1;
+            v |= u64::from(b & 0x7F).checked_shl(7 * n).unwrap_or(0);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(InvalidPacket::VarintTooLong)
+    };
+    while i < bytes.len() {
+        let tag = varint(&mut i)?;
+        let field = tag >> 3;
+        if field == 0 || field >= 1 << 29 {
+            return Err(InvalidPacket::InvalidFieldNumber);
+        }
+        let field = field as u32;
+        if producer && RESERVED_FIELDS.contains(&field) {
+            return Err(InvalidPacket::ReservedField(field));
+        }
+        let value = match tag & 7 {
+            0 => varint(&mut i)?,
+            1 => {
+                i += 8;
+                0
+            }
+            5 => {
+                i += 4;
+                0
+            }
+            2 => {
+                let len = varint(&mut i)?;
+                if len > super::validator::MAX_FIELD_LEN {
+                    return Err(InvalidPacket::FieldTooLong { field, len });
+                }
+                i = i.saturating_add(len as usize);
+                0
+            }
+            w => {
+                return Err(InvalidPacket::InvalidWireType {
+                    field,
+                    wire_type: w as u8,
+                })
+            }
+        };
+        if i > bytes.len() {
+            return Err(InvalidPacket::Truncated);
+        }
+        out.push((field, value));
+    }
+    Ok(out)
+}
+
+/// See the module docs.
+pub fn packet_validator(data: &[u8]) {
+    let Some((&cuts, packet)) = data.split_first() else {
+        return;
+    };
+    let expected = reference(packet, true);
+    // Slice at positions derived from the first byte.
+    let mut slices = Vec::new();
+    let mut start = 0;
+    let step = usize::from(cuts % 7) + 1;
+    while start < packet.len() {
+        let end = (start + step).min(packet.len());
+        slices.push(&packet[start..end]);
+        start = end;
+    }
+    assert_eq!(
+        validate(slices.iter().copied()),
+        expected.as_ref().map(|_| ()).map_err(|e| *e)
+    );
+    if expected.is_ok() {
+        let trusted = TrustedFields {
+            uid: 1234,
+            sequence_id: 7,
+            pid: Some(99),
+            machine_id: 0,
+            previous_packet_dropped: 3,
+        };
+        let appendix = trusted.encode();
+        let mut whole = packet.to_vec();
+        whole.extend_from_slice(appendix.as_bytes());
+        let fields = reference(&whole, false).expect("packet + appendix parses");
+        let last = |f: u32| fields.iter().rev().find(|(n, _)| *n == f).map(|&(_, v)| v);
+        assert_eq!(last(3), Some(1234));
+        assert_eq!(last(10), Some(7));
+        assert_eq!(last(79), Some(99));
+        assert_eq!(last(42), Some(3));
+    }
+}
+
+/// See the module docs.
+pub fn smb_commit(data: &[u8]) {
+    let mut input = Input(data);
+    let mut w = SmbWorld::new();
+    let mut expected = Vec::new();
+    let mut next_chunk = 0u32;
+    while !input.is_empty() {
+        match input.u8() % 6 {
+            0 => {
+                // The honest producer commits a chunk with one packet.
+                let n = usize::from(input.u8() % 60) + 1;
+                let packet = input.bytes(n);
+                let mut payload = vec![packet.len() as u8 + 3, 0xCA, 0x38];
+                payload.push(packet.len() as u8);
+                payload.extend_from_slice(&packet);
+                let mut whole = vec![0xCA, 0x38, packet.len() as u8];
+                whole.extend_from_slice(&packet);
+                if w.honest_commit(next_chunk, &payload) {
+                    expected.push(whole);
+                }
+                next_chunk += 1;
+            }
+            1 => {
+                // The hostile producer scribbles over its SMB.
+                let offset = u64::from(input.u16()) * 4 % w.hostile_len;
+                let n = usize::from(input.u8() % 32);
+                let bytes = input.bytes(n);
+                w.scribble(offset, &bytes);
+            }
+            2 => {
+                // ... and commits whatever is there, with forged patches.
+                let n = usize::from(input.u8() % 8);
+                let mut req = CommitDataRequest::default();
+                for _ in 0..n {
+                    req.chunks_to_move.push(ChunksToMove {
+                        page: Some(u32::from(input.u8() % 80)),
+                        chunk: Some(u32::from(input.u8() % 16)),
+                        target_buffer: Some(u32::from(input.u8() % 3)),
+                        ..Default::default()
+                    });
+                }
+                req.chunks_to_patch.push(ChunkToPatch {
+                    target_buffer: Some(u32::from(w.buffer)),
+                    writer_id: Some(u32::from(input.u8() % 3)),
+                    chunk_id: Some(u32::from(input.u8() % 8)),
+                    patches: vec![chunk_to_patch::Patch {
+                        offset: Some(u32::from(input.u8())),
+                        data: Some(input.bytes(4).into()),
+                    }],
+                    has_more_patches: Some(false),
+                });
+                w.call_hostile(producer_port::Request::CommitData(req));
+            }
+            3 => w.call_hostile(producer_port::Request::RegisterTraceWriter(
+                RegisterTraceWriterRequest {
+                    trace_writer_id: Some(u32::from(input.u8() % 3)),
+                    target_buffer: Some(u32::from(w.buffer)),
+                },
+            )),
+            4 => w.flush_and_scrape(),
+            _ => w.read(),
+        }
+    }
+    w.stop();
+    w.read();
+    // Every packet of the honest producer, in order, byte for byte.
+    let got: Vec<&Vec<u8>> = w
+        .read_packets
+        .iter()
+        .filter(|p| p.first() == Some(&0xCA))
+        .collect();
+    assert_eq!(got.len(), expected.len(), "honest packets lost or invented");
+    for (g, e) in got.iter().zip(&expected) {
+        assert!(g.starts_with(e), "an honest packet changed");
+    }
+}
+
+/// A service core with an honest and a hostile producer sharing a session.
+struct SmbWorld {
+    svc: TracingService,
+    env: FakeEnvironment,
+    next_request: u64,
+    honest: ConnId,
+    hostile: ConnId,
+    consumer: ConnId,
+    honest_smb: SharedMemory,
+    hostile_fd: std::os::fd::OwnedFd,
+    hostile_len: u64,
+    buffer: u16,
+    read_packets: Vec<Vec<u8>>,
+    partial: Vec<u8>,
+}
+
+impl SmbWorld {
+    fn new() -> Self {
+        let env = FakeEnvironment::new(1);
+        let svc = TracingService::new(ServiceConfig::new(0), Box::new(env.clone()));
+        let mut w = Self {
+            svc,
+            env,
+            next_request: 1,
+            honest: ConnId(0),
+            hostile: ConnId(0),
+            consumer: ConnId(0),
+            honest_smb: SharedMemory::create(64 * 1024, 4096).expect("memfd"),
+            hostile_fd: rustix::fs::memfd_create("unused", rustix::fs::MemfdFlags::CLOEXEC)
+                .expect("memfd"),
+            hostile_len: 1,
+            buffer: 0,
+            read_packets: Vec::new(),
+            partial: Vec::new(),
+        };
+        let creds = PeerCredentials {
+            pid: 1,
+            uid: 1,
+            gid: 1,
+        };
+        for hostile in [false, true] {
+            let conn = w.svc.connect_producer(creds);
+            let init = InitializeConnectionRequest {
+                producer_name: Some(if hostile { "hostile" } else { "honest" }.into()),
+                shared_memory_size_hint_bytes: Some(64 * 1024),
+                smb_scraping_mode: Some(1),
+                ..Default::default()
+            };
+            w.call(
+                conn,
+                CallKind::Producer(producer_port::Request::InitializeConnection(init)),
+            );
+            w.call(
+                conn,
+                CallKind::Producer(producer_port::Request::GetAsyncCommand(Default::default())),
+            );
+            let desc = DataSourceDescriptor {
+                name: Some("ds".into()),
+                ..Default::default()
+            };
+            let reg = RegisterDataSourceRequest {
+                data_source_descriptor: Some(desc),
+            };
+            w.call(
+                conn,
+                CallKind::Producer(producer_port::Request::RegisterDataSource(reg)),
+            );
+            if hostile {
+                w.hostile = conn;
+            } else {
+                w.honest = conn;
+            }
+        }
+        w.consumer = w.svc.connect_consumer(creds);
+        let dsc = DataSourceConfig {
+            name: Some("ds".into()),
+            ..Default::default()
+        };
+        let cfg = TraceConfig {
+            buffers: vec![trace_config::BufferConfig {
+                size_kb: Some(1024),
+                ..Default::default()
+            }],
+            data_sources: vec![trace_config::DataSource {
+                config: Some(protos::to_raw(&dsc)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let enable = EnableTracingRequest {
+            trace_config: Some(protos::to_raw(&cfg)),
+            attach_notification_only: None,
+        };
+        w.call(
+            w.consumer,
+            CallKind::Consumer(consumer_port::Request::EnableTracing(enable)),
+        );
+        // Map both SMBs from the SetupTracing replies.
+        while let Some(o) = w.svc.poll_output() {
+            let Output::Reply {
+                conn,
+                body: ReplyBody::Ok(b),
+                fd,
+                ..
+            } = o
+            else {
+                continue;
+            };
+            let Ok(resp) = GetAsyncCommandResponse::decode(b) else {
+                continue;
+            };
+            match resp.cmd {
+                Some(Cmd::SetupTracing(_)) => {
+                    let fd = fd.expect("SetupTracing carries the SMB");
+                    if conn == w.honest {
+                        w.honest_smb = SharedMemory::adopt(fd, 4096).expect("maps");
+                    } else {
+                        w.hostile_len = rustix::fs::fstat(&fd)
+                            .map(|s| s.st_size as u64)
+                            .unwrap_or(1)
+                            .max(1);
+                        w.hostile_fd = fd;
+                    }
+                }
+                Some(Cmd::SetupDataSource(s)) => {
+                    let cfg =
+                        DataSourceConfig::decode(s.config.unwrap_or_default()).unwrap_or_default();
+                    w.buffer = cfg.target_buffer.unwrap_or(0) as u16;
+                }
+                _ => {}
+            }
+        }
+        let reg = RegisterTraceWriterRequest {
+            trace_writer_id: Some(1),
+            target_buffer: Some(u32::from(w.buffer)),
+        };
+        w.call(
+            w.honest,
+            CallKind::Producer(producer_port::Request::RegisterTraceWriter(reg)),
+        );
+        w
+    }
+
+    fn call(&mut self, conn: ConnId, call: CallKind) {
+        let reply = PendingReply::new(self.next_request, false);
+        self.next_request += 1;
+        match call {
+            CallKind::Producer(request) => {
+                let method = request.method();
+                self.svc.on_producer_call(
+                    conn,
+                    Call {
+                        request,
+                        service_id: 1,
+                        method,
+                        reply,
+                        fd: None,
+                    },
+                );
+            }
+            CallKind::Consumer(request) => {
+                let method = request.method();
+                self.svc.on_consumer_call(
+                    conn,
+                    Call {
+                        request,
+                        service_id: 1,
+                        method,
+                        reply,
+                        fd: None,
+                    },
+                );
+            }
+        }
+    }
+
+    fn call_hostile(&mut self, request: producer_port::Request) {
+        self.call(self.hostile, CallKind::Producer(request));
+        self.drain_outputs();
+    }
+
+    fn drain_outputs(&mut self) {
+        while let Some(o) = self.svc.poll_output() {
+            if let Output::Disconnect { conn, .. } = o {
+                assert_eq!(
+                    conn, self.hostile,
+                    "only the hostile producer may be cut off"
+                );
+                self.svc.disconnect(conn);
+            }
+        }
+    }
+
+    /// Writes one chunk with `payload` (one fragment) and commits it;
+    /// `false` if the SMB had no free chunk.
+    fn honest_commit(&mut self, chunk_id: u32, payload: &[u8]) -> bool {
+        let Ok(smb) = self.honest_smb.smb() else {
+            return false;
+        };
+        let Some(packets) = Packets::new(1, ChunkFlags::EMPTY) else {
+            return false;
+        };
+        let header = ChunkHeaderRepr {
+            chunk_id,
+            writer_id: 1,
+            packets,
+        };
+        let Ok(mut chunk) = smb.try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
+        else {
+            return false;
+        };
+        if chunk.write(0, payload).is_err() {
+            return false;
+        }
+        let Ok(loc) = chunk.release_as_complete() else {
+            return false;
+        };
+        let req = CommitDataRequest {
+            chunks_to_move: vec![ChunksToMove {
+                page: Some(loc.page as u32),
+                chunk: Some(loc.chunk as u32),
+                target_buffer: Some(u32::from(self.buffer)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        self.call(
+            self.honest,
+            CallKind::Producer(producer_port::Request::CommitData(req)),
+        );
+        self.drain_outputs();
+        true
+    }
+
+    fn scribble(&mut self, offset: u64, bytes: &[u8]) {
+        let _ = rustix::io::pwrite(&self.hostile_fd, bytes, offset);
+    }
+
+    fn flush_and_scrape(&mut self) {
+        let req = FlushRequest {
+            timeout_ms: Some(10),
+            flags: None,
+        };
+        self.call(
+            self.consumer,
+            CallKind::Consumer(consumer_port::Request::Flush(req)),
+        );
+        self.env.advance_ms(10);
+        self.svc.on_timeout();
+        self.drain_outputs();
+    }
+
+    fn stop(&mut self) {
+        self.call(
+            self.consumer,
+            CallKind::Consumer(consumer_port::Request::DisableTracing(Default::default())),
+        );
+        self.env.advance_ms(10_000);
+        self.svc.on_timeout();
+        self.drain_outputs();
+    }
+
+    fn read(&mut self) {
+        self.call(
+            self.consumer,
+            CallKind::Consumer(consumer_port::Request::ReadBuffers(Default::default())),
+        );
+        self.drain_outputs();
+        while let Some(o) = self.svc.poll_read_reply(self.consumer) {
+            let Output::Reply {
+                body: ReplyBody::Ok(b),
+                ..
+            } = o
+            else {
+                continue;
+            };
+            let resp = ReadBuffersResponse::decode(b).expect("our own reply decodes");
+            for s in resp.slices {
+                self.partial
+                    .extend_from_slice(s.data.as_deref().unwrap_or(&[]));
+                if s.last_slice_for_packet == Some(true) {
+                    self.read_packets.push(std::mem::take(&mut self.partial));
+                }
+            }
+        }
+    }
+}
+
+enum CallKind {
+    Producer(producer_port::Request),
+    Consumer(consumer_port::Request),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_survive_simple_inputs() {
+        let mut seed = 0x1234_5678u32;
+        for len in [0usize, 1, 7, 64, 300, 2000] {
+            let data: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    seed as u8
+                })
+                .collect();
+            trace_buffer_ops(&data);
+            packet_validator(&data);
+            smb_commit(&data);
+        }
+    }
+}
