@@ -1248,3 +1248,153 @@ fn recommit_after_scrape_on_flush() {
     .unwrap();
     assert_eq!(stats.buffer_stats[0].chunks_rewritten, Some(1));
 }
+
+#[test]
+fn producer_name_filters_choose_the_producers() {
+    let mut sim = Sim::new();
+    let mut a = TestProducer::connect(
+        &mut sim,
+        "com.example.app",
+        &[descriptor("ds", false, false)],
+    );
+    let mut b = TestProducer::connect(&mut sim, "other", &[descriptor("ds", false, false)]);
+    let mut c = TestProducer::connect(
+        &mut sim,
+        "com.example.svc",
+        &[descriptor("ds", false, false)],
+    );
+    TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| {
+            cfg.data_sources[0].producer_name_filter = vec!["com.example.app".into()];
+            cfg.data_sources[0].producer_name_regex_filter = vec![r"com\.example\.s.*".into()];
+        }),
+    );
+    assert!(a
+        .commands(&mut sim)
+        .iter()
+        .any(|c| matches!(c, Cmd::StartDataSource(_))));
+    assert!(
+        b.commands(&mut sim).is_empty(),
+        "filtered out: nothing, not even the SMB"
+    );
+    assert!(c
+        .commands(&mut sim)
+        .iter()
+        .any(|c| matches!(c, Cmd::StartDataSource(_))));
+    // A regex must match the whole name.
+    let mut d = TestProducer::connect(
+        &mut sim,
+        "xcom.example.svc",
+        &[descriptor("ds", false, false)],
+    );
+    assert!(d.commands(&mut sim).is_empty());
+}
+
+#[test]
+fn data_sources_write_into_their_own_buffers() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(
+        &mut sim,
+        "prod",
+        &[
+            descriptor("first", false, false),
+            descriptor("second", false, false),
+        ],
+    );
+    let ds = |name: &str, buffer: u32| trace_config::DataSource {
+        config: Some(crate::protos::to_raw(&crate::protos::DataSourceConfig {
+            name: Some(name.into()),
+            target_buffer: Some(buffer),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let cfg = TraceConfig {
+        buffers: vec![
+            trace_config::BufferConfig {
+                size_kb: Some(64),
+                ..Default::default()
+            },
+            trace_config::BufferConfig {
+                size_kb: Some(64),
+                ..Default::default()
+            },
+        ],
+        data_sources: vec![ds("first", 0), ds("second", 1)],
+        ..Default::default()
+    };
+    let c = TestConsumer::enable(&mut sim, crate::protos::to_raw(&cfg));
+    let cmds = p.commands(&mut sim);
+    let buffers: Vec<u16> = cmds
+        .iter()
+        .filter_map(|c| match c {
+            Cmd::SetupDataSource(s) => {
+                let cfg =
+                    crate::protos::DataSourceConfig::decode(s.config.clone().unwrap()).unwrap();
+                Some(cfg.target_buffer.unwrap() as u16)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(buffers.len(), 2);
+    assert_ne!(buffers[0], buffers[1]);
+    let req = p.write(1, buffers[0], &[b"into the first"], true);
+    p.commit(&mut sim, req);
+    let req = p.write(2, buffers[1], &[b"into the second"], true);
+    p.commit(&mut sim, req);
+    // A writer may not commit into a buffer of no session it serves.
+    let mut req = p.write(3, buffers[1], &[b"nowhere"], true);
+    for c in &mut req.chunks_to_move {
+        c.target_buffer = Some(999);
+    }
+    p.commit(&mut sim, req);
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    let packets = c.read(&mut sim);
+    assert_eq!(
+        payloads(&packets),
+        [b"into the first".to_vec(), b"into the second".to_vec()]
+    );
+    let stats = crate::protos::TraceStats::decode(
+        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
+    )
+    .unwrap();
+    assert_eq!(stats.buffer_stats.len(), 2);
+    assert_eq!(stats.buffer_stats[0].chunks_written, Some(1));
+    assert_eq!(stats.buffer_stats[1].chunks_written, Some(1));
+    assert_eq!(stats.chunks_discarded, Some(1));
+}
+
+#[test]
+fn periodic_flushes_follow_flush_period_ms() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| cfg.flush_period_ms = Some(500)),
+    );
+    p.commands(&mut sim);
+    let mut flushes = Vec::new();
+    for _ in 0..4 {
+        sim.advance(500);
+        for c in p.commands(&mut sim) {
+            if let Cmd::Flush(f) = c {
+                // Reason periodic, initiator traced; acknowledged.
+                assert_eq!(f.flags, Some(0x11));
+                flushes.push(f.request_id.unwrap());
+                p.commit(
+                    &mut sim,
+                    crate::protos::CommitDataRequest {
+                        flush_request_id: f.request_id,
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+    }
+    assert_eq!(flushes.len(), 4, "one flush per period");
+    assert!(flushes.windows(2).all(|w| w[1] > w[0]));
+}
