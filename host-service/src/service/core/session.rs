@@ -46,6 +46,8 @@ pub const MAX_SESSIONS: usize = 15;
 pub const MAX_SESSIONS_PER_UID: usize = 5;
 /// Most flushes pending in one session.
 pub const MAX_PENDING_FLUSHES: usize = 1000;
+/// Flush events kept per kind between reads.
+pub const MAX_EVENTS_PER_KIND: usize = 64;
 /// Default flush and data source stop timeout.
 pub const DEFAULT_TIMEOUT_MS: u32 = 5000;
 /// Default period of clock snapshots, sync markers and stats.
@@ -254,7 +256,25 @@ pub struct Session {
 
 impl Session {
     /// Records a lifecycle event.
+    /// Records a lifecycle event. Emitted events are forgotten; of those
+    /// not yet emitted, at most [`MAX_EVENTS_PER_KIND`] flush events (and one
+    /// of every other kind) are kept, newest first, like upstream.
     pub fn event(&mut self, now: Nanos, e: Lifecycle) {
+        self.events.retain(|&(_, _, emitted)| !emitted);
+        let limit = match e {
+            Lifecycle::FlushStarted | Lifecycle::AllDataSourcesFlushed => MAX_EVENTS_PER_KIND,
+            _ => 1,
+        };
+        let same: Vec<usize> = self
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.1 == e)
+            .map(|(i, _)| i)
+            .collect();
+        if same.len() >= limit {
+            self.events.remove(same[0]);
+        }
         self.events.push((now, e, false));
     }
 
