@@ -19,6 +19,13 @@
 //!   [`OutQueue`](super::outq::OutQueue), attach an fd to a `sendmsg` whose
 //!   first byte is the first byte of its frame: Linux ends a stream read right
 //!   after the first segment that carries descriptors.
+//! * A frame carries at most one fd, so at most one is parked per frame: when
+//!   a second fd arrives for a frame that is still incomplete, the earlier one
+//!   is closed at once (upstream's host keeps one received fd per connection,
+//!   the latest). A peer sending one byte and one fd per `sendmsg` therefore
+//!   holds at most one descriptor in the service, not one per byte of a
+//!   128 KiB frame. [`parked_fds`](FrameDecoder::parked_fds) and
+//!   [`fds_closed`](FrameDecoder::fds_closed) expose the bound.
 //!
 //! [`encode_frame`] is the send side: the canonical (byte-identical to
 //! Perfetto) encoding with the length prefix. The `*_frame` constructors build
@@ -89,7 +96,11 @@ pub struct FrameDecoder {
     /// Stream offset of `data[start]`.
     offset: u64,
     /// Received fds with the stream offset of the byte they are bound to.
+    /// Sorted by offset; at most one per frame.
     fds: VecDeque<(u64, OwnedFd)>,
+    /// Received fds closed because their frame got another one, or because
+    /// they came between frames or with an empty frame.
+    fds_closed: u64,
     error: Option<FrameError>,
 }
 
@@ -145,12 +156,65 @@ impl FrameDecoder {
         self.note_fd(bytes.len(), fd);
     }
 
+    /// Descriptors received and held for frames that are not complete yet
+    /// (at most one per buffered frame).
+    pub fn parked_fds(&self) -> usize {
+        self.fds.len()
+    }
+
+    /// Descriptors this decoder closed instead of handing them out with a
+    /// frame (a second fd for one frame, an fd between frames or with an
+    /// empty frame).
+    pub fn fds_closed(&self) -> u64 {
+        self.fds_closed
+    }
+
     fn note_fd(&mut self, len: usize, fd: Option<OwnedFd>) {
-        if let Some(fd) = fd {
-            let stream_end = self.offset + self.buffered() as u64;
-            // The last byte of this receive (or, for an empty one, the next).
-            let at = if len > 0 { stream_end - 1 } else { stream_end };
-            self.fds.push_back((at, fd));
+        let Some(fd) = fd else {
+            return;
+        };
+        let stream_end = self.offset + self.buffered() as u64;
+        // The last byte of this receive (or, for an empty one, the next).
+        let at = if len > 0 { stream_end - 1 } else { stream_end };
+        if let Some(&(last, _)) = self.fds.back() {
+            if self.frame_end_after(last) > at {
+                // Same frame as the parked one: a frame carries one fd, and
+                // (like upstream) the latest wins.
+                self.fds.pop_back();
+                self.fds_closed += 1;
+                if self.fds_closed == 1 {
+                    // Once per connection: a hostile peer may send thousands.
+                    log::warn!(
+                        "more than one file descriptor for one frame; closing the earlier ones"
+                    );
+                }
+            }
+        }
+        self.fds.push_back((at, fd));
+    }
+
+    /// Stream offset just past the frame that contains stream offset `pos`
+    /// (`u64::MAX` if that frame's end is not known yet). `pos` must not be
+    /// before `self.offset`. Walks the buffered headers from the first
+    /// unreturned frame: after the caller drains [`next_frame`](Self::next_frame)
+    /// (as the socket shell does) that is one frame.
+    fn frame_end_after(&self, pos: u64) -> u64 {
+        let buffered = &self.data[self.start..self.end];
+        let mut frame = 0usize;
+        loop {
+            let Some(header) = buffered
+                .get(frame..)
+                .and_then(|b| b.first_chunk::<HEADER_LEN>())
+            else {
+                return u64::MAX;
+            };
+            let end =
+                self.offset + (frame + HEADER_LEN) as u64 + u64::from(u32::from_le_bytes(*header));
+            if end > pos {
+                return end;
+            }
+            // `end <= pos` < stream end, so the next frame starts inside `buffered`.
+            frame = (end - self.offset) as usize;
         }
     }
 
@@ -181,6 +245,7 @@ impl FrameDecoder {
             let fd = self.take_fd(frame_start, self.offset);
             if payload.is_empty() {
                 if fd.is_some() {
+                    self.fds_closed += 1;
                     log::warn!("closing a file descriptor that came with an empty frame");
                 }
                 continue;
@@ -209,8 +274,10 @@ impl FrameDecoder {
                 break;
             };
             if at < start {
+                self.fds_closed += 1;
                 log::warn!("closing a file descriptor received between frames");
             } else if found.replace(fd).is_some() {
+                self.fds_closed += 1;
                 log::warn!("more than one file descriptor for one frame; closing the earlier one");
             }
         }
@@ -449,6 +516,53 @@ mod tests {
         // 131068 zero bytes: tag 0 is invalid protobuf.
         assert!(matches!(dec.next_frame(), Err(FrameError::Malformed(_))));
         assert_eq!(dec.data.len(), MAX_FRAME_LEN);
+    }
+
+    fn null_fd() -> Option<OwnedFd> {
+        Some(std::fs::File::open("/dev/null").unwrap().into())
+    }
+
+    #[test]
+    fn one_fd_is_parked_per_frame_and_the_latest_wins() {
+        let frame = encoded(&bind_service_frame(7, "ProducerPort"));
+        let mut dec = FrameDecoder::new();
+        // Header and first payload byte, then one byte and one fd at a time.
+        dec.push(&frame[..5], null_fd());
+        for byte in &frame[5..frame.len() - 1] {
+            dec.push(std::slice::from_ref(byte), null_fd());
+            assert_eq!(dec.parked_fds(), 1);
+            assert!(dec.next_frame().unwrap().is_none());
+        }
+        let last = dec.fds.back().unwrap().0;
+        dec.push(&frame[frame.len() - 1..], None);
+        assert_eq!(dec.fds_closed(), (frame.len() - 6) as u64);
+        let got = dec.next_frame().unwrap().unwrap();
+        assert_eq!(got.frame, bind_service_frame(7, "ProducerPort"));
+        assert!(got.fd.is_some(), "the last fd sent with the frame survives");
+        assert_eq!(last, frame.len() as u64 - 2);
+        assert_eq!(dec.parked_fds(), 0);
+    }
+
+    #[test]
+    fn fds_of_distinct_buffered_frames_are_all_kept() {
+        let one = encoded(&bind_service_frame(1, "A"));
+        let two = encoded(&bind_service_frame(2, "B"));
+        let mut dec = FrameDecoder::new();
+        dec.push(&one[..2], None); // incomplete header: frame end unknown
+        dec.push(&one[2..], null_fd());
+        dec.push(&two[..1], null_fd()); // first byte of the next frame
+        dec.push(&two[1..], None);
+        assert_eq!(dec.parked_fds(), 2);
+        assert_eq!(dec.fds_closed(), 0);
+        for id in [1, 2] {
+            let got = dec.next_frame().unwrap().unwrap();
+            assert_eq!(got.frame.request_id, Some(id));
+            assert!(got.fd.is_some());
+        }
+        // Two fds while the header is still incomplete: same frame.
+        dec.push(&one[..1], null_fd());
+        dec.push(&one[1..2], null_fd());
+        assert_eq!((dec.parked_fds(), dec.fds_closed()), (1, 1));
     }
 
     #[test]

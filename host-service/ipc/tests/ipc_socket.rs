@@ -571,3 +571,69 @@ fn requests_decoded_by_the_host_match_what_the_client_sent() {
     drop(client);
     server.join().unwrap();
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A hostile client sends a large frame one byte and one fd per `sendmsg`:
+/// the decoder holds at most one of its fds at a time, not one per byte
+/// (4096 of them: above the common soft `RLIMIT_NOFILE` of 1024, where an
+/// unbounded decoder would exhaust the descriptor table).
+#[test]
+fn a_client_cannot_park_an_fd_per_byte_of_a_partial_frame() {
+    const BYTES: usize = 4096;
+    let (client, server) = socket::pair().unwrap();
+    let frame = invoke_method_frame(5, 1, 4, Bytes::from(vec![0x2a; BYTES]), false);
+    let stream = frame_bytes(&frame);
+    let file = memfd(b"payload fd");
+    let before = open_fds();
+    let mut dec = FrameDecoder::new();
+    let mut received = 0;
+    let mut got = None;
+    for (i, byte) in stream.iter().enumerate() {
+        let fds = [file.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+        rustix::net::sendmsg(
+            &client,
+            &[std::io::IoSlice::new(std::slice::from_ref(byte))],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        )
+        .unwrap();
+        // One byte with its fd per read: Linux ends a read at a segment with fds.
+        assert_eq!(
+            socket::recv_into(&server, &mut dec).unwrap(),
+            Received::Data(1)
+        );
+        received += 1;
+        assert!(
+            dec.parked_fds() <= 1,
+            "{} fds parked after byte {i}",
+            dec.parked_fds()
+        );
+        if let Some(f) = dec.next_frame().unwrap() {
+            got = Some(f);
+        }
+        if i % 512 == 0 {
+            // Other tests of this binary run in parallel threads: allow slack.
+            assert!(
+                open_fds() < before + 64,
+                "fd table grows: {} -> {}",
+                before,
+                open_fds()
+            );
+        }
+    }
+    assert_eq!(received, stream.len());
+    assert_eq!(dec.fds_closed(), stream.len() as u64 - 1);
+    let got = got.expect("the frame completes");
+    assert_eq!(got.frame, frame);
+    assert_eq!(
+        read_fd(got.fd.expect("the frame keeps one fd")),
+        b"payload fd"
+    );
+    assert_eq!(dec.parked_fds(), 0);
+}
