@@ -8,8 +8,10 @@
 //! `--write-into-file` are appended as fields, which protobuf's "last value
 //! wins" rule applies without re-encoding the rest.
 //!
-//! Text configs are parsed against the descriptors of [`super::schema`] with
-//! prost-reflect; an error names the file, line, column and the field path
+//! Text configs are parsed with prost-reflect against upstream's complete
+//! TraceConfig schema ([`super::schema::trace_config`]), so every data
+//! source's config can be written (`ftrace_config`, `process_stats_config`,
+//! `sys_stats_config`, `track_event_config`, ...); an error names the file, line, column and the field path
 //! (`data_sources[1].config.track_event_config`), quotes the line, and
 //! suggests the closest field name for a misspelt one.
 
@@ -266,8 +268,7 @@ impl Config {
         Ok(())
     }
 
-    /// The config in text format (the data-source configs this project
-    /// knows decoded, the others as bytes).
+    /// The config in text format.
     pub fn to_text(&self) -> String {
         to_text(&self.bytes)
     }
@@ -565,14 +566,6 @@ fn resolve_path(root: &MessageDescriptor, path: &[Segment]) -> ResolvedPath {
             Some(field) => {
                 if field.is_list() {
                     display.push_str(&format!("[{}]", segment.index));
-                }
-                if schema::opaque_config_field(&msg, &segment.name) {
-                    hint = Some(format!(
-                        "shmtrace does not carry the schema of `{}`, so it cannot be written \
-                         in text format (track_event_config can). Pass the whole config in \
-                         binary form with -c FILE instead.",
-                        segment.name
-                    ));
                 }
                 if let Kind::Message(inner) = field.kind() {
                     message = Some(inner);
