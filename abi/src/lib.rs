@@ -27,14 +27,19 @@
 //! ## Shared memory rules
 //!
 //! * Words shared with the peer (page header bitmap, chunk header fields) are
-//!   native lock-free atomics overlaid on the memory with `from_ptr`; the
-//!   crate refuses to build on targets without native 16- and 32-bit
-//!   compare-and-swap, because emulated atomics (critical sections) are not
-//!   atomic with respect to another process, core or debug probe. For the
-//!   same reason the crate has no `portable-atomic` dependency: the only
-//!   atomics it owns are shared words, and producer-local queues come from
-//!   `heapless` (whose own `portable-atomic` feature a firmware build can
-//!   enable).
+//!   native lock-free atomics overlaid on the memory with `from_ptr`. By
+//!   default the crate refuses to build on targets without native 16- and
+//!   32-bit compare-and-swap, because emulated atomics (critical sections)
+//!   are not atomic with respect to another process, core or debug probe.
+//! * The `portable-atomic` feature is for single-core targets without those
+//!   instructions (Cortex-M0/M0+, RV32 without the A extension) where every
+//!   party touching the SMB runs on that core, such as firmware that writes
+//!   chunks and drains them itself through [`writer::PollingArbiter`]. The
+//!   shared words then come from `portable-atomic` (and `heapless`'s queues
+//!   use it too); the firmware build picks its fallback, e.g.
+//!   `RUSTFLAGS="--cfg portable_atomic_unsafe_assume_single_core"` or
+//!   `portable-atomic/critical-section`. On targets with native atomics the
+//!   feature changes nothing: `portable-atomic` runs the same instructions.
 //! * Payload bytes are copied in and out with `ptr::copy_nonoverlapping`;
 //!   no Rust reference ever covers memory the peer can change, and anything
 //!   read from it is validated from a private copy.
@@ -58,11 +63,15 @@
 #[cfg(any(test, loom))]
 extern crate std;
 
-#[cfg(not(all(target_has_atomic = "32", target_has_atomic = "16")))]
+#[cfg(not(any(
+    feature = "portable-atomic",
+    all(target_has_atomic = "32", target_has_atomic = "16")
+)))]
 compile_error!(
     "shmtrace-abi needs native lock-free 16- and 32-bit atomics with compare-and-swap: \
      SMB words are shared with another process, core or probe, for which emulated \
-     atomics are not atomic"
+     atomics are not atomic (on a single-core target where every party touching the \
+     SMB runs on that core, enable the `portable-atomic` feature)"
 );
 
 pub mod layout;

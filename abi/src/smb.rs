@@ -36,9 +36,9 @@
 #[allow(unsafe_code)]
 mod raw;
 
+use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU16, AtomicU32};
 
 use crate::layout::{
     ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,

@@ -3,11 +3,12 @@
 //! This is the coordination layer of the SMB (bbqueue's "coordination", as
 //! opposed to "storage"). It has three parts:
 //!
-//! 1. **The shim** [`atomic`]: `core::sync::atomic` normally, `loom`'s
-//!    atomics under `RUSTFLAGS="--cfg loom"` (maitake-sync style). Only
+//! 1. **The shim** [`atomic`]: the [`shared`] atomics normally (`core`'s, or
+//!    `portable-atomic`'s with that feature), `loom`'s atomics under
+//!    `RUSTFLAGS="--cfg loom"` (maitake-sync style). Only
 //!    [`OwnedPageWords`] is built from it.
 //! 2. **Two tiny traits**, [`AtomicWord32`] and [`AtomicWord16`], implemented
-//!    for the `core` atomics (used by [`crate::smb::Smb`] through
+//!    for the [`shared`] atomics (used by [`crate::smb::Smb`] through
 //!    `AtomicU32::from_ptr` into the shared mapping) and, under `--cfg loom`,
 //!    for loom's atomics; plus [`PageWords`], "the atomic words of one page".
 //! 3. **Generic operations** ([`try_partition`], [`try_acquire_for_writing`],
@@ -35,8 +36,10 @@
 //! * Nothing here panics on any bitmap value: a peer that scribbles on the
 //!   shared words gets typed errors, never a crash.
 //! * Shared words must be native lock-free atomics (address-free, so they
-//!   work across processes); this module only exists on targets with native
-//!   32- and 16-bit atomics.
+//!   work across processes): without the `portable-atomic` feature the crate
+//!   only builds on targets with native 32- and 16-bit compare-and-swap. With
+//!   it, a target without them gets `portable-atomic`'s fallback, which is
+//!   atomic only on one core (see [`shared`]).
 
 use core::fmt;
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -46,11 +49,28 @@ pub use core::sync::atomic::Ordering;
 use crate::layout::{ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, MAX_CHUNKS_PER_PAGE};
 use crate::state::{self, ChunkState, PartitionError, Transition, TransitionError};
 
-/// The atomic types the crate's owned words are built from: `core`'s
-/// normally, `loom`'s under `--cfg loom`.
+/// The atomic types overlaid on shared memory by [`crate::smb`]: `core`'s
+/// (native instructions, atomic with respect to every process, core and
+/// debug probe that maps the SMB), or with the `portable-atomic` feature
+/// `portable-atomic`'s. The latter run native instructions where the target
+/// has them and otherwise whatever fallback the firmware build selects
+/// (`critical-section` or `unsafe-assume-single-core`), which is atomic only
+/// with respect to code on the same core: enable it only where every party
+/// that touches the SMB runs on that core (for example a single-core MCU
+/// whose firmware both writes chunks and drains them through
+/// [`crate::writer::PollingArbiter`]).
+pub mod shared {
+    #[cfg(not(feature = "portable-atomic"))]
+    pub use core::sync::atomic::{AtomicU16, AtomicU32};
+    #[cfg(feature = "portable-atomic")]
+    pub use portable_atomic::{AtomicU16, AtomicU32};
+}
+
+/// The atomic types the crate's owned words are built from: the
+/// [`shared`] ones normally, `loom`'s under `--cfg loom`.
 pub mod atomic {
     #[cfg(not(loom))]
-    pub use core::sync::atomic::{AtomicU16, AtomicU32};
+    pub use super::shared::{AtomicU16, AtomicU32};
     #[cfg(loom)]
     pub use loom::sync::atomic::{AtomicU16, AtomicU32};
 }
@@ -119,7 +139,7 @@ macro_rules! impl_words {
     };
 }
 
-impl_words!(core::sync::atomic::AtomicU32, core::sync::atomic::AtomicU16);
+impl_words!(shared::AtomicU32, shared::AtomicU16);
 #[cfg(loom)]
 impl_words!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU16);
 

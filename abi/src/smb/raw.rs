@@ -13,9 +13,9 @@
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
 
+use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU16, AtomicU32};
 
 use super::SmbStorage;
 
@@ -114,6 +114,8 @@ impl<'m> Region<'m> {
         // whose constructors require exclusive ownership of payload bytes,
         // and the state machine keeps payloads disjoint from live header
         // words (a page's layout only changes once all its chunks are free).
+        // With `portable-atomic`'s lock-based fallback every access of this
+        // process goes through the same `AtomicU32` type, as it requires.
         Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
     }
 
