@@ -290,6 +290,20 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
         packet.finish()
     }
 
+    /// Writes one whole, already-encoded TracePacket (its fields, without a
+    /// size prefix). Same result and loss semantics as
+    /// `write_packet(|p| p.raw(packet))` (fields 42/87 prepended when due,
+    /// fragmented across chunks when needed), but a packet of at most 127
+    /// bytes that fits the current chunk costs one copy and one atomic
+    /// store: no size reservation, no compaction.
+    #[inline]
+    pub fn write_encoded_packet(&mut self, packet: &[u8]) -> PacketOutcome {
+        if self.enc.sink_and_slots().0.try_write_small_packet(packet) {
+            return PacketOutcome::Written;
+        }
+        self.write_packet(|p| p.raw(packet))
+    }
+
     /// Returns the current chunk to the arbiter (even if almost empty),
     /// offers pending patches, and asks the arbiter to deliver everything
     /// now. The next packet starts in a new chunk.

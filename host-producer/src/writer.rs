@@ -74,6 +74,13 @@ impl PacketWriter for Output {
         let outcome = self.writer.write_packet(f);
         !matches!(outcome, PacketOutcome::Dropped(_))
     }
+
+    #[inline]
+    fn write_encoded_packet(&mut self, fields: &[u8]) -> bool {
+        self.dirty = true;
+        let outcome = self.writer.write_encoded_packet(fields);
+        !matches!(outcome, PacketOutcome::Dropped(_))
+    }
 }
 
 /// What the lock protects.

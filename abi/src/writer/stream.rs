@@ -299,6 +299,53 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         true
     }
 
+    /// Writes a whole, already-encoded packet of at most 127 bytes into the
+    /// current chunk with a 1-byte size, if it fits there and nothing
+    /// else must be prepended (no pending loss, not the sequence's first
+    /// packet, no packet open). The bytes and the chunk state end up exactly
+    /// as [`begin_packet`](Self::begin_packet) + writing + [`finish_packet`](Self::finish_packet)
+    /// would leave them, with a single release store of the count. Returns
+    /// `false`, having changed nothing, when the general path must be taken.
+    #[inline]
+    pub(crate) fn try_write_small_packet(&mut self, packet: &[u8]) -> bool {
+        let len = packet.len();
+        if self.in_packet
+            || self.first_packet
+            || self.pending_loss != 0
+            || len > MAX_ONE_BYTE_LEN as usize
+        {
+            return false;
+        }
+        let Some(chunk) = &mut self.chunk else {
+            return false;
+        };
+        let room = self.capacity.saturating_sub(self.cursor);
+        // `count` after the fragment: an inflated count already includes it.
+        let count = if self.inflated {
+            self.count
+        } else {
+            self.count + 1
+        };
+        // Same "chunk too full" rule as `begin_packet`, and the packet must
+        // fit behind a 4-byte size reservation like the general path's (so
+        // both split packets at the same places).
+        if room < MIN_PACKET_ROOM || room < SIZE_FIELD_LEN + len || count > MAX_FRAGMENTS_PER_CHUNK
+        {
+            return false;
+        }
+        let at = self.cursor;
+        if chunk.write_u8(at, len as u8).is_err() || chunk.write(at + 1, packet).is_err() {
+            return false;
+        }
+        self.cursor = at + 1 + len;
+        self.count = count;
+        self.inflated = false;
+        self.stats.packets_written += 1;
+        self.seal_packet();
+        self.deliver_patches();
+        true
+    }
+
     /// Abandons the packet being written: sentinel into its last fragment's
     /// size field, inline size slots detached, chunk released, rest of the
     /// packet discarded.
@@ -391,17 +438,24 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         if self.continuation || size > MAX_ONE_BYTE_LEN as usize || !self.compact(at, size) {
             self.chunk_write(at, &redundant_varint4(size as u32));
         }
+        self.seal_packet();
+        self.pending_loss = 0;
+        self.first_packet = false;
+        self.deliver_patches();
+        true
+    }
+
+    /// After a packet's last fragment: inflates the count for scrapers if a
+    /// byte is left, else publishes the count and returns the full chunk.
+    fn seal_packet(&mut self) {
         if self.capacity > self.cursor {
             self.count += 1;
             self.inflated = true;
             self.publish_packets();
         } else {
+            self.publish_packets();
             self.return_chunk();
         }
-        self.pending_loss = 0;
-        self.first_packet = false;
-        self.deliver_patches();
-        true
     }
 
     /// Rewrites the 4-byte size field at `at` (followed by a `size`-byte

@@ -68,14 +68,31 @@ const FIRST: [u8; 3] = [0xB8, 0x05, 0x01];
 
 #[test]
 fn small_packets_are_compacted_and_padded_on_flush() {
+    // Encoded field by field, and as whole pre-encoded packets (the first
+    // one through the general path, for field 87; the second through the
+    // one-copy path): the same bytes.
+    for encoded in [false, true] {
+        small_packets_case(encoded);
+    }
+}
+
+fn small_packets_case(encoded: bool) {
     let mut storage = Box::new(SmbStorage::<4096>::new());
     let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
     let mut q = CommitQueue::<8>::new();
     let (tx, mut rx) = q.split();
     let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
     let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 7).unwrap();
-    assert_eq!(w.write_packet(|p| p.uint64(8, 100)), PacketOutcome::Written);
-    assert_eq!(w.write_packet(|p| p.uint64(8, 101)), PacketOutcome::Written);
+    for ts in [100u8, 101] {
+        let outcome = if encoded {
+            w.write_encoded_packet(&[0x40, ts])
+        } else {
+            w.write_packet(|p| p.uint64(8, ts.into()))
+        };
+        assert_eq!(outcome, PacketOutcome::Written);
+    }
+    let (scraped, _) = w.enc.sink().snapshot().unwrap();
+    assert_eq!(scraped.count(), 3, "two packets + the inflated slot");
     // Nothing is committed before the flush.
     assert!(rx.is_empty());
     w.flush();
@@ -683,4 +700,109 @@ fn a_full_chunk_is_returned_before_the_next_one_is_requested() {
     );
     assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
     assert_eq!(w.arbiter().calls, ["acquire", "commit", "acquire"]);
+}
+
+/// Fragments of a chunk payload as a reader parses them (sentinels as
+/// `None`), complete chunks or (`incomplete`) a scraped one.
+fn fragments(payload: &[u8], p: Packets, incomplete: bool) -> Vec<Option<Vec<u8>>> {
+    let frags = if incomplete {
+        Fragments::new_incomplete(payload, p)
+    } else {
+        Fragments::new(payload, p)
+    };
+    frags
+        .map(|f| match f.unwrap() {
+            FragmentEvent::Data(f) => Some(f.data.to_vec()),
+            FragmentEvent::Dropped(_) => None,
+        })
+        .collect()
+}
+
+/// One step of [`encoded_packets_match_the_general_path`].
+#[derive(Debug, Clone)]
+enum Step {
+    Packet(Vec<u8>),
+    Flush,
+    Drain,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        12 => proptest::collection::vec(any::<u8>(), 0..140).prop_map(Step::Packet),
+        1 => proptest::collection::vec(any::<u8>(), 120..600).prop_map(Step::Packet),
+        1 => Just(Step::Flush),
+        2 => Just(Step::Drain),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: if cfg!(miri) { 4 } else { 64 },
+        failure_persistence: None,
+        ..Default::default()
+    })]
+
+    /// `write_encoded_packet` (its one-copy fast path included) leaves the
+    /// same chunks, headers, flags and patches as `write_packet` with the
+    /// same bytes, through chunk switches, fragmentation, the 1022-fragment
+    /// and 12-byte rules, and an exhausted SMB.
+    #[test]
+    fn encoded_packets_match_the_general_path(
+        steps in proptest::collection::vec(step(), 1..300),
+        layout in proptest::sample::select(&[PageLayout::Div1, PageLayout::Div4, PageLayout::Div14][..]),
+    ) {
+        let mut sa = Box::new(SmbStorage::<16384>::new());
+        let mut sb = Box::new(SmbStorage::<16384>::new());
+        let smb_a = Smb::new(&mut sa, PageSize::DEFAULT).unwrap();
+        let smb_b = Smb::new(&mut sb, PageSize::DEFAULT).unwrap();
+        let mut qa = CommitQueue::<64>::new();
+        let mut qb = CommitQueue::<64>::new();
+        let (ta, mut ra) = qa.split();
+        let (tb, mut rb) = qb.split();
+        let mut a: TraceWriter<_> =
+            TraceWriter::new(PollingArbiter::new(&smb_a, layout, ta).unwrap(), 3, 1).unwrap();
+        let mut b: TraceWriter<_> =
+            TraceWriter::new(PollingArbiter::new(&smb_b, layout, tb).unwrap(), 3, 1).unwrap();
+        // What a reader sees: headers, locations, patches and the parsed
+        // fragments (bytes past the last fragment are scratch space).
+        let dump = |ev: Vec<Ev>| {
+            ev.iter()
+                .map(|e| match e {
+                    Ev::Chunk { header, location, target, payload } => std::format!(
+                        "{header:?} {location:?} {target} {:?}",
+                        fragments(payload, header.packets, false)
+                    ),
+                    Ev::Patches(p) => std::format!("{p:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let scraped = |s: Option<(Packets, Vec<u8>)>| {
+            s.map(|(p, payload)| (p, fragments(&payload, p, true)))
+        };
+        for s in &steps {
+            match s {
+                Step::Packet(bytes) => {
+                    let oa = a.write_encoded_packet(bytes);
+                    let ob = b.write_packet(|p| p.raw(bytes));
+                    proptest::prop_assert_eq!(oa, ob);
+                }
+                Step::Flush => {
+                    a.flush();
+                    b.flush();
+                }
+                Step::Drain => {
+                    proptest::prop_assert_eq!(dump(drain(&mut ra, &smb_a)), dump(drain(&mut rb, &smb_b)));
+                }
+            }
+            proptest::prop_assert_eq!(
+                scraped(a.enc.sink().snapshot()),
+                scraped(b.enc.sink().snapshot())
+            );
+        }
+        a.flush();
+        b.flush();
+        proptest::prop_assert_eq!(dump(drain(&mut ra, &smb_a)), dump(drain(&mut rb, &smb_b)));
+        proptest::prop_assert_eq!(a.stats(), b.stats());
+    }
 }
