@@ -89,6 +89,7 @@
 mod annotation;
 mod arbiter;
 mod category;
+mod clock;
 mod connection;
 mod data_source;
 mod error;

@@ -439,7 +439,7 @@ impl Timestamp {
     pub fn now() -> Self {
         Timestamp {
             clock: Clock::Boottime,
-            ns: sys::boottime_ns(),
+            ns: crate::clock::now_ns(),
         }
     }
 
