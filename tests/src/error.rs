@@ -63,6 +63,15 @@ pub enum HarnessError {
     /// The checker could not run or could not be understood.
     #[error("trace checker failed to run: {0}")]
     Checker(String),
+    /// A scenario run failed; its work directory (sockets, config, traces,
+    /// logs) is kept for diagnosis.
+    #[error("{source}\n(the run's traces and logs are kept in {})", dir.display())]
+    Kept {
+        /// The kept directory.
+        dir: PathBuf,
+        /// What failed.
+        source: Box<HarnessError>,
+    },
     /// A scenario is inconsistent (e.g. a flush between phases with one phase).
     #[error("invalid scenario: {0}")]
     Scenario(String),

@@ -100,6 +100,9 @@ macro_rules! real_binaries {
 pub enum ServiceImpl {
     /// The real Perfetto service (`real-service`).
     Real,
+    /// Our service: `shmtrace serve --notify-ready`, the binary users run
+    /// (see [`shmtrace_binary`]).
+    Ours,
 }
 
 /// Who plays the producers.
@@ -134,25 +137,62 @@ pub struct Cell {
 
 impl Cell {
     /// Real producer -> real service <- real consumer: the reference cell.
-    pub const REAL: Cell = Cell {
-        service: ServiceImpl::Real,
-        producer: ProducerImpl::Real,
-        consumer: ConsumerImpl::Real,
-    };
+    pub const REAL: Cell = Cell::new(ServiceImpl::Real, ProducerImpl::Real, ConsumerImpl::Real);
 
     /// Our producer -> real service <- real consumer: cell (b).
-    pub const OUR_PRODUCER: Cell = Cell {
-        service: ServiceImpl::Real,
-        producer: ProducerImpl::Ours,
-        consumer: ConsumerImpl::Real,
-    };
+    pub const OUR_PRODUCER: Cell =
+        Cell::new(ServiceImpl::Real, ProducerImpl::Ours, ConsumerImpl::Real);
 
-    /// Real producer -> real service <- `shmtrace record`.
-    pub const REAL_WITH_OUR_CLI: Cell = Cell {
-        service: ServiceImpl::Real,
-        producer: ProducerImpl::Real,
-        consumer: ConsumerImpl::OurCli,
-    };
+    /// Real producer -> real service <- `shmtrace record`: cell (c).
+    pub const REAL_WITH_OUR_CLI: Cell =
+        Cell::new(ServiceImpl::Real, ProducerImpl::Real, ConsumerImpl::OurCli);
+
+    /// Real producer -> our service <- real consumer: cell (a).
+    pub const OUR_SERVICE: Cell =
+        Cell::new(ServiceImpl::Ours, ProducerImpl::Real, ConsumerImpl::Real);
+
+    /// Our producer -> our service <- real consumer: cell (e).
+    pub const OUR_PRODUCER_AND_SERVICE: Cell =
+        Cell::new(ServiceImpl::Ours, ProducerImpl::Ours, ConsumerImpl::Real);
+
+    /// Real producer -> our service <- `shmtrace record`: cell (f).
+    pub const OUR_SERVICE_AND_CLI: Cell =
+        Cell::new(ServiceImpl::Ours, ProducerImpl::Real, ConsumerImpl::OurCli);
+
+    /// Our producer -> our service <- `shmtrace record`: cell (d), no real
+    /// Perfetto anywhere but in the checker's protos.
+    pub const OURS: Cell = Cell::new(ServiceImpl::Ours, ProducerImpl::Ours, ConsumerImpl::OurCli);
+
+    /// The cell of these three roles.
+    pub const fn new(service: ServiceImpl, producer: ProducerImpl, consumer: ConsumerImpl) -> Self {
+        Cell {
+            service,
+            producer,
+            consumer,
+        }
+    }
+
+    /// Whether the consumer can flush and read while the session runs
+    /// ([`BetweenPhases::FlushAndRead`]): the real consumer can, `shmtrace
+    /// record` cannot (it reads once, when the session ends).
+    pub fn reads_mid_session(&self) -> bool {
+        self.consumer == ConsumerImpl::Real
+    }
+
+    /// A short name ("real-ours-cli": service, producer, consumer), for
+    /// temporary directories and messages.
+    pub fn name(&self) -> String {
+        let who = |ours: bool| if ours { "ours" } else { "real" };
+        format!(
+            "{}-{}-{}",
+            who(self.service == ServiceImpl::Ours),
+            who(self.producer == ProducerImpl::Ours),
+            match self.consumer {
+                ConsumerImpl::Real => "real",
+                ConsumerImpl::OurCli => "cli",
+            }
+        )
+    }
 }
 
 /// The `shmtrace` binary: `$SHMTRACE_BIN`, else `shmtrace` in the cargo
@@ -541,15 +581,23 @@ fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
         })
 }
 
-fn spawn_service(
+/// Starts the service `which`, listening on `producer_socket` and
+/// `consumer_socket`, and waits until it reports `ready`. Its stderr goes to
+/// `log_dir`.
+pub fn start_service(
     which: ServiceImpl,
     bins: &RealBinaries,
-    dir: &WorkDir,
+    log_dir: &Path,
     producer_socket: &Path,
     consumer_socket: &Path,
 ) -> Result<ChildProcess> {
     let mut command = match which {
         ServiceImpl::Real => Command::new(&bins.service),
+        ServiceImpl::Ours => {
+            let mut command = Command::new(shmtrace_binary()?);
+            command.args(["serve", "--notify-ready", "--log-level", "warn"]);
+            command
+        }
     };
     command
         .arg("--producer-socket")
@@ -558,13 +606,18 @@ fn spawn_service(
         .arg(consumer_socket)
         // Our end of its stdin closes when we die, however we die.
         .arg("--exit-on-stdin-eof");
-    ChildProcess::spawn("service", command, dir.dir.path())
+    let mut service = ChildProcess::spawn("service", command, log_dir)?;
+    service.expect_event("ready", START_TIMEOUT)?;
+    Ok(service)
 }
 
-fn spawn_producer(
+/// Starts producer number `index` (from 0) of implementation `which`,
+/// emitting `spec`, connected to `producer_socket`. It reports `enabled`
+/// once a session starts its data source. Its stderr goes to `log_dir`.
+pub fn start_producer(
     which: ProducerImpl,
     bins: &RealBinaries,
-    dir: &WorkDir,
+    log_dir: &Path,
     index: usize,
     spec: &ProducerSpec,
     producer_socket: &Path,
@@ -582,13 +635,16 @@ fn spawn_producer(
         .arg(format!("--large-every={}", spec.large_every))
         .arg(format!("--iteration-sleep-us={}", spec.iteration_sleep_us))
         .arg(format!("--shmem-kb={}", spec.shmem_kb));
-    ChildProcess::spawn(&format!("producer {}", index + 1), command, dir.dir.path())
+    ChildProcess::spawn(&format!("producer {}", index + 1), command, log_dir)
 }
 
-fn spawn_consumer(
+/// Starts the consumer `which`, recording the TraceConfig in `config` into
+/// `out` (see the driver protocol in the module docs). Its stderr goes to
+/// `log_dir`.
+pub fn start_consumer(
     which: ConsumerImpl,
     bins: &RealBinaries,
-    dir: &WorkDir,
+    log_dir: &Path,
     consumer_socket: &Path,
     config: &Path,
     out: &Path,
@@ -608,7 +664,7 @@ fn spawn_consumer(
             if write_into_file {
                 command.arg("--write-into-file");
             }
-            return ChildProcess::spawn("consumer (shmtrace record)", command, dir.dir.path());
+            return ChildProcess::spawn("consumer (shmtrace record)", command, log_dir);
         }
     };
     command
@@ -625,7 +681,7 @@ fn spawn_consumer(
         "--timeout-ms={}",
         (PHASE_TIMEOUT + STOP_TIMEOUT).as_millis()
     ));
-    ChildProcess::spawn("consumer", command, dir.dir.path())
+    ChildProcess::spawn("consumer", command, log_dir)
 }
 
 /// Ctrl-C for a process (SIGINT, through the shell's `kill`).
@@ -674,18 +730,31 @@ fn expectation(
 pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outcome> {
     checker::ensure_environment()?;
     let phases = scenario.phases()?;
-    if cell.consumer == ConsumerImpl::OurCli
-        && scenario.between_phases == BetweenPhases::FlushAndRead
-    {
+    if !cell.reads_mid_session() && scenario.between_phases == BetweenPhases::FlushAndRead {
         return Err(HarnessError::Scenario(
             "shmtrace record has no mid-session reads (flush-and-read between phases)".into(),
         ));
     }
     // Fail early, before any process starts, if the CLI is not built.
     shmtrace_binary()?;
-    // Declared first, dropped last: the processes below die before their
-    // directory goes away.
-    let dir = WorkDir::new(scenario.name)?;
+    let dir = WorkDir::new(&format!("{}-{}", scenario.name, cell.name()))?;
+    match run_in(&dir, cell, bins, scenario, phases) {
+        Ok(outcome) => Ok(outcome),
+        // Every process of the run is gone by now (dropped in `run_in`).
+        Err(source) => Err(HarnessError::Kept {
+            dir: dir.dir.keep(),
+            source: Box::new(source),
+        }),
+    }
+}
+
+fn run_in(
+    dir: &WorkDir,
+    cell: Cell,
+    bins: &RealBinaries,
+    scenario: &Scenario,
+    phases: u32,
+) -> Result<Outcome> {
     let producer_socket = dir.path("producer.sock");
     let consumer_socket = dir.path("consumer.sock");
     let config_path = dir.path("config.pb");
@@ -693,24 +762,29 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     let write_into_file = scenario.write_into_file_period_ms.is_some();
     write_file(&config_path, &config::encode(&scenario.trace_config()))?;
 
-    let mut service = spawn_service(cell.service, bins, &dir, &producer_socket, &consumer_socket)?;
-    service.expect_event("ready", START_TIMEOUT)?;
+    let mut service = start_service(
+        cell.service,
+        bins,
+        dir.dir.path(),
+        &producer_socket,
+        &consumer_socket,
+    )?;
 
     let mut producers = Vec::new();
     for (index, spec) in scenario.producers.iter().enumerate() {
-        producers.push(spawn_producer(
+        producers.push(start_producer(
             cell.producer,
             bins,
-            &dir,
+            dir.dir.path(),
             index,
             spec,
             &producer_socket,
         )?);
     }
-    let mut consumer = spawn_consumer(
+    let mut consumer = start_consumer(
         cell.consumer,
         bins,
-        &dir,
+        dir.dir.path(),
         &consumer_socket,
         &config_path,
         &trace_path,
@@ -780,7 +854,10 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
         producer.expect_event("stopped", STOP_TIMEOUT)?;
         producer.expect_success(STOP_TIMEOUT)?;
     }
-    drop(service);
+    // The service outlives the session cleanly: it exits 0 at the end of
+    // its stdin (ours would report a panic or a failed loop as non-zero).
+    service.close_stdin();
+    service.expect_success(STOP_TIMEOUT)?;
     if scenario.loss == Loss::None {
         // Counts are exact only if every iteration ran inside the session.
         for (producer, run) in producers.iter().zip(&runs) {

@@ -1,0 +1,703 @@
+//! The interop matrix: every scenario in every cell.
+//!
+//! A cell says who plays the service, the producers and the consumer (the
+//! real Perfetto v59 or ours, see [`Cell`]); a scenario says what they do.
+//! Each scenario below is one function of the cell, with every assertion the
+//! scenario is about (counts, buffer stats, what the CLI reports); the
+//! [`matrix!`] macro turns it into one `#[test]` per cell, named
+//! `<scenario>::<cell>` (`cargo test -p shmtrace-tests our_service` runs one
+//! cell, `cargo test -p shmtrace-tests ring_buffer_wrap` one scenario).
+//!
+//! The cells, by service:
+//!
+//! | test name                 | producer | service | consumer          |
+//! |---------------------------|----------|---------|-------------------|
+//! | `real`                    | real     | real    | real              |
+//! | `our_producer`      (b)   | ours     | real    | real              |
+//! | `real_with_our_cli` (c)   | real     | real    | `shmtrace record` |
+//! | `our_service`       (a)   | real     | ours    | real              |
+//! | `our_producer_and_service` (e) | ours | ours   | real              |
+//! | `our_service_and_cli` (f) | real     | ours    | `shmtrace record` |
+//! | `ours`              (d)   | ours     | ours    | `shmtrace record` |
+//!
+//! The real cell establishes what the real thing does; the others must pass
+//! the same checks. Every run's trace also passes `shmtrace inspect --check`
+//! (see `scenario::run`), and the cells with `shmtrace record` hold its
+//! summary against the checker's report.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shmtrace_tests::checker::{Loss, TraceReport};
+use shmtrace_tests::config::FillPolicy;
+use shmtrace_tests::real_binaries;
+use shmtrace_tests::scenario::{
+    self, BetweenPhases, Cell, ConsumerImpl, Outcome, ProducerImpl, ProducerSpec, Scenario,
+    ServiceImpl, Stop,
+};
+
+/// One `#[test]` per cell for each scenario function `fn(Cell)`.
+macro_rules! matrix {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            cell_tests!($scenario:
+                real => REAL,
+                our_producer => OUR_PRODUCER,
+                real_with_our_cli => REAL_WITH_OUR_CLI,
+                our_service => OUR_SERVICE,
+                our_producer_and_service => OUR_PRODUCER_AND_SERVICE,
+                our_service_and_cli => OUR_SERVICE_AND_CLI,
+                ours => OURS,
+            );
+        }
+    )*};
+}
+
+/// `#[test] fn <test>() { <scenario>(Cell::<CELL>) }` for each pair.
+macro_rules! cell_tests {
+    ($scenario:ident: $($test:ident => $cell:ident),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            super::$scenario(shmtrace_tests::scenario::Cell::$cell);
+        }
+    )*};
+}
+
+matrix!(
+    small_packets,
+    packets_spanning_many_chunks,
+    ring_buffer_wrap,
+    discard_when_full,
+    two_producers_two_threads_each,
+    flush_mid_session,
+    incremental_state_clear,
+    write_into_file,
+    many_threads_tiny_smb,
+);
+
+/// Plays `scenario` in `cell`; the checker must pass. In the cells with
+/// `shmtrace record`, also returns its summary, after checking that it
+/// agrees with the checker (official schema) on what the trace holds.
+fn run(cell: Cell, scenario: &Scenario) -> (Outcome, Option<Value>) {
+    let outcome = scenario::run(cell, &real_binaries!(), scenario)
+        .unwrap_or_else(|e| panic!("{} in cell {}: {e}", scenario.name, cell.name()));
+    outcome
+        .report
+        .assert_ok(&format!("{} in cell {}", scenario.name, cell.name()));
+    let summary = (cell.consumer == ConsumerImpl::OurCli).then(|| assert_summary_matches(&outcome));
+    (outcome, summary)
+}
+
+/// `shmtrace record`'s summary agrees with the checker.
+fn assert_summary_matches(outcome: &Outcome) -> Value {
+    let summary = outcome
+        .cli_summary
+        .clone()
+        .expect("shmtrace record's summary");
+    let report = &outcome.report;
+    assert_eq!(summary["packets"], report.packets, "{summary}");
+    assert_eq!(
+        summary["track_events"],
+        report.totals.track_events(),
+        "{summary}"
+    );
+    // Every producer sequence, also those whose events all depended on
+    // lost interned data (the checker counts no track event on them).
+    assert_eq!(summary["sequences"], report.sequences.len(), "{summary}");
+    assert_eq!(summary["file_bytes"], outcome.trace_bytes);
+    let ds = &summary["data_sources"][0];
+    assert_eq!(ds["name"], "track_event");
+    assert!(
+        ds["status"].as_str().unwrap().starts_with("recorded from "),
+        "{summary}"
+    );
+    assert_eq!(summary["problems"], 0);
+    assert_eq!(
+        outcome.inspect.analysis["track_events"]["total"],
+        report.totals.track_events()
+    );
+    summary
+}
+
+/// Every sequence that carries track events belongs to one of the producers
+/// and started cleanly (first packet present, incremental state cleared).
+fn assert_clean_sequences(outcome: &Outcome, expected_sequences: usize) {
+    let sequences: Vec<_> = outcome.report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), expected_sequences, "{sequences:#?}");
+    for seq in sequences {
+        assert!(!seq.start_lost, "sequence {} lost its start", seq.id);
+        assert_eq!(seq.loss_marks, 0, "sequence {} has loss marks", seq.id);
+        assert!(
+            seq.cleared >= 1,
+            "sequence {} never cleared its incremental state",
+            seq.id
+        );
+        assert_eq!(seq.pids.len(), 1);
+        assert!(
+            outcome.producers.iter().any(|p| p.pid == seq.pids[0]),
+            "sequence {} from unknown pid",
+            seq.id
+        );
+    }
+}
+
+/// `TraceStats.buffer_stats.<field>` (summed over buffers) is at least
+/// `min`.
+fn assert_stat_at_least(report: &TraceReport, field: &str, min: u64) {
+    let value = report.buffer_stat(field);
+    assert!(
+        value >= min,
+        "{field} = {value}, expected at least {min}: {:?}",
+        report.buffer_stats
+    );
+}
+
+/// The CLI's summary lists a loss with this statistic.
+fn assert_summary_loss(summary: &Value, stat: &str) {
+    let losses = summary["losses"].to_string();
+    assert!(losses.contains(stat), "{stat} not in {losses}");
+}
+
+fn small_packets(cell: Cell) {
+    let scenario = Scenario::new(
+        "small",
+        vec![ProducerSpec {
+            threads: 2,
+            iterations: 200,
+            ..Default::default()
+        }],
+    );
+    let (outcome, summary) = run(cell, &scenario);
+    let emitted = outcome.emitted();
+    assert_eq!(emitted.slice_begin, 800);
+    assert_eq!(emitted.skipped_disabled, 0);
+    assert_eq!(outcome.report.totals.track_events(), emitted.track_events());
+    assert_clean_sequences(&outcome, 2);
+    // Interned names and categories resolve to the right strings, for the
+    // checker and for `shmtrace inspect`.
+    let by_name = &outcome.report.events_by_name;
+    let inspected = &outcome.inspect.analysis["track_events"]["by_name"];
+    for name in ["outer", "inner", "tick", "flow_out", "flow_in"] {
+        assert_eq!(by_name.get(name), Some(&400), "{name}: {by_name:?}");
+        assert_eq!(inspected[name], 400, "{name}: {inspected}");
+    }
+    let by_category = &outcome.report.events_by_category;
+    assert_eq!(
+        by_category.get("interop"),
+        Some(&(3 * 400)),
+        "{by_category:?}"
+    );
+    assert_eq!(
+        by_category.get("interop.flow"),
+        Some(&(2 * 400)),
+        "{by_category:?}"
+    );
+    assert_eq!(outcome.report.buffer_stat("chunks_overwritten"), 0);
+    assert!(outcome.report.buffer_stat("chunks_read") > 0);
+    if let Some(summary) = summary {
+        // Stopped with Ctrl-C: flushed, nothing lost.
+        assert_eq!(summary["ended"], "stopped on request (flushed)");
+        assert_eq!(summary["losses"].as_array().unwrap().len(), 0, "{summary}");
+    }
+}
+
+fn packets_spanning_many_chunks(cell: Cell) {
+    const LARGE_KB: u32 = 300;
+    let scenario = Scenario {
+        buffer_kb: 16 * 1024,
+        ..Scenario::new(
+            "large",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 12,
+                large_kb: LARGE_KB,
+                large_every: 4,
+                // A packet cannot be larger than the shared memory buffer
+                // (256 KiB by default): the SDK drops it.
+                shmem_kb: 4096,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, _) = run(cell, &scenario);
+    let report = &outcome.report;
+    // 3 huge instants per thread, each a single ~300 KiB packet spread over
+    // dozens of chunks whose nested size fields were patched afterwards.
+    assert_eq!(report.totals.large, 6);
+    assert_eq!(report.totals.large_bytes, 6 * u64::from(LARGE_KB) * 1024);
+    assert_stat_at_least(report, "patches_succeeded", 1);
+    assert_stat_at_least(report, "readaheads_succeeded", 6);
+    assert_eq!(report.buffer_stat("patches_failed"), 0);
+    assert!(outcome.trace_bytes > 6 * u64::from(LARGE_KB) * 1024);
+    assert_clean_sequences(&outcome, 2);
+}
+
+fn ring_buffer_wrap(cell: Cell) {
+    let scenario = Scenario {
+        buffer_kb: 256,
+        fill_policy: FillPolicy::RingBuffer,
+        stop: Stop::ByDuration { duration_ms: 3000 },
+        clear_period_ms: Some(100),
+        loss: Loss::Allowed,
+        ..Scenario::new(
+            "ring",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 4000,
+                iteration_sleep_us: 150,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, summary) = run(cell, &scenario);
+    let report = &outcome.report;
+    assert_stat_at_least(report, "write_wrap_count", 1);
+    assert_stat_at_least(report, "chunks_overwritten", 1);
+    // The oldest data is gone, the newest is there and decodes (the periodic
+    // incremental-state clears make the surviving tail self-contained).
+    let emitted = outcome.emitted();
+    assert!(report.totals.slice_begin > 0);
+    assert!(
+        report.totals.slice_begin < emitted.slice_begin,
+        "{} of {}",
+        report.totals.slice_begin,
+        emitted.slice_begin
+    );
+    assert!(
+        report.track_event_sequences().all(|s| s.start_lost),
+        "{:#?}",
+        report.sequences
+    );
+    if let Some(summary) = summary {
+        assert!(
+            summary["ended"]
+                .as_str()
+                .unwrap()
+                .starts_with("ended by the service after the configured 3.0 s"),
+            "{summary}"
+        );
+        assert_summary_loss(&summary, "chunks_overwritten");
+        assert_summary_loss(&summary, "the ring buffer wrapped");
+    }
+}
+
+fn discard_when_full(cell: Cell) {
+    let scenario = Scenario {
+        buffer_kb: 128,
+        fill_policy: FillPolicy::Discard,
+        loss: Loss::Allowed,
+        ..Scenario::new(
+            "discard",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 3000,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, summary) = run(cell, &scenario);
+    let report = &outcome.report;
+    assert_stat_at_least(report, "chunks_discarded", 1);
+    assert_eq!(report.buffer_stat("chunks_overwritten"), 0);
+    // What was kept is a clean prefix of each sequence (a thread that was
+    // descheduled while the other filled the buffer may have none at all).
+    let emitted = outcome.emitted();
+    assert!(report.totals.slice_begin > 0);
+    assert!(report.totals.slice_begin < emitted.slice_begin);
+    let kept = report.track_event_sequences().count();
+    assert!((1..=2).contains(&kept), "{:#?}", report.sequences);
+    assert_clean_sequences(&outcome, kept);
+    if let Some(summary) = summary {
+        assert_summary_loss(&summary, "chunks_discarded");
+    }
+}
+
+fn two_producers_two_threads_each(cell: Cell) {
+    let spec = ProducerSpec {
+        threads: 2,
+        iterations: 300,
+        ..Default::default()
+    };
+    let (outcome, summary) = run(cell, &Scenario::new("two-producers", vec![spec, spec]));
+    assert_clean_sequences(&outcome, 4);
+    assert_ne!(outcome.producers[0].pid, outcome.producers[1].pid);
+    // The checker matched counts per producer pid; both pids are present.
+    for producer in &outcome.producers {
+        let counts = outcome
+            .report
+            .producers
+            .get(&producer.pid.to_string())
+            .expect("producer in trace");
+        assert_eq!(counts.slice_begin, producer.emitted().slice_begin);
+    }
+    if let Some(summary) = summary {
+        assert_eq!(
+            summary["producer_pids"].as_array().unwrap().len(),
+            2,
+            "{summary}"
+        );
+        assert_eq!(summary["sequences"], 4);
+    }
+}
+
+fn flush_mid_session(cell: Cell) {
+    let scenario = Scenario {
+        between_phases: BetweenPhases::FlushAndRead,
+        ..Scenario::new(
+            "flush",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 150,
+                phases: 2,
+                ..Default::default()
+            }],
+        )
+    };
+    if !cell.reads_mid_session() {
+        // `shmtrace record` reads once, when the session ends: it has no
+        // command to flush and read while the session runs, so this
+        // scenario cannot be played with it. The harness says so instead
+        // of running something else under this name.
+        let err = scenario::run(cell, &real_binaries!(), &scenario)
+            .expect_err("a consumer without mid-session reads");
+        assert!(err.to_string().contains("no mid-session reads"), "{err}");
+        return;
+    }
+    let (outcome, _) = run(cell, &scenario);
+    let [mid] = outcome.mid_reads.as_slice() else {
+        panic!("one mid-session read expected")
+    };
+    assert!(mid.flush_ok, "the mid-session flush failed");
+    // Everything emitted before the flush is readable right after it, while
+    // the writer threads are still alive in the middle of their chunks.
+    mid.report
+        .assert_ok("flush mid-session, read after the flush");
+    let phase1 = outcome.producers[0].phases[0];
+    assert_eq!(mid.report.totals.slice_begin, phase1.slice_begin);
+    assert_eq!(mid.report.totals.track_events(), phase1.track_events());
+    assert!(outcome.report.totals.slice_begin > phase1.slice_begin);
+}
+
+fn incremental_state_clear(cell: Cell) {
+    let scenario = Scenario {
+        clear_period_ms: Some(100),
+        ..Scenario::new(
+            "clear",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 300,
+                iteration_sleep_us: 3000,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, _) = run(cell, &scenario);
+    // Emission spans ~1 s: each writer saw several clears, re-emitted its
+    // interned data each time, and every name still resolves.
+    for seq in outcome.report.track_event_sequences() {
+        assert!(
+            seq.cleared >= 3,
+            "sequence {} cleared only {} times",
+            seq.id,
+            seq.cleared
+        );
+    }
+    for seq in outcome.inspect.analysis["sequences"].as_array().unwrap() {
+        if seq["track_events"].as_u64().unwrap_or(0) > 0 {
+            assert!(seq["cleared"].as_u64().unwrap() >= 3, "{seq}");
+        }
+    }
+    assert_clean_sequences(&outcome, 2);
+}
+
+fn write_into_file(cell: Cell) {
+    let scenario = Scenario {
+        write_into_file_period_ms: Some(100),
+        between_phases: BetweenPhases::SampleFileSize {
+            settle: Duration::from_millis(500),
+        },
+        ..Scenario::new(
+            "file",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 300,
+                phases: 3,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, _) = run(cell, &scenario);
+    // The service wrote the file progressively while the session ran.
+    let sizes = &outcome.file_sizes;
+    assert_eq!(sizes.len(), 3);
+    assert!(sizes[0] > 0, "nothing written during phase 1: {sizes:?}");
+    assert!(
+        sizes.windows(2).all(|w| w[0] < w[1]),
+        "file did not grow between phases: {sizes:?}"
+    );
+    assert!(outcome.trace_bytes >= sizes[2]);
+    assert_clean_sequences(&outcome, 2);
+}
+
+/// 32 threads and a 64 KiB shared memory buffer (16 chunks): the writers
+/// share chunks, idle ones give theirs back, nothing deadlocks, and every
+/// loss is marked so the checker can account for it.
+fn many_threads_tiny_smb(cell: Cell) {
+    let scenario = Scenario {
+        buffer_kb: 32 * 1024,
+        loss: Loss::Allowed,
+        ..Scenario::new(
+            "tiny-smb",
+            vec![ProducerSpec {
+                threads: 32,
+                iterations: 500,
+                shmem_kb: 64,
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, _) = run(cell, &scenario);
+    let emitted = outcome.emitted();
+    assert_eq!(emitted.skipped_disabled, 0);
+    assert!(outcome.report.totals.slice_begin > 0);
+    assert!(outcome.report.totals.slice_begin <= emitted.slice_begin);
+    assert!(outcome.report.track_event_sequences().count() >= 1);
+}
+
+/// The checker's own unit tests (golden trace + hand-broken copies) run as
+/// part of `cargo test` too.
+#[test]
+fn checker_unit_tests() {
+    shmtrace_tests::checker::ensure_environment().unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = std::process::Command::new(
+        std::env::var_os("SHMTRACE_PYTHON").unwrap_or_else(|| "python3".into()),
+    )
+    .args(["-m", "unittest", "-q", "test_check_trace"])
+    .current_dir(dir.join("checker"))
+    .output()
+    .expect("run python3");
+    assert!(
+        output.status.success(),
+        "checker unit tests failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `shmtrace query` (QueryServiceState) against each service, with each
+/// producer connected and then with a session running: what it prints is
+/// what the service knows (decoded fields), not just "no error".
+mod query {
+    use shmtrace_tests::scenario::{ProducerImpl, ServiceImpl};
+
+    #[test]
+    fn real_service_real_producer() {
+        super::query(ServiceImpl::Real, ProducerImpl::Real);
+    }
+
+    #[test]
+    fn real_service_our_producer() {
+        super::query(ServiceImpl::Real, ProducerImpl::Ours);
+    }
+
+    #[test]
+    fn our_service_real_producer() {
+        super::query(ServiceImpl::Ours, ProducerImpl::Real);
+    }
+
+    #[test]
+    fn our_service_our_producer() {
+        super::query(ServiceImpl::Ours, ProducerImpl::Ours);
+    }
+}
+
+/// `shmtrace query [--json] --socket S`.
+fn query_output(socket: &Path, json: bool) -> String {
+    let mut command = Command::new(scenario::shmtrace_binary().unwrap());
+    command.arg("query");
+    if json {
+        command.arg("--json");
+    }
+    let out = command
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .expect("run shmtrace query");
+    assert!(
+        out.status.success(),
+        "shmtrace query: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+fn query_json(socket: &Path) -> Value {
+    serde_json::from_str(&query_output(socket, true)).expect("query --json prints JSON")
+}
+
+/// Queries until `ready` holds of the state (the service learns of a
+/// producer or a session asynchronously), at most 20 s.
+fn query_until(socket: &Path, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = query_json(socket);
+        if ready(&state) {
+            return state;
+        }
+        assert!(Instant::now() < deadline, "{what} never showed: {state}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn query(service: ServiceImpl, producer: ProducerImpl) {
+    const TIMEOUT: Duration = Duration::from_secs(20);
+    let bins = real_binaries!();
+    let dir = tempfile::Builder::new()
+        .prefix("shmtrace-query-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let producer_socket = dir.path().join("p.sock");
+    let consumer_socket = dir.path().join("c.sock");
+    let mut service_process = scenario::start_service(
+        service,
+        &bins,
+        dir.path(),
+        &producer_socket,
+        &consumer_socket,
+    )
+    .unwrap();
+
+    // Nobody connected yet.
+    let state = query_json(&consumer_socket);
+    let version = state["version"].as_str().unwrap_or_default();
+    let expected_version = match service {
+        ServiceImpl::Real => "Perfetto v59",
+        ServiceImpl::Ours => "shmtrace ",
+    };
+    assert!(version.starts_with(expected_version), "{state}");
+    assert_eq!(state["producers"].as_array().unwrap().len(), 0, "{state}");
+    assert_eq!(
+        state["data_sources"].as_array().unwrap().len(),
+        0,
+        "{state}"
+    );
+    assert_eq!(state["sessions"].as_array().unwrap().len(), 0, "{state}");
+    assert_eq!(state["lists_sessions"], true, "{state}");
+
+    // A producer registers its track_event data source.
+    let spec = ProducerSpec {
+        iterations: 1,
+        ..Default::default()
+    };
+    let mut producer_process =
+        scenario::start_producer(producer, &bins, dir.path(), 0, &spec, &producer_socket).unwrap();
+    let state = query_until(&consumer_socket, "the producer's data source", |s| {
+        !s["data_sources"].as_array().unwrap().is_empty()
+    });
+    let producers = state["producers"].as_array().unwrap();
+    assert_eq!(producers.len(), 1, "{state}");
+    assert_eq!(
+        producers[0]["pid"].as_u64(),
+        Some(u64::from(producer_process.pid())),
+        "{state}"
+    );
+    assert!(
+        !producers[0]["name"].as_str().unwrap().is_empty(),
+        "{state}"
+    );
+    let expected_sdk = match producer {
+        ProducerImpl::Real => "Perfetto v59",
+        ProducerImpl::Ours => "shmtrace-producer ",
+    };
+    let sdk = producers[0]["sdk_version"].as_str().unwrap_or_default();
+    assert!(sdk.starts_with(expected_sdk), "{state}");
+    let data_sources = state["data_sources"].as_array().unwrap();
+    assert_eq!(data_sources.len(), 1, "{state}");
+    let ds = &data_sources[0];
+    assert_eq!(ds["name"], "track_event", "{state}");
+    assert_eq!(ds["producer_id"], producers[0]["id"], "{state}");
+    let categories: Vec<&str> = ds["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for category in [
+        "interop",
+        "interop.flow",
+        "interop.counter",
+        "interop.large",
+    ] {
+        assert!(categories.contains(&category), "{category}: {state}");
+    }
+    let flags = ds["flags"].to_string();
+    for flag in [
+        "notifies start",
+        "notifies stop",
+        "clears incremental state",
+    ] {
+        assert!(flags.contains(flag), "{flag}: {state}");
+    }
+    // And the table for people.
+    let text = query_output(&consumer_socket, false);
+    assert!(text.contains("1 producer(s), 1 data source(s)"), "{text}");
+    assert!(text.contains("track_event"), "{text}");
+    assert!(text.contains("categories: "), "{text}");
+
+    // A session: its buffer and data source show while it runs.
+    let scenario = Scenario::new("query", vec![spec]);
+    let config = dir.path().join("config.pb");
+    std::fs::write(
+        &config,
+        shmtrace_tests::config::encode(&scenario.trace_config()),
+    )
+    .unwrap();
+    let mut consumer = scenario::start_consumer(
+        ConsumerImpl::Real,
+        &bins,
+        dir.path(),
+        &consumer_socket,
+        &config,
+        &dir.path().join("trace.pftrace"),
+        false,
+    )
+    .unwrap();
+    consumer.expect_event("connected", TIMEOUT).unwrap();
+    producer_process.expect_event("enabled", TIMEOUT).unwrap();
+    producer_process.expect_event("phase", TIMEOUT).unwrap();
+    let state = query_until(&consumer_socket, "the session", |s| {
+        !s["sessions"].as_array().unwrap().is_empty()
+    });
+    let sessions = state["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{state}");
+    let session = &sessions[0];
+    assert_eq!(
+        session["buffer_size_kb"],
+        serde_json::json!([4096]),
+        "{state}"
+    );
+    assert_eq!(session["num_data_sources"], 1, "{state}");
+    assert_eq!(session["state"], "STARTED", "{state}");
+    // The same user runs the consumer and the producer.
+    assert_eq!(
+        session["consumer_uid"], state["producers"][0]["uid"],
+        "{state}"
+    );
+    assert_eq!(state["num_sessions"], 1, "{state}");
+    assert_eq!(state["num_sessions_started"], 1, "{state}");
+
+    consumer.send_line("stop").unwrap();
+    consumer.expect_event("done", TIMEOUT).unwrap();
+    consumer.close_stdin();
+    consumer.expect_success(TIMEOUT).unwrap();
+    producer_process.expect_event("stopped", TIMEOUT).unwrap();
+    producer_process.expect_success(TIMEOUT).unwrap();
+    // The session is gone once its consumer is.
+    query_until(&consumer_socket, "the end of the session", |s| {
+        s["sessions"].as_array().unwrap().is_empty()
+    });
+    service_process.close_stdin();
+    service_process.expect_success(TIMEOUT).unwrap();
+}
