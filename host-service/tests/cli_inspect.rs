@@ -7,7 +7,6 @@ mod cli_common;
 use std::path::Path;
 
 use cli_common::*;
-use prost_reflect::Value;
 
 fn check_fails_with(trace: &EditTrace, dir: &TempDir, kind: &str, fragment: &str) {
     let path = trace.write(&dir.path("broken.pftrace"));
@@ -194,29 +193,122 @@ fn marked_loss_excuses_its_consequences() {
     assert_eq!(a["loss"]["loss_marks"], 1);
 }
 
+/// `SEQ_INCREMENTAL_STATE_CLEARED` and `SEQ_NEEDS_INCREMENTAL_STATE`.
+const CLEARED: u32 = 1;
+const NEEDS_STATE: u32 = 2;
+
+fn sequence_info(a: &serde_json::Value, id: u32) -> serde_json::Value {
+    a["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no sequence {id}"))
+        .clone()
+}
+
+/// The golden trace with sequence 3's first packet (its start, with the
+/// incremental-state clear) gone.
+fn golden_without_start_of_sequence_3() -> EditTrace {
+    let mut t = EditTrace::golden();
+    let first = t.sequence(3)[0];
+    assert_eq!(t.sequence_flags(first) & CLEARED, CLEARED);
+    t.remove(first);
+    t
+}
+
 #[test]
 fn lost_start_is_a_problem_unless_a_statistic_records_the_loss() {
     let dir = TempDir::new("start");
-    let mut t = EditTrace::golden();
-    let first = t.sequence(3)[0];
-    t.remove(first);
+    let mut t = golden_without_start_of_sequence_3();
     check_fails_with(&t, &dir, "unmarked_loss", "sequence 3");
 
     // The same trace, with the buffer statistics admitting overwritten data.
-    let stats = t.find("chunks_read");
-    let buffers = t.packets[stats]
-        .get_field_by_name_mut("trace_stats")
-        .and_then(Value::as_message_mut)
-        .and_then(|s| s.get_field_by_name_mut("buffer_stats"))
-        .and_then(Value::as_list_mut)
-        .unwrap();
-    buffers[0]
-        .as_message_mut()
-        .unwrap()
-        .set_field_by_name("chunks_overwritten", Value::U64(1));
+    t.set_buffer_stat("chunks_overwritten", 1);
     let a = check_passes(&t, &dir);
     assert_eq!(a["loss"]["sequences_start_lost"], 1);
     assert_eq!(a["loss"]["stats"][0][0], "buffer 0: chunks_overwritten");
+    assert!(
+        sequence_info(&a, 3)["unresolvable_after_wrap"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+/// A RING buffer that wrapped overwrote a sequence's start, clear included:
+/// the packets that need incremental state are unresolvable, counted and
+/// shown, and not a problem. `write_wrap_count` alone says so too.
+#[test]
+fn ring_wrap_makes_packets_before_the_first_clear_unresolvable() {
+    let dir = TempDir::new("wrap");
+    let mut t = golden_without_start_of_sequence_3();
+    let needing = t
+        .sequence(3)
+        .into_iter()
+        .filter(|&i| t.sequence_flags(i) & NEEDS_STATE != 0)
+        .count() as u64;
+    assert!(needing > 50, "{needing}");
+    t.set_buffer_stat("write_wrap_count", 1);
+    let a = check_passes(&t, &dir);
+    let seq3 = sequence_info(&a, 3);
+    assert_eq!(seq3["start_lost"], true);
+    assert_eq!(seq3["unresolvable_after_wrap"], needing);
+    assert_eq!(seq3["skipped_packets"], 0);
+    assert_eq!(a["loss"]["unresolvable_after_wrap"], needing);
+    assert_eq!(a["loss"]["skipped_packets"], 0);
+    // The other sequences are untouched.
+    assert_eq!(sequence_info(&a, 4)["unresolvable_after_wrap"], 0);
+
+    let path = t.write(&dir.path("wrapped.pftrace"));
+    let out = run(&["inspect", "--check", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = format!("{needing} packet(s) unresolvable after ring wrap");
+    assert!(text.contains(&line), "{line:?} missing from:\n{text}");
+}
+
+/// Only what the lost start explains is excused: after the sequence's
+/// first surviving clear, an interned id that does not resolve is a
+/// problem again, wrap or not.
+#[test]
+fn ring_wrap_excuses_nothing_after_the_first_clear() {
+    let dir = TempDir::new("wrapclear");
+    let mut t = golden_without_start_of_sequence_3();
+    t.set_buffer_stat("write_wrap_count", 1);
+    // A clear in the middle of the sequence that does not re-emit the
+    // interned data the packets after it use.
+    let middle = t.events(3, INSTANT)[10];
+    t.edit(
+        middle,
+        &format!("sequence_flags: {}", CLEARED | NEEDS_STATE),
+    );
+    check_fails_with(&t, &dir, "interning", "does not resolve on sequence 3");
+}
+
+/// A sequence whose first packet is there (first_packet_on_sequence) but
+/// that never clears its incremental state is the producer's bug: no
+/// statistic excuses it.
+#[test]
+fn sequence_that_never_clears_fails_even_after_a_wrap() {
+    let dir = TempDir::new("noclear");
+    let mut t = EditTrace::golden();
+    let first = t.sequence(3)[0];
+    t.edit(first, &format!("sequence_flags: {NEEDS_STATE}"));
+    check_fails_with(
+        &t,
+        &dir,
+        "interning",
+        "sequence 3 needs incremental state but never cleared it",
+    );
+    t.set_buffer_stat("write_wrap_count", 1);
+    t.set_buffer_stat("chunks_overwritten", 1);
+    check_fails_with(
+        &t,
+        &dir,
+        "interning",
+        "sequence 3 needs incremental state but never cleared it",
+    );
 }
 
 #[test]
@@ -329,4 +421,25 @@ fn not_a_trace() {
         err.contains("cannot open") && err.contains("missing.pftrace"),
         "{err}"
     );
+}
+
+/// A trace the real Perfetto recorded into a RING buffer that wrapped (see
+/// `tests/data/README.md`): both sequences lost their start and their
+/// clear; `--check` passes and counts what cannot be resolved. Without its
+/// statistics nothing records the loss, and `--check` fails.
+#[test]
+fn real_ring_wrapped_trace() {
+    let dir = TempDir::new("realwrap");
+    let path = Path::new(REAL_RING_WRAP);
+    let (code, a) = inspect(&[path]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["loss"]["sequences_start_lost"], 2);
+    assert_eq!(a["loss"]["unresolvable_after_wrap"], 295);
+    assert_eq!(a["loss"]["skipped_packets"], 0);
+    assert_eq!(a["stats"]["buffers"][0]["chunks_overwritten"], 166);
+    assert_eq!(a["track_events"]["interned_unresolved"], 0);
+
+    let mut t = EditTrace::read(path);
+    t.packets.retain(|p| !p.has_field_by_name("trace_stats"));
+    check_fails_with(&t, &dir, "unmarked_loss", "its start is missing");
 }

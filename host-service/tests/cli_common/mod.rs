@@ -19,6 +19,13 @@ pub const GOLDEN: &str = concat!(
     "/../tests/golden/capture_run_trace.pftrace"
 );
 
+/// A trace the real Perfetto recorded into a RING buffer that wrapped
+/// (see `tests/data/README.md`).
+pub const REAL_RING_WRAP: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/real_ring_wrap.perfetto-trace"
+);
+
 /// The packets of the golden trace, serialized.
 pub fn golden_packets() -> Vec<Vec<u8>> {
     let file = std::fs::File::open(GOLDEN).expect("open golden trace");
@@ -202,6 +209,34 @@ impl EditTrace {
         }
         msg.clear_field_by_name(last);
         self
+    }
+
+    /// Sets a counter of `buffer_stats[0]` in the (last) trace_stats
+    /// packet, as a service whose buffer wrapped or lost data would.
+    pub fn set_buffer_stat(&mut self, name: &str, value: u64) -> &mut Self {
+        let stats = self
+            .packets
+            .iter()
+            .rposition(|p| p.has_field_by_name("trace_stats"))
+            .expect("a trace_stats packet");
+        let buffers = self.packets[stats]
+            .get_field_by_name_mut("trace_stats")
+            .and_then(Value::as_message_mut)
+            .and_then(|s| s.get_field_by_name_mut("buffer_stats"))
+            .and_then(Value::as_list_mut)
+            .expect("trace_stats.buffer_stats");
+        buffers[0]
+            .as_message_mut()
+            .expect("BufferStats")
+            .set_field_by_name(name, Value::U64(value));
+        self
+    }
+
+    /// `sequence_flags` of packet `i` (0 if unset).
+    pub fn sequence_flags(&self, i: usize) -> u32 {
+        field(&self.packets[i], "sequence_flags")
+            .and_then(|v| v.as_u32())
+            .unwrap_or(0)
     }
 
     /// Removes packet `i`.

@@ -26,6 +26,25 @@
 //! skipped packets) that neither a loss mark nor the buffer statistics
 //! record. On a sequence with a loss mark, consequences of the loss are
 //! counted, not reported.
+//!
+//! A lost sequence start, exactly:
+//!
+//! * The start is lost if the first packet lacks `first_packet_on_sequence`
+//!   (see above). A sequence whose first packet is there but that needs
+//!   incremental state it never cleared is a producer bug, whatever the
+//!   statistics say.
+//! * A lost start is explained if the service-wide loss statistics are
+//!   non-zero, or those of the sequence's buffer (of any buffer, if the
+//!   trace does not say which one the sequence wrote to).
+//! * If the sequence's buffer wrapped (`chunks_overwritten` or
+//!   `write_wrap_count` > 0), a RING buffer overwrote the sequence's oldest
+//!   chunks, with its incremental-state clear: the packets that need
+//!   incremental state before the sequence's first surviving clear are
+//!   counted as *unresolvable after ring wrap*, not as problems.
+//! * Either way, only the consequences of the lost start are excused: slice
+//!   ends whose begin was lost, and anything that fails before the
+//!   sequence's first clear. An interned id that does not resolve after
+//!   that clear is still a problem.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -77,6 +96,10 @@ pub const BUFFER_LOSS_STATS: &[(&str, &str)] = &[
         "size patches arrived for chunks that were already gone",
     ),
 ];
+
+/// Buffer statistics that mean a RING buffer wrapped: its oldest chunks,
+/// with the incremental-state clears in them, may be gone.
+pub const RING_WRAP_STATS: &[&str] = &["chunks_overwritten", "write_wrap_count"];
 
 /// Service-wide statistics that mean data was lost.
 pub const SERVICE_LOSS_STATS: &[(&str, &str)] = &[
@@ -307,8 +330,11 @@ pub struct SequenceInfo {
     /// The first packet lacks `first_packet_on_sequence`.
     pub start_lost: bool,
     /// Packets skipped because they needed incremental state that was not
-    /// valid.
+    /// valid (those counted in `unresolvable_after_wrap` excepted).
     pub skipped_packets: u64,
+    /// Packets that need incremental state before the sequence's first
+    /// clear, on a sequence whose start a ring buffer overwrote.
+    pub unresolvable_after_wrap: u64,
     /// SLICE_END events with no open slice, after a loss.
     pub unmatched_ends_after_loss: u64,
 }
@@ -340,8 +366,12 @@ pub struct LossInfo {
     pub loss_reasons: u32,
     /// Sequences whose start is missing.
     pub sequences_start_lost: u64,
-    /// Packets skipped for lack of incremental state.
+    /// Packets skipped for lack of incremental state (those counted in
+    /// `unresolvable_after_wrap` excepted).
     pub skipped_packets: u64,
+    /// Packets that need incremental state whose clear a ring buffer
+    /// overwrote, all sequences.
+    pub unresolvable_after_wrap: u64,
     /// Non-zero loss statistics (`buffer N: name` / `service: name`), with
     /// their value and meaning.
     pub stats: Vec<(String, u64, String)>,
@@ -357,6 +387,7 @@ impl LossInfo {
         self.loss_marks > 0
             || self.sequences_start_lost > 0
             || self.skipped_packets > 0
+            || self.unresolvable_after_wrap > 0
             || !self.stats.is_empty()
             || self.malformed_packets > 0
             || self.file_damaged
@@ -407,6 +438,8 @@ struct ClockState {
 struct Evidence {
     kind: ProblemKind,
     message: String,
+    /// Found before the sequence's first incremental-state clear.
+    before_clear: bool,
 }
 
 #[derive(Debug, Default)]
@@ -418,6 +451,8 @@ struct Sequence {
     marked: bool,
     valid: bool,
     ever_valid: bool,
+    /// Packets skipped before the first clear and before any loss mark.
+    skipped_before_clear: u64,
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
     clocks: HashMap<u32, ClockState>,
@@ -709,6 +744,9 @@ impl Analyzer {
         }
         if flags & SEQ_NEEDS_INCREMENTAL_STATE != 0 && !seq.valid {
             seq.info.skipped_packets += 1;
+            if !seq.marked && !seq.ever_valid {
+                seq.skipped_before_clear += 1;
+            }
             if !seq.marked {
                 let message = if seq.ever_valid {
                     format!("{at}: sequence {seq_id} needs incremental state that is not valid")
@@ -720,6 +758,7 @@ impl Analyzer {
                 };
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
+                    before_clear: !seq.ever_valid,
                     message,
                 });
             }
@@ -811,6 +850,7 @@ impl Analyzer {
             if !seq.marked {
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Timestamps,
+                    before_clear: !seq.ever_valid,
                     message: format!(
                         "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
                          {seq_id} does not define"
@@ -899,6 +939,7 @@ impl Analyzer {
             if !seq.marked {
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
+                    before_clear: !seq.ever_valid,
                     message,
                 });
             }
@@ -1045,6 +1086,7 @@ impl Analyzer {
                     let file = self.out.files.get(mark.file).cloned().unwrap_or_default();
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Nesting,
+                        before_clear: false,
                         message: format!(
                             "{file} packet #{}: SLICE_END with no open slice on track {track}",
                             mark.packet
@@ -1102,14 +1144,21 @@ impl Analyzer {
         self.out.session.service_events = std::mem::take(&mut self.service_events);
         self.out.clocks.builtin = self.builtin_clocks.iter().map(|&c| clock_name(c)).collect();
         let stats = self.last_stats.take();
-        let mut loss_by_buffer: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut lossy_buffers: BTreeSet<u32> = BTreeSet::new();
+        let mut wrapped_buffers: BTreeSet<u32> = BTreeSet::new();
         let mut service_loss = 0;
         if let Some(stats) = &stats {
             let info = stats_info(stats);
             for (index, buffer) in info.buffers.iter().enumerate() {
+                if RING_WRAP_STATS
+                    .iter()
+                    .any(|name| buffer.contains_key(*name))
+                {
+                    wrapped_buffers.insert(index as u32);
+                }
                 for &(name, meaning) in BUFFER_LOSS_STATS {
                     if let Some(&value) = buffer.get(name).filter(|&&v| v > 0) {
-                        *loss_by_buffer.entry(index as u32).or_insert(0) += value;
+                        lossy_buffers.insert(index as u32);
                         self.out.loss.stats.push((
                             format!("buffer {index}: {name}"),
                             value,
@@ -1134,28 +1183,38 @@ impl Analyzer {
         let mut sequences = std::mem::take(&mut self.sequences);
         self.match_slices(&mut sequences);
         self.match_flows();
-        let mut any_loss = service_loss > 0 || !loss_by_buffer.is_empty();
+        let mut any_loss = service_loss > 0 || !lossy_buffers.is_empty();
         for seq in sequences.values_mut() {
             seq.info.buffer = self.buffer_of_sequence.get(&seq.info.id).copied();
             // Without `first_packet_on_sequence` anywhere in the trace
             // (SDKs before v29), a sequence that starts with a clear
             // started cleanly.
             seq.info.start_lost = !seq.first_flagged && (any_first_flag || !seq.first_cleared);
+            let recorded = service_loss > 0 || applies(&lossy_buffers, seq.info.buffer);
+            let wrapped = applies(&wrapped_buffers, seq.info.buffer);
+            if seq.info.start_lost && wrapped {
+                seq.info.unresolvable_after_wrap = seq.skipped_before_clear;
+                seq.info.skipped_packets -= seq.skipped_before_clear;
+            }
             let loss = &mut self.out.loss;
             loss.loss_marks += seq.info.loss_marks;
             loss.skipped_packets += seq.info.skipped_packets;
+            loss.unresolvable_after_wrap += seq.info.unresolvable_after_wrap;
             if seq.info.start_lost {
                 loss.sequences_start_lost += 1;
             }
             any_loss |= seq.marked || seq.info.start_lost || seq.info.skipped_packets > 0;
             let evidence = std::mem::take(&mut seq.evidence);
             if seq.info.start_lost {
-                let recorded = service_loss > 0
-                    || match seq.info.buffer {
-                        Some(buffer) => loss_by_buffer.contains_key(&buffer),
-                        None => !loss_by_buffer.is_empty(),
-                    };
-                if !recorded {
+                if recorded || wrapped {
+                    // What the lost start explains: slices begun before it,
+                    // and whatever failed before the first clear.
+                    for e in evidence {
+                        if e.kind != ProblemKind::Nesting && !e.before_clear {
+                            self.problem(e.kind, e.message);
+                        }
+                    }
+                } else {
                     let consequences = if evidence.is_empty() {
                         String::new()
                     } else {
@@ -1219,6 +1278,15 @@ impl Analyzer {
     }
 }
 
+/// Whether a buffer statistic of `buffers` concerns a sequence that wrote
+/// to `buffer` (to an unknown buffer: any of them).
+fn applies(buffers: &BTreeSet<u32>, buffer: Option<u32>) -> bool {
+    match buffer {
+        Some(buffer) => buffers.contains(&buffer),
+        None => !buffers.is_empty(),
+    }
+}
+
 fn intern(seq: &mut Sequence, data: InternedData, at: &str) {
     if !seq.valid {
         // Entries on a sequence whose state is unknown cannot be trusted to
@@ -1231,6 +1299,7 @@ fn intern(seq: &mut Sequence, data: InternedData, at: &str) {
             if old != value && !seq.marked {
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
+                    before_clear: !seq.ever_valid,
                     message: format!(
                         "{at}: {} iid {iid} redefined from {old:?} to {value:?} without an \
                          incremental-state clear",

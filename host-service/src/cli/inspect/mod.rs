@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 pub use analysis::{
     config_info, stats_info, Analysis, Analyzer, ConfigInfo, Problem, ProblemKind, SequenceInfo,
-    BUFFER_LOSS_STATS, SERVICE_LOSS_STATS,
+    BUFFER_LOSS_STATS, RING_WRAP_STATS, SERVICE_LOSS_STATS,
 };
 pub use report::render;
 

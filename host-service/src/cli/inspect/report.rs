@@ -236,14 +236,14 @@ fn sequences(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "\nSequences: {} from producers", a.sequences.len())?;
     writeln!(
         out,
-        "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8}  start",
-        "id", "pid", "buffer", "packets", "events", "clears", "marks", "skipped"
+        "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  start",
+        "id", "pid", "buffer", "packets", "events", "clears", "marks", "skipped", "after-wrap"
     )?;
     for s in &a.sequences {
         let pids: Vec<String> = s.pids.iter().map(i32::to_string).collect();
         writeln!(
             out,
-            "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8}  {}",
+            "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  {}",
             s.id,
             pids.join(","),
             s.buffer.map_or("-".to_owned(), |b| b.to_string()),
@@ -252,6 +252,7 @@ fn sequences(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
             s.cleared,
             s.loss_marks,
             s.skipped_packets,
+            s.unresolvable_after_wrap,
             if s.start_lost { "lost" } else { "ok" }
         )?;
     }
@@ -313,6 +314,14 @@ fn loss(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
             out,
             "  {} packet(s) unusable: they need interned data that was lost",
             l.skipped_packets
+        )?;
+    }
+    if l.unresolvable_after_wrap > 0 {
+        writeln!(
+            out,
+            "  {} packet(s) unresolvable after ring wrap: they need incremental state whose \
+             clear the ring buffer overwrote",
+            l.unresolvable_after_wrap
         )?;
     }
     if l.malformed_packets > 0 {

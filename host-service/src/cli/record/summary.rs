@@ -145,6 +145,13 @@ impl Summary {
                         l.skipped_packets
                     ));
                 }
+                if l.unresolvable_after_wrap > 0 {
+                    losses.push(format!(
+                        "{} packet(s) unresolvable after ring wrap: the ring buffer overwrote \
+                         the incremental-state clear they need",
+                        l.unresolvable_after_wrap
+                    ));
+                }
                 if l.malformed_packets > 0 || l.file_damaged {
                     losses.push("the file holds malformed data".to_owned());
                 }
