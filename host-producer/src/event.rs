@@ -309,12 +309,16 @@ impl SequenceState {
         self.needs_reset = true;
     }
 
+    #[inline]
     fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
         let table = match field {
             interned_field::EVENT_CATEGORIES => &mut self.categories,
             interned_field::EVENT_NAMES => &mut self.names,
             _ => &mut self.arg_names,
         };
+        if let Some(iid) = table.cached(s) {
+            return Some(iid);
+        }
         if self.new_entries.is_full() {
             // Only strings already known can be referenced now.
             return table.lookup(s);

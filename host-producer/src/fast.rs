@@ -10,85 +10,67 @@
 //!
 //! # Invariants
 //!
-//! * Every write is bounds-checked; running out of room clears `ok` and
-//!   turns every later write into a no-op (the caller then encodes the
-//!   event with the general encoder instead). Nothing here panics.
+//! * Every write is bounds-checked with one comparison: a write that does
+//!   not fit is skipped but still counted in `len`, so once `len` exceeds
+//!   the buffer [`FastBuf::finish`] reports the overflow (the caller then
+//!   encodes the event with the general encoder instead). Nothing here
+//!   panics, and there is no "failed" flag to test on every write.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a *redundant*
 //!   varint (`0x80 | low7, high7`), the same non-minimal form Perfetto's own
 //!   encoder uses for nested sizes; every protobuf parser accepts it. A body
-//!   longer than 16383 bytes cannot be expressed and clears `ok`.
-
-use shmtrace_abi::proto::wire::varint_len;
+//!   longer than 16383 bytes cannot be expressed and fails the buffer.
 
 /// A cursor over a caller's buffer. See the module docs.
 pub(crate) struct FastBuf<'b> {
     buf: &'b mut [u8],
+    /// Bytes written or skipped; past `buf.len()` the encoding failed.
     len: usize,
-    ok: bool,
 }
 
 /// Largest body a 2-byte redundant varint length can describe.
 const MAX_LEN2: usize = (1 << 14) - 1;
 
+/// A `len` no buffer reaches: the encoding failed.
+const FAILED: usize = usize::MAX / 2;
+
 impl<'b> FastBuf<'b> {
     pub(crate) fn new(buf: &'b mut [u8]) -> Self {
-        FastBuf {
-            buf,
-            len: 0,
-            ok: true,
-        }
+        FastBuf { buf, len: 0 }
     }
 
     /// Bytes written, or `None` if the buffer was too small.
-    pub(crate) fn finish(&self) -> Option<usize> {
-        self.ok.then_some(self.len)
-    }
-
     #[inline(always)]
-    fn room(&mut self, n: usize) -> Option<&mut [u8]> {
-        if !self.ok {
-            return None;
-        }
-        let slot = self.buf.get_mut(self.len..self.len + n);
-        if slot.is_none() {
-            self.ok = false;
-        }
-        slot
+    pub(crate) fn finish(&self) -> Option<usize> {
+        (self.len <= self.buf.len()).then_some(self.len)
     }
 
     /// Appends raw bytes (a tag, a constant prefix, string contents).
     #[inline(always)]
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        let n = bytes.len();
-        if let Some(dst) = self.room(n) {
+        let end = self.len.saturating_add(bytes.len());
+        if let Some(dst) = self.buf.get_mut(self.len..end) {
             dst.copy_from_slice(bytes);
-            self.len += n;
         }
+        self.len = end;
     }
 
     /// Appends one byte.
     #[inline(always)]
     pub(crate) fn byte(&mut self, b: u8) {
-        if let Some(dst) = self.room(1) {
-            dst[0] = b;
-            self.len += 1;
+        if let Some(dst) = self.buf.get_mut(self.len) {
+            *dst = b;
         }
+        self.len = self.len.saturating_add(1);
     }
 
     /// Appends a varint.
     #[inline(always)]
     pub(crate) fn varint(&mut self, mut v: u64) {
-        let n = varint_len(v);
-        if let Some(dst) = self.room(n) {
-            if let Some((last, rest)) = dst.split_last_mut() {
-                for b in rest {
-                    *b = v as u8 | 0x80;
-                    v >>= 7;
-                }
-                *last = v as u8;
-                self.len += n;
-            }
+        while v >= 0x80 {
+            self.byte(v as u8 | 0x80);
+            v >>= 7;
         }
+        self.byte(v as u8);
     }
 
     /// Appends 8 little-endian bytes (fixed64, double).
@@ -117,15 +99,12 @@ impl<'b> FastBuf<'b> {
     /// `start`.
     #[inline(always)]
     pub(crate) fn end_nested(&mut self, start: usize) {
-        if !self.ok {
-            return;
-        }
-        let size = self.len - start;
+        let size = self.len.wrapping_sub(start);
         if size > MAX_LEN2 {
-            self.ok = false;
+            self.len = FAILED;
             return;
         }
-        if let Some(dst) = self.buf.get_mut(start - 2..start) {
+        if let Some(dst) = self.buf.get_mut(start.wrapping_sub(2)..start) {
             dst[0] = (size as u8 & 0x7F) | 0x80;
             dst[1] = (size >> 7) as u8;
         }

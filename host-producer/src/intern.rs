@@ -134,11 +134,32 @@ impl Table {
     }
 }
 
+/// Slots of a [`StrInterner`]'s direct-mapped front cache.
+const CACHE_SLOTS: usize = 32;
+
+/// A front-cache entry: a string's address and length, and its id (an
+/// empty entry has address 0, which no string has).
+#[derive(Clone, Copy, Default)]
+struct CacheEntry {
+    ptr: usize,
+    len: usize,
+    iid: u64,
+}
+
 /// Interning table for one kind of string (event names, categories, debug
-/// annotation names) on one sequence.
+/// annotation names) on one sequence. A direct-mapped cache of recent
+/// strings in front of the table answers the common case (a trace point
+/// seen before) with one multiply and two compares.
 pub struct StrInterner {
     table: Table,
     next_iid: u64,
+    cache: [CacheEntry; CACHE_SLOTS],
+}
+
+#[inline(always)]
+fn cache_slot(s: &str) -> usize {
+    ((s.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize
+        & (CACHE_SLOTS - 1)
 }
 
 impl Default for StrInterner {
@@ -153,20 +174,42 @@ impl StrInterner {
         StrInterner {
             table: Table::new(),
             next_iid: 1,
+            cache: [CacheEntry::default(); CACHE_SLOTS],
         }
+    }
+
+    /// The id of `s` if the front cache knows it (then it is interned).
+    #[inline(always)]
+    pub fn cached(&self, s: &'static str) -> Option<u64> {
+        let e = self.cache[cache_slot(s)];
+        (e.ptr == s.as_ptr() as usize && e.len == s.len()).then_some(e.iid)
     }
 
     /// The id of `s` on this sequence.
     #[inline]
     pub fn intern(&mut self, s: &'static str) -> Lookup {
+        if let Some(iid) = self.cached(s) {
+            return Lookup::Known(iid);
+        }
         let next = &mut self.next_iid;
-        match self.table.get_or_insert(s.as_ptr() as usize, s.len(), || {
+        let found = self.table.get_or_insert(s.as_ptr() as usize, s.len(), || {
             let iid = *next;
             *next += 1;
             iid
-        }) {
-            Some((iid, false)) => Lookup::Known(iid),
-            Some((iid, true)) => Lookup::New(iid),
+        });
+        match found {
+            Some((iid, inserted)) => {
+                self.cache[cache_slot(s)] = CacheEntry {
+                    ptr: s.as_ptr() as usize,
+                    len: s.len(),
+                    iid,
+                };
+                if inserted {
+                    Lookup::New(iid)
+                } else {
+                    Lookup::Known(iid)
+                }
+            }
             None => Lookup::Full,
         }
     }
@@ -174,6 +217,9 @@ impl StrInterner {
     /// The id of `s` if it is already interned; never inserts.
     #[inline]
     pub fn lookup(&self, s: &'static str) -> Option<u64> {
+        if let Some(iid) = self.cached(s) {
+            return Some(iid);
+        }
         if self.table.slots.is_empty() {
             return None;
         }
@@ -184,6 +230,7 @@ impl StrInterner {
     pub fn clear(&mut self) {
         self.table.clear();
         self.next_iid = 1;
+        self.cache = [CacheEntry::default(); CACHE_SLOTS];
     }
 
     /// Number of interned strings.
@@ -275,6 +322,32 @@ mod tests {
         }
         assert_eq!(t.intern(&big[MAX_ENTRIES..]), Lookup::Full);
         assert_eq!(t.intern(&big[0..1]), Lookup::Known(1));
+    }
+
+    #[test]
+    fn cache_collisions_and_substrings_keep_ids_exact() {
+        // Many strings share cache slots; substrings share addresses.
+        let base: &'static str = Box::leak("abcdefghij".repeat(40).into_boxed_str());
+        let keys: Vec<&'static str> = (0..200)
+            .map(|i| &base[i % 100..i % 100 + 1 + i / 100])
+            .collect();
+        let mut t = StrInterner::new();
+        let ids: Vec<u64> = keys
+            .iter()
+            .map(|k| match t.intern(k) {
+                Lookup::New(i) => i,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for _ in 0..3 {
+            for (k, id) in keys.iter().zip(&ids) {
+                assert_eq!(t.intern(k), Lookup::Known(*id));
+                assert_eq!(t.lookup(k), Some(*id));
+            }
+        }
+        t.clear();
+        assert_eq!(t.cached(keys[0]), None);
+        assert_eq!(t.intern(keys[5]), Lookup::New(1));
     }
 
     #[test]

@@ -276,12 +276,19 @@ impl<'a> Event<'a> {
         self.category.is_enabled()
     }
 
+    /// The event's data with its timestamp resolved (now, unless set).
+    #[inline]
+    fn stamped(mut self) -> EventData<'a> {
+        self.data.timestamp = self.timestamp.unwrap_or_else(Timestamp::now);
+        self.data
+    }
+
     /// Records the event in every session that enables its category.
     #[inline]
     pub fn emit(self) {
         let mask = self.category.enabled_instances();
         if mask != 0 {
-            write(&self.data, self.timestamp, mask, None);
+            write(&self.stamped(), mask, None);
         }
     }
 
@@ -291,7 +298,7 @@ impl<'a> Event<'a> {
     pub fn emit_with(self, mut f: impl FnMut(&mut EventContext<'_, '_, ProducerSink>)) {
         let mask = self.category.enabled_instances();
         if mask != 0 {
-            write(&self.data, self.timestamp, mask, Some(&mut f));
+            write(&self.stamped(), mask, Some(&mut f));
         }
     }
 
@@ -303,30 +310,27 @@ impl<'a> Event<'a> {
         if mask == 0 {
             return SliceGuard::disabled();
         }
-        let mut data = self.data;
+        let category = self.category;
+        let mut data = self.stamped();
         data.kind = EventType::SliceBegin;
-        write(&data, self.timestamp, mask, None);
+        write(&data, mask, None);
         SliceGuard {
-            category: Some(self.category),
+            category: Some(category),
             track: data.track,
         }
     }
 }
 
+/// Writes `data` (timestamp resolved) into every instance in `mask`.
+/// `data` is read in place, never copied: it was just built field by
+/// field, and wide reloads of narrow fresh stores stall.
 #[inline(never)]
-fn write(
-    data: &EventData<'_>,
-    timestamp: Option<Timestamp>,
-    mask: u8,
-    mut extra: Option<ExtraFields<'_, ProducerSink>>,
-) {
-    let mut data = *data;
-    data.timestamp = timestamp.unwrap_or_else(Timestamp::now);
+fn write(data: &EventData<'_>, mask: u8, mut extra: Option<ExtraFields<'_, ProducerSink>>) {
     track_event_type().with_writers(mask, |inner, instance| {
         let extra = extra
             .as_mut()
             .map(|f| &mut **f as ExtraFields<'_, ProducerSink>);
-        if !inner.seq.write_event(&mut inner.out, &data, extra) {
+        if !inner.seq.write_event(&mut inner.out, data, extra) {
             instance
                 .arbiter
                 .counters
@@ -378,9 +382,10 @@ pub fn __scoped_slice<'a>(
     if mask == 0 {
         return SliceGuard::disabled();
     }
-    let mut data = cat.event(EventType::SliceBegin, name).data;
+    let mut data = EventData::new(EventType::SliceBegin, Some(cat), Timestamp::now());
+    data.name = name;
     data.args = args;
-    write(&data, None, mask, None);
+    write(&data, mask, None);
     SliceGuard {
         category: Some(cat),
         track: None,
@@ -394,9 +399,10 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
     if mask == 0 {
         return;
     }
-    let mut data = cat.event(kind, name).data;
+    let mut data = EventData::new(kind, Some(cat), Timestamp::now());
+    data.name = name;
     data.args = args;
-    write(&data, None, mask, None);
+    write(&data, mask, None);
 }
 
 /// A scoped slice on the calling thread's track: returns a guard that ends

@@ -338,10 +338,9 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             return false;
         }
         self.cursor = at + 1 + len;
-        self.count = count;
         self.inflated = false;
         self.stats.packets_written += 1;
-        self.seal_packet();
+        self.seal_packet(count);
         self.deliver_patches();
         true
     }
@@ -438,22 +437,30 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         if self.continuation || size > MAX_ONE_BYTE_LEN as usize || !self.compact(at, size) {
             self.chunk_write(at, &redundant_varint4(size as u32));
         }
-        self.seal_packet();
+        self.seal_packet(self.count);
         self.pending_loss = 0;
         self.first_packet = false;
         self.deliver_patches();
         true
     }
 
-    /// After a packet's last fragment: inflates the count for scrapers if a
-    /// byte is left, else publishes the count and returns the full chunk.
-    fn seal_packet(&mut self) {
+    /// After a packet's last fragment, `count` fragments in the chunk:
+    /// inflates the count for scrapers if a byte is left, else publishes the
+    /// count and returns the full chunk. (The count comes in a register: the
+    /// fast path computed it, and reloading a just-stored `u16` stalls.)
+    #[inline]
+    fn seal_packet(&mut self, count: u16) {
         if self.capacity > self.cursor {
-            self.count += 1;
+            self.count = count + 1;
             self.inflated = true;
-            self.publish_packets();
         } else {
-            self.publish_packets();
+            self.count = count;
+        }
+        let packets = Packets::new(self.count, self.flags).unwrap_or(Packets::EMPTY);
+        if let Some(chunk) = &self.chunk {
+            chunk.set_packets(packets);
+        }
+        if !self.inflated {
             self.return_chunk();
         }
     }
