@@ -23,18 +23,16 @@ fn demo_records_a_sound_trace_of_the_example_app() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    for expected in [
-        "tracing service running in this process on",
-        "stopped on request (flushed)",
-        "track_event: recorded from shmtrace-demo",
-        "data loss     none",
-        "https://ui.perfetto.dev",
-    ] {
-        assert!(
-            stderr.contains(expected),
-            "{expected:?} missing from:\n{stderr}"
-        );
-    }
+    assert_contains_all(
+        &stderr,
+        &[
+            "tracing service running in this process on",
+            "stopped on request (flushed)",
+            "track_event: recorded from shmtrace-demo",
+            "data loss     none",
+            "https://ui.perfetto.dev",
+        ],
+    );
     assert!(!stderr.contains("problem"), "{stderr}");
 
     let (code, a) = inspect(&[&out_path]);

@@ -7,6 +7,8 @@ mod cli_common;
 use std::path::Path;
 
 use cli_common::*;
+use prost_reflect::{DynamicMessage, Value};
+use shmtrace_service::cli::schema;
 
 fn check_fails_with(trace: &EditTrace, dir: &TempDir, kind: &str, fragment: &str) {
     let path = trace.write(&dir.path("broken.pftrace"));
@@ -21,6 +23,14 @@ fn check_fails_with(trace: &EditTrace, dir: &TempDir, kind: &str, fragment: &str
             .any(|p| p["kind"] == kind && p["message"].as_str().unwrap().contains(fragment)),
         "no [{kind}] problem containing {fragment:?} in:\n{found}"
     );
+}
+
+/// The human report of `inspect --check FILE`, which must pass.
+fn passing_report(path: &Path) -> String {
+    let out = run(&["inspect", "--check", path.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    text
 }
 
 fn check_passes(trace: &EditTrace, dir: &TempDir) -> serde_json::Value {
@@ -104,24 +114,22 @@ fn human_report() {
     let out = run(&["inspect", "--config", GOLDEN]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for expected in [
-        "228 packets",
-        "Perfetto v59.0",
-        "track_event (enabled: *)",
-        "enabled_categories: [\"*\"]",
-        "Track events: 202 (50 slices begun, 50 ended, 77 instants, 25 counters)",
-        "flow_in 25",
-        "counter",
-        "oracle.counter.t0",
-        "Data loss: none recorded",
-        "buffer 0: 12.0 KiB of 16.0 MiB, 3 chunks written",
-        "Check: OK",
-    ] {
-        assert!(
-            text.contains(expected),
-            "{expected:?} missing from:\n{text}"
-        );
-    }
+    assert_contains_all(
+        &text,
+        &[
+            "228 packets",
+            "Perfetto v59.0",
+            "track_event (enabled: *)",
+            "enabled_categories: [\"*\"]",
+            "Track events: 202 (50 slices begun, 50 ended, 77 instants, 25 counters)",
+            "flow_in 25",
+            "counter",
+            "oracle.counter.t0",
+            "Data loss: none recorded",
+            "buffer 0: 12.0 KiB of 16.0 MiB, 3 chunks written",
+            "Check: OK",
+        ],
+    );
 }
 
 #[test]
@@ -260,10 +268,7 @@ fn ring_wrap_makes_packets_before_the_first_clear_unresolvable() {
     // The other sequences are untouched.
     assert_eq!(sequence_info(&a, 4)["unresolvable_after_wrap"], 0);
 
-    let path = t.write(&dir.path("wrapped.pftrace"));
-    let out = run(&["inspect", "--check", path.to_str().unwrap()]);
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = passing_report(&t.write(&dir.path("wrapped.pftrace")));
     let line = format!("{needing} packet(s) unresolvable after ring wrap");
     assert!(text.contains(&line), "{line:?} missing from:\n{text}");
 }
@@ -442,4 +447,67 @@ fn real_ring_wrapped_trace() {
     let mut t = EditTrace::read(path);
     t.packets.retain(|p| !p.has_field_by_name("trace_stats"));
     check_fails_with(&t, &dir, "unmarked_loss", "its start is missing");
+}
+
+/// The golden trace with its packets after the first 20 deflated into
+/// `compressed_packets` batches of 70, as Perfetto writes with
+/// `compression_type: COMPRESSION_TYPE_DEFLATE`; `corrupt` flips a byte of
+/// the last batch's checksum.
+fn compressed_golden(corrupt: bool) -> EditTrace {
+    use std::io::Write;
+
+    let golden = EditTrace::golden();
+    let (plain, rest) = golden.packets.split_at(20);
+    let mut packets = plain.to_vec();
+    for batch in rest.chunks(70) {
+        let inner = EditTrace {
+            packets: batch.to_vec(),
+        };
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        zlib.write_all(&inner.bytes()).unwrap();
+        let mut data = zlib.finish().unwrap();
+        if corrupt {
+            let last = data.len() - 1;
+            data[last] ^= 0x55;
+        }
+        let mut packet = DynamicMessage::new(schema::message("TracePacket"));
+        packet.set_field_by_name("compressed_packets", Value::Bytes(data.into()));
+        packets.push(packet);
+    }
+    EditTrace { packets }
+}
+
+#[test]
+fn compressed_packets_are_inflated_and_checked() {
+    let dir = TempDir::new("compressed");
+    let t = compressed_golden(false);
+    assert_eq!(t.packets.len(), 20 + 3);
+    let a = check_passes(&t, &dir);
+    // Exactly what the uncompressed golden trace holds.
+    assert_eq!(a["packets"], 228);
+    assert_eq!(a["track_events"]["total"], 202);
+    assert_eq!(a["track_events"]["interned_resolved"], 407);
+    assert_eq!(a["track_events"]["flow_links"], 25);
+    assert_eq!(a["compression"]["batches"], 3);
+    assert_eq!(a["compression"]["packets"], 208);
+    let c = &a["compression"];
+    assert!(c["compressed_bytes"].as_u64() < c["inflated_bytes"].as_u64());
+    assert!(a["packets_by_kind"].get("compressed_packets").is_none());
+
+    let text = passing_report(&t.write(&dir.path("compressed.pftrace")));
+    assert_contains_all(
+        &text,
+        &["compressed  3 compressed_packets batch(es)", "208 packets"],
+    );
+}
+
+#[test]
+fn corrupt_compressed_packets_are_malformed() {
+    let dir = TempDir::new("badcompressed");
+    check_fails_with(
+        &compressed_golden(true),
+        &dir,
+        "malformed",
+        "compressed_packets cannot be inflated: not valid zlib data",
+    );
 }

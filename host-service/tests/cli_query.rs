@@ -29,25 +29,23 @@ fn tables() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for expected in [
-        "fake-service 0.1",
-        "2 producer(s), 3 data source(s), 1 tracing session(s), 0 started",
-        "app-a",
-        "4001",
-        "fake 1.0",
-        "custom.counters",
-        "categories: gfx, net; notifies stop",
-        "2 app-b",
-        "STARTED",
-        "4.0 MiB, 1.0 MiB",
-        "10.0 s",
-        "2026-11-21 07:19:01 UTC",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "{expected:?} missing from:\n{stdout}"
-        );
-    }
+    assert_contains_all(
+        &stdout,
+        &[
+            "fake-service 0.1",
+            "2 producer(s), 3 data source(s), 1 tracing session(s), 0 started",
+            "app-a",
+            "4001",
+            "fake 1.0",
+            "custom.counters",
+            "categories: gfx, net; notifies stop",
+            "2 app-b",
+            "STARTED",
+            "4.0 MiB, 1.0 MiB",
+            "10.0 s",
+            "2026-11-21 07:19:01 UTC",
+        ],
+    );
     assert_eq!(fake.calls(), ["QueryServiceState"]);
 }
 

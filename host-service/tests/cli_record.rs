@@ -120,19 +120,17 @@ fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
     assert_eq!(te.disabled_categories, ["*"]);
     assert_eq!(te.enabled_categories, ["gfx", "net"]);
 
-    for expected in [
-        "stopped on request (flushed)",
-        "228 packets",
-        "track events  202 on 3 sequence(s)",
-        "track_event: recorded from real-producer",
-        "data loss     none",
-        "https://ui.perfetto.dev",
-    ] {
-        assert!(
-            stderr.contains(expected),
-            "{expected:?} missing from:\n{stderr}"
-        );
-    }
+    assert_contains_all(
+        &stderr,
+        &[
+            "stopped on request (flushed)",
+            "228 packets",
+            "track events  202 on 3 sequence(s)",
+            "track_event: recorded from real-producer",
+            "data loss     none",
+            "https://ui.perfetto.dev",
+        ],
+    );
 }
 
 #[test]

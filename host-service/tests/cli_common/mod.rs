@@ -57,6 +57,16 @@ pub fn inspect(files: &[&Path]) -> (i32, serde_json::Value) {
     (out.status.code().unwrap_or(-1), json)
 }
 
+/// Asserts that `text` contains each of `expected`.
+pub fn assert_contains_all(text: &str, expected: &[&str]) {
+    for expected in expected {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+}
+
 /// The problem messages of an analysis, one per line.
 pub fn problems(analysis: &serde_json::Value) -> String {
     analysis["problems"]

@@ -52,8 +52,9 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value as ReflectValue};
 use serde::Serialize;
 
-use super::kinds;
+use super::{compressed, kinds};
 use crate::cli::schema;
+use crate::cli::trace_file::PacketReader;
 use crate::protos::debug_annotation::{NameField as ArgName, Value as ArgValue};
 use crate::protos::trace_packet::{Data, OptionalTrustedPacketSequenceId, OptionalTrustedUid};
 use crate::protos::tracing_service_event::EventType as ServiceEventType;
@@ -169,9 +170,10 @@ pub struct Problem {
 pub struct Analysis {
     /// The files read, in order.
     pub files: Vec<String>,
-    /// Packets read.
+    /// Packets read (those inside `compressed_packets` batches, not the
+    /// batches).
     pub packets: u64,
-    /// Packet bytes (without the per-packet preamble).
+    /// Packet bytes (without the per-packet preamble; inflated).
     pub packet_bytes: u64,
     /// Per payload kind: packets and bytes.
     pub packets_by_kind: BTreeMap<String, KindCount>,
@@ -185,6 +187,9 @@ pub struct Analysis {
     pub sequences: Vec<SequenceInfo>,
     /// Clocks and the time span of the trace.
     pub clocks: ClockInfo,
+    /// `compressed_packets` batches (their packets are analyzed and
+    /// counted like the others).
+    pub compression: CompressionInfo,
     /// Everything that records or shows lost data.
     pub loss: LossInfo,
     /// The last `trace_stats` packet, if any.
@@ -205,6 +210,19 @@ impl Analysis {
     pub fn problem_total(&self) -> u64 {
         self.problem_counts.values().sum()
     }
+}
+
+/// `compressed_packets` batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompressionInfo {
+    /// Batches (`compressed_packets` packets).
+    pub batches: u64,
+    /// Their compressed bytes.
+    pub compressed_bytes: u64,
+    /// What they inflated to.
+    pub inflated_bytes: u64,
+    /// The packets they held.
+    pub packets: u64,
 }
 
 /// Packets and bytes of one kind.
@@ -498,6 +516,8 @@ pub struct Analyzer {
     buffer_of_sequence: HashMap<u32, u32>,
     builtin_clocks: BTreeSet<u32>,
     last_stats: Option<TraceStats>,
+    /// Inside a `compressed_packets` batch.
+    inflating: bool,
 }
 
 fn clock_name(id: u32) -> String {
@@ -544,15 +564,29 @@ impl Analyzer {
 
     /// Analyzes one packet; `index` is its position in the current file.
     pub fn packet(&mut self, index: u64, bytes: &[u8]) {
+        let file = self.out.files.last().cloned().unwrap_or_default();
+        self.packet_at(index, &format!("{file} packet #{index}"), bytes);
+    }
+
+    /// Analyzes one packet; `at` names it in messages.
+    fn packet_at(&mut self, index: u64, at: &str, bytes: &[u8]) {
+        let packet = TracePacket::decode(bytes);
+        // A batch is counted in `compression`; its packets as packets.
+        if let Ok(TracePacket {
+            data: Some(Data::CompressedPackets(data)),
+            ..
+        }) = &packet
+        {
+            self.compressed_packets(index, at, data);
+            return;
+        }
         self.out.packets += 1;
         self.out.packet_bytes += bytes.len() as u64;
-        let file = self.out.files.last().cloned().unwrap_or_default();
-        let at = format!("{file} packet #{index}");
         let kind = kinds::packet_kind(bytes).unwrap_or_else(|| "(malformed)".into());
         let entry = self.out.packets_by_kind.entry(kind).or_default();
         entry.packets += 1;
         entry.bytes += bytes.len() as u64;
-        let packet = match TracePacket::decode(bytes) {
+        let packet = match packet {
             Ok(p) => p,
             Err(e) => {
                 self.out.loss.malformed_packets += 1;
@@ -584,8 +618,48 @@ impl Analyzer {
         if seq_id == SERVICE_SEQUENCE_ID {
             self.service_packet(packet);
         } else {
-            self.producer_packet(seq_id, uid, packet, &at, index);
+            self.producer_packet(seq_id, uid, packet, at, index);
         }
+    }
+
+    /// Inflates a `compressed_packets` batch and analyzes its packets in
+    /// place of it.
+    fn compressed_packets(&mut self, index: u64, at: &str, data: &[u8]) {
+        if self.inflating {
+            self.out.loss.malformed_packets += 1;
+            let message = format!("{at}: compressed_packets inside compressed_packets");
+            self.problem(ProblemKind::Malformed, message);
+            return;
+        }
+        let c = &mut self.out.compression;
+        c.batches += 1;
+        c.compressed_bytes += data.len() as u64;
+        let inflated = match compressed::inflate(data) {
+            Ok(inflated) => inflated,
+            Err(e) => {
+                self.out.loss.malformed_packets += 1;
+                let message = format!("{at}: compressed_packets cannot be inflated: {e}");
+                self.problem(ProblemKind::Malformed, message);
+                return;
+            }
+        };
+        c.inflated_bytes += inflated.len() as u64;
+        self.inflating = true;
+        for inner in PacketReader::new(inflated.as_slice()) {
+            match inner {
+                Ok(inner) => {
+                    self.out.compression.packets += 1;
+                    let inner_at = format!("{at} (compressed) packet #{}", inner.index);
+                    self.packet_at(index, &inner_at, &inner.bytes);
+                }
+                Err(e) => {
+                    self.out.loss.malformed_packets += 1;
+                    let message = format!("{at}: the inflated compressed_packets: {e}");
+                    self.problem(ProblemKind::Malformed, message);
+                }
+            }
+        }
+        self.inflating = false;
     }
 
     fn service_packet(&mut self, packet: TracePacket) {

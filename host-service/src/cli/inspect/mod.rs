@@ -1,10 +1,12 @@
 //! `shmtrace inspect`: what a trace file holds, and whether it is sound.
 //!
-//! Reads traces written by the real Perfetto as well as by shmtrace. Several
+//! Reads traces written by the real Perfetto as well as by shmtrace,
+//! `compressed_packets` (deflate) included. Several
 //! files are read as successive reads of one session (as a consumer that
 //! reads mid-session writes them), so sequences continue across them.
 
 mod analysis;
+mod compressed;
 mod kinds;
 mod report;
 
@@ -13,8 +15,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 pub use analysis::{
-    config_info, stats_info, Analysis, Analyzer, ConfigInfo, Problem, ProblemKind, SequenceInfo,
-    BUFFER_LOSS_STATS, RING_WRAP_STATS, SERVICE_LOSS_STATS,
+    config_info, stats_info, Analysis, Analyzer, CompressionInfo, ConfigInfo, Problem, ProblemKind,
+    SequenceInfo, BUFFER_LOSS_STATS, RING_WRAP_STATS, SERVICE_LOSS_STATS,
 };
 pub use report::render;
 

@@ -50,6 +50,17 @@ fn header(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
         a.packets,
         Bytes(a.packet_bytes)
     )?;
+    let c = &a.compression;
+    if c.batches > 0 {
+        writeln!(
+            out,
+            "  compressed  {} compressed_packets batch(es): {} inflated to {}, {} packets",
+            c.batches,
+            Bytes(c.compressed_bytes),
+            Bytes(c.inflated_bytes),
+            c.packets
+        )?;
+    }
     let s = &a.session;
     if let Some(version) = &s.service_version {
         let system = s
