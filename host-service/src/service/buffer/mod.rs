@@ -16,6 +16,17 @@
 //!   malformed tail is an ABI violation; a drop sentinel counts as
 //!   `trace_writer_packet_loss`. Both are reported as data loss at the point
 //!   of the sequence where they happened.
+//! * **One copy from shared memory.** [`TraceBuffer::reserve`] hands out room
+//!   for a whole chunk at the write cursor; the service copies the chunk from
+//!   the producer's SMB straight into it, and [`Reservation::commit`] parses
+//!   that private copy in place and shrinks the record to the valid prefix.
+//!   Like upstream's buffer (which always stores whole chunks), the
+//!   reservation evicts room for the whole chunk, so in a ring buffer up to
+//!   one chunk of the oldest data may go a little earlier than the valid
+//!   prefix needs. A DISCARD buffer hands out no reservation that would evict
+//!   unread data (the private-copy path then decides exactly), and a chunk
+//!   that turns out not to be new (re-commit, stale) is moved to a private
+//!   copy and committed as usual.
 //! * **Re-commits** of a stored chunk (a scrape, then the real commit) replace
 //!   the copy when the fragment count does not shrink, no flag disappears and
 //!   a complete copy is not replaced by an incomplete one; otherwise they are
@@ -62,7 +73,7 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-use shmtrace_abi::layout::{ChunkFlags, Packets};
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, CHUNK_HEADER_SIZE};
 use shmtrace_abi::reader::{
     apply_patches, ChunkError, FragmentEvent, Fragments, PatchOutcome, TooManyPatches,
 };
@@ -120,6 +131,25 @@ pub struct ChunkCommit<'a> {
     /// `false` for a chunk scraped while still being written: only its first
     /// `count - 1` fragments are finished.
     pub complete: bool,
+}
+
+impl<'a> ChunkCommit<'a> {
+    /// The commit of a chunk with (copied) `header` and `payload`.
+    pub fn new(
+        producer: ProducerId,
+        header: &ChunkHeaderRepr,
+        payload: &'a [u8],
+        complete: bool,
+    ) -> Self {
+        Self {
+            producer,
+            writer: header.writer_id,
+            chunk_id: header.chunk_id,
+            packets: header.packets,
+            payload,
+            complete,
+        }
+    }
 }
 
 /// What [`TraceBuffer::commit`] did with a chunk.
@@ -235,6 +265,8 @@ pub struct TraceBuffer {
     discard_latched: bool,
     stats: BufferStats,
     read: read::ReadState,
+    /// Private copy of a reserved chunk that turned out not to be new.
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for TraceBuffer {
@@ -270,6 +302,7 @@ impl TraceBuffer {
                 ..BufferStats::default()
             },
             read: read::ReadState::default(),
+            scratch: Vec::new(),
         })
     }
 
@@ -340,17 +373,51 @@ impl TraceBuffer {
             return CommitOutcome::Refused(Refusal::Full);
         };
         self.copy_in(offset, &c.payload[..parsed.len]);
-        self.count_tail(None, parsed.tail);
+        let slot = new_slot(record, offset, footprint, c.complete, parsed);
+        self.index_new(idx, ext, c.chunk_id, slot)
+    }
+
+    /// Indexes a new chunk whose bytes are in the ring.
+    fn index_new(&mut self, idx: u32, ext: u64, chunk_id: u32, slot: Slot) -> CommitOutcome {
+        self.count_tail(None, slot.tail);
         self.stats.chunks_written += 1;
         let Some(seq) = self.seqs.get_mut(idx) else {
             return CommitOutcome::Refused(Refusal::Stale);
         };
-        if seq.note_stored(c.chunk_id, ext) {
+        if seq.note_stored(chunk_id, ext) {
             self.stats.chunks_committed_out_of_order += 1;
         }
-        seq.chunks
-            .insert(ext, new_slot(record, offset, footprint, c.complete, parsed));
+        seq.chunks.insert(ext, slot);
         CommitOutcome::Stored
+    }
+
+    /// Room for a chunk of `chunk_size` bytes (8-byte header included) at the
+    /// write cursor, to be filled straight from the producer's memory (see
+    /// the module docs). `None` if the chunk cannot go this way: it is larger
+    /// than the buffer, or a DISCARD buffer is latched or would have to evict
+    /// unread data. Then copy the chunk privately and [`commit`](Self::commit)
+    /// it, which decides exactly.
+    pub fn reserve(&mut self, chunk_size: usize) -> Option<Reservation<'_>> {
+        let payload = chunk_size.checked_sub(CHUNK_HEADER_SIZE)?;
+        let footprint = ring::footprint(payload);
+        if footprint > self.ring.capacity() {
+            return None;
+        }
+        if self.policy == FillPolicy::Discard {
+            let plan = self.ring.plan(footprint);
+            if self.discard_latched || self.evicts_unread(plan) {
+                return None;
+            }
+        }
+        let (record, offset) = self.alloc(footprint, Owner::Padding)?;
+        Some(Reservation {
+            buf: self,
+            record,
+            offset,
+            footprint,
+            chunk_size,
+            open: true,
+        })
     }
 
     fn recommit(
@@ -425,7 +492,8 @@ impl TraceBuffer {
         }
     }
 
-    /// Makes room for a record and places it; `None` if the DISCARD policy
+    /// Makes room for a record and places it: its id and data offset
+    /// (`RECORD_OVERHEAD` into the record). `None` if the DISCARD policy
     /// refuses.
     fn alloc(&mut self, footprint: usize, owner: Owner) -> Option<(u64, usize)> {
         let plan = self.ring.plan(footprint);
@@ -433,12 +501,7 @@ impl TraceBuffer {
             if self.discard_latched {
                 return None;
             }
-            let evicts_unread = (0..plan.evict).any(|i| {
-                self.ring.nth(i).is_some_and(|(id, r)| {
-                    self.live_slot(id, r.owner).is_some_and(|s| s.has_unread())
-                })
-            });
-            if evicts_unread {
+            if self.evicts_unread(plan) {
                 self.discard_latched = true;
                 return None;
             }
@@ -454,7 +517,16 @@ impl TraceBuffer {
         }
         self.stats.padding_bytes_written += padding as u64;
         self.stats.bytes_written += (padding + footprint) as u64;
-        Some((id, offset))
+        Some((id, offset + RECORD_OVERHEAD))
+    }
+
+    /// Whether the evictions of `plan` would destroy data not read yet.
+    fn evicts_unread(&self, plan: ring::Plan) -> bool {
+        (0..plan.evict).any(|i| {
+            self.ring
+                .nth(i)
+                .is_some_and(|(id, r)| self.live_slot(id, r.owner).is_some_and(|s| s.has_unread()))
+        })
     }
 
     fn live_slot(&self, id: u64, owner: Owner) -> Option<&Slot> {
@@ -553,6 +625,104 @@ impl TraceBuffer {
     /// A producer disconnected: none of its sequences gets more chunks.
     pub fn producer_gone(&mut self, producer: ProducerId) {
         self.seqs.close_producer(producer);
+    }
+}
+
+/// Room for one chunk at the write cursor of a [`TraceBuffer`]
+/// ([`TraceBuffer::reserve`]). Fill [`chunk_mut`](Self::chunk_mut) with the
+/// whole chunk, header first, then [`commit`](Self::commit); dropping it
+/// unused gives the room back (what it evicted stays evicted).
+#[must_use = "a reservation that is not committed stores nothing"]
+pub struct Reservation<'a> {
+    buf: &'a mut TraceBuffer,
+    record: u64,
+    /// Data offset: the payload goes here, the header just before it.
+    offset: usize,
+    footprint: usize,
+    chunk_size: usize,
+    open: bool,
+}
+
+impl Reservation<'_> {
+    /// The reserved bytes: exactly `chunk_size`, for the chunk header and
+    /// payload.
+    pub fn chunk_mut(&mut self) -> &mut [u8] {
+        let start = self.offset - CHUNK_HEADER_SIZE;
+        self.buf
+            .ring
+            .bytes_mut(start, self.chunk_size)
+            .unwrap_or_default()
+    }
+
+    /// Stores the chunk now in [`chunk_mut`](Self::chunk_mut) for
+    /// `producer` (`complete`: see [`ChunkCommit::complete`]). The header and
+    /// payload are read from this private copy only; the payload is parsed
+    /// in place and the record shrunk to its valid prefix.
+    pub fn commit(mut self, producer: ProducerId, complete: bool) -> CommitOutcome {
+        let mut head = [0u8; CHUNK_HEADER_SIZE];
+        head.copy_from_slice(self.chunk().get(..CHUNK_HEADER_SIZE).unwrap_or(&[0; 8]));
+        let header = ChunkHeaderRepr::from_bytes(head);
+        let seqs = &mut self.buf.seqs;
+        let idx = seqs.current_or_insert(producer, header.writer_id, header.chunk_id);
+        let new_ext = seqs.get_mut(idx).and_then(|seq| {
+            let ext = seq.ext_of(header.chunk_id);
+            (ext >= seq.floor && !seq.chunks.contains_key(&ext)).then_some(ext)
+        });
+        let Some(ext) = new_ext else {
+            // A re-commit, duplicate or stale chunk: the usual path decides,
+            // on a private copy (the reservation goes back first).
+            let mut scratch = std::mem::take(&mut self.buf.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(self.chunk().get(CHUNK_HEADER_SIZE..).unwrap_or(&[]));
+            self.give_back();
+            let outcome = self
+                .buf
+                .commit(&ChunkCommit::new(producer, &header, &scratch, complete));
+            self.buf.scratch = scratch;
+            return outcome;
+        };
+        let parsed = parse(
+            self.chunk().get(CHUNK_HEADER_SIZE..).unwrap_or(&[]),
+            header.packets,
+            complete,
+        );
+        log::trace!(
+            "commit in place producer {producer} writer {} chunk {} count {} complete {complete}",
+            header.writer_id,
+            header.chunk_id,
+            header.packets.count(),
+        );
+        let footprint = ring::footprint(parsed.len);
+        self.open = false;
+        let buf = &mut *self.buf;
+        buf.ring
+            .finish_back(Owner::Chunk { seq: idx, ext }, footprint);
+        buf.stats.bytes_written -= (self.footprint - footprint) as u64;
+        let slot = new_slot(self.record, self.offset, footprint, complete, parsed);
+        buf.index_new(idx, ext, header.chunk_id, slot)
+    }
+
+    /// The reserved bytes, read-only.
+    fn chunk(&self) -> &[u8] {
+        let start = self.offset - CHUNK_HEADER_SIZE;
+        self.buf
+            .ring
+            .data()
+            .get(start..start + self.chunk_size)
+            .unwrap_or_default()
+    }
+
+    fn give_back(&mut self) {
+        if std::mem::take(&mut self.open) && self.buf.ring.end_id() == self.record + 1 {
+            self.buf.ring.pop_back();
+            self.buf.stats.bytes_written -= self.footprint as u64;
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 

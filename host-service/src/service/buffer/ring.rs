@@ -24,7 +24,9 @@ pub const RECORD_ALIGN: usize = 16;
 
 /// Capacity every record is charged on top of its bytes, for its index
 /// entry: this bounds the number of records (and so the index's memory) by
-/// `capacity / RECORD_OVERHEAD`.
+/// `capacity / RECORD_OVERHEAD`. A chunk record's data starts this far into
+/// the record; a chunk copied straight from shared memory keeps its 8-byte
+/// header just before its data, inside this overhead.
 pub const RECORD_OVERHEAD: usize = 16;
 
 /// Footprint of a record holding `len` bytes.
@@ -183,6 +185,25 @@ impl Ring {
         self.wr += footprint;
         (padding, self.end_id() - 1, offset)
     }
+
+    /// Gives the newest record its final owner and a footprint no larger
+    /// than it was placed with; the rest returns to the write cursor.
+    pub fn finish_back(&mut self, owner: Owner, footprint: usize) {
+        if let Some(last) = self.records.back_mut() {
+            let footprint = footprint.min(last.footprint);
+            last.owner = owner;
+            last.footprint = footprint;
+            self.wr = last.offset + footprint;
+        }
+    }
+
+    /// Removes the newest record (a reservation given up); its bytes return
+    /// to the write cursor. A wrap padding placed with it stays.
+    pub fn pop_back(&mut self) -> Option<Record> {
+        let record = self.records.pop_back()?;
+        self.wr = record.offset;
+        Some(record)
+    }
 }
 
 #[cfg(test)]
@@ -233,5 +254,25 @@ mod tests {
         assert_eq!((padding, offset), (48, 0));
         assert_eq!(ring.get(id).map(|r| r.owner), Some(chunk(6)));
         assert_eq!(ring.nth(0).map(|(_, r)| r.owner), Some(Owner::Padding));
+    }
+
+    #[test]
+    fn the_newest_record_shrinks_or_goes_back_to_the_cursor() {
+        let mut ring = Ring::new(128);
+        let plan = ring.plan(64);
+        ring.place(plan, 64, Owner::Padding);
+        ring.finish_back(chunk(0), 32);
+        let plan = ring.plan(96);
+        assert_eq!((plan.wrap, plan.evict), (false, 0), "96 bytes fit after 32");
+        let (_, id, offset) = ring.place(plan, 96, Owner::Padding);
+        assert_eq!((id, offset), (1, 32));
+        assert_eq!(ring.pop_back().map(|r| r.offset), Some(32));
+        assert_eq!(ring.end_id(), 1);
+        let (_, id, offset) = ring.place(ring.plan(16), 16, chunk(1));
+        assert_eq!((id, offset), (1, 32), "the cursor went back");
+        assert_eq!(
+            ring.get(0).map(|r| (r.footprint, r.owner)),
+            Some((32, chunk(0)))
+        );
     }
 }

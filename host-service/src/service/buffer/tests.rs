@@ -69,6 +69,18 @@ impl Chunk {
             complete: self.complete,
         })
     }
+    fn commit_in_place(&self, buf: &mut TraceBuffer, chunk_size: usize) -> CommitOutcome {
+        let packets = Packets::new(self.count, flags(self.flags)).expect("count");
+        let c = ChunkCommit {
+            producer: self.producer,
+            writer: self.writer,
+            chunk_id: self.id,
+            packets,
+            payload: &self.payload,
+            complete: self.complete,
+        };
+        commit_in_place(buf, &c, chunk_size)
+    }
     fn writer(mut self, producer: ProducerId, writer: WriterId) -> Self {
         self.producer = producer;
         self.writer = writer;
@@ -109,6 +121,29 @@ fn datas(reads: &[Read]) -> Vec<Vec<u8>> {
 
 fn losses(reads: &[Read]) -> Vec<u32> {
     reads.iter().map(|r| r.loss).collect()
+}
+
+/// Commits `c` the way the service moves a chunk out of an SMB: reserved,
+/// filled with header and payload (padded to `chunk_size`), parsed in place.
+/// Falls back to [`TraceBuffer::commit`] where the buffer gives no
+/// reservation, as the service does.
+fn commit_in_place(buf: &mut TraceBuffer, c: &ChunkCommit<'_>, chunk_size: usize) -> CommitOutcome {
+    let chunk_size = chunk_size.max(CHUNK_HEADER_SIZE + c.payload.len());
+    let Some(mut r) = buf.reserve(chunk_size) else {
+        return buf.commit(c);
+    };
+    let header = ChunkHeaderRepr {
+        chunk_id: c.chunk_id,
+        writer_id: c.writer,
+        packets: c.packets,
+    };
+    let dst = r.chunk_mut();
+    assert_eq!(dst.len(), chunk_size);
+    dst[..CHUNK_HEADER_SIZE].copy_from_slice(&header.to_bytes());
+    dst[CHUNK_HEADER_SIZE..][..c.payload.len()].copy_from_slice(c.payload);
+    // What follows the payload in the page: garbage the parser must ignore.
+    dst[CHUNK_HEADER_SIZE + c.payload.len()..].fill(0xEE);
+    r.commit(c.producer, c.complete)
 }
 
 fn buffer(size: usize) -> TraceBuffer {
@@ -574,6 +609,109 @@ fn a_zero_budget_still_makes_progress() {
         assert!(calls < 10, "no progress");
     }
     assert_eq!(got, [b"a".to_vec(), b"b".to_vec()]);
+}
+
+#[test]
+fn a_chunk_committed_in_place_keeps_only_its_valid_prefix() {
+    let mut buf = buffer(8192);
+    let c = chunk(0, &[&[1u8; 1000]], 0);
+    // A whole 4 KiB-page chunk is reserved (4088 bytes of payload).
+    assert_eq!(c.commit_in_place(&mut buf, 4096), CommitOutcome::Stored);
+    // A 1004-byte fragment → footprint 1024, not 4088 + 8 + 16.
+    let s = *buf.stats();
+    assert_eq!((s.chunks_written, s.bytes_written), (1, 1024));
+    // The rest of the reservation went back: seven more 1024-byte records
+    // fit before the ring wraps.
+    for id in 1..8 {
+        chunk(id, &[&[id as u8; 1000]], 0).commit(&mut buf);
+    }
+    let s = *buf.stats();
+    assert_eq!(
+        (s.write_wrap_count, s.chunks_overwritten, s.bytes_written),
+        (0, 0, 8192)
+    );
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(reads[0].data, vec![1u8; 1000]);
+    assert_eq!(reads[7].data, vec![7u8; 1000]);
+    assert_eq!(losses(&reads), [0; 8]);
+}
+
+#[test]
+fn a_dropped_reservation_gives_its_room_back() {
+    let mut buf = buffer(8192);
+    let r = buf.reserve(4096).expect("room");
+    drop(r);
+    assert_eq!(buf.stats().bytes_written, 0);
+    for id in 0..8 {
+        chunk(id, &[&[id as u8; 1000]], 0).commit(&mut buf);
+    }
+    let s = *buf.stats();
+    assert_eq!((s.write_wrap_count, s.chunks_overwritten), (0, 0));
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 8);
+}
+
+#[test]
+fn in_place_recommits_and_stale_chunks_take_the_usual_path() {
+    let mut buf = buffer(64 * 1024);
+    let scraped = Chunk {
+        payload: payload(&[b"p1", b"unfinished"]),
+        ..chunk(0, &[b"p1", b"p2"], 0)
+    }
+    .incomplete();
+    assert_eq!(
+        scraped.commit_in_place(&mut buf, 512),
+        CommitOutcome::Stored
+    );
+    assert_eq!(
+        chunk(0, &[b"p1", b"p2"], 0).commit_in_place(&mut buf, 512),
+        CommitOutcome::Rewritten
+    );
+    assert_eq!(
+        chunk(0, &[b"p1", b"p2"], 0).commit_in_place(&mut buf, 512),
+        CommitOutcome::Duplicate
+    );
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"p1".to_vec(), b"p2".to_vec()]);
+    // Chunk 2 read, then chunk 1 arrives: stale, refused and counted.
+    chunk(2, &[b"p4"], 0).commit_in_place(&mut buf, 512);
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 1);
+    assert_eq!(
+        chunk(1, &[b"p3"], 0).commit_in_place(&mut buf, 512),
+        CommitOutcome::Refused(Refusal::Stale)
+    );
+    let s = *buf.stats();
+    assert_eq!(
+        (s.chunks_written, s.chunks_rewritten, s.chunks_discarded),
+        (2, 1, 1)
+    );
+    // Two 32-byte records (the re-commit fit its old one): every
+    // reservation that was not kept went back.
+    assert_eq!(s.bytes_written, 64);
+}
+
+#[test]
+fn a_discard_buffer_reserves_nothing_that_would_evict_unread_data() {
+    let mut buf = TraceBuffer::new(4096 + 32, FillPolicy::Discard).expect("size");
+    for id in 0..4 {
+        assert_eq!(
+            chunk(id, &[&[1u8; 1000]], 0).commit_in_place(&mut buf, 1024),
+            CommitOutcome::Stored
+        );
+    }
+    assert!(buf.reserve(1024).is_none(), "would evict unread chunk 0");
+    // The usual path then latches the buffer, exactly as without reservations.
+    assert_eq!(
+        chunk(4, &[&[5u8; 1000]], 0).commit_in_place(&mut buf, 1024),
+        CommitOutcome::Refused(Refusal::Full)
+    );
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 4);
+    assert!(buf.reserve(1024).is_none(), "latched");
+    // A ring buffer reserves at once, evicting what is in the way.
+    let mut ring = buffer(4096 + 32);
+    for id in 0..4 {
+        chunk(id, &[&[1u8; 1000]], 0).commit(&mut ring);
+    }
+    assert!(ring.reserve(1024).is_some());
 }
 
 #[test]

@@ -2,21 +2,25 @@
 //! request, in shmem emulation) into trace buffers, applying patches, and
 //! SMB scraping (facts §1.6, §1.7, §2.5, §9.8).
 //!
-//! Every chunk is copied before it is looked at; every index and id the
+//! Every chunk is copied before it is looked at (once: from the SMB straight
+//! into a reservation in its trace buffer, where the buffer allows); every index and id the
 //! producer sends is checked against what it owns. A chunk the producer may
 //! not write (unknown or foreign buffer, or not the buffer its writer
 //! registered) is discarded and counted. Where upstream would abort on a
 //! `CHECK` — the producer changed a chunk's layout or state while the
 //! service held it — the producer loses its connection.
 
+use std::collections::HashMap;
+
 use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE, MAX_WRITER_ID};
 use shmtrace_abi::reader::MAX_PATCHES_PER_GROUP;
 use shmtrace_abi::smb::CopyError;
 
+use super::producer::Producer;
 use super::{BufferId, ProducerId, SessionId, TracingService};
 use crate::protos::commit_data_request::{ChunkToPatch, ChunksToMove};
 use crate::protos::CommitDataRequest;
-use crate::service::buffer::{ChunkCommit, PatchResult};
+use crate::service::buffer::{ChunkCommit, PatchResult, TraceBuffer};
 
 /// Largest chunk accepted in `ChunksToMove.data` (the chunk header's
 /// 16-bit sizes; upstream truncates 65536 and would abort).
@@ -46,14 +50,8 @@ impl TracingService {
     /// Whether `producer` may write chunks of `writer` into `buffer`.
     fn may_write(&self, producer: ProducerId, writer: u16, buffer: u32) -> Option<BufferId> {
         let p = self.producers.get(&producer)?;
-        let buffer = BufferId::try_from(buffer).ok()?;
-        if !self.buffers.contains_key(&buffer) || !p.allowed_buffers.contains(&buffer) {
-            return None;
-        }
-        match p.writers.get(&writer) {
-            Some(&registered) if registered != buffer => None,
-            _ => Some(buffer),
-        }
+        let buffer = target_of(p, &self.buffers, buffer)?;
+        writer_may_write(p, writer, buffer).then_some(buffer)
     }
 
     fn move_chunk(&mut self, producer: ProducerId, c: &ChunksToMove) -> Result<(), String> {
@@ -82,33 +80,34 @@ impl TracingService {
             c.page.unwrap_or(u32::MAX) as usize,
             c.chunk.unwrap_or(u32::MAX) as usize,
         );
-        let mut copy = std::mem::take(&mut self.chunk_copy);
-        let copied = self.copy_chunk(producer, page, chunk, &mut copy);
-        if let Ok(Some(header)) = &copied {
-            let len = header.1;
-            self.store_chunk(
-                producer,
-                target,
-                header.0,
-                copy.get(CHUNK_HEADER_SIZE..len).unwrap_or(&[]),
-                true,
-            );
+        match self.take_chunk(producer, page, chunk, target)? {
+            Taken::Stored | Taken::Nothing => {}
+            Taken::Copied(header, len) => {
+                let copy = std::mem::take(&mut self.chunk_copy);
+                let payload = copy.get(CHUNK_HEADER_SIZE..len).unwrap_or(&[]);
+                self.store_chunk(producer, target, header, payload, true);
+                self.chunk_copy = copy;
+            }
         }
-        self.chunk_copy = copy;
-        copied.map(|_| ())
+        Ok(())
     }
 
-    /// Copies chunk `page`/`chunk` of `producer`'s SMB into `dst` and frees
-    /// it: the header and chunk size, `None` if there was nothing to take.
-    fn copy_chunk(
+    /// Takes chunk `page`/`chunk` out of `producer`'s SMB and frees it. The
+    /// chunk is copied once, straight into a reservation of the target
+    /// buffer, and stored from there; where the buffer gives no reservation
+    /// it is copied into `self.chunk_copy` for [`store_chunk`](Self::store_chunk).
+    fn take_chunk(
         &mut self,
         producer: ProducerId,
         page: usize,
         chunk: usize,
-        dst: &mut [u8],
-    ) -> Result<Option<(ChunkHeaderRepr, usize)>, String> {
-        let Some(shm) = self.producers.get(&producer).and_then(|p| p.smb.as_ref()) else {
-            return Ok(None);
+        target: u32,
+    ) -> Result<Taken, String> {
+        let Some(p) = self.producers.get(&producer) else {
+            return Ok(Taken::Nothing);
+        };
+        let Some(shm) = p.smb.as_ref() else {
+            return Ok(Taken::Nothing);
         };
         let smb = shm
             .smb()
@@ -116,9 +115,16 @@ impl TracingService {
         // Complete → BeingRead; anything else (out of range, not complete)
         // is ignored, as upstream does.
         let Ok(readable) = smb.try_acquire_chunk_for_reading(page, chunk) else {
-            return Ok(None);
+            return Ok(Taken::Nothing);
         };
-        let copied = readable.copy_out(dst);
+        let buffer = target_of(p, &self.buffers, target);
+        let mut reservation = buffer
+            .and_then(|b| self.buffers.get_mut(&b))
+            .and_then(|(_, buf)| buf.reserve(readable.chunk_size()));
+        let copied = match &mut reservation {
+            Some(r) => readable.copy_out(r.chunk_mut()),
+            None => readable.copy_out(&mut self.chunk_copy),
+        };
         if let Err(e) = readable.release_as_free() {
             // Upstream CHECK-fails here (facts §1.6): the producer changed
             // the page under us.
@@ -126,15 +132,27 @@ impl TracingService {
                 "producer {producer} changed chunk {page}/{chunk} while it was being read: {e}"
             ));
         }
-        match copied {
-            Ok(copied) => Ok(Some((copied.header, copied.len))),
+        let copied = match copied {
+            Ok(copied) => copied,
             Err(CopyError::InvalidHeader(e)) => {
                 log::debug!("producer {producer}: chunk {page}/{chunk} has an invalid header: {e}");
                 self.stats.chunks_discarded += 1;
-                Ok(None)
+                return Ok(Taken::Nothing);
             }
-            Err(e) => Err(format!("producer {producer}: chunk copy failed: {e}")),
+            Err(e) => return Err(format!("producer {producer}: chunk copy failed: {e}")),
+        };
+        let Some(reservation) = reservation else {
+            return Ok(Taken::Copied(copied.header, copied.len));
+        };
+        // The reservation exists only if the target buffer does, so
+        // `buffer` is that buffer.
+        if buffer.is_some_and(|b| writer_may_write(p, copied.header.writer_id, b)) {
+            reservation.commit(producer, true);
+        } else {
+            drop(reservation);
+            self.stats.chunks_discarded += 1;
         }
+        Ok(Taken::Stored)
     }
 
     /// Offers a copied chunk to its buffer if the producer may write there.
@@ -155,14 +173,7 @@ impl TracingService {
             return;
         };
         if let Some((_, buf)) = self.buffers.get_mut(&buffer) {
-            buf.commit(&ChunkCommit {
-                producer,
-                writer: header.writer_id,
-                chunk_id: header.chunk_id,
-                packets: header.packets,
-                payload,
-                complete,
-            });
+            buf.commit(&ChunkCommit::new(producer, &header, payload, complete));
         }
     }
 
@@ -245,14 +256,35 @@ impl TracingService {
             if only.is_some_and(|s| s != *sid) {
                 continue;
             }
-            buf.commit(&ChunkCommit {
-                producer,
-                writer: header.writer_id,
-                chunk_id: header.chunk_id,
-                packets: header.packets,
-                payload: &payload,
-                complete,
-            });
+            buf.commit(&ChunkCommit::new(producer, &header, &payload, complete));
         }
     }
+}
+
+/// What [`TracingService::take_chunk`] did.
+enum Taken {
+    /// No chunk to take (no SMB, not complete, out of range, invalid header).
+    Nothing,
+    /// Copied into a reservation and stored (or discarded).
+    Stored,
+    /// Copied into `chunk_copy`: header and chunk length.
+    Copied(ChunkHeaderRepr, usize),
+}
+
+/// The buffer `target` if `p` may write into it at all.
+fn target_of(
+    p: &Producer,
+    buffers: &HashMap<BufferId, (SessionId, TraceBuffer)>,
+    target: u32,
+) -> Option<BufferId> {
+    let buffer = BufferId::try_from(target).ok()?;
+    (buffers.contains_key(&buffer) && p.allowed_buffers.contains(&buffer)).then_some(buffer)
+}
+
+/// Whether `writer` of `p` may write into `buffer` (the buffer its data
+/// source registered it for, if it registered).
+fn writer_may_write(p: &Producer, writer: u16, buffer: BufferId) -> bool {
+    p.writers
+        .get(&writer)
+        .is_none_or(|&registered| registered == buffer)
 }

@@ -168,6 +168,8 @@ struct ModelWriter {
     committed: Vec<bool>,
     lost: Vec<bool>,
     patched: Vec<bool>,
+    /// Commits go through [`TraceBuffer::reserve`].
+    in_place: bool,
 }
 
 impl ModelWriter {
@@ -177,15 +179,33 @@ impl ModelWriter {
 
     fn commit(&mut self, buf: &mut TraceBuffer, i: usize) {
         let c = &self.chunks[i];
-        buf.commit(&ChunkCommit {
+        self.store(buf, c.id, (c.count, c.flags), &c.payload, true);
+        self.committed[i] = true;
+    }
+
+    /// Stores a chunk through a reservation (as chunks from an SMB) or a
+    /// private copy.
+    fn store(
+        &self,
+        buf: &mut TraceBuffer,
+        chunk_id: u32,
+        (count, flags): (u16, u8),
+        payload: &[u8],
+        complete: bool,
+    ) {
+        let c = ChunkCommit {
             producer: self.producer,
             writer: self.writer,
-            chunk_id: c.id,
-            packets: Packets::new(c.count, ChunkFlags::from_bits_retain(c.flags)).expect("count"),
-            payload: &c.payload,
-            complete: true,
-        });
-        self.committed[i] = true;
+            chunk_id,
+            packets: Packets::new(count, ChunkFlags::from_bits_retain(flags)).expect("count"),
+            payload,
+            complete,
+        };
+        if self.in_place {
+            super::commit_in_place(buf, &c, 0);
+        } else {
+            buf.commit(&c);
+        }
     }
 
     fn patch(&mut self, buf: &mut TraceBuffer, i: usize) {
@@ -215,15 +235,7 @@ impl ModelWriter {
         payload.resize(c.payload.len(), 0x5A);
         // Patched bytes are only ever in a continuing last fragment, which
         // a scrape never trusts; the writer has not set 0x2/0x4 yet.
-        buf.commit(&ChunkCommit {
-            producer: self.producer,
-            writer: self.writer,
-            chunk_id: c.id,
-            packets: Packets::new(m as u16 + 1, ChunkFlags::from_bits_retain(c.flags & 0x1))
-                .expect("count"),
-            payload: &payload,
-            complete: false,
-        });
+        self.store(buf, c.id, (m as u16 + 1, c.flags & 0x1), &payload, false);
     }
 }
 
@@ -248,6 +260,7 @@ fn writers(sizes: &[Vec<usize>], cap: usize, first_ids: &[u32]) -> Vec<ModelWrit
                 committed: vec![false; n],
                 lost: vec![false; n],
                 patched: vec![false; n],
+                in_place: false,
             }
         })
         .collect()
@@ -326,10 +339,14 @@ proptest! {
         near_wrap in any::<bool>(),
         small in any::<bool>(),
         discard in prop::bool::weighted(0.2),
+        in_place in any::<bool>(),
         ops in prop::collection::vec(op(), 0..200),
     ) {
         let first_ids: Vec<u32> = if near_wrap { vec![u32::MAX - 3; 3] } else { vec![0; 3] };
         let mut model = writers(&sizes, cap, &first_ids);
+        for m in &mut model {
+            m.in_place = in_place;
+        }
         let size = if small { TraceBuffer::MIN_SIZE + 512 } else { 1 << 20 };
         let policy = if discard { FillPolicy::Discard } else { FillPolicy::RingBuffer };
         let mut buf = TraceBuffer::new(size, policy).expect("size");
@@ -386,9 +403,13 @@ proptest! {
         cap in 24..4088usize,
         near_wrap in any::<bool>(),
         read_every in 1..20usize,
+        in_place in any::<bool>(),
     ) {
         let first_ids: Vec<u32> = if near_wrap { vec![u32::MAX - 2, 0, u32::MAX] } else { vec![0; 3] };
         let mut model = writers(&sizes, cap, &first_ids);
+        for m in &mut model {
+            m.in_place = in_place;
+        }
         let mut buf = TraceBuffer::new(64 << 20, FillPolicy::RingBuffer).expect("size");
         let mut reads = Vec::new();
         let most = model.iter().map(|m| m.chunks.len()).max().unwrap_or(0);
