@@ -280,6 +280,25 @@ fn a_session_over_real_sockets() {
     let got: Vec<Vec<u8>> = packets.iter().filter_map(|p| payload(p)).collect();
     assert_eq!(got.len(), expected.len());
     assert!(got == expected, "every packet, in order");
+    // The clock snapshot of the real clocks, in upstream's order; on x86-64
+    // it ends with the TSC (ticks), so TSC-stamped packets can be converted.
+    let snap = packets
+        .iter()
+        .find_map(|p| match protos::TracePacket::decode(&p[..]).ok()?.data {
+            Some(protos::trace_packet::Data::ClockSnapshot(s)) => Some(s),
+            _ => None,
+        })
+        .expect("a clock snapshot");
+    let ids: Vec<u32> = snap.clocks.iter().filter_map(|c| c.clock_id).collect();
+    let mut expect = vec![6, 2, 4, 1, 3, 5];
+    if cfg!(target_arch = "x86_64") {
+        expect.push(9);
+    }
+    assert_eq!(ids, expect);
+    assert!(snap
+        .clocks
+        .iter()
+        .all(|c| c.timestamp.is_some_and(|t| t > 0)));
     drop(pclient);
     drop(cclient);
     running.stop();

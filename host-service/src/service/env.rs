@@ -28,6 +28,8 @@ pub mod clock_id {
     pub const MONOTONIC_RAW: u32 = 5;
     /// `CLOCK_BOOTTIME`: the default trace clock.
     pub const BOOTTIME: u32 = 6;
+    /// The x86-64 time-stamp counter (`rdtsc`), in ticks, not nanoseconds.
+    pub const TSC: u32 = 9;
 }
 
 /// Clocks and randomness.
@@ -35,8 +37,8 @@ pub trait Environment {
     /// Now, on the boot clock.
     fn now(&self) -> Nanos;
     /// A snapshot of the clocks a trace processor aligns: `(clock id,
-    /// timestamp ns)`, BOOTTIME first, all read as close together as
-    /// possible.
+    /// timestamp)`, BOOTTIME first, all read as close together as possible.
+    /// Timestamps are nanoseconds, except [`clock_id::TSC`] (ticks).
     fn clock_snapshot(&self) -> Vec<(u32, u64)>;
     /// Random bits (trace UUIDs).
     fn random_u64(&self) -> u64;
@@ -53,6 +55,23 @@ fn read(clock: ClockId) -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
+/// The time-stamp counter, so that producers stamping packets with `rdtsc`
+/// (clock id 9) can be converted to the trace clock.
+#[cfg(target_arch = "x86_64")]
+fn read_tsc() -> Option<u64> {
+    // SAFETY: `rdtsc` exists on every x86-64 CPU (the TSC is part of the
+    // architecture's baseline); it reads a counter and touches no memory.
+    // (Only a kernel setting CR4.TSD would make it fault, and Linux does not
+    // for ordinary processes.)
+    Some(unsafe { core::arch::x86_64::_rdtsc() })
+}
+
+/// No time-stamp counter off x86-64 (upstream records it there only).
+#[cfg(not(target_arch = "x86_64"))]
+fn read_tsc() -> Option<u64> {
+    None
+}
+
 impl Environment for SystemEnvironment {
     fn now(&self) -> Nanos {
         read(ClockId::Boottime)
@@ -60,15 +79,19 @@ impl Environment for SystemEnvironment {
 
     fn clock_snapshot(&self) -> Vec<(u32, u64)> {
         // Upstream's order: BOOTTIME, REALTIME_COARSE, MONOTONIC_COARSE,
-        // REALTIME, MONOTONIC, MONOTONIC_RAW.
-        vec![
+        // REALTIME, MONOTONIC, MONOTONIC_RAW, then (x86-64 only) TSC.
+        let mut clocks = vec![
             (clock_id::BOOTTIME, read(ClockId::Boottime)),
             (clock_id::REALTIME_COARSE, read(ClockId::RealtimeCoarse)),
             (clock_id::MONOTONIC_COARSE, read(ClockId::MonotonicCoarse)),
             (clock_id::REALTIME, read(ClockId::Realtime)),
             (clock_id::MONOTONIC, read(ClockId::Monotonic)),
             (clock_id::MONOTONIC_RAW, read(ClockId::MonotonicRaw)),
-        ]
+        ];
+        if let Some(tsc) = read_tsc() {
+            clocks.push((clock_id::TSC, tsc));
+        }
+        clocks
     }
 
     fn random_u64(&self) -> u64 {
@@ -139,14 +162,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn system_clocks_are_read() {
+    fn system_clocks_are_read_in_upstreams_order() {
         let env = SystemEnvironment;
         let a = env.now();
         let snap = env.clock_snapshot();
-        assert_eq!(snap[0].0, clock_id::BOOTTIME);
+        let ids: Vec<u32> = snap.iter().map(|&(id, _)| id).collect();
+        let mut expect = vec![6, 2, 4, 1, 3, 5];
+        if cfg!(target_arch = "x86_64") {
+            expect.push(clock_id::TSC);
+        }
+        assert_eq!(ids, expect);
         assert!(snap[0].1 >= a);
-        assert_eq!(snap.len(), 6);
         assert_ne!(env.random_u64(), env.random_u64());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_tsc_counts_forward_between_snapshots() {
+        let env = SystemEnvironment;
+        let tsc = |s: &[(u32, u64)]| s.iter().find(|c| c.0 == clock_id::TSC).map(|c| c.1);
+        let first = env.clock_snapshot();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = env.clock_snapshot();
+        let (t0, t1) = (tsc(&first).expect("tsc"), tsc(&second).expect("tsc"));
+        // At least 2 ms at any plausible TSC rate (>= 100 MHz): 200,000 ticks.
+        assert!(t1 > t0 + 200_000, "tsc {t0} -> {t1}");
     }
 
     #[test]

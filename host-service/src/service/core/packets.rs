@@ -236,4 +236,20 @@ mod tests {
         assert_eq!(snap.clocks.len(), 2);
         assert_eq!(snap.primary_trace_clock, Some(6));
     }
+
+    #[test]
+    fn the_tsc_is_one_more_clock_in_ticks() {
+        use crate::service::env::clock_id::TSC;
+        let pkt = clock_snapshot(0, &[(6, 100), (TSC, 0x1234_5678_9abc)], None);
+        // clocks {clock_id 6, timestamp 100}, {clock_id 9, timestamp ...},
+        // primary_trace_clock 6; then the trusted header.
+        let clocks = hex("0a04080610640a0a080910bcb5e2b3c5c6041006");
+        let mut expect = vec![0x32, clocks.len() as u8];
+        expect.extend(&clocks);
+        expect.extend(hex("18005001d00306"));
+        assert_eq!(pkt, expect);
+        let snap: ClockSnapshot = prost::Message::decode(&pkt[2..2 + pkt[1] as usize]).unwrap();
+        assert_eq!(snap.clocks[1].clock_id, Some(9));
+        assert_eq!(snap.clocks[1].timestamp, Some(0x1234_5678_9abc));
+    }
 }

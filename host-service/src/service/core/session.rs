@@ -280,7 +280,11 @@ impl Session {
 
     /// Keeps a clock snapshot for the next read: if none is pending, or if
     /// some clock drifted at least 10 ms against BOOTTIME since the newest
-    /// (at most 16 kept).
+    /// (at most 16 kept). The TSC counts ticks, not ns, so on x86-64 it
+    /// "drifts" within a few ms at any rate away from 1 GHz and nearly every
+    /// snapshot is kept — as upstream, which compares the same way; the
+    /// frequent TSC/BOOTTIME pairs are what a trace processor needs to
+    /// convert TSC timestamps.
     pub fn add_snapshot(&mut self, snap: Vec<(u32, u64)>) {
         const SIGNIFICANT_DRIFT_NS: i128 = 10_000_000;
         let keep = match self.snapshots.last() {
