@@ -3,11 +3,19 @@
 //!
 //! # What a sequence looks like
 //!
-//! 1. A reset packet: `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED` (1)
-//!    and `trace_packet_defaults.track_event_defaults.track_uuid` = the
-//!    writing thread's track, so events on that track omit `track_uuid`.
+//! 1. A reset packet: `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED` (1),
+//!    `trace_packet_defaults` with `track_event_defaults.track_uuid` = the
+//!    writing thread's track (events on that track omit `track_uuid`) and
+//!    `timestamp_clock_id` = 64, and a `clock_snapshot` defining clock 64
+//!    as an incremental clock that equals BOOTTIME at the reset (the C++
+//!    SDK's convention). The reset packet itself is stamped on BOOTTIME.
 //! 2. Descriptor packets for the thread track and the process track.
-//! 3. Events, each with `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE` (2).
+//! 3. Events, each with `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE` (2)
+//!    and a timestamp that is the delta (ns) on clock 64 since the previous
+//!    event on the sequence (1-3 bytes instead of 7-9). An event stamped
+//!    before the previous one, or on another clock, carries its absolute
+//!    time and `timestamp_clock_id` instead; descriptor packets are stamped
+//!    on BOOTTIME explicitly.
 //!    Static event names, categories and annotation names are referenced by
 //!    interned id (from 1 per kind); the first packet using a string carries
 //!    it in `interned_data`. A track other than the thread's gets its
@@ -21,8 +29,12 @@
 //! * When any packet of a sequence is lost (dropped by the writer), the
 //!   sequence is reset before its next event, so readers that skipped the
 //!   dependent packets after the loss resynchronise (1 after 2s).
-//! * Timestamps are absolute (no incremental clock), so losing packets never
-//!   shifts the time of later ones.
+//! * Clock 64 is incremental state like the interning tables: every packet
+//!   using it needs state (flag 2), and every loss resets the sequence, whose
+//!   reset packet re-defines the clock. So a reader never applies a delta
+//!   to a base it did not see, and losing packets never shifts later ones.
+//! * The writer's clock-64 base only moves forward, so deltas are never
+//!   negative.
 
 use shmtrace_abi::proto::{encode_to_slice, Message, Sink};
 
@@ -42,6 +54,7 @@ pub(crate) mod packet_field {
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
     pub const TIMESTAMP_CLOCK_ID: u32 = 58;
     pub const TRACE_PACKET_DEFAULTS: u32 = 59;
+    pub const CLOCK_SNAPSHOT: u32 = 6;
     pub const TRACK_DESCRIPTOR: u32 = 60;
 }
 
@@ -71,6 +84,12 @@ pub(crate) mod interned_field {
 pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 /// `TracePacket.SequenceFlags`.
 pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+
+/// The sequence-scoped incremental clock events are stamped on (deltas in
+/// ns since the previous event; the C++ SDK's choice of id).
+pub const INCREMENTAL_CLOCK_ID: u32 = 64;
+/// `BuiltinClock.BOOTTIME`.
+const BOOTTIME_CLOCK_ID: u32 = 6;
 
 /// New interned entries one packet can carry; beyond that, strings are
 /// written inline.
@@ -199,6 +218,14 @@ impl<'a> EventData<'a> {
     }
 }
 
+/// How one event's time is written: `value` on the sequence's default
+/// clock 64 (a delta), or on `clock` (absolute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    value: u64,
+    clock: Option<u32>,
+}
+
 /// A callback adding fields to a TrackEvent being written.
 pub(crate) type ExtraFields<'f, S> = &'f mut dyn FnMut(&mut EventContext<'_, '_, S>);
 
@@ -244,6 +271,9 @@ pub(crate) struct SequenceState {
     started: bool,
     /// Packets were lost before the first one was written.
     lost_before_start: bool,
+    /// BOOTTIME value of clock 64 as a reader has it (the reset's time plus
+    /// every delta since).
+    clock_base: u64,
 }
 
 /// Which of the slices open on a thread track had their begin written,
@@ -300,6 +330,7 @@ impl SequenceState {
             orphan_ends_suppressed: 0,
             started: false,
             lost_before_start: false,
+            clock_base: 0,
         }
     }
 
@@ -356,6 +387,7 @@ impl SequenceState {
         }
         let ok = w.write_packet(|p| {
             p.uint64(packet_field::TIMESTAMP, now);
+            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, BOOTTIME_CLOCK_ID);
             if mark_loss {
                 p.uint32(
                     packet_field::PREVIOUS_PACKET_DROPPED,
@@ -364,11 +396,26 @@ impl SequenceState {
             }
             p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
             p.nested(packet_field::TRACE_PACKET_DEFAULTS, |d| {
+                d.uint32(packet_field::TIMESTAMP_CLOCK_ID, INCREMENTAL_CLOCK_ID);
                 d.nested(11, |te| te.uint64(11, thread_uuid));
+            });
+            // ClockSnapshot { clocks = 1: Clock { clock_id = 1, timestamp =
+            // 2, is_incremental = 3 } }: clock 64 equals BOOTTIME now.
+            p.nested(packet_field::CLOCK_SNAPSHOT, |c| {
+                c.nested(1, |k| {
+                    k.uint32(1, BOOTTIME_CLOCK_ID);
+                    k.uint64(2, now);
+                });
+                c.nested(1, |k| {
+                    k.uint32(1, INCREMENTAL_CLOCK_ID);
+                    k.uint64(2, now);
+                    k.bool(3, true);
+                });
             });
         });
         if ok {
             self.started = true;
+            self.clock_base = now;
         }
         let process = crate::track::ProcessTrack::current();
         let thread = self.thread_track;
@@ -377,12 +424,7 @@ impl SequenceState {
 
     fn emit_descriptor<W: PacketWriter>(&mut self, w: &mut W, track: &Track<'_>, now: u64) -> bool {
         self.tracks.insert(track.uuid());
-        w.write_packet(|p| {
-            p.uint64(packet_field::TIMESTAMP, now);
-            p.nested(packet_field::TRACK_DESCRIPTOR, |d| {
-                track.write_descriptor(d)
-            });
-        })
+        w.write_packet(|p| descriptor_packet(p, track, now))
     }
 
     /// Makes sure the sequence's incremental state is valid and `track`'s
@@ -396,10 +438,7 @@ impl SequenceState {
         }
         if let Some(t) = track {
             if t.uuid() != self.thread_track.uuid() && self.tracks.insert(t.uuid()) {
-                return w.write_packet(|p| {
-                    p.uint64(packet_field::TIMESTAMP, now);
-                    p.nested(packet_field::TRACK_DESCRIPTOR, |d| t.write_descriptor(d));
-                });
+                return w.write_packet(|p| descriptor_packet(p, t, now));
             }
         }
         true
@@ -442,31 +481,39 @@ impl SequenceState {
         ev: &EventData<'_>,
         extra: Option<ExtraFields<'_, W::Sink>>,
     ) -> bool {
-        if !self.prepare(w, ev.track, ev.timestamp.ns) {
+        // Reset and descriptor packets are stamped on BOOTTIME.
+        let now = match ev.timestamp.clock {
+            Clock::Boottime => ev.timestamp.ns,
+            _ => crate::clock::now_ns(),
+        };
+        if !self.prepare(w, ev.track, now) {
             self.needs_reset = true;
             self.lost_before_start |= !self.started;
             return false;
         }
         self.new_entries.clear();
+        let stamp = self.stamp(ev.timestamp);
         let ok = match extra {
             // Common case: encode into the scratch buffer (contiguous, so
             // the encoder's cheapest paths), then hand the writer one copy.
             None => {
                 let mut scratch = std::mem::take(&mut self.scratch);
-                let encoded = match self.encode_fast(&mut scratch, ev) {
+                let encoded = match self.encode_fast(&mut scratch, ev, stamp) {
                     Some(n) => Ok(n),
-                    None => encode_to_slice(&mut scratch, |p| self.write_event_fields(p, ev, None)),
+                    None => encode_to_slice(&mut scratch, |p| {
+                        self.write_event_fields(p, ev, stamp, None)
+                    }),
                 };
                 let ok = match encoded {
                     Ok(n) => w.write_encoded_packet(scratch.get(..n).unwrap_or(&[])),
                     // Too big for the scratch buffer (or an encoding error
                     // to report through the writer): stream it instead.
-                    Err(_) => w.write_packet(|p| self.write_event_fields(p, ev, None)),
+                    Err(_) => w.write_packet(|p| self.write_event_fields(p, ev, stamp, None)),
                 };
                 self.scratch = scratch;
                 ok
             }
-            Some(f) => w.write_packet(|p| self.write_event_fields(p, ev, Some(f))),
+            Some(f) => w.write_packet(|p| self.write_event_fields(p, ev, stamp, Some(f))),
         };
         if !ok {
             self.needs_reset = true;
@@ -475,10 +522,27 @@ impl SequenceState {
         ok
     }
 
+    /// How `ts` is written on this sequence (a delta on clock 64 when it is
+    /// a BOOTTIME time not before the previous one), moving the base.
+    #[inline]
+    fn stamp(&mut self, ts: Timestamp) -> Stamp {
+        match ts.clock {
+            Clock::Boottime if ts.ns >= self.clock_base => {
+                let value = ts.ns - self.clock_base;
+                self.clock_base = ts.ns;
+                Stamp { value, clock: None }
+            }
+            clock => Stamp {
+                value: ts.ns,
+                clock: Some(clock.id()),
+            },
+        }
+    }
+
     /// [`Self::write_event_fields`] for events without nested annotations,
     /// with the [`FastBuf`] cursor. `None` if the event does not qualify or
     /// does not fit `buf` (interned strings stay pending for the retry).
-    fn encode_fast(&mut self, buf: &mut [u8], ev: &EventData<'_>) -> Option<usize> {
+    fn encode_fast(&mut self, buf: &mut [u8], ev: &EventData<'_>, stamp: Stamp) -> Option<usize> {
         use crate::annotation::DebugValue as V;
         if ev
             .args
@@ -489,10 +553,10 @@ impl SequenceState {
         }
         let mut f = FastBuf::new(buf);
         f.byte(TAG_TIMESTAMP);
-        f.varint(ev.timestamp.ns);
-        if ev.timestamp.clock != Clock::Boottime {
+        f.varint(stamp.value);
+        if let Some(clock) = stamp.clock {
             f.bytes(&TAG_TIMESTAMP_CLOCK_ID);
-            f.varint(u64::from(ev.timestamp.clock.id()));
+            f.varint(u64::from(clock));
         }
         f.bytes(&[TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
         f.byte(TAG_TRACK_EVENT);
@@ -651,11 +715,12 @@ impl SequenceState {
         &mut self,
         p: &mut Message<'_, S>,
         ev: &EventData<'_>,
+        stamp: Stamp,
         extra: Option<ExtraFields<'_, S>>,
     ) {
-        p.uint64(packet_field::TIMESTAMP, ev.timestamp.ns);
-        if ev.timestamp.clock != Clock::Boottime {
-            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, ev.timestamp.clock.id());
+        p.uint64(packet_field::TIMESTAMP, stamp.value);
+        if let Some(clock) = stamp.clock {
+            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, clock);
         }
         p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
         {
@@ -765,6 +830,17 @@ impl SequenceState {
     }
 }
 
+/// A packet with `track`'s descriptor, stamped `now` on BOOTTIME (not on
+/// the sequence's default clock 64: descriptors do not need incremental
+/// state, so a reader may see one while clock 64 is invalid).
+fn descriptor_packet<S: Sink>(p: &mut Message<'_, S>, track: &Track<'_>, now: u64) {
+    p.uint64(packet_field::TIMESTAMP, now);
+    p.uint32(packet_field::TIMESTAMP_CLOCK_ID, BOOTTIME_CLOCK_ID);
+    p.nested(packet_field::TRACK_DESCRIPTOR, |d| {
+        track.write_descriptor(d)
+    });
+}
+
 /// Access to the TrackEvent being written, for fields the typed API does
 /// not cover (e.g. extensions or a `log_message`).
 pub struct EventContext<'m, 'a, S: Sink> {
@@ -867,6 +943,76 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_are_deltas_on_clock_64() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let mut at = |s: &mut SequenceState, clock, ns| {
+            let mut e = ev(EventType::Instant, "t".into());
+            e.timestamp = Timestamp { clock, ns };
+            assert!(s.write_event(&mut w, &e, None));
+        };
+        at(&mut s, Clock::Boottime, 1000);
+        at(&mut s, Clock::Boottime, 1500);
+        at(&mut s, Clock::Boottime, 1200); // before the previous event
+        at(&mut s, Clock::Monotonic, 7);
+        at(&mut s, Clock::Boottime, 1600);
+        s.invalidate();
+        at(&mut s, Clock::Boottime, 5000);
+        at(&mut s, Clock::Boottime, 5001);
+        let p = w.decoded();
+        // Reset: stamped on BOOTTIME, clock 64 defined as BOOTTIME then,
+        // and made the default.
+        let reset = &p[0];
+        assert_eq!(
+            (reset.timestamp, reset.timestamp_clock_id),
+            (Some(1000), Some(6))
+        );
+        let defaults = reset.trace_packet_defaults.as_ref().unwrap();
+        assert_eq!(defaults.timestamp_clock_id, Some(INCREMENTAL_CLOCK_ID));
+        let clocks = &reset.clock_snapshot.as_ref().unwrap().clocks;
+        assert_eq!(clocks.len(), 2);
+        assert_eq!(
+            (clocks[0].clock_id, clocks[0].timestamp),
+            (Some(6), Some(1000))
+        );
+        assert_eq!(
+            (
+                clocks[1].clock_id,
+                clocks[1].timestamp,
+                clocks[1].is_incremental
+            ),
+            (Some(64), Some(1000), Some(true))
+        );
+        // Descriptors: absolute on BOOTTIME.
+        for d in &p[1..3] {
+            assert_eq!((d.timestamp, d.timestamp_clock_id), (Some(1000), Some(6)));
+        }
+        let stamps: Vec<_> = p
+            .iter()
+            .filter(|p| p.track_event.is_some())
+            .map(|p| (p.timestamp.unwrap(), p.timestamp_clock_id))
+            .collect();
+        assert_eq!(
+            stamps,
+            [
+                (0, None),
+                (500, None),
+                (1200, Some(6)), // backwards: absolute, base unchanged
+                (7, Some(3)),
+                (100, None),
+                (0, None), // after the second reset (at 5000)
+                (1, None),
+            ]
+        );
+        let second_reset = p
+            .iter()
+            .rposition(|p| p.sequence_flags == Some(SEQ_INCREMENTAL_STATE_CLEARED))
+            .unwrap();
+        let clocks = &p[second_reset].clock_snapshot.as_ref().unwrap().clocks;
+        assert_eq!(clocks[1].timestamp, Some(5000));
+    }
+
+    #[test]
     fn first_packets_reset_the_sequence() {
         let mut w = VecWriter::default();
         let mut s = seq();
@@ -899,7 +1045,8 @@ mod tests {
         assert!(!process.process.as_ref().unwrap().cmdline.is_empty());
         let e = &p[3];
         assert_eq!(e.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
-        assert_eq!(e.timestamp, Some(1000));
+        // A delta on clock 64 (defined at 1000 by the reset packet).
+        assert_eq!(e.timestamp, Some(0));
         assert_eq!(e.timestamp_clock_id, None);
         let te = e.track_event.as_ref().unwrap();
         assert_eq!(te.r#type, Some(EventType::Instant as i32));
@@ -1466,9 +1613,12 @@ mod tests {
             fast.new_entries.clear();
             general.new_entries.clear();
             let mut a = vec![0u8; 4096];
-            let n = fast.encode_fast(&mut a, e).expect("fits");
+            let stamp = fast.stamp(e.timestamp);
+            assert_eq!(stamp, general.stamp(e.timestamp));
+            let n = fast.encode_fast(&mut a, e, stamp).expect("fits");
             let mut b = vec![0u8; 4096];
-            let m = encode_to_slice(&mut b, |p| general.write_event_fields(p, e, None)).unwrap();
+            let m =
+                encode_to_slice(&mut b, |p| general.write_event_fields(p, e, stamp, None)).unwrap();
             let pa = ts::TracePacket::decode(&a[..n]).unwrap();
             let pb = ts::TracePacket::decode(&b[..m]).unwrap();
             assert_eq!(pa, pb, "event {i}");
@@ -1478,9 +1628,10 @@ mod tests {
         let nested = [Arg::new("d", DebugValue::Dict(&dict))];
         let mut e = ev(EventType::Instant, "n".into());
         e.args = &nested;
-        assert_eq!(fast.encode_fast(&mut [0u8; 512], &e), None);
+        let stamp = fast.stamp(e.timestamp);
+        assert_eq!(fast.encode_fast(&mut [0u8; 512], &e, stamp), None);
         e.args = &args;
-        assert_eq!(fast.encode_fast(&mut [0u8; 64], &e), None);
+        assert_eq!(fast.encode_fast(&mut [0u8; 64], &e, stamp), None);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct TracePacket {
     pub previous_packet_dropped: Option<u32>,
     #[prost(uint32, optional, tag = "58")]
     pub timestamp_clock_id: Option<u32>,
+    #[prost(message, optional, tag = "6")]
+    pub clock_snapshot: Option<ClockSnapshot>,
     #[prost(message, optional, tag = "59")]
     pub trace_packet_defaults: Option<TracePacketDefaults>,
     #[prost(message, optional, tag = "60")]
@@ -36,6 +38,22 @@ pub struct TracePacket {
     pub first_packet_on_sequence: Option<bool>,
     #[prost(bytes = "vec", optional, tag = "900")]
     pub for_testing: Option<Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ClockSnapshot {
+    #[prost(message, repeated, tag = "1")]
+    pub clocks: Vec<SnapshotClock>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct SnapshotClock {
+    #[prost(uint32, optional, tag = "1")]
+    pub clock_id: Option<u32>,
+    #[prost(uint64, optional, tag = "2")]
+    pub timestamp: Option<u64>,
+    #[prost(bool, optional, tag = "3")]
+    pub is_incremental: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, Message)]
