@@ -218,12 +218,14 @@ impl<'a> EventData<'a> {
     }
 }
 
-/// How one event's time is written: `value` on the sequence's default
-/// clock 64 (a delta), or on `clock` (absolute).
+/// How one event's time is written: `value` on clock `clock`; on
+/// [`INCREMENTAL_CLOCK_ID`], the sequence's default, a delta written
+/// without `timestamp_clock_id`. (Two scalars, so it travels in
+/// registers.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     value: u64,
-    clock: Option<u32>,
+    clock: u32,
 }
 
 /// A callback adding fields to a TrackEvent being written.
@@ -530,11 +532,14 @@ impl SequenceState {
             Clock::Boottime if ts.ns >= self.clock_base => {
                 let value = ts.ns - self.clock_base;
                 self.clock_base = ts.ns;
-                Stamp { value, clock: None }
+                Stamp {
+                    value,
+                    clock: INCREMENTAL_CLOCK_ID,
+                }
             }
             clock => Stamp {
                 value: ts.ns,
-                clock: Some(clock.id()),
+                clock: clock.id(),
             },
         }
     }
@@ -554,9 +559,9 @@ impl SequenceState {
         let mut f = FastBuf::new(buf);
         f.byte(TAG_TIMESTAMP);
         f.varint(stamp.value);
-        if let Some(clock) = stamp.clock {
+        if stamp.clock != INCREMENTAL_CLOCK_ID {
             f.bytes(&TAG_TIMESTAMP_CLOCK_ID);
-            f.varint(u64::from(clock));
+            f.varint(u64::from(stamp.clock));
         }
         f.bytes(&[TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
         f.byte(TAG_TRACK_EVENT);
@@ -719,8 +724,8 @@ impl SequenceState {
         extra: Option<ExtraFields<'_, S>>,
     ) {
         p.uint64(packet_field::TIMESTAMP, stamp.value);
-        if let Some(clock) = stamp.clock {
-            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, clock);
+        if stamp.clock != INCREMENTAL_CLOCK_ID {
+            p.uint32(packet_field::TIMESTAMP_CLOCK_ID, stamp.clock);
         }
         p.uint32(packet_field::SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
         {

@@ -408,7 +408,9 @@ pub enum Clock {
     Monotonic,
     /// `CLOCK_REALTIME` (1).
     Realtime,
-    /// Any other clock id (builtin 1..=63, or 64..=127 sequence-scoped).
+    /// Any other clock id (builtin 1..=63, or 65..=127 sequence-scoped:
+    /// track event sequences use 64 for their own incremental clock, so a
+    /// value on `Other(64)` is read as a delta).
     Other(u32),
 }
 
