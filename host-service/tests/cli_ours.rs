@@ -90,3 +90,132 @@ fn query_and_record_against_our_service() {
     assert_eq!(a["session"]["config"]["duration_ms"], 500);
     assert!(a["stats"].is_object());
 }
+
+/// `shmtrace record` against `socket` with `args`; the exit status and
+/// what it printed on stderr.
+fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = shmtrace()
+        .args(["record", "--socket", socket, "--progress", "none"])
+        .args(args)
+        .output()
+        .expect("run shmtrace record");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The sessions `shmtrace query --json` lists.
+fn sessions(socket: &str) -> Vec<serde_json::Value> {
+    let out = run(&["query", "--json", "--socket", socket]);
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    state["sessions"].as_array().unwrap().clone()
+}
+
+/// `--detach KEY` leaves the session running in the service;
+/// `--attach KEY --stop` takes it back, stops and reads it. A key is taken
+/// once, and read once.
+#[test]
+fn detach_then_attach_and_stop() {
+    let dir = TempDir::new("detach");
+    let (_serve, socket) = Serve::start(&dir);
+
+    let (code, stderr) = record(&socket, &["-t", "60s", "--detach", "nightly"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &[
+            "Detached: the session runs on in the service under the key \"nightly\"",
+            "shmtrace record --attach nightly -o FILE",
+        ],
+    );
+    // The session outlives the command that started it.
+    let listed = sessions(&socket);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "STARTED");
+    assert_eq!(listed[0]["duration_ms"], 60_000);
+
+    // The key is in use.
+    let (code, stderr) = record(&socket, &["-t", "60s", "--detach", "nightly"]);
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(stderr.contains("already detached under it"), "{stderr}");
+    assert_eq!(sessions(&socket).len(), 1);
+
+    let trace = dir.path("attached.pftrace");
+    let out = trace.to_str().unwrap();
+    let (code, stderr) = record(&socket, &["--attach", "nightly", "--stop", "-o", out]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &["stopped on request (flushed)", "Wrote ", "attached.pftrace"],
+    );
+    let (code, a) = inspect(&[&trace]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    // The session's own config, started by the first command.
+    assert_eq!(a["session"]["config"]["duration_ms"], 60_000);
+    assert!(sessions(&socket).is_empty());
+
+    // Nothing is detached under the key any more: no file is left behind.
+    let again = dir.path("again.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &["--attach", "nightly", "-o", again.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(
+        stderr.contains("no session of yours detached under the key \"nightly\""),
+        "{stderr}"
+    );
+    assert!(!again.exists());
+}
+
+/// Without --stop, `--attach` waits for the session to end on its own.
+/// With --write-into-file the service writes the file given at --detach.
+#[test]
+fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
+    let dir = TempDir::new("attachwait");
+    let (_serve, socket) = Serve::start(&dir);
+    let streamed = dir.path("streamed.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &[
+            "-t",
+            "2s",
+            "--write-into-file",
+            "-o",
+            streamed.to_str().unwrap(),
+            "--detach",
+            "k",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the service writes the trace into"),
+        "{stderr}"
+    );
+    let ignored = dir.path("ignored.pftrace");
+    let (code, stderr) = record(&socket, &["--attach", "k", "-o", ignored.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the service wrote its trace into the file given at --detach"),
+        "{stderr}"
+    );
+    assert!(!ignored.exists());
+    let (code, a) = inspect(&[&streamed]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["session"]["config"]["duration_ms"], 2000);
+    assert_eq!(a["session"]["config"]["write_into_file"], true);
+
+    // Usage errors, before anything starts.
+    let (code, stderr) = record(&socket, &["--detach", "x", "-o", "somewhere.pftrace"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("read by `--attach KEY -o FILE`"),
+        "{stderr}"
+    );
+    let (code, stderr) = record(&socket, &["--stop"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let (code, stderr) = record(&socket, &["--attach", "k", "-t", "1s"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(sessions(&socket).is_empty());
+}

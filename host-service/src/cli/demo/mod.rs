@@ -268,6 +268,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
     let status = record::record_session(
         &consumer,
         &config,
+        record::Begin::Enable,
         Some(output),
         args.out.clone(),
         &session_stop,

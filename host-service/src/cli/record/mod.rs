@@ -7,6 +7,11 @@
 //! on the consumer socket). Ctrl-C or SIGTERM ends the session cleanly —
 //! flush, stop, read, write — and keeps the data; a second Ctrl-C aborts
 //! without writing.
+//!
+//! As `perfetto --detach/--attach`: `--detach KEY` starts the session and
+//! leaves it running in the service under KEY (ConsumerPort Detach);
+//! `--attach KEY` takes it back (Attach), waits for it to end or, with
+//! `--stop`, stops it, then reads it like any session.
 
 mod progress;
 mod session;
@@ -17,18 +22,20 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
+use crate::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRequest};
+
 pub use progress::{Progress, ProgressMode, Snapshot};
-pub use session::{Ended, Output, SessionReport};
+pub use session::{Begin, Ended, Output, SessionReport};
 pub use summary::Summary;
 
 use super::config::{Config, Fill, QuickConfig};
-use super::consumer::Consumer;
+use super::consumer::{next, Consumer, CALL_TIMEOUT};
 use super::inspect;
 use super::units::{parse_duration, parse_size_kb, UtcTime};
 use super::{exit, CliError};
@@ -80,6 +87,33 @@ pub struct RecordArgs {
     /// How to show progress.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
+    /// Start the session, then detach from it: it runs on in the service
+    /// under KEY, and this command exits. `--attach KEY` takes it back
+    /// (as `perfetto --detach`).
+    #[arg(long, value_name = "KEY", value_parser = non_empty_key)]
+    pub detach: Option<String>,
+    /// Attach to the session detached under KEY instead of starting one:
+    /// wait for it to end (or stop it, with --stop), then read it into -o
+    /// (as `perfetto --attach`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        value_parser = non_empty_key,
+        conflicts_with_all = ["detach", "config", "time", "buffer_kb", "app_categories", "fill", "write_into_file"]
+    )]
+    pub attach: Option<String>,
+    /// With --attach: stop the session at once (flush, stop, read) instead
+    /// of waiting for it to end.
+    #[arg(long, requires = "attach")]
+    pub stop: bool,
+}
+
+fn non_empty_key(key: &str) -> Result<String, String> {
+    if key.is_empty() {
+        Err("the key must not be empty".into())
+    } else {
+        Ok(key.to_owned())
+    }
 }
 
 /// Runs `shmtrace record`; returns the exit status.
@@ -186,6 +220,9 @@ fn io_error<'a>(
 }
 
 fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
+    if let Some(key) = &args.attach {
+        return attach(args, key, progress);
+    }
     // 1. Everything that can be checked before tracing.
     let mut config = load_config(args)?;
     config.check()?;
@@ -207,6 +244,17 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             ))
         }
         Some(path) => (None, PathBuf::from(path)),
+        // Read at --attach, into the file named there.
+        None if args.detach.is_some() && view.write_into_file != Some(true) => {
+            if args.out.is_some() {
+                return Err(CliError::Usage(
+                    "with --detach, the trace is read by `--attach KEY -o FILE`: drop -o \
+                     here (or stream into it with --write-into-file)"
+                        .into(),
+                ));
+            }
+            (None, PathBuf::new())
+        }
         None => {
             let path = args.out.clone().unwrap_or_else(|| {
                 PathBuf::from(format!("shmtrace-{}.pftrace", UtcTime::now().compact()))
@@ -228,7 +276,163 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             return Err(e);
         }
     };
-    record_session(&consumer, &config, output, trace_path, &stop, progress)
+    match &args.detach {
+        Some(key) => detach(&consumer, &config, output, &trace_path, key, progress),
+        None => record_session(
+            &consumer,
+            &config,
+            Begin::Enable,
+            output,
+            trace_path,
+            &stop,
+            progress,
+        ),
+    }
+}
+
+/// `--detach KEY`: starts the session and detaches from it.
+fn detach(
+    consumer: &Consumer,
+    config: &Config,
+    output: Option<OutputFile>,
+    trace_path: &Path,
+    key: &str,
+    progress: &mut Progress,
+) -> Result<u8, CliError> {
+    let into_file = config.view().write_into_file == Some(true);
+    let fd: Option<OwnedFd> = match &output {
+        Some(o) => {
+            o.file.set_len(0).map_err(io_error("truncate", &o.path))?;
+            Some(
+                o.file
+                    .try_clone()
+                    .map_err(io_error("open", &o.path))?
+                    .into(),
+            )
+        }
+        None => None,
+    };
+    let request = EnableTracingRequest {
+        trace_config: Some(config.bytes().to_vec().into()),
+        attach_notification_only: None,
+    };
+    let mut enable =
+        consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
+    let detached = consumer.call::<consumer_port::Detach>(
+        "Detach",
+        &DetachRequest {
+            key: Some(key.to_owned()),
+        },
+        CALL_TIMEOUT,
+    );
+    if let Err(e) = detached {
+        // A refused session is the likelier cause: its reply says why.
+        let refused = next(&mut enable, Some(Duration::from_millis(500)))
+            .ok()
+            .and_then(|r| r.message.error)
+            .filter(|e| !e.is_empty());
+        if let Some(o) = output {
+            o.discard();
+        }
+        return Err(CliError::Session(match refused {
+            Some(error) => format!("refused the session: {error}"),
+            None => format!(
+                "did not let this session detach under the key {key:?} (is a session of \
+                 yours already detached under it?): {e}"
+            ),
+        }));
+    }
+    progress.done();
+    progress.event(json!({"event": "detached", "key": key}));
+    let into = if into_file {
+        format!(
+            "; the service writes the trace into {}",
+            trace_path.display()
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "Detached: the session runs on in the service under the key {key:?}{into}.\n\
+         Take it back with `shmtrace record --attach {key} -o FILE` (add --stop to end it \
+         at once). `shmtrace serve` frees a detached session that ends on its own."
+    );
+    Ok(exit::OK)
+}
+
+/// `--attach KEY [--stop]`: takes back a detached session, lets it end
+/// (or stops it) and reads it.
+fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, CliError> {
+    // The output file is checked before attaching: once attached, a
+    // failure here would end the session with this process.
+    let path = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("shmtrace-{}.pftrace", UtcTime::now().compact())));
+    let output = OutputFile::open(&path)?;
+    let stop = stop_signals()?;
+    let consumer = match Consumer::connect(args.socket.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            output.discard();
+            return Err(e);
+        }
+    };
+    let reply = match consumer.call::<consumer_port::Attach>(
+        "Attach",
+        &AttachRequest {
+            key: Some(key.to_owned()),
+        },
+        CALL_TIMEOUT,
+    ) {
+        Ok(reply) => reply,
+        Err(e) => {
+            output.discard();
+            return Err(CliError::Session(format!(
+                "has no session of yours detached under the key {key:?} (it may have ended, \
+                 which frees a detached session, or been attached already): {e}"
+            )));
+        }
+    };
+    let origin = format!("the session detached under {key:?}");
+    let config = Config::from_binary(reply.trace_config.unwrap_or_default().to_vec(), &origin)?;
+    if args.stop {
+        stop.store(true, Ordering::Relaxed);
+    }
+    progress.event(json!({"event": "attached", "key": key}));
+    if config.view().write_into_file == Some(true) {
+        // The service writes this session into the file given at --detach.
+        output.discard();
+        let report = session::run(
+            &consumer,
+            &config,
+            Begin::Attached,
+            Output::ByService,
+            &stop,
+            progress,
+        )?;
+        progress.done();
+        if let Ended::Failed(error) = report.ended {
+            return Err(CliError::Session(format!(
+                "ended the session with an error: {error}"
+            )));
+        }
+        eprintln!(
+            "The session has ended; the service wrote its trace into the file given at \
+             --detach (write_into_file), not into {}.",
+            path.display()
+        );
+        return Ok(exit::OK);
+    }
+    record_session(
+        &consumer,
+        &config,
+        Begin::Attached,
+        Some(output),
+        path,
+        &stop,
+        progress,
+    )
 }
 
 /// Ctrl-C and SIGTERM set the returned flag (the session then stops
@@ -253,6 +457,7 @@ pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
 pub fn record_session(
     consumer: &Consumer,
     config: &Config,
+    begin: Begin,
     output: Option<OutputFile>,
     trace_path: PathBuf,
     stop: &AtomicBool,
@@ -306,12 +511,22 @@ pub fn record_session(
         trace_path.display(),
         config.origin()
     ));
-    let mut report = session::run(consumer, config, session_output, stop, progress)?;
+    let mut report = session::run(consumer, config, begin, session_output, stop, progress)?;
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
 
     // 5. The summary, from the file itself.
     let analysis = inspect::analyze_files(std::slice::from_ref(&trace_path)).ok();
+    if begin == Begin::Attached {
+        // The session ran before this consumer attached: its length is the
+        // span of the trace.
+        if let Some((Some(first), Some(last))) = analysis
+            .as_ref()
+            .map(|a| (a.clocks.first_ns, a.clocks.last_ns))
+        {
+            report.elapsed = Duration::from_nanos(last.saturating_sub(first));
+        }
+    }
     let file_bytes = std::fs::metadata(&trace_path).map_or(0, |m| m.len());
     let summary = Summary::new(&trace_path, file_bytes, config, &report, analysis.as_ref());
     progress.done();

@@ -2,6 +2,9 @@
 //!
 //! 1. EnableTracing with the config (and, for write_into_file, the output
 //!    file's descriptor); its reply only comes when the session is over.
+//!    A session this consumer has attached to (`--attach`) is already
+//!    running: EnableTracing with `attach_notification_only` asks for that
+//!    same reply instead ([`Begin::Attached`]).
 //! 2. While it runs: ObserveEvents for data source instances, and
 //!    GetTraceStats for the progress line.
 //! 3. The end: either the service ends the session (duration, error), or
@@ -80,6 +83,15 @@ pub struct SessionReport {
     pub stats: Option<TraceStats>,
 }
 
+/// How this consumer came to the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// It starts the session with its config.
+    Enable,
+    /// It attached to a running session (ConsumerPort Attach).
+    Attached,
+}
+
 /// Where the trace goes.
 #[derive(Debug)]
 pub enum Output<'a> {
@@ -129,6 +141,7 @@ fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
 pub fn run(
     consumer: &Consumer,
     config: &Config,
+    begin: Begin,
     output: Output<'_>,
     stop: &AtomicBool,
     progress: &mut Progress,
@@ -151,19 +164,34 @@ pub fn run(
         Output::IntoFile { fd } => (Some(fd), None),
         Output::ByService => (None, None),
     };
-    let request = EnableTracingRequest {
-        trace_config: Some(config.bytes().to_vec().into()),
-        attach_notification_only: None,
+    let request = match begin {
+        Begin::Enable => EnableTracingRequest {
+            trace_config: Some(config.bytes().to_vec().into()),
+            attach_notification_only: None,
+        },
+        Begin::Attached => EnableTracingRequest {
+            trace_config: None,
+            attach_notification_only: Some(true),
+        },
     };
     let mut enable =
         consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
     let started_at = Instant::now();
     progress.event(json!({"event": "tracing"}));
     progress.note(&format!(
-        "tracing{}; press Ctrl-C to stop",
+        "{}{}; press Ctrl-C to stop",
+        match begin {
+            Begin::Enable => "tracing",
+            Begin::Attached => "attached to the session",
+        },
         match view.duration_ms.filter(|&d| d > 0) {
             Some(ms) => format!(
-                " for {}",
+                " {}{}",
+                if begin == Begin::Attached {
+                    "configured for "
+                } else {
+                    "for "
+                },
                 crate::cli::units::Elapsed(Duration::from_millis(ms.into()))
             ),
             None => String::new(),
@@ -177,7 +205,8 @@ pub fn run(
         bytes_written: 0,
         incomplete_packets: 0,
         started: BTreeSet::new(),
-        observed: observe.is_some(),
+        // Attached: the data sources started before this consumer came.
+        observed: observe.is_some() && begin == Begin::Enable,
         registered: BTreeSet::new(),
         stats: None,
     };
