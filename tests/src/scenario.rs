@@ -725,6 +725,33 @@ fn expectation(
     }
 }
 
+/// The checker's reports on each mid-session read (with what the producers
+/// had emitted by then) and on the whole trace (`all_reads`).
+fn check_reads(
+    dir: &WorkDir,
+    runs: &[ProducerRun],
+    loss: Loss,
+    mid_paths: &[PathBuf],
+    mid_flushes: &[bool],
+    all_reads: &[PathBuf],
+) -> Result<(Vec<MidRead>, TraceReport)> {
+    let mut mid_reads = Vec::new();
+    for (index, &flush_ok) in mid_flushes.iter().enumerate() {
+        let expect = expectation(runs, index, loss, false);
+        let report = checker::check(
+            &mid_paths[..=index],
+            &expect,
+            dir.dir.path(),
+            &format!("read-{}", index + 1),
+        )?;
+        mid_reads.push(MidRead { flush_ok, report });
+    }
+    let phases = runs.first().map_or(0, |r| r.phases.len());
+    let expect = expectation(runs, phases.saturating_sub(1), loss, true);
+    let report = checker::check(all_reads, &expect, dir.dir.path(), "trace")?;
+    Ok((mid_reads, report))
+}
+
 /// Plays `scenario` in `cell` and checks the trace. Errors are harness or
 /// process failures; the trace's own verdict is in `Outcome::report`.
 pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outcome> {
@@ -874,23 +901,26 @@ fn run_in(
         }
     }
 
-    let mut mid_reads = Vec::new();
-    for (index, flush_ok) in mid_flushes.into_iter().enumerate() {
-        let expect = expectation(&runs, index, scenario.loss, false);
-        let report = checker::check(
-            &mid_paths[..=index],
-            &expect,
-            dir.dir.path(),
-            &format!("read-{}", index + 1),
-        )?;
-        mid_reads.push(MidRead { flush_ok, report });
-    }
     let mut all_reads = mid_paths.clone();
     all_reads.push(trace_path.clone());
-    let expect = expectation(&runs, phases as usize - 1, scenario.loss, true);
-    let report = checker::check(&all_reads, &expect, dir.dir.path(), "trace")?;
+    // The two judges of the trace run side by side (each is one busy core
+    // on a big trace).
+    let (mid_reads, report, inspect) = thread::scope(|scope| {
+        let inspect = scope.spawn(|| inspect(&all_reads));
+        let checked = check_reads(
+            dir,
+            &runs,
+            scenario.loss,
+            &mid_paths,
+            &mid_flushes,
+            &all_reads,
+        );
+        let inspect = inspect
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        checked.and_then(|(mid_reads, report)| Ok((mid_reads, report, inspect?)))
+    })?;
     let trace_bytes = file_size(&trace_path)?;
-    let inspect = inspect(&all_reads)?;
     if !inspect.ok {
         return Err(HarnessError::Driver {
             name: "shmtrace inspect --check".into(),
