@@ -4,7 +4,7 @@
 
 mod cli_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
@@ -67,37 +67,91 @@ fn finish(child: Child) -> Output {
     child.wait_with_output().expect("wait for shmtrace record")
 }
 
+/// The golden script, with the session ended by the service after `ms`.
+fn ending_after(ms: u64) -> Script {
+    Script {
+        end_after: Some(Duration::from_millis(ms)),
+        ..golden_script()
+    }
+}
+
+/// A scripted service in a private directory, and where to record.
+struct Bench {
+    fake: FakeService,
+    out_path: PathBuf,
+    dir: TempDir,
+}
+
+impl Bench {
+    fn start(name: &str, script: Script) -> Self {
+        let dir = TempDir::new(name);
+        let fake = FakeService::start(&dir.path("c.sock"), script);
+        let out_path = dir.path("out.pftrace");
+        Bench {
+            fake,
+            out_path,
+            dir,
+        }
+    }
+
+    /// `shmtrace record -o OUT args...`, started.
+    fn spawn(&self, args: &[&str]) -> Child {
+        let mut all = vec!["-o", self.out_path.to_str().unwrap()];
+        all.extend_from_slice(args);
+        spawn_record(&self.fake.socket, &all)
+    }
+
+    /// `shmtrace record -o OUT args...` to its end: asserts the exit
+    /// status, returns stderr.
+    fn record(&self, args: &[&str], status: i32) -> String {
+        expect_status(finish(self.spawn(args)), status)
+    }
+
+    /// Ctrl-C once the session is enabled; asserts the exit status,
+    /// returns stderr.
+    fn record_until_ctrl_c(&self, args: &[&str], status: i32) -> String {
+        let child = self.spawn(args);
+        self.fake.wait_for("EnableTracing");
+        interrupt(&child);
+        expect_status(finish(child), status)
+    }
+
+    /// The output file holds the golden trace, byte for byte.
+    fn assert_golden_written(&self) {
+        assert_eq!(
+            std::fs::read(&self.out_path).unwrap(),
+            std::fs::read(GOLDEN).unwrap()
+        );
+    }
+}
+
+/// Asserts the exit status of `out`; returns its stderr.
+fn expect_status(out: Output, status: i32) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(status), "{stderr}");
+    stderr
+}
+
 #[test]
 fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
-    let dir = TempDir::new("ctrlc");
-    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
-    let out_path = dir.path("out.pftrace");
-    let child = spawn_record(
-        &fake.socket,
-        &[
-            "-o",
-            out_path.to_str().unwrap(),
-            "-b",
-            "1mb",
-            "--app-categories",
-            "gfx,net",
-            "--progress",
-            "plain",
-        ],
-    );
+    let bench = Bench::start("ctrlc", golden_script());
+    let fake = &bench.fake;
+    let child = bench.spawn(&[
+        "-b",
+        "1mb",
+        "--app-categories",
+        "gfx,net",
+        "--progress",
+        "plain",
+    ]);
     fake.wait_for("EnableTracing");
     std::thread::sleep(Duration::from_millis(300));
     interrupt(&child);
-    let out = finish(child);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stderr = expect_status(finish(child), 0);
 
     // Each packet came in three slices; the file is `0A len packet` each,
     // exactly as the real Perfetto wrote the golden trace.
-    assert_eq!(
-        std::fs::read(&out_path).unwrap(),
-        std::fs::read(GOLDEN).unwrap()
-    );
+    bench.assert_golden_written();
     assert_in_order(
         &fake.calls(),
         &[
@@ -111,7 +165,7 @@ fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
     );
     assert!(!fake.seen.lock().unwrap().got_fd);
 
-    let config = received_config(&fake);
+    let config = received_config(fake);
     assert_eq!(config.buffers[0].size_kb, Some(1024));
     assert_eq!(config.duration_ms, None);
     let ds: DataSourceConfig = protos::from_raw(config.data_sources[0].config.as_ref()).unwrap();
@@ -135,83 +189,46 @@ fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
 
 #[test]
 fn session_ended_by_the_service() {
-    let dir = TempDir::new("duration");
-    let script = Script {
-        end_after: Some(Duration::from_millis(400)),
-        ..golden_script()
-    };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &[
-            "-o",
-            out_path.to_str().unwrap(),
-            "-t",
-            "400ms",
-            "--fill",
-            "discard",
-        ],
-    ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let bench = Bench::start("duration", ending_after(400));
+    let stderr = bench.record(&["-t", "400ms", "--fill", "discard"], 0);
     assert!(
         stderr.contains("ended by the service after the configured 400 ms"),
         "{stderr}"
     );
-    let calls = fake.calls();
+    let calls = bench.fake.calls();
     assert!(
         !calls.iter().any(|c| c == "Flush" || c == "DisableTracing"),
         "{calls:?}"
     );
     assert_in_order(&calls, &["EnableTracing", "ReadBuffers", "FreeBuffers"]);
-    let config = received_config(&fake);
+    let config = received_config(&bench.fake);
     assert_eq!(config.duration_ms, Some(400));
     assert_eq!(config.buffers[0].size_kb, Some(32 * 1024), "the default -b");
     assert_eq!(
         config.buffers[0].fill_policy,
         Some(protos::trace_config::buffer_config::FillPolicy::Discard as i32)
     );
-    assert_eq!(
-        std::fs::read(&out_path).unwrap(),
-        std::fs::read(GOLDEN).unwrap()
-    );
+    bench.assert_golden_written();
 }
 
 #[test]
 fn write_into_file_passes_the_descriptor_and_never_reads() {
-    let dir = TempDir::new("wif");
-    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
-    let out_path = dir.path("out.pftrace");
+    let bench = Bench::start("wif", golden_script());
     // A stale, longer file must not leave bytes behind.
-    std::fs::write(&out_path, vec![0u8; 20_000]).unwrap();
-    let child = spawn_record(
-        &fake.socket,
-        &["-o", out_path.to_str().unwrap(), "--write-into-file"],
-    );
-    fake.wait_for("EnableTracing");
-    interrupt(&child);
-    let out = finish(child);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(&bench.out_path, vec![0u8; 20_000]).unwrap();
+    let stderr = bench.record_until_ctrl_c(&["--write-into-file"], 0);
+    let fake = &bench.fake;
     assert!(fake.seen.lock().unwrap().got_fd);
     assert!(!fake.calls().iter().any(|c| c == "ReadBuffers"));
-    assert_eq!(received_config(&fake).write_into_file, Some(true));
-    assert_eq!(
-        std::fs::read(&out_path).unwrap(),
-        std::fs::read(GOLDEN).unwrap()
-    );
-    assert!(text(&out.stderr).contains("228 packets"));
+    assert_eq!(received_config(fake).write_into_file, Some(true));
+    bench.assert_golden_written();
+    assert!(stderr.contains("228 packets"), "{stderr}");
 }
 
 #[test]
 fn text_config_is_sent_as_written() {
-    let dir = TempDir::new("txt");
-    let script = Script {
-        end_after: Some(Duration::from_millis(200)),
-        ..golden_script()
-    };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let config_path = dir.path("config.pbtxt");
+    let bench = Bench::start("txt", ending_after(200));
+    let config_path = bench.dir.path("config.pbtxt");
     std::fs::write(
         &config_path,
         r#"
@@ -238,19 +255,8 @@ incremental_state_config { clear_period_ms: 500 }
 "#,
     )
     .unwrap();
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &[
-            "--txt",
-            "-c",
-            config_path.to_str().unwrap(),
-            "-o",
-            out_path.to_str().unwrap(),
-        ],
-    ));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let config = received_config(&fake);
+    bench.record(&["--txt", "-c", config_path.to_str().unwrap()], 0);
+    let config = received_config(&bench.fake);
     assert_eq!(config.buffers.len(), 2);
     assert_eq!(config.buffers[1].size_kb, Some(512));
     assert_eq!(config.duration_ms, Some(10_000));
@@ -268,33 +274,28 @@ incremental_state_config { clear_period_ms: 500 }
 
 #[test]
 fn data_source_nobody_registered() {
-    let dir = TempDir::new("unregistered");
     let script = Script {
         end_after: Some(Duration::from_millis(300)),
         registered: vec![("other".into(), "linux.ftrace".into())],
         ..Default::default()
     };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &["-o", out_path.to_str().unwrap()],
-    ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(
-        stderr.contains("warning: no producer has registered the data source \"track_event\""),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("track_event: no producer registered it; nothing was recorded from it"),
-        "{stderr}"
+    let bench = Bench::start("unregistered", script);
+    let stderr = bench.record(&[], 0);
+    assert_contains_all(
+        &stderr,
+        &[
+            "warning: no producer has registered the data source \"track_event\"",
+            "track_event: no producer registered it; nothing was recorded from it",
+        ],
     );
     assert_in_order(
-        &fake.calls(),
+        &bench.fake.calls(),
         &["EnableTracing", "ReadBuffers", "FreeBuffers"],
     );
-    assert!(out_path.exists(), "the (empty) trace is still written");
+    assert!(
+        bench.out_path.exists(),
+        "the (empty) trace is still written"
+    );
 }
 
 #[test]
@@ -305,14 +306,15 @@ fn unreachable_service() {
         &dir.path("nobody.sock"),
         &["-o", out_path.to_str().unwrap()],
     ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(
-        stderr.contains("cannot connect to the tracing service at"),
-        "{stderr}"
+    let stderr = expect_status(out, 3);
+    assert_contains_all(
+        &stderr,
+        &[
+            "cannot connect to the tracing service at",
+            "nobody.sock",
+            "PERFETTO_CONSUMER_SOCK_NAME",
+        ],
     );
-    assert!(stderr.contains("nobody.sock"), "{stderr}");
-    assert!(stderr.contains("PERFETTO_CONSUMER_SOCK_NAME"), "{stderr}");
     assert!(!out_path.exists(), "no empty file left behind");
 
     // The same through the environment variable, as Perfetto's tools read it.
@@ -327,17 +329,17 @@ fn unreachable_service() {
 
 #[test]
 fn unwritable_output_fails_before_tracing() {
-    let dir = TempDir::new("unwritable");
-    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let bench = Bench::start("unwritable", golden_script());
     let out = finish(spawn_record(
-        &fake.socket,
-        &["-o", dir.path("no/such/dir/out.pftrace").to_str().unwrap()],
+        &bench.fake.socket,
+        &[
+            "-o",
+            bench.dir.path("no/such/dir/out.pftrace").to_str().unwrap(),
+        ],
     ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(4), "{stderr}");
-    assert!(stderr.contains("cannot create"), "{stderr}");
-    assert!(stderr.contains("no/such/dir/out.pftrace"), "{stderr}");
-    assert_eq!(fake.seen.lock().unwrap().connections, 0);
+    let stderr = expect_status(out, 4);
+    assert_contains_all(&stderr, &["cannot create", "no/such/dir/out.pftrace"]);
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
 }
 
 #[test]
@@ -355,30 +357,22 @@ fn existing_file_survives_a_failure_before_tracing() {
 
 #[test]
 fn refused_session() {
-    let dir = TempDir::new("refused");
     let script = Script {
         refuse: Some("Too many concurrent tracing sesions (5)".into()),
         ..golden_script()
     };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &["-o", out_path.to_str().unwrap()],
-    ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(5), "{stderr}");
-    assert!(
-        stderr.contains("the service refused the session: Too many concurrent tracing sesions (5)"),
-        "{stderr}"
+    let bench = Bench::start("refused", script);
+    let stderr = bench.record(&[], 5);
+    assert_contains_all(
+        &stderr,
+        &["the service refused the session: Too many concurrent tracing sesions (5)"],
     );
-    assert!(!out_path.exists());
+    assert!(!bench.out_path.exists());
 }
 
 #[test]
 fn bad_configs_are_rejected_before_connecting() {
-    let dir = TempDir::new("badcfg");
-    let fake = FakeService::start(&dir.path("c.sock"), golden_script());
+    let bench = Bench::start("badcfg", golden_script());
     let cases: &[(&str, &[&str], &str)] = &[
         (
             "buffers {\n  size_kb: 1024\n}\ndata_sources {\n  config {\n    name: \"track_event\"\n    track_event_config { enabled_categoris: \"a\" }\n  }\n}\n",
@@ -393,20 +387,12 @@ fn bad_configs_are_rejected_before_connecting() {
         ),
         ("buffers { size_kb: 1024 }\n", &[], "add --txt"),
     ];
+    let path = bench.dir.path("config.txt");
     for (config, flags, expected) in cases {
-        let path = dir.path("config.txt");
         std::fs::write(&path, config).unwrap();
-        let mut args = vec!["-c", path.to_str().unwrap(), "-o"];
-        let out_path = dir.path("out.pftrace");
-        args.push(out_path.to_str().unwrap());
+        let mut args = vec!["-c", path.to_str().unwrap()];
         args.extend_from_slice(flags);
-        let out = finish(spawn_record(&fake.socket, &args));
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{config}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "{expected:?} missing from:\n{stderr}"
-        );
+        assert_contains_all(&bench.record(&args, 2), &[expected]);
     }
     // Quick flags and a config do not mix; units are checked.
     for args in [
@@ -414,52 +400,27 @@ fn bad_configs_are_rejected_before_connecting() {
         &["-t", "10 parsecs"],
         &["-b", "0"],
     ] {
-        let out = finish(spawn_record(&fake.socket, args));
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
+        bench.record(args, 2);
     }
-    assert_eq!(fake.seen.lock().unwrap().connections, 0);
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
 }
 
 #[test]
 fn failed_flush_is_reported_and_the_data_kept() {
-    let dir = TempDir::new("flushfail");
     let script = Script {
         fail_flush: true,
         ..golden_script()
     };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let child = spawn_record(&fake.socket, &["-o", out_path.to_str().unwrap()]);
-    fake.wait_for("EnableTracing");
-    interrupt(&child);
-    let out = finish(child);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let bench = Bench::start("flushfail", script);
+    let stderr = bench.record_until_ctrl_c(&[], 0);
     assert!(stderr.contains("the flush did not complete"), "{stderr}");
-    assert_eq!(
-        std::fs::read(&out_path).unwrap(),
-        std::fs::read(GOLDEN).unwrap()
-    );
+    bench.assert_golden_written();
 }
 
 #[test]
 fn json_progress_for_programs() {
-    let dir = TempDir::new("json");
-    let script = Script {
-        end_after: Some(Duration::from_millis(1500)),
-        ..golden_script()
-    };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &["-o", out_path.to_str().unwrap(), "--progress", "json"],
-    ));
+    let bench = Bench::start("json", ending_after(1500));
+    let out = finish(bench.spawn(&["--progress", "json"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let events: Vec<serde_json::Value> = text(&out.stdout)
         .lines()
@@ -495,20 +456,11 @@ fn json_progress_for_programs() {
 
 #[test]
 fn started_data_source_that_recorded_nothing_is_called_out() {
-    let dir = TempDir::new("empty");
     let script = Script {
-        end_after: Some(Duration::from_millis(300)),
         packets: vec![],
-        ..golden_script()
+        ..ending_after(300)
     };
-    let fake = FakeService::start(&dir.path("c.sock"), script);
-    let out_path = dir.path("out.pftrace");
-    let out = finish(spawn_record(
-        &fake.socket,
-        &["-o", out_path.to_str().unwrap()],
-    ));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stderr = Bench::start("empty", script).record(&[], 0);
     assert!(
         stderr.contains(
             "track_event: started on real-producer, but no track events were recorded \
