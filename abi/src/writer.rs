@@ -72,7 +72,9 @@ pub use polling::{
     ArbiterError, ArbiterStats, ChunkCommit, CommitEvent, CommitQueue, CommitReceiver, DrainStats,
     Drained, PatchBatch, PollingArbiter, PATCH_BATCH_LEN,
 };
-pub use stream::{ChunkSlot, ChunkStream, MAX_FRAGMENTS_PER_CHUNK, MIN_PACKET_ROOM};
+pub use stream::{
+    ChunkSlot, ChunkStream, MAX_FRAGMENTS_PER_CHUNK, MIN_PACKET_ROOM, PADDED_COPY_LEN,
+};
 
 /// `DataLossReason` bit every loss carries (TracePacket field 42).
 pub const DATA_LOSS_PRESENT: u32 = 1;
@@ -298,10 +300,29 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// store: no size reservation, no compaction.
     #[inline]
     pub fn write_encoded_packet(&mut self, packet: &[u8]) -> PacketOutcome {
-        if self.enc.sink_and_slots().0.try_write_small_packet(packet) {
+        self.write_encoded_packet_in(packet, packet.len())
+    }
+
+    /// [`write_encoded_packet`](Self::write_encoded_packet) for the packet
+    /// `buf[..len]` in a larger scratch buffer: when `buf` has at least
+    /// [`PADDED_COPY_LEN`] bytes and the packet is no longer, the writer may
+    /// copy that fixed-size block whole (cheaper than a variable-length
+    /// copy); the bytes past the packet land in free chunk space that is
+    /// never read as data. `len > buf.len()` writes nothing: the packet
+    /// is dropped as too long (counted, and marked on the next packet).
+    #[inline]
+    pub fn write_encoded_packet_in(&mut self, buf: &[u8], len: usize) -> PacketOutcome {
+        if self.enc.sink_and_slots().0.try_write_small_packet(buf, len) {
             return PacketOutcome::Written;
         }
-        self.write_packet(|p| p.raw(packet))
+        match buf.get(..len) {
+            Some(packet) => self.write_packet(|p| p.raw(packet)),
+            None => {
+                let reason = DropReason::PacketTooLong;
+                self.enc.sink_and_slots().0.drop_unwritten(reason);
+                PacketOutcome::Dropped(reason)
+            }
+        }
     }
 
     /// Returns the current chunk to the arbiter (even if almost empty),

@@ -239,9 +239,10 @@ pub(crate) trait PacketWriter {
     /// Writes one packet with `f`; `false` if it was dropped.
     fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool;
 
-    /// Writes one packet whose fields are already encoded.
-    fn write_encoded_packet(&mut self, fields: &[u8]) -> bool {
-        self.write_packet(|p| p.raw(fields))
+    /// Writes one packet whose fields are already encoded: `buf[..len]`,
+    /// in a scratch buffer the writer may copy a fixed-size prefix of.
+    fn write_encoded_packet_in(&mut self, buf: &[u8], len: usize) -> bool {
+        self.write_packet(|p| p.raw(buf.get(..len).unwrap_or(buf)))
     }
 }
 
@@ -507,7 +508,7 @@ impl SequenceState {
                     }),
                 };
                 let ok = match encoded {
-                    Ok(n) => w.write_encoded_packet(scratch.get(..n).unwrap_or(&[])),
+                    Ok(n) => w.write_encoded_packet_in(&scratch, n),
                     // Too big for the scratch buffer (or an encoding error
                     // to report through the writer): stream it instead.
                     Err(_) => w.write_packet(|p| self.write_event_fields(p, ev, stamp, None)),

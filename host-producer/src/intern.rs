@@ -246,9 +246,14 @@ impl StrInterner {
     }
 }
 
-/// Set of track uuids whose descriptor was emitted on this sequence.
+/// Set of track uuids whose descriptor was emitted on this sequence, with
+/// the most recently confirmed uuid cached in front (a counter or custom
+/// track used repeatedly costs one compare).
 pub struct TrackSet {
     table: Table,
+    /// A uuid known to be in the set, if `recent_valid`.
+    recent: u64,
+    recent_valid: bool,
 }
 
 impl Default for TrackSet {
@@ -262,6 +267,8 @@ impl TrackSet {
     pub fn new() -> Self {
         TrackSet {
             table: Table::new(),
+            recent: 0,
+            recent_valid: false,
         }
     }
 
@@ -269,16 +276,22 @@ impl TrackSet {
     /// which case the descriptor is simply emitted again).
     #[inline]
     pub fn insert(&mut self, uuid: u64) -> bool {
+        if self.recent_valid && self.recent == uuid {
+            return false;
+        }
         // Split the uuid into two words so 32-bit targets keep all bits.
         let (a, b) = (uuid as usize, (uuid >> 32) as usize);
-        self.table
-            .get_or_insert(a, b, || 1)
-            .is_none_or(|(_, inserted)| inserted)
+        let found = self.table.get_or_insert(a, b, || 1);
+        // Cache only what the table holds (a full table adds nothing).
+        self.recent = uuid;
+        self.recent_valid = found.is_some();
+        found.is_none_or(|(_, inserted)| inserted)
     }
 
     /// Empties the set.
     pub fn clear(&mut self) {
         self.table.clear();
+        self.recent_valid = false;
     }
 }
 
@@ -355,6 +368,13 @@ mod tests {
         let mut s = TrackSet::new();
         assert!(s.insert(7));
         assert!(!s.insert(7));
+        assert!(!s.insert(7));
+        assert!(s.insert(8));
+        assert!(!s.insert(7));
+        assert!(!s.insert(8));
+        s.clear();
+        assert!(s.insert(8), "the front cache is cleared too");
+        assert!(s.insert(7));
         assert!(s.insert(7 | (1 << 40)));
         s.clear();
         assert!(s.insert(7));

@@ -76,9 +76,9 @@ impl PacketWriter for Output {
     }
 
     #[inline]
-    fn write_encoded_packet(&mut self, fields: &[u8]) -> bool {
+    fn write_encoded_packet_in(&mut self, buf: &[u8], len: usize) -> bool {
         self.dirty = true;
-        let outcome = self.writer.write_encoded_packet(fields);
+        let outcome = self.writer.write_encoded_packet_in(buf, len);
         !matches!(outcome, PacketOutcome::Dropped(_))
     }
 }

@@ -26,7 +26,7 @@ use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
 use crate::proto::{Sink, SMALL_WRITE_LEN};
-use crate::smb::WritableChunk;
+use crate::smb::{OutOfBounds, WritableChunk};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
@@ -35,6 +35,22 @@ use super::{DropReason, WriterStats, DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
 /// Start a packet in a new chunk if fewer bytes than this are left: the
 /// 4-byte size field plus 8 bytes of packet ("chunk too full").
 pub const MIN_PACKET_ROOM: usize = SIZE_FIELD_LEN + 8;
+
+/// Bytes [`ChunkStream::try_write_small_packet`] copies at once from a
+/// caller's scratch buffer when the packet is no longer.
+pub const PADDED_COPY_LEN: usize = 64;
+
+/// The variable-length copy of [`ChunkStream::try_write_small_packet`],
+/// kept out of line: merged with the fixed-size one, both would become a
+/// `memcpy` call.
+#[inline(never)]
+fn write_unpadded(
+    chunk: &mut WritableChunk<'_>,
+    at: usize,
+    packet: &[u8],
+) -> Result<(), OutOfBounds> {
+    chunk.write(at, packet)
+}
 
 /// Most fragments a writer puts in one chunk: one below the 10-bit maximum,
 /// so the count can always be inflated once more for a scraper.
@@ -306,9 +322,18 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// as [`begin_packet`](Self::begin_packet) + writing + [`finish_packet`](Self::finish_packet)
     /// would leave them, with a single release store of the count. Returns
     /// `false`, having changed nothing, when the general path must be taken.
+    ///
+    /// The packet is `buf[..len]`; when `buf` holds at least
+    /// [`PADDED_COPY_LEN`] bytes, the packet is that short and the chunk has
+    /// the room, the first `PADDED_COPY_LEN` bytes are copied instead (one
+    /// fixed-size copy, no `memcpy` call): the bytes past the packet land in
+    /// free payload space, beyond the last fragment, that later writes
+    /// overwrite and readers never parse.
     #[inline]
-    pub(crate) fn try_write_small_packet(&mut self, packet: &[u8]) -> bool {
-        let len = packet.len();
+    pub(crate) fn try_write_small_packet(&mut self, buf: &[u8], len: usize) -> bool {
+        let Some(packet) = buf.get(..len) else {
+            return false;
+        };
         if self.in_packet
             || self.first_packet
             || self.pending_loss != 0
@@ -334,7 +359,15 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             return false;
         }
         let at = self.cursor;
-        if chunk.write_u8(at, len as u8).is_err() || chunk.write(at + 1, packet).is_err() {
+        let padded: Option<&[u8; PADDED_COPY_LEN]> = buf
+            .get(..PADDED_COPY_LEN)
+            .and_then(|b| b.try_into().ok())
+            .filter(|_| len <= PADDED_COPY_LEN && room > PADDED_COPY_LEN);
+        let copied = match padded {
+            Some(block) => chunk.write(at + 1, block),
+            None => write_unpadded(chunk, at + 1, packet),
+        };
+        if copied.is_err() || chunk.write_u8(at, len as u8).is_err() {
             return false;
         }
         self.cursor = at + 1 + len;
@@ -343,6 +376,17 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         self.seal_packet(count);
         self.deliver_patches();
         true
+    }
+
+    /// Counts a packet dropped before any of it was written and marks the
+    /// loss on the next one.
+    pub(crate) fn drop_unwritten(&mut self, reason: DropReason) {
+        self.pending_loss |= reason.loss_bits();
+        match reason {
+            DropReason::SmbFull => self.stats.packets_dropped_smb_full += 1,
+            DropReason::PatchStorageFull => self.stats.packets_dropped_patch_storage += 1,
+            DropReason::PacketTooLong => self.stats.packets_dropped_too_long += 1,
+        }
     }
 
     /// Abandons the packet being written: sentinel into its last fragment's

@@ -93,6 +93,17 @@ fn small_packets_case(encoded: bool) {
     }
     let (scraped, _) = w.enc.sink().snapshot().unwrap();
     assert_eq!(scraped.count(), 3, "two packets + the inflated slot");
+    if encoded {
+        // A length beyond the buffer: dropped whole, counted, and marked
+        // on the next packet (field 42 = 1).
+        assert_eq!(
+            w.write_encoded_packet_in(&[0x40], 2),
+            PacketOutcome::Dropped(DropReason::PacketTooLong)
+        );
+        assert_eq!(w.stats().packets_dropped_too_long, 1);
+        assert_eq!(w.enc.sink().pending_loss(), DATA_LOSS_PRESENT);
+        assert_eq!(w.enc.sink().snapshot().unwrap().0.count(), 3);
+    }
     // Nothing is committed before the flush.
     assert!(rx.is_empty());
     w.flush();
@@ -783,7 +794,10 @@ proptest::proptest! {
         for s in &steps {
             match s {
                 Step::Packet(bytes) => {
-                    let oa = a.write_encoded_packet(bytes);
+                    // Writer A gets the packet in a padded scratch buffer.
+                    let mut scratch = std::vec![0xEEu8; bytes.len().max(PADDED_COPY_LEN)];
+                    scratch[..bytes.len()].copy_from_slice(bytes);
+                    let oa = a.write_encoded_packet_in(&scratch, bytes.len());
                     let ob = b.write_packet(|p| p.raw(bytes));
                     proptest::prop_assert_eq!(oa, ob);
                 }
