@@ -57,26 +57,21 @@ fn demo_records_a_sound_trace_of_the_example_app() {
     assert_eq!(te["counter"], 3 * frames);
     assert_eq!(te["interned_unresolved"], 0);
 
-    let threads: BTreeSet<&str> = a["tracks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|t| t["kind"] == "thread")
-        .filter_map(|t| t["name"].as_str())
-        .collect();
+    let tracks_of_kind = |kind: &str| -> BTreeSet<&str> {
+        a["tracks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["kind"] == kind)
+            .filter_map(|t| t["name"].as_str())
+            .collect()
+    };
     assert_eq!(
-        threads,
+        tracks_of_kind("thread"),
         BTreeSet::from(["demo-main", "demo-worker-0", "demo-worker-1"])
     );
-    let counters: BTreeSet<&str> = a["tracks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|t| t["kind"] == "counter")
-        .filter_map(|t| t["name"].as_str())
-        .collect();
     assert_eq!(
-        counters,
+        tracks_of_kind("counter"),
         BTreeSet::from(["frame time", "queued jobs", "heap"])
     );
     assert!(a["tracks"]

@@ -31,7 +31,9 @@ pub struct InspectArgs {
     pub files: Vec<PathBuf>,
     /// Exit with status 1 if the trace has problems: broken slice nesting,
     /// unresolved interned data, unpaired flows, lost data that nothing
-    /// records, malformed packets.
+    /// records, malformed packets. (Packets that a RING buffer's wrap left
+    /// without their sequence's incremental-state clear are counted as
+    /// "unresolvable after ring wrap", not failed.)
     #[arg(long)]
     pub check: bool,
     /// Print the analysis as JSON.
