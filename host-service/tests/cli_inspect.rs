@@ -511,3 +511,30 @@ fn corrupt_compressed_packets_are_malformed() {
         "compressed_packets cannot be inflated: not valid zlib data",
     );
 }
+
+/// zstd batches are not inflated: `--check` cannot vouch for them and says
+/// so, instead of passing or blaming their missing trusted fields.
+#[test]
+fn zstd_compressed_packets_are_unsupported() {
+    let dir = TempDir::new("zstd");
+    let mut t = EditTrace::golden();
+    let mut packet = DynamicMessage::new(schema::message("TracePacket"));
+    // A zstd frame's magic number, then anything.
+    let frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x58, 0x01, 0x00];
+    packet.set_field_by_name("zstd_compressed_packets", Value::Bytes(frame.into()));
+    t.packets.push(packet);
+    check_fails_with(
+        &t,
+        &dir,
+        "unsupported",
+        "zstd_compressed_packets (8 bytes) are not inflated by inspect",
+    );
+    let (_, a) = inspect(&[&t.write(&dir.path("z.pftrace"))]);
+    assert_eq!(
+        a["problem_counts"].as_object().unwrap().len(),
+        1,
+        "{}",
+        problems(&a)
+    );
+    assert_eq!(a["compression"]["zstd_batches"], 1);
+}

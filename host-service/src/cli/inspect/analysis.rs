@@ -138,6 +138,8 @@ pub enum ProblemKind {
     Timestamps,
     /// Data is missing and nothing records a loss.
     UnmarkedLoss,
+    /// Content `inspect` cannot read, so cannot check.
+    Unsupported,
 }
 
 impl ProblemKind {
@@ -152,6 +154,7 @@ impl ProblemKind {
             Self::Counters => "bad counters",
             Self::Timestamps => "timestamps going backwards",
             Self::UnmarkedLoss => "unmarked data loss",
+            Self::Unsupported => "content inspect cannot read",
         }
     }
 }
@@ -217,6 +220,8 @@ impl Analysis {
 pub struct CompressionInfo {
     /// Batches (`compressed_packets` packets).
     pub batches: u64,
+    /// `zstd_compressed_packets` batches (not inflated: unsupported).
+    pub zstd_batches: u64,
     /// Their compressed bytes.
     pub compressed_bytes: u64,
     /// What they inflated to.
@@ -572,13 +577,29 @@ impl Analyzer {
     fn packet_at(&mut self, index: u64, at: &str, bytes: &[u8]) {
         let packet = TracePacket::decode(bytes);
         // A batch is counted in `compression`; its packets as packets.
-        if let Ok(TracePacket {
-            data: Some(Data::CompressedPackets(data)),
-            ..
-        }) = &packet
-        {
-            self.compressed_packets(index, at, data);
-            return;
+        match &packet {
+            Ok(TracePacket {
+                data: Some(Data::CompressedPackets(data)),
+                ..
+            }) => {
+                self.compressed_packets(index, at, data);
+                return;
+            }
+            Ok(TracePacket {
+                data: Some(Data::ZstdCompressedPackets(data)),
+                ..
+            }) => {
+                let c = &mut self.out.compression;
+                c.zstd_batches += 1;
+                let message = format!(
+                    "{at}: zstd_compressed_packets ({} bytes) are not inflated by inspect; \
+                     the packets in them are not checked",
+                    data.len()
+                );
+                self.problem(ProblemKind::Unsupported, message);
+                return;
+            }
+            _ => {}
         }
         self.out.packets += 1;
         self.out.packet_bytes += bytes.len() as u64;

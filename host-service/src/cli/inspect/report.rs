@@ -51,6 +51,13 @@ fn header(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
         Bytes(a.packet_bytes)
     )?;
     let c = &a.compression;
+    if c.zstd_batches > 0 {
+        writeln!(
+            out,
+            "  compressed  {} zstd_compressed_packets batch(es), not inflated (unsupported)",
+            c.zstd_batches
+        )?;
+    }
     if c.batches > 0 {
         writeln!(
             out,
