@@ -1,9 +1,10 @@
 //! The consumer port: every `ConsumerPort` RPC (facts §6).
 //!
-//! What this service does not implement (triggers, trace filters,
-//! compression, session cloning, bugreports) is refused explicitly: an
-//! `EnableTracing` with such a config is answered with an error string, and
-//! calls that only exist for them fail or say so in their response.
+//! What this service does not implement (CLONE_SNAPSHOT triggers, trace
+//! filters, compression, session cloning, bugreports) is refused explicitly:
+//! an `EnableTracing` with such a config is answered with an error string,
+//! and calls that only exist for them fail or say so in their response.
+//! `ChangeTraceConfig` is refused.
 
 use super::readback::ReadStream;
 use super::session::SessionState;

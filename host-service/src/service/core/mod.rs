@@ -36,6 +36,7 @@ mod producer;
 mod readback;
 mod session;
 mod timers;
+mod triggers;
 
 #[cfg(test)]
 mod tests;
@@ -167,6 +168,8 @@ pub struct TracingService {
     stats: ServiceStats,
     /// Scratch space for one chunk copied out of an SMB.
     chunk_copy: Vec<u8>,
+    /// Matched triggers of the last 24 hours (`max_per_24_h`).
+    trigger_history: triggers::TriggerHistory,
 }
 
 impl std::fmt::Debug for TracingService {
@@ -201,6 +204,7 @@ impl TracingService {
             out: VecDeque::new(),
             stats: ServiceStats::default(),
             chunk_copy: vec![0; shmtrace_abi::layout::MAX_PAGE_SIZE],
+            trigger_history: triggers::TriggerHistory::default(),
         }
     }
 

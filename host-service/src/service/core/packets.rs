@@ -13,6 +13,7 @@ use crate::protos::{
 use crate::service::env::clock_id;
 
 use super::session::Lifecycle;
+use super::triggers::ReceivedTrigger;
 
 /// The sync marker's 16 bytes (UUID `82477a76-b28d-42ba-81dc-33326d57a079`).
 pub const SYNC_MARKER: [u8; 16] = [
@@ -32,6 +33,7 @@ const TRACE_CONFIG: &[u8] = &[0x8A, 0x02]; // 33, bytes
 const TRACE_STATS: &[u8] = &[0x9A, 0x02]; // 35, bytes
 const SYNC: &[u8] = &[0xA2, 0x02]; // 36, bytes
 const SYSTEM_INFO: &[u8] = &[0xEA, 0x02]; // 45, bytes
+const TRIGGER: &[u8] = &[0xF2, 0x02]; // 46, bytes
 const SERVICE_EVENT: &[u8] = &[0xAA, 0x04]; // 69, bytes
 const TRACE_UUID: &[u8] = &[0xCA, 0x05]; // 89, bytes
 const PROVENANCE: &[u8] = &[0xE2, 0x07]; // 124, bytes
@@ -101,6 +103,21 @@ pub fn trace_uuid(uid: u32, (msb, lsb): (i64, i64)) -> Vec<u8> {
             lsb: Some(lsb),
         }),
     );
+    out
+}
+
+/// A `trigger` packet: a trigger a session received, stamped with the time
+/// it was received.
+pub fn trigger(uid: u32, t: &ReceivedTrigger) -> Vec<u8> {
+    let mut body = Vec::new();
+    bytes_field(&mut body, &[0x0A], t.name.as_bytes()); // trigger_name = 1
+    bytes_field(&mut body, &[0x12], t.producer_name.as_bytes()); // producer_name = 2
+    varint_field(&mut body, &[0x18], i64::from(t.producer_uid as i32) as u64); // trusted_producer_uid = 3
+    varint_field(&mut body, &[0x20], u64::from(t.stop_delay_ms)); // stop_delay_ms = 4
+    let mut out = Vec::new();
+    bytes_field(&mut out, TRIGGER, &body);
+    varint_field(&mut out, TIMESTAMP, t.time);
+    header(&mut out, uid);
     out
 }
 
@@ -235,6 +252,25 @@ mod tests {
         let snap: ClockSnapshot = prost::Message::decode(&pkt[2..2 + pkt[1] as usize]).unwrap();
         assert_eq!(snap.clocks.len(), 2);
         assert_eq!(snap.primary_trace_clock, Some(6));
+    }
+
+    #[test]
+    fn trigger_packets_have_upstreams_fields_in_upstreams_order() {
+        let t = ReceivedTrigger {
+            time: 1_000_000_007,
+            name: "go".into(),
+            producer_name: "p".into(),
+            producer_uid: 1000,
+            stop_delay_ms: 250,
+        };
+        let pkt = trigger(0, &t);
+        // trigger {1: "go", 2: "p", 3: 1000, 4: 250}, timestamp, header.
+        let mut expect = hex("f2020d0a02676f12017018e80720fa01");
+        expect.extend(hex("408794ebdc03"));
+        expect.extend(hex("18005001d00306"));
+        assert_eq!(pkt, expect);
+        let decoded: crate::protos::TracePacket = prost::Message::decode(&pkt[..]).unwrap();
+        assert_eq!(decoded.timestamp, Some(1_000_000_007));
     }
 
     #[test]

@@ -170,14 +170,7 @@ impl TracingService {
                 self.reply(conn, &to, &NotifyDataSourceStoppedResponse {}, false);
             }
             Request::ActivateTriggers(req) => {
-                // No session can configure triggers (EnableTracing refuses
-                // trigger_config), so no trigger can match.
-                if !req.trigger_names.is_empty() {
-                    log::info!(
-                        "producer {producer}: ignoring triggers {:?} (no session uses triggers)",
-                        req.trigger_names
-                    );
-                }
+                self.activate_triggers(producer, &req.trigger_names);
                 self.reply(conn, &to, &ActivateTriggersResponse {}, false);
             }
             // Every earlier request of this connection has been handled.

@@ -98,9 +98,11 @@ impl TracingService {
         let session = self.consumer(conn).and_then(|c| c.session);
         let readable = session
             .and_then(|s| self.sessions.get(&s))
-            .filter(|s| s.file.is_none());
+            .filter(|s| s.file.is_none() && !s.triggers.waiting());
         let Some(sid) = readable.map(|s| s.id) else {
-            // No session, or a write_into_file one: one empty reply.
+            // No session, a write_into_file one, or one whose triggers have
+            // not fired yet (it has no data, not even service packets): one
+            // empty reply.
             self.reply(conn, &to, &ReadBuffersResponse::default(), false);
             return;
         };
@@ -270,6 +272,9 @@ impl TracingService {
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
+        if s.triggers.waiting() {
+            return;
+        }
         let Some(mut sink) = s.file.take() else {
             return;
         };
@@ -467,6 +472,10 @@ fn preamble(s: &mut Session, uid: u32, now: u64, info: &crate::protos::SystemInf
     if s.sync_due || !s.preamble_done {
         s.sync_due = false;
         out.push(packets::sync_marker(uid));
+    }
+    let triggers = std::mem::take(&mut s.triggers.pending);
+    if !builtin.disable_trace_config.unwrap_or(false) {
+        out.extend(triggers.iter().map(|t| packets::trigger(uid, t)));
     }
     if !s.preamble_done {
         let mut per_buffer: Vec<Vec<(u32, i32)>> = vec![Vec::new(); s.buffers.len()];

@@ -24,6 +24,7 @@ use prost::Message;
 use regex::Regex;
 
 use super::timers::{aligned_delay_ns, Timer};
+use super::triggers::{self, SessionTriggers, TriggerSetup};
 use super::{BufferId, ConnId, ProducerId, SessionId, TracingService};
 use crate::ipc::PendingReply;
 use crate::protos::ds_config::{self, ServiceFields};
@@ -252,9 +253,28 @@ pub struct Session {
     pub start_realtime_ns: Option<i64>,
     /// Compiled producer name regexes, per config data source.
     pub regexes: Vec<Vec<Regex>>,
+    /// Trigger setup and the triggers received.
+    pub triggers: SessionTriggers,
 }
 
 impl Session {
+    /// Sets the duration the service applies (a trigger mode replaced the
+    /// configured one). The emitted `trace_config` shows it too, as
+    /// upstream's re-serialized config does: the field is appended to the
+    /// consumer's bytes (protobuf's last value wins).
+    pub fn set_duration_ms(&mut self, ms: u32) {
+        self.config.duration_ms = Some(ms);
+        let mut raw = self.raw_config.to_vec();
+        raw.push(0x18); // field 3, varint
+        let mut v = ms;
+        while v >= 0x80 {
+            raw.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        raw.push(v as u8);
+        self.raw_config = Bytes::from(raw);
+    }
+
     /// Records a lifecycle event.
     /// Records a lifecycle event. Emitted events are forgotten; of those
     /// not yet emitted, at most [`MAX_EVENTS_PER_KIND`] flush events (and one
@@ -388,6 +408,7 @@ struct Validated {
     /// Per config data source: its decoded config and buffer index.
     data_sources: Vec<(DataSourceConfig, usize)>,
     regexes: Vec<Vec<Regex>>,
+    triggers: TriggerSetup,
 }
 
 fn invalid(msg: impl Into<String>) -> String {
@@ -424,13 +445,7 @@ impl TracingService {
                 "duration_ms exceeds the maximum of {MAX_DURATION_MS} ms"
             )));
         }
-        if let Some(t) = &config.trigger_config {
-            if t.trigger_mode.unwrap_or(0) != 0 || !t.triggers.is_empty() {
-                return Err(invalid(
-                    "trigger_config is not supported by the shmtrace service",
-                ));
-            }
-        }
+        let triggers = triggers::validate(&config)?;
         if config.trace_filter.is_some() {
             return Err(invalid(
                 "trace_filter is not supported by the shmtrace service",
@@ -552,6 +567,7 @@ impl TracingService {
             config,
             data_sources,
             regexes,
+            triggers,
         })
     }
 
@@ -677,6 +693,11 @@ impl TracingService {
             all_started_reported: false,
             start_realtime_ns: None,
             regexes: v.regexes,
+            triggers: SessionTriggers {
+                setup: v.triggers,
+                pending: Vec::new(),
+                received: 0,
+            },
         };
         self.sessions.insert(id, session);
         if let Some(c) = self.consumer_mut(conn) {
@@ -700,7 +721,8 @@ impl TracingService {
             .sessions
             .get(&id)
             .is_some_and(|s| s.config.deferred_start.unwrap_or(false));
-        if !deferred {
+        let awaits_trigger = self.arm_triggers(id);
+        if !deferred && !awaits_trigger {
             self.start_tracing(id);
         }
     }
@@ -1398,11 +1420,12 @@ impl TracingService {
                 self.finalize_disable(session);
             }
             Timer::Duration { session } => {
-                if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|s| s.state == SessionState::Started)
-                {
+                // After a STOP_TRACING trigger, its stop_delay_ms decides.
+                if self.sessions.get(&session).is_some_and(|s| {
+                    s.state == SessionState::Started
+                        && !(s.triggers.setup.mode == triggers::TriggerMode::StopTracing
+                            && s.triggers.received > 0)
+                }) {
                     let flags = flush_flags::REASON_TRACE_STOP | flush_flags::INITIATOR_TRACED;
                     self.flush(session, 0, flags, None, true);
                 }
@@ -1457,6 +1480,8 @@ impl TracingService {
                 );
                 self.drain_to_file(session, false);
             }
+            Timer::TriggerTimeout { session } => self.start_trigger_timeout(session),
+            Timer::TriggerStop { session } => self.trigger_stop(session),
             Timer::Snapshot { session } => {
                 let snapshot = self.env.clock_snapshot();
                 let Some(s) = self.sessions.get_mut(&session) else {

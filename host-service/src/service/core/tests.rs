@@ -23,6 +23,8 @@ use crate::protos::{
 use crate::service::env::FakeEnvironment;
 use crate::service::shm::SharedMemory;
 
+mod triggers;
+
 const PRODUCER_UID: u32 = 1000;
 const PRODUCER_PID: i32 = 4242;
 
@@ -421,6 +423,19 @@ impl TestConsumer {
     }
 }
 
+/// A sim with producer "prod" (data source `ds` described by `desc`) and a
+/// consumer that enabled `cfg`; the producer's first commands.
+fn session_with(
+    desc: DataSourceDescriptor,
+    cfg: Bytes,
+) -> (Sim, TestProducer, TestConsumer, Vec<Cmd>) {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[desc]);
+    let c = TestConsumer::enable(&mut sim, cfg);
+    let cmds = p.commands(&mut sim);
+    (sim, p, c, cmds)
+}
+
 /// The top-level fields of a packet: `(field, varint value or bytes)`.
 fn fields(packet: &[u8]) -> Vec<(u32, Result<u64, Vec<u8>>)> {
     let mut out = Vec::new();
@@ -737,17 +752,16 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
     let mut sim = Sim::new();
     let cfg = config("ds", 64, |cfg| {
         cfg.trigger_config = Some(trace_config::TriggerConfig {
-            trigger_mode: Some(2),
+            trigger_mode: Some(4),
             trigger_timeout_ms: Some(1000),
             ..Default::default()
         })
     });
     let c = TestConsumer::enable(&mut sim, cfg);
     let resp = c.enabled_reply(&mut sim).expect("answered at once");
-    assert!(resp
-        .error
-        .unwrap()
-        .contains("trigger_config is not supported"));
+    assert!(resp.error.unwrap().contains(
+        "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need CloneSession"
+    ));
     // Bad buffer index.
     let c = TestConsumer::enable(&mut sim, config("ds", 64, |cfg| cfg.buffers.clear()));
     assert!(c

@@ -26,6 +26,10 @@ pub enum Timer {
     WriteIntoFile { session: SessionId },
     /// The clock snapshot / sync marker / stats period elapsed.
     Snapshot { session: SessionId },
+    /// `trigger_timeout_ms` of a START_TRACING session elapsed.
+    TriggerTimeout { session: SessionId },
+    /// `stop_delay_ms` after a STOP_TRACING trigger elapsed.
+    TriggerStop { session: SessionId },
 }
 
 /// Pending timers by deadline (ties in arming order).
@@ -71,7 +75,9 @@ impl Timer {
             | Timer::PeriodicFlush { session }
             | Timer::ClearIncrementalState { session }
             | Timer::WriteIntoFile { session }
-            | Timer::Snapshot { session } => session,
+            | Timer::Snapshot { session }
+            | Timer::TriggerTimeout { session }
+            | Timer::TriggerStop { session } => session,
         }
     }
 }
