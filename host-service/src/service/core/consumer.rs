@@ -4,7 +4,8 @@
 //! filters, compression, session cloning, bugreports) is refused explicitly:
 //! an `EnableTracing` with such a config is answered with an error string,
 //! and calls that only exist for them fail or say so in their response.
-//! `ChangeTraceConfig` is refused.
+//! `ChangeTraceConfig` applies producer name filters only, like upstream,
+//! and logs what else it ignores ([`super::reconfigure`]).
 
 use super::readback::ReadStream;
 use super::session::SessionState;
@@ -16,10 +17,11 @@ use crate::protos::observable_events::{
 };
 use crate::protos::tracing_service_state as tss;
 use crate::protos::{
-    AttachResponse, CloneSessionResponse, DetachResponse, DisableTracingResponse,
-    FreeBuffersResponse, GetTraceStatsResponse, ObservableEvents, ObserveEventsResponse,
-    QueryCapabilitiesResponse, QueryServiceStateResponse, SaveTraceForBugreportResponse,
-    StartTracingResponse, TracingServiceCapabilities, TracingServiceState,
+    AttachResponse, ChangeTraceConfigResponse, CloneSessionResponse, DetachResponse,
+    DisableTracingResponse, FreeBuffersResponse, GetTraceStatsResponse, ObservableEvents,
+    ObserveEventsResponse, QueryCapabilitiesResponse, QueryServiceStateResponse,
+    SaveTraceForBugreportResponse, StartTracingResponse, TracingServiceCapabilities,
+    TracingServiceState,
 };
 
 /// Largest `QueryServiceState` reply before the state is split over
@@ -121,9 +123,16 @@ impl TracingService {
                 ),
                 None => self.reject(conn, &to),
             },
-            Request::ChangeTraceConfig(_) => {
-                log::info!("consumer {}: ChangeTraceConfig is not supported", conn.0);
-                self.reject(conn, &to);
+            Request::ChangeTraceConfig(req) => {
+                let raw = req.trace_config.unwrap_or_default();
+                match session.map(|sid| self.change_trace_config(sid, &raw)) {
+                    Some(Ok(())) => self.reply(conn, &to, &ChangeTraceConfigResponse {}, false),
+                    Some(Err(e)) => {
+                        log::info!("consumer {}: ChangeTraceConfig refused: {e}", conn.0);
+                        self.reject(conn, &to);
+                    }
+                    None => self.reject(conn, &to),
+                }
             }
             Request::Detach(req) => {
                 self.detach(conn, to, session, uid, req.key.unwrap_or_default())

@@ -34,6 +34,7 @@ mod consumer;
 mod packets;
 mod producer;
 mod readback;
+mod reconfigure;
 mod session;
 mod timers;
 mod triggers;

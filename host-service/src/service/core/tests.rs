@@ -1306,6 +1306,72 @@ fn producer_name_filters_choose_the_producers() {
 }
 
 #[test]
+fn change_trace_config_widens_producer_name_filters_only() {
+    let mut sim = Sim::new();
+    let ds = || descriptor("ds", false, false);
+    let mut a = TestProducer::connect(&mut sim, "app", &[ds()]);
+    let mut b = TestProducer::connect(&mut sim, "svc", &[ds()]);
+    let filtered = |names: Vec<&str>, regexes: Vec<&str>, duration: u32| {
+        config("ds", 64, move |cfg| {
+            cfg.duration_ms = Some(duration);
+            cfg.data_sources[0].producer_name_filter =
+                names.iter().map(|n| n.to_string()).collect();
+            cfg.data_sources[0].producer_name_regex_filter =
+                regexes.iter().map(|r| r.to_string()).collect();
+        })
+    };
+    let c = TestConsumer::enable(&mut sim, filtered(vec!["app"], vec![], 60_000));
+    assert!(a
+        .commands(&mut sim)
+        .iter()
+        .any(|c| matches!(c, Cmd::StartDataSource(_))));
+    assert!(b.commands(&mut sim).is_empty());
+    let change = |sim: &mut Sim, cfg: Bytes| {
+        let req = crate::protos::ChangeTraceConfigRequest {
+            trace_config: Some(cfg),
+        };
+        let id = c.call(sim, consumer_port::Request::ChangeTraceConfig(req));
+        sim.replies(c.conn, id).pop().expect("a reply").body
+    };
+    // A bad regex changes nothing and fails the call.
+    assert!(matches!(
+        change(&mut sim, filtered(vec![], vec!["("], 60_000)),
+        ReplyBody::Err
+    ));
+    assert!(b.commands(&mut sim).is_empty());
+    // Widened (and a duration change, which is ignored): "svc" is set up
+    // and started; "app" keeps its one instance.
+    let body = change(&mut sim, filtered(vec!["app"], vec!["s.c"], 1000));
+    let ReplyBody::Ok(b_reply) = body else {
+        panic!("ChangeTraceConfig failed")
+    };
+    crate::protos::ChangeTraceConfigResponse::decode(b_reply).unwrap();
+    let cmds = b.commands(&mut sim);
+    assert!(
+        matches!(
+            cmds[..],
+            [
+                Cmd::SetupTracing(_),
+                Cmd::SetupDataSource(_),
+                Cmd::StartDataSource(_)
+            ]
+        ),
+        "{cmds:?}"
+    );
+    assert!(a.commands(&mut sim).is_empty(), "already set up");
+    sim.advance(1000);
+    assert!(
+        a.commands(&mut sim).is_empty(),
+        "the duration did not change"
+    );
+    // Narrowing stops nothing and sets nothing up.
+    change(&mut sim, filtered(vec!["nobody"], vec![], 60_000));
+    let late = TestProducer::connect(&mut sim, "svc2", &[ds()]).commands(&mut sim);
+    assert!(late.is_empty(), "filtered out by the new filter");
+    assert!(a.commands(&mut sim).is_empty() && b.commands(&mut sim).is_empty());
+}
+
+#[test]
 fn data_sources_write_into_their_own_buffers() {
     let mut sim = Sim::new();
     let mut p = TestProducer::connect(
