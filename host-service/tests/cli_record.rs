@@ -469,3 +469,28 @@ fn started_data_source_that_recorded_nothing_is_called_out() {
         "{stderr}"
     );
 }
+
+/// The summary counts what a ring buffer's wrap left unresolvable, with
+/// the cause, as `inspect` does.
+#[test]
+fn summary_names_packets_a_ring_wrap_left_unresolvable() {
+    let mut trace = EditTrace::golden();
+    let first = trace.sequence(3)[0];
+    trace.remove(first);
+    trace.set_buffer_stat("write_wrap_count", 2);
+    trace.set_buffer_stat("chunks_overwritten", 1);
+    let script = Script {
+        packets: trace.packets.iter().map(Message::encode_to_vec).collect(),
+        ..ending_after(200)
+    };
+    let stderr = Bench::start("wrapsummary", script).record(&[], 0);
+    assert_contains_all(
+        &stderr,
+        &[
+            "1 sequence(s) lost their first packets",
+            "packet(s) unresolvable after ring wrap: the ring buffer overwrote the \
+             incremental-state clear they need",
+            "chunks_overwritten = 1",
+        ],
+    );
+}
