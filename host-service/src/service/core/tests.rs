@@ -66,25 +66,29 @@ impl Sim {
         }
     }
 
+    /// A call with the next request id, as the host would decode it.
+    fn next_call<R: ServiceRequest>(&mut self, request: R, fd: Option<OwnedFd>) -> (u64, Call<R>) {
+        let id = self.next_request;
+        self.next_request += 1;
+        let method = request.method();
+        let call = Call {
+            request,
+            service_id: 1,
+            method,
+            reply: PendingReply::new(id, false),
+            fd,
+        };
+        (id, call)
+    }
+
     fn producer_call(
         &mut self,
         conn: ConnId,
         request: producer_port::Request,
         fd: Option<OwnedFd>,
     ) -> u64 {
-        let id = self.next_request;
-        self.next_request += 1;
-        let method = request.method();
-        self.svc.on_producer_call(
-            conn,
-            Call {
-                request,
-                service_id: 1,
-                method,
-                reply: PendingReply::new(id, false),
-                fd,
-            },
-        );
+        let (id, call) = self.next_call(request, fd);
+        self.svc.on_producer_call(conn, call);
         self.pump();
         id
     }
@@ -95,19 +99,8 @@ impl Sim {
         request: consumer_port::Request,
         fd: Option<OwnedFd>,
     ) -> u64 {
-        let id = self.next_request;
-        self.next_request += 1;
-        let method = request.method();
-        self.svc.on_consumer_call(
-            conn,
-            Call {
-                request,
-                service_id: 1,
-                method,
-                reply: PendingReply::new(id, false),
-                fd,
-            },
-        );
+        let (id, call) = self.next_call(request, fd);
+        self.svc.on_consumer_call(conn, call);
         self.pump();
         id
     }
@@ -240,6 +233,15 @@ impl TestProducer {
         sim.producer_call(self.conn, req, None)
     }
 
+    fn register_writer(&self, sim: &mut Sim, writer: u32, buffer: u16) {
+        let req = crate::protos::RegisterTraceWriterRequest {
+            trace_writer_id: Some(writer),
+            target_buffer: Some(u32::from(buffer)),
+        };
+        let id = self.call(sim, producer_port::Request::RegisterTraceWriter(req));
+        let _: crate::protos::RegisterTraceWriterResponse = sim.reply_ok(self.conn, id);
+    }
+
     fn commit(&self, sim: &mut Sim, req: crate::protos::CommitDataRequest) -> u64 {
         self.call(sim, producer_port::Request::CommitData(req))
     }
@@ -255,12 +257,7 @@ impl TestProducer {
     ) -> crate::protos::CommitDataRequest {
         let shm = self.smb.as_ref().expect("SMB set up");
         let smb = shm.smb().expect("smb");
-        let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
-        let arb = Arbiter {
-            smb: &smb,
-            log: log.clone(),
-        };
-        let mut w: TraceWriter<'_, _> = TraceWriter::new(arb, writer_id, buffer).expect("writer");
+        let (mut w, log) = Arbiter::writer(&smb, writer_id, buffer);
         for p in packets {
             // Big payloads go in a nested message, whose size field is
             // patched when it spans chunks.
@@ -283,6 +280,28 @@ impl TestProducer {
 struct Arbiter<'s> {
     smb: &'s Smb<'s>,
     log: Rc<RefCell<crate::protos::CommitDataRequest>>,
+}
+
+impl<'s> Arbiter<'s> {
+    /// A writer on `smb`, and the log of the CommitData it sends.
+    fn writer(
+        smb: &'s Smb<'s>,
+        writer_id: u16,
+        buffer: u16,
+    ) -> (
+        TraceWriter<'s, Self>,
+        Rc<RefCell<crate::protos::CommitDataRequest>>,
+    ) {
+        let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
+        let arb = Arbiter {
+            smb,
+            log: log.clone(),
+        };
+        (
+            TraceWriter::new(arb, writer_id, buffer).expect("writer"),
+            log,
+        )
+    }
 }
 
 impl<'s> ChunkArbiter<'s> for Arbiter<'s> {
@@ -384,6 +403,20 @@ impl TestConsumer {
         })
     }
 
+    /// Stops the session and reads it: the packets, and the trace stats of
+    /// the last one.
+    fn stop_and_read(&self, sim: &mut Sim) -> (Vec<Vec<u8>>, crate::protos::TraceStats) {
+        self.call(
+            sim,
+            consumer_port::Request::DisableTracing(Default::default()),
+        );
+        let packets = self.read(sim);
+        let last = packets.last().expect("packets");
+        let stats = field(last, 35).expect("trace_stats last").unwrap_err();
+        let stats = crate::protos::TraceStats::decode(&stats[..]).expect("stats decode");
+        (packets, stats)
+    }
+
     /// Reads the buffers: every packet, reassembled from its slices.
     fn read(&self, sim: &mut Sim) -> Vec<Vec<u8>> {
         let id = self.call(sim, consumer_port::Request::ReadBuffers(Default::default()));
@@ -434,6 +467,36 @@ fn session_with(
     let c = TestConsumer::enable(&mut sim, cfg);
     let cmds = p.commands(&mut sim);
     (sim, p, c, cmds)
+}
+
+/// Producers `a` and `b` with data source "ds", and a session of one
+/// 256 KiB buffer using it; the buffer's id.
+fn two_producers(a: &str, b: &str) -> (Sim, TestProducer, TestProducer, TestConsumer, u16) {
+    let mut sim = Sim::new();
+    let mut pa = TestProducer::connect(&mut sim, a, &[descriptor("ds", false, false)]);
+    let mut pb = TestProducer::connect(&mut sim, b, &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
+    let buffer = setup_tracing_buffer(&pa.commands(&mut sim));
+    pb.commands(&mut sim);
+    (sim, pa, pb, c, buffer)
+}
+
+/// Producer "prod" and a `write_into_file` session (256 KiB buffer, 100 ms
+/// period, tweaked by `tweak`) writing into a memfd; the buffer's id.
+fn file_session(
+    tweak: impl FnOnce(&mut TraceConfig),
+) -> (Sim, TestProducer, TestConsumer, OwnedFd, u16) {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+    let file = rustix::fs::memfd_create("trace", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let cfg = config("ds", 256, |cfg| {
+        cfg.write_into_file = Some(true);
+        cfg.file_write_period_ms = Some(100);
+        tweak(cfg);
+    });
+    let c = TestConsumer::enable_with(&mut sim, cfg, Some(file.try_clone().unwrap()), 2000);
+    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    (sim, p, c, file, buffer)
 }
 
 /// The top-level fields of a packet: `(field, varint value or bytes)`.
@@ -502,11 +565,11 @@ fn setup_tracing_buffer(cmds: &[Cmd]) -> u16 {
 
 #[test]
 fn a_whole_session_from_enable_to_read() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("track_event", true, false)]);
-    let c = TestConsumer::enable(&mut sim, config("track_event", 1024, |_| {}));
     // SetupTracing (with the SMB), SetupDataSource, StartDataSource.
-    let cmds = p.commands(&mut sim);
+    let (mut sim, mut p, c, cmds) = session_with(
+        descriptor("track_event", true, false),
+        config("track_event", 1024, |_| {}),
+    );
     assert!(matches!(cmds[0], Cmd::SetupTracing(ref s) if s.shared_buffer_page_size_kb == Some(4)));
     let buffer = setup_tracing_buffer(&cmds);
     let Cmd::SetupDataSource(setup) = &cmds[1] else {
@@ -529,13 +592,7 @@ fn a_whole_session_from_enable_to_read() {
         ),
     );
     let _: crate::protos::NotifyDataSourceStartedResponse = sim.reply_ok(p.conn, id);
-    p.call(
-        &mut sim,
-        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
-            trace_writer_id: Some(1),
-            target_buffer: Some(u32::from(buffer)),
-        }),
-    );
+    p.register_writer(&mut sim, 1, buffer);
 
     // Two small packets and one of 10 KB that spans three chunks (with
     // patches).
@@ -605,10 +662,8 @@ fn a_whole_session_from_enable_to_read() {
 
 #[test]
 fn flush_without_an_ack_times_out() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
-    p.commands(&mut sim);
+    let (mut sim, mut p, c, _) =
+        session_with(descriptor("ds", false, false), config("ds", 64, |_| {}));
     let req = crate::protos::FlushRequest {
         timeout_ms: Some(1000),
         flags: Some(4),
@@ -640,10 +695,8 @@ fn flush_without_an_ack_times_out() {
 
 #[test]
 fn flush_acks_are_cumulative() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
-    p.commands(&mut sim);
+    let (mut sim, mut p, c, _) =
+        session_with(descriptor("ds", false, false), config("ds", 64, |_| {}));
     let a = c.call(&mut sim, consumer_port::Request::Flush(Default::default()));
     let b = c.call(&mut sim, consumer_port::Request::Flush(Default::default()));
     let ids: Vec<u64> = p
@@ -667,13 +720,10 @@ fn flush_acks_are_cumulative() {
 
 #[test]
 fn stop_waits_for_data_sources_that_notify() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, true)]);
-    let c = TestConsumer::enable(
-        &mut sim,
+    let (mut sim, mut p, c, _) = session_with(
+        descriptor("ds", false, true),
         config("ds", 64, |cfg| cfg.data_source_stop_timeout_ms = Some(3000)),
     );
-    p.commands(&mut sim);
     c.call(
         &mut sim,
         consumer_port::Request::DisableTracing(Default::default()),
@@ -695,13 +745,10 @@ fn stop_waits_for_data_sources_that_notify() {
     assert!(c.enabled_reply(&mut sim).is_some());
 
     // Without the ack: the stop timeout ends the wait.
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, true)]);
-    let c = TestConsumer::enable(
-        &mut sim,
+    let (mut sim, _producer, c, _) = session_with(
+        descriptor("ds", false, true),
         config("ds", 64, |cfg| cfg.data_source_stop_timeout_ms = Some(3000)),
     );
-    p.commands(&mut sim);
     c.call(
         &mut sim,
         consumer_port::Request::DisableTracing(Default::default()),
@@ -722,13 +769,10 @@ fn stop_waits_for_data_sources_that_notify() {
 
 #[test]
 fn duration_flushes_then_stops() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(
-        &mut sim,
+    let (mut sim, mut p, c, _) = session_with(
+        descriptor("ds", false, false),
         config("ds", 64, |cfg| cfg.duration_ms = Some(2000)),
     );
-    p.commands(&mut sim);
     sim.advance(2000);
     let cmds = p.commands(&mut sim);
     let Some(Cmd::Flush(f)) = cmds.first() else {
@@ -834,19 +878,8 @@ fn calls_before_initialize_and_twice_are_refused() {
 
 #[test]
 fn hostile_commits_cost_nothing_but_their_own_data() {
-    let mut sim = Sim::new();
-    let mut good = TestProducer::connect(&mut sim, "good", &[descriptor("ds", false, false)]);
-    let mut evil = TestProducer::connect(&mut sim, "evil", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
-    let buffer = setup_tracing_buffer(&good.commands(&mut sim));
-    evil.commands(&mut sim);
-    good.call(
-        &mut sim,
-        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
-            trace_writer_id: Some(1),
-            target_buffer: Some(u32::from(buffer)),
-        }),
-    );
+    let (mut sim, good, evil, c, buffer) = two_producers("good", "evil");
+    good.register_writer(&mut sim, 1, buffer);
     let req = good.write(1, buffer, &[b"mine"], true);
     // The evil producer: commits for pages that do not exist, chunks that
     // are free, a foreign buffer, garbage emulated chunks, forged patches
@@ -914,16 +947,8 @@ fn hostile_commits_cost_nothing_but_their_own_data() {
     }
     evil.commit(&mut sim, all);
     assert!(sim.disconnects().is_empty());
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    let packets = c.read(&mut sim);
+    let (packets, stats) = c.stop_and_read(&mut sim);
     assert_eq!(payloads(&packets), [b"mine".to_vec()]);
-    let stats = crate::protos::TraceStats::decode(
-        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
-    )
-    .unwrap();
     assert!(stats.chunks_discarded.unwrap() >= 2);
     assert_eq!(stats.patches_discarded, Some(0));
     assert_eq!(
@@ -935,39 +960,17 @@ fn hostile_commits_cost_nothing_but_their_own_data() {
 
 #[test]
 fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let mut other = TestProducer::connect(&mut sim, "other", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
-    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
-    other.commands(&mut sim);
-    p.call(
-        &mut sim,
-        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
-            trace_writer_id: Some(1),
-            target_buffer: Some(u32::from(buffer)),
-        }),
-    );
+    let (mut sim, p, other, c, buffer) = two_producers("prod", "other");
+    p.register_writer(&mut sim, 1, buffer);
     // A whole packet, then one that is still being written (9 KB so far,
     // across chunks) when the producer dies.
-    let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
-    {
-        let smb = p.smb.as_ref().unwrap().smb().unwrap();
-        let mut w: TraceWriter<'_, _> = TraceWriter::new(
-            Arbiter {
-                smb: &smb,
-                log: log.clone(),
-            },
-            1,
-            buffer,
-        )
-        .unwrap();
-        let _ = w.write_packet(|m| m.bytes(900, b"whole"));
-        let mut unfinished = w.new_packet();
-        unfinished.nested(900, |n| n.raw(&[7u8; 9000]));
-        std::mem::forget(unfinished);
-        std::mem::forget(w);
-    }
+    let smb = p.smb.as_ref().unwrap().smb().unwrap();
+    let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
+    let _ = w.write_packet(|m| m.bytes(900, b"whole"));
+    let mut unfinished = w.new_packet();
+    unfinished.nested(900, |n| n.raw(&[7u8; 9000]));
+    std::mem::forget(unfinished);
+    std::mem::forget(w);
     let req = log.borrow().clone();
     assert!(req.chunks_to_move.len() >= 2);
     p.commit(&mut sim, req);
@@ -975,32 +978,16 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     other.commit(&mut sim, theirs);
     sim.svc.disconnect(p.conn);
     sim.pump();
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    let packets = c.read(&mut sim);
+    let (packets, stats) = c.stop_and_read(&mut sim);
     let mut got = payloads(&packets);
     got.sort();
     assert_eq!(got, [b"theirs".to_vec(), b"whole".to_vec()]);
-    let stats = crate::protos::TraceStats::decode(
-        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
-    )
-    .unwrap();
     assert_eq!(stats.buffer_stats[0].readaheads_failed, Some(1));
 }
 
 #[test]
 fn write_into_file_streams_a_valid_trace() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let file = rustix::fs::memfd_create("trace", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    let cfg = config("ds", 256, |cfg| {
-        cfg.write_into_file = Some(true);
-        cfg.file_write_period_ms = Some(100);
-    });
-    let c = TestConsumer::enable_with(&mut sim, cfg, Some(file.try_clone().unwrap()), 2000);
-    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    let (mut sim, p, c, file, buffer) = file_session(|_| {});
     let req = p.write(1, buffer, &[b"early"], true);
     p.commit(&mut sim, req);
     sim.advance(100);
@@ -1035,16 +1022,8 @@ fn write_into_file_streams_a_valid_trace() {
 
 #[test]
 fn max_file_size_stops_the_session() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let file = rustix::fs::memfd_create("trace", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    let cfg = config("ds", 256, |cfg| {
-        cfg.write_into_file = Some(true);
-        cfg.file_write_period_ms = Some(100);
-        cfg.max_file_size_bytes = Some(4096);
-    });
-    let c = TestConsumer::enable_with(&mut sim, cfg, Some(file.try_clone().unwrap()), 2000);
-    let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+    let (mut sim, mut p, c, file, buffer) =
+        file_session(|cfg| cfg.max_file_size_bytes = Some(4096));
     let big: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 500]).collect();
     let refs: Vec<&[u8]> = big.iter().map(|v| &v[..]).collect();
     let req = p.write(1, buffer, &refs, true);
@@ -1112,10 +1091,8 @@ fn observe_events_reports_instance_states() {
 
 #[test]
 fn deferred_start_waits_for_start_tracing_and_clears_incremental_state() {
-    let mut sim = Sim::new();
-    let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(
-        &mut sim,
+    let (mut sim, mut p, c, cmds) = session_with(
+        descriptor("ds", false, false),
         config("ds", 64, |cfg| {
             cfg.deferred_start = Some(true);
             cfg.incremental_state_config = Some(trace_config::IncrementalStateConfig {
@@ -1123,7 +1100,6 @@ fn deferred_start_waits_for_start_tracing_and_clears_incremental_state() {
             });
         }),
     );
-    let cmds = p.commands(&mut sim);
     assert!(cmds.iter().all(|c| !matches!(c, Cmd::StartDataSource(_))));
     let id = c.call(
         &mut sim,
@@ -1206,27 +1182,12 @@ fn recommit_after_scrape_on_flush() {
     let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
     let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
     let buffer = setup_tracing_buffer(&p.commands(&mut sim));
-    p.call(
-        &mut sim,
-        producer_port::Request::RegisterTraceWriter(crate::protos::RegisterTraceWriterRequest {
-            trace_writer_id: Some(1),
-            target_buffer: Some(u32::from(buffer)),
-        }),
-    );
+    p.register_writer(&mut sim, 1, buffer);
     // Written but not returned: the chunk stays BeingWritten (inflated
     // count), then a flush completes and the service scrapes it.
     let shm = p.smb.take().unwrap();
     let smb = shm.smb().unwrap();
-    let log = Rc::new(RefCell::new(crate::protos::CommitDataRequest::default()));
-    let mut w: TraceWriter<'_, _> = TraceWriter::new(
-        Arbiter {
-            smb: &smb,
-            log: log.clone(),
-        },
-        1,
-        buffer,
-    )
-    .unwrap();
+    let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
     let _ = w.write_packet(|m| m.bytes(900, b"scraped"));
     let id = c.call(
         &mut sim,
@@ -1250,16 +1211,8 @@ fn recommit_after_scrape_on_flush() {
     let _ = smb;
     p.smb = Some(shm);
     p.commit(&mut sim, req);
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    let packets = c.read(&mut sim);
+    let (packets, stats) = c.stop_and_read(&mut sim);
     assert_eq!(payloads(&packets), [b"after".to_vec()]);
-    let stats = crate::protos::TraceStats::decode(
-        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
-    )
-    .unwrap();
     assert_eq!(stats.buffer_stats[0].chunks_rewritten, Some(1));
 }
 
@@ -1429,19 +1382,11 @@ fn data_sources_write_into_their_own_buffers() {
         c.target_buffer = Some(999);
     }
     p.commit(&mut sim, req);
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    let packets = c.read(&mut sim);
+    let (packets, stats) = c.stop_and_read(&mut sim);
     assert_eq!(
         payloads(&packets),
         [b"into the first".to_vec(), b"into the second".to_vec()]
     );
-    let stats = crate::protos::TraceStats::decode(
-        &field(packets.last().unwrap(), 35).unwrap().unwrap_err()[..],
-    )
-    .unwrap();
     assert_eq!(stats.buffer_stats.len(), 2);
     assert_eq!(stats.buffer_stats[0].chunks_written, Some(1));
     assert_eq!(stats.buffer_stats[1].chunks_written, Some(1));
