@@ -86,10 +86,14 @@ ARG_KIND_KEYS = {
     "pointer_value": "arg_pointer",
 }
 
+TYPE_SLICE_BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
+TYPE_SLICE_END = pb.TrackEvent.TYPE_SLICE_END
+TYPE_INSTANT = pb.TrackEvent.TYPE_INSTANT
+TYPE_COUNTER = pb.TrackEvent.TYPE_COUNTER
 TYPE_KEYS = {
-    pb.TrackEvent.TYPE_SLICE_BEGIN: "slice_begin",
-    pb.TrackEvent.TYPE_SLICE_END: "slice_end",
-    pb.TrackEvent.TYPE_INSTANT: "instant",
+    TYPE_SLICE_BEGIN: "slice_begin",
+    TYPE_SLICE_END: "slice_end",
+    TYPE_INSTANT: "instant",
 }
 
 # TraceStats.BufferStats counters that mean data was lost or rejected.
@@ -214,7 +218,7 @@ class Checker:
         seq_id = packet.trusted_packet_sequence_id
         if seq_id == SERVICE_SEQUENCE_ID:
             self.service_kinds[kind] += 1
-            if packet.HasField("trace_stats"):
+            if kind == "trace_stats":
                 self.trace_stats = packet.trace_stats
             return
         if not packet.HasField("trusted_pid"):
@@ -248,15 +252,17 @@ class Checker:
             seq.defaults = packet.trace_packet_defaults
         if packet.HasField("interned_data"):
             self.intern(seq, packet.interned_data, where)
-        if packet.HasField("clock_snapshot"):
+        # track_event, clock_snapshot and track_descriptor are members of
+        # the `data` oneof: `kind` says which one is set.
+        if kind == "clock_snapshot":
             self.clock_snapshot(seq, packet.clock_snapshot)
-        if packet.HasField("track_descriptor"):
+        elif kind == "track_descriptor":
             desc = packet.track_descriptor
             self.described_tracks.add(desc.uuid)
             if desc.HasField("counter"):
                 self.counter_tracks.add(desc.uuid)
         self.timestamp(seq, packet, where)
-        if packet.HasField("track_event"):
+        if kind == "track_event":
             seq.track_events += 1
             self.track_event(seq, pid, packet.track_event, where)
 
@@ -344,19 +350,20 @@ class Checker:
     def track_event(self, seq, pid, event, where):
         counts = self.counts[pid]
         name = None
-        if event.HasField("name_iid"):
+        name_field = event.WhichOneof("name_field")
+        if name_field == "name_iid":
             name = self.resolve(seq, "event_names", event.name_iid, where)
-        elif event.HasField("name"):
+        elif name_field == "name":
             name = event.name
-        categories = list(event.categories)
+        by_category = self.by_category
+        for cat in event.categories:
+            by_category[cat] += 1
         for iid in event.category_iids:
             cat = self.resolve(seq, "event_categories", iid, where)
             if cat is not None:
-                categories.append(cat)
-        for cat in categories:
-            self.by_category[cat] += 1
-        if event.type != pb.TrackEvent.TYPE_SLICE_END and \
-                event.type != pb.TrackEvent.TYPE_COUNTER:
+                by_category[cat] += 1
+        event_type = event.type
+        if event_type != TYPE_SLICE_END and event_type != TYPE_COUNTER:
             self.by_name[name] += 1
 
         if event.HasField("track_uuid"):
@@ -367,14 +374,14 @@ class Checker:
         else:
             track = 0
 
-        type_key = TYPE_KEYS.get(event.type)
+        type_key = TYPE_KEYS.get(event_type)
         if type_key:
             counts[type_key] += 1
-        if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+        if event_type == TYPE_SLICE_BEGIN:
             stack = self.stacks[track]
             stack.append(name)
             self.max_depth = max(self.max_depth, len(stack))
-        elif event.type == pb.TrackEvent.TYPE_SLICE_END:
+        elif event_type == TYPE_SLICE_END:
             stack = self.stacks[track]
             if stack:
                 stack.pop()
@@ -383,7 +390,7 @@ class Checker:
             else:
                 self.violation("%s: SLICE_END with no open slice on track %d" %
                                (where, track))
-        elif event.type == pb.TrackEvent.TYPE_COUNTER:
+        elif event_type == TYPE_COUNTER:
             which = event.WhichOneof("counter_value_field")
             if which == "counter_value":
                 counts["counter_int"] += 1
@@ -396,27 +403,30 @@ class Checker:
                 self.violation("%s: counter on track %d, which no "
                                "track_descriptor describes as a counter" %
                                (where, track))
-        elif event.type != pb.TrackEvent.TYPE_INSTANT:
+        elif event_type != TYPE_INSTANT:
             self.violation("%s: unexpected track event type %d" %
-                           (where, event.type))
+                           (where, event_type))
 
-        for flow in list(event.flow_ids) + list(event.flow_ids_old):
-            self.flows_begun[flow] += 1
-            counts["flow_begin"] += 1
-        for flow in list(event.terminating_flow_ids) + \
-                list(event.terminating_flow_ids_old):
-            self.flows_terminated[flow] += 1
-            counts["flow_end"] += 1
+        for flows in (event.flow_ids, event.flow_ids_old):
+            for flow in flows:
+                self.flows_begun[flow] += 1
+                counts["flow_begin"] += 1
+        for flows in (event.terminating_flow_ids,
+                      event.terminating_flow_ids_old):
+            for flow in flows:
+                self.flows_terminated[flow] += 1
+                counts["flow_end"] += 1
 
         large = name == LARGE_EVENT_NAME
         if large:
             counts["large"] += 1
         for arg in event.debug_annotations:
             arg_name = None
-            if arg.HasField("name_iid"):
+            arg_name_field = arg.WhichOneof("name_field")
+            if arg_name_field == "name_iid":
                 arg_name = self.resolve(seq, "debug_annotation_names",
                                         arg.name_iid, where)
-            elif arg.HasField("name"):
+            elif arg_name_field == "name":
                 arg_name = arg.name
             kind = arg.WhichOneof("value")
             if kind == "string_value_iid":

@@ -452,7 +452,7 @@ fn many_threads_tiny_smb(cell: Cell) {
             "tiny-smb",
             vec![ProducerSpec {
                 threads: 32,
-                iterations: 500,
+                iterations: 250,
                 shmem_kb: 64,
                 ..Default::default()
             }],
@@ -706,8 +706,12 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
 /// through our service, with a 32 MiB shared memory buffer each, loses
 /// nothing: every event the producers emitted is in the trace, no loss
 /// indicator is set, and every sequence is whole.
+///
+/// The heaviest test of the crate (a 33 MB trace for both judges): its name
+/// sorts first so that it starts first and overlaps the matrix instead of
+/// lengthening it.
 #[test]
-fn million_events_through_our_service_lose_nothing() {
+fn a_million_events_through_our_service_lose_nothing() {
     let spec = ProducerSpec {
         threads: 2,
         iterations: 27_778,
