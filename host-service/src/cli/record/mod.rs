@@ -355,7 +355,7 @@ fn detach(
     eprintln!(
         "Detached: the session runs on in the service under the key {key:?}{into}.\n\
          Take it back with `shmtrace record --attach {key} -o FILE` (add --stop to end it \
-         at once). `shmtrace serve` frees a detached session that ends on its own."
+         at once) before it ends: a detached session that ends on its own is freed."
     );
     Ok(exit::OK)
 }
