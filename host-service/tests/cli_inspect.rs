@@ -538,3 +538,36 @@ fn zstd_compressed_packets_are_unsupported() {
     );
     assert_eq!(a["compression"]["zstd_batches"], 1);
 }
+
+/// A ring wrap can overwrite every sequence's start, so that no packet of
+/// the trace has `first_packet_on_sequence`, and a sequence's first
+/// surviving packet can be a periodic clear. Slices begun before it are
+/// lost: with the wrap recorded that is not a problem; without, it is.
+#[test]
+fn ring_wrap_that_overwrote_every_start() {
+    let dir = TempDir::new("allstarts");
+    let mut t = EditTrace::golden();
+    for seq in [2, 3, 4] {
+        if let Some(&first) = t.sequence(seq).first() {
+            t.clear(first, "first_packet_on_sequence");
+        }
+    }
+    // Sequence 3 then begins with its clear, and its first slice begin
+    // ("outer") is gone; the interned data that came with it stays.
+    let outer = t.events(3, SLICE_BEGIN)[0];
+    let next = t.sequence(3).into_iter().find(|&i| i > outer).unwrap();
+    t.edit(
+        next,
+        "interned_data { event_categories { iid: 1 name: \"oracle\" } \
+         event_names { iid: 1 name: \"outer\" } \
+         debug_annotation_names { iid: 1 name: \"iter\" } \
+         debug_annotation_names { iid: 2 name: \"thread\" } }",
+    );
+    t.remove(outer);
+    check_fails_with(&t, &dir, "nesting", "SLICE_END with no open slice");
+
+    t.set_buffer_stat("write_wrap_count", 1);
+    let a = check_passes(&t, &dir);
+    assert_eq!(sequence_info(&a, 3)["start_lost"], true);
+    assert_eq!(a["track_events"]["interned_unresolved"], 0);
+}

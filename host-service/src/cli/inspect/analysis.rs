@@ -30,9 +30,10 @@
 //! A lost sequence start, exactly:
 //!
 //! * The start is lost if the first packet lacks `first_packet_on_sequence`
-//!   (see above). A sequence whose first packet is there but that needs
-//!   incremental state it never cleared is a producer bug, whatever the
-//!   statistics say.
+//!   (see above; in a trace without the flag, also if the sequence's buffer
+//!   wrapped: its first surviving clear may be a periodic one). A sequence
+//!   whose first packet is there but that needs incremental state it never
+//!   cleared is a producer bug, whatever the statistics say.
 //! * A lost start is explained if the service-wide loss statistics are
 //!   non-zero, or those of the sequence's buffer (of any buffer, if the
 //!   trace does not say which one the sequence wrote to).
@@ -1281,12 +1282,15 @@ impl Analyzer {
         let mut any_loss = service_loss > 0 || !lossy_buffers.is_empty();
         for seq in sequences.values_mut() {
             seq.info.buffer = self.buffer_of_sequence.get(&seq.info.id).copied();
-            // Without `first_packet_on_sequence` anywhere in the trace
-            // (SDKs before v29), a sequence that starts with a clear
-            // started cleanly.
-            seq.info.start_lost = !seq.first_flagged && (any_first_flag || !seq.first_cleared);
             let recorded = service_loss > 0 || applies(&lossy_buffers, seq.info.buffer);
             let wrapped = applies(&wrapped_buffers, seq.info.buffer);
+            // Without `first_packet_on_sequence` anywhere in the trace
+            // (SDKs before v29, or a ring wrap that overwrote every
+            // sequence's start), a sequence that starts with a clear started
+            // cleanly, unless its buffer wrapped: then that clear may be a
+            // periodic one, after the overwritten start.
+            seq.info.start_lost =
+                !seq.first_flagged && (any_first_flag || !seq.first_cleared || wrapped);
             if seq.info.start_lost && wrapped {
                 seq.info.unresolvable_after_wrap = seq.skipped_before_clear;
                 seq.info.skipped_packets -= seq.skipped_before_clear;
