@@ -52,7 +52,12 @@
 //! The per-packet fast path takes no lock, allocates nothing and does one
 //! atomic operation: the release store of the chunk's packet count.
 //! Atomics on the page header happen only when a chunk is acquired or
-//! released.
+//! released. A caller that encodes small packets itself (a track event is
+//! ~10-40 bytes) hands them over whole with
+//! [`TraceWriter::write_encoded_packet`] / [`TraceWriter::write_encoded_packet_in`]:
+//! when the packet fits the current chunk that is a 1-byte size, one copy
+//! (a fixed-size one from a scratch buffer) and the count store, and it
+//! leaves exactly the chunks `write_packet` would.
 
 mod arbiter;
 mod patches;

@@ -749,7 +749,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config {
-        cases: if cfg!(miri) { 4 } else { 64 },
+        cases: if cfg!(miri) { 2 } else { 64 },
         failure_persistence: None,
         ..Default::default()
     })]
@@ -760,7 +760,7 @@ proptest::proptest! {
     /// and 12-byte rules, and an exhausted SMB.
     #[test]
     fn encoded_packets_match_the_general_path(
-        steps in proptest::collection::vec(step(), 1..300),
+        steps in proptest::collection::vec(step(), 1..if cfg!(miri) { 12 } else { 300 }),
         layout in proptest::sample::select(&[PageLayout::Div1, PageLayout::Div4, PageLayout::Div14][..]),
     ) {
         let mut sa = Box::new(SmbStorage::<16384>::new());
@@ -809,10 +809,13 @@ proptest::proptest! {
                     proptest::prop_assert_eq!(dump(drain(&mut ra, &smb_a)), dump(drain(&mut rb, &smb_b)));
                 }
             }
-            proptest::prop_assert_eq!(
-                scraped(a.enc.sink().snapshot()),
-                scraped(b.enc.sink().snapshot())
-            );
+            // (Scraping every step is too slow under miri.)
+            if !cfg!(miri) {
+                proptest::prop_assert_eq!(
+                    scraped(a.enc.sink().snapshot()),
+                    scraped(b.enc.sink().snapshot())
+                );
+            }
         }
         a.flush();
         b.flush();
