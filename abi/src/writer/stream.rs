@@ -36,7 +36,7 @@ use super::{DropReason, WriterStats, DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
 /// 4-byte size field plus 8 bytes of packet ("chunk too full").
 pub const MIN_PACKET_ROOM: usize = SIZE_FIELD_LEN + 8;
 
-/// Bytes [`ChunkStream::try_write_small_packet`] copies at once from a
+/// Bytes [`TraceWriter::write_encoded_packet_in`](super::TraceWriter::write_encoded_packet_in) copies at once from a
 /// caller's scratch buffer when the packet is no longer.
 pub const PADDED_COPY_LEN: usize = 64;
 
