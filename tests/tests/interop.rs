@@ -154,6 +154,21 @@ fn assert_stat_at_least(report: &TraceReport, field: &str, min: u64) {
     );
 }
 
+/// A scalar field of the trace's `TraceStats` (0 when unset).
+fn service_stat(outcome: &Outcome, field: &str) -> u64 {
+    let stats = outcome.report.trace_stats.as_ref().expect("trace_stats");
+    stats.get(field).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn assert_service_stat(outcome: &Outcome, field: &str, expected: u64) {
+    assert_eq!(
+        service_stat(outcome, field),
+        expected,
+        "TraceStats.{field}: {:?}",
+        outcome.report.trace_stats
+    );
+}
+
 /// The CLI's summary lists a loss with this statistic.
 fn assert_summary_loss(summary: &Value, stat: &str) {
     let losses = summary["losses"].to_string();
@@ -196,6 +211,14 @@ fn small_packets(cell: Cell) {
     );
     assert_eq!(outcome.report.buffer_stat("chunks_overwritten"), 0);
     assert!(outcome.report.buffer_stat("chunks_read") > 0);
+    // The service's own counters: one session, one buffer, one producer,
+    // and the stop's flush (both consumers flush before stopping) acked.
+    assert_service_stat(&outcome, "tracing_sessions", 1);
+    assert_service_stat(&outcome, "total_buffers", 1);
+    assert_service_stat(&outcome, "producers_seen", 1);
+    assert_service_stat(&outcome, "data_sources_seen", 1);
+    assert_service_stat(&outcome, "flushes_failed", 0);
+    assert!(service_stat(&outcome, "flushes_succeeded") >= 1);
     if let Some(summary) = summary {
         // Stopped with Ctrl-C: flushed, nothing lost.
         assert_eq!(summary["ended"], "stopped on request (flushed)");
@@ -332,6 +355,8 @@ fn two_producers_two_threads_each(cell: Cell) {
             .expect("producer in trace");
         assert_eq!(counts.slice_begin, producer.emitted().slice_begin);
     }
+    assert_service_stat(&outcome, "producers_seen", 2);
+    assert_service_stat(&outcome, "data_sources_seen", 2);
     if let Some(summary) = summary {
         assert_eq!(
             summary["producer_pids"].as_array().unwrap().len(),
