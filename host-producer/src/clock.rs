@@ -11,12 +11,16 @@
 //!
 //! # How ticks become boot-time nanoseconds
 //!
-//! * **Calibration** (process-wide): the first pair (TSC, BOOTTIME) read is
-//!   the origin; the rate `mult` (ns per tick, 32.32 fixed point) is the
+//! * **Calibration** (process-wide): the first (TSC, MONOTONIC) pair read
+//!   is the origin; the rate `mult` (ns per tick, 32.32 fixed point) is the
 //!   slope from the origin to a later pair, recomputed whenever the baseline
 //!   has doubled, so it becomes the average rate over half the process's
-//!   life. Until the baseline reaches [`MIN_BASELINE_NS`] no TSC time is
-//!   used at all.
+//!   life. MONOTONIC runs at BOOTTIME's rate but excludes suspend, so a
+//!   suspend (during which the TSC may stop) never skews the rate; a TSC
+//!   that runs backwards or a slope more than 1% off the current rate (the
+//!   TSC was reset) restarts calibration from a new origin, keeping the
+//!   current rate meanwhile. Until the first baseline reaches
+//!   [`MIN_BASELINE_NS`] no TSC time is used at all.
 //! * **Anchoring** (per thread): each thread keeps an anchor pair and
 //!   extrapolates `ns = anchor_ns + (tsc - anchor_tsc) * mult >> 32`. An
 //!   anchor older than [`ANCHOR_PERIOD_NS`] of ticks (or a TSC that went
@@ -50,7 +54,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use crate::sys::boottime_ns;
+use crate::sys::{boottime_ns, monotonic_ns};
 
 /// A thread re-anchors after this much time (in ticks at the calibrated
 /// rate).
@@ -70,13 +74,25 @@ const MODE_SYSCALL: u8 = 1;
 const MODE_TSC: u8 = 2;
 
 static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
-/// Calibration origin (written before `MODE` becomes `MODE_TSC`).
-static ORIGIN_TICKS: AtomicU64 = AtomicU64::new(0);
-static ORIGIN_NS: AtomicU64 = AtomicU64::new(0);
-/// Current rate (0: not calibrated yet) and the baseline, in ticks, it was
-/// measured over.
-static MULT: AtomicU64 = AtomicU64::new(0);
-static BASELINE_TICKS: AtomicU64 = AtomicU64::new(0);
+/// Rate changes beyond this fraction of the current rate (1/100) are
+/// discontinuities, not refinements.
+const MAX_RATE_CHANGE_DIVISOR: u64 = 100;
+
+/// The process-wide TSC calibration (see the module docs). Relaxed
+/// atomics: racing threads each store a valid state; a mix of two only
+/// affects when the next refinement or restart happens.
+struct Calibration {
+    /// Origin: ticks and MONOTONIC ns (0 ns: not set). Set before `MODE`
+    /// becomes `MODE_TSC`.
+    origin_ticks: AtomicU64,
+    origin_ns: AtomicU64,
+    /// Current rate (0: not calibrated yet) and the baseline, in ticks, it
+    /// was measured over.
+    mult: AtomicU64,
+    baseline_ticks: AtomicU64,
+}
+
+static CALIBRATION: Calibration = Calibration::new();
 
 /// One thread's anchor. `mult == 0`: no valid anchor (every read takes the
 /// slow path).
@@ -150,10 +166,15 @@ fn reanchor(cell: &Cell<Anchor>) -> u64 {
     if mode() != MODE_TSC {
         return boottime_ns().max(last);
     }
-    let Some((t, ns)) = read_pair() else {
+    let Some(Pair {
+        ticks: t,
+        boot: ns,
+        mono,
+    }) = read_pair()
+    else {
         return boottime_ns().max(last);
     };
-    let mult = calibrate(t, ns);
+    let mult = CALIBRATION.update(t, mono);
     let period = ns_to_ticks(ANCHOR_PERIOD_NS, mult);
     let now = ns.max(last);
     cell.set(Anchor {
@@ -167,30 +188,82 @@ fn reanchor(cell: &Cell<Anchor>) -> u64 {
     now
 }
 
-/// Folds the pair `(t, ns)` into the process-wide calibration; returns the
-/// rate to use (0: not calibrated yet).
-fn calibrate(t: u64, ns: u64) -> u64 {
-    let baseline = t.wrapping_sub(ORIGIN_TICKS.load(Ordering::Relaxed));
-    let elapsed_ns = ns.wrapping_sub(ORIGIN_NS.load(Ordering::Relaxed));
-    let current = MULT.load(Ordering::Relaxed);
-    let measured = BASELINE_TICKS.load(Ordering::Relaxed);
-    let longer = current == 0 || baseline / 2 >= measured;
-    // (A BOOTTIME "before" the origin wraps to a huge value: ignored.)
-    if (MIN_BASELINE_NS..u64::MAX / 2).contains(&elapsed_ns) && longer {
-        if let Some(m) = mult_for(baseline, elapsed_ns) {
-            // Racing threads each store a valid rate; the pair may mix two
-            // of them, which only affects when the next refinement runs.
-            MULT.store(m, Ordering::Relaxed);
-            BASELINE_TICKS.store(baseline, Ordering::Relaxed);
-            return m;
+impl Calibration {
+    const fn new() -> Self {
+        Calibration {
+            origin_ticks: AtomicU64::new(0),
+            origin_ns: AtomicU64::new(0),
+            mult: AtomicU64::new(0),
+            baseline_ticks: AtomicU64::new(0),
         }
     }
-    current
+
+    fn mult(&self) -> u64 {
+        self.mult.load(Ordering::Relaxed)
+    }
+
+    /// Sets the first origin (a racing probe's later one is ignored: it
+    /// would only shorten the first baseline, which the doubling refines).
+    fn set_origin(&self, t: u64, mono: u64) {
+        if self
+            .origin_ns
+            .compare_exchange(0, mono, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.origin_ticks.store(t, Ordering::Relaxed);
+        }
+    }
+
+    /// Folds the pair (`t` ticks, `mono` MONOTONIC ns) in; returns the rate
+    /// to use (0: not calibrated yet).
+    fn update(&self, t: u64, mono: u64) -> u64 {
+        let baseline = t.wrapping_sub(self.origin_ticks.load(Ordering::Relaxed));
+        let elapsed_ns = mono.wrapping_sub(self.origin_ns.load(Ordering::Relaxed));
+        let current = self.mult();
+        if baseline > u64::MAX / 2 || elapsed_ns > u64::MAX / 2 {
+            // The TSC ran backwards (or a racing thread's origin is ahead).
+            self.restart(t, mono);
+            return current;
+        }
+        let measured = self.baseline_ticks.load(Ordering::Relaxed);
+        let longer = current == 0 || baseline / 2 >= measured;
+        if elapsed_ns < MIN_BASELINE_NS || !longer {
+            return current;
+        }
+        let Some(m) = mult_for(baseline, elapsed_ns) else {
+            return current;
+        };
+        if current != 0 && m.abs_diff(current) > current / MAX_RATE_CHANGE_DIVISOR {
+            self.restart(t, mono);
+            return current;
+        }
+        self.mult.store(m, Ordering::Relaxed);
+        self.baseline_ticks.store(baseline, Ordering::Relaxed);
+        m
+    }
+
+    /// Makes `(t, mono)` the origin; the current rate stays until the new
+    /// baseline is long enough.
+    #[cold]
+    fn restart(&self, t: u64, mono: u64) {
+        self.origin_ticks.store(t, Ordering::Relaxed);
+        self.origin_ns.store(mono, Ordering::Relaxed);
+        self.baseline_ticks.store(0, Ordering::Relaxed);
+    }
 }
 
-/// Reads (TSC midpoint, BOOTTIME) with the two TSC reads close together.
-fn read_pair() -> Option<(u64, u64)> {
-    let mult = MULT.load(Ordering::Relaxed);
+/// Clock readings taken together.
+struct Pair {
+    /// TSC midpoint of the readings.
+    ticks: u64,
+    boot: u64,
+    mono: u64,
+}
+
+/// Reads BOOTTIME and MONOTONIC between two TSC reads that are close
+/// together.
+fn read_pair() -> Option<Pair> {
+    let mult = CALIBRATION.mult();
     let max_gap = if mult == 0 {
         MAX_PAIR_TICKS_UNCALIBRATED
     } else {
@@ -198,11 +271,16 @@ fn read_pair() -> Option<(u64, u64)> {
     };
     for _ in 0..4 {
         let t0 = ticks()?;
-        let ns = boottime_ns();
+        let boot = boottime_ns();
+        let mono = monotonic_ns();
         let t1 = ticks()?;
         let gap = t1.wrapping_sub(t0);
         if gap <= max_gap {
-            return Some((t0.wrapping_add(gap / 2), ns));
+            return Some(Pair {
+                ticks: t0.wrapping_add(gap / 2),
+                boot,
+                mono,
+            });
         }
     }
     None
@@ -220,15 +298,8 @@ fn mode() -> u8 {
 fn probe() -> u8 {
     let mode = if tsc_is_trustworthy() {
         match read_pair() {
-            Some((t, ns)) => {
-                // Racing probes: the first origin stays (a later one only
-                // shortens the first baseline, which the doubling refines).
-                if ORIGIN_NS
-                    .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    ORIGIN_TICKS.store(t, Ordering::Relaxed);
-                }
+            Some(pair) => {
+                CALIBRATION.set_origin(pair.ticks, pair.mono);
                 MODE_TSC
             }
             None => MODE_SYSCALL,
@@ -302,6 +373,30 @@ mod tests {
         );
         assert_eq!(mult_for(0, 5), None);
         assert_eq!(ns_to_ticks(5, 0), 0);
+    }
+
+    #[test]
+    fn discontinuities_restart_calibration() {
+        let c = Calibration::new();
+        c.set_origin(1_000_000, 5_000_000);
+        c.set_origin(7, 7); // a racing probe's origin is ignored
+                            // Too short a baseline: not calibrated.
+        assert_eq!(c.update(1_000_000 + 1_000, 5_000_000 + 333), 0);
+        // 3 ticks per ns over 2 ms.
+        let m = c.update(1_000_000 + 6_000_000, 5_000_000 + 2_000_000);
+        assert_eq!(m, (1u64 << 32) / 3);
+        // A TSC that runs backwards: the rate stays, the origin moves.
+        assert_eq!(c.update(10, 8_000_000), m);
+        assert_eq!(c.origin_ticks.load(Ordering::Relaxed), 10);
+        // A slope 2x off (the TSC stopped or was reset): rate kept, restart.
+        assert_eq!(c.update(10 + 3_000_000, 8_000_000 + 2_000_000), m);
+        assert_eq!(c.origin_ticks.load(Ordering::Relaxed), 3_000_010);
+        // A consistent, long enough baseline from the new origin: used.
+        assert_eq!(c.update(3_000_010 + 9_000_000, 10_000_000 + 3_000_000), m);
+        assert_eq!(c.baseline_ticks.load(Ordering::Relaxed), 9_000_000);
+        // A baseline shorter than twice the measured one does not replace it.
+        assert_eq!(c.update(3_000_010 + 12_000_000, 10_000_000 + 4_000_001), m);
+        assert_eq!(c.baseline_ticks.load(Ordering::Relaxed), 9_000_000);
     }
 
     /// As an assertion on correctness (not speed): once calibrated, the

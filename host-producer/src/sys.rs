@@ -9,7 +9,18 @@ use rustix::time::{clock_gettime, ClockId};
 /// call, no system call).
 #[inline]
 pub fn boottime_ns() -> u64 {
-    let ts = clock_gettime(ClockId::Boottime);
+    clock_ns(ClockId::Boottime)
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC` (BOOTTIME's rate, without suspend).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    clock_ns(ClockId::Monotonic)
+}
+
+#[inline]
+fn clock_ns(id: ClockId) -> u64 {
+    let ts = clock_gettime(id);
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
