@@ -2,8 +2,9 @@
 //! bytes, drives one part of the service with them, and panics only if an
 //! invariant breaks. Hidden from the docs; also runnable from tests.
 //!
-//! * [`trace_buffer_ops`]: a script of commits (well-formed and garbage),
-//!   scrapes, patches, writer and producer life-cycle events and reads,
+//! * [`trace_buffer_ops`]: a script of commits (well-formed and garbage;
+//!   private copies and [`commit_in_place`]), scrapes, patches, writer and
+//!   producer life-cycle events and reads,
 //!   against a small buffer. Invariants: nothing panics, every packet read
 //!   is non-empty and made of bytes that were committed, and after a final
 //!   drain every chunk stored is accounted as read or overwritten.
@@ -16,9 +17,9 @@
 //!   trusted appendix reads back the appended values.
 
 use prost::Message;
-use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout};
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
 
-use super::buffer::{ChunkCommit, FillPolicy, ReadMode, ReadStatus, TraceBuffer};
+use super::buffer::{ChunkCommit, CommitOutcome, FillPolicy, ReadMode, ReadStatus, TraceBuffer};
 use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
 use super::env::FakeEnvironment;
 use super::shm::SharedMemory;
@@ -62,6 +63,35 @@ impl Input<'_> {
     }
 }
 
+/// Commits `c` the way the service moves a chunk out of an SMB: a
+/// reservation of `chunk_size` bytes (at least header and payload) is filled
+/// with the header, the payload and garbage after it, then parsed in place.
+/// Falls back to [`TraceBuffer::commit`] where the buffer gives no
+/// reservation, as the service does.
+pub fn commit_in_place(
+    buf: &mut TraceBuffer,
+    c: &ChunkCommit<'_>,
+    chunk_size: usize,
+) -> CommitOutcome {
+    let chunk_size = chunk_size.max(CHUNK_HEADER_SIZE + c.payload.len());
+    let Some(mut r) = buf.reserve(chunk_size) else {
+        return buf.commit(c);
+    };
+    let header = ChunkHeaderRepr {
+        chunk_id: c.chunk_id,
+        writer_id: c.writer,
+        packets: c.packets,
+    };
+    let dst = r.chunk_mut();
+    assert_eq!(dst.len(), chunk_size, "a reservation is the chunk's size");
+    let (head, rest) = dst.split_at_mut(CHUNK_HEADER_SIZE);
+    head.copy_from_slice(&header.to_bytes());
+    let (payload, tail) = rest.split_at_mut(c.payload.len());
+    payload.copy_from_slice(c.payload);
+    tail.fill(0xEE);
+    r.commit(c.producer, c.complete)
+}
+
 /// Builds a payload of `n` well-formed fragments (1-byte sizes) from input.
 fn fragments(input: &mut Input<'_>, n: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -103,18 +133,30 @@ pub fn trace_buffer_ops(data: &[u8]) {
                 } else {
                     fragments(&mut input, usize::from(count))
                 };
-                committed.push(payload.clone());
                 let packets = Packets::new(u16::from(count), ChunkFlags::from_bits_retain(flags))
                     .unwrap_or(Packets::EMPTY);
-                let complete = input.u8() % 4 != 0;
-                buf.commit(&ChunkCommit {
+                let how = input.u8();
+                let c = ChunkCommit {
                     producer,
                     writer,
                     chunk_id,
                     packets,
                     payload: &payload,
-                    complete,
-                });
+                    complete: how % 4 != 0,
+                };
+                if how & 4 == 0 {
+                    buf.commit(&c);
+                    committed.push(payload);
+                } else {
+                    // As from an SMB, in a chunk of up to 255 more bytes
+                    // (which commit_in_place fills with 0xEE: part of the
+                    // chunk, as the unwritten rest of an SMB chunk is).
+                    let slack = usize::from(input.u8());
+                    commit_in_place(&mut buf, &c, CHUNK_HEADER_SIZE + payload.len() + slack);
+                    let mut whole = payload;
+                    whole.resize(whole.len() + slack, 0xEE);
+                    committed.push(whole);
+                }
             }
             3 => {
                 let chunk_id = u32::from(input.u8() % 16);
@@ -638,6 +680,19 @@ enum CallKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunk committed in place is its whole reserved size: the garbage
+    /// after the written payload may parse as fragment bytes.
+    #[test]
+    fn in_place_commits_count_the_whole_chunk_as_committed() {
+        let data = [
+            64u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 180, 180, 180, 180, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            64, 64, 64, 64, 3, 122, 255, 0, 255, 255,
+        ];
+        trace_buffer_ops(&data);
+    }
 
     #[test]
     fn entry_points_survive_simple_inputs() {

@@ -1,6 +1,7 @@
 //! Unit tests and property tests of the trace buffer.
 
 use super::*;
+use crate::service::fuzzing::commit_in_place;
 
 const P: ProducerId = 1;
 const W: WriterId = 1;
@@ -121,29 +122,6 @@ fn datas(reads: &[Read]) -> Vec<Vec<u8>> {
 
 fn losses(reads: &[Read]) -> Vec<u32> {
     reads.iter().map(|r| r.loss).collect()
-}
-
-/// Commits `c` the way the service moves a chunk out of an SMB: reserved,
-/// filled with header and payload (padded to `chunk_size`), parsed in place.
-/// Falls back to [`TraceBuffer::commit`] where the buffer gives no
-/// reservation, as the service does.
-fn commit_in_place(buf: &mut TraceBuffer, c: &ChunkCommit<'_>, chunk_size: usize) -> CommitOutcome {
-    let chunk_size = chunk_size.max(CHUNK_HEADER_SIZE + c.payload.len());
-    let Some(mut r) = buf.reserve(chunk_size) else {
-        return buf.commit(c);
-    };
-    let header = ChunkHeaderRepr {
-        chunk_id: c.chunk_id,
-        writer_id: c.writer,
-        packets: c.packets,
-    };
-    let dst = r.chunk_mut();
-    assert_eq!(dst.len(), chunk_size);
-    dst[..CHUNK_HEADER_SIZE].copy_from_slice(&header.to_bytes());
-    dst[CHUNK_HEADER_SIZE..][..c.payload.len()].copy_from_slice(c.payload);
-    // What follows the payload in the page: garbage the parser must ignore.
-    dst[CHUNK_HEADER_SIZE + c.payload.len()..].fill(0xEE);
-    r.commit(c.producer, c.complete)
 }
 
 fn buffer(size: usize) -> TraceBuffer {

@@ -202,7 +202,7 @@ impl ModelWriter {
             complete,
         };
         if self.in_place {
-            super::commit_in_place(buf, &c, 0);
+            crate::service::fuzzing::commit_in_place(buf, &c, 0);
         } else {
             buf.commit(&c);
         }
