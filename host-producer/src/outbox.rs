@@ -195,6 +195,9 @@ struct Inner {
     /// Capacity every request buffer is given.
     capacity: usize,
     closed: bool,
+    /// Threads blocked waiting for something to send ([`Outbox::next_timeout`]):
+    /// committers only pay for a wake-up, a system call, when one sleeps.
+    waiting_for_work: usize,
 }
 
 /// The ordered queue of messages to the service. See the module docs.
@@ -222,6 +225,7 @@ impl Outbox {
                     .collect(),
                 closed: false,
                 capacity: MAX_CHUNKS_PER_COMMIT,
+                waiting_for_work: 0,
             }),
             ready: Condvar::new(),
         }
@@ -258,9 +262,12 @@ impl Outbox {
     }
 
     fn after_commit_push(&self, inner: MutexGuard<'_, Inner>, was_empty: bool) {
+        // A sender that is not waiting finds the commit when it next looks
+        // (it only waits after finding nothing, under the lock we hold).
+        let wake = was_empty && inner.waiting_for_work > 0;
         drop(inner);
-        if was_empty {
-            self.ready.notify_one();
+        if wake {
+            self.ready.notify_all();
         }
     }
 
@@ -336,11 +343,13 @@ impl Outbox {
     pub(crate) fn next_timeout(&self, timeout: Duration) -> Option<Outgoing> {
         let mut inner = self.lock();
         if inner.queue.is_empty() && inner.pending.is_empty() && !inner.closed {
+            inner.waiting_for_work += 1;
             inner = self
                 .ready
                 .wait_timeout(inner, timeout)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
+            inner.waiting_for_work -= 1;
         }
         if inner.queue.is_empty() {
             Self::seal(&mut inner);
@@ -383,9 +392,14 @@ impl Outbox {
     /// Waits up to `timeout` until something is queued or pending.
     #[cfg(test)]
     pub(crate) fn wait(&self, timeout: Duration) {
-        let inner = self.lock();
+        let mut inner = self.lock();
         if inner.queue.is_empty() && inner.pending.is_empty() && !inner.closed {
-            drop(self.ready.wait_timeout(inner, timeout));
+            inner.waiting_for_work += 1;
+            let (mut inner, _) = self
+                .ready
+                .wait_timeout(inner, timeout)
+                .unwrap_or_else(|e| e.into_inner());
+            inner.waiting_for_work -= 1;
         }
     }
 
