@@ -5,20 +5,19 @@
 //! Each scenario below is one function of the cell, with every assertion the
 //! scenario is about (counts, buffer stats, what the CLI reports); the
 //! [`matrix!`] macro turns it into one `#[test]` per cell, named
-//! `<scenario>::<cell>` (`cargo test -p shmtrace-tests our_service` runs one
-//! cell, `cargo test -p shmtrace-tests ring_buffer_wrap` one scenario).
+//! `<scenario>::<cell>` (`cargo test -p shmtrace-tests ::our_service_and_cli`
+//! runs one cell, `cargo test -p shmtrace-tests ring_buffer_wrap::` one
+//! scenario).
 //!
-//! The cells, by service:
-//!
-//! | test name                 | producer | service | consumer          |
-//! |---------------------------|----------|---------|-------------------|
-//! | `real`                    | real     | real    | real              |
-//! | `our_producer`      (b)   | ours     | real    | real              |
-//! | `real_with_our_cli` (c)   | real     | real    | `shmtrace record` |
-//! | `our_service`       (a)   | real     | ours    | real              |
-//! | `our_producer_and_service` (e) | ours | ours   | real              |
-//! | `our_service_and_cli` (f) | real     | ours    | `shmtrace record` |
-//! | `ours`              (d)   | ours     | ours    | `shmtrace record` |
+//! | cell (test name)               | producer | service | consumer          |
+//! |--------------------------------|----------|---------|-------------------|
+//! | `real`                         | real     | real    | real              |
+//! | `our_producer`             (b) | ours     | real    | real              |
+//! | `real_with_our_cli`        (c) | real     | real    | `shmtrace record` |
+//! | `our_service`              (a) | real     | ours    | real              |
+//! | `our_producer_and_service` (e) | ours     | ours    | real              |
+//! | `our_service_and_cli`      (f) | real     | ours    | `shmtrace record` |
+//! | `ours`                     (d) | ours     | ours    | `shmtrace record` |
 //!
 //! The real cell establishes what the real thing does; the others must pass
 //! the same checks. Every run's trace also passes `shmtrace inspect --check`
