@@ -349,3 +349,50 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A hostile producer sends a 3 KB frame one byte and one fd per `sendmsg`:
+/// the service (in this process) holds at most one of those fds at a time,
+/// answers the frame when it completes, and keeps serving.
+#[test]
+fn a_producer_sending_an_fd_per_byte_parks_at_most_one() {
+    use std::io::Read;
+    let running = Running::abstract_sockets();
+    let mut sock = shmtrace_service::ipc::socket::connect(&running.producer).expect("connects");
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut frame = shmtrace_service::ipc::frame::bind_service_frame(1, "ProducerPort");
+    frame.data_for_testing = vec![vec![0x5a; 3000].into()];
+    let mut bytes = Vec::new();
+    shmtrace_service::ipc::frame::encode_frame(&frame, &mut bytes).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let before = open_fds();
+    let mut peak = before;
+    for (i, byte) in bytes.iter().enumerate() {
+        let sent = shmtrace_service::ipc::socket::send_with_fd(
+            &sock,
+            std::slice::from_ref(byte),
+            Some(null.as_fd()),
+        );
+        assert_eq!(sent.unwrap(), 1);
+        if i % 64 == 0 {
+            peak = peak.max(open_fds());
+        }
+    }
+    // The BindService reply proves every byte (and fd) was received.
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len).expect("a BindService reply");
+    let mut reply = vec![0; u32::from_le_bytes(len) as usize];
+    sock.read_exact(&mut reply).unwrap();
+    let reply = protos::IpcFrame::decode(&reply[..]).unwrap();
+    assert_eq!(reply.request_id, Some(1));
+    // Other tests of this binary run in parallel threads: allow slack, far
+    // below the 3000 fds sent.
+    peak = peak.max(open_fds());
+    assert!(peak < before + 64, "fd table grew from {before} to {peak}");
+    drop(sock);
+    running.stop();
+}

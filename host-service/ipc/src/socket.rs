@@ -14,7 +14,7 @@
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -375,31 +375,41 @@ pub fn recv_into(socket: impl AsFd, decoder: &mut FrameDecoder) -> Result<Receiv
 pub fn send_queued(socket: impl AsFd, queue: &mut OutQueue) -> io::Result<usize> {
     let mut total = 0;
     while let Some(segment) = queue.next_send() {
-        let fds;
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if let Some(fd) = segment.fd {
-            fds = [fd];
-            if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-                return Err(io::Error::other("control buffer too small for one fd"));
-            }
-        }
-        match net::sendmsg(
-            &socket,
-            &[IoSlice::new(segment.bytes)],
-            &mut control,
-            SendFlags::NOSIGNAL,
-        ) {
+        match send_with_fd(&socket, segment.bytes, segment.fd) {
             Ok(sent) => {
                 queue.advance(sent);
                 total += sent;
             }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(rustix::io::Errno::AGAIN) => break,
-            Err(e) => return Err(e.into()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
         }
     }
     Ok(total)
+}
+
+/// One `sendmsg` of `bytes` (`MSG_NOSIGNAL`), with `fd` attached
+/// (`SCM_RIGHTS`) if given: the number of bytes sent.
+pub fn send_with_fd(
+    socket: impl AsFd,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<usize> {
+    let fds;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if let Some(fd) = fd {
+        fds = [fd];
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("control buffer too small for one fd"));
+        }
+    }
+    Ok(net::sendmsg(
+        &socket,
+        &[IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?)
 }
 
 #[cfg(test)]

@@ -592,17 +592,8 @@ fn a_client_cannot_park_an_fd_per_byte_of_a_partial_frame() {
     let mut received = 0;
     let mut got = None;
     for (i, byte) in stream.iter().enumerate() {
-        let fds = [file.as_fd()];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
-        rustix::net::sendmsg(
-            &client,
-            &[std::io::IoSlice::new(std::slice::from_ref(byte))],
-            &mut control,
-            rustix::net::SendFlags::empty(),
-        )
-        .unwrap();
+        let sent = socket::send_with_fd(&client, std::slice::from_ref(byte), Some(file.as_fd()));
+        assert_eq!(sent.unwrap(), 1);
         // One byte with its fd per read: Linux ends a read at a segment with fds.
         assert_eq!(
             socket::recv_into(&server, &mut dec).unwrap(),
