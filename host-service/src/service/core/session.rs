@@ -697,6 +697,7 @@ impl TracingService {
                 setup: v.triggers,
                 pending: Vec::new(),
                 received: 0,
+                not_emitted: 0,
             },
         };
         self.sessions.insert(id, session);

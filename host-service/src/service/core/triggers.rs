@@ -92,6 +92,9 @@ pub struct SessionTriggers {
     pub pending: Vec<ReceivedTrigger>,
     /// Triggers received so far (emitted, pending or not kept).
     pub received: u64,
+    /// Triggers not kept for emission (more than [`MAX_PENDING_TRIGGERS`]
+    /// pending).
+    pub not_emitted: u64,
 }
 
 impl SessionTriggers {
@@ -323,7 +326,13 @@ impl TracingService {
         if s.triggers.pending.len() < MAX_PENDING_TRIGGERS {
             s.triggers.pending.push(trigger);
         } else {
-            log::warn!("session {sid}: too many triggers pending; not emitting this one");
+            s.triggers.not_emitted += 1;
+            if s.triggers.not_emitted.is_power_of_two() {
+                log::warn!(
+                    "session {sid}: {} triggers not emitted ({MAX_PENDING_TRIGGERS} pending already)",
+                    s.triggers.not_emitted
+                );
+            }
         }
         match s.triggers.setup.mode {
             TriggerMode::StartTracing if s.state == SessionState::Configured => {

@@ -317,3 +317,21 @@ fn invalid_trigger_configs_are_refused_with_clear_errors() {
         assert!(error.contains(want), "{error:?} lacks {want:?}");
     }
 }
+
+#[test]
+fn a_trigger_flood_keeps_a_bounded_number_for_the_trace() {
+    let (mut sim, p, c, _) = session_with(
+        descriptor("ds", false, false),
+        trigger_config(0, 0, vec![trigger("t", 0)]),
+    );
+    let names = vec!["t"; crate::service::core::triggers::MAX_PENDING_TRIGGERS + 100];
+    activate(&mut sim, &p, &names);
+    let got = triggers_in(&c.read(&mut sim));
+    assert_eq!(
+        got.len(),
+        crate::service::core::triggers::MAX_PENDING_TRIGGERS
+    );
+    // Emitted ones make room again.
+    activate(&mut sim, &p, &["t"]);
+    assert_eq!(triggers_in(&c.read(&mut sim)).len(), 1);
+}
