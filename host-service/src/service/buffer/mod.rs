@@ -20,13 +20,17 @@
 //!   for a whole chunk at the write cursor; the service copies the chunk from
 //!   the producer's SMB straight into it, and [`Reservation::commit`] parses
 //!   that private copy in place and shrinks the record to the valid prefix.
-//!   Like upstream's buffer (which always stores whole chunks), the
-//!   reservation evicts room for the whole chunk, so in a ring buffer up to
-//!   one chunk of the oldest data may go a little earlier than the valid
-//!   prefix needs. A DISCARD buffer hands out no reservation that would evict
-//!   unread data (the private-copy path then decides exactly), and a chunk
-//!   that turns out not to be new (re-commit, stale) is moved to a private
-//!   copy and committed as usual.
+//!   A reservation only takes room that holds nothing a reader still needs:
+//!   free bytes or records already read (dead space). Where a live record or
+//!   a wrap padding is in the way, there is no reservation; the service copies
+//!   the chunk privately and [`TraceBuffer::commit`] evicts exactly what the
+//!   valid prefix needs, once the chunk is known to be stored. So a chunk
+//!   that is discarded after it was copied into a reservation (invalid
+//!   header, writer not allowed) leaves nothing behind: giving the
+//!   reservation back removes its record and any wrap padding placed with
+//!   it, restores the write cursor and undoes its byte, padding and wrap
+//!   counts. A chunk that turns out not to be new (re-commit, stale) is moved
+//!   to a private copy and committed as usual.
 //! * **Re-commits** of a stored chunk (a scrape, then the real commit) replace
 //!   the copy when the fragment count does not shrink, no flag disappears and
 //!   a complete copy is not replaced by an incomplete one; otherwise they are
@@ -394,29 +398,45 @@ impl TraceBuffer {
     /// Room for a chunk of `chunk_size` bytes (8-byte header included) at the
     /// write cursor, to be filled straight from the producer's memory (see
     /// the module docs). `None` if the chunk cannot go this way: it is larger
-    /// than the buffer, or a DISCARD buffer is latched or would have to evict
-    /// unread data. Then copy the chunk privately and [`commit`](Self::commit)
-    /// it, which decides exactly.
+    /// than the buffer, a DISCARD buffer is latched, or a record still needed
+    /// (or a wrap padding) is in the way. Then copy the chunk privately and
+    /// [`commit`](Self::commit) it, which decides exactly.
     pub fn reserve(&mut self, chunk_size: usize) -> Option<Reservation<'_>> {
         let payload = chunk_size.checked_sub(CHUNK_HEADER_SIZE)?;
         let footprint = ring::footprint(payload);
         if footprint > self.ring.capacity() {
             return None;
         }
-        if self.policy == FillPolicy::Discard {
-            let plan = self.ring.plan(footprint);
-            if self.discard_latched || self.evicts_unread(plan) {
-                return None;
-            }
+        if self.policy == FillPolicy::Discard && self.discard_latched {
+            return None;
         }
-        let (record, offset) = self.alloc(footprint, Owner::Padding)?;
+        let plan = self.ring.plan(footprint);
+        if !self.evicts_only_dead_space(plan) {
+            return None;
+        }
+        let wr = self.ring.write_cursor();
+        let placed = self.alloc_planned(plan, footprint, Owner::Padding)?;
         Some(Reservation {
             buf: self,
-            record,
-            offset,
+            record: placed.id,
+            offset: placed.offset,
             footprint,
             chunk_size,
+            padding: placed.padding,
+            wrap: plan.wrap,
+            wr,
             open: true,
+        })
+    }
+
+    /// Whether every record `plan` evicts is a chunk record nothing refers
+    /// to any more (read, or replaced): evicting it changes no sequence and
+    /// no stat.
+    fn evicts_only_dead_space(&self, plan: ring::Plan) -> bool {
+        (0..plan.evict).all(|i| {
+            self.ring.nth(i).is_some_and(|(id, r)| {
+                matches!(r.owner, Owner::Chunk { .. }) && self.live_slot(id, r.owner).is_none()
+            })
         })
     }
 
@@ -497,6 +517,17 @@ impl TraceBuffer {
     /// refuses.
     fn alloc(&mut self, footprint: usize, owner: Owner) -> Option<(u64, usize)> {
         let plan = self.ring.plan(footprint);
+        self.alloc_planned(plan, footprint, owner)
+            .map(|placed| (placed.id, placed.offset))
+    }
+
+    /// [`alloc`](Self::alloc) with the plan made already.
+    fn alloc_planned(
+        &mut self,
+        plan: ring::Plan,
+        footprint: usize,
+        owner: Owner,
+    ) -> Option<Placed> {
         if self.policy == FillPolicy::Discard {
             if self.discard_latched {
                 return None;
@@ -517,7 +548,11 @@ impl TraceBuffer {
         }
         self.stats.padding_bytes_written += padding as u64;
         self.stats.bytes_written += (padding + footprint) as u64;
-        Some((id, offset + RECORD_OVERHEAD))
+        Some(Placed {
+            id,
+            offset: offset + RECORD_OVERHEAD,
+            padding,
+        })
     }
 
     /// Whether the evictions of `plan` would destroy data not read yet.
@@ -631,7 +666,8 @@ impl TraceBuffer {
 /// Room for one chunk at the write cursor of a [`TraceBuffer`]
 /// ([`TraceBuffer::reserve`]). Fill [`chunk_mut`](Self::chunk_mut) with the
 /// whole chunk, header first, then [`commit`](Self::commit); dropping it
-/// unused gives the room back (what it evicted stays evicted).
+/// unused gives the room back and leaves no trace (it evicted only dead
+/// space).
 #[must_use = "a reservation that is not committed stores nothing"]
 pub struct Reservation<'a> {
     buf: &'a mut TraceBuffer,
@@ -640,7 +676,23 @@ pub struct Reservation<'a> {
     offset: usize,
     footprint: usize,
     chunk_size: usize,
+    /// Footprint of the wrap padding placed with it (0 if none).
+    padding: usize,
+    /// The write cursor wrapped for it.
+    wrap: bool,
+    /// The write cursor before it.
+    wr: usize,
     open: bool,
+}
+
+/// Where [`TraceBuffer::alloc_planned`] placed a record.
+struct Placed {
+    /// Record id.
+    id: u64,
+    /// Data offset (`RECORD_OVERHEAD` into the record).
+    offset: usize,
+    /// Footprint of the wrap padding placed before it (0 if none).
+    padding: usize,
 }
 
 impl Reservation<'_> {
@@ -712,10 +764,18 @@ impl Reservation<'_> {
             .unwrap_or_default()
     }
 
+    /// Undoes the reservation: its record, its wrap padding, the write
+    /// cursor and the stats it counted.
     fn give_back(&mut self) {
         if std::mem::take(&mut self.open) && self.buf.ring.end_id() == self.record + 1 {
-            self.buf.ring.pop_back();
-            self.buf.stats.bytes_written -= self.footprint as u64;
+            let buf = &mut *self.buf;
+            buf.ring.unplace(self.padding > 0, self.wr);
+            let stats = &mut buf.stats;
+            stats.bytes_written -= (self.padding + self.footprint) as u64;
+            stats.padding_bytes_written -= self.padding as u64;
+            if self.wrap {
+                stats.write_wrap_count -= 1;
+            }
         }
     }
 }

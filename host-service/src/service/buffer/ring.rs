@@ -197,12 +197,21 @@ impl Ring {
         }
     }
 
-    /// Removes the newest record (a reservation given up); its bytes return
-    /// to the write cursor. A wrap padding placed with it stays.
-    pub fn pop_back(&mut self) -> Option<Record> {
-        let record = self.records.pop_back()?;
-        self.wr = record.offset;
-        Some(record)
+    /// The write cursor.
+    pub fn write_cursor(&self) -> usize {
+        self.wr
+    }
+
+    /// Undoes the newest [`place`](Self::place) (a reservation given up):
+    /// removes its record, and the wrap padding placed with it if
+    /// `with_padding`, and puts the write cursor back to `wr`, where it was
+    /// before. Records evicted for it stay evicted.
+    pub fn unplace(&mut self, with_padding: bool, wr: usize) {
+        self.records.pop_back();
+        if with_padding {
+            self.records.pop_back();
+        }
+        self.wr = wr;
     }
 }
 
@@ -264,15 +273,39 @@ mod tests {
         ring.finish_back(chunk(0), 32);
         let plan = ring.plan(96);
         assert_eq!((plan.wrap, plan.evict), (false, 0), "96 bytes fit after 32");
+        let wr = ring.write_cursor();
         let (_, id, offset) = ring.place(plan, 96, Owner::Padding);
         assert_eq!((id, offset), (1, 32));
-        assert_eq!(ring.pop_back().map(|r| r.offset), Some(32));
+        ring.unplace(false, wr);
         assert_eq!(ring.end_id(), 1);
         let (_, id, offset) = ring.place(ring.plan(16), 16, chunk(1));
         assert_eq!((id, offset), (1, 32), "the cursor went back");
         assert_eq!(
             ring.get(0).map(|r| (r.footprint, r.owner)),
             Some((32, chunk(0)))
+        );
+    }
+
+    #[test]
+    fn undoing_a_wrapping_place_removes_its_padding_and_restores_the_cursor() {
+        let mut ring = Ring::new(128);
+        ring.place(ring.plan(96), 96, chunk(0));
+        ring.pop_front();
+        let wr = ring.write_cursor();
+        let plan = ring.plan(64);
+        assert!(plan.wrap);
+        let (padding, _, offset) = ring.place(plan, 64, Owner::Padding);
+        assert_eq!((padding, offset), (32, 0));
+        ring.unplace(true, wr);
+        assert_eq!(
+            (ring.write_cursor(), ring.end_id(), ring.front_id()),
+            (96, 1, 1)
+        );
+        let (padding, id, offset) = ring.place(ring.plan(32), 32, chunk(1));
+        assert_eq!(
+            (padding, id, offset),
+            (0, 1, 96),
+            "nothing of the undone wrap is left"
         );
     }
 }

@@ -684,12 +684,39 @@ fn a_discard_buffer_reserves_nothing_that_would_evict_unread_data() {
     );
     assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 4);
     assert!(buf.reserve(1024).is_none(), "latched");
-    // A ring buffer reserves at once, evicting what is in the way.
+    // A ring buffer reserves only over data already read.
     let mut ring = buffer(4096 + 32);
     for id in 0..4 {
         chunk(id, &[&[1u8; 1000]], 0).commit(&mut ring);
     }
-    assert!(ring.reserve(1024).is_some());
+    assert!(ring.reserve(1024).is_none(), "unread chunk 0 is in the way");
+    assert_eq!(read_all(&mut ring, ReadMode::Live).len(), 4);
+    assert!(ring.reserve(1024).is_some(), "chunk 0 was read");
+}
+
+#[test]
+fn a_given_back_reservation_leaves_no_trace_even_after_a_wrap() {
+    // Four 1 KiB records fill [0, 4096) of 4128 bytes; all read: dead space.
+    let mut buf = buffer(4096 + 32);
+    for id in 0..4 {
+        chunk(id, &[&[1u8; 1000]], 0).commit(&mut buf);
+    }
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 4);
+    let before = *buf.stats();
+    // 1024 bytes do not fit in the 32-byte tail: this one wraps, leaving
+    // padding, and evicts read chunk 0.
+    let r = buf.reserve(1024).expect("only read data in the way");
+    drop(r);
+    let after = *buf.stats();
+    assert_eq!(after, before, "stats unchanged");
+    // A chunk committed now goes exactly where it would have gone.
+    chunk(4, &[&[5u8; 1000]], 0).commit(&mut buf);
+    let s = *buf.stats();
+    assert_eq!((s.write_wrap_count, s.padding_bytes_written), (1, 32));
+    assert_eq!(
+        datas(&read_all(&mut buf, ReadMode::Live)),
+        [vec![5u8; 1000]]
+    );
 }
 
 #[test]

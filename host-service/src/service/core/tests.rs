@@ -923,19 +923,7 @@ fn hostile_commits_cost_nothing_but_their_own_data() {
     let id = evil.commit(&mut sim, forged);
     let _: crate::protos::CommitDataResponse = sim.reply_ok(evil.conn, id);
     // Garbage in the evil producer's whole SMB, then commits of everything.
-    {
-        let smb = evil.smb.as_ref().unwrap().smb().unwrap();
-        let header = ChunkHeaderRepr {
-            chunk_id: 5,
-            writer_id: 7,
-            packets: shmtrace_abi::layout::Packets::from_bits(0xFFFF),
-        };
-        let mut w = smb
-            .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
-            .unwrap();
-        w.write(0, &[0xFF; 64]).unwrap();
-        w.release_as_complete().unwrap();
-    }
+    forge_chunk(&evil, 5, 7, 0xFFFF, &[0xFF; 64]);
     let mut all = crate::protos::CommitDataRequest::default();
     for page in 0..64 {
         all.chunks_to_move.push(ChunksToMove {
@@ -1422,4 +1410,70 @@ fn periodic_flushes_follow_flush_period_ms() {
     }
     assert_eq!(flushes.len(), 4, "one flush per period");
     assert!(flushes.windows(2).all(|w| w[1] > w[0]));
+}
+
+/// Writes a chunk with the given header fields and payload bytes into
+/// `p`'s SMB and marks it complete; its location.
+fn forge_chunk(
+    p: &TestProducer,
+    chunk_id: u32,
+    writer_id: u16,
+    packets: u16,
+    bytes: &[u8],
+) -> shmtrace_abi::smb::ChunkLocation {
+    let smb = p.smb.as_ref().unwrap().smb().unwrap();
+    let header = ChunkHeaderRepr {
+        chunk_id,
+        writer_id,
+        packets: shmtrace_abi::layout::Packets::from_bits(packets),
+    };
+    let mut w = smb
+        .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header)
+        .unwrap();
+    w.write(0, bytes).unwrap();
+    w.release_as_complete().unwrap()
+}
+
+/// Commits one chunk with writer id 0 (an invalid header) from `p`'s SMB
+/// into `buffer`.
+fn commit_writer_id_0_chunk(sim: &mut Sim, p: &TestProducer, buffer: u16) {
+    let loc = forge_chunk(p, 0, 0, 1, &[3, 0x0A, 1, b'x']);
+    let req = crate::protos::CommitDataRequest {
+        chunks_to_move: vec![ChunksToMove {
+            page: Some(loc.page as u32),
+            chunk: Some(loc.chunk as u32),
+            target_buffer: Some(u32::from(buffer)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    p.commit(sim, req);
+}
+
+#[test]
+fn a_discarded_chunk_evicts_nothing_and_does_not_wrap_the_buffer() {
+    let (mut sim, p, c, cmds) =
+        session_with(descriptor("ds", false, false), config("ds", 16, |_| {}));
+    let buffer = setup_tracing_buffer(&cmds);
+    // ~14.5 KB of unread packets in a 16 KiB ring: a whole 4 KiB chunk no
+    // longer fits before the end.
+    let packets = vec![[7u8; 900]; 16];
+    let refs: Vec<&[u8]> = packets.iter().map(|p| &p[..]).collect();
+    let req = p.write(1, buffer, &refs, true);
+    p.commit(&mut sim, req);
+    commit_writer_id_0_chunk(&mut sim, &p, buffer);
+    // Read everything: the reservation path is open again (only read data
+    // in the way), and a discarded chunk must still leave no trace.
+    assert_eq!(payloads(&c.read(&mut sim)).len(), 16, "nothing evicted");
+    commit_writer_id_0_chunk(&mut sim, &p, buffer);
+    let req = p.write(2, buffer, &[b"after"], true);
+    p.commit(&mut sim, req);
+    assert!(sim.disconnects().is_empty());
+    let (packets, stats) = c.stop_and_read(&mut sim);
+    assert_eq!(payloads(&packets), [b"after".to_vec()]);
+    assert_eq!(stats.chunks_discarded, Some(2));
+    let b = &stats.buffer_stats[0];
+    assert_eq!(b.chunks_overwritten, Some(0));
+    assert_eq!(b.write_wrap_count, Some(1), "only the real chunk wrapped");
+    assert!(b.padding_bytes_written.unwrap_or(0) > 0);
 }
