@@ -44,6 +44,9 @@ const EMULATION_SMB_SIZE: usize = 1 << 20;
 const MAX_EMULATED_COMMIT_BYTES: usize = 130_560;
 /// How often idle writers are swept (flushed so they do not pin chunks).
 const IDLE_SWEEP_PERIOD: Duration = Duration::from_millis(500);
+/// After sending a commit the sender batches the chunks committed within
+/// this long (flushes, drains and a filling SMB cut it short).
+const COMMIT_BATCH_PERIOD: Duration = Duration::from_micros(500);
 /// First retry delay after a failed connection; doubles up to the maximum.
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -433,11 +436,16 @@ fn sender_loop(
     while !stop.load(Ordering::Acquire) && !status.stop.load(Ordering::Acquire) {
         if let Some(msg) = outbox.next_timeout(Duration::from_millis(100)) {
             let arbiter = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let commit = matches!(msg, Outgoing::Commit(_));
             let result = send(port, msg, arbiter.as_deref());
             outbox.sent();
             if let Err(e) = result {
                 log::debug!("shmtrace-producer: send failed: {e}");
                 return;
+            }
+            if commit {
+                // Let the next chunks accumulate instead of each waking us.
+                outbox.linger(COMMIT_BATCH_PERIOD);
             }
         }
         if last_sweep.elapsed() >= IDLE_SWEEP_PERIOD {

@@ -30,6 +30,10 @@ use crate::data_source::DescriptorInfo;
 /// Chunks (or patch groups) per `CommitDataRequest` before it is sealed.
 pub(crate) const MAX_CHUNKS_PER_COMMIT: usize = 64;
 
+/// A lingering sender is woken once the pending commit holds this fraction
+/// (1/n) of the SMB's chunks.
+const URGENT_FRACTION: usize = 8;
+
 /// Request buffers kept for reuse.
 const SPARE_REQUESTS: usize = 4;
 
@@ -186,6 +190,14 @@ pub(crate) enum Outgoing {
     UpdateDataSource(DescriptorInfo),
 }
 
+impl Inner {
+    /// The pending commit holds enough of the SMB that a lingering sender
+    /// must send it now.
+    fn urgent(&self) -> bool {
+        self.pending.chunks_to_move.len() >= (self.smb_chunks / URGENT_FRACTION).max(1)
+    }
+}
+
 struct Inner {
     /// Messages taken out but not reported sent yet.
     in_flight: usize,
@@ -198,6 +210,13 @@ struct Inner {
     /// Threads blocked waiting for something to send ([`Outbox::next_timeout`]):
     /// committers only pay for a wake-up, a system call, when one sleeps.
     waiting_for_work: usize,
+    /// The sender is batching commits ([`Outbox::linger`]): committers wake
+    /// it only when the pending commit grew large.
+    lingering: bool,
+    /// Chunks in the current SMB (0: unknown).
+    smb_chunks: usize,
+    /// Bumped by requests that end a linger early (kicks, drains).
+    interrupts: u64,
 }
 
 /// The ordered queue of messages to the service. See the module docs.
@@ -226,6 +245,9 @@ impl Outbox {
                 closed: false,
                 capacity: MAX_CHUNKS_PER_COMMIT,
                 waiting_for_work: 0,
+                lingering: false,
+                smb_chunks: 0,
+                interrupts: 0,
             }),
             ready: Condvar::new(),
         }
@@ -253,6 +275,7 @@ impl Outbox {
     /// of a new SMB), so committing never allocates.
     pub(crate) fn reserve(&self, chunks: usize) {
         let mut inner = self.lock();
+        inner.smb_chunks = chunks;
         inner.capacity = inner.capacity.max(chunks);
         let capacity = inner.capacity;
         inner.pending.reserve(capacity);
@@ -264,7 +287,7 @@ impl Outbox {
     fn after_commit_push(&self, inner: MutexGuard<'_, Inner>, was_empty: bool) {
         // A sender that is not waiting finds the commit when it next looks
         // (it only waits after finding nothing, under the lock we hold).
-        let wake = was_empty && inner.waiting_for_work > 0;
+        let wake = (was_empty && inner.waiting_for_work > 0) || (inner.lingering && inner.urgent());
         drop(inner);
         if wake {
             self.ready.notify_all();
@@ -325,7 +348,8 @@ impl Outbox {
 
     /// Wakes the sender (e.g. a writer is waiting for chunks to free up).
     pub(crate) fn kick(&self) {
-        self.ready.notify_one();
+        self.lock().interrupts += 1;
+        self.ready.notify_all();
     }
 
     /// The next message, if any (sealing the pending commit when the queue
@@ -359,6 +383,37 @@ impl Outbox {
         msg
     }
 
+    /// The sender batches commits: waits up to `period` (without being
+    /// woken by each committed chunk) unless something else is queued, a
+    /// flush or drain asks, or the pending commit reaches 1/`URGENT_FRACTION`
+    /// of the SMB. Under a steady stream of chunks this turns one wake-up
+    /// (a system call in the committing writer) per chunk into none.
+    pub(crate) fn linger(&self, period: Duration) {
+        let mut inner = self.lock();
+        if !inner.queue.is_empty() || inner.closed {
+            return;
+        }
+        let deadline = std::time::Instant::now() + period;
+        let interrupts = inner.interrupts;
+        inner.lingering = true;
+        while inner.queue.is_empty()
+            && !inner.closed
+            && inner.interrupts == interrupts
+            && !inner.urgent()
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            inner = self
+                .ready
+                .wait_timeout(inner, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        inner.lingering = false;
+    }
+
     /// The sender finished sending a message from [`Outbox::next_timeout`].
     pub(crate) fn sent(&self) {
         let mut inner = self.lock();
@@ -372,6 +427,7 @@ impl Outbox {
     pub(crate) fn drain_wait(&self, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
         let mut inner = self.lock();
+        inner.interrupts += 1;
         self.ready.notify_all();
         while !inner.closed
             && (inner.in_flight > 0 || !inner.queue.is_empty() || !inner.pending.is_empty())
@@ -430,6 +486,46 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lingering_sender_is_woken_only_by_a_large_commit_or_a_message() {
+        let o = std::sync::Arc::new(Outbox::new());
+        o.reserve(16); // urgent at 16 / URGENT_FRACTION = 2 pending chunks
+        let lingerer = |o: &std::sync::Arc<Outbox>| {
+            let o = o.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                o.linger(Duration::from_secs(30));
+                start.elapsed()
+            })
+        };
+        let wait_lingering = |o: &Outbox| {
+            while !o.lock().lingering {
+                std::thread::yield_now();
+            }
+        };
+        // One chunk: not woken (the lingerer is still lingering after it).
+        let t = lingerer(&o);
+        wait_lingering(&o);
+        o.commit_chunk(chunk(1));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(o.lock().lingering, "a single chunk must not wake it");
+        // The second one makes the commit large: woken.
+        o.commit_chunk(chunk(2));
+        assert!(t.join().unwrap() < Duration::from_secs(30));
+        // A writer finding the SMB full kicks it.
+        let _ = o.try_next();
+        let t = lingerer(&o);
+        wait_lingering(&o);
+        o.kick();
+        assert!(t.join().unwrap() < Duration::from_secs(30));
+        // A queued message always wakes it.
+        let _ = o.try_next();
+        let t = lingerer(&o);
+        wait_lingering(&o);
+        o.push(Outgoing::UnregisterTraceWriter { writer_id: 1 });
+        assert!(t.join().unwrap() < Duration::from_secs(30));
+    }
 
     fn chunk(page: u32) -> ChunkToMove {
         ChunkToMove {
