@@ -76,6 +76,7 @@ mod sequence;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod writers;
 
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, CHUNK_HEADER_SIZE};
 use shmtrace_abi::reader::{
@@ -87,6 +88,7 @@ pub use loss::DataLoss;
 pub use read::{Packet, ReadMode, ReadStatus};
 pub use ring::{RECORD_ALIGN, RECORD_OVERHEAD};
 pub use stats::BufferStats;
+pub use writers::{ChunkHistogram, WriterStats, BUCKET_BOUNDS};
 
 use ring::{Owner, Ring};
 use sequence::{Sequences, Slot, Tail};
@@ -268,6 +270,7 @@ pub struct TraceBuffer {
     policy: FillPolicy,
     discard_latched: bool,
     stats: BufferStats,
+    writers: WriterStats,
     read: read::ReadState,
     /// Private copy of a reserved chunk that turned out not to be new.
     scratch: Vec<u8>,
@@ -305,6 +308,7 @@ impl TraceBuffer {
                 buffer_size: capacity as u64,
                 ..BufferStats::default()
             },
+            writers: WriterStats::default(),
             read: read::ReadState::default(),
             scratch: Vec::new(),
         })
@@ -313,6 +317,25 @@ impl TraceBuffer {
     /// The counters.
     pub fn stats(&self) -> &BufferStats {
         &self.stats
+    }
+
+    /// Payload-size histograms of the writers whose chunks were read.
+    pub fn writer_stats(&self) -> &WriterStats {
+        &self.writers
+    }
+
+    /// Every `{producer, writer}` with data in this buffer so far: chunks
+    /// read ([`writer_stats`](Self::writer_stats)) or still stored, sorted.
+    pub fn writers_seen(&self) -> Vec<(ProducerId, WriterId)> {
+        let mut out: Vec<(ProducerId, WriterId)> = self
+            .writers
+            .iter()
+            .map(|(p, w, _)| (p, w))
+            .chain(self.seqs.iter().map(|s| (s.producer, s.writer)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The fill policy.

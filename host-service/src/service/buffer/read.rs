@@ -14,6 +14,7 @@ use super::loss::DataLoss;
 use super::ring::Owner;
 use super::sequence::{Sequence, Slot, Tail};
 use super::stats::BufferStats;
+use super::writers::WriterStats;
 use super::{ProducerId, TraceBuffer, WriterId};
 
 /// How a read treats data that may still be completed.
@@ -121,6 +122,7 @@ impl TraceBuffer {
         let mut reader = Reader {
             data: self.ring.data(),
             stats: &mut self.stats,
+            writers: &mut self.writers,
             ranges: &mut self.read.ranges,
             drain: self.read.mode == ReadMode::Drain,
             pass: self.read.pass,
@@ -217,6 +219,7 @@ enum Assembly {
 struct Reader<'r, F> {
     data: &'r [u8],
     stats: &'r mut BufferStats,
+    writers: &'r mut WriterStats,
     ranges: &'r mut Vec<(usize, usize)>,
     drain: bool,
     pass: u64,
@@ -255,6 +258,9 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
         if let Some(slot) = seq.chunks.remove(&ext) {
             self.stats.chunks_read += 1;
             self.stats.bytes_read += slot.footprint as u64;
+            if slot.complete {
+                self.writers.chunk_read(seq.producer, seq.writer, slot.len);
+            }
             seq.last_consumed = Some((ext, slot.count, slot.committed_flags, slot.complete));
         }
         seq.floor = seq.floor.max(ext + 1);

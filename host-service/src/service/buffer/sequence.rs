@@ -181,6 +181,11 @@ pub struct Sequences {
 }
 
 impl Sequences {
+    /// Every sequence in the buffer.
+    pub fn iter(&self) -> impl Iterator<Item = &Sequence> {
+        self.slab.iter().flatten()
+    }
+
     /// The sequence at `idx`, if it exists.
     pub fn get(&self, idx: SeqIdx) -> Option<&Sequence> {
         self.slab.get(idx as usize)?.as_ref()

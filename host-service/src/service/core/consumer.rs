@@ -8,7 +8,7 @@
 //! and logs what else it ignores ([`super::reconfigure`]).
 
 use super::readback::ReadStream;
-use super::session::SessionState;
+use super::session::{Session, SessionState};
 use super::{ConnId, Endpoint, ProducerId, SessionId, TracingService};
 use crate::ipc::{Call, PeerCredentials, PendingReply};
 use crate::protos::consumer_port::Request;
@@ -23,6 +23,7 @@ use crate::protos::{
     SaveTraceForBugreportResponse, StartTracingResponse, TracingServiceCapabilities,
     TracingServiceState,
 };
+use crate::service::buffer::BUCKET_BOUNDS;
 
 /// Largest `QueryServiceState` reply before the state is split over
 /// several replies (upstream's limit).
@@ -505,8 +506,20 @@ impl TracingService {
             })
             .collect();
         let data_sources: usize = self.producers.values().map(|p| p.data_sources.len()).sum();
+        let writer_stats = if s.builtin().disable_chunk_usage_histograms.unwrap_or(false) {
+            Vec::new()
+        } else {
+            self.writer_stats(s)
+        };
+        let chunk_payload_histogram_def = if writer_stats.is_empty() {
+            Vec::new()
+        } else {
+            BUCKET_BOUNDS.to_vec()
+        };
         crate::protos::TraceStats {
             buffer_stats,
+            chunk_payload_histogram_def,
+            writer_stats,
             producers_connected: Some(self.producers.len() as u32),
             producers_seen: Some(self.stats.producers_seen),
             data_sources_registered: Some(data_sources as u32),
@@ -522,6 +535,31 @@ impl TracingService {
             final_flush_outcome: s.final_flush_outcome,
             ..Default::default()
         }
+    }
+
+    /// `TraceStats.writer_stats` of session `s`: per buffer (by index in the
+    /// session), each writer's chunk payload histogram, under the packet
+    /// sequence id its packets carry in the trace. A writer none of whose
+    /// packets reached the trace has no sequence id there and is left out.
+    fn writer_stats(&self, s: &Session) -> Vec<crate::protos::trace_stats::WriterStats> {
+        let mut out = Vec::new();
+        for (index, b) in s.buffers.iter().enumerate() {
+            let Some((_, buf)) = self.buffers.get(b) else {
+                continue;
+            };
+            for (producer, writer, h) in buf.writer_stats().iter() {
+                let Some(&id) = s.sequence_ids.get(&(producer, writer)) else {
+                    continue;
+                };
+                out.push(crate::protos::trace_stats::WriterStats {
+                    sequence_id: Some(u64::from(id)),
+                    buffer: Some(index as u32),
+                    chunk_payload_histogram_counts: h.counts.to_vec(),
+                    chunk_payload_histogram_sum: h.sums.to_vec(),
+                });
+            }
+        }
+        out
     }
 
     /// A consumer connection closed: its session is freed unless detached.

@@ -12,17 +12,17 @@
 //! time, when the shell asks for it, and a file is written in
 //! [`FILE_BATCH`]-byte batches.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 
 use bytes::Bytes;
 
 use super::packets;
 use super::session::{Lifecycle, Session, SessionState};
-use super::{ConnId, Output, ReplyBody, SessionId, TracingService};
+use super::{BufferId, ConnId, Output, ReplyBody, SessionId, TracingService};
 use crate::ipc::PendingReply;
 use crate::protos::ReadBuffersResponse;
-use crate::service::buffer::{Packet, ReadMode, ReadStatus};
+use crate::service::buffer::{Packet, ReadMode, ReadStatus, TraceBuffer};
 use crate::service::trusted::TrustedFields;
 use crate::service::validator::validate;
 
@@ -218,7 +218,7 @@ impl TracingService {
                     stream.stage = Stage::Done;
                     return;
                 };
-                for p in preamble(s, uid, now, &info) {
+                for p in preamble(s, &self.buffers, uid, now, &info) {
                     stream.push(&p, true);
                 }
                 stream.stage = Stage::Buffer(0);
@@ -237,7 +237,7 @@ impl TracingService {
                     return;
                 };
                 let status = buf.read(budget, |p| {
-                    if let Some(appendix) = admit(s, p, i) {
+                    if let Some(appendix) = admit(s, p) {
                         for slice in p.slices() {
                             stream.push(slice, false);
                         }
@@ -293,18 +293,18 @@ impl TracingService {
             full: false,
             error: None,
         };
-        for p in preamble(s, uid, now, &info) {
+        for p in preamble(s, &self.buffers, uid, now, &info) {
             w.packet(std::iter::once(&p[..]), p.len());
         }
         let buffers = s.buffers.clone();
-        for (index, id) in buffers.iter().enumerate() {
+        for id in &buffers {
             let Some((_, buf)) = self.buffers.get_mut(id) else {
                 continue;
             };
             buf.begin_read(mode);
             loop {
                 let status = buf.read(FILE_BATCH, |p| {
-                    if let Some(appendix) = admit(s, p, index) {
+                    if let Some(appendix) = admit(s, p) {
                         let a = appendix.as_bytes();
                         w.packet(p.slices().chain(std::iter::once(a)), p.len() + a.len());
                     }
@@ -408,14 +408,10 @@ impl FileWriter<'_> {
     }
 }
 
-/// Validates a producer packet read from buffer `buffer_index` of the
-/// session; `None` if the validator rejects it, else the trusted appendix
-/// to send after its slices.
-fn admit(
-    s: &mut Session,
-    p: &Packet<'_>,
-    buffer_index: usize,
-) -> Option<crate::service::trusted::Appendix> {
+/// Validates a producer packet read from the session's buffers; `None` if
+/// the validator rejects it, else the trusted appendix to send after its
+/// slices.
+fn admit(s: &mut Session, p: &Packet<'_>) -> Option<crate::service::trusted::Appendix> {
     if let Err(e) = validate(p.slices()) {
         log::debug!(
             "dropping an invalid packet of producer {} writer {}: {e}",
@@ -435,9 +431,6 @@ fn admit(
                 .get(&p.producer)
                 .map_or((u32::MAX, 0), |i| (i.uid, i.pid));
             let id = s.sequence_id(p.producer, p.writer);
-            s.sequence_buffers
-                .entry(id)
-                .or_insert((buffer_index, p.producer));
             s.last_sequence = Some((key, uid, pid, id));
             (uid, pid, id)
         }
@@ -453,7 +446,13 @@ fn admit(
 }
 
 /// The service packets before the producers' packets of a read.
-fn preamble(s: &mut Session, uid: u32, now: u64, info: &crate::protos::SystemInfo) -> Vec<Vec<u8>> {
+fn preamble(
+    s: &mut Session,
+    buffers: &HashMap<BufferId, (SessionId, TraceBuffer)>,
+    uid: u32,
+    now: u64,
+    info: &crate::protos::SystemInfo,
+) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let builtin = s.builtin();
     let primary = builtin.primary_trace_clock;
@@ -478,11 +477,16 @@ fn preamble(s: &mut Session, uid: u32, now: u64, info: &crate::protos::SystemInf
         out.extend(triggers.iter().map(|t| packets::trigger(uid, t)));
     }
     if !s.preamble_done {
-        let mut per_buffer: Vec<Vec<(u32, i32)>> = vec![Vec::new(); s.buffers.len()];
-        for (&id, &(index, producer)) in &s.sequence_buffers {
-            if let Some(b) = per_buffer.get_mut(index) {
-                b.push((id, i32::from(producer)));
+        // Every writer with data in the buffers so far (upstream lists the
+        // writers of its chunk histograms); each gets its sequence id now.
+        let mut per_buffer: Vec<Vec<(u32, i32)>> = Vec::with_capacity(s.buffers.len());
+        for b in s.buffers.clone() {
+            let writers = buffers.get(&b).map(|(_, buf)| buf.writers_seen());
+            let mut seqs = Vec::new();
+            for (producer, writer) in writers.unwrap_or_default() {
+                seqs.push((s.sequence_id(producer, writer), i32::from(producer)));
             }
+            per_buffer.push(seqs);
         }
         out.push(packets::provenance(uid, now, per_buffer));
         if !builtin.disable_system_info.unwrap_or(false) {

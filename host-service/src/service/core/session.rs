@@ -214,8 +214,6 @@ pub struct Session {
     pub stop_epoch: u64,
     /// Packet sequence ids by `(producer, writer)`; 1 is the service's.
     pub sequence_ids: HashMap<(ProducerId, WriterId), u32>,
-    /// Buffer index and producer of each sequence id seen (provenance).
-    pub sequence_buffers: BTreeMap<u32, (usize, ProducerId)>,
     /// The sequence of the last producer packet read: `((producer,
     /// writer), uid, pid, sequence id)`.
     pub last_sequence: Option<((ProducerId, WriterId), u32, i32, u32)>,
@@ -674,7 +672,6 @@ impl TracingService {
             flushes: BTreeMap::new(),
             stop_epoch: 0,
             sequence_ids: HashMap::new(),
-            sequence_buffers: BTreeMap::new(),
             last_sequence: None,
             identities: HashMap::new(),
             events: Vec::new(),

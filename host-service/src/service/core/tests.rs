@@ -1379,6 +1379,60 @@ fn data_sources_write_into_their_own_buffers() {
     assert_eq!(stats.buffer_stats[0].chunks_written, Some(1));
     assert_eq!(stats.buffer_stats[1].chunks_written, Some(1));
     assert_eq!(stats.chunks_discarded, Some(1));
+    // Provenance and writer stats name each sequence's buffer, under the
+    // sequence ids its packets carry.
+    let seq_of = |payload: &[u8]| {
+        let packet = packets
+            .iter()
+            .find(|p| field(p, 900).and_then(|v| v.err()).as_deref() == Some(payload))
+            .expect("packet");
+        field(packet, 10).and_then(|v| v.ok()).expect("sequence id")
+    };
+    let (first, second) = (seq_of(b"into the first"), seq_of(b"into the second"));
+    assert_ne!(first, second);
+    let provenance = packets
+        .iter()
+        .find_map(|p| field(p, 124).and_then(|v| v.err()))
+        .expect("trace_provenance");
+    let provenance = crate::protos::TraceProvenance::decode(&provenance[..]).unwrap();
+    let listed: Vec<Vec<(Option<u32>, Option<i32>)>> = provenance
+        .buffers
+        .iter()
+        .map(|b| b.sequences.iter().map(|s| (s.id, s.producer_id)).collect())
+        .collect();
+    let producer = listed.first().and_then(|b| b.first()).and_then(|s| s.1);
+    assert!(producer.is_some_and(|p| p > 0), "{listed:?}");
+    assert_eq!(
+        listed,
+        [
+            vec![(Some(first as u32), producer)],
+            vec![(Some(second as u32), producer)]
+        ]
+    );
+    assert_eq!(
+        stats.chunk_payload_histogram_def,
+        [8, 32, 128, 512, 1024, 2048, 4096, 8192, 12288, 16384]
+    );
+    let writers: Vec<(Option<u64>, Option<u32>)> = stats
+        .writer_stats
+        .iter()
+        .map(|w| (w.sequence_id, w.buffer))
+        .collect();
+    assert_eq!(writers, [(Some(first), Some(0)), (Some(second), Some(1))]);
+    let sums: Vec<i64> = stats
+        .writer_stats
+        .iter()
+        .map(|w| {
+            // One small chunk each, in the (8, 32] bucket.
+            assert_eq!(w.chunk_payload_histogram_counts.len(), 11);
+            assert_eq!(w.chunk_payload_histogram_counts[1], 1, "{w:?}");
+            assert_eq!(w.chunk_payload_histogram_counts.iter().sum::<u64>(), 1);
+            assert_eq!(w.chunk_payload_histogram_sum.len(), 11);
+            w.chunk_payload_histogram_sum[1]
+        })
+        .collect();
+    assert!(sums[0] > 17, "at least the 17-byte packet: {sums:?}");
+    assert_eq!(sums[1], sums[0] + 1, "one byte more payload");
 }
 
 #[test]
