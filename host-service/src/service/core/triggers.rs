@@ -14,7 +14,8 @@
 //!   `producer_name_regex` fully matches the sending producer's name, a random
 //!   draw is not below `skip_probability`, and the name fired fewer than
 //!   `max_per_24_h` times in the last 24 hours (service-wide history of
-//!   matched triggers).
+//!   matched triggers). As upstream, `skip_probability` is not validated: 1
+//!   or more always skips, 0 or less (or NaN) never does.
 //! * Each matched trigger takes a clock snapshot and is emitted once as a
 //!   `trigger` packet (field 46; unless `disable_trace_config`). A session
 //!   that lists triggers returns no data at all — neither `ReadBuffers` nor
@@ -26,6 +27,10 @@
 //! Memory: a session keeps at most [`MAX_PENDING_TRIGGERS`] triggers not yet
 //! emitted, and the 24-hour history at most [`MAX_HISTORY`] entries (the
 //! oldest go first), so a producer spamming triggers bounds what it costs.
+//! Upstream keeps every trigger and has no stat for this; triggers beyond
+//! the cap are counted per session and logged at powers of two, and only a
+//! session's first trigger is logged at info level, so a producer cannot
+//! flood the log either.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -158,11 +163,11 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, String> {
         if !names.insert(name) {
             return Err(format!("duplicate trigger name {name:?}"));
         }
+        // Like upstream, any value is accepted: it is only compared with a
+        // draw in [0, 1), so >= 1 always skips and <= 0 (or NaN) never does.
         let p = trigger.skip_probability.unwrap_or(0.0);
         if !(0.0..=1.0).contains(&p) {
-            return Err(format!(
-                "trigger {name:?}: skip_probability {p} is not in [0, 1]"
-            ));
+            log::warn!("trigger {name:?}: skip_probability {p} is outside [0, 1]");
         }
         let regex = match trigger.producer_name_regex.as_deref() {
             None | Some("") => None,
@@ -318,7 +323,15 @@ impl TracingService {
         let first = s.triggers.received == 0;
         s.triggers.received += 1;
         let delay_ms = trigger.stop_delay_ms;
-        log::info!(
+        // A producer may send triggers at any rate: only the first of a
+        // session is worth an info line.
+        let level = if first {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
             "session {sid}: trigger {:?} from producer {:?}",
             trigger.name,
             trigger.producer_name

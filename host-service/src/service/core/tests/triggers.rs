@@ -335,3 +335,35 @@ fn a_trigger_flood_keeps_a_bounded_number_for_the_trace() {
     activate(&mut sim, &p, &["t"]);
     assert_eq!(triggers_in(&c.read(&mut sim)).len(), 1);
 }
+
+#[test]
+fn skip_probability_outside_0_1_is_accepted_like_upstream() {
+    let with_skip = |name: &str, p: f64| Trigger {
+        skip_probability: Some(p),
+        ..trigger(name, 0)
+    };
+    let (mut sim, p, c, _) = session_with(
+        descriptor("ds", false, false),
+        trigger_config(
+            0,
+            0,
+            vec![
+                with_skip("over", 1.5),
+                with_skip("under", -0.5),
+                with_skip("nan", f64::NAN),
+            ],
+        ),
+    );
+    assert!(
+        c.enabled_reply(&mut sim).is_none(),
+        "accepted: the session runs"
+    );
+    activate(&mut sim, &p, &["over", "over", "over"]);
+    assert!(c.read(&mut sim).is_empty(), "above 1: always skipped");
+    activate(&mut sim, &p, &["under", "nan"]);
+    assert_eq!(
+        triggers_in(&c.read(&mut sim)).len(),
+        2,
+        "below 0 and NaN: never skipped"
+    );
+}
