@@ -219,3 +219,106 @@ fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(sessions(&socket).is_empty());
 }
+
+/// `shmtrace trigger` ends a STOP_TRACING session early: the service
+/// acknowledges it, `record` returns long before the trigger timeout, and
+/// the trace holds the trigger packet.
+#[test]
+fn trigger_stops_a_stop_tracing_session() {
+    let dir = TempDir::new("trigger");
+    let (_serve, socket) = Serve::start(&dir);
+    let producer_socket = dir.path("p.sock").display().to_string();
+    let config = dir.path("trigger.txtpb");
+    std::fs::write(
+        &config,
+        r#"
+buffers { size_kb: 1024 }
+data_sources { config { name: "track_event" } }
+trigger_config {
+  trigger_mode: STOP_TRACING
+  trigger_timeout_ms: 60000
+  triggers { name: "other" stop_delay_ms: 0 }
+  triggers { name: "go" stop_delay_ms: 100 }
+}
+"#,
+    )
+    .unwrap();
+    let trace = dir.path("triggered.pftrace");
+    let started = Instant::now();
+    let (config, trace_arg) = (config.display().to_string(), trace.display().to_string());
+    let record_args = [
+        "record",
+        "--socket",
+        &socket,
+        "--progress",
+        "none",
+        "--txt",
+        "-c",
+        &config,
+        "-o",
+        &trace_arg,
+    ];
+    let mut recorder = shmtrace()
+        .args(record_args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sessions(&socket).is_empty() {
+        assert!(Instant::now() < deadline, "the session did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let out = run(&["trigger", "go", "unlisted", "--socket", &producer_socket]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("sent 2 triggers"), "{stderr}");
+
+    let status = recorder.wait().expect("record ends");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut recorder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "ended by the trigger, not the 60 s timeout"
+    );
+    let (code, a) = inspect(&[&trace]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["session"]["triggers"], serde_json::json!(["go"]));
+    let file = std::fs::File::open(&trace).unwrap();
+    let packets: Vec<shmtrace_service::protos::TracePacket> =
+        shmtrace_service::cli::trace_file::PacketReader::new(file)
+            .map(|p| prost::Message::decode(p.unwrap().bytes.as_slice()).unwrap())
+            .collect();
+    let trigger = packets
+        .iter()
+        .find_map(|p| match &p.data {
+            Some(shmtrace_service::protos::trace_packet::Data::Trigger(t)) => Some(t),
+            _ => None,
+        })
+        .expect("a trigger packet");
+    assert_eq!(trigger.trigger_name.as_deref(), Some("go"));
+    assert_eq!(trigger.producer_name.as_deref(), Some("shmtrace-trigger"));
+    assert_eq!(trigger.stop_delay_ms, Some(100));
+    assert_eq!(
+        trigger.trusted_producer_uid,
+        Some(rustix::process::getuid().as_raw() as i32)
+    );
+}
+
+/// Without a service, `shmtrace trigger` says so and exits with 3.
+#[test]
+fn trigger_without_a_service_fails_clearly() {
+    let dir = TempDir::new("notrigger");
+    let missing = dir.path("absent.sock").display().to_string();
+    let out = run(&["trigger", "go", "--socket", &missing]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "shmtrace: error: cannot connect to the tracing service's producer socket at "
+        ) && stderr.contains("absent.sock")
+            && stderr.contains("PERFETTO_PRODUCER_SOCK_NAME"),
+        "{stderr}"
+    );
+}

@@ -28,6 +28,10 @@ enum Command {
     Query(cli::query::QueryArgs),
     /// Show what a trace file holds; --check tests whether it is sound.
     Inspect(cli::inspect::InspectArgs),
+    /// Activate triggers (like `perfetto --trigger`): connect to the
+    /// service as a producer and send ActivateTriggers; exits 0 once the
+    /// service acknowledged them.
+    Trigger(cli::trigger::TriggerArgs),
     /// The whole stack in one command: start a tracing service in this
     /// process on private sockets, run an example app instrumented with
     /// shmtrace-producer, record a few seconds into demo.pftrace, and print
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Record(a) => cli::record::run(a),
         Command::Query(a) => cli::query::run(a, stdout),
         Command::Inspect(a) => cli::inspect::run(a, stdout),
+        Command::Trigger(a) => cli::trigger::run(a),
         Command::Demo(a) => cli::demo::run(a),
         Command::Serve(a) => serve::run(a),
     };

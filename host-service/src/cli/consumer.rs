@@ -8,7 +8,7 @@ use std::time::Duration;
 use prost::Message as _;
 
 use super::CliError;
-use crate::ipc::rpc::Method;
+use crate::ipc::rpc::{Method, Service};
 use crate::ipc::socket::{consumer_socket_name, SocketAddress};
 use crate::ipc::{Binding, Client, ClientError, PendingCall, Response};
 use crate::protos::{
@@ -35,12 +35,10 @@ impl Consumer {
     pub fn connect(socket: Option<&str>) -> Result<Self, CliError> {
         let name = socket.map_or_else(consumer_socket_name, str::to_owned);
         let address = SocketAddress::parse(&name)?;
-        let connect_error = |source| CliError::Connect {
-            address: address.to_string(),
+        let (client, port) = bind::<ConsumerPort>(&address, |address, source| CliError::Connect {
+            address,
             source,
-        };
-        let client = Client::connect(&address).map_err(connect_error)?;
-        let port = client.bind::<ConsumerPort>().map_err(connect_error)?;
+        })?;
         Ok(Consumer {
             port,
             _client: client,
@@ -125,6 +123,19 @@ impl Consumer {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Connects to `address` and binds `S`; a failure becomes the error
+/// `error` makes of the address and its cause.
+pub fn bind<S: Service>(
+    address: &SocketAddress,
+    error: impl Fn(String, ClientError) -> CliError,
+) -> Result<(Client, Binding<S>), CliError> {
+    let client = Client::connect(address).map_err(|e| error(address.to_string(), e))?;
+    let port = client
+        .bind::<S>()
+        .map_err(|e| error(address.to_string(), e))?;
+    Ok((client, port))
 }
 
 /// The next reply of `call`; the end of the replies is a disconnection.

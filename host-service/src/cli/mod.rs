@@ -8,6 +8,8 @@
 //! * [`query`]: the service's producers, data sources, sessions and buffers.
 //! * [`inspect`]: what a trace file holds, and `--check` for whether it is
 //!   sound.
+//! * [`trigger`]: activates triggers as a producer, like
+//!   `perfetto --trigger`.
 //! * [`config`]: trace configs from text format, binary or quick flags.
 //! * [`demo`]: the whole stack in one command — an in-process service on
 //!   private sockets, an example app, a recorded `demo.pftrace`.
@@ -23,6 +25,7 @@ pub mod query;
 pub mod record;
 pub mod schema;
 pub mod trace_file;
+pub mod trigger;
 pub mod units;
 
 use std::path::PathBuf;
@@ -75,6 +78,18 @@ pub enum CliError {
         /// Why it failed.
         source: ClientError,
     },
+    /// The service's producer socket is not there.
+    #[error(
+        "cannot connect to the tracing service's producer socket at {address}: {source}\n\
+         Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
+         Pass --socket, or set PERFETTO_PRODUCER_SOCK_NAME."
+    )]
+    ConnectProducer {
+        /// The address tried.
+        address: String,
+        /// Why it failed.
+        source: ClientError,
+    },
     /// Talking to the service failed.
     #[error("{what}: {source}")]
     Ipc {
@@ -109,7 +124,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) | Self::Config(_) | Self::Address(_) => exit::USAGE,
-            Self::Connect { .. } => exit::NO_SERVICE,
+            Self::Connect { .. } | Self::ConnectProducer { .. } => exit::NO_SERVICE,
             Self::Io { .. } | Self::Output(_) => exit::IO,
             Self::Ipc { .. } | Self::Session(_) | Self::Demo(_) => exit::SESSION,
         }
