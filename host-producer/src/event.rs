@@ -343,17 +343,32 @@ impl SequenceState {
         self.needs_reset = true;
     }
 
-    #[inline]
-    fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
-        let table = match field {
+    /// The table interning strings of `field`.
+    #[inline(always)]
+    fn table(&mut self, field: u32) -> &mut StrInterner {
+        match field {
             interned_field::EVENT_CATEGORIES => &mut self.categories,
             interned_field::EVENT_NAMES => &mut self.names,
             _ => &mut self.arg_names,
-        };
-        if let Some(iid) = table.cached(s) {
-            return Some(iid);
         }
-        if self.new_entries.is_full() {
+    }
+
+    /// The iid of `s` (a `field` string) on this sequence, interning it if
+    /// new (then it goes into this packet's `interned_data`); `None`: write
+    /// it inline. The front-cache hit is inlined into the encoders.
+    #[inline(always)]
+    fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
+        match self.table(field).cached(s) {
+            Some(iid) => Some(iid),
+            None => self.intern_slow(field, s),
+        }
+    }
+
+    #[inline(never)]
+    fn intern_slow(&mut self, field: u32, s: &'static str) -> Option<u64> {
+        let full = self.new_entries.is_full();
+        let table = self.table(field);
+        if full {
             // Only strings already known can be referenced now.
             return table.lookup(s);
         }
