@@ -228,24 +228,13 @@ fn trigger_stops_a_stop_tracing_session() {
     let dir = TempDir::new("trigger");
     let (_serve, socket) = Serve::start(&dir);
     let producer_socket = dir.path("p.sock").display().to_string();
-    let config = dir.path("trigger.txtpb");
-    std::fs::write(
-        &config,
-        r#"
-buffers { size_kb: 1024 }
-data_sources { config { name: "track_event" } }
-trigger_config {
-  trigger_mode: STOP_TRACING
-  trigger_timeout_ms: 60000
-  triggers { name: "other" stop_delay_ms: 0 }
-  triggers { name: "go" stop_delay_ms: 100 }
-}
-"#,
-    )
-    .unwrap();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/stop_on_trigger.txtpb"
+    );
     let trace = dir.path("triggered.pftrace");
     let started = Instant::now();
-    let (config, trace_arg) = (config.display().to_string(), trace.display().to_string());
+    let trace_arg = trace.display().to_string();
     let record_args = [
         "record",
         "--socket",
@@ -254,7 +243,7 @@ trigger_config {
         "none",
         "--txt",
         "-c",
-        &config,
+        config,
         "-o",
         &trace_arg,
     ];

@@ -1,0 +1,143 @@
+//! `shmtrace trigger` against the real Perfetto service and against
+//! `shmtrace serve`: the same STOP_TRACING session (recorded by `shmtrace
+//! record --txt`) ends early on both when the trigger arrives, and both
+//! traces carry the same `trigger` packet.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use shmtrace_tests::real_binaries;
+use shmtrace_tests::scenario::{shmtrace_binary, start_service, ServiceImpl};
+
+/// The session's trigger timeout: the trigger must end it long before.
+const TIMEOUT_MS: u64 = 60_000;
+
+/// The session: STOP_TRACING, trigger "go" with a 100 ms stop delay, a
+/// 60 s trigger timeout (shared with `shmtrace`'s own CLI tests).
+const CONFIG: &str = include_str!("../../host-service/tests/data/stop_on_trigger.txtpb");
+
+/// The fields of a trace this test looks at (field numbers of Perfetto's
+/// trace.proto / trace_packet.proto).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Trace {
+    #[prost(message, repeated, tag = "1")]
+    packet: Vec<Packet>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Packet {
+    #[prost(uint64, optional, tag = "8")]
+    timestamp: Option<u64>,
+    #[prost(message, optional, tag = "46")]
+    trigger: Option<Trigger>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Trigger {
+    #[prost(string, optional, tag = "1")]
+    trigger_name: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    producer_name: Option<String>,
+    #[prost(int32, optional, tag = "3")]
+    trusted_producer_uid: Option<i32>,
+    #[prost(uint64, optional, tag = "4")]
+    stop_delay_ms: Option<u64>,
+}
+
+fn shmtrace() -> Command {
+    Command::new(shmtrace_binary().expect("shmtrace binary"))
+}
+
+fn output(command: &mut Command) -> (Output, String) {
+    let out = command.output().expect("run shmtrace");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
+}
+
+fn sessions(consumer: &Path) -> usize {
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["query", "--json", "--socket"])
+            .arg(consumer),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    state["sessions"].as_array().map_or(0, Vec::len)
+}
+
+/// Runs the trigger flow against `which`; the trace's trigger packets.
+fn triggered_session(which: ServiceImpl) -> Vec<Trigger> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer, consumer) = (path("p.sock"), path("c.sock"));
+    let _service = start_service(which, &real_binaries!(), dir.path(), &producer, &consumer)
+        .expect("service starts");
+    std::fs::write(path("config.txtpb"), CONFIG).expect("write config");
+    let started = Instant::now();
+    let record = shmtrace()
+        .args(["record", "--progress", "none", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("trace.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    while sessions(&consumer) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the session did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["trigger", "go", "unlisted", "--socket"])
+            .arg(&producer),
+    );
+    assert_eq!(out.status.code(), Some(0), "{which:?}: {stderr}");
+
+    let out = record.wait_with_output().expect("record ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{which:?}: {stderr}");
+    assert!(
+        started.elapsed() < Duration::from_millis(TIMEOUT_MS / 2),
+        "{which:?}: ended by the trigger, not the trigger timeout"
+    );
+    let bytes = std::fs::read(path("trace.pftrace")).expect("read trace");
+    let trace = <Trace as prost::Message>::decode(bytes.as_slice()).expect("decode trace");
+    trace
+        .packet
+        .iter()
+        .filter_map(|p| {
+            let t = p.trigger.clone()?;
+            assert!(
+                p.timestamp.is_some_and(|t| t > 0),
+                "{which:?}: no timestamp"
+            );
+            Some(t)
+        })
+        .collect()
+}
+
+#[test]
+fn shmtrace_trigger_stops_a_session_of_either_service_with_the_same_trigger_packet() {
+    let real = triggered_session(ServiceImpl::Real);
+    let ours = triggered_session(ServiceImpl::Ours);
+    assert_eq!(
+        real.len(),
+        1,
+        "the real service accepted the trigger: {real:?}"
+    );
+    let expected = Trigger {
+        trigger_name: Some("go".into()),
+        producer_name: Some("shmtrace-trigger".into()),
+        trusted_producer_uid: real[0].trusted_producer_uid,
+        stop_delay_ms: Some(100),
+    };
+    assert_eq!(real[0], expected);
+    assert_eq!(ours, real, "both services write the same trigger packet");
+}
