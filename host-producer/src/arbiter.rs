@@ -25,7 +25,7 @@ use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
 
 use crate::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
 use crate::shm::SharedMemory;
-use crate::writer::WriterCell;
+use crate::writer::{lock_mode, taker_fence, WriterCell};
 
 /// What a writer does when the SMB has no free chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -254,15 +254,28 @@ impl Arbiter {
         let Ok(cells) = self.cells.try_lock() else {
             return 0;
         };
-        let mut flushed = 0;
+        // Claim every idle cell first, so that one (asymmetric) fence
+        // serves them all; `swept` marks our claims (only the holder of
+        // `cells` touches it).
+        let mut any = false;
         for cell in cells.iter() {
-            if !cell.take_idle() {
-                continue;
+            if cell.take_idle() && cell.claim() {
+                cell.swept.store(true, Ordering::Relaxed);
+                any = true;
             }
-            if let Some(mut g) = cell.try_lock() {
-                if g.inner().out.dirty {
-                    g.inner().flush();
-                    flushed += 1;
+        }
+        let mut flushed = 0;
+        if any {
+            taker_fence(lock_mode());
+            for cell in cells.iter() {
+                if !cell.swept.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                if let Some(mut g) = cell.confirm() {
+                    if g.inner().out.dirty {
+                        g.inner().flush();
+                        flushed += 1;
+                    }
                 }
             }
         }

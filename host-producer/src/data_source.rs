@@ -8,7 +8,8 @@
 //! load of a bitmask of running instance slots. When enabled, each set bit
 //! costs: a thread-local lookup, one acquire load of the slot's generation
 //! (compared with the one the thread's writer was made for), and the
-//! writer's try-lock (one atomic swap and one release store). A writer is
+//! writer's owner lock (with membarrier: two plain stores and a load, no
+//! atomic read-modify-write; see `writer`). A writer is
 //! created on a thread's first event for an instance (slow path: locks,
 //! allocation, `RegisterTraceWriter`).
 //!

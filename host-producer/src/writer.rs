@@ -7,19 +7,60 @@
 //!
 //! # Locking
 //!
-//! * `lock` is a try-lock (`swap(true, Acquire)` / `store(false,
-//!   Release)`). The owner takes it for the duration of one packet group
-//!   (an event and the state it depends on); others take it to flush. While
-//!   it is held, the holder has exclusive access to `inner`.
+//! A cell has one owner thread (the thread whose thread-local entry holds
+//! it) and, rarely, *takers*: the idle sweep, flush, stop and thread exit.
+//! The owner locks it for every event, so its side must be cheap; takers
+//! may pay a syscall. The lock is an asymmetric Dekker pair of flags:
+//!
+//! * `in_use` is written only by the owner: `true` for the duration of one
+//!   packet group (an event and the state it depends on), then `false`
+//!   with a release store.
+//! * `taker` is set by one taker at a time (`swap(true)`, so takers exclude
+//!   each other) and cleared with a release store.
+//!
+//! The owner stores `in_use = true`, then loads `taker` (acquire); if set it
+//! backs off (`in_use = false`), waits for `taker` to clear and retries. A
+//! taker sets `taker`, then loads `in_use` (acquire); if set it clears
+//! `taker` and fails. Mutual exclusion needs the classic store-then-load
+//! ordering on both sides, so that at least one of them sees the other's
+//! flag:
+//!
+//! * [`LockMode::Asymmetric`] (Linux with `membarrier(2)`
+//!   `MEMBARRIER_CMD_PRIVATE_EXPEDITED`, registered once per process): the
+//!   owner has only a compiler fence between its store and its load (no
+//!   atomic read-modify-write, no `mfence`); the taker calls
+//!   `membarrier(PRIVATE_EXPEDITED)` between its store and its load. The
+//!   kernel runs a full memory barrier on every CPU currently running a
+//!   thread of this process before the call returns (and a context switch
+//!   is one), so the owner's store and load are separated by a full barrier
+//!   at *some* point of its program order: if that point falls after its
+//!   `in_use` store, the store is visible to the taker's later load; if it
+//!   falls before, the owner's `taker` load comes after a barrier that
+//!   follows the taker's store and sees it. Either way both cannot pass.
+//!   This is the pairing of liburcu's and folly's asymmetric fences.
+//! * [`LockMode::Symmetric`] (no membarrier: other OSes, old kernels,
+//!   seccomp): both sides use sequentially consistent read-modify-writes
+//!   and loads, i.e. the plain Dekker algorithm; the owner pays one atomic
+//!   swap per event as before.
+//!
+//! The mode is chosen when the first cell is created and never changes, so
+//! both sides of a cell always follow the same protocol.
+//!
+//! Data: the holder has exclusive access to `inner`. A taker that sees
+//! `in_use == false` read the owner's last release store (acquire/release
+//! pair, so it sees every write the owner made under the lock); an owner
+//! that sees `taker == false` read a taker's release store likewise.
+//!
 //! * The owner never waits for anything while holding it except, under the
-//!   stall policy, for free chunks (bounded); others wait for it only with a
+//!   stall policy, for free chunks (bounded); takers wait for it only with a
 //!   bound ([`WriterCell::lock_bounded`]), then leave a request in `flags`
 //!   that the owner honours before releasing the lock next time.
 //! * Nothing that holds a cell lock ever blocks on another cell's lock: a
-//!   writer reclaiming chunks from other cells only *tries* their locks.
+//!   writer reclaiming chunks from other cells only *tries* their locks
+//!   (and a try on its own cell, whose `in_use` it holds, fails).
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,29 +150,139 @@ impl WriterInner {
     }
 }
 
+/// How the owner and takers of a cell order their flags (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockMode {
+    /// Owner: plain store + compiler fence; taker: `membarrier`.
+    Asymmetric,
+    /// Both: sequentially consistent read-modify-writes.
+    Symmetric,
+}
+
+const MODE_UNKNOWN: u8 = 0;
+const MODE_ASYMMETRIC: u8 = 1;
+const MODE_SYMMETRIC: u8 = 2;
+static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+
+/// The process's lock mode, chosen (and membarrier registered) on first
+/// call. Called before any cell exists, so no cell ever sees it change.
+pub(crate) fn lock_mode() -> LockMode {
+    match MODE.load(Ordering::Acquire) {
+        MODE_ASYMMETRIC => LockMode::Asymmetric,
+        MODE_SYMMETRIC => LockMode::Symmetric,
+        _ => {
+            let chosen = if register_membarrier() {
+                MODE_ASYMMETRIC
+            } else {
+                MODE_SYMMETRIC
+            };
+            // Concurrent first calls agree on the first decision.
+            let mode = match MODE.compare_exchange(
+                MODE_UNKNOWN,
+                chosen,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => chosen,
+                Err(won) => won,
+            };
+            if mode == MODE_ASYMMETRIC {
+                LockMode::Asymmetric
+            } else {
+                LockMode::Symmetric
+            }
+        }
+    }
+}
+
+/// Registers this process for private expedited membarriers; `false` if
+/// the kernel (or a seccomp filter) does not offer them.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn register_membarrier() -> bool {
+    use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
+    let supported = membarrier_query();
+    supported.contains_command(MembarrierCommand::PrivateExpedited)
+        && supported.contains_command(MembarrierCommand::RegisterPrivateExpedited)
+        && membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+        // Registered: the command itself must now work.
+        && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn register_membarrier() -> bool {
+    false
+}
+
+/// The fence a taker runs between [`WriterCell::claim`] and
+/// [`WriterCell::confirm`] (one serves any number of cells of `mode`).
+pub(crate) fn taker_fence(mode: LockMode) {
+    match mode {
+        LockMode::Asymmetric => heavy_barrier(),
+        // The claim and the confirm are sequentially consistent already.
+        LockMode::Symmetric => {}
+    }
+}
+
+/// The taker's heavy side of the asymmetric fence.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn heavy_barrier() {
+    use rustix::thread::{membarrier, MembarrierCommand};
+    // Registration succeeded and ran this command once, so it cannot fail
+    // for lack of registration.
+    if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
+        unreachable_membarrier_failure();
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn heavy_barrier() {
+    unreachable_membarrier_failure();
+}
+
+/// Asymmetric mode is only chosen after `PrivateExpedited` worked once;
+/// the kernel does not revoke a registration. Aborting is the only sound
+/// answer if it ever did (owners rely on the barrier for exclusion).
+#[cold]
+fn unreachable_membarrier_failure() -> ! {
+    log::error!("membarrier(PRIVATE_EXPEDITED) failed after registration; aborting");
+    std::process::abort()
+}
+
 /// One trace writer and its lock. See the module docs.
 pub(crate) struct WriterCell {
-    lock: AtomicBool,
+    /// Written only by the owner thread.
+    in_use: AtomicBool,
+    /// Held by at most one taker.
+    taker: AtomicBool,
+    mode: LockMode,
     flags: AtomicU8,
     /// Set by the owner on every use, cleared by the idle sweep (second
     /// chance): a cell found untouched twice in a row is idle.
     touched: AtomicBool,
+    /// The idle sweep claimed this cell (read and written only by the
+    /// holder of the arbiter's cell list lock).
+    pub(crate) swept: AtomicBool,
     writer_id: u16,
     inner: UnsafeCell<WriterInner>,
 }
 
 // SAFETY: `inner` is only accessed through a `CellGuard`, which exists only
-// while `lock` is held by exactly one thread (see `try_lock`); everything
-// else is atomics or immutable. `WriterInner` itself is `Send`.
+// while its holder won the owner/taker exclusion described in the module
+// docs (owner: `in_use` set and `taker` seen clear; taker: `taker` set and
+// `in_use` seen clear, with the fence of the cell's mode in between);
+// everything else is atomics or immutable. `WriterInner` itself is `Send`.
 unsafe impl Sync for WriterCell {}
 
 impl WriterCell {
     pub(crate) fn new(writer: ProducerTraceWriter, arbiter: Arc<Arbiter>) -> Self {
         let writer_id = writer.writer_id();
         WriterCell {
-            lock: AtomicBool::new(false),
+            in_use: AtomicBool::new(false),
+            taker: AtomicBool::new(false),
+            mode: lock_mode(),
             flags: AtomicU8::new(0),
             touched: AtomicBool::new(true),
+            swept: AtomicBool::new(false),
             writer_id,
             inner: UnsafeCell::new(WriterInner {
                 out: Output {
@@ -154,22 +305,70 @@ impl WriterCell {
         self.flags.fetch_or(flag, Ordering::Release);
     }
 
-    /// Takes the lock if it is free.
-    #[inline]
+    /// A taker's attempt: succeeds if neither the owner nor another taker
+    /// holds the cell. Must not be called by the owner for its own use
+    /// (see [`WriterCell::lock_owner`]); on the owner's thread while it
+    /// holds the cell it fails.
     pub(crate) fn try_lock(&self) -> Option<CellGuard<'_>> {
-        if self.lock.swap(true, Ordering::Acquire) {
+        if !self.claim() {
+            return None;
+        }
+        taker_fence(self.mode);
+        self.confirm()
+    }
+
+    /// A taker's first step: excludes other takers. Must be followed by
+    /// [`taker_fence`] and then [`WriterCell::confirm`].
+    pub(crate) fn claim(&self) -> bool {
+        !self.taker.swap(true, Ordering::SeqCst)
+    }
+
+    /// A taker's last step after [`WriterCell::claim`] and a
+    /// [`taker_fence`]: the cell, unless its owner is using it (then the
+    /// claim is given up).
+    pub(crate) fn confirm(&self) -> Option<CellGuard<'_>> {
+        if self.in_use.load(Ordering::SeqCst) {
+            self.taker.store(false, Ordering::Release);
+            return None;
+        }
+        Some(CellGuard {
+            cell: self,
+            owner: false,
+        })
+    }
+
+    /// The owner's one attempt (module docs).
+    #[inline]
+    fn try_lock_owner(&self) -> Option<CellGuard<'_>> {
+        match self.mode {
+            LockMode::Asymmetric => {
+                self.in_use.store(true, Ordering::Relaxed);
+                // Keeps the compiler from moving the load above the store;
+                // the CPU's store-load order is the taker's membarrier's job.
+                compiler_fence(Ordering::SeqCst);
+            }
+            LockMode::Symmetric => {
+                self.in_use.swap(true, Ordering::SeqCst);
+            }
+        }
+        if self.taker.load(Ordering::SeqCst) {
+            self.in_use.store(false, Ordering::Release);
             None
         } else {
-            Some(CellGuard { cell: self })
+            Some(CellGuard {
+                cell: self,
+                owner: true,
+            })
         }
     }
 
-    /// The owner's lock: spins (then yields) while a flusher holds it. A
-    /// flusher holds it for one flush, so this terminates quickly.
+    /// The owner's lock: only the cell's owner thread calls it, never while
+    /// it holds the cell already. Waits (spins, then yields) while a taker
+    /// holds it; a taker holds it for one flush, so this terminates quickly.
     #[inline]
     pub(crate) fn lock_owner(&self) -> CellGuard<'_> {
         self.touched.store(true, Ordering::Relaxed);
-        if let Some(g) = self.try_lock() {
+        if let Some(g) = self.try_lock_owner() {
             return g;
         }
         self.lock_slow()
@@ -179,19 +378,21 @@ impl WriterCell {
     fn lock_slow(&self) -> CellGuard<'_> {
         let mut spins = 0u32;
         loop {
-            if let Some(g) = self.try_lock() {
-                return g;
+            while self.taker.load(Ordering::Acquire) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+            if let Some(g) = self.try_lock_owner() {
+                return g;
             }
         }
     }
 
-    /// Waits at most `limit` for the lock.
+    /// A taker's lock: waits at most `limit` for it.
     pub(crate) fn lock_bounded(&self, limit: Duration) -> Option<CellGuard<'_>> {
         if let Some(g) = self.try_lock() {
             return Some(g);
@@ -218,14 +419,16 @@ impl WriterCell {
 /// after acting on flags set meanwhile.
 pub(crate) struct CellGuard<'c> {
     cell: &'c WriterCell,
+    /// Held through `in_use` (owner) rather than `taker`.
+    owner: bool,
 }
 
 impl CellGuard<'_> {
     /// The writer.
     #[inline]
     pub(crate) fn inner(&mut self) -> &mut WriterInner {
-        // SAFETY: a guard exists only while this thread holds `lock`
-        // (module docs), so no other reference to `inner` exists; the
+        // SAFETY: a guard exists only while this thread holds the cell
+        // (module docs: owner/taker exclusion), so no other reference to `inner` exists; the
         // returned borrow is tied to `&mut self`.
         unsafe { &mut *self.cell.inner.get() }
     }
@@ -258,6 +461,10 @@ impl Drop for CellGuard<'_> {
             self.clear_flag(FLAG_FLUSH);
             self.inner().flush();
         }
-        self.cell.lock.store(false, Ordering::Release);
+        if self.owner {
+            self.cell.in_use.store(false, Ordering::Release);
+        } else {
+            self.cell.taker.store(false, Ordering::Release);
+        }
     }
 }
