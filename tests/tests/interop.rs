@@ -218,6 +218,11 @@ fn small_packets(cell: Cell) {
     assert_service_stat(&outcome, "data_sources_seen", 1);
     assert_service_stat(&outcome, "flushes_failed", 0);
     assert!(service_stat(&outcome, "flushes_succeeded") >= 1);
+    // Every producer sequence is attributed to the session's one buffer
+    // (TraceStats.writer_stats / trace_provenance, as `inspect` reads them).
+    for seq in outcome.inspect.analysis["sequences"].as_array().unwrap() {
+        assert_eq!(seq["buffer"], 0, "{seq}");
+    }
     if let Some(summary) = summary {
         // Stopped with Ctrl-C: flushed, nothing lost.
         assert_eq!(summary["ended"], "stopped on request (flushed)");
