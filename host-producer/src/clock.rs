@@ -11,16 +11,20 @@
 //!
 //! # How ticks become boot-time nanoseconds
 //!
-//! * **Calibration** (process-wide): the first (TSC, MONOTONIC) pair read
-//!   is the origin; the rate `mult` (ns per tick, 32.32 fixed point) is the
-//!   slope from the origin to a later pair, recomputed whenever the baseline
-//!   has doubled, so it becomes the average rate over half the process's
-//!   life. MONOTONIC runs at BOOTTIME's rate but excludes suspend, so a
-//!   suspend (during which the TSC may stop) never skews the rate; a TSC
-//!   that runs backwards or a slope more than 1% off the current rate (the
-//!   TSC was reset) restarts calibration from a new origin, keeping the
-//!   current rate meanwhile. Until the first baseline reaches
-//!   [`MIN_BASELINE_NS`] no TSC time is used at all.
+//! * **Calibration** (process-wide, one mutex on the slow path): the first
+//!   (TSC, MONOTONIC) pair read is the origin; the rate `mult` (ns per
+//!   tick, 32.32 fixed point) is the slope from the origin to a later pair,
+//!   recomputed whenever the baseline has doubled, so it becomes the
+//!   average rate over half the process's life. MONOTONIC runs at
+//!   BOOTTIME's rate but excludes suspend, so a suspend (during which the
+//!   TSC may stop) never skews the rate. A TSC that runs backwards or a
+//!   slope no TSC has restarts calibration from a new origin, keeping the
+//!   current rate meanwhile. A slope more than 1% off the current rate also
+//!   restarts, remembering that slope: the next measurement from the new
+//!   origin decides whether the current rate stays (the counter jumped
+//!   once) or the remembered one was right (the current rate came from a
+//!   spoiled baseline), so a wrong rate never sticks. Until the first
+//!   baseline reaches [`MIN_BASELINE_NS`] no TSC time is used at all.
 //! * **Anchoring** (per thread): each thread keeps an anchor pair and
 //!   extrapolates `ns = anchor_ns + (tsc - anchor_tsc) * mult >> 32`. An
 //!   anchor older than [`ANCHOR_PERIOD_NS`] of ticks (or a TSC that went
@@ -39,20 +43,28 @@
 //! # Error bound
 //!
 //! Against `clock_gettime(BOOTTIME)` read at the same instant, a value is
-//! off by at most
-//! `pair error + ANCHOR_PERIOD_NS × rate error`, where the pair error is
-//! half the TSC gap of the pair (≤ `MAX_PAIR_NS / 2` = 1 µs, typically
-//! ~20 ns) and the rate error is the calibration's (≤ 2 × pair error /
-//! baseline, 2 µs / 1 ms = 2000 ppm in the first milliseconds, below 1 ppm
-//! after seconds) plus the kernel's current NTP frequency correction
-//! relative to the average (≤ 500 ppm). With the 1 ms period that is
-//! ≤ 1 µs + 1 ms × 2500 ppm = 3.5 µs in the worst case and well under a
-//! microsecond in steady state, plus the monotonic clamp's hold after a
-//! re-anchor (bounded by the same amount). Timestamps of other producers'
-//! BOOTTIME events therefore line up within microseconds.
+//! off by at most `pair error + ANCHOR_PERIOD_NS × rate error`.
+//!
+//! * The pair error is half the TSC gap of the pair: at most
+//!   `MAX_PAIR_NS / 2` = 1 µs once calibrated, and at most 1000 ticks
+//!   (0.33 µs at 3 GHz, 1 µs at 1 GHz) for the pairs that calibrate;
+//!   typically ~20 ns.
+//! * The rate error is the calibration's, at most 2 × pair error /
+//!   baseline (2 µs / 1 ms = 0.2% for the first baseline of a 1 GHz TSC,
+//!   below 1 ppm after seconds), plus the kernel's current NTP frequency
+//!   correction relative to the average (≤ 500 ppm).
+//!
+//! With the 1 ms period that is ≤ 1 µs + 1 ms × 2500 ppm = 3.5 µs in the
+//! worst case and well under a microsecond in steady state, plus the
+//! monotonic clamp's hold after a re-anchor (bounded by the same amount).
+//! A rate more than 1% off is replaced after two baselines (see above).
+//! Timestamps of other producers' BOOTTIME events therefore line up within
+//! microseconds.
 
 use std::cell::Cell;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::sys::{boottime_ns, monotonic_ns};
 
@@ -64,8 +76,12 @@ pub const MIN_BASELINE_NS: u64 = 1_000_000;
 /// Largest gap between the two TSC reads around a `clock_gettime` for the
 /// pair to be used (once the rate is known).
 pub const MAX_PAIR_NS: u64 = 2_000;
-/// Largest gap, in ticks, before the rate is known (~7 µs at 3 GHz).
-const MAX_PAIR_TICKS_UNCALIBRATED: u64 = 20_000;
+/// Largest gap, in ticks, before the rate is known (0.7 µs at 3 GHz, 2 µs
+/// at 1 GHz; an undisturbed pair takes a few hundred ticks).
+const MAX_PAIR_TICKS_UNCALIBRATED: u64 = 2_000;
+/// Rates (`mult`, ns per tick in 32.32 fixed point) a TSC can have: 1 MHz
+/// to 100 GHz. A slope outside them is a jump of the counter.
+const PLAUSIBLE_MULT: RangeInclusive<u64> = (1 << SHIFT) / 100..=1000 << SHIFT;
 /// Fixed-point shift of `mult`.
 const SHIFT: u32 = 32;
 
@@ -78,18 +94,27 @@ static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
 /// discontinuities, not refinements.
 const MAX_RATE_CHANGE_DIVISOR: u64 = 100;
 
-/// The process-wide TSC calibration (see the module docs). Relaxed
-/// atomics: racing threads each store a valid state; a mix of two only
-/// affects when the next refinement or restart happens.
+/// The process-wide TSC calibration (see the module docs). The state lives
+/// behind one mutex, taken only on the slow path (a thread re-anchors about
+/// once per [`ANCHOR_PERIOD_NS`]), so every decision sees an origin, rate
+/// and baseline that belong together. `mult` mirrors the rate for the
+/// lock-free read in [`read_pair`].
 struct Calibration {
-    /// Origin: ticks and MONOTONIC ns (0 ns: not set). Set before `MODE`
-    /// becomes `MODE_TSC`.
-    origin_ticks: AtomicU64,
-    origin_ns: AtomicU64,
+    state: Mutex<CalibrationState>,
+    mult: AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct CalibrationState {
+    /// Origin: ticks and MONOTONIC ns (`None`: not set yet).
+    origin: Option<(u64, u64)>,
     /// Current rate (0: not calibrated yet) and the baseline, in ticks, it
     /// was measured over.
-    mult: AtomicU64,
-    baseline_ticks: AtomicU64,
+    mult: u64,
+    baseline_ticks: u64,
+    /// A rate measured from the current origin after a disagreement with
+    /// `mult`: the next measurement decides which of the two was wrong.
+    candidate: Option<u64>,
 }
 
 static CALIBRATION: Calibration = Calibration::new();
@@ -191,10 +216,13 @@ fn reanchor(cell: &Cell<Anchor>) -> u64 {
 impl Calibration {
     const fn new() -> Self {
         Calibration {
-            origin_ticks: AtomicU64::new(0),
-            origin_ns: AtomicU64::new(0),
+            state: Mutex::new(CalibrationState {
+                origin: None,
+                mult: 0,
+                baseline_ticks: 0,
+                candidate: None,
+            }),
             mult: AtomicU64::new(0),
-            baseline_ticks: AtomicU64::new(0),
         }
     }
 
@@ -202,53 +230,81 @@ impl Calibration {
         self.mult.load(Ordering::Relaxed)
     }
 
+    fn lock(&self) -> MutexGuard<'_, CalibrationState> {
+        // Nothing panics while the lock is held; a poisoned state is still
+        // a consistent one.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Sets the first origin (a racing probe's later one is ignored: it
     /// would only shorten the first baseline, which the doubling refines).
     fn set_origin(&self, t: u64, mono: u64) {
-        if self
-            .origin_ns
-            .compare_exchange(0, mono, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            self.origin_ticks.store(t, Ordering::Relaxed);
+        let mut st = self.lock();
+        if st.origin.is_none() {
+            st.origin = Some((t, mono));
         }
     }
 
     /// Folds the pair (`t` ticks, `mono` MONOTONIC ns) in; returns the rate
     /// to use (0: not calibrated yet).
     fn update(&self, t: u64, mono: u64) -> u64 {
-        let baseline = t.wrapping_sub(self.origin_ticks.load(Ordering::Relaxed));
-        let elapsed_ns = mono.wrapping_sub(self.origin_ns.load(Ordering::Relaxed));
-        let current = self.mult();
-        if baseline > u64::MAX / 2 || elapsed_ns > u64::MAX / 2 {
-            // The TSC ran backwards (or a racing thread's origin is ahead).
-            self.restart(t, mono);
-            return current;
-        }
-        let measured = self.baseline_ticks.load(Ordering::Relaxed);
-        let longer = current == 0 || baseline / 2 >= measured;
-        if elapsed_ns < MIN_BASELINE_NS || !longer {
-            return current;
-        }
-        let Some(m) = mult_for(baseline, elapsed_ns) else {
-            return current;
+        let mut st = self.lock();
+        let Some((origin_ticks, origin_ns)) = st.origin else {
+            st.origin = Some((t, mono));
+            return st.mult;
         };
-        if current != 0 && m.abs_diff(current) > current / MAX_RATE_CHANGE_DIVISOR {
-            self.restart(t, mono);
-            return current;
+        let baseline = t.wrapping_sub(origin_ticks);
+        let elapsed_ns = mono.wrapping_sub(origin_ns);
+        if baseline > u64::MAX / 2 || elapsed_ns > u64::MAX / 2 {
+            // The TSC ran backwards: nothing measured across it counts.
+            st.restart(t, mono, None);
+            return st.mult;
         }
-        self.mult.store(m, Ordering::Relaxed);
-        self.baseline_ticks.store(baseline, Ordering::Relaxed);
-        m
+        if elapsed_ns < MIN_BASELINE_NS {
+            return st.mult;
+        }
+        let Some(m) = mult_for(baseline, elapsed_ns).filter(|m| PLAUSIBLE_MULT.contains(m)) else {
+            // No TSC runs at this rate: the counter jumped.
+            st.restart(t, mono, None);
+            return st.mult;
+        };
+        let agrees = |rate: u64| m.abs_diff(rate) <= rate / MAX_RATE_CHANGE_DIVISOR;
+        let accept = if st.mult == 0 {
+            true
+        } else if let Some(candidate) = st.candidate {
+            // The measurement after a disagreement: if it confirms the
+            // rejected rate, the current rate was the wrong one (say, a
+            // first baseline spoiled by a preempted pair); if it confirms
+            // the current rate, the disagreement was a one-off jump.
+            if agrees(candidate) || agrees(st.mult) {
+                true
+            } else {
+                st.restart(t, mono, Some(m));
+                return st.mult;
+            }
+        } else if !agrees(st.mult) {
+            st.restart(t, mono, Some(m));
+            return st.mult;
+        } else {
+            baseline / 2 >= st.baseline_ticks
+        };
+        if accept {
+            st.mult = m;
+            st.baseline_ticks = baseline;
+            st.candidate = None;
+            self.mult.store(m, Ordering::Relaxed);
+        }
+        st.mult
     }
+}
 
-    /// Makes `(t, mono)` the origin; the current rate stays until the new
-    /// baseline is long enough.
-    #[cold]
-    fn restart(&self, t: u64, mono: u64) {
-        self.origin_ticks.store(t, Ordering::Relaxed);
-        self.origin_ns.store(mono, Ordering::Relaxed);
-        self.baseline_ticks.store(0, Ordering::Relaxed);
+impl CalibrationState {
+    /// Makes `(t, mono)` the origin; the current rate stays until a
+    /// baseline from the new origin is long enough.
+    fn restart(&mut self, t: u64, mono: u64, candidate: Option<u64>) {
+        self.origin = Some((t, mono));
+        self.baseline_ticks = 0;
+        self.candidate = candidate;
     }
 }
 
@@ -375,28 +431,82 @@ mod tests {
         assert_eq!(ns_to_ticks(5, 0), 0);
     }
 
+    fn state(c: &Calibration) -> CalibrationState {
+        *c.lock()
+    }
+
     #[test]
     fn discontinuities_restart_calibration() {
         let c = Calibration::new();
         c.set_origin(1_000_000, 5_000_000);
         c.set_origin(7, 7); // a racing probe's origin is ignored
-                            // Too short a baseline: not calibrated.
+        assert_eq!(state(&c).origin, Some((1_000_000, 5_000_000)));
+        // Too short a baseline: not calibrated.
         assert_eq!(c.update(1_000_000 + 1_000, 5_000_000 + 333), 0);
         // 3 ticks per ns over 2 ms.
         let m = c.update(1_000_000 + 6_000_000, 5_000_000 + 2_000_000);
         assert_eq!(m, (1u64 << 32) / 3);
+        assert_eq!(c.mult(), m);
         // A TSC that runs backwards: the rate stays, the origin moves.
         assert_eq!(c.update(10, 8_000_000), m);
-        assert_eq!(c.origin_ticks.load(Ordering::Relaxed), 10);
-        // A slope 2x off (the TSC stopped or was reset): rate kept, restart.
+        assert_eq!(state(&c).origin, Some((10, 8_000_000)));
+        // A slope 2x off (the TSC stopped or was reset): rate kept, restart
+        // with the slope as a candidate.
         assert_eq!(c.update(10 + 3_000_000, 8_000_000 + 2_000_000), m);
-        assert_eq!(c.origin_ticks.load(Ordering::Relaxed), 3_000_010);
-        // A consistent, long enough baseline from the new origin: used.
+        assert_eq!(state(&c).origin, Some((3_000_010, 10_000_000)));
+        assert!(state(&c).candidate.is_some());
+        // The next baseline confirms the current rate: it stays.
         assert_eq!(c.update(3_000_010 + 9_000_000, 10_000_000 + 3_000_000), m);
-        assert_eq!(c.baseline_ticks.load(Ordering::Relaxed), 9_000_000);
+        assert_eq!(state(&c).baseline_ticks, 9_000_000);
+        assert_eq!(state(&c).candidate, None);
         // A baseline shorter than twice the measured one does not replace it.
         assert_eq!(c.update(3_000_010 + 12_000_000, 10_000_000 + 4_000_001), m);
-        assert_eq!(c.baseline_ticks.load(Ordering::Relaxed), 9_000_000);
+        assert_eq!(state(&c).baseline_ticks, 9_000_000);
+        // A slope no TSC has (a jump by a day of ticks): restart, no candidate.
+        assert_eq!(c.update(3_000_010 + (1 << 50), 10_000_000 + 5_000_000), m);
+        assert_eq!(state(&c).candidate, None);
+        assert_eq!(state(&c).origin, Some((3_000_010 + (1 << 50), 15_000_000)));
+    }
+
+    #[test]
+    fn a_wrong_first_rate_is_corrected() {
+        let c = Calibration::new();
+        c.set_origin(0, 0);
+        // The first baseline is 2% off (a preempted pair).
+        let wrong = c.update(3_060_000, 1_000_000);
+        assert_eq!(wrong, mult_for(3_060_000, 1_000_000).unwrap());
+        // Exact readings: the first disagrees by 2% and restarts...
+        assert_eq!(c.update(6_000_000, 2_000_000), wrong);
+        // ...the second confirms it: the exact rate replaces the wrong one,
+        // and later doublings refine it.
+        let right = (1u64 << 32) / 3;
+        assert_eq!(c.update(9_000_000, 3_000_000), right);
+        assert_eq!(c.update(15_000_000, 5_000_000), right);
+        assert_eq!(state(&c).baseline_ticks, 9_000_000);
+    }
+
+    #[test]
+    fn racing_threads_never_calibrate_against_half_an_origin() {
+        // Every thread sets the origin and folds in pairs consistent with
+        // 3 ticks per ns: whatever the interleaving, the rate is that one.
+        let c = Calibration::new();
+        std::thread::scope(|s| {
+            for k in 0..4u64 {
+                let c = &c;
+                s.spawn(move || {
+                    c.set_origin(3_000_000_000 + k, 1_000_000_000);
+                    for i in 1..200u64 {
+                        let ns = 1_000_000_000 + i * 100_000 + k;
+                        let m = c.update(3 * ns, ns);
+                        assert!(
+                            m == 0 || m.abs_diff((1u64 << 32) / 3) < (1 << 32) / 3000,
+                            "{m}"
+                        );
+                    }
+                });
+            }
+        });
+        assert!(c.mult().abs_diff((1u64 << 32) / 3) < (1 << 32) / 3000);
     }
 
     /// As an assertion on correctness (not speed): once calibrated, the
