@@ -94,6 +94,11 @@ impl Category {
         self.group
     }
 
+    /// The member names of a group (see [`group_members`]).
+    pub(crate) fn members(&self) -> impl Iterator<Item = &'static str> {
+        group_members(self.name)
+    }
+
     /// Whether any running session enables this category: one relaxed load.
     #[inline(always)]
     pub fn is_enabled(&self) -> bool {
@@ -288,6 +293,12 @@ impl Registry {
     pub(crate) fn advertised(&self) -> Vec<&'static Category> {
         self.lock().statics.clone()
     }
+}
+
+/// The category names of a comma-separated group, trimmed, empty ones
+/// skipped (`"a, b,,c"` is `a`, `b`, `c`).
+pub(crate) fn group_members(names: &str) -> impl Iterator<Item = &str> {
+    names.split(',').map(str::trim).filter(|m| !m.is_empty())
 }
 
 #[cfg(test)]

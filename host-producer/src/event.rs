@@ -593,12 +593,7 @@ impl SequenceState {
         if let Some(cat) = ev.category {
             if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
                 if cat.is_group() {
-                    for member in cat
-                        .name()
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|m| !m.is_empty())
-                    {
+                    for member in cat.members() {
                         self.fast_category(&mut f, member);
                     }
                 } else {
@@ -768,12 +763,7 @@ impl SequenceState {
         if let Some(cat) = ev.category {
             if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
                 if cat.is_group() {
-                    for member in cat
-                        .name()
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|m| !m.is_empty())
-                    {
+                    for member in cat.members() {
                         self.write_category(te, member);
                     }
                 } else {

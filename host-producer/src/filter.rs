@@ -28,6 +28,8 @@
 //! A *group* name (`"rendering,benchmark"`) is enabled if any of its members
 //! is; members are looked up (for their tags) by the caller.
 
+use crate::category::group_members;
+
 /// The category filter of one tracing session (`TrackEventConfig` fields
 /// 1-4).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -182,10 +184,7 @@ impl TrackEventConfig {
     /// group; `tags_of` returns the tags of a (member) category name.
     pub fn is_enabled<'t>(&self, name: &str, tags_of: impl Fn(&str) -> &'t [&'t str]) -> bool {
         if name.contains(',') {
-            name.split(',')
-                .map(str::trim)
-                .filter(|m| !m.is_empty())
-                .any(|m| self.decide(m, tags_of(m)).enables())
+            group_members(name).any(|m| self.decide(m, tags_of(m)).enables())
         } else {
             self.decide(name, tags_of(name)).enables()
         }

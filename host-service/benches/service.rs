@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout};
-use shmtrace_service::ipc::rpc::ServiceRequest;
-use shmtrace_service::ipc::{Call, PeerCredentials, PendingReply};
+use shmtrace_service::ipc::{Call, PeerCredentials};
 use shmtrace_service::protos::commit_data_request::ChunksToMove;
 use shmtrace_service::protos::get_async_command_response::Cmd;
 use shmtrace_service::protos::{self, consumer_port, producer_port, trace_config};
@@ -142,35 +141,17 @@ impl World {
     }
 
     fn producer_call(&mut self, request: producer_port::Request) {
-        let method = request.method();
-        let reply = PendingReply::new(self.next, false);
+        let id = self.next;
         self.next += 1;
-        self.svc.on_producer_call(
-            self.producer,
-            Call {
-                request,
-                service_id: 1,
-                method,
-                reply,
-                fd: None,
-            },
-        );
+        self.svc
+            .on_producer_call(self.producer, Call::new(request, 1, id, None));
     }
 
     fn consumer_call(&mut self, request: consumer_port::Request) {
-        let method = request.method();
-        let reply = PendingReply::new(self.next, false);
+        let id = self.next;
         self.next += 1;
-        self.svc.on_consumer_call(
-            self.consumer,
-            Call {
-                request,
-                service_id: 1,
-                method,
-                reply,
-                fd: None,
-            },
-        );
+        self.svc
+            .on_consumer_call(self.consumer, Call::new(request, 1, id, None));
     }
 
     /// Producer side (untimed): fills and publishes `CHUNKS` chunks.

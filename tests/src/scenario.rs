@@ -199,37 +199,12 @@ impl Cell {
 /// target directory this test binary was built in (`target/<profile>/`),
 /// which `cargo test --workspace` builds before running any test.
 pub fn shmtrace_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("SHMTRACE_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
-        action: "locate the running test binary",
-        path: PathBuf::from("/proc/self/exe"),
-        source,
-    })?;
-    // <target>/<profile>/deps/<test binary> or <target>/<profile>/<binary>.
-    let candidates = exe
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("shmtrace"))
-        .collect::<Vec<_>>();
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            HarnessError::Scenario(format!(
-                "the shmtrace binary is not built (looked for {}); run `cargo build -p \
-                 shmtrace-service --bin shmtrace` (or `cargo test --workspace`, which builds \
-                 it), or set SHMTRACE_BIN",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        })
+    built_binary(
+        "SHMTRACE_BIN",
+        Path::new("shmtrace"),
+        "the shmtrace binary",
+        "cargo build -p shmtrace-service --bin shmtrace",
+    )
 }
 
 /// Our producer driver (`host-producer/examples/interop_producer.rs`):
@@ -237,7 +212,19 @@ pub fn shmtrace_binary() -> Result<PathBuf> {
 /// target directory this test binary was built in, which `cargo test
 /// --workspace` builds (it builds every package's examples).
 pub fn our_producer_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("SHMTRACE_INTEROP_PRODUCER") {
+    built_binary(
+        "SHMTRACE_INTEROP_PRODUCER",
+        Path::new("examples/interop_producer"),
+        "our producer driver",
+        "cargo build -p shmtrace-producer --example interop_producer",
+    )
+}
+
+/// `$env_var` if set, else `relative` under the cargo target directory this
+/// test binary was built in; `what` and `build` name it and the command
+/// that builds it in the error.
+fn built_binary(env_var: &str, relative: &Path, what: &str, build: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(env_var) {
         return Ok(PathBuf::from(path));
     }
     let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
@@ -250,7 +237,7 @@ pub fn our_producer_binary() -> Result<PathBuf> {
         .ancestors()
         .skip(1)
         .take(2)
-        .map(|dir| dir.join("examples").join("interop_producer"))
+        .map(|dir| dir.join(relative))
         .collect::<Vec<_>>();
     candidates
         .iter()
@@ -258,9 +245,8 @@ pub fn our_producer_binary() -> Result<PathBuf> {
         .cloned()
         .ok_or_else(|| {
             HarnessError::Scenario(format!(
-                "our producer driver is not built (looked for {}); run `cargo build -p \
-                 shmtrace-producer --example interop_producer` (or `cargo test --workspace`, \
-                 which builds it), or set SHMTRACE_INTEROP_PRODUCER",
+                "{what} is not built (looked for {}); run `{build}` (or `cargo test \
+                 --workspace`, which builds it), or set {env_var}",
                 candidates
                     .iter()
                     .map(|p| p.display().to_string())

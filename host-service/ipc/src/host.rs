@@ -144,6 +144,23 @@ pub struct Call<R> {
     pub fd: Option<OwnedFd>,
 }
 
+impl<R: ServiceRequest> Call<R> {
+    /// The call a client's `InvokeMethod` for `request` (request id
+    /// `request_id`, a reply wanted) on service `service_id` decodes to, for
+    /// code that drives a service core without a socket: simulations,
+    /// fuzzing, benchmarks.
+    pub fn new(request: R, service_id: u32, request_id: u64, fd: Option<OwnedFd>) -> Self {
+        let method = request.method();
+        Call {
+            request,
+            service_id,
+            method,
+            reply: PendingReply::new(request_id, false),
+            fd,
+        }
+    }
+}
+
 /// Why a connection must be closed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]

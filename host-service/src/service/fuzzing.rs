@@ -25,8 +25,7 @@ use super::env::FakeEnvironment;
 use super::shm::SharedMemory;
 use super::trusted::TrustedFields;
 use super::validator::{validate, InvalidPacket, RESERVED_FIELDS};
-use crate::ipc::rpc::ServiceRequest;
-use crate::ipc::{Call, PeerCredentials, PendingReply};
+use crate::ipc::{Call, PeerCredentials};
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use crate::protos::get_async_command_response::Cmd;
 use crate::protos::{
@@ -528,35 +527,15 @@ impl SmbWorld {
     }
 
     fn call(&mut self, conn: ConnId, call: CallKind) {
-        let reply = PendingReply::new(self.next_request, false);
+        let id = self.next_request;
         self.next_request += 1;
         match call {
-            CallKind::Producer(request) => {
-                let method = request.method();
-                self.svc.on_producer_call(
-                    conn,
-                    Call {
-                        request,
-                        service_id: 1,
-                        method,
-                        reply,
-                        fd: None,
-                    },
-                );
-            }
-            CallKind::Consumer(request) => {
-                let method = request.method();
-                self.svc.on_consumer_call(
-                    conn,
-                    Call {
-                        request,
-                        service_id: 1,
-                        method,
-                        reply,
-                        fd: None,
-                    },
-                );
-            }
+            CallKind::Producer(request) => self
+                .svc
+                .on_producer_call(conn, Call::new(request, 1, id, None)),
+            CallKind::Consumer(request) => self
+                .svc
+                .on_consumer_call(conn, Call::new(request, 1, id, None)),
         }
     }
 

@@ -70,15 +70,7 @@ impl Sim {
     fn next_call<R: ServiceRequest>(&mut self, request: R, fd: Option<OwnedFd>) -> (u64, Call<R>) {
         let id = self.next_request;
         self.next_request += 1;
-        let method = request.method();
-        let call = Call {
-            request,
-            service_id: 1,
-            method,
-            reply: PendingReply::new(id, false),
-            fd,
-        };
-        (id, call)
+        (id, Call::new(request, 1, id, fd))
     }
 
     fn producer_call(
