@@ -33,7 +33,7 @@ use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
 use crate::data_source::{DataSourceConfig, DescriptorInfo};
 use crate::error::ConnectError;
 use crate::filter::TrackEventConfig;
-use crate::outbox::{CommitRequest, Outgoing, MAX_CHUNKS_PER_COMMIT};
+use crate::outbox::{ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, MAX_CHUNKS_PER_COMMIT};
 use crate::runtime::runtime;
 use crate::shm::SharedMemory;
 
@@ -523,10 +523,11 @@ fn send(
     }
 }
 
+/// `CommitDataRequest` for some chunks and patch groups of a request.
 fn commit_proto(
-    req: &CommitRequest,
-    chunks: &[crate::outbox::ChunkToMove],
-    patches: bool,
+    chunks: &[ChunkToMove],
+    patches: &[ChunkToPatch],
+    flush_request_id: u64,
 ) -> pb::CommitDataRequest {
     pb::CommitDataRequest {
         chunks_to_move: chunks
@@ -539,28 +540,24 @@ fn commit_proto(
                 chunk_incomplete: None,
             })
             .collect(),
-        chunks_to_patch: if patches {
-            req.chunks_to_patch
-                .iter()
-                .map(|p| commit_data_request::ChunkToPatch {
-                    target_buffer: Some(p.target_buffer),
-                    writer_id: Some(p.writer_id),
-                    chunk_id: Some(p.chunk_id),
-                    patches: p
-                        .patches
-                        .iter()
-                        .map(|e| commit_data_request::chunk_to_patch::Patch {
-                            offset: Some(e.offset),
-                            data: Some(Bytes::copy_from_slice(&e.data)),
-                        })
-                        .collect(),
-                    has_more_patches: Some(p.has_more_patches),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        },
-        flush_request_id: (patches && req.flush_request_id != 0).then_some(req.flush_request_id),
+        chunks_to_patch: patches
+            .iter()
+            .map(|p| commit_data_request::ChunkToPatch {
+                target_buffer: Some(p.target_buffer),
+                writer_id: Some(p.writer_id),
+                chunk_id: Some(p.chunk_id),
+                patches: p
+                    .patches
+                    .iter()
+                    .map(|e| commit_data_request::chunk_to_patch::Patch {
+                        offset: Some(e.offset),
+                        data: Some(Bytes::copy_from_slice(&e.data)),
+                    })
+                    .collect(),
+                has_more_patches: Some(p.has_more_patches),
+            })
+            .collect(),
+        flush_request_id: (flush_request_id != 0).then_some(flush_request_id),
     }
 }
 
@@ -569,40 +566,83 @@ fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), 
         && req.chunks_to_patch.len() <= MAX_CHUNKS_PER_COMMIT
     {
         return port.send::<producer_port::CommitData>(
-            &commit_proto(req, &req.chunks_to_move, true),
+            &commit_proto(
+                &req.chunks_to_move,
+                &req.chunks_to_patch,
+                req.flush_request_id,
+            ),
             None,
         );
     }
     for part in req.split(MAX_CHUNKS_PER_COMMIT) {
         port.send::<producer_port::CommitData>(
-            &commit_proto(&part, &part.chunks_to_move, true),
+            &commit_proto(
+                &part.chunks_to_move,
+                &part.chunks_to_patch,
+                part.flush_request_id,
+            ),
             None,
         )?;
     }
     Ok(())
 }
 
-/// Emulated SMB: chunk bytes ride in the request, so split it to stay under
-/// the IPC frame limit. Patches and the flush ack go with the last part.
-fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
-    let mut start = 0;
+/// Upper bound of a `ChunksToMove`'s encoded size (inline bytes + framing;
+/// upstream's estimate).
+fn move_size(c: &ChunkToMove) -> usize {
+    c.data.as_ref().map_or(0, Vec::len) + 32
+}
+
+/// Upper bound of a `ChunkToPatch`'s encoded size (upstream's estimate).
+fn patch_size(p: &ChunkToPatch) -> usize {
+    32 + p.patches.iter().map(|e| e.data.len() + 16).sum::<usize>()
+}
+
+/// Emulated SMB: chunk bytes ride in the request, so it is cut into
+/// messages whose estimated size stays under [`MAX_EMULATED_COMMIT_BYTES`]
+/// (the IPC frame limit minus headroom). As upstream does: chunks first, in
+/// order; then the patch groups, packed after the last chunks and into as
+/// many trailing messages as they need (patches apply after moves and IPC
+/// is ordered); the flush ack rides on the last message only, so the
+/// service acknowledges the flush once everything has arrived.
+fn emulated_parts(req: &CommitRequest) -> Vec<pb::CommitDataRequest> {
+    // Part boundaries over the sequence "every chunk, then every patch".
+    let sizes = req
+        .chunks_to_move
+        .iter()
+        .map(move_size)
+        .chain(req.chunks_to_patch.iter().map(patch_size));
+    let mut cuts = vec![0];
     let mut bytes = 0;
-    for (i, c) in req.chunks_to_move.iter().enumerate() {
-        let len = c.data.as_ref().map_or(0, Vec::len) + 32;
-        if bytes + len > MAX_EMULATED_COMMIT_BYTES && i > start {
-            port.send::<producer_port::CommitData>(
-                &commit_proto(req, &req.chunks_to_move[start..i], false),
-                None,
-            )?;
-            start = i;
+    for (i, len) in sizes.enumerate() {
+        if bytes != 0 && bytes + len >= MAX_EMULATED_COMMIT_BYTES {
+            cuts.push(i);
             bytes = 0;
         }
         bytes += len;
     }
-    port.send::<producer_port::CommitData>(
-        &commit_proto(req, &req.chunks_to_move[start..], true),
-        None,
-    )
+    let total = req.chunks_to_move.len() + req.chunks_to_patch.len();
+    cuts.push(total);
+    let moves = req.chunks_to_move.len();
+    let last = cuts.len() - 2;
+    cuts.windows(2)
+        .enumerate()
+        .map(|(n, w)| {
+            let (a, b) = (w[0], w[1]);
+            let chunks = &req.chunks_to_move[a.min(moves)..b.min(moves)];
+            let patches = &req.chunks_to_patch[a.max(moves) - moves..b.max(moves) - moves];
+            let flush = if n == last { req.flush_request_id } else { 0 };
+            commit_proto(chunks, patches, flush)
+        })
+        .collect()
+}
+
+/// Sends a request under SMB emulation, in parts ([`emulated_parts`]).
+fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
+    for part in emulated_parts(req) {
+        port.send::<producer_port::CommitData>(&part, None)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -643,6 +683,152 @@ mod tests {
             ..d
         };
         assert_eq!(descriptor_proto(&bad).gpu_counter_descriptor, None);
+    }
+
+    fn chunk(i: u32, len: usize) -> ChunkToMove {
+        ChunkToMove {
+            page: i,
+            chunk: 0,
+            target_buffer: 1,
+            data: Some(vec![i as u8; len]),
+        }
+    }
+
+    fn patch(i: u32, n: usize) -> ChunkToPatch {
+        let entry = crate::outbox::PatchEntry {
+            offset: i,
+            data: i.to_le_bytes(),
+        };
+        ChunkToPatch {
+            target_buffer: 1,
+            writer_id: 1,
+            chunk_id: i,
+            patches: std::iter::repeat_n(entry, n).collect(),
+            has_more_patches: false,
+        }
+    }
+
+    /// Checks every promise of [`emulated_parts`] on `req`; returns the
+    /// parts.
+    fn check_parts(req: &CommitRequest) -> Vec<pb::CommitDataRequest> {
+        use prost::Message as _;
+        let parts = emulated_parts(req);
+        assert!(!parts.is_empty());
+        for (n, p) in parts.iter().enumerate() {
+            assert!(
+                p.encoded_len() <= MAX_EMULATED_COMMIT_BYTES,
+                "part {n} encodes to {} bytes",
+                p.encoded_len()
+            );
+            assert!(
+                !p.chunks_to_move.is_empty() || !p.chunks_to_patch.is_empty() || n == 0,
+                "part {n} is empty"
+            );
+            let flush =
+                (n == parts.len() - 1 && req.flush_request_id != 0).then_some(req.flush_request_id);
+            assert_eq!(p.flush_request_id, flush, "flush id on part {n}");
+        }
+        // Every chunk once, in order, with its bytes; then every patch
+        // group, in order, and none before the last chunk's part.
+        let moved: Vec<_> = parts.iter().flat_map(|p| &p.chunks_to_move).collect();
+        assert_eq!(moved.len(), req.chunks_to_move.len());
+        for (m, c) in moved.iter().zip(&req.chunks_to_move) {
+            assert_eq!(m.data.as_deref(), c.data.as_deref());
+            assert_eq!(m.target_buffer, Some(c.target_buffer));
+        }
+        let patched: Vec<_> = parts.iter().flat_map(|p| &p.chunks_to_patch).collect();
+        let ids: Vec<_> = patched.iter().map(|p| p.chunk_id.unwrap()).collect();
+        let want: Vec<_> = req.chunks_to_patch.iter().map(|p| p.chunk_id).collect();
+        assert_eq!(ids, want);
+        let last_move = parts.iter().rposition(|p| !p.chunks_to_move.is_empty());
+        let first_patch = parts.iter().position(|p| !p.chunks_to_patch.is_empty());
+        if let (Some(m), Some(p)) = (last_move, first_patch) {
+            assert!(p >= m, "patches in part {p} before chunks in part {m}");
+        }
+        parts
+    }
+
+    #[test]
+    fn emulated_commits_split_under_the_frame_limit_with_the_ack_last() {
+        // 100 chunks of 4 KiB (~400 KiB) and a few patch groups: several
+        // parts; the patches fit with the last chunks and ride there.
+        let req = CommitRequest {
+            chunks_to_move: (0..100).map(|i| chunk(i, 4096)).collect(),
+            chunks_to_patch: (0..3).map(|i| patch(i, 4)).collect(),
+            flush_request_id: 77,
+        };
+        let parts = check_parts(&req);
+        assert_eq!(parts.len(), 4, "~400 KiB in parts of < 127.5 KiB");
+        for p in &parts[..parts.len() - 1] {
+            assert!(
+                p.chunks_to_patch.is_empty(),
+                "patches only on the last part"
+            );
+        }
+        assert_eq!(parts.last().unwrap().chunks_to_patch.len(), 3);
+
+        // A small request travels whole.
+        let small = CommitRequest {
+            chunks_to_move: vec![chunk(1, 4096)],
+            chunks_to_patch: vec![patch(1, 2)],
+            flush_request_id: 5,
+        };
+        let parts = check_parts(&small);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(
+            (
+                parts[0].chunks_to_move.len(),
+                parts[0].chunks_to_patch.len()
+            ),
+            (1, 1)
+        );
+
+        // A bare flush ack; and 64 KiB chunks: two would not fit a frame, so
+        // one per part.
+        assert_eq!(
+            check_parts(&CommitRequest {
+                flush_request_id: 9,
+                ..Default::default()
+            })
+            .len(),
+            1
+        );
+        let big = CommitRequest {
+            chunks_to_move: (0..5).map(|i| chunk(i, 65536)).collect(),
+            ..Default::default()
+        };
+        assert_eq!(check_parts(&big).len(), 5);
+    }
+
+    #[test]
+    fn emulated_patches_too_many_for_one_message_go_in_trailing_parts() {
+        // Upstream splits the patches as well (a flush patching every chunk
+        // of a large SMB would not fit one frame): 8000 groups of 32
+        // patches (~4.6 MiB estimated) after 40 chunks.
+        let req = CommitRequest {
+            chunks_to_move: (0..40).map(|i| chunk(i, 2048)).collect(),
+            chunks_to_patch: (0..8000).map(|i| patch(i, 32)).collect(),
+            flush_request_id: 3,
+        };
+        let parts = check_parts(&req);
+        assert!(parts.len() > 30, "{} parts", parts.len());
+        assert!(parts[1..].iter().all(|p| p.chunks_to_move.is_empty()));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn emulated_split_keeps_every_promise(
+            sizes in proptest::collection::vec(0usize..=65536, 0..40),
+            patches in proptest::collection::vec(0usize..=32, 0..400),
+            flush in 0u64..3,
+        ) {
+            let req = CommitRequest {
+                chunks_to_move: sizes.iter().enumerate().map(|(i, &n)| chunk(i as u32, n)).collect(),
+                chunks_to_patch: patches.iter().enumerate().map(|(i, &n)| patch(i as u32, n)).collect(),
+                flush_request_id: flush,
+            };
+            check_parts(&req);
+        }
     }
 
     #[test]
