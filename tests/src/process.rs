@@ -122,6 +122,17 @@ impl ChildProcess {
         }
     }
 
+    /// The event lines the process has printed so far and no
+    /// [`expect_event`](Self::expect_event) has consumed, without waiting.
+    pub fn pending_events(&mut self) -> Vec<Value> {
+        self.events.try_iter().collect()
+    }
+
+    /// Whether the process is still running (it has not exited).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Writes one command line to the process's stdin.
     pub fn send_line(&mut self, line: &str) -> Result<()> {
         let name = self.name.clone();

@@ -220,10 +220,23 @@ pub fn our_producer_binary() -> Result<PathBuf> {
     )
 }
 
+/// shmtrace-producer's example `name` (`host-producer/examples/<name>.rs`):
+/// `$SHMTRACE_EXAMPLE_<NAME>` (upper case), else `examples/<name>` in the
+/// cargo target directory this test binary was built in, which `cargo test
+/// --workspace` builds.
+pub fn producer_example(name: &str) -> Result<PathBuf> {
+    built_binary(
+        &format!("SHMTRACE_EXAMPLE_{}", name.to_uppercase()),
+        &Path::new("examples").join(name),
+        &format!("shmtrace-producer's example {name}"),
+        &format!("cargo build -p shmtrace-producer --example {name}"),
+    )
+}
+
 /// `$env_var` if set, else `relative` under the cargo target directory this
 /// test binary was built in; `what` and `build` name it and the command
 /// that builds it in the error.
-fn built_binary(env_var: &str, relative: &Path, what: &str, build: &str) -> Result<PathBuf> {
+pub fn built_binary(env_var: &str, relative: &Path, what: &str, build: &str) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(env_var) {
         return Ok(PathBuf::from(path));
     }
