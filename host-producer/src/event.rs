@@ -36,11 +36,11 @@
 //! * The writer's clock-64 base only moves forward, so deltas are never
 //!   negative.
 
-use shmtrace_abi::proto::{encode_to_slice, Message, Sink};
+use shmtrace_abi::proto::{Message, Sink};
 
 use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
 use crate::category::Category;
-use crate::fast::FastBuf;
+use crate::fast::{FastBuf, FAST_CAP};
 use crate::intern::{Lookup, StrInterner, TrackSet};
 use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 use shmtrace_abi::writer::{DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
@@ -112,10 +112,6 @@ const TAG_COUNTER_VALUE: [u8; 2] = [0xF0, 0x01];
 const TAG_DOUBLE_COUNTER_VALUE: [u8; 2] = [0xE1, 0x02];
 const TAG_FLOW_IDS: [u8; 2] = [0xF9, 0x02];
 const TAG_TERMINATING_FLOW_IDS: [u8; 2] = [0x81, 0x03];
-
-/// Size of the per-sequence scratch buffer events are encoded into;
-/// larger events are encoded straight into the writer's chunks.
-const SCRATCH_LEN: usize = 512;
 
 /// `TrackEvent.Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,17 +249,25 @@ struct NewEntry {
     name: &'static str,
 }
 
-/// Incremental state of one sequence (one trace writer).
-pub(crate) struct SequenceState {
+/// The interning tables of one sequence, and the strings the packet being
+/// encoded interns first (its `interned_data`).
+struct Interned {
     names: StrInterner,
     categories: StrInterner,
     arg_names: StrInterner,
+    new_entries: heapless::Vec<NewEntry, MAX_NEW_INTERNED_PER_PACKET>,
+}
+
+/// Incremental state of one sequence (one trace writer).
+pub(crate) struct SequenceState {
+    interned: Interned,
     tracks: TrackSet,
     needs_reset: bool,
-    new_entries: heapless::Vec<NewEntry, MAX_NEW_INTERNED_PER_PACKET>,
     thread_track: Track<'static>,
-    /// Where events are encoded before being copied into the writer.
-    scratch: Vec<u8>,
+    /// Where events are encoded before being copied into the writer (the
+    /// fast path's fixed-size buffer; larger events are encoded straight
+    /// into the writer's chunks).
+    scratch: Box<[u8; FAST_CAP]>,
     /// Resets written (first one included).
     pub(crate) resets: u64,
     /// Slices open on the thread track, and whether each begin was written.
@@ -320,14 +324,16 @@ impl SequenceState {
     /// State of a new sequence whose default track is `thread_track`.
     pub(crate) fn for_track(thread_track: Track<'static>) -> Self {
         SequenceState {
-            names: StrInterner::new(),
-            categories: StrInterner::new(),
-            arg_names: StrInterner::new(),
+            interned: Interned {
+                names: StrInterner::new(),
+                categories: StrInterner::new(),
+                arg_names: StrInterner::new(),
+                new_entries: heapless::Vec::new(),
+            },
             tracks: TrackSet::new(),
             needs_reset: true,
-            new_entries: heapless::Vec::new(),
             thread_track,
-            scratch: vec![0; SCRATCH_LEN],
+            scratch: Box::new([0; FAST_CAP]),
             resets: 0,
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
@@ -343,55 +349,9 @@ impl SequenceState {
         self.needs_reset = true;
     }
 
-    /// The table interning strings of `field`.
-    #[inline(always)]
-    fn table(&mut self, field: u32) -> &mut StrInterner {
-        match field {
-            interned_field::EVENT_CATEGORIES => &mut self.categories,
-            interned_field::EVENT_NAMES => &mut self.names,
-            _ => &mut self.arg_names,
-        }
-    }
-
-    /// The iid of `s` (a `field` string) on this sequence, interning it if
-    /// new (then it goes into this packet's `interned_data`); `None`: write
-    /// it inline. The front-cache hit is inlined into the encoders.
-    #[inline(always)]
-    fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
-        match self.table(field).cached(s) {
-            Some(iid) => Some(iid),
-            None => self.intern_slow(field, s),
-        }
-    }
-
-    #[inline(never)]
-    fn intern_slow(&mut self, field: u32, s: &'static str) -> Option<u64> {
-        let full = self.new_entries.is_full();
-        let table = self.table(field);
-        if full {
-            // Only strings already known can be referenced now.
-            return table.lookup(s);
-        }
-        match table.intern(s) {
-            Lookup::Known(iid) => Some(iid),
-            Lookup::New(iid) => {
-                // Room was checked above.
-                let _ = self.new_entries.push(NewEntry {
-                    field,
-                    iid,
-                    name: s,
-                });
-                Some(iid)
-            }
-            Lookup::Full => None,
-        }
-    }
-
     /// Writes the reset packet and the thread/process descriptors.
     fn reset<W: PacketWriter>(&mut self, w: &mut W, now: u64) -> bool {
-        self.names.clear();
-        self.categories.clear();
-        self.arg_names.clear();
+        self.interned.clear();
         self.tracks.clear();
         self.resets += 1;
         let thread_uuid = self.thread_track.uuid();
@@ -509,27 +469,19 @@ impl SequenceState {
             self.lost_before_start |= !self.started;
             return false;
         }
-        self.new_entries.clear();
+        self.interned.new_entries.clear();
         let stamp = self.stamp(ev.timestamp);
         let ok = match extra {
-            // Common case: encode into the scratch buffer (contiguous, so
-            // the encoder's cheapest paths), then hand the writer one copy.
+            // Common case: encode into the scratch buffer with the fast
+            // path's cursor, then hand the writer one copy.
             None => {
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let encoded = match self.encode_fast(&mut scratch, ev, stamp) {
-                    Some(n) => Ok(n),
-                    None => encode_to_slice(&mut scratch, |p| {
-                        self.write_event_fields(p, ev, stamp, None)
-                    }),
-                };
-                let ok = match encoded {
-                    Ok(n) => w.write_encoded_packet_in(&scratch, n),
-                    // Too big for the scratch buffer (or an encoding error
-                    // to report through the writer): stream it instead.
-                    Err(_) => w.write_packet(|p| self.write_event_fields(p, ev, stamp, None)),
-                };
-                self.scratch = scratch;
-                ok
+                let thread_uuid = self.thread_track.uuid();
+                match (self.interned).encode_fast(&mut self.scratch, thread_uuid, ev, stamp) {
+                    Some(n) => w.write_encoded_packet_in(&self.scratch[..], n),
+                    // Nested annotations, or too big for the scratch
+                    // buffer: stream it instead.
+                    None => w.write_packet(|p| self.write_event_fields(p, ev, stamp, None)),
+                }
             }
             Some(f) => w.write_packet(|p| self.write_event_fields(p, ev, stamp, Some(f))),
         };
@@ -557,169 +509,6 @@ impl SequenceState {
                 value: ts.ns,
                 clock: clock.id(),
             },
-        }
-    }
-
-    /// [`Self::write_event_fields`] for events without nested annotations,
-    /// with the [`FastBuf`] cursor. `None` if the event does not qualify or
-    /// does not fit `buf` (interned strings stay pending for the retry).
-    fn encode_fast(&mut self, buf: &mut [u8], ev: &EventData<'_>, stamp: Stamp) -> Option<usize> {
-        use crate::annotation::DebugValue as V;
-        if ev
-            .args
-            .iter()
-            .any(|a| matches!(a.value, V::Dict(_) | V::Array(_)))
-        {
-            return None;
-        }
-        let mut f = FastBuf::new(buf);
-        f.byte(TAG_TIMESTAMP);
-        f.varint(stamp.value);
-        if stamp.clock != INCREMENTAL_CLOCK_ID {
-            f.bytes(&TAG_TIMESTAMP_CLOCK_ID);
-            f.varint(u64::from(stamp.clock));
-        }
-        f.bytes(&[TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
-        f.byte(TAG_TRACK_EVENT);
-        let te = f.begin_nested();
-        f.byte(TAG_TYPE);
-        f.varint(ev.kind as u64);
-        if let Some(t) = ev.track {
-            if t.uuid() != self.thread_track.uuid() {
-                f.byte(TAG_TRACK_UUID);
-                f.varint(t.uuid());
-            }
-        }
-        if let Some(cat) = ev.category {
-            if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
-                if cat.is_group() {
-                    for member in cat.members() {
-                        self.fast_category(&mut f, member);
-                    }
-                } else {
-                    self.fast_category(&mut f, cat.name());
-                }
-            }
-        }
-        match ev.name {
-            EventName::None => {}
-            EventName::Static(n) => match self.intern(interned_field::EVENT_NAMES, n) {
-                Some(iid) => {
-                    f.byte(TAG_NAME_IID);
-                    f.varint(iid);
-                }
-                None => {
-                    f.bytes(&TAG_NAME);
-                    f.len_bytes(n.as_bytes());
-                }
-            },
-            EventName::Dynamic(n) => {
-                f.bytes(&TAG_NAME);
-                f.len_bytes(n.as_bytes());
-            }
-        }
-        for arg in ev.args {
-            f.byte(TAG_DEBUG_ANNOTATIONS);
-            let a = f.begin_nested();
-            match arg.name {
-                ArgName::Static(n) => {
-                    match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
-                        Some(iid) => {
-                            f.byte(0x08);
-                            f.varint(iid);
-                        }
-                        None => {
-                            f.byte(0x52);
-                            f.len_bytes(n.as_bytes());
-                        }
-                    }
-                }
-                ArgName::Dynamic(n) => {
-                    f.byte(0x52);
-                    f.len_bytes(n.as_bytes());
-                }
-            }
-            match arg.value {
-                V::Bool(b) => f.bytes(&[0x10, u8::from(b)]),
-                V::Uint(u) => {
-                    f.byte(0x18);
-                    f.varint(u);
-                }
-                V::Int(i) => {
-                    f.byte(0x20);
-                    f.varint(i as u64);
-                }
-                V::Double(d) => {
-                    f.byte(0x29);
-                    f.fixed64(d.to_bits());
-                }
-                V::Str(s) => {
-                    f.byte(0x32);
-                    f.len_bytes(s.as_bytes());
-                }
-                V::Pointer(p) => {
-                    f.byte(0x38);
-                    f.varint(p);
-                }
-                // Excluded above.
-                V::Dict(_) | V::Array(_) => {}
-            }
-            f.end_nested(a);
-        }
-        for flow in ev.flows {
-            f.bytes(&TAG_FLOW_IDS);
-            f.fixed64(flow.id());
-        }
-        for flow in ev.terminating_flows {
-            f.bytes(&TAG_TERMINATING_FLOW_IDS);
-            f.fixed64(flow.id());
-        }
-        match ev.counter {
-            Some(CounterValue::Int(v)) => {
-                f.bytes(&TAG_COUNTER_VALUE);
-                f.varint(v as u64);
-            }
-            Some(CounterValue::Double(v)) => {
-                f.bytes(&TAG_DOUBLE_COUNTER_VALUE);
-                f.fixed64(v.to_bits());
-            }
-            None => {}
-        }
-        f.end_nested(te);
-        if !self.new_entries.is_empty() {
-            f.byte(TAG_INTERNED_DATA);
-            let d = f.begin_nested();
-            for field in [
-                interned_field::EVENT_CATEGORIES,
-                interned_field::EVENT_NAMES,
-                interned_field::DEBUG_ANNOTATION_NAMES,
-            ] {
-                for e in self.new_entries.iter().filter(|e| e.field == field) {
-                    f.byte((field << 3 | 2) as u8);
-                    let entry = f.begin_nested();
-                    f.byte(0x08);
-                    f.varint(e.iid);
-                    f.byte(0x12);
-                    f.len_bytes(e.name.as_bytes());
-                    f.end_nested(entry);
-                }
-            }
-            f.end_nested(d);
-        }
-        f.finish()
-    }
-
-    #[inline]
-    fn fast_category(&mut self, f: &mut FastBuf<'_>, name: &'static str) {
-        match self.intern(interned_field::EVENT_CATEGORIES, name) {
-            Some(iid) => {
-                f.byte(TAG_CATEGORY_IIDS);
-                f.varint(iid);
-            }
-            None => {
-                f.bytes(&TAG_CATEGORIES);
-                f.len_bytes(name.as_bytes());
-            }
         }
     }
 
@@ -773,7 +562,7 @@ impl SequenceState {
         }
         match ev.name {
             EventName::None => {}
-            EventName::Static(n) => match self.intern(interned_field::EVENT_NAMES, n) {
+            EventName::Static(n) => match self.interned.intern(interned_field::EVENT_NAMES, n) {
                 Some(iid) => te.uint64(event_field::NAME_IID, iid),
                 None => te.string(event_field::NAME, n),
             },
@@ -797,7 +586,7 @@ impl SequenceState {
 
     #[inline]
     fn write_category<S: Sink>(&mut self, te: &mut Message<'_, S>, name: &'static str) {
-        match self.intern(interned_field::EVENT_CATEGORIES, name) {
+        match self.interned.intern(interned_field::EVENT_CATEGORIES, name) {
             Some(iid) => te.uint64(event_field::CATEGORY_IIDS, iid),
             None => te.string(event_field::CATEGORIES, name),
         }
@@ -805,7 +594,10 @@ impl SequenceState {
 
     fn write_arg<S: Sink>(&mut self, te: &mut Message<'_, S>, arg: &Arg<'_>) {
         let name = match arg.name {
-            ArgName::Static(n) => match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
+            ArgName::Static(n) => match self
+                .interned
+                .intern(interned_field::DEBUG_ANNOTATION_NAMES, n)
+            {
                 Some(iid) => NameRef::Iid(iid),
                 None => NameRef::Inline(n),
             },
@@ -820,7 +612,7 @@ impl SequenceState {
     /// (kept until the next event starts, so a retried encoding emits them
     /// again).
     fn write_interned<S: Sink>(&mut self, p: &mut Message<'_, S>) {
-        if self.new_entries.is_empty() {
+        if self.interned.new_entries.is_empty() {
             return;
         }
         let mut data = p.begin_nested(packet_field::INTERNED_DATA);
@@ -831,11 +623,238 @@ impl SequenceState {
             interned_field::EVENT_NAMES,
             interned_field::DEBUG_ANNOTATION_NAMES,
         ] {
-            for e in self.new_entries.iter().filter(|e| e.field == field) {
+            for e in self
+                .interned
+                .new_entries
+                .iter()
+                .filter(|e| e.field == field)
+            {
                 data.nested(field, |entry| {
                     entry.uint64(1, e.iid);
                     entry.string(2, e.name);
                 });
+            }
+        }
+    }
+}
+
+impl Interned {
+    /// The table interning strings of `field`.
+    #[inline(always)]
+    fn table(&mut self, field: u32) -> &mut StrInterner {
+        match field {
+            interned_field::EVENT_CATEGORIES => &mut self.categories,
+            interned_field::EVENT_NAMES => &mut self.names,
+            _ => &mut self.arg_names,
+        }
+    }
+
+    /// The iid of `s` (a `field` string) on this sequence, interning it if
+    /// new (then it goes into this packet's `interned_data`); `None`: write
+    /// it inline. The front-cache hit is inlined into the encoders.
+    #[inline(always)]
+    fn intern(&mut self, field: u32, s: &'static str) -> Option<u64> {
+        match self.table(field).cached(s) {
+            Some(iid) => Some(iid),
+            None => self.intern_slow(field, s),
+        }
+    }
+
+    #[inline(never)]
+    fn intern_slow(&mut self, field: u32, s: &'static str) -> Option<u64> {
+        let full = self.new_entries.is_full();
+        let table = self.table(field);
+        if full {
+            // Only strings already known can be referenced now.
+            return table.lookup(s);
+        }
+        match table.intern(s) {
+            Lookup::Known(iid) => Some(iid),
+            Lookup::New(iid) => {
+                // Room was checked above.
+                let _ = self.new_entries.push(NewEntry {
+                    field,
+                    iid,
+                    name: s,
+                });
+                Some(iid)
+            }
+            Lookup::Full => None,
+        }
+    }
+
+    /// Forgets every interned string (a reset).
+    fn clear(&mut self) {
+        self.names.clear();
+        self.categories.clear();
+        self.arg_names.clear();
+    }
+
+    /// [`SequenceState::write_event_fields`] for events without nested annotations,
+    /// with the [`FastBuf`] cursor. `None` if the event does not qualify or
+    /// does not fit `buf` (interned strings stay pending for the retry).
+    fn encode_fast(
+        &mut self,
+        buf: &mut [u8; FAST_CAP],
+        thread_uuid: u64,
+        ev: &EventData<'_>,
+        stamp: Stamp,
+    ) -> Option<usize> {
+        use crate::annotation::DebugValue as V;
+        if ev
+            .args
+            .iter()
+            .any(|a| matches!(a.value, V::Dict(_) | V::Array(_)))
+        {
+            return None;
+        }
+        let mut f = FastBuf::new(buf);
+        f.byte(TAG_TIMESTAMP);
+        f.varint(stamp.value);
+        if stamp.clock != INCREMENTAL_CLOCK_ID {
+            f.byte2(TAG_TIMESTAMP_CLOCK_ID);
+            f.varint(u64::from(stamp.clock));
+        }
+        f.byte2([TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
+        f.byte(TAG_TRACK_EVENT);
+        let te = f.begin_nested();
+        f.byte(TAG_TYPE);
+        f.varint(ev.kind as u64);
+        if let Some(t) = ev.track {
+            if t.uuid() != thread_uuid {
+                f.byte(TAG_TRACK_UUID);
+                f.varint(t.uuid());
+            }
+        }
+        if let Some(cat) = ev.category {
+            if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
+                if cat.is_group() {
+                    for member in cat.members() {
+                        self.fast_category(&mut f, member);
+                    }
+                } else {
+                    self.fast_category(&mut f, cat.name());
+                }
+            }
+        }
+        match ev.name {
+            EventName::None => {}
+            EventName::Static(n) => match self.intern(interned_field::EVENT_NAMES, n) {
+                Some(iid) => {
+                    f.byte(TAG_NAME_IID);
+                    f.varint(iid);
+                }
+                None => {
+                    f.byte2(TAG_NAME);
+                    f.len_bytes(n.as_bytes());
+                }
+            },
+            EventName::Dynamic(n) => {
+                f.byte2(TAG_NAME);
+                f.len_bytes(n.as_bytes());
+            }
+        }
+        for arg in ev.args {
+            f.byte(TAG_DEBUG_ANNOTATIONS);
+            let a = f.begin_nested();
+            match arg.name {
+                ArgName::Static(n) => {
+                    match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
+                        Some(iid) => {
+                            f.byte(0x08);
+                            f.varint(iid);
+                        }
+                        None => {
+                            f.byte(0x52);
+                            f.len_bytes(n.as_bytes());
+                        }
+                    }
+                }
+                ArgName::Dynamic(n) => {
+                    f.byte(0x52);
+                    f.len_bytes(n.as_bytes());
+                }
+            }
+            match arg.value {
+                V::Bool(b) => f.byte2([0x10, u8::from(b)]),
+                V::Uint(u) => {
+                    f.byte(0x18);
+                    f.varint(u);
+                }
+                V::Int(i) => {
+                    f.byte(0x20);
+                    f.varint(i as u64);
+                }
+                V::Double(d) => {
+                    f.byte(0x29);
+                    f.fixed64(d.to_bits());
+                }
+                V::Str(s) => {
+                    f.byte(0x32);
+                    f.len_bytes(s.as_bytes());
+                }
+                V::Pointer(p) => {
+                    f.byte(0x38);
+                    f.varint(p);
+                }
+                // Excluded above.
+                V::Dict(_) | V::Array(_) => {}
+            }
+            f.end_nested(a);
+        }
+        for flow in ev.flows {
+            f.byte2(TAG_FLOW_IDS);
+            f.fixed64(flow.id());
+        }
+        for flow in ev.terminating_flows {
+            f.byte2(TAG_TERMINATING_FLOW_IDS);
+            f.fixed64(flow.id());
+        }
+        match ev.counter {
+            Some(CounterValue::Int(v)) => {
+                f.byte2(TAG_COUNTER_VALUE);
+                f.varint(v as u64);
+            }
+            Some(CounterValue::Double(v)) => {
+                f.byte2(TAG_DOUBLE_COUNTER_VALUE);
+                f.fixed64(v.to_bits());
+            }
+            None => {}
+        }
+        f.end_nested(te);
+        if !self.new_entries.is_empty() {
+            f.byte(TAG_INTERNED_DATA);
+            let d = f.begin_nested();
+            for field in [
+                interned_field::EVENT_CATEGORIES,
+                interned_field::EVENT_NAMES,
+                interned_field::DEBUG_ANNOTATION_NAMES,
+            ] {
+                for e in self.new_entries.iter().filter(|e| e.field == field) {
+                    f.byte((field << 3 | 2) as u8);
+                    let entry = f.begin_nested();
+                    f.byte(0x08);
+                    f.varint(e.iid);
+                    f.byte(0x12);
+                    f.len_bytes(e.name.as_bytes());
+                    f.end_nested(entry);
+                }
+            }
+            f.end_nested(d);
+        }
+        f.finish()
+    }
+
+    #[inline]
+    fn fast_category(&mut self, f: &mut FastBuf<'_>, name: &'static str) {
+        match self.intern(interned_field::EVENT_CATEGORIES, name) {
+            Some(iid) => {
+                f.byte(TAG_CATEGORY_IIDS);
+                f.varint(iid);
+            }
+            None => {
+                f.byte2(TAG_CATEGORIES);
+                f.len_bytes(name.as_bytes());
             }
         }
     }
@@ -1621,12 +1640,16 @@ mod tests {
         let mut fast = seq();
         let mut general = seq();
         for (i, e) in events.iter().enumerate() {
-            fast.new_entries.clear();
-            general.new_entries.clear();
-            let mut a = vec![0u8; 4096];
+            fast.interned.new_entries.clear();
+            general.interned.new_entries.clear();
+            let mut a = [0u8; FAST_CAP];
             let stamp = fast.stamp(e.timestamp);
             assert_eq!(stamp, general.stamp(e.timestamp));
-            let n = fast.encode_fast(&mut a, e, stamp).expect("fits");
+            let uuid = fast.thread_track.uuid();
+            let n = fast
+                .interned
+                .encode_fast(&mut a, uuid, e, stamp)
+                .expect("fits");
             let mut b = vec![0u8; 4096];
             let m =
                 encode_to_slice(&mut b, |p| general.write_event_fields(p, e, stamp, None)).unwrap();
@@ -1640,9 +1663,13 @@ mod tests {
         let mut e = ev(EventType::Instant, "n".into());
         e.args = &nested;
         let stamp = fast.stamp(e.timestamp);
-        assert_eq!(fast.encode_fast(&mut [0u8; 512], &e, stamp), None);
-        e.args = &args;
-        assert_eq!(fast.encode_fast(&mut [0u8; 64], &e, stamp), None);
+        let uuid = fast.thread_track.uuid();
+        let mut buf = [0u8; FAST_CAP];
+        assert_eq!(fast.interned.encode_fast(&mut buf, uuid, &e, stamp), None);
+        let huge = "H".repeat(FAST_CAP);
+        let big = [Arg::new("big", huge.as_str())];
+        e.args = &big;
+        assert_eq!(fast.interned.encode_fast(&mut buf, uuid, &e, stamp), None);
     }
 
     #[test]

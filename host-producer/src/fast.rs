@@ -10,57 +10,74 @@
 //!
 //! # Invariants
 //!
-//! * Every write is bounds-checked with one comparison: a write that does
-//!   not fit is skipped but still counted in `len`, so once `len` exceeds
-//!   the buffer [`FastBuf::finish`] reports the overflow (the caller then
-//!   encodes the event with the general encoder instead). Nothing here
+//! * The buffer is a fixed-size array whose length is a power of two, and
+//!   every single-byte write lands at `len % FAST_CAP`: the index is in
+//!   bounds by construction, so a byte costs a store and an increment (no
+//!   bounds check, no branch). Slices (string contents) are copied only if
+//!   they fit; one that does not fit marks the encoding failed.
+//! * `len` counts every byte written or skipped. Once it exceeds
+//!   [`FAST_CAP`] the bytes in the buffer are garbage (single bytes wrapped
+//!   around) and [`FastBuf::finish`] reports the overflow; the caller then
+//!   encodes the event with the general encoder instead. Nothing here
 //!   panics, and there is no "failed" flag to test on every write.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a *redundant*
 //!   varint (`0x80 | low7, high7`), the same non-minimal form Perfetto's own
-//!   encoder uses for nested sizes; every protobuf parser accepts it. A body
-//!   longer than 16383 bytes cannot be expressed and fails the buffer.
+//!   encoder uses for nested sizes; every protobuf parser accepts it.
+
+/// Capacity of a fast-path buffer (a power of two: see the module docs).
+pub(crate) const FAST_CAP: usize = 512;
+
+const MASK: usize = FAST_CAP - 1;
+
+/// A `len` no encoding reaches by single bytes: a slice did not fit.
+const FAILED: usize = usize::MAX / 2;
 
 /// A cursor over a caller's buffer. See the module docs.
 pub(crate) struct FastBuf<'b> {
-    buf: &'b mut [u8],
-    /// Bytes written or skipped; past `buf.len()` the encoding failed.
+    buf: &'b mut [u8; FAST_CAP],
+    /// Bytes written or skipped; past `FAST_CAP` the encoding failed.
     len: usize,
 }
 
-/// Largest body a 2-byte redundant varint length can describe.
-const MAX_LEN2: usize = (1 << 14) - 1;
-
-/// A `len` no buffer reaches: the encoding failed.
-const FAILED: usize = usize::MAX / 2;
-
 impl<'b> FastBuf<'b> {
-    pub(crate) fn new(buf: &'b mut [u8]) -> Self {
+    #[inline(always)]
+    pub(crate) fn new(buf: &'b mut [u8; FAST_CAP]) -> Self {
         FastBuf { buf, len: 0 }
     }
 
     /// Bytes written, or `None` if the buffer was too small.
     #[inline(always)]
     pub(crate) fn finish(&self) -> Option<usize> {
-        (self.len <= self.buf.len()).then_some(self.len)
+        (self.len <= FAST_CAP).then_some(self.len)
     }
 
-    /// Appends raw bytes (a tag, a constant prefix, string contents).
+    /// Appends raw bytes (string contents, multi-byte tags).
     #[inline(always)]
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        let end = self.len.saturating_add(bytes.len());
-        if let Some(dst) = self.buf.get_mut(self.len..end) {
-            dst.copy_from_slice(bytes);
+        match self
+            .buf
+            .get_mut(self.len..self.len.wrapping_add(bytes.len()))
+        {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.len = FAILED,
         }
-        self.len = end;
     }
 
     /// Appends one byte.
     #[inline(always)]
     pub(crate) fn byte(&mut self, b: u8) {
-        if let Some(dst) = self.buf.get_mut(self.len) {
-            *dst = b;
-        }
-        self.len = self.len.saturating_add(1);
+        self.buf[self.len & MASK] = b;
+        self.len += 1;
+    }
+
+    /// Appends two bytes (a two-byte tag, or a tag and a small value).
+    #[inline(always)]
+    pub(crate) fn byte2(&mut self, b: [u8; 2]) {
+        self.byte(b[0]);
+        self.byte(b[1]);
     }
 
     /// Appends a varint.
@@ -76,7 +93,9 @@ impl<'b> FastBuf<'b> {
     /// Appends 8 little-endian bytes (fixed64, double).
     #[inline(always)]
     pub(crate) fn fixed64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
+        for b in v.to_le_bytes() {
+            self.byte(b);
+        }
     }
 
     /// Appends a length-delimited string/bytes field body: `len` varint then
@@ -91,23 +110,18 @@ impl<'b> FastBuf<'b> {
     /// body starts.
     #[inline(always)]
     pub(crate) fn begin_nested(&mut self) -> usize {
-        self.bytes(&[0, 0]);
+        self.len += 2;
         self.len
     }
 
     /// Back-fills the length of the nested message whose body started at
-    /// `start`.
+    /// `start`. A body longer than a 2-byte varint can say is longer than
+    /// the buffer, so [`FastBuf::finish`] reports it.
     #[inline(always)]
     pub(crate) fn end_nested(&mut self, start: usize) {
         let size = self.len.wrapping_sub(start);
-        if size > MAX_LEN2 {
-            self.len = FAILED;
-            return;
-        }
-        if let Some(dst) = self.buf.get_mut(start.wrapping_sub(2)..start) {
-            dst[0] = (size as u8 & 0x7F) | 0x80;
-            dst[1] = (size >> 7) as u8;
-        }
+        self.buf[start.wrapping_sub(2) & MASK] = (size as u8 & 0x7F) | 0x80;
+        self.buf[start.wrapping_sub(1) & MASK] = (size >> 7) as u8;
     }
 }
 
@@ -117,7 +131,7 @@ mod tests {
 
     #[test]
     fn varints_and_nesting() {
-        let mut b = [0u8; 64];
+        let mut b = [0u8; FAST_CAP];
         let mut f = FastBuf::new(&mut b);
         f.byte(0x40);
         f.varint(300);
@@ -130,24 +144,26 @@ mod tests {
 
     #[test]
     fn overflow_is_reported_not_panicked() {
-        let mut b = [0u8; 4];
+        let mut b = [0u8; FAST_CAP];
+        // A slice that does not fit.
         let mut f = FastBuf::new(&mut b);
+        f.bytes(&[7u8; FAST_CAP - 2]);
         f.bytes(b"abc");
-        f.bytes(b"de");
+        f.byte(1);
         assert_eq!(f.finish(), None);
-        let mut b = [0u8; 5];
+        // Single bytes past the end wrap around harmlessly.
         let mut f = FastBuf::new(&mut b);
-        f.varint(u64::MAX);
-        assert_eq!(f.finish(), None);
-    }
-
-    #[test]
-    fn nested_too_long() {
-        let mut b = vec![0u8; 20000];
-        let mut f = FastBuf::new(&mut b);
+        for _ in 0..FAST_CAP / 8 {
+            f.varint(u64::MAX);
+        }
         let at = f.begin_nested();
-        f.bytes(&[1u8; MAX_LEN2 + 1]);
         f.end_nested(at);
         assert_eq!(f.finish(), None);
+        // Exactly full is fine.
+        let mut f = FastBuf::new(&mut b);
+        f.bytes(&[7u8; FAST_CAP - 1]);
+        f.byte(9);
+        assert_eq!(f.finish(), Some(FAST_CAP));
+        assert_eq!(b[FAST_CAP - 1], 9);
     }
 }

@@ -52,7 +52,11 @@ fn hot_path_timing() {
     };
     lb.start_track_event(401, 1, cfg);
     let counter = CounterTrack::new("perf.counter");
-    let n = 100_000;
+    // Fewer iterations for instruction counting under valgrind.
+    let n = std::env::var("SHMTRACE_PERF_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     for _ in 0..2 {
         time(&lb, "Timestamp::now()", n, |_| {
             std::hint::black_box(crate::Timestamp::now());
