@@ -404,7 +404,7 @@ pub(crate) fn decode_config(raw: Option<&Bytes>) -> DataSourceConfig {
 /// the data source's extra fields (those the protocol schema knows, e.g.
 /// `gpu_counter_descriptor`; later fields replace earlier ones). The
 /// identity and notification fields are always ours.
-fn descriptor_proto(d: &DescriptorInfo) -> pb::DataSourceDescriptor {
+pub(crate) fn descriptor_proto(d: &DescriptorInfo) -> pb::DataSourceDescriptor {
     let mut desc = pb::DataSourceDescriptor::default();
     if !d.extra_fields.is_empty() {
         if let Err(e) = prost::Message::merge(&mut desc, &d.extra_fields[..]) {

@@ -3,6 +3,8 @@
 //! patches, packets decoded with a prost schema.
 
 mod alloc;
+mod descriptor;
 mod loopback;
+mod names;
 mod perf;
 mod runtime;
