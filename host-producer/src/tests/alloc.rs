@@ -1,5 +1,6 @@
 //! Proof that the hot path does not allocate: a counting global allocator
-//! (per thread) around thousands of events of every kind, after warm-up.
+//! (per thread) around thousands of events of every kind, in two concurrent
+//! track_event sessions plus a custom data source, after warm-up.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -11,7 +12,7 @@ use crate::filter::TrackEventConfig;
 use crate::runtime::runtime;
 use crate::{
     trace_counter, trace_event, trace_instant, track_event, Arg, Category, CounterTrack,
-    DebugValue, Flow, Track,
+    DataSource, DataSourceConfig, DebugValue, DynamicCategory, EventName, Flow, Track,
 };
 
 struct Counting;
@@ -55,7 +56,17 @@ fn allocations() -> u64 {
 static A_CAT: Category = Category::new("alloc.cat");
 static A_OFF: Category = Category::new("alloc.off");
 
-fn one_round(i: u64, counter: &CounterTrack<'_>, track: &Track<'_>) {
+/// What one round uses besides statics: made once, before the warm-up.
+struct Fixture {
+    counter: CounterTrack<'static>,
+    track: Track<'static>,
+    dynamic: DynamicCategory,
+    /// Names built at run time (not `'static`): written inline.
+    names: Vec<String>,
+    custom: DataSource,
+}
+
+fn one_round(i: u64, f: &Fixture) {
     let _outer = trace_event!(A_CAT, "outer", "i" => i, "s" => "text");
     {
         let _inner = trace_event!(A_CAT, "inner", "d" => 0.5, "b" => true);
@@ -65,46 +76,99 @@ fn one_round(i: u64, counter: &CounterTrack<'_>, track: &Track<'_>) {
         A_CAT.instant("flow_in").terminating_flows(&flow).emit();
         let dict = [("k", DebugValue::from(1)), ("v", DebugValue::from("x"))];
         let args = [Arg::new("dict", DebugValue::Dict(&dict))];
-        A_CAT.instant("nested").args(&args).track(track).emit();
+        A_CAT.instant("nested").args(&args).track(&f.track).emit();
     }
-    trace_counter!(A_CAT, counter, i as i64);
-    trace_counter!(A_CAT, counter, i as f64 * 0.5);
+    trace_counter!(A_CAT, &f.counter, i as i64);
+    trace_counter!(A_CAT, &f.counter, i as f64 * 0.5);
     trace_instant!(A_OFF, "disabled", "never" => 1);
+    // Dynamic name, dynamic category.
+    let name = f.names[i as usize % f.names.len()].as_str();
+    A_CAT.instant(EventName::Dynamic(name)).emit();
+    trace_instant!(f.dynamic, "in_dynamic", "i" => i);
+    // Extra TrackEvent fields from a callback (log_message-like field and
+    // an argument added by hand).
+    A_CAT.instant("with").emit_with(|ctx| {
+        ctx.event().uint64(ALLOC_TEST_FIELD, i);
+        ctx.add_arg(&Arg::new("extra", DebugValue::from(i)));
+    });
+    // A custom data source: one raw TracePacket per instance.
+    f.custom.trace(|ctx| {
+        ctx.packet(|p| {
+            p.uint64(8, i); // timestamp
+            p.bytes(900, b"payload"); // for_testing
+        });
+    });
 }
+
+/// An unused TrackEvent field number (readers skip it).
+const ALLOC_TEST_FIELD: u32 = 9999;
+
+/// Rounds measured after the warm-up.
+const ROUNDS: u64 = 10_000;
 
 #[test]
 fn hot_path_does_not_allocate() {
     let _s = serial();
     track_event::register_categories(&[&A_CAT, &A_OFF]);
-    let lb = Loopback::new(4 << 20, PageLayout::Div1, false);
-    let cfg = TrackEventConfig {
-        disabled_categories: vec!["alloc.off".into()],
+    let custom = DataSource::register("alloc.custom", crate::NoopHandler).unwrap();
+    let lb = Loopback::new(8 << 20, PageLayout::Div1, false);
+    // Two concurrent track_event sessions (buffers 1 and 2) and one of the
+    // custom data source (buffer 3).
+    for (id, buffer) in [(301, 1), (302, 2)] {
+        let cfg = TrackEventConfig {
+            disabled_categories: vec!["alloc.off".into()],
+            ..Default::default()
+        };
+        lb.start_track_event(id, buffer, cfg);
+    }
+    let config = DataSourceConfig {
+        name: "alloc.custom".into(),
+        target_buffer: 3,
         ..Default::default()
     };
-    lb.start_track_event(301, 1, cfg);
-    let counter = CounterTrack::new("alloc.counter");
-    let track = Track::new(5).with_name("alloc.track");
-    // Warm-up: creates the writer, interns every string, emits every
+    assert!(runtime().setup_data_source(303, config));
+    runtime().start_data_source(303);
+    let f = Fixture {
+        counter: CounterTrack::new("alloc.counter"),
+        track: Track::new(5).with_name("alloc.track"),
+        dynamic: DynamicCategory::new("alloc.dynamic"),
+        names: (0..4).map(|n| format!("dyn-name-{n}")).collect(),
+        custom,
+    };
+    assert!(f.dynamic.is_enabled() && f.custom.is_enabled());
+    // Warm-up: creates the writers, interns every string, emits every
     // descriptor, sizes the commit buffers.
     for i in 0..2000 {
-        one_round(i, &counter, &track);
+        one_round(i, &f);
     }
     lb.drain();
     let before = allocations();
-    for i in 0..20_000 {
-        one_round(i, &counter, &track);
-        if i % 500 == 0 {
+    for i in 0..ROUNDS {
+        one_round(i, &f);
+        if i % 250 == 0 {
             // Let the service free chunks (on the pump thread, not counted).
             std::thread::yield_now();
         }
     }
     let after = allocations();
     let dropped = crate::stats().packets_dropped;
-    runtime().stop_data_source(301);
-    let events: usize = lb.sequences().values().map(|s| s.packets.len()).sum();
+    for id in [301, 302, 303] {
+        runtime().stop_data_source(id);
+    }
+    // Packets per target buffer: each session got every kind of event.
+    let seqs = lb.sequences();
+    let targets = lb.received().chunk_targets.clone();
+    let mut per_buffer = [0usize; 4];
+    for (writer, seq) in &seqs {
+        per_buffer[targets[writer] as usize] += seq.packets.len();
+    }
     assert!(
-        events > 20_000 * 9,
-        "the events were really written ({events} packets)"
+        per_buffer[1] > (ROUNDS * 12) as usize && per_buffer[2] > (ROUNDS * 12) as usize,
+        "both track_event sessions were written: {per_buffer:?} ({dropped} dropped)"
+    );
+    assert!(
+        per_buffer[3] > ROUNDS as usize,
+        "the custom data source was written: {per_buffer:?}"
     );
     assert_eq!(
         after - before,
