@@ -145,6 +145,9 @@ impl fmt::Debug for Category {
 
 /// A category known only at run time (e.g. from a script engine).
 ///
+/// One named `disabled-by-default-…` is tagged `slow`, as upstream's C++ SDK
+/// does, so sessions leave it off unless they ask for it.
+///
 /// Creating one looks the name up in the registry (a lock and a hash
 /// lookup), so create it once and keep it; after that it is as cheap as a
 /// static [`Category`].
@@ -184,6 +187,11 @@ impl DynamicCategory {
         self.category.is_enabled()
     }
 }
+
+/// Dynamic categories named with this prefix get the `slow` tag (disabled
+/// unless a session asks for them), as in the C++ SDK's
+/// `Category::FromDynamicCategory`; static ones set their tags themselves.
+const LEGACY_SLOW_PREFIX: &str = "disabled-by-default-";
 
 /// The filters of the running track event instances, by slot.
 type ActiveFilters = [Option<TrackEventConfig>; MAX_INSTANCES];
@@ -271,7 +279,11 @@ impl Registry {
             return c;
         }
         let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        let cat: &'static Category = Box::leak(Box::new(Category::new(name)));
+        let mut cat = Category::new(name);
+        if !cat.group && name.starts_with(LEGACY_SLOW_PREFIX) {
+            cat = cat.with_tags(&["slow"]);
+        }
+        let cat: &'static Category = Box::leak(Box::new(cat));
         inner.apply(cat);
         inner.dynamics.insert(name, cat);
         cat
@@ -319,5 +331,25 @@ mod tests {
         assert_eq!(C.enabled_instances(), 0b1000);
         C.set_instance(3, false);
         assert!(!C.is_enabled());
+    }
+
+    #[test]
+    fn disabled_by_default_dynamic_categories_are_slow() {
+        let slow = DynamicCategory::new("disabled-by-default-cat.test");
+        assert_eq!(slow.category().tags(), &["slow"]);
+        let plain = DynamicCategory::new("cat.test.plain");
+        assert!(plain.category().tags().is_empty());
+        let group = DynamicCategory::new("disabled-by-default-cat.g1,cat.g2");
+        assert!(group.category().tags().is_empty(), "groups carry no tags");
+
+        let tags_of = |c: DynamicCategory| move |_: &str| c.category().tags();
+        let default = TrackEventConfig::default();
+        assert!(!default.is_enabled(slow.name(), tags_of(slow)));
+        assert!(default.is_enabled(plain.name(), tags_of(plain)));
+        let asked = TrackEventConfig {
+            enabled_tags: vec!["slow".into()],
+            ..Default::default()
+        };
+        assert!(asked.is_enabled(slow.name(), tags_of(slow)));
     }
 }

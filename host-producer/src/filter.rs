@@ -16,17 +16,33 @@
 //! | 8    | `disabled_tags`      | pattern | disabled |
 //!
 //! If no step matches, the category is enabled (the C++ API's default, which
-//! this Rust API follows). `disabled_tags` defaults to `["slow", "debug"]`
-//! when the config leaves it empty.
+//! this Rust API follows). When the config sets neither `disabled_tags` nor
+//! `enabled_tags`, `disabled_tags` acts as `["slow", "debug"]` (as the C++
+//! SDK does).
 //!
-//! An entry is a *pattern* if it contains `*` (any run of characters) or `?`
-//! (one character); otherwise it is compared exactly. A pattern never takes
-//! part in the exact steps, and an exact entry never matches in the pattern
-//! steps, so each entry is considered once. Upstream only supports one
-//! trailing `*`; every such pattern means the same thing here.
+//! # Patterns
 //!
-//! A *group* name (`"rendering,benchmark"`) is enabled if any of its members
-//! is; members are looked up (for their tags) by the caller.
+//! As upstream: an entry containing `*` is a *pattern* and matches every
+//! name that starts with the text before its first `*` (so `"*"` matches
+//! everything, `"gfx.*"` everything under `gfx.`; whatever follows the first
+//! `*` is ignored, upstream supports only a trailing one). Any other entry,
+//! `?` included, is compared exactly. A pattern never takes part in the
+//! exact steps, and an exact entry never matches in the pattern steps.
+//!
+//! # Upstream, checked in the SDK source (perfetto-sdk-sys 1.4.0)
+//!
+//! * The C API (`IsSingleCategoryEnabled`) uses exactly this order, with
+//!   two passes (exact, then pattern), but disables a category nothing
+//!   matched and has no default disabled tags.
+//! * The C++ API (`TrackEventInternal::IsCategoryEnabled`) enables a
+//!   category nothing matched and disables `slow`/`debug` tags when both
+//!   tag lists are empty, like this module; but within each pass it checks
+//!   enabled categories, disabled categories, disabled tags, then enabled
+//!   tags, and it matches a lone `"*"` only in a third pass after every
+//!   other pattern. This module keeps the seed's order (the C API's), so a
+//!   config relying on those C++-only differences (an enabled tag against
+//!   a disabled category or tag of the same pass; `"*"` against a longer
+//!   pattern) can decide differently here.
 
 use crate::category::group_members;
 
@@ -38,13 +54,14 @@ pub struct TrackEventConfig {
     pub disabled_categories: Vec<String>,
     /// `enabled_categories` (field 2).
     pub enabled_categories: Vec<String>,
-    /// `disabled_tags` (field 3). Empty means `["slow", "debug"]`.
+    /// `disabled_tags` (field 3). Empty means `["slow", "debug"]` unless
+    /// `enabled_tags` is set.
     pub disabled_tags: Vec<String>,
     /// `enabled_tags` (field 4).
     pub enabled_tags: Vec<String>,
 }
 
-/// Tags disabled when `disabled_tags` is empty.
+/// Tags disabled when neither tag list is set.
 pub const DEFAULT_DISABLED_TAGS: [&str; 2] = ["slow", "debug"];
 
 /// Which step of the matching order decided (see the module docs).
@@ -84,40 +101,19 @@ impl Step {
     }
 }
 
-/// `true` if `entry` is a glob pattern rather than an exact name.
+/// `true` if `entry` is a pattern rather than an exact name.
 fn is_pattern(entry: &str) -> bool {
-    entry.bytes().any(|b| b == b'*' || b == b'?')
+    entry.contains('*')
 }
 
-/// Glob match of `name` against `pattern` (`*` = any run, `?` = one
-/// character). Linear-time two-pointer algorithm with backtracking to the
-/// last star.
-pub fn glob_matches(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    let (mut pi, mut ni) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        match p.get(pi) {
-            Some('*') => {
-                star = Some((pi, ni));
-                pi += 1;
-            }
-            Some(&c) if c == '?' || c == n[ni] => {
-                pi += 1;
-                ni += 1;
-            }
-            _ => match star {
-                Some((sp, sn)) => {
-                    pi = sp + 1;
-                    ni = sn + 1;
-                    star = Some((sp, sn + 1));
-                }
-                None => return false,
-            },
-        }
+/// Whether `name` matches `pattern` the way upstream's SDK matches: the
+/// text before the first `*` must be a prefix of `name` (the rest of the
+/// pattern is ignored). A pattern without `*` must equal `name`.
+pub fn pattern_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        Some((prefix, _)) => name.starts_with(prefix),
+        None => pattern == name,
     }
-    p[pi..].iter().all(|&c| c == '*')
 }
 
 #[derive(Clone, Copy)]
@@ -129,7 +125,7 @@ enum Phase {
 fn list_matches<S: AsRef<str>>(list: &[S], name: &str, phase: Phase) -> bool {
     list.iter().map(AsRef::as_ref).any(|entry| match phase {
         Phase::Exact => !is_pattern(entry) && entry == name,
-        Phase::Pattern => is_pattern(entry) && glob_matches(entry, name),
+        Phase::Pattern => is_pattern(entry) && pattern_matches(entry, name),
     })
 }
 
@@ -138,7 +134,7 @@ impl TrackEventConfig {
     pub fn decide(&self, name: &str, tags: &[&str]) -> Step {
         let any_tag = |list: &[String], phase| tags.iter().any(|t| list_matches(list, t, phase));
         let disabled_tag = |phase| {
-            if self.disabled_tags.is_empty() {
+            if self.disabled_tags.is_empty() && self.enabled_tags.is_empty() {
                 tags.iter()
                     .any(|t| list_matches(&DEFAULT_DISABLED_TAGS, t, phase))
             } else {
@@ -209,19 +205,20 @@ mod tests {
     }
 
     #[test]
-    fn glob() {
-        assert!(glob_matches("*", ""));
-        assert!(glob_matches("*", "anything"));
-        assert!(glob_matches("foo*", "foo"));
-        assert!(glob_matches("foo*", "foo.bar"));
-        assert!(!glob_matches("foo*", "fo"));
-        assert!(glob_matches("*.debug", "gfx.debug"));
-        assert!(!glob_matches("*.debug", "gfx.debugx"));
-        assert!(glob_matches("a*b*c", "aXXbYYc"));
-        assert!(!glob_matches("a*b*c", "aXXbYY"));
-        assert!(glob_matches("f?o", "foo"));
-        assert!(!glob_matches("f?o", "fo"));
-        assert!(glob_matches("**", "x"));
+    fn patterns_match_like_upstream() {
+        assert!(pattern_matches("*", ""));
+        assert!(pattern_matches("*", "anything"));
+        assert!(pattern_matches("foo*", "foo"));
+        assert!(pattern_matches("foo*", "foo.bar"));
+        assert!(!pattern_matches("foo*", "fo"));
+        // Only the text before the first `*` counts.
+        assert!(pattern_matches("*.debug", "gfx.other"));
+        assert!(pattern_matches("a*c", "aXXbYY"));
+        // `?` is an ordinary character.
+        assert!(!pattern_matches("f?o", "foo"));
+        assert!(pattern_matches("f?o", "f?o"));
+        assert!(!is_pattern("f?o"));
+        assert!(pattern_matches("**", "x"));
     }
 
     /// One row: config, category (name, tags), expected deciding step.
@@ -361,6 +358,16 @@ mod tests {
             row(cfg(&[], &["foo"], &[], &[]), "foobar", &[], Default),
             // Default tags apply per tag, exact only.
             row(cfg(&[], &[], &[], &[]), "c", &["slowish"], Default),
+            // Setting enabled_tags drops the default disabled tags (C++ SDK).
+            row(cfg(&[], &[], &["other"], &[]), "s", &["slow"], Default),
+            // `?` is no wildcard; an inner `*` ends the pattern.
+            row(cfg(&["f?o"], &[], &[], &[]), "foo", &[], Default),
+            row(
+                cfg(&[], &["gfx*.debug"], &[], &[]),
+                "gfx.main",
+                &[],
+                PatternDisabledCategory,
+            ),
         ]
     }
 

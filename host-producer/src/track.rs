@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use shmtrace_abi::proto::{Message, Sink};
 
+use crate::category::Category;
 use crate::sys;
 
 /// `TrackDescriptor.ChildTracksOrdering`.
@@ -51,15 +52,20 @@ pub enum CounterUnit {
 pub(crate) enum TrackKind<'a> {
     Custom,
     Process,
-    Thread {
-        tid: i64,
-    },
-    Counter {
-        unit: CounterUnit,
-        unit_name: Option<&'a str>,
-        multiplier: i64,
-        incremental: bool,
-    },
+    Thread { tid: i64 },
+    Counter(CounterSpec<'a>),
+}
+
+/// What a counter track's `CounterDescriptor` says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CounterSpec<'a> {
+    unit: CounterUnit,
+    unit_name: Option<&'a str>,
+    multiplier: i64,
+    incremental: bool,
+    /// `categories` (2): the category named on the track (counter events
+    /// carry none).
+    category: Option<&'static str>,
 }
 
 /// A timeline events are placed on. Cheap to copy; build it where you use
@@ -235,13 +241,17 @@ impl<'a> Track<'a> {
                     }
                 });
             }
-            TrackKind::Counter {
+            TrackKind::Counter(CounterSpec {
                 unit,
                 unit_name,
                 multiplier,
                 incremental,
-            } => {
+                category,
+            }) => {
                 desc.nested(8, |c| {
+                    if let Some(category) = category {
+                        c.string(2, category);
+                    }
                     if unit != CounterUnit::Unspecified {
                         c.enumeration(3, unit as i32);
                     }
@@ -318,53 +328,53 @@ impl<'a> CounterTrack<'a> {
         let base = Track::child_of(parent, fnv1a(name) ^ COUNTER_TRACK_MAGIC).with_name(name);
         CounterTrack {
             track: Track {
-                kind: TrackKind::Counter {
+                kind: TrackKind::Counter(CounterSpec {
                     unit: CounterUnit::Unspecified,
                     unit_name: None,
                     multiplier: 1,
                     incremental: false,
-                },
+                    category: None,
+                }),
                 ..base
             },
         }
     }
 
-    fn map_counter(
-        self,
-        f: impl FnOnce(&mut CounterUnit, &mut Option<&'a str>, &mut i64, &mut bool),
-    ) -> Self {
+    fn map_counter(self, f: impl FnOnce(&mut CounterSpec<'a>)) -> Self {
         let mut t = self.track;
-        if let TrackKind::Counter {
-            unit,
-            unit_name,
-            multiplier,
-            incremental,
-        } = &mut t.kind
-        {
-            f(unit, unit_name, multiplier, incremental);
+        if let TrackKind::Counter(spec) = &mut t.kind {
+            f(spec);
         }
         CounterTrack { track: t }
     }
 
     /// Sets the unit.
     pub fn with_unit(self, unit: CounterUnit) -> Self {
-        self.map_counter(|u, _, _, _| *u = unit)
+        self.map_counter(|c| c.unit = unit)
     }
 
     /// Sets a free-form unit name ("fps").
     pub fn with_unit_name(self, name: &'a str) -> Self {
-        self.map_counter(|_, n, _, _| *n = Some(name))
+        self.map_counter(|c| c.unit_name = Some(name))
     }
 
     /// Values are multiplied by `multiplier` (e.g. 1024 for KiB samples of
     /// a byte counter).
     pub fn with_multiplier(self, multiplier: i64) -> Self {
-        self.map_counter(|_, _, m, _| *m = multiplier)
+        self.map_counter(|c| c.multiplier = multiplier)
     }
 
     /// Values are deltas to add up.
     pub fn with_incremental(self, incremental: bool) -> Self {
-        self.map_counter(|_, _, _, i| *i = incremental)
+        self.map_counter(|c| c.incremental = incremental)
+    }
+
+    /// Names `category` in the track's descriptor
+    /// (`CounterDescriptor.categories`), as the C++ SDK's
+    /// `CounterTrack::set_category` does: counter events carry no category,
+    /// so this is where a trace shows one. Off by default, as upstream.
+    pub fn with_category(self, category: &'static Category) -> Self {
+        self.map_counter(|c| c.category = Some(category.name()))
     }
 
     /// The underlying track.
@@ -546,5 +556,50 @@ mod tests {
         assert_eq!(Flow::global(5).id(), 5);
         assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    /// `TrackDescriptor.counter` (8) with `CounterDescriptor.categories`
+    /// (2), the one field the shared test schema lacks.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct CounterCategories {
+        #[prost(message, optional, tag = "8")]
+        counter: Option<Categories>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Categories {
+        #[prost(string, repeated, tag = "2")]
+        categories: Vec<String>,
+        #[prost(int32, optional, tag = "3")]
+        unit: Option<i32>,
+    }
+
+    fn counter_descriptor(t: &CounterTrack<'_>) -> Categories {
+        let mut buf = [0u8; 256];
+        let n = shmtrace_abi::proto::encode_to_slice(&mut buf, |d| t.track().write_descriptor(d))
+            .unwrap();
+        let d: CounterCategories = prost::Message::decode(&buf[..n]).unwrap();
+        d.counter.expect("a counter descriptor")
+    }
+
+    #[test]
+    fn counter_tracks_name_their_category_only_when_asked() {
+        static MEM: Category = Category::new("memory");
+        let plain = CounterTrack::new("rss").with_unit(CounterUnit::SizeBytes);
+        let d = counter_descriptor(&plain);
+        assert!(
+            d.categories.is_empty(),
+            "none unless asked (upstream default)"
+        );
+        assert_eq!(d.unit, Some(CounterUnit::SizeBytes as i32));
+        let tagged = plain.with_category(&MEM);
+        let d = counter_descriptor(&tagged);
+        assert_eq!(d.categories, ["memory"]);
+        assert_eq!(
+            d.unit,
+            Some(CounterUnit::SizeBytes as i32),
+            "other fields kept"
+        );
+        assert_eq!(tagged.track().uuid(), plain.track().uuid(), "same track");
     }
 }
