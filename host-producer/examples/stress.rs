@@ -20,19 +20,28 @@
 //! array) } }, an int counter and a double counter; leftover events are
 //! plain instants.
 //!
+//! Each event is emitted only if its own category is enabled at that
+//! moment (a session may enable `stress` but not `stress.flow`); the counts
+//! say exactly what was handed to the library, and `skipped_disabled` how
+//! many of the N events were not because their category was off.
+//!
 //! Output: a human summary on stderr and, on stdout, one JSON line
 //! `{"event":"done", "pid", "events", "threads", "nested_args",
-//! "ns_per_event", "wall_ns_per_event", "packets_dropped", "emitted":{…}}`
-//! whose `emitted` has exactly the keys of the interop checker
-//! (`tests/checker/check_trace.py --expect`), then `{"event":"stopped"}`.
+//! "ns_per_event", "wall_ns_per_event", "packets_dropped", "stats":{…},
+//! "emitted":{…}}` whose `emitted` has exactly the keys of the interop
+//! checker (`tests/checker/check_trace.py --expect`) and `stats` is the
+//! producer's [`stats()`](shmtrace_producer::stats) once emission ended
+//! (every drop it counted: what reached the trace is what was emitted less
+//! those), then `{"event":"stopped","stats":{…}}` once the session stopped.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use shmtrace_producer::track_event::SliceGuard;
 use shmtrace_producer::{
     trace_counter, trace_event, track_event, Arg, BufferExhaustedPolicy, Category, CounterTrack,
-    DebugValue, Flow, ProducerConfig,
+    DebugValue, Flow, ProducerConfig, ProducerStats,
 };
 
 static STRESS: Category =
@@ -107,6 +116,30 @@ impl Counts {
     }
 }
 
+impl Counts {
+    /// Whether `category` is enabled for the next event; if not, the event
+    /// is counted as skipped. Each event is checked against its own
+    /// category, so a session that enables only some of them gets exactly
+    /// the counts of what it enabled.
+    fn on(&mut self, category: &Category) -> bool {
+        let on = category.is_enabled();
+        if !on {
+            self.skipped_disabled += 1;
+        }
+        on
+    }
+
+    /// Counts the end of a scoped slice whose guard is about to drop: it is
+    /// written if its begin was and the category is still enabled.
+    fn end(&mut self, begun: bool) {
+        if begun && STRESS.is_enabled() {
+            self.slice_end += 1;
+        } else {
+            self.skipped_disabled += 1;
+        }
+    }
+}
+
 /// One thread's share: `events` events, in groups of 10.
 fn emit(index: usize, events: u64) -> (Counts, Duration) {
     let mut c = Counts::default();
@@ -119,69 +152,85 @@ fn emit(index: usize, events: u64) -> (Counts, Duration) {
     let start = Instant::now();
     let groups = events / 10;
     for g in 0..groups {
-        if !STRESS.is_enabled() {
-            c.skipped_disabled += 10;
-            continue;
-        }
-        {
-            let _outer = trace_event!(STRESS, "outer", "i" => g as i64, "label" => label.as_str());
+        let outer_begun = c.on(&STRESS);
+        let outer = if outer_begun {
             c.slice_begin += 1;
             c.arg_int += 1;
             c.arg_string += 1;
-            {
-                let _inner =
-                    trace_event!(STRESS, "inner", "ratio" => g as f64 / 3.0, "even" => g % 2 == 0);
-                c.slice_begin += 1;
-                c.arg_double += 1;
-                c.arg_bool += 1;
+            trace_event!(STRESS, "outer", "i" => g as i64, "label" => label.as_str())
+        } else {
+            SliceGuard::disabled()
+        };
+        let inner_begun = c.on(&STRESS);
+        let inner = if inner_begun {
+            c.slice_begin += 1;
+            c.arg_double += 1;
+            c.arg_bool += 1;
+            trace_event!(STRESS, "inner", "ratio" => g as f64 / 3.0, "even" => g % 2 == 0)
+        } else {
+            SliceGuard::disabled()
+        };
 
-                let tick = [
-                    Arg::new("ptr", DebugValue::pointer(&pointee)),
-                    Arg::new("big", u64::MAX - g),
-                ];
-                STRESS.instant("tick").args(&tick).emit();
-                c.instant += 1;
-                c.arg_pointer += 1;
-                c.arg_uint += 1;
-
-                let flow = [Flow::process_scoped(((index as u64) << 40) | g)];
-                STRESS_FLOW.instant("flow_out").flows(&flow).emit();
-                STRESS_FLOW
-                    .instant("flow_in")
-                    .terminating_flows(&flow)
-                    .emit();
-                c.instant += 2;
-                c.flow_begin += 1;
-                c.flow_end += 1;
-
-                let items = [
-                    DebugValue::from(1),
-                    DebugValue::from(2.5),
-                    DebugValue::from("three"),
-                ];
-                let dict = [
-                    ("count", DebugValue::from(g)),
-                    ("items", DebugValue::Array(&items)),
-                ];
-                let nested = [Arg::new("dict", DebugValue::Dict(&dict))];
-                STRESS.instant("nested").args(&nested).emit();
-                c.instant += 1;
-                c.arg_nested += 1;
-            }
-            c.slice_end += 1;
+        if c.on(&STRESS) {
+            let tick = [
+                Arg::new("ptr", DebugValue::pointer(&pointee)),
+                Arg::new("big", u64::MAX - g),
+            ];
+            STRESS.instant("tick").args(&tick).emit();
+            c.instant += 1;
+            c.arg_pointer += 1;
+            c.arg_uint += 1;
         }
-        c.slice_end += 1;
-        trace_counter!(STRESS_COUNTER, &int_track, g as i64);
-        trace_counter!(STRESS_COUNTER, &double_track, g as f64 * 0.25);
-        c.counter_int += 1;
-        c.counter_double += 1;
+
+        let flow = [Flow::process_scoped(((index as u64) << 40) | g)];
+        if c.on(&STRESS_FLOW) {
+            STRESS_FLOW.instant("flow_out").flows(&flow).emit();
+            c.instant += 1;
+            c.flow_begin += 1;
+        }
+        if c.on(&STRESS_FLOW) {
+            STRESS_FLOW
+                .instant("flow_in")
+                .terminating_flows(&flow)
+                .emit();
+            c.instant += 1;
+            c.flow_end += 1;
+        }
+
+        if c.on(&STRESS) {
+            let items = [
+                DebugValue::from(1),
+                DebugValue::from(2.5),
+                DebugValue::from("three"),
+            ];
+            let dict = [
+                ("count", DebugValue::from(g)),
+                ("items", DebugValue::Array(&items)),
+            ];
+            let nested = [Arg::new("dict", DebugValue::Dict(&dict))];
+            STRESS.instant("nested").args(&nested).emit();
+            c.instant += 1;
+            c.arg_nested += 1;
+        }
+
+        c.end(inner_begun);
+        drop(inner);
+        c.end(outer_begun);
+        drop(outer);
+
+        if c.on(&STRESS_COUNTER) {
+            trace_counter!(STRESS_COUNTER, &int_track, g as i64);
+            c.counter_int += 1;
+        }
+        if c.on(&STRESS_COUNTER) {
+            trace_counter!(STRESS_COUNTER, &double_track, g as f64 * 0.25);
+            c.counter_double += 1;
+        }
     }
     for _ in 0..events % 10 {
-        if STRESS.is_enabled() {
+        if c.on(&STRESS) {
             STRESS.instant("tick").emit();
             c.instant += 1;
-        } else {
-            c.skipped_disabled += 1;
         }
     }
     (c, start.elapsed())
@@ -236,6 +285,21 @@ fn parse() -> Result<Options, String> {
         return Err("-t must be 1..=4096".into());
     }
     Ok(o)
+}
+
+/// The producer's counters as a JSON object.
+fn stats_json(s: &ProducerStats) -> String {
+    format!(
+        "{{\"chunks_committed\":{},\"chunks_lost\":{},\"acquire_failures\":{},\"stalls\":{},\
+         \"stalls_given_up\":{},\"chunks_reclaimed\":{},\"packets_dropped\":{}}}",
+        s.chunks_committed,
+        s.chunks_lost,
+        s.acquire_failures,
+        s.stalls,
+        s.stalls_given_up,
+        s.chunks_reclaimed,
+        s.packets_dropped
+    )
 }
 
 fn wait_until(want: bool, timeout: Duration) -> bool {
@@ -316,19 +380,20 @@ fn main() -> ExitCode {
     let stats_after_emit = shmtrace_producer::stats();
     eprintln!(
         "stress: {} events over {} threads in {:.3} s: {:.1} ns/event per thread, {:.1} ns/event wall \
-         ({:.2} M events/s); {} dropped (SMB full), {} chunks",
+         ({:.2} M events/s); {} skipped (category off), {} dropped (SMB full), {} chunks",
         total.events(),
         o.threads,
         wall.as_secs_f64(),
         ns_per_event,
         wall_ns_per_event,
         events as f64 / wall.as_secs_f64() / 1e6,
+        total.skipped_disabled,
         stats_after_emit.packets_dropped,
         stats_after_emit.chunks_committed
     );
     println!(
         "{{\"event\":\"done\",\"pid\":{},\"events\":{},\"threads\":{},\"nested_args\":{},\"ns_per_event\":{:.1},\
-         \"wall_ns_per_event\":{:.1},\"packets_dropped\":{},\"emitted\":{}}}",
+         \"wall_ns_per_event\":{:.1},\"packets_dropped\":{},\"stats\":{},\"emitted\":{}}}",
         std::process::id(),
         total.events(),
         o.threads,
@@ -336,6 +401,7 @@ fn main() -> ExitCode {
         ns_per_event,
         wall_ns_per_event,
         stats_after_emit.packets_dropped,
+        stats_json(&stats_after_emit),
         total.json()
     );
     eprintln!("stress: waiting for the session to stop");
@@ -346,6 +412,9 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(3);
     }
-    println!("{{\"event\":\"stopped\"}}");
+    println!(
+        "{{\"event\":\"stopped\",\"stats\":{}}}",
+        stats_json(&shmtrace_producer::stats())
+    );
     ExitCode::SUCCESS
 }
