@@ -1,7 +1,7 @@
 //! Operating-system facts the producer needs: the trace clock, thread ids
 //! and names.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use rustix::time::{clock_gettime, ClockId};
 
@@ -46,20 +46,42 @@ pub fn current_tid() -> i64 {
 }
 
 thread_local! {
-    /// The thread's name, read once (`None` inside: the thread has none).
-    static THREAD_NAME: std::cell::OnceCell<Option<String>> = const { std::cell::OnceCell::new() };
+    /// The name written for the thread's track: `None` until first read
+    /// (or set); `Some(None)` if the thread has none.
+    static THREAD_NAME: RefCell<Option<Option<Box<str>>>> = const { RefCell::new(None) };
 }
 
-/// Calls `f` with the calling thread's name as the kernel knows it
-/// (`comm`), read once per thread, so later calls do not allocate.
+/// The kernel's name of the calling thread (`comm`, at most 15 bytes).
+fn kernel_thread_name() -> Option<Box<str>> {
+    let name = rustix::thread::name().ok()?;
+    let name = name.to_string_lossy();
+    (!name.is_empty()).then(|| name.into())
+}
+
+/// Calls `f` with the calling thread's name: the one given to
+/// [`set_thread_name`], else the kernel's (`comm`, which
+/// `std::thread::Builder::name` sets), read once per thread so later calls
+/// do not allocate. A rename through the OS after the first read is not
+/// seen; upstream's C SDK re-reads `comm` for every descriptor it writes.
 pub fn with_thread_name<R>(mut f: impl FnMut(Option<&str>) -> R) -> R {
-    let read = || {
-        let name = rustix::thread::name().ok()?;
-        let name = name.to_string_lossy().into_owned();
-        (!name.is_empty()).then_some(name)
-    };
-    THREAD_NAME
-        .try_with(|cell| f(cell.get_or_init(read).as_deref()))
-        // Thread-local storage is being torn down: read it uncached.
-        .unwrap_or_else(|_| f(read().as_deref()))
+    let cached = THREAD_NAME.try_with(|cell| {
+        let mut slot = cell.try_borrow_mut().ok()?;
+        Some(f(slot.get_or_insert_with(kernel_thread_name).as_deref()))
+    });
+    match cached {
+        Ok(Some(r)) => r,
+        // Thread-local storage is being torn down (or `f` re-entered):
+        // read it uncached.
+        _ => f(kernel_thread_name().as_deref()),
+    }
+}
+
+/// Sets the name written for the calling thread's track (any length; the
+/// kernel's name is left alone).
+pub fn set_thread_name(name: &str) {
+    let _ = THREAD_NAME.try_with(|cell| {
+        if let Ok(mut slot) = cell.try_borrow_mut() {
+            *slot = Some(Some(name.into()));
+        }
+    });
 }

@@ -295,6 +295,15 @@ impl ThreadTrack {
         Self::for_thread(sys::current_tid())
     }
 
+    /// Names the calling thread's track `name` in traces (default: the
+    /// kernel's thread name, which `std::thread::Builder::name` sets and
+    /// the kernel cuts to 15 bytes). Takes effect on each sequence's next
+    /// incremental-state reset, like [`set_process_name`]; what upstream's
+    /// C++ SDK does with `SetTrackDescriptor(ThreadTrack::Current(), …)`.
+    pub fn set_current_name(name: &str) {
+        sys::set_thread_name(name);
+    }
+
     /// The track of thread `tid` of this process.
     pub fn for_thread(tid: i64) -> Track<'static> {
         Track {
