@@ -815,6 +815,69 @@ mod tests {
         assert!(parts[1..].iter().all(|p| p.chunks_to_move.is_empty()));
     }
 
+    /// A fake service end over a socket pair: decodes every frame (a frame
+    /// over the IPC limit is a protocol error, as in the real service) and
+    /// returns the CommitData requests, or why it stopped early.
+    fn fake_service(
+        stream: std::os::unix::net::UnixStream,
+    ) -> std::thread::JoinHandle<Result<Vec<pb::CommitDataRequest>, String>> {
+        use shmtrace_ipc::host::{HostConnection, ServiceTable};
+        use shmtrace_ipc::socket::{recv_into, send_queued, Received};
+        std::thread::spawn(move || {
+            let table = std::sync::Arc::new(ServiceTable::from(ProducerPort));
+            let mut conn = HostConnection::<producer_port::Request>::new(table, None);
+            let mut commits = Vec::new();
+            loop {
+                match recv_into(&stream, conn.decoder()) {
+                    Ok(Received::Data(_)) | Ok(Received::WouldBlock) => {}
+                    Ok(Received::Closed) => return Ok(commits),
+                    Err(e) => return Err(format!("recv: {e}")),
+                }
+                while let Some(call) = conn.poll_call().map_err(|e| format!("{e}"))? {
+                    if let producer_port::Request::CommitData(c) = call.request {
+                        commits.push(c);
+                    }
+                }
+                send_queued(&stream, conn.out()).map_err(|e| format!("send: {e}"))?;
+            }
+        })
+    }
+
+    #[test]
+    fn emulated_commits_cross_a_real_socket_in_frames_the_service_accepts() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let service = fake_service(theirs);
+        let client = Client::from_stream(ours).unwrap();
+        let port = client.bind::<ProducerPort>().unwrap();
+        let shm = SharedMemory::heap(EMULATION_SMB_SIZE, 4096, true).unwrap();
+        let outbox = Arc::new(crate::outbox::Outbox::new());
+        let arbiter = Arbiter::new(shm, PageLayout::Div1, outbox);
+        assert!(arbiter.is_emulated());
+        // ~600 KiB of chunk bytes: one request would be ~5 frames too big.
+        let req = CommitRequest {
+            chunks_to_move: (0..150).map(|i| chunk(i, 4096)).collect(),
+            chunks_to_patch: (0..3).map(|i| patch(i, 4)).collect(),
+            flush_request_id: 42,
+        };
+        send(&port, Outgoing::Commit(req), Some(&arbiter)).expect("sent");
+        drop(port);
+        drop(client);
+        let commits = service.join().unwrap().expect("every frame accepted");
+        assert!(commits.len() >= 5, "{} commits", commits.len());
+        let chunks: usize = commits.iter().map(|c| c.chunks_to_move.len()).sum();
+        assert_eq!(chunks, 150);
+        assert!(commits.iter().flat_map(|c| &c.chunks_to_move).all(|m| m
+            .data
+            .as_ref()
+            .map(|d| d.len())
+            == Some(4096)
+            && m.page.is_none()));
+        let acks: Vec<_> = commits.iter().map(|c| c.flush_request_id).collect();
+        assert_eq!(acks.last(), Some(&Some(42)));
+        assert!(acks[..acks.len() - 1].iter().all(Option::is_none));
+        assert_eq!(commits.last().unwrap().chunks_to_patch.len(), 3);
+    }
+
     proptest::proptest! {
         #[test]
         fn emulated_split_keeps_every_promise(
