@@ -216,8 +216,10 @@ pub(crate) struct DataSourceType {
     policy: Mutex<BufferExhaustedPolicy>,
     slots: [InstanceSlot; MAX_INSTANCES],
     handler: Arc<dyn DataSourceHandler>,
-    /// Events dropped because they were emitted re-entrantly.
-    pub reentrant_drops: AtomicU64,
+    /// Events dropped because they were emitted re-entrantly: the
+    /// process-wide counter reported as
+    /// [`ProducerStats::reentrant_drops`](crate::ProducerStats::reentrant_drops).
+    pub reentrant_drops: &'static AtomicU64,
 }
 
 impl DataSourceType {
@@ -240,7 +242,7 @@ impl DataSourceType {
             policy: Mutex::new(policy),
             slots: Default::default(),
             handler,
-            reentrant_drops: AtomicU64::new(0),
+            reentrant_drops: &crate::arbiter::COUNTERS.reentrant_drops,
         }
     }
 

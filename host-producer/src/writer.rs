@@ -275,11 +275,23 @@ unsafe impl Sync for WriterCell {}
 
 impl WriterCell {
     pub(crate) fn new(writer: ProducerTraceWriter, arbiter: Arc<Arbiter>) -> Self {
+        Self::with_mode(writer, arbiter, lock_mode())
+    }
+
+    /// A cell following `mode` whatever the process's mode is. Sound as
+    /// long as takers of the cell fence for `mode` (its own methods do): a
+    /// `Symmetric` cell taken with a membarrier is only more ordered. Tests
+    /// use it to run the fallback protocol on hosts with membarrier.
+    pub(crate) fn with_mode(
+        writer: ProducerTraceWriter,
+        arbiter: Arc<Arbiter>,
+        mode: LockMode,
+    ) -> Self {
         let writer_id = writer.writer_id();
         WriterCell {
             in_use: AtomicBool::new(false),
             taker: AtomicBool::new(false),
-            mode: lock_mode(),
+            mode,
             flags: AtomicU8::new(0),
             touched: AtomicBool::new(true),
             swept: AtomicBool::new(false),
@@ -466,5 +478,91 @@ impl Drop for CellGuard<'_> {
         } else {
             self.cell.taker.store(false, Ordering::Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arbiter::BufferExhaustedPolicy;
+    use crate::outbox::Outbox;
+    use crate::shm::SharedMemory;
+    use shmtrace_abi::layout::PageLayout;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A cell of `mode` over a private 16 KiB SMB (no runtime involved).
+    fn cell(mode: LockMode) -> Arc<WriterCell> {
+        let shm = SharedMemory::heap(16 * 1024, 4096, false).expect("heap SMB");
+        let arbiter = Arbiter::new(shm, PageLayout::Div1, Arc::new(Outbox::new()));
+        let id = arbiter.alloc_writer_id().expect("writer id");
+        let writer = TraceWriter::new(arbiter.writer_arbiter(BufferExhaustedPolicy::Drop), id, 1)
+            .expect("writer");
+        Arc::new(WriterCell::with_mode(writer, arbiter, mode))
+    }
+
+    /// An owner thread locking for every "event" and two taker threads
+    /// trying (and bounded-waiting for) the same cell are never inside at
+    /// the same time, and both sides get in.
+    fn owner_and_takers_exclude_each_other(mode: LockMode) {
+        let cell = cell(mode);
+        assert_eq!(cell.mode, mode);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let enter = |inside: &AtomicUsize| {
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+            for _ in 0..20 {
+                std::hint::spin_loop();
+            }
+            inside.fetch_sub(1, Ordering::SeqCst);
+        };
+        let got = Arc::new(AtomicUsize::new(0));
+        let takers: Vec<_> = (0..2)
+            .map(|which| {
+                let (cell, inside, done, got) =
+                    (cell.clone(), inside.clone(), done.clone(), got.clone());
+                std::thread::spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        let g = if which == 0 {
+                            cell.try_lock()
+                        } else {
+                            cell.lock_bounded(Duration::from_micros(50))
+                        };
+                        if let Some(g) = g {
+                            enter(&inside);
+                            drop(g);
+                            got.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // At least 5000 owner locks, and until the takers got in 200 times
+        // (bounded: a loaded machine may starve them for a while).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut owner = 0u64;
+        while owner < 5_000 || (got.load(Ordering::Relaxed) < 200 && Instant::now() < deadline) {
+            let g = cell.lock_owner();
+            enter(&inside);
+            drop(g);
+            owner += 1;
+        }
+        done.store(true, Ordering::Relaxed);
+        for h in takers {
+            // A taker's failed exclusion assertion resurfaces here.
+            h.join().expect("taker thread");
+        }
+        assert!(got.load(Ordering::Relaxed) >= 200, "takers got in");
+    }
+
+    /// The mode this host uses (membarrier where the kernel offers it).
+    #[test]
+    fn cell_lock_excludes_owner_and_takers_host_mode() {
+        owner_and_takers_exclude_each_other(lock_mode());
+    }
+
+    /// The fallback without membarrier, whatever this host offers.
+    #[test]
+    fn cell_lock_excludes_owner_and_takers_symmetric() {
+        owner_and_takers_exclude_each_other(LockMode::Symmetric);
     }
 }
