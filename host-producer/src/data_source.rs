@@ -122,7 +122,10 @@ pub struct DataSourceOptions {
     /// Let a session's `DataSourceConfig.buffer_exhausted_policy` override
     /// [`Self::buffer_exhausted_policy`] (stalls are bounded by
     /// [`CONFIG_STALL_LIMIT`]; "stall then abort" stalls then drops: a
-    /// producer never aborts the program).
+    /// producer never aborts the program). Off by default, as in Perfetto's
+    /// SDK (`kBufferExhaustedPolicyConfigurable = false`): a session must
+    /// not be able to make the program's threads wait unless the program
+    /// agreed. Track events follow the same default.
     pub policy_configurable: bool,
     /// Advertise `no_flush` (the service will not send Flush for it).
     pub no_flush: bool,
@@ -197,6 +200,15 @@ impl InstanceSlot {
     }
 }
 
+/// A data source type's buffer-exhausted policy settings.
+#[derive(Debug, Clone, Copy)]
+struct PolicyChoice {
+    /// Used unless a session's config chooses (and may choose).
+    default: BufferExhaustedPolicy,
+    /// Sessions' `DataSourceConfig.buffer_exhausted_policy` takes precedence.
+    configurable: bool,
+}
+
 /// Which built-in behaviour a type has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -212,8 +224,9 @@ pub(crate) struct DataSourceType {
     pub kind: Kind,
     pub options: DataSourceOptions,
     enabled: AtomicU8,
-    /// The default policy (starts as `options.buffer_exhausted_policy`).
-    policy: Mutex<BufferExhaustedPolicy>,
+    /// The default policy and whether sessions may override it (start as
+    /// `options`).
+    policy: Mutex<PolicyChoice>,
     slots: [InstanceSlot; MAX_INSTANCES],
     handler: Arc<dyn DataSourceHandler>,
     /// Events dropped because they were emitted re-entrantly: the
@@ -231,7 +244,10 @@ impl DataSourceType {
         options: DataSourceOptions,
         handler: Arc<dyn DataSourceHandler>,
     ) -> Self {
-        let policy = options.buffer_exhausted_policy;
+        let policy = PolicyChoice {
+            default: options.buffer_exhausted_policy,
+            configurable: options.policy_configurable,
+        };
         DataSourceType {
             index,
             id,
@@ -306,19 +322,33 @@ impl DataSourceType {
         None
     }
 
-    /// Changes the default policy of writers created from now on.
+    fn policy_choice(&self) -> MutexGuard<'_, PolicyChoice> {
+        self.policy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the default policy of instances set up from now on.
     pub(crate) fn set_policy(&self, policy: BufferExhaustedPolicy) {
-        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+        self.policy_choice().default = policy;
+    }
+
+    /// Lets (or stops letting) the configs of sessions set up from now on
+    /// choose the policy
+    /// ([`DataSourceOptions::policy_configurable`]).
+    // Transitional: the public `track_event::` setter calling it is pending
+    // (track_event.rs); the tests use it meanwhile.
+    #[allow(dead_code)]
+    pub(crate) fn set_policy_configurable(&self, configurable: bool) {
+        self.policy_choice().configurable = configurable;
     }
 
     fn policy_for(&self, config: &DataSourceConfig) -> BufferExhaustedPolicy {
-        let default = *self.policy.lock().unwrap_or_else(|e| e.into_inner());
+        let choice = *self.policy_choice();
         match config.stall_when_exhausted {
-            Some(true) if self.options.policy_configurable => {
+            Some(true) if choice.configurable => {
                 BufferExhaustedPolicy::StallThenDrop(CONFIG_STALL_LIMIT)
             }
-            Some(false) if self.options.policy_configurable => BufferExhaustedPolicy::Drop,
-            _ => default,
+            Some(false) if choice.configurable => BufferExhaustedPolicy::Drop,
+            _ => choice.default,
         }
     }
 

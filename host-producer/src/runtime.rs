@@ -44,10 +44,10 @@ pub(crate) fn runtime() -> &'static Runtime {
             1,
             TRACK_EVENT_DATA_SOURCE.to_owned(),
             Kind::TrackEvent,
-            DataSourceOptions {
-                policy_configurable: true,
-                ..Default::default()
-            },
+            // Sessions may not choose track_event's buffer-exhausted
+            // policy (upstream's default): only the program can make its
+            // threads stall.
+            DataSourceOptions::default(),
             Arc::new(crate::track_event::TrackEventHandler),
         ));
         Runtime {

@@ -379,17 +379,15 @@ fn many_threads_tiny_smb_lose_marked_data_only() {
     lb.shutdown();
 }
 
-/// Registers a data source `name` with the stall policy (5 s) and starts
-/// instance `instance` of it writing into `target_buffer`.
-fn start_stalling_source(name: &str, target_buffer: u32, instance: u64) -> DataSource {
-    let ds = match DataSource::register_with(
-        name,
-        DataSourceOptions {
-            buffer_exhausted_policy: BufferExhaustedPolicy::StallThenDrop(Duration::from_secs(5)),
-            ..Default::default()
-        },
-        crate::NoopHandler,
-    ) {
+/// Registers data source `name` with `options` and starts instance
+/// `instance` of it writing into `target_buffer`.
+fn start_source(
+    name: &str,
+    options: DataSourceOptions,
+    target_buffer: u32,
+    instance: u64,
+) -> DataSource {
+    let ds = match DataSource::register_with(name, options, crate::NoopHandler) {
         Ok(ds) => ds,
         Err(e) => panic!("{e}"),
     };
@@ -401,6 +399,227 @@ fn start_stalling_source(name: &str, target_buffer: u32, instance: u64) -> DataS
     assert!(runtime().setup_data_source(instance, config));
     runtime().start_data_source(instance);
     ds
+}
+
+/// Options with the policy `StallThenDrop(limit)`.
+fn stalling(limit: Duration) -> DataSourceOptions {
+    DataSourceOptions {
+        buffer_exhausted_policy: BufferExhaustedPolicy::StallThenDrop(limit),
+        ..Default::default()
+    }
+}
+
+/// Registers a data source `name` with the stall policy (5 s) and starts
+/// instance `instance` of it writing into `target_buffer`.
+fn start_stalling_source(name: &str, target_buffer: u32, instance: u64) -> DataSource {
+    start_source(
+        name,
+        stalling(Duration::from_secs(5)),
+        target_buffer,
+        instance,
+    )
+}
+
+/// Writes one packet (timestamp `ts`, `filler` as for_testing) to every
+/// instance of `ds`; `false` if any instance dropped it.
+fn write(ds: &DataSource, ts: u64, filler: &[u8]) -> bool {
+    let mut ok = true;
+    ds.trace(|ctx| {
+        ok &= ctx.packet(|p| {
+            p.uint64(8, ts);
+            p.bytes(900, filler);
+        });
+    });
+    ok
+}
+
+/// The stall bound: nobody frees chunks (no service pump), so a writer
+/// under `StallThenDrop(20 ms)` waits out its bound, drops the packet,
+/// counts it, and marks the loss on its next packet once chunks are back.
+#[test]
+fn stall_reaches_its_bound_then_drops_and_marks() {
+    let _s = serial();
+    // 4 chunks of 4 KiB.
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let ds = start_source(
+        "test.stall_bound",
+        stalling(Duration::from_millis(20)),
+        1,
+        161,
+    );
+    lb.discard();
+    let before = crate::stats();
+    let filler = [0xAA; 500];
+    let written = (0..100u64).take_while(|&i| write(&ds, i, &filler)).count();
+    let after = crate::stats();
+    assert!(
+        written < 100,
+        "4 chunks cannot hold 100 packets of 500 bytes"
+    );
+    assert!(after.stalls > before.stalls, "it stalled before dropping");
+    assert_eq!(after.packets_dropped, before.packets_dropped + 1);
+    assert_eq!(
+        after.stalls_given_up, before.stalls_given_up,
+        "committed chunks were on their way: it waited out the bound"
+    );
+    // The service frees the committed chunks; the writer recovers.
+    lb.drain();
+    assert!(write(&ds, 1000, b"after"));
+    runtime().stop_data_source(161);
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 1);
+    let seq = seqs.values().next().unwrap();
+    assert_eq!(seq.packets.len(), written + 1);
+    let last = decode_fields(seq.packets.last().unwrap());
+    assert!(
+        last.contains(&(8, 1000)) && last.contains(&(42, 257)),
+        "the next packet marks the loss (SMB full): {last:?}"
+    );
+    lb.shutdown();
+}
+
+/// The give-up path: every chunk is held by a writer in the middle of its
+/// own packet (none idle, none committed), so waiting cannot free one;
+/// the stalling writer drops after a few stalls instead of its 10 s bound.
+#[test]
+fn stall_gives_up_when_every_chunk_is_held() {
+    let _s = serial();
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let ds = start_source(
+        "test.stall_stuck",
+        stalling(Duration::from_secs(10)),
+        1,
+        162,
+    );
+    // This thread's writer exists (registered) before the SMB fills up;
+    // it gets a chunk only at its first packet.
+    ds.trace(|_| {});
+    let holders = 4; // one chunk each: the whole SMB
+    let wrote = Arc::new(Barrier::new(holders + 1));
+    let release = Arc::new(Barrier::new(holders + 1));
+    let handles: Vec<_> = (0..holders)
+        .map(|t| {
+            let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
+            std::thread::spawn(move || {
+                ds.trace(|ctx| {
+                    assert!(ctx.packet(|p| p.uint64(8, t as u64)));
+                    // Holds its writer (and chunk) inside the callback.
+                    wrote.wait();
+                    release.wait();
+                });
+            })
+        })
+        .collect();
+    wrote.wait();
+    lb.discard(); // writer registrations: nothing is left on its way
+    let before = crate::stats();
+    let dropped = !write(&ds, 99, b"x");
+    let after = crate::stats();
+    release.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(dropped, "no chunk could free up");
+    assert!(after.stalls > before.stalls);
+    assert_eq!(after.stalls_given_up, before.stalls_given_up + 1);
+    assert_eq!(after.packets_dropped, before.packets_dropped + 1);
+    runtime().stop_data_source(162);
+    let seqs = lb.sequences();
+    // The holders' packets arrive; the main thread's never got a chunk.
+    assert_eq!(
+        seqs.values().map(|s| s.packets.len()).sum::<usize>(),
+        holders
+    );
+    lb.shutdown();
+}
+
+/// A session's `buffer_exhausted_policy` (STALL_THEN_DROP, decoded from
+/// the serialized DataSourceConfig like the connection does) makes a data
+/// source that allows it stall instead of dropping: every packet lands
+/// although the SMB fills up several times.
+#[test]
+fn session_config_makes_writers_stall_end_to_end() {
+    let _s = serial();
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let name = "test.cfg_stall";
+    let ds = DataSource::register_with(
+        name,
+        DataSourceOptions {
+            policy_configurable: true,
+            ..Default::default()
+        },
+        crate::NoopHandler,
+    )
+    .unwrap();
+    // DataSourceConfig { name (1), target_buffer (2) = 1,
+    // buffer_exhausted_policy (9) = STALL_THEN_DROP (3) }.
+    let mut raw = vec![0x0A, name.len() as u8];
+    raw.extend_from_slice(name.as_bytes());
+    raw.extend_from_slice(&[0x10, 1, 0x48, 3]);
+    let config = crate::connection::decode_config(Some(&bytes::Bytes::from(raw)));
+    assert_eq!(config.stall_when_exhausted, Some(true));
+    assert!(runtime().setup_data_source(171, config));
+    runtime().start_data_source(171);
+    lb.discard();
+    let before = crate::stats();
+    let packets = 100u64; // 50 KB through 16 KiB
+    let writer = std::thread::spawn(move || {
+        let filler = [0x5A; 500];
+        (0..packets).filter(|&i| write(&ds, i, &filler)).count() as u64
+    });
+    // Play the service, but only once the writer stalls (the SMB is full):
+    // with the default Drop policy it would have dropped instead.
+    while crate::stats().stalls == before.stalls && !writer.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while !writer.is_finished() {
+        lb.drain();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(writer.join().unwrap(), packets, "no packet dropped");
+    let after = crate::stats();
+    assert!(after.stalls > before.stalls);
+    assert_eq!(after.packets_dropped, before.packets_dropped);
+    runtime().stop_data_source(171);
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 1);
+    let seq = seqs.values().next().unwrap();
+    assert_eq!((seq.dropped, seq.gaps), (0, 0));
+    assert_eq!(seq.packets.len() as u64, packets);
+    lb.shutdown();
+}
+
+/// track_event follows upstream's default: a session cannot make its
+/// writers stall, unless the program opted in.
+#[test]
+fn track_event_policy_is_the_programs_unless_it_opts_in() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let te = runtime().track_event();
+    let setup = |id: u64| {
+        let config = DataSourceConfig {
+            name: crate::TRACK_EVENT_DATA_SOURCE.into(),
+            target_buffer: 1,
+            stall_when_exhausted: Some(true),
+            track_event_config: Some(TrackEventConfig::default()),
+            ..Default::default()
+        };
+        assert!(runtime().setup_data_source(id, config));
+        let policy = te.find(id).unwrap().policy;
+        runtime().stop_data_source(id);
+        policy
+    };
+    assert_eq!(setup(181), BufferExhaustedPolicy::Drop);
+    te.set_policy_configurable(true);
+    let opted_in = setup(182);
+    te.set_policy_configurable(false);
+    assert_eq!(
+        opted_in,
+        BufferExhaustedPolicy::StallThenDrop(crate::CONFIG_STALL_LIMIT)
+    );
+    assert_eq!(setup(183), BufferExhaustedPolicy::Drop);
+    lb.shutdown();
 }
 
 /// 200 threads each write one event and then sit idle, holding a chunk,
