@@ -7,6 +7,7 @@
 //! interop_producer [--socket PATH] [--threads N] [--iterations N] [--phases P]
 //!                  [--large-kb K] [--large-every M] [--iteration-sleep-us U]
 //!                  [--shmem-kb S] [--start-timeout-ms T] [--stop-timeout-ms T]
+//!                  [--sessions N] [--custom-source NAME]
 //! ```
 //!
 //! Each thread runs `iterations` iterations per phase; one iteration emits,
@@ -18,14 +19,28 @@
 //! `{"event":"phase","phase":p,"threads":n,"emitted":{…}}` (cumulative
 //! counts), then `{"event":"stopped"}`. Between phases it waits for a line
 //! on stdin. Exit status: 0 ok, 2 usage error, 3 timeout.
+//!
+//! `--custom-source NAME` also registers a custom data source `NAME`: each
+//! iteration then writes one packet to each of its instances, with a
+//! timestamp and a `for_testing` `TestEvent` (field 900) whose `str` is the
+//! instance's `DataSourceConfig.legacy_config` (field 1000; it tells the
+//! sessions apart), `seq_value` the iteration and `counter` the thread; the
+//! phase reports add `"custom":{"<legacy_config>":packets,…}`. `--sessions
+//! N` waits for N sessions (N track_event instances, and N instances of
+//! the custom source) before reporting `enabled`, and at the end until
+//! all of them stopped.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use shmtrace_producer::{
-    track_event, Category, CounterTrack, DebugValue, Flow, ProcessTrack, ProducerConfig,
+    track_event, Category, CounterTrack, DataSource, DataSourceConfig, DataSourceHandler,
+    DebugValue, Flow, InstanceArgs, ProcessTrack, ProducerConfig, Timestamp,
+    TrackEventSessionObserver, MAX_INSTANCES,
 };
 
 static CAT_INTEROP: Category =
@@ -38,6 +53,85 @@ static CAT_LARGE: Category =
     Category::new("interop.large").with_description("Instants with huge annotations");
 
 const DRIVER: &str = "interop_producer";
+
+/// Started and not yet stopped track_event instances.
+static TRACK_EVENT_INSTANCES: AtomicUsize = AtomicUsize::new(0);
+/// Started and not yet stopped instances of the custom data source.
+static CUSTOM_INSTANCES: AtomicUsize = AtomicUsize::new(0);
+
+/// Keeps an instance count up to date.
+struct InstanceCounter(&'static AtomicUsize);
+
+impl TrackEventSessionObserver for InstanceCounter {
+    fn on_start(&self, _: &InstanceArgs<'_>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn on_stop(&self, _: &InstanceArgs<'_>) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl DataSourceHandler for InstanceCounter {
+    fn on_start(&self, _: &InstanceArgs<'_>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn on_stop(&self, _: &InstanceArgs<'_>) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The fields of `DataSourceConfig` the custom source reads.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CustomConfig {
+    /// `legacy_config` (field 1000): the session's label.
+    #[prost(string, optional, tag = "1000")]
+    legacy_config: Option<String>,
+}
+
+/// The label of a custom-source instance: its config's `legacy_config`.
+fn session_label(config: &DataSourceConfig) -> String {
+    <CustomConfig as prost::Message>::decode(config.raw.as_slice())
+        .ok()
+        .and_then(|c| c.legacy_config)
+        .unwrap_or_default()
+}
+
+/// Packets written per session label.
+type CustomCounts = BTreeMap<String, u64>;
+
+fn custom_json(counts: &CustomCounts) -> String {
+    let fields: Vec<String> = counts
+        .iter()
+        .map(|(label, n)| format!("{label:?}:{n}"))
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// One iteration's packet on every instance of the custom source.
+fn write_custom(
+    source: &DataSource,
+    labels: &mut [Option<String>; MAX_INSTANCES],
+    counts: &mut CustomCounts,
+    thread: usize,
+    iteration: u64,
+) {
+    source.trace(|ctx| {
+        let label = labels[ctx.instance_index()]
+            .get_or_insert_with(|| session_label(ctx.config()))
+            .clone();
+        let written = ctx.packet(|p| {
+            p.uint64(8, Timestamp::now().ns); // timestamp
+            p.nested(900, |test_event| {
+                test_event.string(1, &label); // str
+                test_event.uint32(2, iteration as u32); // seq_value
+                test_event.uint64(3, thread as u64); // counter
+            });
+        });
+        if written {
+            *counts.entry(label).or_default() += 1;
+        }
+    });
+}
 
 #[derive(Default, Clone, Copy)]
 struct Counts {
@@ -119,7 +213,7 @@ struct GateState {
     released_phase: u64,
     done: usize,
     exit: bool,
-    counts: Vec<Counts>,
+    counts: Vec<(Counts, CustomCounts)>,
 }
 
 /// Hands phases to the workers and collects their counts.
@@ -132,7 +226,7 @@ impl PhaseGate {
     fn new(workers: usize) -> Self {
         PhaseGate {
             state: Mutex::new(GateState {
-                counts: vec![Counts::default(); workers],
+                counts: vec![Default::default(); workers],
                 ..Default::default()
             }),
             cv: Condvar::new(),
@@ -147,14 +241,14 @@ impl PhaseGate {
         s.released_phase >= phase
     }
 
-    fn phase_done(&self, worker: usize, counts: Counts) {
+    fn phase_done(&self, worker: usize, counts: Counts, custom: &CustomCounts) {
         let mut s = self.state.lock().unwrap();
-        s.counts[worker] = counts;
+        s.counts[worker] = (counts, custom.clone());
         s.done += 1;
         self.cv.notify_all();
     }
 
-    fn run_phase(&self, phase: u64) -> Counts {
+    fn run_phase(&self, phase: u64) -> (Counts, CustomCounts) {
         let mut s = self.state.lock().unwrap();
         s.done = 0;
         s.released_phase = phase;
@@ -163,8 +257,14 @@ impl PhaseGate {
             s = self.cv.wait(s).unwrap();
         }
         let mut total = Counts::default();
-        s.counts.iter().for_each(|c| total.add(c));
-        total
+        let mut custom = CustomCounts::new();
+        for (counts, packets) in &s.counts {
+            total.add(counts);
+            for (label, n) in packets {
+                *custom.entry(label.clone()).or_default() += n;
+            }
+        }
+        (total, custom)
     }
 
     fn release_exit(&self) {
@@ -173,8 +273,10 @@ impl PhaseGate {
     }
 }
 
-fn worker(index: usize, opt: Options, gate: &PhaseGate) {
+fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSource>) {
     let mut counts = Counts::default();
+    let mut custom_counts = CustomCounts::new();
+    let mut labels: [Option<String>; MAX_INSTANCES] = Default::default();
     let thread_label = format!("worker-{index}");
     let int_name = format!("interop.int.t{index}");
     let double_name = format!("interop.double.t{index}");
@@ -250,12 +352,16 @@ fn worker(index: usize, opt: Options, gate: &PhaseGate) {
             CAT_COUNTER.counter(&double_track, iter as f64 * 0.5).emit();
             counts.counter_double += 1;
 
+            if let Some(source) = custom {
+                write_custom(source, &mut labels, &mut custom_counts, index, iteration);
+            }
+
             if opt.iteration_sleep_us > 0 {
                 std::thread::sleep(Duration::from_micros(opt.iteration_sleep_us));
             }
             iteration += 1;
         }
-        gate.phase_done(index, counts);
+        gate.phase_done(index, counts, &custom_counts);
         phase += 1;
     }
 }
@@ -275,9 +381,22 @@ fn fail(message: &str, status: u8) -> ExitCode {
     ExitCode::from(status)
 }
 
-fn wait_until(want_enabled: bool, timeout: Duration) -> bool {
+/// Waits until the categories are enabled (`want_enabled`) by `sessions`
+/// sessions, with `custom` instances of the custom source if there is one;
+/// or, with `!want_enabled`, until every session stopped.
+fn wait_until(want_enabled: bool, sessions: usize, custom: bool, timeout: Duration) -> bool {
+    let ready = || {
+        let custom_instances = CUSTOM_INSTANCES.load(Ordering::SeqCst);
+        if want_enabled {
+            CAT_INTEROP.is_enabled()
+                && TRACK_EVENT_INSTANCES.load(Ordering::SeqCst) >= sessions
+                && (!custom || custom_instances >= sessions)
+        } else {
+            !CAT_INTEROP.is_enabled() && custom_instances == 0
+        }
+    };
     let deadline = Instant::now() + timeout;
-    while CAT_INTEROP.is_enabled() != want_enabled {
+    while !ready() {
         if Instant::now() > deadline {
             return false;
         }
@@ -292,7 +411,7 @@ struct Flags {
 
 impl Flags {
     fn parse() -> Result<Self, String> {
-        const KNOWN: [&str; 10] = [
+        const KNOWN: [&str; 12] = [
             "socket",
             "threads",
             "iterations",
@@ -303,6 +422,8 @@ impl Flags {
             "shmem-kb",
             "start-timeout-ms",
             "stop-timeout-ms",
+            "sessions",
+            "custom-source",
         ];
         let mut values = Vec::new();
         let mut args = std::env::args().skip(1);
@@ -358,6 +479,10 @@ fn run() -> Result<ExitCode, String> {
     if opt.threads == 0 || opt.threads > 64 || opt.phases == 0 {
         return Err("--threads must be 1..64 and --phases >= 1".into());
     }
+    let sessions = flags.u64("sessions", 1)? as usize;
+    if sessions == 0 || sessions > MAX_INSTANCES {
+        return Err(format!("--sessions must be 1..={MAX_INSTANCES}"));
+    }
     if shmem_kb % 4 != 0 {
         return Err("--shmem-kb must be a multiple of 4".into());
     }
@@ -373,12 +498,23 @@ fn run() -> Result<ExitCode, String> {
         ..Default::default()
     })
     .map_err(|e| e.to_string())?;
+    track_event::add_session_observer(Arc::new(InstanceCounter(&TRACK_EVENT_INSTANCES)));
     track_event::register_categories(&[&CAT_INTEROP, &CAT_FLOW, &CAT_COUNTER, &CAT_LARGE]);
+    let custom = flags
+        .str("custom-source")
+        .map(|name| DataSource::register(name, InstanceCounter(&CUSTOM_INSTANCES)))
+        .transpose()
+        .map_err(|e| e.to_string())?;
 
-    if !wait_until(true, start_timeout) {
+    if !wait_until(true, sessions, custom.is_some(), start_timeout) {
         return Ok(fail(
             &format!(
-                "no session enabled the categories within {} ms",
+                "{sessions} session(s) did not enable the categories{} within {} ms",
+                if custom.is_some() {
+                    " and the custom data source"
+                } else {
+                    ""
+                },
                 start_timeout.as_millis()
             ),
             3,
@@ -393,9 +529,10 @@ fn run() -> Result<ExitCode, String> {
     let workers: Vec<_> = (0..opt.threads as usize)
         .map(|i| {
             let gate = gate.clone();
+            let custom = custom.clone();
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
-                .spawn(move || worker(i, opt, &gate))
+                .spawn(move || worker(i, opt, &gate, custom.as_ref()))
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
@@ -407,9 +544,14 @@ fn run() -> Result<ExitCode, String> {
             let mut line = String::new();
             let _ = stdin.lock().read_line(&mut line);
         }
-        let total = gate.run_phase(phase);
+        let (total, packets) = gate.run_phase(phase);
+        let custom_field = if custom.is_some() {
+            format!(",\"custom\":{}", custom_json(&packets))
+        } else {
+            String::new()
+        };
         emit_line(&format!(
-            "{{\"event\":\"phase\",\"phase\":{phase},\"threads\":{},\"emitted\":{}}}",
+            "{{\"event\":\"phase\",\"phase\":{phase},\"threads\":{},\"emitted\":{}{custom_field}}}",
             opt.threads,
             total.json()
         ));
@@ -418,7 +560,7 @@ fn run() -> Result<ExitCode, String> {
     for w in workers {
         let _ = w.join();
     }
-    if !wait_until(false, stop_timeout) {
+    if !wait_until(false, sessions, custom.is_some(), stop_timeout) {
         return Ok(fail(
             &format!(
                 "the session did not stop within {} ms",

@@ -85,6 +85,10 @@ pub struct DataSourceConfig {
     /// Track event options (field 113).
     #[prost(message, optional, tag = "113")]
     pub track_event_config: Option<TrackEventConfig>,
+    /// A free-form string for the data source (field 1000); the producer
+    /// driver's custom data source tags its packets with it.
+    #[prost(string, optional, tag = "1000")]
+    pub legacy_config: Option<String>,
 }
 
 /// `perfetto.protos.TrackEventConfig` (selected fields).
@@ -137,6 +141,7 @@ impl TraceConfig {
                         disabled_categories: vec![],
                         enabled_categories: categories.iter().map(|c| c.to_string()).collect(),
                     }),
+                    legacy_config: None,
                 }),
             }],
             ..Default::default()

@@ -9,6 +9,8 @@
 //! * [`checker`]: the shared trace checker (`checker/check_trace.py`, official
 //!   Perfetto protos) and its report.
 //! * [`config`]: the TraceConfig messages the scenarios send.
+//! * [`test_events`]: the packets of the producer driver's custom data
+//!   source, decoded from a trace.
 
 pub mod checker;
 pub mod config;
@@ -16,5 +18,6 @@ pub mod drivers;
 pub mod error;
 pub mod process;
 pub mod scenario;
+pub mod test_events;
 
 pub use error::{HarnessError, Result};

@@ -31,7 +31,11 @@
 //!   reports `ready` once both sockets listen.
 //! * producer: socket in `PERFETTO_PRODUCER_SOCK_NAME`; `--threads`,
 //!   `--iterations`, `--phases`, `--large-kb`, `--large-every`,
-//!   `--iteration-sleep-us`, `--shmem-kb`; reports `enabled` (with its `pid`),
+//!   `--iteration-sleep-us`, `--shmem-kb`, and only where a scenario asks
+//!   for them (only our driver has them) `--sessions N` (wait for N
+//!   sessions) and `--custom-source NAME` (also write `for_testing`
+//!   packets from a custom data source, see [`crate::test_events`], and
+//!   report them per session as `"custom"` in `phase`); reports `enabled` (with its `pid`),
 //!   then `phase` (cumulative `emitted` [`EventCounts`]) after each phase and
 //!   waits for a stdin line before the next, then `stopped` when the session
 //!   has stopped.
@@ -50,6 +54,7 @@
 //! (see [`shmtrace_binary`]), so the CLI's checker is held against the real
 //! Perfetto's traces as well as ours.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
@@ -61,6 +66,7 @@ use crate::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation, 
 use crate::config::{self, FillPolicy, IncrementalStateConfig, TraceConfig};
 use crate::error::{HarnessError, Result};
 use crate::process::ChildProcess;
+use crate::test_events::{self, TestEvents};
 
 /// How long a process may take to start and connect.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -70,6 +76,9 @@ const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The track_event categories the producer drivers register.
 const CATEGORIES: [&str; 2] = ["interop", "interop.*"];
+/// The name of our producer driver's custom data source
+/// ([`ProducerSpec::custom_source`]).
+pub const CUSTOM_SOURCE: &str = "shmtrace.interop.custom";
 
 /// Paths of the real-Perfetto driver binaries (built by this package).
 #[derive(Debug, Clone)]
@@ -325,6 +334,13 @@ pub struct ProducerSpec {
     pub iteration_sleep_us: u32,
     /// Shared memory size hint, KiB (0 = the SDK default).
     pub shmem_kb: u32,
+    /// Concurrent sessions to wait for before emitting (every producer of
+    /// a scenario has the same); the scenario runs this many consumers.
+    pub sessions: u32,
+    /// Also register the custom data source [`CUSTOM_SOURCE`] and write
+    /// one packet per iteration to each of its instances (only our
+    /// driver can).
+    pub custom_source: bool,
 }
 
 impl Default for ProducerSpec {
@@ -337,6 +353,8 @@ impl Default for ProducerSpec {
             large_every: 10,
             iteration_sleep_us: 0,
             shmem_kb: 0,
+            sessions: 1,
+            custom_source: false,
         }
     }
 }
@@ -409,9 +427,32 @@ impl Scenario {
         }
     }
 
-    /// The TraceConfig the consumer sends.
+    /// The TraceConfig the consumer sends (the first one, when the
+    /// scenario has several sessions).
     pub fn trace_config(&self) -> TraceConfig {
+        self.session_config(0)
+    }
+
+    /// Concurrent sessions (consumers), as the producers expect them.
+    pub fn sessions(&self) -> u32 {
+        self.producers.first().map_or(1, |p| p.sessions)
+    }
+
+    /// The TraceConfig of session `index` (from 0): track_event, and the
+    /// custom data source tagged with [`session_label`]`(index)` if the
+    /// producers write it.
+    pub fn session_config(&self, index: u32) -> TraceConfig {
         let mut config = TraceConfig::track_event(self.buffer_kb, self.fill_policy, &CATEGORIES);
+        if self.producers.iter().any(|p| p.custom_source) {
+            config.data_sources.push(config::DataSource {
+                config: Some(config::DataSourceConfig {
+                    name: Some(CUSTOM_SOURCE.into()),
+                    target_buffer: Some(0),
+                    track_event_config: None,
+                    legacy_config: Some(session_label(index)),
+                }),
+            });
+        }
         if let Stop::ByDuration { duration_ms } = self.stop {
             config.duration_ms = Some(duration_ms);
         }
@@ -430,13 +471,24 @@ impl Scenario {
             .producers
             .first()
             .ok_or_else(|| HarnessError::Scenario("no producers".into()))?;
-        if self
-            .producers
-            .iter()
-            .any(|p| p.phases != first.phases || p.phases == 0)
-        {
+        for (what, value) in [
+            ("phases", (|p| p.phases) as fn(&ProducerSpec) -> u32),
+            ("sessions", |p| p.sessions),
+        ] {
+            let first = value(first);
+            if self
+                .producers
+                .iter()
+                .any(|p| value(p) != first || first == 0)
+            {
+                return Err(HarnessError::Scenario(format!(
+                    "all producers need the same, non-zero number of {what}"
+                )));
+            }
+        }
+        if first.sessions > 1 && self.between_phases != BetweenPhases::Nothing {
             return Err(HarnessError::Scenario(
-                "all producers need the same, non-zero number of phases".into(),
+                "between-phase actions need a single session".into(),
             ));
         }
         if self.between_phases == BetweenPhases::FlushAndRead
@@ -450,6 +502,12 @@ impl Scenario {
     }
 }
 
+/// The label of session `index` (from 0): its custom data source's
+/// `legacy_config`, which our driver writes into each packet.
+pub fn session_label(index: u32) -> String {
+    format!("session-{}", index + 1)
+}
+
 /// What one producer process reported.
 #[derive(Debug, Clone)]
 pub struct ProducerRun {
@@ -457,6 +515,9 @@ pub struct ProducerRun {
     pub pid: u32,
     /// Cumulative counts after each phase.
     pub phases: Vec<EventCounts>,
+    /// Packets its custom data source wrote, per session label, by the
+    /// end ([`ProducerSpec::custom_source`]).
+    pub custom: BTreeMap<String, u64>,
 }
 
 impl ProducerRun {
@@ -495,6 +556,25 @@ pub struct Outcome {
     /// What `shmtrace record` reported when done (its summary), in the
     /// [`ConsumerImpl::OurCli`] cells.
     pub cli_summary: Option<Value>,
+    /// Every session, the first included (its `report`, `inspect`,
+    /// `trace_bytes` and `cli_summary` are also the fields above).
+    pub sessions: Vec<SessionTrace>,
+}
+
+/// The trace of one session and what the judges said of it.
+#[derive(Debug, Clone)]
+pub struct SessionTrace {
+    /// The checker's report on it, against everything the producers
+    /// emitted.
+    pub report: TraceReport,
+    /// `shmtrace inspect --check` on it (a failed check fails [`run`]).
+    pub inspect: InspectVerdict,
+    /// Its size.
+    pub trace_bytes: u64,
+    /// `shmtrace record`'s summary, in the [`ConsumerImpl::OurCli`] cells.
+    pub cli_summary: Option<Value>,
+    /// Its custom data source packets.
+    pub test_events: TestEvents,
 }
 
 impl Outcome {
@@ -634,21 +714,33 @@ pub fn start_producer(
         .arg(format!("--large-every={}", spec.large_every))
         .arg(format!("--iteration-sleep-us={}", spec.iteration_sleep_us))
         .arg(format!("--shmem-kb={}", spec.shmem_kb));
+    if spec.sessions != 1 {
+        command.arg(format!("--sessions={}", spec.sessions));
+    }
+    if spec.custom_source {
+        command.arg(format!("--custom-source={CUSTOM_SOURCE}"));
+    }
     ChildProcess::spawn(&format!("producer {}", index + 1), command, log_dir)
 }
 
-/// Starts the consumer `which`, recording the TraceConfig in `config` into
-/// `out` (see the driver protocol in the module docs). Its stderr goes to
-/// `log_dir`.
+/// Starts consumer number `index` (from 0) of implementation `which`,
+/// recording the TraceConfig in `config` into `out` (see the driver
+/// protocol in the module docs). Its stderr goes to `log_dir`.
+#[allow(clippy::too_many_arguments)]
 pub fn start_consumer(
     which: ConsumerImpl,
     bins: &RealBinaries,
     log_dir: &Path,
+    index: usize,
     consumer_socket: &Path,
     config: &Path,
     out: &Path,
     write_into_file: bool,
 ) -> Result<ChildProcess> {
+    let name = match index {
+        0 => "consumer".to_string(),
+        n => format!("consumer {}", n + 1),
+    };
     let mut command = match which {
         ConsumerImpl::Real => Command::new(&bins.consumer),
         ConsumerImpl::OurCli => {
@@ -663,7 +755,7 @@ pub fn start_consumer(
             if write_into_file {
                 command.arg("--write-into-file");
             }
-            return ChildProcess::spawn("consumer (shmtrace record)", command, log_dir);
+            return ChildProcess::spawn(&format!("{name} (shmtrace record)"), command, log_dir);
         }
     };
     command
@@ -680,7 +772,7 @@ pub fn start_consumer(
         "--timeout-ms={}",
         (PHASE_TIMEOUT + STOP_TIMEOUT).as_millis()
     ));
-    ChildProcess::spawn("consumer", command, log_dir)
+    ChildProcess::spawn(&name, command, log_dir)
 }
 
 /// Ctrl-C for a process (SIGINT, through the shell's `kill`).
@@ -783,10 +875,24 @@ fn run_in(
 ) -> Result<Outcome> {
     let producer_socket = dir.path("producer.sock");
     let consumer_socket = dir.path("consumer.sock");
-    let config_path = dir.path("config.pb");
-    let trace_path = dir.path("trace.pftrace");
     let write_into_file = scenario.write_into_file_period_ms.is_some();
-    write_file(&config_path, &config::encode(&scenario.trace_config()))?;
+    // Session 1 writes trace.pftrace, session n > 1 trace-<n>.pftrace.
+    let sessions = scenario.sessions();
+    let mut trace_paths = Vec::new();
+    for index in 0..sessions {
+        let suffix = if index == 0 {
+            String::new()
+        } else {
+            format!("-{}", index + 1)
+        };
+        let config_path = dir.path(&format!("config{suffix}.pb"));
+        write_file(
+            &config_path,
+            &config::encode(&scenario.session_config(index)),
+        )?;
+        trace_paths.push((config_path, dir.path(&format!("trace{suffix}.pftrace"))));
+    }
+    let trace_path = trace_paths[0].1.clone();
 
     let mut service = start_service(
         cell.service,
@@ -807,16 +913,21 @@ fn run_in(
             &producer_socket,
         )?);
     }
-    let mut consumer = start_consumer(
-        cell.consumer,
-        bins,
-        dir.dir.path(),
-        &consumer_socket,
-        &config_path,
-        &trace_path,
-        write_into_file,
-    )?;
-    consumer.expect_event("connected", START_TIMEOUT)?;
+    let mut consumers = Vec::new();
+    for (index, (config_path, out)) in trace_paths.iter().enumerate() {
+        let mut consumer = start_consumer(
+            cell.consumer,
+            bins,
+            dir.dir.path(),
+            index,
+            &consumer_socket,
+            config_path,
+            out,
+            write_into_file,
+        )?;
+        consumer.expect_event("connected", START_TIMEOUT)?;
+        consumers.push(consumer);
+    }
 
     let mut runs = Vec::new();
     for producer in &mut producers {
@@ -824,6 +935,7 @@ fn run_in(
         runs.push(ProducerRun {
             pid: u32_field(&enabled, "pid", producer)?,
             phases: Vec::new(),
+            custom: BTreeMap::new(),
         });
     }
 
@@ -834,8 +946,18 @@ fn run_in(
         for (producer, run) in producers.iter_mut().zip(&mut runs) {
             let event = producer.expect_event("phase", PHASE_TIMEOUT)?;
             run.phases.push(emitted_field(&event, producer)?);
+            if let Some(custom) = event.get("custom") {
+                run.custom =
+                    serde_json::from_value(custom.clone()).map_err(|e| HarnessError::Driver {
+                        name: producer.name().into(),
+                        message: format!("bad \"custom\" counts in {event}: {e}"),
+                        stderr_tail: producer.stderr_tail(),
+                    })?;
+            }
         }
         let last = phase == phases;
+        // Between-phase actions have one session (checked by `phases()`).
+        let consumer = &mut consumers[0];
         match scenario.between_phases {
             BetweenPhases::FlushAndRead if !last => {
                 consumer.send_line("flush")?;
@@ -859,23 +981,23 @@ fn run_in(
         }
     }
 
-    let stop_timeout = match scenario.stop {
-        Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => {
-            interrupt(&consumer)?;
-            STOP_TIMEOUT
+    let mut stop_timeout = STOP_TIMEOUT;
+    for consumer in &mut consumers {
+        match scenario.stop {
+            Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => interrupt(consumer)?,
+            Stop::ByConsumer => consumer.send_line("stop")?,
+            Stop::ByDuration { duration_ms } => {
+                stop_timeout = STOP_TIMEOUT + Duration::from_millis(duration_ms.into());
+            }
         }
-        Stop::ByConsumer => {
-            consumer.send_line("stop")?;
-            STOP_TIMEOUT
-        }
-        Stop::ByDuration { duration_ms } => {
-            STOP_TIMEOUT + Duration::from_millis(duration_ms.into())
-        }
-    };
-    let done = consumer.expect_event("done", stop_timeout)?;
-    let cli_summary = done.get("summary").cloned();
-    consumer.close_stdin();
-    consumer.expect_success(STOP_TIMEOUT)?;
+    }
+    let mut cli_summaries = Vec::new();
+    for consumer in &mut consumers {
+        let done = consumer.expect_event("done", stop_timeout)?;
+        cli_summaries.push(done.get("summary").cloned());
+        consumer.close_stdin();
+        consumer.expect_success(STOP_TIMEOUT)?;
+    }
     for producer in &mut producers {
         producer.expect_event("stopped", STOP_TIMEOUT)?;
         producer.expect_success(STOP_TIMEOUT)?;
@@ -904,7 +1026,7 @@ fn run_in(
     all_reads.push(trace_path.clone());
     // The two judges of the trace run side by side (each is one busy core
     // on a big trace).
-    let (mid_reads, report, inspect) = thread::scope(|scope| {
+    let (mid_reads, report, inspected) = thread::scope(|scope| {
         let inspect = scope.spawn(|| inspect(&all_reads));
         let checked = check_reads(
             dir,
@@ -919,24 +1041,59 @@ fn run_in(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         checked.and_then(|(mid_reads, report)| Ok((mid_reads, report, inspect?)))
     })?;
-    let trace_bytes = file_size(&trace_path)?;
-    if !inspect.ok {
-        return Err(HarnessError::Driver {
-            name: "shmtrace inspect --check".into(),
-            message: format!(
-                "rejects the trace of scenario {}: {}",
-                scenario.name, inspect.analysis["problems"]
-            ),
-            stderr_tail: String::new(),
+    let mut sessions = vec![SessionTrace {
+        report: report.clone(),
+        inspect: inspected.clone(),
+        trace_bytes: file_size(&trace_path)?,
+        cli_summary: cli_summaries[0].clone(),
+        test_events: test_events::read(&trace_path)?,
+    }];
+    for (index, (_, path)) in trace_paths.iter().enumerate().skip(1) {
+        let expect = expectation(&runs, runs[0].phases.len() - 1, scenario.loss, true);
+        let paths = std::slice::from_ref(path);
+        let (report, inspect) = thread::scope(|scope| {
+            let inspect = scope.spawn(|| inspect(paths));
+            let report = checker::check(
+                paths,
+                &expect,
+                dir.dir.path(),
+                &format!("trace-{}", index + 1),
+            );
+            let inspect = inspect
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            report.and_then(|report| Ok((report, inspect?)))
+        })?;
+        sessions.push(SessionTrace {
+            report,
+            inspect,
+            trace_bytes: file_size(path)?,
+            cli_summary: cli_summaries[index].clone(),
+            test_events: test_events::read(path)?,
         });
+    }
+    for (index, session) in sessions.iter().enumerate() {
+        if !session.inspect.ok {
+            return Err(HarnessError::Driver {
+                name: "shmtrace inspect --check".into(),
+                message: format!(
+                    "rejects the trace of session {} of scenario {}: {}",
+                    index + 1,
+                    scenario.name,
+                    session.inspect.analysis["problems"]
+                ),
+                stderr_tail: String::new(),
+            });
+        }
     }
     Ok(Outcome {
         report,
         producers: runs,
         mid_reads,
         file_sizes,
-        trace_bytes,
-        inspect,
-        cli_summary,
+        trace_bytes: sessions[0].trace_bytes,
+        inspect: inspected,
+        cli_summary: cli_summaries[0].clone(),
+        sessions,
     })
 }

@@ -76,6 +76,22 @@ matrix!(
     many_threads_tiny_smb,
 );
 
+/// Scenarios only our producer plays (the real producer driver has no
+/// custom data source): one `#[test]` per cell with our producer.
+macro_rules! our_producer_cells {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            cell_tests!($scenario:
+                our_producer => OUR_PRODUCER,
+                our_producer_and_service => OUR_PRODUCER_AND_SERVICE,
+                ours => OURS,
+            );
+        }
+    )*};
+}
+
+our_producer_cells!(two_sessions_with_a_custom_data_source);
+
 /// Plays `scenario` in `cell`; the checker must pass. In the cells with
 /// `shmtrace record`, also returns its summary, after checking that it
 /// agrees with the checker (official schema) on what the trace holds.
@@ -495,6 +511,78 @@ fn many_threads_tiny_smb(cell: Cell) {
     assert!(outcome.report.track_event_sequences().count() >= 1);
 }
 
+/// Two consumers, each with its own session enabling track_event and the
+/// custom data source of our producer (tagged with the session's label in
+/// its `legacy_config`), trace concurrently: the producer runs two
+/// instances of each data source, with their own writers and target
+/// buffers, so each trace holds every track event once and exactly its
+/// own session's custom packets, whole and in order.
+fn two_sessions_with_a_custom_data_source(cell: Cell) {
+    const THREADS: u32 = 2;
+    const ITERATIONS: u32 = 150;
+    let scenario = Scenario::new(
+        "two-sessions",
+        vec![ProducerSpec {
+            threads: THREADS,
+            iterations: ITERATIONS,
+            sessions: 2,
+            custom_source: true,
+            ..Default::default()
+        }],
+    );
+    let (outcome, _) = run(cell, &scenario);
+    let emitted = outcome.emitted();
+    assert_eq!(emitted.slice_begin, u64::from(2 * THREADS * ITERATIONS));
+    let per_session = u64::from(THREADS * ITERATIONS);
+    let producer = &outcome.producers[0];
+    let labels = [scenario::session_label(0), scenario::session_label(1)];
+    assert_eq!(
+        producer.custom,
+        labels.iter().map(|l| (l.clone(), per_session)).collect(),
+        "the driver's custom packets per session"
+    );
+    assert_eq!(outcome.sessions.len(), 2);
+    for (session, label) in outcome.sessions.iter().zip(&labels) {
+        let context = format!("{label} in cell {}", cell.name());
+        session.report.assert_ok(&context);
+        // Every track event, in each session's own trace.
+        assert_eq!(session.report.totals, emitted, "{context}");
+        let track_event_sequences: Vec<u32> = session
+            .report
+            .track_event_sequences()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(track_event_sequences.len(), THREADS as usize, "{context}");
+        // Exactly this session's custom packets: one sequence per thread,
+        // from the producer, each iteration once and in order.
+        let custom = &session.test_events;
+        assert_eq!(
+            custom.by_label,
+            [(label.clone(), per_session)].into_iter().collect(),
+            "{context}"
+        );
+        assert_eq!(custom.sequences.len(), THREADS as usize, "{context}");
+        // Each thread writes the custom source through writers of its own
+        // (sequences of their own), not its track_event writers.
+        for (id, sequence) in &custom.sequences {
+            assert!(!track_event_sequences.contains(id), "{context}: {id}");
+            assert_eq!(sequence.pids, [producer.pid], "{context}");
+            assert_eq!(sequence.labels, std::slice::from_ref(label), "{context}");
+            assert_eq!(sequence.threads.len(), 1, "{context}: {sequence:?}");
+            assert_eq!(
+                sequence.seq_values,
+                (0..ITERATIONS).collect::<Vec<_>>(),
+                "{context}"
+            );
+        }
+        if let Some(summary) = &session.cli_summary {
+            let names = summary["data_sources"].to_string();
+            assert!(names.contains(scenario::CUSTOM_SOURCE), "{summary}");
+            assert_eq!(summary["problems"], 0, "{summary}");
+        }
+    }
+}
+
 /// The checker's own unit tests (golden trace + hand-broken copies) run as
 /// part of `cargo test` too.
 #[test]
@@ -687,6 +775,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
         ConsumerImpl::Real,
         &bins,
         dir.path(),
+        0,
         &consumer_socket,
         &config,
         &dir.path().join("trace.pftrace"),
