@@ -31,8 +31,8 @@
 //! "emitted":{…}}` whose `emitted` has exactly the keys of the interop
 //! checker (`tests/checker/check_trace.py --expect`) and `stats` is the
 //! producer's [`stats()`](shmtrace_producer::stats) once emission ended
-//! (every drop it counted: what reached the trace is what was emitted less
-//! those), then `{"event":"stopped","stats":{…}}` once the session stopped.
+//! (every loss it counted: what reaches the trace is what was emitted less
+//! `packets_dropped`, `orphan_ends_suppressed` and `reentrant_drops`), then `{"event":"stopped","stats":{…}}` once the session stopped.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
@@ -291,14 +291,17 @@ fn parse() -> Result<Options, String> {
 fn stats_json(s: &ProducerStats) -> String {
     format!(
         "{{\"chunks_committed\":{},\"chunks_lost\":{},\"acquire_failures\":{},\"stalls\":{},\
-         \"stalls_given_up\":{},\"chunks_reclaimed\":{},\"packets_dropped\":{}}}",
+         \"stalls_given_up\":{},\"chunks_reclaimed\":{},\"packets_dropped\":{},\
+         \"orphan_ends_suppressed\":{},\"reentrant_drops\":{}}}",
         s.chunks_committed,
         s.chunks_lost,
         s.acquire_failures,
         s.stalls,
         s.stalls_given_up,
         s.chunks_reclaimed,
-        s.packets_dropped
+        s.packets_dropped,
+        s.orphan_ends_suppressed,
+        s.reentrant_drops
     )
 }
 
@@ -380,7 +383,8 @@ fn main() -> ExitCode {
     let stats_after_emit = shmtrace_producer::stats();
     eprintln!(
         "stress: {} events over {} threads in {:.3} s: {:.1} ns/event per thread, {:.1} ns/event wall \
-         ({:.2} M events/s); {} skipped (category off), {} dropped (SMB full), {} chunks",
+         ({:.2} M events/s); {} skipped (category off), {} dropped (SMB full), {} slice ends \
+         suppressed (their begin dropped), {} chunks",
         total.events(),
         o.threads,
         wall.as_secs_f64(),
@@ -389,6 +393,7 @@ fn main() -> ExitCode {
         events as f64 / wall.as_secs_f64() / 1e6,
         total.skipped_disabled,
         stats_after_emit.packets_dropped,
+        stats_after_emit.orphan_ends_suppressed,
         stats_after_emit.chunks_committed
     );
     println!(
