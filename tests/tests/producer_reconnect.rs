@@ -4,7 +4,8 @@
 //! running with tracing off; once `shmtrace serve` comes up it connects and
 //! a session recorded by `shmtrace record` holds its events; after the
 //! service is killed and restarted it connects again (its second
-//! connection) and the next session holds its events again.
+//! connection) and the next session holds its events again; after a clean
+//! shutdown and restart, its third.
 
 use std::path::Path;
 use std::process::Command;
@@ -157,7 +158,16 @@ fn producer_runs_without_a_service_and_reconnects_after_a_restart() {
         &dir.path().join("2.pftrace"),
     );
 
+    // A clean shutdown of the service (end of its stdin): the same again,
+    // up to the third connection.
     second_service.close_stdin();
     second_service.expect_success(TIMEOUT).unwrap();
+    let disconnected = heartbeat.expect_event("disconnected", TIMEOUT).unwrap();
+    assert_eq!(connections(&disconnected), 2, "{disconnected}");
+    let mut third_service = start_service();
+    let connected = heartbeat.expect_event("connected", TIMEOUT).unwrap();
+    assert_eq!(connections(&connected), 3, "{connected}");
+    third_service.close_stdin();
+    third_service.expect_success(TIMEOUT).unwrap();
     assert!(heartbeat.is_running(), "{}", heartbeat.stderr_tail());
 }
