@@ -30,7 +30,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shmtrace_abi::proto::Message;
 use shmtrace_abi::writer::TraceWriter;
@@ -39,15 +39,20 @@ use crate::arbiter::{Arbiter, BufferExhaustedPolicy};
 use crate::category::MAX_INSTANCES;
 use crate::filter::TrackEventConfig;
 use crate::outbox::Outgoing;
-use crate::writer::{ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD, FLAG_FLUSH};
+use crate::writer::{
+    request_all, wait_deferred, ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD,
+    FLAG_FLUSH, FLAG_RETIRE,
+};
 
 /// How long a writer stalls for a chunk when a session's config asks for a
 /// stalling policy.
 pub const CONFIG_STALL_LIMIT: Duration = Duration::from_secs(2);
 
-/// How long housekeeping waits for a writer's owner to finish its event
-/// before leaving a request for the owner instead.
-const HOUSEKEEPING_LOCK_WAIT: Duration = Duration::from_millis(100);
+/// How long a flush or a stop waits, in all, for writers busy in an event
+/// to do what it asked (flush, retire) before it reports done anyway;
+/// those writers then do it when their event ends (`writer` module docs,
+/// deferred work). A writer stalling for a chunk may take seconds.
+const HOUSEKEEPING_WAIT: Duration = Duration::from_millis(100);
 
 /// The parts of a `DataSourceConfig` this crate uses, plus the whole
 /// serialized message for data sources that read their own fields.
@@ -387,23 +392,21 @@ impl DataSourceType {
             st.stopped = true;
             std::mem::take(&mut st.cells)
         };
-        for cell in cells {
-            retire(&cell, &inst.arbiter);
-        }
+        retire_all(&cells, &inst.arbiter);
         let mut current = slot.current();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, inst)) {
             *current = None;
         }
     }
 
-    /// Runs the flush callback of `inst` and flushes its writers.
+    /// Runs the flush callback of `inst` and flushes its writers: idle ones
+    /// now, busy ones when their event ends. Waits at most
+    /// [`HOUSEKEEPING_WAIT`] in all for the busy ones.
     pub(crate) fn flush(&self, inst: &Instance) {
         self.handler.on_flush(&inst.args());
-        for cell in inst.cells() {
-            match cell.lock_bounded(HOUSEKEEPING_LOCK_WAIT) {
-                Some(mut g) => g.inner().flush(),
-                None => cell.request(FLAG_FLUSH),
-            }
+        let cells = inst.cells();
+        if request_all(&cells, FLAG_FLUSH) < cells.len() {
+            wait_deferred(&cells, FLAG_FLUSH, Instant::now() + HOUSEKEEPING_WAIT);
         }
     }
 
@@ -495,21 +498,31 @@ impl DataSourceType {
     }
 }
 
-/// Flushes a writer and takes it out of service: marks it dead, removes it
-/// from its arbiter, unregisters its id.
+/// Flushes a writer and takes it out of service ([`retire_all`]).
 pub(crate) fn retire(cell: &Arc<WriterCell>, arbiter: &Arbiter) {
-    match cell.lock_bounded(HOUSEKEEPING_LOCK_WAIT) {
-        Some(mut g) => {
-            g.inner().flush();
-            cell.request(FLAG_DEAD);
-        }
-        None => cell.request(FLAG_DEAD | FLAG_FLUSH),
+    retire_all(std::slice::from_ref(cell), arbiter);
+}
+
+/// Takes writers out of service: marks them dead, removes them from the
+/// arbiter's sweep list, and has each flushed, unregistered and its id
+/// freed, in that order: idle ones now, busy ones when their event ends.
+/// Waits at most [`HOUSEKEEPING_WAIT`] in all for the busy ones (not at
+/// all once the connection is gone), so a stop's `NotifyDataSourceStopped`
+/// follows their last chunks unless an event outlasts that (a writer
+/// stalling for a chunk). Upstream notifies without flushing its
+/// thread-local writers at all; their chunks come when the thread next
+/// writes or exits, or through the service's SMB scraping.
+pub(crate) fn retire_all(cells: &[Arc<WriterCell>], arbiter: &Arbiter) {
+    if cells.is_empty() {
+        return;
     }
-    arbiter.remove_cell(cell);
-    arbiter.outbox().push(Outgoing::UnregisterTraceWriter {
-        writer_id: u32::from(cell.writer_id()),
-    });
-    arbiter.free_writer_id(cell.writer_id());
+    for cell in cells {
+        arbiter.remove_cell(cell);
+    }
+    let done = request_all(cells, FLAG_DEAD | FLAG_RETIRE);
+    if done < cells.len() && !arbiter.is_closed() {
+        wait_deferred(cells, FLAG_RETIRE, Instant::now() + HOUSEKEEPING_WAIT);
+    }
 }
 
 struct TlsEntry {

@@ -52,12 +52,25 @@
 //! that sees `taker == false` read a taker's release store likewise.
 //!
 //! * The owner never waits for anything while holding it except, under the
-//!   stall policy, for free chunks (bounded); takers wait for it only with a
-//!   bound ([`WriterCell::lock_bounded`]), then leave a request in `flags`
-//!   that the owner honours before releasing the lock next time.
+//!   stall policy, for free chunks (bounded). Takers never wait for it.
 //! * Nothing that holds a cell lock ever blocks on another cell's lock: a
 //!   writer reclaiming chunks from other cells only *tries* their locks
 //!   (and a try on its own cell, whose `in_use` it holds, fails).
+//!
+//! # Deferred work
+//!
+//! Flush, stop and thread exit must not wait for a busy owner (one may be
+//! stalling for a chunk for seconds). They leave work in `flags`
+//! ([`FLAG_FLUSH`], [`FLAG_RETIRE`]) and [`request_all`] does it at once
+//! for every cell nobody holds (one fence for all of them); the holder of
+//! a busy cell does it when it lets go. A holder releases the lock and
+//! *then* loads `flags`; if work is pending it takes the cell back (the
+//! owner waits for a taker; a taker gives up if someone holds it, who then
+//! does the work) and does it. Requests are `SeqCst` read-modify-writes
+//! made before the requester's claim and fence, so this is the same Dekker
+//! pairing as the lock: a requester that finds a cell held is sure its
+//! holder's load after releasing sees the request. Taking a flag with
+//! `fetch_and` makes each request run exactly once.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, Ordering};
@@ -75,6 +88,12 @@ pub(crate) const FLAG_FLUSH: u8 = 1;
 pub(crate) const FLAG_CLEAR: u8 = 2;
 /// Flag: the instance stopped or the connection is gone; write nothing.
 pub(crate) const FLAG_DEAD: u8 = 4;
+/// Flag: flush the writer, then unregister it and free its id (set with
+/// [`FLAG_DEAD`] when it is retired; the id is freed only once its owner
+/// can no longer write with it).
+pub(crate) const FLAG_RETIRE: u8 = 8;
+/// The flags asking the cell's holder for work (module docs).
+const DEFERRED: u8 = FLAG_FLUSH | FLAG_RETIRE;
 
 /// The abi writer type this crate uses.
 pub(crate) type ProducerTraceWriter = TraceWriter<'static, WriterArbiter>;
@@ -122,6 +141,15 @@ impl PacketWriter for Output {
         let outcome = self.writer.write_encoded_packet_in(buf, len);
         !matches!(outcome, PacketOutcome::Dropped(_))
     }
+
+    #[inline]
+    fn write_in_place(
+        &mut self,
+        encode: impl FnOnce(&mut shmtrace_abi::smb::Window<'_>) -> Option<usize>,
+    ) -> bool {
+        self.dirty = true;
+        self.writer.write_small_packet_in_place(encode)
+    }
 }
 
 /// What the lock protects.
@@ -133,8 +161,9 @@ pub(crate) struct WriterInner {
     /// Custom data sources: incremental state was cleared since the user
     /// last asked.
     pub(crate) custom_cleared: bool,
-    /// Keeps the SMB mapped for as long as `writer` may point into it.
-    _arbiter: Arc<Arbiter>,
+    /// Keeps the SMB mapped for as long as `writer` may point into it;
+    /// takes the writer's id back when it retires.
+    arbiter: Arc<Arbiter>,
 }
 
 impl WriterInner {
@@ -303,30 +332,20 @@ impl WriterCell {
                 },
                 seq: SequenceState::new(),
                 custom_cleared: true,
-                _arbiter: arbiter,
+                arbiter,
             }),
         }
     }
 
-    pub(crate) fn writer_id(&self) -> u16 {
-        self.writer_id
-    }
-
-    /// Sets `flag` for the owner (or the next flusher) to act on.
+    /// Sets `flag` for the holder to act on. `SeqCst`: holders' loads
+    /// after releasing pair with it (module docs, deferred work).
     pub(crate) fn request(&self, flag: u8) {
-        self.flags.fetch_or(flag, Ordering::Release);
+        self.flags.fetch_or(flag, Ordering::SeqCst);
     }
 
-    /// A taker's attempt: succeeds if neither the owner nor another taker
-    /// holds the cell. Must not be called by the owner for its own use
-    /// (see [`WriterCell::lock_owner`]); on the owner's thread while it
-    /// holds the cell it fails.
-    pub(crate) fn try_lock(&self) -> Option<CellGuard<'_>> {
-        if !self.claim() {
-            return None;
-        }
-        taker_fence(self.mode);
-        self.confirm()
+    /// `true` while any of `flags` is set (e.g. deferred work not done yet).
+    pub(crate) fn has_flags(&self, flags: u8) -> bool {
+        self.flags.load(Ordering::Acquire) & flags != 0
     }
 
     /// A taker's first step: excludes other takers. Must be followed by
@@ -339,19 +358,25 @@ impl WriterCell {
     /// [`taker_fence`]: the cell, unless its owner is using it (then the
     /// claim is given up).
     pub(crate) fn confirm(&self) -> Option<CellGuard<'_>> {
-        if self.in_use.load(Ordering::SeqCst) {
-            self.taker.store(false, Ordering::Release);
-            return None;
-        }
-        Some(CellGuard {
+        // Lazily: a guard made and dropped on failure would release
+        // another taker's claim.
+        self.confirm_raw().then(|| CellGuard {
             cell: self,
             owner: false,
         })
     }
 
+    fn confirm_raw(&self) -> bool {
+        if self.in_use.load(Ordering::SeqCst) {
+            self.taker.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
     /// The owner's one attempt (module docs).
     #[inline]
-    fn try_lock_owner(&self) -> Option<CellGuard<'_>> {
+    fn owner_enter(&self) -> bool {
         match self.mode {
             LockMode::Asymmetric => {
                 self.in_use.store(true, Ordering::Relaxed);
@@ -365,12 +390,9 @@ impl WriterCell {
         }
         if self.taker.load(Ordering::SeqCst) {
             self.in_use.store(false, Ordering::Release);
-            None
+            false
         } else {
-            Some(CellGuard {
-                cell: self,
-                owner: true,
-            })
+            true
         }
     }
 
@@ -380,14 +402,17 @@ impl WriterCell {
     #[inline]
     pub(crate) fn lock_owner(&self) -> CellGuard<'_> {
         self.touched.store(true, Ordering::Relaxed);
-        if let Some(g) = self.try_lock_owner() {
-            return g;
+        if !self.owner_enter() {
+            self.owner_enter_slow();
         }
-        self.lock_slow()
+        CellGuard {
+            cell: self,
+            owner: true,
+        }
     }
 
     #[cold]
-    fn lock_slow(&self) -> CellGuard<'_> {
+    fn owner_enter_slow(&self) {
         let mut spins = 0u32;
         loop {
             while self.taker.load(Ordering::Acquire) {
@@ -398,27 +423,48 @@ impl WriterCell {
                     std::thread::yield_now();
                 }
             }
-            if let Some(g) = self.try_lock_owner() {
-                return g;
+            if self.owner_enter() {
+                return;
             }
         }
     }
 
-    /// A taker's lock: waits at most `limit` for it.
-    pub(crate) fn lock_bounded(&self, limit: Duration) -> Option<CellGuard<'_>> {
-        if let Some(g) = self.try_lock() {
-            return Some(g);
-        }
-        let deadline = Instant::now() + limit;
-        loop {
-            std::thread::yield_now();
-            if let Some(g) = self.try_lock() {
-                return Some(g);
+    /// Lets go of the cell; `true` if deferred work is pending (loaded
+    /// after the release: module docs).
+    #[inline]
+    fn release(&self, owner: bool) -> bool {
+        if !owner {
+            self.taker.store(false, Ordering::SeqCst);
+        } else {
+            match self.mode {
+                LockMode::Asymmetric => {
+                    self.in_use.store(false, Ordering::Release);
+                    // Store, then load: the requester's membarrier orders
+                    // them on the CPU, as for the lock.
+                    compiler_fence(Ordering::SeqCst);
+                }
+                LockMode::Symmetric => {
+                    self.in_use.swap(false, Ordering::SeqCst);
+                }
             }
-            if Instant::now() >= deadline {
-                return None;
-            }
         }
+        self.flags.load(Ordering::SeqCst) & DEFERRED != 0
+    }
+
+    /// Takes the cell back after [`WriterCell::release`] found work: the
+    /// owner always gets it (it waits out a taker); a taker only if nobody
+    /// holds it (the holder then does the work).
+    #[cold]
+    fn reacquire(&self, owner: bool) -> bool {
+        if owner {
+            self.owner_enter_slow();
+            return true;
+        }
+        if !self.claim() {
+            return false;
+        }
+        taker_fence(self.mode);
+        self.confirm_raw()
     }
 
     /// Second-chance idleness: `true` if untouched since the last call.
@@ -466,18 +512,80 @@ impl CellGuard<'_> {
     }
 }
 
+impl CellGuard<'_> {
+    /// Does the work requested with [`FLAG_FLUSH`] and [`FLAG_RETIRE`], if
+    /// any (each request once, whoever holds the cell).
+    pub(crate) fn run_deferred(&mut self) {
+        let work = self.cell.flags.fetch_and(!DEFERRED, Ordering::AcqRel) & DEFERRED;
+        if work == 0 {
+            return;
+        }
+        let writer_id = self.cell.writer_id;
+        let inner = self.inner();
+        inner.flush();
+        if work & FLAG_RETIRE != 0 {
+            // The chunk just committed goes out first, then the writer is
+            // gone; the id is free only now that nobody writes with it.
+            inner
+                .arbiter
+                .outbox()
+                .push(crate::outbox::Outgoing::UnregisterTraceWriter {
+                    writer_id: u32::from(writer_id),
+                });
+            inner.arbiter.free_writer_id(writer_id);
+        }
+    }
+}
+
 impl Drop for CellGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.flags() & FLAG_FLUSH != 0 {
-            self.clear_flag(FLAG_FLUSH);
-            self.inner().flush();
+        // Release first, then look for work (module docs): work requested
+        // while we held the cell is never left behind.
+        while self.cell.release(self.owner) && self.cell.reacquire(self.owner) {
+            self.run_deferred();
         }
-        if self.owner {
-            self.cell.in_use.store(false, Ordering::Release);
-        } else {
-            self.cell.taker.store(false, Ordering::Release);
+    }
+}
+
+/// Asks every cell in `cells` for `work` (deferred flags, plus any state
+/// flags such as [`FLAG_DEAD`]) without waiting for anyone: cells nobody
+/// holds do it now, under one fence for all; busy ones when their holder
+/// lets go. Returns how many did it now.
+pub(crate) fn request_all(cells: &[Arc<WriterCell>], work: u8) -> usize {
+    for cell in cells {
+        cell.request(work);
+    }
+    // Claim all first so that one fence serves every cell. The claims
+    // come after the requests (module docs, deferred work).
+    let claimed: Vec<bool> = cells.iter().map(|c| c.claim()).collect();
+    if !claimed.contains(&true) {
+        return 0;
+    }
+    taker_fence(lock_mode());
+    let mut done = 0;
+    for (cell, _) in cells.iter().zip(claimed).filter(|(_, c)| *c) {
+        if let Some(mut g) = cell.confirm() {
+            g.run_deferred();
+            done += 1;
         }
+    }
+    done
+}
+
+/// Waits until the deferred `work` of every cell is done, or `deadline`;
+/// returns how many cells still have it pending (their holders do it when
+/// they let go). Sleeps between looks; no fences, no locks.
+pub(crate) fn wait_deferred(cells: &[Arc<WriterCell>], work: u8, deadline: Instant) -> usize {
+    let mut sleep = Duration::from_micros(20);
+    loop {
+        let pending = cells.iter().filter(|c| c.has_flags(work)).count();
+        let now = Instant::now();
+        if pending == 0 || now >= deadline {
+            return pending;
+        }
+        std::thread::sleep(sleep.min(deadline - now));
+        sleep = (sleep * 2).min(Duration::from_millis(2));
     }
 }
 
@@ -490,19 +598,25 @@ mod tests {
     use shmtrace_abi::layout::PageLayout;
     use std::sync::atomic::AtomicUsize;
 
-    /// A cell of `mode` over a private 16 KiB SMB (no runtime involved).
-    fn cell(mode: LockMode) -> Arc<WriterCell> {
+    /// A cell of `mode` over a private 16 KiB SMB and outbox (no runtime
+    /// involved), and its arbiter.
+    pub(super) fn cell_and_arbiter(mode: LockMode) -> (Arc<WriterCell>, Arc<Arbiter>) {
         let shm = SharedMemory::heap(16 * 1024, 4096, false).expect("heap SMB");
         let arbiter = Arbiter::new(shm, PageLayout::Div1, Arc::new(Outbox::new()));
         let id = arbiter.alloc_writer_id().expect("writer id");
         let writer = TraceWriter::new(arbiter.writer_arbiter(BufferExhaustedPolicy::Drop), id, 1)
             .expect("writer");
-        Arc::new(WriterCell::with_mode(writer, arbiter, mode))
+        let cell = Arc::new(WriterCell::with_mode(writer, arbiter.clone(), mode));
+        (cell, arbiter)
+    }
+
+    pub(super) fn cell(mode: LockMode) -> Arc<WriterCell> {
+        cell_and_arbiter(mode).0
     }
 
     /// An owner thread locking for every "event" and two taker threads
-    /// trying (and bounded-waiting for) the same cell are never inside at
-    /// the same time, and both sides get in.
+    /// trying the same cell (one fencing for the cell's mode, one for the
+    /// process's) are never inside at the same time, and both sides get in.
     fn owner_and_takers_exclude_each_other(mode: LockMode) {
         let cell = cell(mode);
         assert_eq!(cell.mode, mode);
@@ -522,10 +636,13 @@ mod tests {
                     (cell.clone(), inside.clone(), done.clone(), got.clone());
                 std::thread::spawn(move || {
                     while !done.load(Ordering::Relaxed) {
-                        let g = if which == 0 {
-                            cell.try_lock()
+                        // Fencing for the cell's mode, or the process's
+                        // as the sweep and `request_all` do.
+                        let g = if cell.claim() {
+                            taker_fence(if which == 0 { cell.mode } else { lock_mode() });
+                            cell.confirm()
                         } else {
-                            cell.lock_bounded(Duration::from_micros(50))
+                            None
                         };
                         if let Some(g) = g {
                             enter(&inside);
@@ -564,5 +681,104 @@ mod tests {
     #[test]
     fn cell_lock_excludes_owner_and_takers_symmetric() {
         owner_and_takers_exclude_each_other(LockMode::Symmetric);
+    }
+}
+
+/// Deferred work (flush, retire): done at once on a cell nobody holds, by
+/// the owner when it lets go of a busy one, never lost.
+#[cfg(test)]
+mod deferred_tests {
+    use super::tests::{cell, cell_and_arbiter};
+    use super::*;
+    use crate::outbox::Outgoing;
+
+    /// What the arbiter's outbox holds, in order (chunks committed per
+    /// commit, writers unregistered).
+    fn sent(arbiter: &Arbiter) -> Vec<String> {
+        std::iter::from_fn(|| arbiter.outbox().try_next())
+            .map(|m| match m {
+                Outgoing::Commit(c) => format!("commit {}", c.chunks_to_move.len()),
+                Outgoing::UnregisterTraceWriter { writer_id } => format!("unregister {writer_id}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn write_one(cell: &WriterCell) -> CellGuard<'_> {
+        use crate::event::PacketWriter;
+        let mut g = cell.lock_owner();
+        assert!(g.inner().out.write_packet(|p| p.uint64(8, 1)));
+        g
+    }
+
+    #[test]
+    fn idle_cells_flush_now_busy_ones_when_released() {
+        let (cell, arbiter) = cell_and_arbiter(lock_mode());
+        let cells = [cell.clone()];
+        drop(write_one(&cell));
+        assert_eq!(request_all(&cells, FLAG_FLUSH), 1, "idle: done now");
+        assert_eq!(sent(&arbiter), ["commit 1"]);
+
+        let g = write_one(&cell);
+        assert_eq!(request_all(&cells, FLAG_FLUSH | FLAG_DEAD | FLAG_RETIRE), 0);
+        let soon = Instant::now() + Duration::from_millis(5);
+        assert_eq!(wait_deferred(&cells, FLAG_RETIRE, soon), 1, "owner busy");
+        assert!(
+            sent(&arbiter).is_empty(),
+            "nothing before the owner lets go"
+        );
+        drop(g);
+        assert!(!cell.has_flags(FLAG_FLUSH | FLAG_RETIRE), "done");
+        assert!(cell.has_flags(FLAG_DEAD), "state flags stay");
+        let id = cell.writer_id;
+        assert_eq!(
+            sent(&arbiter),
+            ["commit 1".to_string(), format!("unregister {id}")]
+        );
+        // Nothing is done twice.
+        drop(cell.lock_owner());
+        assert!(sent(&arbiter).is_empty());
+    }
+
+    /// A requester racing an owner that locks and releases in a loop:
+    /// every request is done (a lost one would leave its flag set until
+    /// the 5 s deadline).
+    fn requests_race_the_owner(mode: LockMode) {
+        let cell = cell(mode);
+        let cells = [cell.clone()];
+        let done = Arc::new(AtomicBool::new(false));
+        let owner = {
+            let (cell, done) = (cell.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let g = cell.lock_owner();
+                    for _ in 0..(n % 50) {
+                        std::hint::spin_loop();
+                    }
+                    drop(g);
+                    n += 1;
+                }
+            })
+        };
+        let mut at_once = 0;
+        for _ in 0..3000 {
+            at_once += request_all(&cells, FLAG_FLUSH);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            assert_eq!(wait_deferred(&cells, FLAG_FLUSH, deadline), 0, "lost");
+        }
+        done.store(true, Ordering::Relaxed);
+        owner.join().unwrap();
+        assert!(at_once > 0, "some requests were done at once");
+    }
+
+    #[test]
+    fn no_request_is_lost_host_mode() {
+        requests_race_the_owner(lock_mode());
+    }
+
+    #[test]
+    fn no_request_is_lost_symmetric() {
+        requests_race_the_owner(LockMode::Symmetric);
     }
 }

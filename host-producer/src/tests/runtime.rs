@@ -1140,3 +1140,107 @@ fn reentrant_packets_are_dropped_and_counted() {
     assert_eq!(seqs.values().map(|s| s.packets.len()).sum::<usize>(), 1);
     lb.shutdown();
 }
+
+/// Flush and stop do not wait for writers stalled for a chunk (seconds
+/// each): they take the idle writers at once, leave the work to the busy
+/// ones and answer. The busy writers flush and unregister when their
+/// packet ends, once chunks come back.
+#[test]
+fn flush_and_stop_do_not_wait_for_stalled_writers() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+    let _s = serial();
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let ds = start_source("test.stalled", stalling(Duration::from_secs(20)), 1, 191);
+    let writers = 30;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let before = crate::stats();
+    let handles: Vec<_> = (0..writers)
+        .map(|t| {
+            let (ds, inside, done) = (ds.clone(), inside.clone(), done.clone());
+            std::thread::spawn(move || {
+                let filler = [t as u8; 1000];
+                let mut i = 0;
+                while !done.load(Ordering::Relaxed) {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    assert!(write(&ds, i, &filler) || !ds.is_enabled());
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    // Nobody frees chunks: every writer ends up stalling in a packet.
+    let smb = lb.arbiter.smb();
+    let instance = ds.ty.find(191).unwrap();
+    while inside.load(Ordering::SeqCst) < writers
+        || instance.cells().len() < writers
+        || crate::stats().stalls == before.stalls
+        || (0..smb.num_pages()).any(|p| smb.is_page_free(p))
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Writers waiting for chunks hold their cells for up to 20 s; one
+    // after another at 100 ms each this would take 3 s.
+    let started = Instant::now();
+    runtime().flush(&[191], 9);
+    let flush_took = started.elapsed();
+    assert_eq!(inside.load(Ordering::SeqCst), writers, "still stalled");
+    let started = Instant::now();
+    runtime().stop_data_source(191);
+    let stop_took = started.elapsed();
+    assert_eq!(inside.load(Ordering::SeqCst), writers, "still stalled");
+    assert!(
+        flush_took < Duration::from_secs(1) && stop_took < Duration::from_secs(1),
+        "flush {flush_took:?}, stop {stop_took:?}"
+    );
+    // The service drains: the writers finish their packets, then flush and
+    // retire their writers themselves.
+    done.store(true, Ordering::Relaxed);
+    while inside.load(Ordering::SeqCst) > 0 {
+        lb.drain();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    lb.drain();
+    let rx = lb.received();
+    assert_eq!(rx.flush_acks, [9]);
+    let position = |f: &dyn Fn(&Outgoing) -> bool| rx.messages.iter().position(f);
+    let stopped = position(&|m| matches!(m, Outgoing::DataSourceStopped { .. })).unwrap();
+    let registered: Vec<u32> = rx
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Outgoing::RegisterTraceWriter { writer_id, .. } => Some(*writer_id),
+            _ => None,
+        })
+        .collect();
+    let mut unregistered: Vec<(usize, u32)> = rx
+        .messages
+        .iter()
+        .enumerate()
+        .filter_map(|(at, m)| match m {
+            Outgoing::UnregisterTraceWriter { writer_id } => Some((at, *writer_id)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(registered.len(), writers, "one writer per thread");
+    assert!(
+        unregistered.iter().any(|&(at, _)| at > stopped),
+        "busy writers retire after the stop answered"
+    );
+    let mut ids: Vec<u32> = unregistered.drain(..).map(|(_, id)| id).collect();
+    ids.sort();
+    let mut expected = registered.clone();
+    expected.sort();
+    assert_eq!(ids, expected, "every writer unregistered exactly once");
+    drop(rx);
+    // Every packet a writer finished arrived whole.
+    for seq in lb.sequences().values() {
+        assert_eq!((seq.dropped, seq.gaps), (0, 0));
+    }
+    lb.shutdown();
+}
