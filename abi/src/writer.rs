@@ -70,6 +70,7 @@ use core::ops::{Deref, DerefMut};
 
 use crate::layout::MAX_WRITER_ID;
 use crate::proto::{EncodeError, Encoder, Message};
+use crate::smb::Window;
 
 pub use arbiter::{BufferId, ChunkArbiter, PatchesDeferred};
 pub use patches::{Patch, PatchGroup};
@@ -328,6 +329,26 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
                 PacketOutcome::Dropped(reason)
             }
         }
+    }
+
+    /// Encodes a small packet straight into the current chunk: `encode`
+    /// writes the packet's fields (no size prefix) into a [`Window`] of
+    /// [`WINDOW_LEN`](crate::smb::WINDOW_LEN) free payload bytes and returns their length, or
+    /// `None` to give up. Returns `true` if the packet was written (one
+    /// byte of size, the fields, one atomic store); `false` if this path
+    /// was not available (the chunk is nearly full, loss must be marked
+    /// first, or the packet is longer than 127 bytes): nothing was
+    /// committed and the caller writes the packet another way.
+    #[inline]
+    pub fn write_small_packet_in_place(
+        &mut self,
+        encode: impl FnOnce(&mut Window<'_>) -> Option<usize>,
+    ) -> bool {
+        self.enc
+            .sink_and_slots()
+            .0
+            .write_small_packet_in_place(encode)
+            .is_some()
     }
 
     /// Returns the current chunk to the arbiter (even if almost empty),

@@ -37,10 +37,11 @@
 //!   negative.
 
 use shmtrace_abi::proto::{Message, Sink};
+use shmtrace_abi::smb::Window;
 
 use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
 use crate::category::Category;
-use crate::fast::{FastBuf, FAST_CAP};
+use crate::fast::{FastBuf, Target, FAST_CAP};
 use crate::intern::{Lookup, StrInterner, TrackSet};
 use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 use shmtrace_abi::writer::{DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
@@ -240,6 +241,15 @@ pub(crate) trait PacketWriter {
     fn write_encoded_packet_in(&mut self, buf: &[u8], len: usize) -> bool {
         self.write_packet(|p| p.raw(buf.get(..len).unwrap_or(buf)))
     }
+
+    /// Encodes a small packet straight into the writer's current chunk:
+    /// `encode` writes the packet's fields into a window of free payload
+    /// and returns their length. `false` if this path is not available
+    /// (nothing was written; the caller writes the packet another way).
+    fn write_in_place(&mut self, encode: impl FnOnce(&mut Window<'_>) -> Option<usize>) -> bool {
+        let _ = encode;
+        false
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -350,6 +360,8 @@ impl SequenceState {
     }
 
     /// Writes the reset packet and the thread/process descriptors.
+    #[cold]
+    #[inline(never)]
     fn reset<W: PacketWriter>(&mut self, w: &mut W, now: u64) -> bool {
         self.interned.clear();
         self.tracks.clear();
@@ -400,6 +412,8 @@ impl SequenceState {
         ok && self.emit_descriptor(w, &thread, now) && self.emit_descriptor(w, &process, now)
     }
 
+    #[cold]
+    #[inline(never)]
     fn emit_descriptor<W: PacketWriter>(&mut self, w: &mut W, track: &Track<'_>, now: u64) -> bool {
         self.tracks.insert(track.uuid());
         w.write_packet(|p| descriptor_packet(p, track, now))
@@ -407,6 +421,7 @@ impl SequenceState {
 
     /// Makes sure the sequence's incremental state is valid and `track`'s
     /// descriptor was emitted. `false` if a packet was lost doing so.
+    #[inline(always)]
     fn prepare<W: PacketWriter>(&mut self, w: &mut W, track: Option<&Track<'_>>, now: u64) -> bool {
         if self.needs_reset {
             if !self.reset(w, now) {
@@ -416,15 +431,26 @@ impl SequenceState {
         }
         if let Some(t) = track {
             if t.uuid() != self.thread_track.uuid() && self.tracks.insert(t.uuid()) {
-                return w.write_packet(|p| descriptor_packet(p, t, now));
+                return self.emit_track_descriptor(w, t, now);
             }
         }
         true
     }
 
+    /// The descriptor packet of a track first used on this sequence.
+    #[cold]
+    #[inline(never)]
+    fn emit_track_descriptor<W: PacketWriter>(&self, w: &mut W, t: &Track<'_>, now: u64) -> bool {
+        w.write_packet(|p| descriptor_packet(p, t, now))
+    }
+
     /// Writes one event (plus whatever incremental state it needs first).
     /// `extra` may add fields to the TrackEvent. Returns `false` if any
     /// packet was dropped; the sequence is then reset before the next event.
+    // Not inlined into the caller's loop over instances: the compiler
+    // would hoist (and spill) dozens of event-derived values out of it for
+    // a loop that almost always runs once.
+    #[inline(never)]
     pub(crate) fn write_event<W: PacketWriter>(
         &mut self,
         w: &mut W,
@@ -434,25 +460,20 @@ impl SequenceState {
         let on_thread_track = ev
             .track
             .is_none_or(|t| t.uuid() == self.thread_track.uuid());
-        if on_thread_track {
-            match ev.kind {
-                EventType::SliceBegin => {
-                    let ok = self.write_event_now(w, ev, extra);
-                    self.slices.push(ok);
-                    return ok;
-                }
-                // Its begin was lost (or came before this sequence): an end
-                // alone would close an unrelated slice, or nothing.
-                EventType::SliceEnd if !self.slices.pop() => {
-                    self.orphan_ends_suppressed += 1;
-                    return true;
-                }
-                _ => {}
-            }
+        // Its begin was lost (or came before this sequence): an end alone
+        // would close an unrelated slice, or nothing.
+        if on_thread_track && ev.kind == EventType::SliceEnd && !self.slices.pop() {
+            self.orphan_ends_suppressed += 1;
+            return true;
         }
-        self.write_event_now(w, ev, extra)
+        let ok = self.write_event_now(w, ev, extra);
+        if on_thread_track && ev.kind == EventType::SliceBegin {
+            self.slices.push(ok);
+        }
+        ok
     }
 
+    #[inline(always)]
     fn write_event_now<W: PacketWriter>(
         &mut self,
         w: &mut W,
@@ -472,11 +493,17 @@ impl SequenceState {
         self.interned.new_entries.clear();
         let stamp = self.stamp(ev.timestamp);
         let ok = match extra {
-            // Common case: encode into the scratch buffer with the fast
-            // path's cursor, then hand the writer one copy.
+            // Common case: encode with the fast path's cursor straight
+            // into the chunk, or else into the scratch buffer and hand the
+            // writer one copy.
             None => {
                 let thread_uuid = self.thread_track.uuid();
-                match (self.interned).encode_fast(&mut self.scratch, thread_uuid, ev, stamp) {
+                let interned = &mut self.interned;
+                if w.write_in_place(|win| interned.encode_fast(win, thread_uuid, ev, stamp)) {
+                    return true;
+                }
+                let scratch: &mut [u8; FAST_CAP] = &mut self.scratch;
+                match (self.interned).encode_fast(scratch, thread_uuid, ev, stamp) {
                     Some(n) => w.write_encoded_packet_in(&self.scratch[..], n),
                     // Nested annotations, or too big for the scratch
                     // buffer: stream it instead.
@@ -516,6 +543,7 @@ impl SequenceState {
     /// data). Interning is idempotent across retries: strings interned by
     /// an attempt that was abandoned stay in `new_entries` and are emitted
     /// by the next attempt.
+    #[inline(never)]
     fn write_event_fields<S: Sink>(
         &mut self,
         p: &mut Message<'_, S>,
@@ -693,9 +721,10 @@ impl Interned {
     /// [`SequenceState::write_event_fields`] for events without nested annotations,
     /// with the [`FastBuf`] cursor. `None` if the event does not qualify or
     /// does not fit `buf` (interned strings stay pending for the retry).
-    fn encode_fast(
+    #[inline(always)]
+    fn encode_fast<T: Target>(
         &mut self,
-        buf: &mut [u8; FAST_CAP],
+        buf: &mut T,
         thread_uuid: u64,
         ev: &EventData<'_>,
         stamp: Stamp,
@@ -846,7 +875,7 @@ impl Interned {
     }
 
     #[inline]
-    fn fast_category(&mut self, f: &mut FastBuf<'_>, name: &'static str) {
+    fn fast_category<T: Target>(&mut self, f: &mut FastBuf<'_, T>, name: &'static str) {
         match self.intern(interned_field::EVENT_CATEGORIES, name) {
             Some(iid) => {
                 f.byte(TAG_CATEGORY_IIDS);

@@ -5,71 +5,113 @@
 //! annotations) and sometimes a little `interned_data`. The general encoder
 //! (`shmtrace_abi::proto`) handles any message over a scattered chunk
 //! stream; for this one shape, written into a small contiguous buffer with
-//! constant tags, a plain cursor is several times cheaper. The result is
+//! constant tags, a plain cursor is several times cheaper. The packet is
+//! written straight into the current chunk (a [`Window`] of its free
+//! payload) or, when that is not available, into a scratch array that is
 //! then copied into the trace writer in one piece.
 //!
 //! # Invariants
 //!
-//! * The buffer is a fixed-size array whose length is a power of two, and
-//!   every single-byte write lands at `len % FAST_CAP`: the index is in
+//! * The [`Target`] is a fixed-size buffer whose length is a power of two,
+//!   and every single-byte write lands at `len % CAP`: the index is in
 //!   bounds by construction, so a byte costs a store and an increment (no
 //!   bounds check, no branch). Slices (string contents) are copied only if
 //!   they fit; one that does not fit marks the encoding failed.
-//! * `len` counts every byte written or skipped. Once it exceeds
-//!   [`FAST_CAP`] the bytes in the buffer are garbage (single bytes wrapped
+//! * `len` counts every byte written or skipped. Once it exceeds the
+//!   capacity the bytes in the buffer are garbage (single bytes wrapped
 //!   around) and [`FastBuf::finish`] reports the overflow; the caller then
-//!   encodes the event with the general encoder instead. Nothing here
-//!   panics, and there is no "failed" flag to test on every write.
+//!   encodes the event another way. Nothing here panics, and there is no
+//!   "failed" flag to test on every write.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a *redundant*
 //!   varint (`0x80 | low7, high7`), the same non-minimal form Perfetto's own
 //!   encoder uses for nested sizes; every protobuf parser accepts it.
 
-/// Capacity of a fast-path buffer (a power of two: see the module docs).
-pub(crate) const FAST_CAP: usize = 512;
+use shmtrace_abi::smb::{Window, WINDOW_LEN};
 
-const MASK: usize = FAST_CAP - 1;
+/// Capacity of the scratch array (a power of two: see the module docs).
+pub(crate) const FAST_CAP: usize = 512;
 
 /// A `len` no encoding reaches by single bytes: a slice did not fit.
 const FAILED: usize = usize::MAX / 2;
 
-/// A cursor over a caller's buffer. See the module docs.
-pub(crate) struct FastBuf<'b> {
-    buf: &'b mut [u8; FAST_CAP],
-    /// Bytes written or skipped; past `FAST_CAP` the encoding failed.
+/// A fixed-size buffer a [`FastBuf`] writes into.
+pub(crate) trait Target {
+    /// Capacity in bytes: a power of two.
+    const CAP: usize;
+    /// Writes `byte` at `index % CAP`.
+    fn put(&mut self, index: usize, byte: u8);
+    /// Copies `src` to `index`; `false` (nothing written) if it does not
+    /// fit.
+    fn put_slice(&mut self, index: usize, src: &[u8]) -> bool;
+}
+
+impl Target for [u8; FAST_CAP] {
+    const CAP: usize = FAST_CAP;
+
+    #[inline(always)]
+    fn put(&mut self, index: usize, byte: u8) {
+        self[index & (FAST_CAP - 1)] = byte;
+    }
+
+    #[inline(always)]
+    fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
+        match self.get_mut(index..index.wrapping_add(src.len())) {
+            Some(dst) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Target for Window<'_> {
+    const CAP: usize = WINDOW_LEN;
+
+    #[inline(always)]
+    fn put(&mut self, index: usize, byte: u8) {
+        Window::put(self, index, byte);
+    }
+
+    #[inline(always)]
+    fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
+        Window::put_slice(self, index, src)
+    }
+}
+
+/// A cursor over a [`Target`]. See the module docs.
+pub(crate) struct FastBuf<'b, T: Target> {
+    buf: &'b mut T,
+    /// Bytes written or skipped; past `T::CAP` the encoding failed.
     len: usize,
 }
 
-impl<'b> FastBuf<'b> {
+impl<'b, T: Target> FastBuf<'b, T> {
     #[inline(always)]
-    pub(crate) fn new(buf: &'b mut [u8; FAST_CAP]) -> Self {
+    pub(crate) fn new(buf: &'b mut T) -> Self {
         FastBuf { buf, len: 0 }
     }
 
     /// Bytes written, or `None` if the buffer was too small.
     #[inline(always)]
     pub(crate) fn finish(&self) -> Option<usize> {
-        (self.len <= FAST_CAP).then_some(self.len)
+        (self.len <= T::CAP).then_some(self.len)
     }
 
-    /// Appends raw bytes (string contents, multi-byte tags).
+    /// Appends raw bytes (string contents).
     #[inline(always)]
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        match self
-            .buf
-            .get_mut(self.len..self.len.wrapping_add(bytes.len()))
-        {
-            Some(dst) => {
-                dst.copy_from_slice(bytes);
-                self.len += bytes.len();
-            }
-            None => self.len = FAILED,
+        if self.buf.put_slice(self.len, bytes) {
+            self.len += bytes.len();
+        } else {
+            self.len = FAILED;
         }
     }
 
     /// Appends one byte.
     #[inline(always)]
     pub(crate) fn byte(&mut self, b: u8) {
-        self.buf[self.len & MASK] = b;
+        self.buf.put(self.len, b);
         self.len += 1;
     }
 
@@ -120,8 +162,9 @@ impl<'b> FastBuf<'b> {
     #[inline(always)]
     pub(crate) fn end_nested(&mut self, start: usize) {
         let size = self.len.wrapping_sub(start);
-        self.buf[start.wrapping_sub(2) & MASK] = (size as u8 & 0x7F) | 0x80;
-        self.buf[start.wrapping_sub(1) & MASK] = (size >> 7) as u8;
+        self.buf
+            .put(start.wrapping_sub(2), (size as u8 & 0x7F) | 0x80);
+        self.buf.put(start.wrapping_sub(1), (size >> 7) as u8);
     }
 }
 

@@ -12,6 +12,10 @@
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
+//! * A [`Window`] is [`WINDOW_LEN`] bytes of a [`PayloadMut`], checked
+//!   against the payload when it is made and borrowing it mutably; its
+//!   single-byte writes mask the index instead of checking it, so they
+//!   stay inside the window whatever the index.
 
 use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::marker::PhantomData;
@@ -217,6 +221,19 @@ impl PayloadMut<'_> {
         Ok(())
     }
 
+    /// The [`WINDOW_LEN`] bytes at `offset`, if they are all in the payload.
+    #[inline]
+    pub(crate) fn window(&mut self, offset: usize) -> Option<Window<'_>> {
+        check(offset, WINDOW_LEN, self.len).ok()?;
+        // SAFETY: `offset + WINDOW_LEN <= self.len` (checked), so the result
+        // points inside the payload and is not null.
+        let ptr = unsafe { self.ptr.add(offset) };
+        Some(Window {
+            ptr,
+            _payload: PhantomData,
+        })
+    }
+
     /// Copies `dst.len()` bytes from `offset` into `dst`.
     #[inline]
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
@@ -227,6 +244,50 @@ impl PayloadMut<'_> {
             ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
         };
         Ok(())
+    }
+}
+
+/// Length of a [`Window`]: a power of two, so an index is kept in range by
+/// a mask.
+pub const WINDOW_LEN: usize = 128;
+
+/// Write access to [`WINDOW_LEN`] bytes of a chunk payload this writer owns,
+/// for encoding a packet in place. Every write lands inside the window: a
+/// byte index is reduced modulo [`WINDOW_LEN`] (a wrapped-around write
+/// garbles the window, never memory outside it), a slice that does not fit
+/// is refused. The bytes are never read through it.
+#[derive(Debug)]
+pub struct Window<'a> {
+    ptr: NonNull<u8>,
+    _payload: PhantomData<&'a mut ()>,
+}
+
+impl Window<'_> {
+    /// Writes `byte` at `index % WINDOW_LEN`.
+    #[inline(always)]
+    pub fn put(&mut self, index: usize, byte: u8) {
+        // SAFETY: the masked index is below WINDOW_LEN, and the window's
+        // WINDOW_LEN bytes lie inside a payload this writer owns exclusively
+        // (checked and borrowed mutably in `PayloadMut::window`).
+        unsafe { self.ptr.as_ptr().add(index & (WINDOW_LEN - 1)).write(byte) }
+    }
+
+    /// Copies `src` to `index`; `false` (nothing written) if it does not
+    /// fit in the window.
+    #[inline(always)]
+    pub fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
+        match index.checked_add(src.len()) {
+            Some(end) if end <= WINDOW_LEN => {
+                // SAFETY: `index + src.len() <= WINDOW_LEN` (checked), inside
+                // the exclusively owned window; `src` is a Rust slice and
+                // cannot overlap memory nobody may reference.
+                unsafe {
+                    ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(index), src.len())
+                };
+                true
+            }
+            _ => false,
+        }
     }
 }
 

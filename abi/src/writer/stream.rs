@@ -26,7 +26,7 @@ use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
 use crate::proto::{Sink, SMALL_WRITE_LEN};
-use crate::smb::{OutOfBounds, WritableChunk};
+use crate::smb::{OutOfBounds, Window, WritableChunk, WINDOW_LEN};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
@@ -376,6 +376,47 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         self.seal_packet(count);
         self.deliver_patches();
         true
+    }
+
+    /// Encodes a packet of at most 127 bytes in place, behind a 1-byte
+    /// size: `encode` writes the packet's fields into a [`Window`] at the
+    /// cursor and returns their length. `None` (nothing committed; the
+    /// window's bytes lie in free payload space that later writes
+    /// overwrite and readers never parse) if the packet cannot take this
+    /// path: a packet is open, loss must be marked first, the chunk lacks
+    /// a whole window, or `encode` returned `None` or more than 127 bytes.
+    /// The chunk rules are [`ChunkStream::try_write_small_packet`]'s, so
+    /// both paths split packets at the same places.
+    #[inline]
+    pub(crate) fn write_small_packet_in_place(
+        &mut self,
+        encode: impl FnOnce(&mut Window<'_>) -> Option<usize>,
+    ) -> Option<()> {
+        if self.in_packet || self.first_packet || self.pending_loss != 0 {
+            return None;
+        }
+        let chunk = self.chunk.as_mut()?;
+        let room = self.capacity.saturating_sub(self.cursor);
+        let count = if self.inflated {
+            self.count
+        } else {
+            self.count + 1
+        };
+        if room < 1 + WINDOW_LEN || count > MAX_FRAGMENTS_PER_CHUNK {
+            return None;
+        }
+        let at = self.cursor;
+        let len = encode(&mut chunk.window(at + 1)?)?;
+        if len > MAX_ONE_BYTE_LEN as usize || room < SIZE_FIELD_LEN + len {
+            return None;
+        }
+        chunk.write_u8(at, len as u8).ok()?;
+        self.cursor = at + 1 + len;
+        self.inflated = false;
+        self.stats.packets_written += 1;
+        self.seal_packet(count);
+        self.deliver_patches();
+        Some(())
     }
 
     /// Counts a packet dropped before any of it was written and marks the

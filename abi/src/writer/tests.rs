@@ -754,9 +754,9 @@ proptest::proptest! {
         ..Default::default()
     })]
 
-    /// `write_encoded_packet` (its one-copy fast path included) leaves the
-    /// same chunks, headers, flags and patches as `write_packet` with the
-    /// same bytes, through chunk switches, fragmentation, the 1022-fragment
+    /// `write_encoded_packet` (its one-copy fast path included) and
+    /// `write_small_packet_in_place` leave the same chunks, headers, flags
+    /// and patches as `write_packet` with the same bytes, through chunk switches, fragmentation, the 1022-fragment
     /// and 12-byte rules, and an exhausted SMB.
     #[test]
     fn encoded_packets_match_the_general_path(
@@ -794,12 +794,26 @@ proptest::proptest! {
         for s in &steps {
             match s {
                 Step::Packet(bytes) => {
-                    // Writer A gets the packet in a padded scratch buffer.
-                    let mut scratch = std::vec![0xEEu8; bytes.len().max(PADDED_COPY_LEN)];
-                    scratch[..bytes.len()].copy_from_slice(bytes);
-                    let oa = a.write_encoded_packet_in(&scratch, bytes.len());
                     let ob = b.write_packet(|p| p.raw(bytes));
-                    proptest::prop_assert_eq!(oa, ob);
+                    // Writer A encodes every other packet in place, byte by
+                    // byte (longer ones wrap around the window and must be
+                    // refused), and falls back to a padded scratch buffer.
+                    let in_place = bytes.len() % 2 == 0
+                        && a.write_small_packet_in_place(|w| {
+                            for (i, &byte) in bytes.iter().enumerate() {
+                                w.put(i, byte);
+                            }
+                            Some(bytes.len())
+                        });
+                    if in_place {
+                        proptest::prop_assert!(bytes.len() <= 127);
+                        proptest::prop_assert_eq!(ob, PacketOutcome::Written);
+                    } else {
+                        let mut scratch = std::vec![0xEEu8; bytes.len().max(PADDED_COPY_LEN)];
+                        scratch[..bytes.len()].copy_from_slice(bytes);
+                        let oa = a.write_encoded_packet_in(&scratch, bytes.len());
+                        proptest::prop_assert_eq!(oa, ob);
+                    }
                 }
                 Step::Flush => {
                     a.flush();
