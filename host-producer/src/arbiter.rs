@@ -12,6 +12,13 @@
 //!   sender, and then either drops the packet (policy `Drop`) or sleeps with
 //!   an exponential backoff up to the policy's bound (`StallThenDrop`). It
 //!   never waits forever and never stalls on the connection's own thread.
+//! * Every dropped packet is counted (`ProducerStats::packets_dropped`).
+//!   It is also marked in the trace (`previous_packet_dropped` on the
+//!   writer's next packet), except when the writer never got a chunk at all
+//!   before it retired: such a writer has no sequence in the trace to carry
+//!   the mark (upstream behaves the same). Many threads on a small SMB
+//!   under the drop policy can lose whole threads' worth of packets this
+//!   way; only the stats show it.
 //! * Writer ids are handed out round-robin over 1..=32767, skipping ids in
 //!   use, so an id is reused only after every other id was handed out.
 

@@ -622,54 +622,110 @@ fn track_event_policy_is_the_programs_unless_it_opts_in() {
     lb.shutdown();
 }
 
-/// 200 threads each write one event and then sit idle, holding a chunk,
-/// while the SMB has 16 chunks: a busy thread still gets chunks (the idle
-/// writers are flushed), with the stall policy losing nothing.
-#[test]
-fn idle_threads_do_not_pin_chunks() {
-    let _s = serial();
+/// Packets of `idle` threads that each write one packet and then sit idle
+/// (each holding a chunk if it got one) while the SMB has 16 chunks, then
+/// of one busy thread writing `busy` packets after two idle sweeps (as the
+/// sender runs every 500 ms). Returns (emitted, returned true, received,
+/// counted as dropped, busy packets that landed).
+fn idle_threads_then_busy(
+    name: &str,
+    options: DataSourceOptions,
+    instance: u64,
+    idle: usize,
+    busy: u64,
+) -> (u64, u64, u64, u64, u64) {
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
-    let ds = start_stalling_source("test.idle", 2, 91);
-
-    let idle = 200;
+    let ds = start_source(name, options, 2, instance);
+    let before = crate::stats();
+    let ok = Arc::new(AtomicUsize::new(0));
     let wrote = Arc::new(Barrier::new(idle + 1));
     let release = Arc::new(Barrier::new(idle + 1));
     let handles: Vec<_> = (0..idle)
-        .map(|_| {
-            let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
-            std::thread::spawn(move || {
-                ds.trace(|ctx| {
-                    ctx.packet(|p| p.uint64(8, 1));
-                });
-                wrote.wait();
-                release.wait();
-            })
+        .map(|t| {
+            let (ds, ok, wrote, release) = (ds.clone(), ok.clone(), wrote.clone(), release.clone());
+            std::thread::Builder::new()
+                .stack_size(128 * 1024)
+                .spawn(move || {
+                    if write(&ds, t as u64, b"idle") {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    wrote.wait();
+                    release.wait();
+                })
+                .expect("spawn")
         })
         .collect();
     wrote.wait();
-    let busy = 3000;
+    lb.arbiter.sweep_idle();
+    lb.arbiter.sweep_idle();
     let big = [0x55u8; 200];
+    let mut busy_ok = 0;
     for i in 0..busy {
-        ds.trace(|ctx| {
-            assert!(
-                ctx.packet(|p| {
-                    p.uint64(8, 1000 + i);
-                    p.bytes(900, &big);
-                }),
-                "packet {i} dropped"
-            );
-        });
+        if write(&ds, 1_000_000 + i, &big) {
+            busy_ok += 1;
+        }
     }
-    assert!(crate::stats().chunks_reclaimed > 0);
     release.wait();
     for h in handles {
         h.join().unwrap();
     }
-    runtime().stop_data_source(91);
+    runtime().stop_data_source(instance);
     let seqs = lb.sequences();
-    let total: usize = seqs.values().map(|s| s.packets.len()).sum();
-    assert_eq!(total, idle + busy as usize);
+    let received: usize = seqs.values().map(|s| s.packets.len()).sum();
+    let busy_landed = seqs
+        .values()
+        .flat_map(|s| &s.packets)
+        .filter(|p| {
+            decode_fields(p)
+                .iter()
+                .any(|&(field, ts)| field == 8 && ts >= 1_000_000)
+        })
+        .count();
+    let dropped = crate::stats().packets_dropped - before.packets_dropped;
     lb.shutdown();
+    (
+        idle as u64 + busy,
+        ok.load(Ordering::Relaxed) as u64 + busy_ok,
+        received as u64,
+        dropped,
+        busy_landed as u64,
+    )
+}
+
+/// 500 idle threads on a 16-chunk SMB under the stall policy: the idle
+/// writers' chunks are taken back (swept), so every thread gets to write
+/// and a busy thread still gets chunks: nothing is lost.
+#[test]
+fn idle_threads_do_not_pin_chunks() {
+    let _s = serial();
+    let reclaimed = crate::stats().chunks_reclaimed;
+    let (emitted, ok, received, dropped, busy_landed) =
+        idle_threads_then_busy("test.idle", stalling(Duration::from_secs(5)), 91, 500, 3000);
+    assert_eq!((ok, received, dropped), (emitted, emitted, 0));
+    assert_eq!(busy_landed, 3000);
+    assert!(crate::stats().chunks_reclaimed > reclaimed);
+}
+
+/// The same with the default policy (drop): threads that found the SMB
+/// pinned lose their packet, but every loss is counted, the busy thread's
+/// packets land again once the idle writers were swept, and nothing is
+/// lost silently.
+#[test]
+fn idle_threads_do_not_pin_chunks_drop_policy() {
+    let _s = serial();
+    let (emitted, ok, received, dropped, busy_landed) = idle_threads_then_busy(
+        "test.idle_drop",
+        DataSourceOptions::default(),
+        92,
+        500,
+        3000,
+    );
+    assert_eq!(received, ok, "a packet reported written arrived");
+    assert_eq!(received + dropped, emitted, "received + dropped = emitted");
+    assert!(
+        busy_landed > 0,
+        "the busy thread writes again after a sweep"
+    );
 }
 
 struct Recorder {
