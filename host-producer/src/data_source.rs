@@ -399,15 +399,16 @@ impl DataSourceType {
         }
     }
 
-    /// Runs the flush callback of `inst` and flushes its writers: idle ones
-    /// now, busy ones when their event ends. Waits at most
-    /// [`HOUSEKEEPING_WAIT`] in all for the busy ones.
-    pub(crate) fn flush(&self, inst: &Instance) {
+    /// Runs the flush callback of `inst` and asks its writers to flush:
+    /// idle ones flush now, busy ones when their event ends. Returns the
+    /// writers still busy (see [`wait_for_flushes`]).
+    pub(crate) fn flush(&self, inst: &Instance) -> Vec<Arc<WriterCell>> {
         self.handler.on_flush(&inst.args());
-        let cells = inst.cells();
-        if request_all(&cells, FLAG_FLUSH) < cells.len() {
-            wait_deferred(&cells, FLAG_FLUSH, Instant::now() + HOUSEKEEPING_WAIT);
+        let mut cells = inst.cells();
+        if request_all(&cells, FLAG_FLUSH) == cells.len() {
+            cells.clear();
         }
+        cells
     }
 
     /// Asks every writer of `inst` to reset its incremental state.
@@ -495,6 +496,15 @@ impl DataSourceType {
                 written
             })
             .unwrap_or(0)
+    }
+}
+
+/// Waits at most [`HOUSEKEEPING_WAIT`] in all for the busy writers of a
+/// flush ([`DataSourceType::flush`]) to flush; those still busy then flush
+/// when their event ends, after the flush was acknowledged.
+pub(crate) fn wait_for_flushes(busy: &[Arc<WriterCell>]) {
+    if !busy.is_empty() {
+        wait_deferred(busy, FLAG_FLUSH, Instant::now() + HOUSEKEEPING_WAIT);
     }
 }
 

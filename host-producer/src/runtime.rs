@@ -181,15 +181,21 @@ impl Runtime {
     }
 
     /// Flush: flushes the writers of the listed instances (all, if the list
-    /// is empty), then acknowledges `request_id`.
+    /// is empty), then acknowledges `request_id`. Writers busy in an event
+    /// are given one short wait for all of them
+    /// ([`wait_for_flushes`](crate::data_source::wait_for_flushes)); one
+    /// still busy after it (stalling for a chunk) flushes when its event
+    /// ends, after the acknowledgement.
     pub(crate) fn flush(&self, instance_ids: &[u64], request_id: u64) {
+        let mut busy = Vec::new();
         for ty in self.types() {
             for inst in ty.instances() {
                 if instance_ids.is_empty() || instance_ids.contains(&inst.id) {
-                    ty.flush(&inst);
+                    busy.extend(ty.flush(&inst));
                 }
             }
         }
+        crate::data_source::wait_for_flushes(&busy);
         if request_id != 0 {
             self.outbox.ack_flush(request_id);
         } else {

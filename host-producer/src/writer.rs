@@ -40,8 +40,9 @@
 //!   This is the pairing of liburcu's and folly's asymmetric fences.
 //! * [`LockMode::Symmetric`] (no membarrier: other OSes, old kernels,
 //!   seccomp): both sides use sequentially consistent read-modify-writes
-//!   and loads, i.e. the plain Dekker algorithm; the owner pays one atomic
-//!   swap per event as before.
+//!   and loads, i.e. the plain Dekker algorithm; the owner pays two atomic
+//!   swaps per event (taking the lock, and releasing it before it looks
+//!   for deferred work, below).
 //!
 //! The mode is chosen when the first cell is created and never changes, so
 //! both sides of a cell always follow the same protocol.
@@ -124,6 +125,7 @@ impl Output {
 
 impl PacketWriter for Output {
     type Sink = ProducerSink;
+    type Window<'w> = shmtrace_abi::smb::Window<'w>;
 
     #[inline]
     fn write_packet(
