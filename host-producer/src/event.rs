@@ -37,7 +37,6 @@
 //!   negative.
 
 use shmtrace_abi::proto::{Message, Sink};
-use shmtrace_abi::smb::Window;
 
 use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
 use crate::category::Category;
@@ -215,6 +214,49 @@ impl<'a> EventData<'a> {
     }
 }
 
+/// The most common event shapes, which skip [`EventData`]: a slice begin
+/// or an instant with a static name, or a slice end, on the calling
+/// thread's track; or an integer counter sample on a counter track; stamped
+/// `ns` on BOOTTIME, with nothing else. A sequence writes one with a
+/// dedicated encoder when everything it references is known (ids in the
+/// interning front caches, the counter track's descriptor emitted just
+/// before), and as the equivalent [`EventData`] otherwise.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlainEvent<'a> {
+    pub kind: EventType,
+    pub category: &'static Category,
+    /// The event name (slice begins and instants only).
+    pub name: &'static str,
+    /// The counter track (counters only).
+    pub track: Option<&'a Track<'a>>,
+    /// The counter value (counters only).
+    pub value: i64,
+    /// BOOTTIME nanoseconds.
+    pub ns: u64,
+}
+
+impl<'a> PlainEvent<'a> {
+    /// The same event for the general path.
+    fn data(&self) -> EventData<'a> {
+        let mut data = EventData::new(self.kind, Some(self.category), Timestamp::boottime(self.ns));
+        match self.kind {
+            EventType::SliceBegin | EventType::Instant => data.name = EventName::Static(self.name),
+            EventType::Counter => {
+                data.track = self.track;
+                data.counter = Some(CounterValue::Int(self.value));
+            }
+            EventType::SliceEnd => {}
+        }
+        data
+    }
+}
+
+/// Bytes of `v` as a varint.
+#[inline(always)]
+fn varint_len(v: u64) -> u8 {
+    (1 + (63 - (v | 1).leading_zeros()) / 7) as u8
+}
+
 /// How one event's time is written: `value` on clock `clock`; on
 /// [`INCREMENTAL_CLOCK_ID`], the sequence's default, a delta written
 /// without `timestamp_clock_id`. (Two scalars, so it travels in
@@ -242,14 +284,19 @@ pub(crate) trait PacketWriter {
         self.write_packet(|p| p.raw(buf.get(..len).unwrap_or(buf)))
     }
 
+    /// Where [`PacketWriter::write_in_place`] encodes.
+    type Window<'w>: Target
+    where
+        Self: 'w;
+
     /// Encodes a small packet straight into the writer's current chunk:
     /// `encode` writes the packet's fields into a window of free payload
     /// and returns their length. `false` if this path is not available
     /// (nothing was written; the caller writes the packet another way).
-    fn write_in_place(&mut self, encode: impl FnOnce(&mut Window<'_>) -> Option<usize>) -> bool {
-        let _ = encode;
-        false
-    }
+    fn write_in_place(
+        &mut self,
+        encode: impl FnOnce(&mut Self::Window<'_>) -> Option<usize>,
+    ) -> bool;
 }
 
 #[derive(Clone, Copy)]
@@ -312,6 +359,15 @@ impl SliceStack {
             }
         }
         self.depth = self.depth.saturating_add(1);
+    }
+
+    /// Whether [`SliceStack::pop`] would return `true`.
+    fn top_written(&self) -> bool {
+        match self.depth {
+            0 => false,
+            d if d > 64 => true,
+            d => self.written & (1u64 << (d - 1)) != 0,
+        }
     }
 
     /// Pops the innermost slice: `true` if its begin was written (so its
@@ -447,6 +503,103 @@ impl SequenceState {
     /// Writes one event (plus whatever incremental state it needs first).
     /// `extra` may add fields to the TrackEvent. Returns `false` if any
     /// packet was dropped; the sequence is then reset before the next event.
+    /// Writes one [`PlainEvent`] (see there). Returns `false` if any packet
+    /// was dropped, like [`SequenceState::write_event`].
+    #[inline(never)]
+    pub(crate) fn write_plain<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
+        if self.try_write_plain(w, ev) {
+            return true;
+        }
+        self.write_event(w, &ev.data(), None)
+    }
+
+    /// The dedicated encoder of [`SequenceState::write_plain`], straight
+    /// into the chunk; `false` (nothing changed) where the general path
+    /// must do the work: a reset or a descriptor is due, a string is not in
+    /// the front cache, the time went backwards, an end has no written
+    /// begin, or the chunk has no room for a window.
+    #[inline(always)]
+    fn try_write_plain<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
+        if self.needs_reset || ev.ns < self.clock_base {
+            return false;
+        }
+        let delta = ev.ns - self.clock_base;
+        // The TrackEvent after its type: two (tag, varint) fields, or none.
+        let (tag_a, a, tag_b, b) = match ev.kind {
+            EventType::SliceBegin | EventType::Instant => {
+                if ev.category.is_group() {
+                    return false;
+                }
+                let Some(cat) = self.interned.categories.cached(ev.category.name()) else {
+                    return false;
+                };
+                let Some(name) = self.interned.names.cached(ev.name) else {
+                    return false;
+                };
+                ([TAG_CATEGORY_IIDS, 0], cat, [TAG_NAME_IID, 0], name)
+            }
+            EventType::SliceEnd => {
+                if !self.slices.top_written() {
+                    return false;
+                }
+                ([0, 0], 0, [0, 0], 0)
+            }
+            EventType::Counter => {
+                let Some(track) = ev.track else { return false };
+                let uuid = track.uuid();
+                if uuid == self.thread_track.uuid() || !self.tracks.is_recent(uuid) {
+                    return false;
+                }
+                (
+                    [TAG_TRACK_UUID, 0],
+                    uuid,
+                    TAG_COUNTER_VALUE,
+                    ev.value as u64,
+                )
+            }
+        };
+        let field_len = |tag: [u8; 2], v: u64| match tag {
+            [0, _] => 0,
+            [_, 0] => 1 + varint_len(v),
+            _ => 2 + varint_len(v),
+        };
+        // Below 128: a 1-byte length.
+        let te_len = 2 + field_len(tag_a, a) + field_len(tag_b, b);
+        let written = w.write_in_place(|win| {
+            let mut f = FastBuf::new(win);
+            f.byte(TAG_TIMESTAMP);
+            f.varint(delta);
+            f.byte2([TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
+            f.byte2([TAG_TRACK_EVENT, te_len]);
+            f.byte2([TAG_TYPE, ev.kind as u8]);
+            for (tag, v) in [(tag_a, a), (tag_b, b)] {
+                match tag {
+                    [0, _] => {}
+                    [t, 0] => {
+                        f.byte(t);
+                        f.varint(v);
+                    }
+                    _ => {
+                        f.byte2(tag);
+                        f.varint(v);
+                    }
+                }
+            }
+            f.finish()
+        });
+        if written {
+            self.clock_base = ev.ns;
+            match ev.kind {
+                EventType::SliceBegin => self.slices.push(true),
+                EventType::SliceEnd => {
+                    self.slices.pop();
+                }
+                EventType::Instant | EventType::Counter => {}
+            }
+        }
+        written
+    }
+
     // Not inlined into the caller's loop over instances: the compiler
     // would hoist (and spill) dozens of event-derived values out of it for
     // a loop that almost always runs once.
@@ -464,6 +617,7 @@ impl SequenceState {
         // would close an unrelated slice, or nothing.
         if on_thread_track && ev.kind == EventType::SliceEnd && !self.slices.pop() {
             self.orphan_ends_suppressed += 1;
+            crate::arbiter::note_orphan_end();
             return true;
         }
         let ok = self.write_event_now(w, ev, extra);
@@ -938,6 +1092,13 @@ mod tests {
         packets: Vec<Vec<u8>>,
         drop: Vec<usize>,
         attempts: usize,
+        /// Accept packets encoded in place.
+        in_place: bool,
+        /// Packets that were.
+        in_place_packets: usize,
+        /// Lose the next packet (as a full SMB would: no room in place,
+        /// dropped by the general path).
+        lose_next: bool,
     }
 
     /// A growable sink writing every nested size as a 4-byte redundant
@@ -964,9 +1125,33 @@ mod tests {
 
     impl PacketWriter for VecWriter {
         type Sink = VecSink;
+        type Window<'w> = [u8; FAST_CAP];
+
+        /// Like a chunk with room, if `in_place` is set.
+        fn write_in_place(
+            &mut self,
+            encode: impl FnOnce(&mut [u8; FAST_CAP]) -> Option<usize>,
+        ) -> bool {
+            if !self.in_place || self.lose_next {
+                return false;
+            }
+            let mut window = [0u8; FAST_CAP];
+            match encode(&mut window).filter(|&n| n <= 127) {
+                Some(n) => {
+                    self.in_place_packets += 1;
+                    self.packets.push(window[..n].to_vec());
+                    true
+                }
+                None => false,
+            }
+        }
+
         fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
             let index = self.attempts;
             self.attempts += 1;
+            if std::mem::take(&mut self.lose_next) {
+                return false;
+            }
             let mut enc = Encoder::new(VecSink::default());
             f(&mut enc.root());
             assert_eq!(enc.error(), None);
@@ -999,6 +1184,77 @@ mod tests {
 
     fn seq() -> SequenceState {
         SequenceState::for_track(ThreadTrack::for_thread(4242))
+    }
+
+    /// The dedicated encoder of plain events writes what the general path
+    /// writes (as decoded packets), and hands over to it whenever state is
+    /// missing: first uses of strings and tracks, groups, orphan ends, time
+    /// going backwards, resets, lost packets.
+    #[test]
+    fn plain_events_match_the_general_path() {
+        let counter = CounterTrack::new("c");
+        let other = CounterTrack::new("d");
+        let plain = |kind, category: &'static Category, name, ns| PlainEvent {
+            kind,
+            category,
+            name,
+            track: None,
+            value: 0,
+            ns,
+        };
+        let count = |track, value, ns| PlainEvent {
+            track: Some(track),
+            value,
+            ..plain(EventType::Counter, &CAT, "", ns)
+        };
+        let mut events = Vec::new();
+        let mut ns = 1_000;
+        for round in 0..3u64 {
+            for name in ["a", "b", "a"] {
+                ns += 70;
+                events.push(plain(EventType::SliceBegin, &CAT, name, ns));
+                ns += 200 + round * 100_000;
+                events.push(plain(EventType::Instant, &CAT, "i", ns));
+                events.push(plain(EventType::Instant, &GROUP, "i", ns));
+                events.push(count(counter.track(), -5 - round as i64, ns));
+                events.push(count(counter.track(), i64::MAX, ns + 1));
+                events.push(count(other.track(), 3, ns + 2));
+                ns += 9;
+                events.push(plain(EventType::SliceEnd, &CAT, "", ns));
+            }
+            // An orphan end, and time going backwards.
+            events.push(plain(EventType::SliceEnd, &CAT, "", ns));
+            events.push(plain(EventType::Instant, &CAT, "a", ns - 500));
+        }
+        let mut fast = seq();
+        let mut general = seq();
+        let mut a = VecWriter {
+            in_place: true,
+            ..Default::default()
+        };
+        let mut b = VecWriter::default();
+        for (i, e) in events.iter().enumerate() {
+            if i == 40 {
+                fast.invalidate();
+                general.invalidate();
+            }
+            if i == 50 {
+                a.lose_next = true;
+                b.lose_next = true;
+            }
+            let ok_a = fast.write_plain(&mut a, e);
+            let ok_b = general.write_event(&mut b, &e.data(), None);
+            assert_eq!(ok_a, ok_b, "event {i}");
+        }
+        assert_eq!(a.decoded(), b.decoded());
+        assert_eq!(fast.orphan_ends_suppressed, general.orphan_ends_suppressed);
+        assert!(fast.orphan_ends_suppressed >= 3);
+        assert!(
+            a.in_place_packets > events.len() / 2,
+            "the dedicated encoder wrote {} of {} events",
+            a.in_place_packets,
+            events.len()
+        );
     }
 
     #[test]
@@ -1447,6 +1703,16 @@ mod tests {
 
     impl PacketWriter for MaskWriter {
         type Sink = VecSink;
+        type Window<'w> = [u8; FAST_CAP];
+
+        fn write_in_place(
+            &mut self,
+            encode: impl FnOnce(&mut [u8; FAST_CAP]) -> Option<usize>,
+        ) -> bool {
+            let _ = encode;
+            false
+        }
+
         fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
             let drop = self.mask[self.outcomes.len() % self.mask.len()];
             if drop {

@@ -288,6 +288,13 @@ impl TrackSet {
         found.is_none_or(|(_, inserted)| inserted)
     }
 
+    /// Whether `uuid` is the most recently added (or confirmed) member: a
+    /// check that changes nothing.
+    #[inline]
+    pub fn is_recent(&self, uuid: u64) -> bool {
+        self.recent_valid && self.recent == uuid
+    }
+
     /// Empties the set.
     pub fn clear(&mut self) {
         self.table.clear();

@@ -32,7 +32,9 @@ use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
 use crate::annotation::Arg;
 use crate::category::{registry, Category, DynamicCategory};
 use crate::data_source::{DataSourceHandler, DataSourceType, InstanceArgs, SetupArgs};
-use crate::event::{CounterValue, EventContext, EventData, EventName, EventType, ExtraFields};
+use crate::event::{
+    CounterValue, EventContext, EventData, EventName, EventType, ExtraFields, PlainEvent,
+};
 use crate::track::{CounterTrack, Flow, Timestamp, Track};
 use crate::writer::ProducerSink;
 
@@ -331,13 +333,41 @@ fn write(data: &EventData<'_>, mask: u8, mut extra: Option<ExtraFields<'_, Produ
             .as_mut()
             .map(|f| &mut **f as ExtraFields<'_, ProducerSink>);
         if !inner.seq.write_event(&mut inner.out, data, extra) {
-            instance
-                .arbiter
-                .counters
-                .packets_dropped
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            count_drop(instance);
         }
     });
+}
+
+/// [`write`] for the common shapes (see [`PlainEvent`]).
+#[inline(never)]
+fn write_plain(ev: &PlainEvent<'_>, mask: u8) {
+    track_event_type().with_writers(mask, |inner, instance| {
+        if !inner.seq.write_plain(&mut inner.out, ev) {
+            count_drop(instance);
+        }
+    });
+}
+
+/// Counts a packet the instance's writer dropped.
+fn count_drop(instance: &crate::data_source::Instance) {
+    instance
+        .arbiter
+        .counters
+        .packets_dropped
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A [`PlainEvent`] of `kind` in `cat`, stamped now.
+#[inline(always)]
+fn plain<'a>(kind: EventType, cat: &'static Category, name: &'static str) -> PlainEvent<'a> {
+    PlainEvent {
+        kind,
+        category: cat,
+        name,
+        track: None,
+        value: 0,
+        ns: crate::clock::now_ns(),
+    }
 }
 
 /// Ends a slice when dropped (returned by [`trace_event!`](crate::trace_event)
@@ -363,10 +393,15 @@ impl SliceGuard<'_> {
 impl Drop for SliceGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(cat) = self.category {
-            let mut e = cat.end();
-            e.data.track = self.track;
-            e.emit();
+        let Some(cat) = self.category else { return };
+        match self.track {
+            None => {
+                let mask = cat.enabled_instances();
+                if mask != 0 {
+                    write_plain(&plain(EventType::SliceEnd, cat, ""), mask);
+                }
+            }
+            Some(track) => cat.end().track(track).emit(),
         }
     }
 }
@@ -382,10 +417,17 @@ pub fn __scoped_slice<'a>(
     if mask == 0 {
         return SliceGuard::disabled();
     }
-    let mut data = EventData::new(EventType::SliceBegin, Some(cat), Timestamp::now());
-    data.name = name;
-    data.args = args;
-    write(&data, mask, None);
+    match name {
+        EventName::Static(n) if args.is_empty() => {
+            write_plain(&plain(EventType::SliceBegin, cat, n), mask);
+        }
+        _ => {
+            let mut data = EventData::new(EventType::SliceBegin, Some(cat), Timestamp::now());
+            data.name = name;
+            data.args = args;
+            write(&data, mask, None);
+        }
+    }
     SliceGuard {
         category: Some(cat),
         track: None,
@@ -399,10 +441,41 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
     if mask == 0 {
         return;
     }
-    let mut data = EventData::new(kind, Some(cat), Timestamp::now());
-    data.name = name;
-    data.args = args;
-    write(&data, mask, None);
+    match (kind, name) {
+        (EventType::SliceEnd, EventName::None) | (EventType::Instant, EventName::Static(_))
+            if args.is_empty() =>
+        {
+            let n = match name {
+                EventName::Static(n) => n,
+                _ => "",
+            };
+            write_plain(&plain(kind, cat, n), mask);
+        }
+        _ => {
+            let mut data = EventData::new(kind, Some(cat), Timestamp::now());
+            data.name = name;
+            data.args = args;
+            write(&data, mask, None);
+        }
+    }
+}
+
+#[doc(hidden)]
+#[inline]
+pub fn __counter(cat: &'static Category, track: &CounterTrack<'_>, value: CounterValue) {
+    let mask = cat.enabled_instances();
+    if mask == 0 {
+        return;
+    }
+    match value {
+        CounterValue::Int(v) => {
+            let mut ev = plain(EventType::Counter, cat, "");
+            ev.track = Some(track.track());
+            ev.value = v;
+            write_plain(&ev, mask);
+        }
+        CounterValue::Double(_) => cat.counter(track, value).emit(),
+    }
 }
 
 /// A scoped slice on the calling thread's track: returns a guard that ends
@@ -475,13 +548,13 @@ macro_rules! trace_counter {
         let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
         if __cat.is_enabled() {
             let __track = $crate::CounterTrack::new($name);
-            __cat.counter(&__track, $value).emit();
+            $crate::track_event::__counter(__cat, &__track, $crate::CounterValue::from($value));
         }
     }};
     ($cat:expr, $track:expr, $value:expr $(,)?) => {{
         let __cat = $crate::track_event::IntoCategory::into_category(&$cat);
         if __cat.is_enabled() {
-            __cat.counter($track, $value).emit();
+            $crate::track_event::__counter(__cat, $track, $crate::CounterValue::from($value));
         }
     }};
 }
