@@ -75,8 +75,6 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
 /// Counts a slice end that was not written because its slice's begin was
 /// lost (the track event encoder calls it; see
 /// [`ProducerStats::orphan_ends_suppressed`]).
-// Transitional: the call site lands with the event.rs rewrite.
-#[allow(dead_code)]
 pub(crate) fn note_orphan_end() {
     COUNTERS
         .orphan_ends_suppressed

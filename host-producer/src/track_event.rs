@@ -46,11 +46,21 @@ pub fn register_categories(categories: &[&'static Category]) {
     }
 }
 
-/// What track event writers created from now on do when the SMB is full
-/// (default: drop and mark the loss, like Perfetto's SDK). A session's
-/// `DataSourceConfig.buffer_exhausted_policy` takes precedence.
+/// What track event writers of sessions set up from now on do when the SMB
+/// is full (default: drop and mark the loss, like Perfetto's SDK). A
+/// session's `DataSourceConfig.buffer_exhausted_policy` is ignored unless
+/// the program opts in with [`set_buffer_exhausted_policy_configurable`].
 pub fn set_buffer_exhausted_policy(policy: crate::BufferExhaustedPolicy) {
     track_event_type().set_policy(policy);
+}
+
+/// Lets sessions set up from now on choose the policy through their
+/// `DataSourceConfig.buffer_exhausted_policy` (STALL_THEN_DROP and
+/// STALL_THEN_ABORT stall at most [`CONFIG_STALL_LIMIT`](crate::CONFIG_STALL_LIMIT)
+/// per packet, then drop). Off by default, as in Perfetto's SDK: a session
+/// cannot make the program's threads wait unless the program agrees.
+pub fn set_buffer_exhausted_policy_configurable(configurable: bool) {
+    track_event_type().set_policy_configurable(configurable);
 }
 
 /// Whether any session has track events enabled (any category).
