@@ -500,14 +500,18 @@ impl SequenceState {
         w.write_packet(|p| descriptor_packet(p, t, now))
     }
 
-    /// Writes one event (plus whatever incremental state it needs first).
-    /// `extra` may add fields to the TrackEvent. Returns `false` if any
-    /// packet was dropped; the sequence is then reset before the next event.
-    /// Writes one [`PlainEvent`] (see there). Returns `false` if any packet
-    /// was dropped, like [`SequenceState::write_event`].
+    /// Writes one [`PlainEvent`] (see there) of kind `KIND` (an
+    /// [`EventType`] as `u8`, so each kind gets its own copy without
+    /// branches on it). Returns `false` if any packet was dropped, like
+    /// [`SequenceState::write_event`].
     #[inline(never)]
-    pub(crate) fn write_plain<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
-        if self.try_write_plain(w, ev) {
+    pub(crate) fn write_plain<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        debug_assert_eq!(ev.kind as u8, KIND);
+        if self.try_write_plain::<KIND, W>(w, ev) {
             return true;
         }
         self.write_event(w, &ev.data(), None)
@@ -519,14 +523,21 @@ impl SequenceState {
     /// the front cache, the time went backwards, an end has no written
     /// begin, or the chunk has no room for a window.
     #[inline(always)]
-    fn try_write_plain<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
+    fn try_write_plain<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
+        const END: u8 = EventType::SliceEnd as u8;
+        const INSTANT: u8 = EventType::Instant as u8;
         if self.needs_reset || ev.ns < self.clock_base {
             return false;
         }
         let delta = ev.ns - self.clock_base;
         // The TrackEvent after its type: two (tag, varint) fields, or none.
-        let (tag_a, a, tag_b, b) = match ev.kind {
-            EventType::SliceBegin | EventType::Instant => {
+        let (tag_a, a, tag_b, b) = match KIND {
+            BEGIN | INSTANT => {
                 if ev.category.is_group() {
                     return false;
                 }
@@ -538,13 +549,13 @@ impl SequenceState {
                 };
                 ([TAG_CATEGORY_IIDS, 0], cat, [TAG_NAME_IID, 0], name)
             }
-            EventType::SliceEnd => {
+            END => {
                 if !self.slices.top_written() {
                     return false;
                 }
                 ([0, 0], 0, [0, 0], 0)
             }
-            EventType::Counter => {
+            _ => {
                 let Some(track) = ev.track else { return false };
                 let uuid = track.uuid();
                 if uuid == self.thread_track.uuid() || !self.tracks.is_recent(uuid) {
@@ -571,7 +582,7 @@ impl SequenceState {
             f.varint(delta);
             f.byte2([TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
             f.byte2([TAG_TRACK_EVENT, te_len]);
-            f.byte2([TAG_TYPE, ev.kind as u8]);
+            f.byte2([TAG_TYPE, KIND]);
             for (tag, v) in [(tag_a, a), (tag_b, b)] {
                 match tag {
                     [0, _] => {}
@@ -589,17 +600,20 @@ impl SequenceState {
         });
         if written {
             self.clock_base = ev.ns;
-            match ev.kind {
-                EventType::SliceBegin => self.slices.push(true),
-                EventType::SliceEnd => {
+            match KIND {
+                BEGIN => self.slices.push(true),
+                END => {
                     self.slices.pop();
                 }
-                EventType::Instant | EventType::Counter => {}
+                _ => {}
             }
         }
         written
     }
 
+    /// Writes one event (plus whatever incremental state it needs first).
+    /// `extra` may add fields to the TrackEvent. Returns `false` if any
+    /// packet was dropped; the sequence is then reset before the next event.
     // Not inlined into the caller's loop over instances: the compiler
     // would hoist (and spill) dozens of event-derived values out of it for
     // a loop that almost always runs once.
@@ -1242,7 +1256,12 @@ mod tests {
                 a.lose_next = true;
                 b.lose_next = true;
             }
-            let ok_a = fast.write_plain(&mut a, e);
+            let ok_a = match e.kind {
+                EventType::SliceBegin => fast.write_plain::<1, _>(&mut a, e),
+                EventType::SliceEnd => fast.write_plain::<2, _>(&mut a, e),
+                EventType::Instant => fast.write_plain::<3, _>(&mut a, e),
+                EventType::Counter => fast.write_plain::<4, _>(&mut a, e),
+            };
             let ok_b = general.write_event(&mut b, &e.data(), None);
             assert_eq!(ok_a, ok_b, "event {i}");
         }

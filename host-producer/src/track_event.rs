@@ -348,11 +348,12 @@ fn write(data: &EventData<'_>, mask: u8, mut extra: Option<ExtraFields<'_, Produ
     });
 }
 
-/// [`write`] for the common shapes (see [`PlainEvent`]).
+/// [`write`] for the common shapes (see [`PlainEvent`]); `KIND` is
+/// `ev.kind` as `u8`.
 #[inline(never)]
-fn write_plain(ev: &PlainEvent<'_>, mask: u8) {
+fn write_plain<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
     track_event_type().with_writers(mask, |inner, instance| {
-        if !inner.seq.write_plain(&mut inner.out, ev) {
+        if !inner.seq.write_plain::<KIND, _>(&mut inner.out, ev) {
             count_drop(instance);
         }
     });
@@ -408,7 +409,10 @@ impl Drop for SliceGuard<'_> {
             None => {
                 let mask = cat.enabled_instances();
                 if mask != 0 {
-                    write_plain(&plain(EventType::SliceEnd, cat, ""), mask);
+                    write_plain::<{ EventType::SliceEnd as u8 }>(
+                        &plain(EventType::SliceEnd, cat, ""),
+                        mask,
+                    );
                 }
             }
             Some(track) => cat.end().track(track).emit(),
@@ -429,7 +433,10 @@ pub fn __scoped_slice<'a>(
     }
     match name {
         EventName::Static(n) if args.is_empty() => {
-            write_plain(&plain(EventType::SliceBegin, cat, n), mask);
+            write_plain::<{ EventType::SliceBegin as u8 }>(
+                &plain(EventType::SliceBegin, cat, n),
+                mask,
+            );
         }
         _ => {
             let mut data = EventData::new(EventType::SliceBegin, Some(cat), Timestamp::now());
@@ -452,14 +459,11 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
         return;
     }
     match (kind, name) {
-        (EventType::SliceEnd, EventName::None) | (EventType::Instant, EventName::Static(_))
-            if args.is_empty() =>
-        {
-            let n = match name {
-                EventName::Static(n) => n,
-                _ => "",
-            };
-            write_plain(&plain(kind, cat, n), mask);
+        (EventType::SliceEnd, EventName::None) if args.is_empty() => {
+            write_plain::<{ EventType::SliceEnd as u8 }>(&plain(kind, cat, ""), mask);
+        }
+        (EventType::Instant, EventName::Static(n)) if args.is_empty() => {
+            write_plain::<{ EventType::Instant as u8 }>(&plain(kind, cat, n), mask);
         }
         _ => {
             let mut data = EventData::new(kind, Some(cat), Timestamp::now());
@@ -482,7 +486,7 @@ pub fn __counter(cat: &'static Category, track: &CounterTrack<'_>, value: Counte
             let mut ev = plain(EventType::Counter, cat, "");
             ev.track = Some(track.track());
             ev.value = v;
-            write_plain(&ev, mask);
+            write_plain::<{ EventType::Counter as u8 }>(&ev, mask);
         }
         CounterValue::Double(_) => cat.counter(track, value).emit(),
     }

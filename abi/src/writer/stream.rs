@@ -411,10 +411,14 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             return None;
         }
         chunk.write_u8(at, len as u8).ok()?;
+        // `seal_packet` for this case: the window ended inside the chunk, so
+        // a byte is left and the count is inflated for scrapers.
+        let packets = Packets::new(count + 1, self.flags).unwrap_or(Packets::EMPTY);
+        chunk.set_packets(packets);
         self.cursor = at + 1 + len;
-        self.inflated = false;
+        self.count = count + 1;
+        self.inflated = true;
         self.stats.packets_written += 1;
-        self.seal_packet(count);
         self.deliver_patches();
         Some(())
     }
