@@ -125,11 +125,34 @@ impl<'b, T: Target> FastBuf<'b, T> {
     /// Appends a varint.
     #[inline(always)]
     pub(crate) fn varint(&mut self, mut v: u64) {
+        if v >> 56 != 0 {
+            return self.varint_wide(v);
+        }
         while v >= 0x80 {
             self.byte(v as u8 | 0x80);
             v >>= 7;
         }
         self.byte(v as u8);
+    }
+
+    /// A varint of 9 or 10 bytes (hashed ids: track uuids): the low 56 bits
+    /// spread into 8 bytes of 7 bits at once instead of one at a time.
+    #[inline(always)]
+    fn varint_wide(&mut self, v: u64) {
+        let x = v & ((1 << 56) - 1);
+        let x = (x & 0x0FFF_FFFF) | ((x & 0x00FF_FFFF_F000_0000) << 4);
+        let x = (x & 0x0000_3FFF_0000_3FFF) | ((x & 0x0FFF_C000_0FFF_C000) << 2);
+        let x = (x & 0x007F_007F_007F_007F) | ((x & 0x3F80_3F80_3F80_3F80) << 1);
+        for b in (x | 0x8080_8080_8080_8080).to_le_bytes() {
+            self.byte(b);
+        }
+        let top = v >> 56;
+        if top >= 0x80 {
+            self.byte(top as u8 | 0x80);
+            self.byte(1);
+        } else {
+            self.byte(top as u8);
+        }
     }
 
     /// Appends 8 little-endian bytes (fixed64, double).
@@ -183,6 +206,38 @@ mod tests {
         f.end_nested(at);
         let n = f.finish().unwrap();
         assert_eq!(&b[..n], &[0x40, 0xAC, 0x02, 0x81, 0x00, 0x01]);
+    }
+
+    /// The wide path writes the same bytes as the plain loop.
+    #[test]
+    fn wide_varints() {
+        let plain = |mut v: u64| {
+            let mut out = Vec::new();
+            while v >= 0x80 {
+                out.push(v as u8 | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+            out
+        };
+        let mut values = vec![0, 1, 127, 128, 1 << 55, (1 << 56) - 1, 1 << 56, u64::MAX];
+        values.extend((0..64).map(|i| 1u64 << i));
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            values.push(x);
+            values.push(x >> (x % 64));
+        }
+        for v in values {
+            let mut b = [0u8; FAST_CAP];
+            let mut f = FastBuf::new(&mut b);
+            f.byte(0xAA);
+            f.varint(v);
+            let n = f.finish().unwrap();
+            assert_eq!(&b[1..n], &plain(v)[..], "{v:#x}");
+        }
     }
 
     #[test]

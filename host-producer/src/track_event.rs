@@ -421,7 +421,9 @@ impl Drop for SliceGuard<'_> {
 }
 
 #[doc(hidden)]
-#[inline]
+// Out of line, as in Perfetto's SDK: what a trace point inlines is its
+// enabled check alone.
+#[inline(never)]
 pub fn __scoped_slice<'a>(
     cat: &'static Category,
     name: EventName<'a>,
@@ -452,7 +454,9 @@ pub fn __scoped_slice<'a>(
 }
 
 #[doc(hidden)]
-#[inline]
+// Out of line, as in Perfetto's SDK: what a trace point inlines is its
+// enabled check alone.
+#[inline(never)]
 pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, args: &[Arg<'_>]) {
     let mask = cat.enabled_instances();
     if mask == 0 {
@@ -475,7 +479,9 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
 }
 
 #[doc(hidden)]
-#[inline]
+// Out of line, as in Perfetto's SDK: what a trace point inlines is its
+// enabled check alone.
+#[inline(never)]
 pub fn __counter(cat: &'static Category, track: &CounterTrack<'_>, value: CounterValue) {
     let mask = cat.enabled_instances();
     if mask == 0 {
