@@ -321,9 +321,9 @@ pub(crate) struct SequenceState {
     tracks: TrackSet,
     needs_reset: bool,
     thread_track: Track<'static>,
-    /// Where events are encoded before being copied into the writer (the
-    /// fast path's fixed-size buffer; larger events are encoded straight
-    /// into the writer's chunks).
+    /// Where the fast path encodes an event when the writer's chunk has no
+    /// room for it in place, before it is copied in (events that do not
+    /// fit here either are encoded straight into the writer's chunks).
     scratch: Box<[u8; FAST_CAP]>,
     /// Resets written (first one included).
     pub(crate) resets: u64,
