@@ -47,7 +47,7 @@ use crate::layout::{
 use crate::state::{self, ChunkState, PartitionError};
 use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
 
-pub use raw::{OutOfBounds, Window, WINDOW_LEN};
+pub use raw::{OutOfBounds, Window, WINDOW_LEN, WINDOW_SLACK};
 use raw::{PayloadMut, Region};
 
 /// Zero-initialized, 4096-aligned storage for an SMB of `N` bytes (a
@@ -694,8 +694,9 @@ impl WritableChunk<'_> {
         self.payload.write(offset, bytes)
     }
 
-    /// A [`Window`] over the [`WINDOW_LEN`] payload bytes at `offset`, to
-    /// encode a packet in place; `None` if they are not all in the payload.
+    /// A [`Window`] over the [`WINDOW_LEN`] (+ [`WINDOW_SLACK`]) payload
+    /// bytes at `offset`, to encode a packet in place; `None` if they are
+    /// not all in the payload.
     #[inline]
     pub fn window(&mut self, offset: usize) -> Option<Window<'_>> {
         self.payload.window(offset)

@@ -40,9 +40,10 @@ use shmtrace_abi::proto::{Message, Sink};
 
 use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
 use crate::category::Category;
-use crate::fast::{FastBuf, Target, FAST_CAP};
+use crate::fast::{FastBuf, Scratch, Target, FAST_CAP};
 use crate::intern::{Lookup, StrInterner, TrackSet};
 use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
+use shmtrace_abi::smb::WINDOW_SLACK;
 use shmtrace_abi::writer::{DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
 
 /// `TracePacket` field numbers used here.
@@ -324,7 +325,7 @@ pub(crate) struct SequenceState {
     /// Where the fast path encodes an event when the writer's chunk has no
     /// room for it in place, before it is copied in (events that do not
     /// fit here either are encoded straight into the writer's chunks).
-    scratch: Box<[u8; FAST_CAP]>,
+    scratch: Box<Scratch>,
     /// Resets written (first one included).
     pub(crate) resets: u64,
     /// Slices open on the thread track, and whether each begin was written.
@@ -399,7 +400,7 @@ impl SequenceState {
             tracks: TrackSet::new(),
             needs_reset: true,
             thread_track,
-            scratch: Box::new([0; FAST_CAP]),
+            scratch: Box::new([0; FAST_CAP + WINDOW_SLACK]),
             resets: 0,
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
@@ -578,11 +579,37 @@ impl SequenceState {
         let te_len = 2 + field_len(tag_a, a) + field_len(tag_b, b);
         let written = w.write_in_place(|win| {
             let mut f = FastBuf::new(win);
-            f.byte(TAG_TIMESTAMP);
-            f.varint(delta);
-            f.byte2([TAG_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE as u8]);
-            f.byte2([TAG_TRACK_EVENT, te_len]);
-            f.byte2([TAG_TYPE, KIND]);
+            // Timestamp, sequence flags and the TrackEvent's header and type:
+            // one 8-byte store when the delta takes one byte.
+            let head = [
+                TAG_SEQUENCE_FLAGS,
+                SEQ_NEEDS_INCREMENTAL_STATE as u8,
+                TAG_TRACK_EVENT,
+                te_len,
+                TAG_TYPE,
+                KIND,
+            ];
+            if delta < 0x80 {
+                let [h0, h1, h2, h3, h4, h5] = head;
+                f.word(
+                    u64::from_le_bytes([TAG_TIMESTAMP, delta as u8, h0, h1, h2, h3, h4, h5]),
+                    8,
+                );
+            } else {
+                f.byte(TAG_TIMESTAMP);
+                f.varint(delta);
+                let [h0, h1, h2, h3, h4, h5] = head;
+                f.word(u64::from_le_bytes([h0, h1, h2, h3, h4, h5, 0, 0]), 6);
+            }
+            // Two one-byte tags with one-byte values (category and name
+            // ids): one store.
+            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) < 0x80 {
+                f.word(
+                    u64::from_le_bytes([tag_a[0], a as u8, tag_b[0], b as u8, 0, 0, 0, 0]),
+                    4,
+                );
+                return f.finish();
+            }
             for (tag, v) in [(tag_a, a), (tag_b, b)] {
                 match tag {
                     [0, _] => {}
@@ -670,7 +697,7 @@ impl SequenceState {
                 if w.write_in_place(|win| interned.encode_fast(win, thread_uuid, ev, stamp)) {
                     return true;
                 }
-                let scratch: &mut [u8; FAST_CAP] = &mut self.scratch;
+                let scratch: &mut Scratch = &mut self.scratch;
                 match (self.interned).encode_fast(scratch, thread_uuid, ev, stamp) {
                     Some(n) => w.write_encoded_packet_in(&self.scratch[..], n),
                     // Nested annotations, or too big for the scratch
@@ -1139,17 +1166,14 @@ mod tests {
 
     impl PacketWriter for VecWriter {
         type Sink = VecSink;
-        type Window<'w> = [u8; FAST_CAP];
+        type Window<'w> = Scratch;
 
         /// Like a chunk with room, if `in_place` is set.
-        fn write_in_place(
-            &mut self,
-            encode: impl FnOnce(&mut [u8; FAST_CAP]) -> Option<usize>,
-        ) -> bool {
+        fn write_in_place(&mut self, encode: impl FnOnce(&mut Scratch) -> Option<usize>) -> bool {
             if !self.in_place || self.lose_next {
                 return false;
             }
-            let mut window = [0u8; FAST_CAP];
+            let mut window = [0u8; FAST_CAP + WINDOW_SLACK];
             match encode(&mut window).filter(|&n| n <= 127) {
                 Some(n) => {
                     self.in_place_packets += 1;
@@ -1731,12 +1755,9 @@ mod tests {
 
     impl PacketWriter for MaskWriter {
         type Sink = VecSink;
-        type Window<'w> = [u8; FAST_CAP];
+        type Window<'w> = Scratch;
 
-        fn write_in_place(
-            &mut self,
-            encode: impl FnOnce(&mut [u8; FAST_CAP]) -> Option<usize>,
-        ) -> bool {
+        fn write_in_place(&mut self, encode: impl FnOnce(&mut Scratch) -> Option<usize>) -> bool {
             let _ = encode;
             false
         }
@@ -1965,7 +1986,7 @@ mod tests {
         for (i, e) in events.iter().enumerate() {
             fast.interned.new_entries.clear();
             general.interned.new_entries.clear();
-            let mut a = [0u8; FAST_CAP];
+            let mut a = [0u8; FAST_CAP + WINDOW_SLACK];
             let stamp = fast.stamp(e.timestamp);
             assert_eq!(stamp, general.stamp(e.timestamp));
             let uuid = fast.thread_track.uuid();
@@ -1987,7 +2008,7 @@ mod tests {
         e.args = &nested;
         let stamp = fast.stamp(e.timestamp);
         let uuid = fast.thread_track.uuid();
-        let mut buf = [0u8; FAST_CAP];
+        let mut buf = [0u8; FAST_CAP + WINDOW_SLACK];
         assert_eq!(fast.interned.encode_fast(&mut buf, uuid, &e, stamp), None);
         let huge = "H".repeat(FAST_CAP);
         let big = [Arg::new("big", huge.as_str())];

@@ -26,10 +26,14 @@
 //!   varint (`0x80 | low7, high7`), the same non-minimal form Perfetto's own
 //!   encoder uses for nested sizes; every protobuf parser accepts it.
 
-use shmtrace_abi::smb::{Window, WINDOW_LEN};
+use shmtrace_abi::smb::{Window, WINDOW_LEN, WINDOW_SLACK};
 
 /// Capacity of the scratch array (a power of two: see the module docs).
 pub(crate) const FAST_CAP: usize = 512;
+
+/// The scratch array: [`FAST_CAP`] bytes and room for an 8-byte write at
+/// any index below it.
+pub(crate) type Scratch = [u8; FAST_CAP + WINDOW_SLACK];
 
 /// A `len` no encoding reaches by single bytes: a slice did not fit.
 const FAILED: usize = usize::MAX / 2;
@@ -40,17 +44,28 @@ pub(crate) trait Target {
     const CAP: usize;
     /// Writes `byte` at `index % CAP`.
     fn put(&mut self, index: usize, byte: u8);
+    /// Writes the 8 little-endian bytes of `word` at `index % CAP` (the
+    /// buffer has room past `CAP` for them).
+    fn put_u64(&mut self, index: usize, word: u64);
     /// Copies `src` to `index`; `false` (nothing written) if it does not
     /// fit.
     fn put_slice(&mut self, index: usize, src: &[u8]) -> bool;
 }
 
-impl Target for [u8; FAST_CAP] {
+impl Target for Scratch {
     const CAP: usize = FAST_CAP;
 
     #[inline(always)]
     fn put(&mut self, index: usize, byte: u8) {
         self[index & (FAST_CAP - 1)] = byte;
+    }
+
+    #[inline(always)]
+    fn put_u64(&mut self, index: usize, word: u64) {
+        let at = index & (FAST_CAP - 1);
+        if let Some(dst) = self.get_mut(at..at + 8) {
+            dst.copy_from_slice(&word.to_le_bytes());
+        }
     }
 
     #[inline(always)]
@@ -71,6 +86,11 @@ impl Target for Window<'_> {
     #[inline(always)]
     fn put(&mut self, index: usize, byte: u8) {
         Window::put(self, index, byte);
+    }
+
+    #[inline(always)]
+    fn put_u64(&mut self, index: usize, word: u64) {
+        Window::put_u64(self, index, word);
     }
 
     #[inline(always)]
@@ -115,6 +135,14 @@ impl<'b, T: Target> FastBuf<'b, T> {
         self.len += 1;
     }
 
+    /// Appends the low `n` (at most 8) bytes of `word`, little-endian, with
+    /// one 8-byte store (constant runs of tags and small values).
+    #[inline(always)]
+    pub(crate) fn word(&mut self, word: u64, n: usize) {
+        self.buf.put_u64(self.len, word);
+        self.len += n;
+    }
+
     /// Appends two bytes (a two-byte tag, or a tag and a small value).
     #[inline(always)]
     pub(crate) fn byte2(&mut self, b: [u8; 2]) {
@@ -125,34 +153,11 @@ impl<'b, T: Target> FastBuf<'b, T> {
     /// Appends a varint.
     #[inline(always)]
     pub(crate) fn varint(&mut self, mut v: u64) {
-        if v >> 56 != 0 {
-            return self.varint_wide(v);
-        }
         while v >= 0x80 {
             self.byte(v as u8 | 0x80);
             v >>= 7;
         }
         self.byte(v as u8);
-    }
-
-    /// A varint of 9 or 10 bytes (hashed ids: track uuids): the low 56 bits
-    /// spread into 8 bytes of 7 bits at once instead of one at a time.
-    #[inline(always)]
-    fn varint_wide(&mut self, v: u64) {
-        let x = v & ((1 << 56) - 1);
-        let x = (x & 0x0FFF_FFFF) | ((x & 0x00FF_FFFF_F000_0000) << 4);
-        let x = (x & 0x0000_3FFF_0000_3FFF) | ((x & 0x0FFF_C000_0FFF_C000) << 2);
-        let x = (x & 0x007F_007F_007F_007F) | ((x & 0x3F80_3F80_3F80_3F80) << 1);
-        for b in (x | 0x8080_8080_8080_8080).to_le_bytes() {
-            self.byte(b);
-        }
-        let top = v >> 56;
-        if top >= 0x80 {
-            self.byte(top as u8 | 0x80);
-            self.byte(1);
-        } else {
-            self.byte(top as u8);
-        }
     }
 
     /// Appends 8 little-endian bytes (fixed64, double).
@@ -197,7 +202,7 @@ mod tests {
 
     #[test]
     fn varints_and_nesting() {
-        let mut b = [0u8; FAST_CAP];
+        let mut b = [0u8; FAST_CAP + WINDOW_SLACK];
         let mut f = FastBuf::new(&mut b);
         f.byte(0x40);
         f.varint(300);
@@ -208,41 +213,9 @@ mod tests {
         assert_eq!(&b[..n], &[0x40, 0xAC, 0x02, 0x81, 0x00, 0x01]);
     }
 
-    /// The wide path writes the same bytes as the plain loop.
-    #[test]
-    fn wide_varints() {
-        let plain = |mut v: u64| {
-            let mut out = Vec::new();
-            while v >= 0x80 {
-                out.push(v as u8 | 0x80);
-                v >>= 7;
-            }
-            out.push(v as u8);
-            out
-        };
-        let mut values = vec![0, 1, 127, 128, 1 << 55, (1 << 56) - 1, 1 << 56, u64::MAX];
-        values.extend((0..64).map(|i| 1u64 << i));
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..1000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            values.push(x);
-            values.push(x >> (x % 64));
-        }
-        for v in values {
-            let mut b = [0u8; FAST_CAP];
-            let mut f = FastBuf::new(&mut b);
-            f.byte(0xAA);
-            f.varint(v);
-            let n = f.finish().unwrap();
-            assert_eq!(&b[1..n], &plain(v)[..], "{v:#x}");
-        }
-    }
-
     #[test]
     fn overflow_is_reported_not_panicked() {
-        let mut b = [0u8; FAST_CAP];
+        let mut b = [0u8; FAST_CAP + WINDOW_SLACK];
         // A slice that does not fit.
         let mut f = FastBuf::new(&mut b);
         f.bytes(&[7u8; FAST_CAP - 2]);

@@ -12,10 +12,11 @@
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
-//! * A [`Window`] is [`WINDOW_LEN`] bytes of a [`PayloadMut`], checked
-//!   against the payload when it is made and borrowing it mutably; its
-//!   single-byte writes mask the index instead of checking it, so they
-//!   stay inside the window whatever the index.
+//! * A [`Window`] is [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes of a
+//!   [`PayloadMut`], checked against the payload when it is made and
+//!   borrowing it mutably; its byte and 8-byte writes mask the index to
+//!   below [`WINDOW_LEN`] instead of checking it, so they stay inside the
+//!   window (slack included) whatever the index.
 
 use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::marker::PhantomData;
@@ -221,12 +222,13 @@ impl PayloadMut<'_> {
         Ok(())
     }
 
-    /// The [`WINDOW_LEN`] bytes at `offset`, if they are all in the payload.
+    /// The [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes at `offset`, if they are
+    /// all in the payload.
     #[inline]
     pub(crate) fn window(&mut self, offset: usize) -> Option<Window<'_>> {
-        check(offset, WINDOW_LEN, self.len).ok()?;
-        // SAFETY: `offset + WINDOW_LEN <= self.len` (checked), so the result
-        // points inside the payload and is not null.
+        check(offset, WINDOW_LEN + WINDOW_SLACK, self.len).ok()?;
+        // SAFETY: `offset + WINDOW_LEN + WINDOW_SLACK <= self.len` (checked),
+        // so the result points inside the payload and is not null.
         let ptr = unsafe { self.ptr.add(offset) };
         Some(Window {
             ptr,
@@ -251,11 +253,15 @@ impl PayloadMut<'_> {
 /// a mask.
 pub const WINDOW_LEN: usize = 128;
 
-/// Write access to [`WINDOW_LEN`] bytes of a chunk payload this writer owns,
-/// for encoding a packet in place. Every write lands inside the window: a
-/// byte index is reduced modulo [`WINDOW_LEN`] (a wrapped-around write
-/// garbles the window, never memory outside it), a slice that does not fit
-/// is refused. The bytes are never read through it.
+/// Bytes a [`Window`] owns past [`WINDOW_LEN`], so an 8-byte write at any
+/// index below [`WINDOW_LEN`] stays inside it.
+pub const WINDOW_SLACK: usize = 8;
+
+/// Write access to [`WINDOW_LEN`] bytes of a chunk payload this writer owns
+/// (plus [`WINDOW_SLACK`]), for encoding a packet in place. Every write
+/// lands inside the window: an index is reduced modulo [`WINDOW_LEN`] (a
+/// wrapped-around write garbles the window, never memory outside it), a
+/// slice that does not fit is refused. The bytes are never read through it.
 #[derive(Debug)]
 pub struct Window<'a> {
     ptr: NonNull<u8>,
@@ -270,6 +276,24 @@ impl Window<'_> {
         // WINDOW_LEN bytes lie inside a payload this writer owns exclusively
         // (checked and borrowed mutably in `PayloadMut::window`).
         unsafe { self.ptr.as_ptr().add(index & (WINDOW_LEN - 1)).write(byte) }
+    }
+
+    /// Writes the 8 little-endian bytes of `word` at `index % WINDOW_LEN`
+    /// (a caller keeping fewer of them overwrites the rest later, or
+    /// leaves them as garbage past its packet).
+    #[inline(always)]
+    pub fn put_u64(&mut self, index: usize, word: u64) {
+        // SAFETY: the masked index is below WINDOW_LEN, so the 8 bytes end
+        // within WINDOW_LEN + WINDOW_SLACK, all inside a payload this writer
+        // owns exclusively (checked and borrowed mutably in
+        // `PayloadMut::window`); an unaligned write needs no alignment.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .add(index & (WINDOW_LEN - 1))
+                .cast::<[u8; 8]>()
+                .write_unaligned(word.to_le_bytes())
+        }
     }
 
     /// Copies `src` to `index`; `false` (nothing written) if it does not

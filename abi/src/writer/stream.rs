@@ -26,7 +26,7 @@ use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
 use crate::proto::{Sink, SMALL_WRITE_LEN};
-use crate::smb::{OutOfBounds, Window, WritableChunk, WINDOW_LEN};
+use crate::smb::{OutOfBounds, Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
@@ -402,7 +402,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         } else {
             self.count + 1
         };
-        if room < 1 + WINDOW_LEN || count > MAX_FRAGMENTS_PER_CHUNK {
+        if room < 1 + WINDOW_LEN + WINDOW_SLACK || count > MAX_FRAGMENTS_PER_CHUNK {
             return None;
         }
         let at = self.cursor;

@@ -795,13 +795,23 @@ proptest::proptest! {
             match s {
                 Step::Packet(bytes) => {
                     let ob = b.write_packet(|p| p.raw(bytes));
-                    // Writer A encodes every other packet in place, byte by
-                    // byte (longer ones wrap around the window and must be
-                    // refused), and falls back to a padded scratch buffer.
+                    // Writer A encodes every other packet in place, in
+                    // 8-byte words (the last one padded with garbage past the
+                    // packet) or byte by byte; longer ones wrap around the
+                    // window and must be refused. It falls back to a padded
+                    // scratch buffer.
                     let in_place = bytes.len() % 2 == 0
                         && a.write_small_packet_in_place(|w| {
-                            for (i, &byte) in bytes.iter().enumerate() {
-                                w.put(i, byte);
+                            if bytes.len() % 4 == 0 {
+                                for (i, &byte) in bytes.iter().enumerate() {
+                                    w.put(i, byte);
+                                }
+                            } else {
+                                for (k, part) in bytes.chunks(8).enumerate() {
+                                    let mut word = [0xEE; 8];
+                                    word[..part.len()].copy_from_slice(part);
+                                    w.put_u64(8 * k, u64::from_le_bytes(word));
+                                }
                             }
                             Some(bytes.len())
                         });
