@@ -532,10 +532,13 @@ impl SequenceState {
         const BEGIN: u8 = EventType::SliceBegin as u8;
         const END: u8 = EventType::SliceEnd as u8;
         const INSTANT: u8 = EventType::Instant as u8;
+        const COUNTER: u8 = EventType::Counter as u8;
         if self.needs_reset || ev.ns < self.clock_base {
             return false;
         }
         let delta = ev.ns - self.clock_base;
+        // A counter's track uuid, encoded when the track became recent.
+        let mut uuid_varint = (0, 0);
         // The TrackEvent after its type: two (tag, varint) fields, or none.
         let (tag_a, a, tag_b, b) = match KIND {
             BEGIN | INSTANT => {
@@ -562,6 +565,7 @@ impl SequenceState {
                 if uuid == self.thread_track.uuid() || !self.tracks.is_recent(uuid) {
                     return false;
                 }
+                uuid_varint = self.tracks.recent_varint();
                 (
                     [TAG_TRACK_UUID, 0],
                     uuid,
@@ -600,6 +604,18 @@ impl SequenceState {
                 f.varint(delta);
                 let [h0, h1, h2, h3, h4, h5] = head;
                 f.word(u64::from_le_bytes([h0, h1, h2, h3, h4, h5, 0, 0]), 6);
+            }
+            if KIND == COUNTER {
+                let n = usize::from(varint_len(a));
+                let (low, high) = uuid_varint;
+                f.byte(TAG_TRACK_UUID);
+                f.word(low, n.min(8));
+                if n > 8 {
+                    f.word(u64::from(high), n - 8);
+                }
+                f.byte2(TAG_COUNTER_VALUE);
+                f.varint(b);
+                return f.finish();
             }
             // Two one-byte tags with one-byte values (category and name
             // ids): one store.

@@ -254,6 +254,25 @@ pub struct TrackSet {
     /// A uuid known to be in the set, if `recent_valid`.
     recent: u64,
     recent_valid: bool,
+    /// `recent` as a varint, little-endian: bytes 0-7 and 8-9.
+    recent_varint: (u64, u16),
+}
+
+/// `v` as a varint, little-endian, in two words: bytes 0-7 and 8-9.
+fn varint_words(mut v: u64) -> (u64, u16) {
+    let mut bytes = [0u8; 10];
+    let mut i = 0;
+    while v >= 0x80 {
+        bytes[i] = v as u8 | 0x80;
+        v >>= 7;
+        i += 1;
+    }
+    bytes[i] = v as u8;
+    let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = bytes;
+    (
+        u64::from_le_bytes([b0, b1, b2, b3, b4, b5, b6, b7]),
+        u16::from_le_bytes([b8, b9]),
+    )
 }
 
 impl Default for TrackSet {
@@ -269,6 +288,7 @@ impl TrackSet {
             table: Table::new(),
             recent: 0,
             recent_valid: false,
+            recent_varint: (0, 0),
         }
     }
 
@@ -285,6 +305,7 @@ impl TrackSet {
         // Cache only what the table holds (a full table adds nothing).
         self.recent = uuid;
         self.recent_valid = found.is_some();
+        self.recent_varint = varint_words(uuid);
         found.is_none_or(|(_, inserted)| inserted)
     }
 
@@ -293,6 +314,13 @@ impl TrackSet {
     #[inline]
     pub fn is_recent(&self, uuid: u64) -> bool {
         self.recent_valid && self.recent == uuid
+    }
+
+    /// The most recent member's uuid as a varint (see
+    /// [`TrackSet::is_recent`]): bytes 0-7 and 8-9, little-endian.
+    #[inline]
+    pub fn recent_varint(&self) -> (u64, u16) {
+        self.recent_varint
     }
 
     /// Empties the set.
