@@ -626,17 +626,12 @@ impl SequenceState {
                 );
                 return f.finish();
             }
+            // Slice ends (no fields), or ids of two bytes or more: the two
+            // fields' tags are one byte each (a counter returned above).
             for (tag, v) in [(tag_a, a), (tag_b, b)] {
-                match tag {
-                    [0, _] => {}
-                    [t, 0] => {
-                        f.byte(t);
-                        f.varint(v);
-                    }
-                    _ => {
-                        f.byte2(tag);
-                        f.varint(v);
-                    }
+                if tag[0] != 0 {
+                    f.byte(tag[0]);
+                    f.varint(v);
                 }
             }
             f.finish()
