@@ -1258,6 +1258,14 @@ mod tests {
         };
         let mut events = Vec::new();
         let mut ns = 1_000;
+        // Ids past 127 (two-byte varints): 130 names, each used twice.
+        let many: Vec<&'static str> = (0..130)
+            .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+            .collect();
+        for name in many.iter().chain(&many) {
+            ns += 5;
+            events.push(plain(EventType::Instant, &CAT, name, ns));
+        }
         for round in 0..3u64 {
             for name in ["a", "b", "a"] {
                 ns += 70;
@@ -1283,11 +1291,11 @@ mod tests {
         };
         let mut b = VecWriter::default();
         for (i, e) in events.iter().enumerate() {
-            if i == 40 {
+            if i == 300 {
                 fast.invalidate();
                 general.invalidate();
             }
-            if i == 50 {
+            if i == 310 {
                 a.lose_next = true;
                 b.lose_next = true;
             }
