@@ -351,6 +351,19 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
             .is_some()
     }
 
+    /// Whether a packet written now would find room, asked before encoding
+    /// it. While the writer holds no chunk (its last packets were dropped
+    /// for want of one, or it has written nothing yet) this asks the
+    /// arbiter for one; `false` means none was available and one packet is
+    /// counted as dropped (SMB full, marked on the next packet written), so
+    /// a caller skips encoding a packet that would be thrown away. Always
+    /// `true` while a chunk is held (a full one is exchanged when the next
+    /// packet begins, as usual).
+    #[inline]
+    pub fn ensure_chunk(&mut self) -> bool {
+        self.enc.sink_and_slots().0.ensure_chunk()
+    }
+
     /// Returns the current chunk to the arbiter (even if almost empty),
     /// offers pending patches, and asks the arbiter to deliver everything
     /// now. The next packet starts in a new chunk.

@@ -298,6 +298,14 @@ pub(crate) trait PacketWriter {
         &mut self,
         encode: impl FnOnce(&mut Self::Window<'_>) -> Option<usize>,
     ) -> bool;
+
+    /// Whether a packet written now would find room; `false` (the packet
+    /// is counted as dropped and the loss marked) while the shared memory
+    /// buffer has no chunk to give. Lets a sequence that lost packets skip
+    /// rebuilding its incremental state until it can be written.
+    fn ensure_chunk(&mut self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -687,6 +695,13 @@ impl SequenceState {
         extra: Option<ExtraFields<'_, W::Sink>>,
     ) -> bool {
         // Reset and descriptor packets are stamped on BOOTTIME.
+        // After a loss, while the buffer is still full: drop the event
+        // before rebuilding the state (clearing the tables, encoding reset
+        // and descriptor packets) for nothing.
+        if self.needs_reset && !w.ensure_chunk() {
+            self.lost_before_start |= !self.started;
+            return false;
+        }
         let now = match ev.timestamp.clock {
             Clock::Boottime => ev.timestamp.ns,
             _ => crate::clock::now_ns(),
@@ -1151,6 +1166,9 @@ mod tests {
         /// Lose the next packet (as a full SMB would: no room in place,
         /// dropped by the general path).
         lose_next: bool,
+        /// No chunk to give: `ensure_chunk` fails (and counts its calls).
+        full: bool,
+        ensure_failures: usize,
     }
 
     /// A growable sink writing every nested size as a 4-byte redundant
@@ -1178,6 +1196,11 @@ mod tests {
     impl PacketWriter for VecWriter {
         type Sink = VecSink;
         type Window<'w> = Scratch;
+
+        fn ensure_chunk(&mut self) -> bool {
+            self.ensure_failures += usize::from(self.full);
+            !self.full
+        }
 
         /// Like a chunk with room, if `in_place` is set.
         fn write_in_place(&mut self, encode: impl FnOnce(&mut Scratch) -> Option<usize>) -> bool {
@@ -1567,6 +1590,36 @@ mod tests {
                 .as_deref(),
             Some("y")
         );
+    }
+
+    #[test]
+    fn a_full_buffer_drops_events_without_rebuilding_the_state() {
+        let mut w = VecWriter {
+            drop: vec![4],
+            ..Default::default()
+        };
+        let mut s = seq();
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "x".into()), None)); // 0..=3
+        assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None)); // 4: lost
+        assert_eq!((s.resets, w.attempts), (1, 5));
+        // Still no chunk: every event is dropped before any reset work.
+        w.full = true;
+        for _ in 0..100 {
+            assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+        }
+        assert_eq!((s.resets, w.attempts, w.ensure_failures), (1, 5, 100));
+        // Room again: one reset, then the event.
+        w.full = false;
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+        assert_eq!(s.resets, 2);
+        let p = w.decoded();
+        assert_eq!(p.len(), 8);
+        assert_eq!(p[4].sequence_flags, Some(SEQ_INCREMENTAL_STATE_CLEARED));
+        assert!(p[7].track_event.is_some());
+        // A writer in good standing is never asked.
+        w.full = true;
+        assert!(s.write_event(&mut w, &ev(EventType::Instant, "z".into()), None));
+        assert_eq!(w.ensure_failures, 100);
     }
 
     #[test]

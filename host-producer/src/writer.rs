@@ -152,6 +152,12 @@ impl PacketWriter for Output {
         self.dirty = true;
         self.writer.write_small_packet_in_place(encode)
     }
+
+    #[inline]
+    fn ensure_chunk(&mut self) -> bool {
+        self.dirty = true;
+        self.writer.ensure_chunk()
+    }
 }
 
 /// What the lock protects.

@@ -315,6 +315,30 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         true
     }
 
+    /// Between packets, while no chunk is held (none yet, or packets were
+    /// lost for want of one): asks the arbiter for one now, so a caller
+    /// learns that its packet would be dropped before encoding it. `true`
+    /// if a chunk is held afterwards (acquired with a count of 0: the next
+    /// packet is its first, as upstream's writer does); `false` if none was
+    /// available, and one packet is counted as dropped (SMB full) with the
+    /// loss marked on the next packet written, exactly as if the caller's
+    /// packet had been begun and dropped.
+    pub(crate) fn ensure_chunk(&mut self) -> bool {
+        if self.chunk.is_some() || self.in_packet {
+            return true;
+        }
+        match self.arbiter.acquire_chunk(self.header(Packets::EMPTY)) {
+            Some(chunk) => {
+                self.install(chunk, 0, ChunkFlags::EMPTY);
+                true
+            }
+            None => {
+                self.drop_unwritten(DropReason::SmbFull);
+                false
+            }
+        }
+    }
+
     /// Writes a whole, already-encoded packet of at most 127 bytes into the
     /// current chunk with a 1-byte size, if it fits there and nothing
     /// else must be prepended (no pending loss, not the sequence's first

@@ -400,6 +400,49 @@ fn smb_exhaustion_drops_whole_packets_and_marks_the_next_one() {
 }
 
 #[test]
+fn ensure_chunk_drops_before_encoding_while_the_smb_is_full() {
+    let mut storage = Box::new(SmbStorage::<4096>::new());
+    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+    let mut q = CommitQueue::<8>::new();
+    let (tx, mut rx) = q.split();
+    let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    // No chunk yet: one is acquired with a count of 0, and the next packet
+    // is its first.
+    assert!(w.ensure_chunk());
+    assert!(w.ensure_chunk(), "a chunk held: nothing to do");
+    assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+    let blob = [0x44u8; 4090];
+    // Needs a second chunk, and there is none: dropped.
+    assert_eq!(
+        w.write_packet(|p| p.bytes(2, &blob)),
+        PacketOutcome::Dropped(DropReason::SmbFull)
+    );
+    // Holding no chunk: each call asks again, fails, counts a drop.
+    assert!(!w.ensure_chunk());
+    assert!(!w.ensure_chunk());
+    assert_eq!(w.stats().packets_dropped_smb_full, 3);
+    let ev = drain(&mut rx, &smb);
+    assert_eq!(ev.len(), 1);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!((h.chunk_id, h.packets), (0, packets(2, 0)));
+    let items: Vec<_> = Fragments::new(p, h.packets).map(|f| f.unwrap()).collect();
+    assert!(matches!(items[1], FragmentEvent::Dropped(_)), "{items:?}");
+    // Drained: the chunk comes back, count 0, and the packet after it
+    // carries the loss.
+    assert!(w.ensure_chunk());
+    assert_eq!(w.write_packet(|p| p.uint64(8, 2)), PacketOutcome::Written);
+    w.flush();
+    let ev = drain(&mut rx, &smb);
+    let (h, p) = chunk(&ev[0]);
+    assert_eq!(h.chunk_id, 1);
+    assert_eq!(
+        data_fragments(p, h.packets),
+        [std::vec![0xD0, 0x02, 0x81, 0x02, 0x40, 0x02]]
+    );
+}
+
+#[test]
 fn full_patch_storage_abandons_the_packet() {
     let mut storage = Box::new(SmbStorage::<4096>::new());
     let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();

@@ -45,7 +45,13 @@ fn time(lb: &Loopback, label: &str, n: u64, mut f: impl FnMut(u64)) {
 fn hot_path_timing() {
     let _s = serial();
     track_event::register_categories(&[&P_ON, &P_OFF]);
-    let lb = Loopback::manual(32 << 20, PageLayout::Div1);
+    // `SHMTRACE_PERF_SMB` (bytes): a buffer too small for a round times
+    // the cost of dropping (the loopback does not drain while timing).
+    let smb_bytes = std::env::var("SHMTRACE_PERF_SMB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32 << 20);
+    let lb = Loopback::manual(smb_bytes, PageLayout::Div1);
     let cfg = TrackEventConfig {
         disabled_categories: vec!["perf.off".into()],
         ..Default::default()
