@@ -622,61 +622,174 @@ mod tests {
         cell_and_arbiter(mode).0
     }
 
+    /// What one run of [`owner_and_takers_exclude_each_other`] saw.
+    #[derive(Debug, Default)]
+    struct Seen {
+        /// Times a holder got in while another one was inside.
+        both_inside: u64,
+        /// Times the owner got in.
+        owner_in: u64,
+        /// Times the owner found a taker's flag after storing `in_use` and
+        /// backed off.
+        owner_backed_off: u64,
+        /// Times a taker got in.
+        taker_in: u64,
+        /// Times a taker won the claim but found the owner inside.
+        taker_refused: u64,
+    }
+
+    impl Seen {
+        /// Every side of the Dekker pair was exercised: both got in, and
+        /// each found the other's flag at least once.
+        fn contended(&self) -> bool {
+            self.owner_in > 0
+                && self.owner_backed_off > 0
+                && self.taker_in > 0
+                && self.taker_refused > 0
+        }
+    }
+
+    /// What the owner and the takers share.
+    #[derive(Default)]
+    struct Race {
+        /// Holders inside now.
+        inside: AtomicUsize,
+        both_inside: AtomicUsize,
+        taker_in: AtomicUsize,
+        taker_refused: AtomicUsize,
+        done: AtomicBool,
+    }
+
+    impl Race {
+        /// One holder's stay inside, counting any other holder met there.
+        fn hold(&self, spins: u32) {
+            if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                self.both_inside.fetch_add(1, Ordering::SeqCst);
+            }
+            for _ in 0..spins {
+                std::hint::spin_loop();
+            }
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+        }
+
+        /// The takers' part of `seen`.
+        fn add_takers(&self, seen: &mut Seen) {
+            seen.both_inside = self.both_inside.load(Ordering::SeqCst) as u64;
+            seen.taker_in = self.taker_in.load(Ordering::Relaxed) as u64;
+            seen.taker_refused = self.taker_refused.load(Ordering::Relaxed) as u64;
+        }
+    }
+
+    /// Pseudo-random numbers (xorshift) for pauses and hold times, so
+    /// that the threads do not settle into one phase and meet at every
+    /// point of each other's protocol.
+    struct Jitter(u32);
+
+    impl Jitter {
+        fn next(&mut self) -> u32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 17;
+            self.0 ^= self.0 << 5;
+            self.0
+        }
+
+        fn pause(&mut self, max_spins: u32) {
+            for _ in 0..self.next() % max_spins {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// [`WriterCell::lock_owner`] step by step, telling whether the owner
+    /// had to back off for a taker.
+    fn lock_owner_counted(cell: &WriterCell) -> (CellGuard<'_>, bool) {
+        let backed_off = !cell.owner_enter();
+        if backed_off {
+            cell.owner_enter_slow();
+        }
+        let guard = CellGuard { cell, owner: true };
+        (guard, backed_off)
+    }
+
+    /// How long the threads race at least. Time rather than rounds: a
+    /// broken lock shows in the number of encounters, and a sound one
+    /// makes each round slow (every taker fence IPIs the owner's CPU).
+    const SOAK: Duration = Duration::from_millis(300);
+    /// How long a side starved on a loaded machine may take to show up
+    /// before the test gives up on it.
+    const GIVE_UP: Duration = Duration::from_secs(20);
+    /// Spins (at most) a taker waits between attempts: room for the owner.
+    const TAKER_PAUSE: u32 = 1000;
+    /// Spins (at most) the owner waits between events: room for takers.
+    const OWNER_PAUSE: u32 = 64;
+    /// One event in this many is long (outlasts a taker's fence), so that
+    /// takers find the owner inside.
+    const LONG_EVENT_ONE_IN: u32 = 16;
+
     /// An owner thread locking for every "event" and two taker threads
     /// trying the same cell (one fencing for the cell's mode, one for the
-    /// process's) are never inside at the same time, and both sides get in.
+    /// process's) are never inside at the same time; each side gets in,
+    /// and each finds the other's flag (so the run did race them).
     fn owner_and_takers_exclude_each_other(mode: LockMode) {
         let cell = cell(mode);
         assert_eq!(cell.mode, mode);
-        let inside = Arc::new(AtomicUsize::new(0));
-        let done = Arc::new(AtomicBool::new(false));
-        let enter = |inside: &AtomicUsize| {
-            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-            for _ in 0..20 {
-                std::hint::spin_loop();
-            }
-            inside.fetch_sub(1, Ordering::SeqCst);
-        };
-        let got = Arc::new(AtomicUsize::new(0));
-        let takers: Vec<_> = (0..2)
+        let race = Arc::new(Race::default());
+        let takers: Vec<_> = (0..2u32)
             .map(|which| {
-                let (cell, inside, done, got) =
-                    (cell.clone(), inside.clone(), done.clone(), got.clone());
+                let (cell, race) = (cell.clone(), race.clone());
                 std::thread::spawn(move || {
-                    while !done.load(Ordering::Relaxed) {
-                        // Fencing for the cell's mode, or the process's
-                        // as the sweep and `request_all` do.
-                        let g = if cell.claim() {
+                    let mut jitter = Jitter(0x9e37_79b9 ^ which);
+                    while !race.done.load(Ordering::Relaxed) {
+                        if cell.claim() {
+                            // Fencing for the cell's mode, or the
+                            // process's as the sweep and `request_all` do.
                             taker_fence(if which == 0 { cell.mode } else { lock_mode() });
-                            cell.confirm()
-                        } else {
-                            None
-                        };
-                        if let Some(g) = g {
-                            enter(&inside);
-                            drop(g);
-                            got.fetch_add(1, Ordering::Relaxed);
+                            match cell.confirm() {
+                                Some(g) => {
+                                    race.hold(100);
+                                    drop(g);
+                                    race.taker_in.fetch_add(1, Ordering::Relaxed);
+                                }
+                                None => {
+                                    race.taker_refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
                         }
+                        jitter.pause(TAKER_PAUSE);
                     }
                 })
             })
             .collect();
-        // At least 5000 owner locks, and until the takers got in 200 times
-        // (bounded: a loaded machine may starve them for a while).
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut owner = 0u64;
-        while owner < 5_000 || (got.load(Ordering::Relaxed) < 200 && Instant::now() < deadline) {
-            let g = cell.lock_owner();
-            enter(&inside);
+        let mut seen = Seen::default();
+        let mut jitter = Jitter(0x85eb_ca6b);
+        let start = Instant::now();
+        loop {
+            let (g, backed_off) = lock_owner_counted(&cell);
+            let long = jitter.next() % LONG_EVENT_ONE_IN == 0;
+            race.hold(if long { 2000 } else { 20 });
             drop(g);
-            owner += 1;
+            seen.owner_in += 1;
+            seen.owner_backed_off += u64::from(backed_off);
+            jitter.pause(OWNER_PAUSE);
+            if seen.owner_in % 64 == 0 {
+                race.add_takers(&mut seen);
+                let elapsed = start.elapsed();
+                if seen.both_inside > 0
+                    || (seen.contended() && elapsed >= SOAK)
+                    || elapsed >= GIVE_UP
+                {
+                    break;
+                }
+            }
         }
-        done.store(true, Ordering::Relaxed);
+        race.done.store(true, Ordering::Relaxed);
         for h in takers {
-            // A taker's failed exclusion assertion resurfaces here.
             h.join().expect("taker thread");
         }
-        assert!(got.load(Ordering::Relaxed) >= 200, "takers got in");
+        race.add_takers(&mut seen);
+        eprintln!("{mode:?} in {:?}: {seen:?}", start.elapsed());
+        assert_eq!(seen.both_inside, 0, "two holders at once: {seen:?}");
+        assert!(seen.contended(), "the owner and the takers raced: {seen:?}");
     }
 
     /// The mode this host uses (membarrier where the kernel offers it).
