@@ -304,11 +304,13 @@ impl ThreadTrack {
         sys::set_thread_name(name);
     }
 
-    /// The track of thread `tid` of this process.
+    /// The track of thread `tid` of this process: a child of the process
+    /// track (its descriptor names the process track as its parent, as
+    /// upstream's does).
     pub fn for_thread(tid: i64) -> Track<'static> {
         Track {
             kind: TrackKind::Thread { tid },
-            ..Track::global(tid as u64 ^ process_uuid())
+            ..Track::child_of(&ProcessTrack::current(), tid as u64)
         }
     }
 }
@@ -559,6 +561,8 @@ mod tests {
         assert_eq!(t.parent_uuid(), Some(process_uuid()));
         let th = ThreadTrack::for_thread(77);
         assert_eq!(th.uuid(), 77 ^ process_uuid());
+        // Upstream's thread tracks are children of the process track.
+        assert_eq!(th.parent_uuid(), Some(process_uuid()));
         assert_ne!(Track::named("a", 0).uuid(), Track::named("b", 0).uuid());
         assert_ne!(Track::named("a", 0).uuid(), Track::named("a", 1).uuid());
         assert_eq!(Flow::process_scoped(5).id(), 5 ^ process_uuid());
@@ -589,6 +593,22 @@ mod tests {
             .unwrap();
         let d: CounterCategories = prost::Message::decode(&buf[..n]).unwrap();
         d.counter.expect("a counter descriptor")
+    }
+
+    /// Upstream's thread track descriptors carry `parent_uuid` (5), the
+    /// process track's uuid, besides the `ThreadDescriptor`.
+    #[test]
+    fn thread_track_descriptors_name_the_process_track_as_parent() {
+        let mut buf = [0u8; 256];
+        let track = ThreadTrack::for_thread(4321);
+        let n =
+            shmtrace_abi::proto::encode_to_slice(&mut buf, |d| track.write_descriptor(d)).unwrap();
+        let d: crate::test_schema::TrackDescriptor = prost::Message::decode(&buf[..n]).unwrap();
+        assert_eq!(d.uuid, Some(4321 ^ process_uuid()));
+        assert_eq!(d.parent_uuid, Some(process_uuid()));
+        let thread = d.thread.expect("a thread descriptor");
+        assert_eq!(thread.tid, Some(4321));
+        assert_eq!(thread.pid, Some(current_pid()));
     }
 
     #[test]
