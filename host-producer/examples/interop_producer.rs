@@ -7,7 +7,7 @@
 //! interop_producer [--socket PATH] [--threads N] [--iterations N] [--phases P]
 //!                  [--large-kb K] [--large-every M] [--iteration-sleep-us U]
 //!                  [--shmem-kb S] [--start-timeout-ms T] [--stop-timeout-ms T]
-//!                  [--sessions N] [--custom-source NAME]
+//!                  [--sessions N] [--custom-source NAME] [--fidelity 0|1]
 //! ```
 //!
 //! Each thread runs `iterations` iterations per phase; one iteration emits,
@@ -19,6 +19,15 @@
 //! `{"event":"phase","phase":p,"threads":n,"emitted":{…}}` (cumulative
 //! counts), then `{"event":"stopped"}`. Between phases it waits for a line
 //! on stdin. Exit status: 0 ok, 2 usage error, 3 timeout.
+//!
+//! `--fidelity 1` makes each thread also emit, first in every phase, the
+//! events the harness's producer fidelity test compares with the real
+//! driver's (see `real_producer.cc`): slice "fidelity" with every
+//! annotation type and a nested dict and array, an instant with the dynamic
+//! name "dyn.<thread>", slice "on_named" on the named track
+//! "fidelity.named" (id 7, child of the process track), an int counter on
+//! "fidelity.bytes" (bytes, multiplier 1024) and a double counter on
+//! "fidelity.fps" (unit name "fps", category "interop.counter").
 //!
 //! `--custom-source NAME` also registers a custom data source `NAME`: each
 //! iteration then writes one packet to each of its instances, with a
@@ -38,9 +47,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use shmtrace_producer::{
-    track_event, Category, CounterTrack, DataSource, DataSourceConfig, DataSourceHandler,
-    DebugValue, Flow, InstanceArgs, ProcessTrack, ProducerConfig, Timestamp,
-    TrackEventSessionObserver, MAX_INSTANCES,
+    track_event, Arg, Category, CounterTrack, CounterUnit, DataSource, DataSourceConfig,
+    DataSourceHandler, DebugValue, EventName, Flow, InstanceArgs, ProcessTrack, ProducerConfig,
+    Timestamp, Track, TrackEventSessionObserver, MAX_INSTANCES,
 };
 
 static CAT_INTEROP: Category =
@@ -206,6 +215,7 @@ struct Options {
     large_kb: u64,
     large_every: u64,
     iteration_sleep_us: u64,
+    fidelity: bool,
 }
 
 #[derive(Default)]
@@ -273,6 +283,59 @@ impl PhaseGate {
     }
 }
 
+/// The `--fidelity` events (see the module docs).
+fn emit_fidelity(index: usize, pointee: &u32, counts: &mut Counts) {
+    let dict = [("x", DebugValue::Int(1)), ("label", DebugValue::Str("hi"))];
+    let array = [DebugValue::Double(1.5), DebugValue::Bool(true)];
+    let args = [
+        Arg::new("b_true", true),
+        Arg::new("b_false", false),
+        Arg::new("i_neg", -5i64),
+        Arg::new("i_min", i64::MIN),
+        Arg::new("u_max", u64::MAX),
+        Arg::new("d_frac", 0.25),
+        Arg::new("d_neg", -1.5e300),
+        Arg::new("s_text", "text"),
+        Arg::new("s_empty", ""),
+        Arg::new("p", DebugValue::pointer(pointee)),
+        Arg::new("dict", DebugValue::Dict(&dict)),
+        Arg::new("arr", DebugValue::Array(&array)),
+    ];
+    CAT_INTEROP.slice("fidelity").args(&args).emit();
+    counts.slice_begin += 1;
+    counts.arg_bool += 2;
+    counts.arg_int += 2;
+    counts.arg_uint += 1;
+    counts.arg_double += 2;
+    counts.arg_string += 2;
+    counts.arg_pointer += 1;
+
+    let dyn_name = format!("dyn.{index}");
+    CAT_INTEROP.instant(EventName::Dynamic(&dyn_name)).emit();
+    counts.instant += 1;
+
+    let process = ProcessTrack::current();
+    let named = Track::named_child_of(&process, "fidelity.named", 7);
+    CAT_INTEROP.slice("on_named").track(&named).emit();
+    CAT_INTEROP.end().track(&named).emit();
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+
+    let bytes = CounterTrack::child_of(&process, "fidelity.bytes")
+        .with_unit(CounterUnit::SizeBytes)
+        .with_multiplier(1024);
+    CAT_COUNTER.counter(&bytes, 3i64).emit();
+    counts.counter_int += 1;
+    let fps = CounterTrack::child_of(&process, "fidelity.fps")
+        .with_unit_name("fps")
+        .with_category(&CAT_COUNTER);
+    CAT_COUNTER.counter(&fps, 59.5).emit();
+    counts.counter_double += 1;
+
+    CAT_INTEROP.end().emit();
+    counts.slice_end += 1;
+}
+
 fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSource>) {
     let mut counts = Counts::default();
     let mut custom_counts = CustomCounts::new();
@@ -290,6 +353,9 @@ fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSour
     let mut iteration: u64 = 0;
     let mut phase = 1;
     while gate.wait_for_phase(phase) {
+        if opt.fidelity && CAT_INTEROP.is_enabled() {
+            emit_fidelity(index, &pointee, &mut counts);
+        }
         for _ in 0..opt.iterations {
             if !CAT_INTEROP.is_enabled() {
                 counts.skipped_disabled += 1;
@@ -411,7 +477,7 @@ struct Flags {
 
 impl Flags {
     fn parse() -> Result<Self, String> {
-        const KNOWN: [&str; 12] = [
+        const KNOWN: [&str; 13] = [
             "socket",
             "threads",
             "iterations",
@@ -424,6 +490,7 @@ impl Flags {
             "stop-timeout-ms",
             "sessions",
             "custom-source",
+            "fidelity",
         ];
         let mut values = Vec::new();
         let mut args = std::env::args().skip(1);
@@ -472,6 +539,7 @@ fn run() -> Result<ExitCode, String> {
         large_kb: flags.u64("large-kb", 0)?,
         large_every: flags.u64("large-every", 10)?,
         iteration_sleep_us: flags.u64("iteration-sleep-us", 0)?,
+        fidelity: flags.u64("fidelity", 0)? != 0,
     };
     let shmem_kb = flags.u64("shmem-kb", 0)?;
     let start_timeout = Duration::from_millis(flags.u64("start-timeout-ms", 30000)?);

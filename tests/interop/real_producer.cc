@@ -5,6 +5,7 @@
 //   real-producer [--socket PATH] [--threads N] [--iterations N] [--phases P]
 //                 [--large-kb K] [--large-every M] [--iteration-sleep-us U]
 //                 [--shmem-kb S] [--start-timeout-ms T] [--stop-timeout-ms T]
+//                 [--fidelity 0|1]
 //
 // The socket defaults to $PERFETTO_PRODUCER_SOCK_NAME. Each thread runs
 // `iterations` iterations per phase; one iteration emits, on the thread's
@@ -13,6 +14,16 @@
 // `large-every` iterations, instant "large" carrying a `large-kb` KiB string }
 // plus one int and one double counter on per-thread counter tracks. Debug
 // annotations cover int, string, double, bool, uint and pointer values.
+//
+// With --fidelity 1 each thread also emits, first in every phase, what the
+// producer fidelity test compares with our producer's (interop_producer
+// --fidelity 1 emits the same): slice "fidelity" carrying every annotation
+// type (and a nested dict and array, written as raw DebugAnnotation fields:
+// the C API has no nested arguments), inside it an instant with a dynamic
+// name "dyn.<thread>", slice "on_named" on the named track
+// "fidelity.named" (id 7, child of the process track), an int counter on
+// "fidelity.bytes" (unit SIZE_BYTES, multiplier 1024) and a double counter
+// on "fidelity.fps" (unit_name "fps", categories ["interop.counter"]).
 //
 // Between phases the worker threads stay alive (so their trace writers keep
 // their current chunks) and the producer waits for a line on stdin. After the
@@ -23,6 +34,7 @@
 // what was emitted while the session was enabled, and finally
 // {"event":"stopped"}. Exit status: 0 ok, 2 usage error, 3 timeout.
 
+#include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -115,6 +127,7 @@ struct Options {
   uint64_t large_kb;
   uint64_t large_every;
   uint64_t iteration_sleep_us;
+  bool fidelity;
 };
 
 bool Enabled(const PerfettoTeCategory& cat) {
@@ -168,9 +181,89 @@ class PhaseGate {
   std::vector<Counts> counts_;
 };
 
+// The --fidelity events (see the top of the file); `pointee` gives the
+// pointer annotation a value.
+void EmitFidelity(size_t index, const int* pointee, Counts* counts) {
+  PERFETTO_TE(
+      cat_interop, PERFETTO_TE_SLICE_BEGIN("fidelity"),
+      PERFETTO_TE_ARG_BOOL("b_true", true), PERFETTO_TE_ARG_BOOL("b_false", false),
+      PERFETTO_TE_ARG_INT64("i_neg", -5),
+      PERFETTO_TE_ARG_INT64("i_min", INT64_MIN),
+      PERFETTO_TE_ARG_UINT64("u_max", UINT64_MAX),
+      PERFETTO_TE_ARG_DOUBLE("d_frac", 0.25),
+      PERFETTO_TE_ARG_DOUBLE("d_neg", -1.5e300),
+      PERFETTO_TE_ARG_STRING("s_text", "text"),
+      PERFETTO_TE_ARG_STRING("s_empty", ""),
+      PERFETTO_TE_ARG_POINTER("p", reinterpret_cast<uintptr_t>(pointee)),
+      // DebugAnnotation: name 10, dict_entries 11, array_values 12,
+      // bool 2, int 4, double 5, string 6.
+      PERFETTO_TE_PROTO_FIELDS(
+          PERFETTO_TE_PROTO_FIELD_NESTED(
+              4, PERFETTO_TE_PROTO_FIELD_CSTR(10, "dict"),
+              PERFETTO_TE_PROTO_FIELD_NESTED(
+                  11, PERFETTO_TE_PROTO_FIELD_CSTR(10, "x"),
+                  PERFETTO_TE_PROTO_FIELD_VARINT(4, 1)),
+              PERFETTO_TE_PROTO_FIELD_NESTED(
+                  11, PERFETTO_TE_PROTO_FIELD_CSTR(10, "label"),
+                  PERFETTO_TE_PROTO_FIELD_CSTR(6, "hi"))),
+          PERFETTO_TE_PROTO_FIELD_NESTED(
+              4, PERFETTO_TE_PROTO_FIELD_CSTR(10, "arr"),
+              PERFETTO_TE_PROTO_FIELD_NESTED(
+                  12, PERFETTO_TE_PROTO_FIELD_DOUBLE(5, 1.5)),
+              PERFETTO_TE_PROTO_FIELD_NESTED(
+                  12, PERFETTO_TE_PROTO_FIELD_VARINT(2, 1)))));
+  counts->slice_begin++;
+  counts->arg_bool += 2;
+  counts->arg_int += 2;
+  counts->arg_uint++;
+  counts->arg_double += 2;
+  counts->arg_string += 2;
+  counts->arg_pointer++;
+
+  const std::string dyn = "dyn." + std::to_string(index);
+  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT(dyn.c_str()));
+  counts->instant++;
+
+  const uint64_t process = PerfettoTeProcessTrackUuid();
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("on_named"),
+              PERFETTO_TE_NAMED_TRACK("fidelity.named", 7, process));
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(),
+              PERFETTO_TE_NAMED_TRACK("fidelity.named", 7, process));
+  counts->slice_begin++;
+  counts->slice_end++;
+
+  // TrackDescriptor: parent_uuid 5, name 2, counter 8; CounterDescriptor:
+  // categories 2, unit 3, unit_multiplier 4, unit_name 6.
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(3),
+              PERFETTO_TE_PROTO_TRACK(
+                  PerfettoTeCounterTrackUuid("fidelity.bytes", process),
+                  PERFETTO_TE_PROTO_FIELD_VARINT(5, process),
+                  PERFETTO_TE_PROTO_FIELD_CSTR(2, "fidelity.bytes"),
+                  PERFETTO_TE_PROTO_FIELD_NESTED(
+                      8, PERFETTO_TE_PROTO_FIELD_VARINT(
+                             3, perfetto_protos_CounterDescriptor_UNIT_SIZE_BYTES),
+                      PERFETTO_TE_PROTO_FIELD_VARINT(4, 1024))));
+  counts->counter_int++;
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(),
+              PERFETTO_TE_DOUBLE_COUNTER(59.5),
+              PERFETTO_TE_PROTO_TRACK(
+                  PerfettoTeCounterTrackUuid("fidelity.fps", process),
+                  PERFETTO_TE_PROTO_FIELD_VARINT(5, process),
+                  PERFETTO_TE_PROTO_FIELD_CSTR(2, "fidelity.fps"),
+                  PERFETTO_TE_PROTO_FIELD_NESTED(
+                      8, PERFETTO_TE_PROTO_FIELD_CSTR(2, "interop.counter"),
+                      PERFETTO_TE_PROTO_FIELD_CSTR(6, "fps"))));
+  counts->counter_double++;
+
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END());
+  counts->slice_end++;
+}
+
 void Worker(size_t index, const Options& opt, PhaseGate* gate) {
   Counts counts;
   const std::string thread_label = "worker-" + std::to_string(index);
+  // Named like our driver's threads, so their track descriptors agree.
+  pthread_setname_np(pthread_self(), thread_label.c_str());
   const std::string int_track = "interop.int.t" + std::to_string(index);
   const std::string double_track = "interop.double.t" + std::to_string(index);
   std::string blob;
@@ -182,6 +275,8 @@ void Worker(size_t index, const Options& opt, PhaseGate* gate) {
   int pointee = 0;
   uint64_t iteration = 0;
   for (uint64_t phase = 1; gate->WaitForPhase(phase); phase++) {
+    if (opt.fidelity && Enabled(cat_interop))
+      EmitFidelity(index, &pointee, &counts);
     for (uint64_t i = 0; i < opt.iterations; i++, iteration++) {
       // Everything below is emitted only while the session is enabled, so
       // the counts are exactly what reached the SDK's trace writers. The
@@ -273,7 +368,7 @@ extern "C" int shmtrace_real_producer_main(int argc, char** argv) {
   Flags flags(argc, argv,
               {"socket", "threads", "iterations", "phases", "large-kb",
                "large-every", "iteration-sleep-us", "shmem-kb",
-               "start-timeout-ms", "stop-timeout-ms"},
+               "start-timeout-ms", "stop-timeout-ms", "fidelity"},
               {});
   Options opt;
   opt.threads = flags.U64("threads", 1);
@@ -282,6 +377,7 @@ extern "C" int shmtrace_real_producer_main(int argc, char** argv) {
   opt.large_kb = flags.U64("large-kb", 0);
   opt.large_every = flags.U64("large-every", 10);
   opt.iteration_sleep_us = flags.U64("iteration-sleep-us", 0);
+  opt.fidelity = flags.U64("fidelity", 0) != 0;
   uint64_t shmem_kb = flags.U64("shmem-kb", 0);
   uint64_t start_timeout_ms = flags.U64("start-timeout-ms", 30000);
   uint64_t stop_timeout_ms = flags.U64("stop-timeout-ms", 30000);

@@ -277,3 +277,32 @@ pub fn check(
     serde_json::from_slice(&report)
         .map_err(|e| HarnessError::Checker(format!("{}: {e}", report_path.display())))
 }
+
+/// What `checker/semantic_dump.py --compare` finds between two traces:
+/// `None` if they say the same (events, names, categories, tracks,
+/// annotations, flows, counters; see the script for what it normalizes),
+/// else the diff of their dumps.
+pub fn semantic_diff(a: &Path, b: &Path) -> Result<Option<String>> {
+    ensure_environment()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("checker")
+        .join("semantic_dump.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg("--compare")
+        .arg(a)
+        .arg(b)
+        .output()
+        .map_err(|e| HarnessError::Checker(format!("cannot run {}: {e}", python().display())))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    match output.status.code() {
+        Some(0) => Ok(None),
+        Some(1) => Ok(Some(stdout)),
+        _ => Err(HarnessError::Checker(format!(
+            "{} failed ({}): {}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ))),
+    }
+}

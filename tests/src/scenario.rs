@@ -341,6 +341,11 @@ pub struct ProducerSpec {
     /// one packet per iteration to each of its instances (only our
     /// driver can).
     pub custom_source: bool,
+    /// Also emit, once per thread per phase, the event features the
+    /// producer fidelity test compares (`--fidelity`: every annotation
+    /// type, a dynamic name, a named track with a parent, a counter track
+    /// with a unit; see `interop/real_producer.cc`).
+    pub fidelity: bool,
 }
 
 impl Default for ProducerSpec {
@@ -355,6 +360,7 @@ impl Default for ProducerSpec {
             shmem_kb: 0,
             sessions: 1,
             custom_source: false,
+            fidelity: false,
         }
     }
 }
@@ -408,6 +414,9 @@ pub struct Scenario {
     pub between_phases: BetweenPhases,
     /// Whether data may be lost.
     pub loss: Loss,
+    /// Copy the (first session's) trace here before the run's directory
+    /// goes away.
+    pub keep_trace: Option<PathBuf>,
 }
 
 impl Scenario {
@@ -424,6 +433,7 @@ impl Scenario {
             write_into_file_period_ms: None,
             between_phases: BetweenPhases::Nothing,
             loss: Loss::None,
+            keep_trace: None,
         }
     }
 
@@ -719,6 +729,9 @@ pub fn start_producer(
     }
     if spec.custom_source {
         command.arg(format!("--custom-source={CUSTOM_SOURCE}"));
+    }
+    if spec.fidelity {
+        command.arg("--fidelity=1");
     }
     ChildProcess::spawn(&format!("producer {}", index + 1), command, log_dir)
 }
@@ -1085,6 +1098,13 @@ fn run_in(
                 stderr_tail: String::new(),
             });
         }
+    }
+    if let Some(keep) = &scenario.keep_trace {
+        std::fs::copy(&trace_path, keep).map_err(|source| HarnessError::Io {
+            action: "copy the trace to",
+            path: keep.clone(),
+            source,
+        })?;
     }
     Ok(Outcome {
         report,

@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Producer-independent dump of what a trace says, for comparing producers.
+
+Two producers that emit the same events should leave traces a trace
+processor reads the same way, even if their bytes differ. This tool replays
+every producer sequence of a trace (decoded with the official protos of the
+PyPI `perfetto` package, as check_trace.py does) and prints what the events
+*mean*: per sequence, the ordered events with their type, resolved category
+names, resolved name, the track they land on described by its content, their
+debug annotations as a typed tree, flows, and counter values with their type.
+
+    semantic_dump.py TRACE                 # the dump, as JSON
+    semantic_dump.py --compare A B         # exit 1 and a diff if they differ
+
+What legitimately differs between producers is normalized away, each for the
+reason given where it is done:
+  * absolute timestamps and the clock they are written in (a trace processor
+    converts every clock to boottime; only "the sequence's timestamps resolve
+    and never go backwards" is kept);
+  * pids, tids, track uuids, flow ids and interned ids (numbers the producer
+    picks): tracks are described by content, threads and processes by the
+    order in which they first appear, flows by first use;
+  * interned vs inline names and strings (a trace processor resolves both to
+    the same string);
+  * packet and chunk boundaries, and which packet carries a descriptor or
+    interned data, as long as it comes before its first use;
+  * pointer values (addresses differ between runs): only the type is kept.
+Anything else a TrackEvent carries is listed under "other_fields" so that an
+unexpected field shows up as a difference.
+"""
+
+import argparse
+import difflib
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_trace import (  # noqa: E402  (after the path setup)
+    BOOTTIME, FIRST_SEQUENCE_SCOPED_CLOCK, SEQ_INCREMENTAL_STATE_CLEARED,
+    SEQ_NEEDS_INCREMENTAL_STATE, SERVICE_SEQUENCE_ID, pb)
+
+TYPE_NAMES = {
+    pb.TrackEvent.TYPE_SLICE_BEGIN: "slice_begin",
+    pb.TrackEvent.TYPE_SLICE_END: "slice_end",
+    pb.TrackEvent.TYPE_INSTANT: "instant",
+    pb.TrackEvent.TYPE_COUNTER: "counter",
+}
+
+# TrackEvent fields the dump models; any other set field is reported as is.
+MODELED_EVENT_FIELDS = {
+    "type", "name", "name_iid", "categories", "category_iids", "track_uuid",
+    "debug_annotations", "flow_ids", "flow_ids_old", "terminating_flow_ids",
+    "terminating_flow_ids_old", "counter_value", "double_counter_value",
+}
+
+UNIT_NAMES = {v.number: v.name for v in
+              pb.CounterDescriptor.DESCRIPTOR.enum_types_by_name["Unit"].values}
+
+
+class Numbering:
+    """Replaces numbers a producer picks by their order of first use."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.seen = {}
+
+    def __call__(self, value):
+        if value not in self.seen:
+            self.seen[value] = "%s%d" % (self.prefix, len(self.seen))
+        return self.seen[value]
+
+
+class SeqState:
+    def __init__(self):
+        self.valid = False
+        self.interned = {}
+        self.defaults = None
+        self.clocks = {}
+        self.last_boot = None
+        self.packets = []
+
+    def reset(self):
+        self.valid = True
+        self.interned = {t: {} for t in (
+            "event_categories", "event_names", "debug_annotation_names",
+            "debug_annotation_string_values")}
+        self.defaults = None
+        self.clocks = {c: v for c, v in self.clocks.items()
+                       if c < FIRST_SEQUENCE_SCOPED_CLOCK}
+
+
+class Dumper:
+    def __init__(self):
+        self.tracks = {}  # uuid -> TrackDescriptor (last one wins)
+        self.seqs = {}
+        self.order = []
+
+    def load(self, trace):
+        for packet in trace.packet:
+            seq_id = packet.trusted_packet_sequence_id
+            if seq_id == SERVICE_SEQUENCE_ID:
+                continue
+            seq = self.seqs.get(seq_id)
+            if seq is None:
+                seq = self.seqs[seq_id] = SeqState()
+                self.order.append(seq_id)
+                seq.first = {
+                    "first_packet_on_sequence":
+                        packet.first_packet_on_sequence,
+                    "incremental_state_cleared": bool(
+                        packet.sequence_flags & SEQ_INCREMENTAL_STATE_CLEARED),
+                }
+                seq.problems = []
+                seq.events = []
+            self.packet(seq, packet)
+
+    def packet(self, seq, packet):
+        if packet.sequence_flags & SEQ_INCREMENTAL_STATE_CLEARED:
+            seq.reset()
+        if packet.sequence_flags & SEQ_NEEDS_INCREMENTAL_STATE \
+                and not seq.valid:
+            seq.problems.append("packet needing incremental state skipped")
+            return
+        if packet.HasField("trace_packet_defaults"):
+            seq.defaults = packet.trace_packet_defaults
+        if packet.HasField("interned_data"):
+            for table, entries in seq.interned.items():
+                for e in getattr(packet.interned_data, table):
+                    entries[e.iid] = e.str if table.endswith("values") \
+                        else e.name
+        kind = packet.WhichOneof("data")
+        if kind == "track_descriptor":
+            self.tracks[packet.track_descriptor.uuid] = \
+                packet.track_descriptor
+        elif kind == "clock_snapshot":
+            boot = None
+            for c in packet.clock_snapshot.clocks:
+                if c.clock_id == BOOTTIME:
+                    boot = c.timestamp
+            for c in packet.clock_snapshot.clocks:
+                seq.clocks[c.clock_id] = [c.is_incremental, c.timestamp,
+                                          c.timestamp, boot,
+                                          c.unit_multiplier_ns or 1]
+        elif kind == "track_event":
+            ts_ok = self.timestamp(seq, packet)
+            seq.events.append((packet.track_event, ts_ok,
+                               dict(seq.interned), seq.defaults))
+
+    def timestamp(self, seq, packet):
+        """Boottime value of the packet's timestamp, checked for order."""
+        if not packet.HasField("timestamp"):
+            return "missing"
+        clock_id = packet.timestamp_clock_id \
+            if packet.HasField("timestamp_clock_id") else (
+                seq.defaults.timestamp_clock_id
+                if seq.defaults is not None and
+                seq.defaults.HasField("timestamp_clock_id") else BOOTTIME)
+        ts = packet.timestamp
+        if clock_id == BOOTTIME:
+            boot = ts
+        elif clock_id in seq.clocks:
+            c = seq.clocks[clock_id]
+            if c[0]:
+                c[1] += ts
+                value = c[1]
+            else:
+                value = ts
+            if c[3] is None:
+                return "clock %d without a boottime reference" % clock_id
+            boot = c[3] + (value - c[2]) * c[4]
+        else:
+            return "unresolvable clock %d" % clock_id
+        backwards = seq.last_boot is not None and boot < seq.last_boot
+        seq.last_boot = boot
+        return "backwards" if backwards else "ok"
+
+    # ------------------------------------------------------------------
+    def describe_track(self, uuid, depth=0):
+        desc = self.tracks.get(uuid)
+        if desc is None:
+            return {"undescribed": True}
+        out = {}
+        if desc.HasField("name"):
+            out["name"] = desc.name
+        elif desc.HasField("static_name"):
+            # Static or dynamic: both are the track's name to a trace
+            # processor.
+            out["name"] = desc.static_name
+        if desc.HasField("description"):
+            out["description"] = desc.description
+        if desc.HasField("thread"):
+            t = desc.thread
+            out["thread"] = {"pid": t.pid, "tid": [t.pid, t.tid]}
+            if t.HasField("thread_name"):
+                out["thread"]["name"] = t.thread_name
+        if desc.HasField("process"):
+            p = desc.process
+            # The process name and command line are the program's own
+            # (different binaries here); only that they are named is kept.
+            out["process"] = {"pid": p.pid,
+                              "named": p.HasField("process_name")}
+        if desc.HasField("counter"):
+            c = desc.counter
+            counter = {
+                "unit": UNIT_NAMES.get(c.unit, c.unit),
+                "unit_multiplier": c.unit_multiplier or 1,
+                "is_incremental": c.is_incremental,
+                "categories": sorted(c.categories),
+            }
+            if c.HasField("unit_name"):
+                counter["unit_name"] = c.unit_name
+            out["counter"] = counter
+        for field in ("child_ordering", "sibling_order_rank"):
+            if desc.HasField(field):
+                out[field] = getattr(desc, field)
+        if desc.HasField("parent_uuid") and desc.parent_uuid and depth < 8:
+            out["parent"] = self.describe_track(desc.parent_uuid, depth + 1)
+        return out
+
+    def annotation_value(self, arg, interned):
+        kind = arg.WhichOneof("value")
+        if kind == "string_value_iid":
+            v = interned["debug_annotation_string_values"].get(
+                arg.string_value_iid)
+            return ["string", v if v is not None else "<unresolved iid>"]
+        if kind == "pointer_value":
+            return ["pointer", "nonzero" if arg.pointer_value else "zero"]
+        if kind == "string_value" and len(arg.string_value) > 64:
+            # Long strings as length and digest: the diff stays readable.
+            data = arg.string_value.encode()
+            return ["string", "<%d bytes, sha1 %s>" % (
+                len(data), hashlib.sha1(data).hexdigest()[:12])]
+        if kind is not None:
+            return [kind[:-len("_value")] if kind.endswith("_value")
+                    else kind, getattr(arg, kind)]
+        if len(arg.dict_entries):
+            return ["dict", [self.annotation(e, interned)
+                             for e in arg.dict_entries]]
+        if len(arg.array_values):
+            return ["array", [self.annotation_value(e, interned)
+                              for e in arg.array_values]]
+        return ["empty"]
+
+    def annotation(self, arg, interned):
+        which = arg.WhichOneof("name_field")
+        if which == "name_iid":
+            name = interned["debug_annotation_names"].get(arg.name_iid,
+                                                          "<unresolved iid>")
+        else:
+            name = arg.name if which == "name" else None
+        return [name, self.annotation_value(arg, interned)]
+
+    def event(self, event, ts_ok, interned, defaults):
+        out = {"type": TYPE_NAMES.get(event.type, event.type)}
+        cats = list(event.categories) + [
+            interned["event_categories"].get(i, "<unresolved iid>")
+            for i in event.category_iids]
+        if cats:
+            out["categories"] = sorted(cats)
+        which = event.WhichOneof("name_field")
+        if which == "name_iid":
+            out["name"] = interned["event_names"].get(event.name_iid,
+                                                      "<unresolved iid>")
+        elif which == "name":
+            out["name"] = event.name
+        if event.HasField("track_uuid"):
+            uuid = event.track_uuid
+        elif defaults is not None and \
+                defaults.track_event_defaults.HasField("track_uuid"):
+            uuid = defaults.track_event_defaults.track_uuid
+        else:
+            uuid = None
+        out["track"] = self.describe_track(uuid) \
+            if uuid is not None else {"default": True}
+        if ts_ok != "ok":
+            out["timestamp"] = ts_ok
+        if len(event.debug_annotations):
+            out["args"] = [self.annotation(a, interned)
+                           for a in event.debug_annotations]
+        # flow_ids_old / terminating_flow_ids_old (fixed64) are the same ids
+        # to a trace processor.
+        begun = list(event.flow_ids) + list(event.flow_ids_old)
+        if begun:
+            out["flows"] = begun
+        ended = list(event.terminating_flow_ids) + \
+            list(event.terminating_flow_ids_old)
+        if ended:
+            out["terminating_flows"] = ended
+        value = event.WhichOneof("counter_value_field")
+        if value == "counter_value":
+            out["counter"] = ["int", event.counter_value]
+        elif value == "double_counter_value":
+            out["counter"] = ["double", event.double_counter_value]
+        other = sorted(f.name for f, _ in event.ListFields()
+                       if f.name not in MODELED_EVENT_FIELDS)
+        if other:
+            out["other_fields"] = other
+        return out
+
+    def dump(self):
+        sequences = []
+        for seq_id in self.order:
+            seq = self.seqs[seq_id]
+            if not seq.events:
+                continue  # descriptor-only sequences say nothing by events
+            sequences.append({
+                "start": seq.first,
+                "problems": seq.problems,
+                "events": [self.event(e, ts, interned, d)
+                           for e, ts, interned, d in seq.events],
+            })
+        return {"sequences": sequences}
+
+
+def dump(path):
+    trace = pb.Trace()
+    with open(path, "rb") as f:
+        trace.ParseFromString(f.read())
+    dumper = Dumper()
+    dumper.load(trace)
+    return dumper.dump()
+
+
+# Keys whose values are numbers a producer picks (raw in `Dumper.dump`).
+RENUMBERED = {"pid": "P", "tid": "T", "flows": "F", "terminating_flows": "F"}
+
+
+def renumber(value, numberings, strip=False):
+    """`value` with pids, tids and flow ids replaced by their order of first
+    use (`numberings`), or left out (`strip`)."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k not in RENUMBERED:
+                out[k] = renumber(v, numberings, strip)
+            elif not strip:
+                number = numberings[RENUMBERED[k]]
+                out[k] = [number(json.dumps(f)) for f in v] \
+                    if k.endswith("flows") else number(json.dumps(v))
+        return out
+    if isinstance(value, list):
+        return [renumber(v, numberings, strip) for v in value]
+    return value
+
+
+def canonical(d):
+    """One line per event. Sequences are ordered by their first event (less
+    the numbers a producer picks), then pids, tids and flow ids are numbered
+    in that order, so neither the service's sequence ids nor which thread
+    started first show."""
+    lines = []
+    seqs = sorted(d["sequences"], key=lambda s: json.dumps(
+        renumber(s["events"][0], None, strip=True), sort_keys=True))
+    numberings = {p: Numbering(p) for p in set(RENUMBERED.values())}
+    seqs = [dict(s, events=renumber(s["events"], numberings)) for s in seqs]
+    for i, s in enumerate(seqs):
+        lines.append("sequence %d start=%s problems=%s" %
+                     (i, json.dumps(s["start"], sort_keys=True),
+                      json.dumps(s["problems"])))
+        for e in s["events"]:
+            lines.append("  " + json.dumps(e, sort_keys=True))
+    return lines
+
+
+def compare(a, b):
+    """Returns the unified diff of two traces' dumps (empty if the same)."""
+    return list(difflib.unified_diff(canonical(dump(a)), canonical(dump(b)),
+                                     a, b, lineterm="", n=2))
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace", nargs="?")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    parser.add_argument("--max-lines", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.compare:
+        diff = compare(*args.compare)
+        for line in diff[:args.max_lines]:
+            print(line)
+        if len(diff) > args.max_lines:
+            print("... (%d more diff lines)" % (len(diff) - args.max_lines))
+        sys.stderr.write("semantic_dump.py: %s\n" %
+                         ("DIFFERENT" if diff else "SAME"))
+        return 1 if diff else 0
+    if not args.trace:
+        parser.error("a trace or --compare A B")
+    print("\n".join(canonical(dump(args.trace))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
