@@ -672,6 +672,42 @@ mod tests {
             self.inside.fetch_sub(1, Ordering::SeqCst);
         }
 
+        /// A taker's attempt, fencing for `fence`; holds the cell for
+        /// `spins` if it gets in.
+        fn taker_attempt(&self, cell: &WriterCell, fence: LockMode, spins: u32) {
+            if !cell.claim() {
+                return;
+            }
+            taker_fence(fence);
+            match cell.confirm() {
+                Some(g) => {
+                    self.hold(spins);
+                    drop(g);
+                    self.taker_in.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    self.taker_refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+
+        /// One owner event: the lock, held for `spins`, counted in `seen`.
+        fn owner_event(&self, cell: &WriterCell, spins: u32, seen: &mut Seen) {
+            let (g, backed_off) = lock_owner_counted(cell);
+            self.hold(spins);
+            drop(g);
+            seen.owner_in += 1;
+            seen.owner_backed_off += u64::from(backed_off);
+        }
+
+        /// Whether the run since `start` is over: two holders met, or it
+        /// raced for [`SOAK`] and saw contention, or it gave up.
+        fn over(&self, seen: &mut Seen, start: Instant) -> bool {
+            self.add_takers(seen);
+            let elapsed = start.elapsed();
+            seen.both_inside > 0 || (seen.contended() && elapsed >= SOAK) || elapsed >= GIVE_UP
+        }
+
         /// The takers' part of `seen`.
         fn add_takers(&self, seen: &mut Seen) {
             seen.both_inside = self.both_inside.load(Ordering::SeqCst) as u64;
@@ -730,7 +766,7 @@ mod tests {
     /// trying the same cell (one fencing for the cell's mode, one for the
     /// process's) are never inside at the same time; each side gets in,
     /// and each finds the other's flag (so the run did race them).
-    fn owner_and_takers_exclude_each_other(mode: LockMode) {
+    fn owner_and_takers_exclude_each_other(mode: LockMode) -> Seen {
         let cell = cell(mode);
         assert_eq!(cell.mode, mode);
         let race = Arc::new(Race::default());
@@ -739,22 +775,11 @@ mod tests {
                 let (cell, race) = (cell.clone(), race.clone());
                 std::thread::spawn(move || {
                     let mut jitter = Jitter(0x9e37_79b9 ^ which);
+                    // Fencing for the cell's mode, or the process's as the
+                    // sweep and `request_all` do.
+                    let fence = if which == 0 { cell.mode } else { lock_mode() };
                     while !race.done.load(Ordering::Relaxed) {
-                        if cell.claim() {
-                            // Fencing for the cell's mode, or the
-                            // process's as the sweep and `request_all` do.
-                            taker_fence(if which == 0 { cell.mode } else { lock_mode() });
-                            match cell.confirm() {
-                                Some(g) => {
-                                    race.hold(100);
-                                    drop(g);
-                                    race.taker_in.fetch_add(1, Ordering::Relaxed);
-                                }
-                                None => {
-                                    race.taker_refused.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                        }
+                        race.taker_attempt(&cell, fence, 100);
                         jitter.pause(TAKER_PAUSE);
                     }
                 })
@@ -764,22 +789,11 @@ mod tests {
         let mut jitter = Jitter(0x85eb_ca6b);
         let start = Instant::now();
         loop {
-            let (g, backed_off) = lock_owner_counted(&cell);
             let long = jitter.next() % LONG_EVENT_ONE_IN == 0;
-            race.hold(if long { 2000 } else { 20 });
-            drop(g);
-            seen.owner_in += 1;
-            seen.owner_backed_off += u64::from(backed_off);
+            race.owner_event(&cell, if long { 2000 } else { 20 }, &mut seen);
             jitter.pause(OWNER_PAUSE);
-            if seen.owner_in % 64 == 0 {
-                race.add_takers(&mut seen);
-                let elapsed = start.elapsed();
-                if seen.both_inside > 0
-                    || (seen.contended() && elapsed >= SOAK)
-                    || elapsed >= GIVE_UP
-                {
-                    break;
-                }
+            if seen.owner_in % 64 == 0 && race.over(&mut seen, start) {
+                break;
             }
         }
         race.done.store(true, Ordering::Relaxed);
@@ -788,6 +802,69 @@ mod tests {
         }
         race.add_takers(&mut seen);
         eprintln!("{mode:?} in {:?}: {seen:?}", start.elapsed());
+        seen
+    }
+
+    /// Litmus-style rounds: the owner and one taker (fencing for the
+    /// cell's mode) start their entries together, the owner after a delay
+    /// of 0-255 loop turns, so that some rounds meet inside the few
+    /// nanoseconds where a missing store-load fence lets both in (the
+    /// free-running race above almost never lands there).
+    fn lockstep(mode: LockMode) -> Seen {
+        use std::sync::atomic::AtomicU64;
+        let cell = cell(mode);
+        let race = Arc::new(Race::default());
+        // The round the owner started, the round the taker finished.
+        let go = Arc::new(AtomicU64::new(0));
+        let finished = Arc::new(AtomicU64::new(0));
+        let taker = {
+            let (cell, race, go, finished) =
+                (cell.clone(), race.clone(), go.clone(), finished.clone());
+            std::thread::spawn(move || {
+                for round in 1.. {
+                    while go.load(Ordering::Acquire) < round {
+                        if race.done.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    race.taker_attempt(&cell, cell.mode, 20);
+                    finished.store(round, Ordering::Release);
+                }
+            })
+        };
+        let mut seen = Seen::default();
+        let mut jitter = Jitter(0x2545_f491);
+        let start = Instant::now();
+        'rounds: for round in 1.. {
+            let delay = jitter.next() % 256;
+            go.store(round, Ordering::Release);
+            for i in 0..delay {
+                std::hint::black_box(i);
+            }
+            // Now and then an event that outlasts the taker's fence.
+            let long = jitter.next() % (4 * LONG_EVENT_ONE_IN) == 0;
+            race.owner_event(&cell, if long { 2000 } else { 20 }, &mut seen);
+            while finished.load(Ordering::Acquire) < round {
+                std::hint::spin_loop();
+                if start.elapsed() >= GIVE_UP {
+                    break 'rounds;
+                }
+            }
+            if round % 256 == 0 && race.over(&mut seen, start) {
+                break;
+            }
+        }
+        race.done.store(true, Ordering::Relaxed);
+        taker.join().expect("taker thread");
+        race.add_takers(&mut seen);
+        eprintln!("lockstep {mode:?} in {:?}: {seen:?}", start.elapsed());
+        seen
+    }
+
+    /// Fails the test if `seen` shows two holders at once, or a run that
+    /// did not race the owner and the takers.
+    fn check(seen: &Seen) {
         assert_eq!(seen.both_inside, 0, "two holders at once: {seen:?}");
         assert!(seen.contended(), "the owner and the takers raced: {seen:?}");
     }
@@ -795,13 +872,25 @@ mod tests {
     /// The mode this host uses (membarrier where the kernel offers it).
     #[test]
     fn cell_lock_excludes_owner_and_takers_host_mode() {
-        owner_and_takers_exclude_each_other(lock_mode());
+        check(&owner_and_takers_exclude_each_other(lock_mode()));
     }
 
     /// The fallback without membarrier, whatever this host offers.
     #[test]
     fn cell_lock_excludes_owner_and_takers_symmetric() {
-        owner_and_takers_exclude_each_other(LockMode::Symmetric);
+        check(&owner_and_takers_exclude_each_other(LockMode::Symmetric));
+    }
+
+    /// Lockstep rounds in the mode this host uses.
+    #[test]
+    fn cell_lock_excludes_in_lockstep_host_mode() {
+        check(&lockstep(lock_mode()));
+    }
+
+    /// Lockstep rounds without membarrier.
+    #[test]
+    fn cell_lock_excludes_in_lockstep_symmetric() {
+        check(&lockstep(LockMode::Symmetric));
     }
 }
 
