@@ -24,9 +24,13 @@
 //! events the harness's producer fidelity test compares with the real
 //! driver's (see `real_producer.cc`): slice "fidelity" with every
 //! annotation type and a nested dict and array, an instant with the dynamic
-//! name "dyn.<thread>", slice "on_named" on the named track
-//! "fidelity.named" (id 7, child of the process track), an int counter on
-//! "fidelity.bytes" (bytes, multiplier 1024) and a double counter on
+//! name "dyn.<thread>" and an int argument with the dynamic name
+//! "arg.<thread>", slice "on_named" on the named track "fidelity.named" (id
+//! 7, child of the process track), slice "on_global" on the named track
+//! "fidelity.global" (id 3, no parent), slice "flowing" starting a
+//! process-scoped and a global flow that instant "flow_sink" terminates, an
+//! int counter on "fidelity.bytes" (bytes, multiplier 1024), an incremental
+//! int counter on "fidelity.delta" (a count) and a double counter on
 //! "fidelity.fps" (unit name "fps", category "interop.counter").
 //!
 //! `--custom-source NAME` also registers a custom data source `NAME`: each
@@ -284,7 +288,7 @@ impl PhaseGate {
 }
 
 /// The `--fidelity` events (see the module docs).
-fn emit_fidelity(index: usize, pointee: &u32, counts: &mut Counts) {
+fn emit_fidelity(index: usize, phase: u64, pointee: &u32, counts: &mut Counts) {
     let dict = [("x", DebugValue::Int(1)), ("label", DebugValue::Str("hi"))];
     let array = [DebugValue::Double(1.5), DebugValue::Bool(true)];
     let args = [
@@ -311,8 +315,14 @@ fn emit_fidelity(index: usize, pointee: &u32, counts: &mut Counts) {
     counts.arg_pointer += 1;
 
     let dyn_name = format!("dyn.{index}");
-    CAT_INTEROP.instant(EventName::Dynamic(&dyn_name)).emit();
+    let dyn_arg = format!("arg.{index}");
+    let dyn_args = [Arg::dynamic(&dyn_arg, 7i64)];
+    CAT_INTEROP
+        .instant(EventName::Dynamic(&dyn_name))
+        .args(&dyn_args)
+        .emit();
     counts.instant += 1;
+    counts.arg_int += 1;
 
     let process = ProcessTrack::current();
     let named = Track::named_child_of(&process, "fidelity.named", 7);
@@ -320,11 +330,36 @@ fn emit_fidelity(index: usize, pointee: &u32, counts: &mut Counts) {
     CAT_INTEROP.end().track(&named).emit();
     counts.slice_begin += 1;
     counts.slice_end += 1;
+    let global = Track::named_child_of(&Track::global(0), "fidelity.global", 3);
+    CAT_INTEROP.slice("on_global").track(&global).emit();
+    CAT_INTEROP.end().track(&global).emit();
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+
+    // Unique per thread and phase, apart from the script's flows.
+    let flow_id = (0xF1D0 << 32) | ((index as u64) << 16) | phase;
+    let flows = [Flow::process_scoped(flow_id), Flow::global(flow_id)];
+    CAT_FLOW.slice("flowing").flows(&flows).emit();
+    CAT_FLOW.end().emit();
+    CAT_FLOW
+        .instant("flow_sink")
+        .terminating_flows(&flows)
+        .emit();
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+    counts.instant += 1;
+    counts.flow_begin += 2;
+    counts.flow_end += 2;
 
     let bytes = CounterTrack::child_of(&process, "fidelity.bytes")
         .with_unit(CounterUnit::SizeBytes)
         .with_multiplier(1024);
     CAT_COUNTER.counter(&bytes, 3i64).emit();
+    counts.counter_int += 1;
+    let delta = CounterTrack::child_of(&process, "fidelity.delta")
+        .with_unit(CounterUnit::Count)
+        .with_incremental(true);
+    CAT_COUNTER.counter(&delta, 1i64).emit();
     counts.counter_int += 1;
     let fps = CounterTrack::child_of(&process, "fidelity.fps")
         .with_unit_name("fps")
@@ -354,7 +389,7 @@ fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSour
     let mut phase = 1;
     while gate.wait_for_phase(phase) {
         if opt.fidelity && CAT_INTEROP.is_enabled() {
-            emit_fidelity(index, &pointee, &mut counts);
+            emit_fidelity(index, phase, &pointee, &mut counts);
         }
         for _ in 0..opt.iterations {
             if !CAT_INTEROP.is_enabled() {

@@ -146,7 +146,8 @@ class Dumper:
         elif kind == "track_event":
             ts_ok = self.timestamp(seq, packet)
             seq.events.append((packet.track_event, ts_ok,
-                               dict(seq.interned), seq.defaults))
+                               dict(seq.interned), seq.defaults,
+                               packet.sequence_flags))
 
     def timestamp(self, seq, packet):
         """Boottime value of the packet's timestamp, checked for order."""
@@ -252,8 +253,12 @@ class Dumper:
             name = arg.name if which == "name" else None
         return [name, self.annotation_value(arg, interned)]
 
-    def event(self, event, ts_ok, interned, defaults):
+    def event(self, event, ts_ok, interned, defaults, flags):
         out = {"type": TYPE_NAMES.get(event.type, event.type)}
+        if flags != SEQ_NEEDS_INCREMENTAL_STATE:
+            # A trace processor drops packets that need incremental state
+            # after a loss, and keeps the others: the flags matter.
+            out["sequence_flags"] = flags
         cats = list(event.categories) + [
             interned["event_categories"].get(i, "<unresolved iid>")
             for i in event.category_iids]
@@ -308,8 +313,7 @@ class Dumper:
             sequences.append({
                 "start": seq.first,
                 "problems": seq.problems,
-                "events": [self.event(e, ts, interned, d)
-                           for e, ts, interned, d in seq.events],
+                "events": [self.event(*e) for e in seq.events],
             })
         return {"sequences": sequences}
 

@@ -20,10 +20,14 @@
 // --fidelity 1 emits the same): slice "fidelity" carrying every annotation
 // type (and a nested dict and array, written as raw DebugAnnotation fields:
 // the C API has no nested arguments), inside it an instant with a dynamic
-// name "dyn.<thread>", slice "on_named" on the named track
-// "fidelity.named" (id 7, child of the process track), an int counter on
-// "fidelity.bytes" (unit SIZE_BYTES, multiplier 1024) and a double counter
-// on "fidelity.fps" (unit_name "fps", categories ["interop.counter"]).
+// name "dyn.<thread>" and an int argument with the dynamic name
+// "arg.<thread>", slice "on_named" on the named track "fidelity.named" (id 7,
+// child of the process track), slice "on_global" on the named track
+// "fidelity.global" (id 3, no parent), slice "flowing" starting a
+// process-scoped and a global flow that instant "flow_sink" terminates, an
+// int counter on "fidelity.bytes" (unit SIZE_BYTES, multiplier 1024), an
+// incremental int counter on "fidelity.delta" (unit COUNT) and a double
+// counter on "fidelity.fps" (unit_name "fps", categories ["interop.counter"]).
 //
 // Between phases the worker threads stay alive (so their trace writers keep
 // their current chunks) and the producer waits for a line on stdin. After the
@@ -183,7 +187,8 @@ class PhaseGate {
 
 // The --fidelity events (see the top of the file); `pointee` gives the
 // pointer annotation a value.
-void EmitFidelity(size_t index, const int* pointee, Counts* counts) {
+void EmitFidelity(size_t index, uint64_t phase, const int* pointee,
+                  Counts* counts) {
   PERFETTO_TE(
       cat_interop, PERFETTO_TE_SLICE_BEGIN("fidelity"),
       PERFETTO_TE_ARG_BOOL("b_true", true), PERFETTO_TE_ARG_BOOL("b_false", false),
@@ -221,8 +226,11 @@ void EmitFidelity(size_t index, const int* pointee, Counts* counts) {
   counts->arg_pointer++;
 
   const std::string dyn = "dyn." + std::to_string(index);
-  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT(dyn.c_str()));
+  const std::string dyn_arg = "arg." + std::to_string(index);
+  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT(dyn.c_str()),
+              PERFETTO_TE_ARG_INT64(dyn_arg.c_str(), 7));
   counts->instant++;
+  counts->arg_int++;
 
   const uint64_t process = PerfettoTeProcessTrackUuid();
   PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("on_named"),
@@ -231,6 +239,29 @@ void EmitFidelity(size_t index, const int* pointee, Counts* counts) {
               PERFETTO_TE_NAMED_TRACK("fidelity.named", 7, process));
   counts->slice_begin++;
   counts->slice_end++;
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("on_global"),
+              PERFETTO_TE_NAMED_TRACK("fidelity.global", 3,
+                                      PerfettoTeGlobalTrackUuid()));
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(),
+              PERFETTO_TE_NAMED_TRACK("fidelity.global", 3,
+                                      PerfettoTeGlobalTrackUuid()));
+  counts->slice_begin++;
+  counts->slice_end++;
+
+  // Unique per thread and phase, apart from the script's flows.
+  const uint64_t flow_id = (uint64_t{0xF1D0} << 32) | (index << 16) | phase;
+  PERFETTO_TE(cat_flow, PERFETTO_TE_SLICE_BEGIN("flowing"),
+              PERFETTO_TE_FLOW(PerfettoTeProcessScopedFlow(flow_id)),
+              PERFETTO_TE_FLOW(PerfettoTeGlobalFlow(flow_id)));
+  PERFETTO_TE(cat_flow, PERFETTO_TE_SLICE_END());
+  PERFETTO_TE(cat_flow, PERFETTO_TE_INSTANT("flow_sink"),
+              PERFETTO_TE_TERMINATING_FLOW(PerfettoTeProcessScopedFlow(flow_id)),
+              PERFETTO_TE_TERMINATING_FLOW(PerfettoTeGlobalFlow(flow_id)));
+  counts->slice_begin++;
+  counts->slice_end++;
+  counts->instant++;
+  counts->flow_begin += 2;
+  counts->flow_end += 2;
 
   // TrackDescriptor: parent_uuid 5, name 2, counter 8; CounterDescriptor:
   // categories 2, unit 3, unit_multiplier 4, unit_name 6.
@@ -243,6 +274,17 @@ void EmitFidelity(size_t index, const int* pointee, Counts* counts) {
                       8, PERFETTO_TE_PROTO_FIELD_VARINT(
                              3, perfetto_protos_CounterDescriptor_UNIT_SIZE_BYTES),
                       PERFETTO_TE_PROTO_FIELD_VARINT(4, 1024))));
+  counts->counter_int++;
+  // CounterDescriptor.is_incremental 5.
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(1),
+              PERFETTO_TE_PROTO_TRACK(
+                  PerfettoTeCounterTrackUuid("fidelity.delta", process),
+                  PERFETTO_TE_PROTO_FIELD_VARINT(5, process),
+                  PERFETTO_TE_PROTO_FIELD_CSTR(2, "fidelity.delta"),
+                  PERFETTO_TE_PROTO_FIELD_NESTED(
+                      8, PERFETTO_TE_PROTO_FIELD_VARINT(
+                             3, perfetto_protos_CounterDescriptor_UNIT_COUNT),
+                      PERFETTO_TE_PROTO_FIELD_VARINT(5, 1))));
   counts->counter_int++;
   PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(),
               PERFETTO_TE_DOUBLE_COUNTER(59.5),
@@ -276,7 +318,7 @@ void Worker(size_t index, const Options& opt, PhaseGate* gate) {
   uint64_t iteration = 0;
   for (uint64_t phase = 1; gate->WaitForPhase(phase); phase++) {
     if (opt.fidelity && Enabled(cat_interop))
-      EmitFidelity(index, &pointee, &counts);
+      EmitFidelity(index, phase, &pointee, &counts);
     for (uint64_t i = 0; i < opt.iterations; i++, iteration++) {
       // Everything below is emitted only while the session is enabled, so
       // the counts are exactly what reached the SDK's trace writers. The
