@@ -306,3 +306,23 @@ pub fn semantic_diff(a: &Path, b: &Path) -> Result<Option<String>> {
         ))),
     }
 }
+
+/// Runs the Python unit tests of module `module` (in `checker/`, e.g.
+/// `test_check_trace`); `Err` carries their report if any fails.
+pub fn python_unit_tests(module: &str) -> Result<()> {
+    ensure_environment()?;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("checker");
+    let output = Command::new(python())
+        .args(["-m", "unittest", "-q", module])
+        .current_dir(dir)
+        .output()
+        .map_err(|e| HarnessError::Checker(format!("cannot run {}: {e}", python().display())))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Checker(format!(
+            "{module} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}

@@ -83,3 +83,12 @@ fn our_producer_writes_what_the_real_sdk_writes() {
         );
     }
 }
+
+/// The dump tool's own unit tests (`checker/test_semantic_dump.py`: what it
+/// normalizes reads the same, what it must see shows) run under `cargo
+/// test` too.
+#[test]
+fn semantic_dump_unit_tests() {
+    shmtrace_tests::checker::python_unit_tests("test_semantic_dump")
+        .unwrap_or_else(|e| panic!("{e}"));
+}

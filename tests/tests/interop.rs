@@ -587,20 +587,8 @@ fn two_sessions_with_a_custom_data_source(cell: Cell) {
 /// part of `cargo test` too.
 #[test]
 fn checker_unit_tests() {
-    shmtrace_tests::checker::ensure_environment().unwrap_or_else(|e| panic!("{e}"));
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = std::process::Command::new(
-        std::env::var_os("SHMTRACE_PYTHON").unwrap_or_else(|| "python3".into()),
-    )
-    .args(["-m", "unittest", "-q", "test_check_trace"])
-    .current_dir(dir.join("checker"))
-    .output()
-    .expect("run python3");
-    assert!(
-        output.status.success(),
-        "checker unit tests failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    shmtrace_tests::checker::python_unit_tests("test_check_trace")
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// `shmtrace query` (QueryServiceState) against each service, with each
