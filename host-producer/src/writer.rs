@@ -604,7 +604,7 @@ mod tests {
     use crate::outbox::Outbox;
     use crate::shm::SharedMemory;
     use shmtrace_abi::layout::PageLayout;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
 
     /// A cell of `mode` over a private 16 KiB SMB and outbox (no runtime
     /// involved), and its arbiter.
@@ -660,28 +660,52 @@ mod tests {
         done: AtomicBool,
     }
 
+    /// How long a holder stays inside.
+    #[derive(Clone, Copy)]
+    enum Stay {
+        /// This many spins (an event, a flush).
+        Spins(u32),
+        /// [`LONG_STAY`]: longer than a taker's fence, so that the other
+        /// side finds the holder inside.
+        Long,
+    }
+
+    /// See [`Stay::Long`]. A membarrier IPIs every CPU running the
+    /// process; in a VM that can take tens of microseconds.
+    const LONG_STAY: Duration = Duration::from_micros(200);
+
     impl Race {
         /// One holder's stay inside, counting any other holder met there.
-        fn hold(&self, spins: u32) {
+        fn hold(&self, stay: Stay) {
             if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
                 self.both_inside.fetch_add(1, Ordering::SeqCst);
             }
-            for _ in 0..spins {
-                std::hint::spin_loop();
+            match stay {
+                Stay::Spins(spins) => {
+                    for _ in 0..spins {
+                        std::hint::spin_loop();
+                    }
+                }
+                Stay::Long => {
+                    let until = Instant::now() + LONG_STAY;
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                }
             }
             self.inside.fetch_sub(1, Ordering::SeqCst);
         }
 
-        /// A taker's attempt, fencing for `fence`; holds the cell for
-        /// `spins` if it gets in.
-        fn taker_attempt(&self, cell: &WriterCell, fence: LockMode, spins: u32) {
+        /// A taker's attempt, fencing for `fence`; stays inside for `stay`
+        /// if it gets in.
+        fn taker_attempt(&self, cell: &WriterCell, fence: LockMode, stay: Stay) {
             if !cell.claim() {
                 return;
             }
             taker_fence(fence);
             match cell.confirm() {
                 Some(g) => {
-                    self.hold(spins);
+                    self.hold(stay);
                     drop(g);
                     self.taker_in.fetch_add(1, Ordering::Relaxed);
                 }
@@ -691,10 +715,10 @@ mod tests {
             }
         }
 
-        /// One owner event: the lock, held for `spins`, counted in `seen`.
-        fn owner_event(&self, cell: &WriterCell, spins: u32, seen: &mut Seen) {
+        /// One owner event: the lock, held for `stay`, counted in `seen`.
+        fn owner_event(&self, cell: &WriterCell, stay: Stay, seen: &mut Seen) {
             let (g, backed_off) = lock_owner_counted(cell);
-            self.hold(spins);
+            self.hold(stay);
             drop(g);
             seen.owner_in += 1;
             seen.owner_backed_off += u64::from(backed_off);
@@ -729,6 +753,15 @@ mod tests {
             self.0
         }
 
+        /// [`Stay::Long`] one time in `one_in`, else `Stay::Spins(spins)`.
+        fn stay(&mut self, one_in: u32, spins: u32) -> Stay {
+            if self.next() % one_in == 0 {
+                Stay::Long
+            } else {
+                Stay::Spins(spins)
+            }
+        }
+
         fn pause(&mut self, max_spins: u32) {
             for _ in 0..self.next() % max_spins {
                 std::hint::spin_loop();
@@ -758,9 +791,8 @@ mod tests {
     const TAKER_PAUSE: u32 = 1000;
     /// Spins (at most) the owner waits between events: room for takers.
     const OWNER_PAUSE: u32 = 64;
-    /// One event in this many is long (outlasts a taker's fence), so that
-    /// takers find the owner inside.
-    const LONG_EVENT_ONE_IN: u32 = 16;
+    /// One stay inside in this many is [`Stay::Long`].
+    const LONG_ONE_IN: u32 = 16;
 
     /// An owner thread locking for every "event" and two taker threads
     /// trying the same cell (one fencing for the cell's mode, one for the
@@ -779,7 +811,7 @@ mod tests {
                     // sweep and `request_all` do.
                     let fence = if which == 0 { cell.mode } else { lock_mode() };
                     while !race.done.load(Ordering::Relaxed) {
-                        race.taker_attempt(&cell, fence, 100);
+                        race.taker_attempt(&cell, fence, jitter.stay(LONG_ONE_IN, 100));
                         jitter.pause(TAKER_PAUSE);
                     }
                 })
@@ -789,8 +821,7 @@ mod tests {
         let mut jitter = Jitter(0x85eb_ca6b);
         let start = Instant::now();
         loop {
-            let long = jitter.next() % LONG_EVENT_ONE_IN == 0;
-            race.owner_event(&cell, if long { 2000 } else { 20 }, &mut seen);
+            race.owner_event(&cell, jitter.stay(LONG_ONE_IN, 20), &mut seen);
             jitter.pause(OWNER_PAUSE);
             if seen.owner_in % 64 == 0 && race.over(&mut seen, start) {
                 break;
@@ -805,13 +836,34 @@ mod tests {
         seen
     }
 
+    /// Waits until `counter` reaches `round` (`false` if `give_up` says so
+    /// first). Spins, then yields, then sleeps: on a loaded machine the
+    /// other side may be off its CPU for a while, and spinning at nice 19
+    /// would only take CPU time from it.
+    fn wait_for(counter: &AtomicU64, round: u64, give_up: impl Fn() -> bool) -> bool {
+        let mut tries = 0u32;
+        while counter.load(Ordering::Acquire) < round {
+            if give_up() {
+                return false;
+            }
+            tries += 1;
+            if tries < 256 {
+                std::hint::spin_loop();
+            } else if tries < 320 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        true
+    }
+
     /// Litmus-style rounds: the owner and one taker (fencing for the
     /// cell's mode) start their entries together, the owner after a delay
     /// of 0-255 loop turns, so that some rounds meet inside the few
     /// nanoseconds where a missing store-load fence lets both in (the
     /// free-running race above almost never lands there).
     fn lockstep(mode: LockMode) -> Seen {
-        use std::sync::atomic::AtomicU64;
         let cell = cell(mode);
         let race = Arc::new(Race::default());
         // The round the owner started, the round the taker finished.
@@ -822,13 +874,10 @@ mod tests {
                 (cell.clone(), race.clone(), go.clone(), finished.clone());
             std::thread::spawn(move || {
                 for round in 1.. {
-                    while go.load(Ordering::Acquire) < round {
-                        if race.done.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        std::hint::spin_loop();
+                    if !wait_for(&go, round, || race.done.load(Ordering::Relaxed)) {
+                        return;
                     }
-                    race.taker_attempt(&cell, cell.mode, 20);
+                    race.taker_attempt(&cell, cell.mode, Stay::Spins(20));
                     finished.store(round, Ordering::Release);
                 }
             })
@@ -836,20 +885,17 @@ mod tests {
         let mut seen = Seen::default();
         let mut jitter = Jitter(0x2545_f491);
         let start = Instant::now();
-        'rounds: for round in 1.. {
+        for round in 1.. {
             let delay = jitter.next() % 256;
             go.store(round, Ordering::Release);
             for i in 0..delay {
                 std::hint::black_box(i);
             }
             // Now and then an event that outlasts the taker's fence.
-            let long = jitter.next() % (4 * LONG_EVENT_ONE_IN) == 0;
-            race.owner_event(&cell, if long { 2000 } else { 20 }, &mut seen);
-            while finished.load(Ordering::Acquire) < round {
-                std::hint::spin_loop();
-                if start.elapsed() >= GIVE_UP {
-                    break 'rounds;
-                }
+            let stay = jitter.stay(4 * LONG_ONE_IN, 20);
+            race.owner_event(&cell, stay, &mut seen);
+            if !wait_for(&finished, round, || start.elapsed() >= GIVE_UP) {
+                break;
             }
             if round % 256 == 0 && race.over(&mut seen, start) {
                 break;
