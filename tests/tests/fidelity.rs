@@ -17,36 +17,56 @@
 
 use std::path::Path;
 
-use shmtrace_tests::checker::semantic_diff;
+use shmtrace_tests::checker::{semantic_diff, TraceReport};
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{self, Cell, ProducerSpec, Scenario};
 
-fn record(cell: Cell, trace: &Path) {
+/// The fidelity script: 2 threads x 2 phases; `clear_period_ms` makes the
+/// service clear incremental state while it runs.
+fn fidelity_scenario(clear_period_ms: Option<u32>) -> Scenario {
+    let producer = ProducerSpec {
+        threads: 2,
+        iterations: 6,
+        phases: 2,
+        large_kb: 2,
+        large_every: 3,
+        fidelity: true,
+        ..Default::default()
+    };
+    match clear_period_ms {
+        None => Scenario::new("fidelity", vec![producer]),
+        // Each phase spans more than a clear period (40 x 4 ms), so the
+        // second phase's --fidelity events follow a clear.
+        Some(period) => Scenario {
+            clear_period_ms: Some(period),
+            ..Scenario::new(
+                "fidelity-clear",
+                vec![ProducerSpec {
+                    iterations: 40,
+                    iteration_sleep_us: 4000,
+                    large_every: 16,
+                    ..producer
+                }],
+            )
+        },
+    }
+}
+
+/// Runs `scenario` in `cell`, keeping its trace in `trace`; returns the
+/// checker's report.
+fn record(cell: Cell, scenario: &Scenario, trace: &Path) -> TraceReport {
     let scenario = Scenario {
         keep_trace: Some(trace.into()),
-        ..Scenario::new(
-            "fidelity",
-            vec![ProducerSpec {
-                threads: 2,
-                iterations: 6,
-                phases: 2,
-                large_kb: 2,
-                large_every: 3,
-                fidelity: true,
-                ..Default::default()
-            }],
-        )
+        ..scenario.clone()
     };
     let outcome = scenario::run(cell, &real_binaries!(), &scenario)
-        .unwrap_or_else(|e| panic!("fidelity in cell {}: {e}", cell.name()));
-    outcome
-        .report
-        .assert_ok(&format!("fidelity in cell {}", cell.name()));
+        .unwrap_or_else(|e| panic!("{} in cell {}: {e}", scenario.name, cell.name()));
+    let report = outcome.report;
+    report.assert_ok(&format!("{} in cell {}", scenario.name, cell.name()));
     // The comparison covers the --fidelity events (the checker counted
-    // them against what the driver says it emitted).
-    let by_name = &outcome.report.events_by_name;
-    // Once per thread (2) and phase (2); "large" every third of 12
-    // iterations per thread.
+    // them against what the driver says it emitted): once per thread (2)
+    // and phase (2).
+    let by_name = &report.events_by_name;
     for (name, n) in [
         ("fidelity", 4),
         ("dyn.0", 2),
@@ -55,32 +75,59 @@ fn record(cell: Cell, trace: &Path) {
         ("on_global", 4),
         ("flowing", 4),
         ("flow_sink", 4),
-        ("large", 8),
     ] {
         assert_eq!(by_name.get(name), Some(&n), "{name}: {by_name:?}");
     }
+    assert!(by_name.get("large").is_some_and(|&n| n > 0), "{by_name:?}");
+    report
 }
 
-#[test]
-fn our_producer_writes_what_the_real_sdk_writes() {
+/// Records `scenario` with the real SDK and with ours (side by side) and
+/// requires equal semantic dumps; returns both checker reports.
+fn assert_same_content(scenario: &Scenario) -> (TraceReport, TraceReport) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let real = dir.path().join("real.pftrace");
     let ours = dir.path().join("ours.pftrace");
-    std::thread::scope(|s| {
-        s.spawn(|| record(Cell::REAL, &real));
-        s.spawn(|| record(Cell::OUR_PRODUCER, &ours));
+    let reports = std::thread::scope(|s| {
+        let real_report = s.spawn(|| record(Cell::REAL, scenario, &real));
+        let our_report = record(Cell::OUR_PRODUCER, scenario, &ours);
+        (real_report.join().unwrap(), our_report)
     });
     if std::env::var_os("SHMTRACE_KEEP_FIDELITY_TRACES").is_some() {
-        eprintln!("fidelity traces kept in {}", dir.keep().display());
-        return;
+        eprintln!("{} traces kept in {}", scenario.name, dir.keep().display());
+        return reports;
     }
     if let Some(diff) = semantic_diff(&real, &ours).expect("semantic_dump.py runs") {
         let kept = dir.keep();
         panic!(
-            "our producer's trace says something else than the real SDK's \
+            "{}: our producer's trace says something else than the real SDK's \
              (traces kept in {}):\n{diff}",
+            scenario.name,
             kept.display()
         );
+    }
+    reports
+}
+
+#[test]
+fn our_producer_writes_what_the_real_sdk_writes() {
+    assert_same_content(&fidelity_scenario(None));
+}
+
+/// The same through incremental-state clears: what each producer re-emits
+/// after a clear (interned names, descriptors) must still say the same.
+#[test]
+fn the_same_through_incremental_state_clears() {
+    let (real, ours) = assert_same_content(&fidelity_scenario(Some(100)));
+    for report in [real, ours] {
+        for seq in report.track_event_sequences() {
+            assert!(
+                seq.cleared >= 2,
+                "sequence {} cleared {} times",
+                seq.id,
+                seq.cleared
+            );
+        }
     }
 }
 
