@@ -63,7 +63,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation, TraceReport};
-use crate::config::{self, FillPolicy, IncrementalStateConfig, TraceConfig};
+use crate::config::{self, FillPolicy, IncrementalStateConfig, TraceConfig, TrackEventConfig};
 use crate::error::{HarnessError, Result};
 use crate::process::ChildProcess;
 use crate::test_events::{self, TestEvents};
@@ -417,6 +417,11 @@ pub struct Scenario {
     /// Copy the (first session's) trace here before the run's directory
     /// goes away.
     pub keep_trace: Option<PathBuf>,
+    /// The track_event category filter, instead of enabling every category
+    /// of the drivers. Events of disabled categories are missing from the
+    /// trace while the drivers still count them: a scenario with a filter
+    /// judges the trace by other means than the checker's counts.
+    pub track_event_config: Option<TrackEventConfig>,
 }
 
 impl Scenario {
@@ -434,6 +439,7 @@ impl Scenario {
             between_phases: BetweenPhases::Nothing,
             loss: Loss::None,
             keep_trace: None,
+            track_event_config: None,
         }
     }
 
@@ -453,6 +459,13 @@ impl Scenario {
     /// producers write it.
     pub fn session_config(&self, index: u32) -> TraceConfig {
         let mut config = TraceConfig::track_event(self.buffer_kb, self.fill_policy, &CATEGORIES);
+        if let Some(filter) = &self.track_event_config {
+            for source in &mut config.data_sources {
+                if let Some(c) = &mut source.config {
+                    c.track_event_config = Some(filter.clone());
+                }
+            }
+        }
         if self.producers.iter().any(|p| p.custom_source) {
             config.data_sources.push(config::DataSource {
                 config: Some(config::DataSourceConfig {
