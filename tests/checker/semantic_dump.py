@@ -27,6 +27,16 @@ reason given where it is done:
   * pointer values (addresses differ between runs): only the type is kept.
 Anything else a TrackEvent carries is listed under "other_fields" so that an
 unexpected field shows up as a difference.
+
+Representation differences seen between the real SDK (v59) and
+shmtrace-producer, all read the same by a trace processor:
+  * dynamic event names: upstream interns them, we write `name` inline;
+  * nested annotation names: inline or interned (the C API has no nested
+    arguments; the fidelity driver writes them inline by hand);
+  * track descriptor packets: upstream writes most without a timestamp and
+    the thread/process ones with a timestamp on the sequence's incremental
+    clock and SEQ_NEEDS_INCREMENTAL_STATE; we stamp every descriptor packet
+    on BOOTTIME (explicit timestamp_clock_id 6) with no sequence flags.
 """
 
 import argparse
@@ -199,9 +209,16 @@ class Dumper:
         if desc.HasField("process"):
             p = desc.process
             # The process name and command line are the program's own
-            # (different binaries here); only that they are named is kept.
-            out["process"] = {"pid": p.pid,
-                              "named": p.HasField("process_name")}
+            # (different binaries here); what is kept is whether it is named,
+            # whether the name is argv[0] (upstream's default), and the
+            # arguments after argv[0].
+            out["process"] = {
+                "pid": p.pid,
+                "named": p.HasField("process_name"),
+                "name_is_argv0": bool(p.cmdline) and
+                p.process_name == p.cmdline[0],
+                "args": list(p.cmdline[1:]),
+            }
         if desc.HasField("counter"):
             c = desc.counter
             counter = {
