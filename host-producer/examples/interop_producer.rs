@@ -29,7 +29,8 @@
 //! 7, child of the process track), slice "on_global" on the named track
 //! "fidelity.global" (id 3, no parent), slice "flowing" starting a
 //! process-scoped and a global flow that instant "flow_sink" terminates, an
-//! int counter on "fidelity.bytes" (bytes, multiplier 1024), an incremental
+//! int counter on "fidelity.bytes" (bytes, multiplier 1024), the values -7,
+//! `i64::MIN` and `i64::MAX` on the thread's "interop.int.t<n>", an incremental
 //! int counter on "fidelity.delta" (a count) and a double counter on
 //! "fidelity.fps" (unit name "fps", category "interop.counter").
 //!
@@ -356,6 +357,14 @@ fn emit_fidelity(index: usize, phase: u64, pointee: &u32, counts: &mut Counts) {
         .with_multiplier(1024);
     CAT_COUNTER.counter(&bytes, 3i64).emit();
     counts.counter_int += 1;
+    // Negative and extreme values on the counter track the matrix's script
+    // already described.
+    let int_name = format!("interop.int.t{index}");
+    let int_track = CounterTrack::child_of(&process, &int_name);
+    for v in [-7, i64::MIN, i64::MAX] {
+        CAT_COUNTER.counter(&int_track, v).emit();
+        counts.counter_int += 1;
+    }
     let delta = CounterTrack::child_of(&process, "fidelity.delta")
         .with_unit(CounterUnit::Count)
         .with_incremental(true);

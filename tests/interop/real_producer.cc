@@ -25,7 +25,8 @@
 // child of the process track), slice "on_global" on the named track
 // "fidelity.global" (id 3, no parent), slice "flowing" starting a
 // process-scoped and a global flow that instant "flow_sink" terminates, an
-// int counter on "fidelity.bytes" (unit SIZE_BYTES, multiplier 1024), an
+// int counter on "fidelity.bytes" (unit SIZE_BYTES, multiplier 1024), the
+// values -7, INT64_MIN and INT64_MAX on the thread's "interop.int.t<n>", an
 // incremental int counter on "fidelity.delta" (unit COUNT) and a double
 // counter on "fidelity.fps" (unit_name "fps", categories ["interop.counter"]).
 //
@@ -275,6 +276,14 @@ void EmitFidelity(size_t index, uint64_t phase, const int* pointee,
                              3, perfetto_protos_CounterDescriptor_UNIT_SIZE_BYTES),
                       PERFETTO_TE_PROTO_FIELD_VARINT(4, 1024))));
   counts->counter_int++;
+  // Negative and extreme values on the counter track the matrix's script
+  // already described.
+  const std::string int_track = "interop.int.t" + std::to_string(index);
+  for (int64_t v : {int64_t{-7}, INT64_MIN, INT64_MAX}) {
+    PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(v),
+                PERFETTO_TE_COUNTER_TRACK(int_track.c_str(), process));
+    counts->counter_int++;
+  }
   // CounterDescriptor.is_incremental 5.
   PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(1),
               PERFETTO_TE_PROTO_TRACK(
