@@ -104,6 +104,9 @@ class SeqState:
 class Dumper:
     def __init__(self):
         self.tracks = {}  # uuid -> TrackDescriptor (last one wins)
+        # Descriptors that said something else than an earlier one with
+        # the same uuid (a renamed thread, or a producer bug).
+        self.redescribed = set()
         self.seqs = {}
         self.order = []
 
@@ -142,8 +145,11 @@ class Dumper:
                         else e.name
         kind = packet.WhichOneof("data")
         if kind == "track_descriptor":
-            self.tracks[packet.track_descriptor.uuid] = \
-                packet.track_descriptor
+            desc = packet.track_descriptor
+            old = self.tracks.get(desc.uuid)
+            if old is not None and old != desc:
+                self.redescribed.add(desc.uuid)
+            self.tracks[desc.uuid] = desc
         elif kind == "clock_snapshot":
             boot = None
             for c in packet.clock_snapshot.clocks:
@@ -193,6 +199,8 @@ class Dumper:
         if desc is None:
             return {"undescribed": True}
         out = {}
+        if uuid in self.redescribed:
+            out["redescribed"] = True
         if desc.HasField("name"):
             out["name"] = desc.name
         elif desc.HasField("static_name"):

@@ -120,6 +120,16 @@ class SemanticDumpTest(unittest.TestCase):
         ev.double_counter_value = float(ev.counter_value)
         self.assertTrue(any('["double"' in line for line in self.diff(self.trace)))
 
+    def test_a_track_described_two_ways_shows(self):
+        descs = [p for p in self.producer_packets(self.trace)
+                 if p.HasField("track_descriptor") and
+                 p.track_descriptor.HasField("counter")]
+        late = self.trace.packet.add()
+        late.CopyFrom(descs[0])
+        late.track_descriptor.name = "renamed track"
+        diff = self.diff(self.trace)
+        self.assertTrue(any("redescribed" in line for line in diff))
+
     def test_a_name_and_a_flow_pairing_show(self):
         ev = self.first_event_with(lambda e: e.HasField("name_iid"))
         ev.ClearField("name_iid")
