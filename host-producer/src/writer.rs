@@ -662,12 +662,16 @@ mod tests {
 
     /// How long a holder stays inside.
     #[derive(Clone, Copy)]
-    enum Stay {
+    enum Stay<'a> {
         /// This many spins (an event, a flush).
         Spins(u32),
         /// [`LONG_STAY`]: longer than a taker's fence, so that the other
         /// side finds the holder inside.
         Long,
+        /// Until the counter reaches the round (the lockstep taker has
+        /// made its attempt), or 100 times [`LONG_STAY`] on a starved
+        /// machine.
+        Until(&'a AtomicU64, u64),
     }
 
     /// See [`Stay::Long`]. A membarrier IPIs every CPU running the
@@ -691,6 +695,10 @@ mod tests {
                     while Instant::now() < until {
                         std::hint::spin_loop();
                     }
+                }
+                Stay::Until(counter, round) => {
+                    let until = Instant::now() + 100 * LONG_STAY;
+                    wait_for(counter, round, || Instant::now() >= until);
                 }
             }
             self.inside.fetch_sub(1, Ordering::SeqCst);
@@ -754,7 +762,7 @@ mod tests {
         }
 
         /// [`Stay::Long`] one time in `one_in`, else `Stay::Spins(spins)`.
-        fn stay(&mut self, one_in: u32, spins: u32) -> Stay {
+        fn stay(&mut self, one_in: u32, spins: u32) -> Stay<'static> {
             if self.next() % one_in == 0 {
                 Stay::Long
             } else {
@@ -860,9 +868,11 @@ mod tests {
 
     /// Litmus-style rounds: the owner and one taker (fencing for the
     /// cell's mode) start their entries together, the owner after a delay
-    /// of 0-255 loop turns, so that some rounds meet inside the few
-    /// nanoseconds where a missing store-load fence lets both in (the
-    /// free-running race above almost never lands there).
+    /// of 0-63 loop turns, so that some rounds meet inside the few
+    /// nanoseconds where a missing store-load fence lets both in. With
+    /// the taker's membarrier removed this sees two holders within about
+    /// 10-80 ms (x86 VM, debug and release); the free-running race above
+    /// never did in 300 ms. (A 0-255 delay caught it in 4 of 5 debug runs.)
     fn lockstep(mode: LockMode) -> Seen {
         let cell = cell(mode);
         let race = Arc::new(Race::default());
@@ -886,13 +896,18 @@ mod tests {
         let mut jitter = Jitter(0x2545_f491);
         let start = Instant::now();
         for round in 1.. {
-            let delay = jitter.next() % 256;
+            let delay = jitter.next() % 64;
             go.store(round, Ordering::Release);
             for i in 0..delay {
                 std::hint::black_box(i);
             }
-            // Now and then an event that outlasts the taker's fence.
-            let stay = jitter.stay(4 * LONG_ONE_IN, 20);
+            // Now and then the owner stays until the taker has tried, so
+            // that it finds the owner inside (unless it came first).
+            let stay = if jitter.next() % (4 * LONG_ONE_IN) == 0 {
+                Stay::Until(&finished, round)
+            } else {
+                Stay::Spins(20)
+            };
             race.owner_event(&cell, stay, &mut seen);
             if !wait_for(&finished, round, || start.elapsed() >= GIVE_UP) {
                 break;
