@@ -733,11 +733,14 @@ mod tests {
         }
 
         /// Whether the run since `start` is over: two holders met, or it
-        /// raced for [`SOAK`] and saw contention, or it gave up.
-        fn over(&self, seen: &mut Seen, start: Instant) -> bool {
+        /// raced for [`SOAK`] (and, if not `enough` yet, longer) and saw
+        /// contention, or it gave up.
+        fn over(&self, seen: &mut Seen, start: Instant, enough: bool) -> bool {
             self.add_takers(seen);
             let elapsed = start.elapsed();
-            seen.both_inside > 0 || (seen.contended() && elapsed >= SOAK) || elapsed >= GIVE_UP
+            seen.both_inside > 0
+                || (enough && seen.contended() && elapsed >= SOAK)
+                || elapsed >= GIVE_UP
         }
 
         /// The takers' part of `seen`.
@@ -831,7 +834,7 @@ mod tests {
         loop {
             race.owner_event(&cell, jitter.stay(LONG_ONE_IN, 20), &mut seen);
             jitter.pause(OWNER_PAUSE);
-            if seen.owner_in % 64 == 0 && race.over(&mut seen, start) {
+            if seen.owner_in % 64 == 0 && race.over(&mut seen, start, true) {
                 break;
             }
         }
@@ -865,6 +868,11 @@ mod tests {
         }
         true
     }
+
+    /// Lockstep rounds at least (time alone is not enough: on a loaded
+    /// machine 300 ms were 4600 rounds, and a debug build needs about
+    /// 1000-6000 to catch a missing membarrier).
+    const LOCKSTEP_ROUNDS: u64 = 15_000;
 
     /// Litmus-style rounds: the owner and one taker (fencing for the
     /// cell's mode) start their entries together, the owner after a delay
@@ -912,7 +920,7 @@ mod tests {
             if !wait_for(&finished, round, || start.elapsed() >= GIVE_UP) {
                 break;
             }
-            if round % 256 == 0 && race.over(&mut seen, start) {
+            if round % 256 == 0 && race.over(&mut seen, start, round >= LOCKSTEP_ROUNDS) {
                 break;
             }
         }
