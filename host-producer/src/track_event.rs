@@ -132,7 +132,9 @@ impl DataSourceHandler for TrackEventHandler {
 /// tags = 3}`).
 pub(crate) fn serialized_descriptor() -> Vec<u8> {
     fn write<S: Sink>(d: &mut Message<'_, S>, cats: &[&'static Category]) {
-        for c in cats {
+        // A group ("a,b") is not a category of its own: upstream leaves
+        // groups out, and so do we.
+        for c in cats.iter().filter(|c| !c.is_group()) {
             d.nested(1, |e| {
                 e.string(1, c.name());
                 if !c.description().is_empty() {

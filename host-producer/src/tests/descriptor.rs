@@ -35,6 +35,7 @@ static D_PLAIN: Category = Category::new("desc.plain");
 static D_FULL: Category = Category::new("desc.full")
     .with_description("Everything about desc")
     .with_tags(&["slow", "debug"]);
+static D_GROUP: Category = Category::new("desc.plain,desc.full");
 static D_LATE: Category = Category::new("desc.late")
     .with_description("Registered while connected")
     .with_tags(&["debug"]);
@@ -51,7 +52,7 @@ fn categories(bytes: &[u8], name: &str) -> Vec<TrackEventCategory> {
 #[test]
 fn descriptor_lists_names_descriptions_and_tags() {
     let _s = serial();
-    track_event::register_categories(&[&D_PLAIN, &D_FULL]);
+    track_event::register_categories(&[&D_PLAIN, &D_FULL, &D_GROUP]);
     track_event::register_categories(&[&D_FULL]); // no-op
     let _dynamic = DynamicCategory::new("desc.dynamic");
     let bytes = track_event::serialized_descriptor();
@@ -69,8 +70,10 @@ fn descriptor_lists_names_descriptions_and_tags() {
     );
     assert_eq!(full[0].tags, ["slow", "debug"]);
 
-    // Like upstream, only registered (static) categories are advertised.
+    // Like upstream, only registered (static) categories are advertised,
+    // and a group is not one.
     assert!(categories(&bytes, "desc.dynamic").is_empty());
+    assert!(categories(&bytes, "desc.plain,desc.full").is_empty());
 }
 
 #[test]
