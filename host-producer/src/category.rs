@@ -164,11 +164,13 @@ pub struct DynamicCategory {
 }
 
 impl DynamicCategory {
-    /// The dynamic category `name` (registered on first use).
+    /// The dynamic category `name` (registered on first use; the first
+    /// dynamic category advertises the `track_event` data source, like
+    /// [`register_categories`](crate::track_event::register_categories)).
     pub fn new(name: &str) -> Self {
-        DynamicCategory {
-            category: registry().dynamic(name),
-        }
+        let category = registry().dynamic(name);
+        crate::runtime::runtime().advertise_track_event(false);
+        DynamicCategory { category }
     }
 
     /// The name.

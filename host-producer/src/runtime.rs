@@ -8,7 +8,7 @@
 //! protocol needs (e.g. the last chunks of an instance are committed before
 //! `NotifyDataSourceStopped`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use shmtrace_abi::layout::PageLayout;
@@ -31,6 +31,13 @@ pub(crate) struct Runtime {
     outbox: Arc<Outbox>,
     arbiter: Mutex<Option<Arc<Arbiter>>>,
     next_id: AtomicU64,
+    /// The track event data source was advertised: the program registered
+    /// categories or made a dynamic one (upstream registers it only when
+    /// the program initializes track events, too).
+    track_event_advertised: AtomicBool,
+    /// Orders its registration and updates (an update overtaking the
+    /// registration would be dropped by the service).
+    track_event_order: Mutex<()>,
 }
 
 pub(crate) fn runtime() -> &'static Runtime {
@@ -55,6 +62,8 @@ pub(crate) fn runtime() -> &'static Runtime {
             outbox,
             arbiter: Mutex::new(None),
             next_id: AtomicU64::new(2),
+            track_event_advertised: AtomicBool::new(false),
+            track_event_order: Mutex::new(()),
         }
     })
 }
@@ -107,15 +116,33 @@ impl Runtime {
         Ok(ty)
     }
 
-    /// Re-advertises the track event descriptor (categories changed).
-    pub(crate) fn track_event_descriptor_changed(&self) {
-        self.outbox
-            .push(Outgoing::UpdateDataSource(descriptor(&self.track_event())));
+    /// Advertises the track event data source the first time (the program
+    /// registered categories or made a dynamic one), and again when its
+    /// categories `changed`.
+    pub(crate) fn advertise_track_event(&self, changed: bool) {
+        if !changed && self.track_event_advertised.load(Ordering::Acquire) {
+            return;
+        }
+        let _order = self
+            .track_event_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let d = descriptor(&self.track_event());
+        if !self.track_event_advertised.swap(true, Ordering::AcqRel) {
+            self.outbox.push(Outgoing::RegisterDataSource(d));
+        } else if changed {
+            self.outbox.push(Outgoing::UpdateDataSource(d));
+        }
     }
 
-    /// Every registered data source, as the connection registers them.
+    /// Every advertised data source, as the connection registers them.
     pub(crate) fn descriptors(&self) -> Vec<DescriptorInfo> {
-        self.types().iter().map(|t| descriptor(t)).collect()
+        let track_event = self.track_event_advertised.load(Ordering::Acquire);
+        self.types()
+            .iter()
+            .filter(|t| track_event || t.kind != Kind::TrackEvent)
+            .map(|t| descriptor(t))
+            .collect()
     }
 
     /// A new connection: the outbox accepts messages again.

@@ -40,10 +40,13 @@ use crate::writer::ProducerSink;
 
 /// Registers static categories so sessions can enable them and the service
 /// advertises them (`TrackEventDescriptor`). Registering again is a no-op.
+/// The first call, even with no categories, advertises the `track_event`
+/// data source to the service (what `PerfettoTeInit` does upstream): a
+/// program that never calls it nor makes a [`DynamicCategory`] does not
+/// offer track events.
 pub fn register_categories(categories: &[&'static Category]) {
-    if registry().register(categories) {
-        crate::runtime::runtime().track_event_descriptor_changed();
-    }
+    let changed = registry().register(categories);
+    crate::runtime::runtime().advertise_track_event(changed);
 }
 
 /// What track event writers of sessions set up from now on do when the SMB

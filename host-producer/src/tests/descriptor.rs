@@ -79,6 +79,13 @@ fn descriptor_lists_names_descriptions_and_tags() {
 #[test]
 fn late_registration_updates_the_data_source_and_enables_the_category() {
     let _s = serial();
+    // Advertised already (whichever test of this process came first), so
+    // the connection registers it and a later category is an update.
+    track_event::register_categories(&[]);
+    assert!(runtime()
+        .descriptors()
+        .iter()
+        .any(|d| d.name == TRACK_EVENT_DATA_SOURCE));
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
     let cfg = TrackEventConfig {
         enabled_categories: vec!["desc.late".into()],
