@@ -126,8 +126,18 @@ fn run_stress(name: &str, extra_args: &[&str], categories: Option<&str>) -> Run 
     assert_eq!(summary["producer_pids"], serde_json::json!([pid]));
     let inspected = scenario::inspect(&[trace]).expect("shmtrace inspect");
     assert!(inspected.ok, "{}", inspected.analysis["problems"]);
-    // One sequence per emitting thread.
-    assert_eq!(report.track_event_sequences().count(), THREADS as usize);
+    // One sequence per emitting thread; with losses, a thread that never
+    // got a chunk (the other held the few there are for all its events)
+    // has none, its events counted in `packets_dropped` alone.
+    let sequences = report.track_event_sequences().count();
+    if dropped == 0 {
+        assert_eq!(sequences, THREADS as usize);
+    } else {
+        assert!(
+            (1..=THREADS as usize).contains(&sequences),
+            "{sequences} sequences"
+        );
+    }
     Run {
         done,
         emitted,
