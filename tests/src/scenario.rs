@@ -58,7 +58,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -1129,4 +1129,45 @@ fn run_in(
         cli_summary: cli_summaries[0].clone(),
         sessions,
     })
+}
+
+/// `shmtrace query [--json] --socket S`: its output (a test helper:
+/// panics when the command fails).
+pub fn query_output(socket: &Path, json: bool) -> String {
+    let mut command = Command::new(shmtrace_binary().unwrap());
+    command.arg("query");
+    if json {
+        command.arg("--json");
+    }
+    let out = command
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .expect("run shmtrace query");
+    assert!(
+        out.status.success(),
+        "shmtrace query: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// `shmtrace query --json --socket S`, parsed (a test helper, like
+/// [`query_output`]).
+pub fn query_json(socket: &Path) -> Value {
+    serde_json::from_str(&query_output(socket, true)).expect("query --json prints JSON")
+}
+
+/// Queries until `ready` holds of the state (the service learns of a
+/// producer or a session asynchronously), at most 20 s.
+pub fn query_until(socket: &Path, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = query_json(socket);
+        if ready(&state) {
+            return state;
+        }
+        assert!(Instant::now() < deadline, "{what} never showed: {state}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -5,30 +5,12 @@
 //! lists no `track_event` for it. Against `shmtrace serve` and the real
 //! service, through `shmtrace query --json`.
 
-use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
 use shmtrace_tests::process::ChildProcess;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{self, ServiceImpl};
-
-/// `shmtrace query --json --socket S`.
-fn query_json(socket: &Path) -> Value {
-    let bin = scenario::shmtrace_binary().expect("shmtrace binary");
-    let output = Command::new(bin)
-        .args(["query", "--json", "--socket"])
-        .arg(socket)
-        .output()
-        .expect("run shmtrace query");
-    assert!(
-        output.status.success(),
-        "shmtrace query: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("query --json prints JSON")
-}
 
 fn only_custom_data_source_is_offered(service: ServiceImpl) {
     let bins = real_binaries!();
@@ -54,23 +36,13 @@ fn only_custom_data_source_is_offered(service: ServiceImpl) {
     let program = ChildProcess::spawn("custom_data_source", command, dir.path()).expect("spawn");
 
     // The example waits up to 10 s for a session: query while it does.
-    let deadline = Instant::now() + Duration::from_secs(8);
-    loop {
-        let state = query_json(&consumer_socket);
-        if !state["data_sources"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the data source never showed: {state} ({})",
-            program.stderr_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    scenario::query_until(&consumer_socket, "the data source", |s| {
+        !s["data_sources"].as_array().unwrap().is_empty()
+    });
     // Whatever the producer sends, it sends on connecting: give a stray
     // registration time to arrive.
     std::thread::sleep(Duration::from_millis(200));
-    let state = query_json(&consumer_socket);
+    let state = scenario::query_json(&consumer_socket);
     let names: Vec<&str> = state["data_sources"]
         .as_array()
         .unwrap()

@@ -24,8 +24,6 @@
 //! (see `scenario::run`), and the cells with `shmtrace record` hold its
 //! summary against the checker's report.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -618,44 +616,6 @@ mod query {
     }
 }
 
-/// `shmtrace query [--json] --socket S`.
-fn query_output(socket: &Path, json: bool) -> String {
-    let mut command = Command::new(scenario::shmtrace_binary().unwrap());
-    command.arg("query");
-    if json {
-        command.arg("--json");
-    }
-    let out = command
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .expect("run shmtrace query");
-    assert!(
-        out.status.success(),
-        "shmtrace query: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
-
-fn query_json(socket: &Path) -> Value {
-    serde_json::from_str(&query_output(socket, true)).expect("query --json prints JSON")
-}
-
-/// Queries until `ready` holds of the state (the service learns of a
-/// producer or a session asynchronously), at most 20 s.
-fn query_until(socket: &Path, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let state = query_json(socket);
-        if ready(&state) {
-            return state;
-        }
-        assert!(Instant::now() < deadline, "{what} never showed: {state}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn query(service: ServiceImpl, producer: ProducerImpl) {
     const TIMEOUT: Duration = Duration::from_secs(20);
     let bins = real_binaries!();
@@ -675,7 +635,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     .unwrap();
 
     // Nobody connected yet.
-    let state = query_json(&consumer_socket);
+    let state = scenario::query_json(&consumer_socket);
     let version = state["version"].as_str().unwrap_or_default();
     let expected_version = match service {
         ServiceImpl::Real => "Perfetto v59",
@@ -698,7 +658,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     };
     let mut producer_process =
         scenario::start_producer(producer, &bins, dir.path(), 0, &spec, &producer_socket).unwrap();
-    let state = query_until(&consumer_socket, "the producer's data source", |s| {
+    let state = scenario::query_until(&consumer_socket, "the producer's data source", |s| {
         !s["data_sources"].as_array().unwrap().is_empty()
     });
     let producers = state["producers"].as_array().unwrap();
@@ -746,7 +706,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
         assert!(flags.contains(flag), "{flag}: {state}");
     }
     // And the table for people.
-    let text = query_output(&consumer_socket, false);
+    let text = scenario::query_output(&consumer_socket, false);
     assert!(text.contains("1 producer(s), 1 data source(s)"), "{text}");
     assert!(text.contains("track_event"), "{text}");
     assert!(text.contains("categories: "), "{text}");
@@ -773,7 +733,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     consumer.expect_event("connected", TIMEOUT).unwrap();
     producer_process.expect_event("enabled", TIMEOUT).unwrap();
     producer_process.expect_event("phase", TIMEOUT).unwrap();
-    let state = query_until(&consumer_socket, "the session", |s| {
+    let state = scenario::query_until(&consumer_socket, "the session", |s| {
         !s["sessions"].as_array().unwrap().is_empty()
     });
     let sessions = state["sessions"].as_array().unwrap();
@@ -801,7 +761,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     producer_process.expect_event("stopped", TIMEOUT).unwrap();
     producer_process.expect_success(TIMEOUT).unwrap();
     // The session is gone once its consumer is.
-    query_until(&consumer_socket, "the end of the session", |s| {
+    scenario::query_until(&consumer_socket, "the end of the session", |s| {
         s["sessions"].as_array().unwrap().is_empty()
     });
     service_process.close_stdin();
