@@ -32,7 +32,14 @@
 //! int counter on "fidelity.bytes" (bytes, multiplier 1024), the values -7,
 //! `i64::MIN` and `i64::MAX` on the thread's "interop.int.t<n>", an incremental
 //! int counter on "fidelity.delta" (a count) and a double counter on
-//! "fidelity.fps" (unit name "fps", category "interop.counter").
+//! "fidelity.fps" (unit name "fps", category "interop.counter"). Then,
+//! outside that slice, the same as the real driver: events at explicit
+//! times (boot time and monotonic, one before the previous event where a
+//! session enables the `slow` category "fidelity.earlier"), events on the
+//! process track, on the next worker's thread track and on nested named
+//! tracks, events in the dynamic categories "interop.dynamic" and
+//! "interop.cdyn", a flow from one worker to another across phases, and
+//! counters under a named track and under the thread's track.
 //!
 //! `--custom-source NAME` also registers a custom data source `NAME`: each
 //! iteration then writes one packet to each of its instances, with a
@@ -52,9 +59,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use shmtrace_producer::{
-    track_event, Arg, Category, CounterTrack, CounterUnit, DataSource, DataSourceConfig,
-    DataSourceHandler, DebugValue, EventName, Flow, InstanceArgs, ProcessTrack, ProducerConfig,
-    Timestamp, Track, TrackEventSessionObserver, MAX_INSTANCES,
+    track_event, Arg, Category, ChildOrdering, Clock, CounterTrack, CounterUnit, DataSource,
+    DataSourceConfig, DataSourceHandler, DebugValue, DynamicCategory, EventName, Flow,
+    InstanceArgs, ProcessTrack, ProducerConfig, ThreadTrack, Timestamp, Track,
+    TrackEventSessionObserver, MAX_INSTANCES,
 };
 
 static CAT_INTEROP: Category =
@@ -65,6 +73,9 @@ static CAT_COUNTER: Category =
     Category::new("interop.counter").with_description("Int and double counters");
 static CAT_LARGE: Category =
     Category::new("interop.large").with_description("Instants with huge annotations");
+static CAT_EARLIER: Category = Category::new("fidelity.earlier")
+    .with_description("An event earlier than the last")
+    .with_tags(&["slow"]);
 
 const DRIVER: &str = "interop_producer";
 
@@ -229,6 +240,7 @@ struct GateState {
     done: usize,
     exit: bool,
     counts: Vec<(Counts, CustomCounts)>,
+    tids: Vec<i64>,
 }
 
 /// Hands phases to the workers and collects their counts.
@@ -242,6 +254,7 @@ impl PhaseGate {
         PhaseGate {
             state: Mutex::new(GateState {
                 counts: vec![Default::default(); workers],
+                tids: vec![0; workers],
                 ..Default::default()
             }),
             cv: Condvar::new(),
@@ -285,6 +298,16 @@ impl PhaseGate {
     fn release_exit(&self) {
         self.state.lock().unwrap().exit = true;
         self.cv.notify_all();
+    }
+
+    /// Records worker `worker`'s thread id.
+    fn set_tid(&self, worker: usize, tid: i64) {
+        self.state.lock().unwrap().tids[worker] = tid;
+    }
+
+    /// Worker `worker`'s thread id, once it has run a phase (0 before).
+    fn tid(&self, worker: usize) -> i64 {
+        self.state.lock().unwrap().tids[worker]
     }
 }
 
@@ -380,6 +403,127 @@ fn emit_fidelity(index: usize, phase: u64, pointee: &u32, counts: &mut Counts) {
     counts.slice_end += 1;
 }
 
+/// `CLOCK_MONOTONIC` now, ns.
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Events at explicit times (see the module docs). The time base `b` is
+/// our own "now" (boot time), read together with `CLOCK_MONOTONIC`: read
+/// again while the boot-time reads around the monotonic one lie more than
+/// 20 us apart, so the monotonic event's offset from `b` is known to 20 us.
+fn emit_explicit_times(counts: &mut Counts) {
+    let (b, mono) = loop {
+        let b = Timestamp::now().ns;
+        let mono = monotonic_ns();
+        if Timestamp::now().ns - b <= 20_000 {
+            break (b, mono);
+        }
+    };
+    let base = [Arg::new("time_base_ns", b)];
+    let at = |offset| Timestamp::boottime(b + offset);
+    CAT_INTEROP
+        .instant("ts.base")
+        .timestamp(at(0))
+        .args(&base)
+        .emit();
+    CAT_INTEROP
+        .slice("ts.slice")
+        .timestamp(at(3000))
+        .args(&base)
+        .emit();
+    CAT_INTEROP.end().timestamp(at(5000)).args(&base).emit();
+    // Before the previous event on this thread, where a session enables it.
+    if CAT_EARLIER.is_enabled() {
+        CAT_EARLIER
+            .instant("ts.earlier")
+            .timestamp(at(1000))
+            .args(&base)
+            .emit();
+        counts.instant += 1;
+        counts.arg_uint += 1;
+    }
+    CAT_INTEROP
+        .instant("ts.mono")
+        .timestamp(Timestamp {
+            clock: Clock::Monotonic,
+            ns: mono + 2_000_000,
+        })
+        .args(&base)
+        .emit();
+    counts.instant += 2;
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+    counts.arg_uint += 4;
+    // The events after these run later than all of them (on the sequence's
+    // clock), so that "ts.earlier" is the only step back in time.
+    while Timestamp::now().ns <= b + 5000 {}
+}
+
+/// Tracks, dynamic categories, cross-thread flows and counters the rest of
+/// the `--fidelity` script leaves out (see the module docs). `peer_tid` is
+/// the next worker (`peer`)'s thread id, 0 in the first phase.
+fn emit_fidelity_tracks(index: usize, peer: usize, phase: u64, peer_tid: i64, counts: &mut Counts) {
+    let process = ProcessTrack::current();
+    CAT_INTEROP.slice("on_process").track(&process).emit();
+    CAT_INTEROP.end().track(&process).emit();
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+    if peer_tid != 0 {
+        let peer_track = ThreadTrack::for_thread(peer_tid);
+        CAT_INTEROP.instant("on_peer").track(&peer_track).emit();
+        counts.instant += 1;
+    }
+    let outer = Track::named_child_of(&process, "fidelity.outer", 1)
+        .with_child_ordering(ChildOrdering::Explicit);
+    let inner = Track::named_child_of(&outer, "fidelity.inner", 2).with_sibling_order_rank(5);
+    CAT_INTEROP.slice("on_inner").track(&inner).emit();
+    CAT_INTEROP.end().track(&inner).emit();
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+    let root = Track::named_child_of(&Track::global(0), "fidelity.root", 4);
+    let leaf = Track::named_child_of(&root, "fidelity.leaf", 3);
+    CAT_INTEROP.instant("on_leaf").track(&leaf).emit();
+    counts.instant += 1;
+
+    DynamicCategory::new("interop.dynamic")
+        .category()
+        .instant("dyncat.instant")
+        .emit();
+    let cdyn = DynamicCategory::new("interop.cdyn").category();
+    cdyn.slice("dyncat.slice").emit();
+    cdyn.end().emit();
+    counts.instant += 1;
+    counts.slice_begin += 1;
+    counts.slice_end += 1;
+
+    // A flow begun in an odd phase ends on another thread in the following
+    // phase: the one whose next worker began it.
+    const CROSS: u64 = 0xC805 << 32;
+    if phase % 2 == 1 {
+        let flow = [Flow::process_scoped(CROSS | (index as u64) << 16 | phase)];
+        CAT_FLOW.instant("xflow_out").flows(&flow).emit();
+        counts.flow_begin += 1;
+    } else {
+        let flow = [Flow::process_scoped(
+            CROSS | (peer as u64) << 16 | (phase - 1),
+        )];
+        CAT_FLOW.instant("xflow_in").terminating_flows(&flow).emit();
+        counts.flow_end += 1;
+    }
+    counts.instant += 1;
+
+    let latency = CounterTrack::child_of(&outer, "fidelity.latency")
+        .with_unit(CounterUnit::TimeNs)
+        .with_multiplier(1000);
+    CAT_COUNTER.counter(&latency, 2.5).emit();
+    counts.counter_double += 1;
+    let thread_counter = CounterTrack::child_of(&ThreadTrack::current(), "fidelity.thread_counter");
+    CAT_COUNTER.counter(&thread_counter, 42i64).emit();
+    counts.counter_int += 1;
+}
+
 fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSource>) {
     let mut counts = Counts::default();
     let mut custom_counts = CustomCounts::new();
@@ -395,10 +539,18 @@ fn worker(index: usize, opt: Options, gate: &PhaseGate, custom: Option<&DataSour
         .collect();
     let pointee = 0u32;
     let mut iteration: u64 = 0;
+    let peer = (index + 1) % opt.threads as usize;
     let mut phase = 1;
     while gate.wait_for_phase(phase) {
+        gate.set_tid(
+            index,
+            rustix::thread::gettid().as_raw_nonzero().get().into(),
+        );
         if opt.fidelity && CAT_INTEROP.is_enabled() {
             emit_fidelity(index, phase, &pointee, &mut counts);
+            emit_explicit_times(&mut counts);
+            let peer_tid = if phase > 1 { gate.tid(peer) } else { 0 };
+            emit_fidelity_tracks(index, peer, phase, peer_tid, &mut counts);
         }
         for _ in 0..opt.iterations {
             if !CAT_INTEROP.is_enabled() {
@@ -611,7 +763,13 @@ fn run() -> Result<ExitCode, String> {
     })
     .map_err(|e| e.to_string())?;
     track_event::add_session_observer(Arc::new(InstanceCounter(&TRACK_EVENT_INSTANCES)));
-    track_event::register_categories(&[&CAT_INTEROP, &CAT_FLOW, &CAT_COUNTER, &CAT_LARGE]);
+    track_event::register_categories(&[
+        &CAT_INTEROP,
+        &CAT_FLOW,
+        &CAT_COUNTER,
+        &CAT_LARGE,
+        &CAT_EARLIER,
+    ]);
     let custom = flags
         .str("custom-source")
         .map(|name| DataSource::register(name, InstanceCounter(&CUSTOM_INSTANCES)))

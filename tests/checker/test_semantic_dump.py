@@ -2,9 +2,11 @@
 """Unit tests of semantic_dump.py on the golden trace and rewritten copies.
 
 A rewrite that only changes representation (interned vs inline names, track
-uuids, sequence ids, flow ids, a descriptor moved to its own earlier packet)
-must leave the dump as it was; one that changes meaning (an annotation's
-type, a counter's unit, an event's name, a flow's pairing) must change it.
+uuids, sequence ids, flow ids, a descriptor moved to its own earlier packet,
+a second descriptor of a track that adds nothing new) must leave the dump as
+it was; one that changes meaning (an annotation's type, a counter's unit, an
+event's name, a flow's pairing, an explicit time) must change it. A known
+difference is hidden, and reported once two traces no longer show it.
 Run: python3 -m unittest tests/checker/test_semantic_dump.py
 """
 
@@ -139,6 +141,126 @@ class SemanticDumpTest(unittest.TestCase):
         ev = self.first_event_with(lambda e: len(e.terminating_flow_ids) > 0)
         ev.terminating_flow_ids[0] += 1
         self.assertNotEqual(self.diff(self.trace), [])
+
+    def last_event(self):
+        """The last packet of a producer sequence, a track event: changing
+        its time leaves every other event's as it was."""
+        packets = self.producer_packets(self.trace)
+        last = packets[-1]
+        self.assertTrue(last.HasField("track_event"))
+        return last
+
+    def with_time(self, clock_id, ts, base):
+        """The golden trace with its last event at `ts` on `clock_id`,
+        naming the time base `base`."""
+        self.reload()
+        packet = self.last_event()
+        packet.timestamp = ts
+        packet.timestamp_clock_id = clock_id
+        arg = packet.track_event.debug_annotations.add()
+        arg.name = semantic_dump.TIME_BASE_ARG
+        arg.uint_value = base
+        return self.write(self.trace, "t%d-%d-%d" % (clock_id, ts, base))
+
+    def lines(self, path):
+        return semantic_dump.canonical(semantic_dump.dump(path))
+
+    def test_explicit_times_show_relative_to_their_base(self):
+        far = 1 << 62  # after every time of the golden trace
+        at = self.with_time(semantic_dump.BOOTTIME, far, far - 1234)
+        text = "\n".join(self.lines(at))
+        self.assertIn('"time": 1234', text)
+        self.assertIn('"<time base>"', text)
+        self.assertNotIn(str(far), text)
+        # The same time as another base and offset reads the same; one ns
+        # later does not.
+        same = self.with_time(semantic_dump.BOOTTIME, far + 10, far - 1224)
+        self.assertEqual(semantic_dump.compare(at, same), [])
+        later = self.with_time(semantic_dump.BOOTTIME, far + 1, far - 1234)
+        self.assertTrue(any('"time": 1235' in line for line in
+                            semantic_dump.compare(at, later)))
+
+    def test_other_clocks_convert_through_the_service_snapshots(self):
+        snapshots = [
+            {c.clock_id: c.timestamp for c in p.clock_snapshot.clocks}
+            for p in self.trace.packet
+            if p.trusted_packet_sequence_id ==
+            semantic_dump.SERVICE_SEQUENCE_ID and p.HasField("clock_snapshot")]
+        last = snapshots[-1]
+        monotonic = 3
+        at = self.with_time(monotonic, last[monotonic] + 5000000,
+                            last[semantic_dump.BOOTTIME] + 3000000)
+        text = "\n".join(self.lines(at))
+        self.assertIn('"time": ["MONOTONIC", "+2 ms"]', text)
+        # Written as BOOTTIME instead: the clock shows.
+        boot = self.with_time(semantic_dump.BOOTTIME,
+                              last[semantic_dump.BOOTTIME] + 5000000,
+                              last[semantic_dump.BOOTTIME] + 3000000)
+        self.assertIn('"time": 2000000', "\n".join(self.lines(boot)))
+        self.assertNotEqual(semantic_dump.compare(at, boot), [])
+
+    def thread_descriptor_packet(self):
+        return next(p for p in self.producer_packets(self.trace)
+                    if p.HasField("track_descriptor") and
+                    p.track_descriptor.thread.HasField("thread_name"))
+
+    def test_a_descriptor_adding_nothing_new_changes_nothing(self):
+        # Another thread describing this thread's track: no name.
+        late = self.trace.packet.add()
+        late.CopyFrom(self.thread_descriptor_packet())
+        late.track_descriptor.thread.ClearField("thread_name")
+        self.assertEqual(self.diff(self.trace), [])
+        # Or first, before the thread's own: the name still shows.
+        self.reload()
+        early = self.thread_descriptor_packet()
+        packets = list(self.trace.packet)
+        index = next(i for i, p in enumerate(packets) if p is early or p == early)
+        first = pb.TracePacket()
+        first.CopyFrom(early)
+        first.track_descriptor.thread.ClearField("thread_name")
+        self.trace.ClearField("packet")
+        self.trace.packet.extend(packets[:index] + [first] + packets[index:])
+        self.assertEqual(self.diff(self.trace), [])
+
+    def nested(self, parent_described, child_name="child"):
+        """The golden trace with its last event on a custom track under a
+        custom track, the parent described or not."""
+        self.reload()
+        packet = self.last_event()
+        packet.track_event.track_uuid = 0xCD
+        packets = list(self.trace.packet)
+        at = next(i for i, p in enumerate(packets) if p == packet)
+        descs = []
+        for uuid, parent, name in ((0xAB, None, "parent"),
+                                   (0xCD, 0xAB, child_name)):
+            if parent is None and not parent_described:
+                continue
+            desc = pb.TracePacket()
+            desc.trusted_packet_sequence_id = packet.trusted_packet_sequence_id
+            desc.track_descriptor.uuid = uuid
+            desc.track_descriptor.name = name
+            if parent is not None:
+                desc.track_descriptor.parent_uuid = parent
+            descs.append(desc)
+        self.trace.ClearField("packet")
+        self.trace.packet.extend(packets[:at] + descs + packets[at:])
+        return self.write(self.trace, "nested-%s-%s" % (parent_described,
+                                                        child_name))
+
+    def test_a_known_difference_is_hidden_until_it_is_gone(self):
+        described = self.nested(True)
+        undescribed = self.nested(False)
+        self.assertTrue(any('"parent": {"undescribed": true}' in line
+                            for line in self.lines(undescribed)))
+        self.assertEqual(semantic_dump.compare(described, undescribed), [])
+        # What it does not hide still shows.
+        renamed = self.nested(False, child_name="other")
+        self.assertTrue(any("other" in line for line in
+                            semantic_dump.compare(described, renamed)))
+        # Two traces that agree on it: the entry is to go.
+        stale = semantic_dump.compare(described, described)
+        self.assertEqual(len(stale), 1)
+        self.assertIn("no longer seen", stale[0])
 
 
 if __name__ == "__main__":

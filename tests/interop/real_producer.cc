@@ -29,6 +29,23 @@
 // values -7, INT64_MIN and INT64_MAX on the thread's "interop.int.t<n>", an
 // incremental int counter on "fidelity.delta" (unit COUNT) and a double
 // counter on "fidelity.fps" (unit_name "fps", categories ["interop.counter"]).
+// Then, outside that slice: events at explicit times, each with the uint
+// argument "time_base_ns" = b, the SDK's "now" when it starts: instant
+// "ts.base" at b (BOOTTIME), slice "ts.slice" from b+3000 (the incremental
+// clock type) to b+5000 (BOOTTIME), where a session enables the "slow"
+// category "fidelity.earlier" instant "ts.earlier" in it at b+1000 (before
+// the previous event), and instant "ts.mono" at MONOTONIC 2 ms after b;
+// slice "on_process" on the process track; from the second phase instant
+// "on_peer" on the next worker's thread track; slice "on_inner" on the
+// nested named tracks process > "fidelity.outer" (id 1, children ordered
+// explicitly) > "fidelity.inner" (id 2, rank 5); instant "on_leaf" on the
+// global "fidelity.root" (id 4) > "fidelity.leaf" (id 3); instant
+// "dyncat.instant" in the dynamic category "interop.dynamic" and slice
+// "dyncat.slice" in "interop.cdyn"; in odd phases instant "xflow_out"
+// starting a flow that instant "xflow_in" of the previous worker ends in
+// the next phase; a double counter on "fidelity.latency" under
+// "fidelity.outer" (unit TIME_NS, multiplier 1000) and an int counter on
+// "fidelity.thread_counter" under the thread's track.
 //
 // Between phases the worker threads stay alive (so their trace writers keep
 // their current chunks) and the producer waits for a line on stdin. After the
@@ -57,7 +74,8 @@
   C(cat_interop, "interop", "Nested slices and instants")        \
   C(cat_flow, "interop.flow", "Flow begin and end instants")     \
   C(cat_counter, "interop.counter", "Int and double counters")   \
-  C(cat_large, "interop.large", "Instants with huge annotations")
+  C(cat_large, "interop.large", "Instants with huge annotations")   \
+  C(cat_earlier, "fidelity.earlier", "An event earlier than the last", "slow")
 
 PERFETTO_TE_CATEGORIES_DEFINE(INTEROP_CATEGORIES)
 
@@ -142,7 +160,7 @@ bool Enabled(const PerfettoTeCategory& cat) {
 // Hands phases to the workers and collects their counts.
 class PhaseGate {
  public:
-  explicit PhaseGate(size_t workers) : counts_(workers) {}
+  explicit PhaseGate(size_t workers) : counts_(workers), tids_(workers) {}
 
   // Worker side: blocks until phase `phase` may run; false means "exit".
   bool WaitForPhase(uint64_t phase) {
@@ -177,6 +195,16 @@ class PhaseGate {
     cv_.notify_all();
   }
 
+  // Worker `worker`'s thread id, once it has run a phase (0 before).
+  void SetTid(size_t worker, int64_t tid) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tids_[worker] = tid;
+  }
+  int64_t Tid(size_t worker) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return tids_[worker];
+  }
+
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -184,6 +212,7 @@ class PhaseGate {
   size_t done_workers_ = 0;
   bool exit_ = false;
   std::vector<Counts> counts_;
+  std::vector<int64_t> tids_;
 };
 
 // The --fidelity events (see the top of the file); `pointee` gives the
@@ -310,6 +339,156 @@ void EmitFidelity(size_t index, uint64_t phase, const int* pointee,
   counts->slice_end++;
 }
 
+uint64_t MonotonicNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Events at explicit times (see the top of the file). The time base `b` is
+// the SDK's own "now" (BOOTTIME), read together with MONOTONIC: read again
+// while the BOOTTIME reads around the MONOTONIC one lie more than 20 us
+// apart, so the MONOTONIC event's offset from `b` is known to 20 us.
+void EmitExplicitTimes(Counts* counts) {
+  uint64_t b = 0;
+  uint64_t mono = 0;
+  for (;;) {
+    b = PerfettoTeGetTimestamp().value;
+    mono = MonotonicNs();
+    if (PerfettoTeGetTimestamp().value - b <= 20000)
+      break;
+  }
+  auto at = [](uint32_t clock, uint64_t value) {
+    struct PerfettoTeTimestamp ts;
+    ts.clock_id = clock;
+    ts.value = value;
+    return ts;
+  };
+  const uint32_t kBoot = PERFETTO_TE_TIMESTAMP_TYPE_BOOT;
+  const uint32_t kIncr = PERFETTO_TE_TIMESTAMP_TYPE_INCREMENTAL;
+  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT("ts.base"),
+              PERFETTO_TE_TIMESTAMP(at(kBoot, b)),
+              PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("ts.slice"),
+              PERFETTO_TE_TIMESTAMP(at(kIncr, b + 3000)),
+              PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(),
+              PERFETTO_TE_TIMESTAMP(at(kBoot, b + 5000)),
+              PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+  // Before the previous event on this thread, where a session enables it.
+  if (Enabled(cat_earlier)) {
+    PERFETTO_TE(cat_earlier, PERFETTO_TE_INSTANT("ts.earlier"),
+                PERFETTO_TE_TIMESTAMP(at(kIncr, b + 1000)),
+                PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+    counts->instant++;
+    counts->arg_uint++;
+  }
+  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT("ts.mono"),
+              PERFETTO_TE_TIMESTAMP(
+                  at(PERFETTO_TE_TIMESTAMP_TYPE_MONOTONIC, mono + 2000000)),
+              PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+  counts->instant += 2;
+  counts->slice_begin++;
+  counts->slice_end++;
+  counts->arg_uint += 4;
+  // The events after these run later than all of them (on the sequence's
+  // clock), so that "ts.earlier" is the only step back in time.
+  while (PerfettoTeGetTimestamp().value <= b + 5000) {
+  }
+}
+
+// Tracks, dynamic categories, cross-thread flows and counters the rest of the
+// --fidelity script leaves out (see the top of the file). `peer_tid` is the
+// next worker (`peer`)'s thread id, 0 in the first phase.
+void EmitFidelityTracks(size_t index, size_t peer, uint64_t phase,
+                        int64_t peer_tid, Counts* counts) {
+  const uint64_t process = PerfettoTeProcessTrackUuid();
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("on_process"),
+              PERFETTO_TE_NESTED_TRACKS(PERFETTO_TE_NESTED_TRACK_PROCESS()));
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(),
+              PERFETTO_TE_NESTED_TRACKS(PERFETTO_TE_NESTED_TRACK_PROCESS()));
+  counts->slice_begin++;
+  counts->slice_end++;
+  if (peer_tid != 0) {
+    // The C API has no track for another thread: its descriptor by hand,
+    // as the C++ SDK's ThreadTrack::ForThread writes it (less the calling
+    // thread's name, which that one adds). TrackDescriptor: parent_uuid 5,
+    // thread 4; ThreadDescriptor: pid 1, tid 2.
+    PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT("on_peer"),
+                PERFETTO_TE_PROTO_TRACK(
+                    process ^ static_cast<uint64_t>(peer_tid),
+                    PERFETTO_TE_PROTO_FIELD_VARINT(5, process),
+                    PERFETTO_TE_PROTO_FIELD_NESTED(
+                        4, PERFETTO_TE_PROTO_FIELD_VARINT(1, getpid()),
+                        PERFETTO_TE_PROTO_FIELD_VARINT(2, peer_tid))));
+    counts->instant++;
+  }
+#define FIDELITY_OUTER                                           \
+  PERFETTO_TE_NESTED_TRACK_PROCESS(),                            \
+      PERFETTO_TE_NESTED_TRACK_NAMED_ORDERED(                    \
+          "fidelity.outer", 1, 0, PERFETTO_TE_HL_CHILD_ORDERING_EXPLICIT)
+#define FIDELITY_INNER                                                    \
+  PERFETTO_TE_NESTED_TRACKS(FIDELITY_OUTER,                               \
+                            PERFETTO_TE_NESTED_TRACK_NAMED_ORDERED(       \
+                                "fidelity.inner", 2, 5,                   \
+                                PERFETTO_TE_HL_CHILD_ORDERING_UNKNOWN))
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("on_inner"), FIDELITY_INNER);
+  PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(), FIDELITY_INNER);
+  counts->slice_begin++;
+  counts->slice_end++;
+  PERFETTO_TE(cat_interop, PERFETTO_TE_INSTANT("on_leaf"),
+              PERFETTO_TE_NESTED_TRACKS(
+                  PERFETTO_TE_NESTED_TRACK_NAMED("fidelity.root", 4),
+                  PERFETTO_TE_NESTED_TRACK_NAMED("fidelity.leaf", 3)));
+  counts->instant++;
+
+  PERFETTO_TE(PERFETTO_TE_DYNAMIC_CATEGORY, PERFETTO_TE_INSTANT("dyncat.instant"),
+              PERFETTO_TE_DYNAMIC_CATEGORY_STRING("interop.dynamic"));
+  PERFETTO_TE(PERFETTO_TE_DYNAMIC_CATEGORY, PERFETTO_TE_SLICE_BEGIN("dyncat.slice"),
+              PERFETTO_TE_DYNAMIC_CATEGORY_STRING("interop.cdyn"));
+  PERFETTO_TE(PERFETTO_TE_DYNAMIC_CATEGORY, PERFETTO_TE_SLICE_END(),
+              PERFETTO_TE_DYNAMIC_CATEGORY_STRING("interop.cdyn"));
+  counts->instant++;
+  counts->slice_begin++;
+  counts->slice_end++;
+
+  // A flow begun in an odd phase ends on another thread in the following
+  // phase: the one whose next worker began it.
+  const uint64_t kCross = uint64_t{0xC805} << 32;
+  if (phase % 2 == 1) {
+    PERFETTO_TE(cat_flow, PERFETTO_TE_INSTANT("xflow_out"),
+                PERFETTO_TE_FLOW(PerfettoTeProcessScopedFlow(
+                    kCross | (uint64_t{index} << 16) | phase)));
+    counts->flow_begin++;
+  } else {
+    PERFETTO_TE(cat_flow, PERFETTO_TE_INSTANT("xflow_in"),
+                PERFETTO_TE_TERMINATING_FLOW(PerfettoTeProcessScopedFlow(
+                    kCross | (uint64_t{peer} << 16) | (phase - 1))));
+    counts->flow_end++;
+  }
+  counts->instant++;
+
+  // CounterDescriptor: unit 3, unit_multiplier 4.
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_DOUBLE_COUNTER(2.5),
+              PERFETTO_TE_NESTED_TRACKS(
+                  FIDELITY_OUTER,
+                  PERFETTO_TE_NESTED_TRACK_PROTO(
+                      PerfettoTeCounterTrackUuid("fidelity.latency", 0),
+                      PERFETTO_TE_PROTO_FIELD_CSTR(2, "fidelity.latency"),
+                      PERFETTO_TE_PROTO_FIELD_NESTED(
+                          8, PERFETTO_TE_PROTO_FIELD_VARINT(
+                                 3, perfetto_protos_CounterDescriptor_UNIT_TIME_NS),
+                          PERFETTO_TE_PROTO_FIELD_VARINT(4, 1000)))));
+  counts->counter_double++;
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(42),
+              PERFETTO_TE_COUNTER_TRACK("fidelity.thread_counter",
+                                        PerfettoTeThreadTrackUuid()));
+  counts->counter_int++;
+#undef FIDELITY_INNER
+#undef FIDELITY_OUTER
+}
+
 void Worker(size_t index, const Options& opt, PhaseGate* gate) {
   Counts counts;
   const std::string thread_label = "worker-" + std::to_string(index);
@@ -325,9 +504,15 @@ void Worker(size_t index, const Options& opt, PhaseGate* gate) {
   }
   int pointee = 0;
   uint64_t iteration = 0;
+  const size_t peer = (index + 1) % opt.threads;
   for (uint64_t phase = 1; gate->WaitForPhase(phase); phase++) {
-    if (opt.fidelity && Enabled(cat_interop))
+    gate->SetTid(index, PerfettoGetThreadId());
+    if (opt.fidelity && Enabled(cat_interop)) {
       EmitFidelity(index, phase, &pointee, &counts);
+      EmitExplicitTimes(&counts);
+      EmitFidelityTracks(index, peer, phase, phase > 1 ? gate->Tid(peer) : 0,
+                         &counts);
+    }
     for (uint64_t i = 0; i < opt.iterations; i++, iteration++) {
       // Everything below is emitted only while the session is enabled, so
       // the counts are exactly what reached the SDK's trace writers. The
