@@ -19,13 +19,40 @@
 //! the script's time base) and the two dumps must be equal, less the
 //! script's known differences (`KNOWN_DIFFERENCES` there).
 //!
-//! Compared only where both APIs can say it: the C API has no track for
-//! another thread (the driver writes that track's descriptor by hand, as
-//! the C++ SDK's `ThreadTrack::ForThread` does), and its dynamic
-//! categories are disabled where no rule of the config matches them while
-//! ours (like the C++ SDK's) are enabled, so the script's dynamic
-//! categories are all named by the configs. Not compared: absolute times
-//! (only offsets from a base the event names), a flow's arrows in time.
+//! What each part of the script compares (only what both the C API, as the
+//! driver uses it, and our public API can say), and what it leaves out:
+//!
+//! * Explicit times: an instant and a slice's begin and end at offsets from
+//!   a base read from the SDK's clock, on BOOTTIME (upstream: absolute, or
+//!   its incremental clock type, written as a delta) and an instant on
+//!   MONOTONIC. Compared: each time relative to the base (exact in ns; the
+//!   MONOTONIC one through the service's clock snapshots, in whole ms, with
+//!   the clock's name). Not compared: absolute times. An event earlier
+//!   than the previous one of its thread is only in
+//!   [`an_event_earlier_than_the_previous_one`], ignored for now (see
+//!   there).
+//! * Tracks: a slice on the process track, an instant on the next worker's
+//!   thread track (phase 2; the C API has no such track, so the driver
+//!   writes its descriptor by hand, as the C++ SDK's
+//!   `ThreadTrack::ForThread` does, less the calling thread's name that one
+//!   adds), a slice on nested named tracks under the process (child
+//!   ordering, sibling rank) and an instant on nested named tracks under
+//!   no parent. Compared: each track's merged descriptors (so the other
+//!   thread's track is the one its thread describes) and its parent chain.
+//!   Known difference: our producer leaves a custom parent undescribed
+//!   (semantic_dump's `KNOWN_DIFFERENCES`), so the nested tracks' parents
+//!   are not compared yet.
+//! * Dynamic categories: an instant and a slice in two. Compared: the
+//!   events' categories, and which a filter lets through. Not compared: a
+//!   dynamic category no rule of the config names (the C API disables it,
+//!   ours, like the C++ SDK, enables it: by design, see
+//!   `shmtrace_producer::filter`), so the configs name them all.
+//! * Flows across threads: begun on one worker in phase 1, ended on another
+//!   in phase 2. Compared: the pairing (flow ids by first use). Not
+//!   compared: the arrows' order in time.
+//! * Counters: a double counter with a unit and a multiplier under a named
+//!   track, an int counter under the thread's track. Compared: value and
+//!   type, the counter descriptor, the parent.
 //!
 //! With `SHMTRACE_KEEP_FIDELITY_TRACES` set, the test keeps both traces
 //! (`real.pftrace`, `ours.pftrace`), says where, and compares nothing.
