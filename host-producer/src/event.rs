@@ -216,18 +216,22 @@ impl<'a> EventData<'a> {
 }
 
 /// The most common event shapes, which skip [`EventData`]: a slice begin
-/// or an instant with a static name, or a slice end, on the calling
-/// thread's track; or an integer counter sample on a counter track; stamped
-/// `ns` on BOOTTIME, with nothing else. A sequence writes one with a
-/// dedicated encoder when everything it references is known (ids in the
-/// interning front caches, the counter track's descriptor emitted just
-/// before), and as the equivalent [`EventData`] otherwise.
+/// or an instant with a static name (and maybe flat debug annotations with
+/// static names), or a slice end, on the calling thread's track; or an
+/// integer counter sample on a counter track; stamped `ns` on BOOTTIME,
+/// with nothing else. A sequence writes one with a dedicated encoder when
+/// everything it references is known (ids in the interning front caches,
+/// the counter track's descriptor emitted just before), and as the
+/// equivalent [`EventData`] otherwise.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PlainEvent<'a> {
     pub kind: EventType,
     pub category: &'static Category,
     /// The event name (slice begins and instants only).
     pub name: &'static str,
+    /// Debug annotations (slice begins and instants only; see
+    /// [`SequenceState::write_plain_args`]).
+    pub args: &'a [Arg<'a>],
     /// The counter track (counters only).
     pub track: Option<&'a Track<'a>>,
     /// The counter value (counters only).
@@ -241,7 +245,10 @@ impl<'a> PlainEvent<'a> {
     fn data(&self) -> EventData<'a> {
         let mut data = EventData::new(self.kind, Some(self.category), Timestamp::boottime(self.ns));
         match self.kind {
-            EventType::SliceBegin | EventType::Instant => data.name = EventName::Static(self.name),
+            EventType::SliceBegin | EventType::Instant => {
+                data.name = EventName::Static(self.name);
+                data.args = self.args;
+            }
             EventType::Counter => {
                 data.track = self.track;
                 data.counter = Some(CounterValue::Int(self.value));
@@ -256,6 +263,47 @@ impl<'a> PlainEvent<'a> {
 #[inline(always)]
 fn varint_len(v: u64) -> u8 {
     (1 + (63 - (v | 1).leading_zeros()) / 7) as u8
+}
+
+/// DebugAnnotation.name_iid (1), varint.
+const DEBUG_ANNOTATION_NAME_IID: u8 = 0x08;
+
+/// Appends a flat DebugAnnotation value (its tag and contents); `false`
+/// (nothing written) for a dict or an array, which the general encoder
+/// nests.
+#[inline(always)]
+fn fast_flat_value<T: Target>(
+    f: &mut FastBuf<'_, T>,
+    value: &crate::annotation::DebugValue<'_>,
+) -> bool {
+    use crate::annotation::DebugValue as V;
+    // DebugAnnotation fields: bool_value 2, uint_value 3, int_value 4,
+    // double_value 5, string_value 6, pointer_value 7.
+    match *value {
+        V::Bool(b) => f.byte2([0x10, u8::from(b)]),
+        V::Uint(u) => {
+            f.byte(0x18);
+            f.varint(u);
+        }
+        V::Int(i) => {
+            f.byte(0x20);
+            f.varint(i as u64);
+        }
+        V::Double(d) => {
+            f.byte(0x29);
+            f.fixed64(d.to_bits());
+        }
+        V::Str(s) => {
+            f.byte(0x32);
+            f.len_bytes(s.as_bytes());
+        }
+        V::Pointer(p) => {
+            f.byte(0x38);
+            f.varint(p);
+        }
+        V::Dict(_) | V::Array(_) => return false,
+    }
+    true
 }
 
 /// How one event's time is written: `value` on clock `clock`; on
@@ -657,6 +705,93 @@ impl SequenceState {
         written
     }
 
+    /// [`SequenceState::write_plain`] for a slice begin or an instant
+    /// (`KIND`) with debug annotations: each has a static name and a flat
+    /// value (not a dict or an array). Its own function, so that the
+    /// encoder of events without annotations stays as small as it is.
+    #[inline(never)]
+    pub(crate) fn write_plain_args<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        debug_assert_eq!(ev.kind as u8, KIND);
+        if self.try_write_plain_args::<KIND, W>(w, ev) {
+            return true;
+        }
+        self.write_event(w, &ev.data(), None)
+    }
+
+    /// The dedicated encoder of [`SequenceState::write_plain_args`], into
+    /// the chunk in place; `false` (nothing changed) where the general path
+    /// must do the work: a reset is due, a name is not in its front cache
+    /// (the general path interns it), the time went backwards, an
+    /// annotation is not flat, or the packet does not fit a window. The
+    /// packet (at most 127 bytes) gives every nested message a one-byte
+    /// length.
+    #[inline(always)]
+    fn try_write_plain_args<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
+        if self.needs_reset || ev.ns < self.clock_base || ev.category.is_group() {
+            return false;
+        }
+        let delta = ev.ns - self.clock_base;
+        let interned = &self.interned;
+        let written = w.write_in_place(|win| {
+            let cat = interned.categories.cached(ev.category.name())?;
+            let name = interned.names.cached(ev.name)?;
+            let mut f = FastBuf::new(win);
+            f.byte(TAG_TIMESTAMP);
+            f.varint(delta);
+            f.word(
+                u64::from_le_bytes([
+                    TAG_SEQUENCE_FLAGS,
+                    SEQ_NEEDS_INCREMENTAL_STATE as u8,
+                    TAG_TRACK_EVENT,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]),
+                3,
+            );
+            let te = f.begin_short();
+            f.byte2([TAG_TYPE, KIND]);
+            f.byte(TAG_CATEGORY_IIDS);
+            f.varint(cat);
+            f.byte(TAG_NAME_IID);
+            f.varint(name);
+            for arg in ev.args {
+                let ArgName::Static(n) = arg.name else {
+                    return None;
+                };
+                let iid = interned.arg_names.cached(n)?;
+                f.byte(TAG_DEBUG_ANNOTATIONS);
+                let a = f.begin_short();
+                f.byte(DEBUG_ANNOTATION_NAME_IID);
+                f.varint(iid);
+                if !fast_flat_value(&mut f, &arg.value) {
+                    return None;
+                }
+                f.end_short(a);
+            }
+            f.end_short(te);
+            f.finish()
+        });
+        if written {
+            self.clock_base = ev.ns;
+            if KIND == BEGIN {
+                self.slices.push(true);
+            }
+        }
+        written
+    }
+
     /// Writes one event (plus whatever incremental state it needs first).
     /// `extra` may add fields to the TrackEvent. Returns `false` if any
     /// packet was dropped; the sequence is then reset before the next event.
@@ -1011,7 +1146,7 @@ impl Interned {
                 ArgName::Static(n) => {
                     match self.intern(interned_field::DEBUG_ANNOTATION_NAMES, n) {
                         Some(iid) => {
-                            f.byte(0x08);
+                            f.byte(DEBUG_ANNOTATION_NAME_IID);
                             f.varint(iid);
                         }
                         None => {
@@ -1025,30 +1160,8 @@ impl Interned {
                     f.len_bytes(n.as_bytes());
                 }
             }
-            match arg.value {
-                V::Bool(b) => f.byte2([0x10, u8::from(b)]),
-                V::Uint(u) => {
-                    f.byte(0x18);
-                    f.varint(u);
-                }
-                V::Int(i) => {
-                    f.byte(0x20);
-                    f.varint(i as u64);
-                }
-                V::Double(d) => {
-                    f.byte(0x29);
-                    f.fixed64(d.to_bits());
-                }
-                V::Str(s) => {
-                    f.byte(0x32);
-                    f.len_bytes(s.as_bytes());
-                }
-                V::Pointer(p) => {
-                    f.byte(0x38);
-                    f.varint(p);
-                }
-                // Excluded above.
-                V::Dict(_) | V::Array(_) => {}
+            if !fast_flat_value(&mut f, &arg.value) {
+                return None;
             }
             f.end_nested(a);
         }
@@ -1261,15 +1374,31 @@ mod tests {
     /// The dedicated encoder of plain events writes what the general path
     /// writes (as decoded packets), and hands over to it whenever state is
     /// missing: first uses of strings and tracks, groups, orphan ends, time
-    /// going backwards, resets, lost packets.
+    /// going backwards, resets, lost packets, annotations too long for a
+    /// window.
     #[test]
     fn plain_events_match_the_general_path() {
         let counter = CounterTrack::new("c");
         let other = CounterTrack::new("d");
+        let long = "x".repeat(150);
+        let flat = [Arg::new("k", 7u64), Arg::new("label", "text")];
+        let scalars = [
+            Arg::new("neg", -3i64),
+            Arg::new("big", u64::MAX),
+            Arg::new("b", true),
+            Arg::new("d", 1.5f64),
+            Arg {
+                name: ArgName::Static("p"),
+                value: DebugValue::Pointer(0xdead_beef),
+            },
+            Arg::new("empty", ""),
+        ];
+        let too_long = [Arg::new("k", 1u64), Arg::new("s", long.as_str())];
         let plain = |kind, category: &'static Category, name, ns| PlainEvent {
             kind,
             category,
             name,
+            args: &[],
             track: None,
             value: 0,
             ns,
@@ -1299,6 +1428,23 @@ mod tests {
                 events.push(count(counter.track(), -5 - round as i64, ns));
                 events.push(count(counter.track(), i64::MAX, ns + 1));
                 events.push(count(other.track(), 3, ns + 2));
+                for args in [&flat[..], &scalars[..], &too_long[..], &flat[..]] {
+                    ns += 3;
+                    events.push(PlainEvent {
+                        args,
+                        ..plain(EventType::Instant, &CAT, "i", ns)
+                    });
+                }
+                events.push(PlainEvent {
+                    args: &flat,
+                    ..plain(EventType::SliceBegin, &CAT, "a", ns + 1)
+                });
+                events.push(PlainEvent {
+                    args: &scalars,
+                    ..plain(EventType::Instant, &GROUP, "i", ns + 1)
+                });
+                ns += 9;
+                events.push(plain(EventType::SliceEnd, &CAT, "", ns));
                 ns += 9;
                 events.push(plain(EventType::SliceEnd, &CAT, "", ns));
             }
@@ -1323,6 +1469,12 @@ mod tests {
                 b.lose_next = true;
             }
             let ok_a = match e.kind {
+                EventType::SliceBegin if !e.args.is_empty() => {
+                    fast.write_plain_args::<1, _>(&mut a, e)
+                }
+                EventType::Instant if !e.args.is_empty() => {
+                    fast.write_plain_args::<3, _>(&mut a, e)
+                }
                 EventType::SliceBegin => fast.write_plain::<1, _>(&mut a, e),
                 EventType::SliceEnd => fast.write_plain::<2, _>(&mut a, e),
                 EventType::Instant => fast.write_plain::<3, _>(&mut a, e),
@@ -1349,6 +1501,78 @@ mod tests {
             a.in_place_packets,
             events.len()
         );
+    }
+
+    /// Once their names are interned, flat annotations are encoded by the
+    /// dedicated encoder, with one-byte nested lengths, and decode to the
+    /// annotations given.
+    #[test]
+    fn flat_annotations_take_the_dedicated_encoder() {
+        let args = [
+            Arg::new("count", 300u64),
+            Arg::new("label", "value"),
+            Arg::new("neg", -1i64),
+        ];
+        let event = |ns| PlainEvent {
+            kind: EventType::SliceBegin,
+            category: &CAT,
+            name: "slice",
+            args: &args,
+            track: None,
+            value: 0,
+            ns,
+        };
+        let mut s = seq();
+        let mut w = VecWriter {
+            in_place: true,
+            ..Default::default()
+        };
+        // The first one interns the names (general path).
+        assert!(!s.try_write_plain_args::<1, _>(&mut w, &event(1_000)));
+        assert!(s.write_plain_args::<1, _>(&mut w, &event(1_000)));
+        let before = w.packets.len();
+        assert!(s.try_write_plain_args::<1, _>(&mut w, &event(1_010)));
+        assert_eq!(w.packets.len(), before + 1);
+        let bytes = w.packets.last().unwrap().clone();
+        // timestamp delta 10, sequence flags 2, TrackEvent with a 1-byte
+        // length, type SLICE_BEGIN.
+        assert_eq!(bytes[..4], [0x40, 10, 0x68, 2]);
+        assert_eq!(bytes[4], 0x5A);
+        assert_eq!(usize::from(bytes[5]), bytes.len() - 6);
+        assert_eq!(bytes[6..8], [0x48, 1]);
+        let p = w.decoded().pop().unwrap();
+        let te = p.track_event.expect("a track event");
+        assert_eq!(te.r#type, Some(1));
+        assert!(te.name_iid.is_some() && !te.category_iids.is_empty());
+        let got: Vec<_> = te
+            .debug_annotations
+            .iter()
+            .map(|a| {
+                (
+                    a.name_iid,
+                    a.uint_value,
+                    a.string_value.clone(),
+                    a.int_value,
+                )
+            })
+            .collect();
+        let first = got[0].0.expect("interned name");
+        assert_eq!(
+            got,
+            vec![
+                (Some(first), Some(300), None, None),
+                (Some(first + 1), None, Some("value".into()), None),
+                (Some(first + 2), None, None, Some(-1)),
+            ]
+        );
+        assert_eq!(p.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+        // A nested annotation is not flat: the general path writes it.
+        let nested = [Arg::new("d", DebugValue::Dict(&[]))];
+        let e = PlainEvent {
+            args: &nested,
+            ..event(1_020)
+        };
+        assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
     }
 
     #[test]

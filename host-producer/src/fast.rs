@@ -24,7 +24,9 @@
 //!   "failed" flag to test on every write.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a *redundant*
 //!   varint (`0x80 | low7, high7`), the same non-minimal form Perfetto's own
-//!   encoder uses for nested sizes; every protobuf parser accepts it.
+//!   encoder uses for nested sizes; every protobuf parser accepts it. A
+//!   nested message known to be shorter than 128 bytes gets a 1-byte length
+//!   instead ([`FastBuf::begin_short`]).
 
 use shmtrace_abi::smb::{Window, WINDOW_LEN, WINDOW_SLACK};
 
@@ -174,6 +176,26 @@ impl<'b, T: Target> FastBuf<'b, T> {
     pub(crate) fn len_bytes(&mut self, bytes: &[u8]) {
         self.varint(bytes.len() as u64);
         self.bytes(bytes);
+    }
+
+    /// Reserves a 1-byte length for a nested message shorter than 128
+    /// bytes and returns where the body starts (see [`FastBuf::end_short`]).
+    #[inline(always)]
+    pub(crate) fn begin_short(&mut self) -> usize {
+        self.len += 1;
+        self.len
+    }
+
+    /// Back-fills the 1-byte length of the nested message whose body
+    /// started at `start`; a body of 128 bytes or more marks the encoding
+    /// failed.
+    #[inline(always)]
+    pub(crate) fn end_short(&mut self, start: usize) {
+        let size = self.len.wrapping_sub(start);
+        self.buf.put(start.wrapping_sub(1), size as u8);
+        if size > 0x7F {
+            self.len = FAILED;
+        }
     }
 
     /// Reserves a 2-byte length for a nested message and returns where the

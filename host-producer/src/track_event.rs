@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
 
-use crate::annotation::Arg;
+use crate::annotation::{Arg, ArgName, DebugValue};
 use crate::category::{registry, Category, DynamicCategory};
 use crate::data_source::{DataSourceHandler, DataSourceType, InstanceArgs, SetupArgs};
 use crate::event::{
@@ -364,6 +364,32 @@ fn write_plain<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
     });
 }
 
+/// [`write_plain`] for a slice begin or an instant with flat debug
+/// annotations ([`plain_args`]).
+#[inline(never)]
+fn write_plain_args<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
+    track_event_type().with_writers(mask, |inner, instance| {
+        if !inner.seq.write_plain_args::<KIND, _>(&mut inner.out, ev) {
+            count_drop(instance);
+        }
+    });
+}
+
+/// Whether `args` suit [`write_plain_args`]: a few annotations, each with a
+/// static name and a flat value.
+#[inline]
+fn plain_args(args: &[Arg<'_>]) -> bool {
+    args.len() <= PLAIN_ARGS_MAX
+        && args.iter().all(|a| {
+            matches!(a.name, ArgName::Static(_))
+                && !matches!(a.value, DebugValue::Dict(_) | DebugValue::Array(_))
+        })
+}
+
+/// At most this many annotations take [`write_plain_args`] (more would not
+/// fit the 127 bytes of an in-place packet anyway).
+const PLAIN_ARGS_MAX: usize = 8;
+
 /// Counts a packet the instance's writer dropped.
 fn count_drop(instance: &crate::data_source::Instance) {
     instance
@@ -380,6 +406,7 @@ fn plain<'a>(kind: EventType, cat: &'static Category, name: &'static str) -> Pla
         kind,
         category: cat,
         name,
+        args: &[],
         track: None,
         value: 0,
         ns: crate::clock::now_ns(),
@@ -445,6 +472,15 @@ pub fn __scoped_slice<'a>(
                 mask,
             );
         }
+        EventName::Static(n) if plain_args(args) => {
+            write_plain_args::<{ EventType::SliceBegin as u8 }>(
+                &PlainEvent {
+                    args,
+                    ..plain(EventType::SliceBegin, cat, n)
+                },
+                mask,
+            );
+        }
         _ => {
             let mut data = EventData::new(EventType::SliceBegin, Some(cat), Timestamp::now());
             data.name = name;
@@ -473,6 +509,23 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
         }
         (EventType::Instant, EventName::Static(n)) if args.is_empty() => {
             write_plain::<{ EventType::Instant as u8 }>(&plain(kind, cat, n), mask);
+        }
+        (EventType::SliceBegin, EventName::Static(n)) if args.is_empty() => {
+            write_plain::<{ EventType::SliceBegin as u8 }>(&plain(kind, cat, n), mask);
+        }
+        (EventType::Instant, EventName::Static(n)) if plain_args(args) => {
+            let ev = PlainEvent {
+                args,
+                ..plain(kind, cat, n)
+            };
+            write_plain_args::<{ EventType::Instant as u8 }>(&ev, mask);
+        }
+        (EventType::SliceBegin, EventName::Static(n)) if plain_args(args) => {
+            let ev = PlainEvent {
+                args,
+                ..plain(kind, cat, n)
+            };
+            write_plain_args::<{ EventType::SliceBegin as u8 }>(&ev, mask);
         }
         _ => {
             let mut data = EventData::new(kind, Some(cat), Timestamp::now());

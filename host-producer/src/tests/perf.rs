@@ -20,8 +20,14 @@ fn cpu_ns() -> u64 {
 }
 
 /// Median over 7 rounds of `n` calls; the SMB is emptied between rounds
-/// (outside the timed part), so no other thread runs meanwhile.
+/// (outside the timed part), so no other thread runs meanwhile. With
+/// `SHMTRACE_PERF_ONLY` set, only the rows whose label contains it run (to
+/// profile one kind of event); with `SHMTRACE_PERF_ROUNDS` set, each
+/// round's time is printed too (the machine's fast and slow phases show).
 fn time(lb: &Loopback, label: &str, n: u64, mut f: impl FnMut(u64)) {
+    if std::env::var("SHMTRACE_PERF_ONLY").is_ok_and(|only| !label.contains(&only)) {
+        return;
+    }
     let mut samples: Vec<f64> = (0..7)
         .map(|_| {
             runtime().flush(&[], 0);
@@ -33,6 +39,15 @@ fn time(lb: &Loopback, label: &str, n: u64, mut f: impl FnMut(u64)) {
             (cpu_ns() - start) as f64 / n as f64
         })
         .collect();
+    if std::env::var_os("SHMTRACE_PERF_ROUNDS").is_some() {
+        eprintln!(
+            "{label}: {:?}",
+            samples
+                .iter()
+                .map(|x| (x * 10.0).round() / 10.0)
+                .collect::<Vec<_>>()
+        );
+    }
     samples.sort_by(|a, b| a.total_cmp(b));
     eprintln!(
         "{label:<40} {:8.1} ns/event (min {:.1})",
