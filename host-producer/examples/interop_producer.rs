@@ -34,7 +34,7 @@
 //! int counter on "fidelity.delta" (a count) and a double counter on
 //! "fidelity.fps" (unit name "fps", category "interop.counter"). Then,
 //! outside that slice, the same as the real driver: events at explicit
-//! times (boot time and monotonic, one before the previous event where a
+//! times (boot time and monotonic, a counter among them, one before the previous event where a
 //! session enables the `slow` category "fidelity.earlier"), events on the
 //! process track, on the next worker's thread track and on nested named
 //! tracks, events in the dynamic categories "interop.dynamic" and
@@ -433,6 +433,13 @@ fn emit_explicit_times(counts: &mut Counts) {
         .timestamp(at(3000))
         .args(&base)
         .emit();
+    // On a counter track this sequence has not described yet.
+    let timed = CounterTrack::new("fidelity.timed");
+    CAT_COUNTER
+        .counter(&timed, 7i64)
+        .timestamp(at(4000))
+        .args(&base)
+        .emit();
     CAT_INTEROP.end().timestamp(at(5000)).args(&base).emit();
     // Before the previous event on this thread, where a session enables it.
     if CAT_EARLIER.is_enabled() {
@@ -455,7 +462,8 @@ fn emit_explicit_times(counts: &mut Counts) {
     counts.instant += 2;
     counts.slice_begin += 1;
     counts.slice_end += 1;
-    counts.arg_uint += 4;
+    counts.counter_int += 1;
+    counts.arg_uint += 5;
     // The events after these run later than all of them (on the sequence's
     // clock), so that "ts.earlier" is the only step back in time.
     while Timestamp::now().ns <= b + 5000 {}

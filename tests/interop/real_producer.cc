@@ -32,7 +32,8 @@
 // Then, outside that slice: events at explicit times, each with the uint
 // argument "time_base_ns" = b, the SDK's "now" when it starts: instant
 // "ts.base" at b (BOOTTIME), slice "ts.slice" from b+3000 (the incremental
-// clock type) to b+5000 (BOOTTIME), where a session enables the "slow"
+// clock type) to b+5000 (BOOTTIME) with an int counter on
+// "fidelity.timed" at b+4000 inside it, where a session enables the "slow"
 // category "fidelity.earlier" instant "ts.earlier" in it at b+1000 (before
 // the previous event), and instant "ts.mono" at MONOTONIC 2 ms after b;
 // slice "on_process" on the process track; from the second phase instant
@@ -373,6 +374,12 @@ void EmitExplicitTimes(Counts* counts) {
   PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_BEGIN("ts.slice"),
               PERFETTO_TE_TIMESTAMP(at(kIncr, b + 3000)),
               PERFETTO_TE_ARG_UINT64("time_base_ns", b));
+  // On a counter track this sequence has not described yet.
+  PERFETTO_TE(cat_counter, PERFETTO_TE_COUNTER(), PERFETTO_TE_INT_COUNTER(7),
+              PERFETTO_TE_COUNTER_TRACK("fidelity.timed",
+                                        PerfettoTeProcessTrackUuid()),
+              PERFETTO_TE_TIMESTAMP(at(kBoot, b + 4000)),
+              PERFETTO_TE_ARG_UINT64("time_base_ns", b));
   PERFETTO_TE(cat_interop, PERFETTO_TE_SLICE_END(),
               PERFETTO_TE_TIMESTAMP(at(kBoot, b + 5000)),
               PERFETTO_TE_ARG_UINT64("time_base_ns", b));
@@ -391,7 +398,8 @@ void EmitExplicitTimes(Counts* counts) {
   counts->instant += 2;
   counts->slice_begin++;
   counts->slice_end++;
-  counts->arg_uint += 4;
+  counts->counter_int++;
+  counts->arg_uint += 5;
   // The events after these run later than all of them (on the sequence's
   // clock), so that "ts.earlier" is the only step back in time.
   while (PerfettoTeGetTimestamp().value <= b + 5000) {

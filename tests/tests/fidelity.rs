@@ -22,8 +22,9 @@
 //! What each part of the script compares (only what both the C API, as the
 //! driver uses it, and our public API can say), and what it leaves out:
 //!
-//! * Explicit times: an instant and a slice's begin and end at offsets from
-//!   a base read from the SDK's clock, on BOOTTIME (upstream: absolute, or
+//! * Explicit times: an instant, a slice's begin and end and a counter on
+//!   a track first used there, at offsets from a base read from the SDK's
+//!   clock, on BOOTTIME (upstream: absolute, or
 //!   its incremental clock type, written as a delta) and an instant on
 //!   MONOTONIC. Compared: each time relative to the base (exact in ns; the
 //!   MONOTONIC one through the service's clock snapshots, in whole ms, with
