@@ -10,6 +10,7 @@ difference is hidden, and reported once two traces no longer show it.
 Run: python3 -m unittest tests/checker/test_semantic_dump.py
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -253,6 +254,13 @@ class SemanticDumpTest(unittest.TestCase):
         self.assertTrue(any('"parent": {"undescribed": true}' in line
                             for line in self.lines(undescribed)))
         self.assertEqual(semantic_dump.compare(described, undescribed), [])
+        # It hides custom parents only: a thread's track still names its
+        # process as its parent.
+        hidden = semantic_dump.hide_custom_parents(
+            semantic_dump.dump(described))
+        text = json.dumps(hidden)
+        self.assertIn("<custom parent: known difference>", text)
+        self.assertIn('"parent": {"process"', text)
         # What it does not hide still shows.
         renamed = self.nested(False, child_name="other")
         self.assertTrue(any("other" in line for line in
