@@ -343,14 +343,75 @@ fn counter_on_a_track_that_is_not_a_counter() {
     check_fails_with(&t, &dir, "counters", "COUNTER on track 42");
 }
 
+/// Timestamps a trace processor cannot resolve: a negative delta on the
+/// incremental clock 64 (an impossible encoding), a sequence-scoped clock
+/// the sequence never defines, and one whose snapshot names no builtin
+/// clock to convert it to (a trace processor drops such events).
 #[test]
-fn time_going_backwards() {
+fn unresolvable_timestamps() {
     let dir = TempDir::new("time");
+    let instant = |edit: &str| {
+        let mut t = EditTrace::golden();
+        let i = t.events(3, INSTANT)[5];
+        t.edit(i, edit);
+        t
+    };
+    let mut unanchored = EditTrace::golden();
+    let first = unanchored.sequence(3)[0];
+    unanchored.clear(first, "clock_snapshot").edit(
+        first,
+        "clock_snapshot { clocks { clock_id: 64 timestamp: 1125788182702 \
+         is_incremental: true } }",
+    );
+    for (trace, fragment) in [
+        (
+            instant(&format!("timestamp: {}", u64::MAX - 4)),
+            "negative timestamp delta -5",
+        ),
+        (
+            instant("timestamp_clock_id: 100"),
+            "sequence-scoped clock 100, which sequence 3 does not define",
+        ),
+        (
+            unanchored,
+            "clock 64, whose snapshot on sequence 3 names no builtin clock",
+        ),
+    ] {
+        check_fails_with(&trace, &dir, "timestamps", fragment);
+    }
+}
+
+/// An event at an absolute time earlier than the latest one of its
+/// sequence is legal (a trace processor sorts by time; the SDK writes an
+/// explicit earlier time so): counted, not a problem. The deltas after it
+/// still count from the incremental clock's last value, so they are in
+/// order.
+#[test]
+fn absolute_time_earlier_than_the_latest_is_counted_not_a_problem() {
+    let dir = TempDir::new("earlier");
     let mut t = EditTrace::golden();
-    let i = t.events(3, INSTANT)[5];
-    // A delta of -5 ns on the incremental clock 64.
-    t.edit(i, &format!("timestamp: {}", u64::MAX - 4));
-    check_fails_with(&t, &dir, "timestamps", "negative timestamp delta -5");
+    // An instant with no flow: flows link in time order, so moving a flow's
+    // end before its begin would unpair it.
+    let i = t
+        .events(3, INSTANT)
+        .into_iter()
+        .filter(|&i| !t.packets[i].to_text_format().contains("flow"))
+        .nth(5)
+        .unwrap();
+    // 1 ns after the sequence's clock snapshot, long before the events
+    // before it.
+    t.edit(i, "timestamp_clock_id: 6 timestamp: 1125788182703");
+    let a = check_passes(&t, &dir);
+    assert_eq!(sequence_info(&a, 3)["out_of_order"], 1);
+    assert_eq!(sequence_info(&a, 4)["out_of_order"], 0);
+    assert_eq!(a["clocks"]["out_of_order"], 1);
+    let text = passing_report(&t.write(&dir.path("earlier.pftrace")));
+    assert_contains_all(
+        &text,
+        &["out of order 1 packet(s) earlier than their sequence's latest time"],
+    );
+    let golden = check_passes(&EditTrace::golden(), &dir);
+    assert_eq!(golden["clocks"]["out_of_order"], 0);
 }
 
 #[test]

@@ -27,7 +27,14 @@ Checks, per producer sequence (trusted_packet_sequence_id):
   * every interned id used (event categories, event names, debug annotation
     names, interned debug annotation string values) resolves;
   * timestamps, decoded through the sequence's clock snapshots (incremental
-    clock 64 deltas included), never go backwards;
+    clock 64 deltas included), resolve: a negative delta on an incremental
+    clock, a sequence-scoped clock the sequence does not define, or one whose
+    snapshot names no builtin clock to convert it to is a violation. An
+    absolute timestamp earlier than the sequence's latest one is legal (a
+    trace processor sorts events by time; the SDK writes an explicit earlier
+    time that way): it is counted ("out_of_order"), not a violation. After a
+    loss mark and before the next clear, incremental deltas are not resolved
+    (their base may be lost);
   * slices nest per track: every SLICE_END closes an open SLICE_BEGIN (LIFO),
     and nothing is left open;
   * flows pair: every flow id is started once and terminated once;
@@ -125,7 +132,8 @@ class Sequence:
         self.interned = {}
         self.defaults = None
         self.clocks = {}
-        self.last_boot_ts = None
+        self.latest_boot_ts = None
+        self.out_of_order = 0
 
     def reset_incremental_state(self):
         self.valid = True
@@ -150,6 +158,7 @@ class Sequence:
             "loss_marks": self.loss_marks,
             "start_lost": self.start_lost,
             "skipped_incremental": self.skipped_incremental,
+            "out_of_order": self.out_of_order,
         }
 
 
@@ -288,8 +297,11 @@ class Checker:
         for clock in snapshot.clocks:
             if clock.clock_id == BOOTTIME:
                 boot = clock.timestamp
+        anchored = any(c.clock_id < FIRST_SEQUENCE_SCOPED_CLOCK
+                       for c in snapshot.clocks)
         for clock in snapshot.clocks:
             seq.clocks[clock.clock_id] = {
+                "anchored": anchored,
                 "incremental": clock.is_incremental,
                 "last": clock.timestamp,
                 "ref": clock.timestamp,
@@ -312,18 +324,25 @@ class Checker:
             boot = ts
         elif clock_id in seq.clocks:
             clock = seq.clocks[clock_id]
+            if not clock["anchored"]:
+                self.violation("%s: timestamp on clock %d, whose snapshot on "
+                               "sequence %d names no builtin clock to convert "
+                               "it to" % (where, clock_id, seq.id))
+                return
             if clock["incremental"]:
                 if ts >= 1 << 63:
                     self.violation("%s: negative incremental timestamp delta "
                                    "%d on clock %d" % (where, ts - (1 << 64),
                                                        clock_id))
                     return
+                if seq.loss_marks and not seq.valid:
+                    return  # The deltas since the last clear may be lost.
                 value = clock["last"] + ts
                 clock["last"] = value
             else:
                 value = ts
             if clock["ref_boot"] is None:
-                return
+                return  # Converting needs the global snapshots.
             boot = clock["ref_boot"] + (value - clock["ref"]) * clock["mult"]
         elif clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
             self.violation("%s: timestamp on sequence-scoped clock %d that "
@@ -331,11 +350,13 @@ class Checker:
             return
         else:
             return  # Another builtin clock: no per-sequence conversion.
-        if seq.last_boot_ts is not None and boot < seq.last_boot_ts:
-            self.violation(
-                "%s: timestamp goes backwards on sequence %d (%d < %d)" %
-                (where, seq.id, boot, seq.last_boot_ts))
-        seq.last_boot_ts = boot
+        # Earlier than the latest time is legal: a trace processor sorts.
+        # Deltas are never negative, so only an absolute timestamp or a clock
+        # a snapshot re-anchored gets here.
+        if seq.latest_boot_ts is not None and boot < seq.latest_boot_ts:
+            seq.out_of_order += 1
+        else:
+            seq.latest_boot_ts = boot
 
     def resolve(self, seq, table, iid, where):
         name = seq.interned[table].get(iid) if seq.valid else None
@@ -550,6 +571,8 @@ class Checker:
                       "paired": len(set(self.flows_begun) &
                                     set(self.flows_terminated))},
             "counter_tracks": len(self.counter_tracks),
+            "out_of_order": sum(s.out_of_order
+                                for s in self.sequences.values()),
             "loss_indicators": self.loss_indicators(),
             "trace_stats": service,
             "buffer_stats": self.buffer_stats(),

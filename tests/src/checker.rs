@@ -164,6 +164,10 @@ pub struct TraceReport {
     /// Scalar fields of `TraceStats`.
     #[serde(default)]
     pub trace_stats: Option<BTreeMap<String, serde_json::Value>>,
+    /// Packets whose absolute timestamp is earlier than the latest one of
+    /// their sequence (legal: a trace processor sorts), all sequences.
+    #[serde(default)]
+    pub out_of_order: u64,
 }
 
 impl TraceReport {

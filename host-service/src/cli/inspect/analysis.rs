@@ -21,8 +21,8 @@
 //! Problems (what `inspect --check` fails on) are only the ones no recorded
 //! loss explains: a SLICE_END with nothing open, an interned id that does
 //! not resolve, a flow that is never continued or terminates nothing, a
-//! counter on a track that is not a counter, time going backwards, a
-//! malformed or cut packet, or evidence of lost data (a lost sequence start,
+//! counter on a track that is not a counter, a timestamp that cannot be
+//! resolved (see below), a malformed or cut packet, or evidence of lost data (a lost sequence start,
 //! skipped packets) that neither a loss mark nor the buffer statistics
 //! record. On a sequence with a loss mark, consequences of the loss are
 //! counted, not reported.
@@ -46,6 +46,22 @@
 //!   ends whose begin was lost, and anything that fails before the
 //!   sequence's first clear. An interned id that does not resolve after
 //!   that clear is still a problem.
+//!
+//! Timestamps, as a trace processor resolves them (it sorts events by time,
+//! so a sequence's time may go back):
+//!
+//! * An absolute timestamp (BOOTTIME, or a sequence-scoped clock that is
+//!   not incremental) earlier than the latest one of its sequence is legal:
+//!   the SDK writes an event given an explicit earlier time that way. It is
+//!   counted (`out_of_order`), not reported.
+//! * A timestamp on an incremental clock is a delta from that clock's last
+//!   value. A negative delta (a value of 2^63 or more) is an impossible
+//!   encoding and a problem; so is a timestamp on a sequence-scoped clock the
+//!   sequence does not define (after a clear, until a snapshot defines it
+//!   again), or on one whose snapshot names no builtin clock to convert it
+//!   to.
+//! * After a loss mark and before the next clear, an incremental clock's
+//!   last value is unknown (deltas were lost): its deltas are not resolved.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -135,7 +151,9 @@ pub enum ProblemKind {
     Flows,
     /// A counter event without a value or on a non-counter track.
     Counters,
-    /// Time going backwards on a sequence.
+    /// A timestamp that cannot be resolved: a negative delta on an
+    /// incremental clock, or a clock the sequence does not define or cannot
+    /// convert.
     Timestamps,
     /// Data is missing and nothing records a loss.
     UnmarkedLoss,
@@ -153,7 +171,7 @@ impl ProblemKind {
             Self::Interning => "unresolved interning",
             Self::Flows => "unpaired flows",
             Self::Counters => "bad counters",
-            Self::Timestamps => "timestamps going backwards",
+            Self::Timestamps => "unresolvable timestamps",
             Self::UnmarkedLoss => "unmarked data loss",
             Self::Unsupported => "content inspect cannot read",
         }
@@ -361,6 +379,9 @@ pub struct SequenceInfo {
     pub unresolvable_after_wrap: u64,
     /// SLICE_END events with no open slice, after a loss.
     pub unmatched_ends_after_loss: u64,
+    /// Packets whose absolute timestamp is earlier than the latest one
+    /// before them on the sequence (legal: a trace processor sorts).
+    pub out_of_order: u64,
 }
 
 /// Clocks.
@@ -379,6 +400,10 @@ pub struct ClockInfo {
     pub first_ns: Option<u64>,
     /// Latest timestamp (producer or service packet), BOOTTIME ns.
     pub last_ns: Option<u64>,
+    /// Producer packets with an absolute timestamp earlier than the latest
+    /// one before them on their sequence, all sequences (legal: a trace
+    /// processor sorts events by time).
+    pub out_of_order: u64,
 }
 
 /// Lost data and its causes.
@@ -452,6 +477,9 @@ struct ClockState {
     last: u64,
     reference: u64,
     reference_boot: Option<u64>,
+    /// The snapshot that defined it names a builtin clock (id < 64) to
+    /// convert it to.
+    anchored: bool,
     multiplier: u64,
 }
 
@@ -480,7 +508,10 @@ struct Sequence {
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
     clocks: HashMap<u32, ClockState>,
+    /// The time of the last packet with a resolved timestamp.
     last_boot_ts: Option<u64>,
+    /// The latest resolved time so far.
+    latest_boot_ts: Option<u64>,
     evidence: Vec<Evidence>,
 }
 
@@ -888,6 +919,10 @@ impl Analyzer {
             .iter()
             .find(|c| c.clock_id == Some(BOOTTIME))
             .and_then(|c| c.timestamp);
+        let anchored = snapshot.clocks.iter().any(|c| {
+            c.clock_id
+                .is_some_and(|id| id < FIRST_SEQUENCE_SCOPED_CLOCK)
+        });
         for clock in &snapshot.clocks {
             let (Some(id), Some(ts)) = (clock.clock_id, clock.timestamp) else {
                 continue;
@@ -902,12 +937,15 @@ impl Analyzer {
                     last: ts,
                     reference: ts,
                     reference_boot: boot,
+                    anchored,
                     multiplier: clock.unit_multiplier_ns.filter(|&m| m > 0).unwrap_or(1),
                 },
             );
         }
     }
 
+    /// Resolves a producer packet's timestamp to BOOTTIME (see the module
+    /// docs for what is a problem and what is only counted).
     fn timestamp(&mut self, seq_id: u32, packet: &TracePacket, at: &str) {
         let Some(ts) = packet.timestamp else { return };
         let Some(seq) = self.sequences.get_mut(&seq_id) else {
@@ -920,6 +958,14 @@ impl Analyzer {
         let boot = if clock_id == BOOTTIME {
             ts
         } else if let Some(clock) = seq.clocks.get_mut(&clock_id) {
+            if !clock.anchored {
+                let message = format!(
+                    "{at}: timestamp on clock {clock_id}, whose snapshot on sequence {seq_id} \
+                     names no builtin clock to convert it to"
+                );
+                self.problem(ProblemKind::Timestamps, message);
+                return;
+            }
             let value = if clock.incremental {
                 if ts >= 1 << 63 {
                     let message = format!(
@@ -929,12 +975,18 @@ impl Analyzer {
                     self.problem(ProblemKind::Timestamps, message);
                     return;
                 }
+                if seq.marked && !seq.valid {
+                    // The deltas since the last clear may be lost with the
+                    // packets that carried them: the base is unknown.
+                    return;
+                }
                 clock.last = clock.last.wrapping_add(ts);
                 clock.last
             } else {
                 ts
             };
             let Some(reference_boot) = clock.reference_boot else {
+                // Converting needs the global snapshots; not checked.
                 return;
             };
             reference_boot.wrapping_add(
@@ -959,16 +1011,15 @@ impl Analyzer {
             // not checked.
             return;
         };
-        if let Some(last) = seq.last_boot_ts {
-            if boot < last {
-                let message =
-                    format!("{at}: time goes backwards on sequence {seq_id} ({boot} < {last} ns)");
-                seq.last_boot_ts = Some(boot);
-                self.problem(ProblemKind::Timestamps, message);
-                return;
-            }
+        // Earlier than the latest time: legal (a trace processor sorts
+        // events by time); only absolute timestamps or a clock re-anchored
+        // by a snapshot can get here, as deltas are never negative.
+        if seq.latest_boot_ts.is_some_and(|latest| boot < latest) {
+            seq.info.out_of_order += 1;
+            self.out.clocks.out_of_order += 1;
         }
         seq.last_boot_ts = Some(boot);
+        seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         self.span(boot);
     }
 

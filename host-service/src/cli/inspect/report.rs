@@ -301,6 +301,14 @@ fn clocks(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
             .collect();
         writeln!(out, "  sequence    {}", scoped.join(", "))?;
     }
+    if c.out_of_order > 0 {
+        writeln!(
+            out,
+            "  out of order {} packet(s) earlier than their sequence's latest time \
+             (legal: sorted by time)",
+            c.out_of_order
+        )?;
+    }
     Ok(())
 }
 
