@@ -39,7 +39,8 @@ pub enum HarnessError {
     },
     /// A driver process did not report in time.
     #[error(
-        "{name}: no {what} within {timeout:?}\n--- last lines of its stderr ---\n{stderr_tail}"
+        "{name}: no {what} within {timeout:?} (meanwhile it reported: {seen})\n\
+         --- last lines of its stderr ---\n{stderr_tail}"
     )]
     Timeout {
         /// The role of the process.
@@ -48,6 +49,9 @@ pub enum HarnessError {
         what: String,
         /// How long the harness waited.
         timeout: Duration,
+        /// The events it reported while the harness waited (skipped), or
+        /// "nothing": where it got stuck.
+        seen: String,
         /// The end of its stderr log, for diagnosis.
         stderr_tail: String,
     },

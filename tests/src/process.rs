@@ -89,6 +89,7 @@ impl ChildProcess {
     /// fail.
     pub fn expect_event(&mut self, event: &str, timeout: Duration) -> Result<Value> {
         let deadline = Instant::now() + timeout;
+        let mut skipped = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.events.recv_timeout(left) {
@@ -98,7 +99,7 @@ impl ChildProcess {
                         let message = value.get("message").and_then(Value::as_str).unwrap_or("?");
                         return Err(self.driver_error(format!("reported an error: {message}")));
                     }
-                    Some(_) => continue,
+                    Some(other) => skipped.push(other.to_string()),
                     None => {
                         return Err(self.driver_error(format!("unexpected output line {value}")))
                     }
@@ -108,6 +109,7 @@ impl ChildProcess {
                         name: self.name.clone(),
                         what: format!("\"{event}\" event"),
                         timeout,
+                        seen: seen(&skipped),
                         stderr_tail: self.stderr_tail(),
                     })
                 }
@@ -168,12 +170,18 @@ impl ChildProcess {
                 Ok(Some(status)) => return Ok(status),
                 Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
                 Ok(None) => {
+                    let pending: Vec<String> = self
+                        .pending_events()
+                        .iter()
+                        .map(|e| e.get("event").and_then(Value::as_str).unwrap_or("?").into())
+                        .collect();
                     return Err(HarnessError::Timeout {
                         name: self.name.clone(),
                         what: "exit".into(),
                         timeout,
+                        seen: seen(&pending),
                         stderr_tail: self.stderr_tail(),
-                    })
+                    });
                 }
                 Err(e) => return Err(self.driver_error(format!("cannot wait: {e}"))),
             }
@@ -198,6 +206,16 @@ impl ChildProcess {
         let mut tail = Vec::new();
         let _ = file.read_to_end(&mut tail);
         String::from_utf8_lossy(&tail).into_owned()
+    }
+}
+
+/// The events a process reported while the harness waited for something
+/// else, for a timeout's message.
+fn seen(events: &[String]) -> String {
+    if events.is_empty() {
+        "nothing".into()
+    } else {
+        events.join(", ")
     }
 }
 

@@ -72,8 +72,9 @@ use crate::test_events::{self, TestEvents};
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long one emission phase may take.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long stopping, reading and exiting may take.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stopping, reading and exiting may take, unless the scenario
+/// says otherwise ([`Scenario::stop_timeout`]).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// The track_event categories the producer drivers register.
 const CATEGORIES: [&str; 2] = ["interop", "interop.*"];
 /// The name of our producer driver's custom data source
@@ -422,6 +423,11 @@ pub struct Scenario {
     /// trace while the drivers still count them: a scenario with a filter
     /// judges the trace by other means than the checker's counts.
     pub track_event_config: Option<TrackEventConfig>,
+    /// How long the stop (flush, disable, the final read into the trace
+    /// file) and each mid-session flush and read may take; longer for a
+    /// big trace, which debug builds of the service and the consumer read
+    /// at a few MB per CPU-second each.
+    pub stop_timeout: Duration,
 }
 
 impl Scenario {
@@ -440,7 +446,25 @@ impl Scenario {
             loss: Loss::None,
             keep_trace: None,
             track_event_config: None,
+            stop_timeout: STOP_TIMEOUT,
         }
+    }
+
+    /// The longest the harness waits, in all, for the session to end: the
+    /// consumer driver's own timeout, so that the harness's deadlines,
+    /// which say what was late, come first.
+    fn deadline(&self) -> Duration {
+        let phases = self.producers.first().map_or(1, |p| p.phases);
+        let duration = match self.stop {
+            Stop::ByConsumer => Duration::ZERO,
+            Stop::ByDuration { duration_ms } => Duration::from_millis(duration_ms.into()),
+        };
+        // Every producer's start, then per phase its emission and a flush
+        // and a read, then the stop.
+        START_TIMEOUT * (self.producers.len() as u32)
+            + (PHASE_TIMEOUT + 2 * self.stop_timeout) * phases
+            + self.stop_timeout
+            + duration
     }
 
     /// The TraceConfig the consumer sends (the first one, when the
@@ -751,7 +775,9 @@ pub fn start_producer(
 
 /// Starts consumer number `index` (from 0) of implementation `which`,
 /// recording the TraceConfig in `config` into `out` (see the driver
-/// protocol in the module docs). Its stderr goes to `log_dir`.
+/// protocol in the module docs), streamed into the file if `scenario`
+/// writes into a file; the real consumer gives up after the scenario's
+/// whole deadline. Its stderr goes to `log_dir`.
 #[allow(clippy::too_many_arguments)]
 pub fn start_consumer(
     which: ConsumerImpl,
@@ -761,8 +787,9 @@ pub fn start_consumer(
     consumer_socket: &Path,
     config: &Path,
     out: &Path,
-    write_into_file: bool,
+    scenario: &Scenario,
 ) -> Result<ChildProcess> {
+    let write_into_file = scenario.write_into_file_period_ms.is_some();
     let name = match index {
         0 => "consumer".to_string(),
         n => format!("consumer {}", n + 1),
@@ -794,10 +821,7 @@ pub fn start_consumer(
     if write_into_file {
         command.arg("--write-into-file");
     }
-    command.arg(format!(
-        "--timeout-ms={}",
-        (PHASE_TIMEOUT + STOP_TIMEOUT).as_millis()
-    ));
+    command.arg(format!("--timeout-ms={}", scenario.deadline().as_millis()));
     ChildProcess::spawn(&name, command, log_dir)
 }
 
@@ -901,7 +925,6 @@ fn run_in(
 ) -> Result<Outcome> {
     let producer_socket = dir.path("producer.sock");
     let consumer_socket = dir.path("consumer.sock");
-    let write_into_file = scenario.write_into_file_period_ms.is_some();
     // Session 1 writes trace.pftrace, session n > 1 trace-<n>.pftrace.
     let sessions = scenario.sessions();
     let mut trace_paths = Vec::new();
@@ -949,7 +972,7 @@ fn run_in(
             &consumer_socket,
             config_path,
             out,
-            write_into_file,
+            scenario,
         )?;
         consumer.expect_event("connected", START_TIMEOUT)?;
         consumers.push(consumer);
@@ -987,11 +1010,11 @@ fn run_in(
         match scenario.between_phases {
             BetweenPhases::FlushAndRead if !last => {
                 consumer.send_line("flush")?;
-                let flush = consumer.expect_event("flush", STOP_TIMEOUT)?;
+                let flush = consumer.expect_event("flush", scenario.stop_timeout)?;
                 mid_flushes.push(flush.get("ok").and_then(Value::as_bool) == Some(true));
                 let path = dir.path(&format!("read-{phase}.pftrace"));
                 consumer.send_line(&format!("read {}", path.display()))?;
-                consumer.expect_event("read", STOP_TIMEOUT)?;
+                consumer.expect_event("read", scenario.stop_timeout)?;
                 mid_paths.push(path);
             }
             BetweenPhases::SampleFileSize { settle } => {
@@ -1007,13 +1030,13 @@ fn run_in(
         }
     }
 
-    let mut stop_timeout = STOP_TIMEOUT;
+    let mut stop_timeout = scenario.stop_timeout;
     for consumer in &mut consumers {
         match scenario.stop {
             Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => interrupt(consumer)?,
             Stop::ByConsumer => consumer.send_line("stop")?,
             Stop::ByDuration { duration_ms } => {
-                stop_timeout = STOP_TIMEOUT + Duration::from_millis(duration_ms.into());
+                stop_timeout = scenario.stop_timeout + Duration::from_millis(duration_ms.into());
             }
         }
     }
@@ -1022,7 +1045,7 @@ fn run_in(
         let done = consumer.expect_event("done", stop_timeout)?;
         cli_summaries.push(done.get("summary").cloned());
         consumer.close_stdin();
-        consumer.expect_success(STOP_TIMEOUT)?;
+        consumer.expect_success(scenario.stop_timeout)?;
     }
     for producer in &mut producers {
         producer.expect_event("stopped", STOP_TIMEOUT)?;
