@@ -550,11 +550,40 @@ impl SequenceState {
         true
     }
 
-    /// The descriptor packet of a track first used on this sequence.
+    /// The descriptor packet of a track first used on this sequence, then
+    /// those of its registered ancestors not described on it yet (see the
+    /// `track` module).
     #[cold]
     #[inline(never)]
-    fn emit_track_descriptor<W: PacketWriter>(&self, w: &mut W, t: &Track<'_>, now: u64) -> bool {
-        w.write_packet(|p| descriptor_packet(p, t, now))
+    fn emit_track_descriptor<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        t: &Track<'_>,
+        now: u64,
+    ) -> bool {
+        if !w.write_packet(|p| descriptor_packet(p, t, now)) {
+            return false;
+        }
+        let mut uuid = t.parent_uuid().unwrap_or(0);
+        let (thread, process) = (self.thread_track.uuid(), crate::track::process_uuid());
+        while uuid != 0 && uuid != thread && uuid != process && self.tracks.insert(uuid) {
+            // Not a registered track: nothing to describe it with.
+            let Some((parent, descriptor)) = crate::track::ancestor(uuid) else {
+                break;
+            };
+            if !w.write_packet(|p| {
+                p.uint64(packet_field::TIMESTAMP, now);
+                p.uint32(packet_field::TIMESTAMP_CLOCK_ID, BOOTTIME_CLOCK_ID);
+                p.bytes(packet_field::TRACK_DESCRIPTOR, &descriptor);
+            }) {
+                return false;
+            }
+            uuid = parent;
+        }
+        // The event's own track is the set's most recent member again (the
+        // counter encoder looks there).
+        self.tracks.insert(t.uuid());
+        true
     }
 
     /// Writes one [`PlainEvent`] (see there) of kind `KIND` (an
@@ -2035,10 +2064,60 @@ mod tests {
         let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
         let t = 4242 ^ crate::process_uuid();
         let pr = crate::process_uuid();
-        assert_eq!(uuids, [t, pr, 10, 3 ^ 10, t, pr, 3 ^ 10]);
+        // After the reset the child comes first, then its parent.
+        assert_eq!(uuids, [t, pr, 10, 3 ^ 10, t, pr, 3 ^ 10, 10]);
         assert_eq!(descs[2].child_ordering, Some(3));
         assert_eq!(descs[3].sibling_order_rank, Some(-100));
         assert_eq!(descs[3].parent_uuid, Some(10));
+        assert_eq!(descs[7], descs[2]);
+    }
+
+    /// An event on a nested track describes every custom ancestor first
+    /// (each once per reset), as upstream's nested tracks do.
+    #[test]
+    fn nested_tracks_describe_every_ancestor() {
+        let mut w = VecWriter::default();
+        let mut s = seq();
+        let root = Track::global(0x5000)
+            .with_name("R")
+            .with_child_ordering(ChildOrdering::Explicit);
+        let mid = Track::named_child_of(&root, "M", 1).with_sibling_order_rank(2);
+        let leaf = Track::named_child_of(&mid, "L", 2);
+        let gauge = CounterTrack::child_of(&leaf, "gauge");
+        let on = |t: &Track<'_>, w: &mut VecWriter, s: &mut SequenceState| {
+            let mut e = ev(EventType::Instant, "on".into());
+            e.track = Some(t);
+            assert!(s.write_event(w, &e, None));
+        };
+        on(&leaf, &mut w, &mut s);
+        on(&mid, &mut w, &mut s);
+        on(gauge.track(), &mut w, &mut s);
+        s.invalidate();
+        on(gauge.track(), &mut w, &mut s);
+        let descs: Vec<_> = w
+            .decoded()
+            .into_iter()
+            .filter_map(|p| p.track_descriptor)
+            .collect();
+        let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
+        let t = 4242 ^ crate::process_uuid();
+        let pr = crate::process_uuid();
+        let (r, m, l, g) = (
+            root.uuid(),
+            mid.uuid(),
+            leaf.uuid(),
+            gauge.track().uuid(),
+        );
+        assert_eq!(uuids, [t, pr, l, m, r, g, t, pr, g, l, m, r]);
+        let by_uuid = |u: u64| descs.iter().find(|d| d.uuid == Some(u)).unwrap();
+        assert_eq!(by_uuid(r).name.as_deref(), Some("R"));
+        assert_eq!(by_uuid(r).child_ordering, Some(3));
+        assert_eq!(by_uuid(r).parent_uuid, None);
+        assert_eq!(by_uuid(m).name.as_deref(), Some("M"));
+        assert_eq!(by_uuid(m).sibling_order_rank, Some(2));
+        assert_eq!(by_uuid(m).parent_uuid, Some(r));
+        assert_eq!(by_uuid(l).parent_uuid, Some(m));
+        assert_eq!(by_uuid(g).parent_uuid, Some(l));
     }
 
     /// Writer whose attempts succeed or fail following `mask` (cycled).

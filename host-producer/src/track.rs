@@ -8,12 +8,20 @@
 //!
 //! A track's descriptor (`TrackDescriptor`, TracePacket field 60) is
 //! written on a sequence before the first event that uses the track, and
-//! again after every incremental-state reset of that sequence.
+//! again after every incremental-state reset of that sequence. So are the
+//! descriptors of its custom ancestors: a track made a parent
+//! ([`Track::child_of`] and the other `child_of`s) is recorded in a
+//! process-wide registry of ancestors (uuid, parent uuid, encoded
+//! descriptor; the first registration of a uuid wins), as upstream's SDK
+//! does with its track registry, so an event on a nested track leaves every
+//! level described.
 
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use shmtrace_abi::proto::{Message, Sink};
+use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
 
 use crate::category::Category;
 use crate::sys;
@@ -128,7 +136,10 @@ impl<'a> Track<'a> {
     }
 
     /// A track identified by `id` under `parent`: uuid `id ^ parent.uuid()`.
+    /// A custom `parent` is described in the trace too, before the first
+    /// event on this track (see the module docs).
     pub fn child_of(parent: &Track<'_>, id: u64) -> Self {
+        parent.register_as_ancestor();
         Track {
             uuid: id ^ parent.uuid,
             parent_uuid: parent.uuid,
@@ -193,6 +204,32 @@ impl<'a> Track<'a> {
     /// The name, if any.
     pub fn name(&self) -> Option<&'a str> {
         self.name
+    }
+
+    /// Records this track's descriptor for its descendants (module docs);
+    /// the process track, thread tracks and uuid 0 (no parent) need none.
+    fn register_as_ancestor(&self) {
+        thread_local! {
+            /// The uuid this thread registered last: most children are
+            /// made under the same parent again and again.
+            static LAST: Cell<u64> = const { Cell::new(0) };
+        }
+        if self.uuid == 0 || matches!(self.kind, TrackKind::Process | TrackKind::Thread { .. }) {
+            return;
+        }
+        if LAST.try_with(|last| last.replace(self.uuid)) == Ok(self.uuid) {
+            return;
+        }
+        let mut ancestors = ANCESTORS.lock().unwrap_or_else(PoisonError::into_inner);
+        ancestors.entry(self.uuid).or_insert_with(|| {
+            let mut bytes = vec![0; encoded_len(|d| self.write_descriptor(d)) as usize];
+            let n = encode_to_slice(&mut bytes, |d| self.write_descriptor(d)).unwrap_or(0);
+            bytes.truncate(n);
+            Ancestor {
+                parent_uuid: self.parent_uuid,
+                descriptor: bytes.into(),
+            }
+        });
     }
 
     /// Writes this track's `TrackDescriptor` fields into `desc`.
@@ -268,6 +305,25 @@ impl<'a> Track<'a> {
             }
         }
     }
+}
+
+/// A track some other track was made a child of (module docs).
+struct Ancestor {
+    parent_uuid: u64,
+    /// Its `TrackDescriptor`, encoded.
+    descriptor: Arc<[u8]>,
+}
+
+static ANCESTORS: Mutex<BTreeMap<u64, Ancestor>> = Mutex::new(BTreeMap::new());
+
+/// The registered ancestor `uuid`: its parent's uuid (0: none) and its
+/// encoded `TrackDescriptor` (shared: the registry's lock is not held
+/// while a writer uses it).
+pub(crate) fn ancestor(uuid: u64) -> Option<(u64, Arc<[u8]>)> {
+    let ancestors = ANCESTORS.lock().unwrap_or_else(PoisonError::into_inner);
+    ancestors
+        .get(&uuid)
+        .map(|a| (a.parent_uuid, a.descriptor.clone()))
 }
 
 /// The track of the current process.

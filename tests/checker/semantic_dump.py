@@ -489,34 +489,14 @@ def canonical(d):
     return lines
 
 
-def hide_custom_parents(value):
-    """`value` with every custom parent track (neither a process nor a
-    thread track, described or not) replaced by a placeholder."""
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if k == "parent" and isinstance(v, dict) and \
-                    "process" not in v and "thread" not in v:
-                out[k] = "<custom parent: known difference>"
-            else:
-                out[k] = hide_custom_parents(v)
-        return out
-    if isinstance(value, list):
-        return [hide_custom_parents(v) for v in value]
-    return value
-
-
 # Known differences between the real SDK's traces and ours: bugs of our
 # producer, hidden from `compare` until they are fixed. Each hides as little
 # as it can, and `compare` reports one that two traces it applies to no
 # longer need, so that it goes away with the fix.
 KNOWN_DIFFERENCES = {
-    # shmtrace-producer writes the descriptor of the track an event is on,
-    # not those of its ancestors; the real SDK writes every ancestor's too
-    # (C API PERFETTO_TE_NESTED_TRACKS, C++ WriteTrackDescriptorIfNeeded),
-    # so in our traces a custom track's custom parent is undescribed.
-    # Hidden: what a custom parent says (name, ordering, its own parent).
-    "custom ancestors undescribed": hide_custom_parents,
+    # None at the moment. (The last one, custom parents of nested tracks
+    # left undescribed by shmtrace-producer, was fixed: its ancestors are
+    # now described, as upstream's are.)
 }
 
 
