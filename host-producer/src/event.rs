@@ -2102,12 +2102,7 @@ mod tests {
         let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
         let t = 4242 ^ crate::process_uuid();
         let pr = crate::process_uuid();
-        let (r, m, l, g) = (
-            root.uuid(),
-            mid.uuid(),
-            leaf.uuid(),
-            gauge.track().uuid(),
-        );
+        let (r, m, l, g) = (root.uuid(), mid.uuid(), leaf.uuid(), gauge.track().uuid());
         assert_eq!(uuids, [t, pr, l, m, r, g, t, pr, g, l, m, r]);
         let by_uuid = |u: u64| descs.iter().find(|d| d.uuid == Some(u)).unwrap();
         assert_eq!(by_uuid(r).name.as_deref(), Some("R"));
