@@ -41,10 +41,8 @@
 //!   adds), a slice on nested named tracks under the process (child
 //!   ordering, sibling rank) and an instant on nested named tracks under
 //!   no parent. Compared: each track's merged descriptors (so the other
-//!   thread's track is the one its thread describes) and its parent chain.
-//!   Known difference: our producer leaves a custom parent undescribed
-//!   (semantic_dump's `KNOWN_DIFFERENCES`), so the nested tracks' parents
-//!   are not compared yet.
+//!   thread's track is the one its thread describes) and its parent chain,
+//!   every custom ancestor's descriptor included.
 //! * Dynamic categories: an instant and a slice in two. Compared: the
 //!   events' categories, and which a filter lets through. Not compared: a
 //!   dynamic category no rule of the config names (the C API disables it,
