@@ -385,11 +385,14 @@ pub enum BetweenPhases {
     Nothing,
     /// The consumer flushes, then reads the buffers into a separate file.
     FlushAndRead,
-    /// Wait `settle`, then record the size of the write_into_file output.
-    /// Also done after the last phase, before the stop.
+    /// Record the size of the write_into_file output as soon as it has
+    /// grown past the previous sample (the service drains the buffer into
+    /// it every `file_write_period_ms`), or after `grow_within` if it does
+    /// not (the scenario's assertions then show the sizes). Also done after
+    /// the last phase, before the stop.
     SampleFileSize {
-        /// Time for the service to drain what was emitted.
-        settle: Duration,
+        /// The longest to wait for the file to grow.
+        grow_within: Duration,
     },
 }
 
@@ -681,6 +684,19 @@ fn file_size(path: &Path) -> Result<u64> {
             path: path.into(),
             source,
         })
+}
+
+/// The size of the file at `path` as soon as it exceeds `previous` (polled
+/// every 10 ms), or after `within`, whatever it is then.
+fn size_once_grown(path: &Path, previous: u64, within: Duration) -> Result<u64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let size = file_size(path)?;
+        if size > previous || Instant::now() >= deadline {
+            return Ok(size);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn u32_field(event: &Value, field: &str, who: &ChildProcess) -> Result<u32> {
@@ -1017,9 +1033,9 @@ fn run_in(
                 consumer.expect_event("read", scenario.stop_timeout)?;
                 mid_paths.push(path);
             }
-            BetweenPhases::SampleFileSize { settle } => {
-                thread::sleep(settle);
-                file_sizes.push(file_size(&trace_path)?);
+            BetweenPhases::SampleFileSize { grow_within } => {
+                let previous = file_sizes.last().copied().unwrap_or(0);
+                file_sizes.push(size_once_grown(&trace_path, previous, grow_within)?);
             }
             _ => {}
         }

@@ -458,8 +458,11 @@ fn incremental_state_clear(cell: Cell) {
 fn write_into_file(cell: Cell) {
     let scenario = Scenario {
         write_into_file_period_ms: Some(100),
+        // The service drains every 100 ms, but on a loaded machine a
+        // fixed wait after a phase can end before it did: wait until it
+        // has.
         between_phases: BetweenPhases::SampleFileSize {
-            settle: Duration::from_millis(500),
+            grow_within: Duration::from_secs(30),
         },
         ..Scenario::new(
             "file",
@@ -467,6 +470,12 @@ fn write_into_file(cell: Cell) {
                 threads: 2,
                 iterations: 300,
                 phases: 3,
+                // All three phases (~0.5 MB) fit in the shared memory
+                // buffer: nothing is lost even if the service, starved of
+                // CPU, frees no chunk before the last phase (with the
+                // default 256 KiB, 260 iterations were dropped, and
+                // marked, that way).
+                shmem_kb: 2048,
                 ..Default::default()
             }],
         )
