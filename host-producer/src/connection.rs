@@ -264,8 +264,7 @@ impl Session {
         let emulation = reply.use_shmem_emulation.unwrap_or(false);
         let commands =
             port.start::<producer_port::GetAsyncCommand>(&pb::GetAsyncCommandRequest {}, None)?;
-        runtime().connected();
-        for d in runtime().descriptors() {
+        for d in runtime().connect() {
             port.send::<producer_port::RegisterDataSource>(
                 &pb::RegisterDataSourceRequest {
                     data_source_descriptor: Some(descriptor_proto(&d)),

@@ -35,9 +35,12 @@ pub(crate) struct Runtime {
     /// categories or made a dynamic one (upstream registers it only when
     /// the program initializes track events, too).
     track_event_advertised: AtomicBool,
-    /// Orders its registration and updates (an update overtaking the
-    /// registration would be dropped by the service).
-    track_event_order: Mutex<()>,
+    /// Orders registrations and track_event's updates among themselves and
+    /// with a new connection's opening ([`Runtime::connect`]): an update
+    /// overtaking its registration would be dropped by the service, and a
+    /// data source registered while a connection opens must reach it
+    /// exactly once.
+    registration: Mutex<()>,
 }
 
 pub(crate) fn runtime() -> &'static Runtime {
@@ -63,7 +66,7 @@ pub(crate) fn runtime() -> &'static Runtime {
             arbiter: Mutex::new(None),
             next_id: AtomicU64::new(2),
             track_event_advertised: AtomicBool::new(false),
-            track_event_order: Mutex::new(()),
+            registration: Mutex::new(()),
         }
     })
 }
@@ -96,6 +99,7 @@ impl Runtime {
         if name.is_empty() {
             return Err(RegisterError::EmptyName);
         }
+        let _order = self.registration_order();
         let mut types = self.types.write().unwrap_or_else(|e| e.into_inner());
         if types.iter().any(|t| t.name == name) {
             return Err(RegisterError::AlreadyRegistered(name.to_owned()));
@@ -123,16 +127,28 @@ impl Runtime {
         if !changed && self.track_event_advertised.load(Ordering::Acquire) {
             return;
         }
-        let _order = self
-            .track_event_order
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _order = self.registration_order();
         let d = descriptor(&self.track_event());
         if !self.track_event_advertised.swap(true, Ordering::AcqRel) {
             self.outbox.push(Outgoing::RegisterDataSource(d));
         } else if changed {
             self.outbox.push(Outgoing::UpdateDataSource(d));
         }
+    }
+
+    fn registration_order(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.registration.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new connection: the outbox accepts messages again, and the data
+    /// sources advertised so far are returned for the connection to
+    /// register first. One step under the registration lock, so a data
+    /// source registered meanwhile is either among them or queued in the
+    /// outbox, never both, never neither.
+    pub(crate) fn connect(&self) -> Vec<DescriptorInfo> {
+        let _order = self.registration_order();
+        self.connected();
+        self.descriptors()
     }
 
     /// Every advertised data source, as the connection registers them.

@@ -1330,3 +1330,38 @@ fn flush_and_stop_do_not_wait_for_stalled_writers() {
     }
     lb.shutdown();
 }
+
+/// A data source registered while a connection opens reaches it exactly
+/// once: among the registrations the connection sends first, or queued in
+/// the outbox after them.
+#[test]
+fn registrations_racing_a_connection_reach_it_exactly_once() {
+    let _s = serial();
+    let rt = runtime();
+    for round in 0..10 {
+        // The previous connection is gone.
+        rt.outbox().set_closed(true);
+        let names: Vec<String> = (0..3).map(|k| format!("race.{round}.{k}")).collect();
+        let barrier = Barrier::new(names.len() + 1);
+        let first = std::thread::scope(|s| {
+            for name in &names {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    DataSource::register(name, crate::NoopHandler).unwrap()
+                });
+            }
+            barrier.wait();
+            rt.connect()
+        });
+        let mut sent: Vec<String> = first.into_iter().map(|d| d.name).collect();
+        while let Some(msg) = rt.outbox().try_next() {
+            if let Outgoing::RegisterDataSource(d) = msg {
+                sent.push(d.name);
+            }
+        }
+        sent.retain(|n| n.starts_with(&format!("race.{round}.")));
+        sent.sort();
+        assert_eq!(sent, names, "round {round}");
+    }
+}
