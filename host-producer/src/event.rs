@@ -597,10 +597,7 @@ impl SequenceState {
         ev: &PlainEvent<'_>,
     ) -> bool {
         debug_assert_eq!(ev.kind as u8, KIND);
-        if self.try_write_plain::<KIND, W>(w, ev) {
-            return true;
-        }
-        self.write_event(w, &ev.data(), None)
+        self.try_write_plain::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
     }
 
     /// The dedicated encoder of [`SequenceState::write_plain`], straight
@@ -745,10 +742,7 @@ impl SequenceState {
         ev: &PlainEvent<'_>,
     ) -> bool {
         debug_assert_eq!(ev.kind as u8, KIND);
-        if self.try_write_plain_args::<KIND, W>(w, ev) {
-            return true;
-        }
-        self.write_event(w, &ev.data(), None)
+        self.try_write_plain_args::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
     }
 
     /// The dedicated encoder of [`SequenceState::write_plain_args`], into
