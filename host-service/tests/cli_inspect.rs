@@ -414,6 +414,29 @@ fn absolute_time_earlier_than_the_latest_is_counted_not_a_problem() {
     assert_eq!(golden["clocks"]["out_of_order"], 0);
 }
 
+/// A sequence that clears its incremental state and defines its
+/// sequence-scoped clock again is still one sequence using that clock (the
+/// report said "on N sequence(s)" with N counting definitions).
+#[test]
+fn a_clock_defined_again_after_a_clear_counts_its_sequence_once() {
+    let dir = TempDir::new("redefined");
+    let mut t = EditTrace::golden();
+    // The sequence's first packet clears the state and defines clock 64;
+    // the same packet again, right after it, does both again and leaves
+    // the sequence in the same state.
+    let first = t.sequence(3)[0];
+    let text = t.packets[first].to_text_format();
+    assert!(text.contains("clock_id:64"), "{text}");
+    assert_ne!(t.sequence_flags(first) & 1, 0, "{text}");
+    assert!(!text.contains("track_event{"), "{text}");
+    t.packets.insert(first + 1, t.packets[first].clone());
+    t.clear(first + 1, "previous_packet_dropped")
+        .clear(first + 1, "first_packet_on_sequence");
+    let a = check_passes(&t, &dir);
+    assert_eq!(sequence_info(&a, 3)["cleared"], 2);
+    assert_eq!(a["clocks"]["sequence_scoped"]["64"], 3);
+}
+
 #[test]
 fn packet_without_trusted_sequence_id() {
     let dir = TempDir::new("trusted");

@@ -508,6 +508,9 @@ struct Sequence {
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
     clocks: HashMap<u32, ClockState>,
+    /// Sequence-scoped clock ids this sequence ever defined (kept across
+    /// incremental-state clears, which forget the clocks themselves).
+    scoped_clocks_defined: BTreeSet<u32>,
     /// The time of the last packet with a resolved timestamp.
     last_boot_ts: Option<u64>,
     /// The latest resolved time so far.
@@ -927,7 +930,7 @@ impl Analyzer {
             let (Some(id), Some(ts)) = (clock.clock_id, clock.timestamp) else {
                 continue;
             };
-            if id >= FIRST_SEQUENCE_SCOPED_CLOCK && !seq.clocks.contains_key(&id) {
+            if id >= FIRST_SEQUENCE_SCOPED_CLOCK && seq.scoped_clocks_defined.insert(id) {
                 *self.out.clocks.sequence_scoped.entry(id).or_insert(0) += 1;
             }
             seq.clocks.insert(
