@@ -35,8 +35,12 @@ Checks, per producer sequence (trusted_packet_sequence_id):
     time that way): it is counted ("out_of_order"), not a violation. After a
     loss mark and before the next clear, incremental deltas are not resolved
     (their base may be lost);
-  * slices nest per track: every SLICE_END closes an open SLICE_BEGIN (LIFO),
-    and nothing is left open;
+  * slices nest per track in time order, as a trace processor pairs them
+    (it sorts every event by timestamp, equal timestamps in the order it read
+    them): every SLICE_END closes an open SLICE_BEGIN (LIFO), and nothing is
+    left open. Packet order may differ from time order (an explicit earlier
+    time, or several sequences writing on one track). An event whose time
+    does not resolve takes its sequence's last resolved time;
   * flows pair: every flow id is started once and terminated once;
   * counter events point at a described counter track.
 Then across the trace: event counts per type match the expectation exactly
@@ -133,6 +137,7 @@ class Sequence:
         self.defaults = None
         self.clocks = {}
         self.latest_boot_ts = None
+        self.last_boot_ts = None
         self.out_of_order = 0
 
     def reset_incremental_state(self):
@@ -189,7 +194,12 @@ class Checker:
         self.by_category = collections.Counter()
         self.resolved = collections.Counter()
         self.unresolved = collections.Counter()
-        self.stacks = collections.defaultdict(list)
+        # (track, ts, packet number, begin?, lossy?) per slice event, paired
+        # in time order at the end.
+        self.slice_marks = []
+        # (number of its first packet, path) per trace file.
+        self.files = []
+        self.open_slices = 0
         self.max_depth = 0
         self.unmatched_ends_after_loss = 0
         self.flows_begun = collections.Counter()
@@ -210,6 +220,7 @@ class Checker:
     # ------------------------------------------------------------------
     def run(self, traces):
         for path, trace in traces:
+            self.files.append((self.packets, path))
             for index, packet in enumerate(trace.packet):
                 self.packets += 1
                 self.packet(packet, "%s#%d" % (path, index))
@@ -357,6 +368,7 @@ class Checker:
             seq.out_of_order += 1
         else:
             seq.latest_boot_ts = boot
+        seq.last_boot_ts = boot
 
     def resolve(self, seq, table, iid, where):
         name = seq.interned[table].get(iid) if seq.valid else None
@@ -398,19 +410,10 @@ class Checker:
         type_key = TYPE_KEYS.get(event_type)
         if type_key:
             counts[type_key] += 1
-        if event_type == TYPE_SLICE_BEGIN:
-            stack = self.stacks[track]
-            stack.append(name)
-            self.max_depth = max(self.max_depth, len(stack))
-        elif event_type == TYPE_SLICE_END:
-            stack = self.stacks[track]
-            if stack:
-                stack.pop()
-            elif seq.lossy:
-                self.unmatched_ends_after_loss += 1
-            else:
-                self.violation("%s: SLICE_END with no open slice on track %d" %
-                               (where, track))
+        if event_type == TYPE_SLICE_BEGIN or event_type == TYPE_SLICE_END:
+            self.slice_marks.append((
+                track, seq.last_boot_ts or 0, self.packets,
+                event_type == TYPE_SLICE_BEGIN, seq.lossy))
         elif event_type == TYPE_COUNTER:
             which = event.WhichOneof("counter_value_field")
             if which == "counter_value":
@@ -462,11 +465,34 @@ class Checker:
 
     # ------------------------------------------------------------------
     def finish(self):
-        open_slices = sum(len(s) for s in self.stacks.values())
-        if open_slices and self.expect["loss"] == "none":
-            self.violation("%d slices were never closed" % open_slices)
+        self.match_slices()
+        if self.open_slices and self.expect["loss"] == "none":
+            self.violation("%d slices were never closed" % self.open_slices)
         self.check_flows()
         self.check_counts()
+
+    def match_slices(self):
+        """Pairs slice ends with begins per track in time order (equal times
+        in packet order): a SLICE_END closes the innermost open slice."""
+        depth = collections.Counter()
+        self.slice_marks.sort(key=lambda m: (m[0], m[1], m[2]))
+        for track, _, number, begin, lossy in self.slice_marks:
+            if begin:
+                depth[track] += 1
+                self.max_depth = max(self.max_depth, depth[track])
+            elif depth[track]:
+                depth[track] -= 1
+            elif lossy:
+                self.unmatched_ends_after_loss += 1
+            else:
+                self.violation("%s: SLICE_END with no open slice on track %d" %
+                               (self.where(number), track))
+        self.open_slices = sum(depth.values())
+
+    def where(self, number):
+        """`path#index` of the packet counted `number` (from 1) in run()."""
+        first, path = [f for f in self.files if f[0] < number][-1]
+        return "%s#%d" % (path, number - first - 1)
 
     def check_flows(self):
         strict = self.expect["loss"] == "none"
@@ -562,7 +588,7 @@ class Checker:
                           sorted(self.sequences.items())],
             "interning": {"resolved": dict(self.resolved),
                           "unresolved": dict(self.unresolved)},
-            "slices": {"open": sum(len(s) for s in self.stacks.values()),
+            "slices": {"open": self.open_slices,
                        "max_depth": self.max_depth,
                        "unmatched_ends_after_loss":
                            self.unmatched_ends_after_loss},

@@ -280,5 +280,114 @@ class CheckerTest(unittest.TestCase):
             check_trace.load_expectation(path)
 
 
+# Slices in time order ----------------------------------------------------
+B, E = "B", "E"
+SHARED_TRACK = 7
+
+
+def slice_trace(events):
+    """A trace of hand-built slice events, in the order given.
+
+    `events` are `(sequence id, B or E, BOOTTIME ns, name)`. Every sequence
+    starts with a cleared, first-on-sequence descriptor of one shared track;
+    each event is a packet with its own absolute timestamp on that track.
+    """
+    trace = pb.Trace()
+    started = set()
+    for seq_id, kind, ts, name in events:
+        if seq_id not in started:
+            started.add(seq_id)
+            first = trace.packet.add(
+                trusted_uid=1000, trusted_pid=100 + seq_id,
+                trusted_packet_sequence_id=seq_id,
+                first_packet_on_sequence=True,
+                sequence_flags=check_trace.SEQ_INCREMENTAL_STATE_CLEARED)
+            first.track_descriptor.uuid = SHARED_TRACK
+            first.track_descriptor.name = "shared"
+        packet = trace.packet.add(
+            trusted_uid=1000, trusted_pid=100 + seq_id,
+            trusted_packet_sequence_id=seq_id, timestamp=ts)
+        event = packet.track_event
+        event.type = TE.TYPE_SLICE_BEGIN if kind == B else TE.TYPE_SLICE_END
+        event.track_uuid = SHARED_TRACK
+        if name:
+            event.name = name
+    return trace
+
+
+class TimeOrderTest(unittest.TestCase):
+    """Slice begins and ends pair per track in time order, ties in packet
+    order, as a trace processor pairs them (it sorts every event by
+    timestamp, then by the order it read them), not in packet order."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def check(self, events):
+        path = os.path.join(self.tmp.name, "slices.pftrace")
+        with open(path, "wb") as f:
+            f.write(slice_trace(events).SerializeToString())
+        begins = sum(1 for e in events if e[1] == B)
+        expect = {
+            "producers": [{"pid": None, "emitted": {
+                "slice_begin": begins,
+                "slice_end": len(events) - begins}}],
+            "loss": "none",
+            "require_trace_stats": False,
+            "require_service_packets": False,
+        }
+        return check_trace.check([path], expect)
+
+    def assert_pairs(self, events, max_depth):
+        report = self.check(events)
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report["slices"]["open"], 0)
+        self.assertEqual(report["slices"]["max_depth"], max_depth)
+        return report
+
+    def test_nesting_valid_only_in_time_order(self):
+        # In time: outer 10..40 holds inner 20..30. The inner begin is
+        # written last, with its explicit earlier time.
+        report = self.assert_pairs([(2, B, 10, "outer"), (2, E, 30, None),
+                                    (2, E, 40, None), (2, B, 20, "inner")],
+                                   max_depth=2)
+        self.assertEqual(report["out_of_order"], 1)
+
+    def test_end_before_its_begin_in_packet_order(self):
+        # Two sequences on one track: sequence 3's chunk is read first, so
+        # its end (t=30) precedes sequence 2's begin (t=10) in the file.
+        self.assert_pairs([(3, E, 30, None), (2, B, 10, "async")],
+                          max_depth=1)
+
+    def test_end_earlier_than_its_begin_is_broken_nesting(self):
+        # Packet order pairs these; time order puts the end first.
+        report = self.check([(2, B, 20, "late"), (2, E, 10, None)])
+        self.assertFalse(report["ok"], "checker accepted a broken trace")
+        joined = "\n".join(report["violations"])
+        self.assertIn("slices.pftrace#2: SLICE_END with no open slice on track 7",
+                      joined)
+        self.assertIn("1 slices were never closed", joined)
+
+    def test_equal_times_pair_in_packet_order_begin_first(self):
+        # At t=20 the begin of "a" comes before an end in the file: the end
+        # closes "a", inside "outer" (an end sorted before begins would
+        # close "outer" instead: depth 1).
+        self.assert_pairs([(2, B, 20, "a"), (2, E, 20, None),
+                           (2, B, 10, "outer"), (2, E, 30, None)],
+                          max_depth=2)
+
+    def test_equal_times_pair_in_packet_order_end_first(self):
+        # At t=20 an end (closing "a") comes before the begin of "b" in the
+        # file: "b" opens after "a" closed (begins sorted before ends would
+        # nest it: depth 3).
+        self.assert_pairs([(2, B, 5, "a"), (2, E, 20, None),
+                           (2, B, 20, "b"), (2, E, 30, None),
+                           (2, B, 1, "outer"), (2, E, 40, None)],
+                          max_depth=2)
+
+
 if __name__ == "__main__":
     unittest.main()
