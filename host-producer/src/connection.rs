@@ -15,9 +15,43 @@
 //! When the service is not there the program runs on with tracing off and
 //! the command thread retries with a backoff; when the connection drops, all
 //! instances stop (tracing off) and it reconnects.
+//!
+//! # A broken or hostile service
+//!
+//! Nothing the service sends may take the program down or hang one of its
+//! threads; the worst it can cost is its own connection, which is then
+//! retried with the backoff (reset only after a connection that ended
+//! ordinarily or lasted [`RETRY_MAX`]). What is checked, where:
+//!
+//! * frames, replies and their decoding (oversized or truncated frames,
+//!   replies to requests never made, a stream closed mid-frame, replies
+//!   that do not decode): `shmtrace-ipc`, which ends the connection or
+//!   drops the frame; a command that is not one of the six known ones is
+//!   ignored (a newer service's);
+//! * a handshake that never completes: a watchdog shuts the socket down
+//!   after [`Limits::handshake`];
+//! * a service that stops reading: a send that has not completed after
+//!   [`Limits::send_stall`] ends the connection, and the sender thread is
+//!   unblocked by shutting the socket down (so [`Producer::shutdown`]
+//!   returns);
+//! * the SMB: a second `SetupTracing`, a missing fd, a page size or SMB
+//!   size out of range, an fd that is no memfd or a memfd that could shrink
+//!   under the mapping (`SIGBUS`) end the connection (`shm`);
+//! * data source commands: unknown instance ids are acknowledged and
+//!   otherwise ignored, an undecodable config is an empty one, the number
+//!   of instances is bounded ([`MAX_INSTANCES`](crate::MAX_INSTANCES)), and
+//!   the id lists of Flush and ClearIncrementalState cost time linear in
+//!   their length.
+//!
+//! Each such end is logged (a warning when the service is at fault),
+//! counted ([`Producer::connection_errors`]) and kept
+//! ([`Producer::last_error`]).
 
+use std::net::Shutdown;
 use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -50,6 +84,26 @@ const COMMIT_BATCH_PERIOD: Duration = Duration::from_micros(500);
 /// First retry delay after a failed connection; doubles up to the maximum.
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a sender still busy when its connection ends may finish its
+/// send before the socket is shut down under it.
+const SENDER_GRACE: Duration = Duration::from_millis(100);
+
+/// How long the service may take over what it controls.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Connect to the end of the handshake: bind, `InitializeConnection`,
+    /// `GetAsyncCommand`, the data source registrations.
+    pub handshake: Duration,
+    /// One message to the service (the socket full because the service
+    /// stopped reading).
+    pub send_stall: Duration,
+}
+
+/// The limits of real connections (tests shorten them).
+const LIMITS: Limits = Limits {
+    handshake: Duration::from_secs(10),
+    send_stall: Duration::from_secs(10),
+};
 
 /// How the producer connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,11 +144,56 @@ impl Default for ProducerConfig {
 }
 
 /// State of the connection to the service, for [`Producer`].
-struct Status {
+pub(crate) struct Status {
     connected: Mutex<bool>,
     changed: Condvar,
-    connections: AtomicU64,
-    stop: AtomicBool,
+    pub connections: AtomicU64,
+    pub stop: AtomicBool,
+    /// Connections the service broke (not [ordinary](ConnectError::is_ordinary) ends).
+    pub errors: AtomicU64,
+    /// Why the last connection ended or could not start.
+    last_error: Mutex<Option<Arc<ConnectError>>>,
+}
+
+impl Status {
+    pub(crate) fn new() -> Self {
+        Status {
+            connected: Mutex::new(false),
+            changed: Condvar::new(),
+            connections: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            errors: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// Logs, counts and keeps why a connection ended or could not start.
+    fn record(&self, address: &SocketAddress, error: ConnectError) {
+        match &error {
+            ConnectError::Unreachable(_) => {
+                log::debug!("shmtrace-producer: cannot connect to {address}: {error}")
+            }
+            e if e.is_ordinary() => {
+                log::info!("shmtrace-producer: disconnected from {address}: {error}")
+            }
+            _ => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("shmtrace-producer: dropped the connection to {address}: {error}");
+            }
+        }
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(error));
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        *self.connected.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn last_error(&self) -> Option<Arc<ConnectError>> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// The process's producer: connects in the background, see [`init`].
@@ -117,12 +216,7 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     let mut started = false;
     let producer = PRODUCER.get_or_init(|| {
         started = true;
-        let status = Arc::new(Status {
-            connected: Mutex::new(false),
-            changed: Condvar::new(),
-            connections: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-        });
+        let status = Arc::new(Status::new());
         let thread = {
             let status = status.clone();
             std::thread::Builder::new()
@@ -157,11 +251,7 @@ impl Producer {
 
     /// Whether the service connection is up.
     pub fn is_connected(&self) -> bool {
-        *self
-            .status
-            .connected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.status.is_connected()
     }
 
     /// Waits until connected; `false` on timeout.
@@ -192,6 +282,19 @@ impl Producer {
         self.status.connections.load(Ordering::Relaxed)
     }
 
+    /// Number of connections dropped because the service broke the
+    /// protocol or sent something unusable (an SMB that could shrink, a
+    /// malformed reply, a handshake that never completed, …; see
+    /// [`ConnectError::is_ordinary`]). Each was retried.
+    pub fn connection_errors(&self) -> u64 {
+        self.status.errors.load(Ordering::Relaxed)
+    }
+
+    /// Why the last connection ended or could not start, if one did.
+    pub fn last_error(&self) -> Option<Arc<ConnectError>> {
+        self.status.last_error()
+    }
+
     /// Disconnects for good: every session's data is flushed to the
     /// service first, then tracing is off for the rest of the process.
     pub fn shutdown(&self) {
@@ -218,21 +321,34 @@ fn set_connected(status: &Status, up: bool) {
 }
 
 fn connection_loop(config: &ProducerConfig, address: &SocketAddress, status: &Arc<Status>) {
+    run_connections(config, address, status, LIMITS);
+}
+
+/// Connects, runs the connection, and reconnects after a backoff, until
+/// `status.stop`.
+pub(crate) fn run_connections(
+    config: &ProducerConfig,
+    address: &SocketAddress,
+    status: &Arc<Status>,
+    limits: Limits,
+) {
     forbid_stalls_on_this_thread();
     let mut delay = RETRY_MIN;
     while !status.stop.load(Ordering::Acquire) {
-        match Session::open(config, address) {
-            Ok(session) => {
-                delay = RETRY_MIN;
-                status.connections.fetch_add(1, Ordering::Relaxed);
-                set_connected(status, true);
-                let reason = session.run(config, status);
-                log::info!("shmtrace-producer: disconnected from {address}: {reason}");
-                set_connected(status, false);
-            }
-            Err(e) => log::debug!("shmtrace-producer: cannot connect to {address}: {e}"),
-        }
+        let started = Instant::now();
+        let (connected, result) = connect_once(config, address, status, limits);
         runtime().disconnected();
+        let ordinary = result
+            .as_ref()
+            .map_or_else(ConnectError::is_ordinary, |()| true);
+        if connected && (ordinary || started.elapsed() >= RETRY_MAX) {
+            // A service that breaks every connection at once backs off
+            // like an absent one; a healthy one that restarts does not.
+            delay = RETRY_MIN;
+        }
+        if let Err(e) = result {
+            status.record(address, e);
+        }
         let until = Instant::now() + delay;
         while Instant::now() < until && !status.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
@@ -241,17 +357,151 @@ fn connection_loop(config: &ProducerConfig, address: &SocketAddress, status: &Ar
     }
 }
 
+/// Opens one connection and runs it until it ends: whether it opened, and
+/// `Ok` if it ended because the producer shut down.
+fn connect_once(
+    config: &ProducerConfig,
+    address: &SocketAddress,
+    status: &Arc<Status>,
+    limits: Limits,
+) -> (bool, Result<(), ConnectError>) {
+    let session = match Session::open(config, address, limits) {
+        Ok(session) => session,
+        Err(e) => return (false, Err(e)),
+    };
+    status.connections.fetch_add(1, Ordering::Relaxed);
+    set_connected(status, true);
+    let result = session.run(config, status, limits);
+    set_connected(status, false);
+    (true, result)
+}
+
+/// Shuts a socket down unless disarmed in time: every call blocked on a
+/// service that does not answer then fails as disconnected.
+struct Watchdog {
+    disarm: mpsc::Sender<()>,
+    thread: Option<JoinHandle<bool>>,
+}
+
+impl Watchdog {
+    fn arm(socket: &UnixStream, after: Duration) -> Self {
+        let (disarm, disarmed) = mpsc::channel::<()>();
+        let thread = socket.try_clone().ok().and_then(|socket| {
+            std::thread::Builder::new()
+                .name("shmtrace-producer-watchdog".into())
+                .spawn(move || {
+                    let fired =
+                        matches!(disarmed.recv_timeout(after), Err(RecvTimeoutError::Timeout));
+                    if fired {
+                        let _ = socket.shutdown(Shutdown::Both);
+                    }
+                    fired
+                })
+                .ok()
+        });
+        if thread.is_none() {
+            log::warn!("shmtrace-producer: no watchdog for this connection's handshake");
+        }
+        Watchdog { disarm, thread }
+    }
+
+    /// Disarms it; `true` if it had fired.
+    fn disarm(self) -> bool {
+        let _ = self.disarm.send(());
+        self.thread.is_some_and(|t| t.join().unwrap_or(false))
+    }
+}
+
+/// When the sender's current send started, to tell a service that stopped
+/// reading.
+struct SendClock {
+    epoch: Instant,
+    /// Milliseconds since `epoch` plus one when the send started; 0 when
+    /// not sending.
+    since: AtomicU64,
+}
+
+impl SendClock {
+    fn new() -> Self {
+        SendClock {
+            epoch: Instant::now(),
+            since: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn start(&self) {
+        self.since.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn done(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the send in progress has been going, if one is.
+    fn busy_for(&self) -> Option<Duration> {
+        let since = self.since.load(Ordering::Relaxed);
+        (since != 0).then(|| Duration::from_millis(self.now().saturating_sub(since)))
+    }
+}
+
 /// One connection.
 struct Session {
     _client: Client,
+    /// The client's socket, to shut it down under a blocked sender.
+    socket: UnixStream,
     port: Binding<ProducerPort>,
     commands: shmtrace_ipc::PendingCall<producer_port::GetAsyncCommand>,
     emulation: bool,
+    /// `SetupTracing` was handled (the service sends it once).
+    smb_set_up: bool,
 }
 
 impl Session {
-    fn open(config: &ProducerConfig, address: &SocketAddress) -> Result<Self, ClientError> {
-        let client = Client::connect(address)?;
+    fn open(
+        config: &ProducerConfig,
+        address: &SocketAddress,
+        limits: Limits,
+    ) -> Result<Self, ConnectError> {
+        let stream = shmtrace_ipc::socket::connect(address).map_err(ConnectError::Unreachable)?;
+        let socket = stream
+            .try_clone()
+            .map_err(|e| ConnectError::Ipc(e.into()))?;
+        let client = Client::from_stream(stream).map_err(|e| ConnectError::Ipc(e.into()))?;
+        let watchdog = Watchdog::arm(&socket, limits.handshake);
+        let handshake = Self::handshake(&client, config);
+        if watchdog.disarm() {
+            return Err(ConnectError::HandshakeTimeout(limits.handshake));
+        }
+        let (port, commands, emulation) = handshake.map_err(ConnectError::Ipc)?;
+        Ok(Session {
+            _client: client,
+            socket,
+            port,
+            commands,
+            emulation,
+            smb_set_up: false,
+        })
+    }
+
+    /// Binds, initializes, starts the command stream and registers the
+    /// data sources: the port, the stream, and whether the service asked
+    /// for shmem emulation.
+    #[allow(clippy::type_complexity)]
+    fn handshake(
+        client: &Client,
+        config: &ProducerConfig,
+    ) -> Result<
+        (
+            Binding<ProducerPort>,
+            shmtrace_ipc::PendingCall<producer_port::GetAsyncCommand>,
+            bool,
+        ),
+        ClientError,
+    > {
         let port = client.bind::<ProducerPort>()?;
         let reply =
             port.call::<producer_port::InitializeConnection>(&pb::InitializeConnectionRequest {
@@ -272,58 +522,72 @@ impl Session {
                 None,
             )?;
         }
-        Ok(Session {
-            _client: client,
-            port,
-            commands,
-            emulation,
-        })
+        Ok((port, commands, emulation))
     }
 
-    /// Runs until the connection ends; returns why.
-    fn run(mut self, config: &ProducerConfig, status: &Arc<Status>) -> String {
+    /// Runs until the connection ends: `Ok` if the producer shut down,
+    /// else why it ended.
+    fn run(
+        mut self,
+        config: &ProducerConfig,
+        status: &Arc<Status>,
+        limits: Limits,
+    ) -> Result<(), ConnectError> {
         let stop_sender = Arc::new(AtomicBool::new(false));
         let current = Arc::new(Mutex::new(None::<Arc<Arbiter>>));
+        let clock = Arc::new(SendClock::new());
         let sender = {
-            let (port, stop, status, current) = (
+            let (port, stop, status, current, clock) = (
                 self.port.clone(),
                 stop_sender.clone(),
                 status.clone(),
                 current.clone(),
+                clock.clone(),
             );
             std::thread::Builder::new()
                 .name("shmtrace-producer-tx".into())
-                .spawn(move || sender_loop(&port, &stop, &status, &current))
+                .spawn(move || sender_loop(&port, &stop, &status, &current, &clock))
         };
-        let reason = loop {
+        let result = loop {
             if status.stop.load(Ordering::Acquire) {
-                break "shut down".to_string();
+                break Ok(());
+            }
+            if clock.busy_for().is_some_and(|t| t >= limits.send_stall) {
+                break Err(ConnectError::SendStalled(limits.send_stall));
             }
             match self.commands.next(Some(Duration::from_millis(200))) {
-                None => break "the command stream ended".to_string(),
+                None => break Err(ConnectError::CommandStreamEnded),
                 Some(Err(ClientError::Timeout)) => continue,
-                Some(Err(e)) => break e.to_string(),
+                Some(Err(e)) => break Err(ConnectError::Ipc(e)),
                 Some(Ok(reply)) => {
                     if let Some(cmd) = reply.message.cmd {
                         if let Err(e) = self.handle(cmd, reply.fd, config, &current) {
-                            break e.to_string();
+                            break Err(e);
                         }
                     }
                     if !reply.has_more {
-                        break "the service ended the command stream".to_string();
+                        break Err(ConnectError::CommandStreamEnded);
                     }
                 }
             }
         };
         // Tracing off first, so writers stop producing; the sender drains
-        // what it can, then stops.
+        // what it can, then stops. A sender blocked on a service that
+        // stopped reading is unblocked by shutting the socket down.
         runtime().disconnected();
         stop_sender.store(true, Ordering::Release);
         runtime().outbox().kick();
         if let Ok(t) = sender {
+            let deadline = Instant::now() + SENDER_GRACE;
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if !t.is_finished() {
+                let _ = self.socket.shutdown(Shutdown::Both);
+            }
             let _ = t.join();
         }
-        reason
+        result
     }
 
     fn handle(
@@ -336,7 +600,11 @@ impl Session {
         let rt = runtime();
         match cmd {
             Cmd::SetupTracing(s) => {
-                let page = s.shared_buffer_page_size_kb.unwrap_or(4) as usize * 1024;
+                if std::mem::replace(&mut self.smb_set_up, true) {
+                    return Err(ConnectError::SetupTracingTwice);
+                }
+                let kb = s.shared_buffer_page_size_kb.unwrap_or(4);
+                let page = usize::try_from(kb).map_or(usize::MAX, |kb| kb.saturating_mul(1024));
                 let shm = match (fd, self.emulation) {
                     (Some(fd), false) => SharedMemory::map(fd, page)?,
                     (_, true) => SharedMemory::heap(EMULATION_SMB_SIZE, page, true)?,
@@ -428,6 +696,7 @@ fn sender_loop(
     stop: &AtomicBool,
     status: &Status,
     current: &Mutex<Option<Arc<Arbiter>>>,
+    clock: &SendClock,
 ) {
     forbid_stalls_on_this_thread();
     let outbox = runtime().outbox().clone();
@@ -436,7 +705,9 @@ fn sender_loop(
         if let Some(msg) = outbox.next_timeout(Duration::from_millis(100)) {
             let arbiter = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let commit = matches!(msg, Outgoing::Commit(_));
+            clock.start();
             let result = send(port, msg, arbiter.as_deref());
+            clock.done();
             outbox.sent();
             if let Err(e) = result {
                 log::debug!("shmtrace-producer: send failed: {e}");

@@ -1,8 +1,10 @@
 //! Error types.
 
 use std::io;
+use std::time::Duration;
 
 use shmtrace_abi::smb::SmbError;
+use shmtrace_ipc::ClientError;
 use thiserror::Error;
 
 /// The shared memory buffer the service offered could not be used.
@@ -15,6 +17,17 @@ pub enum SmbSetupError {
     /// The size is zero, not a multiple of the page size, or above 32 MiB.
     #[error("invalid SMB size {0} bytes")]
     BadSize(usize),
+    /// The SMB fd has no seals to read: it is not a memfd (a pipe, a
+    /// directory, a file on disk, …), so nothing stops the service from
+    /// shrinking it under the mapping.
+    #[error("the SMB fd is not a sealable memfd: {0}")]
+    NotMemfd(#[source] io::Error),
+    /// The SMB memfd is not sealed against shrinking and cannot be sealed
+    /// (created without `MFD_ALLOW_SEALING`, or `F_SEAL_SEAL` is set):
+    /// the service could shrink it under the mapping, and a write past the
+    /// new end would kill the program with `SIGBUS`.
+    #[error("the SMB memfd is not sealed against shrinking and cannot be sealed: {0}")]
+    NotSealed(#[source] io::Error),
     /// `fstat` on the SMB fd failed.
     #[error("cannot stat the SMB fd: {0}")]
     Stat(#[source] io::Error),
@@ -61,4 +74,41 @@ pub enum ConnectError {
     /// The service's SMB could not be used.
     #[error(transparent)]
     Smb(#[from] SmbSetupError),
+    /// The service sent a second `SetupTracing` on one connection (it sets
+    /// up one SMB per producer; upstream's producer aborts on this).
+    #[error("the service sent SetupTracing twice on one connection")]
+    SetupTracingTwice,
+    /// No service listens at the socket (the usual case when tracing is
+    /// not in use): retried in the background.
+    #[error("cannot connect: {0}")]
+    Unreachable(#[source] io::Error),
+    /// The service accepted the connection but did not complete the
+    /// handshake (bind, `InitializeConnection`, `GetAsyncCommand`) in time.
+    #[error("the service did not complete the handshake within {0:?}")]
+    HandshakeTimeout(Duration),
+    /// The service stopped reading: a message to it made no progress for
+    /// this long (upstream's service gives its own sends 10 s too).
+    #[error("the service stopped reading: a send made no progress for {0:?}")]
+    SendStalled(Duration),
+    /// The service ended the `GetAsyncCommand` stream.
+    #[error("the service ended the command stream")]
+    CommandStreamEnded,
+    /// The connection failed: closed by the service, a malformed frame or
+    /// reply, a rejected call.
+    #[error("connection to the service failed: {0}")]
+    Ipc(#[source] ClientError),
+}
+
+impl ConnectError {
+    /// `true` for the ordinary ways a connection ends or cannot start (no
+    /// service, the service closed it); `false` when the service broke the
+    /// protocol or sent something unusable (logged as a warning).
+    pub fn is_ordinary(&self) -> bool {
+        matches!(
+            self,
+            ConnectError::Unreachable(_)
+                | ConnectError::CommandStreamEnded
+                | ConnectError::Ipc(ClientError::Disconnected)
+        )
+    }
 }

@@ -246,11 +246,15 @@ impl Runtime {
         }
     }
 
-    /// ClearIncrementalState for the listed instances.
+    /// ClearIncrementalState for the listed instances (each once, however
+    /// often listed; the service's list is walked once per instance, not
+    /// searched once per entry).
     pub(crate) fn clear_incremental_state(&self, instance_ids: &[u64]) {
-        for id in instance_ids {
-            if let Some((ty, inst)) = self.find(*id) {
-                ty.clear_incremental_state(&inst);
+        for ty in self.types() {
+            for inst in ty.instances() {
+                if instance_ids.contains(&inst.id) {
+                    ty.clear_incremental_state(&inst);
+                }
             }
         }
     }

@@ -13,9 +13,10 @@
 //!   lifetime of the view sound.
 
 use std::alloc::Layout;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
+use rustix::fs::SealFlags;
 use rustix::mm::{MapFlags, ProtFlags};
 use shmtrace_abi::layout::PageSize;
 use shmtrace_abi::smb::Smb;
@@ -79,12 +80,37 @@ pub(crate) struct SharedMemory {
     emulated: bool,
 }
 
+/// Makes sure `fd` is a memfd that cannot shrink: it carries
+/// `F_SEAL_SHRINK`, or this adds it (a memfd created with
+/// `MFD_ALLOW_SEALING` and not sealed yet). Anything else is refused: not a
+/// memfd at all ([`SmbSetupError::NotMemfd`]: pipes, directories, files on
+/// disk, devices), or a memfd that cannot be sealed
+/// ([`SmbSetupError::NotSealed`]).
+fn seal_against_shrinking(fd: BorrowedFd<'_>) -> Result<(), SmbSetupError> {
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| SmbSetupError::NotMemfd(e.into()))?;
+    if seals.contains(SealFlags::SHRINK) {
+        return Ok(());
+    }
+    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK)
+        .map_err(|e| SmbSetupError::NotSealed(e.into()))
+}
+
 impl SharedMemory {
     /// Maps the service's SMB fd (`SetupTracing`) with pages of
     /// `page_size` bytes.
+    ///
+    /// The fd must be a memfd sealed against shrinking, or one this
+    /// function can seal (see [`seal_against_shrinking`]): otherwise the
+    /// service could shrink it later, and the program's next write to the
+    /// mapping past the new end would be a `SIGBUS`. Both services seal it
+    /// (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`), so this costs nothing
+    /// with them; upstream's producer attaches without this check.
     pub(crate) fn map(fd: OwnedFd, page_size: usize) -> Result<Self, SmbSetupError> {
         let page_size =
             PageSize::new(page_size).map_err(|_| SmbSetupError::BadPageSize(page_size))?;
+        // Sealed before the size is read: from here on it can only grow,
+        // which leaves the mapping of the size read below intact.
+        seal_against_shrinking(fd.as_fd())?;
         let stat = rustix::fs::fstat(fd.as_fd()).map_err(|e| SmbSetupError::Stat(e.into()))?;
         let len = usize::try_from(stat.st_size).map_err(|_| SmbSetupError::BadSize(0))?;
         if len == 0 || len % page_size.get() != 0 || len > shmtrace_abi::layout::MAX_SMB_SIZE {
@@ -94,8 +120,9 @@ impl SharedMemory {
         // take a page fault on a writer's trace path (~1 µs per 4 KiB page
         // per process, paid once per page of the SMB).
         // SAFETY: a fresh shared mapping chosen by the kernel (null hint),
-        // of a regular fd we own, at offset 0 and within its size; it does
-        // not alias any Rust object.
+        // of a memfd we own, at offset 0 and within its size, which the
+        // shrink seal keeps for the mapping's life; it does not alias any
+        // Rust object.
         let ptr = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -200,13 +227,68 @@ mod tests {
         ));
     }
 
+    fn memfd(flags: rustix::fs::MemfdFlags, len: u64) -> OwnedFd {
+        let fd = rustix::fs::memfd_create("shmtrace-test", flags).unwrap();
+        rustix::fs::ftruncate(&fd, len).unwrap();
+        fd
+    }
+
     #[test]
-    fn maps_a_memfd() {
-        let fd =
-            rustix::fs::memfd_create("shmtrace-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-        rustix::fs::ftruncate(&fd, 32 * 1024).unwrap();
+    fn maps_a_memfd_and_keeps_it_from_shrinking() {
+        use rustix::fs::MemfdFlags;
+        // Sealed by its creator, as both services do.
+        let fd = memfd(MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING, 32 * 1024);
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .unwrap();
         let shm = SharedMemory::map(fd, 4096).unwrap();
         assert_eq!(shm.smb().num_pages(), 8);
         assert!(!shm.is_emulated());
+
+        // Sealable but not sealed: sealed here, so the service's copy of
+        // the fd can no longer shrink it (growing stays allowed).
+        let fd = memfd(MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING, 32 * 1024);
+        let theirs = fd.try_clone().unwrap();
+        let shm = SharedMemory::map(fd, 4096).unwrap();
+        assert_eq!(
+            rustix::fs::ftruncate(&theirs, 4096),
+            Err(rustix::io::Errno::PERM)
+        );
+        rustix::fs::ftruncate(&theirs, 64 * 1024).unwrap();
+        assert_eq!(shm.smb().num_pages(), 8);
+    }
+
+    #[test]
+    fn refuses_what_could_shrink_or_is_no_memfd() {
+        use rustix::fs::MemfdFlags;
+        // A memfd created without MFD_ALLOW_SEALING cannot be sealed.
+        let fd = memfd(MemfdFlags::CLOEXEC, 32 * 1024);
+        assert!(matches!(
+            SharedMemory::map(fd, 4096),
+            Err(SmbSetupError::NotSealed(_))
+        ));
+        // A socket, a directory: no seals at all.
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        for fd in [OwnedFd::from(socket), OwnedFd::from(dir)] {
+            assert!(matches!(
+                SharedMemory::map(fd, 4096),
+                Err(SmbSetupError::NotMemfd(_))
+            ));
+        }
+        // Sizes: empty, not a multiple of the page, above the maximum.
+        let sealable = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        for len in [0, 5000, shmtrace_abi::layout::MAX_SMB_SIZE as u64 + 4096] {
+            assert!(
+                matches!(
+                    SharedMemory::map(memfd(sealable, len), 4096),
+                    Err(SmbSetupError::BadSize(l)) if l as u64 == len
+                ),
+                "{len} bytes"
+            );
+        }
+        assert!(matches!(
+            SharedMemory::map(memfd(sealable, 8192), 0),
+            Err(SmbSetupError::BadPageSize(0))
+        ));
     }
 }

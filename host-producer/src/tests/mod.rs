@@ -4,6 +4,7 @@
 
 mod alloc;
 mod descriptor;
+mod hostile;
 mod loopback;
 mod names;
 mod perf;

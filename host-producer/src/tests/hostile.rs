@@ -1,0 +1,698 @@
+//! The producer against a broken or hostile service: a fake service on a
+//! real socket ([`FakeService`], driven step by step by each test) sends
+//! one bad thing after another while an application thread ([`App`])
+//! emits events all along. Each test checks that the application thread
+//! runs on, whether the producer dropped the connection (or, for harmless
+//! oddities, kept it), and what it reports; the connection thread is the
+//! real one ([`run_connections`]) with shortened limits.
+
+use std::io::Write as _;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message as _;
+use rustix::fs::{MemfdFlags, SealFlags};
+use shmtrace_ipc::frame::{encode_frame, invoke_method_reply_frame};
+use shmtrace_ipc::host::{HostConnection, PendingReply, ServiceTable};
+use shmtrace_ipc::protos::get_async_command_response::{self as gac, Cmd};
+use shmtrace_ipc::protos::{self as pb, producer_port::Request, ProducerPort};
+use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAddress};
+use shmtrace_ipc::ClientError;
+
+use super::loopback::serial;
+use crate::connection::{run_connections, Limits, Status};
+use crate::error::{ConnectError, SmbSetupError};
+use crate::{trace_event, trace_instant, track_event, Category, ProducerConfig};
+
+static H_APP: Category = Category::new("hostile.app");
+
+/// Short limits, so that the tests that reach them stay cheap.
+const LIMITS: Limits = Limits {
+    handshake: Duration::from_millis(800),
+    send_stall: Duration::from_millis(400),
+};
+
+/// Bound of every wait that should end much sooner.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+/// A service socket the test drives by hand.
+struct FakeService {
+    listener: Listener,
+    address: SocketAddress,
+}
+
+impl FakeService {
+    fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "@shmtrace-hostile-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let address = SocketAddress::parse(&name).unwrap();
+        let listener = Listener::bind(&address).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        FakeService { listener, address }
+    }
+
+    /// The producer's next connection.
+    fn accept(&self) -> Peer {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.listener.accept() {
+                Ok(stream) => return Peer::new(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < deadline, "the producer did not connect");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+    }
+}
+
+/// The service end of one connection.
+struct Peer {
+    stream: UnixStream,
+    conn: HostConnection<Request>,
+    /// The InitializeConnection call, until answered.
+    init: Option<PendingReply>,
+    /// The GetAsyncCommand stream.
+    commands: Option<PendingReply>,
+    /// Every call received, in order.
+    calls: Vec<Request>,
+    /// The producer closed the connection.
+    closed: bool,
+}
+
+impl Peer {
+    fn new(stream: UnixStream) -> Self {
+        stream.set_nonblocking(false).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        Peer {
+            stream,
+            conn: HostConnection::new(Arc::new(ServiceTable::from(ProducerPort)), None),
+            init: None,
+            commands: None,
+            calls: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// Reads what the producer sent (waiting a few ms at most), answers
+    /// binds, records calls.
+    fn pump(&mut self) {
+        if self.closed {
+            std::thread::sleep(Duration::from_millis(2));
+            return;
+        }
+        match recv_into(&self.stream, self.conn.decoder()) {
+            Ok(Received::Data(_) | Received::WouldBlock) => {}
+            Ok(Received::Closed) | Err(_) => self.closed = true,
+        }
+        while let Ok(Some(call)) = self.conn.poll_call() {
+            match &call.request {
+                Request::InitializeConnection(_) => self.init = Some(call.reply.clone()),
+                Request::GetAsyncCommand(_) => self.commands = Some(call.reply.clone()),
+                _ => {}
+            }
+            self.calls.push(call.request);
+        }
+        self.send();
+    }
+
+    fn send(&mut self) {
+        if send_queued(&self.stream, self.conn.out()).is_err() {
+            self.closed = true;
+        }
+    }
+
+    /// Pumps until `cond` holds; `false` if it did not in time.
+    fn until(&mut self, mut cond: impl FnMut(&Peer) -> bool) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        while !cond(self) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.pump();
+        }
+        true
+    }
+
+    /// Answers InitializeConnection with `reply`, waits for the command
+    /// stream.
+    fn handshake(&mut self, reply: pb::InitializeConnectionResponse) {
+        assert!(self.until(|p| p.init.is_some()), "no InitializeConnection");
+        let to = self.init.take().unwrap();
+        self.conn.resolve(to, &reply).unwrap();
+        self.send();
+        assert!(self.until(|p| p.commands.is_some()), "no GetAsyncCommand");
+    }
+
+    fn stream_id(&self) -> u64 {
+        self.commands.as_ref().expect("command stream").request_id()
+    }
+
+    /// Sends one command, with `fd`, on the stream.
+    fn command(&mut self, cmd: Cmd, fd: Option<OwnedFd>) {
+        let to = self.commands.clone().expect("command stream");
+        let msg = pb::GetAsyncCommandResponse { cmd: Some(cmd) };
+        self.conn.reply(&to, Ok(&msg), true, fd).unwrap();
+        self.send();
+    }
+
+    /// Sends a reply frame to request `request_id` carrying `payload`
+    /// as is.
+    fn raw_reply(&mut self, request_id: u64, payload: &[u8], has_more: bool) {
+        let frame =
+            invoke_method_reply_frame(request_id, Ok(Bytes::copy_from_slice(payload)), has_more);
+        let mut bytes = Vec::new();
+        encode_frame(&frame, &mut bytes).unwrap();
+        self.raw(&bytes);
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        let _ = self.stream.write_all(bytes);
+    }
+
+    /// Waits until the producer closes the connection.
+    fn closed_by_producer(&mut self) -> bool {
+        self.until(|p| p.closed)
+    }
+
+    fn started(&self, id: u64) -> bool {
+        self.calls.iter().any(
+            |c| matches!(c, Request::NotifyDataSourceStarted(n) if n.data_source_id == Some(id)),
+        )
+    }
+
+    fn stopped(&self, id: u64) -> bool {
+        self.calls.iter().any(
+            |c| matches!(c, Request::NotifyDataSourceStopped(n) if n.data_source_id == Some(id)),
+        )
+    }
+
+    fn flush_acked(&self, id: u64) -> bool {
+        self.calls
+            .iter()
+            .any(|c| matches!(c, Request::CommitData(c) if c.flush_request_id == Some(id)))
+    }
+
+    fn chunks_committed(&self) -> usize {
+        self.calls
+            .iter()
+            .map(|c| match c {
+                Request::CommitData(c) => c.chunks_to_move.len(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// A healthy start: handshake, SMB `smb` (4 KiB pages), track_event
+    /// instance 1 started.
+    fn trace(&mut self, smb: OwnedFd) {
+        self.handshake(Default::default());
+        self.command(setup_tracing(4), Some(smb));
+        self.command(start(1, track_event_config()), None);
+        assert!(self.until(|p| p.started(1)));
+    }
+
+    /// A flush round trip: the connection works.
+    fn flushes(&mut self, request_id: u64) -> bool {
+        self.command(flush(&[], request_id), None);
+        self.until(|p| p.flush_acked(request_id))
+    }
+}
+
+fn setup_tracing(page_kb: u32) -> Cmd {
+    Cmd::SetupTracing(gac::SetupTracing {
+        shared_buffer_page_size_kb: Some(page_kb),
+        shm_key_windows: None,
+    })
+}
+
+fn track_event_config() -> Bytes {
+    Bytes::from(
+        pb::DataSourceConfig {
+            name: Some(crate::TRACK_EVENT_DATA_SOURCE.into()),
+            target_buffer: Some(1),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    )
+}
+
+fn start(id: u64, config: Bytes) -> Cmd {
+    Cmd::StartDataSource(gac::StartDataSource {
+        new_instance_id: Some(id),
+        config: Some(config),
+    })
+}
+
+fn flush(ids: &[u64], request_id: u64) -> Cmd {
+    Cmd::Flush(gac::Flush {
+        data_source_ids: ids.to_vec(),
+        request_id: Some(request_id),
+        flags: None,
+    })
+}
+
+/// A memfd of `len` bytes created with `flags`.
+fn memfd(flags: MemfdFlags, len: u64) -> OwnedFd {
+    let fd = rustix::fs::memfd_create("hostile", MemfdFlags::CLOEXEC | flags).unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    fd
+}
+
+/// A memfd sealed as both services seal it.
+fn sealed_memfd(len: u64) -> OwnedFd {
+    let fd = memfd(MemfdFlags::ALLOW_SEALING, len);
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .unwrap();
+    fd
+}
+
+/// A fake service, the producer connected to it, and the connection's
+/// service end.
+fn connect() -> (FakeService, Connection, Peer) {
+    let service = FakeService::new();
+    let conn = Connection::start(&service);
+    let peer = service.accept();
+    (service, conn, peer)
+}
+
+/// The producer's connection thread against a fake service.
+struct Connection {
+    status: Arc<Status>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Connection {
+    fn start(service: &FakeService) -> Self {
+        track_event::register_categories(&[&H_APP]);
+        let status = Arc::new(Status::new());
+        let (s, address) = (status.clone(), service.address.clone());
+        let thread = std::thread::spawn(move || {
+            let config = ProducerConfig {
+                name: "hostile-test".into(),
+                ..ProducerConfig::default()
+            };
+            run_connections(&config, &address, &s, LIMITS);
+        });
+        Connection {
+            status,
+            thread: Some(thread),
+        }
+    }
+
+    fn errors(&self) -> u64 {
+        self.status.errors.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` connections ended or failed to open; the last
+    /// reason.
+    fn ended(&self, errors: u64) -> Arc<ConnectError> {
+        assert!(
+            wait_until(|| self.status.last_error().is_some()
+                && !self.status.is_connected()
+                && self.errors() >= errors),
+            "the connection was not dropped: {:?}",
+            self.status.last_error()
+        );
+        self.status.last_error().unwrap()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // As `Producer::shutdown`: must return promptly whatever the
+        // service does.
+        self.status.stop.store(true, Ordering::Release);
+        let t = self.thread.take().unwrap();
+        let stopped = wait_until(|| t.is_finished());
+        if !std::thread::panicking() {
+            assert!(stopped, "the connection thread did not stop");
+            t.join().expect("the connection thread panicked");
+        }
+    }
+}
+
+/// An application thread emitting events all along.
+struct App {
+    stop: Arc<AtomicBool>,
+    events: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl App {
+    /// Emits events with a `payload`-byte annotation, pausing `pause`
+    /// between them.
+    fn start(payload: usize, pause: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let events = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, events) = (stop.clone(), events.clone());
+            std::thread::spawn(move || {
+                let text = "x".repeat(payload);
+                while !stop.load(Ordering::Relaxed) {
+                    trace_instant!(H_APP, "tick");
+                    {
+                        let _s = trace_event!(H_APP, "work", "text" => text.as_str());
+                    }
+                    events.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(pause);
+                }
+            })
+        };
+        App {
+            stop,
+            events,
+            thread: Some(thread),
+        }
+    }
+
+    /// Asserts the thread goes on emitting.
+    fn keeps_running(&self) {
+        let before = self.events.load(Ordering::Relaxed);
+        assert!(
+            wait_until(|| self.events.load(Ordering::Relaxed) >= before + 20),
+            "the application thread stopped"
+        );
+    }
+
+    fn finish(mut self) {
+        self.keeps_running();
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("the application thread panicked");
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+const APP_PAUSE: Duration = Duration::from_micros(200);
+
+#[test]
+fn an_smb_the_service_could_shrink_is_sealed_before_it_is_mapped() {
+    let _s = serial();
+    let (_service, conn, mut peer) = connect();
+    // Sealable, but the service did not seal it and keeps a descriptor.
+    let fd = memfd(MemfdFlags::ALLOW_SEALING, 256 * 1024);
+    let theirs = fd.try_clone().unwrap();
+    peer.trace(fd);
+    assert!(H_APP.is_enabled());
+    let app = App::start(16, APP_PAUSE);
+    app.keeps_running();
+    // Shrinking it now would make the application's next write to the
+    // mapping a SIGBUS (which would end this test binary).
+    let shrunk = rustix::fs::ftruncate(&theirs, 0);
+    app.keeps_running();
+    assert_eq!(
+        shrunk,
+        Err(rustix::io::Errno::PERM),
+        "the producer sealed it"
+    );
+    // The connection is healthy: chunks arrive, flushes are acknowledged.
+    assert!(peer.flushes(7));
+    assert!(peer.chunks_committed() > 0);
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected());
+    app.finish();
+}
+
+#[test]
+fn an_unusable_smb_costs_the_connection_only() {
+    let _s = serial();
+    let app = App::start(16, APP_PAUSE);
+    type Check = fn(&ConnectError) -> bool;
+    let dir = || OwnedFd::from(std::fs::File::open(std::env::temp_dir()).unwrap());
+    let socket = || OwnedFd::from(UnixStream::pair().unwrap().0);
+    let cases: Vec<(&str, u32, Option<OwnedFd>, Check)> = vec![
+        ("no fd", 4, None, |e| matches!(e, ConnectError::NoSmb)),
+        (
+            "a memfd that cannot be sealed",
+            4,
+            Some(memfd(MemfdFlags::empty(), 256 * 1024)),
+            |e| matches!(e, ConnectError::Smb(SmbSetupError::NotSealed(_))),
+        ),
+        ("a socket", 4, Some(socket()), |e| {
+            matches!(e, ConnectError::Smb(SmbSetupError::NotMemfd(_)))
+        }),
+        ("a directory", 4, Some(dir()), |e| {
+            matches!(e, ConnectError::Smb(SmbSetupError::NotMemfd(_)))
+        }),
+        ("an empty memfd", 4, Some(sealed_memfd(0)), |e| {
+            matches!(e, ConnectError::Smb(SmbSetupError::BadSize(0)))
+        }),
+        (
+            "a size not a multiple of the page",
+            4,
+            Some(sealed_memfd(5000)),
+            |e| matches!(e, ConnectError::Smb(SmbSetupError::BadSize(5000))),
+        ),
+        ("page size 0", 0, Some(sealed_memfd(65536)), |e| {
+            matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(0)))
+        }),
+        ("page size 3 KiB", 3, Some(sealed_memfd(65536)), |e| {
+            matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(3072)))
+        }),
+        (
+            "page size u32::MAX KiB",
+            u32::MAX,
+            Some(sealed_memfd(65536)),
+            |e| matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(_))),
+        ),
+    ];
+    for (what, page_kb, fd, check) in cases {
+        let service = FakeService::new();
+        let conn = Connection::start(&service);
+        let mut peer = service.accept();
+        peer.handshake(Default::default());
+        peer.command(setup_tracing(page_kb), fd);
+        assert!(peer.closed_by_producer(), "{what}: connection kept");
+        let error = conn.ended(1);
+        assert!(check(&error), "{what}: {error}");
+        assert_eq!(conn.errors(), 1, "{what}");
+        assert!(!H_APP.is_enabled());
+        app.keeps_running();
+    }
+    // A second SetupTracing on one connection (upstream's producer aborts).
+    let (_service, conn, mut peer) = connect();
+    peer.trace(sealed_memfd(65536));
+    app.keeps_running();
+    peer.command(setup_tracing(4), Some(sealed_memfd(65536)));
+    assert!(peer.closed_by_producer());
+    assert!(matches!(*conn.ended(1), ConnectError::SetupTracingTwice));
+    assert!(!H_APP.is_enabled(), "tracing is off with the connection");
+    app.finish();
+}
+
+#[test]
+fn a_handshake_the_service_never_completes_times_out() {
+    let _s = serial();
+    let app = App::start(16, APP_PAUSE);
+    let (service, conn, mut peer) = connect();
+    // Binds are answered, InitializeConnection never is.
+    assert!(peer.until(|p| p.init.is_some()));
+    let started = Instant::now();
+    assert!(peer.closed_by_producer());
+    assert!(started.elapsed() < LIMITS.handshake + Duration::from_secs(2));
+    let error = conn.ended(1);
+    assert!(
+        matches!(*error, ConnectError::HandshakeTimeout(t) if t == LIMITS.handshake),
+        "{error}"
+    );
+    app.keeps_running();
+    // Stopping the producer while it waits on such a service returns
+    // (the drop asserts it).
+    let _next = service.accept();
+    drop(conn);
+    app.finish();
+}
+
+#[test]
+fn a_service_that_stops_reading_costs_its_connection() {
+    let _s = serial();
+    let (_service, conn, mut peer) = connect();
+    // Emulation: chunks travel in CommitData, so the socket fills fast.
+    peer.handshake(pb::InitializeConnectionResponse {
+        use_shmem_emulation: Some(true),
+        ..Default::default()
+    });
+    peer.command(setup_tracing(4), None);
+    peer.command(start(1, track_event_config()), None);
+    assert!(peer.until(|p| p.started(1)));
+    assert!(peer.flushes(3), "emulated commits arrive");
+    // The service stops reading; the application writes on.
+    let app = App::start(2000, Duration::ZERO);
+    let error = conn.ended(1);
+    assert!(
+        matches!(*error, ConnectError::SendStalled(t) if t == LIMITS.send_stall),
+        "{error}"
+    );
+    assert!(!H_APP.is_enabled());
+    app.keeps_running();
+    drop(conn);
+    app.finish();
+    drop(peer);
+}
+
+#[test]
+fn malformed_frames_and_replies_cost_the_connection() {
+    let _s = serial();
+    let app = App::start(16, APP_PAUSE);
+    type Check = fn(&ConnectError) -> bool;
+    type Send = fn(&mut Peer);
+    let cases: Vec<(&str, Send, Check)> = vec![
+        (
+            "a frame over the size limit",
+            |p| p.raw(&(1u32 << 20).to_le_bytes()),
+            |e| matches!(e, ConnectError::Ipc(ClientError::Disconnected)),
+        ),
+        (
+            "a connection closed mid-frame",
+            |p| {
+                p.raw(&[100, 0, 0, 0, 0x08, 1]);
+                let _ = p.stream.shutdown(std::net::Shutdown::Both);
+            },
+            |e| matches!(e, ConnectError::Ipc(ClientError::Disconnected)),
+        ),
+        (
+            "a command that does not decode",
+            |p| p.raw_reply(p.stream_id(), &[0x0A, 0x7F, 0x01], true),
+            |e| matches!(e, ConnectError::Ipc(ClientError::MalformedReply(_))),
+        ),
+        (
+            "the command stream rejected",
+            |p| {
+                let to = p.commands.clone().unwrap();
+                p.conn.reject(to);
+                p.send();
+            },
+            |e| matches!(e, ConnectError::Ipc(ClientError::Rpc(_))),
+        ),
+        (
+            "the command stream ended",
+            |p| p.raw_reply(p.stream_id(), &[], false),
+            |e| matches!(e, ConnectError::CommandStreamEnded),
+        ),
+    ];
+    for (what, send, check) in cases {
+        let service = FakeService::new();
+        let conn = Connection::start(&service);
+        let mut peer = service.accept();
+        peer.trace(sealed_memfd(65536));
+        send(&mut peer);
+        let error = conn.ended(0);
+        assert!(check(&error), "{what}: {error}");
+        assert!(!H_APP.is_enabled(), "{what}");
+        app.keeps_running();
+    }
+    app.finish();
+}
+
+#[test]
+fn odd_but_harmless_input_leaves_the_connection_up() {
+    let _s = serial();
+    let (_service, conn, mut peer) = connect();
+    peer.trace(sealed_memfd(256 * 1024));
+    let app = App::start(16, APP_PAUSE);
+    // A reply to a request never made; a command this producer does not
+    // know (a newer service's: an unknown field, so no command at all).
+    peer.raw_reply(9999, &[], true);
+    let stream = peer.stream_id();
+    peer.raw_reply(stream, &[0xF8, 0x06, 0x01], true);
+    // A config that does not decode: not set up, still acknowledged.
+    peer.command(start(2, Bytes::from_static(&[0x0A, 0xFF])), None);
+    // Commands for instances that do not exist.
+    peer.command(
+        Cmd::StopDataSource(gac::StopDataSource {
+            instance_id: Some(404),
+        }),
+        None,
+    );
+    peer.command(start(1, track_event_config()), None);
+    // More instances than there are slots (8): the rest are refused.
+    for id in 100..112 {
+        peer.command(start(id, track_event_config()), None);
+    }
+    assert!(peer.until(|p| p.started(2) && p.stopped(404) && p.started(111)));
+    // Id lists as long as a frame allows.
+    let ids: Vec<u64> = (0..30_000).collect();
+    peer.command(
+        Cmd::ClearIncrementalState(gac::ClearIncrementalState {
+            data_source_ids: ids.clone(),
+        }),
+        None,
+    );
+    peer.command(flush(&ids, 5), None);
+    assert!(peer.until(|p| p.flush_acked(5)));
+    app.keeps_running();
+    for id in (100..112).chain([1]) {
+        peer.command(
+            Cmd::StopDataSource(gac::StopDataSource {
+                instance_id: Some(id),
+            }),
+            None,
+        );
+    }
+    assert!(peer.until(|p| p.stopped(1)));
+    assert!(!H_APP.is_enabled());
+    assert!(peer.flushes(6));
+    assert!(peer.chunks_committed() > 0);
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+    app.finish();
+}
+
+#[test]
+fn a_bad_service_is_retried_and_a_good_one_traces() {
+    let _s = serial();
+    let app = App::start(16, APP_PAUSE);
+    let (service, conn, mut bad) = connect();
+    bad.handshake(Default::default());
+    bad.command(setup_tracing(4), Some(memfd(MemfdFlags::empty(), 65536)));
+    assert!(bad.closed_by_producer());
+    assert!(matches!(
+        *conn.ended(1),
+        ConnectError::Smb(SmbSetupError::NotSealed(_))
+    ));
+    // The same socket now behaves: the producer comes back by itself.
+    let mut good = service.accept();
+    good.trace(sealed_memfd(256 * 1024));
+    assert!(H_APP.is_enabled());
+    app.keeps_running();
+    assert!(good.flushes(9));
+    assert!(
+        good.chunks_committed() > 0,
+        "the application's events arrive"
+    );
+    assert_eq!(conn.status.connections.load(Ordering::Relaxed), 2);
+    assert_eq!(conn.errors(), 1);
+    app.finish();
+}
