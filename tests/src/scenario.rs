@@ -347,6 +347,11 @@ pub struct ProducerSpec {
     /// type, a dynamic name, a named track with a parent, a counter track
     /// with a unit; see `interop/real_producer.cc`).
     pub fidelity: bool,
+    /// The producer process's `argv[0]` (default: the driver binary's
+    /// path). Both SDKs name their producer after it (the real one after
+    /// the whole string, ours after its file name), so a session's
+    /// `TraceConfig.producers` can address the producer by this name.
+    pub process_name: Option<&'static str>,
 }
 
 impl Default for ProducerSpec {
@@ -362,6 +367,7 @@ impl Default for ProducerSpec {
             sessions: 1,
             custom_source: false,
             fidelity: false,
+            process_name: None,
         }
     }
 }
@@ -431,6 +437,9 @@ pub struct Scenario {
     /// big trace, which debug builds of the service and the consumer read
     /// at a few MB per CPU-second each.
     pub stop_timeout: Duration,
+    /// `TraceConfig.producers`: per-producer shared memory sizes, by
+    /// producer name (see [`ProducerSpec::process_name`]).
+    pub producer_configs: Vec<config::ProducerConfig>,
 }
 
 impl Scenario {
@@ -450,6 +459,7 @@ impl Scenario {
             keep_trace: None,
             track_event_config: None,
             stop_timeout: STOP_TIMEOUT,
+            producer_configs: Vec::new(),
         }
     }
 
@@ -506,6 +516,7 @@ impl Scenario {
         if let Stop::ByDuration { duration_ms } = self.stop {
             config.duration_ms = Some(duration_ms);
         }
+        config.producers.clone_from(&self.producer_configs);
         config.incremental_state_config = self.clear_period_ms.map(|ms| IncrementalStateConfig {
             clear_period_ms: Some(ms),
         });
@@ -806,6 +817,9 @@ pub fn start_producer(
         ProducerImpl::Real => Command::new(&bins.producer),
         ProducerImpl::Ours => Command::new(our_producer_binary()?),
     };
+    if let Some(name) = spec.process_name {
+        std::os::unix::process::CommandExt::arg0(&mut command, name);
+    }
     command
         .env("PERFETTO_PRODUCER_SOCK_NAME", producer_socket)
         .arg(format!("--threads={}", spec.threads))

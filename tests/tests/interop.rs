@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shmtrace_tests::checker::{Loss, TraceReport};
-use shmtrace_tests::config::FillPolicy;
+use shmtrace_tests::config::{FillPolicy, ProducerConfig};
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
     self, BetweenPhases, Cell, ConsumerImpl, Outcome, ProducerImpl, ProducerSpec, Scenario,
@@ -72,6 +72,7 @@ matrix!(
     incremental_state_clear,
     write_into_file,
     many_threads_tiny_smb,
+    producer_config_sizes_the_smb,
 );
 
 /// Scenarios only our producer plays (the real producer driver has no
@@ -516,6 +517,104 @@ fn many_threads_tiny_smb(cell: Cell) {
     assert!(outcome.report.totals.slice_begin > 0);
     assert!(outcome.report.totals.slice_begin <= emitted.slice_begin);
     assert!(outcome.report.track_event_sequences().count() >= 1);
+}
+
+/// `TraceConfig.producers` sizes the shared memory of the producer it
+/// names: 32 KiB pages (the most the real service allows) in 1 MiB. What
+/// shows it in the trace is the service's own account of the chunks it
+/// read (`TraceStats.writer_stats`): with 20 KiB annotations spanning
+/// chunks, chunks carry more than 16 KiB of payload, which 4 KiB pages
+/// (the default) cannot hold. Both SDKs name their producer after the
+/// process's `argv[0]`, which the harness sets.
+fn producer_config_sizes_the_smb(cell: Cell) {
+    const NAME: &str = "interop-sized-producer";
+    let dir = tempfile::Builder::new()
+        .prefix("shmtrace-producer-config-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let trace = dir.path().join("trace.pftrace");
+    let scenario = Scenario {
+        producer_configs: vec![ProducerConfig {
+            producer_name: Some(NAME.into()),
+            shm_size_kb: Some(1024),
+            page_size_kb: Some(32),
+        }],
+        keep_trace: Some(trace.clone()),
+        ..Scenario::new(
+            "producer-config",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 30,
+                large_kb: 20,
+                large_every: 3,
+                process_name: Some(NAME),
+                ..Default::default()
+            }],
+        )
+    };
+    let (outcome, _) = run(cell, &scenario);
+    assert_clean_sequences(&outcome, 2);
+    let stats = trace_stats::read(&trace);
+    let bounds = &stats.chunk_payload_histogram_def;
+    // The last bound is 16 KiB; the bucket after it counts bigger chunks.
+    assert_eq!(bounds.last(), Some(&16384), "{stats:?}");
+    let over_16k: u64 = stats
+        .writer_stats
+        .iter()
+        .filter_map(|w| w.chunk_payload_histogram_counts.get(bounds.len()))
+        .sum();
+    assert!(over_16k > 0, "no chunk over 16 KiB: {stats:?}");
+}
+
+/// The part of `TraceStats` that [`producer_config_sizes_the_smb`] reads.
+mod trace_stats {
+    use prost::Message;
+
+    /// Reads the `TraceStats` packet of a trace file.
+    pub fn read(path: &std::path::Path) -> TraceStats {
+        let bytes = std::fs::read(path).unwrap();
+        let trace = Trace::decode(bytes.as_slice()).unwrap();
+        let mut stats = trace.packet.into_iter().filter_map(|p| p.trace_stats);
+        let found = stats.next().expect("a trace_stats packet");
+        assert!(stats.next().is_none(), "more than one trace_stats packet");
+        found
+    }
+
+    /// `Trace`: its packets (field 1).
+    #[derive(Clone, PartialEq, Message)]
+    pub struct Trace {
+        #[prost(message, repeated, tag = "1")]
+        pub packet: Vec<Packet>,
+    }
+
+    /// `TracePacket`: only `trace_stats` (field 35).
+    #[derive(Clone, PartialEq, Message)]
+    pub struct Packet {
+        #[prost(message, optional, tag = "35")]
+        pub trace_stats: Option<TraceStats>,
+    }
+
+    /// `TraceStats`: the chunk-size histograms.
+    #[derive(Clone, PartialEq, Message)]
+    pub struct TraceStats {
+        /// Upper bounds of the histogram's buckets but the last (field 17).
+        #[prost(int64, repeated, tag = "17")]
+        pub chunk_payload_histogram_def: Vec<i64>,
+        /// One per sequence (field 18).
+        #[prost(message, repeated, tag = "18")]
+        pub writer_stats: Vec<WriterStats>,
+    }
+
+    /// `TraceStats.WriterStats`.
+    #[derive(Clone, PartialEq, Message)]
+    pub struct WriterStats {
+        /// The sequence (field 1).
+        #[prost(uint64, optional, tag = "1")]
+        pub sequence_id: Option<u64>,
+        /// Chunks read per payload-size bucket (field 2).
+        #[prost(uint64, repeated, tag = "2")]
+        pub chunk_payload_histogram_counts: Vec<u64>,
+    }
 }
 
 /// Two consumers, each with its own session enabling track_event and the
