@@ -696,3 +696,51 @@ fn a_bad_service_is_retried_and_a_good_one_traces() {
     assert_eq!(conn.errors(), 1);
     app.finish();
 }
+
+#[test]
+fn a_service_scribbling_over_the_smb_loses_chunks_not_the_program() {
+    let _s = serial();
+    let (_service, conn, mut peer) = connect();
+    let fd = sealed_memfd(64 * 1024);
+    let theirs = fd.try_clone().unwrap();
+    peer.trace(fd);
+    let app = App::start(200, APP_PAUSE);
+    app.keeps_running();
+    // Random bytes at random places, page headers (the chunks' states and
+    // the page layout) first of all, while the application writes.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let lost_before = crate::stats().chunks_lost;
+    let until = Instant::now() + Duration::from_millis(300);
+    for n in 0u64.. {
+        if Instant::now() >= until {
+            break;
+        }
+        let page = next() % 16 * 4096;
+        let offset = if n % 4 != 0 {
+            page
+        } else {
+            page + next() % 4096
+        };
+        let bytes = next().to_le_bytes();
+        let len = (64 * 1024 - offset).min(8) as usize;
+        rustix::io::pwrite(&theirs, &bytes[..len], offset).unwrap();
+        if n % 256 == 0 {
+            peer.pump();
+        }
+    }
+    app.keeps_running();
+    // The socket side is unaffected: the connection still answers.
+    assert!(peer.flushes(11));
+    assert_eq!(conn.errors(), 0);
+    assert!(
+        crate::stats().chunks_lost > lost_before,
+        "chunks whose state the service overwrote are counted as lost"
+    );
+    app.finish();
+}
