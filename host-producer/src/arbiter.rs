@@ -57,6 +57,7 @@ pub(crate) struct ArbiterCounters {
     pub packets_dropped: AtomicU64,
     pub orphan_ends_suppressed: AtomicU64,
     pub reentrant_drops: AtomicU64,
+    pub writerless_drops: AtomicU64,
 }
 
 /// The counters every arbiter of this process adds to.
@@ -70,6 +71,7 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
     packets_dropped: AtomicU64::new(0),
     orphan_ends_suppressed: AtomicU64::new(0),
     reentrant_drops: AtomicU64::new(0),
+    writerless_drops: AtomicU64::new(0),
 };
 
 /// Counts a slice end that was not written because its slice's begin was
@@ -94,6 +96,7 @@ impl ArbiterCounters {
             packets_dropped: self.packets_dropped.load(Ordering::Relaxed),
             orphan_ends_suppressed: self.orphan_ends_suppressed.load(Ordering::Relaxed),
             reentrant_drops: self.reentrant_drops.load(Ordering::Relaxed),
+            writerless_drops: self.writerless_drops.load(Ordering::Relaxed),
         }
     }
 }
@@ -127,6 +130,12 @@ pub struct ProducerStats {
     /// `Debug` impl that traces): writing them would need the writer the
     /// outer call holds. Not marked in the trace.
     pub reentrant_drops: u64,
+    /// Events and packets (one per session that enabled them) not written
+    /// because the thread had no writer: emitted from a thread-local's
+    /// destructor after this thread's writers were torn down, or while
+    /// every writer id of the shared memory (32767) was in use. Not marked
+    /// in the trace (the thread has no sequence to mark it on).
+    pub writerless_drops: u64,
 }
 
 /// Round-robin writer id allocator over 1..=[`MAX_WRITER_ID`].

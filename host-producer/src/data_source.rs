@@ -418,22 +418,26 @@ impl DataSourceType {
     /// Creates the calling thread's writer for slot `slot` under
     /// `generation`.
     #[cold]
-    fn new_writer(&self, slot: usize, generation: u32) -> Option<TlsEntry> {
-        let inst = self.slots.get(slot)?.current().clone()?;
+    fn new_writer(&self, slot: usize, generation: u32) -> Result<TlsEntry, NoWriter> {
+        let inst = self
+            .slots
+            .get(slot)
+            .and_then(|s| s.current().clone())
+            .ok_or(NoWriter::Inactive)?;
         if inst.generation != generation {
-            return None;
+            return Err(NoWriter::Inactive);
         }
         let mut st = inst.state();
         if st.stopped || !st.started {
-            return None;
+            return Err(NoWriter::Inactive);
         }
         let arbiter = &inst.arbiter;
-        let id = arbiter.alloc_writer_id()?;
+        let id = arbiter.alloc_writer_id().ok_or(NoWriter::NoId)?;
         let policy = inst.policy;
         let Ok(writer) = TraceWriter::new(arbiter.writer_arbiter(policy), id, inst.target_buffer())
         else {
             arbiter.free_writer_id(id);
-            return None;
+            return Err(NoWriter::NoId);
         };
         let cell = Arc::new(WriterCell::new(writer, arbiter.clone()));
         arbiter.outbox().push(Outgoing::RegisterTraceWriter {
@@ -443,7 +447,7 @@ impl DataSourceType {
         st.cells.push(cell.clone());
         arbiter.add_cell(cell.clone());
         drop(st);
-        Some(TlsEntry {
+        Ok(TlsEntry {
             generation,
             cell,
             instance: inst,
@@ -477,7 +481,14 @@ impl DataSourceType {
                     let generation = self.slots[slot].generation.load(Ordering::Acquire);
                     let entry = &mut entries[slot];
                     if entry.as_ref().is_none_or(|e| e.generation != generation) {
-                        *entry = self.new_writer(slot, generation);
+                        *entry = match self.new_writer(slot, generation) {
+                            Ok(e) => Some(e),
+                            Err(NoWriter::Inactive) => None,
+                            Err(NoWriter::NoId) => {
+                                count_writerless(1);
+                                None
+                            }
+                        };
                     }
                     let Some(e) = entry else { continue };
                     let mut g = e.cell.lock_owner();
@@ -492,8 +503,31 @@ impl DataSourceType {
                 }
                 written
             })
-            .unwrap_or(0)
+            .unwrap_or_else(|_| {
+                // This thread's writers are gone: an event from another
+                // thread-local's destructor as the thread exits.
+                count_writerless(mask.count_ones());
+                0
+            })
     }
+}
+
+/// Why [`DataSourceType::new_writer`] made no writer.
+enum NoWriter {
+    /// The instance is stopping, or gone (not a loss: its session is).
+    Inactive,
+    /// Every writer id of the SMB is in use.
+    NoId,
+}
+
+/// Counts `n` events or packets that instances enabling them did not get
+/// because the thread had no writer for them
+/// ([`ProducerStats::writerless_drops`](crate::ProducerStats::writerless_drops)).
+#[cold]
+fn count_writerless(n: u32) {
+    crate::arbiter::COUNTERS
+        .writerless_drops
+        .fetch_add(u64::from(n), Ordering::Relaxed);
 }
 
 /// Waits at most [`HOUSEKEEPING_WAIT`] in all for the busy writers of a

@@ -1368,3 +1368,75 @@ fn registrations_racing_a_connection_reach_it_exactly_once() {
         assert_eq!(sent, names, "round {round}");
     }
 }
+
+/// An event emitted after its thread's writers were torn down (from
+/// another thread-local's destructor, as the thread exits) is counted as
+/// a writerless drop, once per session enabling it, and nothing breaks.
+#[test]
+fn events_after_the_thread_writers_are_gone_are_counted() {
+    struct Late;
+    impl Drop for Late {
+        fn drop(&mut self) {
+            trace_instant!(T_MAIN, "late");
+        }
+    }
+    thread_local! {
+        static LATE: Late = const { Late };
+    }
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(141, 1, TrackEventConfig::default());
+    lb.start_track_event(142, 2, TrackEventConfig::default());
+    let before = crate::stats().writerless_drops;
+    std::thread::spawn(|| {
+        // Registered first, so destroyed after the writers (destructors
+        // of thread-locals run in reverse order of first use).
+        LATE.with(|_| {});
+        trace_instant!(T_MAIN, "early");
+    })
+    .join()
+    .unwrap();
+    assert_eq!(crate::stats().writerless_drops, before + 2);
+    runtime().stop_data_source(141);
+    runtime().stop_data_source(142);
+    let names: Vec<_> = all_events(&lb).into_iter().map(|e| e.1).collect();
+    assert_eq!(names, [Some("early".into()), Some("early".into())]);
+    lb.shutdown();
+}
+
+/// A thread that finds every writer id of the SMB in use writes nothing
+/// and counts each event it could not write; once an id is free, it
+/// writes again.
+#[test]
+fn events_without_a_free_writer_id_are_counted() {
+    let _s = serial();
+    register();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(143, 1, TrackEventConfig::default());
+    let arbiter = runtime().arbiter().expect("an SMB");
+    let mut taken = Vec::new();
+    while let Some(id) = arbiter.alloc_writer_id() {
+        taken.push(id);
+    }
+    assert_eq!(taken.len(), 32767);
+    let before = crate::stats().writerless_drops;
+    std::thread::spawn(|| {
+        trace_instant!(T_MAIN, "lost");
+        trace_instant!(T_MAIN, "lost");
+    })
+    .join()
+    .unwrap();
+    assert_eq!(crate::stats().writerless_drops, before + 2);
+    for id in taken {
+        arbiter.free_writer_id(id);
+    }
+    std::thread::spawn(|| trace_instant!(T_MAIN, "kept"))
+        .join()
+        .unwrap();
+    assert_eq!(crate::stats().writerless_drops, before + 2);
+    runtime().stop_data_source(143);
+    let names: Vec<_> = all_events(&lb).into_iter().map(|e| e.1).collect();
+    assert_eq!(names, [Some("kept".into())]);
+    lb.shutdown();
+}
