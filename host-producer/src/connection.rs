@@ -41,7 +41,12 @@
 //!   otherwise ignored, an undecodable config is an empty one, the number
 //!   of instances is bounded ([`MAX_INSTANCES`](crate::MAX_INSTANCES)), and
 //!   the id lists of Flush and ClearIncrementalState cost time linear in
-//!   their length.
+//!   their length;
+//! * our own side: a message too large for one frame (a data source
+//!   descriptor over 128 KiB) is not sent, with a warning (the service
+//!   would drop the connection on it, and every reconnection would send it
+//!   again); a sender that fails otherwise ends the connection instead of
+//!   leaving it up with nothing sent.
 //!
 //! Each such end is logged (a warning when the service is at fault),
 //! counted ([`Producer::connection_errors`]) and kept
@@ -108,7 +113,9 @@ const LIMITS: Limits = Limits {
 /// How the producer connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerConfig {
-    /// `producer_name` (sessions can filter on it).
+    /// `producer_name` (sessions can filter on it, and size its shared
+    /// memory in `TraceConfig.producers`); by default the process's
+    /// `argv[0]`, as Perfetto's SDK names it.
     pub name: String,
     /// Socket name; `None` = `$PERFETTO_PRODUCER_SOCK_NAME` or the
     /// upstream default (`/run/perfetto/traced-producer.sock`, else
@@ -125,22 +132,31 @@ pub struct ProducerConfig {
 
 impl Default for ProducerConfig {
     fn default() -> Self {
-        let name = std::env::args()
-            .next()
-            .and_then(|a| {
-                std::path::Path::new(&a)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "shmtrace-producer".into());
         ProducerConfig {
-            name,
+            name: default_producer_name(),
             socket: None,
             shmem_size_hint_bytes: 0,
             shmem_page_size_hint_bytes: 0,
             page_layout: PageLayout::Div1,
         }
     }
+}
+
+/// The producer name Perfetto's SDK gives a Linux process: its whole
+/// `argv[0]` as the kernel keeps it (`/proc/self/cmdline`: `./app` for a
+/// program started as `./app`), so a session's `producer_name_filter` or
+/// `TraceConfig.producers` written for it addresses this producer too.
+/// Elsewhere `argv[0]`; non-UTF-8 bytes are replaced, never a panic.
+fn default_producer_name() -> String {
+    let name = crate::track::command_name();
+    if !name.is_empty() {
+        return name.to_string();
+    }
+    std::env::args_os()
+        .next()
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "shmtrace-producer".into())
 }
 
 /// State of the connection to the service, for [`Producer`].
@@ -520,7 +536,8 @@ impl Session {
                     data_source_descriptor: Some(descriptor_proto(&d)),
                 },
                 None,
-            )?;
+            )
+            .or_else(skip_too_large)?;
         }
         Ok((port, commands, emulation))
     }
@@ -548,12 +565,24 @@ impl Session {
                 .name("shmtrace-producer-tx".into())
                 .spawn(move || sender_loop(&port, &stop, &status, &current, &clock))
         };
+        let Ok(sender) = sender else {
+            return Err(ConnectError::Thread);
+        };
+        let mut sender = Some(sender);
         let result = loop {
             if status.stop.load(Ordering::Acquire) {
                 break Ok(());
             }
             if clock.busy_for().is_some_and(|t| t >= limits.send_stall) {
                 break Err(ConnectError::SendStalled(limits.send_stall));
+            }
+            if sender.as_ref().is_some_and(JoinHandle::is_finished) {
+                // It stops only when asked to, or when a send failed.
+                let error = match sender.take().map(JoinHandle::join) {
+                    Some(Ok(Err(e))) => e,
+                    _ => ClientError::Disconnected,
+                };
+                break Err(ConnectError::Ipc(error));
             }
             match self.commands.next(Some(Duration::from_millis(200))) {
                 None => break Err(ConnectError::CommandStreamEnded),
@@ -577,15 +606,15 @@ impl Session {
         runtime().disconnected();
         stop_sender.store(true, Ordering::Release);
         runtime().outbox().kick();
-        if let Ok(t) = sender {
+        if let Some(sender) = sender {
             let deadline = Instant::now() + SENDER_GRACE;
-            while !t.is_finished() && Instant::now() < deadline {
+            while !sender.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            if !t.is_finished() {
+            if !sender.is_finished() {
                 let _ = self.socket.shutdown(Shutdown::Both);
             }
-            let _ = t.join();
+            let _ = sender.join();
         }
         result
     }
@@ -697,7 +726,7 @@ fn sender_loop(
     status: &Status,
     current: &Mutex<Option<Arc<Arbiter>>>,
     clock: &SendClock,
-) {
+) -> Result<(), ClientError> {
     forbid_stalls_on_this_thread();
     let outbox = runtime().outbox().clone();
     let mut last_sweep = Instant::now();
@@ -709,9 +738,12 @@ fn sender_loop(
             let result = send(port, msg, arbiter.as_deref());
             clock.done();
             outbox.sent();
-            if let Err(e) = result {
-                log::debug!("shmtrace-producer: send failed: {e}");
-                return;
+            match result.or_else(skip_too_large) {
+                Ok(()) => {}
+                Err(e) => {
+                    log::debug!("shmtrace-producer: send failed: {e}");
+                    return Err(e);
+                }
             }
             if commit {
                 // Let the next chunks accumulate instead of each waking us.
@@ -722,6 +754,20 @@ fn sender_loop(
             runtime().sweep_idle();
             last_sweep = Instant::now();
         }
+    }
+    Ok(())
+}
+
+/// A message too large for one IPC frame is not sent (the service would
+/// drop the connection on it, and a reconnection would send it again):
+/// logged, and the connection goes on without it. Other send errors stand.
+fn skip_too_large(e: ClientError) -> Result<(), ClientError> {
+    match e {
+        ClientError::TooLarge(e) => {
+            log::warn!("shmtrace-producer: a message to the service was not sent: {e}");
+            Ok(())
+        }
+        e => Err(e),
     }
 }
 
@@ -918,6 +964,17 @@ fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default producer name is the whole first word of the command
+    /// line, as Perfetto's SDK takes it (cargo starts tests by their full
+    /// path, which a file name alone would not match).
+    #[test]
+    fn the_default_name_is_the_whole_argv0() {
+        let cmdline = std::fs::read("/proc/self/cmdline").unwrap();
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap();
+        assert!(argv0.contains(&b'/'), "{argv0:?}");
+        assert_eq!(ProducerConfig::default().name.as_bytes(), argv0);
+    }
 
     #[test]
     fn descriptors_carry_our_fields_and_the_extra_ones() {

@@ -744,3 +744,55 @@ fn a_service_scribbling_over_the_smb_loses_chunks_not_the_program() {
     );
     app.finish();
 }
+
+/// `DataSourceOptions` whose descriptor is too large for one IPC frame (a
+/// 200 KiB `gpu_counter_descriptor`, field 5).
+fn oversized_descriptor() -> crate::DataSourceOptions {
+    let len: u32 = 200 * 1024;
+    let mut extra = vec![0x2A];
+    let mut v = len;
+    while v >= 0x80 {
+        extra.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    extra.push(v as u8);
+    extra.resize(extra.len() + len as usize, b'g');
+    crate::DataSourceOptions {
+        extra_descriptor_fields: extra,
+        ..Default::default()
+    }
+}
+
+fn registered(peer: &Peer, name: &str) -> bool {
+    peer.calls.iter().any(|c| {
+        matches!(c, Request::RegisterDataSource(r)
+            if r.data_source_descriptor.as_ref().and_then(|d| d.name.as_deref()) == Some(name))
+    })
+}
+
+#[test]
+fn a_message_too_large_for_a_frame_is_skipped_not_fatal() {
+    let _s = serial();
+    // One registered before the connection (sent in the handshake), one
+    // while it runs (sent by the sender); a small one after each.
+    let register = |when: &str| {
+        let huge = format!("hostile.huge.{when}");
+        let small = format!("hostile.small.{when}");
+        let huge =
+            crate::DataSource::register_with(&huge, oversized_descriptor(), crate::NoopHandler);
+        (
+            huge.unwrap(),
+            crate::DataSource::register(&small, crate::NoopHandler).unwrap(),
+        )
+    };
+    let _before = register("before");
+    let (_service, conn, mut peer) = connect();
+    peer.trace(sealed_memfd(64 * 1024));
+    let _during = register("during");
+    assert!(peer.until(|p| registered(p, "hostile.small.during")));
+    assert!(peer.flushes(12), "the sender goes on");
+    assert!(registered(&peer, "hostile.small.before"));
+    assert!(!registered(&peer, "hostile.huge.before") && !registered(&peer, "hostile.huge.during"));
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+}
