@@ -558,6 +558,12 @@ fn process_info() -> &'static ProcessInfo {
     })
 }
 
+/// The first word of the command line (`argv[0]` as the kernel keeps
+/// it; empty where `/proc/self/cmdline` cannot be read).
+pub(crate) fn command_name() -> Arc<str> {
+    process_info().default_name.clone()
+}
+
 static PROCESS_NAME: Mutex<Option<Arc<str>>> = Mutex::new(None);
 
 /// Overrides the process name written into the process track descriptor

@@ -759,9 +759,13 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     assert_eq!(state["sessions"].as_array().unwrap().len(), 0, "{state}");
     assert_eq!(state["lists_sessions"], true, "{state}");
 
-    // A producer registers its track_event data source.
+    // A producer registers its track_event data source. Started as
+    // `./query-producer` would be from a shell: both SDKs name a producer
+    // after its whole argv[0].
+    const ARGV0: &str = "./query-producer";
     let spec = ProducerSpec {
         iterations: 1,
+        process_name: Some(ARGV0),
         ..Default::default()
     };
     let mut producer_process =
@@ -776,10 +780,7 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
         Some(u64::from(producer_process.pid())),
         "{state}"
     );
-    assert!(
-        !producers[0]["name"].as_str().unwrap().is_empty(),
-        "{state}"
-    );
+    assert_eq!(producers[0]["name"], ARGV0, "{state}");
     let expected_sdk = match producer {
         ProducerImpl::Real => "Perfetto v59",
         ProducerImpl::Ours => "shmtrace-producer ",
