@@ -1221,6 +1221,38 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever bytes the service sends as a config: no panic, the
+        /// raw bytes kept for the data source, and what does decode is
+        /// what the runtime sees; its category filter can be evaluated.
+        #[test]
+        fn configs_from_any_bytes_decode_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            track_event in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            use prost::Message as _;
+            // Also as a track_event_config (field 113) behind a valid name.
+            let mut nested = vec![0x0A, 1, b'x', 0x8A, 0x07, track_event.len() as u8];
+            nested.extend_from_slice(&track_event);
+            for raw in [Bytes::from(bytes), Bytes::from(nested)] {
+                let c = decode_config(Some(&raw));
+                proptest::prop_assert_eq!(&c.raw[..], &raw[..]);
+                if let Ok(parsed) = pb::DataSourceConfig::decode(raw.clone()) {
+                    proptest::prop_assert_eq!(c.name, parsed.name.unwrap_or_default());
+                    proptest::prop_assert_eq!(c.target_buffer, parsed.target_buffer.unwrap_or(0));
+                    proptest::prop_assert_eq!(
+                        c.track_event_config.is_some(),
+                        parsed.track_event_config.is_some()
+                    );
+                }
+                if let Some(f) = c.track_event_config {
+                    let _ = f.decide("x", &["slow"]);
+                    let _ = f.is_enabled("a,b", |_| &[]);
+                }
+            }
+        }
+    }
+
     #[test]
     fn configs_decode_the_fields_the_runtime_uses() {
         // DataSourceConfig { name: "track_event", target_buffer: 3,
