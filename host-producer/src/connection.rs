@@ -92,6 +92,8 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a sender still busy when its connection ends may finish its
 /// send before the socket is shut down under it.
 const SENDER_GRACE: Duration = Duration::from_millis(100);
+/// How often waits on the service look at [`Status::stop`].
+const STOP_POLL: Duration = Duration::from_millis(20);
 
 /// How long the service may take over what it controls.
 #[derive(Debug, Clone, Copy)]
@@ -362,12 +364,15 @@ pub(crate) fn run_connections(
             // like an absent one; a healthy one that restarts does not.
             delay = RETRY_MIN;
         }
-        if let Err(e) = result {
-            status.record(address, e);
+        match result {
+            // Whatever ended a connection the producer shut down itself.
+            Err(_) if status.stop.load(Ordering::Acquire) => {}
+            Err(e) => status.record(address, e),
+            Ok(()) => {}
         }
         let until = Instant::now() + delay;
         while Instant::now() < until && !status.stop.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+            std::thread::sleep(STOP_POLL.min(until - Instant::now()));
         }
         delay = (delay * 2).min(RETRY_MAX);
     }
@@ -381,7 +386,7 @@ fn connect_once(
     status: &Arc<Status>,
     limits: Limits,
 ) -> (bool, Result<(), ConnectError>) {
-    let session = match Session::open(config, address, limits) {
+    let session = match Session::open(config, address, limits, status) {
         Ok(session) => session,
         Err(e) => return (false, Err(e)),
     };
@@ -392,22 +397,33 @@ fn connect_once(
     (true, result)
 }
 
-/// Shuts a socket down unless disarmed in time: every call blocked on a
-/// service that does not answer then fails as disconnected.
+/// Shuts a socket down unless disarmed in time, or at once when the
+/// producer shuts down: every call blocked on a service that does not
+/// answer then fails as disconnected.
 struct Watchdog {
     disarm: mpsc::Sender<()>,
     thread: Option<JoinHandle<bool>>,
 }
 
 impl Watchdog {
-    fn arm(socket: &UnixStream, after: Duration) -> Self {
+    fn arm(socket: &UnixStream, after: Duration, status: &Arc<Status>) -> Self {
         let (disarm, disarmed) = mpsc::channel::<()>();
+        let status = status.clone();
         let thread = socket.try_clone().ok().and_then(|socket| {
             std::thread::Builder::new()
                 .name("shmtrace-producer-watchdog".into())
                 .spawn(move || {
-                    let fired =
-                        matches!(disarmed.recv_timeout(after), Err(RecvTimeoutError::Timeout));
+                    let deadline = Instant::now() + after;
+                    let fired = loop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() || status.stop.load(Ordering::Acquire) {
+                            break true;
+                        }
+                        match disarmed.recv_timeout(left.min(STOP_POLL)) {
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Ok(()) | Err(RecvTimeoutError::Disconnected) => break false,
+                        }
+                    };
                     if fired {
                         let _ = socket.shutdown(Shutdown::Both);
                     }
@@ -481,13 +497,14 @@ impl Session {
         config: &ProducerConfig,
         address: &SocketAddress,
         limits: Limits,
+        status: &Arc<Status>,
     ) -> Result<Self, ConnectError> {
         let stream = shmtrace_ipc::socket::connect(address).map_err(ConnectError::Unreachable)?;
         let socket = stream
             .try_clone()
             .map_err(|e| ConnectError::Ipc(e.into()))?;
         let client = Client::from_stream(stream).map_err(|e| ConnectError::Ipc(e.into()))?;
-        let watchdog = Watchdog::arm(&socket, limits.handshake);
+        let watchdog = Watchdog::arm(&socket, limits.handshake, status);
         let handshake = Self::handshake(&client, config);
         if watchdog.disarm() {
             return Err(ConnectError::HandshakeTimeout(limits.handshake));
