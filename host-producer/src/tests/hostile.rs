@@ -6,7 +6,7 @@
 //! oddities, kept it), and what it reports; the connection thread is the
 //! real one ([`run_connections`]) with shortened limits.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -630,26 +630,40 @@ fn odd_but_harmless_input_leaves_the_connection_up() {
     let (_service, conn, mut peer) = connect();
     peer.trace(sealed_memfd(256 * 1024));
     let app = App::start(16, APP_PAUSE);
-    // A reply to a request never made; a command this producer does not
-    // know (a newer service's: an unknown field, so no command at all).
+    // An empty frame; a reply to a request never made; a command this
+    // producer does not know (a newer service's: an unknown field, so no
+    // command at all).
+    peer.raw(&[0, 0, 0, 0]);
     peer.raw_reply(9999, &[], true);
     let stream = peer.stream_id();
     peer.raw_reply(stream, &[0xF8, 0x06, 0x01], true);
     // A config that does not decode: not set up, still acknowledged.
     peer.command(start(2, Bytes::from_static(&[0x0A, 0xFF])), None);
-    // Commands for instances that do not exist.
+    // Commands for instances that do not exist, and commands carrying a
+    // descriptor they have no use for: the producer closes it (its peer
+    // end then reads end-of-file).
+    let (stray, stray_peer) = UnixStream::pair().unwrap();
     peer.command(
         Cmd::StopDataSource(gac::StopDataSource {
             instance_id: Some(404),
         }),
-        None,
+        Some(stray.into()),
     );
-    peer.command(start(1, track_event_config()), None);
+    let (stray2, stray2_peer) = UnixStream::pair().unwrap();
+    peer.command(start(1, track_event_config()), Some(stray2.into()));
     // More instances than there are slots (8): the rest are refused.
     for id in 100..112 {
         peer.command(start(id, track_event_config()), None);
     }
     assert!(peer.until(|p| p.started(2) && p.stopped(404) && p.started(111)));
+    for end in [stray_peer, stray2_peer] {
+        end.set_read_timeout(Some(PATIENCE)).unwrap();
+        assert_eq!(
+            (&end).read(&mut [0]).unwrap(),
+            0,
+            "the producer kept the fd"
+        );
+    }
     // Id lists as long as a frame allows.
     let ids: Vec<u64> = (0..30_000).collect();
     peer.command(
