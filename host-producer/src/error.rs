@@ -86,9 +86,10 @@ pub enum ConnectError {
     /// handshake (bind, `InitializeConnection`, `GetAsyncCommand`) in time.
     #[error("the service did not complete the handshake within {0:?}")]
     HandshakeTimeout(Duration),
-    /// The service stopped reading: a message to it made no progress for
-    /// this long (upstream's service gives its own sends 10 s too).
-    #[error("the service stopped reading: a send made no progress for {0:?}")]
+    /// The service stopped reading: one message to it was still not
+    /// accepted by the socket after this long (upstream's service gives
+    /// its own sends 10 s too).
+    #[error("the service stopped reading: a message to it was not sent within {0:?}")]
     SendStalled(Duration),
     /// The service ended the `GetAsyncCommand` stream.
     #[error("the service ended the command stream")]

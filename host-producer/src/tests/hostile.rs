@@ -71,6 +71,20 @@ impl FakeService {
         FakeService { listener, address }
     }
 
+    /// The producer's next connection, if it comes before `deadline`.
+    fn accept_before(&self, deadline: Instant) -> Option<Peer> {
+        while Instant::now() < deadline {
+            match self.listener.accept() {
+                Ok(stream) => return Some(Peer::new(stream)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        None
+    }
+
     /// The producer's next connection.
     fn accept(&self) -> Peer {
         let deadline = Instant::now() + PATIENCE;
@@ -817,4 +831,25 @@ fn a_message_too_large_for_a_frame_is_skipped_not_fatal() {
     assert!(!registered(&peer, "hostile.huge.before") && !registered(&peer, "hostile.huge.during"));
     assert_eq!(conn.errors(), 0);
     assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+}
+
+#[test]
+fn a_service_failing_every_connection_is_retried_with_a_growing_backoff() {
+    let _s = serial();
+    let service = FakeService::new();
+    let conn = Connection::start(&service);
+    // Each connection is dropped at once (SetupTracing without an SMB).
+    // Retries 250 ms, then 500 ms later: at most 3 connections in 1.1 s
+    // (a retry every 250 ms would make 5).
+    let deadline = Instant::now() + Duration::from_millis(1100);
+    let mut connections = 0;
+    while let Some(mut peer) = service.accept_before(deadline) {
+        connections += 1;
+        peer.handshake(Default::default());
+        peer.command(setup_tracing(4), None);
+        assert!(peer.closed_by_producer());
+    }
+    assert!((1..=3).contains(&connections), "{connections} connections");
+    assert_eq!(conn.errors(), connections);
+    assert!(matches!(*conn.ended(connections), ConnectError::NoSmb));
 }
