@@ -11,12 +11,19 @@ would, and compares what it finds with what the producers say they emitted.
 
 EXPECT.json:
     {
-      "producers": [{"pid": 1234 | null, "emitted": {"slice_begin": 10, ...}}],
+      "producers": [{"pid": 1234 | null, "emitted": {"slice_begin": 10, ...},
+                     "counted_lost": 3}],
       "loss": "none" | "allowed",
       "require_trace_stats": true
     }
 `pid: null` matches the packets of every producer together. The keys of
 `emitted` are EMITTED_KEYS below (those the producer driver reports).
+`counted_lost` (optional) is how many of the emitted track events the
+producer itself counts as lost (dropped, or left out for a dropped one's
+sake): the trace must then hold exactly the emitted track events less these
+(all types together), and a shortfall they account for needs no loss
+indicator in the trace (a thread that never got a chunk of shared memory
+has no sequence in the trace to carry a loss mark).
 
 Checks, per producer sequence (trusted_packet_sequence_id):
   * trusted_uid, trusted_pid and trusted_packet_sequence_id are present;
@@ -47,7 +54,8 @@ Then across the trace: event counts per type match the expectation exactly
 when loss is "none" (and no loss indicator may appear); when loss is
 "allowed", counts may only fall short, and a shortfall must be explained by a
 loss indicator (previous_packet_dropped mid-sequence, lost sequence start, or
-overwrite/discard/packet-loss counters in trace_stats).
+overwrite/discard/packet-loss counters in trace_stats) or, exactly, by the
+producer's `counted_lost`.
 
 Exit status: 0 all checks passed, 1 violations found, 2 usage or environment
 error. The report (JSON) carries everything the tests assert on.
@@ -81,6 +89,9 @@ EMITTED_KEYS = (
     "flow_begin", "flow_end", "large", "large_bytes", "arg_int", "arg_uint",
     "arg_double", "arg_bool", "arg_string", "arg_pointer",
 )
+# The keys that count track events (one each).
+TRACK_EVENT_KEYS = ("slice_begin", "slice_end", "instant", "counter_int",
+                    "counter_double")
 # Producer-side bookkeeping with no trace counterpart.
 PRODUCER_ONLY_KEYS = ("skipped_disabled",)
 # The producer driver's huge-annotation event (see interop/real_producer.cc).
@@ -552,14 +563,26 @@ class Checker:
             else:
                 got = self.counts.get(pid, collections.Counter())
                 label = "producer pid %d" % pid
-            for key, want in sorted(producer["emitted"].items()):
+            emitted = producer["emitted"]
+            counted_lost = producer.get("counted_lost")
+            counted = False
+            if counted_lost is not None:
+                want = sum(emitted.get(k, 0) for k in TRACK_EVENT_KEYS)
+                have = sum(got.get(k, 0) for k in TRACK_EVENT_KEYS)
+                counted = have == want - counted_lost
+                if not counted:
+                    self.violation(
+                        "%s: %d track events in the trace, but %d emitted "
+                        "less %d the producer counted lost is %d" %
+                        (label, have, want, counted_lost, want - counted_lost))
+            for key, want in sorted(emitted.items()):
                 if key in PRODUCER_ONLY_KEYS:
                     continue
                 have = got.get(key, 0)
                 if have == want:
                     continue
                 if loss == "allowed" and have < want:
-                    if not explained:
+                    if not (explained or counted):
                         self.violation(
                             "%s: %s %d of %d, and nothing records a loss" %
                             (label, key, have, want))
@@ -618,6 +641,10 @@ def load_expectation(path):
             set(PRODUCER_ONLY_KEYS)
         if unknown:
             raise ValueError("unknown emitted keys: %s" % sorted(unknown))
+        lost = producer.get("counted_lost")
+        if lost is not None and (isinstance(lost, bool) or
+                                 not isinstance(lost, int) or lost < 0):
+            raise ValueError("'counted_lost' must be a count, not %r" % lost)
     return expect
 
 

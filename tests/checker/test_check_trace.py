@@ -247,6 +247,42 @@ class CheckerTest(unittest.TestCase):
         self.assertEqual(report["loss_indicators"],
                          {"buffer.chunks_discarded": 1})
 
+    def counted_loss(self, counted_lost):
+        """The golden trace less its last 3 instants (no loss recorded in
+        the trace), checked with the producer counting `counted_lost`."""
+        self.trace = load_golden()
+        expect = copy.deepcopy(self.expect)
+        expect["loss"] = "allowed"
+        expect["producers"][0]["counted_lost"] = counted_lost
+        for packet in self.events(TE.TYPE_INSTANT)[-3:]:
+            self.remove(packet)
+        return self.check(expect=expect)
+
+    def test_loss_the_producer_counted_needs_no_indicator(self):
+        # A thread that never got a chunk has no sequence to mark its loss
+        # on: the producer's count is the record.
+        report = self.counted_loss(3)
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report["loss_indicators"], {})
+
+    def test_loss_the_producer_counted_must_match_exactly(self):
+        for counted_lost, total in ((2, 200), (4, 198)):
+            report = self.counted_loss(counted_lost)
+            self.assert_violation(
+                report, "199 track events in the trace, but 202 emitted less "
+                "%d the producer counted lost is %d" % (counted_lost, total))
+        self.assert_violation(self.counted_loss(2), "nothing records a loss")
+
+    def test_counted_loss_must_be_a_count(self):
+        path = os.path.join(self.tmp.name, "bad.json")
+        for bad in (-1, "3", True):
+            with open(path, "w") as f:
+                json.dump({"loss": "allowed",
+                           "producers": [{"pid": None, "emitted": {},
+                                          "counted_lost": bad}]}, f)
+            with self.assertRaises(ValueError):
+                check_trace.load_expectation(path)
+
     def test_allowed_loss_cannot_add_events(self):
         expect = copy.deepcopy(self.expect)
         expect["loss"] = "allowed"

@@ -239,6 +239,51 @@ pub fn check(
     work_dir: &Path,
     label: &str,
 ) -> Result<TraceReport> {
+    let json = serde_json::to_value(expect).map_err(|e| HarnessError::Checker(e.to_string()))?;
+    run_checker(traces, &json, work_dir, label)
+}
+
+/// Like [`check`], where `counted_lost[i]` track events of what producer
+/// `i` of `expect` emitted are lost by its own count (dropped, or left out
+/// for a dropped one's sake): the trace must hold exactly the emitted track
+/// events less these, and a shortfall they account for needs no loss
+/// indicator in the trace (a thread that never got a chunk has no sequence
+/// to carry a loss mark). See `counted_lost` in `check_trace.py`.
+pub fn check_with_counted_loss(
+    traces: &[PathBuf],
+    expect: &Expectation,
+    counted_lost: &[u64],
+    work_dir: &Path,
+    label: &str,
+) -> Result<TraceReport> {
+    if counted_lost.len() != expect.producers.len() {
+        return Err(HarnessError::Checker(format!(
+            "{} counted losses for {} producers",
+            counted_lost.len(),
+            expect.producers.len()
+        )));
+    }
+    let mut json =
+        serde_json::to_value(expect).map_err(|e| HarnessError::Checker(e.to_string()))?;
+    for (producer, &lost) in json["producers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .zip(counted_lost)
+    {
+        producer["counted_lost"] = lost.into();
+    }
+    run_checker(traces, &json, work_dir, label)
+}
+
+/// Runs `check_trace.py` on `traces` with the expectation `expect` (its
+/// JSON form).
+fn run_checker(
+    traces: &[PathBuf],
+    expect: &serde_json::Value,
+    work_dir: &Path,
+    label: &str,
+) -> Result<TraceReport> {
     ensure_environment()?;
     let expect_path = work_dir.join(format!("{label}.expect.json"));
     let report_path = work_dir.join(format!("{label}.report.json"));

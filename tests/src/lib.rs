@@ -11,6 +11,7 @@
 //! * [`config`]: the TraceConfig messages the scenarios send.
 //! * [`test_events`]: the packets of the producer driver's custom data
 //!   source, decoded from a trace.
+//! * [`trace_file`]: a trace file's packets, decoded with prost.
 
 pub mod checker;
 pub mod config;
@@ -19,5 +20,6 @@ pub mod error;
 pub mod process;
 pub mod scenario;
 pub mod test_events;
+pub mod trace_file;
 
 pub use error::{HarnessError, Result};

@@ -11,14 +11,8 @@ use std::path::Path;
 
 use prost::Message;
 
-use crate::error::{HarnessError, Result};
-
-/// `perfetto.protos.Trace` (only its packets).
-#[derive(Clone, PartialEq, Message)]
-struct Trace {
-    #[prost(message, repeated, tag = "1")]
-    packet: Vec<Packet>,
-}
+use crate::error::Result;
+use crate::trace_file;
 
 /// `perfetto.protos.TracePacket` (the fields read here).
 #[derive(Clone, PartialEq, Message)]
@@ -66,15 +60,8 @@ pub struct TestEvents {
 
 /// Decodes the `for_testing` packets of the trace at `path`.
 pub fn read(path: &Path) -> Result<TestEvents> {
-    let bytes = std::fs::read(path).map_err(|source| HarnessError::Io {
-        action: "read",
-        path: path.into(),
-        source,
-    })?;
-    let trace = Trace::decode(bytes.as_slice())
-        .map_err(|e| HarnessError::Checker(format!("{}: not a trace: {e}", path.display())))?;
     let mut events = TestEvents::default();
-    for packet in trace.packet {
+    for packet in trace_file::packets::<Packet>(path)? {
         let Some(test) = packet.for_testing else {
             continue;
         };
