@@ -4,11 +4,15 @@
 The golden trace (tests/golden/capture_run_trace.pftrace) was written by the
 real Perfetto; the checker must accept it and must reject every breakage below
 with the matching message. Run: python3 -m unittest tests/checker/test_check_trace.py
+With $SHMTRACE_BIN naming the shmtrace binary (the Rust harness sets it), the
+hand-built slice traces are also judged by `shmtrace inspect --check`, which
+must pair their slices the same way.
 """
 
 import copy
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -319,6 +323,7 @@ class CheckerTest(unittest.TestCase):
 # Slices in time order ----------------------------------------------------
 B, E = "B", "E"
 SHARED_TRACK = 7
+SHMTRACE_BIN = os.environ.get("SHMTRACE_BIN")
 
 
 def slice_trace(events):
@@ -375,7 +380,27 @@ class TimeOrderTest(unittest.TestCase):
             "require_trace_stats": False,
             "require_service_packets": False,
         }
-        return check_trace.check([path], expect)
+        report = check_trace.check([path], expect)
+        if SHMTRACE_BIN:
+            self.assert_inspect_agrees(path, report)
+        return report
+
+    def assert_inspect_agrees(self, path, report):
+        """`shmtrace inspect --check` finds the same nesting."""
+        out = subprocess.run(
+            [SHMTRACE_BIN, "inspect", "--check", "--json", path],
+            capture_output=True, text=True, check=False)
+        self.assertIn(out.returncode, (0, 1), out.stderr)
+        analysis = json.loads(out.stdout)
+        events = analysis["track_events"]
+        self.assertEqual(events["open_slices"], report["slices"]["open"])
+        self.assertEqual(events["max_depth"], report["slices"]["max_depth"])
+        theirs = sorted(p["message"].split("packet #")[1]
+                        for p in analysis["problems"]
+                        if p["kind"] == "nesting")
+        ours = sorted(v.split(".pftrace#")[1] for v in report["violations"]
+                      if "SLICE_END with no open slice" in v)
+        self.assertEqual(theirs, ours)
 
     def assert_pairs(self, events, max_depth):
         report = self.check(events)

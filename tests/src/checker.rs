@@ -357,11 +357,17 @@ pub fn semantic_diff(a: &Path, b: &Path) -> Result<Option<String>> {
 }
 
 /// Runs the Python unit tests of module `module` (in `checker/`, e.g.
-/// `test_check_trace`); `Err` carries their report if any fails.
+/// `test_check_trace`); `Err` carries their report if any fails. They get
+/// the shmtrace binary as `$SHMTRACE_BIN` when it is built (tests that
+/// compare the checker with `shmtrace inspect` need it).
 pub fn python_unit_tests(module: &str) -> Result<()> {
     ensure_environment()?;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("checker");
-    let output = Command::new(python())
+    let mut command = Command::new(python());
+    if let Ok(shmtrace) = crate::scenario::shmtrace_binary() {
+        command.env("SHMTRACE_BIN", shmtrace);
+    }
+    let output = command
         .args(["-m", "unittest", "-q", module])
         .current_dir(dir)
         .output()
