@@ -33,7 +33,7 @@ static H_APP: Category = Category::new("hostile.app");
 
 /// Short limits, so that the tests that reach them stay cheap.
 const LIMITS: Limits = Limits {
-    handshake: Duration::from_millis(800),
+    handshake: Duration::from_millis(1200),
     send_stall: Duration::from_millis(400),
 };
 
