@@ -31,9 +31,17 @@
 //!   categories), reads the `GetAsyncCommand` stream. Without a service the
 //!   program runs with tracing off and the producer retries (250 ms backoff
 //!   doubling to 5 s); when the service goes away every session stops and
-//!   it reconnects. The SMB fd from `SetupTracing` is mapped; under shmem
-//!   emulation a private 1 MiB SMB is used and chunks travel in
-//!   `CommitData`.
+//!   it reconnects. The producer is named after the process's `argv[0]`,
+//!   as the C++ SDK names it. The SMB fd from `SetupTracing` is mapped
+//!   (only a memfd sealed against shrinking, so the service cannot pull
+//!   the memory from under the program); under shmem emulation a private
+//!   1 MiB SMB is used and chunks travel in `CommitData`.
+//! * **A broken or hostile service** costs only its connection, never the
+//!   program: malformed or unexpected messages, an SMB that could shrink, a
+//!   handshake that never completes or a service that stops reading end
+//!   the connection, which is logged, counted
+//!   ([`Producer::connection_errors`]), kept ([`Producer::last_error`]) and
+//!   retried with the backoff.
 //! * **Sessions**: up to [`MAX_INSTANCES`] concurrent instances per data
 //!   source, each with its own writers, target buffer and (for track
 //!   events) category filter. `StartDataSource` is acknowledged with
@@ -59,7 +67,9 @@
 //!   the session's config) the writer waits, bounded. Idle threads never pin
 //!   chunks: writers untouched since the last sweep are flushed by the
 //!   sender every 500 ms and whenever a writer finds the SMB full. Nothing
-//!   aborts, nothing waits forever; every loss is counted ([`stats`]).
+//!   aborts, nothing waits forever; every loss is counted ([`stats`]),
+//!   including events emitted re-entrantly or after the thread's writers
+//!   are gone (a thread-local's destructor at thread exit).
 //! * **Track events** ([`track_event`]): categories ([`Category`],
 //!   [`DynamicCategory`]) enabled per session with the documented matching
 //!   order ([`filter`]); events through the macros or the [`Event`]
