@@ -127,7 +127,7 @@ fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
     for b in &stats.buffer_stats {
         add("overwritten", b.chunks_overwritten);
         add("discarded", b.chunks_discarded);
-        add("dropped by producers", b.trace_writer_packet_loss);
+        add("packets cut short by producers", b.trace_writer_packet_loss);
         add("malformed", b.abi_violations);
         add("failed patches", b.patches_failed);
     }
