@@ -334,6 +334,86 @@ fn flow_that_never_continues_is_unpaired() {
     check_fails_with(&t, &dir, "flows", "started but never continued");
 }
 
+/// The values of `track_event.<name>` (a repeated or single integer
+/// field) of packet `i`.
+fn event_ints(t: &EditTrace, i: usize, name: &str) -> Vec<u64> {
+    let Some(event) = t.packets[i].get_field_by_name("track_event") else {
+        return Vec::new();
+    };
+    let Some(value) = event.as_message().and_then(|e| e.get_field_by_name(name)) else {
+        return Vec::new();
+    };
+    match value.as_ref() {
+        Value::List(items) => items.iter().filter_map(Value::as_u64).collect(),
+        other => other.as_u64().into_iter().collect(),
+    }
+}
+
+/// The first instant of sequence 3 that starts a flow, the event that
+/// terminates that flow, and its id.
+fn golden_flow(t: &EditTrace) -> (usize, usize, u64) {
+    let start = t
+        .events(3, INSTANT)
+        .into_iter()
+        .find(|&i| !event_ints(t, i, "flow_ids").is_empty())
+        .unwrap();
+    let id = event_ints(t, start, "flow_ids")[0];
+    let end = (0..t.packets.len())
+        .find(|&i| event_ints(t, i, "terminating_flow_ids").contains(&id))
+        .unwrap();
+    (start, end, id)
+}
+
+/// Flows attach to slices, as in a trace processor: the flow ids of a
+/// COUNTER or of a SLICE_END that closes no slice link nothing, and the
+/// deprecated `flow_ids_old` counts only when `flow_ids` is empty.
+#[test]
+fn flows_link_only_on_events_that_make_a_slice() {
+    let dir = TempDir::new("flow-slice");
+    let golden = EditTrace::golden();
+    let (start, end, id) = golden_flow(&golden);
+    let counter = golden.events(3, COUNTER)[0];
+    let counter_track = event_ints(&golden, counter, "track_uuid")[0];
+
+    // The start made a counter: the end terminates no open flow.
+    let mut t = golden.clone();
+    t.edit(
+        start,
+        &format!(
+            "track_event {{ type: TYPE_COUNTER counter_value: 1 track_uuid: {counter_track} }}"
+        ),
+    );
+    check_fails_with(
+        &t,
+        &dir,
+        "flows",
+        "1 terminating flow id(s) matched no started flow",
+    );
+
+    // The end closes no slice (its track has none open): the start is
+    // never continued.
+    let mut t = golden.clone();
+    t.edit(end, "track_event { type: TYPE_SLICE_END track_uuid: 4242 }");
+    check_fails_with(
+        &t,
+        &dir,
+        "nesting",
+        "SLICE_END with no open slice on track 4242",
+    );
+    check_fails_with(&t, &dir, "flows", "1 flow(s) started but never continued");
+
+    // A stray old-style id beside flow_ids is ignored; alone, it links.
+    let mut t = golden.clone();
+    t.edit(start, "track_event { flow_ids_old: 999 }");
+    let a = check_passes(&t, &dir);
+    assert_eq!(a["track_events"]["flow_links"], 25);
+    let mut t = golden.clone();
+    t.clear(start, "track_event.flow_ids")
+        .edit(start, &format!("track_event {{ flow_ids_old: {id} }}"));
+    let a = check_passes(&t, &dir);
+    assert_eq!(a["track_events"]["flow_links"], 25);
+}
+
 #[test]
 fn counter_on_a_track_that_is_not_a_counter() {
     let dir = TempDir::new("counter");

@@ -48,7 +48,16 @@ Checks, per producer sequence (trusted_packet_sequence_id):
     left open. Packet order may differ from time order (an explicit earlier
     time, or several sequences writing on one track). An event whose time
     does not resolve takes its sequence's last resolved time;
-  * flows pair: every flow id is started once and terminated once;
+  * flows link in time order (equal times in packet order), as a trace
+    processor links them: an id in flow_ids starts a flow or, if a flow with
+    that id is open, continues it (a flow may have many steps); an id in
+    terminating_flow_ids continues and ends the open flow, so the id may
+    start a new flow afterwards. A trace processor ignores a terminating id
+    with no open flow, and makes no link of a flow started and never
+    continued or terminated: both are violations. It reads flow_ids_old
+    (terminating_flow_ids_old) only when flow_ids (terminating_flow_ids) is
+    empty, and only on events that make a slice: a COUNTER, or a SLICE_END
+    that closes no slice, links no flow;
   * counter events point at a described counter track.
 Then across the trace: event counts per type match the expectation exactly
 when loss is "none" (and no loss indicator may appear); when loss is
@@ -213,8 +222,12 @@ class Checker:
         self.open_slices = 0
         self.max_depth = 0
         self.unmatched_ends_after_loss = 0
-        self.flows_begun = collections.Counter()
-        self.flows_terminated = collections.Counter()
+        # (ts, packet number, flow ids, terminating flow ids) per event
+        # with flows, linked in time order at the end.
+        self.flow_marks = []
+        # Packet numbers of the SLICE_ENDs that closed no slice.
+        self.unmatched_end_packets = set()
+        self.flows = collections.Counter()
         self.counter_tracks = set()
         self.counter_track_uses = collections.Counter()
         self.described_tracks = set()
@@ -442,15 +455,14 @@ class Checker:
             self.violation("%s: unexpected track event type %d" %
                            (where, event_type))
 
-        for flows in (event.flow_ids, event.flow_ids_old):
-            for flow in flows:
-                self.flows_begun[flow] += 1
-                counts["flow_begin"] += 1
-        for flows in (event.terminating_flow_ids,
-                      event.terminating_flow_ids_old):
-            for flow in flows:
-                self.flows_terminated[flow] += 1
-                counts["flow_end"] += 1
+        counts["flow_begin"] += len(event.flow_ids) + len(event.flow_ids_old)
+        counts["flow_end"] += len(event.terminating_flow_ids) + \
+            len(event.terminating_flow_ids_old)
+        begun = event.flow_ids or event.flow_ids_old
+        ended = event.terminating_flow_ids or event.terminating_flow_ids_old
+        if (begun or ended) and event_type in TYPE_KEYS:
+            self.flow_marks.append((seq.last_boot_ts or 0, self.packets,
+                                    list(begun), list(ended)))
 
         large = name == LARGE_EVENT_NAME
         if large:
@@ -493,11 +505,15 @@ class Checker:
                 self.max_depth = max(self.max_depth, depth[track])
             elif depth[track]:
                 depth[track] -= 1
-            elif lossy:
-                self.unmatched_ends_after_loss += 1
             else:
-                self.violation("%s: SLICE_END with no open slice on track %d" %
-                               (self.where(number), track))
+                # No slice: a trace processor links none of its flows.
+                self.unmatched_end_packets.add(number)
+                if lossy:
+                    self.unmatched_ends_after_loss += 1
+                else:
+                    self.violation(
+                        "%s: SLICE_END with no open slice on track %d" %
+                        (self.where(number), track))
         self.open_slices = sum(depth.values())
 
     def where(self, number):
@@ -506,17 +522,41 @@ class Checker:
         return "%s#%d" % (path, number - first - 1)
 
     def check_flows(self):
+        """Links flows in time order (equal times in packet order)."""
         strict = self.expect["loss"] == "none"
-        for flow, n in self.flows_begun.items():
-            if n > 1:
-                self.violation("flow %d started %d times" % (flow, n))
-            if strict and flow not in self.flows_terminated:
-                self.violation("flow %d never terminated" % flow)
-        for flow, n in self.flows_terminated.items():
-            if n > 1:
-                self.violation("flow %d terminated %d times" % (flow, n))
-            if strict and flow not in self.flows_begun:
-                self.violation("flow %d terminated but never started" % flow)
+        flows = self.flows
+        # Open flow id -> (packet number of its start, links so far).
+        open_flows = {}
+        self.flow_marks.sort(key=lambda m: (m[0], m[1]))
+        for _, number, begun, ended in self.flow_marks:
+            if number in self.unmatched_end_packets:
+                continue  # No slice to link.
+            for flow in begun:
+                if flow in open_flows:
+                    start, links = open_flows[flow]
+                    open_flows[flow] = (start, links + 1)
+                    flows["links"] += 1
+                else:
+                    open_flows[flow] = (number, 0)
+                    flows["started"] += 1
+            for flow in ended:
+                if flow in open_flows:
+                    del open_flows[flow]
+                    flows["links"] += 1
+                    flows["terminated"] += 1
+                    continue
+                flows["unmatched_ends"] += 1
+                if strict:
+                    self.violation("%s: terminating flow id %d matches no "
+                                   "open flow" % (self.where(number), flow))
+        for flow, (start, links) in sorted(open_flows.items(),
+                                           key=lambda f: f[1]):
+            if links:
+                continue
+            flows["never_continued"] += 1
+            if strict:
+                self.violation("%s: flow %d started but never continued or "
+                               "terminated" % (self.where(start), flow))
 
     def buffer_stats(self):
         if self.trace_stats is None:
@@ -615,10 +655,9 @@ class Checker:
                        "max_depth": self.max_depth,
                        "unmatched_ends_after_loss":
                            self.unmatched_ends_after_loss},
-            "flows": {"started": len(self.flows_begun),
-                      "terminated": len(self.flows_terminated),
-                      "paired": len(set(self.flows_begun) &
-                                    set(self.flows_terminated))},
+            "flows": {k: self.flows.get(k, 0) for k in (
+                "started", "links", "terminated", "never_continued",
+                "unmatched_ends")},
             "counter_tracks": len(self.counter_tracks),
             "out_of_order": sum(s.out_of_order
                                 for s in self.sequences.values()),

@@ -5,10 +5,11 @@ The golden trace (tests/golden/capture_run_trace.pftrace) was written by the
 real Perfetto; the checker must accept it and must reject every breakage below
 with the matching message. Run: python3 -m unittest tests/checker/test_check_trace.py
 With $SHMTRACE_BIN naming the shmtrace binary (the Rust harness sets it), the
-hand-built slice traces are also judged by `shmtrace inspect --check`, which
-must pair their slices the same way.
+hand-built slice and flow traces are also judged by `shmtrace inspect
+--check`, which must pair their slices and link their flows the same way.
 """
 
+import collections
 import copy
 import json
 import os
@@ -87,7 +88,9 @@ class CheckerTest(unittest.TestCase):
                          {"event_categories": 127, "event_names": 127,
                           "debug_annotation_names": 153})
         self.assertEqual(report["slices"]["max_depth"], 2)
-        self.assertEqual(report["flows"]["paired"], 25)
+        self.assertEqual(report["flows"],
+                         {"started": 25, "links": 25, "terminated": 25,
+                          "never_continued": 0, "unmatched_ends": 0})
         self.assertEqual(report["counter_tracks"], 2)
         self.assertEqual(len(report["sequences"]), 3)
 
@@ -200,14 +203,24 @@ class CheckerTest(unittest.TestCase):
                       if p.track_event.terminating_flow_ids)
         packet.track_event.ClearField("terminating_flow_ids")
         report = self.check()
-        self.assert_violation(report, "never terminated")
+        self.assert_violation(report, "started but never continued or "
+                              "terminated")
         self.assert_violation(report, "flow_end expected 25, trace has 24")
 
-    def test_flow_started_twice(self):
+    def test_flow_id_reused_after_it_terminated_is_a_new_flow(self):
+        # The second flow begins, with the first one's id, after the first
+        # one terminated: it is a new flow, which its own end (under its
+        # old id) no longer terminates.
         starts = [p for p in self.producer_packets()
                   if p.track_event.flow_ids]
+        own = starts[1].track_event.flow_ids[0]
         starts[1].track_event.flow_ids[0] = starts[0].track_event.flow_ids[0]
-        self.assert_violation(self.check(), "started 2 times")
+        report = self.check()
+        self.assert_violation(report, "flow %d started but never continued"
+                              % starts[0].track_event.flow_ids[0])
+        self.assert_violation(report, "terminating flow id %d matches no "
+                              "open flow" % own)
+        self.assertEqual(report["flows"]["started"], 25)
 
     def test_counter_on_undescribed_track(self):
         counter = self.events(TE.TYPE_COUNTER)[2]
@@ -321,21 +334,28 @@ class CheckerTest(unittest.TestCase):
 
 
 # Slices in time order ----------------------------------------------------
-B, E = "B", "E"
+B, E, I, C = "B", "E", "I", "C"
+EVENT_TYPES = {B: TE.TYPE_SLICE_BEGIN, E: TE.TYPE_SLICE_END,
+               I: TE.TYPE_INSTANT, C: TE.TYPE_COUNTER}
 SHARED_TRACK = 7
+COUNTER_TRACK = 8
 SHMTRACE_BIN = os.environ.get("SHMTRACE_BIN")
 
 
 def slice_trace(events):
-    """A trace of hand-built slice events, in the order given.
+    """A trace of hand-built track events, in the order given.
 
-    `events` are `(sequence id, B or E, BOOTTIME ns, name)`. Every sequence
-    starts with a cleared, first-on-sequence descriptor of one shared track;
-    each event is a packet with its own absolute timestamp on that track.
+    `events` are `(sequence id, kind, BOOTTIME ns, name[, flow_ids[,
+    terminating_flow_ids]])`, kind B or E (slice begin, end), I (instant)
+    or C (a counter, on a counter track). Every sequence starts with a
+    cleared, first-on-sequence descriptor of one shared track (and, if any
+    event is a counter, one of a counter track); each event is a packet
+    with its own absolute timestamp.
     """
     trace = pb.Trace()
     started = set()
-    for seq_id, kind, ts, name in events:
+    counters = any(e[1] == C for e in events)
+    for seq_id, kind, ts, name, *flows in events:
         if seq_id not in started:
             started.add(seq_id)
             first = trace.packet.add(
@@ -345,21 +365,36 @@ def slice_trace(events):
                 sequence_flags=check_trace.SEQ_INCREMENTAL_STATE_CLEARED)
             first.track_descriptor.uuid = SHARED_TRACK
             first.track_descriptor.name = "shared"
+            if counters:
+                counter = trace.packet.add(
+                    trusted_uid=1000, trusted_pid=100 + seq_id,
+                    trusted_packet_sequence_id=seq_id)
+                counter.track_descriptor.uuid = COUNTER_TRACK
+                counter.track_descriptor.counter.SetInParent()
         packet = trace.packet.add(
             trusted_uid=1000, trusted_pid=100 + seq_id,
             trusted_packet_sequence_id=seq_id, timestamp=ts)
         event = packet.track_event
-        event.type = TE.TYPE_SLICE_BEGIN if kind == B else TE.TYPE_SLICE_END
+        event.type = EVENT_TYPES[kind]
         event.track_uuid = SHARED_TRACK
+        if kind == C:
+            event.track_uuid = COUNTER_TRACK
+            event.counter_value = 1
         if name:
             event.name = name
+        if flows:
+            event.flow_ids.extend(flows[0])
+        if len(flows) > 1:
+            event.terminating_flow_ids.extend(flows[1])
     return trace
 
 
-class TimeOrderTest(unittest.TestCase):
-    """Slice begins and ends pair per track in time order, ties in packet
-    order, as a trace processor pairs them (it sorts every event by
-    timestamp, then by the order it read them), not in packet order."""
+class HandBuiltTest(unittest.TestCase):
+    """Checks traces of hand-built events (see `slice_trace`), and holds
+    `shmtrace inspect --check` to the same verdict when $SHMTRACE_BIN names
+    it."""
+
+    FILE = "events.pftrace"
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -368,14 +403,14 @@ class TimeOrderTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def check(self, events):
-        path = os.path.join(self.tmp.name, "slices.pftrace")
+        path = os.path.join(self.tmp.name, self.FILE)
         with open(path, "wb") as f:
             f.write(slice_trace(events).SerializeToString())
-        begins = sum(1 for e in events if e[1] == B)
+        kinds = collections.Counter(e[1] for e in events)
         expect = {
             "producers": [{"pid": None, "emitted": {
-                "slice_begin": begins,
-                "slice_end": len(events) - begins}}],
+                "slice_begin": kinds[B], "slice_end": kinds[E],
+                "instant": kinds[I], "counter_int": kinds[C]}}],
             "loss": "none",
             "require_trace_stats": False,
             "require_service_packets": False,
@@ -386,7 +421,8 @@ class TimeOrderTest(unittest.TestCase):
         return report
 
     def assert_inspect_agrees(self, path, report):
-        """`shmtrace inspect --check` finds the same nesting."""
+        """`shmtrace inspect --check` finds the same nesting and links the
+        same flows."""
         out = subprocess.run(
             [SHMTRACE_BIN, "inspect", "--check", "--json", path],
             capture_output=True, text=True, check=False)
@@ -401,6 +437,23 @@ class TimeOrderTest(unittest.TestCase):
         ours = sorted(v.split(".pftrace#")[1] for v in report["violations"]
                       if "SLICE_END with no open slice" in v)
         self.assertEqual(theirs, ours)
+        flows = report["flows"]
+        self.assertEqual(
+            (events["flow_links"], events["flows_unpaired_start"],
+             events["flows_unpaired_end"]),
+            (flows["links"], flows["never_continued"],
+             flows["unmatched_ends"]))
+        self.assertEqual(
+            any(p["kind"] == "flows" for p in analysis["problems"]),
+            any("flow" in v.split(": ")[-1] for v in report["violations"]))
+
+
+class TimeOrderTest(HandBuiltTest):
+    """Slice begins and ends pair per track in time order, ties in packet
+    order, as a trace processor pairs them (it sorts every event by
+    timestamp, then by the order it read them), not in packet order."""
+
+    FILE = "slices.pftrace"
 
     def assert_pairs(self, events, max_depth):
         report = self.check(events)
@@ -448,6 +501,92 @@ class TimeOrderTest(unittest.TestCase):
                            (2, B, 20, "b"), (2, E, 30, None),
                            (2, B, 1, "outer"), (2, E, 40, None)],
                           max_depth=2)
+
+
+class FlowOrderTest(HandBuiltTest):
+    """Flows link in time order, ties in packet order, as a trace processor
+    links them: an id in flow_ids starts a flow or, if one with that id is
+    open, continues it; an id in terminating_flow_ids continues and ends an
+    open flow, and is ignored if none is open. Only events that make a slice
+    (begins, matched ends, instants) carry flows."""
+
+    FILE = "flows.pftrace"
+
+    def assert_links(self, events, started, links, terminated):
+        report = self.check(events)
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report["flows"],
+                         {"started": started, "links": links,
+                          "terminated": terminated, "never_continued": 0,
+                          "unmatched_ends": 0})
+        return report
+
+    def assert_unlinked(self, events, never_continued, unmatched_ends,
+                        fragments):
+        report = self.check(events)
+        self.assertFalse(report["ok"], "checker accepted a broken trace")
+        self.assertEqual(report["flows"]["never_continued"], never_continued)
+        self.assertEqual(report["flows"]["unmatched_ends"], unmatched_ends)
+        joined = "\n".join(report["violations"])
+        for fragment in fragments:
+            self.assertIn(fragment, joined)
+        return report
+
+    def test_multi_step_flows(self):
+        # 1: a -> b -> c, terminated. 2: d -> e, continued and never
+        # terminated, which links it all the same.
+        self.assert_links([(2, I, 10, "a", [1]), (2, I, 20, "b", [1]),
+                           (2, B, 25, "d", [2]), (2, E, 28, None),
+                           (2, I, 30, "c", [], [1]), (2, I, 40, "e", [2])],
+                          started=2, links=3, terminated=1)
+
+    def test_end_before_its_start_links_nothing(self):
+        # The start is written first, with a later explicit time: the end
+        # finds no open flow, and the start is never continued.
+        self.assert_unlinked(
+            [(2, I, 30, "start", [1]), (2, I, 20, "end", [], [1])],
+            never_continued=1, unmatched_ends=1,
+            fragments=["flows.pftrace#2: terminating flow id 1 matches no "
+                       "open flow",
+                       "flows.pftrace#1: flow 1 started but never continued "
+                       "or terminated"])
+
+    def test_flow_id_reused_after_it_terminated(self):
+        self.assert_links([(2, I, 10, "a", [1]), (2, I, 20, "b", [], [1]),
+                           (2, I, 30, "c", [1]), (2, I, 40, "d", [], [1])],
+                          started=2, links=2, terminated=2)
+
+    def test_flows_across_two_sequences(self):
+        # Sequence 3's chunk is read first. In time: 2 starts flow 1 (10),
+        # 3 ends it (30) and starts it again (50), 2 ends that one (60). In
+        # packet order the first end would come before any start.
+        self.assert_links([(3, I, 30, "b", [], [1]), (3, I, 50, "c", [1]),
+                           (2, I, 10, "a", [1]), (2, I, 60, "d", [], [1])],
+                          started=2, links=2, terminated=2)
+
+    def test_equal_times_link_in_packet_order(self):
+        # At t=20 the end comes first in the file: it matches nothing (a
+        # start sorted first would pair them).
+        self.assert_unlinked(
+            [(2, I, 20, "end", [], [1]), (2, I, 20, "start", [1])],
+            never_continued=1, unmatched_ends=1,
+            fragments=["terminating flow id 1 matches no open flow"])
+
+    def test_flows_on_a_counter_are_ignored(self):
+        # A trace processor makes no slice of a counter, so its flow ids
+        # link nothing: the instant's end matches no open flow.
+        self.assert_unlinked(
+            [(2, C, 10, None, [1]), (2, I, 20, "end", [], [1])],
+            never_continued=0, unmatched_ends=1,
+            fragments=["terminating flow id 1 matches no open flow"])
+
+    def test_flows_on_an_end_that_closes_nothing_are_ignored(self):
+        # The end closes no slice, so its terminating id ends nothing.
+        self.assert_unlinked(
+            [(2, I, 10, "start", [1]), (2, E, 20, None, [], [1])],
+            never_continued=1, unmatched_ends=0,
+            fragments=["SLICE_END with no open slice",
+                       "flow 1 started but never continued or terminated"])
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@
 //! * After a loss mark and before the next clear, an incremental clock's
 //!   last value is unknown (deltas were lost): its deltas are not resolved.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value as ReflectValue};
@@ -551,6 +551,9 @@ pub struct Analyzer {
     slices: Vec<(u64, bool, Mark)>,
     /// `(ts, order, flow id, terminating)`, linked at the end.
     flow_marks: Vec<(u64, u64, u64, bool)>,
+    /// `order` of the SLICE_ENDs that closed no slice (their flows link
+    /// nothing).
+    unmatched_ends: HashSet<u64>,
     counter_uses: Vec<(u64, u32, String)>,
     service_events: Vec<(String, u64)>,
     buffer_of_sequence: HashMap<u32, u32>,
@@ -1105,7 +1108,14 @@ impl Analyzer {
             .get(&seq_id)
             .and_then(|s| s.last_boot_ts)
             .unwrap_or(0);
-        self.flow_event(&event, ts);
+        let event_type = EventType::try_from(event.r#type.unwrap_or(0)).ok();
+        // Only events that make a slice carry flows.
+        if matches!(
+            event_type,
+            Some(EventType::SliceBegin | EventType::SliceEnd | EventType::Instant)
+        ) {
+            self.flow_event(&event, ts);
+        }
         self.out.track_events.total += 1;
         if let Some(seq) = self.sequences.get_mut(&seq_id) {
             seq.info.track_events += 1;
@@ -1153,7 +1163,6 @@ impl Analyzer {
             })
             .events += 1;
         let marked = self.sequences.get(&seq_id).is_some_and(|s| s.marked);
-        let event_type = EventType::try_from(event.r#type.unwrap_or(0)).ok();
         let mark = Mark {
             ts,
             order: self.out.packets,
@@ -1197,19 +1206,24 @@ impl Analyzer {
         }
     }
 
-    /// Collects the flow ids of an event (linked in time order at the end).
-    // The deprecated `*_flow_ids_old` fields are still found in traces.
+    /// Collects the flow ids of an event that makes a slice (linked in
+    /// time order at the end). As a trace processor, reads the deprecated
+    /// `*_flow_ids_old` fields (still found in traces) only when their
+    /// successors are empty.
     #[allow(deprecated)]
     fn flow_event(&mut self, event: &TrackEvent, ts: u64) {
+        fn or_old<'a>(ids: &'a [u64], old: &'a [u64]) -> &'a [u64] {
+            if ids.is_empty() {
+                old
+            } else {
+                ids
+            }
+        }
         let order = self.out.packets;
-        for &id in event.flow_ids.iter().chain(&event.flow_ids_old) {
+        for &id in or_old(&event.flow_ids, &event.flow_ids_old) {
             self.flow_marks.push((ts, order, id, false));
         }
-        for &id in event
-            .terminating_flow_ids
-            .iter()
-            .chain(&event.terminating_flow_ids_old)
-        {
+        for &id in or_old(&event.terminating_flow_ids, &event.terminating_flow_ids_old) {
             self.flow_marks.push((ts, order, id, true));
         }
     }
@@ -1229,7 +1243,11 @@ impl Analyzer {
                 counts.max_depth = counts.max_depth.max(*d);
             } else if *d > 0 {
                 *d -= 1;
-            } else if let Some(seq) = sequences.get_mut(&mark.seq_id) {
+            } else {
+                self.unmatched_ends.insert(mark.order);
+                let Some(seq) = sequences.get_mut(&mark.seq_id) else {
+                    continue;
+                };
                 if mark.after_loss {
                     seq.info.unmatched_ends_after_loss += 1;
                 } else {
@@ -1248,15 +1266,21 @@ impl Analyzer {
         self.out.track_events.open_slices = depth.values().sum();
     }
 
-    /// Links flows as Perfetto does, in time order: an id in `flow_ids`
-    /// starts a flow or, if one with that id is open, continues it; an id
-    /// in `terminating_flow_ids` continues and closes it.
+    /// Links flows as Perfetto does, in time order (equal times in packet
+    /// order): an id in `flow_ids` starts a flow or, if one with that id is
+    /// open, continues it; an id in `terminating_flow_ids` continues and
+    /// closes it (a trace processor ignores one with no open flow). Flows
+    /// attach to slices: a SLICE_END that closed no slice links none (so
+    /// [`Self::match_slices`] runs first).
     fn match_flows(&mut self) {
         let mut marks = std::mem::take(&mut self.flow_marks);
         marks.sort_by_key(|&(ts, order, _, _)| (ts, order));
         let mut open: HashMap<u64, Flow> = HashMap::new();
         let counts = &mut self.out.track_events;
-        for (_, _, id, terminating) in marks {
+        for (_, order, id, terminating) in marks {
+            if self.unmatched_ends.contains(&order) {
+                continue;
+            }
             match (open.get_mut(&id), terminating) {
                 (Some(flow), false) => {
                     flow.links += 1;
