@@ -494,6 +494,52 @@ fn absolute_time_earlier_than_the_latest_is_counted_not_a_problem() {
     assert_eq!(golden["clocks"]["out_of_order"], 0);
 }
 
+/// Slices pair per track in time order, as a trace processor pairs them
+/// (it sorts events by time), not in packet order: a SLICE_END written
+/// before its SLICE_BEGIN but later in time closes it, whether the begin
+/// has an explicit earlier time on the same sequence or comes from another
+/// sequence writing on the same track.
+#[test]
+fn slices_pair_in_time_order_not_packet_order() {
+    let dir = TempDir::new("time-order");
+    let golden = EditTrace::golden();
+    // Absolute BOOTTIME times, 8 and 18 ns after sequence 3's clock
+    // snapshot: the begin is earlier, and both are earlier than the events
+    // around them. The end is written first, on a track nothing else uses.
+    let (begin_ts, end_ts) = (1125788182710_u64, 1125788182720_u64);
+    for (end_seq, begin_seq) in [(3, 3), (4, 3)] {
+        let mut t = golden.clone();
+        // After the first packets of both sequences (their clears).
+        let at = t.sequence(4)[1].max(t.sequence(3)[1]) + 1;
+        let event = |t: &EditTrace, seq: u32, ty: &str, ts: u64| {
+            let mut packet = EditTrace {
+                packets: vec![t.packets[t.events(seq, INSTANT)[0]].clone()],
+            };
+            packet
+                .clear(0, "track_event")
+                .clear(0, "interned_data")
+                .clear(0, "timestamp")
+                .edit(
+                    0,
+                    &format!(
+                        "timestamp_clock_id: 6 timestamp: {ts} \
+                         track_event {{ type: {ty} track_uuid: 4242 name: \"late\" }}"
+                    ),
+                );
+            packet.packets.remove(0)
+        };
+        let end = event(&t, end_seq, "TYPE_SLICE_END", end_ts);
+        let begin = event(&t, begin_seq, "TYPE_SLICE_BEGIN", begin_ts);
+        t.packets.insert(at, end);
+        t.packets.insert(at + 1, begin);
+        let a = check_passes(&t, &dir);
+        let te = &a["track_events"];
+        assert_eq!(te["open_slices"], 0, "{end_seq}/{begin_seq}");
+        assert_eq!(te["slice_begin"], 51);
+        assert_eq!(te["max_depth"], 2);
+    }
+}
+
 /// A sequence that clears its incremental state and defines its
 /// sequence-scoped clock again is still one sequence using that clock (the
 /// report said "on N sequence(s)" with N counting definitions).
