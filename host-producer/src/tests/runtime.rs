@@ -654,9 +654,9 @@ fn track_event_policy_is_the_programs_unless_it_opts_in() {
 
 /// Packets of `idle` threads that each write one packet and then sit idle
 /// (each holding a chunk if it got one) while the SMB has 16 chunks, then
-/// of one busy thread writing `busy` packets after two idle sweeps (as the
-/// sender runs every 500 ms). Returns (emitted, returned true, received,
-/// counted as dropped, busy packets that landed).
+/// of one busy thread writing `busy` packets once two idle sweeps (as the
+/// sender runs every 500 ms) gave a chunk back. Returns (emitted, returned
+/// true, received, counted as dropped, busy packets that landed).
 fn idle_threads_then_busy(
     name: &str,
     options: DataSourceOptions,
@@ -688,6 +688,20 @@ fn idle_threads_then_busy(
     wrote.wait();
     lb.arbiter.sweep_idle();
     lb.arbiter.sweep_idle();
+    // The swept chunks come back once the service (the pump thread, at its
+    // own pace) has read them; the busy thread starts then. Started
+    // earlier, under the drop policy its whole burst could pass before the
+    // pump ran once on a loaded machine. 30 s only ends a wait that would
+    // otherwise never end: chunks idle writers pin forever.
+    let smb = lb.arbiter.smb();
+    let started = std::time::Instant::now();
+    while !(0..smb.num_pages()).any(|p| smb.is_page_free(p)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no chunk came back after the idle writers were swept"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let big = [0x55u8; 200];
     let mut busy_ok = 0;
     for i in 0..busy {
