@@ -25,7 +25,8 @@
 //!
 //! * frames, replies and their decoding (oversized or truncated frames,
 //!   replies to requests never made, a stream closed mid-frame, replies
-//!   that do not decode): `shmtrace-ipc`, which ends the connection or
+//!   that do not decode): `shmtrace-ipc`, which ends the connection with
+//!   the reason (a protocol error, counted below, not an ordinary close) or
 //!   drops the frame; a command that is not one of the six known ones is
 //!   ignored (a newer service's);
 //! * a handshake that never completes: a watchdog shuts the socket down

@@ -94,8 +94,11 @@ pub enum ConnectError {
     /// The service ended the `GetAsyncCommand` stream.
     #[error("the service ended the command stream")]
     CommandStreamEnded,
-    /// The connection failed: closed by the service, a malformed frame or
-    /// reply, a rejected call.
+    /// The connection failed: closed by the service
+    /// ([`ClientError::Disconnected`], ordinary), or the service broke the
+    /// protocol (a malformed frame or a close mid-frame:
+    /// [`ClientError::Protocol`]; a reply that does not decode, a rejected
+    /// call).
     #[error("connection to the service failed: {0}")]
     Ipc(#[source] ClientError),
 }

@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message as _;
 use rustix::fs::{MemfdFlags, SealFlags};
+use shmtrace_ipc::frame::FrameError;
 use shmtrace_ipc::frame::{encode_frame, invoke_method_reply_frame};
 use shmtrace_ipc::host::{HostConnection, PendingReply, ServiceTable};
 use shmtrace_ipc::protos::get_async_command_response::{self as gac, Cmd};
 use shmtrace_ipc::protos::{self as pb, producer_port::Request, ProducerPort};
 use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAddress};
-use shmtrace_ipc::ClientError;
+use shmtrace_ipc::{ClientError, ProtocolError};
 
 use super::loopback::serial;
 use crate::connection::{run_connections, Limits, Status};
@@ -590,11 +591,34 @@ fn malformed_frames_and_replies_cost_the_connection() {
     let app = App::start(16, APP_PAUSE);
     type Check = fn(&ConnectError) -> bool;
     type Send = fn(&mut Peer);
-    let cases: Vec<(&str, Send, Check)> = vec![
+    // What the service does, how the producer names it, and whether it is
+    // the service's fault (counted, logged as a warning) or an ordinary end.
+    let cases: Vec<(&str, Send, Check, bool)> = vec![
         (
             "a frame over the size limit",
             |p| p.raw(&(1u32 << 20).to_le_bytes()),
-            |e| matches!(e, ConnectError::Ipc(ClientError::Disconnected)),
+            |e| {
+                matches!(
+                    e,
+                    ConnectError::Ipc(ClientError::Protocol(ProtocolError::Frame(
+                        FrameError::TooLarge { len: 0x10_0000 }
+                    )))
+                )
+            },
+            true,
+        ),
+        (
+            "a frame that is not an IPCFrame",
+            |p| p.raw(&[6, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            |e| {
+                matches!(
+                    e,
+                    ConnectError::Ipc(ClientError::Protocol(ProtocolError::Frame(
+                        FrameError::Malformed(_)
+                    )))
+                )
+            },
+            true,
         ),
         (
             "a connection closed mid-frame",
@@ -602,12 +626,21 @@ fn malformed_frames_and_replies_cost_the_connection() {
                 p.raw(&[100, 0, 0, 0, 0x08, 1]);
                 let _ = p.stream.shutdown(std::net::Shutdown::Both);
             },
-            |e| matches!(e, ConnectError::Ipc(ClientError::Disconnected)),
+            |e| {
+                matches!(
+                    e,
+                    ConnectError::Ipc(ClientError::Protocol(ProtocolError::ClosedMidFrame {
+                        buffered: 6
+                    }))
+                )
+            },
+            true,
         ),
         (
             "a command that does not decode",
             |p| p.raw_reply(p.stream_id(), &[0x0A, 0x7F, 0x01], true),
             |e| matches!(e, ConnectError::Ipc(ClientError::MalformedReply(_))),
+            true,
         ),
         (
             "the command stream rejected",
@@ -617,21 +650,33 @@ fn malformed_frames_and_replies_cost_the_connection() {
                 p.send();
             },
             |e| matches!(e, ConnectError::Ipc(ClientError::Rpc(_))),
+            true,
         ),
         (
             "the command stream ended",
             |p| p.raw_reply(p.stream_id(), &[], false),
             |e| matches!(e, ConnectError::CommandStreamEnded),
+            false,
+        ),
+        (
+            "the connection closed",
+            |p| {
+                let _ = p.stream.shutdown(std::net::Shutdown::Both);
+            },
+            |e| matches!(e, ConnectError::Ipc(ClientError::Disconnected)),
+            false,
         ),
     ];
-    for (what, send, check) in cases {
+    for (what, send, check, fault) in cases {
         let service = FakeService::new();
         let conn = Connection::start(&service);
         let mut peer = service.accept();
         peer.trace(sealed_memfd(65536));
         send(&mut peer);
-        let error = conn.ended(0);
+        let error = conn.ended(u64::from(fault));
         assert!(check(&error), "{what}: {error}");
+        assert_eq!(error.is_ordinary(), !fault, "{what}: {error}");
+        assert_eq!(conn.errors(), u64::from(fault), "{what}: {error}");
         assert!(!H_APP.is_enabled(), "{what}");
         app.keeps_running();
     }

@@ -19,16 +19,24 @@
 //! takes the request-table lock only to match a frame to its request; callers
 //! take the send lock to queue and send their frame. The reader never waits
 //! for the send lock, so a caller blocked on a full socket cannot stop
-//! replies from being read. Each request's replies go to its own channel.
+//! replies from being read. Each request's replies go to its own queue,
+//! bounded (see [`Inbox`]): a caller that reads its replies slowly stops
+//! the reader, and so the service's sends, instead of growing memory.
+//!
+//! Ends: a close by the service is [`ClientError::Disconnected`]; a frame
+//! that does not decode, a close in the middle of a frame or a truncated
+//! message is [`ClientError::Protocol`], with the reason, for every call
+//! outstanding and every later one.
 
+use std::collections::{HashMap, VecDeque};
+use std::io;
 use std::marker::PhantomData;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use thiserror::Error;
@@ -36,23 +44,39 @@ use thiserror::Error;
 use super::client::{
     BindError, ClientCore, Incoming, Reply, RpcError, ServiceBinding, UnknownMethod,
 };
-use super::frame::{FrameDecoder, FrameTooLarge};
+use super::frame::{FrameDecoder, FrameError, FrameTooLarge};
 use super::outq::OutQueue;
 use super::rpc::{Method, Service};
-use super::socket::{self, Received, SocketAddress};
+use super::socket::{self, Received, RecvError, SocketAddress};
 use crate::protos::canonical;
 use crate::protos::IpcFrame;
+
+/// Replies one call may have waiting before the reader stops reading the
+/// socket (the service's sends then block): deep enough that a caller
+/// that keeps up never stalls the reader, shallow enough that a service
+/// flooding a call its caller reads slowly costs little memory and at
+/// most this many received descriptors.
+pub const REPLY_QUEUE_DEPTH: usize = 64;
+
+/// Replies one call may have waiting while its caller does not read it and
+/// another caller waits for a reply of its own (the reader must then read
+/// on, see [`Inbox`]). Past it the call fails with
+/// [`ClientError::Overrun`] and its further replies are dropped.
+pub const REPLY_QUEUE_LIMIT: usize = 16 * REPLY_QUEUE_DEPTH;
 
 /// Why a client operation failed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ClientError {
-    /// Connecting or sending failed.
+    /// Connecting, sending or receiving failed.
     #[error("socket error: {0}")]
-    Io(#[from] std::io::Error),
-    /// The connection is closed (by either side, or after a protocol error).
+    Io(#[from] io::Error),
+    /// The connection is closed (by either side).
     #[error("disconnected from the service")]
     Disconnected,
+    /// The service broke the protocol; the connection was closed.
+    #[error("protocol error from the service: {0}")]
+    Protocol(#[from] ProtocolError),
     /// Binding failed.
     #[error(transparent)]
     Bind(#[from] BindError),
@@ -71,25 +95,120 @@ pub enum ClientError {
     /// No reply within the timeout.
     #[error("timed out waiting for a reply")]
     Timeout,
+    /// The call's caller left more than [`REPLY_QUEUE_LIMIT`] replies
+    /// unread while waiting on another call; the call's later replies were
+    /// dropped.
+    #[error("more than {REPLY_QUEUE_LIMIT} replies of this call were left unread; the rest were dropped")]
+    Overrun,
+}
+
+/// How the service broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A frame could not be decoded (too large, not an `IPCFrame`).
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The service closed the connection in the middle of a frame.
+    #[error("the connection closed in the middle of a frame ({buffered} bytes of it received)")]
+    ClosedMidFrame {
+        /// Bytes of the unfinished frame that had arrived.
+        buffered: usize,
+    },
+    /// The kernel truncated a received message or its descriptors (the
+    /// service attached more than one to a message).
+    #[error("received message was truncated (MSG_TRUNC/MSG_CTRUNC)")]
+    Truncated,
+}
+
+/// Why the connection closed, as every caller is told.
+#[derive(Debug, Clone)]
+enum CloseReason {
+    Closed,
+    Protocol(ProtocolError),
+    Receive(io::ErrorKind, String),
+}
+
+impl CloseReason {
+    fn error(&self) -> ClientError {
+        match self {
+            CloseReason::Closed => ClientError::Disconnected,
+            CloseReason::Protocol(e) => ClientError::Protocol(e.clone()),
+            CloseReason::Receive(kind, message) => {
+                ClientError::Io(io::Error::new(*kind, message.clone()))
+            }
+        }
+    }
 }
 
 enum Delivery {
     Bound(Result<ServiceBinding, BindError>),
     Reply(Reply),
-    Disconnected,
 }
 
-type Token = Sender<Delivery>;
+/// A request's token: the inbox queue its replies go to.
+type Token = u64;
 
 struct State {
     core: ClientCore<Token>,
     connected: bool,
 }
 
+/// One call's received replies, waiting for its caller.
+#[derive(Default)]
+struct Queue {
+    deliveries: VecDeque<Delivery>,
+    /// More than [`REPLY_QUEUE_LIMIT`] were left unread: later ones are
+    /// dropped and the caller gets [`ClientError::Overrun`] after these.
+    overrun: bool,
+    /// Callers blocked on this queue while it was empty (not yet woken).
+    waiting: usize,
+}
+
+/// Replies on their way from the reader to their callers.
+///
+/// Backpressure: the reader waits while the queue it delivers to holds
+/// [`REPLY_QUEUE_DEPTH`] replies, so it stops reading the socket and a
+/// flooding service's sends block. It cannot deadlock: the reader waits
+/// only while no caller waits — a caller that finds its own queue empty
+/// either waits (counted in `waiting`) or returns at once (`polled` moves
+/// on). Either may need a reply the socket holds behind the full queue's,
+/// so the reader then delivers past the depth (up to [`REPLY_QUEUE_LIMIT`])
+/// and reads on. A caller waiting on the full queue itself is never the
+/// case: it takes a reply instead. So a connection whose only waiting
+/// caller reads the flooded call (the producer's command stream) holds at
+/// most [`REPLY_QUEUE_DEPTH`] of its replies.
+#[derive(Default)]
+struct Inbox {
+    queues: HashMap<Token, Queue>,
+    next_token: Token,
+    /// Replies queued in all queues.
+    queued: usize,
+    /// Callers blocked on an empty queue (the sum of the queues' own).
+    waiting: usize,
+    /// Bumped whenever a caller finds its queue empty.
+    polled: u64,
+    /// Why the connection closed: callers with empty queues are told.
+    closed: Option<CloseReason>,
+    /// The client is being dropped: the reader stops waiting for room.
+    stopping: bool,
+}
+
+impl Inbox {
+    fn open(&mut self) -> Token {
+        self.next_token += 1;
+        self.queues.insert(self.next_token, Queue::default());
+        self.next_token
+    }
+}
+
 struct Shared {
     socket: UnixStream,
     state: Mutex<State>,
     send: Mutex<OutQueue>,
+    inbox: Mutex<Inbox>,
+    /// Signalled on every change of `inbox`.
+    inbox_changed: Condvar,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,7 +229,7 @@ impl Shared {
         let (request_id, frame) = {
             let mut state = lock(&self.state);
             if !state.connected {
-                return Err(ClientError::Disconnected);
+                return Err(self.close_error());
             }
             build(&mut state.core)?
         };
@@ -122,7 +241,8 @@ impl Shared {
             if let Err(e) = socket::send_queued(&self.socket, &mut out) {
                 log::warn!("send failed: {e}; closing the connection");
                 let _ = self.socket.shutdown(Shutdown::Both);
-                return Err(ClientError::Disconnected);
+                // The reader may know better why (a protocol error).
+                return Err(self.close_error());
             }
         }
         Ok(())
@@ -135,51 +255,184 @@ impl Shared {
         }
     }
 
+    /// Why the connection closed.
+    fn close_error(&self) -> ClientError {
+        lock(&self.inbox)
+            .closed
+            .as_ref()
+            .map_or(ClientError::Disconnected, CloseReason::error)
+    }
+
     fn reader_loop(&self) {
         let mut decoder = FrameDecoder::new();
-        loop {
+        let reason = 'read: loop {
             match socket::recv_into(&self.socket, &mut decoder) {
                 Ok(Received::Data(_)) => {}
-                Ok(Received::Closed) => break,
-                Ok(Received::WouldBlock) => continue,
-                Err(e) => {
-                    log::warn!("receive failed: {e}; closing the connection");
-                    break;
+                Ok(Received::Closed) if decoder.buffered() > 0 => {
+                    let buffered = decoder.buffered();
+                    break CloseReason::Protocol(ProtocolError::ClosedMidFrame { buffered });
                 }
+                Ok(Received::Closed) => break CloseReason::Closed,
+                Ok(Received::WouldBlock) => continue,
+                Err(RecvError::Truncated) => break CloseReason::Protocol(ProtocolError::Truncated),
+                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    break CloseReason::Closed
+                }
+                Err(RecvError::Io(e)) => break CloseReason::Receive(e.kind(), e.to_string()),
             }
             loop {
                 let received = match decoder.next_frame() {
                     Ok(Some(received)) => received,
                     Ok(None) => break,
-                    Err(e) => {
-                        log::warn!("protocol error from the service: {e}; closing the connection");
-                        return self.close();
-                    }
+                    Err(e) => break 'read CloseReason::Protocol(e.into()),
                 };
                 let incoming = lock(&self.state).core.handle_frame(received);
-                match incoming {
+                let delivered = match incoming {
                     Some(Incoming::Bound { token, result }) => {
-                        let _ = token.send(Delivery::Bound(result));
+                        self.deliver(token, Delivery::Bound(result))
                     }
                     Some(Incoming::Reply { token, reply, .. }) => {
-                        let _ = token.send(Delivery::Reply(reply));
+                        self.deliver(token, Delivery::Reply(reply))
                     }
-                    None => {}
+                    None => true,
+                };
+                if !delivered {
+                    break 'read CloseReason::Closed;
                 }
             }
+        };
+        match &reason {
+            CloseReason::Closed => {}
+            CloseReason::Protocol(e) => {
+                log::warn!("protocol error from the service: {e}; closing the connection")
+            }
+            CloseReason::Receive(_, e) => {
+                log::warn!("receive failed: {e}; closing the connection")
+            }
         }
-        self.close();
+        self.close(reason);
     }
 
-    fn close(&self) {
+    /// Hands `delivery` to the caller of `token`, waiting for room while
+    /// its queue is full and no caller waits (see [`Inbox`]). `false` if
+    /// the client is being dropped.
+    fn deliver(&self, token: Token, delivery: Delivery) -> bool {
+        let mut inbox = lock(&self.inbox);
+        let polled = inbox.polled;
+        loop {
+            if inbox.stopping {
+                return false;
+            }
+            let (waiting, moved) = (inbox.waiting, inbox.polled != polled);
+            // A caller that dropped its call is gone: its replies (and
+            // their descriptors) are dropped.
+            let Some(queue) = inbox.queues.get_mut(&token) else {
+                return true;
+            };
+            if queue.overrun {
+                return true;
+            }
+            // Callers waiting on this queue are about to take from it.
+            let others_wait = waiting > queue.waiting;
+            let len = queue.deliveries.len();
+            if len < REPLY_QUEUE_DEPTH || ((others_wait || moved) && len < REPLY_QUEUE_LIMIT) {
+                queue.deliveries.push_back(delivery);
+                inbox.queued += 1;
+                break;
+            }
+            if len >= REPLY_QUEUE_LIMIT {
+                log::warn!(
+                    "{REPLY_QUEUE_LIMIT} replies of one call left unread; dropping the rest"
+                );
+                queue.overrun = true;
+                break;
+            }
+            inbox = self
+                .inbox_changed
+                .wait(inbox)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(inbox);
+        self.inbox_changed.notify_all();
+        true
+    }
+
+    fn close(&self, reason: CloseReason) {
         let _ = self.socket.shutdown(Shutdown::Both);
-        let tokens = {
+        {
             let mut state = lock(&self.state);
             state.connected = false;
-            state.core.disconnect()
+            state.core.disconnect();
+        }
+        lock(&self.inbox).closed = Some(reason);
+        self.inbox_changed.notify_all();
+    }
+
+    /// The next delivery for `token`, waiting until `deadline` (forever
+    /// with `None`).
+    fn receive(&self, token: Token, deadline: Option<Instant>) -> Result<Delivery, ClientError> {
+        let mut guard = lock(&self.inbox);
+        loop {
+            let inbox = &mut *guard;
+            let Some(queue) = inbox.queues.get_mut(&token) else {
+                return Err(ClientError::Disconnected);
+            };
+            if let Some(delivery) = queue.deliveries.pop_front() {
+                inbox.queued -= 1;
+                drop(guard);
+                // The reader may be waiting for room.
+                self.inbox_changed.notify_all();
+                return Ok(delivery);
+            }
+            if queue.overrun {
+                return Err(ClientError::Overrun);
+            }
+            if let Some(reason) = &inbox.closed {
+                return Err(reason.error());
+            }
+            // This caller may need a reply queued behind another call's.
+            inbox.polled = inbox.polled.wrapping_add(1);
+            self.inbox_changed.notify_all();
+            let left = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Err(ClientError::Timeout),
+                },
+            };
+            queue.waiting += 1;
+            inbox.waiting += 1;
+            guard = match left {
+                None => self
+                    .inbox_changed
+                    .wait(guard)
+                    .unwrap_or_else(|e| e.into_inner()),
+                Some(left) => {
+                    self.inbox_changed
+                        .wait_timeout(guard, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+            guard.waiting -= 1;
+            if let Some(queue) = guard.queues.get_mut(&token) {
+                queue.waiting -= 1;
+            }
+        }
+    }
+
+    /// Forgets `token`'s queue (its caller is gone), dropping what it holds.
+    fn discard(&self, token: Token) {
+        let dropped = {
+            let mut inbox = lock(&self.inbox);
+            let dropped = inbox.queues.remove(&token);
+            if let Some(queue) = &dropped {
+                inbox.queued -= queue.deliveries.len();
+            }
+            dropped
         };
-        for token in tokens {
-            let _ = token.send(Delivery::Disconnected);
+        if dropped.is_some() {
+            self.inbox_changed.notify_all();
         }
     }
 }
@@ -214,6 +467,8 @@ impl Client {
                 connected: true,
             }),
             send: Mutex::new(OutQueue::new()),
+            inbox: Mutex::new(Inbox::default()),
+            inbox_changed: Condvar::new(),
         });
         let reader_shared = Arc::clone(&shared);
         let reader = std::thread::Builder::new()
@@ -237,15 +492,21 @@ impl Client {
 
     /// Binds a service by name (blocking until the service answers).
     pub fn bind_by_name(&self, name: &str) -> Result<ServiceBinding, ClientError> {
-        let (tx, rx) = mpsc::channel();
+        let call = Call::open(&self.shared);
         self.shared.submit(None, |core| {
-            let frame = core.bind(name, tx);
+            let frame = core.bind(name, call.token);
             Ok((frame.request_id, frame))
         })?;
-        match rx.recv() {
-            Ok(Delivery::Bound(result)) => Ok(result?),
-            Ok(_) | Err(_) => Err(ClientError::Disconnected),
+        match self.shared.receive(call.token, None)? {
+            Delivery::Bound(result) => Ok(result?),
+            Delivery::Reply(_) => Err(ClientError::Disconnected),
         }
+    }
+
+    /// Replies received and not yet taken by their callers (at most
+    /// [`REPLY_QUEUE_DEPTH`] per call while no caller waits on another).
+    pub fn queued_replies(&self) -> usize {
+        lock(&self.shared.inbox).queued
     }
 
     /// Invokes `method` of `binding` with serialized `args` (and `fd`).
@@ -263,31 +524,54 @@ impl Client {
 }
 
 fn invoke(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     binding: &ServiceBinding,
     method: &str,
     args: Bytes,
     fd: Option<OwnedFd>,
     want_reply: bool,
 ) -> Result<Option<RawCall>, ClientError> {
-    let (tx, rx) = mpsc::channel();
-    let token = want_reply.then_some(tx);
+    let call = want_reply.then(|| Call::open(shared));
     let mut request_id = 0;
     shared.submit(fd, |core| {
-        let (id, frame) = core.invoke(binding, method, args, token)?;
+        let (id, frame) = core.invoke(binding, method, args, call.as_ref().map(|c| c.token))?;
         request_id = id;
         Ok((want_reply.then_some(id), frame))
     })?;
-    Ok(want_reply.then_some(RawCall {
+    Ok(call.map(|call| RawCall {
         request_id,
-        rx,
+        call,
         finished: false,
     }))
+}
+
+/// A caller's inbox queue, discarded with it.
+struct Call {
+    shared: Arc<Shared>,
+    token: Token,
+}
+
+impl Call {
+    fn open(shared: &Arc<Shared>) -> Self {
+        Call {
+            shared: Arc::clone(shared),
+            token: lock(&shared.inbox).open(),
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.shared.discard(self.token);
+    }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         let _ = self.shared.socket.shutdown(Shutdown::Both);
+        // The reader may be waiting for a caller to make room.
+        lock(&self.shared.inbox).stopping = true;
+        self.shared.inbox_changed.notify_all();
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
@@ -370,11 +654,19 @@ pub struct Response<T> {
 }
 
 /// The replies of an untyped call, in order.
-#[derive(Debug)]
 pub struct RawCall {
     request_id: u64,
-    rx: Receiver<Delivery>,
+    call: Call,
     finished: bool,
+}
+
+impl std::fmt::Debug for RawCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawCall")
+            .field("request_id", &self.request_id)
+            .field("finished", &self.finished)
+            .finish()
+    }
 }
 
 impl RawCall {
@@ -389,18 +681,16 @@ impl RawCall {
         if self.finished {
             return None;
         }
-        let delivery = match timeout {
-            None => self.rx.recv().map_err(|_| ClientError::Disconnected),
-            Some(t) => self.rx.recv_timeout(t).map_err(|e| match e {
-                RecvTimeoutError::Timeout => ClientError::Timeout,
-                RecvTimeoutError::Disconnected => ClientError::Disconnected,
-            }),
-        };
-        let result = match delivery {
-            Ok(Delivery::Reply(reply)) => Ok(reply),
-            Ok(Delivery::Bound(_)) | Ok(Delivery::Disconnected) => Err(ClientError::Disconnected),
-            Err(e) => Err(e),
-        };
+        let deadline = timeout.map(|t| Instant::now().checked_add(t));
+        let result = match deadline {
+            // Too far to represent: forever.
+            Some(None) | None => self.call.shared.receive(self.call.token, None),
+            Some(Some(deadline)) => self.call.shared.receive(self.call.token, Some(deadline)),
+        }
+        .and_then(|delivery| match delivery {
+            Delivery::Reply(reply) => Ok(reply),
+            Delivery::Bound(_) => Err(ClientError::Disconnected),
+        });
         self.finished = match &result {
             Ok(reply) => !reply.has_more || reply.result.is_err(),
             Err(ClientError::Timeout) => false,
@@ -415,7 +705,6 @@ impl std::fmt::Debug for Delivery {
         match self {
             Self::Bound(r) => f.debug_tuple("Bound").field(r).finish(),
             Self::Reply(r) => f.debug_tuple("Reply").field(r).finish(),
-            Self::Disconnected => f.write_str("Disconnected"),
         }
     }
 }

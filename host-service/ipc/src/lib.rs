@@ -49,7 +49,7 @@ pub mod rpc;
 pub mod socket;
 
 pub use client::{ClientCore, ServiceBinding};
-pub use connection::{Binding, Client, ClientError, PendingCall, Response};
+pub use connection::{Binding, Client, ClientError, PendingCall, ProtocolError, Response};
 pub use frame::{FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use host::{Call, HostConnection, PendingReply, ServiceTable};
 pub use outq::OutQueue;

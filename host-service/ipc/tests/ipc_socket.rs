@@ -4,14 +4,14 @@
 
 mod ipc_common;
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ipc_common::{serve, End};
+use ipc_common::{memfd, read_fd, serve, End};
 use prost::Message;
 use shmtrace_ipc::client::{BindError, RpcError};
 use shmtrace_ipc::frame::{
@@ -26,7 +26,7 @@ use shmtrace_ipc::protos::{
 };
 use shmtrace_ipc::rpc::ServiceRequest;
 use shmtrace_ipc::socket::{self, Received, RecvError};
-use shmtrace_ipc::{Client, ClientError};
+use shmtrace_ipc::{Client, ClientError, ProtocolError};
 use std::sync::Arc;
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(30));
@@ -65,26 +65,6 @@ fn expect_commit(call: shmtrace_ipc::Call<producer_port::Request>, i: u32) {
 
 fn host() -> HostConnection<producer_port::Request> {
     HostConnection::new(Arc::new(ServiceTable::from(ProducerPort)), None)
-}
-
-fn memfd(content: &[u8]) -> OwnedFd {
-    let fd = rustix::fs::memfd_create("shmtrace-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    let mut file = std::fs::File::from(fd);
-    file.write_all(content).unwrap();
-    file.into()
-}
-
-fn read_fd(fd: OwnedFd) -> Vec<u8> {
-    let flags = rustix::io::fcntl_getfd(&fd).unwrap();
-    assert!(
-        flags.contains(rustix::io::FdFlags::CLOEXEC),
-        "received fds are close-on-exec"
-    );
-    let mut file = std::fs::File::from(fd);
-    file.seek(SeekFrom::Start(0)).unwrap();
-    let mut out = Vec::new();
-    file.read_to_end(&mut out).unwrap();
-    out
 }
 
 #[test]
@@ -343,10 +323,19 @@ fn the_client_fails_pending_calls_when_the_service_hangs_up_mid_reply() {
         .start::<producer_port::Sync>(&Default::default(), None)
         .unwrap();
     fake_host.join().unwrap();
-    assert!(matches!(pending.wait(), Err(ClientError::Disconnected)));
+    // A close mid-frame is the service's fault, not an ordinary close:
+    // every call, pending or later, is told how far the frame got.
+    let error = pending.wait().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ClientError::Protocol(ProtocolError::ClosedMidFrame { buffered }) if buffered > 0
+        ),
+        "{error}"
+    );
     assert!(matches!(
         port.call::<producer_port::Sync>(&Default::default()),
-        Err(ClientError::Disconnected)
+        Err(ClientError::Protocol(ProtocolError::ClosedMidFrame { .. }))
     ));
 }
 
@@ -372,7 +361,15 @@ fn the_client_drops_a_service_that_sends_an_oversized_frame() {
     let pending = port
         .start::<producer_port::Sync>(&Default::default(), None)
         .unwrap();
-    assert!(matches!(pending.wait(), Err(ClientError::Disconnected)));
+    let error = pending.wait().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ClientError::Protocol(ProtocolError::Frame(FrameError::TooLarge { len: u32::MAX }))
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("exceeds"), "{error}");
     fake_host.join().unwrap();
 }
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,4 +51,26 @@ where
             }
         }
     })
+}
+
+/// A memfd holding `content`.
+pub fn memfd(content: &[u8]) -> OwnedFd {
+    let fd = rustix::fs::memfd_create("shmtrace-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let mut file = std::fs::File::from(fd);
+    file.write_all(content).unwrap();
+    file.into()
+}
+
+/// What a received descriptor holds (it must be close-on-exec).
+pub fn read_fd(fd: OwnedFd) -> Vec<u8> {
+    let flags = rustix::io::fcntl_getfd(&fd).unwrap();
+    assert!(
+        flags.contains(rustix::io::FdFlags::CLOEXEC),
+        "received fds are close-on-exec"
+    );
+    let mut file = std::fs::File::from(fd);
+    file.seek(SeekFrom::Start(0)).unwrap();
+    let mut out = Vec::new();
+    file.read_to_end(&mut out).unwrap();
+    out
 }
