@@ -29,6 +29,13 @@
 //!   the reason (a protocol error, counted below, not an ordinary close) or
 //!   drops the frame; a command that is not one of the six known ones is
 //!   ignored (a newer service's);
+//! * a flood of commands while the command thread is busy (a slow
+//!   `on_start`, a flush waiting on writers): `shmtrace-ipc` queues at
+//!   most [`REPLY_QUEUE_DEPTH`](shmtrace_ipc::connection::REPLY_QUEUE_DEPTH)
+//!   of them (and their descriptors), then stops reading the socket, so
+//!   the service's sends block. This cannot stall the producer: the
+//!   command thread is the only one that waits for replies, and it waits
+//!   only on the command stream it drains;
 //! * a handshake that never completes: a watchdog shuts the socket down
 //!   after [`Limits::handshake`];
 //! * a service that stops reading: a send that has not completed after

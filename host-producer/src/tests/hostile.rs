@@ -898,3 +898,140 @@ fn a_service_failing_every_connection_is_retried_with_a_growing_backoff() {
     assert_eq!(conn.errors(), connections);
     assert!(matches!(*conn.ended(connections), ConnectError::NoSmb));
 }
+
+/// Holds `on_start` until opened: a data source whose start is slow, so
+/// the command thread falls behind the command stream.
+#[derive(Default)]
+struct Gate {
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    fn set(&self, entered: bool, open: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.0 |= entered;
+        s.1 |= open;
+        self.changed.notify_all();
+    }
+
+    fn wait(&self, until: impl Fn(&(bool, bool)) -> bool) -> bool {
+        let s = self.state.lock().unwrap();
+        let (s, _) = self
+            .changed
+            .wait_timeout_while(s, PATIENCE, |s| !until(s))
+            .unwrap();
+        until(&s)
+    }
+}
+
+struct SlowStart(Arc<Gate>);
+
+impl crate::DataSourceHandler for SlowStart {
+    fn on_start(&self, _args: &crate::InstanceArgs<'_>) {
+        self.0.set(true, false);
+        self.0.wait(|s| s.1);
+    }
+}
+
+/// Opens the gate however the test ends.
+struct Opens(Arc<Gate>);
+
+impl Drop for Opens {
+    fn drop(&mut self) {
+        self.0.set(false, true);
+    }
+}
+
+/// Descriptors of this process that are memfds named `name`.
+fn memfds_named(name: &str) -> usize {
+    let link = format!("/memfd:{name} ");
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with(&link))
+        .count()
+}
+
+#[test]
+fn a_flood_of_commands_the_producer_cannot_keep_up_with_stops_at_the_socket() {
+    const FLOOD: u64 = 2000;
+    const NAME: &str = "hostile-flood";
+    // A service's sends that make no progress this long are blocked (a
+    // producer that reads unblocks them within microseconds).
+    const STALL: Duration = Duration::from_millis(200);
+    let _s = serial();
+    let gate = Arc::new(Gate::default());
+    let _open = Opens(gate.clone());
+    let _slow = crate::DataSource::register("hostile.slow", SlowStart(gate.clone())).unwrap();
+    let (_service, conn, mut peer) = connect();
+    peer.trace(sealed_memfd(64 * 1024));
+    let slow = pb::DataSourceConfig {
+        name: Some("hostile.slow".into()),
+        ..Default::default()
+    };
+    peer.command(start(2, Bytes::from(slow.encode_to_vec())), None);
+    assert!(gate.wait(|s| s.0), "the slow start did not begin");
+    // The command thread is stuck in on_start; the service floods it with
+    // commands, each carrying a descriptor (a memfd named NAME).
+    let to = peer.commands.clone().unwrap();
+    let queue = |peer: &mut Peer, i: u64| {
+        let cmd = Cmd::StopDataSource(gac::StopDataSource {
+            instance_id: Some(1000 + i),
+        });
+        let msg = pb::GetAsyncCommandResponse { cmd: Some(cmd) };
+        let fd = rustix::fs::memfd_create(NAME, MemfdFlags::CLOEXEC).unwrap();
+        peer.conn.reply(&to, Ok(&msg), true, Some(fd)).unwrap();
+    };
+    peer.stream.set_nonblocking(true).unwrap();
+    let mut stalled_at = None;
+    'flood: for i in 0..FLOOD {
+        queue(&mut peer, i);
+        let mut since = Instant::now();
+        while !peer.conn.out().is_empty() {
+            if send_queued(&peer.stream, peer.conn.out()).unwrap() > 0 {
+                since = Instant::now();
+            } else if since.elapsed() >= STALL {
+                stalled_at = Some(i);
+                break 'flood;
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    // The producer stopped reading: the service's sends block, and the
+    // process holds no more of the descriptors than the producer's reply
+    // queue, the one its reader is delivering, one parked with a frame
+    // still decoding and the one not yet sent (those in the socket are the
+    // kernel's). With an unbounded queue: all of them (the sends never
+    // block).
+    let stalled_at = stalled_at.expect("the producer read the whole flood into memory");
+    let held = memfds_named(NAME);
+    assert!(
+        held <= shmtrace_ipc::connection::REPLY_QUEUE_DEPTH + 3,
+        "{held} descriptors held after {stalled_at} commands"
+    );
+    // The slow start ends: the producer works through the flood (every
+    // command acknowledged, every descriptor closed) and stays connected.
+    drop(_open);
+    let mut next = stalled_at + 1;
+    let deadline = Instant::now() + PATIENCE;
+    while !(next == FLOOD && peer.stopped(1000 + FLOOD - 1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the flood was not worked through"
+        );
+        if peer.conn.out().is_empty() && next < FLOOD {
+            queue(&mut peer, next);
+            next += 1;
+        }
+        peer.pump();
+    }
+    peer.stream.set_nonblocking(false).unwrap();
+    assert!((0..FLOOD).all(|i| peer.stopped(1000 + i)));
+    assert!(peer.started(2));
+    assert!(wait_until(|| memfds_named(NAME) == 0), "descriptors kept");
+    assert!(peer.flushes(13));
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+}

@@ -19,9 +19,22 @@
 //! takes the request-table lock only to match a frame to its request; callers
 //! take the send lock to queue and send their frame. The reader never waits
 //! for the send lock, so a caller blocked on a full socket cannot stop
-//! replies from being read. Each request's replies go to its own queue,
-//! bounded (see [`Inbox`]): a caller that reads its replies slowly stops
-//! the reader, and so the service's sends, instead of growing memory.
+//! replies from being read. Each request's replies go to its own queue.
+//!
+//! # Backpressure
+//!
+//! The reader waits while the queue it delivers to holds
+//! [`REPLY_QUEUE_DEPTH`] replies, so it stops reading the socket and a
+//! service flooding a call its caller reads slowly blocks its own sends
+//! instead of growing the client's memory and descriptors. This cannot
+//! deadlock: the reader waits only while no caller waits — a caller that
+//! finds its own queue empty either waits (counted) or returns at once
+//! (noted), and either may need a reply the socket holds behind the full
+//! queue's, so the reader then delivers past the depth (up to
+//! [`REPLY_QUEUE_LIMIT`]) and reads on. A caller waiting on the full queue
+//! itself is never the case: it takes a reply instead. So a connection
+//! whose only waiting caller reads the flooded call (the producer's
+//! command stream) holds at most [`REPLY_QUEUE_DEPTH`] of its replies.
 //!
 //! Ends: a close by the service is [`ClientError::Disconnected`]; a frame
 //! that does not decode, a close in the middle of a frame or a truncated
@@ -60,7 +73,7 @@ pub const REPLY_QUEUE_DEPTH: usize = 64;
 
 /// Replies one call may have waiting while its caller does not read it and
 /// another caller waits for a reply of its own (the reader must then read
-/// on, see [`Inbox`]). Past it the call fails with
+/// on, see the module docs). Past it the call fails with
 /// [`ClientError::Overrun`] and its further replies are dropped.
 pub const REPLY_QUEUE_LIMIT: usize = 16 * REPLY_QUEUE_DEPTH;
 
@@ -165,19 +178,9 @@ struct Queue {
     waiting: usize,
 }
 
-/// Replies on their way from the reader to their callers.
-///
-/// Backpressure: the reader waits while the queue it delivers to holds
-/// [`REPLY_QUEUE_DEPTH`] replies, so it stops reading the socket and a
-/// flooding service's sends block. It cannot deadlock: the reader waits
-/// only while no caller waits — a caller that finds its own queue empty
-/// either waits (counted in `waiting`) or returns at once (`polled` moves
-/// on). Either may need a reply the socket holds behind the full queue's,
-/// so the reader then delivers past the depth (up to [`REPLY_QUEUE_LIMIT`])
-/// and reads on. A caller waiting on the full queue itself is never the
-/// case: it takes a reply instead. So a connection whose only waiting
-/// caller reads the flooded call (the producer's command stream) holds at
-/// most [`REPLY_QUEUE_DEPTH`] of its replies.
+/// Replies on their way from the reader to their callers (see the
+/// module's Backpressure: `waiting` counts the callers that wait, `polled`
+/// moves on when one found its queue empty).
 #[derive(Default)]
 struct Inbox {
     queues: HashMap<Token, Queue>,
