@@ -154,6 +154,14 @@ impl CloseReason {
     }
 }
 
+/// The peer closed the connection: ordinarily, or in the middle of a frame.
+fn closed(decoder: &FrameDecoder) -> CloseReason {
+    match decoder.buffered() {
+        0 => CloseReason::Closed,
+        buffered => CloseReason::Protocol(ProtocolError::ClosedMidFrame { buffered }),
+    }
+}
+
 enum Delivery {
     Bound(Result<ServiceBinding, BindError>),
     Reply(Reply),
@@ -191,6 +199,10 @@ struct Inbox {
     waiting: usize,
     /// Bumped whenever a caller finds its queue empty.
     polled: u64,
+    /// The reader waits for room: callers wake it when they take a reply
+    /// or find their queue empty (no one else needs waking then, so two
+    /// waiting callers never wake each other in turn).
+    reader_blocked: bool,
     /// Why the connection closed: callers with empty queues are told.
     closed: Option<CloseReason>,
     /// The client is being dropped: the reader stops waiting for room.
@@ -271,16 +283,13 @@ impl Shared {
         let reason = 'read: loop {
             match socket::recv_into(&self.socket, &mut decoder) {
                 Ok(Received::Data(_)) => {}
-                Ok(Received::Closed) if decoder.buffered() > 0 => {
-                    let buffered = decoder.buffered();
-                    break CloseReason::Protocol(ProtocolError::ClosedMidFrame { buffered });
+                // A reset is a close by a peer that left our data unread.
+                Ok(Received::Closed) => break closed(&decoder),
+                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    break closed(&decoder)
                 }
-                Ok(Received::Closed) => break CloseReason::Closed,
                 Ok(Received::WouldBlock) => continue,
                 Err(RecvError::Truncated) => break CloseReason::Protocol(ProtocolError::Truncated),
-                Err(RecvError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    break CloseReason::Closed
-                }
                 Err(RecvError::Io(e)) => break CloseReason::Receive(e.kind(), e.to_string()),
             }
             loop {
@@ -350,10 +359,12 @@ impl Shared {
                 queue.overrun = true;
                 break;
             }
+            inbox.reader_blocked = true;
             inbox = self
                 .inbox_changed
                 .wait(inbox)
                 .unwrap_or_else(|e| e.into_inner());
+            inbox.reader_blocked = false;
         }
         drop(inbox);
         self.inbox_changed.notify_all();
@@ -382,9 +393,11 @@ impl Shared {
             };
             if let Some(delivery) = queue.deliveries.pop_front() {
                 inbox.queued -= 1;
+                let reader_blocked = inbox.reader_blocked;
                 drop(guard);
-                // The reader may be waiting for room.
-                self.inbox_changed.notify_all();
+                if reader_blocked {
+                    self.inbox_changed.notify_all();
+                }
                 return Ok(delivery);
             }
             if queue.overrun {
@@ -395,7 +408,9 @@ impl Shared {
             }
             // This caller may need a reply queued behind another call's.
             inbox.polled = inbox.polled.wrapping_add(1);
-            self.inbox_changed.notify_all();
+            if inbox.reader_blocked {
+                self.inbox_changed.notify_all();
+            }
             let left = match deadline {
                 None => None,
                 Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
