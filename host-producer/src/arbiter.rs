@@ -237,6 +237,15 @@ impl Arbiter {
                 .any(|p| smb.header_bitmap(p).unwrap_or(0) & HIGH_STATE_BITS != 0)
     }
 
+    /// Changes whenever a chunk was committed or a commit reached the
+    /// service: chunks are circulating.
+    fn progress(&self) -> (u64, u64) {
+        (
+            self.counters.chunks_committed.load(Ordering::Relaxed),
+            self.commit_epoch.load(Ordering::Acquire),
+        )
+    }
+
     /// A commit was sent to the service (chunks may free up).
     pub(crate) fn commit_sent(&self) {
         self.commit_epoch.fetch_add(1, Ordering::Release);
@@ -255,7 +264,7 @@ impl Arbiter {
         self.ids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn cells(&self) -> MutexGuard<'_, Vec<Arc<WriterCell>>> {
+    pub(crate) fn cells(&self) -> MutexGuard<'_, Vec<Arc<WriterCell>>> {
         self.cells.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -293,8 +302,14 @@ impl Arbiter {
     /// A writer calling this from inside its own event skips itself: its
     /// lock is taken.
     pub(crate) fn sweep_idle(&self) -> usize {
+        self.try_sweep_idle().unwrap_or(0)
+    }
+
+    /// [`Arbiter::sweep_idle`], or `None` if another thread holds the
+    /// writer list (sweeping, or adding or removing a writer).
+    fn try_sweep_idle(&self) -> Option<usize> {
         let Ok(cells) = self.cells.try_lock() else {
-            return 0;
+            return None;
         };
         // Claim every idle cell first, so that one (asymmetric) fence
         // serves them all; `swept` marks our claims (only the holder of
@@ -325,7 +340,7 @@ impl Arbiter {
         self.counters
             .chunks_reclaimed
             .fetch_add(flushed as u64, Ordering::Relaxed);
-        flushed
+        Some(flushed)
     }
 
     /// Copies the bytes of every chunk of an emulated-SMB commit into the
@@ -350,8 +365,11 @@ impl Arbiter {
     }
 }
 
-/// Consecutive stalls with no chunk committed-but-not-freed after which a
-/// stalling writer gives up (the sweeps of idle writers had their chance).
+/// Consecutive stalls after which a stalling writer gives up, each with
+/// no chunk committed-but-not-freed, none committed or sent since the
+/// previous one, and the writer's own sweep through the writer list (not
+/// skipped for a busy list) finding none idle: the sweeps of idle writers
+/// had their chance.
 const STUCK_STALLS: u32 = 3;
 
 /// A writer that found the SMB full retries after a commit, or after this
@@ -440,6 +458,7 @@ impl ChunkArbiter<'static> for WriterArbiter {
         let start = Instant::now();
         let mut sleep_us: u64 = 8;
         let mut stuck = 0;
+        let mut progress = self.arbiter.progress();
         loop {
             let remaining = limit.saturating_sub(start.elapsed());
             if remaining.is_zero() || self.arbiter.is_closed() {
@@ -451,9 +470,13 @@ impl ChunkArbiter<'static> for WriterArbiter {
             if let Some(c) = self.try_acquire(header) {
                 return Some(c);
             }
-            self.arbiter.sweep_idle();
+            let swept = self.arbiter.try_sweep_idle();
             self.arbiter.outbox.kick();
-            if self.arbiter.chunks_on_their_way() {
+            let now = self.arbiter.progress();
+            // Stuck only if this sweep went through the writers and found
+            // none idle, and no chunk moved since the previous stall.
+            if swept != Some(0) || now != progress || self.arbiter.chunks_on_their_way() {
+                progress = now;
                 stuck = 0;
             } else {
                 stuck += 1;

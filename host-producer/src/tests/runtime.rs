@@ -1454,3 +1454,72 @@ fn events_without_a_free_writer_id_are_counted() {
     assert_eq!(names, [Some("kept".into())]);
     lb.shutdown();
 }
+
+/// A stalling writer does not give up while another thread holds the
+/// writer list (a sweep in progress, or a writer coming or going): that
+/// sweep may be about to free chunks. Idle writers pin every chunk; once
+/// the list is free again, the writer's own sweeps take their chunks back
+/// and its packet lands.
+#[test]
+fn stall_does_not_give_up_while_the_writer_list_is_busy() {
+    let _s = serial();
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let ds = start_source(
+        "test.stall_busy_list",
+        stalling(Duration::from_secs(20)),
+        1,
+        163,
+    );
+    let holders = 4; // one chunk each: the whole SMB
+    let wrote = Arc::new(Barrier::new(holders + 2));
+    let release = Arc::new(Barrier::new(holders + 1));
+    let handles: Vec<_> = (0..holders)
+        .map(|t| {
+            let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
+            std::thread::spawn(move || {
+                assert!(write(&ds, t as u64, b"idle"));
+                wrote.wait();
+                release.wait();
+            })
+        })
+        .collect();
+    let go = Arc::new(Barrier::new(2));
+    let writer = {
+        let (ds, wrote, go) = (ds.clone(), wrote.clone(), go.clone());
+        std::thread::spawn(move || {
+            // Registered before the list is taken (registering takes it).
+            ds.trace(|_| {});
+            wrote.wait();
+            go.wait();
+            write(&ds, 99, b"stalled")
+        })
+    };
+    wrote.wait();
+    lb.discard(); // writer registrations: nothing is left on its way
+    let before = crate::stats();
+    let list = lb.arbiter.cells();
+    go.wait();
+    while crate::stats().stalls < before.stalls + 5 && !writer.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(list);
+    while !writer.is_finished() {
+        lb.drain();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(writer.join().unwrap(), "the stalled packet was written");
+    let after = crate::stats();
+    assert_eq!(after.stalls_given_up, before.stalls_given_up);
+    assert_eq!(after.packets_dropped, before.packets_dropped);
+    release.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+    runtime().stop_data_source(163);
+    let seqs = lb.sequences();
+    assert_eq!(
+        seqs.values().map(|s| s.packets.len()).sum::<usize>(),
+        holders + 1
+    );
+    lb.shutdown();
+}
