@@ -365,11 +365,11 @@ impl Arbiter {
     }
 }
 
-/// Consecutive stalls after which a stalling writer gives up, each with
-/// no chunk committed-but-not-freed, none committed or sent since the
-/// previous one, and the writer's own sweep through the writer list (not
-/// skipped for a busy list) finding none idle: the sweeps of idle writers
-/// had their chance.
+/// Stalls after which a stalling writer gives up, each with no chunk
+/// committed-but-not-freed, none committed or sent since the previous one,
+/// and the writer's own sweep through the writer list finding none idle
+/// (stalls whose sweep was skipped for a busy list do not count, nor break
+/// the run): the sweeps of idle writers had their chance.
 const STUCK_STALLS: u32 = 3;
 
 /// A writer that found the SMB full retries after a commit, or after this
@@ -473,12 +473,15 @@ impl ChunkArbiter<'static> for WriterArbiter {
             let swept = self.arbiter.try_sweep_idle();
             self.arbiter.outbox.kick();
             let now = self.arbiter.progress();
-            // Stuck only if this sweep went through the writers and found
-            // none idle, and no chunk moved since the previous stall.
-            if swept != Some(0) || now != progress || self.arbiter.chunks_on_their_way() {
+            // Chunks moving, or an idle writer swept: not stuck. A sweep
+            // skipped because another thread held the writer list neither
+            // proves progress nor its absence (writers stalling together
+            // collide there), so that stall does not count either way.
+            if swept.is_some_and(|n| n > 0) || now != progress || self.arbiter.chunks_on_their_way()
+            {
                 progress = now;
                 stuck = 0;
-            } else {
+            } else if swept.is_some() {
                 stuck += 1;
             }
             if stuck >= STUCK_STALLS {

@@ -508,6 +508,43 @@ fn stall_reaches_its_bound_then_drops_and_marks() {
     lb.shutdown();
 }
 
+/// Threads that each write one packet of a data source and stay inside
+/// its callback, holding their writer and its chunk, until released.
+struct ChunkHolders {
+    release: Arc<Barrier>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ChunkHolders {
+    /// Starts `n` holders; returns once each holds its chunk.
+    fn start(ds: &DataSource, n: usize) -> Self {
+        let wrote = Arc::new(Barrier::new(n + 1));
+        let release = Arc::new(Barrier::new(n + 1));
+        let threads = (0..n)
+            .map(|t| {
+                let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
+                std::thread::spawn(move || {
+                    ds.trace(|ctx| {
+                        assert!(ctx.packet(|p| p.uint64(8, t as u64)));
+                        wrote.wait();
+                        release.wait();
+                    });
+                })
+            })
+            .collect();
+        wrote.wait();
+        ChunkHolders { release, threads }
+    }
+
+    /// Lets the holders finish their packets; waits for them.
+    fn release(self) {
+        self.release.wait();
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 /// The give-up path: every chunk is held by a writer in the middle of its
 /// own packet (none idle, none committed), so waiting cannot free one;
 /// the stalling writer drops after a few stalls instead of its 10 s bound.
@@ -524,31 +561,12 @@ fn stall_gives_up_when_every_chunk_is_held() {
     // This thread's writer exists (registered) before the SMB fills up;
     // it gets a chunk only at its first packet.
     ds.trace(|_| {});
-    let holders = 4; // one chunk each: the whole SMB
-    let wrote = Arc::new(Barrier::new(holders + 1));
-    let release = Arc::new(Barrier::new(holders + 1));
-    let handles: Vec<_> = (0..holders)
-        .map(|t| {
-            let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
-            std::thread::spawn(move || {
-                ds.trace(|ctx| {
-                    assert!(ctx.packet(|p| p.uint64(8, t as u64)));
-                    // Holds its writer (and chunk) inside the callback.
-                    wrote.wait();
-                    release.wait();
-                });
-            })
-        })
-        .collect();
-    wrote.wait();
+    let holders = ChunkHolders::start(&ds, 4); // the whole SMB
     lb.discard(); // writer registrations: nothing is left on its way
     let before = crate::stats();
     let dropped = !write(&ds, 99, b"x");
     let after = crate::stats();
-    release.wait();
-    for h in handles {
-        h.join().unwrap();
-    }
+    holders.release();
     assert!(dropped, "no chunk could free up");
     assert!(after.stalls > before.stalls);
     assert_eq!(after.stalls_given_up, before.stalls_given_up + 1);
@@ -556,10 +574,59 @@ fn stall_gives_up_when_every_chunk_is_held() {
     runtime().stop_data_source(162);
     let seqs = lb.sequences();
     // The holders' packets arrive; the main thread's never got a chunk.
-    assert_eq!(
-        seqs.values().map(|s| s.packets.len()).sum::<usize>(),
-        holders
+    assert_eq!(seqs.values().map(|s| s.packets.len()).sum::<usize>(), 4);
+    lb.shutdown();
+}
+
+/// The give-up path with several writers stalling at once: they sweep
+/// on the same schedule and find the writer list taken by each other, but
+/// each still gives up (counted as given up, not as its 10 s bound).
+#[test]
+fn writers_stalling_together_all_give_up() {
+    let _s = serial();
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    let ds = start_source(
+        "test.stall_stuck_many",
+        stalling(Duration::from_secs(10)),
+        1,
+        164,
     );
+    let stallers = 3;
+    // The stalling threads' writers exist before the SMB fills up.
+    let registered = Arc::new(Barrier::new(stallers + 1));
+    let go = Arc::new(Barrier::new(stallers + 1));
+    let stalling_threads: Vec<_> = (0..stallers)
+        .map(|t| {
+            let (ds, registered, go) = (ds.clone(), registered.clone(), go.clone());
+            std::thread::spawn(move || {
+                ds.trace(|_| {});
+                registered.wait();
+                go.wait();
+                write(&ds, 100 + t as u64, b"x")
+            })
+        })
+        .collect();
+    registered.wait();
+    let holders = ChunkHolders::start(&ds, 4); // the whole SMB
+    lb.discard(); // writer registrations: nothing is left on its way
+    let before = crate::stats();
+    go.wait();
+    // The connection's sender: whatever a writer that gave up queues is
+    // sent (a queued message counts as a chunk on its way).
+    while !stalling_threads.iter().all(|h| h.is_finished()) {
+        lb.drain();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let written: Vec<bool> = stalling_threads
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let after = crate::stats();
+    holders.release();
+    assert_eq!(written, [false; 3], "no chunk could free up");
+    assert_eq!(after.stalls_given_up, before.stalls_given_up + 3);
+    assert_eq!(after.packets_dropped, before.packets_dropped + 3);
+    runtime().stop_data_source(164);
     lb.shutdown();
 }
 
