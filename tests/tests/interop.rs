@@ -572,19 +572,11 @@ mod trace_stats {
 
     /// Reads the `TraceStats` packet of a trace file.
     pub fn read(path: &std::path::Path) -> TraceStats {
-        let bytes = std::fs::read(path).unwrap();
-        let trace = Trace::decode(bytes.as_slice()).unwrap();
-        let mut stats = trace.packet.into_iter().filter_map(|p| p.trace_stats);
+        let packets = shmtrace_tests::trace_file::packets::<Packet>(path).unwrap();
+        let mut stats = packets.into_iter().filter_map(|p| p.trace_stats);
         let found = stats.next().expect("a trace_stats packet");
         assert!(stats.next().is_none(), "more than one trace_stats packet");
         found
-    }
-
-    /// `Trace`: its packets (field 1).
-    #[derive(Clone, PartialEq, Message)]
-    pub struct Trace {
-        #[prost(message, repeated, tag = "1")]
-        pub packet: Vec<Packet>,
     }
 
     /// `TracePacket`: only `trace_stats` (field 35).
