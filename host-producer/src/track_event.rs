@@ -453,9 +453,11 @@ impl Drop for SliceGuard<'_> {
 }
 
 #[doc(hidden)]
-// Out of line, as in Perfetto's SDK: what a trace point inlines is its
-// enabled check alone.
+// Out of line and cold, as in Perfetto's SDK: what a trace point inlines is
+// its enabled check alone, laid out so that a disabled trace point falls
+// through (no taken branch) and the emitting call sits out of the way.
 #[inline(never)]
+#[cold]
 pub fn __scoped_slice<'a>(
     cat: &'static Category,
     name: EventName<'a>,
@@ -495,9 +497,11 @@ pub fn __scoped_slice<'a>(
 }
 
 #[doc(hidden)]
-// Out of line, as in Perfetto's SDK: what a trace point inlines is its
-// enabled check alone.
+// Out of line and cold, as in Perfetto's SDK: what a trace point inlines is
+// its enabled check alone, laid out so that a disabled trace point falls
+// through (no taken branch) and the emitting call sits out of the way.
 #[inline(never)]
+#[cold]
 pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, args: &[Arg<'_>]) {
     let mask = cat.enabled_instances();
     if mask == 0 {
@@ -537,9 +541,11 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
 }
 
 #[doc(hidden)]
-// Out of line, as in Perfetto's SDK: what a trace point inlines is its
-// enabled check alone.
+// Out of line and cold, as in Perfetto's SDK: what a trace point inlines is
+// its enabled check alone, laid out so that a disabled trace point falls
+// through (no taken branch) and the emitting call sits out of the way.
 #[inline(never)]
+#[cold]
 pub fn __counter(cat: &'static Category, track: &CounterTrack<'_>, value: CounterValue) {
     let mask = cat.enabled_instances();
     if mask == 0 {
