@@ -5,12 +5,16 @@
 //! Two threads per connection:
 //!
 //! * the *command* thread (the one [`init`] starts) connects, initializes,
-//!   registers data sources, then reads the `GetAsyncCommand` stream and
+//!   queues the data source registrations, then reads the `GetAsyncCommand` stream and
 //!   runs each command (SetupTracing maps the SMB; Setup/Start/Stop
 //!   DataSource, Flush and ClearIncrementalState go to the runtime);
 //! * the *sender* thread takes messages out of the outbox in order and
-//!   sends them (`CommitData`, `RegisterTraceWriter`, …, all without
-//!   waiting for replies), and sweeps idle writers periodically.
+//!   sends them (`RegisterDataSource`, `CommitData`, `RegisterTraceWriter`,
+//!   …, all without waiting for replies), and sweeps idle writers
+//!   periodically. The command thread never sends: it only reads, so a
+//!   service that blocks on its own full socket while ours is full (it
+//!   answers our registrations with a burst of commands before reading
+//!   on) always finds it drained.
 //!
 //! When the service is not there the program runs on with tracing off and
 //! the command thread retries with a backoff; when the connection drops, all
@@ -107,7 +111,8 @@ const STOP_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     /// Connect to the end of the handshake: bind, `InitializeConnection`,
-    /// `GetAsyncCommand`, the data source registrations.
+    /// `GetAsyncCommand` (the data source registrations follow through the
+    /// outbox).
     pub handshake: Duration,
     /// One message to the service (the socket full because the service
     /// stopped reading).
@@ -528,9 +533,9 @@ impl Session {
         })
     }
 
-    /// Binds, initializes, starts the command stream and registers the
-    /// data sources: the port, the stream, and whether the service asked
-    /// for shmem emulation.
+    /// Binds, initializes, starts the command stream and queues the data
+    /// source registrations: the port, the stream, and whether the service
+    /// asked for shmem emulation.
     #[allow(clippy::type_complexity)]
     fn handshake(
         client: &Client,
@@ -555,15 +560,9 @@ impl Session {
         let emulation = reply.use_shmem_emulation.unwrap_or(false);
         let commands =
             port.start::<producer_port::GetAsyncCommand>(&pb::GetAsyncCommandRequest {}, None)?;
-        for d in runtime().connect() {
-            port.send::<producer_port::RegisterDataSource>(
-                &pb::RegisterDataSourceRequest {
-                    data_source_descriptor: Some(descriptor_proto(&d)),
-                },
-                None,
-            )
-            .or_else(skip_too_large)?;
-        }
+        // The registrations go through the outbox: the sender sends them
+        // while this thread reads the commands they prompt.
+        runtime().connect();
         Ok((port, commands, emulation))
     }
 

@@ -468,6 +468,20 @@ impl Outbox {
         }
     }
 
+    /// Accepts pushes again (a new connection) with `first` queued ahead
+    /// of anything pushed later, in one step. Whatever was left from before
+    /// belongs to no connection and is dropped.
+    pub(crate) fn open_with(&self, first: impl IntoIterator<Item = Outgoing>) {
+        let mut inner = self.lock();
+        inner.closed = false;
+        inner.in_flight = 0;
+        inner.queue.clear();
+        inner.pending.clear();
+        inner.queue.extend(first);
+        drop(inner);
+        self.ready.notify_all();
+    }
+
     /// Drops everything queued and ignores later pushes (connection gone),
     /// or (with `false`) accepts pushes again for a new connection.
     pub(crate) fn set_closed(&self, closed: bool) {

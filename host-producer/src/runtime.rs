@@ -140,15 +140,21 @@ impl Runtime {
         self.registration.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new connection: the outbox accepts messages again, and the data
-    /// sources advertised so far are returned for the connection to
-    /// register first. One step under the registration lock, so a data
-    /// source registered meanwhile is either among them or queued in the
-    /// outbox, never both, never neither.
-    pub(crate) fn connect(&self) -> Vec<DescriptorInfo> {
+    /// A new connection: the outbox accepts messages again, the data
+    /// sources advertised so far queued in it first. The connection's
+    /// sender registers them while its command thread reads the service's
+    /// commands: a service that answers registrations with more commands
+    /// than the IPC client queues, and blocks on its own full socket, never
+    /// finds the producer busy sending instead of reading. One step under
+    /// the registration lock, so a data source registered meanwhile is
+    /// either among them or queued after them, never both, never neither.
+    pub(crate) fn connect(&self) {
         let _order = self.registration_order();
-        self.connected();
-        self.descriptors()
+        self.outbox.open_with(
+            self.descriptors()
+                .into_iter()
+                .map(Outgoing::RegisterDataSource),
+        );
     }
 
     /// Every advertised data source, as the connection registers them.
@@ -161,7 +167,9 @@ impl Runtime {
             .collect()
     }
 
-    /// A new connection: the outbox accepts messages again.
+    /// A connection without registrations (the loopback tests'): the
+    /// outbox accepts messages again.
+    #[cfg(test)]
     pub(crate) fn connected(&self) {
         self.outbox.set_closed(false);
     }

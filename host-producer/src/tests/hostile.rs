@@ -231,6 +231,19 @@ impl Peer {
             .any(|c| matches!(c, Request::CommitData(c) if c.flush_request_id == Some(id)))
     }
 
+    /// The highest flush id acknowledged (each ack covers every flush up
+    /// to its id).
+    fn flushes_acked(&self) -> u64 {
+        self.calls
+            .iter()
+            .filter_map(|c| match c {
+                Request::CommitData(c) => c.flush_request_id,
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     fn chunks_committed(&self) -> usize {
         self.calls
             .iter()
@@ -322,6 +335,10 @@ struct Connection {
 
 impl Connection {
     fn start(service: &FakeService) -> Self {
+        Self::start_with(service, LIMITS)
+    }
+
+    fn start_with(service: &FakeService, limits: Limits) -> Self {
         track_event::register_categories(&[&H_APP]);
         let status = Arc::new(Status::new());
         let (s, address) = (status.clone(), service.address.clone());
@@ -330,7 +347,7 @@ impl Connection {
                 name: "hostile-test".into(),
                 ..ProducerConfig::default()
             };
-            run_connections(&config, &address, &s, LIMITS);
+            run_connections(&config, &address, &s, limits);
         });
         Connection {
             status,
@@ -826,22 +843,34 @@ fn a_service_scribbling_over_the_smb_loses_chunks_not_the_program() {
     app.finish();
 }
 
-/// `DataSourceOptions` whose descriptor is too large for one IPC frame (a
-/// 200 KiB `gpu_counter_descriptor`, field 5).
-fn oversized_descriptor() -> crate::DataSourceOptions {
-    let len: u32 = 200 * 1024;
-    let mut extra = vec![0x2A];
-    let mut v = len;
-    while v >= 0x80 {
-        extra.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    extra.push(v as u8);
-    extra.resize(extra.len() + len as usize, b'g');
+/// `bytes` with a length-delimited field `field` of `len` bytes appended.
+fn with_field(mut bytes: Vec<u8>, field: u32, len: usize) -> Vec<u8> {
+    let varint = |bytes: &mut Vec<u8>, mut v: u64| {
+        while v >= 0x80 {
+            bytes.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        bytes.push(v as u8);
+    };
+    varint(&mut bytes, u64::from(field) << 3 | 2);
+    varint(&mut bytes, len as u64);
+    bytes.resize(bytes.len() + len, b'g');
+    bytes
+}
+
+/// `DataSourceOptions` whose descriptor carries a `len`-byte
+/// `gpu_counter_descriptor` (field 5).
+fn descriptor_of(len: usize) -> crate::DataSourceOptions {
     crate::DataSourceOptions {
-        extra_descriptor_fields: extra,
+        extra_descriptor_fields: with_field(Vec::new(), 5, len),
         ..Default::default()
     }
+}
+
+/// `DataSourceOptions` whose descriptor is too large for one IPC frame (a
+/// 200 KiB `gpu_counter_descriptor`).
+fn oversized_descriptor() -> crate::DataSourceOptions {
+    descriptor_of(200 * 1024)
 }
 
 fn registered(peer: &Peer, name: &str) -> bool {
@@ -854,8 +883,8 @@ fn registered(peer: &Peer, name: &str) -> bool {
 #[test]
 fn a_message_too_large_for_a_frame_is_skipped_not_fatal() {
     let _s = serial();
-    // One registered before the connection (sent in the handshake), one
-    // while it runs (sent by the sender); a small one after each.
+    // One registered before the connection (queued when it opens), one
+    // while it runs; a small one after each.
     let register = |when: &str| {
         let huge = format!("hostile.huge.{when}");
         let small = format!("hostile.small.{when}");
@@ -1034,6 +1063,118 @@ fn a_flood_of_commands_the_producer_cannot_keep_up_with_stops_at_the_socket() {
     assert!(peer.started(2));
     assert!(wait_until(|| memfds_named(NAME) == 0), "descriptors kept");
     assert!(peer.flushes(13));
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+}
+
+/// Registrations the service answers with more commands than the IPC
+/// client queues for one call, each answer sent whole (blocking) before the
+/// service reads on, while the registrations fill the producer's socket:
+/// the producer must be reading commands while it registers. (When the
+/// handshake sent the registrations itself, neither side read: the
+/// watchdog dropped the connection, on every retry.)
+#[test]
+fn registrations_answered_by_a_burst_of_commands_do_not_stall_the_connection() {
+    /// Data sources, each registered with a DESCRIPTOR-byte descriptor:
+    /// together several times what a socket holds.
+    const SOURCES: u64 = 40;
+    const DESCRIPTOR: usize = 16 * 1024;
+    /// Padding of each Setup/Start config: the commands the producer does
+    /// not read fill the service's socket soon.
+    const CONFIG: usize = 16 * 1024;
+    const FIRST_ID: u64 = 7000;
+    let _s = serial();
+    let name = |k: u64| format!("hostile.burst.{k}");
+    let _sources: Vec<_> = (0..SOURCES)
+        .map(|k| {
+            crate::DataSource::register_with(
+                &name(k),
+                descriptor_of(DESCRIPTOR),
+                crate::NoopHandler,
+            )
+            .unwrap()
+        })
+        .collect();
+    let service = FakeService::new();
+    // Stalled sends may last as long as they need (what is tested is
+    // the handshake, and that no side stalls for good).
+    let conn = Connection::start_with(
+        &service,
+        Limits {
+            send_stall: PATIENCE,
+            ..LIMITS
+        },
+    );
+    let mut peer = service.accept();
+    peer.stream.set_write_timeout(Some(PATIENCE)).unwrap();
+    peer.handshake(Default::default());
+    peer.command(setup_tracing(4), Some(sealed_memfd(64 * 1024)));
+    let to = peer.commands.clone().unwrap();
+    let config = |k: u64| {
+        let c = pb::DataSourceConfig {
+            name: Some(name(k)),
+            target_buffer: Some(1),
+            ..Default::default()
+        };
+        // An unknown field: padding the producer skips.
+        Bytes::from(with_field(c.encode_to_vec(), 9999, CONFIG))
+    };
+    let mut scanned = 0;
+    let mut commands = 0;
+    let mut answered = std::collections::HashSet::new();
+    let deadline = Instant::now() + PATIENCE;
+    while !(answered.len() == SOURCES as usize && (0..SOURCES).all(|k| peer.started(FIRST_ID + k)))
+    {
+        assert!(
+            Instant::now() < deadline && !peer.closed,
+            "stalled: {} of {SOURCES} registrations answered, {commands} commands sent; {:?}",
+            answered.len(),
+            conn.status.last_error()
+        );
+        peer.pump();
+        // Every registration read: SetupDataSource, StartDataSource,
+        // ClearIncrementalState and three Flushes, queued and then sent
+        // whole before reading on.
+        for call in &peer.calls[scanned..] {
+            let Request::RegisterDataSource(r) = call else {
+                continue;
+            };
+            let n = r
+                .data_source_descriptor
+                .as_ref()
+                .and_then(|d| d.name.clone());
+            let Some(k) = n.and_then(|n| n.strip_prefix("hostile.burst.")?.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            assert!(answered.insert(k), "{} registered twice", name(k));
+            let id = FIRST_ID + k;
+            for cmd in [
+                Cmd::SetupDataSource(gac::SetupDataSource {
+                    new_instance_id: Some(id),
+                    config: Some(config(k)),
+                }),
+                start(id, config(k)),
+                Cmd::ClearIncrementalState(gac::ClearIncrementalState {
+                    data_source_ids: vec![id],
+                }),
+                flush(&[id], 4 * id),
+                flush(&[id], 4 * id + 1),
+                flush(&[], 4 * id + 2),
+            ] {
+                let msg = pb::GetAsyncCommandResponse { cmd: Some(cmd) };
+                peer.conn.reply(&to, Ok(&msg), true, None).unwrap();
+                commands += 1;
+            }
+        }
+        scanned = peer.calls.len();
+        peer.send();
+    }
+    assert!(commands > shmtrace_ipc::connection::REPLY_QUEUE_DEPTH);
+    // A flush ack acknowledges every flush up to its id.
+    let last = 4 * (FIRST_ID + SOURCES - 1) + 2;
+    assert!(peer.until(|p| p.flushes_acked() == last));
+    assert_eq!(conn.status.connections.load(Ordering::Relaxed), 1);
     assert_eq!(conn.errors(), 0);
     assert!(conn.status.is_connected() && conn.status.last_error().is_none());
 }

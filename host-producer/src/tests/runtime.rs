@@ -1416,7 +1416,7 @@ fn flush_and_stop_do_not_wait_for_stalled_writers() {
 }
 
 /// A data source registered while a connection opens reaches it exactly
-/// once: among the registrations the connection sends first, or queued in
+/// once: among the registrations the connection queues first, or queued in
 /// the outbox after them.
 #[test]
 fn registrations_racing_a_connection_reach_it_exactly_once() {
@@ -1427,7 +1427,7 @@ fn registrations_racing_a_connection_reach_it_exactly_once() {
         rt.outbox().set_closed(true);
         let names: Vec<String> = (0..3).map(|k| format!("race.{round}.{k}")).collect();
         let barrier = Barrier::new(names.len() + 1);
-        let first = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             for name in &names {
                 let barrier = &barrier;
                 s.spawn(move || {
@@ -1436,9 +1436,9 @@ fn registrations_racing_a_connection_reach_it_exactly_once() {
                 });
             }
             barrier.wait();
-            rt.connect()
+            rt.connect();
         });
-        let mut sent: Vec<String> = first.into_iter().map(|d| d.name).collect();
+        let mut sent = Vec::new();
         while let Some(msg) = rt.outbox().try_next() {
             if let Outgoing::RegisterDataSource(d) = msg {
                 sent.push(d.name);
@@ -1448,6 +1448,8 @@ fn registrations_racing_a_connection_reach_it_exactly_once() {
         sent.sort();
         assert_eq!(sent, names, "round {round}");
     }
+    // No connection: nothing is queued from now on.
+    rt.outbox().set_closed(true);
 }
 
 /// An event emitted after its thread's writers were torn down (from
