@@ -41,7 +41,8 @@
 //!   command thread is the only one that waits for replies, and it waits
 //!   only on the command stream it drains;
 //! * a handshake that never completes: a watchdog shuts the socket down
-//!   after [`Limits::handshake`];
+//!   after [`Limits::handshake`] (an attempt whose watchdog thread cannot
+//!   start fails, counted, instead of running without a time limit);
 //! * a service that stops reading: a send that has not completed after
 //!   [`Limits::send_stall`] ends the connection, and the sender thread is
 //!   unblocked by shutting the socket down (so [`Producer::shutdown`]
@@ -410,50 +411,71 @@ fn connect_once(
     (true, result)
 }
 
+/// Watchdog threads the next connection attempts fail to start (tests
+/// only: a thread that cannot be spawned cannot be provoked otherwise).
+#[cfg(test)]
+pub(crate) static FAIL_WATCHDOG_SPAWNS: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(0);
+
 /// Shuts a socket down unless disarmed in time, or at once when the
 /// producer shuts down: every call blocked on a service that does not
 /// answer then fails as disconnected.
 struct Watchdog {
     disarm: mpsc::Sender<()>,
-    thread: Option<JoinHandle<bool>>,
+    thread: JoinHandle<bool>,
 }
 
 impl Watchdog {
-    fn arm(socket: &UnixStream, after: Duration, status: &Arc<Status>) -> Self {
+    /// Arms it for `socket`. A connection attempt whose watchdog cannot
+    /// start fails ([`ConnectError::Thread`]) rather than run a handshake
+    /// with no time limit.
+    fn arm(
+        socket: &UnixStream,
+        after: Duration,
+        status: &Arc<Status>,
+    ) -> Result<Self, ConnectError> {
         let (disarm, disarmed) = mpsc::channel::<()>();
         let status = status.clone();
-        let thread = socket.try_clone().ok().and_then(|socket| {
-            std::thread::Builder::new()
-                .name("shmtrace-producer-watchdog".into())
-                .spawn(move || {
-                    let deadline = Instant::now() + after;
-                    let fired = loop {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() || status.stop.load(Ordering::Acquire) {
-                            break true;
-                        }
-                        match disarmed.recv_timeout(left.min(STOP_POLL)) {
-                            Err(RecvTimeoutError::Timeout) => {}
-                            Ok(()) | Err(RecvTimeoutError::Disconnected) => break false,
-                        }
-                    };
-                    if fired {
-                        let _ = socket.shutdown(Shutdown::Both);
-                    }
-                    fired
-                })
-                .ok()
-        });
-        if thread.is_none() {
-            log::warn!("shmtrace-producer: no watchdog for this connection's handshake");
+        let socket = socket
+            .try_clone()
+            .map_err(|e| ConnectError::Ipc(e.into()))?;
+        #[cfg(test)]
+        if FAIL_WATCHDOG_SPAWNS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(ConnectError::Thread);
         }
-        Watchdog { disarm, thread }
+        let thread = std::thread::Builder::new()
+            .name("shmtrace-producer-watchdog".into())
+            .spawn(move || {
+                let deadline = Instant::now() + after;
+                let fired = loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() || status.stop.load(Ordering::Acquire) {
+                        break true;
+                    }
+                    match disarmed.recv_timeout(left.min(STOP_POLL)) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => break false,
+                    }
+                };
+                if fired {
+                    let _ = socket.shutdown(Shutdown::Both);
+                }
+                fired
+            })
+            .map_err(|e| {
+                log::warn!("shmtrace-producer: cannot start the handshake's watchdog: {e}");
+                ConnectError::Thread
+            })?;
+        Ok(Watchdog { disarm, thread })
     }
 
     /// Disarms it; `true` if it had fired.
     fn disarm(self) -> bool {
         let _ = self.disarm.send(());
-        self.thread.is_some_and(|t| t.join().unwrap_or(false))
+        self.thread.join().unwrap_or(false)
     }
 }
 
@@ -517,7 +539,7 @@ impl Session {
             .try_clone()
             .map_err(|e| ConnectError::Ipc(e.into()))?;
         let client = Client::from_stream(stream).map_err(|e| ConnectError::Ipc(e.into()))?;
-        let watchdog = Watchdog::arm(&socket, limits.handshake, status);
+        let watchdog = Watchdog::arm(&socket, limits.handshake, status)?;
         let handshake = Self::handshake(&client, config);
         if watchdog.disarm() {
             return Err(ConnectError::HandshakeTimeout(limits.handshake));

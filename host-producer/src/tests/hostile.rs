@@ -26,7 +26,7 @@ use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAdd
 use shmtrace_ipc::{ClientError, ProtocolError};
 
 use super::loopback::serial;
-use crate::connection::{run_connections, Limits, Status};
+use crate::connection::{run_connections, Limits, Status, FAIL_WATCHDOG_SPAWNS};
 use crate::error::{ConnectError, SmbSetupError};
 use crate::{trace_event, trace_instant, track_event, Category, ProducerConfig};
 
@@ -573,6 +573,32 @@ fn a_handshake_the_service_never_completes_times_out() {
     );
     drop(next);
     app.finish();
+}
+
+#[test]
+fn a_handshake_whose_watchdog_cannot_start_is_not_attempted() {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FAIL_WATCHDOG_SPAWNS.store(0, Ordering::Release);
+        }
+    }
+    let _s = serial();
+    let _reset = Reset;
+    FAIL_WATCHDOG_SPAWNS.store(1, Ordering::Release);
+    let (service, conn, mut first) = connect();
+    // No time limit for the handshake: closed before it began (nothing
+    // was called), the failure counted.
+    assert!(first.closed_by_producer(), "a handshake without a watchdog");
+    assert!(first.calls.is_empty(), "{:?}", first.calls);
+    assert!(matches!(*conn.ended(1), ConnectError::Thread));
+    assert_eq!(conn.errors(), 1);
+    // The next attempt has its watchdog, and connects.
+    let mut next = service.accept();
+    next.handshake(Default::default());
+    assert!(wait_until(|| conn.status.is_connected()));
+    assert_eq!(conn.status.connections.load(Ordering::Relaxed), 1);
+    assert_eq!(FAIL_WATCHDOG_SPAWNS.load(Ordering::Acquire), 0);
 }
 
 #[test]
