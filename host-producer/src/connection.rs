@@ -43,6 +43,12 @@
 //! * a handshake that never completes: a watchdog shuts the socket down
 //!   after [`Limits::handshake`] (an attempt whose watchdog thread cannot
 //!   start fails, counted, instead of running without a time limit);
+//! * a service that sends commands and does not read our socket: flush
+//!   acks merge into one message, and once the outbox holds
+//!   [`BACKLOG_CAP`](crate::outbox::BACKLOG_CAP) messages the command
+//!   thread takes no more commands until the sender has sent some (the
+//!   IPC client's bounded queue then holds the service back at its sends);
+//!   nothing is dropped;
 //! * a service that stops reading: a send that has not completed after
 //!   [`Limits::send_stall`] ends the connection, and the sender thread is
 //!   unblocked by shutting the socket down (so [`Producer::shutdown`]
@@ -85,7 +91,9 @@ use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
 use crate::data_source::{DataSourceConfig, DescriptorInfo};
 use crate::error::ConnectError;
 use crate::filter::TrackEventConfig;
-use crate::outbox::{ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, MAX_CHUNKS_PER_COMMIT};
+use crate::outbox::{
+    ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT,
+};
 use crate::runtime::runtime;
 use crate::shm::SharedMemory;
 
@@ -629,6 +637,14 @@ impl Session {
                     _ => ClientError::Disconnected,
                 };
                 break Err(ConnectError::Ipc(error));
+            }
+            // A service that sends commands without reading our socket is
+            // held back (see BACKLOG_CAP) until the sender catches up.
+            if !runtime()
+                .outbox()
+                .wait_below(BACKLOG_CAP, Duration::from_millis(200))
+            {
+                continue;
             }
             match self.commands.next(Some(Duration::from_millis(200))) {
                 None => break Err(ConnectError::CommandStreamEnded),

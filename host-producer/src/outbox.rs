@@ -11,6 +11,12 @@
 //!   other message first seals that pending request behind the messages
 //!   already queued, so e.g. a `NotifyDataSourceStopped` never overtakes the
 //!   last chunks of the instance it reports on.
+//! * Flush acks merge: an ack for flush N acknowledges every flush up to N
+//!   (the service completes each pending flush with an id <= N), so an ack
+//!   pushed while the last queued message is an unsent commit, with
+//!   nothing committed since, raises that commit's id instead of queueing
+//!   another message. A flood of flushes costs one queued message.
+//!   Nothing else is merged or dropped.
 //! * Application threads never allocate here: the pending request and
 //!   the spare ones have room for every chunk of the SMB
 //!   ([`Outbox::reserve`]), and a chunk cannot be committed twice before
@@ -36,6 +42,22 @@ const URGENT_FRACTION: usize = 8;
 
 /// Request buffers kept for reuse.
 const SPARE_REQUESTS: usize = 4;
+
+/// Messages the outbox may hold (queued or being sent) before the
+/// connection stops taking the service's commands ([`Outbox::wait_below`]):
+/// most commands add a message (an ack, a notification, a commit), so a
+/// service that sends commands and does not read our socket would otherwise
+/// grow it without bound. The IPC client then stops reading the socket
+/// after its own bounded queue, which holds the service back at its sends.
+/// Far above what a healthy service causes (a burst of Setup/Start/Stop
+/// commands for every data source of a session, flush acks merged into
+/// one), so only a service that stopped reading meets it: the producer
+/// pauses its commands, not its program threads (their commits are bounded
+/// by the SMB and are never held back). A service that then blocks on its
+/// send without ever reading ours gets no further: the stalled sender ends
+/// the connection after the send-stall limit, as for any service that
+/// stopped reading.
+pub(crate) const BACKLOG_CAP: usize = 1024;
 
 /// `CommitDataRequest.ChunksToMove`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,15 +338,27 @@ impl Outbox {
         self.after_commit_push(inner, was_empty);
     }
 
-    /// Acknowledges flush `id` with the pending commit and sends it now.
+    /// Acknowledges flush `id` with the pending commit and sends it now;
+    /// merged into the last queued commit if nothing was committed since
+    /// (see the module docs).
     pub(crate) fn ack_flush(&self, id: u64) {
-        let mut inner = self.lock();
-        if inner.closed {
+        let mut guard = self.lock();
+        if guard.closed {
             return;
         }
-        inner.pending.flush_request_id = inner.pending.flush_request_id.max(id);
-        Self::seal(&mut inner);
-        drop(inner);
+        let inner = &mut *guard;
+        let merged = match inner.queue.back_mut() {
+            Some(Outgoing::Commit(last)) if inner.pending.is_empty() => {
+                last.flush_request_id = last.flush_request_id.max(id);
+                true
+            }
+            _ => false,
+        };
+        if !merged {
+            inner.pending.flush_request_id = inner.pending.flush_request_id.max(id);
+            Self::seal(inner);
+        }
+        drop(guard);
         self.ready.notify_one();
     }
 
@@ -344,6 +378,35 @@ impl Outbox {
     pub(crate) fn has_pending(&self) -> bool {
         let inner = self.lock();
         inner.in_flight > 0 || !inner.queue.is_empty() || !inner.pending.is_empty()
+    }
+
+    /// Messages queued or being sent (the pending commit counts as one).
+    #[cfg(test)]
+    pub(crate) fn backlog(&self) -> usize {
+        Self::backlog_of(&self.lock())
+    }
+
+    fn backlog_of(inner: &Inner) -> usize {
+        inner.queue.len() + inner.in_flight + usize::from(!inner.pending.is_empty())
+    }
+
+    /// Waits up to `timeout` while the backlog is above `cap` (the sender
+    /// reports each message sent); whether it is at or below `cap` now.
+    pub(crate) fn wait_below(&self, cap: usize, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut inner = self.lock();
+        while Self::backlog_of(&inner) > cap {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            inner = self
+                .ready
+                .wait_timeout(inner, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
     }
 
     /// Wakes the sender (e.g. a writer is waiting for chunks to free up).
@@ -587,11 +650,59 @@ mod tests {
         let Some(Outgoing::Commit(c)) = o.try_next() else {
             panic!("no commit")
         };
+        // 5 acknowledges 3 as well.
         assert_eq!((c.chunks_to_move.len(), c.flush_request_id), (1, 5));
-        let Some(Outgoing::Commit(c)) = o.try_next() else {
-            panic!("no ack")
+        assert_eq!(o.try_next(), None);
+    }
+
+    #[test]
+    fn flush_acks_merge_only_into_a_commit_with_nothing_after_it() {
+        let o = Outbox::new();
+        for id in 1..=1000 {
+            o.ack_flush(id);
+        }
+        assert_eq!(o.backlog(), 1, "a flood of flushes queues one ack");
+        // A chunk committed since: the next ack must follow it.
+        o.commit_chunk(chunk(1));
+        o.ack_flush(1001);
+        // A message after the commit: the ack goes after it.
+        o.push(Outgoing::DataSourceStopped { instance_id: 7 });
+        o.ack_flush(1002);
+        o.ack_flush(1003);
+        let acks = |m: Option<Outgoing>| match m {
+            Some(Outgoing::Commit(c)) => (c.chunks_to_move.len(), c.flush_request_id),
+            other => panic!("expected a commit, got {other:?}"),
         };
-        assert_eq!((c.chunks_to_move.len(), c.flush_request_id), (0, 3));
+        assert_eq!(acks(o.try_next()), (0, 1000));
+        assert_eq!(acks(o.try_next()), (1, 1001));
+        assert_eq!(
+            o.try_next(),
+            Some(Outgoing::DataSourceStopped { instance_id: 7 })
+        );
+        assert_eq!(acks(o.try_next()), (0, 1003));
+        assert_eq!(o.try_next(), None);
+        assert_eq!(o.backlog(), 0);
+    }
+
+    #[test]
+    fn waiting_for_room_ends_when_the_sender_drains() {
+        let o = std::sync::Arc::new(Outbox::new());
+        for id in 0..10 {
+            o.push(Outgoing::DataSourceStopped { instance_id: id });
+        }
+        assert_eq!(o.backlog(), 10);
+        assert!(!o.wait_below(4, Duration::from_millis(20)));
+        let sender = {
+            let o = o.clone();
+            std::thread::spawn(move || {
+                while o.next_timeout(Duration::from_millis(5)).is_some() {
+                    o.sent();
+                }
+            })
+        };
+        assert!(o.wait_below(4, Duration::from_secs(30)));
+        assert!(o.backlog() <= 4);
+        sender.join().unwrap();
     }
 
     #[test]

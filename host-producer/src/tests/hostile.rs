@@ -327,6 +327,19 @@ fn connect() -> (FakeService, Connection, Peer) {
     (service, conn, peer)
 }
 
+/// As [`connect`], but the producer's sends may stall for [`PATIENCE`]:
+/// for services that stop reading on purpose for a while.
+fn connect_patient() -> (FakeService, Connection, Peer) {
+    let service = FakeService::new();
+    let limits = Limits {
+        send_stall: PATIENCE,
+        ..LIMITS
+    };
+    let conn = Connection::start_with(&service, limits);
+    let peer = service.accept();
+    (service, conn, peer)
+}
+
 /// The producer's connection thread against a fake service.
 struct Connection {
     status: Arc<Status>,
@@ -1121,17 +1134,9 @@ fn registrations_answered_by_a_burst_of_commands_do_not_stall_the_connection() {
             .unwrap()
         })
         .collect();
-    let service = FakeService::new();
-    // Stalled sends may last as long as they need (what is tested is
-    // the handshake, and that no side stalls for good).
-    let conn = Connection::start_with(
-        &service,
-        Limits {
-            send_stall: PATIENCE,
-            ..LIMITS
-        },
-    );
-    let mut peer = service.accept();
+    // Stalled sends may last as long as they need (what is tested is the
+    // handshake, and that no side stalls for good).
+    let (_service, conn, mut peer) = connect_patient();
     peer.stream.set_write_timeout(Some(PATIENCE)).unwrap();
     peer.handshake(Default::default());
     peer.command(setup_tracing(4), Some(sealed_memfd(64 * 1024)));
@@ -1201,6 +1206,123 @@ fn registrations_answered_by_a_burst_of_commands_do_not_stall_the_connection() {
     let last = 4 * (FIRST_ID + SOURCES - 1) + 2;
     assert!(peer.until(|p| p.flushes_acked() == last));
     assert_eq!(conn.status.connections.load(Ordering::Relaxed), 1);
+    assert_eq!(conn.errors(), 0);
+    assert!(conn.status.is_connected() && conn.status.last_error().is_none());
+}
+
+/// Sends `n` commands made by `cmd` as fast as the socket takes them,
+/// without reading, sampling the producer's backlog after each: where the
+/// service's sends stopped making progress (the producer stopped reading),
+/// if they did, and the largest backlog seen.
+fn flood_without_reading(
+    peer: &mut Peer,
+    n: u64,
+    mut cmd: impl FnMut(u64) -> Cmd,
+) -> (Option<u64>, usize) {
+    // Sends that make no progress this long are blocked (a producer that
+    // reads unblocks them within microseconds).
+    const STALL: Duration = Duration::from_millis(300);
+    let to = peer.commands.clone().unwrap();
+    let outbox = crate::runtime::runtime().outbox();
+    let mut peak = 0;
+    peer.stream.set_nonblocking(true).unwrap();
+    for i in 0..n {
+        let msg = pb::GetAsyncCommandResponse { cmd: Some(cmd(i)) };
+        peer.conn.reply(&to, Ok(&msg), true, None).unwrap();
+        let mut since = Instant::now();
+        while !peer.conn.out().is_empty() {
+            peak = peak.max(outbox.backlog());
+            if send_queued(&peer.stream, peer.conn.out()).unwrap() > 0 {
+                since = Instant::now();
+            } else if since.elapsed() >= STALL {
+                peer.stream.set_nonblocking(false).unwrap();
+                return (Some(i), peak);
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        peak = peak.max(outbox.backlog());
+    }
+    peer.stream.set_nonblocking(false).unwrap();
+    (None, peak)
+}
+
+/// A service that floods commands and does not read our socket costs the
+/// producer bounded memory: thousands of flushes queue one merged ack;
+/// thousands of commands that each need their own answer (a stop, always
+/// answered) fill the outbox up to its cap, then the producer stops taking
+/// commands and the service's sends block. Once the service reads, every
+/// stop is answered, the last flush acknowledged (acknowledging all before
+/// it), and the connection is up.
+#[test]
+fn a_service_flooding_commands_without_reading_costs_bounded_memory() {
+    use crate::outbox::BACKLOG_CAP;
+    const FLUSHES: u64 = 5000;
+    const STOPS: u64 = 3000;
+    let _s = serial();
+    // The service does not read for as long as it floods.
+    let (_service, conn, mut peer) = connect_patient();
+    peer.trace(sealed_memfd(64 * 1024));
+    assert!(peer.flushes(1));
+    let (stalled, peak) = flood_without_reading(&mut peer, FLUSHES, |i| flush(&[], 10 + i));
+    assert_eq!(stalled, None, "the producer stopped reading flushes");
+    assert!(peak <= 4, "{peak} messages queued for {FLUSHES} flushes");
+    assert!(peer.until(|p| p.flushes_acked() == 10 + FLUSHES - 1));
+
+    // Each stop followed by a flush: nothing merges.
+    let base = 100_000;
+    let stop_or_flush = |i: u64| {
+        if i % 2 == 0 {
+            Cmd::StopDataSource(gac::StopDataSource {
+                instance_id: Some(base + i / 2),
+            })
+        } else {
+            flush(&[], base + i)
+        }
+    };
+    let (stalled, peak) = flood_without_reading(&mut peer, 2 * STOPS, stop_or_flush);
+    let stalled = stalled.expect("the producer read the whole flood");
+    assert!(
+        peak <= BACKLOG_CAP + 4,
+        "{peak} messages queued after {stalled} commands"
+    );
+    // The service reads again, and sends the rest (reading all along: a
+    // service blocked on its send while the producer holds its commands
+    // back would not read either).
+    let to = peer.commands.clone().unwrap();
+    peer.stream.set_nonblocking(true).unwrap();
+    let mut next = stalled + 1;
+    let deadline = Instant::now() + PATIENCE;
+    while !(next == 2 * STOPS && peer.flushes_acked() == base + 2 * STOPS - 1) {
+        assert!(
+            Instant::now() < deadline && !peer.closed,
+            "the flood was not worked through: {next} sent, {} acked; {:?}",
+            peer.flushes_acked(),
+            conn.status.last_error()
+        );
+        if peer.conn.out().is_empty() && next < 2 * STOPS {
+            let msg = pb::GetAsyncCommandResponse {
+                cmd: Some(stop_or_flush(next)),
+            };
+            peer.conn.reply(&to, Ok(&msg), true, None).unwrap();
+            next += 1;
+        }
+        peer.pump();
+    }
+    peer.stream.set_nonblocking(false).unwrap();
+    let stopped: std::collections::HashSet<u64> = peer
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Request::NotifyDataSourceStopped(n) => n.data_source_id,
+            _ => None,
+        })
+        .collect();
+    assert!(
+        (0..STOPS).all(|i| stopped.contains(&(base + i))),
+        "a stop went unanswered"
+    );
+    assert!(peer.flushes(base + 2 * STOPS));
     assert_eq!(conn.errors(), 0);
     assert!(conn.status.is_connected() && conn.status.last_error().is_none());
 }
