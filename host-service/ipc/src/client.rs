@@ -14,6 +14,14 @@
 //! registered; replies to unknown request ids are ignored. Unlike upstream,
 //! a `RequestError` or a reply of the wrong kind fails the request instead of
 //! leaving it pending forever.
+//!
+//! A request leaves the table with its final reply, or when its caller gives
+//! up on it ([`ClientCore::cancel`]: the protocol has no cancel message, so
+//! the host may go on answering it). Replies to ids that are not in the
+//! table are ignored, as upstream does, but reported for counting: as
+//! [`Incoming::Stale`] if this client issued the id (the request finished or
+//! was cancelled), as [`Incoming::Unsolicited`] if it never did. Ids are
+//! never reused, so telling the two apart needs no memory of past requests.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -132,6 +140,20 @@ pub enum Incoming<T> {
         /// The reply.
         reply: Reply,
     },
+    /// A frame for a request this client issued that is no longer
+    /// outstanding: it had its final reply, or was cancelled. Ignored (its
+    /// descriptor, if any, is closed).
+    Stale {
+        /// The request id.
+        request_id: u64,
+    },
+    /// A frame for a request id this client never issued (0, or past the
+    /// last id). Ignored like upstream does (its descriptor, if any, is
+    /// closed).
+    Unsolicited {
+        /// The request id.
+        request_id: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -216,15 +238,20 @@ impl<T: Clone> ClientCore<T> {
         ))
     }
 
-    /// Matches a received frame to its request. `None` for frames that
-    /// answer nothing outstanding (logged and dropped).
-    pub fn handle_frame(&mut self, received: ReceivedFrame) -> Option<Incoming<T>> {
+    /// Matches a received frame to its request. Frames that answer nothing
+    /// outstanding are [`Incoming::Stale`] or [`Incoming::Unsolicited`].
+    pub fn handle_frame(&mut self, received: ReceivedFrame) -> Incoming<T> {
         let request_id = received.frame.request_id.unwrap_or(0);
         let Some(pending) = self.pending.remove(&request_id) else {
-            log::debug!("dropping a frame for unknown request id {request_id}");
-            return None;
+            return if request_id == 0 || request_id > self.last_request_id {
+                log::debug!("dropping a frame for request id {request_id}, never issued");
+                Incoming::Unsolicited { request_id }
+            } else {
+                log::debug!("dropping a frame for request id {request_id}, no longer outstanding");
+                Incoming::Stale { request_id }
+            };
         };
-        Some(match (pending, received.frame.msg) {
+        match (pending, received.frame.msg) {
             (Pending::Bind { service, token }, Some(Msg::MsgBindServiceReply(reply))) => {
                 let result = if reply.success.unwrap_or(false) {
                     Ok(ServiceBinding {
@@ -297,11 +324,12 @@ impl<T: Clone> ClientCore<T> {
                     },
                 }
             }
-        })
+        }
     }
 
-    /// Forgets request `request_id` (its frame could not be sent). Returns
-    /// its token, if it was outstanding.
+    /// Forgets request `request_id`: its frame could not be sent, or its
+    /// caller gave up on it. Later replies to it are [`Incoming::Stale`].
+    /// Returns its token, if it was outstanding.
     pub fn cancel(&mut self, request_id: u64) -> Option<T> {
         self.pending.remove(&request_id).map(|p| match p {
             Pending::Bind { token, .. } | Pending::Invoke { token, .. } => token,
@@ -337,9 +365,19 @@ mod tests {
             id,
             Some((7, ProducerPort::METHODS)),
         ))) {
-            Some(Incoming::Bound { result: Ok(b), .. }) => b,
+            Incoming::Bound { result: Ok(b), .. } => b,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A core with a bound service and a stream started with `token`.
+    fn streaming(token: u32) -> (ClientCore<u32>, ServiceBinding, u64) {
+        let mut core = ClientCore::new();
+        let b = bound(&mut core);
+        let (id, _) = core
+            .invoke(&b, "GetAsyncCommand", Bytes::new(), Some(token))
+            .unwrap();
+        (core, b, id)
     }
 
     #[test]
@@ -374,17 +412,13 @@ mod tests {
 
     #[test]
     fn streams_stay_registered_until_the_last_reply() {
-        let mut core = ClientCore::new();
-        let b = bound(&mut core);
-        let (id, _) = core
-            .invoke(&b, "GetAsyncCommand", Bytes::new(), Some(9))
-            .unwrap();
+        let (mut core, _, id) = streaming(9);
         for has_more in [true, true, false] {
             let frame = invoke_method_reply_frame(id, Ok(Bytes::from_static(b"x")), has_more);
             match core.handle_frame(received(frame)) {
-                Some(Incoming::Reply {
+                Incoming::Reply {
                     token: 9, reply, ..
-                }) => {
+                } => {
                     assert_eq!(reply.result.unwrap(), Bytes::from_static(b"x"));
                     assert_eq!(reply.has_more, has_more);
                 }
@@ -394,7 +428,10 @@ mod tests {
         assert_eq!(core.pending(), 0);
         let late = invoke_method_reply_frame(id, Ok(Bytes::new()), false);
         assert!(
-            core.handle_frame(received(late)).is_none(),
+            matches!(
+                core.handle_frame(received(late)),
+                Incoming::Stale { request_id } if request_id == id
+            ),
             "replies to finished requests are dropped"
         );
     }
@@ -405,15 +442,15 @@ mod tests {
         core.bind("Nope", 1);
         assert!(matches!(
             core.handle_frame(received(bind_service_reply_frame(1, None))),
-            Some(Incoming::Bound {
+            Incoming::Bound {
                 result: Err(BindError::UnknownService(_)),
                 ..
-            })
+            }
         ));
         let b = bound(&mut core);
         let (id, _) = core.invoke(&b, "Sync", Bytes::new(), Some(2)).unwrap();
         match core.handle_frame(received(invoke_method_reply_frame(id, Err(()), false))) {
-            Some(Incoming::Reply { reply, .. }) => {
+            Incoming::Reply { reply, .. } => {
                 assert_eq!(
                     reply.result,
                     Err(RpcError::Rejected("ProducerPort.Sync".into()))
@@ -423,12 +460,44 @@ mod tests {
         }
         let (id, _) = core.invoke(&b, "Sync", Bytes::new(), Some(3)).unwrap();
         match core.handle_frame(received(request_error_frame(id, "boom"))) {
-            Some(Incoming::Reply { reply, .. }) => {
+            Incoming::Reply { reply, .. } => {
                 assert!(matches!(reply.result, Err(RpcError::RequestError { .. })))
             }
             other => panic!("{other:?}"),
         }
         let (_, _) = core.invoke(&b, "Sync", Bytes::new(), Some(4)).unwrap();
         assert_eq!(core.disconnect(), [4]);
+    }
+
+    #[test]
+    fn cancelled_requests_are_stale_and_ids_never_issued_unsolicited() {
+        let (mut core, b, id) = streaming(9);
+        assert_eq!(core.cancel(id), Some(9));
+        assert_eq!(core.pending(), 0);
+        for has_more in [true, false, true] {
+            let frame = invoke_method_reply_frame(id, Ok(Bytes::new()), has_more);
+            let incoming = core.handle_frame(received(frame));
+            assert!(
+                matches!(incoming, Incoming::Stale { request_id } if request_id == id),
+                "a cancelled request stays cancelled: {incoming:?}"
+            );
+        }
+        assert_eq!(core.pending(), 0);
+        for never in [0, id + 1, u64::MAX] {
+            let frame = invoke_method_reply_frame(never, Ok(Bytes::new()), false);
+            let incoming = core.handle_frame(received(frame));
+            assert!(
+                matches!(incoming, Incoming::Unsolicited { request_id } if request_id == never),
+                "id {never}: {incoming:?}"
+            );
+        }
+        // Unaffected: the next request gets the next id, and its reply.
+        let (next, _) = core.invoke(&b, "Sync", Bytes::new(), Some(3)).unwrap();
+        assert_eq!(next, id + 1);
+        let frame = invoke_method_reply_frame(next, Ok(Bytes::new()), false);
+        assert!(matches!(
+            core.handle_frame(received(frame)),
+            Incoming::Reply { token: 3, .. }
+        ));
     }
 }

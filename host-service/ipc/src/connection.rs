@@ -36,6 +36,17 @@
 //! whose only waiting caller reads the flooded call (the producer's
 //! command stream) holds at most [`REPLY_QUEUE_DEPTH`] of its replies.
 //!
+//! # Dropped calls
+//!
+//! Dropping a call ([`PendingCall`], [`RawCall`]) before its final reply
+//! cancels it: its request leaves the request table and its queue goes, with
+//! the replies and descriptors it held. The protocol cannot tell the service,
+//! so replies to it may go on arriving; the reader reads and drops them like
+//! any reply to a request no longer outstanding, never waiting for room for
+//! them, so an abandoned call, even a stream the service keeps feeding, holds
+//! up no other call. [`Client::discarded_replies`] counts every reply so
+//! dropped.
+//!
 //! Ends: a close by the service is [`ClientError::Disconnected`]; a frame
 //! that does not decode, a close in the middle of a frame or a truncated
 //! message is [`ClientError::Protocol`], with the reason, for every call
@@ -47,6 +58,7 @@ use std::marker::PhantomData;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -224,6 +236,8 @@ struct Shared {
     inbox: Mutex<Inbox>,
     /// Signalled on every change of `inbox`.
     inbox_changed: Condvar,
+    /// Replies received that no caller took (see [`Client::discarded_replies`]).
+    discarded: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,20 +252,18 @@ impl Shared {
     fn submit(
         &self,
         fd: Option<OwnedFd>,
-        build: impl FnOnce(&mut ClientCore<Token>) -> Result<(Option<u64>, IpcFrame), ClientError>,
+        build: impl FnOnce(&mut ClientCore<Token>) -> Result<IpcFrame, ClientError>,
     ) -> Result<(), ClientError> {
         let mut out = lock(&self.send);
-        let (request_id, frame) = {
+        let frame = {
             let mut state = lock(&self.state);
             if !state.connected {
                 return Err(self.close_error());
             }
             build(&mut state.core)?
         };
-        if let Err(e) = out.push_frame(&frame, fd) {
-            self.forget(request_id);
-            return Err(e.into());
-        }
+        // On an error the caller drops its call, which cancels the request.
+        out.push_frame(&frame, fd)?;
         while !out.is_empty() {
             if let Err(e) = socket::send_queued(&self.socket, &mut out) {
                 log::warn!("send failed: {e}; closing the connection");
@@ -261,13 +273,6 @@ impl Shared {
             }
         }
         Ok(())
-    }
-
-    fn forget(&self, request_id: Option<u64>) {
-        if let Some(id) = request_id {
-            // The caller gets the error directly; nothing will answer this id.
-            lock(&self.state).core.cancel(id);
-        }
     }
 
     /// Why the connection closed.
@@ -300,13 +305,18 @@ impl Shared {
                 };
                 let incoming = lock(&self.state).core.handle_frame(received);
                 let delivered = match incoming {
-                    Some(Incoming::Bound { token, result }) => {
+                    Incoming::Bound { token, result } => {
                         self.deliver(token, Delivery::Bound(result))
                     }
-                    Some(Incoming::Reply { token, reply, .. }) => {
+                    Incoming::Reply { token, reply, .. } => {
                         self.deliver(token, Delivery::Reply(reply))
                     }
-                    None => true,
+                    // A cancelled or finished request's, or an id never
+                    // issued (ignored, as upstream does).
+                    Incoming::Stale { .. } | Incoming::Unsolicited { .. } => {
+                        self.count_discarded(1);
+                        true
+                    }
                 };
                 if !delivered {
                     break 'read CloseReason::Closed;
@@ -339,9 +349,11 @@ impl Shared {
             // A caller that dropped its call is gone: its replies (and
             // their descriptors) are dropped.
             let Some(queue) = inbox.queues.get_mut(&token) else {
+                self.count_discarded(1);
                 return true;
             };
             if queue.overrun {
+                self.count_discarded(1);
                 return true;
             }
             // Callers waiting on this queue are about to take from it.
@@ -357,6 +369,7 @@ impl Shared {
                     "{REPLY_QUEUE_LIMIT} replies of one call left unread; dropping the rest"
                 );
                 queue.overrun = true;
+                self.count_discarded(1);
                 break;
             }
             inbox.reader_blocked = true;
@@ -449,9 +462,14 @@ impl Shared {
             }
             dropped
         };
-        if dropped.is_some() {
+        if let Some(queue) = dropped {
+            self.count_discarded(queue.deliveries.len());
             self.inbox_changed.notify_all();
         }
+    }
+
+    fn count_discarded(&self, replies: usize) {
+        self.discarded.fetch_add(replies as u64, Ordering::Relaxed);
     }
 }
 
@@ -487,6 +505,7 @@ impl Client {
             send: Mutex::new(OutQueue::new()),
             inbox: Mutex::new(Inbox::default()),
             inbox_changed: Condvar::new(),
+            discarded: AtomicU64::new(0),
         });
         let reader_shared = Arc::clone(&shared);
         let reader = std::thread::Builder::new()
@@ -510,10 +529,12 @@ impl Client {
 
     /// Binds a service by name (blocking until the service answers).
     pub fn bind_by_name(&self, name: &str) -> Result<ServiceBinding, ClientError> {
-        let call = Call::open(&self.shared);
+        let mut call = Call::open(&self.shared);
+        let token = call.token;
         self.shared.submit(None, |core| {
-            let frame = core.bind(name, call.token);
-            Ok((frame.request_id, frame))
+            let frame = core.bind(name, token);
+            call.request_id = frame.request_id.unwrap_or(0);
+            Ok(frame)
         })?;
         match self.shared.receive(call.token, None)? {
             Delivery::Bound(result) => Ok(result?),
@@ -525,6 +546,21 @@ impl Client {
     /// [`REPLY_QUEUE_DEPTH`] per call while no caller waits on another).
     pub fn queued_replies(&self) -> usize {
         lock(&self.shared.inbox).queued
+    }
+
+    /// Requests awaiting a reply: binds and calls sent and neither answered
+    /// finally nor dropped by their callers.
+    pub fn pending_requests(&self) -> usize {
+        lock(&self.shared.state).core.pending()
+    }
+
+    /// Replies received that no caller took, each dropped with its
+    /// descriptor: those of calls dropped before their final reply (queued
+    /// then, or arriving later), those past a call's
+    /// [`ClientError::Overrun`], and any to a request already answered
+    /// finally or never issued.
+    pub fn discarded_replies(&self) -> u64 {
+        self.shared.discarded.load(Ordering::Relaxed)
     }
 
     /// Invokes `method` of `binding` with serialized `args` (and `fd`).
@@ -549,24 +585,27 @@ fn invoke(
     fd: Option<OwnedFd>,
     want_reply: bool,
 ) -> Result<Option<RawCall>, ClientError> {
-    let call = want_reply.then(|| Call::open(shared));
-    let mut request_id = 0;
+    let mut call = want_reply.then(|| Call::open(shared));
+    let token = call.as_ref().map(|c| c.token);
     shared.submit(fd, |core| {
-        let (id, frame) = core.invoke(binding, method, args, call.as_ref().map(|c| c.token))?;
-        request_id = id;
-        Ok((want_reply.then_some(id), frame))
+        let (id, frame) = core.invoke(binding, method, args, token)?;
+        if let Some(call) = &mut call {
+            call.request_id = id;
+        }
+        Ok(frame)
     })?;
     Ok(call.map(|call| RawCall {
-        request_id,
         call,
         finished: false,
     }))
 }
 
-/// A caller's inbox queue, discarded with it.
+/// A caller's request and inbox queue, cancelled and discarded with it.
 struct Call {
     shared: Arc<Shared>,
     token: Token,
+    /// The request, once registered (ids start at 1; 0 is none).
+    request_id: u64,
 }
 
 impl Call {
@@ -574,12 +613,17 @@ impl Call {
         Call {
             shared: Arc::clone(shared),
             token: lock(&shared.inbox).open(),
+            request_id: 0,
         }
     }
 }
 
 impl Drop for Call {
+    /// Cancels the request (a no-op once it had its final reply): its later
+    /// replies are stale, read and discarded, and its entry does not
+    /// outlive the caller.
     fn drop(&mut self) {
+        lock(&self.shared.state).core.cancel(self.request_id);
         self.shared.discard(self.token);
     }
 }
@@ -672,8 +716,10 @@ pub struct Response<T> {
 }
 
 /// The replies of an untyped call, in order.
+///
+/// Dropping it before its final reply cancels the call (see the module's
+/// Dropped calls).
 pub struct RawCall {
-    request_id: u64,
     call: Call,
     finished: bool,
 }
@@ -681,7 +727,7 @@ pub struct RawCall {
 impl std::fmt::Debug for RawCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawCall")
-            .field("request_id", &self.request_id)
+            .field("request_id", &self.call.request_id)
             .field("finished", &self.finished)
             .finish()
     }
@@ -690,7 +736,7 @@ impl std::fmt::Debug for RawCall {
 impl RawCall {
     /// The request id of the call.
     pub fn request_id(&self) -> u64 {
-        self.request_id
+        self.call.request_id
     }
 
     /// The next reply, waiting at most `timeout` (forever with `None`).
@@ -728,6 +774,9 @@ impl std::fmt::Debug for Delivery {
 }
 
 /// The replies of a typed call of `M`, in order.
+///
+/// Dropping it before its final reply cancels the call (see the module's
+/// Dropped calls).
 #[derive(Debug)]
 pub struct PendingCall<M> {
     raw: RawCall,
@@ -737,7 +786,7 @@ pub struct PendingCall<M> {
 impl<M: Method> PendingCall<M> {
     /// The request id of the call.
     pub fn request_id(&self) -> u64 {
-        self.raw.request_id
+        self.raw.request_id()
     }
 
     /// The next reply, waiting at most `timeout` (forever with `None`).

@@ -84,10 +84,10 @@ pub fn ipc_frame(data: &[u8]) {
                 match client_decoder.next_frame() {
                     Ok(Some(received)) => {
                         check_round_trip(&received.frame);
-                        if let Some(Incoming::Bound {
+                        if let Incoming::Bound {
                             result: Ok(binding),
                             ..
-                        }) = client.handle_frame(received)
+                        } = client.handle_frame(received)
                         {
                             let _ =
                                 client.invoke(&binding, "GetAsyncCommand", Bytes::new(), Some(1));

@@ -2,8 +2,11 @@
 //! call that its caller reads slowly stops the client's reader (so the
 //! service's sends block) instead of growing the client's memory and
 //! descriptors; a caller waiting on another call is never stuck behind the
-//! full queue; and a call left unread while others are served is cut off
-//! at [`REPLY_QUEUE_LIMIT`], not the connection.
+//! full queue; a call left unread while others are served is cut off at
+//! [`REPLY_QUEUE_LIMIT`], not the connection; and a call dropped by its
+//! caller is cancelled: the replies the service goes on sending it are read
+//! and discarded (counted, with their descriptors closed), holding up no
+//! other call however many they are.
 
 mod ipc_common;
 
@@ -21,7 +24,7 @@ use shmtrace_ipc::protos::{
     SyncResponse,
 };
 use shmtrace_ipc::socket::{self, Received};
-use shmtrace_ipc::{Client, ClientError, PendingCall};
+use shmtrace_ipc::{Binding, Client, ClientError, PendingCall};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 
@@ -78,11 +81,28 @@ impl Host {
         replies
     }
 
+    /// Queues commands `range` on `stream`, none of them final.
+    fn commands(&mut self, stream: &PendingReply, range: std::ops::Range<usize>) {
+        for i in range {
+            self.conn
+                .reply(stream, Ok(&command(i)), true, None)
+                .unwrap();
+        }
+    }
+
     /// Sends everything queued (blocking).
     fn flush(&mut self) {
         while !self.conn.out().is_empty() {
             socket::send_queued(&self.stream, self.conn.out()).unwrap();
         }
+    }
+
+    /// Answers one more call (a Sync), then waits until the client hangs up.
+    fn answer_one_then_close(mut self) {
+        let call = self.calls(1).remove(0);
+        self.conn.resolve(call, &SyncResponse {}).unwrap();
+        self.flush();
+        self.until_closed();
     }
 
     /// Waits until the client hangs up.
@@ -169,6 +189,26 @@ fn a_call_read_slowly_stops_the_reader_not_the_memory() {
     host.join().unwrap();
 }
 
+type Stream = PendingCall<producer_port::GetAsyncCommand>;
+
+/// Binds and starts a command stream, then a Sync.
+fn stream_and_sync(
+    client: &Client,
+) -> (
+    Binding<ProducerPort>,
+    Stream,
+    PendingCall<producer_port::Sync>,
+) {
+    let port = client.bind::<ProducerPort>().unwrap();
+    let stream = port
+        .start::<producer_port::GetAsyncCommand>(&Default::default(), None)
+        .unwrap();
+    let sync = port
+        .start::<producer_port::Sync>(&Default::default(), None)
+        .unwrap();
+    (port, stream, sync)
+}
+
 /// Starts a stream and a Sync; the service answers the Sync only after
 /// `flood` replies to the stream (then two more, the last final). Returns
 /// the Sync's result as `wait` awaited it, and the stream's replies.
@@ -178,11 +218,7 @@ fn a_reply_behind_a_flood(
 ) -> (Result<(), ClientError>, Vec<Result<usize, ClientError>>) {
     let (client, host) = connect(move |mut host| {
         let calls = host.calls(2);
-        for i in 0..flood {
-            host.conn
-                .reply(&calls[0], Ok(&command(i)), true, None)
-                .unwrap();
-        }
+        host.commands(&calls[0], 0..flood);
         host.conn
             .resolve(calls[1].clone(), &SyncResponse {})
             .unwrap();
@@ -194,13 +230,7 @@ fn a_reply_behind_a_flood(
         host.flush();
         host.until_closed();
     });
-    let port = client.bind::<ProducerPort>().unwrap();
-    let mut stream = port
-        .start::<producer_port::GetAsyncCommand>(&Default::default(), None)
-        .unwrap();
-    let mut sync = port
-        .start::<producer_port::Sync>(&Default::default(), None)
-        .unwrap();
+    let (port, mut stream, mut sync) = stream_and_sync(&client);
     let synced = wait(&mut sync);
     let mut replies = Vec::new();
     while let Some(reply) = stream.next(TIMEOUT) {
@@ -268,4 +298,141 @@ fn a_call_left_unread_is_cut_off_at_the_limit_not_the_connection() {
         "{:?}",
         replies[REPLY_QUEUE_LIMIT]
     );
+}
+
+/// Descriptors open in this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Starts a stream and a Sync; the service sends `before` replies to the
+/// stream, of which the caller reads `read`, then the caller drops the
+/// stream. The service then sends `flood` more replies to it (the last
+/// final), each with a descriptor, and only then answers the Sync; then it
+/// serves one more Sync. No caller waits while the flood is sent, so a
+/// reader that held back for the dropped call would stall the service for
+/// good.
+fn a_flood_for_a_dropped_call(before: usize, read: usize, flood: usize) {
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    let (flooded_tx, flooded_rx) = mpsc::channel();
+    // Replies of the flood sent so far (for the failure message).
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent_by_host = Arc::clone(&sent);
+    let (client, host) = connect(move |mut host| {
+        let calls = host.calls(2);
+        host.commands(&calls[0], 0..before);
+        host.flush();
+        dropped_rx.recv().unwrap();
+        for i in before..before + flood {
+            let fd = memfd(&i.to_le_bytes());
+            let last = i + 1 == before + flood;
+            host.conn
+                .reply(&calls[0], Ok(&command(i)), !last, Some(fd))
+                .unwrap();
+            host.flush();
+            sent_by_host.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        flooded_tx.send(()).unwrap();
+        host.conn
+            .resolve(calls[1].clone(), &SyncResponse {})
+            .unwrap();
+        host.flush();
+        host.answer_one_then_close();
+    });
+    let (port, mut stream, mut sync) = stream_and_sync(&client);
+    for i in 0..read {
+        let reply = stream.next(TIMEOUT).unwrap().unwrap();
+        assert_eq!((index(&reply.message), reply.has_more), (i, true));
+    }
+    let unread = before - read;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.queued_replies() < unread && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(client.queued_replies(), unread);
+    assert_eq!(client.pending_requests(), 2, "the stream and the Sync");
+    drop(stream);
+    assert_eq!(
+        client.pending_requests(),
+        1,
+        "the dropped stream is no longer pending"
+    );
+    assert_eq!(client.queued_replies(), 0);
+    assert_eq!(client.discarded_replies(), unread as u64);
+    let fds = open_fds();
+    dropped_tx.send(()).unwrap();
+    // Nobody waits on a call: only a reader that reads on lets the flood
+    // through.
+    assert!(
+        flooded_rx.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "the service's sends stalled after {} of the {flood} replies to the dropped call",
+        sent.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    sync.next(TIMEOUT)
+        .unwrap()
+        .expect("the Sync reply, behind the flood");
+    assert_eq!(client.discarded_replies(), (unread + flood) as u64);
+    assert_eq!(client.pending_requests(), 0);
+    assert!(
+        open_fds() < fds + flood / 4,
+        "the dropped call's descriptors are closed ({fds} open before the flood, {} after)",
+        open_fds()
+    );
+    port.call::<producer_port::Sync>(&Default::default())
+        .expect("the connection is up");
+    drop((sync, port, client));
+    host.join().unwrap();
+}
+
+#[test]
+fn replies_to_a_dropped_call_hold_up_no_other_call() {
+    a_flood_for_a_dropped_call(0, 0, 2 * REPLY_QUEUE_LIMIT);
+}
+
+#[test]
+fn replies_to_a_stream_dropped_mid_stream_hold_up_no_other_call() {
+    a_flood_for_a_dropped_call(10, 3, 2 * REPLY_QUEUE_LIMIT);
+}
+
+#[test]
+fn a_call_timed_out_then_dropped_is_cancelled() {
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    let (client, host) = connect(move |mut host| {
+        let first = host.calls(1).remove(0);
+        dropped_rx.recv().unwrap();
+        // Late: its caller gave up. Then a reply to an id never issued.
+        host.conn.resolve(first, &SyncResponse {}).unwrap();
+        host.conn
+            .resolve(PendingReply::new(1_000_000, false), &SyncResponse {})
+            .unwrap();
+        host.flush();
+        host.answer_one_then_close();
+    });
+    let port = client.bind::<ProducerPort>().unwrap();
+    assert_eq!(client.pending_requests(), 0, "the bind was answered");
+    let mut call = port
+        .start::<producer_port::Sync>(&Default::default(), None)
+        .unwrap();
+    assert!(matches!(
+        call.next(Some(Duration::from_millis(20))),
+        Some(Err(ClientError::Timeout))
+    ));
+    assert_eq!(client.pending_requests(), 1);
+    drop(call);
+    assert_eq!(
+        client.pending_requests(),
+        0,
+        "the dropped call is cancelled"
+    );
+    dropped_tx.send(()).unwrap();
+    port.call::<producer_port::Sync>(&Default::default())
+        .expect("the next call gets its own reply");
+    assert_eq!(
+        client.discarded_replies(),
+        2,
+        "the late reply and the one to an id never issued"
+    );
+    assert_eq!(client.pending_requests(), 0);
+    drop((port, client));
+    host.join().unwrap();
 }
