@@ -1222,29 +1222,37 @@ fn registrations_answered_by_a_burst_of_commands_do_not_stall_the_connection() {
 
 /// Sends `n` commands made by `cmd` as fast as the socket takes them,
 /// without reading, sampling the producer's backlog after each: where the
-/// service's sends stopped making progress (the producer stopped reading),
-/// if they did, and the largest backlog seen.
+/// producer held the service back (its sends make no progress while its
+/// outbox is over the cap), if it did, and the largest backlog seen. A
+/// producer merely slow to read (descheduled) is waited for.
 fn flood_without_reading(
     peer: &mut Peer,
     n: u64,
     mut cmd: impl FnMut(u64) -> Cmd,
 ) -> (Option<u64>, usize) {
+    use crate::outbox::BACKLOG_CAP;
     // Sends that make no progress this long are blocked (a producer that
     // reads unblocks them within microseconds).
     const STALL: Duration = Duration::from_millis(300);
     let to = peer.commands.clone().unwrap();
     let outbox = crate::runtime::runtime().outbox();
     let mut peak = 0;
+    let deadline = Instant::now() + PATIENCE;
     peer.stream.set_nonblocking(true).unwrap();
     for i in 0..n {
         let msg = pb::GetAsyncCommandResponse { cmd: Some(cmd(i)) };
         peer.conn.reply(&to, Ok(&msg), true, None).unwrap();
         let mut since = Instant::now();
         while !peer.conn.out().is_empty() {
-            peak = peak.max(outbox.backlog());
+            assert!(
+                Instant::now() < deadline,
+                "the producer neither read nor held back"
+            );
+            let backlog = outbox.backlog();
+            peak = peak.max(backlog);
             if send_queued(&peer.stream, peer.conn.out()).unwrap() > 0 {
                 since = Instant::now();
-            } else if since.elapsed() >= STALL {
+            } else if since.elapsed() >= STALL && backlog > BACKLOG_CAP {
                 peer.stream.set_nonblocking(false).unwrap();
                 return (Some(i), peak);
             } else {
