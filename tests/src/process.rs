@@ -163,6 +163,16 @@ impl ChildProcess {
         }
     }
 
+    /// Kills the process with SIGKILL, as a crash or the OOM killer would
+    /// (no handler runs, nothing is flushed), and reaps it: its exit
+    /// status, which says whether it had already exited by itself.
+    pub fn kill(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        if let Err(e) = self.child.kill() {
+            return Err(self.driver_error(format!("cannot send SIGKILL: {e}")));
+        }
+        self.wait(timeout)
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -11,7 +11,8 @@
 //! 3. for each phase, wait until every producer reports what it emitted;
 //!    between phases optionally flush and read mid-session, or sample the
 //!    size of the write_into_file output; then let the producers go on;
-//! 4. stop the session (consumer command, or the config's duration), wait
+//! 4. stop the session (consumer command, or the config's duration; or
+//!    first kill the producers, see [`Stop::AfterKillingProducers`]), wait
 //!    for the trace and for every process to exit cleanly;
 //! 5. check the trace against what the producers reported.
 //!
@@ -54,9 +55,10 @@
 //! (see [`shmtrace_binary`]), so the CLI's checker is held against the real
 //! Perfetto's traces as well as ours.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -291,30 +293,52 @@ pub struct InspectVerdict {
 /// Runs `shmtrace inspect --check --json` on `traces` (successive reads of
 /// one session, in order).
 pub fn inspect(traces: &[PathBuf]) -> Result<InspectVerdict> {
-    let bin = shmtrace_binary()?;
-    let output = Command::new(&bin)
-        .args(["inspect", "--check", "--json"])
-        .args(traces)
-        .output()
-        .map_err(|source| HarnessError::Spawn {
-            name: "shmtrace inspect".into(),
-            program: bin.clone(),
-            source,
-        })?;
-    let driver_error = |message: String| HarnessError::Driver {
-        name: "shmtrace inspect".into(),
-        message,
-        stderr_tail: String::from_utf8_lossy(&output.stderr).into_owned(),
-    };
-    let analysis: Value = serde_json::from_slice(&output.stdout)
-        .map_err(|e| driver_error(format!("printed no analysis: {e}")))?;
-    match output.status.code() {
+    let mut args: Vec<OsString> = ["inspect", "--check", "--json"].map(OsString::from).into();
+    args.extend(traces.iter().map(OsString::from));
+    let run = CliRun::new("shmtrace inspect", args)?;
+    let analysis: Value = serde_json::from_slice(&run.output.stdout)
+        .map_err(|e| run.error(format!("printed no analysis: {e}")))?;
+    match run.output.status.code() {
         Some(0) => Ok(InspectVerdict { ok: true, analysis }),
         Some(1) => Ok(InspectVerdict {
             ok: false,
             analysis,
         }),
-        _ => Err(driver_error(format!("failed: {}", output.status))),
+        _ => Err(run.error(format!("failed: {}", run.output.status))),
+    }
+}
+
+/// One finished run of the `shmtrace` CLI.
+struct CliRun {
+    /// Which command it was ("shmtrace inspect"), for errors.
+    name: &'static str,
+    /// What it printed and how it exited.
+    output: Output,
+}
+
+impl CliRun {
+    /// Runs `shmtrace` (see [`shmtrace_binary`]) with `args` to its end;
+    /// `name` says which command it is.
+    fn new(name: &'static str, args: Vec<OsString>) -> Result<Self> {
+        let program = shmtrace_binary()?;
+        let output = Command::new(&program)
+            .args(args)
+            .output()
+            .map_err(|source| HarnessError::Spawn {
+                name: name.into(),
+                program,
+                source,
+            })?;
+        Ok(CliRun { name, output })
+    }
+
+    /// An error about this run, quoting its stderr.
+    fn error(&self, message: String) -> HarnessError {
+        HarnessError::Driver {
+            name: self.name.into(),
+            message,
+            stderr_tail: String::from_utf8_lossy(&self.output.stderr).into_owned(),
+        }
     }
 }
 
@@ -382,6 +406,20 @@ pub enum Stop {
         /// The duration.
         duration_ms: u32,
     },
+    /// The producers crash mid-session: after their last phase they are
+    /// killed with SIGKILL while their threads idle (alive, holding the
+    /// chunks they wrote into, none flushed: the drivers are started with
+    /// one phase more than the scenario plays, and wait for the line that
+    /// would start it). Before the kill the consumer reads the session
+    /// (no flush) until a track event of every thread is in it, so that the
+    /// service knows every writer, as it must to scrape the writer's
+    /// chunks: each thread must fill a chunk, and the consumer must read
+    /// mid-session. Once the service has seen them go (`shmtrace query`
+    /// lists none of them), the consumer flushes and disables as in
+    /// [`Stop::ByConsumer`]. What they wrote is in the trace only as far as
+    /// the service got it: committed, or scraped from their shared memory
+    /// (facts §1.7).
+    AfterKillingProducers,
 }
 
 /// What happens between two producer phases.
@@ -469,7 +507,7 @@ impl Scenario {
     fn deadline(&self) -> Duration {
         let phases = self.producers.first().map_or(1, |p| p.phases);
         let duration = match self.stop {
-            Stop::ByConsumer => Duration::ZERO,
+            Stop::ByConsumer | Stop::AfterKillingProducers => Duration::ZERO,
             Stop::ByDuration { duration_ms } => Duration::from_millis(duration_ms.into()),
         };
         // Every producer's start, then per phase its emission and a flush
@@ -893,6 +931,94 @@ pub fn start_consumer(
     ChildProcess::spawn(&name, command, log_dir)
 }
 
+/// Before the kill of [`Stop::AfterKillingProducers`]: reads the session
+/// (no flush) until every thread of every producer (`threads`: pid and
+/// emitting threads) has a track event in the service's buffer. Then the
+/// service knows every writer: a producer registers a writer
+/// (`RegisterTraceWriter`) before it commits the writer's first chunk, and
+/// the service scrapes only the chunks of writers it knows, so a producer
+/// killed before that registration went out loses the writer's chunks,
+/// scraped or not (both SDKs send it from another thread than the one
+/// that writes). Each thread must fill a chunk. Returns the reads: they
+/// hold the start of the trace.
+fn read_until_every_writer_committed(
+    dir: &WorkDir,
+    consumer: &mut ChildProcess,
+    threads: &[(u32, u32)],
+) -> Result<Vec<PathBuf>> {
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut reads = Vec::new();
+    let mut seen: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    loop {
+        let path = dir.path(&format!("settle-{}.pftrace", reads.len() + 1));
+        consumer.send_line(&format!("read {}", path.display()))?;
+        consumer.expect_event("read", STOP_TIMEOUT)?;
+        for (pid, sequences) in crate::trace_file::track_event_sequences(&path)? {
+            seen.entry(pid).or_default().extend(sequences);
+        }
+        reads.push(path);
+        let waiting: Vec<_> = threads
+            .iter()
+            .filter(|(pid, threads)| seen.get(pid).map_or(0, |s| s.len()) < *threads as usize)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(reads);
+        }
+        if Instant::now() >= deadline {
+            return Err(HarnessError::Timeout {
+                name: consumer.name().into(),
+                what: "a track event of every thread in the buffer".into(),
+                timeout: STOP_TIMEOUT,
+                seen: format!("track event sequences per pid {seen:?}, expected {threads:?}"),
+                stderr_tail: consumer.stderr_tail(),
+            });
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Kills every producer with SIGKILL ([`Stop::AfterKillingProducers`]),
+/// then waits until the service has seen them go: `shmtrace query` (its
+/// producer list) shows none of their pids.
+fn kill_producers(producers: &mut [ChildProcess], consumer_socket: &Path) -> Result<()> {
+    /// The signal number of SIGKILL.
+    const SIGKILL: i32 = 9;
+    let pids: Vec<u64> = producers.iter().map(|p| p.pid().into()).collect();
+    for producer in producers.iter_mut() {
+        let status = producer.kill(STOP_TIMEOUT)?;
+        if std::os::unix::process::ExitStatusExt::signal(&status) != Some(SIGKILL) {
+            return Err(HarnessError::Driver {
+                name: producer.name().into(),
+                message: format!("exited by itself ({status}) before it was killed"),
+                stderr_tail: producer.stderr_tail(),
+            });
+        }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        let state = query(consumer_socket)?;
+        let connected: Vec<&Value> = state["producers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["pid"].as_u64().is_some_and(|pid| pids.contains(&pid)))
+            .collect();
+        if connected.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(HarnessError::Timeout {
+                name: "service".into(),
+                what: "the killed producers' disconnection".into(),
+                timeout: STOP_TIMEOUT,
+                seen: format!("still connected: {connected:?}"),
+                stderr_tail: String::new(),
+            });
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Ctrl-C for a process (SIGINT, through the shell's `kill`).
 fn interrupt(process: &ChildProcess) -> Result<()> {
     let status = Command::new("sh")
@@ -971,6 +1097,13 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
             "shmtrace record has no mid-session reads (flush-and-read between phases)".into(),
         ));
     }
+    if !cell.reads_mid_session() && scenario.stop == Stop::AfterKillingProducers {
+        return Err(HarnessError::Scenario(
+            "shmtrace record has no mid-session reads (killing the producers waits for \
+             their writers in the buffer)"
+                .into(),
+        ));
+    }
     // Fail early, before any process starts, if the CLI is not built.
     shmtrace_binary()?;
     let dir = WorkDir::new(&format!("{}-{}", scenario.name, cell.name()))?;
@@ -1020,13 +1153,20 @@ fn run_in(
     )?;
 
     let mut producers = Vec::new();
+    let killed = scenario.stop == Stop::AfterKillingProducers;
     for (index, spec) in scenario.producers.iter().enumerate() {
+        // Producers to be killed get a phase more than they play, so that
+        // after the last one their threads wait, alive, for the next.
+        let spec = ProducerSpec {
+            phases: spec.phases + u32::from(killed),
+            ..*spec
+        };
         producers.push(start_producer(
             cell.producer,
             bins,
             dir.dir.path(),
             index,
-            spec,
+            &spec,
             &producer_socket,
         )?);
     }
@@ -1098,11 +1238,25 @@ fn run_in(
         }
     }
 
+    let mut settle_reads = Vec::new();
+    if killed {
+        let threads: Vec<(u32, u32)> = runs
+            .iter()
+            .zip(&scenario.producers)
+            .map(|(run, spec)| (run.pid, spec.threads))
+            .collect();
+        settle_reads = read_until_every_writer_committed(dir, &mut consumers[0], &threads)?;
+        kill_producers(&mut producers, &consumer_socket)?;
+    }
     let mut stop_timeout = scenario.stop_timeout;
     for consumer in &mut consumers {
         match scenario.stop {
-            Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => interrupt(consumer)?,
-            Stop::ByConsumer => consumer.send_line("stop")?,
+            Stop::ByConsumer | Stop::AfterKillingProducers
+                if cell.consumer == ConsumerImpl::OurCli =>
+            {
+                interrupt(consumer)?
+            }
+            Stop::ByConsumer | Stop::AfterKillingProducers => consumer.send_line("stop")?,
             Stop::ByDuration { duration_ms } => {
                 stop_timeout = scenario.stop_timeout + Duration::from_millis(duration_ms.into());
             }
@@ -1115,7 +1269,7 @@ fn run_in(
         consumer.close_stdin();
         consumer.expect_success(scenario.stop_timeout)?;
     }
-    for producer in &mut producers {
+    for producer in producers.iter_mut().filter(|_| !killed) {
         producer.expect_event("stopped", STOP_TIMEOUT)?;
         producer.expect_success(STOP_TIMEOUT)?;
     }
@@ -1140,6 +1294,7 @@ fn run_in(
     }
 
     let mut all_reads = mid_paths.clone();
+    all_reads.extend(settle_reads);
     all_reads.push(trace_path.clone());
     // The two judges of the trace run side by side (each is one busy core
     // on a big trace).
@@ -1246,7 +1401,20 @@ pub fn query_output(socket: &Path, json: bool) -> String {
 /// `shmtrace query --json --socket S`, parsed (a test helper, like
 /// [`query_output`]).
 pub fn query_json(socket: &Path) -> Value {
-    serde_json::from_str(&query_output(socket, true)).expect("query --json prints JSON")
+    query(socket).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `shmtrace query --json --socket S`, parsed: the service's state
+/// (producers, data sources, sessions), from either service.
+pub fn query(socket: &Path) -> Result<Value> {
+    let mut args: Vec<OsString> = ["query", "--json", "--socket"].map(OsString::from).into();
+    args.push(socket.into());
+    let run = CliRun::new("shmtrace query", args)?;
+    if !run.output.status.success() {
+        return Err(run.error(format!("failed: {}", run.output.status)));
+    }
+    serde_json::from_slice(&run.output.stdout)
+        .map_err(|e| run.error(format!("printed no state: {e}")))
 }
 
 /// Queries until `ready` holds of the state (the service learns of a

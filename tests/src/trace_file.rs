@@ -4,6 +4,7 @@
 //! A trace file is a serialized `perfetto.protos.Trace`: field 1, one
 //! length-delimited record per packet, and nothing else.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use prost::bytes::Buf;
@@ -45,4 +46,34 @@ pub fn packets<P: Message + Default>(path: &Path) -> Result<Vec<P>> {
         rest = after;
     }
     Ok(packets)
+}
+
+/// `perfetto.protos.TracePacket`: where a packet came from, and whether it
+/// is a track event.
+#[derive(Clone, PartialEq, Message)]
+struct PacketOrigin {
+    #[prost(uint32, optional, tag = "10")]
+    trusted_packet_sequence_id: Option<u32>,
+    #[prost(bytes = "vec", optional, tag = "11")]
+    track_event: Option<Vec<u8>>,
+    #[prost(int32, optional, tag = "79")]
+    trusted_pid: Option<i32>,
+}
+
+/// The sequences (`trusted_packet_sequence_id`) that carry track events in
+/// the trace file at `path`, per producer pid (`trusted_pid`).
+pub fn track_event_sequences(path: &Path) -> Result<BTreeMap<u32, BTreeSet<u32>>> {
+    let mut sequences: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for packet in packets::<PacketOrigin>(path)? {
+        if packet.track_event.is_none() {
+            continue;
+        }
+        if let (Some(pid), Some(sequence)) = (
+            packet.trusted_pid.and_then(|p| u32::try_from(p).ok()),
+            packet.trusted_packet_sequence_id,
+        ) {
+            sequences.entry(pid).or_default().insert(sequence);
+        }
+    }
+    Ok(sequences)
 }
