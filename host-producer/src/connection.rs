@@ -5,9 +5,10 @@
 //! Two threads per connection:
 //!
 //! * the *command* thread (the one [`init`] starts) connects, initializes,
-//!   queues the data source registrations, then reads the `GetAsyncCommand` stream and
-//!   runs each command (SetupTracing maps the SMB; Setup/Start/Stop
-//!   DataSource, Flush and ClearIncrementalState go to the runtime);
+//!   queues the data source registrations, then reads the
+//!   `GetAsyncCommand` stream and runs each command (SetupTracing maps the
+//!   SMB; Setup/Start/Stop DataSource, Flush and ClearIncrementalState go
+//!   to the runtime);
 //! * the *sender* thread takes messages out of the outbox in order and
 //!   sends them (`RegisterDataSource`, `CommitData`, `RegisterTraceWriter`,
 //!   …, all without waiting for replies), and sweeps idle writers
