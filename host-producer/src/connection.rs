@@ -46,7 +46,7 @@
 //!   start fails, counted, instead of running without a time limit);
 //! * a service that sends commands and does not read our socket: flush
 //!   acks merge into one message, and once the outbox holds
-//!   [`BACKLOG_CAP`](crate::outbox::BACKLOG_CAP) messages the command
+//!   [`BACKLOG_CAP`] messages the command
 //!   thread takes no more commands until the sender has sent some (the
 //!   IPC client's bounded queue then holds the service back at its sends);
 //!   nothing is dropped;

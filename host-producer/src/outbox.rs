@@ -426,7 +426,8 @@ impl Outbox {
         inner.queue.pop_front()
     }
 
-    /// Like [`Outbox::try_next`], but waits up to `timeout` for a message.
+    /// The next message, if any (sealing the pending commit when the queue
+    /// is empty), waiting up to `timeout` for one.
     pub(crate) fn next_timeout(&self, timeout: Duration) -> Option<Outgoing> {
         let mut inner = self.lock();
         if inner.queue.is_empty() && inner.pending.is_empty() && !inner.closed {
