@@ -153,6 +153,15 @@ pub struct ProducerConfig {
     /// How pages are split into chunks (`Div1` like Perfetto; `Div4` gives
     /// 4x the chunks, which helps many-threaded programs with small SMBs).
     pub page_layout: PageLayout,
+    /// Whether the service may scrape the shared memory: copy into the
+    /// trace the finished packets of chunks still being written when the
+    /// producer disconnects, a flush completes or a session stops, so that
+    /// what a program wrote just before it crashed or was killed still
+    /// reaches the trace. `true` (the default) asks for it as Perfetto's
+    /// SDK does (`InitializeConnectionRequest.smb_scraping_mode` =
+    /// `SMB_SCRAPING_ENABLED`); `false` asks for `SMB_SCRAPING_DISABLED`,
+    /// as `traced_probes` does.
+    pub smb_scraping: bool,
 }
 
 impl Default for ProducerConfig {
@@ -163,6 +172,7 @@ impl Default for ProducerConfig {
             shmem_size_hint_bytes: 0,
             shmem_page_size_hint_bytes: 0,
             page_layout: PageLayout::Div1,
+            smb_scraping: true,
         }
     }
 }
@@ -581,13 +591,7 @@ impl Session {
     > {
         let port = client.bind::<ProducerPort>()?;
         let reply =
-            port.call::<producer_port::InitializeConnection>(&pb::InitializeConnectionRequest {
-                shared_memory_page_size_hint_bytes: nonzero(config.shmem_page_size_hint_bytes),
-                shared_memory_size_hint_bytes: nonzero(config.shmem_size_hint_bytes),
-                producer_name: Some(config.name.clone()),
-                sdk_version: Some(concat!("shmtrace-producer ", env!("CARGO_PKG_VERSION")).into()),
-                ..Default::default()
-            })?;
+            port.call::<producer_port::InitializeConnection>(&initialize_request(config))?;
         let emulation = reply.use_shmem_emulation.unwrap_or(false);
         let commands =
             port.start::<producer_port::GetAsyncCommand>(&pb::GetAsyncCommandRequest {}, None)?;
@@ -728,6 +732,24 @@ impl Session {
 
 fn nonzero(v: u32) -> Option<u32> {
     (v != 0).then_some(v)
+}
+
+/// The `InitializeConnectionRequest` that opens a connection.
+fn initialize_request(config: &ProducerConfig) -> pb::InitializeConnectionRequest {
+    use pb::initialize_connection_request::ProducerSmbScrapingMode as Scraping;
+    let scraping = if config.smb_scraping {
+        Scraping::SmbScrapingEnabled
+    } else {
+        Scraping::SmbScrapingDisabled
+    };
+    pb::InitializeConnectionRequest {
+        shared_memory_page_size_hint_bytes: nonzero(config.shmem_page_size_hint_bytes),
+        shared_memory_size_hint_bytes: nonzero(config.shmem_size_hint_bytes),
+        producer_name: Some(config.name.clone()),
+        smb_scraping_mode: Some(scraping as i32),
+        sdk_version: Some(concat!("shmtrace-producer ", env!("CARGO_PKG_VERSION")).into()),
+        ..Default::default()
+    }
 }
 
 /// Decodes the parts of a serialized `DataSourceConfig` the runtime uses.
@@ -1037,6 +1059,26 @@ mod tests {
         let argv0 = cmdline.split(|&b| b == 0).next().unwrap();
         assert!(argv0.contains(&b'/'), "{argv0:?}");
         assert_eq!(ProducerConfig::default().name.as_bytes(), argv0);
+    }
+
+    /// The producer asks for scraping as the SDK's system backend does
+    /// (field 4 = SMB_SCRAPING_ENABLED), unless told not to (DISABLED).
+    #[test]
+    fn the_producer_asks_for_scraping_unless_told_not_to() {
+        use prost::Message;
+        let config = ProducerConfig {
+            name: "p".into(),
+            ..ProducerConfig::default()
+        };
+        // producer_name (3) = "p", smb_scraping_mode (4) = 1.
+        let asks = initialize_request(&config).encode_to_vec();
+        assert_eq!(asks[..5], [0x1A, 1, b'p', 0x20, 1], "{asks:x?}");
+        let config = ProducerConfig {
+            smb_scraping: false,
+            ..config
+        };
+        let declines = initialize_request(&config).encode_to_vec();
+        assert_eq!(declines[..5], [0x1A, 1, b'p', 0x20, 2], "{declines:x?}");
     }
 
     #[test]

@@ -26,7 +26,11 @@
 //! # What it does
 //!
 //! * **Connection** ([`init`], [`Producer`]): binds `ProducerPort`,
-//!   `InitializeConnection` with the SMB size/page hints, registers every
+//!   `InitializeConnection` with the SMB size/page hints and, as the C++
+//!   SDK does, a request for SMB scraping (so the service copies the
+//!   finished packets of chunks still being written into the trace when
+//!   the program crashes or is killed, and when a flush or session ends;
+//!   [`ProducerConfig::smb_scraping`] turns it off), registers every
 //!   data source (`track_event` with a `TrackEventDescriptor` listing the
 //!   categories), reads the `GetAsyncCommand` stream. Without a service the
 //!   program runs with tracing off and the producer retries (250 ms backoff

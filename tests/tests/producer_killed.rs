@@ -16,9 +16,9 @@
 //!
 //! Cells: the real SDK producer against the real service and ours (the
 //! reference: both services scrape a producer that asks), and our producer
-//! against both (it must ask; ignored until it does: without scraping the
-//! trace lacks the events of its open chunks, ~816 of 1,080 found, and
-//! records no loss).
+//! against both (it asks, unless `ProducerConfig::smb_scraping` is off:
+//! without scraping the trace lacks the events of its open chunks, ~816 of
+//! 1,080 found, and records no loss).
 
 use shmtrace_tests::checker::{EventCounts, Loss};
 use shmtrace_tests::real_binaries;
@@ -123,13 +123,11 @@ mod killed_producer {
     }
 
     #[test]
-    #[ignore = "needs smb_scraping_mode from the producer: /work/notes/scraping.patch"]
     fn our_producer() {
         super::killed_producer(Cell::OUR_PRODUCER);
     }
 
     #[test]
-    #[ignore = "needs smb_scraping_mode from the producer: /work/notes/scraping.patch"]
     fn our_producer_and_service() {
         super::killed_producer(Cell::OUR_PRODUCER_AND_SERVICE);
     }
