@@ -58,6 +58,8 @@ pub(crate) struct ArbiterCounters {
     pub orphan_ends_suppressed: AtomicU64,
     pub reentrant_drops: AtomicU64,
     pub writerless_drops: AtomicU64,
+    pub triggers_expired: AtomicU64,
+    pub triggers_dropped: AtomicU64,
 }
 
 /// The counters every arbiter of this process adds to.
@@ -72,6 +74,8 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
     orphan_ends_suppressed: AtomicU64::new(0),
     reentrant_drops: AtomicU64::new(0),
     writerless_drops: AtomicU64::new(0),
+    triggers_expired: AtomicU64::new(0),
+    triggers_dropped: AtomicU64::new(0),
 };
 
 /// Counts a slice end that was not written because its slice's begin was
@@ -97,6 +101,8 @@ impl ArbiterCounters {
             orphan_ends_suppressed: self.orphan_ends_suppressed.load(Ordering::Relaxed),
             reentrant_drops: self.reentrant_drops.load(Ordering::Relaxed),
             writerless_drops: self.writerless_drops.load(Ordering::Relaxed),
+            triggers_expired: self.triggers_expired.load(Ordering::Relaxed),
+            triggers_dropped: self.triggers_dropped.load(Ordering::Relaxed),
         }
     }
 }
@@ -136,6 +142,13 @@ pub struct ProducerStats {
     /// every writer id of the shared memory (32767) was in use. Not marked
     /// in the trace (the thread has no sequence to mark it on).
     pub writerless_drops: u64,
+    /// Triggers ([`activate_triggers`](crate::activate_triggers)) not sent
+    /// because their time to live ran out before a connection opened.
+    pub triggers_expired: u64,
+    /// Triggers not kept for a connection because
+    /// [`MAX_PENDING_TRIGGERS`](crate::MAX_PENDING_TRIGGERS) already
+    /// waited for one.
+    pub triggers_dropped: u64,
 }
 
 /// Round-robin writer id allocator over 1..=[`MAX_WRITER_ID`].

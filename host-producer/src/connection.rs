@@ -366,6 +366,44 @@ pub fn flush_all() {
     runtime().outbox().drain_wait(Duration::from_secs(1));
 }
 
+/// Activates the triggers `names` in the service: every tracing session
+/// that lists one of them in its `trigger_config` reacts as configured
+/// (a `START_TRACING` session starts, a `STOP_TRACING` one stops, a
+/// `CLONE_SNAPSHOT` one is cloned), and the session's trace records a
+/// `trigger` packet naming the trigger and this producer
+/// ([`ProducerConfig::name`]). Perfetto's SDK calls this
+/// `Tracing::ActivateTriggers` (`PerfettoProducerActivateTriggers` in its
+/// C API).
+///
+/// Fire and forget: when connected, one `ActivateTriggers` message with
+/// every name leaves through the producer's outbox, after everything the
+/// program sent before (its last chunks included), and the service sends
+/// no reply. When not connected (the service is not up yet, the
+/// connection is being retried, or [`init`] was not called yet), the
+/// triggers are kept for `ttl` and sent as soon as a connection opens;
+/// those whose `ttl` ran out by then are dropped and counted
+/// ([`ProducerStats::triggers_expired`](crate::ProducerStats::triggers_expired)).
+/// At most [`MAX_PENDING_TRIGGERS`] triggers wait; more are dropped and
+/// counted
+/// ([`ProducerStats::triggers_dropped`](crate::ProducerStats::triggers_dropped)).
+/// Empty names are ignored.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use shmtrace_producer::ProducerConfig;
+///
+/// shmtrace_producer::init(ProducerConfig::default()).expect("start the producer");
+/// // Something worth a trace happened: end the sessions waiting for it,
+/// // even if the service connection is only coming up within 5 s.
+/// shmtrace_producer::activate_triggers(&["jank_detected"], Duration::from_secs(5));
+/// ```
+pub fn activate_triggers(names: &[&str], ttl: Duration) {
+    runtime().activate_triggers(names, ttl);
+}
+
 fn set_connected(status: &Status, up: bool) {
     *status.connected.lock().unwrap_or_else(|e| e.into_inner()) = up;
     status.changed.notify_all();
@@ -919,6 +957,10 @@ fn send(
             &pb::UpdateDataSourceRequest {
                 data_source_descriptor: Some(descriptor_proto(&d)),
             },
+            None,
+        ),
+        Outgoing::ActivateTriggers(trigger_names) => port.send::<producer_port::ActivateTriggers>(
+            &pb::ActivateTriggersRequest { trigger_names },
             None,
         ),
     }

@@ -91,6 +91,11 @@
 //! * **Custom data sources** ([`DataSource`]): a name, a
 //!   [`DataSourceHandler`] for setup/start/stop/flush, arbitrary
 //!   TracePackets from any thread ([`TraceContext`]).
+//! * **Triggers** ([`activate_triggers`]): start, stop or clone the
+//!   sessions waiting for them (`ActivateTriggers`, no reply); activated
+//!   while no connection is up, they wait for one until their time to live
+//!   runs out (at most [`MAX_PENDING_TRIGGERS`]; expired and dropped ones
+//!   counted in [`stats`]).
 //!
 //! Not implemented: startup tracing (writers before a session is known),
 //! producer-provided SMBs, direct SMB patching, the v2 ring buffer, thread
@@ -137,14 +142,14 @@ mod tests;
 pub use annotation::{Arg, ArgName, DebugValue};
 pub use arbiter::{BufferExhaustedPolicy, ProducerStats, WriterArbiter};
 pub use category::{Category, DynamicCategory, MAX_INSTANCES};
-pub use connection::{flush_all, init, Producer, ProducerConfig};
+pub use connection::{activate_triggers, flush_all, init, Producer, ProducerConfig};
 pub use data_source::{
     DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, InstanceArgs, NoopHandler,
     SetupArgs, TraceContext, CONFIG_STALL_LIMIT,
 };
 pub use error::{ConnectError, RegisterError, SmbSetupError};
 pub use event::{CounterValue, EventContext, EventName, EventType};
-pub use runtime::{stats, TRACK_EVENT_DATA_SOURCE};
+pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
 pub use track::{
     current_pid, process_uuid, set_process_name, ChildOrdering, Clock, CounterTrack, CounterUnit,
     Flow, ProcessTrack, ThreadTrack, Timestamp, Track,

@@ -210,6 +210,8 @@ pub(crate) enum Outgoing {
     RegisterDataSource(DescriptorInfo),
     /// `UpdateDataSource`.
     UpdateDataSource(DescriptorInfo),
+    /// `ActivateTriggers` (no reply asked for, as upstream).
+    ActivateTriggers(Vec<String>),
 }
 
 impl Inner {
@@ -362,16 +364,18 @@ impl Outbox {
         self.ready.notify_one();
     }
 
-    /// Queues a message after everything pushed so far.
-    pub(crate) fn push(&self, msg: Outgoing) {
+    /// Queues a message after everything pushed so far; `false` (the
+    /// message dropped) if the outbox is closed: no connection is up.
+    pub(crate) fn push(&self, msg: Outgoing) -> bool {
         let mut inner = self.lock();
         if inner.closed {
-            return;
+            return false;
         }
         Self::seal(&mut inner);
         inner.queue.push_back(msg);
         drop(inner);
         self.ready.notify_one();
+        true
     }
 
     /// `true` if anything waits to be sent or is being sent.
@@ -746,10 +750,10 @@ mod tests {
         let o = Outbox::new();
         o.commit_chunk(chunk(1));
         o.set_closed(true);
-        o.push(Outgoing::DataSourceStarted { instance_id: 1 });
+        assert!(!o.push(Outgoing::DataSourceStarted { instance_id: 1 }));
         assert_eq!(o.try_next(), None);
         o.set_closed(false);
-        o.push(Outgoing::DataSourceStarted { instance_id: 1 });
+        assert!(o.push(Outgoing::DataSourceStarted { instance_id: 1 }));
         assert_eq!(
             o.try_next(),
             Some(Outgoing::DataSourceStarted { instance_id: 1 })

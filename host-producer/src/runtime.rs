@@ -8,8 +8,10 @@
 //! protocol needs (e.g. the last chunks of an instance are committed before
 //! `NotifyDataSourceStopped`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::PageLayout;
 
@@ -24,6 +26,59 @@ use crate::shm::SharedMemory;
 
 /// Name of the track event data source.
 pub const TRACK_EVENT_DATA_SOURCE: &str = "track_event";
+
+/// Triggers [`activate_triggers`](crate::activate_triggers) keeps while no
+/// connection is up (each until its time to live runs out). A program
+/// that activates more before a connection opens loses the newest ones
+/// (counted in
+/// [`ProducerStats::triggers_dropped`](crate::ProducerStats::triggers_dropped)),
+/// after expired ones have made room.
+pub const MAX_PENDING_TRIGGERS: usize = 256;
+
+/// Triggers activated while no connection was up, oldest first, each with
+/// the time it expires (`None`: a time to live beyond the clock's range,
+/// never); bounded by [`MAX_PENDING_TRIGGERS`].
+#[derive(Debug, Default)]
+pub(crate) struct PendingTriggers {
+    triggers: VecDeque<(String, Option<Instant>)>,
+}
+
+impl PendingTriggers {
+    /// Keeps `names` until `expiry`; how many did not fit.
+    pub(crate) fn keep(&mut self, names: &[&str], expiry: Option<Instant>, now: Instant) -> usize {
+        let expired = self.drop_expired(now);
+        if expired > 0 {
+            note_expired(expired);
+        }
+        let room = MAX_PENDING_TRIGGERS - self.triggers.len();
+        let kept = names.len().min(room);
+        self.triggers
+            .extend(names[..kept].iter().map(|n| ((*n).to_owned(), expiry)));
+        names.len() - kept
+    }
+
+    /// Drops the triggers expired at `now`; how many.
+    fn drop_expired(&mut self, now: Instant) -> usize {
+        let before = self.triggers.len();
+        // As upstream: a trigger lives while its expiry is after now.
+        self.triggers
+            .retain(|(_, expiry)| expiry.is_none_or(|e| e > now));
+        before - self.triggers.len()
+    }
+
+    /// Takes every trigger still alive at `now`, oldest first, and the
+    /// number of expired ones dropped.
+    pub(crate) fn take(&mut self, now: Instant) -> (Vec<String>, usize) {
+        let expired = self.drop_expired(now);
+        (self.triggers.drain(..).map(|(n, _)| n).collect(), expired)
+    }
+}
+
+fn note_expired(n: usize) {
+    crate::arbiter::COUNTERS
+        .triggers_expired
+        .fetch_add(n as u64, Ordering::Relaxed);
+}
 
 /// The process-wide producer state.
 pub(crate) struct Runtime {
@@ -41,6 +96,11 @@ pub(crate) struct Runtime {
     /// data source registered while a connection opens must reach it
     /// exactly once.
     registration: Mutex<()>,
+    /// Triggers waiting for a connection. Its lock also orders
+    /// [`Runtime::activate_triggers`] with a connection's opening, so a
+    /// trigger is either sent on the new connection or kept, never lost
+    /// in between.
+    triggers: Mutex<PendingTriggers>,
 }
 
 pub(crate) fn runtime() -> &'static Runtime {
@@ -67,6 +127,7 @@ pub(crate) fn runtime() -> &'static Runtime {
             next_id: AtomicU64::new(2),
             track_event_advertised: AtomicBool::new(false),
             registration: Mutex::new(()),
+            triggers: Mutex::new(PendingTriggers::default()),
         }
     })
 }
@@ -148,13 +209,57 @@ impl Runtime {
     /// finds the producer busy sending instead of reading. One step under
     /// the registration lock, so a data source registered meanwhile is
     /// either among them or queued after them, never both, never neither.
+    ///
+    /// The triggers activated while no connection was up and not expired
+    /// yet follow the registrations, in one `ActivateTriggers` (upstream
+    /// sends them once connected, too); expired ones are dropped, counted
+    /// and logged.
     pub(crate) fn connect(&self) {
         let _order = self.registration_order();
+        let mut pending = self.pending_triggers();
+        let (triggers, expired) = pending.take(Instant::now());
+        if expired > 0 {
+            note_expired(expired);
+            log::info!(
+                "shmtrace-producer: {expired} trigger(s) expired before a connection opened"
+            );
+        }
+        let triggers = (!triggers.is_empty()).then_some(Outgoing::ActivateTriggers(triggers));
         self.outbox.open_with(
             self.descriptors()
                 .into_iter()
-                .map(Outgoing::RegisterDataSource),
+                .map(Outgoing::RegisterDataSource)
+                .chain(triggers),
         );
+    }
+
+    fn pending_triggers(&self) -> MutexGuard<'_, PendingTriggers> {
+        self.triggers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`activate_triggers`](crate::activate_triggers): sent now if a
+    /// connection is up, else kept until `ttl` from now.
+    pub(crate) fn activate_triggers(&self, names: &[&str], ttl: Duration) {
+        let names: Vec<&str> = names.iter().copied().filter(|n| !n.is_empty()).collect();
+        if names.is_empty() {
+            return;
+        }
+        let mut pending = self.pending_triggers();
+        let msg = Outgoing::ActivateTriggers(names.iter().map(|n| (*n).to_owned()).collect());
+        if self.outbox.push(msg) {
+            return;
+        }
+        let now = Instant::now();
+        let dropped = pending.keep(&names, now.checked_add(ttl), now);
+        drop(pending);
+        if dropped > 0 {
+            crate::arbiter::COUNTERS
+                .triggers_dropped
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            log::warn!(
+                "shmtrace-producer: {dropped} trigger(s) dropped: {MAX_PENDING_TRIGGERS} already wait for a connection"
+            );
+        }
     }
 
     /// Every advertised data source, as the connection registers them.

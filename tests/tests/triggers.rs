@@ -1,14 +1,16 @@
 //! `shmtrace trigger` against the real Perfetto service and against
 //! `shmtrace serve`: the same STOP_TRACING session (recorded by `shmtrace
 //! record --txt`) ends early on both when the trigger arrives, and both
-//! traces carry the same `trigger` packet.
+//! traces carry the same `trigger` packet. The same with a program using
+//! our producer library's `activate_triggers` (shmtrace-producer's
+//! `trigger` example) instead of the CLI.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use shmtrace_tests::real_binaries;
-use shmtrace_tests::scenario::{shmtrace_binary, start_service, ServiceImpl};
+use shmtrace_tests::scenario::{producer_example, shmtrace_binary, start_service, ServiceImpl};
 
 /// The session's trigger timeout: the trigger must end it long before.
 const TIMEOUT_MS: u64 = 60_000;
@@ -66,8 +68,42 @@ fn sessions(consumer: &Path) -> usize {
     state["sessions"].as_array().map_or(0, Vec::len)
 }
 
-/// Runs the trigger flow against `which`; the trace's trigger packets.
-fn triggered_session(which: ServiceImpl) -> Vec<Trigger> {
+/// Activates the triggers "go" and "unlisted" with the `shmtrace trigger`
+/// CLI through the producer socket `producer`.
+fn cli_trigger(which: ServiceImpl, producer: &Path) {
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["trigger", "go", "unlisted", "--socket"])
+            .arg(producer),
+    );
+    assert_eq!(out.status.code(), Some(0), "{which:?}: {stderr}");
+}
+
+/// shmtrace-producer's `trigger` example: our producer library's
+/// `activate_triggers`.
+fn trigger_example() -> PathBuf {
+    producer_example("trigger").expect("the trigger example")
+}
+
+/// Activates the triggers "go" and "unlisted" with a program using our
+/// producer library, through the producer socket `producer`.
+fn library_trigger(which: ServiceImpl, producer: &Path) {
+    let out = Command::new(trigger_example())
+        .args(["go", "unlisted"])
+        .env("PERFETTO_PRODUCER_SOCK_NAME", producer)
+        .output()
+        .expect("run the trigger example");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{which:?}: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "activated: go unlisted"
+    );
+}
+
+/// Runs the trigger flow against `which`, the triggers activated by
+/// `trigger`; the trace's trigger packets.
+fn triggered_session(which: ServiceImpl, trigger: fn(ServiceImpl, &Path)) -> Vec<Trigger> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
     let (producer, consumer) = (path("p.sock"), path("c.sock"));
@@ -93,12 +129,7 @@ fn triggered_session(which: ServiceImpl) -> Vec<Trigger> {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let (out, stderr) = output(
-        shmtrace()
-            .args(["trigger", "go", "unlisted", "--socket"])
-            .arg(&producer),
-    );
-    assert_eq!(out.status.code(), Some(0), "{which:?}: {stderr}");
+    trigger(which, &producer);
 
     let out = record.wait_with_output().expect("record ends");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -123,10 +154,13 @@ fn triggered_session(which: ServiceImpl) -> Vec<Trigger> {
         .collect()
 }
 
-#[test]
-fn shmtrace_trigger_stops_a_session_of_either_service_with_the_same_trigger_packet() {
-    let real = triggered_session(ServiceImpl::Real);
-    let ours = triggered_session(ServiceImpl::Ours);
+/// Runs the trigger flow with `trigger` against both services: the real
+/// one took "go" (and ignored "unlisted", which no session lists), its
+/// packet names "go" and the sending producer `producer_name`, and ours
+/// wrote the same packet.
+fn both_services_stop_on(trigger: fn(ServiceImpl, &Path), producer_name: &str) {
+    let real = triggered_session(ServiceImpl::Real, trigger);
+    let ours = triggered_session(ServiceImpl::Ours, trigger);
     assert_eq!(
         real.len(),
         1,
@@ -134,10 +168,24 @@ fn shmtrace_trigger_stops_a_session_of_either_service_with_the_same_trigger_pack
     );
     let expected = Trigger {
         trigger_name: Some("go".into()),
-        producer_name: Some("shmtrace-trigger".into()),
+        producer_name: Some(producer_name.into()),
         trusted_producer_uid: real[0].trusted_producer_uid,
         stop_delay_ms: Some(100),
     };
     assert_eq!(real[0], expected);
     assert_eq!(ours, real, "both services write the same trigger packet");
+}
+
+#[test]
+fn shmtrace_trigger_stops_a_session_of_either_service_with_the_same_trigger_packet() {
+    both_services_stop_on(cli_trigger, "shmtrace-trigger");
+}
+
+#[test]
+fn activate_triggers_of_our_producer_stops_a_session_of_either_service() {
+    // Our producer is named as Perfetto's SDK names it, by its argv[0]
+    // (the path it was started with); the service puts the name of the
+    // producer that sent the trigger into the packet.
+    let example = trigger_example();
+    both_services_stop_on(library_trigger, example.to_str().expect("UTF-8 path"));
 }

@@ -53,7 +53,7 @@ fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// A service socket the test drives by hand.
-struct FakeService {
+pub(super) struct FakeService {
     listener: Listener,
     address: SocketAddress,
 }
@@ -103,7 +103,7 @@ impl FakeService {
 }
 
 /// The service end of one connection.
-struct Peer {
+pub(super) struct Peer {
     stream: UnixStream,
     conn: HostConnection<Request>,
     /// The InitializeConnection call, until answered.
@@ -111,7 +111,9 @@ struct Peer {
     /// The GetAsyncCommand stream.
     commands: Option<PendingReply>,
     /// Every call received, in order.
-    calls: Vec<Request>,
+    pub(super) calls: Vec<Request>,
+    /// Whether each call asked for no reply (`drop_reply`), in order.
+    pub(super) drop_replies: Vec<bool>,
     /// The producer closed the connection.
     closed: bool,
 }
@@ -128,6 +130,7 @@ impl Peer {
             init: None,
             commands: None,
             calls: Vec::new(),
+            drop_replies: Vec::new(),
             closed: false,
         }
     }
@@ -149,6 +152,7 @@ impl Peer {
                 Request::GetAsyncCommand(_) => self.commands = Some(call.reply.clone()),
                 _ => {}
             }
+            self.drop_replies.push(call.reply.drop_reply());
             self.calls.push(call.request);
         }
         self.send();
@@ -161,7 +165,7 @@ impl Peer {
     }
 
     /// Pumps until `cond` holds; `false` if it did not in time.
-    fn until(&mut self, mut cond: impl FnMut(&Peer) -> bool) -> bool {
+    pub(super) fn until(&mut self, mut cond: impl FnMut(&Peer) -> bool) -> bool {
         let deadline = Instant::now() + PATIENCE;
         while !cond(self) {
             if Instant::now() >= deadline {
@@ -174,7 +178,7 @@ impl Peer {
 
     /// Answers InitializeConnection with `reply`, waits for the command
     /// stream.
-    fn handshake(&mut self, reply: pb::InitializeConnectionResponse) {
+    pub(super) fn handshake(&mut self, reply: pb::InitializeConnectionResponse) {
         assert!(self.until(|p| p.init.is_some()), "no InitializeConnection");
         let to = self.init.take().unwrap();
         self.conn.resolve(to, &reply).unwrap();
@@ -320,7 +324,7 @@ fn sealed_memfd(len: u64) -> OwnedFd {
 
 /// A fake service, the producer connected to it, and the connection's
 /// service end.
-fn connect() -> (FakeService, Connection, Peer) {
+pub(super) fn connect() -> (FakeService, Connection, Peer) {
     let service = FakeService::new();
     let conn = Connection::start(&service);
     let peer = service.accept();
@@ -341,7 +345,7 @@ fn connect_patient() -> (FakeService, Connection, Peer) {
 }
 
 /// The producer's connection thread against a fake service.
-struct Connection {
+pub(super) struct Connection {
     status: Arc<Status>,
     thread: Option<JoinHandle<()>>,
 }

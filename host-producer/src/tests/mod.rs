@@ -9,3 +9,4 @@ mod loopback;
 mod names;
 mod perf;
 mod runtime;
+mod triggers;
