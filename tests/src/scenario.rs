@@ -414,8 +414,8 @@ pub enum Stop {
     /// (no flush) until a track event of every thread is in it, so that the
     /// service knows every writer, as it must to scrape the writer's
     /// chunks: each thread must fill a chunk, and the consumer must read
-    /// mid-session. Once the service has seen them go (`shmtrace query`
-    /// lists none of them), the consumer flushes and disables as in
+    /// mid-session. Once the service has seen them go (`shmtrace query`,
+    /// which listed their pids before, lists none of them), the consumer flushes and disables as in
     /// [`Stop::ByConsumer`]. What they wrote is in the trace only as far as
     /// the service got it: committed, or scraped from their shared memory
     /// (facts §1.7).
@@ -617,6 +617,12 @@ pub struct ProducerRun {
     /// Packets its custom data source wrote, per session label, by the
     /// end ([`ProducerSpec::custom_source`]).
     pub custom: BTreeMap<String, u64>,
+    /// [`Stop::AfterKillingProducers`]: how long its threads idled before
+    /// the kill, as the harness sees it: from its last phase report (which
+    /// it prints once its threads wrote their last packet) reaching the
+    /// harness to the SIGKILL. A lower bound of the time since the threads'
+    /// last writes (the report and its reading come after them).
+    pub killed_after: Option<Duration>,
 }
 
 impl ProducerRun {
@@ -973,18 +979,59 @@ fn read_until_every_writer_committed(
                 stderr_tail: consumer.stderr_tail(),
             });
         }
-        thread::sleep(Duration::from_millis(10));
+        // Short: the producers' threads idle from their last phase report
+        // on, and the kill must come well within our producer's idle sweep
+        // period (see `killed_after`); each read is a round trip anyway.
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Before the kill of [`Stop::AfterKillingProducers`]: waits until the
+/// service lists every producer's pid (`shmtrace query`), so that the wait
+/// for their disconnection in [`kill_producers`] cannot pass at once for a
+/// service that reports no pid (0) or never listed them.
+fn await_listed(producers: &[ChildProcess], consumer_socket: &Path) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let state = query(consumer_socket)?;
+        let listed: BTreeSet<u64> = state["producers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["pid"].as_u64())
+            .collect();
+        let unlisted: Vec<u32> = producers
+            .iter()
+            .map(ChildProcess::pid)
+            .filter(|pid| !listed.contains(&u64::from(*pid)))
+            .collect();
+        if unlisted.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(HarnessError::Timeout {
+                name: "service".into(),
+                what: format!("the producers' pids {unlisted:?} in its producer list"),
+                timeout: START_TIMEOUT,
+                seen: format!("{state}"),
+                stderr_tail: String::new(),
+            });
+        }
+        thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Kills every producer with SIGKILL ([`Stop::AfterKillingProducers`]),
 /// then waits until the service has seen them go: `shmtrace query` (its
-/// producer list) shows none of their pids.
-fn kill_producers(producers: &mut [ChildProcess], consumer_socket: &Path) -> Result<()> {
+/// producer list, which listed them before: [`await_listed`]) shows none
+/// of their pids. Returns when each was sent its SIGKILL.
+fn kill_producers(producers: &mut [ChildProcess], consumer_socket: &Path) -> Result<Vec<Instant>> {
     /// The signal number of SIGKILL.
     const SIGKILL: i32 = 9;
     let pids: Vec<u64> = producers.iter().map(|p| p.pid().into()).collect();
+    let mut killed_at = Vec::new();
     for producer in producers.iter_mut() {
+        killed_at.push(Instant::now());
         let status = producer.kill(STOP_TIMEOUT)?;
         if std::os::unix::process::ExitStatusExt::signal(&status) != Some(SIGKILL) {
             return Err(HarnessError::Driver {
@@ -1004,7 +1051,7 @@ fn kill_producers(producers: &mut [ChildProcess], consumer_socket: &Path) -> Res
             .filter(|p| p["pid"].as_u64().is_some_and(|pid| pids.contains(&pid)))
             .collect();
         if connected.is_empty() {
-            return Ok(());
+            return Ok(killed_at);
         }
         if Instant::now() >= deadline {
             return Err(HarnessError::Timeout {
@@ -1193,15 +1240,24 @@ fn run_in(
             pid: u32_field(&enabled, "pid", producer)?,
             phases: Vec::new(),
             custom: BTreeMap::new(),
+            killed_after: None,
         });
     }
+    if killed {
+        await_listed(&producers, &consumer_socket)?;
+    }
+    // When each producer's last phase report reached the harness.
+    let mut last_reports = vec![Instant::now(); producers.len()];
 
     let mut mid_paths = Vec::new();
     let mut mid_flushes = Vec::new();
     let mut file_sizes = Vec::new();
     for phase in 1..=phases {
-        for (producer, run) in producers.iter_mut().zip(&mut runs) {
+        for ((producer, run), reported) in
+            producers.iter_mut().zip(&mut runs).zip(&mut last_reports)
+        {
             let event = producer.expect_event("phase", PHASE_TIMEOUT)?;
+            *reported = Instant::now();
             run.phases.push(emitted_field(&event, producer)?);
             if let Some(custom) = event.get("custom") {
                 run.custom =
@@ -1246,16 +1302,16 @@ fn run_in(
             .map(|(run, spec)| (run.pid, spec.threads))
             .collect();
         settle_reads = read_until_every_writer_committed(dir, &mut consumers[0], &threads)?;
-        kill_producers(&mut producers, &consumer_socket)?;
+        let killed_at = kill_producers(&mut producers, &consumer_socket)?;
+        for ((run, reported), killed_at) in runs.iter_mut().zip(&last_reports).zip(killed_at) {
+            run.killed_after = Some(killed_at.saturating_duration_since(*reported));
+        }
     }
     let mut stop_timeout = scenario.stop_timeout;
     for consumer in &mut consumers {
         match scenario.stop {
-            Stop::ByConsumer | Stop::AfterKillingProducers
-                if cell.consumer == ConsumerImpl::OurCli =>
-            {
-                interrupt(consumer)?
-            }
+            // `run` rejects AfterKillingProducers with `shmtrace record`.
+            Stop::ByConsumer if cell.consumer == ConsumerImpl::OurCli => interrupt(consumer)?,
             Stop::ByConsumer | Stop::AfterKillingProducers => consumer.send_line("stop")?,
             Stop::ByDuration { duration_ms } => {
                 stop_timeout = scenario.stop_timeout + Duration::from_millis(duration_ms.into());
