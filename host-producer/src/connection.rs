@@ -12,10 +12,11 @@
 //! * the *sender* thread takes messages out of the outbox in order and
 //!   sends them (`RegisterDataSource`, `CommitData`, `RegisterTraceWriter`,
 //!   …, all without waiting for replies), and sweeps idle writers
-//!   periodically. The command thread never sends: it only reads, so a
+//!   periodically. The command thread never sends, it only reads, so a
 //!   service that blocks on its own full socket while ours is full (it
 //!   answers our registrations with a burst of commands before reading
-//!   on) always finds it drained.
+//!   on) finds it drained, unless the outbox is over its cap (see below:
+//!   only a service that stopped reading ours gets there).
 //!
 //! When the service is not there the program runs on with tracing off and
 //! the command thread retries with a backoff; when the connection drops, all
@@ -160,7 +161,10 @@ pub struct ProducerConfig {
     /// reaches the trace. `true` (the default) asks for it as Perfetto's
     /// SDK does (`InitializeConnectionRequest.smb_scraping_mode` =
     /// `SMB_SCRAPING_ENABLED`); `false` asks for `SMB_SCRAPING_DISABLED`,
-    /// as `traced_probes` does.
+    /// as `traced_probes` does. A service that finds the producer's chunks
+    /// out of reach (shared memory emulation, on transports that cannot
+    /// pass memory) scrapes nothing: there our flush handling commits every
+    /// writer's chunk instead.
     pub smb_scraping: bool,
 }
 
@@ -305,7 +309,11 @@ impl Producer {
         self.status.is_connected()
     }
 
-    /// Waits until connected; `false` on timeout.
+    /// Waits until connected; `false` on timeout. The data source
+    /// registrations are then queued first in the outbox but may not have
+    /// reached the service yet: wait for a session to enable a category
+    /// (e.g. [`Category::is_enabled`](crate::Category::is_enabled)) to know
+    /// the service saw them.
     pub fn wait_connected(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut c = self
@@ -383,7 +391,7 @@ pub fn flush_all() {
 /// triggers are kept for `ttl` and sent as soon as a connection opens;
 /// those whose `ttl` ran out by then are dropped and counted
 /// ([`ProducerStats::triggers_expired`](crate::ProducerStats::triggers_expired)).
-/// At most [`MAX_PENDING_TRIGGERS`] triggers wait; more are dropped and
+/// At most [`MAX_PENDING_TRIGGERS`](crate::MAX_PENDING_TRIGGERS) triggers wait; more are dropped and
 /// counted
 /// ([`ProducerStats::triggers_dropped`](crate::ProducerStats::triggers_dropped)).
 /// Empty names are ignored.
