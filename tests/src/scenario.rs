@@ -617,11 +617,12 @@ pub struct ProducerRun {
     /// Packets its custom data source wrote, per session label, by the
     /// end ([`ProducerSpec::custom_source`]).
     pub custom: BTreeMap<String, u64>,
-    /// [`Stop::AfterKillingProducers`]: how long its threads idled before
-    /// the kill, as the harness sees it: from its last phase report (which
-    /// it prints once its threads wrote their last packet) reaching the
-    /// harness to the SIGKILL. A lower bound of the time since the threads'
-    /// last writes (the report and its reading come after them).
+    /// [`Stop::AfterKillingProducers`]: from the moment the harness let its
+    /// last phase start (sent it "next"; with one phase, started the
+    /// process) to its SIGKILL. Its threads wrote nothing before that
+    /// moment, so this bounds from above how long they idled before the
+    /// kill, however late the harness got to see its phase report (on a
+    /// starved machine, hundreds of milliseconds late).
     pub killed_after: Option<Duration>,
 }
 
@@ -980,8 +981,8 @@ fn read_until_every_writer_committed(
             });
         }
         // Short: the producers' threads idle from their last phase report
-        // on, and the kill must come well within our producer's idle sweep
-        // period (see `killed_after`); each read is a round trip anyway.
+        // on, and the kill should come well within our producer's idle
+        // sweep period (see `killed_after`); each read is a round trip.
         thread::sleep(Duration::from_millis(2));
     }
 }
@@ -1201,6 +1202,8 @@ fn run_in(
 
     let mut producers = Vec::new();
     let killed = scenario.stop == Stop::AfterKillingProducers;
+    // When the harness let each producer's current phase start.
+    let mut phase_starts = Vec::new();
     for (index, spec) in scenario.producers.iter().enumerate() {
         // Producers to be killed get a phase more than they play, so that
         // after the last one their threads wait, alive, for the next.
@@ -1208,6 +1211,7 @@ fn run_in(
             phases: spec.phases + u32::from(killed),
             ..*spec
         };
+        phase_starts.push(Instant::now());
         producers.push(start_producer(
             cell.producer,
             bins,
@@ -1246,18 +1250,13 @@ fn run_in(
     if killed {
         await_listed(&producers, &consumer_socket)?;
     }
-    // When each producer's last phase report reached the harness.
-    let mut last_reports = vec![Instant::now(); producers.len()];
 
     let mut mid_paths = Vec::new();
     let mut mid_flushes = Vec::new();
     let mut file_sizes = Vec::new();
     for phase in 1..=phases {
-        for ((producer, run), reported) in
-            producers.iter_mut().zip(&mut runs).zip(&mut last_reports)
-        {
+        for (producer, run) in producers.iter_mut().zip(&mut runs) {
             let event = producer.expect_event("phase", PHASE_TIMEOUT)?;
-            *reported = Instant::now();
             run.phases.push(emitted_field(&event, producer)?);
             if let Some(custom) = event.get("custom") {
                 run.custom =
@@ -1288,7 +1287,8 @@ fn run_in(
             _ => {}
         }
         if !last {
-            for producer in &mut producers {
+            for (producer, started) in producers.iter_mut().zip(&mut phase_starts) {
+                *started = Instant::now();
                 producer.send_line("next")?;
             }
         }
@@ -1303,8 +1303,8 @@ fn run_in(
             .collect();
         settle_reads = read_until_every_writer_committed(dir, &mut consumers[0], &threads)?;
         let killed_at = kill_producers(&mut producers, &consumer_socket)?;
-        for ((run, reported), killed_at) in runs.iter_mut().zip(&last_reports).zip(killed_at) {
-            run.killed_after = Some(killed_at.saturating_duration_since(*reported));
+        for ((run, started), killed_at) in runs.iter_mut().zip(&phase_starts).zip(killed_at) {
+            run.killed_after = Some(killed_at.saturating_duration_since(*started));
         }
     }
     let mut stop_timeout = scenario.stop_timeout;

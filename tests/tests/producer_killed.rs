@@ -15,7 +15,9 @@
 //! so the service knows every writer (see [`Stop::AfterKillingProducers`]).
 //! Our producer's sender commits the chunks of idle writers itself, never
 //! sooner than its idle sweep period after their last writes: a run of it
-//! counts only if the kill came sooner ([`BELOW_IDLE_SWEEP_PERIOD`]), else
+//! counts only if the kill came sooner ([`BELOW_IDLE_SWEEP_PERIOD`]; timed
+//! from the harness's "next" that starts the last of two phases, before
+//! which the threads cannot have written their last events), else
 //! its open chunks may all have been committed and the trace says nothing
 //! about scraping; such a run is replayed, and a cell that gets none fails.
 //!
@@ -35,15 +37,17 @@ use shmtrace_tests::scenario::{self, Cell, Outcome, ProducerImpl, ProducerSpec, 
 const THREADS: u64 = 3;
 /// Iterations per thread (see `interop/real_producer.cc`): enough to fill
 /// some chunks, so that the trace needs both the committed ones and the
-/// scraped ones.
+/// scraped ones. Played in [`PHASES`] phases.
 const ITERATIONS: u64 = 40;
+/// Phases: the harness times the kill from the start of the last one
+/// ([`scenario::ProducerRun::killed_after`]), which is short.
+const PHASES: u64 = 2;
 /// Track events per iteration: slices "outer" and "inner" (a begin and an
 /// end each), instants "tick", "flow_out" and "flow_in", two counters.
 const EVENTS_PER_ITERATION: u64 = 9;
 
 /// Below our producer's idle sweep period (`IDLE_SWEEP_PERIOD`, 500 ms, in
-/// host-producer/src/connection.rs; keep the two in step), with margin for
-/// the time its last writes and phase report take to reach the harness.
+/// host-producer/src/connection.rs; keep the two in step), with margin.
 /// The sweep flushes a writer idle at one sweep at the next, so no open
 /// chunk of our producer is committed sooner than a period after the
 /// threads' last writes. Killed sooner, every chunk still open at the kill
@@ -68,7 +72,7 @@ fn run_conclusive(cell: Cell, scenario: &Scenario, context: &str) -> Outcome {
             .map(|p| p.killed_after.expect("killed producers are timed"))
             .max()
             .unwrap_or_default();
-        println!("{context}: attempt {attempt}: killed {window:?} after the last phase report");
+        println!("{context}: attempt {attempt}: killed {window:?} after the last phase began");
         if cell.producer != ProducerImpl::Ours || window < BELOW_IDLE_SWEEP_PERIOD {
             return outcome;
         }
@@ -76,7 +80,7 @@ fn run_conclusive(cell: Cell, scenario: &Scenario, context: &str) -> Outcome {
     }
     panic!(
         "{context}: inconclusive: in each of {ATTEMPTS} runs the producer was killed \
-         {windows:?} after its threads went idle, not within {BELOW_IDLE_SWEEP_PERIOD:?}, \
+         {windows:?} after its last phase began, not within {BELOW_IDLE_SWEEP_PERIOD:?}, \
          so its idle sweep may have committed every open chunk before the kill and the \
          trace cannot show whether the service scraped them (a machine too loaded?)"
     );
@@ -92,7 +96,8 @@ fn killed_producer(cell: Cell) {
             "killed_producer",
             vec![ProducerSpec {
                 threads: THREADS as u32,
-                iterations: ITERATIONS as u32,
+                iterations: (ITERATIONS / PHASES) as u32,
+                phases: PHASES as u32,
                 ..ProducerSpec::default()
             }],
         )
