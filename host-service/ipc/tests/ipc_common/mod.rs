@@ -55,10 +55,28 @@ where
 
 /// A memfd holding `content`.
 pub fn memfd(content: &[u8]) -> OwnedFd {
-    let fd = rustix::fs::memfd_create("shmtrace-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    memfd_named("shmtrace-test", content)
+}
+
+/// A memfd named `name` holding `content`.
+pub fn memfd_named(name: &str, content: &[u8]) -> OwnedFd {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     let mut file = std::fs::File::from(fd);
     file.write_all(content).unwrap();
     file.into()
+}
+
+/// Descriptors of this process open on a memfd named `name`.
+pub fn memfds_named(name: &str) -> usize {
+    let target = format!("/memfd:{name} ");
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|link| {
+            // A memfd's link reads "/memfd:NAME (deleted)".
+            format!("{} ", link.to_string_lossy()).starts_with(&target)
+        })
+        .count()
 }
 
 /// What a received descriptor holds (it must be close-on-exec).
