@@ -539,6 +539,13 @@ impl Packets {
         ))
     }
 
+    /// Packs `count` (its low 10 bits) and `flags`, for a writer that keeps
+    /// its count below 1024 by construction.
+    #[inline(always)]
+    pub const fn masked(count: u16, flags: ChunkFlags) -> Self {
+        Packets((count & Self::COUNT_MASK) | ((flags.bits() as u16) << Self::FLAGS_SHIFT))
+    }
+
     /// Reinterprets a raw word (as loaded from shared memory).
     pub const fn from_bits(bits: u16) -> Self {
         Packets(bits)

@@ -18,9 +18,14 @@
 //!   handful of `unsafe` calls into it, each carrying the state-machine
 //!   ownership argument. The rest of the crate is `unsafe`-free
 //!   (`#![deny(unsafe_code)]`, allowed item by item).
-//! * [`proto`]: the zero-alloc protobuf encoder.
+//! * [`proto`]: the zero-alloc protobuf encoder and the small-message
+//!   [`Cursor`](proto::Cursor).
+//! * [`trace`]: the trace vocabulary (field numbers and enums of
+//!   TracePacket, TrackEvent and friends).
 //! * [`writer`]: the producer-side `TraceWriter` (fragmentation, patches,
-//!   drop mode).
+//!   drop mode) and the lean `InPlaceWriter` (small whole packets).
+//! * [`track_event`]: track events for `no_std` programs (firmware):
+//!   typed writers, per-sequence interning, the clock hook, writer cells.
 //! * [`reader`]: the service-side parser of a copied (untrusted) chunk and
 //!   patch application.
 //!
@@ -80,4 +85,6 @@ pub mod reader;
 pub mod smb;
 pub mod state;
 pub mod sync;
+pub mod trace;
+pub mod track_event;
 pub mod writer;

@@ -10,6 +10,10 @@
 //!   trace writer's chunk stream implements it and switches chunks in the
 //!   middle of a field; [`SliceSink`] implements it over a plain `&mut [u8]`
 //!   (tests, messages the service builds); [`SizeCounter`] only measures.
+//! * [`Cursor`]: a cheaper writer for one small message in a fixed-size
+//!   buffer (a chunk [`Window`](crate::smb::Window) or an array), used for
+//!   the common packet shapes; the caller falls back to the encoder when it
+//!   reports an overflow.
 //! * [`Encoder`] / [`Message`]: typed field writers. A nested message
 //!   reserves room for its size, which the sink back-fills when the message
 //!   closes. The chunk stream reserves 4 bytes and writes a 4-byte redundant
@@ -29,9 +33,11 @@
 //! assert_eq!(&buf[..n], &[0x40, 0x64]);
 //! ```
 
+pub mod cursor;
 pub mod encoder;
 mod slice;
 pub mod wire;
 
+pub use cursor::{Cursor, Measure, Target, TARGET_SLACK};
 pub use encoder::{EncodeError, Encoder, Message, Sink, MAX_DEPTH, SMALL_WRITE_LEN};
 pub use slice::{encode_to_slice, encoded_len, CountedSlot, SizeCounter, SliceSink, SliceSlot};

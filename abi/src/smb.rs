@@ -47,7 +47,7 @@ use crate::layout::{
 use crate::state::{self, ChunkState, PartitionError};
 use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
 
-pub use raw::{OutOfBounds, Window, WINDOW_LEN, WINDOW_SLACK};
+pub use raw::{OutOfBounds, Window, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
 use raw::{PayloadMut, Region};
 
 /// Zero-initialized, 4096-aligned storage for an SMB of `N` bytes (a
@@ -700,6 +700,14 @@ impl WritableChunk<'_> {
     #[inline]
     pub fn window(&mut self, offset: usize) -> Option<Window<'_>> {
         self.payload.window(offset)
+    }
+
+    /// The longest [`Window`] at `offset` (a power of two from
+    /// [`MIN_WINDOW_LEN`] to [`WINDOW_LEN`] bytes, plus [`WINDOW_SLACK`])
+    /// that fits the payload; `None` if not even the shortest does.
+    #[inline]
+    pub fn window_at_most(&mut self, offset: usize) -> Option<Window<'_>> {
+        self.payload.window_at_most(offset)
     }
 
     /// Writes one payload byte at `offset`.

@@ -34,7 +34,7 @@
 //!   (`FF FF FF 7F`) in its current fragment's size field, its chunk is
 //!   released, and its open size fields in that chunk are detached. The first
 //!   packet written after recovery carries `previous_packet_dropped = 257`
-//!   (`DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL`, field 42). The writer tries to
+//!   (`PRESENT | SMB_FULL` of [`data_loss`], field 42). The writer tries to
 //!   get a chunk again at every packet start.
 //! * Patch storage full (the arbiter is not taking patches, or a packet
 //!   spans chunks with more open nested messages than the FIFO holds): the
@@ -60,6 +60,7 @@
 //! leaves exactly the chunks `write_packet` would.
 
 mod arbiter;
+mod in_place;
 mod patches;
 mod polling;
 mod stream;
@@ -69,10 +70,12 @@ mod tests;
 use core::ops::{Deref, DerefMut};
 
 use crate::layout::MAX_WRITER_ID;
-use crate::proto::{EncodeError, Encoder, Message};
+use crate::proto::{Cursor, EncodeError, Encoder, Message};
 use crate::smb::Window;
+use crate::trace::{data_loss, trace_packet};
 
 pub use arbiter::{BufferId, ChunkArbiter, PatchesDeferred};
+pub use in_place::InPlaceWriter;
 pub use patches::{Patch, PatchGroup};
 pub use polling::{
     ArbiterError, ArbiterStats, ChunkCommit, CommitEvent, CommitQueue, CommitReceiver, DrainStats,
@@ -82,14 +85,6 @@ pub use stream::{
     ChunkSlot, ChunkStream, MAX_FRAGMENTS_PER_CHUNK, MIN_PACKET_ROOM, PADDED_COPY_LEN,
 };
 
-/// `DataLossReason` bit every loss carries (TracePacket field 42).
-pub const DATA_LOSS_PRESENT: u32 = 1;
-/// `DataLossReason` bit for packets lost because the SMB was full.
-pub const DATA_LOSS_SMB_FULL: u32 = 256;
-/// `TracePacket.previous_packet_dropped`.
-pub const FIELD_PREVIOUS_PACKET_DROPPED: u32 = 42;
-/// `TracePacket.first_packet_on_sequence`.
-pub const FIELD_FIRST_PACKET_ON_SEQUENCE: u32 = 87;
 /// Default capacity of a writer's pending-patch FIFO.
 pub const DEFAULT_PATCH_CAPACITY: usize = 32;
 
@@ -109,8 +104,8 @@ impl DropReason {
     /// The `previous_packet_dropped` bits the next packet carries.
     pub const fn loss_bits(self) -> u32 {
         match self {
-            Self::SmbFull => DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL,
-            Self::PatchStorageFull | Self::PacketTooLong => DATA_LOSS_PRESENT,
+            Self::SmbFull => data_loss::PRESENT | data_loss::SMB_FULL,
+            Self::PatchStorageFull | Self::PacketTooLong => data_loss::PRESENT,
         }
     }
 }
@@ -268,10 +263,10 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
             let first = self.enc.sink().first_packet();
             let mut root = self.enc.root();
             if loss != 0 {
-                root.uint32(FIELD_PREVIOUS_PACKET_DROPPED, loss);
+                root.uint32(trace_packet::PREVIOUS_PACKET_DROPPED, loss);
             }
             if first {
-                root.bool(FIELD_FIRST_PACKET_ON_SEQUENCE, true);
+                root.bool(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
             }
         }
         Packet {
@@ -332,23 +327,22 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     }
 
     /// Encodes a small packet straight into the current chunk: `encode`
-    /// writes the packet's fields (no size prefix) into a [`Window`] of
-    /// [`WINDOW_LEN`](crate::smb::WINDOW_LEN) free payload bytes and returns their length, or
-    /// `None` to give up. Returns `true` if the packet was written (one
-    /// byte of size, the fields, one atomic store); `false` if this path
-    /// was not available (the chunk is nearly full, loss must be marked
-    /// first, or the packet is longer than 127 bytes): nothing was
-    /// committed and the caller writes the packet another way.
+    /// writes the packet's fields (no size prefix) through a [`Cursor`]
+    /// into free payload bytes, and returns `false` to give up. Returns
+    /// `true` if the packet was written (one byte of size, the fields, one
+    /// atomic store); `false` if this path was not available (the chunk is
+    /// nearly full, loss must be marked first, or the packet is longer than
+    /// 127 bytes): nothing was committed and the caller writes the packet
+    /// another way.
     #[inline]
     pub fn write_small_packet_in_place(
         &mut self,
-        encode: impl FnOnce(&mut Window<'_>) -> Option<usize>,
+        encode: impl FnOnce(&mut Cursor<Window<'_>>) -> bool,
     ) -> bool {
         self.enc
             .sink_and_slots()
             .0
             .write_small_packet_in_place(encode)
-            .is_some()
     }
 
     /// Whether a packet written now would find room, asked before encoding

@@ -123,7 +123,6 @@ mod connection;
 mod data_source;
 mod error;
 mod event;
-mod fast;
 pub mod filter;
 mod intern;
 mod outbox;

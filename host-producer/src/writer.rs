@@ -147,7 +147,7 @@ impl PacketWriter for Output {
     #[inline]
     fn write_in_place(
         &mut self,
-        encode: impl FnOnce(&mut shmtrace_abi::smb::Window<'_>) -> Option<usize>,
+        encode: impl FnOnce(&mut shmtrace_abi::proto::Cursor<shmtrace_abi::smb::Window<'_>>) -> bool,
     ) -> bool {
         self.dirty = true;
         self.writer.write_small_packet_in_place(encode)

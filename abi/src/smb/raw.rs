@@ -12,11 +12,11 @@
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
-//! * A [`Window`] is [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes of a
-//!   [`PayloadMut`], checked against the payload when it is made and
-//!   borrowing it mutably; its byte and 8-byte writes mask the index to
-//!   below [`WINDOW_LEN`] instead of checking it, so they stay inside the
-//!   window (slack included) whatever the index.
+//! * A [`Window`] is `len` + [`WINDOW_SLACK`] bytes of a [`PayloadMut`]
+//!   (`len` a power of two, at most [`WINDOW_LEN`]), checked against the
+//!   payload when it is made and borrowing it mutably; its byte and 8-byte
+//!   writes mask the index to below `len` instead of checking it, so they
+//!   stay inside the window (slack included) whatever the index.
 
 use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::marker::PhantomData;
@@ -226,12 +226,40 @@ impl PayloadMut<'_> {
     /// all in the payload.
     #[inline]
     pub(crate) fn window(&mut self, offset: usize) -> Option<Window<'_>> {
-        check(offset, WINDOW_LEN + WINDOW_SLACK, self.len).ok()?;
-        // SAFETY: `offset + WINDOW_LEN + WINDOW_SLACK <= self.len` (checked),
-        // so the result points inside the payload and is not null.
+        self.window_of(offset, WINDOW_LEN)
+    }
+
+    /// The largest window at `offset` of a power-of-two length between
+    /// [`MIN_WINDOW_LEN`] and [`WINDOW_LEN`] whose bytes (slack included)
+    /// are all in the payload.
+    #[inline]
+    pub(crate) fn window_at_most(&mut self, offset: usize) -> Option<Window<'_>> {
+        let room = self.len.checked_sub(offset)?.checked_sub(WINDOW_SLACK)?;
+        if room < MIN_WINDOW_LEN {
+            return None;
+        }
+        let len = if room >= WINDOW_LEN {
+            WINDOW_LEN
+        } else {
+            1 << (usize::BITS - 1 - room.leading_zeros())
+        };
+        self.window_of(offset, len)
+    }
+
+    /// The `len` (a power of two, at most [`WINDOW_LEN`]) + [`WINDOW_SLACK`]
+    /// bytes at `offset`, if they are all in the payload.
+    #[inline]
+    fn window_of(&mut self, offset: usize, len: usize) -> Option<Window<'_>> {
+        if !len.is_power_of_two() || len > WINDOW_LEN {
+            return None;
+        }
+        check(offset, len + WINDOW_SLACK, self.len).ok()?;
+        // SAFETY: `offset + len + WINDOW_SLACK <= self.len` (checked), so the
+        // result points inside the payload and is not null.
         let ptr = unsafe { self.ptr.add(offset) };
         Some(Window {
             ptr,
+            mask: len - 1,
             _payload: PhantomData,
         })
     }
@@ -249,48 +277,66 @@ impl PayloadMut<'_> {
     }
 }
 
-/// Length of a [`Window`]: a power of two, so an index is kept in range by
-/// a mask.
+/// Longest [`Window`]: a power of two, so an index is kept in range by a
+/// mask. A packet encoded in a window fits a 1-byte size (127 bytes).
 pub const WINDOW_LEN: usize = 128;
+
+/// Shortest [`Window`] [`WritableChunk::window_at_most`](super::WritableChunk::window_at_most) hands out.
+pub const MIN_WINDOW_LEN: usize = 16;
 
 /// Bytes a [`Window`] owns past [`WINDOW_LEN`], so an 8-byte write at any
 /// index below [`WINDOW_LEN`] stays inside it.
 pub const WINDOW_SLACK: usize = 8;
 
-/// Write access to [`WINDOW_LEN`] bytes of a chunk payload this writer owns
-/// (plus [`WINDOW_SLACK`]), for encoding a packet in place. Every write
-/// lands inside the window: an index is reduced modulo [`WINDOW_LEN`] (a
-/// wrapped-around write garbles the window, never memory outside it), a
-/// slice that does not fit is refused. The bytes are never read through it.
+/// Write access to `len()` bytes of a chunk payload this writer owns (a
+/// power of two, at most [`WINDOW_LEN`], plus [`WINDOW_SLACK`]), for
+/// encoding a packet in place. Every write lands inside the window: an index
+/// is reduced modulo `len()` (a wrapped-around write garbles the window,
+/// never memory outside it), a slice that does not fit is refused. The bytes
+/// are never read through it.
 #[derive(Debug)]
 pub struct Window<'a> {
     ptr: NonNull<u8>,
+    /// `len() - 1`; `len()` is a power of two.
+    mask: usize,
     _payload: PhantomData<&'a mut ()>,
 }
 
 impl Window<'_> {
-    /// Writes `byte` at `index % WINDOW_LEN`.
+    /// Length in bytes (a power of two), slack excluded.
     #[inline(always)]
-    pub fn put(&mut self, index: usize, byte: u8) {
-        // SAFETY: the masked index is below WINDOW_LEN, and the window's
-        // WINDOW_LEN bytes lie inside a payload this writer owns exclusively
-        // (checked and borrowed mutably in `PayloadMut::window`).
-        unsafe { self.ptr.as_ptr().add(index & (WINDOW_LEN - 1)).write(byte) }
+    pub fn len(&self) -> usize {
+        self.mask + 1
     }
 
-    /// Writes the 8 little-endian bytes of `word` at `index % WINDOW_LEN`
-    /// (a caller keeping fewer of them overwrites the rest later, or
-    /// leaves them as garbage past its packet).
+    /// Always `false`: a window has at least one byte.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes `byte` at `index % len()`.
+    #[inline(always)]
+    pub fn put(&mut self, index: usize, byte: u8) {
+        // SAFETY: the masked index is below `len()`, and the window's
+        // `len()` bytes lie inside a payload this writer owns exclusively
+        // (checked and borrowed mutably in `PayloadMut::window_of`).
+        unsafe { self.ptr.as_ptr().add(index & self.mask).write(byte) }
+    }
+
+    /// Writes the 8 little-endian bytes of `word` at `index % len()` (a
+    /// caller keeping fewer of them overwrites the rest later, or leaves
+    /// them as garbage past its packet).
     #[inline(always)]
     pub fn put_u64(&mut self, index: usize, word: u64) {
-        // SAFETY: the masked index is below WINDOW_LEN, so the 8 bytes end
-        // within WINDOW_LEN + WINDOW_SLACK, all inside a payload this writer
+        // SAFETY: the masked index is below `len()`, so the 8 bytes end
+        // within `len() + WINDOW_SLACK`, all inside a payload this writer
         // owns exclusively (checked and borrowed mutably in
-        // `PayloadMut::window`); an unaligned write needs no alignment.
+        // `PayloadMut::window_of`); an unaligned write needs no alignment.
         unsafe {
             self.ptr
                 .as_ptr()
-                .add(index & (WINDOW_LEN - 1))
+                .add(index & self.mask)
                 .cast::<[u8; 8]>()
                 .write_unaligned(word.to_le_bytes())
         }
@@ -298,16 +344,30 @@ impl Window<'_> {
 
     /// Copies `src` to `index`; `false` (nothing written) if it does not
     /// fit in the window.
+    ///
+    /// On bare-metal targets (`target_os = "none"`) the bytes are stored one
+    /// by one: strings in events are short, and there a `memcpy` is a
+    /// library call that costs more than the copy (and its code more than
+    /// the rest of the writer).
     #[inline(always)]
     pub fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
         match index.checked_add(src.len()) {
-            Some(end) if end <= WINDOW_LEN => {
-                // SAFETY: `index + src.len() <= WINDOW_LEN` (checked), inside
-                // the exclusively owned window; `src` is a Rust slice and
-                // cannot overlap memory nobody may reference.
+            Some(end) if end <= self.len() => {
+                #[cfg(not(target_os = "none"))]
+                // SAFETY: `index + src.len() <= len()` (checked), inside the
+                // exclusively owned window; `src` is a Rust slice and cannot
+                // overlap memory nobody may reference.
                 unsafe {
                     ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(index), src.len())
                 };
+                #[cfg(target_os = "none")]
+                for (i, &b) in src.iter().enumerate() {
+                    // SAFETY: `index + i < index + src.len() <= len()`
+                    // (checked), inside the exclusively owned window. The
+                    // volatile store keeps the compiler from turning the
+                    // loop back into a `memcpy` call.
+                    unsafe { self.ptr.as_ptr().add(index + i).write_volatile(b) };
+                }
                 true
             }
             _ => false,

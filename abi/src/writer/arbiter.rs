@@ -50,6 +50,24 @@ pub trait ChunkArbiter<'s> {
     /// The writer was flushed: deliver pending commits now rather than after
     /// any batching delay.
     fn flush(&mut self);
+
+    /// Whether whoever consumes the chunks records packets now. Writers
+    /// that can skip work check it before each packet (a firmware region's
+    /// host clears it while no session records the firmware). Always `true`
+    /// unless an implementation says otherwise.
+    #[inline]
+    fn tracing_enabled(&self) -> bool {
+        true
+    }
+
+    /// A number the consumer changes to ask every writer to clear its
+    /// sequence's incremental state (a session started and must see the
+    /// interned strings and descriptors again). Constant (0) unless an
+    /// implementation says otherwise.
+    #[inline]
+    fn clear_epoch(&self) -> u32 {
+        0
+    }
 }
 
 impl<'s, A: ChunkArbiter<'s> + ?Sized> ChunkArbiter<'s> for &mut A {
@@ -71,5 +89,15 @@ impl<'s, A: ChunkArbiter<'s> + ?Sized> ChunkArbiter<'s> for &mut A {
     #[inline]
     fn flush(&mut self) {
         (**self).flush()
+    }
+
+    #[inline]
+    fn tracing_enabled(&self) -> bool {
+        (**self).tracing_enabled()
+    }
+
+    #[inline]
+    fn clear_epoch(&self) -> u32 {
+        (**self).clear_epoch()
     }
 }

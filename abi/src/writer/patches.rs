@@ -96,7 +96,7 @@ impl<const N: usize> PatchFifo<N> {
 
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        N == 0 || self.entries.is_empty()
     }
 
     /// Adds an unpatched entry; returns its sequence number, or `None` when

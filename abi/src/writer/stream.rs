@@ -25,12 +25,13 @@ use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, MAX_PACKET_COUNT};
 use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
-use crate::proto::{Sink, SMALL_WRITE_LEN};
-use crate::smb::{OutOfBounds, Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
+use crate::proto::{Cursor, Sink, SMALL_WRITE_LEN};
+use crate::smb::{OutOfBounds, Window, WritableChunk, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
+use crate::trace::trace_packet;
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
-use super::{DropReason, WriterStats, DATA_LOSS_PRESENT, DATA_LOSS_SMB_FULL};
+use super::{DropReason, WriterStats};
 
 /// Start a packet in a new chunk if fewer bytes than this are left: the
 /// 4-byte size field plus 8 bytes of packet ("chunk too full").
@@ -55,6 +56,41 @@ fn write_unpadded(
 /// Most fragments a writer puts in one chunk: one below the 10-bit maximum,
 /// so the count can always be inflated once more for a scraper.
 pub const MAX_FRAGMENTS_PER_CHUNK: u16 = MAX_PACKET_COUNT - 1;
+
+/// Why [`ChunkStream::put_in_place`] did not write a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InPlaceError {
+    /// Dropped (counted, loss marked on the next packet).
+    Dropped(DropReason),
+    /// Longer than 127 bytes at the start of a chunk: nothing was counted.
+    TooLong,
+}
+
+/// Where [`ChunkStream::put_in_place`] encodes a packet.
+#[derive(Debug, Clone, Copy)]
+struct InPlaceSlot {
+    /// Payload offset of the packet's 1-byte size (index 0 of its window).
+    at: usize,
+    /// Fragments in the chunk once the packet is in.
+    count: u16,
+    /// `previous_packet_dropped` to put first (0: none).
+    loss: u32,
+    /// Put `first_packet_on_sequence` first.
+    first: bool,
+    /// The window is as long as windows get.
+    full_window: bool,
+}
+
+/// Writes the fields a writer puts in front of a packet in place.
+#[inline(never)]
+fn in_place_prefix(c: &mut Cursor<Window<'_>>, loss: u32, first: bool) {
+    if loss != 0 {
+        c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
+    }
+    if first {
+        c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
+    }
+}
 
 /// Where the size field of an open nested message lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +199,10 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
 
     pub(crate) fn next_chunk_id(&self) -> u32 {
         self.next_chunk_id
+    }
+
+    pub(crate) fn writer_id(&self) -> u16 {
+        self.writer_id
     }
 
     pub(crate) fn drop_reason(&self) -> Option<DropReason> {
@@ -297,7 +337,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
                     self.discarding = true;
                     self.discard_pos = 0;
                     self.drop_reason = Some(DropReason::SmbFull);
-                    self.pending_loss |= DATA_LOSS_PRESENT | DATA_LOSS_SMB_FULL;
+                    self.pending_loss |= DropReason::SmbFull.loss_bits();
                     return false;
                 }
             }
@@ -403,48 +443,177 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     }
 
     /// Encodes a packet of at most 127 bytes in place, behind a 1-byte
-    /// size: `encode` writes the packet's fields into a [`Window`] at the
-    /// cursor and returns their length. `None` (nothing committed; the
-    /// window's bytes lie in free payload space that later writes
-    /// overwrite and readers never parse) if the packet cannot take this
-    /// path: a packet is open, loss must be marked first, the chunk lacks
-    /// a whole window, or `encode` returned `None` or more than 127 bytes.
-    /// The chunk rules are [`ChunkStream::try_write_small_packet`]'s, so
-    /// both paths split packets at the same places.
-    #[inline]
+    /// size, in the common case: `encode` writes the packet's fields through
+    /// a [`Cursor`] over a [`Window`] whose index 0 is the size byte (the
+    /// cursor starts at 1) and returns `false` to give up. `false` (nothing
+    /// committed; the window's bytes lie in free payload space that later
+    /// writes overwrite and readers never parse) if the packet cannot take
+    /// this path: a packet is open, loss must be marked first, it is the
+    /// sequence's first packet, the chunk lacks a whole window, or the
+    /// packet is longer than 127 bytes. Packets it declines go the general
+    /// way, whose rules split packets at the same places.
+    #[inline(always)]
     pub(crate) fn write_small_packet_in_place(
         &mut self,
-        encode: impl FnOnce(&mut Window<'_>) -> Option<usize>,
-    ) -> Option<()> {
-        if self.in_packet || self.first_packet || self.pending_loss != 0 {
-            return None;
+        encode: impl FnOnce(&mut Cursor<Window<'_>>) -> bool,
+    ) -> bool {
+        if self.in_packet | self.first_packet | (self.pending_loss != 0) {
+            return false;
         }
-        let chunk = self.chunk.as_mut()?;
-        let room = self.capacity.saturating_sub(self.cursor);
-        let count = if self.inflated {
-            self.count
-        } else {
-            self.count + 1
-        };
-        if room < 1 + WINDOW_LEN + WINDOW_SLACK || count > MAX_FRAGMENTS_PER_CHUNK {
-            return None;
+        let count = self.count + u16::from(!self.inflated);
+        if count > MAX_FRAGMENTS_PER_CHUNK {
+            return false;
         }
         let at = self.cursor;
-        let len = encode(&mut chunk.window(at + 1)?)?;
-        if len > MAX_ONE_BYTE_LEN as usize || room < SIZE_FIELD_LEN + len {
-            return None;
+        let Some(chunk) = self.chunk.as_mut() else {
+            return false;
+        };
+        // The size byte, up to 127 bytes of packet, the slack: all in the
+        // payload, so the general path's rule (room for a 4-byte size and
+        // the packet) holds too.
+        let Some(window) = chunk.window(at) else {
+            return false;
+        };
+        let mut c = Cursor::new_at(window, 1);
+        if !encode(&mut c) {
+            return false;
         }
-        chunk.write_u8(at, len as u8).ok()?;
-        // `seal_packet` for this case: the window ended inside the chunk, so
-        // a byte is left and the count is inflated for scrapers.
-        let packets = Packets::new(count + 1, self.flags).unwrap_or(Packets::EMPTY);
-        chunk.set_packets(packets);
-        self.cursor = at + 1 + len;
+        let Some(end) = c.finish() else {
+            return false;
+        };
+        c.put_at(0, (end - 1) as u8);
+        self.publish_in_place(at + end, count);
+        true
+    }
+
+    /// Writes one whole packet of at most 127 bytes, encoded in place in
+    /// the current chunk by `encode`, behind a 1-byte size, with
+    /// `previous_packet_dropped` and `first_packet_on_sequence` put first
+    /// when due. Unlike [`Self::write_small_packet_in_place`] it never
+    /// defers to the general path: it takes a new chunk when the current
+    /// one lacks room (a chunk's tail shorter than the packet is left
+    /// unused). `encode` runs again, from scratch, when the first window was
+    /// too short. Returns `Ok(())` when the packet was written, else
+    /// [`InPlaceError`]: no chunk (the packet was dropped: counted, and
+    /// marked on the next packet written), or longer than 127 bytes even at
+    /// the start of a chunk (nothing counted: the caller decides).
+    ///
+    /// Only the encoding step is generic: the chunk handling around it is
+    /// compiled once, whatever the packet.
+    #[inline]
+    pub(crate) fn put_in_place(
+        &mut self,
+        mut encode: impl FnMut(&mut Cursor<Window<'_>>),
+    ) -> Result<(), InPlaceError> {
+        let mut retry = false;
+        loop {
+            let slot = self.in_place_slot(retry)?;
+            let end = {
+                let window = self
+                    .chunk
+                    .as_mut()
+                    .and_then(|chunk| chunk.window_at_most(slot.at));
+                let Some(window) = window else {
+                    return Err(InPlaceError::TooLong);
+                };
+                let mut c = Cursor::new_at(window, 1);
+                in_place_prefix(&mut c, slot.loss, slot.first);
+                encode(&mut c);
+                let end = c.finish();
+                if let Some(end) = end {
+                    c.put_at(0, (end - 1) as u8);
+                }
+                end
+            };
+            match end {
+                Some(end) => {
+                    self.pending_loss = 0;
+                    self.first_packet = false;
+                    self.publish_in_place(slot.at + end, slot.count);
+                    return Ok(());
+                }
+                None if !slot.full_window && !retry => retry = true,
+                None => return Err(InPlaceError::TooLong),
+            }
+        }
+    }
+
+    /// Where [`Self::put_in_place`] encodes: makes sure a chunk with room
+    /// for a window is held (taking a new one if needed, and first of all
+    /// when `new_chunk` asks for one) and says where the packet goes.
+    #[inline(never)]
+    fn in_place_slot(&mut self, new_chunk: bool) -> Result<InPlaceSlot, InPlaceError> {
+        if new_chunk {
+            self.take_new_chunk()?;
+        }
+        let mut took = new_chunk;
+        loop {
+            let count = if self.inflated {
+                self.count
+            } else {
+                self.count + 1
+            };
+            let room = self.capacity.saturating_sub(self.cursor);
+            let usable = self.chunk.is_some()
+                && !self.in_packet
+                && count <= MAX_FRAGMENTS_PER_CHUNK
+                && room >= MIN_WINDOW_LEN + WINDOW_SLACK;
+            if usable {
+                return Ok(InPlaceSlot {
+                    at: self.cursor,
+                    count,
+                    loss: self.pending_loss,
+                    first: self.first_packet,
+                    full_window: room >= WINDOW_LEN + WINDOW_SLACK,
+                });
+            }
+            if took || self.in_packet {
+                // A new chunk without room for a window, or a general packet
+                // left open: nothing this path can do.
+                return Err(InPlaceError::TooLong);
+            }
+            self.take_new_chunk()?;
+            took = true;
+        }
+    }
+
+    /// [`Self::next_chunk`] for the in-place path: a failure drops the
+    /// packet (counted, marked on the next one).
+    fn take_new_chunk(&mut self) -> Result<(), InPlaceError> {
+        self.next_chunk().map_err(|reason| {
+            self.drop_unwritten(reason);
+            InPlaceError::Dropped(reason)
+        })
+    }
+
+    /// Returns the current chunk, if any, and takes a new one with a count
+    /// of 0 (the next packet is its first).
+    fn next_chunk(&mut self) -> Result<(), DropReason> {
+        if self.chunk.is_some() {
+            self.return_chunk();
+        }
+        match self.arbiter.acquire_chunk(self.header(Packets::EMPTY)) {
+            Some(chunk) => {
+                self.install(chunk, 0, ChunkFlags::EMPTY);
+                Ok(())
+            }
+            None => Err(DropReason::SmbFull),
+        }
+    }
+
+    /// Publishes a packet encoded in place whose last byte is before `end`
+    /// (its size byte written): `count` fragments with it, inflated for
+    /// scrapers (a window always leaves a byte free), one release store.
+    #[inline(always)]
+    fn publish_in_place(&mut self, end: usize, count: u16) {
+        if let Some(chunk) = &self.chunk {
+            chunk.set_packets(Packets::masked(count + 1, self.flags));
+        }
+        self.cursor = end;
         self.count = count + 1;
         self.inflated = true;
         self.stats.packets_written += 1;
         self.deliver_patches();
-        Some(())
     }
 
     /// Counts a packet dropped before any of it was written and marks the

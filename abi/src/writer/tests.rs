@@ -101,7 +101,10 @@ fn small_packets_case(encoded: bool) {
             PacketOutcome::Dropped(DropReason::PacketTooLong)
         );
         assert_eq!(w.stats().packets_dropped_too_long, 1);
-        assert_eq!(w.enc.sink().pending_loss(), DATA_LOSS_PRESENT);
+        assert_eq!(
+            w.enc.sink().pending_loss(),
+            crate::trace::data_loss::PRESENT
+        );
         assert_eq!(w.enc.sink().snapshot().unwrap().0.count(), 3);
     }
     // Nothing is committed before the flush.
@@ -844,19 +847,19 @@ proptest::proptest! {
                     // window and must be refused. It falls back to a padded
                     // scratch buffer.
                     let in_place = bytes.len() % 2 == 0
-                        && a.write_small_packet_in_place(|w| {
+                        && a.write_small_packet_in_place(|c| {
                             if bytes.len() % 4 == 0 {
-                                for (i, &byte) in bytes.iter().enumerate() {
-                                    w.put(i, byte);
+                                for &byte in bytes.iter() {
+                                    c.byte(byte);
                                 }
                             } else {
-                                for (k, part) in bytes.chunks(8).enumerate() {
+                                for part in bytes.chunks(8) {
                                     let mut word = [0xEE; 8];
                                     word[..part.len()].copy_from_slice(part);
-                                    w.put_u64(8 * k, u64::from_le_bytes(word));
+                                    c.word(u64::from_le_bytes(word), part.len());
                                 }
                             }
-                            Some(bytes.len())
+                            true
                         });
                     if in_place {
                         proptest::prop_assert!(bytes.len() <= 127);

@@ -1,0 +1,100 @@
+//! Track events without `std`: slices, instants, counters, flows and debug
+//! annotations on tracks, written by firmware (or any `no_std` program)
+//! straight into SMB chunks.
+//!
+//! A [`TrackEventWriter`] writes one packet sequence. What it writes is
+//! what Perfetto's C++ SDK writes for the same events (and byte for byte
+//! what `shmtrace-producer` writes, both encoding through [`encode`]):
+//!
+//! 1. A reset packet, first and after every loss or clear request:
+//!    `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED`,
+//!    `trace_packet_defaults` (events on the incremental clock 64, on the
+//!    writer's default track) and a `clock_snapshot` defining clock 64 as
+//!    equal to the writer's absolute clock now; then the default track's
+//!    descriptor.
+//! 2. Events with `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE` and their
+//!    time as a delta on clock 64 (one to three bytes). Category, event and
+//!    annotation names (`&'static str`) are interned per sequence: the
+//!    first event using one carries it in `interned_data`, later ones its
+//!    id. A track other than the default one gets its descriptor before
+//!    its first event.
+//!
+//! Every packet is at most 127 bytes and written in place through an
+//! [`InPlaceWriter`](crate::writer::InPlaceWriter): no copy, no `memcpy`.
+//! An event that does not fit (long strings) first moves its new interned
+//! strings into packets of their own; if it still does not fit, it is
+//! dropped and counted.
+//!
+//! ```
+//! use shmtrace_abi::layout::{PageLayout, PageSize};
+//! use shmtrace_abi::smb::{Smb, SmbStorage};
+//! use shmtrace_abi::track_event::{CounterTrack, SequenceConfig, Track, TrackEventWriter};
+//! use shmtrace_abi::writer::InPlaceWriter;
+//! # use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
+//! # use shmtrace_abi::layout::ChunkHeaderRepr;
+//! # use shmtrace_abi::smb::WritableChunk;
+//! # struct Arbiter<'s>(&'s Smb<'s>);
+//! # impl<'s> ChunkArbiter<'s> for Arbiter<'s> {
+//! #     fn acquire_chunk(&mut self, h: ChunkHeaderRepr) -> Option<WritableChunk<'s>> {
+//! #         self.0.try_acquire_any_chunk_for_writing(0, PageLayout::Div4, h).ok()
+//! #     }
+//! #     fn commit_chunk(&mut self, c: WritableChunk<'s>, _: BufferId) { let _ = c.release_as_complete(); }
+//! #     fn send_patches(&mut self, _: &PatchGroup<'_>) -> Result<(), PatchesDeferred> { Ok(()) }
+//! #     fn flush(&mut self) {}
+//! # }
+//!
+//! static MAIN: Track = Track::new("main loop");
+//! static TEMPERATURE: CounterTrack = CounterTrack::new("temperature").with_unit_name("mC");
+//!
+//! let mut storage = Box::new(SmbStorage::<8192>::new());
+//! let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
+//! let out = InPlaceWriter::new(Arbiter(&smb), 1, 1).unwrap();
+//! let mut ticks = 0u64;
+//! let clock = move || { ticks += 1_000; ticks };
+//! let mut w: TrackEventWriter<_, _> = TrackEventWriter::new(out, clock, SequenceConfig::new(&MAIN));
+//!
+//! assert!(w.slice_begin("io", "read sensor"));
+//! assert!(w.counter(&TEMPERATURE, 21_500));
+//! assert!(w.event(shmtrace_abi::trace::track_event::Type::Instant, "io", "sample").arg("raw", 1234u32).emit());
+//! assert!(w.slice_end());
+//! assert_eq!(w.stats().events, 4);
+//! ```
+//!
+//! # Costs and limits (the knobs)
+//!
+//! * `TrackEventWriter<A, C, N, T>`: `N` interned strings per sequence (all
+//!   kinds together, a power of two; 12 bytes each on 32-bit targets),
+//!   descriptors remembered for `T` tracks (8 bytes each). Strings beyond
+//!   `N` are written inline, descriptors beyond `T` again before each use;
+//!   both are counted.
+//! * The common events (slice begin/end and instant with interned names,
+//!   on the default track) take a dedicated path: a clock read, two table
+//!   probes, the fields, one release store.
+//! * Nothing blocks: a full SMB drops the event (counted, and marked on the
+//!   next packet as `previous_packet_dropped`), and the sequence restarts.
+//!
+//! # Clocks
+//!
+//! See [`Clock`]: the program supplies nanoseconds on its own time base;
+//! [`TickClock`] and [`Extend32`] turn a SysTick or cycle counter into one.
+//!
+//! # Several contexts
+//!
+//! One writer per context (thread, interrupt priority, task), each in a
+//! [`WriterCell`], each with its own writer id; see [`cell`].
+
+pub mod cell;
+pub mod clock;
+pub mod encode;
+pub mod intern;
+pub mod track;
+mod writer;
+
+pub use cell::WriterCell;
+pub use clock::{Clock, Extend32, TickClock, TickRate};
+pub use encode::{ArgValue, ClockValue, CounterValue};
+pub use track::{name_uuid, CounterTrack, Track};
+pub use writer::{
+    EventBuilder, SequenceConfig, TrackEventStats, TrackEventWriter, FIRMWARE_CLOCK_ID, MAX_ARGS,
+    MAX_FLOWS,
+};

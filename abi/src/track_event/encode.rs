@@ -1,0 +1,467 @@
+//! The packets of a track event sequence, encoded with a [`Cursor`]: one
+//! definition of their bytes for every writer in the workspace (the
+//! firmware's [`TrackEventWriter`](super::TrackEventWriter) and the host
+//! producer's sequences).
+//!
+//! Field order and size encoding are fixed, so the same event always
+//! becomes the same bytes: the TracePacket fields `timestamp`,
+//! `timestamp_clock_id` (absolute times only), `sequence_flags`,
+//! `track_event` (`type`, `track_uuid`, categories, name, debug
+//! annotations, flows, terminating flows, counter value), then
+//! `interned_data` (categories, event names, annotation names, each in the
+//! order they were interned). Nested messages take a 1-byte size when the
+//! encoder is told the packet stays under 128 bytes (`SHORT = true`, what
+//! a packet written in place in a chunk always is), else a 2-byte
+//! redundant varint.
+
+use crate::proto::{Cursor, Target};
+use crate::trace::{
+    builtin_clock, clock, clock_snapshot, debug_annotation, interned_string, sequence_flags,
+    trace_packet, trace_packet_defaults, track_event, track_event_defaults,
+};
+
+use super::intern::Kind;
+use super::track::AnyTrack;
+
+pub use crate::trace::track_event::Type;
+
+/// A string field: an interned id, or the string itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Str<'a> {
+    /// `*_iid`: interned on this sequence.
+    Iid(u64),
+    /// The string inline.
+    Inline(&'a str),
+}
+
+/// A flat debug annotation value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArgValue<'a> {
+    /// `bool_value`.
+    Bool(bool),
+    /// `uint_value`.
+    Uint(u64),
+    /// `int_value`.
+    Int(i64),
+    /// `double_value`.
+    Double(f64),
+    /// `string_value`.
+    Str(&'a str),
+    /// `pointer_value`.
+    Pointer(u64),
+}
+
+macro_rules! arg_from {
+    ($($t:ty => $v:ident),* $(,)?) => {$(
+        impl From<$t> for ArgValue<'_> {
+            #[inline(always)]
+            fn from(v: $t) -> Self {
+                ArgValue::$v(v.into())
+            }
+        }
+    )*};
+}
+arg_from!(bool => Bool, u8 => Uint, u16 => Uint, u32 => Uint, u64 => Uint,
+    i8 => Int, i16 => Int, i32 => Int, i64 => Int, f32 => Double, f64 => Double);
+
+impl<'a> From<&'a str> for ArgValue<'a> {
+    #[inline(always)]
+    fn from(v: &'a str) -> Self {
+        ArgValue::Str(v)
+    }
+}
+
+/// A debug annotation: a name and a flat value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arg<'a> {
+    /// The name.
+    pub name: Str<'a>,
+    /// The value.
+    pub value: ArgValue<'a>,
+}
+
+/// A counter sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CounterValue {
+    /// `counter_value`.
+    Int(i64),
+    /// `double_counter_value`.
+    Double(f64),
+}
+
+macro_rules! counter_from {
+    ($($t:ty => $v:ident),* $(,)?) => {$(
+        impl From<$t> for CounterValue {
+            #[inline(always)]
+            fn from(v: $t) -> Self {
+                CounterValue::$v(v.into())
+            }
+        }
+    )*};
+}
+counter_from!(i8 => Int, i16 => Int, i32 => Int, i64 => Int, u8 => Int, u16 => Int, u32 => Int,
+    f32 => Double, f64 => Double);
+
+/// When an event happened, as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Time {
+    /// Nanoseconds since the previous event on the sequence's incremental
+    /// clock 64 (the sequence's default clock).
+    Delta(u64),
+    /// An absolute time on clock `clock_id`.
+    Absolute {
+        /// `timestamp_clock_id`.
+        clock_id: u32,
+        /// `timestamp`.
+        ns: u64,
+    },
+}
+
+/// A string the packet interns (an `interned_data` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewString<'a> {
+    /// Which `InternedData` field.
+    pub kind: Kind,
+    /// Its id.
+    pub iid: u64,
+    /// The string.
+    pub name: &'a str,
+}
+
+/// One track event, with every string already resolved to an id or
+/// inline text.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Event<'a> {
+    /// The type.
+    pub kind: Type,
+    /// The time.
+    pub time: Time,
+    /// `track_uuid`, when not the sequence's default track.
+    pub track_uuid: Option<u64>,
+    /// The categories.
+    pub categories: &'a [Str<'a>],
+    /// The name.
+    pub name: Option<Str<'a>>,
+    /// Debug annotations.
+    pub args: &'a [Arg<'a>],
+    /// `flow_ids`.
+    pub flows: &'a [u64],
+    /// `terminating_flow_ids`.
+    pub terminating_flows: &'a [u64],
+    /// The counter value (counters).
+    pub counter: Option<CounterValue>,
+    /// Strings first used by this event, in the order they were interned.
+    pub interned: &'a [NewString<'a>],
+}
+
+impl<'a> Event<'a> {
+    /// An event of `kind` at `time` with nothing else.
+    pub const fn new(kind: Type, time: Time) -> Self {
+        Self {
+            kind,
+            time,
+            track_uuid: None,
+            categories: &[],
+            name: None,
+            args: &[],
+            flows: &[],
+            terminating_flows: &[],
+            counter: None,
+            interned: &[],
+        }
+    }
+}
+
+/// Writes the time fields and `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE`.
+#[inline(always)]
+fn time_and_flags<T: Target>(c: &mut Cursor<T>, time: Time) {
+    match time {
+        Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
+        Time::Absolute { clock_id, ns } => {
+            c.uint(trace_packet::TIMESTAMP, ns);
+            c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
+        }
+    }
+    c.uint(
+        trace_packet::SEQUENCE_FLAGS,
+        u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+    );
+}
+
+#[inline(always)]
+fn str_field<T: Target>(c: &mut Cursor<T>, s: Str<'_>, iid_field: u32, field: u32) {
+    match s {
+        Str::Iid(iid) => c.uint(iid_field, iid),
+        Str::Inline(s) => c.string(field, s),
+    }
+}
+
+/// Writes a flat debug annotation value.
+#[inline(always)]
+pub fn arg_value<T: Target>(c: &mut Cursor<T>, value: ArgValue<'_>) {
+    use debug_annotation as f;
+    match value {
+        ArgValue::Bool(b) => c.boolean(f::BOOL_VALUE, b),
+        ArgValue::Uint(u) => c.uint(f::UINT_VALUE, u),
+        ArgValue::Int(i) => c.int(f::INT_VALUE, i),
+        ArgValue::Double(d) => c.double(f::DOUBLE_VALUE, d),
+        ArgValue::Str(s) => c.string(f::STRING_VALUE, s),
+        ArgValue::Pointer(p) => c.uint(f::POINTER_VALUE, p),
+    }
+}
+
+/// Writes one event packet's fields (see the module docs).
+#[inline(never)]
+pub fn event<T: Target, const SHORT: bool>(c: &mut Cursor<T>, ev: &Event<'_>) {
+    let te = event_begin::<T, SHORT>(c, ev.time, ev.kind);
+    if let Some(uuid) = ev.track_uuid {
+        c.uint(track_event::TRACK_UUID, uuid);
+    }
+    for &cat in ev.categories {
+        category(c, cat);
+    }
+    if let Some(n) = ev.name {
+        name(c, n);
+    }
+    for arg in ev.args {
+        let a = c.begin_message::<SHORT>(track_event::DEBUG_ANNOTATIONS);
+        str_field(
+            c,
+            arg.name,
+            debug_annotation::NAME_IID,
+            debug_annotation::NAME,
+        );
+        arg_value(c, arg.value);
+        c.end_message::<SHORT>(a);
+    }
+    for &flow in ev.flows {
+        c.fixed64_field(track_event::FLOW_IDS, flow);
+    }
+    for &flow in ev.terminating_flows {
+        c.fixed64_field(track_event::TERMINATING_FLOW_IDS, flow);
+    }
+    if let Some(v) = ev.counter {
+        counter_value(c, v);
+    }
+    c.end_message::<SHORT>(te);
+    interned_data::<T, SHORT>(c, ev.interned);
+}
+
+/// Writes an event's fields up to and including its `type`, leaving its
+/// `track_event` open: close it with [`Cursor::end_message`] after the
+/// fields that follow ([`event`]'s order).
+#[inline]
+pub fn event_begin<T: Target, const SHORT: bool>(
+    c: &mut Cursor<T>,
+    time: Time,
+    kind: Type,
+) -> usize {
+    time_and_flags(c, time);
+    let te = c.begin_message::<SHORT>(trace_packet::TRACK_EVENT);
+    c.uint(track_event::TYPE, kind as u64);
+    te
+}
+
+/// Writes a category (`category_iids` or `categories`).
+#[inline]
+pub fn category<T: Target>(c: &mut Cursor<T>, s: Str<'_>) {
+    str_field(c, s, track_event::CATEGORY_IIDS, track_event::CATEGORIES);
+}
+
+/// Writes an event name (`name_iid` or `name`).
+#[inline]
+pub fn name<T: Target>(c: &mut Cursor<T>, s: Str<'_>) {
+    str_field(c, s, track_event::NAME_IID, track_event::NAME);
+}
+
+/// Writes a counter value (`counter_value` or `double_counter_value`).
+#[inline]
+pub fn counter_value<T: Target>(c: &mut Cursor<T>, v: CounterValue) {
+    match v {
+        CounterValue::Int(v) => c.int(track_event::COUNTER_VALUE, v),
+        CounterValue::Double(v) => c.double(track_event::DOUBLE_COUNTER_VALUE, v),
+    }
+}
+
+/// Writes `interned_data` for `entries` (nothing if there are none),
+/// grouped by field: categories, event names, annotation names.
+#[inline(never)]
+pub fn interned_data<T: Target, const SHORT: bool>(c: &mut Cursor<T>, entries: &[NewString<'_>]) {
+    if entries.is_empty() {
+        return;
+    }
+    let d = c.begin_message::<SHORT>(trace_packet::INTERNED_DATA);
+    for kind in [Kind::Category, Kind::EventName, Kind::AnnotationName] {
+        for e in entries.iter().filter(|e| e.kind == kind) {
+            let entry = c.begin_message::<SHORT>(kind.field());
+            c.uint(interned_string::IID, e.iid);
+            c.string(interned_string::NAME, e.name);
+            c.end_message::<SHORT>(entry);
+        }
+    }
+    c.end_message::<SHORT>(d);
+}
+
+/// Writes the fields of the packet that starts (or restarts) a sequence:
+/// stamped `ns` on `clock_id`, `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED`,
+/// `trace_packet_defaults` (events on clock 64, on track `default_track`),
+/// and a `clock_snapshot` defining clock 64 as an incremental clock equal
+/// to `clock_id` now (the C++ SDK's convention).
+#[inline(never)]
+pub fn reset<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
+    c.uint(trace_packet::TIMESTAMP, ns);
+    c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
+    reset_tail(c, clock_id, ns, default_track);
+}
+
+/// [`reset`] after its time fields (a writer that marks a loss between
+/// them and the rest).
+#[inline(never)]
+pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
+    c.uint(
+        trace_packet::SEQUENCE_FLAGS,
+        u64::from(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED),
+    );
+    let d = c.begin_short_field(trace_packet::TRACE_PACKET_DEFAULTS);
+    c.uint(
+        trace_packet_defaults::TIMESTAMP_CLOCK_ID,
+        u64::from(builtin_clock::INCREMENTAL),
+    );
+    let te = c.begin_short_field(trace_packet_defaults::TRACK_EVENT_DEFAULTS);
+    c.uint(track_event_defaults::TRACK_UUID, default_track);
+    c.end_short(te);
+    c.end_short(d);
+    clock_snapshot(
+        c,
+        &[
+            ClockValue::absolute(clock_id, ns),
+            ClockValue {
+                clock_id: builtin_clock::INCREMENTAL,
+                ns,
+                incremental: true,
+            },
+        ],
+    );
+}
+
+/// One clock's reading in a `ClockSnapshot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockValue {
+    /// `clock_id`.
+    pub clock_id: u32,
+    /// `timestamp` (ns).
+    pub ns: u64,
+    /// `is_incremental`.
+    pub incremental: bool,
+}
+
+impl ClockValue {
+    /// An absolute clock's reading.
+    pub const fn absolute(clock_id: u32, ns: u64) -> Self {
+        Self {
+            clock_id,
+            ns,
+            incremental: false,
+        }
+    }
+}
+
+/// Writes a `clock_snapshot` field with `clocks`.
+#[inline(never)]
+pub fn clock_snapshot<T: Target>(c: &mut Cursor<T>, clocks: &[ClockValue]) {
+    let s = c.begin_short_field(trace_packet::CLOCK_SNAPSHOT);
+    for k in clocks {
+        let m = c.begin_short_field(clock_snapshot::CLOCKS);
+        c.uint(clock::CLOCK_ID, u64::from(k.clock_id));
+        c.uint(clock::TIMESTAMP, k.ns);
+        if k.incremental {
+            c.boolean(clock::IS_INCREMENTAL, true);
+        }
+        c.end_short(m);
+    }
+    c.end_short(s);
+}
+
+/// Writes a track descriptor packet's fields: stamped `ns` on `clock_id`
+/// (not on clock 64: descriptors do not need incremental state, so a reader
+/// may see one while clock 64 is invalid).
+#[inline(never)]
+pub fn descriptor<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, track: &AnyTrack) {
+    c.uint(trace_packet::TIMESTAMP, ns);
+    c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
+    let d = c.begin_short_field(trace_packet::TRACK_DESCRIPTOR);
+    track.encode(c);
+    c.end_short(d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::TARGET_SLACK;
+    use std::vec::Vec;
+
+    fn bytes(f: impl FnOnce(&mut Cursor<&mut [u8; 256 + TARGET_SLACK]>)) -> Vec<u8> {
+        let mut b = [0u8; 256 + TARGET_SLACK];
+        let mut c = Cursor::new(&mut b);
+        f(&mut c);
+        let n = c.finish().unwrap();
+        b[..n].to_vec()
+    }
+
+    #[test]
+    fn a_plain_slice_begin() {
+        let ev = Event {
+            categories: &[Str::Iid(1)],
+            name: Some(Str::Iid(2)),
+            ..Event::new(Type::SliceBegin, Time::Delta(5))
+        };
+        let b = bytes(|c| event::<_, true>(c, &ev));
+        assert_eq!(b, [0x40, 5, 0x68, 2, 0x5A, 6, 0x48, 1, 0x18, 1, 0x50, 2]);
+    }
+
+    #[test]
+    fn short_and_long_sizes_differ_only_in_size_bytes() {
+        let interned = [NewString {
+            kind: Kind::EventName,
+            iid: 1,
+            name: "n",
+        }];
+        let args = [Arg {
+            name: Str::Inline("k"),
+            value: ArgValue::Int(-1),
+        }];
+        let ev = Event {
+            name: Some(Str::Iid(1)),
+            args: &args,
+            flows: &[7],
+            interned: &interned,
+            ..Event::new(
+                Type::Instant,
+                Time::Absolute {
+                    clock_id: 6,
+                    ns: 300,
+                },
+            )
+        };
+        let short = bytes(|c| event::<_, true>(c, &ev));
+        let long = bytes(|c| event::<_, false>(c, &ev));
+        // 4 nested messages (track event, annotation, interned data and
+        // its entry), one more size byte each.
+        assert_eq!(long.len(), short.len() + 4);
+        assert_eq!(&short[..8], &[0x40, 0xAC, 0x02, 0xD0, 0x03, 6, 0x68, 2]);
+    }
+
+    #[test]
+    fn the_reset_packet_defines_clock_64() {
+        let b = bytes(|c| reset(c, 65, 1000, 9));
+        assert_eq!(
+            b,
+            [
+                0x40, 0xE8, 0x07, 0xD0, 0x03, 65, 0x68, 1, // time, clock, flags
+                0xDA, 0x03, 7, 0xD0, 0x03, 64, 0x5A, 2, 0x58, 9, // defaults
+                0x32, 16, 0x0A, 5, 0x08, 65, 0x10, 0xE8, 0x07, // clock 65
+                0x0A, 7, 0x08, 64, 0x10, 0xE8, 0x07, 0x18, 1 // clock 64
+            ]
+        );
+    }
+}
