@@ -116,6 +116,18 @@ macro_rules! impl_words {
                 <$a32>::store(self, value, order)
             }
             #[inline]
+            // Without native compare-and-swap (thumbv6m without the
+            // `portable-atomic` feature) `core`'s type has no inherent
+            // `compare_exchange` and this call names the trait method
+            // itself. lib.rs rejects that build with `compile_error!`; this
+            // keeps the lint from adding a misleading warning to it.
+            #[cfg_attr(
+                not(any(
+                    feature = "portable-atomic",
+                    all(target_has_atomic = "32", target_has_atomic = "16")
+                )),
+                allow(unconditional_recursion)
+            )]
             fn compare_exchange(
                 &self,
                 current: u32,
