@@ -23,6 +23,9 @@
 //!   drop mode).
 //! * [`reader`]: the service-side parser of a copied (untrusted) chunk and
 //!   patch application.
+//! * [`region`]: region ABI v1, a firmware's SMB and commit ring in shared
+//!   RAM (layout, lock-free commit ring, firmware storage and arbiter,
+//!   hostile-input reader).
 //!
 //! ## Shared memory rules
 //!
@@ -34,7 +37,7 @@
 //! * The `portable-atomic` feature is for single-core targets without those
 //!   instructions (Cortex-M0/M0+, RV32 without the A extension) where every
 //!   party touching the SMB runs on that core, such as firmware that writes
-//!   chunks and drains them itself through [`writer::PollingArbiter`]. The
+//!   chunks and drains them itself through a [`region::RegionReader`]. The
 //!   shared words then come from `portable-atomic` (and `heapless`'s queues
 //!   use it too); the firmware build picks its fallback, e.g.
 //!   `RUSTFLAGS="--cfg portable_atomic_unsafe_assume_single_core"` or
@@ -77,6 +80,7 @@ compile_error!(
 pub mod layout;
 pub mod proto;
 pub mod reader;
+pub mod region;
 pub mod smb;
 pub mod state;
 pub mod sync;

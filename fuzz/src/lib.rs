@@ -8,9 +8,10 @@
 //! * [`patch_apply`]: arbitrary patch groups against a payload, compared
 //!   with a straightforward model of the service's rules.
 //! * [`writer_roundtrip`]: packets, flushes and service drains chosen by the
-//!   input, written through a `TraceWriter` into a real `Smb`; what the
-//!   service reassembles must be exactly the packets the writer reported as
-//!   written, marked after every loss.
+//!   input, written through a `TraceWriter` into a real region (its commit
+//!   ring of 16 slots overflows too); what the service reassembles must be
+//!   exactly the packets the writer reported as written, marked after every
+//!   loss.
 
 use std::cell::RefCell;
 
@@ -19,8 +20,8 @@ use shmtrace_abi::layout::{ChunkFlags, PageLayout, PageSize};
 use shmtrace_abi::reader::{
     apply_patches, FragmentEvent, Fragments, PatchError, MAX_PATCHES_PER_GROUP,
 };
-use shmtrace_abi::smb::{Smb, SmbStorage};
-use shmtrace_abi::writer::{CommitQueue, PacketOutcome, PollingArbiter, TraceWriter};
+use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 
 #[path = "../../abi/tests/support/model.rs"]
 pub mod model;
@@ -194,25 +195,17 @@ fn run<const N: usize>(u: &mut Unstructured<'_>) -> ArbResult<()> {
     };
     let layout = *u.choose(&PageLayout::PARTITIONED)?;
     let writer_id = u.int_in_range(1u16..=32767)?;
-    let mut storage = Box::new(SmbStorage::<N>::new());
-    let smb = Smb::new(
-        &mut storage,
-        PageSize::new(page_size).expect("valid page size"),
-    )
-    .expect("valid SMB");
-    let mut queue = CommitQueue::<16>::new();
-    let (tx, rx) = queue.split();
-    let rx = RefCell::new(rx);
+    let mut storage = Box::new(RegionStorage::<N, 16>::new());
+    let mut config = RegionConfig::new("fuzz");
+    config.page_size = PageSize::new(page_size).expect("valid page size");
+    let handles = storage.init(&config).expect("valid region");
+    let rx = RefCell::new(RegionReader::attach(&handles).expect("valid region"));
     let service = RefCell::new(Service::default());
-    let arbiter = PollingArbiter::new(&smb, layout, tx).expect("valid arbiter");
+    let arbiter = RegionArbiter::new(&handles, layout).expect("valid arbiter");
     // A small patch FIFO, so running out of it happens too.
     let mut writer: TraceWriter<_, 4> =
         TraceWriter::new(arbiter, writer_id, TARGET_BUFFER).expect("valid id");
-    let drain = || {
-        service
-            .borrow_mut()
-            .drain(&mut rx.borrow_mut(), &smb, writer_id)
-    };
+    let drain = || service.borrow_mut().drain(&mut rx.borrow_mut(), writer_id);
 
     let mut expected: Vec<Fields> = Vec::new();
     let (mut loss, mut first, mut drops) = (0u32, true, 0u64);
