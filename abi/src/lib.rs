@@ -26,6 +26,8 @@
 //! * [`region`]: region ABI v1, a firmware's SMB and commit ring in shared
 //!   RAM (layout, lock-free commit ring, firmware storage and arbiter,
 //!   hostile-input reader).
+//! * [`frame`]: frame format v1, the byte-stream transport of firmware
+//!   chunks and patches (encoder, hostile incremental decoder).
 //!
 //! ## Shared memory rules
 //!
@@ -77,6 +79,7 @@ compile_error!(
      SMB runs on that core, enable the `portable-atomic` feature)"
 );
 
+pub mod frame;
 pub mod layout;
 pub mod proto;
 pub mod reader;

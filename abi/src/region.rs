@@ -4,7 +4,7 @@
 //! and one consumer: a host process mapping the same RAM (QEMU
 //! `memory-backend-file,share=on`, a UIO/devmem window, a dual-core MCU's
 //! shared SRAM, a RAM dump), or the firmware itself draining its ring into
-//! a byte stream (frame format). It holds a header, a ring of commit
+//! a byte stream ([`crate::frame`]). It holds a header, a ring of commit
 //! records, and a Perfetto SMB (ABI v1 pages and chunks, see
 //! [`crate::layout`]). This page is the whole specification: a firmware
 //! written in C from it works with the host tools.
@@ -201,6 +201,9 @@ mod reader;
 pub mod ring;
 #[allow(unsafe_code)]
 mod storage;
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod tests;
 mod wire;
 
 pub use arbiter::{ArbiterError, RegionArbiter};

@@ -169,6 +169,12 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
     /// Bytes of the region (`region_size`).
     pub const REGION_SIZE: usize = size_of::<Bytes<SMB_BYTES, SLOTS>>();
 
+    /// The first byte of the region (tests look at the bytes).
+    #[cfg(test)]
+    pub(crate) fn bytes_ptr(&self) -> *mut u8 {
+        self.bytes.get().cast()
+    }
+
     /// Zeroed storage (usable in a `static`).
     pub const fn new() -> Self {
         RegionStorage {
