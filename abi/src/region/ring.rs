@@ -24,7 +24,10 @@
 //!   `seq[p]` (**Acquire**: pairs with the consumer's release of the slot,
 //!   so its reads of the previous record happen before our writes):
 //!   `seq == p` continue; `seq - p < 0` (as i32) the ring is full; `> 0`
-//!   another producer got there first: reload `head` and retry. Then claim
+//!   another producer got there first: reread `head` (with a
+//!   compare-and-swap of `pos` for itself, which reads the latest value; if
+//!   it succeeds `head` never moved and the slot is broken: give up as
+//!   full) and retry. Then claim
 //!   with `compare_exchange(head, pos, pos + n)` (Relaxed: the claim orders
 //!   nothing, the sequence words do); on failure retry from the value
 //!   found. Having won, write each body (Relaxed word stores), then
@@ -124,7 +127,15 @@ pub fn try_push<R: RingWords + ?Sized>(
         match probe(ring, pos, n) {
             Probe::Full => return Err(RingFull),
             Probe::Moved => {
-                pos = head.load(Ordering::Relaxed);
+                // Another producer claimed a position from `pos` on, so
+                // `head` has moved past it: fetch it with a read-modify-write
+                // (which sees the latest value, where a load could keep
+                // returning a stale one). Succeeding means `head` did not
+                // move: the sequence word is not one a producer wrote.
+                match head.compare_exchange(pos, pos, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Err(RingFull),
+                    Err(found) => pos = found,
+                }
                 continue;
             }
             Probe::Free => {}
