@@ -177,39 +177,37 @@ impl Service {
     pub fn drain(&mut self, rx: &mut RegionReader<'_>, writer_id: u16) {
         let mut buf = vec![0u8; rx.chunk_buffer_len()];
         while let Some(record) = rx.poll(&mut buf).expect("valid region") {
-            match record {
-                Record::Chunk(c) => {
-                    assert_eq!(c.header.writer_id, writer_id);
-                    let old = self
-                        .chunks
-                        .insert(c.header.chunk_id, (c.header.packets, c.bytes[8..].to_vec()));
-                    assert!(old.is_none(), "chunk {} committed twice", c.header.chunk_id);
-                }
-                Record::Patch(p) => {
-                    assert_eq!(p.writer_id, writer_id);
-                    let (packets, payload) = self
-                        .chunks
-                        .get_mut(&p.chunk_id)
-                        .unwrap_or_else(|| panic!("patch for unknown chunk {}", p.chunk_id));
-                    assert!(packets.flags().contains(ChunkFlags::CHUNK_NEEDS_PATCHING));
-                    apply_patch(payload, u32::from(p.offset), &p.data).expect("patch in bounds");
-                    self.patches_applied += 1;
-                    if !p.has_more {
-                        *packets = packets.with_flags(
-                            packets.flags().difference(ChunkFlags::CHUNK_NEEDS_PATCHING),
-                        );
-                    }
-                }
-                Record::Reset(h) => panic!("unexpected reset {h:?}"),
-            }
+            self.take(&record, writer_id);
         }
-        let stats = rx.stats();
-        assert_eq!(
-            stats.bad_slots + stats.invalid_chunks + stats.release_failures,
-            0
-        );
-        // A commit finds its chunk gone only if an overflow scan took it.
-        assert!(stats.stale_commits <= stats.chunks_scanned);
+        check_reader(rx);
+    }
+
+    /// Stores a chunk or applies a patch of writer `writer_id`.
+    pub fn take(&mut self, record: &Record<'_>, writer_id: u16) {
+        match record {
+            Record::Chunk(c) => {
+                assert_eq!(c.header.writer_id, writer_id);
+                let old = self
+                    .chunks
+                    .insert(c.header.chunk_id, (c.header.packets, c.bytes[8..].to_vec()));
+                assert!(old.is_none(), "chunk {} committed twice", c.header.chunk_id);
+            }
+            Record::Patch(p) => {
+                assert_eq!(p.writer_id, writer_id);
+                let (packets, payload) = self
+                    .chunks
+                    .get_mut(&p.chunk_id)
+                    .unwrap_or_else(|| panic!("patch for unknown chunk {}", p.chunk_id));
+                assert!(packets.flags().contains(ChunkFlags::CHUNK_NEEDS_PATCHING));
+                apply_patch(payload, u32::from(p.offset), &p.data).expect("patch in bounds");
+                self.patches_applied += 1;
+                if !p.has_more {
+                    *packets = packets
+                        .with_flags(packets.flags().difference(ChunkFlags::CHUNK_NEEDS_PATCHING));
+                }
+            }
+            Record::Reset(h) => panic!("unexpected reset {h:?}"),
+        }
     }
 
     /// Reassembles every stored chunk in id order.
@@ -291,4 +289,17 @@ pub fn too_deep(fields: &Fields, depth: usize) -> bool {
         Value::Nested(children) => too_deep(children, depth + 1),
         _ => false,
     })
+}
+
+/// A reader of a region written by correct writers lost nothing: no bad
+/// slot or chunk, and a commit found its chunk gone only where an overflow
+/// scan took it.
+pub fn check_reader(rx: &RegionReader<'_>) {
+    let stats = rx.stats();
+    assert_eq!(
+        stats.bad_slots + stats.invalid_chunks + stats.release_failures,
+        0,
+        "{stats:?}"
+    );
+    assert!(stats.stale_commits <= stats.chunks_scanned, "{stats:?}");
 }
