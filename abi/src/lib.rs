@@ -53,8 +53,8 @@
 //! ## Testing
 //!
 //! `cargo test -p shmtrace-abi` (unit, property and real-thread stress tests);
-//! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-abi --release --test loom_smb`
-//! (loom models of the chunk protocol); `cargo +nightly miri test -p
+//! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-abi --release --test 'loom_*'`
+//! (loom models of the chunk protocol and the commit ring); `cargo +nightly miri test -p
 //! shmtrace-abi` (undefined-behaviour and data-race checks of the pointer
 //! code).
 #![no_std]

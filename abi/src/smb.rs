@@ -307,7 +307,9 @@ impl<'m> Smb<'m> {
         if len == 0 {
             return Err(SmbError::Empty);
         }
-        if len % page_size.get() != 0 {
+        // (`checked_rem`: a page size is never 0, and firmware gets no
+        // panic path for it.)
+        if len.checked_rem(page_size.get()) != Some(0) {
             return Err(SmbError::NotMultipleOfPageSize { len, page_size });
         }
         Ok(())
@@ -828,8 +830,13 @@ impl ReadableChunk<'_> {
             .ok_or(too_small)?;
         // The S1 acquire already synchronized with the producer's release.
         let header = words.load(Ordering::Relaxed);
-        let (head, rest) = dst.split_at_mut(CHUNK_HEADER_SIZE);
-        head.copy_from_slice(&header.to_bytes());
+        let Some((head, rest)) = dst.split_at_mut_checked(CHUNK_HEADER_SIZE) else {
+            return Err(too_small);
+        };
+        let Ok(head) = <&mut [u8; CHUNK_HEADER_SIZE]>::try_from(head) else {
+            return Err(too_small);
+        };
+        *head = header.to_bytes();
         // SAFETY: we hold this chunk as `BeingRead` (the `ReadableChunk`
         // exists only after winning `Complete → BeingRead` and is consumed by
         // `release_as_free`), so no writer of this process may touch it;
@@ -842,9 +849,7 @@ impl ReadableChunk<'_> {
         }
         .ok_or(too_small)?;
         payload.copy_to(rest).map_err(|_| too_small)?;
-        let mut copied = [0u8; CHUNK_HEADER_SIZE];
-        copied.copy_from_slice(head);
-        let header = ChunkHeaderRepr::from_bytes(copied);
+        let header = ChunkHeaderRepr::from_bytes(*head);
         header.validate().map_err(CopyError::InvalidHeader)?;
         Ok(CopiedChunk { header, len })
     }

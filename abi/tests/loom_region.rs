@@ -88,7 +88,7 @@ fn produce(ring: &LoomRing, producer: u32, groups: &[u32]) -> u32 {
     for &group in groups {
         for _ in 0..2 {
             let mut next = n;
-            let pushed = ring::try_push(ring, group, || {
+            let pushed = ring::try_push(ring, group, &mut || {
                 next += 1;
                 record(producer, next - 1)
             });

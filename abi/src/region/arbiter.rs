@@ -127,7 +127,7 @@ impl<'s> ChunkArbiter<'s> for RegionArbiter<'s> {
     fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {
         let n = group.len();
         let mut patches = group.patches().enumerate();
-        ring::try_push(self.control.ring(), n as u32, || {
+        ring::try_push(self.control.ring(), n as u32, &mut || {
             let (i, patch) = patches.next().unwrap_or_default();
             SlotRepr::Patch(PatchSlot {
                 writer_id: group.writer_id,

@@ -42,7 +42,7 @@ impl<'m> Ring<'m> {
     /// Publishes one record; [`RingFull`] if there is no room.
     pub fn push(&self, record: &SlotRepr) -> Result<(), RingFull> {
         let body = record.to_body();
-        ring::try_push(self, 1, || body)
+        ring::try_push(self, 1, &mut || body)
     }
 
     /// Number of slots.

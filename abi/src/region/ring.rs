@@ -112,7 +112,7 @@ fn probe<R: RingWords + ?Sized>(ring: &R, pos: u32, n: u32) -> Probe {
 pub fn try_push<R: RingWords + ?Sized>(
     ring: &R,
     n: u32,
-    mut body: impl FnMut() -> SlotBody,
+    body: &mut dyn FnMut() -> SlotBody,
 ) -> Result<(), RingFull> {
     if n == 0 {
         return Ok(());
