@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use shmtrace_abi::layout::{ChunkHeaderRepr, Packets, PageLayout, PageSize};
 use shmtrace_abi::proto::{encode_to_slice, Message, Sink};
+use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionReader, RegionStorage};
 use shmtrace_abi::smb::{Smb, SmbStorage};
-use shmtrace_abi::writer::{CommitQueue, PollingArbiter, TraceWriter};
+use shmtrace_abi::writer::TraceWriter;
 
 const SMB_BYTES: usize = 256 * 1024;
 const BATCH: u64 = 2_000;
@@ -52,11 +53,10 @@ fn track_event_packet<S: Sink>(p: &mut Message<'_, S>, ts: u64) {
 macro_rules! bench_writer {
     ($group:expr, $name:expr, $write:path) => {
         $group.bench_function($name, |b| {
-            let mut storage = Box::new(SmbStorage::<SMB_BYTES>::new());
-            let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
-            let mut queue = CommitQueue::<128>::new();
-            let (tx, mut rx) = queue.split();
-            let arbiter = PollingArbiter::new(&smb, PageLayout::Div1, tx).unwrap();
+            let mut storage = Box::new(RegionStorage::<SMB_BYTES, 128>::new());
+            let handles = storage.init(&RegionConfig::new("bench")).unwrap();
+            let mut rx = RegionReader::attach(&handles).unwrap();
+            let arbiter = RegionArbiter::new(&handles, PageLayout::Div1).unwrap();
             let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
             let mut buf = vec![0u8; 4096];
             b.iter_custom(|iters| {
@@ -70,9 +70,9 @@ macro_rules! bench_writer {
                     }
                     total += start.elapsed();
                     done += n;
-                    rx.drain(&smb, &mut buf, |d| {
-                        black_box(d);
-                    });
+                    while let Some(record) = rx.poll(&mut buf).unwrap() {
+                        black_box(record);
+                    }
                 }
                 total
             });

@@ -49,8 +49,10 @@ pub const DEFAULT_PAGE_SIZE: usize = 4096;
 pub const DEFAULT_SMB_SIZE: usize = 256 * 1024;
 /// Largest SMB size the service creates or accepts.
 pub const MAX_SMB_SIZE: usize = 32 * 1024 * 1024;
-/// Required alignment of the start of an SMB.
-pub const SMB_ALIGNMENT: usize = 4096;
+/// Required alignment of the start of an SMB: 8 bytes (page and chunk
+/// headers then hold naturally aligned words; an `mmap`ed SMB is
+/// page-aligned anyway, and firmware storage needs no 4 KiB gap).
+pub const SMB_ALIGNMENT: usize = 8;
 /// Alignment of every chunk start inside a page.
 pub const CHUNK_ALIGNMENT: usize = 4;
 /// Most chunks a page can hold (layout [`PageLayout::Div14`]).

@@ -28,6 +28,11 @@
 //!   typed writers, per-sequence interning, the clock hook, writer cells.
 //! * [`reader`]: the service-side parser of a copied (untrusted) chunk and
 //!   patch application.
+//! * [`region`]: region ABI v1, a firmware's SMB and commit ring in shared
+//!   RAM (layout, lock-free commit ring, firmware storage and arbiter,
+//!   hostile-input reader).
+//! * [`frame`]: frame format v1, the byte-stream transport of firmware
+//!   chunks and patches (encoder, hostile incremental decoder).
 //!
 //! ## Shared memory rules
 //!
@@ -39,7 +44,7 @@
 //! * The `portable-atomic` feature is for single-core targets without those
 //!   instructions (Cortex-M0/M0+, RV32 without the A extension) where every
 //!   party touching the SMB runs on that core, such as firmware that writes
-//!   chunks and drains them itself through [`writer::PollingArbiter`]. The
+//!   chunks and drains them itself through a [`region::RegionReader`]. The
 //!   shared words then come from `portable-atomic` (and `heapless`'s queues
 //!   use it too); the firmware build picks its fallback, e.g.
 //!   `RUSTFLAGS="--cfg portable_atomic_unsafe_assume_single_core"` or
@@ -53,8 +58,8 @@
 //! ## Testing
 //!
 //! `cargo test -p shmtrace-abi` (unit, property and real-thread stress tests);
-//! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-abi --release --test loom_smb`
-//! (loom models of the chunk protocol); `cargo +nightly miri test -p
+//! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-abi --release --test 'loom_*'`
+//! (loom models of the chunk protocol and the commit ring); `cargo +nightly miri test -p
 //! shmtrace-abi` (undefined-behaviour and data-race checks of the pointer
 //! code).
 #![no_std]
@@ -79,9 +84,11 @@ compile_error!(
      SMB runs on that core, enable the `portable-atomic` feature)"
 );
 
+pub mod frame;
 pub mod layout;
 pub mod proto;
 pub mod reader;
+pub mod region;
 pub mod smb;
 pub mod state;
 pub mod sync;

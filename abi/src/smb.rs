@@ -16,7 +16,7 @@
 //!
 //! # Invariants
 //!
-//! * The base is 4096-aligned, the length a non-zero multiple of a valid
+//! * The base is 8-aligned, the length a non-zero multiple of a valid
 //!   ABI page size; all pointer work happens in the private `raw` module.
 //! * No `&[u8]`/`&mut [u8]` ever covers SMB bytes: header words are atomics,
 //!   payload bytes move with `ptr::copy_nonoverlapping` into or out of
@@ -88,7 +88,7 @@ impl<const N: usize> fmt::Debug for SmbStorage<N> {
 pub enum SmbError {
     /// The pointer was null.
     NullPointer,
-    /// The start address is not 4096-aligned.
+    /// The start address is not 8-aligned ([`SMB_ALIGNMENT`]).
     Misaligned {
         /// The start address.
         addr: usize,
@@ -108,7 +108,9 @@ impl fmt::Display for SmbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::NullPointer => f.write_str("SMB pointer is null"),
-            Self::Misaligned { addr } => write!(f, "SMB start {addr:#x} is not 4096-aligned"),
+            Self::Misaligned { addr } => {
+                write!(f, "SMB start {addr:#x} is not {SMB_ALIGNMENT}-aligned")
+            }
             Self::Empty => f.write_str("SMB is empty"),
             Self::NotMultipleOfPageSize { len, page_size } => {
                 write!(
@@ -257,7 +259,7 @@ impl PageWords for SmbPage<'_> {
 impl<'m> Smb<'m> {
     /// Views `len` bytes at `ptr` as an SMB with pages of `page_size`.
     ///
-    /// Fails if `ptr` is null or not 4096-aligned, or `len` is not a
+    /// Fails if `ptr` is null or not 8-aligned, or `len` is not a
     /// non-zero multiple of the page size.
     ///
     /// # Safety
@@ -305,7 +307,9 @@ impl<'m> Smb<'m> {
         if len == 0 {
             return Err(SmbError::Empty);
         }
-        if len % page_size.get() != 0 {
+        // (`checked_rem`: a page size is never 0, and firmware gets no
+        // panic path for it.)
+        if len.checked_rem(page_size.get()) != Some(0) {
             return Err(SmbError::NotMultipleOfPageSize { len, page_size });
         }
         Ok(())
@@ -444,12 +448,14 @@ impl<'m> Smb<'m> {
             chunk,
             num_chunks: layout.num_chunks(),
         })?;
+        let used = payload.len();
         Ok(WritableChunk {
             smb: self,
             location,
             layout,
             words,
             payload,
+            used,
         })
     }
 
@@ -668,6 +674,7 @@ pub struct WritableChunk<'a> {
     layout: PageLayout,
     words: ChunkWords<'a, AtomicU32, AtomicU16>,
     payload: PayloadMut<'a>,
+    used: usize,
 }
 
 impl WritableChunk<'_> {
@@ -708,6 +715,22 @@ impl WritableChunk<'_> {
     #[inline]
     pub fn window_at_most(&mut self, offset: usize) -> Option<Window<'_>> {
         self.payload.window_at_most(offset)
+    }
+
+    /// Payload bytes in use, as the writer declared them with
+    /// [`set_used`](Self::set_used) (the whole payload until it does): an
+    /// arbiter may tell a transport that bytes past them need not be
+    /// copied.
+    #[inline]
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// Declares the first `used` payload bytes as the ones in use (capped
+    /// at the capacity); the fragments a reader parses must lie in them.
+    #[inline]
+    pub fn set_used(&mut self, used: usize) {
+        self.used = used.min(self.payload.len());
     }
 
     /// Writes one payload byte at `offset`.
@@ -791,47 +814,52 @@ impl ReadableChunk<'_> {
     /// Copies the whole chunk (header, then payload) into `dst[..chunk_size]`
     /// first, then parses and validates the header from the copy
     /// (`writer_id` in `1..=32767`). The payload is never parsed here.
-    #[allow(unsafe_code)]
     pub fn copy_out(&self, dst: &mut [u8]) -> Result<CopiedChunk, CopyError> {
-        if dst.len() < self.size {
-            return Err(CopyError::BufferTooSmall {
-                needed: self.size,
-                got: dst.len(),
-            });
-        }
+        self.copy_out_prefix(dst, self.size)
+    }
+
+    /// As [`copy_out`](Self::copy_out), but copies only the header and the
+    /// first `len - 8` payload bytes (`len` capped at the chunk size, at
+    /// least the header): for a producer that said how much of the chunk
+    /// it used. [`CopiedChunk::len`] is the number of bytes copied.
+    #[allow(unsafe_code)]
+    pub fn copy_out_prefix(&self, dst: &mut [u8], len: usize) -> Result<CopiedChunk, CopyError> {
+        let len = len.max(CHUNK_HEADER_SIZE).min(self.size);
         let too_small = CopyError::BufferTooSmall {
-            needed: self.size,
+            needed: len,
             got: dst.len(),
         };
+        if dst.len() < len {
+            return Err(too_small);
+        }
         let p = self.smb.page(self.location.page).ok_or(too_small)?;
         let words = p
             .chunk_words(self.layout, self.location.chunk)
             .ok_or(too_small)?;
         // The S1 acquire already synchronized with the producer's release.
         let header = words.load(Ordering::Relaxed);
-        let (head, rest) = dst.split_at_mut(CHUNK_HEADER_SIZE);
-        head.copy_from_slice(&header.to_bytes());
+        let Some((head, rest)) = dst.split_at_mut_checked(CHUNK_HEADER_SIZE) else {
+            return Err(too_small);
+        };
+        let Ok(head) = <&mut [u8; CHUNK_HEADER_SIZE]>::try_from(head) else {
+            return Err(too_small);
+        };
+        *head = header.to_bytes();
         // SAFETY: we hold this chunk as `BeingRead` (the `ReadableChunk`
         // exists only after winning `Complete → BeingRead` and is consumed by
         // `release_as_free`), so no writer of this process may touch it;
         // another process writing anyway only corrupts its own copy. The
         // range is the payload of a chunk of a validated geometry.
         let payload = unsafe {
-            self.smb.region.payload(
-                self.offset + CHUNK_HEADER_SIZE,
-                self.size - CHUNK_HEADER_SIZE,
-            )
+            self.smb
+                .region
+                .payload(self.offset + CHUNK_HEADER_SIZE, len - CHUNK_HEADER_SIZE)
         }
         .ok_or(too_small)?;
         payload.copy_to(rest).map_err(|_| too_small)?;
-        let mut copied = [0u8; CHUNK_HEADER_SIZE];
-        copied.copy_from_slice(head);
-        let header = ChunkHeaderRepr::from_bytes(copied);
+        let header = ChunkHeaderRepr::from_bytes(*head);
         header.validate().map_err(CopyError::InvalidHeader)?;
-        Ok(CopiedChunk {
-            header,
-            len: self.size,
-        })
+        Ok(CopiedChunk { header, len })
     }
 
     /// Frees the chunk (`BeingRead → Free`): clears its header first, and if

@@ -58,7 +58,7 @@ use crate::state::{self, ChunkState, PartitionError, Transition, TransitionError
 /// with respect to code on the same core: enable it only where every party
 /// that touches the SMB runs on that core (for example a single-core MCU
 /// whose firmware both writes chunks and drains them through
-/// [`crate::writer::PollingArbiter`]).
+/// a [`crate::region::RegionReader`]).
 pub mod shared {
     #[cfg(not(feature = "portable-atomic"))]
     pub use core::sync::atomic::{AtomicU16, AtomicU32};

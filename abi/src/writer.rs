@@ -62,7 +62,6 @@
 mod arbiter;
 mod in_place;
 mod patches;
-mod polling;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -77,10 +76,6 @@ use crate::trace::{data_loss, trace_packet};
 pub use arbiter::{BufferId, ChunkArbiter, PatchesDeferred};
 pub use in_place::InPlaceWriter;
 pub use patches::{Patch, PatchGroup};
-pub use polling::{
-    ArbiterError, ArbiterStats, ChunkCommit, CommitEvent, CommitQueue, CommitReceiver, DrainStats,
-    Drained, PatchBatch, PollingArbiter, PATCH_BATCH_LEN,
-};
 pub use stream::{
     ChunkSlot, ChunkStream, MAX_FRAGMENTS_PER_CHUNK, MIN_PACKET_ROOM, PADDED_COPY_LEN,
 };
@@ -204,15 +199,13 @@ pub type PacketMessage<'w, 's, A, const P: usize> = Message<'w, ChunkStream<'s, 
 /// `A`, with room for `P` pending patches. See the module docs.
 ///
 /// ```
-/// use shmtrace_abi::layout::{PageLayout, PageSize};
-/// use shmtrace_abi::smb::{Smb, SmbStorage};
-/// use shmtrace_abi::writer::{CommitQueue, PollingArbiter, TraceWriter, PacketOutcome};
+/// use shmtrace_abi::layout::PageLayout;
+/// use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+/// use shmtrace_abi::writer::{TraceWriter, PacketOutcome};
 ///
-/// let mut storage = Box::new(SmbStorage::<16384>::new());
-/// let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
-/// let mut queue = CommitQueue::<8>::new();
-/// let (tx, mut rx) = queue.split();
-/// let arbiter = PollingArbiter::new(&smb, PageLayout::Div4, tx).unwrap();
+/// let mut storage = Box::new(RegionStorage::<16384, 8>::new());
+/// let handles = storage.init(&RegionConfig::new("example")).unwrap();
+/// let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
 /// let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
 /// let outcome = writer.write_packet(|p| {
 ///     p.uint64(8, 100); // timestamp
@@ -220,7 +213,9 @@ pub type PacketMessage<'w, 's, A, const P: usize> = Message<'w, ChunkStream<'s, 
 /// });
 /// assert_eq!(outcome, PacketOutcome::Written);
 /// writer.flush();
-/// assert!(rx.poll().is_some()); // the committed chunk
+/// let mut reader = RegionReader::attach(&handles).unwrap();
+/// let mut buf = vec![0u8; reader.chunk_buffer_len()];
+/// assert!(reader.poll(&mut buf).unwrap().is_some()); // the committed chunk
 /// ```
 pub struct TraceWriter<'s, A: ChunkArbiter<'s>, const P: usize = DEFAULT_PATCH_CAPACITY> {
     enc: Encoder<ChunkStream<'s, A, P>>,

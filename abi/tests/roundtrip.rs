@@ -1,5 +1,6 @@
 //! Round trip: random packet streams written by `TraceWriter` into a real
-//! `Smb`, moved out by a polling service (acquire for reading, copy, free),
+//! region, moved out by its `RegionReader` (ring records; acquire for
+//! reading, copy, free),
 //! patched, reassembled from fragments, and compared with what was written
 //! (exactly, see `support/model.rs`).
 
@@ -7,8 +8,8 @@ mod support;
 
 use proptest::prelude::*;
 use shmtrace_abi::layout::{PageLayout, PageSize};
-use shmtrace_abi::smb::{Smb, SmbStorage};
-use shmtrace_abi::writer::{CommitQueue, PacketOutcome, PollingArbiter, TraceWriter};
+use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 use support::model::{
     check_message, expected_packet, write_fields, Fields, Item, Service, Value, TARGET_BUFFER,
 };
@@ -88,15 +89,15 @@ proptest! {
         writer_id in 1u16..=32767,
         packets in proptest::collection::vec(fields(limits::MAX_LARGE, 4), 1..=limits::PACKETS),
     ) {
-        let mut storage = Box::new(SmbStorage::<SMB_BYTES>::new());
-        let smb = Smb::new(&mut storage, PageSize::new(page_size).unwrap()).unwrap();
-        let mut queue = CommitQueue::<512>::new();
-        let (tx, rx) = queue.split();
-        let rx = std::cell::RefCell::new(rx);
+        let mut storage = Box::new(RegionStorage::<SMB_BYTES, 512>::new());
+        let mut config = RegionConfig::new("roundtrip");
+        config.page_size = PageSize::new(page_size).unwrap();
+        let handles = storage.init(&config).unwrap();
+        let rx = std::cell::RefCell::new(RegionReader::attach(&handles).unwrap());
         let service = std::cell::RefCell::new(Service::default());
-        let arbiter = PollingArbiter::new(&smb, layout, tx).unwrap();
+        let arbiter = RegionArbiter::new(&handles, layout).unwrap();
         let mut writer: TraceWriter<_, 128> = TraceWriter::new(arbiter, writer_id, TARGET_BUFFER).unwrap();
-        let mut tick = || service.borrow_mut().drain(&mut rx.borrow_mut(), &smb, writer_id);
+        let mut tick = || service.borrow_mut().drain(&mut rx.borrow_mut(), writer_id);
         for model in &packets {
             let outcome = writer.write_packet(|p| write_fields(p, model, &mut tick));
             prop_assert_eq!(outcome, PacketOutcome::Written);
@@ -130,12 +131,11 @@ proptest! {
         packets in proptest::collection::vec(
             (fields(3_000, 3), prop::bool::weighted(0.1)), 1..=limits::PACKETS * 2),
     ) {
-        let mut storage = Box::new(SmbStorage::<8192>::new());
-        let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
-        let mut queue = CommitQueue::<16>::new();
-        let (tx, mut rx) = queue.split();
+        let mut storage = Box::new(RegionStorage::<8192, 16>::new());
+        let handles = storage.init(&RegionConfig::new("roundtrip")).unwrap();
+        let mut rx = RegionReader::attach(&handles).unwrap();
         let mut service = Service::default();
-        let arbiter = PollingArbiter::new(&smb, layout, tx).unwrap();
+        let arbiter = RegionArbiter::new(&handles, layout).unwrap();
         let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 2, TARGET_BUFFER).unwrap();
         let mut expected = Vec::new();
         let mut loss = 0u32;
@@ -155,14 +155,14 @@ proptest! {
                 PacketOutcome::Incomplete(e) => panic!("unexpected {e:?}"),
             }
             if *drain_after {
-                service.drain(&mut rx, &smb, 2);
+                service.drain(&mut rx, 2);
             }
         }
         // Patches the full queue deferred go out on a later flush.
         writer.flush();
-        service.drain(&mut rx, &smb, 2);
+        service.drain(&mut rx, 2);
         writer.flush();
-        service.drain(&mut rx, &smb, 2);
+        service.drain(&mut rx, 2);
         prop_assert_eq!(writer.pending_patches(), 0);
         prop_assert_eq!(writer.stats().packets_dropped(), drops);
         let items = service.reassemble();
@@ -184,13 +184,11 @@ proptest! {
 /// One packet three times the size of the SMB, drained while it is written.
 #[test]
 fn a_packet_larger_than_the_smb() {
-    let mut storage = Box::new(SmbStorage::<16384>::new());
-    let smb = Smb::new(&mut storage, PageSize::DEFAULT).unwrap();
-    let mut queue = CommitQueue::<64>::new();
-    let (tx, rx) = queue.split();
-    let rx = std::cell::RefCell::new(rx);
+    let mut storage = Box::new(RegionStorage::<16384, 64>::new());
+    let handles = storage.init(&RegionConfig::new("roundtrip")).unwrap();
+    let rx = std::cell::RefCell::new(RegionReader::attach(&handles).unwrap());
     let service = std::cell::RefCell::new(Service::default());
-    let arbiter = PollingArbiter::new(&smb, PageLayout::Div7, tx).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div7).unwrap();
     let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 1, TARGET_BUFFER).unwrap();
     let chunk: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
     let n = if cfg!(miri) { 6 } else { 20 };
@@ -202,7 +200,7 @@ fn a_packet_larger_than_the_smb() {
                 .collect(),
         ),
     )];
-    let mut tick = || service.borrow_mut().drain(&mut rx.borrow_mut(), &smb, 1);
+    let mut tick = || service.borrow_mut().drain(&mut rx.borrow_mut(), 1);
     let outcome = writer.write_packet(|p| write_fields(p, &model, &mut tick));
     assert_eq!(outcome, PacketOutcome::Written);
     writer.flush();

@@ -8,19 +8,31 @@
 //! * [`patch_apply`]: arbitrary patch groups against a payload, compared
 //!   with a straightforward model of the service's rules.
 //! * [`writer_roundtrip`]: packets, flushes and service drains chosen by the
-//!   input, written through a `TraceWriter` into a real `Smb`; what the
-//!   service reassembles must be exactly the packets the writer reported as
-//!   written, marked after every loss.
+//!   input, written through a `TraceWriter` into a real region (its commit
+//!   ring of 16 slots overflows too); what the service reassembles must be
+//!   exactly the packets the writer reported as written, marked after every
+//!   loss.
+//! * [`region_reader`]: a region built from arbitrary bytes (a valid header
+//!   most of the time, so the ring and SMB get reached), changed between
+//!   polls as a scribbling firmware would; the reader must never panic,
+//!   loop or return a record that breaks its own rules.
+//! * [`frame_decoder`]: an arbitrary byte stream in arbitrary pieces into a
+//!   `FrameDecoder`; every byte is accounted for and every frame delivered
+//!   has a good CRC and parses or is refused with a typed error.
 
 use std::cell::RefCell;
 
 use libfuzzer_sys::arbitrary::{Result as ArbResult, Unstructured};
+use shmtrace_abi::frame::{FrameDecoder, CRC_LEN, HEADER_LEN};
 use shmtrace_abi::layout::{ChunkFlags, PageLayout, PageSize};
 use shmtrace_abi::reader::{
     apply_patches, FragmentEvent, Fragments, PatchError, MAX_PATCHES_PER_GROUP,
 };
-use shmtrace_abi::smb::{Smb, SmbStorage};
-use shmtrace_abi::writer::{CommitQueue, PacketOutcome, PollingArbiter, TraceWriter};
+use shmtrace_abi::region::{
+    HeaderRepr, Name, Record, RegionArbiter, RegionConfig, RegionReader, RegionStorage,
+    RingGeometry, SmbGeometry, HEADER_SIZE, SLOT_SIZE,
+};
+use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 
 #[path = "../../abi/tests/support/model.rs"]
 pub mod model;
@@ -194,25 +206,17 @@ fn run<const N: usize>(u: &mut Unstructured<'_>) -> ArbResult<()> {
     };
     let layout = *u.choose(&PageLayout::PARTITIONED)?;
     let writer_id = u.int_in_range(1u16..=32767)?;
-    let mut storage = Box::new(SmbStorage::<N>::new());
-    let smb = Smb::new(
-        &mut storage,
-        PageSize::new(page_size).expect("valid page size"),
-    )
-    .expect("valid SMB");
-    let mut queue = CommitQueue::<16>::new();
-    let (tx, rx) = queue.split();
-    let rx = RefCell::new(rx);
+    let mut storage = Box::new(RegionStorage::<N, 16>::new());
+    let mut config = RegionConfig::new("fuzz");
+    config.page_size = PageSize::new(page_size).expect("valid page size");
+    let handles = storage.init(&config).expect("valid region");
+    let rx = RefCell::new(RegionReader::attach(&handles).expect("valid region"));
     let service = RefCell::new(Service::default());
-    let arbiter = PollingArbiter::new(&smb, layout, tx).expect("valid arbiter");
+    let arbiter = RegionArbiter::new(&handles, layout).expect("valid arbiter");
     // A small patch FIFO, so running out of it happens too.
     let mut writer: TraceWriter<_, 4> =
         TraceWriter::new(arbiter, writer_id, TARGET_BUFFER).expect("valid id");
-    let drain = || {
-        service
-            .borrow_mut()
-            .drain(&mut rx.borrow_mut(), &smb, writer_id)
-    };
+    let drain = || service.borrow_mut().drain(&mut rx.borrow_mut(), writer_id);
 
     let mut expected: Vec<Fields> = Vec::new();
     let (mut loss, mut first, mut drops) = (0u32, true, 0u64);
@@ -309,4 +313,134 @@ fn gen_fields(u: &mut Unstructured<'_>, depth: u32, budget: &mut u32) -> ArbResu
         fields.push((field, value));
     }
     Ok(fields)
+}
+
+// ------------------------------------------------------------ region_reader
+
+/// Polls a region made of arbitrary bytes, mutated between polls; panics on
+/// any broken reader rule.
+pub fn region_reader(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let _ = run_region(&mut u);
+}
+
+/// One word-aligned region: 8 KiB SMB of 4 KiB pages, 8 slots.
+const RING_AT: usize = HEADER_SIZE;
+const SMB_AT: usize = RING_AT + 8 * SLOT_SIZE;
+const REGION_LEN: usize = SMB_AT + 8192;
+
+fn run_region(u: &mut Unstructured<'_>) -> ArbResult<()> {
+    // u64 words: the region base is 8-aligned.
+    let mut mem = vec![0u64; REGION_LEN / 8];
+    let bytes = words_as_bytes(&mut mem);
+    u.fill_buffer(bytes)?;
+    if u.ratio(7, 8)? {
+        let header = HeaderRepr {
+            header_size: HEADER_SIZE as u16,
+            region_size: REGION_LEN as u32,
+            boot_id: u.arbitrary()?,
+            flags: 0,
+            ring: RingGeometry {
+                offset: RING_AT as u32,
+                slots: 8,
+                slot_size: SLOT_SIZE as u32,
+            },
+            smb: SmbGeometry {
+                offset: SMB_AT as u32,
+                size: 8192,
+                page_size: PageSize::DEFAULT,
+            },
+            clock_id: 65,
+            data_source: Name::new("fuzz").expect("valid name"),
+            producer: Name::EMPTY,
+        };
+        header.emit(&mut bytes[..HEADER_SIZE]).expect("header fits");
+        if u.arbitrary()? {
+            // A plausible ring: seq words around the tail.
+            let tail = u32::from_le_bytes(bytes[0xC4..0xC8].try_into().expect("4 bytes"));
+            for i in 0..8u32 {
+                let at = RING_AT + i as usize * SLOT_SIZE;
+                let seq = tail.wrapping_add(i).wrapping_add(u.int_in_range(0..=1)?);
+                bytes[at..at + 4].copy_from_slice(&seq.to_le_bytes());
+                bytes[at + 4] = u.int_in_range(1..=2)?;
+            }
+        }
+    }
+    let base = mem.as_mut_ptr().cast::<u8>();
+    // SAFETY: `mem` outlives the reader, which is dropped at the end of
+    // this function; between polls the bytes are changed only through
+    // `base` with no reference alive and no poll running (one thread).
+    let Ok(mut reader) = (unsafe { RegionReader::from_raw_parts(base, REGION_LEN) }) else {
+        return Ok(());
+    };
+    let mut buf = vec![0u8; 4088];
+    for _ in 0..u.int_in_range(1..=24)? {
+        match reader.poll(&mut buf) {
+            Ok(Some(Record::Chunk(c))) => {
+                assert!(c.bytes.len() >= 8 && c.bytes.len() <= 4088);
+                assert!(c.header.validate().is_ok());
+                assert!(c.location.page < 2 && c.location.chunk < 14);
+            }
+            Ok(Some(Record::Patch(_))) | Ok(None) | Err(_) => {}
+            Ok(Some(Record::Reset(h))) => assert_eq!(h.region_size as usize, REGION_LEN),
+        }
+        let stats = reader.stats();
+        assert!(stats.chunks_scanned <= stats.chunks);
+        // The firmware scribbles: a few arbitrary bytes anywhere.
+        for _ in 0..u.int_in_range(0..=4)? {
+            let at = u.int_in_range(0..=REGION_LEN - 1)?;
+            let value: u8 = u.arbitrary()?;
+            // SAFETY: in bounds of `mem`; no reference to it is alive and
+            // the reader is not running (see above).
+            unsafe { base.add(at).write_volatile(value) };
+        }
+    }
+    Ok(())
+}
+
+fn words_as_bytes(words: &mut [u64]) -> &mut [u8] {
+    let len = words.len() * 8;
+    // SAFETY: `u64` has no padding and every byte pattern is a valid `u8`;
+    // the slice covers exactly the words' memory and borrows it mutably.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+}
+
+// ------------------------------------------------------------ frame_decoder
+
+/// Feeds `data` to a frame decoder in pieces the input chooses.
+pub fn frame_decoder(data: &[u8]) {
+    let Some((&sizes, stream)) = data.split_first() else {
+        return;
+    };
+    let buf_len = 16 + usize::from(sizes) * 8;
+    let mut dec = FrameDecoder::new(vec![0u8; buf_len]);
+    let mut frames = 0u64;
+    let mut check = |f: shmtrace_abi::frame::RawFrame<'_>| {
+        assert!(f.payload.len() + HEADER_LEN + CRC_LEN <= buf_len);
+        let _ = f.parse();
+        frames += 1;
+    };
+    let mut rest = stream;
+    let mut step = 1 + usize::from(sizes % 13);
+    while !rest.is_empty() {
+        let (piece, tail) = rest.split_at(step.min(rest.len()));
+        rest = tail;
+        step = step * 7 % 31 + 1;
+        let mut input = piece;
+        while !input.is_empty() {
+            let (used, frame) = dec.push(input);
+            assert!(used <= input.len());
+            input = &input[used..];
+            match frame {
+                Some(f) => check(f),
+                None => assert!(input.is_empty()),
+            }
+        }
+    }
+    while let Some(f) = dec.finish() {
+        check(f);
+    }
+    let stats = dec.stats();
+    assert_eq!(stats.frames, frames);
+    assert!(stats.garbage_bytes <= stream.len() as u64);
 }

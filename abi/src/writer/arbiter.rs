@@ -3,8 +3,8 @@
 //!
 //! A std producer implements [`ChunkArbiter`] by batching chunk commits and
 //! patches into `CommitData` IPCs; firmware without IPC uses
-//! [`PollingArbiter`](super::PollingArbiter), which queues them for a
-//! polling service in the same program.
+//! [`RegionArbiter`](crate::region::RegionArbiter), which publishes them in
+//! the commit ring of a shared-RAM region.
 
 use crate::layout::ChunkHeaderRepr;
 use crate::smb::WritableChunk;

@@ -275,7 +275,8 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             self.cursor += 1;
             self.inflated = false;
         }
-        if let Some(chunk) = self.chunk.take() {
+        if let Some(mut chunk) = self.chunk.take() {
+            chunk.set_used(self.cursor);
             self.arbiter.commit_chunk(chunk, self.target_buffer);
             self.stats.chunks_committed += 1;
         }
@@ -643,7 +644,8 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             }
         }
         self.inflated = false;
-        if let Some(chunk) = self.chunk.take() {
+        if let Some(mut chunk) = self.chunk.take() {
+            chunk.set_used(self.cursor);
             self.arbiter.commit_chunk(chunk, self.target_buffer);
             self.stats.chunks_committed += 1;
         }
@@ -691,7 +693,8 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             }
         }
         self.publish_packets();
-        if let Some(old) = self.chunk.take() {
+        if let Some(mut old) = self.chunk.take() {
+            old.set_used(self.cursor);
             self.arbiter.commit_chunk(old, self.target_buffer);
             self.stats.chunks_committed += 1;
         }

@@ -17,8 +17,7 @@ use std::collections::BTreeMap;
 use shmtrace_abi::layout::{ChunkFlags, Packets};
 use shmtrace_abi::proto::{Message, Sink, MAX_DEPTH};
 use shmtrace_abi::reader::{apply_patch, FragmentEvent, Fragments};
-use shmtrace_abi::smb::Smb;
-use shmtrace_abi::writer::{CommitReceiver, Drained};
+use shmtrace_abi::region::{Record, RegionReader};
 
 /// The buffer id every test writer commits to.
 pub const TARGET_BUFFER: u16 = 5;
@@ -173,46 +172,42 @@ pub enum Item {
 }
 
 impl Service {
-    /// Moves every committed chunk out and applies every patch batch.
-    pub fn drain(&mut self, rx: &mut CommitReceiver<'_>, smb: &Smb<'_>, writer_id: u16) {
-        let mut buf = vec![0u8; smb.page_size().get()];
-        let chunks = &mut self.chunks;
-        let applied = &mut self.patches_applied;
-        let stats = rx.drain(smb, &mut buf, |d| match d {
-            Drained::Chunk {
-                target_buffer,
-                header,
-                bytes,
-                ..
-            } => {
-                assert_eq!(target_buffer, TARGET_BUFFER);
-                assert_eq!(header.writer_id, writer_id);
-                let old = chunks.insert(header.chunk_id, (header.packets, bytes[8..].to_vec()));
-                assert!(old.is_none(), "chunk {} committed twice", header.chunk_id);
+    /// Moves every committed chunk out of the region and applies every
+    /// patch.
+    pub fn drain(&mut self, rx: &mut RegionReader<'_>, writer_id: u16) {
+        let mut buf = vec![0u8; rx.chunk_buffer_len()];
+        while let Some(record) = rx.poll(&mut buf).expect("valid region") {
+            self.take(&record, writer_id);
+        }
+        check_reader(rx);
+    }
+
+    /// Stores a chunk or applies a patch of writer `writer_id`.
+    pub fn take(&mut self, record: &Record<'_>, writer_id: u16) {
+        match record {
+            Record::Chunk(c) => {
+                assert_eq!(c.header.writer_id, writer_id);
+                let old = self
+                    .chunks
+                    .insert(c.header.chunk_id, (c.header.packets, c.bytes[8..].to_vec()));
+                assert!(old.is_none(), "chunk {} committed twice", c.header.chunk_id);
             }
-            Drained::Patches(batch) => {
-                assert_eq!(
-                    (batch.target_buffer, batch.writer_id),
-                    (TARGET_BUFFER, writer_id)
-                );
-                let (packets, payload) = chunks
-                    .get_mut(&batch.chunk_id)
-                    .unwrap_or_else(|| panic!("patch for unknown chunk {}", batch.chunk_id));
+            Record::Patch(p) => {
+                assert_eq!(p.writer_id, writer_id);
+                let (packets, payload) = self
+                    .chunks
+                    .get_mut(&p.chunk_id)
+                    .unwrap_or_else(|| panic!("patch for unknown chunk {}", p.chunk_id));
                 assert!(packets.flags().contains(ChunkFlags::CHUNK_NEEDS_PATCHING));
-                for p in batch.patches() {
-                    apply_patch(payload, u32::from(p.offset), &p.data).expect("patch in bounds");
-                    *applied += 1;
-                }
-                if !batch.has_more {
+                apply_patch(payload, u32::from(p.offset), &p.data).expect("patch in bounds");
+                self.patches_applied += 1;
+                if !p.has_more {
                     *packets = packets
                         .with_flags(packets.flags().difference(ChunkFlags::CHUNK_NEEDS_PATCHING));
                 }
             }
-        });
-        assert_eq!(
-            stats.chunks_not_complete + stats.chunks_dropped + stats.release_failures,
-            0
-        );
+            Record::Reset(h) => panic!("unexpected reset {h:?}"),
+        }
     }
 
     /// Reassembles every stored chunk in id order.
@@ -294,4 +289,17 @@ pub fn too_deep(fields: &Fields, depth: usize) -> bool {
         Value::Nested(children) => too_deep(children, depth + 1),
         _ => false,
     })
+}
+
+/// A reader of a region written by correct writers lost nothing: no bad
+/// slot or chunk, and a commit found its chunk gone only where an overflow
+/// scan took it.
+pub fn check_reader(rx: &RegionReader<'_>) {
+    let stats = rx.stats();
+    assert_eq!(
+        stats.bad_slots + stats.invalid_chunks + stats.release_failures,
+        0,
+        "{stats:?}"
+    );
+    assert!(stats.stale_commits <= stats.chunks_scanned, "{stats:?}");
 }

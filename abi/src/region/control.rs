@@ -1,0 +1,281 @@
+//! Typed access to a live region: the control words of the header and the
+//! ring, as atomics over the shared memory.
+
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+use crate::sync::shared::AtomicU32;
+
+use super::raw::Mem;
+use super::ring::{self, RingFull, RingWords};
+use super::wire::{offset, RingGeometry, SlotBody, SlotRepr};
+
+/// The ring of a live region (see [`ring`](super::ring) for the protocol).
+#[derive(Clone, Copy, Debug)]
+pub struct Ring<'m> {
+    mem: Mem<'m>,
+    offset: usize,
+    slots: u32,
+    stride: usize,
+    head: &'m AtomicU32,
+    tail: &'m AtomicU32,
+}
+
+impl<'m> Ring<'m> {
+    /// `None` if the head/tail words are out of `mem` (never for a
+    /// validated geometry).
+    pub(crate) fn new(mem: Mem<'m>, geometry: RingGeometry) -> Option<Self> {
+        Some(Ring {
+            mem,
+            offset: geometry.offset as usize,
+            slots: geometry.slots,
+            stride: geometry.slot_size as usize,
+            head: mem.word(offset::RING_HEAD)?,
+            tail: mem.word(offset::RING_TAIL)?,
+        })
+    }
+
+    fn body_word(&self, index: u32, k: usize) -> Option<&'m AtomicU32> {
+        self.mem
+            .word(self.offset + index as usize * self.stride + 4 + 4 * k)
+    }
+
+    /// Publishes one record; [`RingFull`] if there is no room.
+    pub fn push(&self, record: &SlotRepr) -> Result<(), RingFull> {
+        let body = record.to_body();
+        ring::try_push(self, 1, &mut || body)
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+}
+
+impl RingWords for Ring<'_> {
+    type Word = AtomicU32;
+
+    fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    fn head(&self) -> &AtomicU32 {
+        self.head
+    }
+
+    fn tail(&self) -> &AtomicU32 {
+        self.tail
+    }
+
+    fn seq(&self, index: u32) -> Option<&AtomicU32> {
+        if index >= self.slots {
+            return None;
+        }
+        self.mem.word(self.offset + index as usize * self.stride)
+    }
+
+    fn write_body(&self, index: u32, body: &SlotBody) {
+        for (k, value) in body.iter().enumerate() {
+            if let Some(w) = self.body_word(index, k) {
+                w.store(*value, Relaxed);
+            }
+        }
+    }
+
+    fn read_body(&self, index: u32) -> SlotBody {
+        let mut body = [0u32; 7];
+        for (k, value) in body.iter_mut().enumerate() {
+            if let Some(w) = self.body_word(index, k) {
+                *value = w.load(Relaxed);
+            }
+        }
+        body
+    }
+}
+
+/// The control words of a live region (header bytes `0xC0..0x100`) and its
+/// ring. Cheap to copy; every access is one atomic operation.
+///
+/// Who writes what (the [module docs](super) have the table): the host
+/// writes `trace_enabled`, `clear_request`, `flush_request` and
+/// `sync_request`; the firmware writes the rest. Both sides may read
+/// everything.
+#[derive(Clone, Copy, Debug)]
+pub struct Control<'m> {
+    mem: Mem<'m>,
+    ring: Ring<'m>,
+}
+
+impl<'m> Control<'m> {
+    pub(crate) fn new(mem: Mem<'m>, ring: RingGeometry) -> Option<Self> {
+        Some(Control {
+            mem,
+            ring: Ring::new(mem, ring)?,
+        })
+    }
+
+    pub(crate) fn mem(&self) -> Mem<'m> {
+        self.mem
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Ring<'m> {
+        &self.ring
+    }
+
+    fn load(&self, at: usize, order: core::sync::atomic::Ordering) -> u32 {
+        self.mem.word(at).map_or(0, |w| w.load(order))
+    }
+
+    fn store(&self, at: usize, value: u32, order: core::sync::atomic::Ordering) {
+        if let Some(w) = self.mem.word(at) {
+            w.store(value, order);
+        }
+    }
+
+    fn add(&self, at: usize, n: u32) {
+        if let Some(w) = self.mem.word(at) {
+            w.fetch_add(n, Relaxed);
+        }
+    }
+
+    // ------------------------------------------------------------ host side
+
+    /// Host: turns tracing on or off.
+    pub fn set_trace_enabled(&self, enabled: bool) {
+        self.store(offset::TRACE_ENABLED, u32::from(enabled), Release);
+    }
+
+    /// Host: asks the writers to restart their sequences (clear their
+    /// incremental state). Returns the new request value.
+    pub fn request_clear(&self) -> u32 {
+        let next = self.clear_request().wrapping_add(1);
+        self.store(offset::CLEAR_REQUEST, next, Release);
+        next
+    }
+
+    /// Host: asks the firmware to commit what it holds. Returns the request
+    /// id; the flush is done once [`flush_ack`](Self::flush_ack) equals it.
+    pub fn request_flush(&self) -> u32 {
+        let next = self.flush_request().wrapping_add(1);
+        self.store(offset::FLUSH_REQUEST, next, Release);
+        next
+    }
+
+    /// Host: asks the firmware for its clock, tagged `nonce` (use a value
+    /// different from the previous one).
+    pub fn request_sync(&self, nonce: u32) {
+        self.store(offset::SYNC_REQUEST, nonce, Release);
+    }
+
+    /// Host: the firmware's answer to the last sync request, as
+    /// `(nonce, firmware ns)`; `None` while it has answered no request or
+    /// is writing its answer.
+    pub fn sync_response(&self) -> Option<(u32, u64)> {
+        let nonce = self.load(offset::SYNC_RESPONSE, Acquire);
+        let lo = self.load(offset::SYNC_TIME, Relaxed);
+        let hi = self.load(offset::SYNC_TIME + 4, Relaxed);
+        core::sync::atomic::fence(Acquire);
+        let again = self.load(offset::SYNC_RESPONSE, Relaxed);
+        (nonce == again && nonce != 0).then_some((nonce, u64::from(hi) << 32 | u64::from(lo)))
+    }
+
+    // -------------------------------------------------------- firmware side
+
+    /// Whether the host wants events (`trace_enabled != 0`).
+    pub fn trace_enabled(&self) -> bool {
+        self.load(offset::TRACE_ENABLED, Relaxed) != 0
+    }
+
+    /// The host's clear request counter: when it changed since a writer
+    /// last looked, the writer restarts its sequence.
+    pub fn clear_request(&self) -> u32 {
+        self.load(offset::CLEAR_REQUEST, Acquire)
+    }
+
+    /// The host's flush request counter.
+    pub fn flush_request(&self) -> u32 {
+        self.load(offset::FLUSH_REQUEST, Acquire)
+    }
+
+    /// The last flush request the firmware acknowledged.
+    pub fn flush_ack(&self) -> u32 {
+        self.load(offset::FLUSH_ACK, Acquire)
+    }
+
+    /// Firmware: every writer has committed for flush request `id`.
+    pub fn ack_flush(&self, id: u32) {
+        self.store(offset::FLUSH_ACK, id, Release);
+    }
+
+    /// The host's pending sync nonce (0: none).
+    pub fn sync_request(&self) -> u32 {
+        self.load(offset::SYNC_REQUEST, Acquire)
+    }
+
+    /// Firmware: if the host asked for a sync it has not been answered,
+    /// answers it with `now_ns()` (called only then) and returns `true`.
+    pub fn answer_sync(&self, now_ns: impl FnOnce() -> u64) -> bool {
+        let nonce = self.sync_request();
+        if nonce == 0 || nonce == self.load(offset::SYNC_RESPONSE, Relaxed) {
+            return false;
+        }
+        let t = now_ns();
+        // Clear the response first, so a host never pairs the new time
+        // with the old nonce.
+        self.store(offset::SYNC_RESPONSE, 0, Relaxed);
+        core::sync::atomic::fence(Release);
+        self.store(offset::SYNC_TIME, t as u32, Relaxed);
+        self.store(offset::SYNC_TIME + 4, (t >> 32) as u32, Relaxed);
+        self.store(offset::SYNC_RESPONSE, nonce, Release);
+        true
+    }
+
+    /// Firmware: counts packets its writers dropped.
+    pub fn count_packets_dropped(&self, n: u32) {
+        self.add(offset::PACKETS_DROPPED, n);
+    }
+
+    /// Firmware: counts a chunk commit that found the ring full.
+    pub fn count_ring_overflow(&self) {
+        self.add(offset::RING_OVERFLOWS, 1);
+    }
+
+    /// Firmware: counts a chunk lost (could not be completed).
+    pub fn count_chunk_lost(&self) {
+        self.add(offset::CHUNKS_LOST, 1);
+    }
+
+    /// Firmware: shows it is alive (call periodically).
+    pub fn beat(&self) {
+        self.add(offset::HEARTBEAT, 1);
+    }
+
+    /// The firmware's counters and the ring positions, as loaded now.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            packets_dropped: self.load(offset::PACKETS_DROPPED, Relaxed),
+            ring_overflows: self.load(offset::RING_OVERFLOWS, Acquire),
+            chunks_lost: self.load(offset::CHUNKS_LOST, Relaxed),
+            heartbeat: self.load(offset::HEARTBEAT, Relaxed),
+            ring_head: self.ring.head.load(Relaxed),
+            ring_tail: self.ring.tail.load(Relaxed),
+        }
+    }
+}
+
+/// Firmware counters of a region (all wrap at 2^32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets the writers dropped (`packets_dropped`).
+    pub packets_dropped: u32,
+    /// Chunk commits that found the ring full (`ring_overflows`).
+    pub ring_overflows: u32,
+    /// Chunks lost (`chunks_lost`).
+    pub chunks_lost: u32,
+    /// `heartbeat`.
+    pub heartbeat: u32,
+    /// `ring_head`.
+    pub ring_head: u32,
+    /// `ring_tail`.
+    pub ring_tail: u32,
+}
