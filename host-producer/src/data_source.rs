@@ -194,6 +194,12 @@ impl Instance {
         }
     }
 
+    /// Started and not stopping.
+    pub(crate) fn is_live(&self) -> bool {
+        let st = self.state();
+        st.started && !st.stopped
+    }
+
     /// A snapshot of the instance's writers.
     pub(crate) fn cells(&self) -> Vec<Arc<WriterCell>> {
         self.state().cells.clone()
