@@ -110,6 +110,8 @@ pub struct ClockStatus {
     pub samples: usize,
     /// Samples refused.
     pub rejected: u64,
+    /// The relation was given, not measured.
+    pub fixed: bool,
 }
 
 /// The engine. See the module docs.
@@ -188,6 +190,7 @@ impl<O: Output> Engine<O> {
             estimate: b.needs_clock.then(|| b.clock.estimate(now)).flatten(),
             samples: b.clock.samples(),
             rejected: b.clock.rejected,
+            fixed: self.fixed_offset.is_some(),
         })
     }
 

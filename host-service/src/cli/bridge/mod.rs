@@ -13,6 +13,8 @@
 //!   its error bound.
 //! * [`output`]: what the engine drives: the forwarding API of the producer
 //!   library ([`output::ProducerOutput`]), or a recording double in tests.
+//! * [`import`]: offline: a recorded source into a trace file, through a
+//!   service inside this process.
 //! * [`run`]: the I/O shell: one source, one producer connection, the
 //!   producer's commands (flush, clear, start, stop) passed on to the
 //!   source, a summary at log intervals and on exit.
@@ -23,6 +25,7 @@
 
 pub mod clock;
 pub mod engine;
+pub mod import;
 pub mod output;
 pub mod run;
 

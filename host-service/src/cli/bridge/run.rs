@@ -145,8 +145,22 @@ impl fmt::Display for Summary {
             Some(ClockStatus {
                 clock_id,
                 estimate: Some(est),
+                fixed: true,
+                ..
+            }) => writeln!(
+                out,
+                "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s (given, not measured; {} \
+                 snapshots injected)",
+                if est.offset_ns < 0 { "-" } else { "+" },
+                est.offset_ns.unsigned_abs() as f64 / 1e9,
+                e.snapshots
+            )?,
+            Some(ClockStatus {
+                clock_id,
+                estimate: Some(est),
                 samples,
                 rejected,
+                fixed: false,
             }) => writeln!(
                 out,
                 "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s, error within {:.3} ms \
