@@ -15,6 +15,8 @@
 //!   library ([`output::ProducerOutput`]), or a recording double in tests.
 //! * [`import`]: offline: a recorded source into a trace file, through a
 //!   service inside this process.
+//! * [`input`]: `--input` specs, byte streams (files, devices, TCP) and the
+//!   adapter a stream decoder plugs into.
 //! * [`run`]: the I/O shell: one source, one producer connection, the
 //!   producer's commands (flush, clear, start, stop) passed on to the
 //!   source, a summary at log intervals and on exit.
@@ -26,6 +28,7 @@
 pub mod clock;
 pub mod engine;
 pub mod import;
+pub mod input;
 pub mod output;
 pub mod run;
 
