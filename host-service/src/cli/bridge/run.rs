@@ -348,14 +348,15 @@ pub fn run(
     engine.output().flush();
     let summary = summary(&engine, &*source, requests_unsupported);
     drop(engine);
+    // Nothing more will be read: flushes (the producer's own at shutdown
+    // among them) need not wait for this thread.
+    control.state().flushes_done = u64::MAX;
+    control.changed.notify_all();
     if producer.is_some() {
         if let Some(p) = shmtrace_producer::Producer::get() {
             p.shutdown();
         }
     }
-    // Unblock a flush waiting on us.
-    control.state().flushes_done = u64::MAX;
-    control.changed.notify_all();
     result.map(|()| summary)
 }
 
