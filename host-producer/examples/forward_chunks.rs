@@ -20,8 +20,8 @@
 //!
 //! Reports JSON lines on stdout: `{"event":"enabled"}` once a session
 //! started it, then `{"event":"done","emitted":{...},"forward":{...}}`
-//! (what it wrote, in the interop checker's vocabulary, and the
-//! forwarder's counters); it exits once no session has it enabled (or
+//! (what it wrote, in the interop checker's vocabulary, the forwarder's
+//! counters, and the time writing and forwarding took); it exits once no session has it enabled (or
 //! after `--linger-s`).
 
 use std::cell::RefCell;
@@ -241,6 +241,7 @@ fn main() {
     let out = RefCell::new(Vec::new());
     let mut emitted = Emitted::default();
     let mut seq = forwarder.new_sequence();
+    let started = Instant::now();
     {
         let arbiter = FirmwareArbiter {
             smb: &smb,
@@ -293,12 +294,14 @@ fn main() {
     }
     forward(&mut seq, &out);
     forwarder.flush();
+    let elapsed_us = started.elapsed().as_micros();
     let s = forwarder.stats();
     println!(
         "{{\"event\":\"done\",\"emitted\":{{\"slice_begin\":{},\"slice_end\":{},\"instant\":{},\
          \"large\":{},\"large_bytes\":{},\"arg_int\":{},\"arg_string\":{}}},\
          \"forward\":{{\"chunks_received\":{},\"chunks_forwarded\":{},\"patches_forwarded\":{},\
-         \"patches_dropped\":{},\"packets_injected\":{},\"chunks_dropped\":{}}}}}",
+         \"patches_dropped\":{},\"packets_injected\":{},\"chunks_dropped\":{}}},\
+         \"elapsed_us\":{elapsed_us}}}",
         emitted.slice_begin,
         emitted.slice_end,
         emitted.instant,
