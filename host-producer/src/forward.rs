@@ -38,17 +38,20 @@
 //! * A lane's first chunk gets a *start packet* prepended: the sequence's
 //!   injected packet ([`ForwardedSequence::set_injected_packet`], e.g. a
 //!   clock snapshot its later packets need) plus
-//!   `first_packet_on_sequence = true`, or `previous_packet_dropped = 1`
-//!   when the lane restarted after a loss (below).
+//!   `first_packet_on_sequence = true`.
 //! * A first fragment that continues a packet whose beginning this lane
 //!   never forwarded is dropped (and the chunk's
 //!   `FirstPacketContinuesFromPrevChunk` cleared); a chunk holding nothing
 //!   but such a piece is not forwarded.
-//! * A source chunk id that does not follow the previous one (chunks lost
-//!   on the way), or a chunk this lane dropped (no room, too big), restarts
-//!   the lane: the old writer id is unregistered, a new one starts at chunk
-//!   0 with the loss marked on its first packet. A packet left open at the
-//!   end of the old lane is never completed there (readers drop it).
+//! * A loss (a source chunk id that does not follow the previous one, a
+//!   copy this lane dropped for want of room or size, a packet the source
+//!   never continued) is marked: a packet `previous_packet_dropped = 1` is
+//!   prepended to the lane's next chunk, as a producer marks its own drops
+//!   (readers then know the sequence's incremental state is gone until
+//!   the source resets it). If the loss left a packet open (its chunk said
+//!   it goes on), the lane gets a new writer (the old one unregistered)
+//!   whose start packet is followed by the loss mark: Perfetto's buffer
+//!   would wait for that packet's continuation forever.
 //! * After [`ForwardedSequence::set_injected_packet`] the packet is also
 //!   put into every existing lane once, as an extra fragment: appended
 //!   after the chunk's last fragment when that one is a whole packet (no
@@ -141,10 +144,13 @@ pub struct ForwardStats {
     /// Leading fragments dropped because the lane never had the beginning
     /// of their packet (a session started, or a lane restarted, mid-packet).
     pub orphan_fragments_dropped: u64,
-    /// Lanes restarted after a loss (a hole in the source's chunk ids, a
-    /// dropped copy, a packet the source never continued).
+    /// Losses marked in a lane (`previous_packet_dropped` on its next
+    /// packet): a hole in the source's chunk ids, a copy dropped, a packet
+    /// the source never continued.
+    pub losses_marked: u64,
+    /// Lanes that got a new writer because a loss left a packet open.
     pub lanes_restarted: u64,
-    /// Start packets and injected packets placed into chunks.
+    /// Packets placed into chunks: start packets, loss marks, injections.
     pub packets_injected: u64,
     /// Lanes whose first chunk could not take their start packet (its
     /// fragment count was at the maximum, or it filled a whole page).
@@ -168,6 +174,7 @@ struct Counters {
     chunks_lost: AtomicU64,
     chunks_skipped: AtomicU64,
     orphan_fragments_dropped: AtomicU64,
+    losses_marked: AtomicU64,
     lanes_restarted: AtomicU64,
     packets_injected: AtomicU64,
     start_packets_missed: AtomicU64,
@@ -193,6 +200,7 @@ impl Counters {
             chunks_lost: l(&self.chunks_lost),
             chunks_skipped: l(&self.chunks_skipped),
             orphan_fragments_dropped: l(&self.orphan_fragments_dropped),
+            losses_marked: l(&self.losses_marked),
             lanes_restarted: l(&self.lanes_restarted),
             packets_injected: l(&self.packets_injected),
             start_packets_missed: l(&self.start_packets_missed),
@@ -406,10 +414,10 @@ struct Lane {
     open_packet: bool,
     /// Something was forwarded (the start packet is behind us).
     started: bool,
-    /// The lane lost a chunk: restart before the next.
+    /// The lane lost a chunk (mark the loss at the next one).
     broken: bool,
-    /// The next start packet marks a loss.
-    after_loss: bool,
+    /// A loss is to be marked before the next packet.
+    loss_pending: bool,
     /// The sequence's injected packet is due in this lane.
     inject_due: bool,
     recent: VecDeque<Mapped>,
@@ -425,7 +433,7 @@ impl Lane {
             open_packet: false,
             started: false,
             broken: false,
-            after_loss: false,
+            loss_pending: false,
             inject_due,
             recent: VecDeque::new(),
         }
@@ -463,16 +471,13 @@ impl Lane {
         arbiter.free_writer_id(self.writer_id);
     }
 
-    /// Ends the lane's current writer: the next chunk starts a new one,
-    /// with the loss marked.
+    /// Ends the lane's current writer: the next chunk starts a new one.
     fn restart(&mut self) {
         self.release();
         self.writer_id = 0;
         self.next_chunk_id = 0;
         self.open_packet = false;
         self.started = false;
-        self.broken = false;
-        self.after_loss = true;
     }
 
     fn remember(&mut self, m: Mapped) {
@@ -740,11 +745,13 @@ fn fragment(packet: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A lane's start packet: the injected packet, then the marker.
-fn start_packet(inject: Option<&[u8]>, after_loss: bool) -> Vec<u8> {
+/// A packet of `inject`'s fields (if any) and one marker field: the
+/// sequence's first packet (`first_packet_on_sequence`), or a loss before
+/// it (`previous_packet_dropped`).
+fn marked_packet(inject: Option<&[u8]>, loss: bool) -> Vec<u8> {
     let mut marker = [0u8; 16];
     let n = encode_to_slice(&mut marker, |p| {
-        if after_loss {
+        if loss {
             p.uint32(FIELD_PREVIOUS_PACKET_DROPPED, DATA_LOSS_PRESENT);
         } else {
             p.bool(FIELD_FIRST_PACKET_ON_SEQUENCE, true);
@@ -754,13 +761,6 @@ fn start_packet(inject: Option<&[u8]>, after_loss: bool) -> Vec<u8> {
     let mut packet = inject.map(<[u8]>::to_vec).unwrap_or_default();
     packet.extend_from_slice(&marker[..n]);
     packet
-}
-
-/// Where an extra fragment goes in a chunk.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Place {
-    Prepend,
-    Append,
 }
 
 fn forward_into(
@@ -773,15 +773,19 @@ fn forward_into(
     let id = chunk.header.chunk_id;
     let flags = chunk.flags();
     let first_continues = flags.contains(ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK);
-    let contiguous = lane.last_source.is_some_and(|l| l.wrapping_add(1) == id);
+    let gap = lane.last_source.is_some_and(|l| l.wrapping_add(1) != id);
     let dangling = lane.open_packet && !first_continues;
-    if lane.started && (lane.broken || !contiguous || dangling) {
-        lane.restart();
-        bump(&c.lanes_restarted);
-    } else if lane.broken {
-        // Lost before anything was forwarded: the loss is still marked.
+    if lane.broken || gap || dangling {
+        // Something between the last chunk and this one was lost.
+        if lane.started && lane.open_packet {
+            // The packet left open would wait for a continuation forever
+            // (Perfetto's buffer parks the sequence there): a new writer.
+            lane.restart();
+            bump(&c.lanes_restarted);
+        }
         lane.broken = false;
-        lane.after_loss = true;
+        lane.loss_pending = true;
+        bump(&c.losses_marked);
     }
     lane.last_source = Some(id);
 
@@ -790,8 +794,7 @@ fn forward_into(
     let mut flags = flags;
     let mut body = chunk.payload;
     let mut stripped = 0u32;
-    let continues = lane.started && lane.open_packet;
-    if first_continues && !continues && count > 0 {
+    if first_continues && !lane.open_packet && count > 0 {
         body = &body[chunk.first_end..];
         stripped = chunk.first_end as u32;
         count -= 1;
@@ -802,36 +805,41 @@ fn forward_into(
             return Outcome::Skipped;
         }
     }
-    let last_continues = count > 0
-        && !chunk.sentinel
-        && flags.contains(ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK);
-
-    // The extra fragment, and where it may go.
-    let room_for_one = count < MAX_PACKET_COUNT;
     let first_starts = !flags.contains(ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK);
-    let (extra, place) = if !lane.started {
-        let fits = room_for_one && first_starts;
-        (
-            fits.then(|| fragment(&start_packet(inject, lane.after_loss))),
-            Place::Prepend,
-        )
-    } else if lane.inject_due && inject.is_some() && room_for_one {
-        let whole_last =
-            !last_continues && !chunk.sentinel && !flags.contains(ChunkFlags::CHUNK_NEEDS_PATCHING);
-        let place = if whole_last {
-            Some(Place::Append)
-        } else if first_starts {
-            Some(Place::Prepend)
-        } else {
-            None
-        };
-        match place {
-            Some(p) => (inject.map(fragment), p),
-            None => (None, Place::Append),
+    let last_continues =
+        !chunk.sentinel && flags.contains(ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK);
+    let whole_last =
+        !last_continues && !chunk.sentinel && !flags.contains(ChunkFlags::CHUNK_NEEDS_PATCHING);
+
+    // Extra fragments: before the body, the start packet of a new lane and
+    // the mark of a loss (the injected packet rides on the first of them);
+    // else a due injection alone, after the body (or before it, if the
+    // last packet goes on).
+    let due = if lane.inject_due { inject } else { None };
+    let (mut with_inject, mut with_loss) = (false, false);
+    let mut pre: Vec<Vec<u8>> = Vec::new();
+    let mut post = None;
+    if first_starts {
+        if !lane.started {
+            pre.push(fragment(&marked_packet(inject, false)));
+            with_inject = inject.is_some();
         }
-    } else {
-        (None, Place::Append)
-    };
+        if lane.loss_pending {
+            let carried = due.filter(|_| !with_inject);
+            pre.push(fragment(&marked_packet(carried, true)));
+            with_inject |= carried.is_some();
+            with_loss = true;
+        }
+    }
+    if let Some(packet) = due.filter(|_| !with_inject) {
+        if whole_last {
+            post = Some(fragment(packet));
+            with_inject = true;
+        } else if first_starts {
+            pre.push(fragment(packet));
+            with_inject = true;
+        }
+    }
     let arbiter = lane.instance.arbiter.clone();
     let base = CHUNK_HEADER_SIZE + body.len();
     if arbiter.layout_for(base).is_none() {
@@ -839,21 +847,34 @@ fn forward_into(
         lane.broken = true;
         return Outcome::Dropped;
     }
-    let extra = extra.filter(|e| arbiter.layout_for(base + e.len()).is_some());
-    if !lane.started && extra.is_none() {
-        bump(&c.start_packets_missed);
+    let extra_len: usize = pre.iter().chain(post.iter()).map(Vec::len).sum();
+    let extra_count = pre.len() + usize::from(post.is_some());
+    let fits = usize::from(count) + extra_count <= usize::from(MAX_PACKET_COUNT)
+        && arbiter.layout_for(base + extra_len).is_some();
+    if !fits {
+        // Forwarded as it is; what was due stays due (a start packet
+        // cannot come later: that one is counted as missed).
+        if !lane.started {
+            bump(&c.start_packets_missed);
+        }
+        pre.clear();
+        post = None;
+        with_inject = false;
+        with_loss = false;
     }
     if !lane.ensure_writer() {
         bump(&c.chunks_no_writer_id);
         lane.broken = true;
         return Outcome::Dropped;
     }
-    let extra_len = extra.as_ref().map_or(0, Vec::len);
-    if extra.is_some() {
-        count += 1;
-    }
-    let Some(packets) = Packets::new(count, flags) else {
-        // Unreachable: `count` stays within MAX_PACKET_COUNT above.
+    let inserted: usize = pre.iter().map(Vec::len).sum();
+    let added = pre.len() + usize::from(post.is_some());
+    let total = base + inserted + post.as_ref().map_or(0, Vec::len);
+    let Some(packets) = u16::try_from(added)
+        .ok()
+        .and_then(|a| Packets::new(count + a, flags))
+    else {
+        // Unreachable: the count was checked against the maximum above.
         bump(&c.chunks_invalid);
         return Outcome::Dropped;
     };
@@ -862,47 +883,44 @@ fn forward_into(
         writer_id: lane.writer_id,
         packets,
     };
-    let Some(mut out) = acquire(&arbiter, base + extra_len, header, policy) else {
+    let Some(mut out) = acquire(&arbiter, total, header, policy) else {
         bump(&c.chunks_no_room);
         lane.broken = true;
         return Outcome::Dropped;
     };
-    let inserted = match (&extra, place) {
-        (Some(e), Place::Prepend) => {
-            let _ = out.write(0, e);
-            let _ = out.write(e.len(), body);
-            e.len() as u32
-        }
-        (Some(e), Place::Append) => {
-            let _ = out.write(0, body);
-            let _ = out.write(body.len(), e);
-            0
-        }
-        (None, _) => {
-            let _ = out.write(0, body);
-            0
-        }
-    };
+    let mut at = 0;
+    for part in pre
+        .iter()
+        .map(Vec::as_slice)
+        .chain([body])
+        .chain(post.as_deref())
+    {
+        let _ = out.write(at, part);
+        at += part.len();
+    }
     if !arbiter.commit(out, lane.instance.config.target_buffer) {
         bump(&c.chunks_lost);
         lane.broken = true;
         return Outcome::Dropped;
     }
     bump(&c.chunks_forwarded);
-    if extra.is_some() {
-        bump(&c.packets_injected);
+    c.packets_injected
+        .fetch_add(added as u64, Ordering::Relaxed);
+    if with_inject {
         lane.inject_due = false;
+    }
+    if with_loss {
+        lane.loss_pending = false;
     }
     lane.remember(Mapped {
         source_chunk: id,
         writer_id: lane.writer_id,
         chunk_id: lane.next_chunk_id,
         stripped,
-        inserted,
+        inserted: inserted as u32,
     });
     lane.next_chunk_id = lane.next_chunk_id.wrapping_add(1);
     lane.started = true;
-    lane.after_loss = false;
     lane.open_packet = last_continues;
     Outcome::Done
 }

@@ -335,7 +335,7 @@ fn a_session_starting_mid_packet_gets_whole_packets_only() {
 }
 
 #[test]
-fn a_lost_chunk_restarts_the_lane_with_the_loss_marked() {
+fn a_lost_chunk_is_marked_on_the_next_packet_of_the_same_lane() {
     let _s = serial();
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
     let fw =
@@ -356,6 +356,7 @@ fn a_lost_chunk_restarts_the_lane_with_the_loss_marked() {
         })
         .collect();
     let mut seq = fw.new_sequence();
+    seq.set_injected_packet(&snapshot(5)).unwrap();
     for (i, c) in chunks.iter().enumerate() {
         if i != 3 {
             seq.forward_chunk(c).unwrap();
@@ -363,21 +364,77 @@ fn a_lost_chunk_restarts_the_lane_with_the_loss_marked() {
     }
     lb.drain();
     let seqs = decoded(&lb);
-    assert_eq!(seqs.len(), 2, "a new writer after the hole");
-    let (first, second) = (&seqs[0].1, &seqs[1].1);
+    assert_eq!(seqs.len(), 1, "the same writer goes on");
+    let packets = &seqs[0].1;
+    let stamps: Vec<_> = packets.iter().map(|p| p.timestamp).collect();
+    assert_eq!(
+        stamps,
+        [None, Some(0), Some(1), Some(2), None, Some(4), Some(5)]
+    );
+    assert_eq!(packets[0].first_packet_on_sequence, Some(true));
+    assert_eq!(packets[4].previous_packet_dropped, Some(1));
+    let stats = fw.stats();
+    assert_eq!((stats.losses_marked, stats.lanes_restarted), (1, 0));
+    runtime().stop_data_source(303);
+    lb.shutdown();
+}
+
+#[test]
+fn a_loss_that_leaves_a_packet_open_starts_a_new_writer() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let fw = ChunkForwarder::register(
+        "test.fw.gap.open",
+        DataSourceOptions::default(),
+        NoopHandler,
+    )
+    .unwrap();
+    start(308, "test.fw.gap.open", 3);
+    // Chunks: [p0, p1 begins] [p1 goes on] [p1 ends, p2]: the middle one
+    // is lost, so p1 can never be completed.
+    let source = spanning_source();
+    let mut seq = fw.new_sequence();
+    let mut chunk = 0;
+    for e in &source {
+        if let SourceEvent::Chunk(c) = e {
+            chunk += 1;
+            if chunk == 2 {
+                continue;
+            }
+            seq.forward_chunk(c).unwrap();
+        } else {
+            forward_all(&mut seq, std::slice::from_ref(e));
+        }
+    }
+    assert_eq!(chunk, 3);
+    lb.drain();
+    let seqs = lb.sequences();
+    assert_eq!(seqs.len(), 2, "a new writer");
+    let packets: Vec<Vec<ts::TracePacket>> = seqs
+        .values()
+        .map(|s| {
+            s.packets
+                .iter()
+                .map(|b| ts::TracePacket::decode(&b[..]).unwrap())
+                .collect()
+        })
+        .collect();
+    // The old writer: its start and p0 (p1 never completes there).
     let stamps = |p: &[ts::TracePacket]| p.iter().map(|p| p.timestamp).collect::<Vec<_>>();
-    assert_eq!(stamps(first), [None, Some(0), Some(1), Some(2)]);
-    assert_eq!(stamps(second), [None, Some(4), Some(5)]);
-    assert_eq!(second[0].previous_packet_dropped, Some(1));
-    assert_eq!(second[0].first_packet_on_sequence, None);
+    assert_eq!(stamps(&packets[0]), [None, Some(0)]);
+    // The new one: start, loss mark, p2.
+    assert_eq!(stamps(&packets[1]), [None, None, Some(2)]);
+    assert_eq!(packets[1][0].first_packet_on_sequence, Some(true));
+    assert_eq!(packets[1][1].previous_packet_dropped, Some(1));
     let writers = registered_writers(&lb);
     assert_eq!(writers.len(), 2);
     assert!(lb.received().messages.iter().any(|m| matches!(
         m,
         Outgoing::UnregisterTraceWriter { writer_id } if *writer_id == writers[0].0
     )));
-    assert_eq!(fw.stats().lanes_restarted, 1);
-    runtime().stop_data_source(303);
+    let stats = fw.stats();
+    assert_eq!((stats.losses_marked, stats.lanes_restarted), (1, 1));
+    runtime().stop_data_source(308);
     lb.shutdown();
 }
 

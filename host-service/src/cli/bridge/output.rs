@@ -92,6 +92,7 @@ impl ProducerOutput {
             t.chunks_lost += s.chunks_lost;
             t.chunks_skipped += s.chunks_skipped;
             t.orphan_fragments_dropped += s.orphan_fragments_dropped;
+            t.losses_marked += s.losses_marked;
             t.lanes_restarted += s.lanes_restarted;
             t.packets_injected += s.packets_injected;
             t.start_packets_missed += s.start_packets_missed;

@@ -138,8 +138,8 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             out,
-            "  sequences: {} restarted after a loss, {} orphan fragments dropped",
-            f.lanes_restarted, f.orphan_fragments_dropped
+            "  sequences: {} losses marked ({} with a new writer), {} orphan fragments dropped",
+            f.losses_marked, f.lanes_restarted, f.orphan_fragments_dropped
         )?;
         match &self.clock {
             Some(ClockStatus {
