@@ -356,6 +356,88 @@ impl Arbiter {
         Some(flushed)
     }
 
+    /// The page layout whose chunks are the smallest that hold `size` bytes
+    /// (header included) in this SMB's pages, if any does.
+    pub(crate) fn layout_for(&self, size: usize) -> Option<PageLayout> {
+        let page_size = self.smb().page_size();
+        PageLayout::PARTITIONED
+            .iter()
+            .rev()
+            .copied()
+            .find(|&l| page_size.chunk_size(l).is_some_and(|c| c >= size))
+    }
+
+    /// Takes a free chunk of at least `size` bytes (header included) and
+    /// writes `header` into it, for packets written elsewhere and copied in
+    /// whole (`forward`). Free pages are partitioned with
+    /// [`Arbiter::layout_for`]`(size)`; pages already partitioned are used
+    /// if their chunks are large enough, whatever their layout. `None` when
+    /// no such chunk is free (or `size` exceeds a whole page), or the
+    /// connection is gone. The caller holds an `Arc` of this arbiter for as
+    /// long as it holds the chunk (the `shm` module's invariant).
+    pub(crate) fn acquire_chunk_of(
+        &self,
+        size: usize,
+        header: ChunkHeaderRepr,
+    ) -> Option<WritableChunk<'static>> {
+        let layout = self.layout_for(size)?;
+        if self.is_closed() {
+            return None;
+        }
+        let smb = self.shm.smb_static();
+        let pages = smb.num_pages();
+        let start = self.cursor.load(Ordering::Relaxed) % pages;
+        for i in 0..pages {
+            let page = (start + i) % pages;
+            if smb.is_page_free(page) {
+                // Losing this race is fine: the page then has a layout.
+                let _ = smb.try_partition_page(page, layout);
+            }
+            let fits = smb
+                .page_layout(page)
+                .and_then(|l| smb.chunk_size(l))
+                .is_some_and(|c| c >= size);
+            if !fits {
+                continue;
+            }
+            let mut free = smb.free_chunks(page);
+            while free != 0 {
+                let chunk = free.trailing_zeros() as usize;
+                free &= free - 1;
+                if let Ok(c) = smb.try_acquire_chunk_for_writing(page, chunk, header) {
+                    self.cursor.store(page, Ordering::Relaxed);
+                    return Some(c);
+                }
+            }
+        }
+        None
+    }
+
+    /// Hands a finished chunk over: `BeingWritten → Complete`, then queued
+    /// for the service's `target_buffer`. `false` (counted as lost, never
+    /// committed) if the transition failed because a peer rewrote the page
+    /// header.
+    pub(crate) fn commit(&self, chunk: WritableChunk<'static>, target_buffer: u32) -> bool {
+        match chunk.release_as_complete() {
+            Ok(loc) => {
+                self.counters
+                    .chunks_committed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.outbox.commit_chunk(ChunkToMove {
+                    page: loc.page as u32,
+                    chunk: loc.chunk as u32,
+                    target_buffer,
+                    data: None,
+                });
+                true
+            }
+            Err(_) => {
+                self.counters.chunks_lost.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
     /// Copies the bytes of every chunk of an emulated-SMB commit into the
     /// request and frees the chunks (the service never sees our memory).
     pub(crate) fn materialize(&self, chunks: &mut [ChunkToMove]) {
@@ -393,6 +475,11 @@ thread_local! {
     /// Set on the connection's own threads: they must never stall for
     /// chunks (they are the ones freeing them).
     static NO_STALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread must never stall for chunks.
+pub(crate) fn stalls_forbidden() -> bool {
+    NO_STALL.with(|c| c.get())
 }
 
 /// Marks the calling thread as one that must never stall for chunks.
@@ -512,26 +599,7 @@ impl ChunkArbiter<'static> for WriterArbiter {
     }
 
     fn commit_chunk(&mut self, chunk: WritableChunk<'static>, target_buffer: BufferId) {
-        match chunk.release_as_complete() {
-            Ok(loc) => {
-                self.arbiter
-                    .counters
-                    .chunks_committed
-                    .fetch_add(1, Ordering::Relaxed);
-                self.arbiter.outbox.commit_chunk(ChunkToMove {
-                    page: loc.page as u32,
-                    chunk: loc.chunk as u32,
-                    target_buffer: u32::from(target_buffer),
-                    data: None,
-                });
-            }
-            Err(_) => {
-                self.arbiter
-                    .counters
-                    .chunks_lost
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.arbiter.commit(chunk, u32::from(target_buffer));
     }
 
     fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {

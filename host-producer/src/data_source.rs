@@ -111,6 +111,13 @@ pub trait DataSourceHandler: Send + Sync + 'static {
     /// The service asked for a flush; the instance's writers are flushed
     /// right after this returns.
     fn on_flush(&self, _args: &InstanceArgs<'_>) {}
+    /// The service asked the instance to clear its incremental state
+    /// (`ClearIncrementalState`). The instance's own writers re-emit their
+    /// state by themselves (see
+    /// [`TraceContext::take_incremental_state_cleared`]); a data source
+    /// whose packets are written elsewhere (a firmware, a relay) passes the
+    /// request on from here.
+    fn on_clear_incremental_state(&self, _args: &InstanceArgs<'_>) {}
 }
 
 /// A handler that does nothing.
@@ -185,6 +192,12 @@ impl Instance {
             instance_id: self.id,
             config: &self.config,
         }
+    }
+
+    /// Started and not stopping.
+    pub(crate) fn is_live(&self) -> bool {
+        let st = self.state();
+        st.started && !st.stopped
     }
 
     /// A snapshot of the instance's writers.
@@ -408,11 +421,13 @@ impl DataSourceType {
         cells
     }
 
-    /// Asks every writer of `inst` to reset its incremental state.
+    /// Asks every writer of `inst` to reset its incremental state, then
+    /// tells the handler.
     pub(crate) fn clear_incremental_state(&self, inst: &Instance) {
         for cell in inst.cells() {
             cell.request(FLAG_CLEAR);
         }
+        self.handler.on_clear_incremental_state(&inst.args());
     }
 
     /// Creates the calling thread's writer for slot `slot` under

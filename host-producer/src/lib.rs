@@ -91,6 +91,12 @@
 //! * **Custom data sources** ([`DataSource`]): a name, a
 //!   [`DataSourceHandler`] for setup/start/stop/flush, arbitrary
 //!   TracePackets from any thread ([`TraceContext`]).
+//! * **Forwarded chunks** ([`ChunkForwarder`]): a data source, named at
+//!   run time, whose packets were written elsewhere (a firmware behind a
+//!   bridge, a relay, an importer) as finished SMB chunks: each is copied
+//!   into this producer's shared memory under a writer id of its own and
+//!   committed like the program's chunks; patches follow, clock snapshots
+//!   can be injected, losses are marked (see the `forward` module docs).
 //! * **Triggers** ([`activate_triggers`]): start, stop or clone the
 //!   sessions waiting for them (`ActivateTriggers`, no reply); activated
 //!   while no connection is up, they wait for one until their time to live
@@ -107,7 +113,8 @@
 //! The I/O shell (`connection`) drives a sans-IO core: `runtime` (the
 //! service's commands), `data_source` (types, instances, thread-local
 //! writers), `writer` (the writer cells and their locking), `arbiter` (the
-//! SMB: chunks, commits, writer ids), `outbox` (ordered messages to the
+//! SMB: chunks, commits, writer ids), `forward` (chunks written elsewhere,
+//! copied in), `outbox` (ordered messages to the
 //! service), `event`/`fast`/`intern` (track event encoding), `shm` (the
 //! mapping). The protobuf encoder, the trace writer (fragmentation, patches,
 //! drop mode) and the SMB state machine are `shmtrace-abi`'s; the IPC client
@@ -124,6 +131,7 @@ mod data_source;
 mod error;
 mod event;
 pub mod filter;
+mod forward;
 mod intern;
 mod outbox;
 mod runtime;
@@ -148,6 +156,10 @@ pub use data_source::{
 };
 pub use error::{ConnectError, RegisterError, SmbSetupError};
 pub use event::{CounterValue, EventContext, EventName, EventType};
+pub use forward::{
+    ChunkForwarder, ForwardError, ForwardPatch, ForwardStats, Forwarded, ForwardedSequence,
+    InjectedTooLong, MAX_INJECTED_PACKET,
+};
 pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
 pub use track::{
     current_pid, process_uuid, set_process_name, ChildOrdering, Clock, CounterTrack, CounterUnit,

@@ -4,6 +4,7 @@
 
 mod alloc;
 mod descriptor;
+mod forward;
 mod hostile;
 mod loopback;
 mod names;

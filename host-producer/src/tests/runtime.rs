@@ -871,6 +871,12 @@ impl DataSourceHandler for Recorder {
             .unwrap()
             .push(format!("flush {}", args.instance_id));
     }
+    fn on_clear_incremental_state(&self, args: &InstanceArgs<'_>) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("clear {}", args.instance_id));
+    }
 }
 
 #[test]
@@ -911,7 +917,8 @@ fn custom_data_source_callbacks_config_and_raw_packets() {
         });
     }
     assert_eq!(seen.load(Ordering::Relaxed), 3);
-    runtime().clear_incremental_state(&[101]);
+    runtime().clear_incremental_state(&[999]); // not ours: no call
+    runtime().clear_incremental_state(&[101, 101]);
     ds.trace(|ctx| assert!(ctx.take_incremental_state_cleared()));
     runtime().flush(&[101], 5);
     runtime().stop_data_source(101);
@@ -924,7 +931,13 @@ fn custom_data_source_callbacks_config_and_raw_packets() {
     assert_eq!(packets[1].for_testing.as_deref(), Some(&b"r"[..]));
     assert_eq!(
         *calls.lock().unwrap(),
-        ["setup 101 4", "start 101", "flush 101", "stop 101"]
+        [
+            "setup 101 4",
+            "start 101",
+            "clear 101",
+            "flush 101",
+            "stop 101"
+        ]
     );
     assert_eq!(lb.received().flush_acks, [5]);
     lb.shutdown();

@@ -11,16 +11,21 @@
 //! * [`trigger`]: activates triggers as a producer, like
 //!   `perfetto --trigger`.
 //! * [`config`]: trace configs from text format, binary or quick flags.
+//! * [`bridge`]: a firmware's chunks, forwarded as a producer into any
+//!   Perfetto service.
+//! * [`local`]: a tracing service inside this process, on private sockets.
 //! * [`demo`]: the whole stack in one command — an in-process service on
 //!   private sockets, an example app, a recorded `demo.pftrace`.
 //!
 //! The binary (`src/bin/shmtrace.rs`) only parses arguments and maps
 //! [`CliError`]s to messages and [exit] statuses.
 
+pub mod bridge;
 pub mod config;
 pub mod consumer;
 pub mod demo;
 pub mod inspect;
+pub mod local;
 pub mod query;
 pub mod record;
 pub mod schema;
@@ -114,6 +119,21 @@ pub enum CliError {
     /// `demo` could not bring up its service or example app.
     #[error("demo: {0}")]
     Demo(String),
+    /// The bridge's producer cannot reach the service.
+    #[error(
+        "cannot connect to the tracing service's producer socket at {address}: {detail}\n\
+         Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
+         Pass --socket, or set PERFETTO_PRODUCER_SOCK_NAME."
+    )]
+    ProducerUnreachable {
+        /// The address tried.
+        address: String,
+        /// Why it failed.
+        detail: String,
+    },
+    /// The firmware input failed, or the bridge could not start.
+    #[error("bridge: {0}")]
+    Bridge(String),
     /// Writing to the terminal or a pipe failed.
     #[error("output error: {0}")]
     Output(#[from] std::io::Error),
@@ -124,9 +144,11 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) | Self::Config(_) | Self::Address(_) => exit::USAGE,
-            Self::Connect { .. } | Self::ConnectProducer { .. } => exit::NO_SERVICE,
+            Self::Connect { .. }
+            | Self::ConnectProducer { .. }
+            | Self::ProducerUnreachable { .. } => exit::NO_SERVICE,
             Self::Io { .. } | Self::Output(_) => exit::IO,
-            Self::Ipc { .. } | Self::Session(_) | Self::Demo(_) => exit::SESSION,
+            Self::Ipc { .. } | Self::Session(_) | Self::Demo(_) | Self::Bridge(_) => exit::SESSION,
         }
     }
 }

@@ -16,25 +16,19 @@
 
 pub mod app;
 
-use std::io::Write;
-use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::config::{Config, Fill, QuickConfig};
 use super::consumer::Consumer;
+use super::local::{InProcessService, SocketDir};
 use super::record::{self, OutputFile, Progress, ProgressMode};
 use super::units::{parse_duration, Elapsed};
 use super::CliError;
 use crate::ipc::SocketAddress;
-use crate::service::core::TracingService;
-use crate::service::env::SystemEnvironment;
-use crate::service::shell::{self, Shell, ShellConfig};
+use crate::service::shell::ShellConfig;
 use app::App;
 
 /// Name of the example app's producer.
@@ -60,103 +54,6 @@ pub struct DemoArgs {
     /// How to show progress.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub progress: ProgressMode,
-}
-
-/// A private directory for the sockets, removed when dropped.
-struct SocketDir(PathBuf);
-
-impl SocketDir {
-    fn create() -> Result<Self, CliError> {
-        // Socket paths are limited to 107 bytes: prefer a short base.
-        let base = std::env::temp_dir();
-        let base = if base.as_os_str().len() > 60 {
-            PathBuf::from("/tmp")
-        } else {
-            base
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = base.join(format!("shmtrace-demo-{}-{nanos:x}", std::process::id()));
-        let io = |action| {
-            let dir = dir.clone();
-            move |source| CliError::Io {
-                action,
-                path: dir,
-                source,
-            }
-        };
-        std::fs::create_dir(&dir).map_err(io("create"))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io("restrict"))?;
-        Ok(SocketDir(dir))
-    }
-
-    fn socket(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for SocketDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The service running on a thread of this process.
-struct InProcessService {
-    stop: UnixStream,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl InProcessService {
-    /// Binds the sockets and runs the service until dropped.
-    fn start(config: ShellConfig) -> Result<Self, CliError> {
-        let (stop_read, stop) = UnixStream::pair().map_err(CliError::Output)?;
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("shmtrace-service".into())
-            .spawn(move || {
-                let shell = match Shell::bind(&config) {
-                    Ok(shell) => shell,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                let core = TracingService::new(
-                    shell::system_service_config(),
-                    Box::new(SystemEnvironment),
-                );
-                if let Err(e) = shell.run(core, Some(stop_read.as_fd())) {
-                    log::error!("the demo's tracing service stopped: {e}");
-                }
-            })
-            .map_err(CliError::Output)?;
-        let service = InProcessService {
-            stop,
-            thread: Some(thread),
-        };
-        match ready_rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(Ok(())) => Ok(service),
-            Ok(Err(e)) => Err(CliError::Demo(format!(
-                "the tracing service did not start: {e}"
-            ))),
-            Err(_) => Err(CliError::Demo(
-                "the tracing service did not start in time".into(),
-            )),
-        }
-    }
-}
-
-impl Drop for InProcessService {
-    fn drop(&mut self) {
-        let _ = self.stop.write_all(b"x");
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// Waits until the service lists the app's track_event data source.
@@ -194,17 +91,18 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
     let signals = record::stop_signals()?;
 
     // 1. The service, on private sockets.
-    let dir = SocketDir::create()?;
+    let dir = SocketDir::create("demo")?;
     let producer_socket = dir.socket("producer.sock");
     let consumer_socket = dir.socket("consumer.sock");
     let service = InProcessService::start(ShellConfig {
         producer_sockets: vec![SocketAddress::Path(producer_socket.clone())],
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
-    })?;
+    })
+    .map_err(CliError::Demo)?;
     progress.note(&format!(
         "tracing service running in this process on {}",
-        dir.0.display()
+        dir.path().display()
     ));
 
     // 2. The example app and its producer.

@@ -1,0 +1,448 @@
+//! The bridge's sans-IO core: [`FirmwareEvent`]s in (each with the host's
+//! BOOTTIME when it was read), calls on an [`Output`] and [`Request`]s for
+//! the firmware out.
+//!
+//! # Invariants
+//!
+//! * **A boot is a boot.** A hello with a new boot id (or a reset) ends
+//!   every sequence of the old boot (their writers unregistered): the new
+//!   run's chunks go into new sequences, never mixed with the old ones,
+//!   even where writer and chunk ids repeat.
+//! * **Nothing before its hello.** Chunks and patches arriving with no
+//!   boot announced (before the first hello, after a reset) are dropped
+//!   and counted: nothing tells which data source or clock they belong to.
+//! * **Chunks are validated** before anything is forwarded: a header
+//!   (writer id 1..=32767) and fragments that parse (the abi reader, in the
+//!   forwarder); anything else is dropped and counted.
+//! * **Clock before packets.** When the firmware stamps a sequence-scoped
+//!   clock (64..=127), every sequence carries a snapshot relating it to
+//!   BOOTTIME ([`clock`](super::clock)) before its first packet in a
+//!   session: until the first clock sample of a boot, its chunks and
+//!   patches wait (at most [`HOLD_EVENTS`] of them, at most [`HOLD_NS`]);
+//!   past that they go without one (counted, and logged by the shell).
+//!   After that snapshots are re-injected whenever due.
+//! * **Every loss is counted** ([`EngineStats`]); the firmware's own
+//!   counters and the source's transport losses are kept for the summary.
+
+use std::collections::{HashMap, VecDeque};
+
+use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE};
+use shmtrace_producer::ForwardError;
+
+use super::clock::{snapshot_packet, ClockSync, Estimate};
+use super::output::Output;
+use super::{FirmwareEvent, Hello, PatchGroup, Request};
+
+/// Chunks and patch groups held at most while a boot waits for its first
+/// clock sample.
+pub const HOLD_EVENTS: usize = 4096;
+/// How long a boot's chunks wait at most for its first clock sample.
+pub const HOLD_NS: u64 = 2_000_000_000;
+/// How often a two-way source is asked for the firmware's time.
+pub const SYNC_PERIOD_NS: u64 = 1_000_000_000;
+/// First sequence-scoped clock id; ids from 128 are reserved.
+const FIRST_SEQUENCE_CLOCK: u32 = 64;
+const FIRST_RESERVED_CLOCK: u32 = 128;
+
+/// The engine's counters (monotonic, across boots).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    /// Boots seen (hellos with a new boot id).
+    pub boots: u64,
+    /// Hellos refused (empty data source name, reserved clock id, a data
+    /// source the producer cannot register).
+    pub hellos_refused: u64,
+    /// Resets announced by the source.
+    pub resets: u64,
+    /// Chunks received.
+    pub chunks: u64,
+    /// Chunks forwarded into at least one session.
+    pub chunks_forwarded: u64,
+    /// Chunks dropped: no session had the data source started.
+    pub chunks_no_session: u64,
+    /// Chunks dropped: malformed header or fragments.
+    pub chunks_invalid: u64,
+    /// Chunks dropped: no boot announced yet.
+    pub chunks_before_hello: u64,
+    /// Chunks whose every copy was dropped by the forwarder (no room in
+    /// the SMB, too big, no writer id: see the forwarder's counters).
+    pub chunks_dropped: u64,
+    /// Chunks forwarded before any clock relation was known.
+    pub chunks_without_clock: u64,
+    /// Patch groups received.
+    pub patch_groups: u64,
+    /// Patch groups dropped: no boot, or a writer with no chunk forwarded.
+    pub patch_groups_dropped: u64,
+    /// Clock samples received.
+    pub clock_samples: u64,
+    /// Clock snapshots injected (each into every sequence of the boot).
+    pub snapshots: u64,
+    /// Sync requests sent to the firmware.
+    pub sync_requests: u64,
+}
+
+/// One firmware boot.
+struct Boot<S> {
+    hello: Hello,
+    sequences: HashMap<u16, S>,
+    clock: ClockSync,
+    /// The clock must be related to BOOTTIME (a sequence-scoped clock).
+    needs_clock: bool,
+    /// The snapshot packet of the latest estimate.
+    snapshot: Option<Vec<u8>>,
+    /// Events waiting for the first clock sample, and since when.
+    held: VecDeque<FirmwareEvent>,
+    held_since: Option<u64>,
+    /// Holding gave up: later chunks go as they come.
+    hold_expired: bool,
+    last_sync: Option<u64>,
+    firmware: Vec<(String, u64)>,
+}
+
+/// The latest clock relation, for reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockStatus {
+    /// The firmware's clock id.
+    pub clock_id: u32,
+    /// The relation, if measured.
+    pub estimate: Option<Estimate>,
+    /// Samples in the window.
+    pub samples: usize,
+    /// Samples refused.
+    pub rejected: u64,
+    /// The relation was given, not measured.
+    pub fixed: bool,
+}
+
+/// The engine. See the module docs.
+pub struct Engine<O: Output> {
+    out: O,
+    boot: Option<Boot<O::Sequence>>,
+    /// A fixed relation instead of measured ones (offline import).
+    fixed_offset: Option<i64>,
+    stats: EngineStats,
+    /// Firmware counters of earlier boots (their last values, summed).
+    firmware_past: Vec<(String, u64)>,
+    /// Things to tell the shell (logged once each).
+    notes: Vec<String>,
+}
+
+fn add_counters(into: &mut Vec<(String, u64)>, from: &[(String, u64)]) {
+    for (name, v) in from {
+        match into.iter_mut().find(|(n, _)| n == name) {
+            Some((_, total)) => *total = total.saturating_add(*v),
+            None => into.push((name.clone(), *v)),
+        }
+    }
+}
+
+impl<O: Output> Engine<O> {
+    /// An engine forwarding into `out`.
+    pub fn new(out: O) -> Self {
+        Engine {
+            out,
+            boot: None,
+            fixed_offset: None,
+            stats: EngineStats::default(),
+            firmware_past: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// An engine whose firmware clock is BOOTTIME minus `offset_ns`
+    /// (`boot = firmware + offset`), not measured: for offline imports.
+    pub fn with_fixed_clock(out: O, offset_ns: i64) -> Self {
+        Engine {
+            fixed_offset: Some(offset_ns),
+            ..Self::new(out)
+        }
+    }
+
+    /// The output.
+    pub fn output(&self) -> &O {
+        &self.out
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The current boot's hello.
+    pub fn hello(&self) -> Option<&Hello> {
+        self.boot.as_ref().map(|b| &b.hello)
+    }
+
+    /// The firmware's counters: earlier boots' last values plus the
+    /// current boot's.
+    pub fn firmware_counters(&self) -> Vec<(String, u64)> {
+        let mut all = self.firmware_past.clone();
+        if let Some(b) = &self.boot {
+            add_counters(&mut all, &b.firmware);
+        }
+        all
+    }
+
+    /// The current boot's clock relation.
+    pub fn clock(&self, now: u64) -> Option<ClockStatus> {
+        self.boot.as_ref().map(|b| ClockStatus {
+            clock_id: b.hello.clock_id,
+            estimate: b.needs_clock.then(|| b.clock.estimate(now)).flatten(),
+            samples: b.clock.samples(),
+            rejected: b.clock.rejected,
+            fixed: self.fixed_offset.is_some(),
+        })
+    }
+
+    /// Messages for the user (taken once).
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// Handles one event read at host BOOTTIME `now`.
+    pub fn handle(&mut self, event: FirmwareEvent, now: u64) {
+        match event {
+            FirmwareEvent::Hello(h) => self.hello_event(h, now),
+            FirmwareEvent::Reset => {
+                self.stats.resets += 1;
+                self.end_boot();
+            }
+            FirmwareEvent::Clock(c) => {
+                self.stats.clock_samples += 1;
+                if let Some(b) = &mut self.boot {
+                    b.clock.sample(c.firmware_ns, c.nonce, now, c.transfer_ns);
+                }
+                self.refresh_clock(now);
+            }
+            FirmwareEvent::Stats(counters) => {
+                if let Some(b) = &mut self.boot {
+                    b.firmware = counters;
+                }
+            }
+            e @ (FirmwareEvent::Chunk(_) | FirmwareEvent::Patches(_)) => {
+                let Some(b) = &mut self.boot else {
+                    match e {
+                        FirmwareEvent::Chunk(_) => {
+                            self.stats.chunks += 1;
+                            self.stats.chunks_before_hello += 1;
+                        }
+                        _ => {
+                            self.stats.patch_groups += 1;
+                            self.stats.patch_groups_dropped += 1;
+                        }
+                    }
+                    return;
+                };
+                if b.needs_clock && b.snapshot.is_none() && !b.hold_expired {
+                    b.held_since.get_or_insert(now);
+                    b.held.push_back(e);
+                    if b.held.len() >= HOLD_EVENTS {
+                        self.release_held(true);
+                    }
+                    return;
+                }
+                self.forward(e);
+            }
+        }
+    }
+
+    /// Periodic work at host BOOTTIME `now`: held events that waited too
+    /// long go, snapshots due are injected, and (if the source can answer,
+    /// `can_sync`) a sync request is due every [`SYNC_PERIOD_NS`]. Returns
+    /// what to ask the firmware.
+    pub fn tick(&mut self, now: u64, can_sync: bool) -> Vec<Request> {
+        let mut requests = Vec::new();
+        let expired = self
+            .boot
+            .as_ref()
+            .and_then(|b| b.held_since)
+            .is_some_and(|since| now.saturating_sub(since) >= HOLD_NS);
+        if expired {
+            self.release_held(true);
+        }
+        self.refresh_clock(now);
+        if let Some(b) = &mut self.boot {
+            let due = b
+                .last_sync
+                .is_none_or(|t| now.saturating_sub(t) >= SYNC_PERIOD_NS);
+            if can_sync && b.needs_clock && self.fixed_offset.is_none() && due {
+                b.last_sync = Some(now);
+                requests.push(Request::Sync(b.clock.request(now)));
+                self.stats.sync_requests += 1;
+            }
+        }
+        requests
+    }
+
+    fn hello_event(&mut self, h: Hello, now: u64) {
+        if self
+            .boot
+            .as_ref()
+            .is_some_and(|b| b.hello.boot_id == h.boot_id && b.hello.data_source == h.data_source)
+        {
+            // The same boot again (a transport re-attached): go on.
+            return;
+        }
+        self.end_boot();
+        if h.data_source.is_empty() || h.clock_id >= FIRST_RESERVED_CLOCK {
+            self.stats.hellos_refused += 1;
+            self.notes.push(format!(
+                "refused the firmware's hello (boot {:#x}): {}",
+                h.boot_id,
+                if h.data_source.is_empty() {
+                    "no data source name".to_string()
+                } else {
+                    format!("clock id {} is reserved", h.clock_id)
+                }
+            ));
+            return;
+        }
+        if let Err(e) = self.out.register(&h.data_source) {
+            self.stats.hellos_refused += 1;
+            self.notes.push(format!(
+                "cannot register data source {:?}: {e}",
+                h.data_source
+            ));
+            return;
+        }
+        self.stats.boots += 1;
+        let clock = match self.fixed_offset {
+            Some(o) => ClockSync::fixed(o),
+            None => ClockSync::new(),
+        };
+        self.boot = Some(Boot {
+            needs_clock: h.clock_id >= FIRST_SEQUENCE_CLOCK,
+            hello: h,
+            sequences: HashMap::new(),
+            clock,
+            snapshot: None,
+            held: VecDeque::new(),
+            held_since: None,
+            hold_expired: false,
+            last_sync: None,
+            firmware: Vec::new(),
+        });
+        self.refresh_clock(now);
+    }
+
+    /// Ends the current boot: held events go first (they are the old
+    /// boot's), then every sequence is dropped (unregistered).
+    fn end_boot(&mut self) {
+        self.release_held(false);
+        if let Some(b) = self.boot.take() {
+            add_counters(&mut self.firmware_past, &b.firmware);
+        }
+    }
+
+    /// Forwards the held events (`expired`: holding gave up for good).
+    fn release_held(&mut self, expired: bool) {
+        let Some(b) = &mut self.boot else {
+            return;
+        };
+        let held = std::mem::take(&mut b.held);
+        b.held_since = None;
+        if expired && b.snapshot.is_none() {
+            b.hold_expired = true;
+            self.notes.push(format!(
+                "no clock sample from the firmware (boot {:#x}) in time: forwarding without a \
+                 clock snapshot; timestamps on its clock {} cannot be placed on the host's \
+                 timeline",
+                b.hello.boot_id, b.hello.clock_id
+            ));
+        }
+        for e in held {
+            self.forward(e);
+        }
+    }
+
+    /// Injects a new snapshot into every sequence if one is due; releases
+    /// held events once the first one exists.
+    fn refresh_clock(&mut self, now: u64) {
+        let Some(b) = &mut self.boot else {
+            return;
+        };
+        if !b.needs_clock {
+            return;
+        }
+        let Some(est) = b.clock.snapshot_due(now) else {
+            return;
+        };
+        let packet = snapshot_packet(
+            b.hello.clock_id,
+            est.firmware_ns,
+            est.boot_ns(est.firmware_ns),
+        );
+        for seq in b.sequences.values_mut() {
+            self.out.set_injected_packet(seq, &packet);
+        }
+        b.snapshot = Some(packet);
+        self.stats.snapshots += 1;
+        if !b.held.is_empty() {
+            self.release_held(false);
+        }
+    }
+
+    fn forward(&mut self, e: FirmwareEvent) {
+        let Some(b) = &mut self.boot else {
+            return;
+        };
+        match e {
+            FirmwareEvent::Chunk(bytes) => {
+                self.stats.chunks += 1;
+                let header = bytes
+                    .get(..CHUNK_HEADER_SIZE)
+                    .and_then(|h| h.try_into().ok())
+                    .map(ChunkHeaderRepr::from_bytes)
+                    .filter(|h| h.validate().is_ok());
+                let Some(header) = header else {
+                    self.stats.chunks_invalid += 1;
+                    return;
+                };
+                let seq = match b.sequences.entry(header.writer_id) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        let Some(mut seq) = self.out.new_sequence(&b.hello.data_source) else {
+                            self.stats.chunks_dropped += 1;
+                            return;
+                        };
+                        if let Some(p) = &b.snapshot {
+                            self.out.set_injected_packet(&mut seq, p);
+                        }
+                        v.insert(seq)
+                    }
+                };
+                if b.needs_clock && b.snapshot.is_none() {
+                    self.stats.chunks_without_clock += 1;
+                }
+                match self.out.forward_chunk(seq, &bytes) {
+                    Ok(f) if f.copies > 0 => self.stats.chunks_forwarded += 1,
+                    Ok(f) if f.dropped > 0 => self.stats.chunks_dropped += 1,
+                    // Nothing of it belonged in the sessions (an orphan
+                    // piece of a packet begun before they started).
+                    Ok(_) => {}
+                    Err(ForwardError::NoSession) => self.stats.chunks_no_session += 1,
+                    Err(_) => self.stats.chunks_invalid += 1,
+                }
+            }
+            FirmwareEvent::Patches(PatchGroup {
+                writer_id,
+                chunk_id,
+                has_more,
+                patches,
+            }) => {
+                self.stats.patch_groups += 1;
+                let Some(seq) = b.sequences.get_mut(&writer_id) else {
+                    self.stats.patch_groups_dropped += 1;
+                    return;
+                };
+                if self.out.forward_patches(seq, chunk_id, &patches, has_more) == 0 {
+                    self.stats.patch_groups_dropped += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
