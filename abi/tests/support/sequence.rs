@@ -3,7 +3,8 @@
 //! complete, read and freed as a service does), the chunks' packets (with
 //! abi's hostile-input reader), and a replay of the packet sequence the way
 //! a trace processor reads it, which fails on anything a reader could not
-//! resolve.
+//! resolve. (`tests/tests/firmware_encoding.rs` includes this file and
+//! `schema.rs` by path.)
 //!
 //! [`TrackEventWriter`]: shmtrace_abi::track_event::TrackEventWriter
 
@@ -183,9 +184,19 @@ pub fn writer<'s, const N: usize, const T: usize>(
     clock: &ManualClock,
     config: SequenceConfig,
 ) -> Writer<'s, N, T> {
+    writer_with_id(smb, clock, config, WRITER_ID)
+}
+
+/// A writer with id `writer_id` into `smb`, timed by `clock`.
+pub fn writer_with_id<'s, const N: usize, const T: usize>(
+    smb: &'s Smb<'s>,
+    clock: &ManualClock,
+    config: SequenceConfig,
+    writer_id: u16,
+) -> Writer<'s, N, T> {
     let out = InPlaceWriter::new(
         Collector::new(smb, PageLayout::Div4),
-        WRITER_ID,
+        writer_id,
         TARGET_BUFFER,
     )
     .expect("a valid writer id");
