@@ -1108,7 +1108,7 @@ impl<'a, S: Sink> EventContext<'_, 'a, S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::annotation::DebugValue;
     use crate::test_schema::{self as ts, Interned};
@@ -1122,14 +1122,14 @@ mod tests {
     /// Collects packets into byte vectors; drops the packets whose index is
     /// in `drop`.
     #[derive(Default)]
-    struct VecWriter {
-        packets: Vec<Vec<u8>>,
+    pub(crate) struct VecWriter {
+        pub(crate) packets: Vec<Vec<u8>>,
         drop: Vec<usize>,
         attempts: usize,
         /// Accept packets encoded in place.
         in_place: bool,
         /// Packets that were.
-        in_place_packets: usize,
+        pub(crate) in_place_packets: usize,
         /// Lose the next packet (as a full SMB would: no room in place,
         /// dropped by the general path).
         lose_next: bool,
@@ -1211,6 +1211,14 @@ mod tests {
     }
 
     impl VecWriter {
+        /// A writer taking packets in place (as a chunk with room would).
+        pub(crate) fn in_place() -> Self {
+            VecWriter {
+                in_place: true,
+                ..Default::default()
+            }
+        }
+
         fn decoded(&self) -> Vec<ts::TracePacket> {
             self.packets
                 .iter()

@@ -84,9 +84,13 @@ impl<W> WriterCell<W> {
     /// Moves `state` from `from` to BUSY; `true` if this call did.
     #[inline(always)]
     fn lock(&self, from: u32) -> bool {
-        self.state
-            .compare_exchange(from, BUSY, Acquire, Relaxed)
-            .is_ok()
+        self.try_lock(from).is_ok()
+    }
+
+    /// Moves `state` from `from` to BUSY; else the state found.
+    #[inline(always)]
+    fn try_lock(&self, from: u32) -> Result<u32, u32> {
+        self.state.compare_exchange(from, BUSY, Acquire, Relaxed)
     }
 
     /// Runs `f` on the slot. Only call while holding BUSY.
@@ -124,8 +128,11 @@ impl<W> WriterCell<W> {
     /// empty or busy (counted in [`WriterCell::busy_misses`] when busy).
     #[inline]
     pub fn try_with<R>(&self, f: impl FnOnce(&mut W) -> R) -> Option<R> {
-        if !self.lock(READY) {
-            if self.state.load(Relaxed) == BUSY {
+        // The state the compare-and-swap found decides (a second load
+        // could see the holder done already, and the miss would go
+        // uncounted).
+        if let Err(found) = self.try_lock(READY) {
+            if found == BUSY {
                 self.misses.fetch_add(1, Relaxed);
             }
             return None;

@@ -2,6 +2,7 @@
 //! service (see [`loopback`]): real SMB state machine, real commits and
 //! patches, packets decoded with a prost schema.
 
+mod abi_parity;
 mod alloc;
 mod descriptor;
 mod forward;
