@@ -170,6 +170,14 @@ fn header_validation_names_the_field() {
         check(&set32(0x20, 36), len),
         Some(HeaderError::BadSlotSize(36))
     );
+    // A slot size whose ring would wrap a 32-bit length: out of range.
+    assert!(matches!(
+        check(&set32(0x20, 0xFFFF_FFF8), len),
+        Some(HeaderError::OutOfRange {
+            part: Part::Ring,
+            ..
+        })
+    ));
     assert_eq!(
         check(&set32(0x18, 0x104), len),
         Some(HeaderError::Misaligned {
