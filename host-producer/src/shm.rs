@@ -150,7 +150,8 @@ impl SharedMemory {
         if len == 0 || len % page_size.get() != 0 {
             return Err(SmbSetupError::BadSize(len));
         }
-        let layout = Layout::from_size_align(len, shmtrace_abi::layout::SMB_ALIGNMENT)
+        // Page-aligned like a mapping (the ABI itself needs 8 bytes).
+        let layout = Layout::from_size_align(len, shmtrace_abi::layout::MIN_PAGE_SIZE)
             .map_err(|_| SmbSetupError::BadSize(len))?;
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };

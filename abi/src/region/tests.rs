@@ -170,6 +170,14 @@ fn header_validation_names_the_field() {
         check(&set32(0x20, 36), len),
         Some(HeaderError::BadSlotSize(36))
     );
+    // A slot size whose ring would wrap a 32-bit length: out of range.
+    assert!(matches!(
+        check(&set32(0x20, 0xFFFF_FFF8), len),
+        Some(HeaderError::OutOfRange {
+            part: Part::Ring,
+            ..
+        })
+    ));
     assert_eq!(
         check(&set32(0x18, 0x104), len),
         Some(HeaderError::Misaligned {
@@ -289,12 +297,23 @@ fn take_succeeds_once_per_program() {
     assert_eq!(OTHER.take(&config()).err(), Some(TakeError::AlreadyTaken));
 }
 
+/// Storage a host-style reader can keep a pointer into while the test
+/// reinitializes it: the pointer is the allocation's own (`bytes` is at
+/// offset 0), so the `&mut` borrows of `init` do not invalidate it. Free it
+/// with `Box::from_raw`.
+fn leaked_storage<const S: usize, const N: usize>() -> (*mut RegionStorage<S, N>, *mut u8) {
+    let raw = Box::into_raw(Box::new(RegionStorage::<S, N>::new()));
+    (raw, raw.cast::<u8>())
+}
+
 #[test]
 fn a_reinitialization_is_a_reset_with_a_new_boot_id() {
-    let mut storage = Box::new(RegionStorage::<8192, 4>::new());
-    let ptr = storage_ptr(&storage);
+    let (raw, ptr) = leaked_storage::<8192, 4>();
+    // SAFETY: `raw` is a live allocation only this test uses; each `init`
+    // borrow ends before the reader touches the memory again.
+    let storage = || unsafe { &mut *raw };
     let len = RegionStorage::<8192, 4>::REGION_SIZE;
-    let _ = storage.init(&config()).unwrap();
+    let _ = storage().init(&config()).unwrap();
     // SAFETY: the storage outlives the reader and is accessed through
     // region values only; `init` below runs while the reader is alive but
     // idle, as a firmware reset would.
@@ -303,7 +322,7 @@ fn a_reinitialization_is_a_reset_with_a_new_boot_id() {
     assert!(reader.poll(&mut buf).unwrap().is_none());
     assert_eq!(reader.header().unwrap().boot_id, 7);
     {
-        let handles = storage.init(&config()).unwrap();
+        let handles = storage().init(&config()).unwrap();
         assert_eq!(handles.header.boot_id, 8, "old header valid: boot_id + 1");
         let mut w: TraceWriter<_> = TraceWriter::new(
             RegionArbiter::new(&handles, PageLayout::Div2).unwrap(),
@@ -340,15 +359,17 @@ fn a_reinitialization_is_a_reset_with_a_new_boot_id() {
     );
     assert!(matches!(reader.poll(&mut buf), Ok(Some(Record::Reset(h))) if h.boot_id == 8));
     assert!(reader.poll(&mut buf).unwrap().is_none());
+    // SAFETY: from `Box::into_raw`, no longer used.
+    drop(unsafe { Box::from_raw(raw) });
 }
 
 #[test]
 fn a_stream_mode_region_is_refused_to_hosts() {
-    let mut storage = Box::new(RegionStorage::<4096, 4>::new());
-    let ptr = storage_ptr(&storage);
+    let (raw, ptr) = leaked_storage::<4096, 4>();
     let mut c = config();
     c.stream_mode = true;
-    let handles = storage.init(&c).unwrap();
+    // SAFETY: `raw` is a live allocation only this test uses.
+    let handles = unsafe { &mut *raw }.init(&c).unwrap();
     assert!(
         RegionReader::attach(&handles).is_ok(),
         "the firmware itself may"
@@ -356,6 +377,8 @@ fn a_stream_mode_region_is_refused_to_hosts() {
     // SAFETY: as above.
     let host = unsafe { RegionReader::from_raw_parts(ptr, RegionStorage::<4096, 4>::REGION_SIZE) };
     assert_eq!(host.err(), Some(ReaderError::StreamMode));
+    // SAFETY: from `Box::into_raw`, no longer used.
+    drop(unsafe { Box::from_raw(raw) });
 }
 
 #[test]

@@ -410,8 +410,10 @@ pub struct RingGeometry {
 
 impl RingGeometry {
     /// Bytes the ring occupies.
+    /// (Saturating: a huge `slot_size` from a peer fails the range check
+    /// instead of wrapping on 32-bit targets.)
     pub const fn len(&self) -> usize {
-        self.slots as usize * self.slot_size as usize
+        (self.slots as usize).saturating_mul(self.slot_size as usize)
     }
 
     /// Whether the ring has no slot (never after validation).
