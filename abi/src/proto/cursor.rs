@@ -21,6 +21,12 @@
 //!   around) and [`Cursor::finish`] reports the overflow; the caller then
 //!   encodes the message another way. Nothing here panics, and there is no
 //!   "failed" flag to test on every write.
+//! * The field writers ([`Cursor::uint`], [`Cursor::string`], ...) are
+//!   compiled once, out of line, on bare-metal targets (`target_os =
+//!   "none"`), where they serve cold paths (sequence starts, descriptors,
+//!   interning) and code size counts; the hot paths there store their
+//!   bytes with [`Cursor::byte`], [`Cursor::word`] and [`Cursor::varint`].
+//!   Elsewhere the compiler inlines them as it sees fit.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a
 //!   *redundant* varint (`0x80 | low7, high7`), the non-minimal form
 //!   Perfetto's own encoder uses for nested sizes; every protobuf parser
@@ -254,14 +260,26 @@ impl<T: Target> Cursor<T> {
         }
     }
 
+    /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): the low 28
+    /// bits and whatever fits 32 bits after them are written with 32-bit
+    /// operations, so a negative int64 (always 10 bytes) costs a 32-bit
+    /// machine two 64-bit shifts, not nine.
     #[cold]
     #[inline(never)]
-    fn varint64(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.byte(v as u8 | 0x80);
-            v >>= 7;
+    fn varint64(&mut self, v: u64) {
+        let mut low = v as u32;
+        for _ in 0..4 {
+            self.byte(low as u8 | 0x80);
+            low >>= 7;
         }
-        self.byte(v as u8);
+        let rest = v >> 28;
+        match u32::try_from(rest) {
+            Ok(rest) => self.varint32(rest),
+            Err(_) => {
+                self.byte(rest as u8 | 0x80);
+                self.varint32((rest >> 7) as u32);
+            }
+        }
     }
 
     /// Appends a varint that fits 32 bits.
@@ -274,11 +292,11 @@ impl<T: Target> Cursor<T> {
         self.byte(v as u8);
     }
 
-    /// Appends 8 little-endian bytes (fixed64, double).
+    /// Appends 8 little-endian bytes (fixed64, double), with one 8-byte
+    /// store.
+    #[inline(always)]
     pub fn fixed64(&mut self, v: u64) {
-        for b in v.to_le_bytes() {
-            self.byte(b);
-        }
+        self.word(v, 8);
     }
 
     /// Appends the tag of `field` with `wire_type` (constant-folded when
@@ -288,6 +306,7 @@ impl<T: Target> Cursor<T> {
     }
 
     /// A varint field (uint32/64, enums).
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn uint(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Varint);
         self.varint(v);
@@ -300,24 +319,28 @@ impl<T: Target> Cursor<T> {
     }
 
     /// A bool field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn boolean(&mut self, field: u32, v: bool) {
         self.tag(field, WireType::Varint);
         self.byte(u8::from(v));
     }
 
     /// A double field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn double(&mut self, field: u32, v: f64) {
         self.tag(field, WireType::Fixed64);
         self.fixed64(v.to_bits());
     }
 
     /// A fixed64 field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn fixed64_field(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Fixed64);
         self.fixed64(v);
     }
 
     /// A string or bytes field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn len_bytes_field(&mut self, field: u32, bytes: &[u8]) {
         self.tag(field, WireType::LengthDelimited);
         self.len_bytes(bytes);

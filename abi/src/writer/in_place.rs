@@ -91,7 +91,9 @@ struct Counters {
 pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
     arbiter: A,
     chunk: Option<WritableChunk<'s>>,
-    cursor: usize,
+    /// 16 bits: a chunk's payload is below 64 KiB (and the window check
+    /// `cursor + WINDOW_LEN + WINDOW_SLACK` cannot overflow).
+    cursor: u16,
     next_chunk_id: u32,
     /// `previous_packet_dropped` bits the next packet carries (0: none).
     pending_loss: u32,
@@ -170,7 +172,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         if !self.fast {
             return false;
         }
-        let at = self.cursor;
+        let at = usize::from(self.cursor);
         let count = self.count;
         let Some(chunk) = self.chunk.as_mut() else {
             return false;
@@ -189,7 +191,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         let next = count + 1;
         chunk.set_packets(Packets::from_bits(next));
         self.count = next;
-        self.cursor = at + end;
+        self.cursor = (at + end) as u16;
         self.fast = next <= MAX_FRAGMENTS_PER_CHUNK;
         self.stats.packets_written += 1;
         true
@@ -217,7 +219,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 took = true;
                 continue;
             }
-            let (at, count, inflated) = (self.cursor, self.count, self.inflated);
+            let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
             let (loss, first) = (self.pending_loss, self.first_packet);
             let Some(chunk) = self.chunk.as_mut() else {
                 return Ok(false);
@@ -240,7 +242,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 let next = count + u16::from(!inflated) + 1;
                 chunk.set_packets(Packets::from_bits(next));
                 self.count = next;
-                self.cursor = at + end;
+                self.cursor = (at + end) as u16;
                 self.inflated = true;
                 self.pending_loss = 0;
                 self.first_packet = false;
@@ -264,7 +266,8 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         };
         let count = self.count + u16::from(!self.inflated);
         count <= MAX_FRAGMENTS_PER_CHUNK
-            && chunk.capacity().saturating_sub(self.cursor) >= MIN_WINDOW_LEN + WINDOW_SLACK
+            && chunk.capacity().saturating_sub(usize::from(self.cursor))
+                >= MIN_WINDOW_LEN + WINDOW_SLACK
     }
 
     /// Returns the current chunk, if any, and takes a new one with a count
@@ -308,10 +311,11 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         };
         if self.inflated {
             // In bounds: an inflated count leaves a byte free (invariants).
-            let _ = chunk.write_u8(self.cursor, 0);
+            let _ = chunk.write_u8(usize::from(self.cursor), 0);
             self.cursor += 1;
             self.inflated = false;
         }
+        chunk.set_used(usize::from(self.cursor));
         self.arbiter.commit_chunk(chunk, self.target_buffer);
         self.stats.chunks_committed += 1;
     }
