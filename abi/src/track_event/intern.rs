@@ -144,16 +144,27 @@ impl<const N: usize> InternTable<N> {
     /// does.
     #[inline(always)]
     pub fn lookup(&self, s: &'static str, kind: Kind) -> Option<u16> {
-        let (ptr, key, [first, second]) = self.key(s, kind)?;
-        let e = self.entries.get(first)?;
-        if e.ptr == ptr && e.key == key {
-            return Some(e.iid);
+        u16::try_from(self.lookup_word(s, kind)).ok()
+    }
+
+    /// [`Self::lookup`] as a word: the id, or `u32::MAX` if `s` is not
+    /// interned (a caller tests several ids with one compare).
+    #[inline(always)]
+    pub fn lookup_word(&self, s: &'static str, kind: Kind) -> u32 {
+        let Some((ptr, key, [first, second])) = self.key(s, kind) else {
+            return u32::MAX;
+        };
+        let hit = |home: usize| match self.entries.get(home) {
+            Some(e) if e.ptr == ptr && e.key == key => Some(u32::from(e.iid)),
+            _ => None,
+        };
+        if let Some(iid) = hit(first) {
+            return iid;
         }
-        let e = self.entries.get(second)?;
-        if e.ptr == ptr && e.key == key {
-            return Some(e.iid);
+        if let Some(iid) = hit(second) {
+            return iid;
         }
-        self.probe(ptr, key, second)
+        self.probe(ptr, key, second).map_or(u32::MAX, u32::from)
     }
 
     /// [`Self::lookup`] past the home slots: the slots after the second,

@@ -308,29 +308,23 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             self.stats.events_disabled += 1;
             return false;
         }
-        // The interning probes first (the strings are dead after them), the
-        // ids packed in one word: `VALID | cat | name << 8`, 0 if the fast
-        // path cannot write them.
-        const VALID: u32 = 1 << 16;
-        let ids = if kind == Type::SliceEnd {
-            VALID
+        // The interning probes first (the strings are dead after them); ids
+        // not interned are u32::MAX, so one compare tests both for the fast
+        // path (a slice end has none).
+        let (cat, nm) = if kind == Type::SliceEnd {
+            (0, 0)
         } else {
-            match (
-                self.interned.lookup(category, Kind::Category),
-                self.interned.lookup(name, Kind::EventName),
-            ) {
-                (Some(cat), Some(name)) if (cat | name) < 0x80 => {
-                    VALID | u32::from(cat) | u32::from(name) << 8
-                }
-                _ => 0,
-            }
+            (
+                self.interned.lookup_word(category, Kind::Category),
+                self.interned.lookup_word(name, Kind::EventName),
+            )
         };
         let now = self.clock.now_ns();
-        if ids != 0 {
+        if (cat | nm) < 0x80 {
             if let Some(delta) = self.delta(now) {
                 if self.out.write_fast(
                     #[inline(always)]
-                    |c| Body::named(kind, ids as u8, (ids >> 8) as u8).encode(c, delta),
+                    |c| named_event(c, delta, kind, cat as u8, nm as u8),
                 ) {
                     self.base = now;
                     self.stats.events += 1;
@@ -701,6 +695,37 @@ const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
 const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint);
 const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
+/// Writes what [`encode::event`] writes for a slice begin or instant with
+/// the interned category `cat` and name `name` (both below 128), or a slice
+/// end (`cat` and `name` unused), on the default track, `delta` (below
+/// 2^28) after the previous event: a few word stores.
+#[inline(always)]
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: Type, cat: u8, name: u8) {
+    let (time, n) = varint_word(delta);
+    c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
+    if kind == Type::SliceEnd {
+        c.word(
+            u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 2, TYPE, kind as u8, 0, 0]),
+            6,
+        );
+    } else {
+        c.word(
+            u64::from_le_bytes([
+                FLAGS,
+                NEEDS_STATE,
+                TRACK_EVENT,
+                6,
+                TYPE,
+                kind as u8,
+                CATEGORY_IIDS,
+                cat,
+            ]),
+            8,
+        );
+        c.word(u64::from(NAME_IID) | u64::from(name) << 8, 2);
+    }
+}
+
 /// An event of the fast paths, for [`TrackEventWriter::simple`].
 #[derive(Clone, Copy)]
 enum Fast {
@@ -711,9 +736,9 @@ enum Fast {
     Sample(&'static CounterTrack, CounterValue),
 }
 
-/// The fields the fast path writes after an event's timestamp: the low
-/// `lens[i]` bytes of `words[i]`, in order. They are what [`encode::event`]
-/// writes for the same event (see the tests).
+/// The fields the counter fast path writes after a sample's timestamp: the
+/// low `lens[i]` bytes of `words[i]`, in order. They are what
+/// [`encode::event`] writes for the same sample (see the tests).
 #[derive(Clone, Copy)]
 struct Body {
     words: [u64; 4],
@@ -721,50 +746,6 @@ struct Body {
 }
 
 impl Body {
-    /// A slice begin or instant with the interned category `cat` and name
-    /// `name` (both below 128), or a slice end (`cat` and `name` unused).
-    #[inline(always)]
-    fn named(kind: Type, cat: u8, name: u8) -> Self {
-        if kind == Type::SliceEnd {
-            return Body {
-                words: [
-                    u64::from_le_bytes([
-                        FLAGS,
-                        NEEDS_STATE,
-                        TRACK_EVENT,
-                        2,
-                        TYPE,
-                        kind as u8,
-                        0,
-                        0,
-                    ]),
-                    0,
-                    0,
-                    0,
-                ],
-                lens: [6, 0, 0, 0],
-            };
-        }
-        Body {
-            words: [
-                u64::from_le_bytes([
-                    FLAGS,
-                    NEEDS_STATE,
-                    TRACK_EVENT,
-                    6,
-                    TYPE,
-                    kind as u8,
-                    CATEGORY_IIDS,
-                    cat,
-                ]),
-                u64::from(NAME_IID) | u64::from(name) << 8,
-                0,
-                0,
-            ],
-            lens: [8, 2, 0, 0],
-        }
-    }
-
     /// A counter sample of `value` on the track whose sample head
     /// ([`CounterTrack::sample_head`]) is `head`: integers in `i32` range
     /// (a negative one is always 10 varint bytes, 4 of them from its low
@@ -1006,7 +987,7 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| Body::named(kind, cat, name).encode(c, delta));
+                    let got = bytes(|c| named_event(c, delta, kind, cat, name));
                     assert_eq!(got, want, "{kind:?} after {delta} ns");
                 }
             }

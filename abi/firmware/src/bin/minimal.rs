@@ -1,5 +1,5 @@
 //! The smallest useful producer: one writer (slices, instants, an integer
-//! counter) with an 8-entry interning table and room for 2 track
+//! counter) with a 4-entry interning table and room for 2 track
 //! descriptors, its region in `.shmtrace` (PSRAM), left to a host: the
 //! report reads it from the file QEMU backs PSRAM with, and measures the
 //! issue's size goal on this binary.
@@ -26,6 +26,6 @@ fn SysTick() {
 
 #[entry]
 fn main() -> ! {
-    let mut t = ShmTracer::<8, 2, false>::new(&REGION);
+    let mut t = ShmTracer::<4, 2, false>::new(&REGION);
     shmtrace_firmware_example::run("minimal", &Event::MINIMAL, &mut t)
 }
