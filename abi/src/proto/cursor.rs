@@ -260,26 +260,17 @@ impl<T: Target> Cursor<T> {
         }
     }
 
-    /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): the low 28
-    /// bits and whatever fits 32 bits after them are written with 32-bit
-    /// operations, so a negative int64 (always 10 bytes) costs a 32-bit
-    /// machine two 64-bit shifts, not nine.
+    /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): 64-bit
+    /// shifts only until the rest fits 32 bits (a negative int64, always
+    /// 10 bytes, takes five of them), then [`Cursor::varint32`].
     #[cold]
     #[inline(never)]
-    fn varint64(&mut self, v: u64) {
-        let mut low = v as u32;
-        for _ in 0..4 {
-            self.byte(low as u8 | 0x80);
-            low >>= 7;
+    fn varint64(&mut self, mut v: u64) {
+        while v >> 32 != 0 {
+            self.byte(v as u8 | 0x80);
+            v >>= 7;
         }
-        let rest = v >> 28;
-        match u32::try_from(rest) {
-            Ok(rest) => self.varint32(rest),
-            Err(_) => {
-                self.byte(rest as u8 | 0x80);
-                self.varint32((rest >> 7) as u32);
-            }
-        }
+        self.varint32(v as u32);
     }
 
     /// Appends a varint that fits 32 bits.
@@ -319,10 +310,9 @@ impl<T: Target> Cursor<T> {
     }
 
     /// A bool field.
-    #[cfg_attr(target_os = "none", inline(never))]
+    #[inline]
     pub fn boolean(&mut self, field: u32, v: bool) {
-        self.tag(field, WireType::Varint);
-        self.byte(u8::from(v));
+        self.uint(field, u64::from(v));
     }
 
     /// A double field.

@@ -19,9 +19,8 @@
 
 use crate::proto::wire::{varint_word, WireType};
 use crate::proto::{Cursor, Target};
-use crate::smb::Window;
 use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
-use crate::writer::{ChunkArbiter, DropReason, InPlaceWriter, WriterStats};
+use crate::writer::{packet, ChunkArbiter, DropReason, EncodePacket, InPlaceWriter, WriterStats};
 
 use super::clock::Clock;
 use super::encode::{
@@ -217,6 +216,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     /// An event with more than a name: start it here, add to it, and
     /// [`emit`](EventBuilder::emit) it.
+    #[inline(always)]
     pub fn event(
         &mut self,
         kind: Type,
@@ -229,12 +229,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             category,
             name,
             track: None,
-            args: [NO_ARG; MAX_ARGS],
-            n_args: 0,
-            flows: [0; MAX_FLOWS],
-            n_flows: 0,
-            terminating: [0; MAX_FLOWS],
-            n_terminating: 0,
+            args: heapless::Vec::new(),
+            flows: heapless::Vec::new(),
+            terminating: heapless::Vec::new(),
             counter: None,
             at: None,
         }
@@ -251,10 +248,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         }
         let clocks = [ClockValue::absolute(self.config.clock_id, now), other];
         let clock_id = self.config.clock_id;
-        self.put(&mut |c| {
+        self.put(packet(&mut |c| {
             encode::absolute_time(c, clock_id, now);
             encode::clock_snapshot(c, &clocks);
-        })
+        }))
     }
 
     /// Starts the sequence again with its next event: interned strings and
@@ -410,14 +407,19 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         });
         let track_uuid = counter.map(|(track, _)| track.uuid());
         let value = counter.map(|(_, value)| value);
-        self.write_split(now, time, new.as_slice(), &mut |c| {
-            let (categories, name) = match &names {
-                Some((category, name)) => (core::slice::from_ref(category), Some(*name)),
-                None => (&[][..], None),
-            };
-            let te = encode::event_head::<_, true>(c, time, kind, track_uuid, categories, name);
-            encode::event_tail::<_, true>(c, te, value, &[]);
-        })
+        self.write_split(
+            now,
+            time,
+            &new,
+            packet(&mut |c| {
+                let (categories, name) = match &names {
+                    Some((category, name)) => (core::slice::from_ref(category), Some(*name)),
+                    None => (&[][..], None),
+                };
+                let te = encode::event_head::<_, true>(c, time, kind, track_uuid, categories, name);
+                encode::event_tail::<_, true>(c, te, value, &[]);
+            }),
+        )
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -456,25 +458,25 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         now: u64,
         time: Time,
         interned: &[NewString<'_>],
-        body: &mut dyn FnMut(&mut Cursor<Window<'_>>),
+        body: &mut dyn EncodePacket,
     ) -> bool {
         let outcome = if interned.is_empty() {
             self.out.write_dyn(body)
         } else {
-            match self.out.write_dyn(&mut |c| {
-                body(c);
+            match self.out.write_dyn(packet(&mut |c| {
+                body.encode(c);
                 encode::interned_data::<_, true>(c, interned);
-            }) {
+            })) {
                 Ok(false) => {
                     for entry in interned {
                         let one = [*entry];
-                        if !self.put(&mut |c| {
+                        if !self.put(packet(&mut |c| {
                             c.uint(
                                 trace_packet::SEQUENCE_FLAGS,
                                 u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
                             );
                             encode::interned_data::<_, true>(c, &one);
-                        }) {
+                        })) {
                             return self.lost();
                         }
                     }
@@ -506,7 +508,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// Writes one packet with `f`; a drop restarts the sequence.
-    fn put(&mut self, f: &mut dyn FnMut(&mut Cursor<Window<'_>>)) -> bool {
+    fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
         match self.out.write_dyn(f) {
             Ok(true) => true,
             Ok(false) => {
@@ -545,7 +547,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
-        if !self.put(&mut |c| encode::reset(c, clock_id, now, track.uuid())) {
+        if !self.put(packet(&mut |c| {
+            encode::reset(c, clock_id, now, track.uuid())
+        })) {
             return false;
         }
         self.base = now;
@@ -558,7 +562,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
-        if !self.put(&mut |c| encode::descriptor(c, clock_id, now, &track)) {
+        if !self.put(packet(&mut |c| {
+            encode::descriptor(c, clock_id, now, &track)
+        })) {
             return false;
         }
         // A full set only means the descriptor is written again next time.
@@ -590,30 +596,29 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         let name = spec
             .name
             .map(|n| self.resolve(n, Kind::EventName, &mut new));
-        let mut args = [Arg {
-            name: Str::Iid(0),
-            value: ArgValue::Bool(false),
-        }; MAX_ARGS];
-        for (slot, (n, v)) in args.iter_mut().zip(spec.args) {
-            *slot = Arg {
-                name: self.resolve(n, Kind::AnnotationName, &mut new),
-                value: *v,
-            };
+        let mut args = heapless::Vec::<Arg<'_>, MAX_ARGS>::new();
+        for (n, v) in spec.args {
+            let name = self.resolve(n, Kind::AnnotationName, &mut new);
+            // The builder holds at most MAX_ARGS.
+            let _ = args.push(Arg { name, value: *v });
         }
         let time = self.time(now);
         let ev = Event {
             track_uuid,
             categories: if category.is_some() { &categories } else { &[] },
             name,
-            args: args.get(..spec.args.len()).unwrap_or(&[]),
+            args: &args,
             flows: spec.flows,
             terminating_flows: spec.terminating,
             counter: spec.counter,
             ..Event::new(spec.kind, time)
         };
-        self.write_split(now, time, new.as_slice(), &mut |c| {
-            encode::event::<_, true>(c, &ev)
-        })
+        self.write_split(
+            now,
+            time,
+            &new,
+            packet(&mut |c| encode::event::<_, true>(c, &ev)),
+        )
     }
 
     /// The interned id of `s`, or `s` inline; a new id is added to `new`.
@@ -627,11 +632,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             match self.interned.intern(s, kind) {
                 Interned::Known(iid) => return Str::Iid(u64::from(iid)),
                 Interned::New(iid) => {
-                    if new.push(NewString {
+                    let entry = NewString {
                         kind,
                         iid: u64::from(iid),
                         name: s,
-                    }) {
+                    };
+                    if new.push(entry).is_ok() {
                         return Str::Iid(u64::from(iid));
                     }
                 }
@@ -647,43 +653,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 const MAX_INTERNED_LEN: usize = MAX_PACKET - PREFIX_ROOM - 12;
 
 /// The strings one event interns (category, name, annotation names): at
-/// most `M`.
-struct NewStrings<const M: usize> {
-    list: [NewString<'static>; M],
-    len: usize,
-}
-
-impl<const M: usize> NewStrings<M> {
-    #[inline(always)]
-    fn new() -> Self {
-        const NONE: NewString<'static> = NewString {
-            kind: Kind::EventName,
-            iid: 0,
-            name: "",
-        };
-        Self {
-            list: [NONE; M],
-            len: 0,
-        }
-    }
-
-    /// Adds an entry; `false` if full (the caller sized `M` for every
-    /// string one event resolves).
-    fn push(&mut self, entry: NewString<'static>) -> bool {
-        match self.list.get_mut(self.len) {
-            Some(slot) => {
-                *slot = entry;
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn as_slice(&self) -> &[NewString<'static>] {
-        self.list.get(..self.len).unwrap_or(&[])
-    }
-}
+/// most `M` (a vector: nothing to initialize until used).
+type NewStrings<const M: usize> = heapless::Vec<NewString<'static>, M>;
 
 const TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
 const FLAGS: u8 = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
@@ -832,8 +803,6 @@ struct Spec<'a> {
     counter: Option<CounterValue>,
 }
 
-const NO_ARG: (&str, ArgValue<'static>) = ("", ArgValue::Bool(false));
-
 /// An event being put together; see [`TrackEventWriter::event`].
 #[must_use = "an event is written only by `emit`"]
 pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize> {
@@ -842,12 +811,10 @@ pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, c
     category: &'static str,
     name: &'static str,
     track: Option<AnyTrack>,
-    args: [(&'static str, ArgValue<'w>); MAX_ARGS],
-    n_args: usize,
-    flows: [u64; MAX_FLOWS],
-    n_flows: usize,
-    terminating: [u64; MAX_FLOWS],
-    n_terminating: usize,
+    // Vecs: nothing to initialize (and so no template copied) until used.
+    args: heapless::Vec<(&'static str, ArgValue<'w>), MAX_ARGS>,
+    flows: heapless::Vec<u64, MAX_FLOWS>,
+    terminating: heapless::Vec<u64, MAX_FLOWS>,
     counter: Option<CounterValue>,
     at: Option<u64>,
 }
@@ -856,6 +823,7 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     EventBuilder<'w, 's, A, C, N, T>
 {
     /// Puts the event on `track` instead of the default track.
+    #[inline(always)]
     pub fn on(mut self, track: &'static Track) -> Self {
         self.track = Some(AnyTrack::Slices(track));
         self
@@ -863,37 +831,28 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     /// Adds a debug annotation (at most [`MAX_ARGS`]; more are counted in
     /// [`TrackEventStats::fields_dropped`]).
+    #[inline(always)]
     pub fn arg(mut self, name: &'static str, value: impl Into<ArgValue<'w>>) -> Self {
-        match self.args.get_mut(self.n_args) {
-            Some(slot) => {
-                *slot = (name, value.into());
-                self.n_args += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.args.push((name, value.into())).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
 
     /// Adds a flow id: the event is a step of flow `id`.
+    #[inline(always)]
     pub fn flow(mut self, id: u64) -> Self {
-        match self.flows.get_mut(self.n_flows) {
-            Some(slot) => {
-                *slot = id;
-                self.n_flows += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.flows.push(id).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
 
     /// Adds a terminating flow id: the event ends flow `id`.
+    #[inline(always)]
     pub fn terminating_flow(mut self, id: u64) -> Self {
-        match self.terminating.get_mut(self.n_terminating) {
-            Some(slot) => {
-                *slot = id;
-                self.n_terminating += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.terminating.push(id).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
@@ -901,6 +860,7 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Makes the event a sample of `value` on the counter track `track`
     /// (for a counter with annotations or flows; plain samples are cheaper
     /// with [`TrackEventWriter::counter`]).
+    #[inline(always)]
     pub fn counter(mut self, track: &'static CounterTrack, value: CounterValue) -> Self {
         self.kind = Type::Counter;
         self.track = Some(AnyTrack::Counter(track));
@@ -909,12 +869,14 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// Stamps the event `ns` (on the writer's clock) instead of now.
+    #[inline(always)]
     pub fn at(mut self, ns: u64) -> Self {
         self.at = Some(ns);
         self
     }
 
     /// Writes the event; whether it was written.
+    #[inline(always)]
     pub fn emit(self) -> bool {
         let w = self.w;
         let on_default = self.track.is_none();
@@ -933,9 +895,9 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
                 category: named.then_some(self.category),
                 name: named.then_some(self.name),
                 track: self.track,
-                args: self.args.get(..self.n_args).unwrap_or(&[]),
-                flows: self.flows.get(..self.n_flows).unwrap_or(&[]),
-                terminating: self.terminating.get(..self.n_terminating).unwrap_or(&[]),
+                args: &self.args,
+                flows: &self.flows,
+                terminating: &self.terminating,
                 counter: self.counter,
             };
             w.general(now, &spec)

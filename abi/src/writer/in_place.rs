@@ -56,6 +56,29 @@ struct Counters {
     chunks_committed: u32,
 }
 
+/// Encodes a packet's fields in place: what [`InPlaceWriter::write_dyn`]
+/// takes as a trait object. Every `FnMut(&mut Cursor<Window>)` is one
+/// ([`packet`] turns a closure into one); a trait of its own rather than
+/// `dyn FnMut`, whose every vtable carries a `call_once` shim nobody calls.
+pub trait EncodePacket {
+    /// Writes the fields through `c`.
+    fn encode(&mut self, c: &mut Cursor<Window<'_>>);
+}
+
+impl<F: FnMut(&mut Cursor<Window<'_>>)> EncodePacket for F {
+    #[inline(always)]
+    fn encode(&mut self, c: &mut Cursor<Window<'_>>) {
+        self(c)
+    }
+}
+
+/// `f` as a `&mut dyn EncodePacket` (the closure's argument type is
+/// inferred from this signature).
+#[inline(always)]
+pub fn packet<F: FnMut(&mut Cursor<Window<'_>>)>(f: &mut F) -> &mut dyn EncodePacket {
+    f
+}
+
 /// Writes the small packets of one sequence (one writer id) into chunks
 /// from an arbiter `A`. See the module docs.
 ///
@@ -204,10 +227,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// from scratch, in a new chunk when the first window was too short.
     /// Compiled once for all callers.
     #[inline(never)]
-    pub fn write_dyn(
-        &mut self,
-        encode: &mut dyn FnMut(&mut Cursor<Window<'_>>),
-    ) -> Result<bool, DropReason> {
+    pub fn write_dyn(&mut self, encode: &mut dyn EncodePacket) -> Result<bool, DropReason> {
         let mut took = false;
         loop {
             if !self.has_room() {
@@ -235,7 +255,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             if first {
                 c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
             }
-            encode(&mut c);
+            encode.encode(&mut c);
             if let Some(end) = c.finish() {
                 c.put_at(0, (end - 1) as u8);
                 // The packet's fragment, then the inflated one for the next.
