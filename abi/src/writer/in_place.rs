@@ -33,7 +33,11 @@
 //! * `fast` holds exactly when a chunk is held, the count is inflated, and
 //!   nothing must be put in front of the next packet (no loss to mark, not
 //!   the sequence's first packet): the common case, [`InPlaceWriter::write_fast`],
-//!   then only needs a whole window at `cursor`.
+//!   then only needs a count below the limit and a whole window at
+//!   `cursor`.
+//! * Packets written = the packets of the chunks returned so far plus those
+//!   in the chunk held (its count, less the inflated slot): the fast path
+//!   counts nothing but the chunk's count.
 
 use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::Cursor;
@@ -49,7 +53,9 @@ use super::{DropReason, PacketOutcome, WriterError, WriterStats};
 /// [`WriterStats`].
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
-    packets_written: u32,
+    /// Packets in the chunks returned to the arbiter (those in the chunk
+    /// held are its count: the fast path counts nothing).
+    packets_returned: u32,
     dropped_smb_full: u32,
     dropped_patch_storage: u32,
     dropped_too_long: u32,
@@ -192,11 +198,11 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// [`InPlaceWriter::write_dyn`].
     #[inline(always)]
     pub fn write_fast(&mut self, encode: impl FnOnce(&mut Cursor<Window<'_>>)) -> bool {
-        if !self.fast {
+        let count = self.count;
+        if !self.fast || count > MAX_FRAGMENTS_PER_CHUNK {
             return false;
         }
         let at = usize::from(self.cursor);
-        let count = self.count;
         let Some(chunk) = self.chunk.as_mut() else {
             return false;
         };
@@ -215,8 +221,6 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         chunk.set_packets(Packets::from_bits(next));
         self.count = next;
         self.cursor = (at + end) as u16;
-        self.fast = next <= MAX_FRAGMENTS_PER_CHUNK;
-        self.stats.packets_written += 1;
         true
     }
 
@@ -266,8 +270,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 self.inflated = true;
                 self.pending_loss = 0;
                 self.first_packet = false;
-                self.fast = next <= MAX_FRAGMENTS_PER_CHUNK;
-                self.stats.packets_written += 1;
+                self.fast = true;
                 return Ok(true);
             }
             if full_window || took {
@@ -329,6 +332,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         let Some(mut chunk) = self.chunk.take() else {
             return;
         };
+        self.stats.packets_returned += self.packets_in_chunk();
         if self.inflated {
             // In bounds: an inflated count leaves a byte free (invariants).
             let _ = chunk.write_u8(usize::from(self.cursor), 0);
@@ -338,6 +342,14 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         chunk.set_used(usize::from(self.cursor));
         self.arbiter.commit_chunk(chunk, self.target_buffer);
         self.stats.chunks_committed += 1;
+    }
+
+    /// Packets written into the chunk held (0 if none).
+    fn packets_in_chunk(&self) -> u32 {
+        match self.chunk {
+            Some(_) => u32::from(self.count) - u32::from(self.inflated),
+            None => 0,
+        }
     }
 
     #[cold]
@@ -389,7 +401,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     pub fn stats(&self) -> WriterStats {
         let s = self.stats;
         WriterStats {
-            packets_written: u64::from(s.packets_written),
+            packets_written: u64::from(s.packets_returned + self.packets_in_chunk()),
             packets_dropped_smb_full: u64::from(s.dropped_smb_full),
             packets_dropped_patch_storage: u64::from(s.dropped_patch_storage),
             packets_dropped_too_long: u64::from(s.dropped_too_long),
