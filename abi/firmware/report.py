@@ -815,8 +815,25 @@ def main():
          "yes" if m.state["writer"] <= GOAL_RAM else "NO"),
     ]
     table(rows, ("goal", "measured", "target", "met"))
-    print(f"(`minimal` adds .text {text_added:+d} B over the skeleton in all, of which mem* {mem_added:+d} B: "
-          f"besides the writer, the consumer's drain and the report's printing)")
+    clock = per_kind["minimal"]["clock"]["median"]
+    print(f"slice begin: {clock:g} of the instructions read the clock hook (SysTick + TickRate), "
+          f"{slice_begin - clock:g} are shmtrace's (writer, interning, the region arbiter's trace_enabled and "
+          f"clear_request checks)")
+    print(f"`minimal` adds .text {text_added:+d} B over the skeleton in all: shmtrace_abi's symbols, the region's "
+          f"setup and the writer's construction inlined into the firmware, the report's printing; mem* {mem_added:+d} B")
+    print("\nshmtrace_abi .text in `minimal`, by module (symbol sizes; LTO inlines the SMB and arbiter calls of the "
+          "chunk switch into writer::in_place)")
+    groups = {}
+    for _addr, size, kind, name in syms["minimal"]:
+        if kind in "tTwW" and crate_of(name) == "shmtrace_abi":
+            inner = name
+            if name.startswith("<"):
+                ty, _, trait = name[1:].partition(" as ")
+                inner = ty if "::" in ty else trait
+            module = inner.split("::")[1] if inner.count("::") >= 2 else "(crate root)"
+            groups[module] = groups.get(module, 0) + size
+    table([(m, n, f"{100 * n / text_abi:.0f} %") for m, n in sorted(groups.items(), key=lambda kv: -kv[1])],
+          ("module", "bytes", "share"))
 
     for b in ("minimal", "demo"):
         print(f"\n== instructions per event, `{b}` (exact: single-step log, {outs[b].reps} calls of each kind)")
