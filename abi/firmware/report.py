@@ -876,7 +876,7 @@ def main():
     for b in ("minimal", "demo"):
         s = outs[b].state
         rows.append((b, s["interning"], s["tracks"], s["writer"], s["in_place"], s["arbiter"]))
-    table(rows, ("binary", "interned (N)", "tracks (T)", "writer state", "of it InPlaceWriter", "of it arbiter"))
+    table(rows, ("binary", "interned (N)", "tracks (T)", "writer state", "of it InPlaceWriter (with its arbiter)", "of it arbiter"))
 
     print("\n== region placement (the static named REGION: header, ring, SMB)")
     rows = []
