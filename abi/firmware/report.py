@@ -544,9 +544,10 @@ def decode(out):
     seqs = {}
     for writer, pkts in packets(out).items():
         s = seqs[writer] = Sequence(out.name, writer)
-        if not pkts or not one(by_field(pkts[0]), P_SEQUENCE_FLAGS, 0) & SEQ_CLEARED:
-            s.fail("the first packet does not start the sequence")
-        if not one(by_field(pkts[0]), P_FIRST_PACKET_ON_SEQUENCE):
+        # The first packet is marked as such: the reset packet, or a plain
+        # packet before it when packets were lost before the first one (the
+        # reset then carries the loss mark).
+        if not pkts or not one(by_field(pkts[0]), P_FIRST_PACKET_ON_SEQUENCE):
             s.fail("the first packet is not marked first_packet_on_sequence")
         for p in pkts:
             s.packet(p)

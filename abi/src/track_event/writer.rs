@@ -547,6 +547,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
+        if self.out.first_packet_pending() && self.out.loss_pending() {
+            // Packets lost before the sequence's first one: a plain first
+            // packet, so that the reset after it carries the loss mark
+            // where a reader sees it (as the host producer does).
+            if !self.put(packet(&mut |c| encode::absolute_time(c, clock_id, now))) {
+                return false;
+            }
+        }
         if !self.put(packet(&mut |c| {
             encode::reset(c, clock_id, now, track.uuid())
         })) {

@@ -19,7 +19,10 @@
 //!   ([`DropReason::PacketTooLong`]); so is every packet while the arbiter
 //!   has no chunk to give ([`DropReason::SmbFull`]). Each drop is counted in
 //!   [`WriterStats`] and marked on the next packet written
-//!   (`previous_packet_dropped`).
+//!   (`previous_packet_dropped`), unless that is the sequence's first
+//!   (`first_packet_on_sequence`): a reader cannot tell a mark there from
+//!   the one a trace buffer puts on the first packet it reads of every
+//!   sequence, so the mark waits for the packet after it.
 //!
 //! # Invariants
 //!
@@ -253,11 +256,14 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             };
             let full_window = window.len() == WINDOW_LEN;
             let mut c = Cursor::new_at(window, 1);
-            if loss != 0 {
-                c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
-            }
+            // The sequence's first packet is marked as such, and a loss
+            // before it waits for the packet after it: a reader cannot tell
+            // a loss mark on a sequence's first packet from the one a trace
+            // buffer puts on the first packet it reads of every sequence.
             if first {
                 c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
+            } else if loss != 0 {
+                c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
             }
             encode.encode(&mut c);
             if let Some(end) = c.finish() {
@@ -268,9 +274,11 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 self.count = next;
                 self.cursor = (at + end) as u16;
                 self.inflated = true;
-                self.pending_loss = 0;
+                if !first {
+                    self.pending_loss = 0;
+                }
                 self.first_packet = false;
-                self.fast = true;
+                self.fast = self.pending_loss == 0;
                 return Ok(true);
             }
             if full_window || took {
@@ -390,6 +398,18 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         }
         self.count_dropped(DropReason::SmbFull);
         false
+    }
+
+    /// Whether the next packet written is the sequence's first (it will
+    /// carry `first_packet_on_sequence`).
+    pub fn first_packet_pending(&self) -> bool {
+        self.first_packet
+    }
+
+    /// Whether packets were dropped since the last one written (the next
+    /// packet but a sequence's first will carry `previous_packet_dropped`).
+    pub fn loss_pending(&self) -> bool {
+        self.pending_loss != 0
     }
 
     /// The writer id.
