@@ -227,8 +227,12 @@ impl<'s> SmbPage<'s> {
         layout: PageLayout,
         chunk: usize,
     ) -> Option<ChunkWords<'s, AtomicU32, AtomicU16>> {
-        let geometry = self.page_size.chunk_geometry(layout, chunk)?;
-        let at = self.page_offset + geometry.offset;
+        self.words_at(self.page_size.chunk_geometry(layout, chunk)?.offset)
+    }
+
+    /// Header words of the chunk at `offset` from the page start.
+    fn words_at(&self, offset: usize) -> Option<ChunkWords<'s, AtomicU32, AtomicU16>> {
+        let at = self.page_offset + offset;
         let region: &'s Region<'s> = self.region;
         Some(ChunkWords {
             chunk_id: region.atomic_u32(at + CHUNK_ID_OFFSET)?,
@@ -407,7 +411,6 @@ impl<'m> Smb<'m> {
 
     /// Producer: takes `chunk` of `page` (`Free → BeingWritten`) and writes
     /// `header` into it (ids relaxed, `packets` release).
-    #[allow(unsafe_code)]
     pub fn try_acquire_chunk_for_writing(
         &self,
         page: usize,
@@ -418,22 +421,31 @@ impl<'m> Smb<'m> {
             page,
             num_pages: self.num_pages,
         })?;
-        let layout = sync::try_acquire_for_writing(&p, chunk, &header)?;
-        let location = ChunkLocation { page, chunk };
+        self.acquire_in(&p, page, chunk, &header)
+    }
+
+    /// [`Self::try_acquire_chunk_for_writing`] on the page `p` (page
+    /// `page`), viewed once by the caller.
+    #[allow(unsafe_code)]
+    fn acquire_in<'a>(
+        &'a self,
+        p: &SmbPage<'a>,
+        page: usize,
+        chunk: usize,
+        header: &ChunkHeaderRepr,
+    ) -> Result<WritableChunk<'a>, AcquireError> {
+        let layout = sync::try_acquire_for_writing(p, chunk, header)?;
         // The geometry was valid for the CAS just won; recomputing it cannot
         // fail for an in-range page and chunk.
-        let (offset, size) =
-            self.chunk_span(location, layout)
-                .ok_or(AcquireError::ChunkOutOfRange {
-                    chunk,
-                    num_chunks: layout.num_chunks(),
-                })?;
-        let words = p
-            .words(layout, chunk)
-            .ok_or(AcquireError::ChunkOutOfRange {
-                chunk,
-                num_chunks: layout.num_chunks(),
-            })?;
+        let out_of_range = AcquireError::ChunkOutOfRange {
+            chunk,
+            num_chunks: layout.num_chunks(),
+        };
+        let g = self
+            .page_size
+            .chunk_geometry(layout, chunk)
+            .ok_or(out_of_range)?;
+        let words = p.words_at(g.offset).ok_or(out_of_range)?;
         // SAFETY: we just won `Free → BeingWritten` for this chunk, so this
         // producer owns its payload until `release_as_complete`; the payload
         // lies after the chunk header and inside the chunk (geometry from a
@@ -441,17 +453,16 @@ impl<'m> Smb<'m> {
         // returned `WritableChunk` is the only handle to it and borrows
         // `self`, so scraping (`&mut self`) cannot run meanwhile.
         let payload = unsafe {
-            self.region
-                .payload_mut(offset + CHUNK_HEADER_SIZE, size - CHUNK_HEADER_SIZE)
+            self.region.payload_mut(
+                p.page_offset + g.offset + CHUNK_HEADER_SIZE,
+                g.size - CHUNK_HEADER_SIZE,
+            )
         }
-        .ok_or(AcquireError::ChunkOutOfRange {
-            chunk,
-            num_chunks: layout.num_chunks(),
-        })?;
+        .ok_or(out_of_range)?;
         let used = payload.len();
         Ok(WritableChunk {
             smb: self,
-            location,
+            location: ChunkLocation { page, chunk },
             layout,
             words,
             payload,
@@ -476,19 +487,25 @@ impl<'m> Smb<'m> {
                 num_pages: self.num_pages,
             });
         }
-        for i in 0..self.num_pages {
-            let page = (start_page + i) % self.num_pages;
-            if self.is_page_free(page) {
-                // Losing this race is fine: the page then has a layout.
-                let _ = self.try_partition_page(page, layout);
-            }
-            let mut free = self.free_chunks(page);
-            while free != 0 {
-                let chunk = free.trailing_zeros() as usize;
-                free &= free - 1;
-                if let Ok(c) = self.try_acquire_chunk_for_writing(page, chunk, header) {
-                    return Ok(c);
+        let mut page = start_page;
+        for _ in 0..self.num_pages {
+            if let Some(p) = self.page(page) {
+                if sync::is_page_free(&p) {
+                    // Losing this race is fine: the page then has a layout.
+                    let _ = sync::try_partition(&p, layout);
                 }
+                let mut free = sync::free_chunks(&p);
+                while free != 0 {
+                    let chunk = free.trailing_zeros() as usize;
+                    free &= free - 1;
+                    if let Ok(c) = self.acquire_in(&p, page, chunk, &header) {
+                        return Ok(c);
+                    }
+                }
+            }
+            page += 1;
+            if page == self.num_pages {
+                page = 0;
             }
         }
         Err(AcquireError::NoFreeChunk)

@@ -62,16 +62,46 @@
 //!
 //! # Costs and limits (the knobs)
 //!
-//! * `TrackEventWriter<A, C, N, T>`: `N` interned strings per sequence (all
-//!   kinds together, a power of two; 12 bytes each on 32-bit targets),
-//!   descriptors remembered for `T` tracks (8 bytes each). Strings beyond
-//!   `N` are written inline, descriptors beyond `T` again before each use;
-//!   both are counted.
-//! * The common events (slice begin/end and instant with interned names,
-//!   on the default track) take a dedicated path: a clock read, two table
-//!   probes, the fields, one release store.
-//! * Nothing blocks: a full SMB drops the event (counted, and marked on the
-//!   next packet as `previous_packet_dropped`), and the sequence restarts.
+//! RAM, on a 32-bit target (`size_of`, measured by the firmware example on
+//! `thumbv7em-none-eabihf`):
+//!
+//! | part | bytes |
+//! |---|---|
+//! | `TrackEventWriter` itself (config, time base, slice stack, counters) | 60 |
+//! | interning table, `N` strings (a power of two) | 8 + 8 × `N` |
+//! | described tracks, `T` | 4 + 4 × `T` |
+//! | its [`InPlaceWriter`](crate::writer::InPlaceWriter) (the chunk held, cursor, counters; no patch storage: it never fragments) | 80 |
+//! | the arbiter (a [`RegionArbiter`](crate::region::RegionArbiter)) | 48 |
+//!
+//! So `N = 4`, `T = 2` (three strings, the default track and one counter
+//! track) is 240 bytes, the defaults `N = 16`, `T = 4` 344. Strings beyond
+//! `N` are written inline (counted in [`TrackEventStats::strings_inline`]),
+//! descriptors beyond `T` again before each use. A clock that is a zero-sized
+//! type (a static counter behind it) adds nothing.
+//!
+//! Shared memory: every writer holds one chunk while it writes and never
+//! waits for another. The page layout sets the chunk size (`(page - 8) / n`
+//! bytes for `n` chunks per page): with 4 KiB pages, `Div4` gives chunks of
+//! 1 KiB, so a 4 KiB SMB (one page) serves two writers with two chunks in
+//! flight to the consumer; `Div14` chunks (288 bytes) commit more often and
+//! waste less when several writers are idle. A packet takes at most 128
+//! bytes of a chunk, and a chunk's tail shorter than the smallest window (16
+//! bytes + 8 of slack) stays unused. The region's commit ring takes 32
+//! bytes per slot ([`RegionStorage`](crate::region::RegionStorage)'s
+//! `SLOTS`); a full ring costs nothing but a scan by the consumer.
+//!
+//! Time: the common events (slice begin/end and instant with interned
+//! names on the default track, samples on a described counter track) take
+//! one out-of-line function each: the interning probes (one or two entry
+//! compares each), a clock read, one check of the sequence state, the
+//! packet's bytes as a few word stores straight into the chunk, one release
+//! store of the chunk's count. No `memcpy`, no `memset`, no division. The
+//! first event of a sequence (and the first after a loss or a clear) writes
+//! the reset packet and descriptors and interns its strings: about ten
+//! times as many instructions.
+//!
+//! Nothing blocks: a full SMB drops the event (counted, and marked on the
+//! next packet as `previous_packet_dropped`), and the sequence restarts.
 //!
 //! # Clocks
 //!

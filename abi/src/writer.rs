@@ -74,7 +74,7 @@ use crate::smb::Window;
 use crate::trace::{data_loss, trace_packet};
 
 pub use arbiter::{BufferId, ChunkArbiter, PatchesDeferred};
-pub use in_place::InPlaceWriter;
+pub use in_place::{packet, EncodePacket, InPlaceWriter};
 pub use patches::{Patch, PatchGroup};
 pub use stream::{
     ChunkSlot, ChunkStream, MAX_FRAGMENTS_PER_CHUNK, MIN_PACKET_ROOM, PADDED_COPY_LEN,

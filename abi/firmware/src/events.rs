@@ -2,59 +2,57 @@
 //! tracer.
 //!
 //! [`Event::ALL`] is the table: the loop in [`crate::run`] calls each kind
-//! once per round, in this order, between [`crate::markers`]; the firmware
-//! prints the table's names (`kinds ...`) so the report labels its counts
-//! from it.
+//! a binary measures once per round, in this order, between
+//! [`crate::markers`]; the firmware prints the names of the kinds it
+//! measures (`kinds ...`) so the report labels its counts from them.
 
 use crate::markers;
+use crate::out::Out;
 
-/// An event name known at build time, with the interning id a tracer may
-/// use for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Name {
-    /// Interning id (non-zero, unique in [`NAMES`]).
-    pub iid: u64,
-    /// The name.
-    pub text: &'static str,
-}
-
+/// The category of every event.
+pub const CATEGORY: &str = "fw";
 /// Name of the slices.
-pub const WORK: Name = Name {
-    iid: 1,
-    text: "work",
-};
+pub const WORK: &str = "work";
 /// Name of the instants.
-pub const TICK: Name = Name {
-    iid: 2,
-    text: "tick",
-};
-/// Every name the firmware uses.
-pub const NAMES: [Name; 2] = [WORK, TICK];
+pub const TICK: &str = "tick";
 
 /// Writes track events somewhere. Methods never fail: a tracer that loses
 /// an event counts it in [`Tracer::dropped`].
 pub trait Tracer {
-    /// Writes what a sequence needs before its first event (track
-    /// descriptors, interned names).
-    fn start(&mut self);
+    /// Reads the clock the tracer stamps events with (ns).
+    fn now(&mut self) -> u64;
     /// Begins a slice on the firmware's track.
-    fn slice_begin(&mut self, ts: u64, name: Name);
+    fn slice_begin(&mut self, category: &'static str, name: &'static str);
     /// Ends the innermost open slice.
-    fn slice_end(&mut self, ts: u64);
+    fn slice_end(&mut self);
     /// An instant event on the firmware's track.
-    fn instant(&mut self, ts: u64, name: Name);
-    /// A value of the firmware's counter track.
-    fn counter(&mut self, ts: u64, value: i64);
+    fn instant(&mut self, category: &'static str, name: &'static str);
+    /// An integer sample of the firmware's counter track.
+    fn counter(&mut self, value: i64);
+    /// A floating-point sample of the firmware's second counter track.
+    fn counter_f64(&mut self, value: f64);
+    /// An instant on a track of its own, with a debug annotation `value`
+    /// and a flow.
+    fn step(&mut self, value: u32);
+    /// Writes a `ClockSnapshot` pairing the event clock with another one.
+    fn clock_snapshot(&mut self);
+    /// Starts the sequence again (as a consumer's clear request would): the
+    /// next event writes the reset packet, descriptors and interned names
+    /// anew.
+    fn clear(&mut self);
     /// Commits what was written so far (the current chunk).
     fn flush(&mut self);
     /// Moves committed data out of the SMB as the tracing service would and
     /// hands each piece to `f`.
     fn drain(&mut self, f: &mut dyn FnMut(Moved<'_>));
-    /// Packets (or chunks of them) lost so far.
+    /// Ends tracing from other contexts (the interrupt's writer) and
+    /// commits their data.
+    fn stop(&mut self);
+    /// Packets, events or chunks lost so far.
     fn dropped(&self) -> u64;
-    /// Bytes of RAM the tracer keeps besides the SMB (writer state, commit
-    /// queue, bookkeeping).
-    fn state_bytes(&self) -> usize;
+    /// Prints what the report needs besides the chunks: the firmware
+    /// clock now, the other contexts' events, the RAM the tracer keeps.
+    fn report(&mut self, out: &mut Out);
 }
 
 /// A piece of trace data taken out of the SMB by [`Tracer::drain`].
@@ -82,19 +80,24 @@ pub enum Moved<'a> {
 pub struct NoTracer;
 
 impl Tracer for NoTracer {
-    fn start(&mut self) {}
-    fn slice_begin(&mut self, _: u64, _: Name) {}
-    fn slice_end(&mut self, _: u64) {}
-    fn instant(&mut self, _: u64, _: Name) {}
-    fn counter(&mut self, _: u64, _: i64) {}
+    fn now(&mut self) -> u64 {
+        0
+    }
+    fn slice_begin(&mut self, _: &'static str, _: &'static str) {}
+    fn slice_end(&mut self) {}
+    fn instant(&mut self, _: &'static str, _: &'static str) {}
+    fn counter(&mut self, _: i64) {}
+    fn counter_f64(&mut self, _: f64) {}
+    fn step(&mut self, _: u32) {}
+    fn clock_snapshot(&mut self) {}
+    fn clear(&mut self) {}
     fn flush(&mut self) {}
     fn drain(&mut self, _: &mut dyn FnMut(Moved<'_>)) {}
+    fn stop(&mut self) {}
     fn dropped(&self) -> u64 {
         0
     }
-    fn state_bytes(&self) -> usize {
-        0
-    }
+    fn report(&mut self, _: &mut Out) {}
 }
 
 /// A kind of event the report measures.
@@ -103,23 +106,46 @@ pub enum Event {
     /// Nothing between the markers: their own cost, subtracted from the
     /// others.
     MarkersOnly,
-    /// [`Tracer::slice_begin`] with an interned name.
+    /// [`Tracer::now`]: the clock hook alone, a part of every event.
+    Clock,
+    /// [`Tracer::slice_begin`] with interned names.
     SliceBegin,
+    /// [`Tracer::instant`] with interned names.
+    Instant,
     /// [`Tracer::slice_end`].
     SliceEnd,
-    /// [`Tracer::instant`] with an interned name.
-    Instant,
     /// [`Tracer::counter`].
     Counter,
+    /// [`Tracer::counter_f64`].
+    CounterF64,
+    /// [`Tracer::step`]: the event builder.
+    Step,
+    /// [`Tracer::clock_snapshot`].
+    ClockSnapshot,
 }
 
 impl Event {
     /// The table, in the order the loop calls them.
-    pub const ALL: [Event; 5] = [
+    pub const ALL: [Event; 9] = [
         Event::MarkersOnly,
+        Event::Clock,
         Event::SliceBegin,
-        Event::SliceEnd,
         Event::Instant,
+        Event::SliceEnd,
+        Event::Counter,
+        Event::CounterF64,
+        Event::Step,
+        Event::ClockSnapshot,
+    ];
+
+    /// The kinds the size and speed goals are about: slices,
+    /// instants and integer counters on tracks described once.
+    pub const MINIMAL: [Event; 6] = [
+        Event::MarkersOnly,
+        Event::Clock,
+        Event::SliceBegin,
+        Event::Instant,
+        Event::SliceEnd,
         Event::Counter,
     ];
 
@@ -127,39 +153,67 @@ impl Event {
     pub const fn name(self) -> &'static str {
         match self {
             Event::MarkersOnly => "markers_only",
+            Event::Clock => "clock",
             Event::SliceBegin => "slice_begin",
-            Event::SliceEnd => "slice_end",
             Event::Instant => "instant",
+            Event::SliceEnd => "slice_end",
             Event::Counter => "counter",
+            Event::CounterF64 => "counter_f64",
+            Event::Step => "step",
+            Event::ClockSnapshot => "clock_snapshot",
         }
     }
 
-    /// Writes one event of this kind with `tracer` between the markers.
+    /// Writes one event of this kind with `tracer` between the markers, in
+    /// round `rep` (the values the report expects derive from it).
     #[inline(always)]
-    pub fn measure<T: Tracer>(self, tracer: &mut T, ts: u64, value: i64) {
+    pub fn measure<T: Tracer>(self, tracer: &mut T, rep: u32) {
         match self {
             Event::MarkersOnly => {
                 markers::begin();
                 markers::end();
             }
+            Event::Clock => {
+                markers::begin();
+                let now = tracer.now();
+                markers::end();
+                core::hint::black_box(now);
+            }
             Event::SliceBegin => {
                 markers::begin();
-                tracer.slice_begin(ts, WORK);
-                markers::end();
-            }
-            Event::SliceEnd => {
-                markers::begin();
-                tracer.slice_end(ts);
+                tracer.slice_begin(CATEGORY, WORK);
                 markers::end();
             }
             Event::Instant => {
                 markers::begin();
-                tracer.instant(ts, TICK);
+                tracer.instant(CATEGORY, TICK);
+                markers::end();
+            }
+            Event::SliceEnd => {
+                markers::begin();
+                tracer.slice_end();
                 markers::end();
             }
             Event::Counter => {
+                let value = i64::from(rep) - 32;
                 markers::begin();
-                tracer.counter(ts, value);
+                tracer.counter(value);
+                markers::end();
+            }
+            Event::CounterF64 => {
+                let value = f64::from(rep) * 0.25;
+                markers::begin();
+                tracer.counter_f64(value);
+                markers::end();
+            }
+            Event::Step => {
+                markers::begin();
+                tracer.step(rep);
+                markers::end();
+            }
+            Event::ClockSnapshot => {
+                markers::begin();
+                tracer.clock_snapshot();
                 markers::end();
             }
         }

@@ -1,190 +1,198 @@
-//! The tracing calls: the one module of the firmware that uses shmtrace-abi.
+//! The tracing calls: with [`crate::shm`], the only module of the firmware
+//! that uses shmtrace-abi.
 //!
-//! This version writes with the SMB writer of the crate's first release:
-//! a [`TraceWriter`] over a [`PollingArbiter`] that queues commits into a
-//! [`CommitQueue`], which [`ShmTracer::drain`] empties the way the tracing
-//! service would (`Complete → BeingRead`, copy, `→ Free`). Every event is one
-//! TracePacket written with `write_packet`; field numbers are those of
-//! Perfetto's `trace_packet.proto` and `track_event.proto`.
+//! Two contexts write, each through its own [`TrackEventWriter`] (its own
+//! sequence, writer id and arbiter), so neither ever waits for the other:
 //!
-//! The packets form a valid track-event sequence: the first one clears the
-//! incremental state, interns the event names and makes [`TRACK_UUID`] the
-//! default track; two track descriptors follow; events carry timestamps on
-//! the default clock (BOOTTIME).
+//! * the main loop, through the writer a [`ShmTracer`] owns: slices,
+//!   instants, integer and floating-point counters, an event built with a
+//!   debug annotation and a flow on a track of its own, clock snapshots;
+//! * the `SysTick` interrupt, through the writer in [`IRQ_WRITER`], a
+//!   [`WriterCell`] static it borrows with one compare-and-swap
+//!   ([`on_systick`]): an instant and a counter per interrupt.
+//!
+//! Both are timed by [`SysTickClock`]. Event names are `&'static str`s the
+//! writers intern per sequence; no field number appears here.
 
-use core::convert::Infallible;
 use core::mem::size_of;
+use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use shmtrace_abi::layout::{PageLayout, PageSize};
-use shmtrace_abi::smb::{Smb, SmbStorage};
-use shmtrace_abi::writer::{CommitQueue, CommitReceiver, Drained, PollingArbiter, TraceWriter};
+use shmtrace_abi::region::RegionStorage;
+use shmtrace_abi::trace::counter_descriptor::Unit;
+use shmtrace_abi::trace::track_event::Type;
+use shmtrace_abi::track_event::{
+    Clock, ClockValue, CounterTrack, SequenceConfig, Track, TrackEventWriter, WriterCell,
+};
+use shmtrace_abi::writer::InPlaceWriter;
 
-use crate::events::{Moved, Name, Tracer, NAMES};
-use crate::out;
+use crate::clocks::{self, SysTickClock};
+use crate::events::{Moved, Tracer, CATEGORY};
+use crate::out::{self, Out};
+use crate::shm::{self, Arbiter, Transport};
 
-/// Bytes of the SMB: two 4 KiB pages.
-pub const SMB_BYTES: usize = 8192;
-/// The storage the demo binaries put in a `static`.
-pub type Storage = SmbStorage<SMB_BYTES>;
+/// The main loop's writer id (its packet sequence).
+pub const MAIN_WRITER_ID: u16 = 1;
+/// The interrupt's writer id.
+pub const IRQ_WRITER_ID: u16 = 2;
+/// The sequence-scoped clock id of the RTOS-style tick clock the main
+/// sequence's clock snapshots relate the event clock to.
+pub const TICK_CLOCK_ID: u32 = 66;
+/// The flow every [`Tracer::step`] event belongs to.
+pub const STEP_FLOW: u64 = 0x5354_4550;
 
-/// Each page is split into 4 chunks of 1 KiB.
-const LAYOUT: PageLayout = PageLayout::Div4;
-/// Commit events the queue holds, minus one.
-const QUEUE_LEN: usize = 16;
-/// The writer's id (its packet sequence).
-const WRITER_ID: u16 = 1;
-/// The target buffer id the commits name.
-const TARGET_BUFFER: u16 = 1;
-/// A chunk copy: the largest chunk of any layout is the page minus its
-/// 8-byte header.
-const CHUNK_COPY: usize = 4096 - 8;
+/// The main loop's track (its sequence's default track).
+pub static MAIN_TRACK: Track = Track::new("firmware");
+/// An integer counter.
+pub static LEVEL: CounterTrack = CounterTrack::new("level")
+    .with_parent(&MAIN_TRACK)
+    .with_unit_name("mC");
+/// A floating-point counter.
+pub static VOLTAGE: CounterTrack = CounterTrack::new("supply")
+    .with_parent(&MAIN_TRACK)
+    .with_unit_name("V");
+/// The track of the [`Tracer::step`] events.
+pub static MOTOR: Track = Track::new("motor").with_parent(&MAIN_TRACK);
+/// The interrupt's track.
+pub static IRQ_TRACK: Track = Track::new("SysTick");
+/// The interrupt's counter: SysTick reloads.
+pub static RELOADS: CounterTrack = CounterTrack::new("reloads")
+    .with_parent(&IRQ_TRACK)
+    .with_unit(Unit::Count);
 
-/// Track of the slices and instants (the sequence's default track).
-pub const TRACK_UUID: u64 = 0x5348_4d54;
-/// The counter track, a child of [`TRACK_UUID`].
-pub const COUNTER_UUID: u64 = TRACK_UUID + 1;
+/// The main loop's writer: `N` interned strings, `T` described tracks.
+pub type MainWriter<const N: usize, const T: usize> =
+    TrackEventWriter<'static, Arbiter, SysTickClock, N, T>;
+/// The interrupt's writer: the demo's main writer type (writers of one type
+/// share their code; a smaller table would save 96 bytes of RAM and cost a
+/// second copy of the writer's code).
+pub type IrqWriter = MainWriter<16, 4>;
 
-// TracePacket fields.
-const PACKET_TIMESTAMP: u32 = 8;
-const PACKET_TRACK_EVENT: u32 = 11;
-const PACKET_INTERNED_DATA: u32 = 12;
-const PACKET_SEQUENCE_FLAGS: u32 = 13;
-const PACKET_DEFAULTS: u32 = 59;
-const PACKET_TRACK_DESCRIPTOR: u32 = 60;
-// TracePacket.sequence_flags values.
-const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
-const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
-// TracePacketDefaults.track_event_defaults, TrackEventDefaults.track_uuid.
-const DEFAULTS_TRACK_EVENT: u32 = 11;
-const TRACK_EVENT_DEFAULTS_TRACK_UUID: u32 = 11;
-// InternedData.event_names; EventName.iid, .name.
-const INTERNED_EVENT_NAMES: u32 = 2;
-const EVENT_NAME_IID: u32 = 1;
-const EVENT_NAME_NAME: u32 = 2;
-// TrackDescriptor fields.
-const TRACK_UUID_FIELD: u32 = 1;
-const TRACK_NAME: u32 = 2;
-const TRACK_PARENT_UUID: u32 = 5;
-const TRACK_COUNTER: u32 = 8;
-// TrackEvent fields and TrackEvent.Type values.
-const EVENT_TYPE: u32 = 9;
-const EVENT_NAME_IID_FIELD: u32 = 10;
-const EVENT_TRACK_UUID: u32 = 11;
-const EVENT_COUNTER_VALUE: u32 = 30;
-const TYPE_SLICE_BEGIN: u32 = 1;
-const TYPE_SLICE_END: u32 = 2;
-const TYPE_INSTANT: u32 = 3;
-const TYPE_COUNTER: u32 = 4;
+/// The interrupt's writer, set up by [`ShmTracer::new`].
+pub static IRQ_WRITER: WriterCell<IrqWriter> = WriterCell::new();
+/// Instants the interrupt's writer wrote.
+static IRQ_INSTANTS: AtomicU32 = AtomicU32::new(0);
+/// Counter samples the interrupt's writer wrote.
+static IRQ_COUNTERS: AtomicU32 = AtomicU32::new(0);
+/// Events the interrupt's writer did not write.
+static IRQ_LOST: AtomicU32 = AtomicU32::new(0);
 
-/// A [`Tracer`] writing into an SMB through shmtrace-abi.
-pub struct ShmTracer<'a> {
-    smb: &'a Smb<'a>,
-    writer: TraceWriter<'a, PollingArbiter<'a, 'a>>,
-    rx: CommitReceiver<'a>,
-    /// Chunks the commit queue named that could not be moved.
-    chunks_lost: u64,
+/// The `SysTick` handler's tracing, after [`clocks::count_reload`]
+/// returned `reloads`: an instant and a sample of the reload count, through
+/// the interrupt's own writer. Nothing happens before the writer is set up
+/// or after [`Tracer::stop`] took it out.
+pub fn on_systick(reloads: u32) {
+    IRQ_WRITER.try_with(|w| {
+        let count = |ok: bool, n: &AtomicU32| {
+            let counter = if ok { n } else { &IRQ_LOST };
+            counter.store(counter.load(Relaxed) + 1, Relaxed);
+        };
+        count(w.instant("irq", "systick"), &IRQ_INSTANTS);
+        count(w.counter(&RELOADS, i64::from(reloads)), &IRQ_COUNTERS);
+    });
 }
 
-/// Zeroes `storage` (a `.shmtrace` static is not zeroed at reset), builds a
-/// [`ShmTracer`] over it and passes it to `f`. The SMB, the queue and the
-/// writer live in this function's frame, which `f` never leaves (it returns
-/// [`Infallible`]: pass a closure that calls [`crate::run`]).
-pub fn with_tracer(
-    storage: &'static mut Storage,
-    f: impl FnOnce(&mut ShmTracer<'_>) -> Infallible,
-) -> ! {
-    *storage = Storage::new();
-    let Ok(smb) = Smb::new(storage, PageSize::DEFAULT) else {
-        out::fail("SMB storage refused")
-    };
-    let mut queue = CommitQueue::<QUEUE_LEN>::new();
-    let (tx, rx) = queue.split();
-    let Ok(arbiter) = PollingArbiter::new(&smb, LAYOUT, tx) else {
-        out::fail("arbiter refused")
-    };
-    let Ok(writer) = TraceWriter::new(arbiter, WRITER_ID, TARGET_BUFFER) else {
-        out::fail("writer refused")
-    };
-    let mut tracer = ShmTracer {
-        smb: &smb,
-        writer,
-        rx,
-        chunks_lost: 0,
-    };
-    match f(&mut tracer) {}
+/// A [`Tracer`] writing track events into the region of [`crate::shm`].
+/// Unless `FULL`, it writes only slices, instants and integer counters (the
+/// other calls do nothing), from the main loop only, and leaves its chunks
+/// in the region for a host, so that nothing else is linked.
+pub struct ShmTracer<const N: usize, const T: usize, const FULL: bool> {
+    writer: MainWriter<N, T>,
+    transport: Option<Transport>,
+    snapshots: u32,
 }
 
-// Packet outcomes are ignored: the writer counts every loss in its stats,
+impl<const N: usize, const T: usize, const FULL: bool> ShmTracer<N, T, FULL> {
+    /// Takes the region in `storage` and sets up the main loop's writer;
+    /// if `FULL`, the interrupt's writer too (in [`IRQ_WRITER`]) and the
+    /// drain.
+    pub fn new<const SMB: usize, const SLOTS: usize>(
+        storage: &'static RegionStorage<SMB, SLOTS>,
+    ) -> Self {
+        let ([main, other], transport) = shm::init(storage, FULL);
+        let Ok(out) = InPlaceWriter::new(main, MAIN_WRITER_ID, shm::TARGET_BUFFER) else {
+            out::fail("writer refused")
+        };
+        let writer = TrackEventWriter::new(out, SysTickClock, SequenceConfig::new(&MAIN_TRACK));
+        if FULL {
+            let Ok(out) = InPlaceWriter::new(other, IRQ_WRITER_ID, shm::TARGET_BUFFER) else {
+                out::fail("writer refused")
+            };
+            let w = TrackEventWriter::new(out, SysTickClock, SequenceConfig::new(&IRQ_TRACK));
+            if IRQ_WRITER.set(w).is_err() {
+                out::fail("interrupt writer set twice")
+            }
+        }
+        Self {
+            writer,
+            transport,
+            snapshots: 0,
+        }
+    }
+}
+
+// Event outcomes are ignored: the writer counts every loss in its stats,
 // which `dropped` reports.
-impl ShmTracer<'_> {
-    fn event(&mut self, ts: u64, kind: u32, name: Option<Name>, track: u64, value: i64) {
-        let _ = self.writer.write_packet(|p| {
-            p.uint64(PACKET_TIMESTAMP, ts);
-            p.uint32(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
-            p.nested(PACKET_TRACK_EVENT, |e| {
-                e.uint32(EVENT_TYPE, kind);
-                if let Some(name) = name {
-                    e.uint64(EVENT_NAME_IID_FIELD, name.iid);
-                }
-                if track != 0 {
-                    e.uint64(EVENT_TRACK_UUID, track);
-                }
-                if kind == TYPE_COUNTER {
-                    e.int64(EVENT_COUNTER_VALUE, value);
-                }
-            });
-        });
-    }
-}
-
-impl Tracer for ShmTracer<'_> {
-    fn start(&mut self) {
-        let _ = self.writer.write_packet(|p| {
-            p.uint32(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
-            p.nested(PACKET_DEFAULTS, |d| {
-                d.nested(DEFAULTS_TRACK_EVENT, |t| {
-                    t.uint64(TRACK_EVENT_DEFAULTS_TRACK_UUID, TRACK_UUID)
-                })
-            });
-            p.nested(PACKET_INTERNED_DATA, |i| {
-                for name in NAMES {
-                    i.nested(INTERNED_EVENT_NAMES, |n| {
-                        n.uint64(EVENT_NAME_IID, name.iid);
-                        n.string(EVENT_NAME_NAME, name.text);
-                    });
-                }
-            });
-        });
-        let _ = self.writer.write_packet(|p| {
-            p.nested(PACKET_TRACK_DESCRIPTOR, |t| {
-                t.uint64(TRACK_UUID_FIELD, TRACK_UUID);
-                t.string(TRACK_NAME, "firmware");
-            })
-        });
-        let _ = self.writer.write_packet(|p| {
-            p.nested(PACKET_TRACK_DESCRIPTOR, |t| {
-                t.uint64(TRACK_UUID_FIELD, COUNTER_UUID);
-                t.uint64(TRACK_PARENT_UUID, TRACK_UUID);
-                t.string(TRACK_NAME, "level");
-                t.nested(TRACK_COUNTER, |_| {});
-            })
-        });
+impl<const N: usize, const T: usize, const FULL: bool> Tracer for ShmTracer<N, T, FULL> {
+    #[inline(always)]
+    fn now(&mut self) -> u64 {
+        SysTickClock.now_ns()
     }
 
-    fn slice_begin(&mut self, ts: u64, name: Name) {
-        self.event(ts, TYPE_SLICE_BEGIN, Some(name), 0, 0);
+    #[inline(always)]
+    fn slice_begin(&mut self, category: &'static str, name: &'static str) {
+        let _ = self.writer.slice_begin(category, name);
     }
 
-    fn slice_end(&mut self, ts: u64) {
-        self.event(ts, TYPE_SLICE_END, None, 0, 0);
+    #[inline(always)]
+    fn slice_end(&mut self) {
+        let _ = self.writer.slice_end();
     }
 
-    fn instant(&mut self, ts: u64, name: Name) {
-        self.event(ts, TYPE_INSTANT, Some(name), 0, 0);
+    #[inline(always)]
+    fn instant(&mut self, category: &'static str, name: &'static str) {
+        let _ = self.writer.instant(category, name);
     }
 
-    fn counter(&mut self, ts: u64, value: i64) {
-        self.event(ts, TYPE_COUNTER, None, COUNTER_UUID, value);
+    #[inline(always)]
+    fn counter(&mut self, value: i64) {
+        let _ = self.writer.counter(&LEVEL, value);
+    }
+
+    #[inline(always)]
+    fn counter_f64(&mut self, value: f64) {
+        if !FULL {
+            return;
+        }
+        let _ = self.writer.counter_f64(&VOLTAGE, value);
+    }
+
+    #[inline(always)]
+    fn step(&mut self, value: u32) {
+        if !FULL {
+            return;
+        }
+        let _ = self
+            .writer
+            .event(Type::Instant, CATEGORY, "step")
+            .on(&MOTOR)
+            .arg("rep", value)
+            .flow(STEP_FLOW)
+            .emit();
+    }
+
+    #[inline(always)]
+    fn clock_snapshot(&mut self) {
+        if !FULL {
+            return;
+        }
+        let tick_clock = ClockValue::absolute(TICK_CLOCK_ID, clocks::tick_clock_ns());
+        if self.writer.clock_snapshot(tick_clock) {
+            self.snapshots += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.writer.clear_incremental_state();
     }
 
     fn flush(&mut self) {
@@ -192,31 +200,44 @@ impl Tracer for ShmTracer<'_> {
     }
 
     fn drain(&mut self, f: &mut dyn FnMut(Moved<'_>)) {
-        let mut copy = [0u8; CHUNK_COPY];
-        let stats = self.rx.drain(self.smb, &mut copy, |drained| match drained {
-            Drained::Chunk { bytes, .. } => f(Moved::Chunk(bytes)),
-            Drained::Patches(batch) => {
-                let last = batch.patches().len();
-                for (i, patch) in batch.patches().iter().enumerate() {
-                    f(Moved::Patch {
-                        writer_id: batch.writer_id,
-                        chunk_id: batch.chunk_id,
-                        offset: patch.offset,
-                        data: patch.data,
-                        has_more: batch.has_more || i + 1 < last,
-                    });
-                }
-            }
-        });
-        self.chunks_lost += stats.chunks_not_complete + stats.chunks_dropped;
+        if let (true, Some(transport)) = (FULL, &mut self.transport) {
+            transport.drain(f);
+        }
+    }
+
+    fn stop(&mut self) {
+        if !FULL {
+            return;
+        }
+        // The interrupt's writer commits its chunk when it is dropped.
+        drop(IRQ_WRITER.take());
     }
 
     fn dropped(&self) -> u64 {
-        let stats = self.writer.stats();
-        stats.packets_dropped() + stats.packets_incomplete + self.chunks_lost
+        let events = self.writer.stats();
+        let packets = self.writer.writer_stats();
+        u64::from(events.events_dropped)
+            + packets.packets_dropped()
+            + packets.packets_incomplete
+            + self.transport.as_ref().map_or(0, Transport::lost)
+            + u64::from(IRQ_LOST.load(Relaxed))
+            + u64::from(IRQ_WRITER.busy_misses())
     }
 
-    fn state_bytes(&self) -> usize {
-        size_of::<Self>() + size_of::<Smb<'_>>() + size_of::<CommitQueue<QUEUE_LEN>>()
+    fn report(&mut self, out: &mut Out) {
+        let now = SysTickClock.now_ns();
+        out.line(format_args!("clock_end {now}"));
+        out.line(format_args!("snapshots {}", self.snapshots));
+        out.line(format_args!(
+            "irq instant={} counter={}",
+            IRQ_INSTANTS.load(Relaxed),
+            IRQ_COUNTERS.load(Relaxed)
+        ));
+        out.line(format_args!(
+            "state writer={} in_place={} arbiter={} interning={N} tracks={T}",
+            size_of::<MainWriter<N, T>>(),
+            size_of::<InPlaceWriter<'static, Arbiter>>(),
+            size_of::<Arbiter>(),
+        ));
     }
 }

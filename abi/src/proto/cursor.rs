@@ -21,6 +21,12 @@
 //!   around) and [`Cursor::finish`] reports the overflow; the caller then
 //!   encodes the message another way. Nothing here panics, and there is no
 //!   "failed" flag to test on every write.
+//! * The field writers ([`Cursor::uint`], [`Cursor::string`], ...) are
+//!   compiled once, out of line, on bare-metal targets (`target_os =
+//!   "none"`), where they serve cold paths (sequence starts, descriptors,
+//!   interning) and code size counts; the hot paths there store their
+//!   bytes with [`Cursor::byte`], [`Cursor::word`] and [`Cursor::varint`].
+//!   Elsewhere the compiler inlines them as it sees fit.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a
 //!   *redundant* varint (`0x80 | low7, high7`), the non-minimal form
 //!   Perfetto's own encoder uses for nested sizes; every protobuf parser
@@ -254,14 +260,17 @@ impl<T: Target> Cursor<T> {
         }
     }
 
+    /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): 64-bit
+    /// shifts only until the rest fits 32 bits (a negative int64, always
+    /// 10 bytes, takes five of them), then [`Cursor::varint32`].
     #[cold]
     #[inline(never)]
     fn varint64(&mut self, mut v: u64) {
-        while v >= 0x80 {
+        while v >> 32 != 0 {
             self.byte(v as u8 | 0x80);
             v >>= 7;
         }
-        self.byte(v as u8);
+        self.varint32(v as u32);
     }
 
     /// Appends a varint that fits 32 bits.
@@ -274,11 +283,11 @@ impl<T: Target> Cursor<T> {
         self.byte(v as u8);
     }
 
-    /// Appends 8 little-endian bytes (fixed64, double).
+    /// Appends 8 little-endian bytes (fixed64, double), with one 8-byte
+    /// store.
+    #[inline(always)]
     pub fn fixed64(&mut self, v: u64) {
-        for b in v.to_le_bytes() {
-            self.byte(b);
-        }
+        self.word(v, 8);
     }
 
     /// Appends the tag of `field` with `wire_type` (constant-folded when
@@ -288,6 +297,7 @@ impl<T: Target> Cursor<T> {
     }
 
     /// A varint field (uint32/64, enums).
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn uint(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Varint);
         self.varint(v);
@@ -300,24 +310,27 @@ impl<T: Target> Cursor<T> {
     }
 
     /// A bool field.
+    #[inline]
     pub fn boolean(&mut self, field: u32, v: bool) {
-        self.tag(field, WireType::Varint);
-        self.byte(u8::from(v));
+        self.uint(field, u64::from(v));
     }
 
     /// A double field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn double(&mut self, field: u32, v: f64) {
         self.tag(field, WireType::Fixed64);
         self.fixed64(v.to_bits());
     }
 
     /// A fixed64 field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn fixed64_field(&mut self, field: u32, v: u64) {
         self.tag(field, WireType::Fixed64);
         self.fixed64(v);
     }
 
     /// A string or bytes field.
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn len_bytes_field(&mut self, field: u32, bytes: &[u8]) {
         self.tag(field, WireType::LengthDelimited);
         self.len_bytes(bytes);

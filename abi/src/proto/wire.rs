@@ -62,6 +62,28 @@ pub const fn varint_len(value: u64) -> usize {
     bits.div_ceil(7)
 }
 
+/// The minimal varint encoding of `value`, which must be below 2^28, as the
+/// low bytes of a word (little-endian), and how many bytes it takes
+/// (1..=4): an encoder stores it with one word store. Bits of `value` at
+/// 2^28 and above are dropped.
+#[inline(always)]
+pub const fn varint_word(value: u32) -> (u32, usize) {
+    // The 7-bit groups spread one per byte; then the continuation bits.
+    let spread = (value & 0x7F)
+        | (value << 1 & 0x7F00)
+        | (value << 2 & 0x7F_0000)
+        | (value << 3 & 0x7F00_0000);
+    if value < 1 << 7 {
+        (spread, 1)
+    } else if value < 1 << 14 {
+        (spread | 0x80, 2)
+    } else if value < 1 << 21 {
+        (spread | 0x8080, 3)
+    } else {
+        (spread | 0x80_8080, 4)
+    }
+}
+
 /// Writes the minimal varint encoding of `value` at the start of `out` and
 /// returns its length.
 #[inline]
@@ -113,6 +135,31 @@ pub const DROP_SENTINEL_BYTES: [u8; SIZE_FIELD_LEN] = redundant_varint4(MAX_MESS
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn varint_words_are_varints() {
+        for v in [
+            0u32,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            (1 << 21) - 1,
+            1 << 21,
+            (1 << 28) - 1,
+        ] {
+            let (word, n) = varint_word(v);
+            let mut want = [0u8; MAX_VARINT_LEN];
+            let len = put_varint(u64::from(v), &mut want);
+            assert_eq!(n, len, "{v}");
+            assert_eq!(&word.to_le_bytes()[..n], &want[..len], "{v}");
+            if n < 4 {
+                assert_eq!(word >> (8 * n), 0, "{v}: bytes past the varint");
+            }
+        }
+    }
 
     fn enc(v: u64) -> std::vec::Vec<u8> {
         let mut b = [0u8; MAX_VARINT_LEN];

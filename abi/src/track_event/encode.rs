@@ -177,10 +177,7 @@ impl<'a> Event<'a> {
 fn time_and_flags<T: Target>(c: &mut Cursor<T>, time: Time) {
     match time {
         Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
-        Time::Absolute { clock_id, ns } => {
-            c.uint(trace_packet::TIMESTAMP, ns);
-            c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
-        }
+        Time::Absolute { clock_id, ns } => absolute_time(c, clock_id, ns),
     }
     c.uint(
         trace_packet::SEQUENCE_FLAGS,
@@ -213,16 +210,7 @@ pub fn arg_value<T: Target>(c: &mut Cursor<T>, value: ArgValue<'_>) {
 /// Writes one event packet's fields (see the module docs).
 #[inline(never)]
 pub fn event<T: Target, const SHORT: bool>(c: &mut Cursor<T>, ev: &Event<'_>) {
-    let te = event_begin::<T, SHORT>(c, ev.time, ev.kind);
-    if let Some(uuid) = ev.track_uuid {
-        c.uint(track_event::TRACK_UUID, uuid);
-    }
-    for &cat in ev.categories {
-        category(c, cat);
-    }
-    if let Some(n) = ev.name {
-        name(c, n);
-    }
+    let te = event_head::<T, SHORT>(c, ev.time, ev.kind, ev.track_uuid, ev.categories, ev.name);
     for arg in ev.args {
         let a = c.begin_message::<SHORT>(track_event::DEBUG_ANNOTATIONS);
         str_field(
@@ -240,11 +228,51 @@ pub fn event<T: Target, const SHORT: bool>(c: &mut Cursor<T>, ev: &Event<'_>) {
     for &flow in ev.terminating_flows {
         c.fixed64_field(track_event::TERMINATING_FLOW_IDS, flow);
     }
-    if let Some(v) = ev.counter {
+    event_tail::<T, SHORT>(c, te, ev.counter, ev.interned);
+}
+
+/// The fields [`event`] writes before the debug annotations: time, flags,
+/// `type`, `track_uuid`, categories and name, leaving the `track_event`
+/// open; close it with [`event_tail`]. (An event without annotations and
+/// flows is these two calls.)
+#[cfg_attr(target_os = "none", inline(never))]
+#[cfg_attr(not(target_os = "none"), inline)]
+pub fn event_head<T: Target, const SHORT: bool>(
+    c: &mut Cursor<T>,
+    time: Time,
+    kind: Type,
+    track_uuid: Option<u64>,
+    categories: &[Str<'_>],
+    name: Option<Str<'_>>,
+) -> usize {
+    let te = event_begin::<T, SHORT>(c, time, kind);
+    if let Some(uuid) = track_uuid {
+        c.uint(track_event::TRACK_UUID, uuid);
+    }
+    for &cat in categories {
+        category(c, cat);
+    }
+    if let Some(n) = name {
+        self::name(c, n);
+    }
+    te
+}
+
+/// The fields [`event`] writes after the flows: the counter value, then
+/// closes the `track_event` opened at `te` and writes `interned_data`.
+#[cfg_attr(target_os = "none", inline(never))]
+#[cfg_attr(not(target_os = "none"), inline)]
+pub fn event_tail<T: Target, const SHORT: bool>(
+    c: &mut Cursor<T>,
+    te: usize,
+    counter: Option<CounterValue>,
+    interned: &[NewString<'_>],
+) {
+    if let Some(v) = counter {
         counter_value(c, v);
     }
     c.end_message::<SHORT>(te);
-    interned_data::<T, SHORT>(c, ev.interned);
+    interned_data::<T, SHORT>(c, interned);
 }
 
 /// Writes an event's fields up to and including its `type`, leaving its
@@ -309,9 +337,17 @@ pub fn interned_data<T: Target, const SHORT: bool>(c: &mut Cursor<T>, entries: &
 /// to `clock_id` now (the C++ SDK's convention).
 #[inline(never)]
 pub fn reset<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
+    absolute_time(c, clock_id, ns);
+    reset_tail(c, clock_id, ns, default_track);
+}
+
+/// Writes `timestamp = ns` and `timestamp_clock_id = clock_id`: a packet
+/// stamped on an absolute clock.
+#[cfg_attr(target_os = "none", inline(never))]
+#[cfg_attr(not(target_os = "none"), inline)]
+pub fn absolute_time<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64) {
     c.uint(trace_packet::TIMESTAMP, ns);
     c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
-    reset_tail(c, clock_id, ns, default_track);
 }
 
 /// [`reset`] after its time fields (a writer that marks a loss between
@@ -387,8 +423,7 @@ pub fn clock_snapshot<T: Target>(c: &mut Cursor<T>, clocks: &[ClockValue]) {
 /// may see one while clock 64 is invalid).
 #[inline(never)]
 pub fn descriptor<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, track: &AnyTrack) {
-    c.uint(trace_packet::TIMESTAMP, ns);
-    c.uint(trace_packet::TIMESTAMP_CLOCK_ID, u64::from(clock_id));
+    absolute_time(c, clock_id, ns);
     let d = c.begin_short_field(trace_packet::TRACK_DESCRIPTOR);
     track.encode(c);
     c.end_short(d);

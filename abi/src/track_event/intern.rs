@@ -5,18 +5,30 @@
 //! * A key is the address, length and kind of a `&'static str`: the bytes
 //!   behind an address never change, so equal keys mean equal strings.
 //!   Equal strings at different addresses get different ids, which is
-//!   legal.
+//!   legal. Strings longer than [`MAX_LEN`] bytes are not interned.
 //! * Interned ids count from 1 per kind (event names, categories,
 //!   annotation names each have their own id space, as in `InternedData`)
 //!   and restart at 1 after every [`InternTable::clear`].
-//! * An entry is live only if its generation is the table's: clearing is
-//!   one increment, no loop over the table (and so no `memset` in a
-//!   firmware image). When the 16-bit generation wraps, every entry is
-//!   retired one by one first.
+//! * An entry is live only if the generation in its key is the table's:
+//!   clearing is one increment, no loop over the table (and so no `memset`
+//!   in a firmware image). Generations are 7 bits (1..=127; 0 is never
+//!   live); when they wrap, every entry is retired one by one first.
+//! * An entry is 8 bytes on a 32-bit target (address, 16-bit key, 16-bit
+//!   id). A string has two home slots (two-choice hashing: it goes into
+//!   the first that is free); a lookup that finds it there, as nearly
+//!   every one does, is a multiply and one or two entry compares. Strings
+//!   that found both taken go into the first free slot after the second
+//!   home, where a lookup probes for them out of line.
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
 //!   here panics.
+
+/// Longest string interned, in bytes.
+pub const MAX_LEN: usize = 127;
+
+/// Generations of live entries: 1..=`GENERATIONS`.
+const GENERATIONS: u16 = 127;
 
 /// What an interned string names (its `InternedData` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,26 +69,24 @@ pub enum Interned {
 #[derive(Clone, Copy)]
 struct Entry {
     ptr: usize,
-    /// `len << 2 | kind`.
-    key: u32,
+    /// `generation << 9 | len << 2 | kind`.
+    key: u16,
     iid: u16,
-    generation: u16,
 }
 
 const EMPTY: Entry = Entry {
     ptr: 0,
     key: 0,
     iid: 0,
-    generation: 0,
 };
 
 /// An interning table of `N` entries (a power of two) for all three kinds.
 pub struct InternTable<const N: usize> {
     entries: [Entry; N],
-    /// Generation of live entries; starts at 1, so zeroed entries are dead.
-    generation: u16,
     /// Last id handed out, per kind.
     last_iid: [u16; 3],
+    /// Generation of live entries (1..=127).
+    generation: u16,
 }
 
 impl<const N: usize> Default for InternTable<N> {
@@ -99,73 +109,96 @@ impl<const N: usize> InternTable<N> {
         let _ = Self::BITS;
         Self {
             entries: [EMPTY; N],
-            generation: 1,
             last_iid: [0; 3],
+            generation: 1,
         }
     }
 
-    /// The key of `s`: its address, and its length (a `&'static str` that
-    /// is 2^30 bytes long or more is never interned: `None`) and kind.
+    /// The key of `s` on the current generation, and its two home slots;
+    /// `None` if `s` is too long to intern.
     #[inline(always)]
-    fn key(s: &str, kind: Kind) -> Option<(usize, u32)> {
+    fn key(&self, s: &str, kind: Kind) -> Option<(usize, u16, [usize; 2])> {
         let len = s.len();
-        if len >> 30 != 0 {
+        if len > MAX_LEN {
             return None;
         }
-        Some((s.as_ptr() as usize, (len as u32) << 2 | kind as u32))
+        let ptr = s.as_ptr() as usize;
+        let id = (len as u16) << 2 | kind as u16;
+        // Fibonacci hashing of address, length and kind (not the
+        // generation, so a string keeps its slots across clears): the top
+        // bits give the first home slot, the next ones the second.
+        let h = (ptr as u32 ^ u32::from(id)).wrapping_mul(0x9E37_79B9);
+        let homes = if Self::BITS == 0 {
+            [0, 0]
+        } else {
+            [
+                (h >> (32 - Self::BITS)) as usize,
+                (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize & (N - 1),
+            ]
+        };
+        Some((ptr, self.generation << 9 | id, homes))
     }
 
-    #[inline(always)]
-    fn home(ptr: usize, key: u32) -> usize {
-        if Self::BITS == 0 {
-            return 0;
-        }
-        let h = (ptr as u32 ^ key).wrapping_mul(0x9E37_79B9);
-        (h >> (32 - Self::BITS)) as usize
-    }
-
-    /// The id of `s` if it is interned on this sequence: one probe when it
-    /// sits in its home slot, as nearly every string does.
+    /// The id of `s` if it is interned on this sequence: one or two probes
+    /// when it sits in one of its two home slots, as nearly every string
+    /// does.
     #[inline(always)]
     pub fn lookup(&self, s: &'static str, kind: Kind) -> Option<u16> {
-        let (ptr, key) = Self::key(s, kind)?;
-        let home = Self::home(ptr, key);
-        let e = self.entries.get(home)?;
-        if e.generation == self.generation && e.ptr == ptr && e.key == key {
-            return Some(e.iid);
-        }
-        self.probe(ptr, key, home)
+        u16::try_from(self.lookup_word(s, kind)).ok()
     }
 
-    /// [`Self::lookup`] past the home slot.
+    /// [`Self::lookup`] as a word: the id, or `u32::MAX` if `s` is not
+    /// interned (a caller tests several ids with one compare).
+    #[inline(always)]
+    pub fn lookup_word(&self, s: &'static str, kind: Kind) -> u32 {
+        let Some((ptr, key, [first, second])) = self.key(s, kind) else {
+            return u32::MAX;
+        };
+        let hit = |home: usize| match self.entries.get(home) {
+            Some(e) if e.ptr == ptr && e.key == key => Some(u32::from(e.iid)),
+            _ => None,
+        };
+        if let Some(iid) = hit(first) {
+            return iid;
+        }
+        if let Some(iid) = hit(second) {
+            return iid;
+        }
+        self.probe(ptr, key, second).map_or(u32::MAX, u32::from)
+    }
+
+    /// [`Self::lookup`] past the home slots: the slots after the second,
+    /// up to the first dead one.
     #[inline(never)]
-    fn probe(&self, ptr: usize, key: u32, home: usize) -> Option<u16> {
+    fn probe(&self, ptr: usize, key: u16, home: usize) -> Option<u16> {
         let mut i = home;
         for _ in 0..N {
+            i = (i + 1) & (N - 1);
             let e = self.entries.get(i)?;
-            if e.generation != self.generation {
+            if e.key >> 9 != self.generation {
                 return None;
             }
             if e.ptr == ptr && e.key == key {
                 return Some(e.iid);
             }
-            i = (i + 1) & (N - 1);
         }
         None
     }
 
-    /// The id of `s`, interning it if it is new and there is room.
+    /// The id of `s`, interning it if it is new and there is room: in the
+    /// first of its home slots that is free, else in the first free slot
+    /// after the second.
     pub fn intern(&mut self, s: &'static str, kind: Kind) -> Interned {
-        let Some((ptr, key)) = Self::key(s, kind) else {
+        let Some((ptr, key, homes)) = self.key(s, kind) else {
             return Interned::Full;
         };
         let generation = self.generation;
-        let mut i = Self::home(ptr, key);
-        for _ in 0..N {
+        let mut i = homes[0];
+        for step in 0..N + 1 {
             let Some(e) = self.entries.get_mut(i) else {
                 return Interned::Full;
             };
-            if e.generation != generation {
+            if e.key >> 9 != generation {
                 let Some(slot) = self.last_iid.get_mut(kind as usize) else {
                     return Interned::Full;
                 };
@@ -173,18 +206,17 @@ impl<const N: usize> InternTable<N> {
                     return Interned::Full;
                 };
                 *slot = iid;
-                *e = Entry {
-                    ptr,
-                    key,
-                    iid,
-                    generation,
-                };
+                *e = Entry { ptr, key, iid };
                 return Interned::New(iid);
             }
             if e.ptr == ptr && e.key == key {
                 return Interned::Known(e.iid);
             }
-            i = (i + 1) & (N - 1);
+            i = if step == 0 {
+                homes[1]
+            } else {
+                (i + 1) & (N - 1)
+            };
         }
         Interned::Full
     }
@@ -192,8 +224,8 @@ impl<const N: usize> InternTable<N> {
     /// Forgets every string (the sequence's incremental state was cleared).
     pub fn clear(&mut self) {
         self.last_iid = [0; 3];
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
+        self.generation += 1;
+        if self.generation > GENERATIONS {
             self.retire_all();
         }
     }
@@ -202,7 +234,7 @@ impl<const N: usize> InternTable<N> {
     #[cold]
     fn retire_all(&mut self) {
         for e in self.entries.iter_mut() {
-            e.generation = 0;
+            e.key = 0;
         }
         self.generation = 1;
     }

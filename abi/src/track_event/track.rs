@@ -7,9 +7,11 @@
 //! name (so the same firmware keeps its tracks across resets), or one the
 //! program picks.
 
+use crate::proto::wire::{varint_len, WireType};
 use crate::proto::{Cursor, Target};
 use crate::trace::counter_descriptor::{self, Unit};
-use crate::trace::track_descriptor;
+use crate::trace::track_event::{self, Type};
+use crate::trace::{tag1, track_descriptor};
 
 /// The default track uuid of a track named `s`: FNV-1a (64-bit) of the
 /// name folded to 32 bits (5 bytes on the wire instead of 10), never 0.
@@ -88,23 +90,64 @@ pub struct CounterTrack {
     track: Track,
     unit: Unit,
     unit_name: &'static str,
+    /// The first fields of a sample's `track_event` on this track (`type`,
+    /// `track_uuid`), encoded at build time: the low `head_len` bytes.
+    head: u64,
+    /// 0 if they take more than 8 bytes (a uuid of 2^35 or more).
+    head_len: u8,
+}
+
+/// The first fields of a counter sample's `track_event` on track `uuid`:
+/// `type = TYPE_COUNTER`, `track_uuid = uuid`, as a word and its length (0
+/// if longer than 8 bytes).
+const fn sample_head(uuid: u64) -> (u64, u8) {
+    let len = varint_len(uuid);
+    if 3 + len > 8 {
+        return (0, 0);
+    }
+    let mut head = u64::from_le_bytes([
+        tag1(track_event::TYPE, WireType::Varint),
+        Type::Counter as u8,
+        tag1(track_event::TRACK_UUID, WireType::Varint),
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+    let mut i = 0;
+    let mut v = uuid;
+    while i < len {
+        let more = if i + 1 < len { 0x80 } else { 0 };
+        head |= ((v & 0x7F) | more) << (8 * (3 + i));
+        v >>= 7;
+        i += 1;
+    }
+    (head, (3 + len) as u8)
 }
 
 impl CounterTrack {
     /// A top-level counter track named `name`, with the uuid
     /// [`name_uuid`]`(name)` and no unit.
     pub const fn new(name: &'static str) -> Self {
+        let track = Track::new(name);
+        let (head, head_len) = sample_head(track.uuid);
         Self {
-            track: Track::new(name),
+            track,
             unit: Unit::Unspecified,
             unit_name: "",
+            head,
+            head_len,
         }
     }
 
     /// The same track with the uuid `uuid` (non-zero).
     pub const fn with_uuid(self, uuid: u64) -> Self {
+        let (head, head_len) = sample_head(uuid);
         Self {
             track: self.track.with_uuid(uuid),
+            head,
+            head_len,
             ..self
         }
     }
@@ -130,6 +173,14 @@ impl CounterTrack {
     /// Its uuid.
     pub const fn uuid(&self) -> u64 {
         self.track.uuid
+    }
+
+    /// The first fields of a sample's `track_event` on this track (`type =
+    /// TYPE_COUNTER`, `track_uuid`) as the low bytes of a word, and how many
+    /// there are; `None` if they take more than 8 bytes.
+    #[inline(always)]
+    pub fn sample_head(&self) -> Option<(u64, usize)> {
+        (self.head_len != 0).then_some((self.head, usize::from(self.head_len)))
     }
 
     /// Writes its `TrackDescriptor` fields.
@@ -165,6 +216,17 @@ impl AnyTrack {
         }
     }
 
+    /// What a [`TrackSet`] remembers it by: the address of its `static`
+    /// (one word, compared in one instruction; two statics with the same
+    /// uuid are described once each).
+    #[inline(always)]
+    pub fn key(&self) -> usize {
+        match self {
+            AnyTrack::Slices(t) => *t as *const Track as usize,
+            AnyTrack::Counter(t) => *t as *const CounterTrack as usize,
+        }
+    }
+
     /// Writes its `TrackDescriptor` fields.
     pub fn encode<T: Target>(&self, c: &mut Cursor<T>) {
         match self {
@@ -175,10 +237,11 @@ impl AnyTrack {
 }
 
 /// The tracks whose descriptor was emitted on a sequence since its last
-/// clear: up to `N` uuids, then nothing more is remembered (the descriptor
-/// of a track beyond that is written again before each use).
+/// clear, by [`AnyTrack::key`]: up to `N` of them, then nothing more is
+/// remembered (the descriptor of a track beyond that is written again
+/// before each use).
 pub struct TrackSet<const N: usize> {
-    uuids: [u64; N],
+    keys: [usize; N],
     len: usize,
 }
 
@@ -192,22 +255,22 @@ impl<const N: usize> TrackSet<N> {
     /// An empty set.
     pub const fn new() -> Self {
         Self {
-            uuids: [0; N],
+            keys: [0; N],
             len: 0,
         }
     }
 
-    /// Whether `uuid` is in the set.
+    /// Whether the track with `key` is in the set.
     #[inline(always)]
-    pub fn contains(&self, uuid: u64) -> bool {
-        self.uuids.iter().take(self.len).any(|&u| u == uuid)
+    pub fn contains(&self, key: usize) -> bool {
+        self.keys.iter().take(self.len).any(|&k| k == key)
     }
 
-    /// Adds `uuid`; `false` if the set is full.
-    pub fn insert(&mut self, uuid: u64) -> bool {
-        match self.uuids.get_mut(self.len) {
+    /// Adds the track with `key`; `false` if the set is full.
+    pub fn insert(&mut self, key: usize) -> bool {
+        match self.keys.get_mut(self.len) {
             Some(slot) => {
-                *slot = uuid;
+                *slot = key;
                 self.len += 1;
                 true
             }
@@ -250,12 +313,39 @@ mod tests {
     }
 
     #[test]
+    fn sample_heads_are_the_encoded_type_and_uuid() {
+        for uuid in [1, 127, 128, 0xFFFF_FFFF, (1 << 35) - 1] {
+            let t = CounterTrack::new("t").with_uuid(uuid);
+            let mut b = [0u8; 16 + TARGET_SLACK];
+            let mut c = Cursor::new(&mut b);
+            c.uint(track_event::TYPE, Type::Counter as u64);
+            c.uint(track_event::TRACK_UUID, uuid);
+            let n = c.finish().unwrap();
+            let (head, len) = t.sample_head().unwrap();
+            assert_eq!(&head.to_le_bytes()[..len], &b[..n], "{uuid:#x}");
+        }
+        assert_eq!(
+            CounterTrack::new("t").with_uuid(1 << 35).sample_head(),
+            None
+        );
+        assert!(CounterTrack::new("t").sample_head().is_some());
+    }
+
+    #[test]
     fn the_track_set_is_bounded() {
+        static A: Track = Track::new("a");
+        static B: Track = Track::new("b");
+        static C: CounterTrack = CounterTrack::new("c");
+        let [a, b, c] = [
+            AnyTrack::Slices(&A).key(),
+            AnyTrack::Slices(&B).key(),
+            AnyTrack::Counter(&C).key(),
+        ];
         let mut s = TrackSet::<2>::new();
-        assert!(s.insert(1) && s.insert(2));
-        assert!(!s.insert(3));
-        assert!(s.contains(2) && !s.contains(3));
+        assert!(s.insert(a) && s.insert(b));
+        assert!(!s.insert(c));
+        assert!(s.contains(b) && !s.contains(c));
         s.clear();
-        assert!(!s.contains(1));
+        assert!(!s.contains(a));
     }
 }

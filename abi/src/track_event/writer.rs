@@ -1,10 +1,26 @@
 //! [`TrackEventWriter`]: one sequence of track events, written in place.
+//!
+//! # Paths
+//!
+//! * Fast: [`TrackEventWriter::named`] (slice begin and end, instants)
+//!   and [`TrackEventWriter::sample`] (counters), one out-of-line function
+//!   each: the clock, one check of the sequence state, the interning
+//!   probes (or the track lookup), the packet's bytes stored straight into
+//!   the chunk by [`InPlaceWriter::write_fast`], one release store.
+//! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
+//!   fast path could not do (a reset, a string to intern, a descriptor, a
+//!   chunk to switch, time gone backwards), through the general encoders.
+//!   It writes the same bytes the fast path would.
+//! * General ([`TrackEventWriter::general`]): events built with an
+//!   [`EventBuilder`].
+//!
+//! Every packet of the cold paths goes through [`InPlaceWriter::write_dyn`],
+//! compiled once.
 
-use crate::proto::wire::WireType;
-use crate::proto::Cursor;
-use crate::smb::Window;
-use crate::trace::{sequence_flags, tag1, trace_packet, track_event};
-use crate::writer::{ChunkArbiter, DropReason, InPlaceWriter, PacketOutcome, WriterStats};
+use crate::proto::wire::{varint_word, WireType};
+use crate::proto::{Cursor, Target};
+use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
+use crate::writer::{packet, ChunkArbiter, DropReason, EncodePacket, InPlaceWriter, WriterStats};
 
 use super::clock::Clock;
 use super::encode::{
@@ -81,25 +97,22 @@ pub struct TrackEventStats {
 }
 
 /// Which of the slices open on the default track had their begin written,
-/// innermost last; deeper than 32 levels the answer is "written".
+/// innermost last; deeper than 32 levels the answer is "written". A bit is
+/// set for a level whose begin was *not* written, and cleared when the level
+/// is popped, so pushing a written begin (the common case) only counts.
 #[derive(Debug, Clone, Copy, Default)]
 struct SliceStack {
-    written: u32,
+    unwritten: u32,
     depth: u32,
 }
 
 impl SliceStack {
     #[inline(always)]
     fn push(&mut self, written: bool) {
-        if self.depth < 32 {
-            let bit = 1u32 << self.depth;
-            if written {
-                self.written |= bit;
-            } else {
-                self.written &= !bit;
-            }
+        if !written && self.depth < 32 {
+            self.unwritten |= 1 << self.depth;
         }
-        self.depth = self.depth.saturating_add(1);
+        self.depth = self.depth.wrapping_add(1);
     }
 
     /// Pops the innermost slice: whether its begin was written (so its end
@@ -110,7 +123,13 @@ impl SliceStack {
             return false;
         }
         self.depth -= 1;
-        self.depth >= 32 || self.written & (1u32 << self.depth) != 0
+        if self.depth >= 32 {
+            return true;
+        }
+        let bit = 1 << self.depth;
+        let written = self.unwritten & bit == 0;
+        self.unwritten &= !bit;
+        written
     }
 }
 
@@ -136,10 +155,10 @@ pub struct TrackEventWriter<
     tracks: TrackSet<T>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
-    needs_reset: bool,
     clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
+    needs_reset: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
@@ -155,19 +174,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             interned: InternTable::new(),
             tracks: TrackSet::new(),
             base: 0,
-            needs_reset: true,
             clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
+            needs_reset: true,
         }
     }
 
     /// Begins a slice named `name` in `category` on the default track.
     #[inline]
     pub fn slice_begin(&mut self, category: &'static str, name: &'static str) -> bool {
-        let ok = self.named(Type::SliceBegin, category, name);
-        self.slices.push(ok);
-        ok
+        self.named(Type::SliceBegin, category, name)
     }
 
     /// Ends the innermost slice open on the default track. An end whose
@@ -176,10 +193,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// slice.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
-        if !self.slices.pop() {
-            self.stats.ends_suppressed += 1;
-            return false;
-        }
         self.named(Type::SliceEnd, "", "")
     }
 
@@ -203,6 +216,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     /// An event with more than a name: start it here, add to it, and
     /// [`emit`](EventBuilder::emit) it.
+    #[inline(always)]
     pub fn event(
         &mut self,
         kind: Type,
@@ -215,12 +229,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             category,
             name,
             track: None,
-            args: [NO_ARG; MAX_ARGS],
-            n_args: 0,
-            flows: [0; MAX_FLOWS],
-            n_flows: 0,
-            terminating: [0; MAX_FLOWS],
-            n_terminating: 0,
+            args: heapless::Vec::new(),
+            flows: heapless::Vec::new(),
+            terminating: heapless::Vec::new(),
             counter: None,
             at: None,
         }
@@ -237,14 +248,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         }
         let clocks = [ClockValue::absolute(self.config.clock_id, now), other];
         let clock_id = self.config.clock_id;
-        self.put(|c| {
-            c.uint(crate::trace::trace_packet::TIMESTAMP, now);
-            c.uint(
-                crate::trace::trace_packet::TIMESTAMP_CLOCK_ID,
-                u64::from(clock_id),
-            );
+        self.put(packet(&mut |c| {
+            encode::absolute_time(c, clock_id, now);
             encode::clock_snapshot(c, &clocks);
-        })
+        }))
     }
 
     /// Starts the sequence again with its next event: interned strings and
@@ -273,127 +280,158 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         &mut self.out
     }
 
-    /// Slice begins and ends and instants on the default track: written
-    /// by [`Self::fast`] when the sequence is set up and both strings are
-    /// interned already.
+    /// Slice begins and ends and instants on the default track, with the
+    /// slice stack kept here (one call, not one per caller).
     #[inline(never)]
     fn named(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
+        if kind == Type::SliceEnd && !self.slices.pop() {
+            self.stats.ends_suppressed += 1;
+            return false;
+        }
+        let written = self.named_event(kind, category, name);
+        if kind == Type::SliceBegin {
+            self.slices.push(written);
+        }
+        written
+    }
+
+    /// [`Self::named`] past the slice stack: written right here when the
+    /// sequence is set up, both strings are interned already with ids
+    /// below 128 (as they nearly always are), the delta is below 2^28 ns
+    /// and the chunk has room; otherwise by [`Self::simple`].
+    #[inline(always)]
+    fn named_event(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
         if !self.out.arbiter().tracing_enabled() {
             self.stats.events_disabled += 1;
             return false;
         }
-        let now = self.clock.now_ns();
-        if self.can_delta(now) {
-            let ids = if kind == Type::SliceEnd {
-                Some((0, 0))
-            } else {
-                self.interned
-                    .lookup(category, Kind::Category)
-                    .zip(self.interned.lookup(name, Kind::EventName))
-            };
-            if let Some((cat, nm)) = ids {
-                let delta = now - self.base;
-                let outcome = self.out.write(
-                    #[inline(always)]
-                    move |c| named_event(c, delta, kind, cat, nm),
-                );
-                return self.written(outcome, now);
-            }
-        }
-        self.named_slow(kind, category, name, now)
-    }
-
-    /// [`Self::named`] when something is missing: a reset, a string to
-    /// intern, or time that went backwards.
-    #[inline(never)]
-    fn named_slow(
-        &mut self,
-        kind: Type,
-        category: &'static str,
-        name: &'static str,
-        now: u64,
-    ) -> bool {
-        if !self.ready(now) {
-            return false;
-        }
-        let time = self.time(now);
-        let mut new = NewStrings::<2>::new();
+        // The interning probes first (the strings are dead after them); ids
+        // not interned are u32::MAX, so one compare tests both for the fast
+        // path (a slice end has none).
         let (cat, nm) = if kind == Type::SliceEnd {
-            (None, None)
+            (0, 0)
         } else {
             (
-                Some(self.resolve(category, Kind::Category, &mut new)),
-                Some(self.resolve(name, Kind::EventName, &mut new)),
+                self.interned.lookup_word(category, Kind::Category),
+                self.interned.lookup_word(name, Kind::EventName),
             )
         };
-        self.write_split(now, time, new.as_slice(), &mut |c| {
-            let te = encode::event_begin::<_, true>(c, time, kind);
-            if let (Some(cat), Some(nm)) = (cat, nm) {
-                encode::category(c, cat);
-                encode::name(c, nm);
+        let now = self.clock.now_ns();
+        if (cat | nm) < 0x80 {
+            if let Some(delta) = self.delta(now) {
+                if self.out.write_fast(
+                    #[inline(always)]
+                    |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                ) {
+                    self.base = now;
+                    self.stats.events += 1;
+                    return true;
+                }
             }
-            c.end_short(te);
-        })
+        }
+        self.simple(now, Fast::Named(kind, category, name))
     }
 
-    /// Counter samples: written by [`Self::fast`] when the sequence is set
-    /// up and the track described.
+    /// Counter samples: written right here when the sequence is set up, the
+    /// track described, the value an integer within 32 bits or a double,
+    /// the delta below 2^28 ns and the chunk has room; otherwise by
+    /// [`Self::simple`].
     #[inline(never)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
         if !self.out.arbiter().tracing_enabled() {
             self.stats.events_disabled += 1;
             return false;
         }
+        let body = track
+            .sample_head()
+            .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
+            .and_then(|head| Body::sample(head, value));
         let now = self.clock.now_ns();
-        let uuid = track.uuid();
-        if self.can_delta(now) && self.tracks.contains(uuid) {
-            let delta = now - self.base;
-            let outcome = self.out.write(
+        if let (Some(body), Some(delta)) = (body, self.delta(now)) {
+            if self.out.write_fast(
                 #[inline(always)]
-                move |c| counter_event(c, delta, uuid, value),
-            );
-            return self.written(outcome, now);
+                |c| body.encode(c, delta),
+            ) {
+                self.base = now;
+                self.stats.events += 1;
+                return true;
+            }
         }
-        self.sample_slow(track, value, now)
+        self.simple(now, Fast::Sample(track, value))
     }
 
-    /// [`Self::sample`] when a reset or the track's descriptor is due, or
-    /// time went backwards.
+    /// The time of an event at `now` as a delta on clock 64, if the fast
+    /// paths can write it so: no reset due, no clear requested, time not
+    /// gone backwards, less than 2^28 ns (4-byte varint) since the previous
+    /// event.
+    #[inline(always)]
+    fn delta(&self, now: u64) -> Option<u32> {
+        if self.needs_reset || self.out.arbiter().clear_epoch() != self.clear_epoch {
+            return None;
+        }
+        // Time gone backwards wraps around to 2^64 - x: too large as well.
+        let delta = now.wrapping_sub(self.base);
+        (delta >> 28 == 0).then_some(delta as u32)
+    }
+
+    /// The slow path of [`Self::named`] and [`Self::sample`]: restarts the
+    /// sequence if due, describes the counter track, interns the names,
+    /// stamps the event as a delta (or its absolute time if time went
+    /// backwards) and writes it, with its new interned strings, through
+    /// [`Self::write_split`].
     #[inline(never)]
-    fn sample_slow(&mut self, track: &'static CounterTrack, value: CounterValue, now: u64) -> bool {
-        if !self.ready(now) || !self.described(AnyTrack::Counter(track), now) {
+    fn simple(&mut self, now: u64, ev: Fast) -> bool {
+        if !self.ready(now) {
             return false;
         }
+        let (kind, names, counter) = match ev {
+            Fast::Named(kind, category, name) => (
+                kind,
+                (kind != Type::SliceEnd).then_some((category, name)),
+                None,
+            ),
+            Fast::Sample(track, value) => (Type::Counter, None, Some((track, value))),
+        };
+        if let Some((track, _)) = counter {
+            if !self.described(AnyTrack::Counter(track), now) {
+                return false;
+            }
+        }
         let time = self.time(now);
-        let uuid = track.uuid();
-        self.write_split(now, time, &[], &mut |c| {
-            let te = encode::event_begin::<_, true>(c, time, Type::Counter);
-            c.uint(track_event::TRACK_UUID, uuid);
-            encode::counter_value(c, value);
-            c.end_short(te);
-        })
-    }
-
-    /// Whether an event at `now` can be written as a delta right away: no
-    /// reset due, time not gone backwards, no clear requested.
-    #[inline(always)]
-    fn can_delta(&self, now: u64) -> bool {
-        !self.needs_reset
-            && now >= self.base
-            && self.out.arbiter().clear_epoch() == self.clear_epoch
+        let mut new = NewStrings::<2>::new();
+        let names = names.map(|(category, name)| {
+            (
+                self.resolve(category, Kind::Category, &mut new),
+                self.resolve(name, Kind::EventName, &mut new),
+            )
+        });
+        let track_uuid = counter.map(|(track, _)| track.uuid());
+        let value = counter.map(|(_, value)| value);
+        self.write_split(
+            now,
+            time,
+            &new,
+            packet(&mut |c| {
+                let (categories, name) = match &names {
+                    Some((category, name)) => (core::slice::from_ref(category), Some(*name)),
+                    None => (&[][..], None),
+                };
+                let te = encode::event_head::<_, true>(c, time, kind, track_uuid, categories, name);
+                encode::event_tail::<_, true>(c, te, value, &[]);
+            }),
+        )
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
     /// absolute time if it lies before the previous event.
     #[inline(always)]
     fn time(&self, now: u64) -> Time {
-        if now >= self.base {
-            Time::Delta(now - self.base)
-        } else {
-            Time::Absolute {
+        match now.checked_sub(self.base) {
+            Some(delta) => Time::Delta(delta),
+            None => Time::Absolute {
                 clock_id: self.config.clock_id,
                 ns: now,
-            }
+            },
         }
     }
 
@@ -401,7 +439,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// it is the default track); `false` (counted) if that packet was lost.
     fn described(&mut self, track: AnyTrack, now: u64) -> bool {
         if track.uuid() == self.config.track.uuid()
-            || self.tracks.contains(track.uuid())
+            || self.tracks.contains(track.key())
             || self.describe(track, now)
         {
             return true;
@@ -420,59 +458,46 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         now: u64,
         time: Time,
         interned: &[NewString<'_>],
-        body: &mut dyn FnMut(&mut Cursor<Window<'_>>),
+        body: &mut dyn EncodePacket,
     ) -> bool {
-        let whole = write_dyn(&mut self.out, &mut |c| {
-            body(c);
-            encode::interned_data::<_, true>(c, interned);
-        });
-        let outcome = match whole {
-            Ok(true) => PacketOutcome::Written,
-            Err(reason) => PacketOutcome::Dropped(reason),
-            Ok(false) => {
-                for entry in interned {
-                    let one = [*entry];
-                    if !self.put(|c| {
-                        c.uint(
-                            trace_packet::SEQUENCE_FLAGS,
-                            u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
-                        );
-                        encode::interned_data::<_, true>(c, &one);
-                    }) {
-                        return self.lost();
+        let outcome = if interned.is_empty() {
+            self.out.write_dyn(body)
+        } else {
+            match self.out.write_dyn(packet(&mut |c| {
+                body.encode(c);
+                encode::interned_data::<_, true>(c, interned);
+            })) {
+                Ok(false) => {
+                    for entry in interned {
+                        let one = [*entry];
+                        if !self.put(packet(&mut |c| {
+                            c.uint(
+                                trace_packet::SEQUENCE_FLAGS,
+                                u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                            );
+                            encode::interned_data::<_, true>(c, &one);
+                        })) {
+                            return self.lost();
+                        }
                     }
+                    self.out.write_dyn(body)
                 }
-                match write_dyn(&mut self.out, body) {
-                    Ok(true) => PacketOutcome::Written,
-                    Err(reason) => PacketOutcome::Dropped(reason),
-                    Ok(false) => {
-                        self.out.count_dropped(DropReason::PacketTooLong);
-                        PacketOutcome::Dropped(DropReason::PacketTooLong)
-                    }
-                }
+                other => other,
             }
         };
-        match (outcome, time) {
-            (PacketOutcome::Dropped(_), _) => self.lost(),
-            (_, Time::Delta(_)) => self.written(outcome, now),
-            (_, Time::Absolute { .. }) => {
-                self.stats.events += 1;
-                true
-            }
-        }
-    }
-
-    /// Records what became of an event packet written at `now` as a delta.
-    #[inline(always)]
-    fn written(&mut self, outcome: PacketOutcome, now: u64) -> bool {
         match outcome {
-            PacketOutcome::Written | PacketOutcome::Incomplete(_) => {
-                self.base = now;
-                self.stats.events += 1;
-                true
+            Ok(true) => {}
+            Ok(false) => {
+                self.out.count_dropped(DropReason::PacketTooLong);
+                return self.lost();
             }
-            PacketOutcome::Dropped(_) => self.lost(),
+            Err(_) => return self.lost(),
         }
+        self.stats.events += 1;
+        if let Time::Delta(_) = time {
+            self.base = now;
+        }
+        true
     }
 
     #[cold]
@@ -483,8 +508,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// Writes one packet with `f`; a drop restarts the sequence.
-    fn put(&mut self, mut f: impl FnMut(&mut Cursor<Window<'_>>)) -> bool {
-        match write_dyn(&mut self.out, &mut f) {
+    fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
+        match self.out.write_dyn(f) {
             Ok(true) => true,
             Ok(false) => {
                 self.out.count_dropped(DropReason::PacketTooLong);
@@ -522,7 +547,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
-        if !self.put(|c| encode::reset(c, clock_id, now, track.uuid())) {
+        if self.out.first_packet_pending() && self.out.loss_pending() {
+            // Packets lost before the sequence's first one: a plain first
+            // packet, so that the reset after it carries the loss mark
+            // where a reader sees it (as the host producer does).
+            if !self.put(packet(&mut |c| encode::absolute_time(c, clock_id, now))) {
+                return false;
+            }
+        }
+        if !self.put(packet(&mut |c| {
+            encode::reset(c, clock_id, now, track.uuid())
+        })) {
             return false;
         }
         self.base = now;
@@ -535,11 +570,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
-        if !self.put(|c| encode::descriptor(c, clock_id, now, &track)) {
+        if !self.put(packet(&mut |c| {
+            encode::descriptor(c, clock_id, now, &track)
+        })) {
             return false;
         }
         // A full set only means the descriptor is written again next time.
-        let _ = self.tracks.insert(track.uuid());
+        let _ = self.tracks.insert(track.key());
         true
     }
 
@@ -567,30 +604,29 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         let name = spec
             .name
             .map(|n| self.resolve(n, Kind::EventName, &mut new));
-        let mut args = [Arg {
-            name: Str::Iid(0),
-            value: ArgValue::Bool(false),
-        }; MAX_ARGS];
-        for (slot, (n, v)) in args.iter_mut().zip(spec.args) {
-            *slot = Arg {
-                name: self.resolve(n, Kind::AnnotationName, &mut new),
-                value: *v,
-            };
+        let mut args = heapless::Vec::<Arg<'_>, MAX_ARGS>::new();
+        for (n, v) in spec.args {
+            let name = self.resolve(n, Kind::AnnotationName, &mut new);
+            // The builder holds at most MAX_ARGS.
+            let _ = args.push(Arg { name, value: *v });
         }
         let time = self.time(now);
         let ev = Event {
             track_uuid,
             categories: if category.is_some() { &categories } else { &[] },
             name,
-            args: args.get(..spec.args.len()).unwrap_or(&[]),
+            args: &args,
             flows: spec.flows,
             terminating_flows: spec.terminating,
             counter: spec.counter,
             ..Event::new(spec.kind, time)
         };
-        self.write_split(now, time, new.as_slice(), &mut |c| {
-            encode::event::<_, true>(c, &ev)
-        })
+        self.write_split(
+            now,
+            time,
+            &new,
+            packet(&mut |c| encode::event::<_, true>(c, &ev)),
+        )
     }
 
     /// The interned id of `s`, or `s` inline; a new id is added to `new`.
@@ -604,11 +640,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             match self.interned.intern(s, kind) {
                 Interned::Known(iid) => return Str::Iid(u64::from(iid)),
                 Interned::New(iid) => {
-                    if new.push(NewString {
+                    let entry = NewString {
                         kind,
                         iid: u64::from(iid),
                         name: s,
-                    }) {
+                    };
+                    if new.push(entry).is_ok() {
                         return Str::Iid(u64::from(iid));
                     }
                 }
@@ -624,53 +661,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 const MAX_INTERNED_LEN: usize = MAX_PACKET - PREFIX_ROOM - 12;
 
 /// The strings one event interns (category, name, annotation names): at
-/// most `M`.
-struct NewStrings<const M: usize> {
-    list: [NewString<'static>; M],
-    len: usize,
-}
-
-impl<const M: usize> NewStrings<M> {
-    #[inline(always)]
-    fn new() -> Self {
-        const NONE: NewString<'static> = NewString {
-            kind: Kind::EventName,
-            iid: 0,
-            name: "",
-        };
-        Self {
-            list: [NONE; M],
-            len: 0,
-        }
-    }
-
-    /// Adds an entry; `false` if full (the caller sized `M` for every
-    /// string one event resolves).
-    fn push(&mut self, entry: NewString<'static>) -> bool {
-        match self.list.get_mut(self.len) {
-            Some(slot) => {
-                *slot = entry;
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn as_slice(&self) -> &[NewString<'static>] {
-        self.list.get(..self.len).unwrap_or(&[])
-    }
-}
-
-/// [`InPlaceWriter::try_write`] for the cold paths, compiled once for all
-/// of them (the chunk handling around the encoding is not duplicated).
-#[inline(never)]
-fn write_dyn<'s, A: ChunkArbiter<'s>>(
-    out: &mut InPlaceWriter<'s, A>,
-    f: &mut dyn FnMut(&mut Cursor<Window<'_>>),
-) -> Result<bool, DropReason> {
-    out.try_write(f)
-}
+/// most `M` (a vector: nothing to initialize until used).
+type NewStrings<const M: usize> = heapless::Vec<NewString<'static>, M>;
 
 const TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
 const FLAGS: u8 = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
@@ -679,23 +671,23 @@ const TRACK_EVENT: u8 = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimite
 const TYPE: u8 = tag1(track_event::TYPE, WireType::Varint);
 const CATEGORY_IIDS: u8 = tag1(track_event::CATEGORY_IIDS, WireType::Varint);
 const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
-const TRACK_UUID: u8 = tag1(track_event::TRACK_UUID, WireType::Varint);
+const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint);
+const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
-/// What [`encode::event`] writes for a slice begin or instant with
-/// interned category and name (ids 0 for a slice end: neither is written)
-/// on the default track, `delta` after the previous event. The constant
-/// fields go in with word stores when the ids take one byte each, as they
-/// nearly always do: the path nearly every event takes.
+/// Writes what [`encode::event`] writes for a slice begin or instant with
+/// the interned category `cat` and name `name` (both below 128), or a slice
+/// end (`cat` and `name` unused), on the default track, `delta` (below
+/// 2^28) after the previous event: a few word stores.
 #[inline(always)]
-fn named_event(c: &mut Cursor<Window<'_>>, delta: u64, kind: Type, cat: u16, name: u16) {
-    c.byte(TIMESTAMP);
-    c.varint(delta);
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: Type, cat: u8, name: u8) {
+    let (time, n) = varint_word(delta);
+    c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
     if kind == Type::SliceEnd {
         c.word(
             u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 2, TYPE, kind as u8, 0, 0]),
             6,
         );
-    } else if cat < 0x80 && name < 0x80 {
+    } else {
         c.word(
             u64::from_le_bytes([
                 FLAGS,
@@ -705,42 +697,106 @@ fn named_event(c: &mut Cursor<Window<'_>>, delta: u64, kind: Type, cat: u16, nam
                 TYPE,
                 kind as u8,
                 CATEGORY_IIDS,
-                cat as u8,
+                cat,
             ]),
             8,
         );
-        c.byte2([NAME_IID, name as u8]);
-    } else {
-        c.byte2([FLAGS, NEEDS_STATE]);
-        c.byte(TRACK_EVENT);
-        let te = c.begin_short();
-        c.byte2([TYPE, kind as u8]);
-        c.byte(CATEGORY_IIDS);
-        c.varint32(u32::from(cat));
-        c.byte(NAME_IID);
-        c.varint32(u32::from(name));
-        c.end_short(te);
+        c.word(u64::from(NAME_IID) | u64::from(name) << 8, 2);
     }
 }
 
-/// What [`encode::event`] writes for a counter sample on the track `uuid`
-/// (described already), `delta` after the previous event.
-#[inline(always)]
-fn counter_event(c: &mut Cursor<Window<'_>>, delta: u64, uuid: u64, value: CounterValue) {
-    c.byte(TIMESTAMP);
-    c.varint(delta);
-    c.word(
-        u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0, 0, 0, 0, 0]),
-        3,
-    );
-    let te = c.begin_short();
-    c.word(
-        u64::from_le_bytes([TYPE, Type::Counter as u8, TRACK_UUID, 0, 0, 0, 0, 0]),
-        3,
-    );
-    c.varint(uuid);
-    encode::counter_value(c, value);
-    c.end_short(te);
+/// An event of the fast paths, for [`TrackEventWriter::simple`].
+#[derive(Clone, Copy)]
+enum Fast {
+    /// A slice begin or end or an instant on the default track (no names
+    /// for an end).
+    Named(Type, &'static str, &'static str),
+    /// A counter sample.
+    Sample(&'static CounterTrack, CounterValue),
+}
+
+/// The fields the counter fast path writes after a sample's timestamp: the
+/// low `lens[i]` bytes of `words[i]`, in order. They are what
+/// [`encode::event`] writes for the same sample (see the tests).
+#[derive(Clone, Copy)]
+struct Body {
+    words: [u64; 4],
+    lens: [usize; 4],
+}
+
+impl Body {
+    /// A counter sample of `value` on the track whose sample head
+    /// ([`CounterTrack::sample_head`]) is `head`: integers in `i32` range
+    /// (a negative one is always 10 varint bytes, 4 of them from its low
+    /// bits) and doubles; `None` for other integers.
+    #[inline(always)]
+    fn sample(head: (u64, usize), value: CounterValue) -> Option<Self> {
+        let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
+        let (value, value_lens) = match value {
+            CounterValue::Int(v) if (0..1 << 28).contains(&v) => {
+                let (word, n) = varint_word(v as u32);
+                ([int | u64::from(word) << 16, 0], [2 + n, 0])
+            }
+            CounterValue::Int(v) if (-(1 << 31)..0).contains(&v) => {
+                // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
+                // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
+                let (low, _) = varint_word(v as u32);
+                let byte4 = 0xF0 | u64::from(v as u32 >> 28);
+                (
+                    [
+                        int | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
+                        0x01FF_FFFF,
+                    ],
+                    [8, 4],
+                )
+            }
+            CounterValue::Double(v) => {
+                let bits = v.to_bits();
+                let double = u64::from_le_bytes([
+                    DOUBLE_COUNTER_VALUE[0],
+                    DOUBLE_COUNTER_VALUE[1],
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
+                ([double | bits << 16, bits >> 48], [8, 2])
+            }
+            CounterValue::Int(_) => return None,
+        };
+        let size = head.1 + value_lens[0] + value_lens[1];
+        Some(Body {
+            words: [
+                u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, size as u8, 0, 0, 0, 0]),
+                head.0,
+                value[0],
+                value[1],
+            ],
+            lens: [4, head.1, value_lens[0], value_lens[1]],
+        })
+    }
+
+    /// Writes the event: its timestamp `delta` (below 2^28) after the
+    /// previous event, then the body.
+    #[inline(always)]
+    fn encode<T: Target>(&self, c: &mut Cursor<T>, delta: u32) {
+        let (time, n) = varint_word(delta);
+        c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
+        let [w0, w1, w2, w3] = self.words;
+        let [n0, n1, n2, n3] = self.lens;
+        c.word(w0, n0);
+        if n1 != 0 {
+            c.word(w1, n1);
+        }
+        if n2 != 0 {
+            c.word(w2, n2);
+        }
+        if n3 != 0 {
+            c.word(w3, n3);
+        }
+    }
 }
 
 /// Everything about an event but its time, before interning.
@@ -755,8 +811,6 @@ struct Spec<'a> {
     counter: Option<CounterValue>,
 }
 
-const NO_ARG: (&str, ArgValue<'static>) = ("", ArgValue::Bool(false));
-
 /// An event being put together; see [`TrackEventWriter::event`].
 #[must_use = "an event is written only by `emit`"]
 pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize> {
@@ -765,12 +819,10 @@ pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, c
     category: &'static str,
     name: &'static str,
     track: Option<AnyTrack>,
-    args: [(&'static str, ArgValue<'w>); MAX_ARGS],
-    n_args: usize,
-    flows: [u64; MAX_FLOWS],
-    n_flows: usize,
-    terminating: [u64; MAX_FLOWS],
-    n_terminating: usize,
+    // Vecs: nothing to initialize (and so no template copied) until used.
+    args: heapless::Vec<(&'static str, ArgValue<'w>), MAX_ARGS>,
+    flows: heapless::Vec<u64, MAX_FLOWS>,
+    terminating: heapless::Vec<u64, MAX_FLOWS>,
     counter: Option<CounterValue>,
     at: Option<u64>,
 }
@@ -779,6 +831,7 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     EventBuilder<'w, 's, A, C, N, T>
 {
     /// Puts the event on `track` instead of the default track.
+    #[inline(always)]
     pub fn on(mut self, track: &'static Track) -> Self {
         self.track = Some(AnyTrack::Slices(track));
         self
@@ -786,37 +839,28 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     /// Adds a debug annotation (at most [`MAX_ARGS`]; more are counted in
     /// [`TrackEventStats::fields_dropped`]).
+    #[inline(always)]
     pub fn arg(mut self, name: &'static str, value: impl Into<ArgValue<'w>>) -> Self {
-        match self.args.get_mut(self.n_args) {
-            Some(slot) => {
-                *slot = (name, value.into());
-                self.n_args += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.args.push((name, value.into())).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
 
     /// Adds a flow id: the event is a step of flow `id`.
+    #[inline(always)]
     pub fn flow(mut self, id: u64) -> Self {
-        match self.flows.get_mut(self.n_flows) {
-            Some(slot) => {
-                *slot = id;
-                self.n_flows += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.flows.push(id).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
 
     /// Adds a terminating flow id: the event ends flow `id`.
+    #[inline(always)]
     pub fn terminating_flow(mut self, id: u64) -> Self {
-        match self.terminating.get_mut(self.n_terminating) {
-            Some(slot) => {
-                *slot = id;
-                self.n_terminating += 1;
-            }
-            None => self.w.stats.fields_dropped += 1,
+        if self.terminating.push(id).is_err() {
+            self.w.stats.fields_dropped += 1;
         }
         self
     }
@@ -824,6 +868,7 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Makes the event a sample of `value` on the counter track `track`
     /// (for a counter with annotations or flows; plain samples are cheaper
     /// with [`TrackEventWriter::counter`]).
+    #[inline(always)]
     pub fn counter(mut self, track: &'static CounterTrack, value: CounterValue) -> Self {
         self.kind = Type::Counter;
         self.track = Some(AnyTrack::Counter(track));
@@ -832,45 +877,138 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// Stamps the event `ns` (on the writer's clock) instead of now.
+    #[inline(always)]
     pub fn at(mut self, ns: u64) -> Self {
         self.at = Some(ns);
         self
     }
 
     /// Writes the event; whether it was written.
+    #[inline(always)]
     pub fn emit(self) -> bool {
         let w = self.w;
-        if !w.out.arbiter().tracing_enabled() {
-            w.stats.events_disabled += 1;
-            if self.kind == Type::SliceBegin && self.track.is_none() {
-                w.slices.push(false);
-            }
-            return false;
-        }
         let on_default = self.track.is_none();
         if on_default && self.kind == Type::SliceEnd && !w.slices.pop() {
             w.stats.ends_suppressed += 1;
             return false;
         }
-        let now = match self.at {
-            Some(ns) => ns,
-            None => w.clock.now_ns(),
+        let written = if w.out.arbiter().tracing_enabled() {
+            let now = match self.at {
+                Some(ns) => ns,
+                None => w.clock.now_ns(),
+            };
+            let named = !matches!(self.kind, Type::SliceEnd | Type::Counter);
+            let spec = Spec {
+                kind: self.kind,
+                category: named.then_some(self.category),
+                name: named.then_some(self.name),
+                track: self.track,
+                args: &self.args,
+                flows: &self.flows,
+                terminating: &self.terminating,
+                counter: self.counter,
+            };
+            w.general(now, &spec)
+        } else {
+            w.stats.events_disabled += 1;
+            false
         };
-        let named = !matches!(self.kind, Type::SliceEnd | Type::Counter);
-        let spec = Spec {
-            kind: self.kind,
-            category: named.then_some(self.category),
-            name: named.then_some(self.name),
-            track: self.track,
-            args: self.args.get(..self.n_args).unwrap_or(&[]),
-            flows: self.flows.get(..self.n_flows).unwrap_or(&[]),
-            terminating: self.terminating.get(..self.n_terminating).unwrap_or(&[]),
-            counter: self.counter,
-        };
-        let ok = w.general(now, &spec);
         if on_default && self.kind == Type::SliceBegin {
-            w.slices.push(ok);
+            w.slices.push(written);
         }
-        ok
+        written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::TARGET_SLACK;
+    use std::vec::Vec;
+
+    fn bytes(f: impl FnOnce(&mut Cursor<&mut [u8; 128 + TARGET_SLACK]>)) -> Vec<u8> {
+        let mut b = [0u8; 128 + TARGET_SLACK];
+        let mut c = Cursor::new(&mut b);
+        f(&mut c);
+        let n = c.finish().unwrap();
+        b[..n].to_vec()
+    }
+
+    const DELTAS: [u32; 7] = [0, 1, 127, 128, 16_384, 1 << 21, (1 << 28) - 1];
+
+    #[test]
+    fn the_fast_named_events_are_the_general_encoding() {
+        for delta in DELTAS {
+            for kind in [Type::SliceBegin, Type::SliceEnd, Type::Instant] {
+                for (cat, name) in [(1u8, 2u8), (0x7F, 0x7F)] {
+                    let (cats, nm) = if kind == Type::SliceEnd {
+                        (&[][..], None)
+                    } else {
+                        (
+                            &[Str::Iid(u64::from(cat))][..],
+                            Some(Str::Iid(u64::from(name))),
+                        )
+                    };
+                    let want = bytes(|c| {
+                        let ev = Event {
+                            categories: cats,
+                            name: nm,
+                            ..Event::new(kind, Time::Delta(u64::from(delta)))
+                        };
+                        encode::event::<_, true>(c, &ev)
+                    });
+                    let got = bytes(|c| named_event(c, delta, kind, cat, name));
+                    assert_eq!(got, want, "{kind:?} after {delta} ns");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_counter_samples_are_the_general_encoding() {
+        static TRACKS: [CounterTrack; 3] = [
+            CounterTrack::new("c"),
+            CounterTrack::new("c").with_uuid(5),
+            CounterTrack::new("c").with_uuid((1 << 35) - 1),
+        ];
+        let values = [
+            CounterValue::Int(0),
+            CounterValue::Int(1),
+            CounterValue::Int(300),
+            CounterValue::Int((1 << 28) - 1),
+            CounterValue::Int(-1),
+            CounterValue::Int(-300),
+            CounterValue::Int(-(1 << 28)),
+            CounterValue::Int(i64::from(i32::MIN)),
+            CounterValue::Double(0.0),
+            CounterValue::Double(-21.5),
+            CounterValue::Double(f64::MAX),
+        ];
+        for track in &TRACKS {
+            for delta in DELTAS {
+                for value in values {
+                    let want = bytes(|c| {
+                        let ev = Event {
+                            track_uuid: Some(track.uuid()),
+                            counter: Some(value),
+                            ..Event::new(Type::Counter, Time::Delta(u64::from(delta)))
+                        };
+                        encode::event::<_, true>(c, &ev)
+                    });
+                    let body = Body::sample(track.sample_head().unwrap(), value).unwrap();
+                    let got = bytes(|c| body.encode(c, delta));
+                    assert_eq!(
+                        got,
+                        want,
+                        "{value:?} on {:#x} after {delta} ns",
+                        track.uuid()
+                    );
+                }
+            }
+        }
+        let head = TRACKS[0].sample_head().unwrap();
+        for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
+            assert!(Body::sample(head, CounterValue::Int(v)).is_none(), "{v}");
+        }
     }
 }

@@ -12,23 +12,81 @@
 //! # Rules
 //!
 //! * A packet goes into the current chunk if a window of at least
-//!   [`MIN_WINDOW_LEN`](crate::smb::MIN_WINDOW_LEN) bytes is left there and
-//!   the packet fits the window; otherwise the chunk is committed and the
-//!   packet is encoded again at the start of a new one. The tail of the
-//!   old chunk stays unused.
+//!   [`MIN_WINDOW_LEN`] bytes is left there and the packet fits the window;
+//!   otherwise the chunk is committed and the packet is encoded again at
+//!   the start of a new one. The tail of the old chunk stays unused.
 //! * A packet longer than 127 bytes is dropped whole
 //!   ([`DropReason::PacketTooLong`]); so is every packet while the arbiter
 //!   has no chunk to give ([`DropReason::SmbFull`]). Each drop is counted in
 //!   [`WriterStats`] and marked on the next packet written
-//!   (`previous_packet_dropped`).
+//!   (`previous_packet_dropped`), unless that is the sequence's first
+//!   (`first_packet_on_sequence`): a reader cannot tell a mark there from
+//!   the one a trace buffer puts on the first packet it reads of every
+//!   sequence, so the mark waits for the packet after it.
+//!
+//! # Invariants
+//!
+//! * While a chunk is held, `count` is its published fragment count,
+//!   `cursor` the payload offset after its last fragment, and the chunk's
+//!   flags are empty (nothing ever continues across chunks). `inflated`
+//!   says that `count` already includes the next packet's fragment (for a
+//!   scraper, the last fragment of a chunk being written is unfinished);
+//!   a byte is then free at `cursor` to pad it with an empty fragment
+//!   before the chunk is committed.
+//! * `fast` holds exactly when a chunk is held, the count is inflated, and
+//!   nothing must be put in front of the next packet (no loss to mark, not
+//!   the sequence's first packet): the common case, [`InPlaceWriter::write_fast`],
+//!   then only needs a count below the limit and a whole window at
+//!   `cursor`.
+//! * Packets written = the packets of the chunks returned so far plus those
+//!   in the chunk held (its count, less the inflated slot): the fast path
+//!   counts nothing but the chunk's count.
 
+use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::Cursor;
-use crate::smb::Window;
+use crate::smb::{Window, WritableChunk, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
+use crate::trace::trace_packet;
 
 use super::arbiter::{BufferId, ChunkArbiter};
-use super::stream::{ChunkStream, InPlaceError};
+use super::stream::MAX_FRAGMENTS_PER_CHUNK;
 use super::{DropReason, PacketOutcome, WriterError, WriterStats};
-use crate::layout::MAX_WRITER_ID;
+
+/// The counters of an [`InPlaceWriter`], 32 bits wide (a firmware writes
+/// fewer than 2^32 packets between two reads of them); reported as
+/// [`WriterStats`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    /// Packets in the chunks returned to the arbiter (those in the chunk
+    /// held are its count: the fast path counts nothing).
+    packets_returned: u32,
+    dropped_smb_full: u32,
+    dropped_patch_storage: u32,
+    dropped_too_long: u32,
+    chunks_committed: u32,
+}
+
+/// Encodes a packet's fields in place: what [`InPlaceWriter::write_dyn`]
+/// takes as a trait object. Every `FnMut(&mut Cursor<Window>)` is one
+/// ([`packet`] turns a closure into one); a trait of its own rather than
+/// `dyn FnMut`, whose every vtable carries a `call_once` shim nobody calls.
+pub trait EncodePacket {
+    /// Writes the fields through `c`.
+    fn encode(&mut self, c: &mut Cursor<Window<'_>>);
+}
+
+impl<F: FnMut(&mut Cursor<Window<'_>>)> EncodePacket for F {
+    #[inline(always)]
+    fn encode(&mut self, c: &mut Cursor<Window<'_>>) {
+        self(c)
+    }
+}
+
+/// `f` as a `&mut dyn EncodePacket` (the closure's argument type is
+/// inferred from this signature).
+#[inline(always)]
+pub fn packet<F: FnMut(&mut Cursor<Window<'_>>)>(f: &mut F) -> &mut dyn EncodePacket {
+    f
+}
 
 /// Writes the small packets of one sequence (one writer id) into chunks
 /// from an arbiter `A`. See the module docs.
@@ -63,7 +121,21 @@ use crate::layout::MAX_WRITER_ID;
 /// assert_eq!(w.arbiter().1, [0]); // chunk 0 committed
 /// ```
 pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
-    stream: ChunkStream<'s, A, 0>,
+    arbiter: A,
+    chunk: Option<WritableChunk<'s>>,
+    /// 16 bits: a chunk's payload is below 64 KiB (and the window check
+    /// `cursor + WINDOW_LEN + WINDOW_SLACK` cannot overflow).
+    cursor: u16,
+    next_chunk_id: u32,
+    /// `previous_packet_dropped` bits the next packet carries (0: none).
+    pending_loss: u32,
+    stats: Counters,
+    count: u16,
+    writer_id: u16,
+    target_buffer: BufferId,
+    inflated: bool,
+    first_packet: bool,
+    fast: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
@@ -74,7 +146,18 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             return Err(WriterError::InvalidWriterId(writer_id));
         }
         Ok(Self {
-            stream: ChunkStream::new(arbiter, writer_id, target_buffer),
+            arbiter,
+            chunk: None,
+            cursor: 0,
+            next_chunk_id: 0,
+            pending_loss: 0,
+            stats: Counters::default(),
+            count: 0,
+            writer_id,
+            target_buffer,
+            inflated: false,
+            first_packet: true,
+            fast: false,
         })
     }
 
@@ -94,38 +177,186 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// so the caller can split it. `Err` if the packet was dropped for
     /// want of a chunk.
     ///
-    /// The common case (a chunk with room for a whole window, nothing to
-    /// put in front of the packet) is inlined into the caller with its
-    /// encoder; everything else runs in one out-of-line function shared by
-    /// every caller.
+    /// The common case ([`InPlaceWriter::write_fast`]) is inlined into the
+    /// caller with its encoder; everything else runs in one out-of-line
+    /// function shared by every caller ([`InPlaceWriter::write_dyn`]).
     #[inline(always)]
     pub fn try_write(
         &mut self,
         mut encode: impl FnMut(&mut Cursor<Window<'_>>),
     ) -> Result<bool, DropReason> {
-        let fast = self.stream.write_small_packet_in_place(
-            #[inline(always)]
-            |c| {
-                encode(c);
-                true
-            },
-        );
-        if fast {
+        if self.write_fast(&mut encode) {
             Ok(true)
         } else {
-            self.try_write_slow(&mut encode)
+            self.write_dyn(&mut encode)
         }
     }
 
+    /// The common case of [`InPlaceWriter::try_write`]: a packet written
+    /// behind a 1-byte size into the current chunk, which has a whole
+    /// window ([`WINDOW_LEN`] bytes) of room, with nothing to put in front
+    /// of it; one release store of the count publishes it. `false`, with
+    /// nothing committed, in every other case (or when `encode` writes more
+    /// than 127 bytes): then write the packet with
+    /// [`InPlaceWriter::write_dyn`].
+    #[inline(always)]
+    pub fn write_fast(&mut self, encode: impl FnOnce(&mut Cursor<Window<'_>>)) -> bool {
+        let count = self.count;
+        if !self.fast || count > MAX_FRAGMENTS_PER_CHUNK {
+            return false;
+        }
+        let at = usize::from(self.cursor);
+        let Some(chunk) = self.chunk.as_mut() else {
+            return false;
+        };
+        let Some(window) = chunk.window(at) else {
+            return false;
+        };
+        let mut c = Cursor::new_at(window, 1);
+        encode(&mut c);
+        let Some(end) = c.finish() else {
+            return false;
+        };
+        c.put_at(0, (end - 1) as u8);
+        // The packet took the inflated slot; the count grows by one more
+        // for the next packet (a window always leaves a byte free).
+        let next = count + 1;
+        chunk.set_packets(Packets::from_bits(next));
+        self.count = next;
+        self.cursor = (at + end) as u16;
+        true
+    }
+
+    /// [`InPlaceWriter::try_write`] out of line, for every case: takes a new
+    /// chunk when the current one lacks room (a chunk's tail shorter than
+    /// the packet is left unused), puts `previous_packet_dropped` and
+    /// `first_packet_on_sequence` first when due, and runs `encode` again,
+    /// from scratch, in a new chunk when the first window was too short.
+    /// Compiled once for all callers.
     #[inline(never)]
-    fn try_write_slow(
-        &mut self,
-        encode: &mut dyn FnMut(&mut Cursor<Window<'_>>),
-    ) -> Result<bool, DropReason> {
-        match self.stream.put_in_place(encode) {
-            Ok(()) => Ok(true),
-            Err(InPlaceError::Dropped(reason)) => Err(reason),
-            Err(InPlaceError::TooLong) => Ok(false),
+    pub fn write_dyn(&mut self, encode: &mut dyn EncodePacket) -> Result<bool, DropReason> {
+        let mut took = false;
+        loop {
+            if !self.has_room() {
+                if took {
+                    // A new chunk without room for a window.
+                    return Ok(false);
+                }
+                self.take_new_chunk()?;
+                took = true;
+                continue;
+            }
+            let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
+            let (loss, first) = (self.pending_loss, self.first_packet);
+            let Some(chunk) = self.chunk.as_mut() else {
+                return Ok(false);
+            };
+            let Some(window) = chunk.window_at_most(at) else {
+                return Ok(false);
+            };
+            let full_window = window.len() == WINDOW_LEN;
+            let mut c = Cursor::new_at(window, 1);
+            // The sequence's first packet is marked as such, and a loss
+            // before it waits for the packet after it: a reader cannot tell
+            // a loss mark on a sequence's first packet from the one a trace
+            // buffer puts on the first packet it reads of every sequence.
+            if first {
+                c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
+            } else if loss != 0 {
+                c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
+            }
+            encode.encode(&mut c);
+            if let Some(end) = c.finish() {
+                c.put_at(0, (end - 1) as u8);
+                // The packet's fragment, then the inflated one for the next.
+                let next = count + u16::from(!inflated) + 1;
+                chunk.set_packets(Packets::from_bits(next));
+                self.count = next;
+                self.cursor = (at + end) as u16;
+                self.inflated = true;
+                if !first {
+                    self.pending_loss = 0;
+                }
+                self.first_packet = false;
+                self.fast = self.pending_loss == 0;
+                return Ok(true);
+            }
+            if full_window || took {
+                return Ok(false);
+            }
+            self.take_new_chunk()?;
+            took = true;
+        }
+    }
+
+    /// Whether the held chunk takes another packet: a window of at least
+    /// [`MIN_WINDOW_LEN`] bytes is left and the count has room.
+    fn has_room(&self) -> bool {
+        let Some(chunk) = &self.chunk else {
+            return false;
+        };
+        let count = self.count + u16::from(!self.inflated);
+        count <= MAX_FRAGMENTS_PER_CHUNK
+            && chunk.capacity().saturating_sub(usize::from(self.cursor))
+                >= MIN_WINDOW_LEN + WINDOW_SLACK
+    }
+
+    /// Returns the current chunk, if any, and takes a new one with a count
+    /// of 0 (the next packet is its first). A failure drops the packet
+    /// (counted, marked on the next one).
+    fn take_new_chunk(&mut self) -> Result<(), DropReason> {
+        self.return_chunk();
+        if self.acquire() {
+            Ok(())
+        } else {
+            self.count_dropped(DropReason::SmbFull);
+            Err(DropReason::SmbFull)
+        }
+    }
+
+    /// Asks the arbiter for a chunk (count 0); `true` if one is held now.
+    fn acquire(&mut self) -> bool {
+        let header = ChunkHeaderRepr {
+            chunk_id: self.next_chunk_id,
+            writer_id: self.writer_id,
+            packets: Packets::EMPTY,
+        };
+        let Some(chunk) = self.arbiter.acquire_chunk(header) else {
+            return false;
+        };
+        self.chunk = Some(chunk);
+        self.next_chunk_id = self.next_chunk_id.wrapping_add(1);
+        self.cursor = 0;
+        self.count = 0;
+        self.inflated = false;
+        self.fast = false;
+        true
+    }
+
+    /// Hands the current chunk, if any, to the arbiter, padding an inflated
+    /// count with an empty fragment first.
+    fn return_chunk(&mut self) {
+        self.fast = false;
+        let Some(mut chunk) = self.chunk.take() else {
+            return;
+        };
+        self.stats.packets_returned += self.packets_in_chunk();
+        if self.inflated {
+            // In bounds: an inflated count leaves a byte free (invariants).
+            let _ = chunk.write_u8(usize::from(self.cursor), 0);
+            self.cursor += 1;
+            self.inflated = false;
+        }
+        chunk.set_used(usize::from(self.cursor));
+        self.arbiter.commit_chunk(chunk, self.target_buffer);
+        self.stats.chunks_committed += 1;
+    }
+
+    /// Packets written into the chunk held (0 if none).
+    fn packets_in_chunk(&self) -> u32 {
+        match self.chunk {
+            Some(_) => u32::from(self.count) - u32::from(self.inflated),
+            None => 0,
         }
     }
 
@@ -139,14 +370,21 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// [`InPlaceWriter::try_write`]) as dropped, and marks the loss on the
     /// next packet written.
     pub fn count_dropped(&mut self, reason: DropReason) {
-        self.stream.drop_unwritten(reason);
+        self.pending_loss |= reason.loss_bits();
+        self.fast = false;
+        match reason {
+            DropReason::SmbFull => self.stats.dropped_smb_full += 1,
+            DropReason::PatchStorageFull => self.stats.dropped_patch_storage += 1,
+            DropReason::PacketTooLong => self.stats.dropped_too_long += 1,
+        }
     }
 
     /// Returns the current chunk to the arbiter (even if almost empty) and
     /// asks it to deliver everything now. The next packet starts in a new
     /// chunk.
     pub fn flush(&mut self) {
-        self.stream.flush();
+        self.return_chunk();
+        self.arbiter.flush();
     }
 
     /// Whether a packet written now would find a chunk; `false` (one packet
@@ -155,27 +393,51 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// [`TraceWriter::ensure_chunk`](super::TraceWriter::ensure_chunk).
     #[inline]
     pub fn ensure_chunk(&mut self) -> bool {
-        self.stream.ensure_chunk()
+        if self.chunk.is_some() || self.acquire() {
+            return true;
+        }
+        self.count_dropped(DropReason::SmbFull);
+        false
+    }
+
+    /// Whether the next packet written is the sequence's first (it will
+    /// carry `first_packet_on_sequence`).
+    pub fn first_packet_pending(&self) -> bool {
+        self.first_packet
+    }
+
+    /// Whether packets were dropped since the last one written (the next
+    /// packet but a sequence's first will carry `previous_packet_dropped`).
+    pub fn loss_pending(&self) -> bool {
+        self.pending_loss != 0
     }
 
     /// The writer id.
     pub fn writer_id(&self) -> u16 {
-        self.stream.writer_id()
+        self.writer_id
     }
 
     /// The writer's counters.
     pub fn stats(&self) -> WriterStats {
-        *self.stream.stats()
+        let s = self.stats;
+        WriterStats {
+            packets_written: u64::from(s.packets_returned + self.packets_in_chunk()),
+            packets_dropped_smb_full: u64::from(s.dropped_smb_full),
+            packets_dropped_patch_storage: u64::from(s.dropped_patch_storage),
+            packets_dropped_too_long: u64::from(s.dropped_too_long),
+            chunks_committed: u64::from(s.chunks_committed),
+            ..WriterStats::default()
+        }
     }
 
     /// The arbiter.
     pub fn arbiter(&self) -> &A {
-        self.stream.arbiter()
+        &self.arbiter
     }
 
     /// The arbiter, mutably.
     pub fn arbiter_mut(&mut self) -> &mut A {
-        self.stream.arbiter_mut()
+        &mut self.arbiter
     }
 }
 

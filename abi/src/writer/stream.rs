@@ -26,8 +26,7 @@ use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
 use crate::proto::{Cursor, Sink, SMALL_WRITE_LEN};
-use crate::smb::{OutOfBounds, Window, WritableChunk, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
-use crate::trace::trace_packet;
+use crate::smb::{OutOfBounds, Window, WritableChunk};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
@@ -56,41 +55,6 @@ fn write_unpadded(
 /// Most fragments a writer puts in one chunk: one below the 10-bit maximum,
 /// so the count can always be inflated once more for a scraper.
 pub const MAX_FRAGMENTS_PER_CHUNK: u16 = MAX_PACKET_COUNT - 1;
-
-/// Why [`ChunkStream::put_in_place`] did not write a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum InPlaceError {
-    /// Dropped (counted, loss marked on the next packet).
-    Dropped(DropReason),
-    /// Longer than 127 bytes at the start of a chunk: nothing was counted.
-    TooLong,
-}
-
-/// Where [`ChunkStream::put_in_place`] encodes a packet.
-#[derive(Debug, Clone, Copy)]
-struct InPlaceSlot {
-    /// Payload offset of the packet's 1-byte size (index 0 of its window).
-    at: usize,
-    /// Fragments in the chunk once the packet is in.
-    count: u16,
-    /// `previous_packet_dropped` to put first (0: none).
-    loss: u32,
-    /// Put `first_packet_on_sequence` first.
-    first: bool,
-    /// The window is as long as windows get.
-    full_window: bool,
-}
-
-/// Writes the fields a writer puts in front of a packet in place.
-#[inline(never)]
-fn in_place_prefix(c: &mut Cursor<Window<'_>>, loss: u32, first: bool) {
-    if loss != 0 {
-        c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
-    }
-    if first {
-        c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
-    }
-}
 
 /// Where the size field of an open nested message lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,10 +163,6 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
 
     pub(crate) fn next_chunk_id(&self) -> u32 {
         self.next_chunk_id
-    }
-
-    pub(crate) fn writer_id(&self) -> u16 {
-        self.writer_id
     }
 
     pub(crate) fn drop_reason(&self) -> Option<DropReason> {
@@ -485,121 +445,6 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         c.put_at(0, (end - 1) as u8);
         self.publish_in_place(at + end, count);
         true
-    }
-
-    /// Writes one whole packet of at most 127 bytes, encoded in place in
-    /// the current chunk by `encode`, behind a 1-byte size, with
-    /// `previous_packet_dropped` and `first_packet_on_sequence` put first
-    /// when due. Unlike [`Self::write_small_packet_in_place`] it never
-    /// defers to the general path: it takes a new chunk when the current
-    /// one lacks room (a chunk's tail shorter than the packet is left
-    /// unused). `encode` runs again, from scratch, when the first window was
-    /// too short. Returns `Ok(())` when the packet was written, else
-    /// [`InPlaceError`]: no chunk (the packet was dropped: counted, and
-    /// marked on the next packet written), or longer than 127 bytes even at
-    /// the start of a chunk (nothing counted: the caller decides).
-    ///
-    /// Only the encoding step is generic: the chunk handling around it is
-    /// compiled once, whatever the packet.
-    #[inline]
-    pub(crate) fn put_in_place(
-        &mut self,
-        mut encode: impl FnMut(&mut Cursor<Window<'_>>),
-    ) -> Result<(), InPlaceError> {
-        let mut retry = false;
-        loop {
-            let slot = self.in_place_slot(retry)?;
-            let end = {
-                let window = self
-                    .chunk
-                    .as_mut()
-                    .and_then(|chunk| chunk.window_at_most(slot.at));
-                let Some(window) = window else {
-                    return Err(InPlaceError::TooLong);
-                };
-                let mut c = Cursor::new_at(window, 1);
-                in_place_prefix(&mut c, slot.loss, slot.first);
-                encode(&mut c);
-                let end = c.finish();
-                if let Some(end) = end {
-                    c.put_at(0, (end - 1) as u8);
-                }
-                end
-            };
-            match end {
-                Some(end) => {
-                    self.pending_loss = 0;
-                    self.first_packet = false;
-                    self.publish_in_place(slot.at + end, slot.count);
-                    return Ok(());
-                }
-                None if !slot.full_window && !retry => retry = true,
-                None => return Err(InPlaceError::TooLong),
-            }
-        }
-    }
-
-    /// Where [`Self::put_in_place`] encodes: makes sure a chunk with room
-    /// for a window is held (taking a new one if needed, and first of all
-    /// when `new_chunk` asks for one) and says where the packet goes.
-    #[inline(never)]
-    fn in_place_slot(&mut self, new_chunk: bool) -> Result<InPlaceSlot, InPlaceError> {
-        if new_chunk {
-            self.take_new_chunk()?;
-        }
-        let mut took = new_chunk;
-        loop {
-            let count = if self.inflated {
-                self.count
-            } else {
-                self.count + 1
-            };
-            let room = self.capacity.saturating_sub(self.cursor);
-            let usable = self.chunk.is_some()
-                && !self.in_packet
-                && count <= MAX_FRAGMENTS_PER_CHUNK
-                && room >= MIN_WINDOW_LEN + WINDOW_SLACK;
-            if usable {
-                return Ok(InPlaceSlot {
-                    at: self.cursor,
-                    count,
-                    loss: self.pending_loss,
-                    first: self.first_packet,
-                    full_window: room >= WINDOW_LEN + WINDOW_SLACK,
-                });
-            }
-            if took || self.in_packet {
-                // A new chunk without room for a window, or a general packet
-                // left open: nothing this path can do.
-                return Err(InPlaceError::TooLong);
-            }
-            self.take_new_chunk()?;
-            took = true;
-        }
-    }
-
-    /// [`Self::next_chunk`] for the in-place path: a failure drops the
-    /// packet (counted, marked on the next one).
-    fn take_new_chunk(&mut self) -> Result<(), InPlaceError> {
-        self.next_chunk().map_err(|reason| {
-            self.drop_unwritten(reason);
-            InPlaceError::Dropped(reason)
-        })
-    }
-
-    /// Returns the current chunk, if any, and takes a new one with a count
-    /// of 0 (the next packet is its first).
-    fn next_chunk(&mut self) -> Result<(), DropReason> {
-        if self.chunk.is_some() {
-            self.return_chunk();
-        }
-        match self.arbiter.acquire_chunk(self.header(Packets::EMPTY)) {
-            Some(chunk) => {
-                self.install(chunk, 0, ChunkFlags::EMPTY);
-                Ok(())
-            }
-            None => Err(DropReason::SmbFull),
-        }
     }
 
     /// Publishes a packet encoded in place whose last byte is before `end`

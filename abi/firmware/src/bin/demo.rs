@@ -1,20 +1,29 @@
-//! The demo: track events into an SMB placed in `.shmtrace` (PSRAM at
-//! `0x2100_0000`, the RAM QEMU can share with a host process).
+//! The demo: track events from the main loop and the `SysTick` interrupt
+//! into an SMB placed in `.shmtrace` (PSRAM at `0x2100_0000`, the RAM QEMU
+//! can share with a host process).
 #![no_std]
 #![no_main]
+#![deny(unsafe_code)]
 
-use core::ptr::addr_of_mut;
+use cortex_m_rt::{entry, exception};
+use shmtrace_firmware_example::shm::Storage;
+use shmtrace_firmware_example::tracer::{self, ShmTracer};
+use shmtrace_firmware_example::{clocks, Event};
 
-use cortex_m_rt::entry;
-use shmtrace_firmware_example::tracer::{self, Storage};
-
+// The region goes to `.shmtrace` (memory.x: PSRAM, NOLOAD). The lint counts
+// `link_section` as unsafe code because a section can be anything; this one
+// only places the static, and `RegionStorage::take` initializes it.
+#[allow(unsafe_code)]
 #[link_section = ".shmtrace"]
-static mut SMB: Storage = Storage::new();
+static REGION: Storage = Storage::new();
+
+#[exception]
+fn SysTick() {
+    tracer::on_systick(clocks::count_reload());
+}
 
 #[entry]
 fn main() -> ! {
-    // SAFETY: `main` runs once and is the only code that names `SMB`, so this
-    // is the only reference to it, for the rest of the run.
-    let storage = unsafe { &mut *addr_of_mut!(SMB) };
-    tracer::with_tracer(storage, |t| shmtrace_firmware_example::run("demo", t))
+    let mut t = ShmTracer::<16, 4, true>::new(&REGION);
+    shmtrace_firmware_example::run("demo", &Event::ALL, &mut t)
 }

@@ -2,18 +2,22 @@
 //! the alignment gap the storage leaves before it there.
 #![no_std]
 #![no_main]
+#![deny(unsafe_code)]
 
-use core::ptr::addr_of_mut;
+use cortex_m_rt::{entry, exception};
+use shmtrace_firmware_example::shm::Storage;
+use shmtrace_firmware_example::tracer::{self, ShmTracer};
+use shmtrace_firmware_example::{clocks, Event};
 
-use cortex_m_rt::entry;
-use shmtrace_firmware_example::tracer::{self, Storage};
+static REGION: Storage = Storage::new();
 
-static mut SMB: Storage = Storage::new();
+#[exception]
+fn SysTick() {
+    tracer::on_systick(clocks::count_reload());
+}
 
 #[entry]
 fn main() -> ! {
-    // SAFETY: `main` runs once and is the only code that names `SMB`, so this
-    // is the only reference to it, for the rest of the run.
-    let storage = unsafe { &mut *addr_of_mut!(SMB) };
-    tracer::with_tracer(storage, |t| shmtrace_firmware_example::run("demo-bss", t))
+    let mut t = ShmTracer::<16, 4, true>::new(&REGION);
+    shmtrace_firmware_example::run("demo-bss", &Event::ALL, &mut t)
 }
