@@ -61,9 +61,11 @@ pub const fn is_valid_field_number(field: u32) -> bool {
 /// Number of bytes of the minimal varint encoding of `value` (1..=10).
 #[inline]
 pub const fn varint_len(value: u64) -> usize {
-    // ceil(bits / 7), where bits = position of the highest set bit (>= 1).
-    let bits = 64 - (value | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
+    // ceil(bits / 7) for bits = 64 - leading zeros (>= 1), written as
+    // 1 + (bits - 1) / 7: the index of the highest set bit is what the bit
+    // scan instruction gives, and a division by 7 of it a multiply and a
+    // shift (the ceiling costs a remainder test on top).
+    1 + (63 - (value | 1).leading_zeros() as usize) / 7
 }
 
 /// Writes the minimal varint encoding of `value` at the start of `out` and
