@@ -84,12 +84,17 @@ const TAG_TRACK_UUID: u8 = tag1(event_field::TRACK_UUID, WireType::Varint);
 const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Varint);
 /// `DebugAnnotation.name_iid`.
 const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
-/// `DebugAnnotation` values.
+/// `DebugAnnotation.bool_value`.
 const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
+/// `DebugAnnotation.uint_value`.
 const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
+/// `DebugAnnotation.int_value`.
 const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
+/// `DebugAnnotation.double_value`.
 const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
+/// `DebugAnnotation.string_value`.
 const TAG_ARG_STRING: u8 = tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
+/// `DebugAnnotation.pointer_value`.
 const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Varint);
 
 /// An event name.
@@ -1182,6 +1187,50 @@ mod tests {
     use shmtrace_abi::proto::encode_to_slice;
     use shmtrace_abi::proto::wire::redundant_varint4;
     use shmtrace_abi::proto::Encoder;
+
+    /// The fast path's varint and debug annotation writers produce the
+    /// bytes of the cursor's own `varint` and of `encode::arg_value`, at
+    /// every varint length.
+    #[test]
+    fn inlined_writers_match_the_cursors() {
+        fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
+            let mut buf = [0u8; FAST_CAP + TARGET_SLACK];
+            let mut c = Cursor::new(&mut buf);
+            f(&mut c);
+            let n = c.finish().expect("fits");
+            buf[..n].to_vec()
+        }
+        use encode::ArgValue as A;
+        let mut values = vec![0u64, u64::MAX];
+        for shift in 0..64 {
+            values.extend([(1u64 << shift) - 1, 1u64 << shift]);
+        }
+        for v in values {
+            assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
+            for arg in [A::Uint(v), A::Int(v as i64), A::Pointer(v)] {
+                assert_eq!(
+                    bytes(|c| put_arg_value(c, arg)),
+                    bytes(|c| encode::arg_value(c, arg)),
+                    "{arg:?}"
+                );
+            }
+        }
+        let long = "s".repeat(200);
+        for arg in [
+            A::Bool(true),
+            A::Bool(false),
+            A::Double(-1.5),
+            A::Str(""),
+            A::Str("value"),
+            A::Str(&long),
+        ] {
+            assert_eq!(
+                bytes(|c| put_arg_value(c, arg)),
+                bytes(|c| encode::arg_value(c, arg)),
+                "{arg:?}"
+            );
+        }
+    }
 
     /// Collects packets into byte vectors; drops the packets whose index is
     /// in `drop`.
