@@ -32,6 +32,7 @@ pub mod import;
 pub mod input;
 pub mod output;
 pub mod patches;
+pub mod region;
 pub mod run;
 
 use std::time::Duration;
