@@ -26,6 +26,7 @@
 //! takes [`FirmwareEvent`]s.
 
 pub mod clock;
+pub mod dump;
 pub mod engine;
 pub mod frames;
 pub mod import;
@@ -34,6 +35,8 @@ pub mod output;
 pub mod patches;
 pub mod region;
 pub mod run;
+#[cfg(test)]
+mod testing;
 
 use std::time::Duration;
 

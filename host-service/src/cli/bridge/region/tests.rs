@@ -2,102 +2,12 @@
 //! `RegionStorage` over a shared mapping of the same file (as a QEMU guest's
 //! RAM is), written with abi's `TraceWriter` through a `RegionArbiter`.
 
-#![allow(unsafe_code)]
-
-use std::ptr::NonNull;
-
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_abi::region::{
-    RegionArbiter, RegionConfig, RegionHandles, RegionStorage, HEADER_SIZE,
-};
+use shmtrace_abi::region::{RegionArbiter, RegionConfig, HEADER_SIZE};
 use shmtrace_abi::writer::TraceWriter;
 
 use super::*;
-
-const SMB: usize = 16 * 1024;
-const SLOTS: usize = 16;
-type Storage = RegionStorage<SMB, SLOTS>;
-const OFFSET: u64 = 0x2000;
-
-/// The firmware's view: the file mapped, the storage at `OFFSET` in it.
-struct Firmware {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-impl Firmware {
-    fn map(path: &Path) -> Self {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
-        let len = OFFSET as usize + std::mem::size_of::<Storage>();
-        assert!(file.metadata().unwrap().len() >= len as u64);
-        // SAFETY: a fresh shared mapping chosen by the kernel.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-                &file,
-                0,
-            )
-        }
-        .unwrap();
-        Firmware {
-            base: NonNull::new(ptr.cast()).unwrap(),
-            len,
-        }
-    }
-
-    /// The storage, as a firmware's RAM holds it.
-    fn storage(&mut self) -> &mut Storage {
-        // SAFETY: the mapping holds a `Storage` at `OFFSET` (page aligned,
-        // so 8-aligned), every byte pattern is valid for it (byte arrays
-        // and a `MaybeUninit`), and the exclusive borrow of `self` makes
-        // this the only reference this test makes into it. The source under
-        // test maps the file separately and never makes references.
-        unsafe { &mut *self.base.as_ptr().add(OFFSET as usize).cast::<Storage>() }
-    }
-
-    fn boot(&mut self, config: &RegionConfig<'_>) -> RegionHandles<'_> {
-        self.storage().init(config).unwrap()
-    }
-
-    /// A byte of the region (as a probe scribbling would write it).
-    fn poke(&mut self, at: usize, value: u8) {
-        assert!(at < std::mem::size_of::<Storage>());
-        // SAFETY: inside the mapping; a plain byte store into shared
-        // memory, like a peer's scribble (no reference is held over it).
-        unsafe {
-            self.base
-                .as_ptr()
-                .add(OFFSET as usize + at)
-                .write_volatile(value)
-        };
-    }
-}
-
-impl Drop for Firmware {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`; the storage borrows `self`.
-        unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) }.unwrap();
-    }
-}
-
-fn file(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("shmtrace-region-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn create(path: &Path) {
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(OFFSET + std::mem::size_of::<Storage>() as u64 + 4096)
-        .unwrap();
-}
+use crate::cli::bridge::testing::{create, file, Firmware, OFFSET};
 
 fn config() -> RegionConfig<'static> {
     let mut c = RegionConfig::new("fw.region");
