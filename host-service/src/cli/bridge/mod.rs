@@ -25,7 +25,9 @@
 //! byte stream (`abi::frame`). The engine does not depend on either: it
 //! takes [`FirmwareEvent`]s.
 
+pub mod attach;
 pub mod clock;
+pub mod command;
 pub mod dump;
 pub mod engine;
 pub mod frames;
