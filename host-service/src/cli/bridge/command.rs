@@ -75,6 +75,10 @@ pub struct BridgeArgs {
     /// --attach` runs each region's bridge so).
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
+    /// Print the summary as one JSON line on stdout (`{"event":"summary",
+    /// ...}`, every counter by name) instead of text on stderr.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `1ms`, `500us`, `2s`, or a number of milliseconds.
@@ -158,7 +162,13 @@ pub fn run_bridge(args: &BridgeArgs) -> Result<u8, CliError> {
     };
     log::info!("reading {}", source.describe());
     let summary = run(source.as_mut(), &options, &stop)?;
-    eprintln!("{summary}");
+    if args.json {
+        let mut line = summary.to_json();
+        line["event"] = "summary".into();
+        println!("{line}");
+    } else {
+        eprintln!("{summary}");
+    }
     Ok(exit::OK)
 }
 
