@@ -76,7 +76,9 @@ pub struct BridgeArgs {
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
     /// Print the summary as one JSON line on stdout (`{"event":"summary",
-    /// ...}`, every counter by name) instead of text on stderr.
+    /// ...}`, every counter by name) instead of text on stderr, and
+    /// `{"event":"enabled"}` / `{"event":"disabled"}` lines when a session
+    /// starts the firmware's data source / the last one stops it.
     #[arg(long)]
     pub json: bool,
 }
@@ -159,6 +161,7 @@ pub fn run_bridge(args: &BridgeArgs) -> Result<u8, CliError> {
         smb_size_hint: args.smb_size,
         log_interval: args.log_interval,
         fixed_clock_offset: None,
+        announce: args.json,
     };
     log::info!("reading {}", source.describe());
     let summary = run(source.as_mut(), &options, &stop)?;

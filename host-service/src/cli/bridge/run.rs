@@ -56,6 +56,10 @@ pub struct BridgeOptions {
     /// A fixed clock relation instead of a measured one (offline import):
     /// `boot = firmware + offset`.
     pub fixed_clock_offset: Option<i64>,
+    /// Print `{"event":"enabled"}` / `{"event":"disabled"}` on stdout when
+    /// a session starts the data source / the last one stops it (for
+    /// scripts driving a one-way input).
+    pub announce: bool,
 }
 
 /// Firmware counters that count no lost data: a chunk whose commit found
@@ -359,6 +363,10 @@ pub fn run(
         let pending_flush = {
             let mut st = control.state();
             for r in std::mem::take(&mut st.requests) {
+                if let (Request::Enable(on), true) = (r, options.announce) {
+                    let event = if on { "enabled" } else { "disabled" };
+                    println!("{{\"event\":\"{event}\"}}");
+                }
                 if !source.request(r) {
                     requests_unsupported += 1;
                 }
