@@ -30,6 +30,11 @@
 //! before every K-th frame, `--drop-chunk-every K` every K-th CHUNK frame
 //! not sent (data lost), `--truncate-tail` the last frame cut short.
 //!
+//! `--go-file PATH` waits for PATH to exist before the first event (a
+//! one-way stream has no ENABLE to wait for); `--leave-open` does not flush
+//! the writers at the end (their last chunks stay `BeingWritten`, as in a
+//! RAM dump taken while the firmware runs).
+//!
 //! Reports JSON lines on stdout: `ready`, `enabled`, `reset`, `done` (what
 //! was emitted in the checker's vocabulary, what was dropped, the faults,
 //! the ring latency in region mode with `--flush-each`, the clock's offset
@@ -99,6 +104,8 @@ struct Args {
     drop_chunk_every: u64,
     truncate_tail: bool,
     stats_every_ms: u64,
+    go_file: Option<PathBuf>,
+    leave_open: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -140,6 +147,8 @@ fn parse() -> Result<Args, String> {
             "--drop-chunk-every" => a.drop_chunk_every = num(value()?)?,
             "--truncate-tail" => a.truncate_tail = true,
             "--stats-every-ms" => a.stats_every_ms = num(value()?)?,
+            "--go-file" => a.go_file = Some(value()?.into()),
+            "--leave-open" => a.leave_open = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -249,6 +258,16 @@ fn run_boot(
         }
         emit(json!({"event": "enabled"}));
     }
+    if let Some(go) = &a.go_file {
+        while !go.exists() {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(a.iterations);
+            }
+            serve_control(&control, &mut || {});
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        emit(json!({"event": "go"}));
+    }
     let start = Instant::now();
     let mut i = first;
     while i < a.iterations {
@@ -304,12 +323,14 @@ fn run_boot(
         });
         i += 1;
     }
-    te.flush();
-    big.flush();
+    if !(a.leave_open && i >= a.iterations) {
+        te.flush();
+        big.flush();
+    }
     if i >= a.iterations {
         after_done(emitted, latencies);
         // Serve the host until told to stop (it flushes and syncs on).
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) && !a.exit_when_done {
             serve_control(&control, &mut || {
                 te.flush();
                 big.flush();
@@ -812,6 +833,12 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                     // the counters; the faults are final.
                     drain.drain(a)?;
                     drain.stats(a)?;
+                    // One more good frame, so a receiver sees the gap of a
+                    // corrupted last STATS frame.
+                    let now = fw_now();
+                    drain.send(a, |enc, out| {
+                        enc.clock(now, 0, &mut |b: &[u8]| out.extend_from_slice(b))
+                    })?;
                     if a.truncate_tail {
                         drain.link.faults.truncated += 1;
                         let now = fw_now();
@@ -825,13 +852,20 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                             .map_err(|e| e.to_string())?;
                     }
                     let _ = drain.link.out.flush();
+                    if a.truncate_tail {
+                        // The cut frame is the stream's last: the link
+                        // closes (both ends of a TCP connection).
+                        drain.link.out = Box::new(std::io::sink());
+                        drain.commands = None;
+                    }
                     drain.link.faulty = false;
                     let mut faults =
                         serde_json::to_value(drain.link.faults).map_err(|e| e.to_string())?;
                     faults["frames"] = drain.link.frames.into();
                     *final_faults.lock().unwrap_or_else(|e| e.into_inner()) = Some(faults);
-                    if a.out.is_some() {
-                        // A file or FIFO: nothing more to say.
+                    if a.out.is_some() || a.truncate_tail {
+                        // A file or FIFO, or a cut stream: nothing more to
+                        // say.
                         break;
                     }
                 } else if drain.link.faulty
