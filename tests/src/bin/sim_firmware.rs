@@ -323,7 +323,8 @@ fn run_boot(
         });
         i += 1;
     }
-    if !(a.leave_open && i >= a.iterations) {
+    let leave_open = a.leave_open && i >= a.iterations;
+    if !leave_open {
         te.flush();
         big.flush();
     }
@@ -337,6 +338,12 @@ fn run_boot(
             });
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+    if leave_open {
+        // A dropped writer hands its chunk over; a RAM dump of a running
+        // firmware finds it still being written.
+        std::mem::forget(te);
+        std::mem::forget(big);
     }
     Ok(i)
 }
