@@ -46,7 +46,9 @@ Checks, per producer sequence (trusted_packet_sequence_id):
     it. An absolute timestamp earlier than the sequence's latest one is
     legal (a trace processor sorts events by time; the SDK writes an
     explicit earlier time that way): it is counted ("out_of_order"), not a
-    violation. After a loss mark and before the next clear, incremental
+    violation; only the sequence's own times are compared (the trace clock
+    and sequence-scoped clocks, not a time chosen on MONOTONIC or
+    REALTIME). After a loss mark and before the next clear, incremental
     deltas are not resolved (their base may be lost);
   * slices nest per track in time order, as a trace processor pairs them
     (it sorts every event by timestamp, equal timestamps in the order it read
@@ -528,11 +530,16 @@ class Checker:
             return
         # Earlier than the latest time is legal: a trace processor sorts.
         # Deltas are never negative, so only an absolute timestamp or a clock
-        # a snapshot re-anchored gets here.
-        if seq.latest_boot_ts is not None and boot < seq.latest_boot_ts:
-            seq.out_of_order += 1
-        else:
-            seq.latest_boot_ts = boot
+        # a snapshot re-anchored gets here. Only the sequence's own times are
+        # compared (the trace clock, sequence-scoped clocks): a time on
+        # another global clock (MONOTONIC, REALTIME) is one the producer chose
+        # on that clock.
+        if clock_id == self.trace_clock or \
+                clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
+            if seq.latest_boot_ts is not None and boot < seq.latest_boot_ts:
+                seq.out_of_order += 1
+            else:
+                seq.latest_boot_ts = boot
         seq.last_boot_ts = boot
 
     def resolve(self, seq, table, iid, where):

@@ -55,7 +55,10 @@
 //!
 //! * An absolute timestamp earlier than the latest one of its sequence is
 //!   legal: the SDK writes an event given an explicit earlier time that
-//!   way. It is counted (`out_of_order`), not reported.
+//!   way. It is counted (`out_of_order`), not reported. Only the
+//!   sequence's own times are compared (the trace clock, sequence-scoped
+//!   clocks); a time on another global clock (MONOTONIC, REALTIME) is
+//!   placed on the timeline but compared with nothing.
 //! * A timestamp on an incremental clock is a delta from that clock's last
 //!   value (which every snapshot holding the clock sets). A negative delta
 //!   (a value of 2^63 or more) is an impossible encoding and a problem; so
@@ -1017,13 +1020,19 @@ impl Analyzer {
         };
         // Earlier than the latest time: legal (a trace processor sorts
         // events by time); only absolute timestamps or a clock re-anchored
-        // by a snapshot can get here, as deltas are never negative.
-        if seq.latest_boot_ts.is_some_and(|latest| boot < latest) {
-            seq.info.out_of_order += 1;
-            self.out.clocks.out_of_order += 1;
+        // by a snapshot can get here, as deltas are never negative. Only
+        // the sequence's own times are compared (the trace clock and its
+        // sequence-scoped clocks): a time on another global clock
+        // (MONOTONIC, REALTIME) is one the producer chose on that clock.
+        let own = clock_id == target || clock_id >= clocks::FIRST_SEQUENCE_SCOPED;
+        if own {
+            if seq.latest_boot_ts.is_some_and(|latest| boot < latest) {
+                seq.info.out_of_order += 1;
+                self.out.clocks.out_of_order += 1;
+            }
+            seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         }
         seq.last_boot_ts = Some(boot);
-        seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         self.span(boot);
     }
 
