@@ -17,7 +17,7 @@
 //!
 //! ```text
 //! cargo build --release -p shmtrace-service --bin shmtrace -p shmtrace-tests --bin sim-firmware --bin bridge-bench
-//! target/release/bridge-bench [--quick]
+//! target/release/bridge-bench [--quick] [--only tcp|uart|latency|cpu]
 //! ```
 //!
 //! Uses `shmtrace` and `sim-firmware` next to itself, `shmtrace serve` as
@@ -33,20 +33,35 @@ use shmtrace_tests::process::ChildProcess;
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let argv: Vec<String> = std::env::args().collect();
+    let quick = argv.iter().any(|a| a == "--quick");
+    // `--only tcp|uart|latency|cpu` runs one kind.
+    let only = argv
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| argv.get(i + 1).cloned());
+    let runs = |kind: &str| only.as_deref().is_none_or(|o| o == kind);
     let bench = Bench::new();
     println!("bridge bench ({}):", if quick { "quick" } else { "full" });
     let secs = if quick { 2.0 } else { 5.0 };
-    bench.tcp_throughput(if quick { 100_000 } else { 2_000_000 });
-    for baud in [115_200u64, 921_600] {
-        bench.uart_throughput(baud, secs);
+    if runs("tcp") {
+        bench.tcp_throughput(if quick { 100_000 } else { 2_000_000 });
     }
-    for poll_us in [1000u64, 100] {
-        bench.attach_latency(poll_us, if quick { 300 } else { 2000 });
+    if runs("uart") {
+        for baud in [115_200u64, 921_600] {
+            bench.uart_throughput(baud, secs);
+        }
     }
-    for rate in [3_000u64, 30_000] {
-        bench.cpu_per_producer(rate, secs, true);
-        bench.cpu_per_producer(rate, secs, false);
+    if runs("latency") {
+        for poll_us in [1000u64, 100] {
+            bench.attach_latency(poll_us, if quick { 300 } else { 2000 });
+        }
+    }
+    if runs("cpu") {
+        for rate in [3_000u64, 30_000] {
+            bench.cpu_per_producer(rate, secs, true);
+            bench.cpu_per_producer(rate, secs, false);
+        }
     }
 }
 
