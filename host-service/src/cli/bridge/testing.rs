@@ -97,9 +97,10 @@ impl Drop for Firmware {
 
 /// A path in this test process's directory.
 pub fn file(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("shmtrace-region-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    std::env::temp_dir().join(format!(
+        "shmtrace-region-test-{}-{name}",
+        std::process::id()
+    ))
 }
 
 /// Creates (or empties) `path` with room for the region.
