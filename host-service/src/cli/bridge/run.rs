@@ -32,6 +32,9 @@ use crate::cli::CliError;
 pub const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// How long the source is polled at a time (the shell's reaction time).
 const POLL: Duration = Duration::from_millis(20);
+/// How long the source is polled at a time while a flush waits for the
+/// firmware.
+const FLUSH_POLL: Duration = Duration::from_millis(1);
 /// How long the producer may take to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -55,6 +58,10 @@ pub struct BridgeOptions {
     pub fixed_clock_offset: Option<i64>,
 }
 
+/// Firmware counters that count no lost data: a chunk whose commit found
+/// the ring full stays in the SMB, where the reader finds it.
+pub const FIRMWARE_NO_LOSS: &[&str] = &["ring_overflows"];
+
 /// What the bridge did, for the summary.
 #[derive(Debug, Clone)]
 pub struct Summary {
@@ -66,6 +73,8 @@ pub struct Summary {
     pub forward: ForwardStats,
     /// The transport's losses (cumulative).
     pub transport: Vec<(&'static str, u64)>,
+    /// The transport's other counters (cumulative).
+    pub transport_counters: Vec<(&'static str, u64)>,
     /// The firmware's own counters (summed over boots).
     pub firmware: Vec<(String, u64)>,
     /// The clock relation at the end.
@@ -90,7 +99,10 @@ impl Summary {
             + f.patches_dropped
             > 0
             || self.transport.iter().any(|(_, v)| *v > 0)
-            || self.firmware.iter().any(|(_, v)| *v > 0)
+            || self
+                .firmware
+                .iter()
+                .any(|(n, v)| *v > 0 && !FIRMWARE_NO_LOSS.contains(&n.as_str()))
     }
 }
 
@@ -182,7 +194,8 @@ impl fmt::Display for Summary {
             _ => {}
         }
         writeln!(out, "  firmware counters: {}", list(&self.firmware))?;
-        write!(out, "  transport losses: {}", list(&self.transport))?;
+        writeln!(out, "  transport losses: {}", list(&self.transport))?;
+        write!(out, "  transport: {}", list(&self.transport_counters))?;
         if self.requests_unsupported > 0 {
             write!(
                 out,
@@ -298,8 +311,11 @@ pub fn run(
             }
             (st.flushes_done < st.flushes_asked).then_some(st.flushes_asked)
         };
-        let timeout = if pending_flush.is_some() || !drained {
+        let timeout = if !drained {
             Duration::ZERO
+        } else if pending_flush.is_some() {
+            // The firmware is still flushing: read on without spinning.
+            FLUSH_POLL
         } else {
             POLL
         };
@@ -316,7 +332,10 @@ pub fn run(
             }
             Ok(None) => {
                 drained = true;
-                if let Some(target) = pending_flush {
+                if pending_flush.is_some() && source.flush_pending() {
+                    // Not done until the firmware says so (bounded by the
+                    // source).
+                } else if let Some(target) = pending_flush {
                     engine.output().flush();
                     control.state().flushes_done = target;
                     control.changed.notify_all();
@@ -370,6 +389,7 @@ fn summary(
         engine: engine.stats().clone(),
         forward: engine.output().stats(),
         transport: source.transport_loss(),
+        transport_counters: source.counters(),
         firmware: engine.firmware_counters(),
         clock: engine.clock(boottime_ns()),
         requests_unsupported,
