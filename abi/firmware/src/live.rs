@@ -18,8 +18,9 @@
 //!   firmware drains its own ring and sends every record as an
 //!   `shmtrace_abi::frame` frame on UART0 (`shmtrace bridge`), and obeys
 //!   the host's frames from UART0: ENABLE/DISABLE and CLEAR (its own
-//!   region's control words), FLUSH (flush the writers and drain), SYNC
-//!   (drain, then a CLOCK frame with the nonce).
+//!   region's control words), FLUSH (flush the writers and drain: what
+//!   they held goes out before anything the firmware reads after it), SYNC
+//!   (a CLOCK frame with the nonce, at once).
 //!
 //! # The session
 //!

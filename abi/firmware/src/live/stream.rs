@@ -120,8 +120,9 @@ impl StreamLink {
                 self.drain();
             }
             Command::Sync(nonce) => {
-                // Everything committed before the request goes first.
-                self.drain();
+                // At once: the clock is read as close to the request as the
+                // firmware can, and the answer leaves right after it (a
+                // FLUSH before the SYNC drained what it committed already).
                 let now = writers.now_ns();
                 let uart = &mut self.uart;
                 self.encoder
