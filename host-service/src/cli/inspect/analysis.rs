@@ -561,16 +561,17 @@ pub struct Analyzer {
 }
 
 fn clock_name(id: u32) -> String {
+    use shmtrace_abi::trace::builtin_clock as clock;
     match id {
-        1 => "REALTIME".into(),
-        2 => "REALTIME_COARSE".into(),
-        3 => "MONOTONIC".into(),
-        4 => "MONOTONIC_COARSE".into(),
-        5 => "MONOTONIC_RAW".into(),
-        6 => "BOOTTIME".into(),
-        9 => "TSC".into(),
-        10 => "PERF".into(),
-        11 => "TRACE_FILE".into(),
+        clock::REALTIME => "REALTIME".into(),
+        clock::REALTIME_COARSE => "REALTIME_COARSE".into(),
+        clock::MONOTONIC => "MONOTONIC".into(),
+        clock::MONOTONIC_COARSE => "MONOTONIC_COARSE".into(),
+        clock::MONOTONIC_RAW => "MONOTONIC_RAW".into(),
+        clock::BOOTTIME => "BOOTTIME".into(),
+        clock::TSC => "TSC".into(),
+        clock::PERF => "PERF".into(),
+        clock::TRACE_FILE => "TRACE_FILE".into(),
         other => format!("clock {other}"),
     }
 }
