@@ -28,7 +28,11 @@
 //! sample of the window ([`WINDOW`] samples) with the smallest bound so
 //! grown. A fresh clock snapshot is due ([`ClockSync::due`]) when
 //! none was given yet, every [`SNAPSHOT_PERIOD_NS`], and when the estimate
-//! moved by more than its bound.
+//! moved by more than its bound. The bridge's engine keeps stating the
+//! offset it stated before as long as it lies within the current
+//! estimate's bound (a change of offset is a step in the mapping, and a
+//! step back reorders events around it), so the relation a trace holds is
+//! within twice the bound.
 
 use std::collections::VecDeque;
 
@@ -239,6 +243,11 @@ impl ClockSync {
     /// A snapshot of `est` was injected at host time `now`.
     pub fn injected(&mut self, est: Estimate, now: u64) {
         self.injected = Some((est, now));
+    }
+
+    /// The relation injected last.
+    pub fn last_injected(&self) -> Option<Estimate> {
+        self.injected.map(|(est, _)| est)
     }
 }
 

@@ -75,6 +75,12 @@ pub struct BridgeArgs {
     /// --attach` runs each region's bridge so).
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
+    /// Print the summary as one JSON line on stdout (`{"event":"summary",
+    /// ...}`, every counter by name) instead of text on stderr, and
+    /// `{"event":"enabled"}` / `{"event":"disabled"}` lines when a session
+    /// starts the firmware's data source / the last one stops it.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `1ms`, `500us`, `2s`, or a number of milliseconds.
@@ -155,10 +161,17 @@ pub fn run_bridge(args: &BridgeArgs) -> Result<u8, CliError> {
         smb_size_hint: args.smb_size,
         log_interval: args.log_interval,
         fixed_clock_offset: None,
+        announce: args.json,
     };
     log::info!("reading {}", source.describe());
     let summary = run(source.as_mut(), &options, &stop)?;
-    eprintln!("{summary}");
+    if args.json {
+        let mut line = summary.to_json();
+        line["event"] = "summary".into();
+        println!("{line}");
+    } else {
+        eprintln!("{summary}");
+    }
     Ok(exit::OK)
 }
 

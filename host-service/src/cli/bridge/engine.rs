@@ -390,8 +390,21 @@ impl<O: Output> Engine<O> {
         if !b.needs_clock {
             return;
         }
-        let Some(est) = b.clock.due(now) else {
+        let Some(measured) = b.clock.due(now) else {
             return;
+        };
+        // The relation stated so far stays while the measurement agrees
+        // with it (within its error bound): every change of offset is a
+        // step in the mapping from firmware time to BOOTTIME, and a step
+        // back reorders the events around it.
+        let est = match b.clock.last_injected() {
+            Some(last) if last.offset_ns.abs_diff(measured.offset_ns) <= measured.bound_ns => {
+                Estimate {
+                    offset_ns: last.offset_ns,
+                    ..measured
+                }
+            }
+            _ => measured,
         };
         let (firmware_ns, boot_ns) = relation_point(&est, self.fixed_offset.is_none(), now);
         if b.injected

@@ -56,6 +56,10 @@ pub struct BridgeOptions {
     /// A fixed clock relation instead of a measured one (offline import):
     /// `boot = firmware + offset`.
     pub fixed_clock_offset: Option<i64>,
+    /// Print `{"event":"enabled"}` / `{"event":"disabled"}` on stdout when
+    /// a session starts the data source / the last one stops it (for
+    /// scripts driving a one-way input).
+    pub announce: bool,
 }
 
 /// Firmware counters that count no lost data: a chunk whose commit found
@@ -84,6 +88,60 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary as JSON (every counter by name), for scripts.
+    pub fn to_json(&self) -> serde_json::Value {
+        let f = &self.forward;
+        let named = |items: &[(&'static str, u64)]| {
+            serde_json::Value::Object(
+                items
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).into()))
+                    .collect(),
+            )
+        };
+        let clock = self.clock.map(|c| {
+            serde_json::json!({
+                "clock_id": c.clock_id,
+                "samples": c.samples,
+                "rejected": c.rejected,
+                "fixed": c.fixed,
+                "offset_ns": c.estimate.map(|e| e.offset_ns),
+                "bound_ns": c.estimate.map(|e| e.bound_ns),
+                "two_way": c.estimate.map(|e| e.two_way),
+            })
+        });
+        serde_json::json!({
+            "source": self.source,
+            "engine": self.engine,
+            "forward": {
+                "chunks_received": f.chunks_received,
+                "chunks_forwarded": f.chunks_forwarded,
+                "chunks_no_session": f.chunks_no_session,
+                "chunks_invalid": f.chunks_invalid,
+                "chunks_too_big": f.chunks_too_big,
+                "chunks_no_room": f.chunks_no_room,
+                "chunks_no_writer_id": f.chunks_no_writer_id,
+                "chunks_lost": f.chunks_lost,
+                "chunks_skipped": f.chunks_skipped,
+                "orphan_fragments_dropped": f.orphan_fragments_dropped,
+                "losses_marked": f.losses_marked,
+                "lanes_restarted": f.lanes_restarted,
+                "packets_injected": f.packets_injected,
+                "start_packets_missed": f.start_packets_missed,
+                "patches_forwarded": f.patches_forwarded,
+                "patches_dropped": f.patches_dropped,
+            },
+            "transport_loss": named(&self.transport),
+            "transport": named(&self.transport_counters),
+            "firmware": serde_json::Value::Object(
+                self.firmware.iter().map(|(n, v)| (n.clone(), (*v).into())).collect()
+            ),
+            "clock": clock,
+            "requests_unsupported": self.requests_unsupported,
+            "lost_anything": self.lost_anything(),
+        })
+    }
+
     /// Whether anything was lost on the way (forwarder, transport or
     /// firmware counters), for the exit status.
     pub fn lost_anything(&self) -> bool {
@@ -305,6 +363,10 @@ pub fn run(
         let pending_flush = {
             let mut st = control.state();
             for r in std::mem::take(&mut st.requests) {
+                if let (Request::Enable(on), true) = (r, options.announce) {
+                    let event = if on { "enabled" } else { "disabled" };
+                    println!("{{\"event\":\"{event}\"}}");
+                }
                 if !source.request(r) {
                     requests_unsupported += 1;
                 }

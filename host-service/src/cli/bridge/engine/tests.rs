@@ -453,6 +453,51 @@ fn snapshots_never_go_back_in_time() {
     assert_eq!(e.stats().snapshots, 2);
 }
 
+/// A new measurement that agrees with the stated relation (within its
+/// bound) does not change the offset stated (a step back would reorder
+/// the events around it); one that does not agrees moves it.
+#[test]
+fn the_stated_offset_stays_while_measurements_agree_with_it() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let sample = |e: &mut Engine<Fake>, asked: u64, fw: u64, answered: u64| {
+        let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+            panic!("no sync asked at {asked}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: fw,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            answered,
+        );
+    };
+    // offset 900 ms, bound 1 ms.
+    sample(&mut e, 999 * MS, 100 * MS, 1001 * MS);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 101 * MS, 1001 * MS))
+    );
+    // offset 900.3 ms, bound 0.5 ms: agrees; a second later the relation
+    // is stated again with the old offset.
+    sample(&mut e, 2000 * MS, 1100 * MS - 300_000 + MS / 2, 2001 * MS);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(65, 1101 * MS, 2001 * MS))]
+    );
+    // offset 902 ms, bound 0.1 ms: the old one is out of its bound.
+    sample(&mut e, 3000 * MS, 2098 * MS + 100_000, 3000 * MS + 200_000);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(
+            1,
+            snapshot_packet(65, 2098 * MS + 200_000, 3000 * MS + 200_000)
+        )]
+    );
+}
+
 #[test]
 fn firmware_counters_add_up_across_boots() {
     let (mut e, _log) = engine();
