@@ -147,7 +147,13 @@ fn firmware_into_a_trace(
                 .expect("QEMU starts");
             let mut command = Command::new(scenario::shmtrace_binary().expect("shmtrace"));
             command
-                .args(["bridge", "--log-level", "warn", "--exit-on-stdin-eof"])
+                .args([
+                    "bridge",
+                    "--json",
+                    "--log-level",
+                    "warn",
+                    "--exit-on-stdin-eof",
+                ])
                 .arg("--input")
                 .arg(format!("tcp:127.0.0.1:{port}"))
                 .arg("--socket")
@@ -272,10 +278,17 @@ fn firmware_into_a_trace(
         .expect("the firmware exits");
     assert_eq!(exit["lost"], 0, "{exit}");
     qemu.process.expect_success(TIMEOUT).expect("QEMU exits 0");
-    if let Some(bridge) = &mut bridge {
+    // The bridge's own account (`--json`): its clock estimate's bound.
+    let stated_bound = bridge.as_mut().map(|bridge| {
         bridge.close_stdin();
+        let summary = bridge
+            .expect_event("summary", TIMEOUT)
+            .expect("the bridge's summary");
         bridge.expect_success(TIMEOUT).expect("the bridge exits 0");
-    }
+        summary["clock"]["bound_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the bridge has a clock estimate: {summary}"))
+    });
     service_process.close_stdin();
     service_process
         .expect_success(TIMEOUT)
@@ -338,9 +351,13 @@ fn firmware_into_a_trace(
         &windows,
     );
     println!(
-        "{label}: {} firmware and {} host events; mark instants vs host windows: {alignment}",
+        "{label}: {} firmware and {} host events; mark instants vs host windows: {alignment}{}",
         done.emitted.track_events(),
-        host_emitted.track_events()
+        host_emitted.track_events(),
+        stated_bound.map_or(String::new(), |b| format!(
+            "; the bridge's stated bound {:.3} ms",
+            b as f64 / 1e6
+        )),
     );
     drop(qemu);
 }
