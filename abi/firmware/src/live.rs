@@ -79,9 +79,10 @@ use crate::tracer::{
 };
 pub use mailbox::Mailbox;
 
-/// The live region: 16 KiB of SMB (16 chunks of 1 KiB) and 16 ring slots,
-/// room for the data written between two host polls.
-pub type LiveStorage = RegionStorage<16384, 16>;
+/// The live region: 64 KiB of SMB (64 chunks of 1 KiB) and 64 ring slots:
+/// 0.6 s of the session's events, so a host that falls behind for a while
+/// (a busy machine) loses nothing.
+pub type LiveStorage = RegionStorage<65536, 64>;
 /// A live writer: 16 interned strings, 4 described tracks.
 pub type LiveWriter = TrackEventWriter<'static, RegionArbiter<'static>, CounterClock, 16, 4>;
 
