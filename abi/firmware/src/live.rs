@@ -56,7 +56,9 @@
 //! everything lost between the writers and the host (dropped events and
 //! packets, lost chunks, interrupt borrows that found the writer busy,
 //! records the drain could not read, frames not sent). The run exits with
-//! failure if `lost` is not 0.
+//! failure if `lost` is not 0. Packets the writers lose are added to the
+//! region's `packets_dropped` as they happen (a round at a time), so the
+//! host's bridge reports them too (a stream sends the counter in STATS).
 
 pub mod attach;
 pub mod mailbox;
@@ -66,7 +68,7 @@ use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use cortex_m::interrupt;
 use cortex_m::peripheral::syst::SystClkSource;
-use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionHandles, RegionStorage};
+use shmtrace_abi::region::{Control, RegionArbiter, RegionConfig, RegionHandles, RegionStorage};
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{Clock, SequenceConfig, TrackEventWriter, WriterCell};
 use shmtrace_abi::writer::InPlaceWriter;
@@ -143,8 +145,10 @@ pub trait Link {
 /// The main loop's writer and access to the interrupt's.
 pub struct Writers {
     main: LiveWriter,
-    /// Losses of the interrupt's writer, once taken out.
-    irq_lost: u64,
+    /// Losses of the interrupt's writer, once taken out: events, packets.
+    irq_lost: (u64, u64),
+    /// Packets published as lost in the region's `packets_dropped` so far.
+    published: u64,
 }
 
 impl Writers {
@@ -160,13 +164,44 @@ impl Writers {
     pub fn now_ns(&self) -> u64 {
         CounterClock.now_ns()
     }
+
+    /// Events and packets both writers lost so far (interrupts that found
+    /// their writer busy count as packets).
+    fn losses(&self) -> (u64, u64) {
+        let irq = interrupt::free(|_| IRQ_WRITER.try_with(|w| writer_lost(w)));
+        let (irq_events, irq_packets) = irq.unwrap_or(self.irq_lost);
+        let (events, packets) = writer_lost(&self.main);
+        (
+            events + irq_events,
+            packets + irq_packets + u64::from(IRQ_WRITER.busy_misses()),
+        )
+    }
+
+    /// Everything the writers lost so far (0 if nothing).
+    pub fn lost(&self) -> u64 {
+        let (events, packets) = self.losses();
+        events + packets
+    }
+
+    /// Adds the packets lost since the last call to the region's
+    /// `packets_dropped`, so the host counts them too.
+    fn publish_losses(&mut self, control: &Control<'_>) {
+        let (_, packets) = self.losses();
+        if packets > self.published {
+            control.count_packets_dropped((packets - self.published) as u32);
+            self.published = packets;
+        }
+    }
 }
 
-/// Losses one writer counted.
-fn writer_lost(w: &LiveWriter) -> u64 {
-    let events = w.stats();
+/// Losses one writer counted: events it dropped, packets its chunk writer
+/// dropped or could not complete.
+fn writer_lost(w: &LiveWriter) -> (u64, u64) {
     let packets = w.writer_stats();
-    u64::from(events.events_dropped) + packets.packets_dropped() + packets.packets_incomplete
+    (
+        u64::from(w.stats().events_dropped),
+        packets.packets_dropped() + packets.packets_incomplete,
+    )
 }
 
 /// The region configuration of a live session.
@@ -195,7 +230,11 @@ fn writers(handles: &RegionHandles<'static>) -> Writers {
     if IRQ_WRITER.set(make(IRQ_WRITER_ID, &IRQ_TRACK)).is_err() {
         out::fail("interrupt writer set twice")
     }
-    Writers { main, irq_lost: 0 }
+    Writers {
+        main,
+        irq_lost: (0, 0),
+        published: 0,
+    }
 }
 
 /// The `SysTick` handler: an instant and a sample of the tick count
@@ -296,6 +335,7 @@ pub fn run<L: Link>(
                 }
                 if now >= next_round {
                     round(&mut writers.main, rounds, &mut counts);
+                    writers.publish_losses(&control);
                     rounds += 1;
                     next_round = now + ROUND_NS;
                 }
@@ -303,7 +343,8 @@ pub fn run<L: Link>(
                     phase = Phase::Done;
                     finish(&mut writers, &mut counts);
                     link.serve(&mut writers);
-                    let lost = writers.irq_lost + writer_lost(&writers.main) + link.lost();
+                    writers.publish_losses(&control);
+                    let lost = writers.lost() + link.lost();
                     report_done(&mut out, &counts, marks, rounds, lost, writers.now_ns());
                     mailbox.set_state(mailbox::STATE_DONE);
                 }
@@ -311,7 +352,7 @@ pub fn run<L: Link>(
             Phase::Waiting | Phase::Done => {}
         }
         if mailbox.command() == mailbox::COMMAND_EXIT && phase != Phase::Writing {
-            let lost = writers.irq_lost + writer_lost(&writers.main) + link.lost();
+            let lost = writers.lost() + link.lost();
             out.line(format_args!("{{\"event\":\"exit\",\"lost\":{lost}}}"));
             out::exit(lost == 0);
         }
@@ -354,7 +395,7 @@ fn round(w: &mut LiveWriter, n: u32, counts: &mut Counts) {
 fn finish(writers: &mut Writers, counts: &mut Counts) {
     if let Some(mut irq) = interrupt::free(|_| IRQ_WRITER.take()) {
         irq.flush();
-        writers.irq_lost = writer_lost(&irq) + u64::from(IRQ_WRITER.busy_misses());
+        writers.irq_lost = writer_lost(&irq);
     }
     writers.main.flush();
     counts.instant += IRQ_INSTANTS.load(Relaxed);
