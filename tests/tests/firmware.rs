@@ -271,14 +271,10 @@ fn firmware_into_a_trace(
         .expect("the host producer stops");
     host.expect_success(TIMEOUT)
         .expect("the host producer exits");
-    mailbox.exit().expect("exit");
-    let exit = qemu
-        .process
-        .expect_event("exit", TIMEOUT)
-        .expect("the firmware exits");
-    assert_eq!(exit["lost"], 0, "{exit}");
-    qemu.process.expect_success(TIMEOUT).expect("QEMU exits 0");
-    // The bridge's own account (`--json`): its clock estimate's bound.
+    // The host side goes first: a firmware (QEMU) that exits while the
+    // bridge's last requests wait unread in its socket resets the
+    // connection, and the bridge would report a failed input. The
+    // bridge's own account (`--json`) gives its clock estimate's bound.
     let stated_bound = bridge.as_mut().map(|bridge| {
         bridge.close_stdin();
         let summary = bridge
@@ -293,6 +289,13 @@ fn firmware_into_a_trace(
     service_process
         .expect_success(TIMEOUT)
         .expect("the service exits 0");
+    mailbox.exit().expect("exit");
+    let exit = qemu
+        .process
+        .expect_event("exit", TIMEOUT)
+        .expect("the firmware exits");
+    assert_eq!(exit["lost"], 0, "{exit}");
+    qemu.process.expect_success(TIMEOUT).expect("QEMU exits 0");
 
     // The trace holds exactly what both producers reported.
     let host_emitted: EventCounts =
