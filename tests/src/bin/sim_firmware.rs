@@ -30,13 +30,16 @@
 //! before every K-th frame, `--drop-chunk-every K` every K-th CHUNK frame
 //! not sent (data lost), `--truncate-tail` the last frame cut short.
 //!
+//! `--close-when-done` ends a TCP stream after the run's last frame (the
+//! host sees the end of its input once it took everything).
 //! `--go-file PATH` waits for PATH to exist before the first event (a
 //! one-way stream has no ENABLE to wait for); `--leave-open` does not flush
 //! the writers at the end (their last chunks stay `BeingWritten`, as in a
 //! RAM dump taken while the firmware runs).
 //!
 //! Reports JSON lines on stdout: `ready`, `enabled`, `reset`, `done` (what
-//! was emitted in the checker's vocabulary, what was dropped, the faults,
+//! was emitted in the checker's vocabulary, what was dropped, the time from
+//! the first event until everything was handed over (`run_us`), the faults,
 //! the ring latency in region mode with `--flush-each`, the clock's offset
 //! to BOOTTIME); it exits when stdin closes (or right after `done` with
 //! `--exit-when-done`).
@@ -106,6 +109,7 @@ struct Args {
     stats_every_ms: u64,
     go_file: Option<PathBuf>,
     leave_open: bool,
+    close_when_done: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -149,6 +153,7 @@ fn parse() -> Result<Args, String> {
             "--stats-every-ms" => a.stats_every_ms = num(value()?)?,
             "--go-file" => a.go_file = Some(value()?.into()),
             "--leave-open" => a.leave_open = true,
+            "--close-when-done" => a.close_when_done = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -196,6 +201,8 @@ struct Emitted {
     large_bytes: u64,
     arg_string: u64,
     dropped: u64,
+    /// When the first iteration began.
+    started: Option<Instant>,
 }
 
 /// A large instant on clock 65 (TracePacket 8, 58, 11; TrackEvent 9, 23,
@@ -269,6 +276,7 @@ fn run_boot(
         emit(json!({"event": "go"}));
     }
     let start = Instant::now();
+    emitted.started.get_or_insert(start);
     let mut i = first;
     while i < a.iterations {
         if a.reset_after > 0 && i > first && i % a.reset_after == 0 {
@@ -376,6 +384,7 @@ fn done_report(
         },
         "dropped": e.dropped,
         "iterations": a.iterations,
+        "run_us": e.started.map_or(0, |s| s.elapsed().as_micros() as u64),
         "elapsed_us": started.elapsed().as_micros() as u64,
         "faults": faults,
         "latency_ns": {
@@ -859,9 +868,9 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                             .map_err(|e| e.to_string())?;
                     }
                     let _ = drain.link.out.flush();
-                    if a.truncate_tail {
-                        // The cut frame is the stream's last: the link
-                        // closes (both ends of a TCP connection).
+                    if a.truncate_tail || a.close_when_done {
+                        // The stream ends here (after the cut frame): the
+                        // link closes (both ends of a TCP connection).
                         drain.link.out = Box::new(std::io::sink());
                         drain.commands = None;
                     }
@@ -870,7 +879,7 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                         serde_json::to_value(drain.link.faults).map_err(|e| e.to_string())?;
                     faults["frames"] = drain.link.frames.into();
                     *final_faults.lock().unwrap_or_else(|e| e.into_inner()) = Some(faults);
-                    if a.out.is_some() || a.truncate_tail {
+                    if a.out.is_some() || a.truncate_tail || a.close_when_done {
                         // A file or FIFO, or a cut stream: nothing more to
                         // say.
                         break;

@@ -66,6 +66,14 @@ impl Firmware {
         self.storage().init(config).unwrap()
     }
 
+    /// A byte of the region.
+    pub fn peek(&mut self, at: usize) -> u8 {
+        assert!(at < std::mem::size_of::<Storage>());
+        // SAFETY: inside the mapping; a plain byte load from shared memory
+        // (no reference is held over it).
+        unsafe { self.base.as_ptr().add(OFFSET as usize + at).read_volatile() }
+    }
+
     /// A byte of the region (as a probe scribbling would write it).
     pub fn poke(&mut self, at: usize, value: u8) {
         assert!(at < std::mem::size_of::<Storage>());

@@ -226,3 +226,50 @@ fn chunk_ids_that_wrap_keep_their_order() {
     let plain = vec![chunk(7), chunk(3), chunk(5)];
     assert_eq!(ids(in_id_order(plain)), [3, 5, 7]);
 }
+
+/// Whatever a dump holds, reading it never panics and yields at most one
+/// event per chunk slot, ring slot and hello/stats: a real dump with bytes
+/// overwritten at random.
+#[test]
+fn scribbled_dumps_never_panic() {
+    use proptest::prelude::*;
+    let path = file("dump-fuzz");
+    create(&path);
+    let mut fw = Firmware::map(&path);
+    let handles = fw.boot(&RegionConfig::new("fw.dumped"));
+    let mut w: TraceWriter<_> = TraceWriter::new(
+        RegionArbiter::new(&handles, PageLayout::Div7).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    let _ = w.write_packet(|p| p.nested(11, |e| e.bytes(4, &[7u8; 1500])));
+    for i in 0..20u64 {
+        let _ = w.write_packet(|p| p.uint64(8, i));
+    }
+    w.flush();
+    drop(w);
+    let bytes = std::fs::read(&path).unwrap()[OFFSET as usize..].to_vec();
+    let len = bytes.len();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 128,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &proptest::collection::vec((0..len, any::<u8>()), 1..64),
+            |writes| {
+                let mut copy = bytes.clone();
+                for (at, b) in writes {
+                    copy[at] = b;
+                }
+                if let Ok(mut source) = DumpSource::from_bytes(&copy, "fuzz".into()) {
+                    let events = drain(&mut source);
+                    prop_assert!(events.len() <= 2 + 16 * 14 + 16);
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+}

@@ -202,6 +202,23 @@ fn a_reset_a_bad_header_and_a_replaced_file_are_survived() {
         "{events:?}"
     );
 
+    // A ring that would lie past the region's end (ring indices out of
+    // range): refused, counted.
+    let ring_offset = 0x18;
+    let saved: Vec<u8> = (0..4).map(|k| fw.peek(ring_offset + k)).collect();
+    fw.poke(ring_offset + 3, 0x7F);
+    fw.poke(0x10, 0x98); // a new boot id makes the reader look again
+    assert_eq!(take(&mut source, 1), [FirmwareEvent::Reset]);
+    assert_eq!(count(&source.transport_loss(), "regions_refused"), 2);
+    for (k, b) in saved.into_iter().enumerate() {
+        fw.poke(ring_offset + k, b);
+    }
+    let events = take(&mut source, 1);
+    assert!(
+        matches!(&events[..], [FirmwareEvent::Hello(_)]),
+        "{events:?}"
+    );
+
     // QEMU restarted with a new file: let go, attached again.
     drop(fw);
     std::fs::remove_file(&path).unwrap();
@@ -214,8 +231,8 @@ fn a_reset_a_bad_header_and_a_replaced_file_are_survived() {
         matches!(&events[1], FirmwareEvent::Hello(h) if h.boot_id == 40),
         "{events:?}"
     );
-    assert_eq!(count(&source.counters(), "detaches"), 2);
-    assert_eq!(count(&source.counters(), "attaches"), 3);
+    assert_eq!(count(&source.counters(), "detaches"), 3);
+    assert_eq!(count(&source.counters(), "attaches"), 4);
     std::fs::remove_file(&path).unwrap();
 }
 
