@@ -434,11 +434,17 @@ impl<'m> Smb<'m> {
         header: &ChunkHeaderRepr,
     ) -> Result<WritableChunk<'a>, AcquireError> {
         let layout = sync::try_acquire_for_writing(p, chunk, header)?;
-        self.writable(p, page, layout, chunk)
+        self.writable(p, page, layout, chunk, None)
+            .ok_or(AcquireError::ChunkOutOfRange {
+                chunk,
+                num_chunks: layout.num_chunks(),
+            })
     }
 
     /// The token of `chunk` of page `p` (page `page`, partitioned with
-    /// `layout`), which this producer just took (`Free → BeingWritten`).
+    /// `layout`), which this producer just took (`Free → BeingWritten`),
+    /// writing `header` into it if given. `None` only if the chunk has no
+    /// geometry in the layout (never for a chunk the state machine gave).
     #[allow(unsafe_code)]
     fn writable<'a>(
         &'a self,
@@ -446,18 +452,13 @@ impl<'m> Smb<'m> {
         page: usize,
         layout: PageLayout,
         chunk: usize,
-    ) -> Result<WritableChunk<'a>, AcquireError> {
-        // The geometry was valid for the CAS just won; recomputing it cannot
-        // fail for an in-range page and chunk.
-        let out_of_range = AcquireError::ChunkOutOfRange {
-            chunk,
-            num_chunks: layout.num_chunks(),
-        };
-        let g = self
-            .page_size
-            .chunk_geometry(layout, chunk)
-            .ok_or(out_of_range)?;
-        let words = p.words_at(g.offset).ok_or(out_of_range)?;
+        header: Option<&ChunkHeaderRepr>,
+    ) -> Option<WritableChunk<'a>> {
+        let g = self.page_size.chunk_geometry(layout, chunk)?;
+        let words = p.words_at(g.offset)?;
+        if let Some(header) = header {
+            words.init(header);
+        }
         // SAFETY: the caller just won `Free → BeingWritten` for this chunk,
         // so this producer owns its payload until `release_as_complete`; the
         // payload lies after the chunk header and inside the chunk (geometry
@@ -469,10 +470,9 @@ impl<'m> Smb<'m> {
                 p.page_offset + g.offset + CHUNK_HEADER_SIZE,
                 g.size - CHUNK_HEADER_SIZE,
             )
-        }
-        .ok_or(out_of_range)?;
+        }?;
         let used = payload.len() as u16;
-        Ok(WritableChunk {
+        Some(WritableChunk {
             header_bitmap: p.header_bitmap,
             page,
             // Below 14 (the geometry exists).
@@ -504,9 +504,15 @@ impl<'m> Smb<'m> {
         let mut page = start_page;
         for _ in 0..self.num_pages {
             if let Some(p) = self.page(page) {
-                // One CAS partitions a free page and takes its first chunk.
-                if let Ok((found, chunk)) = sync::try_acquire_first_free(&p, layout, &header) {
-                    return self.writable(&p, page, found, chunk);
+                // One CAS partitions a free page and takes its first chunk;
+                // its header is written right after.
+                if let Ok((found, chunk)) = sync::try_take_first_free(p.header_bitmap, layout) {
+                    return self.writable(&p, page, found, chunk, Some(&header)).ok_or(
+                        AcquireError::ChunkOutOfRange {
+                            chunk,
+                            num_chunks: found.num_chunks(),
+                        },
+                    );
                 }
             }
             page += 1;

@@ -558,8 +558,22 @@ pub fn try_acquire_first_free<P: PageWords + ?Sized>(
     layout: PageLayout,
     header: &ChunkHeaderRepr,
 ) -> Result<(PageLayout, usize), AcquireError> {
-    let word = page.header_bitmap();
-    let mut bitmap = word.load(Acquire);
+    let (found, chunk) = try_take_first_free(page.header_bitmap(), layout)?;
+    // The chunk exists in the layout just found, so it has header words.
+    if let Some(words) = page.chunk_words(found, chunk) {
+        words.init(header);
+    }
+    Ok((found, chunk))
+}
+
+/// The compare-and-swap of [`try_acquire_first_free`] alone, on the page's
+/// `header_bitmap` word: the caller owns the chunk it returns and must
+/// initialize its header before anything else.
+pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
+    header_bitmap: &W,
+    layout: PageLayout,
+) -> Result<(PageLayout, usize), AcquireError> {
+    let mut bitmap = header_bitmap.load(Acquire);
     for _ in 0..CAS_ATTEMPTS {
         let base = if bitmap == 0 {
             state::partitioned(layout)
@@ -569,19 +583,9 @@ pub fn try_acquire_first_free<P: PageWords + ?Sized>(
         let Some(chunk) = state::first_free(base) else {
             return Err(AcquireError::NoFreeChunk);
         };
-        let found = state::layout(base);
-        let words = page
-            .chunk_words(found, chunk)
-            .ok_or(AcquireError::ChunkOutOfRange {
-                chunk,
-                num_chunks: found.num_chunks(),
-            })?;
         let next = base | ChunkState::BeingWritten.bits() << (chunk as u32 * 2);
-        match word.compare_exchange(bitmap, next, AcqRel, Acquire) {
-            Ok(_) => {
-                words.init(header);
-                return Ok((found, chunk));
-            }
+        match header_bitmap.compare_exchange(bitmap, next, AcqRel, Acquire) {
+            Ok(_) => return Ok((state::layout(base), chunk)),
             Err(b) => bitmap = b,
         }
     }

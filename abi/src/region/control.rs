@@ -213,10 +213,11 @@ impl<'m> Control<'m> {
     }
 
     /// The host's clear request counter: when it changed since a writer
-    /// last looked, the writer restarts its sequence.
+    /// last looked, the writer restarts its sequence. (Relaxed: the request
+    /// publishes nothing else a writer reads, so no barrier per event.)
     #[inline]
     pub fn clear_request(&self) -> u32 {
-        self.load(offset::CLEAR_REQUEST, Acquire)
+        self.load(offset::CLEAR_REQUEST, Relaxed)
     }
 
     /// The host's flush request counter.

@@ -158,7 +158,6 @@ pub struct TrackEventWriter<
     clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
-    needs_reset: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
@@ -167,6 +166,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// A writer of a new sequence into `out`, timed by `clock`.
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
         let clear_epoch = out.arbiter().clear_epoch();
+        let mut out = out;
+        // The sequence starts with its reset packet (a reset is due while
+        // the fast path is held).
+        out.hold_fast_path(true);
         Self {
             out,
             clock,
@@ -177,7 +180,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
-            needs_reset: true,
         }
     }
 
@@ -257,7 +259,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Starts the sequence again with its next event: interned strings and
     /// descriptors are written anew (a reader joining now sees them).
     pub fn clear_incremental_state(&mut self) {
-        self.needs_reset = true;
+        self.out.hold_fast_path(true);
     }
 
     /// Hands the current chunk to the arbiter.
@@ -375,12 +377,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
-    /// paths can write it so: no reset due, no clear requested, time not
-    /// gone backwards, less than 2^28 ns (4-byte varint) since the previous
-    /// event.
+    /// paths can write it so: no clear requested, time not gone backwards,
+    /// less than 2^28 ns (4-byte varint) since the previous event. (While a
+    /// reset is due the chunk writer's fast path is held.)
     #[inline(always)]
     fn delta(&self, now: u64) -> Option<u32> {
-        if self.needs_reset || self.out.arbiter().clear_epoch() != self.clear_epoch {
+        if self.out.arbiter().clear_epoch() != self.clear_epoch {
             return None;
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
@@ -516,7 +518,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     #[cold]
     fn lost(&mut self) -> bool {
-        self.needs_reset = true;
+        self.out.hold_fast_path(true);
         self.stats.events_dropped += 1;
         false
     }
@@ -527,11 +529,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             Ok(true) => true,
             Ok(false) => {
                 self.out.count_dropped(DropReason::PacketTooLong);
-                self.needs_reset = true;
+                self.out.hold_fast_path(true);
                 false
             }
             Err(_) => {
-                self.needs_reset = true;
+                self.out.hold_fast_path(true);
                 false
             }
         }
@@ -544,9 +546,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         let epoch = self.out.arbiter().clear_epoch();
         if epoch != self.clear_epoch {
             self.clear_epoch = epoch;
-            self.needs_reset = true;
+            self.out.hold_fast_path(true);
         }
-        if self.needs_reset && !self.reset(now) {
+        if self.out.fast_path_held() && !self.reset(now) {
             self.stats.events_dropped += 1;
             return false;
         }
@@ -575,7 +577,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             return false;
         }
         self.base = now;
-        self.needs_reset = false;
+        self.out.hold_fast_path(false);
         self.describe(AnyTrack::Slices(track), now)
     }
 

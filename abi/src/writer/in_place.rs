@@ -36,7 +36,8 @@
 //! * The held chunk's window limit
 //!   ([`WritableChunk::set_window_limit`]) is 0 unless the count is
 //!   inflated and nothing must be put in front of the next packet (no loss
-//!   to mark, not the sequence's first packet); then it also ends where
+//!   to mark, not the sequence's first packet, the fast path not held by
+//!   the caller); then it also ends where
 //!   the count could pass [`MAX_FRAGMENTS_PER_CHUNK`] (every packet takes
 //!   at least its size byte, so the count grows no faster than `cursor`).
 //!   So the common case, [`InPlaceWriter::write_fast`], checks one bound:
@@ -138,6 +139,7 @@ pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
     target_buffer: BufferId,
     inflated: bool,
     first_packet: bool,
+    held: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
@@ -159,6 +161,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             target_buffer,
             inflated: false,
             first_packet: true,
+            held: false,
         })
     }
 
@@ -288,23 +291,14 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 // The packet's fragment, then the inflated one for the next.
                 let next = count + u16::from(!inflated) + 1;
                 chunk.set_packets(Packets::from_bits(next));
-                let cursor = at + end;
                 self.count = next;
-                self.cursor = cursor as u16;
+                self.cursor = (at + end) as u16;
                 self.inflated = true;
                 if !first {
                     self.pending_loss = 0;
                 }
                 self.first_packet = false;
-                // The fast path's limit: a window at most `MAX - next`
-                // bytes further (invariants), none while a loss waits.
-                let limit = match MAX_FRAGMENTS_PER_CHUNK.checked_sub(next) {
-                    Some(more) if self.pending_loss == 0 => {
-                        cursor + WINDOW_LEN + WINDOW_SLACK + usize::from(more)
-                    }
-                    _ => 0,
-                };
-                chunk.set_window_limit(limit);
+                self.update_limit();
                 return Ok(true);
             }
             if full_window || took {
@@ -313,6 +307,39 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             self.take_new_chunk()?;
             took = true;
         }
+    }
+
+    /// Sets the held chunk's window limit from the invariants: a window at
+    /// most `MAX - count` bytes past the cursor; none unless the count is
+    /// inflated, or while a loss or the sequence's first packet waits, or
+    /// while the fast path is held.
+    fn update_limit(&mut self) {
+        let allowed = self.inflated && self.pending_loss == 0 && !self.first_packet && !self.held;
+        let Some(chunk) = self.chunk.as_mut() else {
+            return;
+        };
+        let limit = match MAX_FRAGMENTS_PER_CHUNK.checked_sub(self.count) {
+            Some(more) if allowed => {
+                usize::from(self.cursor) + WINDOW_LEN + WINDOW_SLACK + usize::from(more)
+            }
+            _ => 0,
+        };
+        chunk.set_window_limit(limit);
+    }
+
+    /// Holds the fast path ([`InPlaceWriter::write_fast`] refuses every
+    /// packet, so each goes through [`InPlaceWriter::write_dyn`]) or
+    /// releases it: for a caller with something to do before its next
+    /// packet (a sequence restart), which then needs no flag of its own on
+    /// its fast path.
+    pub fn hold_fast_path(&mut self, held: bool) {
+        self.held = held;
+        self.update_limit();
+    }
+
+    /// Whether the fast path is held ([`InPlaceWriter::hold_fast_path`]).
+    pub fn fast_path_held(&self) -> bool {
+        self.held
     }
 
     /// Whether the held chunk takes another packet: a window of at least
@@ -395,9 +422,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// next packet written.
     pub fn count_dropped(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
-        if let Some(chunk) = &mut self.chunk {
-            chunk.set_window_limit(0);
-        }
+        self.update_limit();
         match reason {
             DropReason::SmbFull => self.stats.dropped_smb_full += 1,
             DropReason::PatchStorageFull => self.stats.dropped_patch_storage += 1,
