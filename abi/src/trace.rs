@@ -51,6 +51,9 @@ pub mod trace_packet {
     pub const INTERNED_DATA: u32 = 12;
     /// `sequence_flags` (uint32, [`SequenceFlags`](super::sequence_flags)).
     pub const SEQUENCE_FLAGS: u32 = 13;
+    /// `incremental_state_cleared` (bool, deprecated: superseded by
+    /// [`SEQUENCE_FLAGS`]).
+    pub const INCREMENTAL_STATE_CLEARED: u32 = 41;
     /// `trace_config` (written by the service only).
     pub const TRACE_CONFIG: u32 = 33;
     /// `trace_stats` (written by the service only).
@@ -61,7 +64,7 @@ pub mod trace_packet {
     pub const PREVIOUS_PACKET_DROPPED: u32 = 42;
     /// `system_info`.
     pub const SYSTEM_INFO: u32 = 45;
-    /// `trigger`.
+    /// `trigger` ([`Trigger`](super::trigger), written by the service only).
     pub const TRIGGER: u32 = 46;
     /// `compressed_packets` (bytes, written by the service only).
     pub const COMPRESSED_PACKETS: u32 = 50;
@@ -225,12 +228,28 @@ pub mod track_descriptor {
     pub const PARENT_UUID: u32 = 5;
     /// `counter` ([`CounterDescriptor`](super::counter_descriptor)).
     pub const COUNTER: u32 = 8;
-    /// `child_ordering` (enum `ChildTracksOrdering`).
+    /// `child_ordering` ([`ChildTracksOrdering`]).
     pub const CHILD_ORDERING: u32 = 11;
     /// `sibling_order_rank` (int32).
     pub const SIBLING_ORDER_RANK: u32 = 12;
     /// `description` (string).
     pub const DESCRIPTION: u32 = 14;
+
+    /// `TrackDescriptor.ChildTracksOrdering`: how a UI orders the track's
+    /// children.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    #[repr(u8)]
+    pub enum ChildTracksOrdering {
+        /// `UNKNOWN`: the UI decides.
+        #[default]
+        Unknown = 0,
+        /// `LEXICOGRAPHIC`: alphabetical by name.
+        Lexicographic = 1,
+        /// `CHRONOLOGICAL`: by first event.
+        Chronological = 2,
+        /// `EXPLICIT`: by `sibling_order_rank`.
+        Explicit = 3,
+    }
 }
 
 /// `ProcessDescriptor` (`protos/perfetto/trace/track_event/process_descriptor.proto`).
@@ -282,6 +301,39 @@ pub mod counter_descriptor {
     }
 }
 
+/// `Trigger` (`protos/perfetto/trace/trigger.proto`): a trigger a session
+/// received.
+pub mod trigger {
+    /// `trigger_name` (string).
+    pub const TRIGGER_NAME: u32 = 1;
+    /// `producer_name` (string).
+    pub const PRODUCER_NAME: u32 = 2;
+    /// `trusted_producer_uid` (int32).
+    pub const TRUSTED_PRODUCER_UID: u32 = 3;
+    /// `stop_delay_ms` (uint64).
+    pub const STOP_DELAY_MS: u32 = 4;
+}
+
+/// `TrackEventDescriptor`
+/// (`protos/perfetto/common/track_event_descriptor.proto`): the categories
+/// a track event data source advertises in its `DataSourceDescriptor`.
+pub mod track_event_descriptor {
+    /// `available_categories` (repeated
+    /// [`TrackEventCategory`](super::track_event_category)).
+    pub const AVAILABLE_CATEGORIES: u32 = 1;
+}
+
+/// `TrackEventCategory`
+/// (`protos/perfetto/common/track_event_descriptor.proto`).
+pub mod track_event_category {
+    /// `name` (string).
+    pub const NAME: u32 = 1;
+    /// `description` (string).
+    pub const DESCRIPTION: u32 = 2;
+    /// `tags` (repeated string).
+    pub const TAGS: u32 = 3;
+}
+
 /// `ClockSnapshot` (`protos/perfetto/trace/clock_snapshot.proto`).
 pub mod clock_snapshot {
     /// `clocks` (repeated [`Clock`](super::clock)).
@@ -309,10 +361,24 @@ pub mod clock {
 pub mod builtin_clock {
     /// `BUILTIN_CLOCK_REALTIME`.
     pub const REALTIME: u32 = 1;
+    /// `BUILTIN_CLOCK_REALTIME_COARSE`.
+    pub const REALTIME_COARSE: u32 = 2;
     /// `BUILTIN_CLOCK_MONOTONIC`.
     pub const MONOTONIC: u32 = 3;
+    /// `BUILTIN_CLOCK_MONOTONIC_COARSE`.
+    pub const MONOTONIC_COARSE: u32 = 4;
+    /// `BUILTIN_CLOCK_MONOTONIC_RAW`.
+    pub const MONOTONIC_RAW: u32 = 5;
     /// `BUILTIN_CLOCK_BOOTTIME`: the default trace clock.
     pub const BOOTTIME: u32 = 6;
+    /// `BUILTIN_CLOCK_TSC`: the x86-64 time-stamp counter, in ticks, not
+    /// nanoseconds.
+    pub const TSC: u32 = 9;
+    /// `BUILTIN_CLOCK_PERF`: the clock of perf events.
+    pub const PERF: u32 = 10;
+    /// `BUILTIN_CLOCK_TRACE_FILE`: the clock of the trace file's own
+    /// timestamps.
+    pub const TRACE_FILE: u32 = 11;
     /// The first sequence-scoped clock id.
     pub const FIRST_SEQUENCE_CLOCK: u32 = 64;
     /// The last sequence-scoped clock id.

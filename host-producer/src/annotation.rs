@@ -16,6 +16,7 @@
 //! ```
 
 use shmtrace_abi::proto::{Message, Sink};
+use shmtrace_abi::trace::debug_annotation as field;
 
 /// One annotation value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,20 +120,6 @@ impl<'a> Arg<'a> {
     }
 }
 
-/// DebugAnnotation field numbers.
-mod field {
-    pub const NAME_IID: u32 = 1;
-    pub const BOOL: u32 = 2;
-    pub const UINT: u32 = 3;
-    pub const INT: u32 = 4;
-    pub const DOUBLE: u32 = 5;
-    pub const STRING: u32 = 6;
-    pub const POINTER: u32 = 7;
-    pub const NAME: u32 = 10;
-    pub const DICT_ENTRIES: u32 = 11;
-    pub const ARRAY_VALUES: u32 = 12;
-}
-
 /// How an annotation's name is written.
 pub(crate) enum NameRef<'a> {
     Iid(u64),
@@ -156,12 +143,12 @@ pub(crate) fn write_annotation<S: Sink>(
 
 fn write_value<S: Sink>(m: &mut Message<'_, S>, value: &DebugValue<'_>) {
     match *value {
-        DebugValue::Bool(b) => m.bool(field::BOOL, b),
-        DebugValue::Int(i) => m.int64(field::INT, i),
-        DebugValue::Uint(u) => m.uint64(field::UINT, u),
-        DebugValue::Double(d) => m.double(field::DOUBLE, d),
-        DebugValue::Str(s) => m.string(field::STRING, s),
-        DebugValue::Pointer(p) => m.uint64(field::POINTER, p),
+        DebugValue::Bool(b) => m.bool(field::BOOL_VALUE, b),
+        DebugValue::Int(i) => m.int64(field::INT_VALUE, i),
+        DebugValue::Uint(u) => m.uint64(field::UINT_VALUE, u),
+        DebugValue::Double(d) => m.double(field::DOUBLE_VALUE, d),
+        DebugValue::Str(s) => m.string(field::STRING_VALUE, s),
+        DebugValue::Pointer(p) => m.uint64(field::POINTER_VALUE, p),
         DebugValue::Dict(entries) => {
             for (name, v) in entries {
                 m.nested(field::DICT_ENTRIES, |child| {

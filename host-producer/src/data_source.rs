@@ -622,13 +622,14 @@ thread_local! {
 /// thread while a session has it enabled.
 ///
 /// ```no_run
+/// use shmtrace_abi::trace::trace_packet;
 /// use shmtrace_producer::{DataSource, NoopHandler};
 /// let ds = DataSource::register("com.example.my_source", NoopHandler).unwrap();
 /// if ds.is_enabled() {
 ///     ds.trace(|ctx| {
 ///         ctx.packet(|p| {
-///             p.uint64(8, 42); // timestamp
-///             p.bytes(900, b"payload"); // for_testing
+///             p.uint64(trace_packet::TIMESTAMP, 42);
+///             p.bytes(trace_packet::FOR_TESTING, b"payload");
 ///         });
 ///     });
 /// }

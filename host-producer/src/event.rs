@@ -84,6 +84,18 @@ const TAG_TRACK_UUID: u8 = tag1(event_field::TRACK_UUID, WireType::Varint);
 const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Varint);
 /// `DebugAnnotation.name_iid`.
 const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
+/// `DebugAnnotation.bool_value`.
+const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
+/// `DebugAnnotation.uint_value`.
+const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
+/// `DebugAnnotation.int_value`.
+const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
+/// `DebugAnnotation.double_value`.
+const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
+/// `DebugAnnotation.string_value`.
+const TAG_ARG_STRING: u8 = tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
+/// `DebugAnnotation.pointer_value`.
+const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Varint);
 
 /// An event name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +197,63 @@ impl<'a> PlainEvent<'a> {
 #[inline(always)]
 fn varint_len(v: u64) -> u8 {
     shmtrace_abi::proto::wire::varint_len(v) as u8
+}
+
+/// Appends varint `v` through `f`, keeping the cursor in registers.
+///
+/// [`Cursor::varint`] hands a value above 32 bits to an out-of-line
+/// function that takes the cursor by reference. Where that call is inlined
+/// (whether or not it runs), the cursor's address escapes, so the compiler
+/// keeps its pointer, mask and length in memory and reloads them after
+/// every byte stored through the window. Here a value above 32 bits is
+/// split into two words by a function that never sees the cursor.
+#[inline(always)]
+fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
+    match u32::try_from(v) {
+        Ok(v) => f.varint32(v),
+        Err(_) => {
+            let (low, high) = crate::intern::varint_words(v);
+            let n = usize::from(varint_len(v));
+            f.word(low, n.min(8));
+            if n > 8 {
+                f.word(u64::from(high), n - 8);
+            }
+        }
+    }
+}
+
+/// Appends a flat debug annotation value (its tag and contents) with the
+/// cursor's inlined byte writers only. [`encode::arg_value`] writes the
+/// same bytes through the cursor's field writers, which the compiler may
+/// leave out of line; a call that takes the cursor by reference keeps the
+/// cursor in memory for the whole inlined encoder (see [`put_varint`]).
+#[inline(always)]
+fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
+    use encode::ArgValue as A;
+    match value {
+        A::Bool(b) => f.byte2([TAG_ARG_BOOL, u8::from(b)]),
+        A::Uint(u) => {
+            f.byte(TAG_ARG_UINT);
+            put_varint(f, u);
+        }
+        A::Int(i) => {
+            f.byte(TAG_ARG_INT);
+            put_varint(f, i as u64);
+        }
+        A::Double(d) => {
+            f.byte(TAG_ARG_DOUBLE);
+            f.word(d.to_bits(), 8);
+        }
+        A::Str(s) => {
+            f.byte(TAG_ARG_STRING);
+            put_varint(f, s.len() as u64);
+            f.bytes(s.as_bytes());
+        }
+        A::Pointer(p) => {
+            f.byte(TAG_ARG_POINTER);
+            put_varint(f, p);
+        }
+    }
 }
 
 /// The abi's form of a flat debug annotation value; `None` for a dict or
@@ -566,7 +635,7 @@ impl SequenceState {
                 );
             } else {
                 f.byte(TAG_TIMESTAMP);
-                f.varint(delta);
+                put_varint(f, delta);
                 let [h0, h1, h2, h3, h4, h5] = head;
                 f.word(u64::from_le_bytes([h0, h1, h2, h3, h4, h5, 0, 0]), 6);
             }
@@ -579,7 +648,7 @@ impl SequenceState {
                     f.word(u64::from(high), n - 8);
                 }
                 f.byte2(TAG_COUNTER_VALUE);
-                f.varint(b);
+                put_varint(f, b);
                 return true;
             }
             // Two one-byte tags with one-byte values (category and name
@@ -596,7 +665,7 @@ impl SequenceState {
             for (tag, v) in [(tag_a, a), (tag_b, b)] {
                 if tag[0] != 0 {
                     f.byte(tag[0]);
-                    f.varint(v);
+                    put_varint(f, v);
                 }
             }
             true
@@ -655,7 +724,7 @@ impl SequenceState {
                 return false;
             };
             f.byte(TAG_TIMESTAMP);
-            f.varint(delta);
+            put_varint(f, delta);
             f.word(
                 u64::from_le_bytes([
                     TAG_SEQUENCE_FLAGS,
@@ -672,9 +741,9 @@ impl SequenceState {
             let te = f.begin_short();
             f.byte2([TAG_TYPE, KIND]);
             f.byte(TAG_CATEGORY_IIDS);
-            f.varint(cat);
+            put_varint(f, cat);
             f.byte(TAG_NAME_IID);
-            f.varint(name);
+            put_varint(f, name);
             for arg in ev.args {
                 let ArgName::Static(n) = arg.name else {
                     return false;
@@ -687,8 +756,8 @@ impl SequenceState {
                 f.byte(TAG_DEBUG_ANNOTATIONS);
                 let a = f.begin_short();
                 f.byte(TAG_ANNOTATION_NAME_IID);
-                f.varint(iid);
-                encode::arg_value(f, value);
+                put_varint(f, iid);
+                put_arg_value(f, value);
                 f.end_short(a);
             }
             f.end_short(te);
@@ -1118,6 +1187,50 @@ pub(crate) mod tests {
     use shmtrace_abi::proto::encode_to_slice;
     use shmtrace_abi::proto::wire::redundant_varint4;
     use shmtrace_abi::proto::Encoder;
+
+    /// The fast path's varint and debug annotation writers produce the
+    /// bytes of the cursor's own `varint` and of `encode::arg_value`, at
+    /// every varint length.
+    #[test]
+    fn inlined_writers_match_the_cursors() {
+        fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
+            let mut buf = [0u8; FAST_CAP + TARGET_SLACK];
+            let mut c = Cursor::new(&mut buf);
+            f(&mut c);
+            let n = c.finish().expect("fits");
+            buf[..n].to_vec()
+        }
+        use encode::ArgValue as A;
+        let mut values = vec![0u64, u64::MAX];
+        for shift in 0..64 {
+            values.extend([(1u64 << shift) - 1, 1u64 << shift]);
+        }
+        for v in values {
+            assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
+            for arg in [A::Uint(v), A::Int(v as i64), A::Pointer(v)] {
+                assert_eq!(
+                    bytes(|c| put_arg_value(c, arg)),
+                    bytes(|c| encode::arg_value(c, arg)),
+                    "{arg:?}"
+                );
+            }
+        }
+        let long = "s".repeat(200);
+        for arg in [
+            A::Bool(true),
+            A::Bool(false),
+            A::Double(-1.5),
+            A::Str(""),
+            A::Str("value"),
+            A::Str(&long),
+        ] {
+            assert_eq!(
+                bytes(|c| put_arg_value(c, arg)),
+                bytes(|c| encode::arg_value(c, arg)),
+                "{arg:?}"
+            );
+        }
+    }
 
     /// Collects packets into byte vectors; drops the packets whose index is
     /// in `drop`.

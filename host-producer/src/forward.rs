@@ -319,7 +319,9 @@ impl ChunkForwarder {
     /// names its own) for forwarded chunks. `handler` learns about setup,
     /// start, stop, flush and `ClearIncrementalState`; `options` are those
     /// of any data source (its buffer-exhausted policy decides whether a
-    /// forward waits for a free chunk).
+    /// forward waits for a free chunk). `name` may be `track_event` (a
+    /// firmware's track events, recorded by a plain track event config) in
+    /// a program that registers no track event categories itself.
     pub fn register(
         name: &str,
         options: DataSourceOptions,

@@ -259,7 +259,9 @@ pub struct TrackSet {
 }
 
 /// `v` as a varint, little-endian, in two words: bytes 0-7 and 8-9.
-fn varint_words(v: u64) -> (u64, u16) {
+#[cold]
+#[inline(never)]
+pub(crate) fn varint_words(v: u64) -> (u64, u16) {
     let mut bytes = [0u8; shmtrace_abi::proto::wire::MAX_VARINT_LEN];
     shmtrace_abi::proto::wire::put_varint(v, &mut bytes);
     let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = bytes;

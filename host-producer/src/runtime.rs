@@ -105,7 +105,13 @@ pub(crate) struct Runtime {
 
 pub(crate) fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
+    RUNTIME.get_or_init(Runtime::new)
+}
+
+impl Runtime {
+    /// A runtime with only the (not yet advertised) track event data
+    /// source.
+    fn new() -> Self {
         let outbox = Arc::new(Outbox::new());
         // Nothing is sent until a connection opens the outbox.
         outbox.set_closed(true);
@@ -129,10 +135,8 @@ pub(crate) fn runtime() -> &'static Runtime {
             registration: Mutex::new(()),
             triggers: Mutex::new(PendingTriggers::default()),
         }
-    })
-}
+    }
 
-impl Runtime {
     fn types(&self) -> Vec<Arc<DataSourceType>> {
         self.types.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -162,7 +166,17 @@ impl Runtime {
         }
         let _order = self.registration_order();
         let mut types = self.types.write().unwrap_or_else(|e| e.into_inner());
-        if types.iter().any(|t| t.name == name) {
+        // A program that never advertised track events (no categories: a
+        // bridge forwarding a firmware's `track_event` chunks) may register
+        // a data source of that name itself; the built-in one then never
+        // is (see `advertise_track_event`).
+        let claims_track_event = name == TRACK_EVENT_DATA_SOURCE
+            && kind != Kind::TrackEvent
+            && !self.track_event_advertised.load(Ordering::Acquire);
+        if types
+            .iter()
+            .any(|t| t.name == name && !(claims_track_event && t.kind == Kind::TrackEvent))
+        {
             return Err(RegisterError::AlreadyRegistered(name.to_owned()));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -184,17 +198,44 @@ impl Runtime {
     /// Advertises the track event data source the first time (the program
     /// registered categories or made a dynamic one), and again when its
     /// categories `changed`.
+    /// Not if the program registered a data source named `track_event`
+    /// of its own: that one is the process's `track_event` then (logged
+    /// once).
     pub(crate) fn advertise_track_event(&self, changed: bool) {
         if !changed && self.track_event_advertised.load(Ordering::Acquire) {
             return;
         }
         let _order = self.registration_order();
+        if self.track_event_claimed() {
+            static LOGGED: AtomicBool = AtomicBool::new(false);
+            if !LOGGED.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "shmtrace-producer: track events stay off: this program registered a data \
+                     source named {TRACK_EVENT_DATA_SOURCE:?} of its own"
+                );
+            }
+            return;
+        }
         let d = descriptor(&self.track_event());
         if !self.track_event_advertised.swap(true, Ordering::AcqRel) {
             self.outbox.push(Outgoing::RegisterDataSource(d));
         } else if changed {
             self.outbox.push(Outgoing::UpdateDataSource(d));
         }
+    }
+
+    /// Whether a data source the program registered is named
+    /// `track_event`.
+    fn track_event_claimed(&self) -> bool {
+        self.types()
+            .iter()
+            .any(|t| t.kind != Kind::TrackEvent && t.name == TRACK_EVENT_DATA_SOURCE)
+    }
+
+    /// The data source a session's config names: the program's own
+    /// `track_event`, if it registered one, before the built-in one.
+    fn type_named(&self, name: &str) -> Option<Arc<DataSourceType>> {
+        self.types().into_iter().rev().find(|t| t.name == name)
     }
 
     fn registration_order(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -310,7 +351,7 @@ impl Runtime {
         let Some(arbiter) = self.arbiter() else {
             return false;
         };
-        let Some(ty) = self.types().into_iter().find(|t| t.name == config.name) else {
+        let Some(ty) = self.type_named(&config.name) else {
             return false;
         };
         ty.setup(instance_id, config, arbiter).is_some()
@@ -408,4 +449,74 @@ fn descriptor(ty: &DataSourceType) -> DescriptorInfo {
 /// every connection so far.
 pub fn stats() -> ProducerStats {
     crate::arbiter::COUNTERS.snapshot()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NoopHandler;
+
+    /// The data sources a new connection of `rt` registers, and whatever
+    /// else is queued: (name, id, whether it is the track event type).
+    fn registered(rt: &Runtime) -> Vec<(String, u64, bool)> {
+        rt.connect();
+        let mut out = Vec::new();
+        while let Some(msg) = rt.outbox().try_next() {
+            match msg {
+                Outgoing::RegisterDataSource(d) => {
+                    out.push((d.name, d.id, d.track_event_descriptor.is_some()))
+                }
+                other => panic!("unexpected message {other:?}"),
+            }
+        }
+        out
+    }
+
+    fn custom(rt: &Runtime, name: &str) -> Result<Arc<DataSourceType>, RegisterError> {
+        rt.register_type(
+            name,
+            Kind::Custom,
+            DataSourceOptions::default(),
+            Arc::new(NoopHandler),
+        )
+    }
+
+    #[test]
+    fn a_program_without_track_events_may_register_its_own_track_event() {
+        let rt = Runtime::new();
+        let own = custom(&rt, TRACK_EVENT_DATA_SOURCE).expect("the name is free");
+        assert_eq!(
+            registered(&rt),
+            [(TRACK_EVENT_DATA_SOURCE.to_owned(), own.id, false)],
+            "only the program's own track_event is advertised"
+        );
+        assert_eq!(
+            rt.type_named(TRACK_EVENT_DATA_SOURCE).map(|t| t.id),
+            Some(own.id)
+        );
+        // Categories registered later do not bring the built-in one back.
+        rt.advertise_track_event(true);
+        assert!(rt.outbox().try_next().is_none());
+        assert!(matches!(
+            custom(&rt, TRACK_EVENT_DATA_SOURCE),
+            Err(RegisterError::AlreadyRegistered(_))
+        ));
+    }
+
+    #[test]
+    fn track_event_is_taken_once_track_events_are_advertised() {
+        let rt = Runtime::new();
+        rt.advertise_track_event(false);
+        assert!(matches!(
+            custom(&rt, TRACK_EVENT_DATA_SOURCE),
+            Err(RegisterError::AlreadyRegistered(_))
+        ));
+        let registered = registered(&rt);
+        assert_eq!(registered.len(), 1);
+        assert!(registered[0].2, "the built-in track event data source");
+        assert_eq!(
+            rt.type_named(TRACK_EVENT_DATA_SOURCE).map(|t| t.id),
+            Some(rt.track_event().id)
+        );
+    }
 }

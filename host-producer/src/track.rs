@@ -21,40 +21,17 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
+use shmtrace_abi::proto::{Message, Sink};
+use shmtrace_abi::trace::{
+    counter_descriptor, process_descriptor, thread_descriptor, track_descriptor as desc_field,
+};
+use shmtrace_ipc::protos::vec_sink::encode_to_vec;
 
 use crate::category::Category;
 use crate::sys;
 
-/// `TrackDescriptor.ChildTracksOrdering`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(i32)]
-pub enum ChildOrdering {
-    /// Let the UI decide.
-    #[default]
-    Unknown = 0,
-    /// Alphabetical by name.
-    Lexicographic = 1,
-    /// By first event.
-    Chronological = 2,
-    /// By `sibling_order_rank`.
-    Explicit = 3,
-}
-
-/// `CounterDescriptor.Unit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(i32)]
-pub enum CounterUnit {
-    /// No unit.
-    #[default]
-    Unspecified = 0,
-    /// Nanoseconds.
-    TimeNs = 1,
-    /// A count.
-    Count = 2,
-    /// Bytes.
-    SizeBytes = 3,
-}
+pub use shmtrace_abi::trace::counter_descriptor::Unit as CounterUnit;
+pub use shmtrace_abi::trace::track_descriptor::ChildTracksOrdering as ChildOrdering;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum TrackKind<'a> {
@@ -222,9 +199,10 @@ impl<'a> Track<'a> {
         }
         let mut ancestors = ANCESTORS.lock().unwrap_or_else(PoisonError::into_inner);
         ancestors.entry(self.uuid).or_insert_with(|| {
-            let mut bytes = vec![0; encoded_len(|d| self.write_descriptor(d)) as usize];
-            let n = encode_to_slice(&mut bytes, |d| self.write_descriptor(d)).unwrap_or(0);
-            bytes.truncate(n);
+            let mut bytes = Vec::new();
+            // Constant field numbers, strings far below the 256 MiB limit,
+            // one level of nesting: nothing for the encoder to refuse.
+            let _ = encode_to_vec(&mut bytes, |d| self.write_descriptor(d));
             Ancestor {
                 parent_uuid: self.parent_uuid,
                 descriptor: bytes.into(),
@@ -234,45 +212,45 @@ impl<'a> Track<'a> {
 
     /// Writes this track's `TrackDescriptor` fields into `desc`.
     pub(crate) fn write_descriptor<S: Sink>(&self, desc: &mut Message<'_, S>) {
-        desc.uint64(1, self.uuid);
+        desc.uint64(desc_field::UUID, self.uuid);
         if self.parent_uuid != 0 {
-            desc.uint64(5, self.parent_uuid);
+            desc.uint64(desc_field::PARENT_UUID, self.parent_uuid);
         }
         if let Some(name) = self.name {
-            desc.string(2, name);
+            desc.string(desc_field::NAME, name);
         }
         if let Some(d) = self.description {
-            desc.string(14, d);
+            desc.string(desc_field::DESCRIPTION, d);
         }
         if self.child_ordering != ChildOrdering::Unknown {
-            desc.enumeration(11, self.child_ordering as i32);
+            desc.enumeration(desc_field::CHILD_ORDERING, self.child_ordering as i32);
         }
         if let Some(rank) = self.sibling_order_rank {
-            desc.int32(12, rank);
+            desc.int32(desc_field::SIBLING_ORDER_RANK, rank);
         }
         match self.kind {
             TrackKind::Custom => {}
             TrackKind::Process => {
                 let info = process_info();
-                desc.nested(3, |p| {
-                    p.int32(1, info.pid);
+                desc.nested(desc_field::PROCESS, |p| {
+                    p.int32(process_descriptor::PID, info.pid);
                     for arg in &info.cmdline {
-                        p.string(2, arg);
+                        p.string(process_descriptor::CMDLINE, arg);
                     }
                     let name = process_name();
                     if !name.is_empty() {
-                        p.string(6, &name);
+                        p.string(process_descriptor::PROCESS_NAME, &name);
                     }
                 });
             }
             TrackKind::Thread { tid } => {
-                desc.nested(4, |t| {
-                    t.int32(1, process_info().pid);
-                    t.int64(2, tid);
+                desc.nested(desc_field::THREAD, |t| {
+                    t.int32(thread_descriptor::PID, process_info().pid);
+                    t.int64(thread_descriptor::TID, tid);
                     if tid == sys::current_tid() {
                         sys::with_thread_name(|name| {
                             if let Some(name) = name {
-                                t.string(5, name);
+                                t.string(thread_descriptor::THREAD_NAME, name);
                             }
                         });
                     }
@@ -285,21 +263,21 @@ impl<'a> Track<'a> {
                 incremental,
                 category,
             }) => {
-                desc.nested(8, |c| {
+                desc.nested(desc_field::COUNTER, |c| {
                     if let Some(category) = category {
-                        c.string(2, category);
+                        c.string(counter_descriptor::CATEGORIES, category);
                     }
                     if unit != CounterUnit::Unspecified {
-                        c.enumeration(3, unit as i32);
+                        c.enumeration(counter_descriptor::UNIT, unit as i32);
                     }
                     if multiplier != 1 {
-                        c.int64(4, multiplier);
+                        c.int64(counter_descriptor::UNIT_MULTIPLIER, multiplier);
                     }
                     if incremental {
-                        c.bool(5, true);
+                        c.bool(counter_descriptor::IS_INCREMENTAL, true);
                     }
                     if let Some(u) = unit_name {
-                        c.string(6, u);
+                        c.string(counter_descriptor::UNIT_NAME, u);
                     }
                 });
             }

@@ -27,7 +27,8 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
+use shmtrace_abi::trace::{track_event_category as category, track_event_descriptor as descriptor};
+use shmtrace_ipc::protos::vec_sink::encode_to_vec;
 
 use crate::annotation::{Arg, ArgName, DebugValue};
 use crate::category::{registry, Category, DynamicCategory};
@@ -131,31 +132,27 @@ impl DataSourceHandler for TrackEventHandler {
 }
 
 /// The serialized `TrackEventDescriptor` advertising the registered
-/// categories (`available_categories` = 1: `{name = 1, description = 2,
-/// tags = 3}`).
+/// categories (`available_categories`: name, description, tags).
 pub(crate) fn serialized_descriptor() -> Vec<u8> {
-    fn write<S: Sink>(d: &mut Message<'_, S>, cats: &[&'static Category]) {
+    let cats = registry().advertised();
+    let mut buf = Vec::new();
+    let written = encode_to_vec(&mut buf, |d| {
         // A group ("a,b") is not a category of its own: upstream leaves
         // groups out, and so do we.
         for c in cats.iter().filter(|c| !c.is_group()) {
-            d.nested(1, |e| {
-                e.string(1, c.name());
+            d.nested(descriptor::AVAILABLE_CATEGORIES, |e| {
+                e.string(category::NAME, c.name());
                 if !c.description().is_empty() {
-                    e.string(2, c.description());
+                    e.string(category::DESCRIPTION, c.description());
                 }
                 for t in c.tags() {
-                    e.string(3, t);
+                    e.string(category::TAGS, t);
                 }
             });
         }
-    }
-    let cats = registry().advertised();
-    let mut buf = vec![0u8; encoded_len(|d| write(d, &cats)) as usize];
-    match encode_to_slice(&mut buf, |d| write(d, &cats)) {
-        Ok(n) => {
-            buf.truncate(n);
-            buf
-        }
+    });
+    match written {
+        Ok(()) => buf,
         Err(_) => Vec::new(),
     }
 }

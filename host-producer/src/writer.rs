@@ -978,6 +978,7 @@ mod deferred_tests {
     use super::tests::{cell, cell_and_arbiter};
     use super::*;
     use crate::outbox::Outgoing;
+    use shmtrace_abi::trace::trace_packet;
 
     /// What the arbiter's outbox holds, in order (chunks committed per
     /// commit, writers unregistered).
@@ -994,7 +995,10 @@ mod deferred_tests {
     fn write_one(cell: &WriterCell) -> CellGuard<'_> {
         use crate::event::PacketWriter;
         let mut g = cell.lock_owner();
-        assert!(g.inner().out.write_packet(|p| p.uint64(8, 1)));
+        assert!(g
+            .inner()
+            .out
+            .write_packet(|p| p.uint64(trace_packet::TIMESTAMP, 1)));
         g
     }
 

@@ -425,8 +425,9 @@ fn counter_on_a_track_that_is_not_a_counter() {
 
 /// Timestamps a trace processor cannot resolve: a negative delta on the
 /// incremental clock 64 (an impossible encoding), a sequence-scoped clock
-/// the sequence never defines, and one whose snapshot names no builtin
-/// clock to convert it to (a trace processor drops such events).
+/// the sequence never defines, a clock whose snapshots never reach the
+/// trace clock, a builtin clock no snapshot names (a trace processor drops
+/// such events), and a snapshot a trace processor refuses.
 #[test]
 fn unresolvable_timestamps() {
     let dir = TempDir::new("time");
@@ -443,6 +444,13 @@ fn unresolvable_timestamps() {
         "clock_snapshot { clocks { clock_id: 64 timestamp: 1125788182702 \
          is_incremental: true } }",
     );
+    let mut redefined = EditTrace::golden();
+    let i = redefined.events(3, INSTANT)[5];
+    redefined.edit(
+        i,
+        "clock_snapshot { clocks { clock_id: 64 timestamp: 1 } clocks { clock_id: 6 \
+         timestamp: 1125788182702 } }",
+    );
     for (trace, fragment) in [
         (
             instant(&format!("timestamp: {}", u64::MAX - 4)),
@@ -454,11 +462,109 @@ fn unresolvable_timestamps() {
         ),
         (
             unanchored,
-            "clock 64, whose snapshot on sequence 3 names no builtin clock",
+            "clock 64 of sequence 3 cannot be converted to BOOTTIME",
+        ),
+        (
+            instant("timestamp_clock_id: 42"),
+            "clock 42, which no clock snapshot names",
+        ),
+        (
+            redefined,
+            "clock snapshot refused (as a trace processor does): clock 64 of sequence 3 was \
+             defined before with another unit or incremental flag",
+        ),
+        (
+            firmware_sequence(Some(Bridge::Missing)),
+            "clock 64 of sequence 3 cannot be converted to BOOTTIME",
+        ),
+        (
+            firmware_sequence(Some(Bridge::AfterEvents)),
+            "clock 64 of sequence 3 cannot be converted to BOOTTIME",
         ),
     ] {
         check_fails_with(&trace, &dir, "timestamps", fragment);
     }
+}
+
+/// Where the bridge's snapshot relating the firmware clock to BOOTTIME
+/// goes in [`firmware_sequence`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bridge {
+    /// First on the sequence, before the firmware's reset packet.
+    First,
+    /// After the sequence's first events.
+    AfterEvents,
+    /// Nowhere.
+    Missing,
+}
+
+/// Sequence 3 as a firmware behind the bridge writes it: its reset packet
+/// (which clears the incremental state) relates its incremental clock 64
+/// to its own clock 65 and names no builtin clock; the bridge relates 65
+/// to BOOTTIME (firmware 1000 ns = BOOTTIME 1125788182702) in a packet of
+/// its own on the sequence. `None`: `Bridge::First`.
+fn firmware_sequence(bridge: Option<Bridge>) -> EditTrace {
+    let bridge = bridge.unwrap_or(Bridge::First);
+    let mut t = EditTrace::golden();
+    let reset = t.sequence(3)[0];
+    t.clear(reset, "clock_snapshot").edit(
+        reset,
+        "clock_snapshot { clocks { clock_id: 65 timestamp: 1000 } clocks { clock_id: 64 \
+         timestamp: 1000 is_incremental: true } }",
+    );
+    let mut packet = EditTrace {
+        packets: vec![t.packets[reset].clone()],
+    };
+    for field in [
+        "clock_snapshot",
+        "sequence_flags",
+        "trace_packet_defaults",
+        "timestamp",
+    ] {
+        packet.clear(0, field);
+    }
+    packet.edit(
+        0,
+        "clock_snapshot { clocks { clock_id: 65 timestamp: 1000 } clocks { clock_id: 6 \
+         timestamp: 1125788182702 } }",
+    );
+    match bridge {
+        Bridge::First => {
+            t.clear(reset, "first_packet_on_sequence")
+                .clear(reset, "previous_packet_dropped");
+            t.packets.insert(reset, packet.packets.remove(0));
+        }
+        Bridge::AfterEvents => {
+            packet
+                .clear(0, "first_packet_on_sequence")
+                .clear(0, "previous_packet_dropped");
+            let at = t.events(3, INSTANT)[3];
+            t.packets.insert(at, packet.packets.remove(0));
+        }
+        Bridge::Missing => {}
+    }
+    t
+}
+
+/// A firmware sequence (events on clock 64, defined against the
+/// firmware's clock 65 at its reset) related to BOOTTIME only by the
+/// bridge's snapshot before the reset: resolved in two hops (64 -> 65 ->
+/// BOOTTIME), the relation kept across the reset's clear, as a trace
+/// processor keeps it.
+#[test]
+fn a_firmware_clock_related_by_the_bridge_resolves_in_two_hops() {
+    let dir = TempDir::new("firmware-clock");
+    let t = firmware_sequence(None);
+    let a = check_passes(&t, &dir);
+    assert_eq!(a["clocks"]["sequence_scoped"]["65"], 1);
+    assert_eq!(a["clocks"]["sequence_scoped"]["64"], 3);
+    assert_eq!(sequence_info(&a, 3)["out_of_order"], 0);
+    // The firmware's events land where the bridge put clock 65: the
+    // sequence's first event (a delta of 0 from 1000 ns) at the BOOTTIME
+    // the golden trace had there.
+    let golden = check_passes(&EditTrace::golden(), &dir);
+    assert_eq!(a["clocks"]["first_ns"], golden["clocks"]["first_ns"]);
+    assert_eq!(a["clocks"]["last_ns"], golden["clocks"]["last_ns"]);
 }
 
 /// An event at an absolute time earlier than the latest one of its

@@ -15,10 +15,12 @@ use bytes::Bytes;
 use prost::Message;
 use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout};
 use shmtrace_abi::smb::{Smb, WritableChunk};
+use shmtrace_abi::trace::trace_packet;
 use shmtrace_abi::writer::{ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
 use shmtrace_service::ipc::{Client, SocketAddress};
 use shmtrace_service::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use shmtrace_service::protos::get_async_command_response::Cmd;
+use shmtrace_service::protos::wire::{Fields, Value};
 use shmtrace_service::protos::{
     self, consumer_port, producer_port, trace_config, ConsumerPort, ProducerPort,
 };
@@ -149,40 +151,16 @@ fn read_packets(consumer: &shmtrace_service::ipc::Binding<ConsumerPort>) -> Vec<
     packets
 }
 
-/// Field 900 (the test payload) of a packet.
+/// `for_testing` (the test payload) of a packet.
 fn payload(packet: &[u8]) -> Option<Vec<u8>> {
-    let mut i = 0;
-    let varint = |i: &mut usize| {
-        let (mut v, mut s) = (0u64, 0);
-        loop {
-            let b = packet[*i];
-            *i += 1;
-            v |= u64::from(b & 0x7F) << s;
-            s += 7;
-            if b & 0x80 == 0 {
-                return v;
-            }
-        }
-    };
-    let mut found = None;
-    while i < packet.len() {
-        let tag = varint(&mut i);
-        match tag & 7 {
-            0 => {
-                varint(&mut i);
-            }
-            2 => {
-                let len = varint(&mut i) as usize;
-                if tag >> 3 == 900 {
-                    found = Some(packet[i..i + len].to_vec());
-                }
-                i += len;
-            }
-            1 => i += 8,
-            _ => i += 4,
-        }
-    }
-    found
+    Fields::new(packet)
+        .map(|f| f.expect("a well-formed packet"))
+        .filter(|f| f.number == trace_packet::FOR_TESTING)
+        .filter_map(|f| match f.value {
+            Value::LengthDelimited(b) => Some(b.to_vec()),
+            _ => None,
+        })
+        .last()
 }
 
 #[test]
@@ -262,7 +240,7 @@ fn a_session_over_real_sockets() {
         )
         .unwrap();
         for (i, p) in expected.iter().enumerate() {
-            let _ = w.write_packet(|m| m.bytes(900, p));
+            let _ = w.write_packet(|m| m.bytes(trace_packet::FOR_TESTING, p));
             if i % 50 == 49 {
                 w.flush();
                 let req = std::mem::take(&mut *log.borrow_mut());

@@ -28,20 +28,28 @@ has no sequence in the trace to carry a loss mark).
 Checks, per producer sequence (trusted_packet_sequence_id):
   * trusted_uid, trusted_pid and trusted_packet_sequence_id are present;
   * incremental state: SEQ_INCREMENTAL_STATE_CLEARED resets the interning
-    tables, the packet defaults and the sequence-scoped clocks; a packet that
-    needs incremental state while it is invalid (never cleared, or after a
-    loss mark) is skipped and counted, as a trace processor would;
+    tables and the packet defaults (not the clocks: a trace processor keeps
+    every clock snapshot); a packet that needs incremental state while it is
+    invalid (never cleared, or after a loss mark) is skipped and counted, as
+    a trace processor would;
   * every interned id used (event categories, event names, debug annotation
     names, interned debug annotation string values) resolves;
-  * timestamps, decoded through the sequence's clock snapshots (incremental
-    clock 64 deltas included), resolve: a negative delta on an incremental
-    clock, a sequence-scoped clock the sequence does not define, or one whose
-    snapshot names no builtin clock to convert it to is a violation. An
-    absolute timestamp earlier than the sequence's latest one is legal (a
-    trace processor sorts events by time; the SDK writes an explicit earlier
-    time that way): it is counted ("out_of_order"), not a violation. After a
-    loss mark and before the next clear, incremental deltas are not resolved
-    (their base may be lost);
+  * timestamps resolve to the trace clock as a trace processor resolves them
+    (ClockGraph below: every clock snapshot of the trace in one graph,
+    sequence-scoped clocks 64..127 per sequence, conversions in up to four
+    hops, incremental clock deltas re-based at each snapshot holding the
+    clock), when they are read: a negative delta on an incremental clock, a
+    sequence-scoped clock the sequence does not define, a clock no snapshot
+    names or that no chain of snapshots relates to the trace clock, and a
+    snapshot a trace processor refuses are violations. A packet carrying a
+    snapshot has its own timestamp ignored, as a trace processor ignores
+    it. An absolute timestamp earlier than the sequence's latest one is
+    legal (a trace processor sorts events by time; the SDK writes an
+    explicit earlier time that way): it is counted ("out_of_order"), not a
+    violation; only the sequence's own times are compared (the trace clock
+    and sequence-scoped clocks, not a time chosen on MONOTONIC or
+    REALTIME). After a loss mark and before the next clear, incremental
+    deltas are not resolved (their base may be lost);
   * slices nest per track in time order, as a trace processor pairs them
     (it sorts every event by timestamp, equal timestamps in the order it read
     them): every SLICE_END closes an open SLICE_BEGIN (LIFO), and nothing is
@@ -71,6 +79,7 @@ error. The report (JSON) carries everything the tests assert on.
 """
 
 import argparse
+import bisect
 import collections
 import json
 import sys
@@ -137,6 +146,148 @@ BUFFER_LOSS_STATS = (
 SERVICE_LOSS_STATS = ("chunks_discarded", "patches_discarded",
                       "invalid_packets")
 
+FIRST_RESERVED_CLOCK = 128
+MAX_CLOCK_HOPS = 4
+INT64 = 1 << 64
+
+
+def to_int64(value):
+    """Wraps an integer to int64, as the trace processor's arithmetic."""
+    value %= INT64
+    return value - INT64 if value >= 1 << 63 else value
+
+
+def clock_key(seq_id, clock_id):
+    """The clock domain clock_id names on seq_id: sequence-scoped ids are
+    one clock per sequence, the others one clock for the whole trace."""
+    scoped = FIRST_SEQUENCE_SCOPED_CLOCK <= clock_id < FIRST_RESERVED_CLOCK
+    return (clock_id, seq_id if scoped else 0)
+
+
+def describe_clock(key):
+    clock_id, seq_id = key
+    if seq_id:
+        return "clock %d of sequence %d" % (clock_id, seq_id)
+    return "clock %d" % clock_id
+
+
+class ClockGraph:
+    """Every clock snapshot of a trace, as Perfetto's trace processor keeps
+    them (ClockTracker/ClockSynchronizer): per clock domain and per set of
+    clocks snapshotted together, a series of (snapshot id, time); an edge
+    between each pair of clocks of a snapshot, both ways; conversions along
+    the shortest chain of snapshots (breadth first, at most four hops),
+    each hop through the latest snapshot of its series at or before the
+    time (or the first one)."""
+
+    def __init__(self):
+        # key -> {"series": {set_id: ([snapshot ids], [times])},
+        #         "unit": int, "incremental": bool, "last": int}
+        self.domains = {}
+        self.sets = {}
+        self.edges = collections.defaultdict(set)  # key -> {(key, set_id)}
+        self.non_monotonic = set()
+        self.snapshots = 0
+
+    def knows(self, seq_id, clock_id):
+        return clock_key(seq_id, clock_id) in self.domains
+
+    def is_incremental(self, seq_id, clock_id):
+        domain = self.domains.get(clock_key(seq_id, clock_id))
+        return domain is not None and domain["incremental"]
+
+    def add_snapshot(self, seq_id, clocks, trace_clock):
+        """Adds a snapshot read on seq_id; returns why a trace processor
+        refuses it, or None."""
+        keys = [clock_key(seq_id, c.clock_id) for c in clocks]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            return "%s appears twice" % describe_clock(dup)
+        for c, key in zip(clocks, keys):
+            unit = c.unit_multiplier_ns or 1
+            domain = self.domains.get(key)
+            if domain is None and c.is_incremental and key[1] == 0:
+                return ("%s is not sequence-scoped and cannot be incremental"
+                        % describe_clock(key))
+            if domain is not None and (domain["unit"] != unit or
+                                       domain["incremental"] !=
+                                       c.is_incremental):
+                return ("%s was defined before with another unit or "
+                        "incremental flag" % describe_clock(key))
+        set_id = self.sets.setdefault(tuple(sorted(keys)), len(self.sets))
+        trace_key = clock_key(0, trace_clock)
+        for c, key in zip(clocks, keys):
+            if key != trace_key or key not in self.domains:
+                continue
+            ns = to_int64(c.timestamp * (c.unit_multiplier_ns or 1))
+            times = self.domains[key]["series"].get(set_id, ([], []))[1]
+            if times and ns < times[-1]:
+                return ("the trace clock (%s) goes back in time" %
+                        describe_clock(key))
+        snapshot = self.snapshots
+        self.snapshots += 1
+        for c, key in zip(clocks, keys):
+            domain = self.domains.setdefault(key, {
+                "series": {}, "unit": c.unit_multiplier_ns or 1,
+                "incremental": c.is_incremental, "last": 0})
+            ns = to_int64(c.timestamp * domain["unit"])
+            domain["last"] = ns
+            ids, times = domain["series"].setdefault(set_id, ([], []))
+            if times and ns < times[-1]:
+                # Not monotonic: no conversion starts from it any more.
+                self.non_monotonic.add(key)
+                self.edges.pop(key, None)
+            ids.append(snapshot)
+            times.append(ns)
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                if a not in self.non_monotonic:
+                    self.edges[a].add((b, set_id))
+                if b not in self.non_monotonic:
+                    self.edges[b].add((a, set_id))
+        return None
+
+    def find_path(self, src, dst):
+        queue = collections.deque([(src, [])])
+        while queue:
+            at, path = queue.popleft()
+            if len(path) >= MAX_CLOCK_HOPS:
+                continue
+            for nxt, set_id in sorted(self.edges.get(at, ())):
+                step = path + [(at, nxt, set_id)]
+                if nxt == dst:
+                    return step
+                queue.append((nxt, step))
+        return None
+
+    def convert(self, seq_id, clock_id, timestamp, target):
+        """(time on the target clock, None) or (None, why not)."""
+        src = clock_key(seq_id, clock_id)
+        dst = clock_key(0, target)
+        if src == dst:
+            return timestamp, None
+        if src not in self.domains:
+            return None, "unknown source"
+        if dst not in self.domains:
+            return None, "no path"
+        path = self.find_path(src, dst)
+        if path is None:
+            return None, "no path"
+        domain = self.domains[src]
+        if domain["incremental"]:
+            domain["last"] = to_int64(domain["last"] +
+                                      timestamp * domain["unit"])
+            ns = domain["last"]
+        else:
+            ns = to_int64(timestamp * domain["unit"])
+        for a, b, set_id in path:
+            ids_a, times_a = self.domains[a]["series"][set_id]
+            ids_b, times_b = self.domains[b]["series"][set_id]
+            i = max(bisect.bisect_right(times_a, ns) - 1, 0)
+            j = bisect.bisect_left(ids_b, ids_a[i])
+            ns = to_int64(ns + times_b[j] - times_a[i])
+        return ns, None
+
 
 class Sequence:
     """Replay state of one packet sequence."""
@@ -155,7 +306,6 @@ class Sequence:
         self.valid = False
         self.interned = {}
         self.defaults = None
-        self.clocks = {}
         self.latest_boot_ts = None
         self.last_boot_ts = None
         self.out_of_order = 0
@@ -169,8 +319,6 @@ class Sequence:
             "debug_annotation_string_values": {},
         }
         self.defaults = None
-        self.clocks = {c: v for c, v in self.clocks.items()
-                       if c < FIRST_SEQUENCE_SCOPED_CLOCK}
 
     def summary(self):
         return {
@@ -234,6 +382,8 @@ class Checker:
         self.trace_stats = None
         self.service_kinds = collections.Counter()
         self.packets = 0
+        self.clocks = ClockGraph()
+        self.trace_clock = BOOTTIME
 
     def violation(self, message):
         if len(self.violations) < 200:
@@ -264,6 +414,11 @@ class Checker:
             self.service_kinds[kind] += 1
             if kind == "trace_stats":
                 self.trace_stats = packet.trace_stats
+            elif kind == "clock_snapshot":
+                snapshot = packet.clock_snapshot
+                if snapshot.primary_trace_clock:
+                    self.trace_clock = snapshot.primary_trace_clock
+                self.clock_snapshot(seq_id, snapshot, where)
             return
         if not packet.HasField("trusted_pid"):
             self.violation("%s: producer packet without trusted_pid" % where)
@@ -299,8 +454,11 @@ class Checker:
         # track_event, clock_snapshot and track_descriptor are members of
         # the `data` oneof: `kind` says which one is set.
         if kind == "clock_snapshot":
-            self.clock_snapshot(seq, packet.clock_snapshot)
-        elif kind == "track_descriptor":
+            # A trace processor takes the snapshot and nothing else of its
+            # packet (not even the timestamp).
+            self.clock_snapshot(seq.id, packet.clock_snapshot, where)
+            return
+        if kind == "track_descriptor":
             desc = packet.track_descriptor
             self.described_tracks.add(desc.uuid)
             if desc.HasField("counter"):
@@ -327,71 +485,61 @@ class Checker:
                         (where, table, entry.iid, old, name))
                 seq.interned[table][entry.iid] = name
 
-    def clock_snapshot(self, seq, snapshot):
-        boot = None
-        for clock in snapshot.clocks:
-            if clock.clock_id == BOOTTIME:
-                boot = clock.timestamp
-        anchored = any(c.clock_id < FIRST_SEQUENCE_SCOPED_CLOCK
-                       for c in snapshot.clocks)
-        for clock in snapshot.clocks:
-            seq.clocks[clock.clock_id] = {
-                "anchored": anchored,
-                "incremental": clock.is_incremental,
-                "last": clock.timestamp,
-                "ref": clock.timestamp,
-                "ref_boot": boot,
-                "mult": clock.unit_multiplier_ns or 1,
-            }
+    def clock_snapshot(self, seq_id, snapshot, where):
+        clocks = [c for c in snapshot.clocks
+                  if c.HasField("clock_id") and c.HasField("timestamp")]
+        why = self.clocks.add_snapshot(seq_id, clocks, self.trace_clock)
+        if why is not None:
+            self.violation("%s: clock snapshot refused (as a trace processor "
+                           "does): %s" % (where, why))
 
     def timestamp(self, seq, packet, where):
         if not packet.HasField("timestamp"):
             return
-        if packet.HasField("timestamp_clock_id"):
-            clock_id = packet.timestamp_clock_id
-        elif seq.defaults is not None and \
-                seq.defaults.HasField("timestamp_clock_id"):
+        clock_id = packet.timestamp_clock_id
+        if not clock_id and seq.defaults is not None:
             clock_id = seq.defaults.timestamp_clock_id
-        else:
-            clock_id = BOOTTIME
+        clock_id = clock_id or BOOTTIME
         ts = packet.timestamp
-        if clock_id == BOOTTIME:
-            boot = ts
-        elif clock_id in seq.clocks:
-            clock = seq.clocks[clock_id]
-            if not clock["anchored"]:
-                self.violation("%s: timestamp on clock %d, whose snapshot on "
-                               "sequence %d names no builtin clock to convert "
-                               "it to" % (where, clock_id, seq.id))
+        if self.clocks.is_incremental(seq.id, clock_id):
+            if ts >= 1 << 63:
+                self.violation("%s: negative incremental timestamp delta "
+                               "%d on clock %d" % (where, ts - (1 << 64),
+                                                   clock_id))
                 return
-            if clock["incremental"]:
-                if ts >= 1 << 63:
-                    self.violation("%s: negative incremental timestamp delta "
-                                   "%d on clock %d" % (where, ts - (1 << 64),
-                                                       clock_id))
-                    return
-                if seq.loss_marks and not seq.valid:
-                    return  # The deltas since the last clear may be lost.
-                value = clock["last"] + ts
-                clock["last"] = value
-            else:
-                value = ts
-            if clock["ref_boot"] is None:
-                return  # Converting needs the global snapshots.
-            boot = clock["ref_boot"] + (value - clock["ref"]) * clock["mult"]
-        elif clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
+            if seq.loss_marks and not seq.valid:
+                return  # The deltas since the last clear may be lost.
+        boot, why = self.clocks.convert(seq.id, clock_id, ts,
+                                        self.trace_clock)
+        if why == "unknown source" and \
+                clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
             self.violation("%s: timestamp on sequence-scoped clock %d that "
-                           "this sequence never defined" % (where, clock_id))
+                           "sequence %d never defined" %
+                           (where, clock_id, seq.id))
             return
-        else:
-            return  # Another builtin clock: no per-sequence conversion.
+        if why == "unknown source":
+            self.violation("%s: timestamp on clock %d, which no clock "
+                           "snapshot names" % (where, clock_id))
+            return
+        if why is not None:
+            self.violation("%s: timestamp on %s cannot be converted to clock "
+                           "%d: no chain of clock snapshots relates them" %
+                           (where, describe_clock(clock_key(seq.id,
+                                                            clock_id)),
+                            self.trace_clock))
+            return
         # Earlier than the latest time is legal: a trace processor sorts.
         # Deltas are never negative, so only an absolute timestamp or a clock
-        # a snapshot re-anchored gets here.
-        if seq.latest_boot_ts is not None and boot < seq.latest_boot_ts:
-            seq.out_of_order += 1
-        else:
-            seq.latest_boot_ts = boot
+        # a snapshot re-anchored gets here. Only the sequence's own times are
+        # compared (the trace clock, sequence-scoped clocks): a time on
+        # another global clock (MONOTONIC, REALTIME) is one the producer chose
+        # on that clock.
+        if clock_id == self.trace_clock or \
+                clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK:
+            if seq.latest_boot_ts is not None and boot < seq.latest_boot_ts:
+                seq.out_of_order += 1
+            else:
+                seq.latest_boot_ts = boot
         seq.last_boot_ts = boot
 
     def resolve(self, seq, table, iid, where):

@@ -184,14 +184,81 @@ class CheckerTest(unittest.TestCase):
         seq3 = next(s for s in report["sequences"] if s["id"] == 3)
         self.assertEqual(seq3["out_of_order"], 1)
 
-    def test_clock_without_a_builtin_clock_in_its_snapshot(self):
+    def test_clock_no_snapshot_relates_to_the_trace_clock(self):
         packet = next(p for p in self.producer_packets()
                       if p.HasField("clock_snapshot"))
         del packet.clock_snapshot.clocks[:]
         packet.clock_snapshot.clocks.add(clock_id=64, timestamp=1000,
                                          is_incremental=True)
-        self.assert_violation(self.check(),
-                              "names no builtin clock to convert it to")
+        self.assert_violation(
+            self.check(), "timestamp on clock 64 of sequence 3 cannot be "
+            "converted to clock 6: no chain of clock snapshots relates them")
+
+    def test_builtin_clock_no_snapshot_names(self):
+        self.events(TE.TYPE_INSTANT)[7].timestamp_clock_id = 42
+        self.assert_violation(self.check(), "timestamp on clock 42, which "
+                              "no clock snapshot names")
+
+    def test_snapshot_a_trace_processor_refuses(self):
+        # Clock 64 again, not incremental this time.
+        packet = self.events(TE.TYPE_INSTANT)[7]
+        packet.ClearField("track_event")
+        packet.clock_snapshot.clocks.add(clock_id=64, timestamp=1)
+        packet.clock_snapshot.clocks.add(clock_id=6, timestamp=1)
+        self.assert_violation(
+            self.check(), "clock snapshot refused (as a trace processor "
+            "does): clock 64 of sequence 3 was defined before with another "
+            "unit or incremental flag")
+
+    def firmware_sequence(self, bridge="first"):
+        """Sequence 3 as a firmware behind the bridge writes it: the reset
+        packet (which clears the incremental state) relates clock 64 to the
+        firmware's clock 65 and names no builtin clock; the bridge's own
+        packet relates 65 to BOOTTIME, first on the sequence, after its
+        first events ("late"), or nowhere (None)."""
+        reset = self.producer_packets()[0]
+        boot = next(c.timestamp for c in reset.clock_snapshot.clocks
+                    if c.clock_id == check_trace.BOOTTIME)
+        del reset.clock_snapshot.clocks[:]
+        reset.clock_snapshot.clocks.add(clock_id=65, timestamp=1000)
+        reset.clock_snapshot.clocks.add(clock_id=64, timestamp=1000,
+                                        is_incremental=True)
+        if bridge is None:
+            return
+        packet = pb.TracePacket()
+        packet.trusted_uid = reset.trusted_uid
+        packet.trusted_pid = reset.trusted_pid
+        packet.trusted_packet_sequence_id = 3
+        packet.clock_snapshot.clocks.add(clock_id=65, timestamp=1000)
+        packet.clock_snapshot.clocks.add(clock_id=check_trace.BOOTTIME,
+                                         timestamp=boot)
+        if bridge == "first":
+            packet.first_packet_on_sequence = True
+            packet.previous_packet_dropped = 1
+            reset.ClearField("first_packet_on_sequence")
+            reset.ClearField("previous_packet_dropped")
+            at = next(i for i, p in enumerate(self.trace.packet)
+                      if p is reset)
+        else:
+            at = next(i for i, p in enumerate(self.trace.packet)
+                      if p is self.events(TE.TYPE_INSTANT)[3])
+        self.trace.packet.insert(at, packet)
+
+    def test_firmware_clock_related_by_the_bridge_resolves_in_two_hops(self):
+        self.firmware_sequence()
+        report = self.check()
+        self.assertTrue(report["ok"], report["violations"][:5])
+        self.assertEqual(report["totals"]["instant"], 77)
+        seq3 = next(s for s in report["sequences"] if s["id"] == 3)
+        self.assertEqual(seq3["out_of_order"], 0)
+
+    def test_firmware_clock_related_too_late_or_never(self):
+        for where in ("late", None):
+            self.trace = load_golden()
+            self.firmware_sequence(where)
+            self.assert_violation(
+                self.check(), "timestamp on clock 64 of sequence 3 cannot be "
+                "converted to clock 6")
 
     def test_undefined_sequence_clock(self):
         packet = self.events(TE.TYPE_INSTANT)[7]

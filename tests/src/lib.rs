@@ -9,6 +9,8 @@
 //! * [`checker`]: the shared trace checker (`checker/check_trace.py`, official
 //!   Perfetto protos) and its report.
 //! * [`config`]: the TraceConfig messages the scenarios send.
+//! * [`firmware`]: the Cortex-M4 firmware example under QEMU, for the
+//!   `firmware_*` tests.
 //! * [`test_events`]: the packets of the producer driver's custom data
 //!   source, decoded from a trace.
 //! * [`trace_file`]: a trace file's packets, decoded with prost.
@@ -17,6 +19,7 @@ pub mod checker;
 pub mod config;
 pub mod drivers;
 pub mod error;
+pub mod firmware;
 pub mod process;
 pub mod scenario;
 pub mod test_events;

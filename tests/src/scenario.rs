@@ -1068,7 +1068,7 @@ fn kill_producers(producers: &mut [ChildProcess], consumer_socket: &Path) -> Res
 }
 
 /// Ctrl-C for a process (SIGINT, through the shell's `kill`).
-fn interrupt(process: &ChildProcess) -> Result<()> {
+pub fn interrupt(process: &ChildProcess) -> Result<()> {
     let status = Command::new("sh")
         .args(["-c", &format!("kill -INT {}", process.pid())])
         .status()

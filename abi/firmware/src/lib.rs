@@ -7,7 +7,7 @@
 //! builds it, runs it under QEMU and prints its size and the exact number of
 //! instructions each kind of event costs.
 //!
-//! Four binaries share this library:
+//! These binaries share this library:
 //!
 //! * `skeleton`: the same runtime, clock, loop and semihosting output with a
 //!   tracer that does nothing: the size baseline and the marker overhead.
@@ -19,6 +19,10 @@
 //!   writer in the `SysTick` interrupt, its region in `.shmtrace`, drained
 //!   by the firmware itself.
 //! * `demo-bss`: the same with the region as an ordinary static in `.bss`.
+//! * `attach` and `stream`: live sessions a host's tools trace while the
+//!   firmware runs, through shared RAM or UART0 frames (see [`live`]; the
+//!   integration tests `tests/tests/firmware.rs` run them). Their clock is
+//!   the FPGA counter ([`fpgaio`]), their UART driver [`uart`].
 //!
 //! Module plan: [`events`] is the table of event kinds and the [`Tracer`]
 //! interface the loop calls; [`tracer`] and [`shm`] are the only modules
@@ -56,10 +60,13 @@
 
 pub mod clocks;
 pub mod events;
+pub mod fpgaio;
+pub mod live;
 pub mod markers;
 pub mod out;
 pub mod shm;
 pub mod tracer;
+pub mod uart;
 
 pub use events::{Event, Moved, Tracer};
 

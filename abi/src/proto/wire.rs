@@ -1,9 +1,13 @@
 //! Protobuf wire-format primitives: tags, varints, zigzag, and the
 //! fixed-width "redundant varint" size fields protozero-style encoders
-//! back-fill.
+//! back-fill; and the varint decoders every reader of untrusted bytes in the
+//! workspace uses ([`read_varint`] over a slice, [`VarintDecoder`] a byte at
+//! a time).
 //!
-//! Everything here is a pure function over integers and small arrays; none of
-//! it can fail or panic.
+//! Everything here is a pure function over integers and small arrays (or a
+//! two-word state machine); none of it can panic. Decoding follows the
+//! protobuf parsers: at most [`MAX_VARINT_LEN`] bytes, bits past the 64th
+//! dropped, non-minimal encodings accepted.
 
 /// Longest encoding of a 64-bit varint.
 pub const MAX_VARINT_LEN: usize = 10;
@@ -57,9 +61,11 @@ pub const fn is_valid_field_number(field: u32) -> bool {
 /// Number of bytes of the minimal varint encoding of `value` (1..=10).
 #[inline]
 pub const fn varint_len(value: u64) -> usize {
-    // ceil(bits / 7), where bits = position of the highest set bit (>= 1).
-    let bits = 64 - (value | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
+    // ceil(bits / 7) for bits = 64 - leading zeros (>= 1), written as
+    // 1 + (bits - 1) / 7: the index of the highest set bit is what the bit
+    // scan instruction gives, and a division by 7 of it a multiply and a
+    // shift (the ceiling costs a remainder test on top).
+    1 + (63 - (value | 1).leading_zeros() as usize) / 7
 }
 
 /// The minimal varint encoding of `value`, which must be below 2^28, as the
@@ -131,6 +137,89 @@ pub const fn redundant_varint4(value: u32) -> [u8; SIZE_FIELD_LEN] {
 
 /// The drop sentinel as it appears in a fragment size field: `FF FF FF 7F`.
 pub const DROP_SENTINEL_BYTES: [u8; SIZE_FIELD_LEN] = redundant_varint4(MAX_MESSAGE_LEN);
+
+/// Why a varint could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VarintError {
+    /// The input ended inside the varint.
+    Truncated,
+    /// Every byte allowed had its continuation bit set.
+    TooLong,
+}
+
+/// Decodes the varint at the start of `buf`: `(value, bytes read)`.
+///
+/// A varint is at most [`MAX_VARINT_LEN`] bytes; the tenth byte contributes
+/// its lowest bit only.
+#[inline]
+pub fn read_varint(buf: &[u8]) -> Result<(u64, usize), VarintError> {
+    read_varint_max(buf, MAX_VARINT_LEN)
+}
+
+/// [`read_varint`] for a varint of at most `max_len` bytes (itself at most
+/// [`MAX_VARINT_LEN`]): [`VarintError::TooLong`] when its first `max_len`
+/// bytes all continue, [`VarintError::Truncated`] when `buf` ends before.
+/// E.g. a fragment size is at most [`SIZE_FIELD_LEN`] bytes.
+#[inline]
+pub fn read_varint_max(buf: &[u8], max_len: usize) -> Result<(u64, usize), VarintError> {
+    let max_len = max_len.min(MAX_VARINT_LEN);
+    let mut value = 0u64;
+    for (i, &b) in buf.iter().take(max_len).enumerate() {
+        // i < 10: the shift is at most 63, bits past the 64th fall off.
+        value |= u64::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok((value, i + 1));
+        }
+    }
+    Err(if buf.len() >= max_len {
+        VarintError::TooLong
+    } else {
+        VarintError::Truncated
+    })
+}
+
+/// A varint decoder fed one byte at a time, for input that arrives in
+/// pieces (a packet in several slices, a file read as a stream). Same rules
+/// as [`read_varint`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VarintDecoder {
+    value: u64,
+    /// Bytes of the varint seen so far (0..MAX_VARINT_LEN).
+    len: u8,
+}
+
+impl VarintDecoder {
+    /// A decoder at the start of a varint.
+    pub const fn new() -> Self {
+        Self { value: 0, len: 0 }
+    }
+
+    /// Adds the next byte: `Ok(Some(value))` when it ends the varint (the
+    /// decoder is then ready for the next one), `Ok(None)` when more bytes
+    /// follow, [`VarintError::TooLong`] when it is a tenth byte that still
+    /// continues (the decoder starts over).
+    #[inline]
+    pub fn push(&mut self, byte: u8) -> Result<Option<u64>, VarintError> {
+        // len < 10: the shift is at most 63, bits past the 64th fall off.
+        self.value |= u64::from(byte & 0x7F) << (7 * u32::from(self.len));
+        self.len += 1;
+        if byte & 0x80 == 0 {
+            let value = self.value;
+            *self = Self::new();
+            return Ok(Some(value));
+        }
+        if usize::from(self.len) == MAX_VARINT_LEN {
+            *self = Self::new();
+            return Err(VarintError::TooLong);
+        }
+        Ok(None)
+    }
+
+    /// `true` between varints (no byte of an unfinished one pending).
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -224,5 +313,93 @@ mod tests {
         assert!(is_valid_field_number(1));
         assert!(is_valid_field_number(MAX_FIELD_NUMBER));
         assert!(!is_valid_field_number(MAX_FIELD_NUMBER + 1));
+    }
+
+    #[test]
+    fn decoders_read_what_put_varint_writes() {
+        for shift in 0..64 {
+            for v in [1u64 << shift, (1u64 << shift) - 1, (1u64 << shift) + 1] {
+                let bytes = enc(v);
+                assert_eq!(read_varint(&bytes), Ok((v, bytes.len())), "value {v}");
+                // Bytes after the varint are not read.
+                let mut more = bytes.clone();
+                more.extend([0xFF, 0x01]);
+                assert_eq!(read_varint(&more), Ok((v, bytes.len())));
+                let mut d = VarintDecoder::new();
+                let (last, head) = bytes.split_last().unwrap();
+                for &b in head {
+                    assert_eq!(d.push(b), Ok(None));
+                    assert!(!d.is_empty());
+                }
+                assert_eq!(d.push(*last), Ok(Some(v)));
+                assert!(d.is_empty());
+            }
+        }
+        // Non-minimal forms decode (a 4-byte redundant size).
+        assert_eq!(read_varint(&redundant_varint4(5)), Ok((5, 4)));
+    }
+
+    #[test]
+    fn decoders_reject_truncated_and_overlong_varints() {
+        assert_eq!(read_varint(&[]), Err(VarintError::Truncated));
+        assert_eq!(read_varint(&[0x80, 0x80]), Err(VarintError::Truncated));
+        let ten = [0xFF; 10];
+        assert_eq!(read_varint(&ten), Err(VarintError::TooLong));
+        assert_eq!(read_varint(&ten[..9]), Err(VarintError::Truncated));
+        // A tenth byte that ends the varint is fine; its high bits are lost.
+        let mut max = [0xFF; 10];
+        max[9] = 0x7F;
+        assert_eq!(read_varint(&max), Ok((u64::MAX, 10)));
+        // A bound below ten bytes.
+        assert_eq!(
+            read_varint_max(&[0x80, 0x80, 0x80, 0x80, 0x00], 4),
+            Err(VarintError::TooLong)
+        );
+        assert_eq!(
+            read_varint_max(&[0x80, 0x80, 0x80], 4),
+            Err(VarintError::Truncated)
+        );
+        assert_eq!(read_varint_max(&[0x85, 0x80, 0x80, 0x00], 4), Ok((5, 4)));
+        assert_eq!(read_varint_max(&[0x05], 0), Err(VarintError::TooLong));
+        // The streaming decoder fails at the tenth continuing byte and
+        // starts over.
+        let mut d = VarintDecoder::new();
+        for _ in 0..9 {
+            assert_eq!(d.push(0xFF), Ok(None));
+        }
+        assert_eq!(d.push(0x80), Err(VarintError::TooLong));
+        assert!(d.is_empty());
+        assert_eq!(d.push(0x07), Ok(Some(7)));
+        let mut d = VarintDecoder::new();
+        for &b in &max[..9] {
+            assert_eq!(d.push(b), Ok(None));
+        }
+        assert_eq!(d.push(max[9]), Ok(Some(u64::MAX)));
+    }
+
+    proptest::proptest! {
+        /// Both decoders agree on any input, and a value decoded from
+        /// fewer than ten bytes re-encodes to those bytes when they were
+        /// minimal.
+        #[test]
+        fn slice_and_streaming_decoders_agree(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..14)) {
+            let mut d = VarintDecoder::new();
+            let mut streamed = Err(VarintError::Truncated);
+            for (i, &b) in bytes.iter().enumerate() {
+                match d.push(b) {
+                    Ok(None) => continue,
+                    Ok(Some(v)) => streamed = Ok((v, i + 1)),
+                    Err(e) => streamed = Err(e),
+                }
+                break;
+            }
+            proptest::prop_assert_eq!(read_varint(&bytes), streamed);
+            if let Ok((v, n)) = streamed {
+                let again = enc(v);
+                if n < MAX_VARINT_LEN && again.len() == n {
+                    proptest::prop_assert_eq!(&again[..], &bytes[..n]);
+                }
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@
 //!   when the chunk flags say so.
 
 use crate::layout::{ChunkFlags, ChunkHeader, ChunkHeaderRepr, Packets, CHUNK_HEADER_SIZE};
-use crate::proto::wire::{MAX_MESSAGE_LEN, SIZE_FIELD_LEN};
+use crate::proto::wire::{read_varint_max, VarintError, MAX_MESSAGE_LEN, SIZE_FIELD_LEN};
 
 /// Why the fragments of a chunk could not be parsed (an ABI violation by the
 /// producer). The byte `offset`s are relative to the start of the payload.
@@ -226,17 +226,13 @@ impl<'a> Fragments<'a> {
     /// Decodes the size varint at `self.pos`: `(value, varint_len)`.
     fn read_size(&self, index: u16) -> Result<(u32, usize), ChunkError> {
         let offset = self.pos;
-        let mut value = 0u32;
-        for i in 0..SIZE_FIELD_LEN {
-            let Some(&b) = self.payload.get(offset + i) else {
-                return Err(ChunkError::TruncatedSize { index, offset });
-            };
-            value |= u32::from(b & 0x7F) << (7 * i);
-            if b & 0x80 == 0 {
-                return Ok((value, i + 1));
-            }
+        let rest = self.payload.get(offset..).unwrap_or(&[]);
+        match read_varint_max(rest, SIZE_FIELD_LEN) {
+            // At most 4 bytes of 7 bits: the value fits 28 bits.
+            Ok((value, len)) => Ok((value as u32, len)),
+            Err(VarintError::Truncated) => Err(ChunkError::TruncatedSize { index, offset }),
+            Err(VarintError::TooLong) => Err(ChunkError::SizeTooLong { index, offset }),
         }
-        Err(ChunkError::SizeTooLong { index, offset })
     }
 }
 

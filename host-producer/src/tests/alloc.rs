@@ -6,6 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use shmtrace_abi::layout::PageLayout;
+use shmtrace_abi::trace::trace_packet;
 
 use super::loopback::{serial, Loopback};
 use crate::filter::TrackEventConfig;
@@ -94,8 +95,8 @@ fn one_round(i: u64, f: &Fixture) {
     // A custom data source: one raw TracePacket per instance.
     f.custom.trace(|ctx| {
         ctx.packet(|p| {
-            p.uint64(8, i); // timestamp
-            p.bytes(900, b"payload"); // for_testing
+            p.uint64(trace_packet::TIMESTAMP, i);
+            p.bytes(trace_packet::FOR_TESTING, b"payload");
         });
     });
 }

@@ -898,15 +898,9 @@ fn a_service_scribbling_over_the_smb_loses_chunks_not_the_program() {
 
 /// `bytes` with a length-delimited field `field` of `len` bytes appended.
 fn with_field(mut bytes: Vec<u8>, field: u32, len: usize) -> Vec<u8> {
-    let varint = |bytes: &mut Vec<u8>, mut v: u64| {
-        while v >= 0x80 {
-            bytes.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        bytes.push(v as u8);
-    };
-    varint(&mut bytes, u64::from(field) << 3 | 2);
-    varint(&mut bytes, len as u64);
+    use shmtrace_ipc::protos::wire::{put_tag, put_varint, WireType};
+    put_tag(&mut bytes, field, WireType::LengthDelimited);
+    put_varint(&mut bytes, len as u64);
     bytes.resize(bytes.len() + len, b'g');
     bytes
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
+use shmtrace_abi::trace::trace_packet;
 
 use super::loopback::{serial, Loopback, Sequence};
 use crate::filter::TrackEventConfig;
@@ -456,8 +457,8 @@ fn write(ds: &DataSource, ts: u64, filler: &[u8]) -> bool {
     let mut ok = true;
     ds.trace(|ctx| {
         ok &= ctx.packet(|p| {
-            p.uint64(8, ts);
-            p.bytes(900, filler);
+            p.uint64(trace_packet::TIMESTAMP, ts);
+            p.bytes(trace_packet::FOR_TESTING, filler);
         });
     });
     ok
@@ -502,7 +503,8 @@ fn stall_reaches_its_bound_then_drops_and_marks() {
     assert_eq!(seq.packets.len(), written + 1);
     let last = decode_fields(seq.packets.last().unwrap());
     assert!(
-        last.contains(&(8, 1000)) && last.contains(&(42, 257)),
+        last.contains(&(trace_packet::TIMESTAMP, 1000))
+            && last.contains(&(trace_packet::PREVIOUS_PACKET_DROPPED, 257)),
         "the next packet marks the loss (SMB full): {last:?}"
     );
     lb.shutdown();
@@ -525,7 +527,7 @@ impl ChunkHolders {
                 let (ds, wrote, release) = (ds.clone(), wrote.clone(), release.clone());
                 std::thread::spawn(move || {
                     ds.trace(|ctx| {
-                        assert!(ctx.packet(|p| p.uint64(8, t as u64)));
+                        assert!(ctx.packet(|p| p.uint64(trace_packet::TIMESTAMP, t as u64)));
                         wrote.wait();
                         release.wait();
                     });
@@ -789,7 +791,7 @@ fn idle_threads_then_busy(
         .filter(|p| {
             decode_fields(p)
                 .iter()
-                .any(|&(field, ts)| field == 8 && ts >= 1_000_000)
+                .any(|&(field, ts)| field == trace_packet::TIMESTAMP && ts >= 1_000_000)
         })
         .count();
     let dropped = crate::stats().packets_dropped - before.packets_dropped;
@@ -1220,9 +1222,9 @@ fn writers_race_flush_and_sweep() {
                 for i in 0..per_thread {
                     ds.trace(|ctx| {
                         assert!(ctx.packet(|p| {
-                            p.uint64(8, t);
+                            p.uint64(trace_packet::TIMESTAMP, t);
                             p.uint64(9, i);
-                            p.bytes(900, &filler);
+                            p.bytes(trace_packet::FOR_TESTING, &filler);
                         }));
                     });
                     if i % 64 == 0 {
@@ -1251,12 +1253,18 @@ fn writers_race_flush_and_sweep() {
         assert_eq!(seq.gaps, 0);
         let mut thread = None;
         for (n, p) in seq.packets.iter().enumerate() {
-            // Field 87 (first_packet_on_sequence) is the writer's own.
-            let fields: Vec<_> = decode_fields(p).into_iter().filter(|f| f.0 != 87).collect();
+            // first_packet_on_sequence is the writer's own.
+            let fields: Vec<_> = decode_fields(p)
+                .into_iter()
+                .filter(|f| f.0 != trace_packet::FIRST_PACKET_ON_SEQUENCE)
+                .collect();
             assert_eq!(fields.len(), 3, "packet {n}: {fields:?}");
             let t = fields[0].1;
             let i = fields[1].1;
-            assert_eq!((fields[0].0, fields[1].0, fields[2].0), (8, 9, 900));
+            assert_eq!(
+                (fields[0].0, fields[1].0, fields[2].0),
+                (trace_packet::TIMESTAMP, 9, trace_packet::FOR_TESTING)
+            );
             assert_eq!(fields[2].1, 100, "filler length");
             assert_eq!(*thread.get_or_insert(t), t, "one thread per sequence");
             assert_eq!(i, n as u64, "thread {t}: packets in order, none twice");
@@ -1270,30 +1278,19 @@ fn writers_race_flush_and_sweep() {
 }
 
 /// (field number, varint value or length) of each top-level field.
-fn decode_fields(mut b: &[u8]) -> Vec<(u64, u64)> {
-    fn varint(b: &mut &[u8]) -> u64 {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = b[0];
-            *b = &b[1..];
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        v
-    }
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let key = varint(&mut b);
-        let value = varint(&mut b);
-        if key & 7 == 2 {
-            assert!(b.len() >= value as usize, "torn packet");
-            b = &b[value as usize..];
-        }
-        out.push((key >> 3, value));
-    }
-    out
+fn decode_fields(b: &[u8]) -> Vec<(u32, u64)> {
+    use shmtrace_ipc::protos::wire::{Fields, Value};
+    Fields::new(b)
+        .map(|f| {
+            let f = f.expect("a whole packet");
+            let value = match f.value {
+                Value::Varint(v) => v,
+                Value::LengthDelimited(bytes) => bytes.len() as u64,
+                other => panic!("field {}: {other:?}", f.number),
+            };
+            (f.number, value)
+        })
+        .collect()
 }
 
 /// A packet written from inside another packet's callback on the same
@@ -1314,7 +1311,7 @@ fn reentrant_packets_are_dropped_and_counted() {
     let mut inner_calls = 0;
     ds.trace(|ctx| {
         ds.trace(|_| inner_calls += 1);
-        assert!(ctx.packet(|p| p.uint64(8, 7)));
+        assert!(ctx.packet(|p| p.uint64(trace_packet::TIMESTAMP, 7)));
     });
     assert_eq!(inner_calls, 0, "the nested call never runs");
     assert_eq!(crate::stats().reentrant_drops, before + 1);

@@ -44,8 +44,25 @@ enum Command {
     /// PERFETTO_PRODUCER_SOCK_NAME / PERFETTO_CONSUMER_SOCK_NAME, else
     /// /run/perfetto/traced-{producer,consumer}.sock if /run/perfetto/
     /// exists, else /tmp/perfetto-{producer,consumer}. Stops cleanly on
-    /// SIGINT/SIGTERM; logs to stderr.
+    /// SIGINT/SIGTERM; logs to stderr. With --attach, also records firmware
+    /// regions in shared memory (a `shmtrace bridge` child per region).
     Serve(serve::ServeArgs),
+    /// Forward a firmware's trace into a tracing service, as a producer.
+    ///
+    /// Reads what the firmware writes (frames from a serial port, pty, file,
+    /// FIFO or TCP; or its region in shared memory), relates its clock to
+    /// BOOTTIME, and forwards its chunks to the service's producer socket:
+    /// shmtrace serve or Perfetto's traced. Exits 0 when the input ends or on
+    /// Ctrl-C (printing what was forwarded and lost), 3 if the service cannot
+    /// be reached, 4 if the input cannot be opened, 5 if it fails while read.
+    Bridge(cli::bridge::command::BridgeArgs),
+    /// Turn a firmware RAM dump or a captured frame stream into a trace file.
+    ///
+    /// Runs a tracing service inside this process, forwards the recording
+    /// through it as the bridge would, and writes OUT.pftrace (patches
+    /// applied, losses marked). The firmware clock is taken as BOOTTIME
+    /// (shifted by --clock-offset).
+    Import(cli::bridge::command::ImportArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +75,8 @@ fn main() -> ExitCode {
         Command::Trigger(a) => cli::trigger::run(a),
         Command::Demo(a) => cli::demo::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Bridge(a) => cli::bridge::command::run_bridge(a),
+        Command::Import(a) => cli::bridge::command::run_import(a),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -76,6 +95,7 @@ mod serve {
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
 
+    use shmtrace_service::cli::bridge::attach::{AttachOptions, AttachSpec, Attachments};
     use shmtrace_service::cli::{exit, CliError};
     use shmtrace_service::ipc::SocketAddress;
     use shmtrace_service::service::{daemon, shell};
@@ -107,6 +127,18 @@ mod serve {
         /// Log level: off, error, warn, info, debug, trace.
         #[arg(long, default_value = "info", value_name = "LEVEL", value_parser = parse_level)]
         log_level: log::LevelFilter,
+        /// Record a firmware region in shared memory: FILE is what QEMU's
+        /// `-object memory-backend-file,mem-path=FILE,share=on` backs guest
+        /// RAM with (or a UIO device), OFFSET where the region starts in it
+        /// (bytes, decimal or 0x hex). Repeatable. Each region is read by a
+        /// `shmtrace bridge` child connected to this service, restarted if it
+        /// ends; a region not initialized yet is waited for.
+        #[arg(long, value_name = "FILE[@OFFSET]")]
+        attach: Vec<AttachSpec>,
+        /// How long an attached region's reader sleeps while its ring is
+        /// empty, microseconds.
+        #[arg(long, value_name = "US", default_value_t = 1000)]
+        attach_poll_us: u64,
     }
 
     fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
@@ -203,7 +235,26 @@ mod serve {
             shell::system_service_config(),
             Box::new(shmtrace_service::service::env::SystemEnvironment),
         );
-        match shell.run(core, Some(stop_read.as_fd())) {
+        let attachments = if args.attach.is_empty() {
+            None
+        } else {
+            let options = AttachOptions {
+                program: std::env::current_exe()
+                    .map_err(|e| CliError::Usage(format!("cannot find this program: {e}")))?,
+                socket: cfg.producer_sockets[0].to_string(),
+                log_level: args.log_level,
+                poll_interval_us: args.attach_poll_us,
+            };
+            Some(
+                Attachments::start(&args.attach, &options)
+                    .map_err(|e| CliError::Usage(format!("cannot attach: {e}")))?,
+            )
+        };
+        let result = shell.run(core, Some(stop_read.as_fd()));
+        if let Some(a) = attachments {
+            a.stop();
+        }
+        match result {
             Ok(()) => Ok(exit::OK),
             Err(e) => {
                 log::error!("{e}");

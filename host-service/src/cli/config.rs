@@ -27,13 +27,14 @@ use thiserror::Error;
 use super::schema;
 use crate::protos::trace_config::buffer_config::FillPolicy;
 use crate::protos::trace_config::{BufferConfig, DataSource, IncrementalStateConfig};
+use crate::protos::wire::{put_tag, WireType};
 use crate::protos::{self, DataSourceConfig, TraceConfig, TrackEventConfig};
 
 /// The data source of track events (the Perfetto SDKs' and ours).
 pub const TRACK_EVENT: &str = "track_event";
 
-/// `TraceConfig.write_into_file = true` (field 8, varint 1).
-const WRITE_INTO_FILE_TRUE: [u8; 2] = [0x40, 0x01];
+/// `TraceConfig.write_into_file` (bool).
+const TRACE_CONFIG_WRITE_INTO_FILE: u32 = 8;
 
 /// A trace config ready to send.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,7 +179,12 @@ impl Config {
     /// Sets `write_into_file` (if not set already).
     pub fn set_write_into_file(&mut self) {
         if self.view.write_into_file != Some(true) {
-            self.bytes.extend_from_slice(&WRITE_INTO_FILE_TRUE);
+            put_tag(
+                &mut self.bytes,
+                TRACE_CONFIG_WRITE_INTO_FILE,
+                WireType::Varint,
+            );
+            self.bytes.push(u8::from(true));
             self.view.write_into_file = Some(true);
         }
     }

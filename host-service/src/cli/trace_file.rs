@@ -9,14 +9,21 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 
+use shmtrace_abi::proto::wire::{
+    put_varint, VarintDecoder, WireType, MAX_MESSAGE_LEN, MAX_VARINT_LEN,
+};
+use shmtrace_abi::trace::{tag1, trace_packet};
 use thiserror::Error;
 
-/// The tag of `Trace.packet`: field 1, wire type 2.
-pub const PACKET_TAG: u8 = 0x0A;
+/// The tag of `Trace.packet`: field 1, wire type 2 (`0x0A`).
+pub const PACKET_TAG: u8 = tag1(
+    trace_packet::TRACE_PACKET_IN_TRACE,
+    WireType::LengthDelimited,
+);
 
 /// Largest packet accepted (Perfetto's own limit on a length-delimited
 /// field, 256 MiB - 1).
-pub const MAX_PACKET_LEN: u64 = 268_435_455;
+pub const MAX_PACKET_LEN: u64 = MAX_MESSAGE_LEN as u64;
 
 /// Why the packets of a file cannot be read (further).
 #[derive(Debug, Error)]
@@ -150,19 +157,19 @@ impl<R: Read> PacketReader<R> {
     }
 
     fn read_varint(&mut self) -> Result<u64, VarintError> {
-        let mut value: u64 = 0;
-        for i in 0..10 {
+        let mut varint = VarintDecoder::new();
+        loop {
             let mut byte = [0u8];
             if self.input.read(&mut byte).map_err(VarintError::Io)? == 0 {
                 return Err(VarintError::Eof);
             }
             self.offset += 1;
-            value |= u64::from(byte[0] & 0x7f) << (7 * i);
-            if byte[0] & 0x80 == 0 {
-                return Ok(value);
+            match varint.push(byte[0]) {
+                Ok(Some(value)) => return Ok(value),
+                Ok(None) => {}
+                Err(_) => return Err(VarintError::Invalid),
             }
         }
-        Err(VarintError::Invalid)
     }
 }
 
@@ -187,23 +194,13 @@ impl<R: Read> Iterator for PacketReader<R> {
 
 /// Writes the bytes that precede a packet of `len` bytes in a trace file.
 pub fn write_preamble(out: &mut impl Write, len: usize) -> io::Result<usize> {
-    let mut buf = [0u8; 11];
+    let mut buf = [0u8; 1 + MAX_VARINT_LEN];
     buf[0] = PACKET_TAG;
-    let mut n = 1;
-    let mut value = len as u64;
-    loop {
-        let byte = (value & 0x7f) as u8;
-        value >>= 7;
-        if value == 0 {
-            buf[n] = byte;
-            n += 1;
-            break;
-        }
-        buf[n] = byte | 0x80;
-        n += 1;
-    }
-    out.write_all(&buf[..n])?;
-    Ok(n)
+    let mut varint = [0u8; MAX_VARINT_LEN];
+    let n = put_varint(len as u64, &mut varint);
+    buf[1..=n].copy_from_slice(&varint[..n]);
+    out.write_all(&buf[..=n])?;
+    Ok(1 + n)
 }
 
 #[cfg(test)]

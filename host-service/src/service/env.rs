@@ -14,23 +14,8 @@ use rustix::time::ClockId;
 /// time base for timers and the packets it writes.
 pub type Nanos = u64;
 
-/// Builtin clock ids (`BuiltinClock`, facts §8.1).
-pub mod clock_id {
-    /// `CLOCK_REALTIME`.
-    pub const REALTIME: u32 = 1;
-    /// `CLOCK_REALTIME_COARSE`.
-    pub const REALTIME_COARSE: u32 = 2;
-    /// `CLOCK_MONOTONIC`.
-    pub const MONOTONIC: u32 = 3;
-    /// `CLOCK_MONOTONIC_COARSE`.
-    pub const MONOTONIC_COARSE: u32 = 4;
-    /// `CLOCK_MONOTONIC_RAW`.
-    pub const MONOTONIC_RAW: u32 = 5;
-    /// `CLOCK_BOOTTIME`: the default trace clock.
-    pub const BOOTTIME: u32 = 6;
-    /// The x86-64 time-stamp counter (`rdtsc`), in ticks, not nanoseconds.
-    pub const TSC: u32 = 9;
-}
+/// Builtin clock ids (`BuiltinClock`).
+pub use shmtrace_abi::trace::builtin_clock as clock_id;
 
 /// Clocks and randomness.
 pub trait Environment {

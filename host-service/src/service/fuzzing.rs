@@ -34,6 +34,7 @@ use crate::protos::{
     InitializeConnectionRequest, ReadBuffersResponse, RegisterDataSourceRequest,
     RegisterTraceWriterRequest, TraceConfig,
 };
+use shmtrace_abi::proto::wire::{read_varint, VarintError};
 
 /// A byte reader that never fails (zeros once exhausted).
 struct Input<'a>(&'a [u8]);
@@ -213,16 +214,12 @@ fn reference(bytes: &[u8], producer: bool) -> Result<Vec<(u32, u64)>, InvalidPac
     let mut i = 0;
     let mut out = Vec::new();
     let varint = |i: &mut usize| -> Result<u64, InvalidPacket> {
-        let mut v = 0u64;
-        for n in 0..10 {
-            let b = *bytes.get(*i).ok_or(InvalidPacket::Truncated)?;
-            *i += 1;
-            v |= u64::from(b & 0x7F).checked_shl(7 * n).unwrap_or(0);
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(InvalidPacket::VarintTooLong)
+        let (v, n) = read_varint(bytes.get(*i..).unwrap_or(&[])).map_err(|e| match e {
+            VarintError::Truncated => InvalidPacket::Truncated,
+            VarintError::TooLong => InvalidPacket::VarintTooLong,
+        })?;
+        *i += n;
+        Ok(v)
     };
     while i < bytes.len() {
         let tag = varint(&mut i)?;

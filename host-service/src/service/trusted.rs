@@ -6,15 +6,31 @@
 //! [validator](super::validator) guarantees the producer did not write them
 //! (and did not leave a truncated field that would swallow them).
 
-/// Field numbers and wire types, as tag bytes.
-const TAG_TRUSTED_UID: &[u8] = &[0x18]; // 3, varint
-const TAG_SEQUENCE_ID: &[u8] = &[0x50]; // 10, varint
-const TAG_TRUSTED_PID: &[u8] = &[0xF8, 0x04]; // 79, varint
-const TAG_MACHINE_ID: &[u8] = &[0x90, 0x06]; // 98, varint
-const TAG_PREVIOUS_PACKET_DROPPED: &[u8] = &[0xD0, 0x02]; // 42, varint
+use shmtrace_abi::proto::wire::{tag, varint_len, WireType, MAX_VARINT_LEN};
+use shmtrace_abi::proto::{Cursor, TARGET_SLACK};
+use shmtrace_abi::trace::trace_packet;
 
-/// Longest appendix: five tags and varints (negative int32s take 10 bytes).
-pub const MAX_APPENDIX_LEN: usize = 1 + 10 + 1 + 5 + 2 + 10 + 2 + 5 + 2 + 5;
+/// Bytes of the tag of varint field `field`.
+const fn tag_len(field: u32) -> usize {
+    varint_len(tag(field, WireType::Varint) as u64)
+}
+
+/// Longest appendix: five tags and varints (negative int32s take 10 bytes,
+/// uint32s 5).
+pub const MAX_APPENDIX_LEN: usize = tag_len(trace_packet::TRUSTED_UID)
+    + MAX_VARINT_LEN
+    + tag_len(trace_packet::TRUSTED_PACKET_SEQUENCE_ID)
+    + 5
+    + tag_len(trace_packet::TRUSTED_PID)
+    + MAX_VARINT_LEN
+    + tag_len(trace_packet::MACHINE_ID)
+    + 5
+    + tag_len(trace_packet::PREVIOUS_PACKET_DROPPED)
+    + 5;
+
+/// The appendix buffer: a power of two at least [`MAX_APPENDIX_LEN`] long
+/// plus the cursor's slack, so the whole appendix always fits.
+const BUF_LEN: usize = MAX_APPENDIX_LEN.next_power_of_two() + TARGET_SLACK;
 
 /// What the service vouches for about a producer packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +50,7 @@ pub struct TrustedFields {
 /// An encoded appendix.
 #[derive(Clone, Copy)]
 pub struct Appendix {
-    buf: [u8; MAX_APPENDIX_LEN],
+    buf: [u8; BUF_LEN],
     len: usize,
 }
 
@@ -42,19 +58,6 @@ impl Appendix {
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
-    }
-
-    fn put(&mut self, bytes: &[u8]) {
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
-    fn put_varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.put(&[v as u8 | 0x80]);
-            v >>= 7;
-        }
-        self.put(&[v as u8]);
     }
 }
 
@@ -68,28 +71,30 @@ impl TrustedFields {
     /// Encodes the appendix: uid, sequence id, pid, machine id, loss — the
     /// order upstream writes them.
     pub fn encode(&self) -> Appendix {
-        let mut a = Appendix {
-            buf: [0; MAX_APPENDIX_LEN],
-            len: 0,
-        };
-        a.put(TAG_TRUSTED_UID);
+        let mut buf = [0; BUF_LEN];
+        let mut c = Cursor::new(&mut buf);
         // int32 fields are sign-extended to 64 bits on the wire.
-        a.put_varint(i64::from(self.uid) as u64);
-        a.put(TAG_SEQUENCE_ID);
-        a.put_varint(u64::from(self.sequence_id));
+        c.int(trace_packet::TRUSTED_UID, i64::from(self.uid));
+        c.uint(
+            trace_packet::TRUSTED_PACKET_SEQUENCE_ID,
+            u64::from(self.sequence_id),
+        );
         if let Some(pid) = self.pid {
-            a.put(TAG_TRUSTED_PID);
-            a.put_varint(i64::from(pid) as u64);
+            c.int(trace_packet::TRUSTED_PID, i64::from(pid));
         }
         if self.machine_id != 0 {
-            a.put(TAG_MACHINE_ID);
-            a.put_varint(u64::from(self.machine_id));
+            c.uint(trace_packet::MACHINE_ID, u64::from(self.machine_id));
         }
         if self.previous_packet_dropped != 0 {
-            a.put(TAG_PREVIOUS_PACKET_DROPPED);
-            a.put_varint(u64::from(self.previous_packet_dropped));
+            c.uint(
+                trace_packet::PREVIOUS_PACKET_DROPPED,
+                u64::from(self.previous_packet_dropped),
+            );
         }
-        a
+        // At most MAX_APPENDIX_LEN bytes were written, which the buffer
+        // holds (BUF_LEN), so the cursor never reports an overflow.
+        let len = c.finish().unwrap_or(0);
+        Appendix { buf, len }
     }
 }
 

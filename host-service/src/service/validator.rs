@@ -11,26 +11,28 @@
 //! able to write the trusted fields itself, and a truncated packet — whose
 //! dangling field would swallow the appendix — must be rejected.
 
+use shmtrace_abi::proto::wire::{VarintDecoder, MAX_FIELD_NUMBER, MAX_MESSAGE_LEN};
+use shmtrace_abi::trace::trace_packet as tp;
 use thiserror::Error;
 
 /// Top-level `TracePacket` fields only the service may write.
 pub const RESERVED_FIELDS: [u32; 12] = [
-    3,   // trusted_uid
-    10,  // trusted_packet_sequence_id
-    33,  // trace_config
-    35,  // trace_stats
-    36,  // synchronization_marker
-    50,  // compressed_packets
-    69,  // service_event
-    79,  // trusted_pid
-    98,  // machine_id
-    124, // trace_provenance
-    125, // protovms
-    133, // zstd_compressed_packets
+    tp::TRUSTED_UID,
+    tp::TRUSTED_PACKET_SEQUENCE_ID,
+    tp::TRACE_CONFIG,
+    tp::TRACE_STATS,
+    tp::SYNCHRONIZATION_MARKER,
+    tp::COMPRESSED_PACKETS,
+    tp::SERVICE_EVENT,
+    tp::TRUSTED_PID,
+    tp::MACHINE_ID,
+    tp::TRACE_PROVENANCE,
+    tp::PROTOVMS,
+    tp::ZSTD_COMPRESSED_PACKETS,
 ];
 
 /// Longest length-delimited field accepted (`2^28 - 1`).
-pub const MAX_FIELD_LEN: u64 = (1 << 28) - 1;
+pub const MAX_FIELD_LEN: u64 = MAX_MESSAGE_LEN as u64;
 
 /// Why a producer packet was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -82,8 +84,7 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct PacketValidator {
     state: State,
-    varint: u64,
-    varint_len: u32,
+    varint: VarintDecoder,
     error: Option<InvalidPacket>,
 }
 
@@ -98,8 +99,7 @@ impl PacketValidator {
     pub fn new() -> Self {
         Self {
             state: State::Tag,
-            varint: 0,
-            varint_len: 0,
+            varint: VarintDecoder::new(),
             error: None,
         }
     }
@@ -131,29 +131,22 @@ impl PacketValidator {
 
     /// Adds one byte to the varint being read; the value once complete.
     fn push_varint_byte(&mut self, b: u8) -> Option<u64> {
-        self.varint |= u64::from(b & 0x7F)
-            .checked_shl(7 * self.varint_len)
-            .unwrap_or(0);
-        self.varint_len += 1;
-        if b & 0x80 != 0 {
-            if self.varint_len == 10 {
-                // A tenth byte that still continues: too long, whatever
-                // follows.
+        match self.varint.push(b) {
+            Ok(value) => value,
+            // A tenth byte that still continues: too long, whatever
+            // follows.
+            Err(_) => {
                 self.error = Some(InvalidPacket::VarintTooLong);
+                None
             }
-            return None;
         }
-        let value = self.varint;
-        self.varint = 0;
-        self.varint_len = 0;
-        Some(value)
     }
 
     fn on_varint(&mut self, value: u64) {
         match self.state {
             State::Tag => {
                 let field = value >> 3;
-                if field == 0 || field > (1 << 29) - 1 {
+                if field == 0 || field > u64::from(MAX_FIELD_NUMBER) {
                     self.error = Some(InvalidPacket::InvalidFieldNumber);
                     return;
                 }
@@ -198,7 +191,7 @@ impl PacketValidator {
             return Err(e);
         }
         match self.state {
-            State::Tag if self.varint_len == 0 => Ok(()),
+            State::Tag if self.varint.is_empty() => Ok(()),
             _ => Err(InvalidPacket::Truncated),
         }
     }
@@ -217,6 +210,7 @@ pub fn validate<'a>(slices: impl IntoIterator<Item = &'a [u8]>) -> Result<(), In
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use shmtrace_abi::proto::wire::{put_varint, tag, WireType, MAX_VARINT_LEN};
 
     #[test]
     fn accepts_producer_fields() {
@@ -237,15 +231,9 @@ mod tests {
     #[test]
     fn rejects_every_reserved_field() {
         for field in RESERVED_FIELDS {
-            let mut pkt = Vec::new();
-            let tag = u64::from(field) << 3;
-            let mut t = tag;
-            while t >= 0x80 {
-                pkt.push(t as u8 | 0x80);
-                t >>= 7;
-            }
-            pkt.push(t as u8);
-            pkt.push(0x00);
+            let mut t = [0u8; MAX_VARINT_LEN];
+            let n = put_varint(u64::from(tag(field, WireType::Varint)), &mut t);
+            let pkt = [&t[..n], &[0x00]].concat();
             assert_eq!(
                 validate([&pkt[..]]),
                 Err(InvalidPacket::ReservedField(field))

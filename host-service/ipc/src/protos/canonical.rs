@@ -26,6 +26,7 @@
 //! message, Perfetto could size those differently. Only configs larger than
 //! 4 KiB can be affected, and the decoded content is identical either way.
 
+use shmtrace_abi::proto::wire::redundant_varint4;
 use thiserror::Error;
 
 use super::schema::{FieldKind, MessageSchema, ProtoSchema};
@@ -141,7 +142,7 @@ impl<'a> ZeroWriter<'a> {
         if len > MAX_NESTED_LEN {
             return Err(CanonicalError::NestedTooLong);
         }
-        let field = redundant_varint(len as u32);
+        let field = redundant_varint4(len as u32);
         if let Some(dst) = self.out.get_mut(nested.at..start) {
             dst.copy_from_slice(&field);
         }
@@ -194,16 +195,6 @@ impl<'a> ZeroWriter<'a> {
         }
         Ok(())
     }
-}
-
-/// `value` as a 4-byte varint padded with continuation bits (`value < 2^28`).
-pub fn redundant_varint(value: u32) -> [u8; 4] {
-    [
-        (value as u8 & 0x7f) | 0x80,
-        ((value >> 7) as u8 & 0x7f) | 0x80,
-        ((value >> 14) as u8 & 0x7f) | 0x80,
-        (value >> 21) as u8 & 0x7f,
-    ]
 }
 
 /// Re-encodes the serialized message `bytes` of type `schema` the way
@@ -364,10 +355,10 @@ mod tests {
 
     #[test]
     fn redundant_varints() {
-        assert_eq!(redundant_varint(5), [0x85, 0x80, 0x80, 0x00]);
-        assert_eq!(redundant_varint(300), [0xac, 0x82, 0x80, 0x00]);
+        assert_eq!(redundant_varint4(5), [0x85, 0x80, 0x80, 0x00]);
+        assert_eq!(redundant_varint4(300), [0xac, 0x82, 0x80, 0x00]);
         assert_eq!(
-            redundant_varint(MAX_NESTED_LEN as u32),
+            redundant_varint4(MAX_NESTED_LEN as u32),
             [0xff, 0xff, 0xff, 0x7f]
         );
     }

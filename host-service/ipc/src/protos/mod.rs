@@ -26,6 +26,7 @@
 pub mod canonical;
 pub mod ds_config;
 pub mod schema;
+pub mod vec_sink;
 pub mod wire;
 
 use bytes::Bytes;

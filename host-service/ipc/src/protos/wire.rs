@@ -6,11 +6,15 @@
 //! occupies (tag included), so a caller can copy fields verbatim, reorder them
 //! or replace some without re-encoding the others.
 //!
+//! Varints are decoded (and [`put_varint`] encodes them) with the
+//! workspace's one implementation, `shmtrace_abi::proto::wire`.
+//!
 //! Invariants: the reader never panics and never reads outside the input; a
 //! malformed input yields one [`WireError`] and then the iterator ends. Groups
 //! (wire types 3/4) are skipped as a unit, with their nesting depth bounded by
 //! [`MAX_GROUP_DEPTH`].
 
+use shmtrace_abi::proto::wire::{self, VarintError, MAX_VARINT_LEN};
 use thiserror::Error;
 
 /// How deep nested groups may be before the input is rejected (prost's own
@@ -198,16 +202,12 @@ fn take<'a>(buf: &'a [u8], pos: &mut usize, len: usize) -> Result<&'a [u8], Wire
 
 /// Reads one varint at `*pos`, advancing `pos`.
 pub fn read_varint(buf: &[u8], pos: &mut usize) -> Result<u64, WireError> {
-    let mut value = 0u64;
-    for i in 0..10 {
-        let byte = *buf.get(*pos).ok_or(WireError::Truncated)?;
-        *pos += 1;
-        value |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err(WireError::VarintTooLong)
+    let (value, len) = wire::read_varint(buf.get(*pos..).unwrap_or(&[])).map_err(|e| match e {
+        VarintError::Truncated => WireError::Truncated,
+        VarintError::TooLong => WireError::VarintTooLong,
+    })?;
+    *pos += len;
+    Ok(value)
 }
 
 /// Skips the content of a group whose start tag (for `number`) was just read.
@@ -259,12 +259,10 @@ fn skip_group(buf: &[u8], pos: &mut usize, number: u32) -> Result<usize, WireErr
 }
 
 /// Appends `value` as a minimal varint.
-pub fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
+pub fn put_varint(out: &mut Vec<u8>, value: u64) {
+    let mut varint = [0u8; MAX_VARINT_LEN];
+    let n = wire::put_varint(value, &mut varint);
+    out.extend_from_slice(varint.get(..n).unwrap_or(&varint));
 }
 
 /// Appends the tag of field `number` with wire type `wire_type`.

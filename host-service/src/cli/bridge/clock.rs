@@ -26,9 +26,13 @@
 //! Clocks drift apart (two crystals, ±[`MAX_DRIFT_PPM`] together): a
 //! sample's bound grows by that much of its age, and the estimate is the
 //! sample of the window ([`WINDOW`] samples) with the smallest bound so
-//! grown. A fresh clock snapshot is due ([`ClockSync::snapshot_due`]) when
+//! grown. A fresh clock snapshot is due ([`ClockSync::due`]) when
 //! none was given yet, every [`SNAPSHOT_PERIOD_NS`], and when the estimate
-//! moved by more than its bound.
+//! moved by more than its bound. The bridge's engine keeps stating the
+//! offset it stated before as long as it lies within the current
+//! estimate's bound (a change of offset is a step in the mapping, and a
+//! step back reorders events around it), so the relation a trace holds is
+//! within twice the bound.
 
 use std::collections::VecDeque;
 
@@ -222,9 +226,9 @@ impl ClockSync {
         })
     }
 
-    /// The estimate to inject now, if a snapshot is due at host time `now`
-    /// (module docs); it then counts as injected.
-    pub fn snapshot_due(&mut self, now: u64) -> Option<Estimate> {
+    /// The estimate to inject, if a snapshot is due at host time `now`
+    /// (module docs); [`injected`](Self::injected) says it went out.
+    pub fn due(&self, now: u64) -> Option<Estimate> {
         let est = self.estimate(now)?;
         let due = match self.injected {
             None => true,
@@ -233,10 +237,17 @@ impl ClockSync {
                     || last.offset_ns.abs_diff(est.offset_ns) > last.bound_ns.max(est.bound_ns)
             }
         };
-        if due {
-            self.injected = Some((est, now));
-        }
         due.then_some(est)
+    }
+
+    /// A snapshot of `est` was injected at host time `now`.
+    pub fn injected(&mut self, est: Estimate, now: u64) {
+        self.injected = Some((est, now));
+    }
+
+    /// The relation injected last.
+    pub fn last_injected(&self) -> Option<Estimate> {
+        self.injected.map(|(est, _)| est)
     }
 }
 
@@ -333,23 +344,30 @@ mod tests {
     #[test]
     fn snapshots_are_due_first_periodically_and_when_the_offset_moves() {
         let mut c = ClockSync::new();
-        assert_eq!(c.snapshot_due(0), None, "nothing measured yet");
+        let due = |c: &mut ClockSync, now: u64| {
+            let est = c.due(now)?;
+            c.injected(est, now);
+            Some(est)
+        };
+        assert_eq!(due(&mut c, 0), None, "nothing measured yet");
         let n = c.request(0);
         c.sample(0, Some(n), 2 * MS, 0);
-        assert!(c.snapshot_due(2 * MS).is_some());
-        assert!(c.snapshot_due(3 * MS).is_none());
-        assert!(c.snapshot_due(1002 * MS).is_some(), "a second later");
+        assert!(c.due(2 * MS).is_some());
+        assert!(c.due(2 * MS).is_some(), "due until injected");
+        assert!(due(&mut c, 2 * MS).is_some());
+        assert!(due(&mut c, 3 * MS).is_none());
+        assert!(due(&mut c, 1002 * MS).is_some(), "a second later");
         // A sample 10 ms off, with a tight bound: due at once.
         let n = c.request(1100 * MS);
         c.sample(1090 * MS, Some(n), 1100 * MS + 1000, 0);
-        let e = c.snapshot_due(1100 * MS + 1000).unwrap();
+        let e = due(&mut c, 1100 * MS + 1000).unwrap();
         assert_eq!(e.bound_ns, 500);
     }
 
     #[test]
     fn a_fixed_relation_needs_no_samples() {
-        let mut c = ClockSync::fixed(-5);
-        let e = c.snapshot_due(0).unwrap();
+        let c = ClockSync::fixed(-5);
+        let e = c.due(0).unwrap();
         assert_eq!((e.offset_ns, e.bound_ns), (-5, 0));
         assert_eq!(e.boot_ns(3), 0, "saturates");
         assert_eq!(e.boot_ns(10), 5);

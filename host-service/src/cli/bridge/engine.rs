@@ -77,6 +77,11 @@ pub struct EngineStats {
     pub clock_samples: u64,
     /// Clock snapshots injected (each into every sequence of the boot).
     pub snapshots: u64,
+    /// Snapshots put off because one of their clocks would have gone back
+    /// from the previous one (a trace processor refuses a snapshot that
+    /// moves the trace clock back, and stops converting from a clock that
+    /// goes back): the estimate jumped by more than the time since.
+    pub snapshots_deferred: u64,
     /// Sync requests sent to the firmware.
     pub sync_requests: u64,
 }
@@ -90,6 +95,8 @@ struct Boot<S> {
     needs_clock: bool,
     /// The snapshot packet of the latest estimate.
     snapshot: Option<Vec<u8>>,
+    /// The clock readings it holds `(firmware, boot)`.
+    injected: Option<(u64, u64)>,
     /// Events waiting for the first clock sample, and since when.
     held: VecDeque<FirmwareEvent>,
     held_since: Option<u64>,
@@ -112,6 +119,24 @@ pub struct ClockStatus {
     pub rejected: u64,
     /// The relation was given, not measured.
     pub fixed: bool,
+}
+
+/// A pair of readings `(firmware, boot)` stating `est`: for a measured
+/// relation, the firmware time `now - offset` is BOOTTIME `now` (so the
+/// readings of successive snapshots grow with time); a given relation is
+/// stated where the smaller clock reads 0.
+fn relation_point(est: &Estimate, measured: bool, now: u64) -> (u64, u64) {
+    let offset = i128::from(est.offset_ns);
+    if measured {
+        if let Ok(fw) = u64::try_from(i128::from(now) - offset) {
+            return (fw, now);
+        }
+    }
+    if offset >= 0 {
+        (0, offset as u64)
+    } else {
+        (offset.unsigned_abs() as u64, 0)
+    }
 }
 
 /// The engine. See the module docs.
@@ -316,6 +341,7 @@ impl<O: Output> Engine<O> {
             sequences: HashMap::new(),
             clock,
             snapshot: None,
+            injected: None,
             held: VecDeque::new(),
             held_since: None,
             hold_expired: false,
@@ -364,14 +390,32 @@ impl<O: Output> Engine<O> {
         if !b.needs_clock {
             return;
         }
-        let Some(est) = b.clock.snapshot_due(now) else {
+        let Some(measured) = b.clock.due(now) else {
             return;
         };
-        let packet = snapshot_packet(
-            b.hello.clock_id,
-            est.firmware_ns,
-            est.boot_ns(est.firmware_ns),
-        );
+        // The relation stated so far stays while the measurement agrees
+        // with it (within its error bound): every change of offset is a
+        // step in the mapping from firmware time to BOOTTIME, and a step
+        // back reorders the events around it.
+        let est = match b.clock.last_injected() {
+            Some(last) if last.offset_ns.abs_diff(measured.offset_ns) <= measured.bound_ns => {
+                Estimate {
+                    offset_ns: last.offset_ns,
+                    ..measured
+                }
+            }
+            _ => measured,
+        };
+        let (firmware_ns, boot_ns) = relation_point(&est, self.fixed_offset.is_none(), now);
+        if b.injected
+            .is_some_and(|(fw, boot)| firmware_ns < fw || boot_ns < boot)
+        {
+            self.stats.snapshots_deferred += 1;
+            return;
+        }
+        b.clock.injected(est, now);
+        b.injected = Some((firmware_ns, boot_ns));
+        let packet = snapshot_packet(b.hello.clock_id, firmware_ns, boot_ns);
         for seq in b.sequences.values_mut() {
             self.out.set_injected_packet(seq, &packet);
         }

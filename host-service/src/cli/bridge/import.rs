@@ -73,6 +73,10 @@ impl FirmwareSource for Gated {
         self.inner.transport_loss()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.inner.counters()
+    }
+
     fn request(&mut self, request: Request) -> bool {
         if request == Request::Enable(true) {
             self.enabled = true;

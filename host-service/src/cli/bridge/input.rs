@@ -17,7 +17,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{FirmwareEvent, FirmwareSource, Request, SourceError};
 
@@ -104,6 +104,29 @@ pub struct ByteStream {
     endpoint: Endpoint,
     writable: bool,
     name: String,
+    baud: Option<u32>,
+}
+
+/// Major device numbers of pseudo-terminal slaves (`/dev/pts/N`): their
+/// line speed is a setting, not a rate.
+const PTY_MAJORS: std::ops::RangeInclusive<u32> = 136..=143;
+
+/// Puts a terminal into raw mode (no echo, no line editing, no character
+/// translation: the frames are binary and a cooked tty would echo them back
+/// to the firmware), at `baud` if given. Returns the line speed of a real
+/// serial device (`None` for a pseudo-terminal).
+fn raw_tty(file: &File, baud: Option<u32>) -> io::Result<Option<u32>> {
+    let mut termios = rustix::termios::tcgetattr(file)?;
+    termios.make_raw();
+    if let Some(b) = baud {
+        termios.set_speed(b)?;
+    }
+    rustix::termios::tcsetattr(file, rustix::termios::OptionalActions::Now, &termios)?;
+    let rdev = rustix::fs::fstat(file)?.st_rdev;
+    if PTY_MAJORS.contains(&rustix::fs::major(rdev)) {
+        return Ok(baud);
+    }
+    Ok(Some(termios.input_speed()).filter(|&s| s > 0))
 }
 
 impl std::fmt::Debug for ByteStream {
@@ -128,6 +151,12 @@ pub enum ReadOutcome {
 impl ByteStream {
     /// Opens a stream input (a region is not one).
     pub fn open(spec: &InputSpec) -> io::Result<Self> {
+        Self::open_with(spec, None)
+    }
+
+    /// Opens a stream input; a terminal is put into raw mode, at `baud`
+    /// bits/s if given.
+    pub fn open_with(spec: &InputSpec, baud: Option<u32>) -> io::Result<Self> {
         match spec {
             InputSpec::Path(path) => {
                 let name = path.display().to_string();
@@ -140,10 +169,16 @@ impl ByteStream {
                 } else {
                     File::open(path)?
                 };
+                let baud = if is_device && rustix::termios::isatty(&file) {
+                    raw_tty(&file, baud)?
+                } else {
+                    baud
+                };
                 Ok(ByteStream {
                     endpoint: Endpoint::File(file),
                     writable: is_device,
                     name,
+                    baud,
                 })
             }
             InputSpec::Tcp(addr) => {
@@ -153,6 +188,7 @@ impl ByteStream {
                     endpoint: Endpoint::Tcp(stream),
                     writable: true,
                     name: format!("tcp:{addr}"),
+                    baud,
                 })
             }
             InputSpec::Region { .. } => Err(io::Error::new(
@@ -218,6 +254,12 @@ impl ByteStream {
         }
     }
 
+    /// The line speed in bits/s of a serial link (given, or a serial
+    /// device's setting), for transfer times.
+    pub fn baud(&self) -> Option<u32> {
+        self.baud
+    }
+
     /// What it reads (for messages).
     pub fn name(&self) -> &str {
         &self.name
@@ -230,15 +272,30 @@ impl ByteStream {
 pub trait StreamDecoder: Send {
     /// Feeds bytes read from the stream.
     fn push(&mut self, bytes: &[u8]);
+    /// The stream ended: whatever is buffered is decoded or counted.
+    fn finish(&mut self) {}
     /// The next event decoded, if any.
     fn next_event(&mut self) -> Option<FirmwareEvent>;
     /// What was lost so far (bad CRC, gaps in sequence numbers, bytes
     /// skipped, oversized frames, ...), cumulative, by name.
     fn loss(&self) -> Vec<(&'static str, u64)>;
+    /// What the decoder did that is no loss (frames decoded, ...).
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Appends the frame asking the firmware for `request` to `out`;
     /// `false` if the format has none for it.
     fn encode_request(&mut self, request: Request, out: &mut Vec<u8>) -> bool;
+    /// A flush was sent and the firmware has not shown it done yet.
+    fn flush_pending(&self) -> bool {
+        false
+    }
+    /// Stops waiting for the pending flush (counted).
+    fn give_up_flush(&mut self) {}
 }
+
+/// How long a stream's flush waits for the firmware to show it done.
+pub const FLUSH_DONE_WAIT: Duration = Duration::from_millis(400);
 
 /// A [`FirmwareSource`] over a [`ByteStream`] and a [`StreamDecoder`].
 pub struct StreamSource<D> {
@@ -246,6 +303,8 @@ pub struct StreamSource<D> {
     decoder: D,
     buf: Box<[u8]>,
     ended: bool,
+    /// Until when a flush may wait for the firmware.
+    flush_deadline: Option<Instant>,
     /// Requests whose frame could not be sent.
     pub requests_failed: u64,
 }
@@ -258,8 +317,14 @@ impl<D: StreamDecoder> StreamSource<D> {
             decoder,
             buf: vec![0; 64 * 1024].into_boxed_slice(),
             ended: false,
+            flush_deadline: None,
             requests_failed: 0,
         }
+    }
+
+    /// The decoder.
+    pub fn decoder(&self) -> &D {
+        &self.decoder
     }
 }
 
@@ -279,6 +344,10 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
             Ok(ReadOutcome::Nothing) => Ok(None),
             Ok(ReadOutcome::End) => {
                 self.ended = true;
+                self.decoder.finish();
+                if self.decoder.flush_pending() {
+                    self.decoder.give_up_flush();
+                }
                 Ok(self.decoder.next_event())
             }
             Err(e) => Err(SourceError::Failed(format!("read: {e}"))),
@@ -289,8 +358,14 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
         self.decoder.loss()
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut c = self.decoder.counters();
+        c.push(("requests_failed", self.requests_failed));
+        c
+    }
+
     fn request(&mut self, request: Request) -> bool {
-        if !self.stream.is_writable() {
+        if !self.stream.is_writable() || self.ended {
             return false;
         }
         let mut frame = Vec::new();
@@ -300,8 +375,22 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
         let sent = self.stream.write_all(&frame).is_ok();
         if !sent {
             self.requests_failed += 1;
+            self.decoder.give_up_flush();
+        } else if request == Request::Flush && self.decoder.flush_pending() {
+            self.flush_deadline = Some(Instant::now() + FLUSH_DONE_WAIT);
         }
         sent
+    }
+
+    fn flush_pending(&mut self) -> bool {
+        if !self.decoder.flush_pending() {
+            return false;
+        }
+        if self.flush_deadline.is_none_or(|d| Instant::now() >= d) {
+            self.decoder.give_up_flush();
+            return false;
+        }
+        true
     }
 
     fn can_sync(&self) -> bool {

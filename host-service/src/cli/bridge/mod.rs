@@ -25,12 +25,20 @@
 //! byte stream (`abi::frame`). The engine does not depend on either: it
 //! takes [`FirmwareEvent`]s.
 
+pub mod attach;
 pub mod clock;
+pub mod command;
+pub mod dump;
 pub mod engine;
+pub mod frames;
 pub mod import;
 pub mod input;
 pub mod output;
+pub mod patches;
+pub mod region;
 pub mod run;
+#[cfg(test)]
+mod testing;
 
 use std::time::Duration;
 
@@ -131,6 +139,18 @@ pub trait FirmwareSource: Send {
     /// What the transport lost so far (cumulative counters by name: frames
     /// with a bad CRC, gaps in sequence numbers, bytes skipped, ...).
     fn transport_loss(&self) -> Vec<(&'static str, u64)>;
+    /// What the transport did that is no loss (frames decoded, chunks
+    /// found by a scan, ...), cumulative, by name.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+    /// A [`Request::Flush`] was passed on and the firmware has not shown
+    /// it done yet (a region's `flush_ack`, a stream's barrier): the bridge
+    /// keeps reading before it acknowledges the flush. Bounded by the
+    /// source.
+    fn flush_pending(&mut self) -> bool {
+        false
+    }
     /// Asks the firmware for something; `false` if this source cannot.
     fn request(&mut self, _request: Request) -> bool {
         false

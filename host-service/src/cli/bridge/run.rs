@@ -32,6 +32,9 @@ use crate::cli::CliError;
 pub const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// How long the source is polled at a time (the shell's reaction time).
 const POLL: Duration = Duration::from_millis(20);
+/// How long the source is polled at a time while a flush waits for the
+/// firmware.
+const FLUSH_POLL: Duration = Duration::from_millis(1);
 /// How long the producer may take to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,7 +56,15 @@ pub struct BridgeOptions {
     /// A fixed clock relation instead of a measured one (offline import):
     /// `boot = firmware + offset`.
     pub fixed_clock_offset: Option<i64>,
+    /// Print `{"event":"enabled"}` / `{"event":"disabled"}` on stdout when
+    /// a session starts the data source / the last one stops it (for
+    /// scripts driving a one-way input).
+    pub announce: bool,
 }
+
+/// Firmware counters that count no lost data: a chunk whose commit found
+/// the ring full stays in the SMB, where the reader finds it.
+pub const FIRMWARE_NO_LOSS: &[&str] = &["ring_overflows"];
 
 /// What the bridge did, for the summary.
 #[derive(Debug, Clone)]
@@ -66,6 +77,8 @@ pub struct Summary {
     pub forward: ForwardStats,
     /// The transport's losses (cumulative).
     pub transport: Vec<(&'static str, u64)>,
+    /// The transport's other counters (cumulative).
+    pub transport_counters: Vec<(&'static str, u64)>,
     /// The firmware's own counters (summed over boots).
     pub firmware: Vec<(String, u64)>,
     /// The clock relation at the end.
@@ -75,6 +88,60 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary as JSON (every counter by name), for scripts.
+    pub fn to_json(&self) -> serde_json::Value {
+        let f = &self.forward;
+        let named = |items: &[(&'static str, u64)]| {
+            serde_json::Value::Object(
+                items
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).into()))
+                    .collect(),
+            )
+        };
+        let clock = self.clock.map(|c| {
+            serde_json::json!({
+                "clock_id": c.clock_id,
+                "samples": c.samples,
+                "rejected": c.rejected,
+                "fixed": c.fixed,
+                "offset_ns": c.estimate.map(|e| e.offset_ns),
+                "bound_ns": c.estimate.map(|e| e.bound_ns),
+                "two_way": c.estimate.map(|e| e.two_way),
+            })
+        });
+        serde_json::json!({
+            "source": self.source,
+            "engine": self.engine,
+            "forward": {
+                "chunks_received": f.chunks_received,
+                "chunks_forwarded": f.chunks_forwarded,
+                "chunks_no_session": f.chunks_no_session,
+                "chunks_invalid": f.chunks_invalid,
+                "chunks_too_big": f.chunks_too_big,
+                "chunks_no_room": f.chunks_no_room,
+                "chunks_no_writer_id": f.chunks_no_writer_id,
+                "chunks_lost": f.chunks_lost,
+                "chunks_skipped": f.chunks_skipped,
+                "orphan_fragments_dropped": f.orphan_fragments_dropped,
+                "losses_marked": f.losses_marked,
+                "lanes_restarted": f.lanes_restarted,
+                "packets_injected": f.packets_injected,
+                "start_packets_missed": f.start_packets_missed,
+                "patches_forwarded": f.patches_forwarded,
+                "patches_dropped": f.patches_dropped,
+            },
+            "transport_loss": named(&self.transport),
+            "transport": named(&self.transport_counters),
+            "firmware": serde_json::Value::Object(
+                self.firmware.iter().map(|(n, v)| (n.clone(), (*v).into())).collect()
+            ),
+            "clock": clock,
+            "requests_unsupported": self.requests_unsupported,
+            "lost_anything": self.lost_anything(),
+        })
+    }
+
     /// Whether anything was lost on the way (forwarder, transport or
     /// firmware counters), for the exit status.
     pub fn lost_anything(&self) -> bool {
@@ -90,7 +157,10 @@ impl Summary {
             + f.patches_dropped
             > 0
             || self.transport.iter().any(|(_, v)| *v > 0)
-            || self.firmware.iter().any(|(_, v)| *v > 0)
+            || self
+                .firmware
+                .iter()
+                .any(|(n, v)| *v > 0 && !FIRMWARE_NO_LOSS.contains(&n.as_str()))
     }
 }
 
@@ -182,7 +252,8 @@ impl fmt::Display for Summary {
             _ => {}
         }
         writeln!(out, "  firmware counters: {}", list(&self.firmware))?;
-        write!(out, "  transport losses: {}", list(&self.transport))?;
+        writeln!(out, "  transport losses: {}", list(&self.transport))?;
+        write!(out, "  transport: {}", list(&self.transport_counters))?;
         if self.requests_unsupported > 0 {
             write!(
                 out,
@@ -292,14 +363,21 @@ pub fn run(
         let pending_flush = {
             let mut st = control.state();
             for r in std::mem::take(&mut st.requests) {
+                if let (Request::Enable(on), true) = (r, options.announce) {
+                    let event = if on { "enabled" } else { "disabled" };
+                    println!("{{\"event\":\"{event}\"}}");
+                }
                 if !source.request(r) {
                     requests_unsupported += 1;
                 }
             }
             (st.flushes_done < st.flushes_asked).then_some(st.flushes_asked)
         };
-        let timeout = if pending_flush.is_some() || !drained {
+        let timeout = if !drained {
             Duration::ZERO
+        } else if pending_flush.is_some() {
+            // The firmware is still flushing: read on without spinning.
+            FLUSH_POLL
         } else {
             POLL
         };
@@ -316,7 +394,10 @@ pub fn run(
             }
             Ok(None) => {
                 drained = true;
-                if let Some(target) = pending_flush {
+                if pending_flush.is_some() && source.flush_pending() {
+                    // Not done until the firmware says so (bounded by the
+                    // source).
+                } else if let Some(target) = pending_flush {
                     engine.output().flush();
                     control.state().flushes_done = target;
                     control.changed.notify_all();
@@ -370,6 +451,7 @@ fn summary(
         engine: engine.stats().clone(),
         forward: engine.output().stats(),
         transport: source.transport_loss(),
+        transport_counters: source.counters(),
         firmware: engine.firmware_counters(),
         clock: engine.clock(boottime_ns()),
         requests_unsupported,

@@ -6,9 +6,10 @@
 //! * Packets are grouped by `trusted_packet_sequence_id`; sequence 1 is the
 //!   service's own.
 //! * `SEQ_INCREMENTAL_STATE_CLEARED` (or the legacy
-//!   `incremental_state_cleared`) resets a sequence's interning tables,
-//!   packet defaults and sequence-scoped clocks (ids 64..127), and makes its
-//!   incremental state valid.
+//!   `incremental_state_cleared`) resets a sequence's interning tables and
+//!   packet defaults, and makes its incremental state valid. Clocks are not
+//!   touched: a trace processor keeps every clock snapshot (see
+//!   [`clocks`](super::clocks)).
 //! * `previous_packet_dropped` on any but the first packet of a sequence
 //!   marks a loss: the state is invalid until the next clear, and packets
 //!   flagged `SEQ_NEEDS_INCREMENTAL_STATE` are skipped until then. (The
@@ -47,19 +48,29 @@
 //!   sequence's first clear. An interned id that does not resolve after
 //!   that clear is still a problem.
 //!
-//! Timestamps, as a trace processor resolves them (it sorts events by time,
-//! so a sequence's time may go back):
+//! Timestamps, as a trace processor resolves them ([`clocks`](super::clocks):
+//! a graph of every clock snapshot, sequence-scoped clocks per sequence,
+//! conversions in several hops; it sorts events by time, so a sequence's
+//! time may go back):
 //!
-//! * An absolute timestamp (BOOTTIME, or a sequence-scoped clock that is
-//!   not incremental) earlier than the latest one of its sequence is legal:
-//!   the SDK writes an event given an explicit earlier time that way. It is
-//!   counted (`out_of_order`), not reported.
+//! * An absolute timestamp earlier than the latest one of its sequence is
+//!   legal: the SDK writes an event given an explicit earlier time that
+//!   way. It is counted (`out_of_order`), not reported. Only the
+//!   sequence's own times are compared (the trace clock, sequence-scoped
+//!   clocks); a time on another global clock (MONOTONIC, REALTIME) is
+//!   placed on the timeline but compared with nothing.
 //! * A timestamp on an incremental clock is a delta from that clock's last
-//!   value. A negative delta (a value of 2^63 or more) is an impossible
-//!   encoding and a problem; so is a timestamp on a sequence-scoped clock the
-//!   sequence does not define (after a clear, until a snapshot defines it
-//!   again), or on one whose snapshot names no builtin clock to convert it
-//!   to.
+//!   value (which every snapshot holding the clock sets). A negative delta
+//!   (a value of 2^63 or more) is an impossible encoding and a problem; so
+//!   is a timestamp on a clock no snapshot names, or that no chain of
+//!   snapshots relates to the trace clock, and a snapshot a trace processor
+//!   refuses (a clock redefined with another unit or incremental flag, the
+//!   trace clock going back).
+//! * A timestamp is resolved when it is read: a clock must be related
+//!   before the first packet stamped on it (a trace processor of today
+//!   retries such packets at the end of the trace; older ones drop them).
+//!   The packet that carries a snapshot has its own timestamp ignored, as
+//!   a trace processor ignores it.
 //! * After a loss mark and before the next clear, an incremental clock's
 //!   last value is unknown (deltas were lost): its deltas are not resolved.
 
@@ -69,6 +80,7 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value as ReflectValue};
 use serde::Serialize;
 
+use super::clocks::{self, Clocks, ConvertError, SnapshotClock};
 use super::{compressed, kinds};
 use crate::cli::schema;
 use crate::cli::trace_file::PacketReader;
@@ -87,7 +99,6 @@ pub const SERVICE_SEQUENCE_ID: u32 = 1;
 const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 const BOOTTIME: u32 = 6;
-const FIRST_SEQUENCE_SCOPED_CLOCK: u32 = 64;
 /// Problems kept per kind (all are counted).
 const MAX_PROBLEMS_PER_KIND: usize = 50;
 
@@ -471,18 +482,6 @@ impl Table {
     }
 }
 
-#[derive(Debug, Clone)]
-struct ClockState {
-    incremental: bool,
-    last: u64,
-    reference: u64,
-    reference_boot: Option<u64>,
-    /// The snapshot that defined it names a builtin clock (id < 64) to
-    /// convert it to.
-    anchored: bool,
-    multiplier: u64,
-}
-
 /// Something that looks like lost data, on a sequence without a loss mark:
 /// excused if the sequence lost its start and a loss is recorded, a
 /// problem otherwise.
@@ -507,10 +506,6 @@ struct Sequence {
     skipped_before_clear: u64,
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
-    clocks: HashMap<u32, ClockState>,
-    /// Sequence-scoped clock ids this sequence ever defined (kept across
-    /// incremental-state clears, which forget the clocks themselves).
-    scoped_clocks_defined: BTreeSet<u32>,
     /// The time of the last packet with a resolved timestamp.
     last_boot_ts: Option<u64>,
     /// The latest resolved time so far.
@@ -558,22 +553,28 @@ pub struct Analyzer {
     service_events: Vec<(String, u64)>,
     buffer_of_sequence: HashMap<u32, u32>,
     builtin_clocks: BTreeSet<u32>,
+    /// Every clock snapshot so far.
+    clock_graph: Clocks,
+    /// The clock timestamps are resolved to (the service's primary trace
+    /// clock, else BOOTTIME).
+    trace_clock: Option<u32>,
     last_stats: Option<TraceStats>,
     /// Inside a `compressed_packets` batch.
     inflating: bool,
 }
 
 fn clock_name(id: u32) -> String {
+    use shmtrace_abi::trace::builtin_clock as clock;
     match id {
-        1 => "REALTIME".into(),
-        2 => "REALTIME_COARSE".into(),
-        3 => "MONOTONIC".into(),
-        4 => "MONOTONIC_COARSE".into(),
-        5 => "MONOTONIC_RAW".into(),
-        6 => "BOOTTIME".into(),
-        9 => "TSC".into(),
-        10 => "PERF".into(),
-        11 => "TRACE_FILE".into(),
+        clock::REALTIME => "REALTIME".into(),
+        clock::REALTIME_COARSE => "REALTIME_COARSE".into(),
+        clock::MONOTONIC => "MONOTONIC".into(),
+        clock::MONOTONIC_COARSE => "MONOTONIC_COARSE".into(),
+        clock::MONOTONIC_RAW => "MONOTONIC_RAW".into(),
+        clock::BOOTTIME => "BOOTTIME".into(),
+        clock::TSC => "TSC".into(),
+        clock::PERF => "PERF".into(),
+        clock::TRACE_FILE => "TRACE_FILE".into(),
         other => format!("clock {other}"),
     }
 }
@@ -733,9 +734,11 @@ impl Analyzer {
                 self.out.clocks.service_snapshots += 1;
                 if let Some(primary) = snapshot.primary_trace_clock {
                     self.out.clocks.primary = Some(clock_name(primary as u32));
+                    self.trace_clock = Some(primary as u32);
                 }
                 self.builtin_clocks
                     .extend(snapshot.clocks.iter().filter_map(|c| c.clock_id));
+                self.add_snapshot(SERVICE_SEQUENCE_ID, &snapshot, "a service clock snapshot");
             }
             Data::TraceConfig(bytes) => {
                 self.out.session.config = Some(config_info(&bytes));
@@ -873,7 +876,6 @@ impl Analyzer {
             seq.ever_valid = true;
             seq.interned.clear();
             seq.defaults = None;
-            seq.clocks.retain(|&id, _| id < FIRST_SEQUENCE_SCOPED_CLOCK);
         }
         if flags & SEQ_NEEDS_INCREMENTAL_STATE != 0 && !seq.valid {
             seq.info.skipped_packets += 1;
@@ -903,12 +905,13 @@ impl Analyzer {
         if let Some(interned) = packet.interned_data.take() {
             intern(seq, interned, at);
         }
-        // A clock snapshot defines the clocks its own packet's timestamp
-        // may use, so it comes first.
+        // A trace processor takes a clock snapshot and nothing else of its
+        // packet (not even the timestamp).
         if let Some(Data::ClockSnapshot(snapshot)) = &packet.data {
-            self.sequence_clocks(seq_id, snapshot);
+            self.sequence_clocks(seq_id, snapshot, at);
+        } else {
+            self.timestamp(seq_id, &packet, at);
         }
-        self.timestamp(seq_id, &packet, at);
         match packet.data.take() {
             Some(Data::TrackDescriptor(desc)) => self.track_descriptor(desc),
             Some(Data::TrackEvent(event)) => self.track_event(seq_id, event, at, index),
@@ -916,42 +919,41 @@ impl Analyzer {
         }
     }
 
-    fn sequence_clocks(&mut self, seq_id: u32, snapshot: &ClockSnapshot) {
-        let Some(seq) = self.sequences.get_mut(&seq_id) else {
-            return;
-        };
-        let boot = snapshot
-            .clocks
-            .iter()
-            .find(|c| c.clock_id == Some(BOOTTIME))
-            .and_then(|c| c.timestamp);
-        let anchored = snapshot.clocks.iter().any(|c| {
-            c.clock_id
-                .is_some_and(|id| id < FIRST_SEQUENCE_SCOPED_CLOCK)
-        });
-        for clock in &snapshot.clocks {
-            let (Some(id), Some(ts)) = (clock.clock_id, clock.timestamp) else {
-                continue;
-            };
-            if id >= FIRST_SEQUENCE_SCOPED_CLOCK && seq.scoped_clocks_defined.insert(id) {
+    fn sequence_clocks(&mut self, seq_id: u32, snapshot: &ClockSnapshot, at: &str) {
+        for id in snapshot.clocks.iter().filter_map(|c| c.clock_id) {
+            if (clocks::FIRST_SEQUENCE_SCOPED..128).contains(&id)
+                && !self.clock_graph.knows(seq_id, id)
+            {
                 *self.out.clocks.sequence_scoped.entry(id).or_insert(0) += 1;
             }
-            seq.clocks.insert(
-                id,
-                ClockState {
-                    incremental: clock.is_incremental == Some(true),
-                    last: ts,
-                    reference: ts,
-                    reference_boot: boot,
-                    anchored,
-                    multiplier: clock.unit_multiplier_ns.filter(|&m| m > 0).unwrap_or(1),
-                },
-            );
+        }
+        self.add_snapshot(seq_id, snapshot, at);
+    }
+
+    /// Adds a snapshot read on `seq_id` to the clock graph; one a trace
+    /// processor refuses is a problem.
+    fn add_snapshot(&mut self, seq_id: u32, snapshot: &ClockSnapshot, at: &str) {
+        let taken: Vec<SnapshotClock> = snapshot
+            .clocks
+            .iter()
+            .filter_map(|c| {
+                Some(SnapshotClock {
+                    id: c.clock_id?,
+                    timestamp: c.timestamp?,
+                    unit_ns: c.unit_multiplier_ns.unwrap_or(1),
+                    incremental: c.is_incremental == Some(true),
+                })
+            })
+            .collect();
+        let target = self.trace_clock.unwrap_or(BOOTTIME);
+        if let Err(e) = self.clock_graph.add_snapshot(seq_id, &taken, target) {
+            let message = format!("{at}: clock snapshot refused (as a trace processor does): {e}");
+            self.problem(ProblemKind::Timestamps, message);
         }
     }
 
-    /// Resolves a producer packet's timestamp to BOOTTIME (see the module
-    /// docs for what is a problem and what is only counted).
+    /// Resolves a producer packet's timestamp to the trace clock (see the
+    /// module docs for what is a problem and what is only counted).
     fn timestamp(&mut self, seq_id: u32, packet: &TracePacket, at: &str) {
         let Some(ts) = packet.timestamp else { return };
         let Some(seq) = self.sequences.get_mut(&seq_id) else {
@@ -959,73 +961,79 @@ impl Analyzer {
         };
         let clock_id = packet
             .timestamp_clock_id
+            .filter(|&id| id != 0)
             .or_else(|| seq.defaults.as_ref().and_then(|d| d.timestamp_clock_id))
+            .filter(|&id| id != 0)
             .unwrap_or(BOOTTIME);
-        let boot = if clock_id == BOOTTIME {
-            ts
-        } else if let Some(clock) = seq.clocks.get_mut(&clock_id) {
-            if !clock.anchored {
+        let target = self.trace_clock.unwrap_or(BOOTTIME);
+        if self.clock_graph.is_incremental(seq_id, clock_id) {
+            if ts >= 1 << 63 {
                 let message = format!(
-                    "{at}: timestamp on clock {clock_id}, whose snapshot on sequence {seq_id} \
-                     names no builtin clock to convert it to"
+                    "{at}: negative timestamp delta {} on incremental clock {clock_id}",
+                    ts as i64
                 );
                 self.problem(ProblemKind::Timestamps, message);
                 return;
             }
-            let value = if clock.incremental {
-                if ts >= 1 << 63 {
-                    let message = format!(
-                        "{at}: negative timestamp delta {} on incremental clock {clock_id}",
-                        ts as i64
-                    );
-                    self.problem(ProblemKind::Timestamps, message);
-                    return;
-                }
-                if seq.marked && !seq.valid {
-                    // The deltas since the last clear may be lost with the
-                    // packets that carried them: the base is unknown.
-                    return;
-                }
-                clock.last = clock.last.wrapping_add(ts);
-                clock.last
-            } else {
-                ts
-            };
-            let Some(reference_boot) = clock.reference_boot else {
-                // Converting needs the global snapshots; not checked.
+            if seq.marked && !seq.valid {
+                // The deltas since the last clear may be lost with the
+                // packets that carried them: the base is unknown.
                 return;
-            };
-            reference_boot.wrapping_add(
-                value
-                    .wrapping_sub(clock.reference)
-                    .wrapping_mul(clock.multiplier),
-            )
-        } else if clock_id >= FIRST_SEQUENCE_SCOPED_CLOCK {
-            if !seq.marked {
-                seq.evidence.push(Evidence {
-                    kind: ProblemKind::Timestamps,
-                    before_clear: !seq.ever_valid,
-                    message: format!(
-                        "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
-                         {seq_id} does not define"
-                    ),
-                });
             }
-            return;
-        } else {
-            // Another builtin clock: converting needs the global snapshots;
-            // not checked.
-            return;
+        }
+        let boot = match self.clock_graph.convert(seq_id, clock_id, ts, target) {
+            Ok(t) => t as u64,
+            Err(ConvertError::UnknownSource) if clock_id >= clocks::FIRST_SEQUENCE_SCOPED => {
+                if !seq.marked {
+                    seq.evidence.push(Evidence {
+                        kind: ProblemKind::Timestamps,
+                        before_clear: !seq.ever_valid,
+                        message: format!(
+                            "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
+                             {seq_id} does not define"
+                        ),
+                    });
+                }
+                return;
+            }
+            Err(ConvertError::UnknownSource) => {
+                let message = format!(
+                    "{at}: timestamp on {}, which no clock snapshot names",
+                    clock_name(clock_id)
+                );
+                self.problem(ProblemKind::Timestamps, message);
+                return;
+            }
+            Err(ConvertError::UnknownTarget | ConvertError::NoPath) => {
+                let clock = if clock_id >= clocks::FIRST_SEQUENCE_SCOPED {
+                    format!("clock {clock_id} of sequence {seq_id}")
+                } else {
+                    clock_name(clock_id)
+                };
+                let message = format!(
+                    "{at}: timestamp on {clock} cannot be converted to {}: no chain of clock \
+                     snapshots relates them",
+                    clock_name(target)
+                );
+                self.problem(ProblemKind::Timestamps, message);
+                return;
+            }
         };
         // Earlier than the latest time: legal (a trace processor sorts
         // events by time); only absolute timestamps or a clock re-anchored
-        // by a snapshot can get here, as deltas are never negative.
-        if seq.latest_boot_ts.is_some_and(|latest| boot < latest) {
-            seq.info.out_of_order += 1;
-            self.out.clocks.out_of_order += 1;
+        // by a snapshot can get here, as deltas are never negative. Only
+        // the sequence's own times are compared (the trace clock and its
+        // sequence-scoped clocks): a time on another global clock
+        // (MONOTONIC, REALTIME) is one the producer chose on that clock.
+        let own = clock_id == target || clock_id >= clocks::FIRST_SEQUENCE_SCOPED;
+        if own {
+            if seq.latest_boot_ts.is_some_and(|latest| boot < latest) {
+                seq.info.out_of_order += 1;
+                self.out.clocks.out_of_order += 1;
+            }
+            seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         }
         seq.last_boot_ts = Some(boot);
-        seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         self.span(boot);
     }
 

@@ -3,6 +3,8 @@
 //! that payloads this project does not decode (ftrace bundles, perf samples,
 //! ...) are still named.
 
+use shmtrace_abi::trace::trace_packet as tp;
+
 use crate::protos::wire::Fields;
 
 /// The members of `TracePacket.data` in Perfetto v59: `(field number, name)`,
@@ -98,7 +100,20 @@ const PAYLOADS: &[(u32, &str)] = &[
 
 /// `TracePacket` fields outside the `data` oneof (sequence state, trusted
 /// fields, timestamps).
-const NON_PAYLOAD: &[u32] = &[3, 8, 10, 12, 13, 41, 42, 58, 59, 79, 87, 98];
+const NON_PAYLOAD: &[u32] = &[
+    tp::TRUSTED_UID,
+    tp::TIMESTAMP,
+    tp::TRUSTED_PACKET_SEQUENCE_ID,
+    tp::INTERNED_DATA,
+    tp::SEQUENCE_FLAGS,
+    tp::INCREMENTAL_STATE_CLEARED,
+    tp::PREVIOUS_PACKET_DROPPED,
+    tp::TIMESTAMP_CLOCK_ID,
+    tp::TRACE_PACKET_DEFAULTS,
+    tp::TRUSTED_PID,
+    tp::FIRST_PACKET_ON_SEQUENCE,
+    tp::MACHINE_ID,
+];
 
 /// Name of a packet without a payload (only sequence state, e.g. interned
 /// data or defaults).

@@ -6,6 +6,7 @@
 //! reads mid-session writes them), so sequences continue across them.
 
 mod analysis;
+mod clocks;
 mod compressed;
 mod kinds;
 mod report;

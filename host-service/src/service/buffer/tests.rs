@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::service::fuzzing::commit_in_place;
+use shmtrace_abi::proto::wire::redundant_varint4;
 
 const P: ProducerId = 1;
 const W: WriterId = 1;
@@ -13,12 +14,7 @@ fn frag(out: &mut Vec<u8>, data: &[u8]) {
     if len < 128 {
         out.push(len as u8);
     } else {
-        out.extend_from_slice(&[
-            (len & 0x7F) as u8 | 0x80,
-            ((len >> 7) & 0x7F) as u8 | 0x80,
-            ((len >> 14) & 0x7F) as u8 | 0x80,
-            (len >> 21) as u8,
-        ]);
+        out.extend_from_slice(&redundant_varint4(len));
     }
     out.extend_from_slice(data);
 }

@@ -7,6 +7,10 @@
 //! marker, so that a reader scanning the raw bytes for the marker finds the
 //! start of the next packet right after it.
 
+use shmtrace_abi::proto::Message;
+use shmtrace_abi::trace::{trace_packet as tp, trigger as trigger_field};
+
+use crate::protos::vec_sink::{encode_to_vec, VecSink};
 use crate::protos::{
     self, ClockSnapshot, SystemInfo, TraceProvenance, TraceStats, TraceUuid, TracingServiceEvent,
 };
@@ -23,45 +27,31 @@ pub const SYNC_MARKER: [u8; 16] = [
 /// The packet sequence id of the service's own packets.
 pub const SERVICE_SEQUENCE_ID: u32 = 1;
 
-// Top-level TracePacket fields (number << 3 | wire type), as varint bytes.
-const TIMESTAMP: &[u8] = &[0x40]; // 8, varint
-const CLOCK_SNAPSHOT: &[u8] = &[0x32]; // 6, bytes
-const TRUSTED_UID: &[u8] = &[0x18]; // 3, varint
-const SEQUENCE_ID: &[u8] = &[0x50]; // 10, varint
-const CLOCK_ID: &[u8] = &[0xD0, 0x03]; // 58, varint
-const TRACE_CONFIG: &[u8] = &[0x8A, 0x02]; // 33, bytes
-const TRACE_STATS: &[u8] = &[0x9A, 0x02]; // 35, bytes
-const SYNC: &[u8] = &[0xA2, 0x02]; // 36, bytes
-const SYSTEM_INFO: &[u8] = &[0xEA, 0x02]; // 45, bytes
-const TRIGGER: &[u8] = &[0xF2, 0x02]; // 46, bytes
-const SERVICE_EVENT: &[u8] = &[0xAA, 0x04]; // 69, bytes
-const TRACE_UUID: &[u8] = &[0xCA, 0x05]; // 89, bytes
-const PROVENANCE: &[u8] = &[0xE2, 0x07]; // 124, bytes
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
+/// Encodes one service packet into a new buffer.
+///
+/// Field numbers are constants and no field comes near the encoder's 256 MiB
+/// limit (the largest, a consumer's trace config, arrived in one IPC frame
+/// of at most 128 KiB), so the encoder has nothing to report; were it to,
+/// the error is logged and the packet kept as encoded.
+fn packet(f: impl FnOnce(&mut Message<'_, VecSink<'_>>)) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Err(e) = encode_to_vec(&mut out, f) {
+        log::error!("encoding a service packet: {e}");
     }
-    out.push(v as u8);
-}
-
-fn bytes_field(out: &mut Vec<u8>, tag: &[u8], bytes: &[u8]) {
-    out.extend_from_slice(tag);
-    varint(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
-}
-
-fn varint_field(out: &mut Vec<u8>, tag: &[u8], v: u64) {
-    out.extend_from_slice(tag);
-    varint(out, v);
+    out
 }
 
 /// Writes the trusted header: uid, sequence id 1, BOOTTIME.
-fn header(out: &mut Vec<u8>, uid: u32) {
-    varint_field(out, TRUSTED_UID, i64::from(uid as i32) as u64);
-    varint_field(out, SEQUENCE_ID, u64::from(SERVICE_SEQUENCE_ID));
-    varint_field(out, CLOCK_ID, u64::from(clock_id::BOOTTIME));
+fn header(p: &mut Message<'_, VecSink<'_>>, uid: u32) {
+    trusted_ids(p, uid);
+    p.uint32(tp::TIMESTAMP_CLOCK_ID, clock_id::BOOTTIME);
+}
+
+/// The trusted uid (an int32: a uid above 2^31 is written negative, as
+/// upstream does) and sequence id 1.
+fn trusted_ids(p: &mut Message<'_, VecSink<'_>>, uid: u32) {
+    p.int32(tp::TRUSTED_UID, uid as i32);
+    p.uint32(tp::TRUSTED_PACKET_SEQUENCE_ID, SERVICE_SEQUENCE_ID);
 }
 
 /// A `clock_snapshot` packet.
@@ -77,57 +67,55 @@ pub fn clock_snapshot(uid: u32, clocks: &[(u32, u64)], primary: Option<i32>) -> 
             .collect(),
         primary_trace_clock: Some(primary.unwrap_or(clock_id::BOOTTIME as i32)),
     };
-    let mut out = Vec::new();
-    bytes_field(&mut out, CLOCK_SNAPSHOT, &protos::to_raw(&snap));
-    header(&mut out, uid);
-    out
+    packet(|p| {
+        p.bytes(tp::CLOCK_SNAPSHOT, &protos::to_raw(&snap));
+        header(p, uid);
+    })
 }
 
 /// The `trace_config` packet: the consumer's config, verbatim.
 pub fn trace_config(uid: u32, raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    header(&mut out, uid);
-    bytes_field(&mut out, TRACE_CONFIG, raw);
-    out
+    packet(|p| {
+        header(p, uid);
+        p.bytes(tp::TRACE_CONFIG, raw);
+    })
 }
 
 /// The `trace_uuid` packet.
 pub fn trace_uuid(uid: u32, (msb, lsb): (i64, i64)) -> Vec<u8> {
-    let mut out = Vec::new();
-    header(&mut out, uid);
-    bytes_field(
-        &mut out,
-        TRACE_UUID,
-        &protos::to_raw(&TraceUuid {
-            msb: Some(msb),
-            lsb: Some(lsb),
-        }),
-    );
-    out
+    packet(|p| {
+        header(p, uid);
+        p.bytes(
+            tp::TRACE_UUID,
+            &protos::to_raw(&TraceUuid {
+                msb: Some(msb),
+                lsb: Some(lsb),
+            }),
+        );
+    })
 }
 
 /// A `trigger` packet: a trigger a session received, stamped with the time
 /// it was received.
 pub fn trigger(uid: u32, t: &ReceivedTrigger) -> Vec<u8> {
-    let mut body = Vec::new();
-    bytes_field(&mut body, &[0x0A], t.name.as_bytes()); // trigger_name = 1
-    bytes_field(&mut body, &[0x12], t.producer_name.as_bytes()); // producer_name = 2
-    varint_field(&mut body, &[0x18], i64::from(t.producer_uid as i32) as u64); // trusted_producer_uid = 3
-    varint_field(&mut body, &[0x20], u64::from(t.stop_delay_ms)); // stop_delay_ms = 4
-    let mut out = Vec::new();
-    bytes_field(&mut out, TRIGGER, &body);
-    varint_field(&mut out, TIMESTAMP, t.time);
-    header(&mut out, uid);
-    out
+    packet(|p| {
+        p.nested(tp::TRIGGER, |b| {
+            b.string(trigger_field::TRIGGER_NAME, &t.name);
+            b.string(trigger_field::PRODUCER_NAME, &t.producer_name);
+            b.int32(trigger_field::TRUSTED_PRODUCER_UID, t.producer_uid as i32);
+            b.uint64(trigger_field::STOP_DELAY_MS, u64::from(t.stop_delay_ms));
+        });
+        p.uint64(tp::TIMESTAMP, t.time);
+        header(p, uid);
+    })
 }
 
 /// A sync marker packet (no clock id; the marker is the last field).
 pub fn sync_marker(uid: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    varint_field(&mut out, TRUSTED_UID, i64::from(uid as i32) as u64);
-    varint_field(&mut out, SEQUENCE_ID, u64::from(SERVICE_SEQUENCE_ID));
-    bytes_field(&mut out, SYNC, &SYNC_MARKER);
-    out
+    packet(|p| {
+        trusted_ids(p, uid);
+        p.bytes(tp::SYNCHRONIZATION_MARKER, &SYNC_MARKER);
+    })
 }
 
 /// The `trace_provenance` packet: per buffer, the sequences in it.
@@ -146,19 +134,19 @@ pub fn provenance(uid: u32, ts: u64, buffers: Vec<Vec<(u32, i32)>>) -> Vec<u8> {
             })
             .collect(),
     };
-    let mut out = Vec::new();
-    varint_field(&mut out, TIMESTAMP, ts);
-    bytes_field(&mut out, PROVENANCE, &protos::to_raw(&prov));
-    header(&mut out, uid);
-    out
+    packet(|p| {
+        p.uint64(tp::TIMESTAMP, ts);
+        p.bytes(tp::TRACE_PROVENANCE, &protos::to_raw(&prov));
+        header(p, uid);
+    })
 }
 
 /// The `system_info` packet.
 pub fn system_info(uid: u32, info: &SystemInfo) -> Vec<u8> {
-    let mut out = Vec::new();
-    bytes_field(&mut out, SYSTEM_INFO, &protos::to_raw(info));
-    header(&mut out, uid);
-    out
+    packet(|p| {
+        p.bytes(tp::SYSTEM_INFO, &protos::to_raw(info));
+        header(p, uid);
+    })
 }
 
 /// A lifecycle `service_event` packet.
@@ -172,25 +160,24 @@ pub fn service_event(uid: u32, ts: u64, event: Lifecycle) -> Vec<u8> {
         Lifecycle::ReadTracingBuffersCompleted => E::ReadTracingBuffersCompleted(true),
         Lifecycle::TracingDisabled => E::TracingDisabled(true),
     };
-    let mut out = Vec::new();
-    varint_field(&mut out, TIMESTAMP, ts);
-    header(&mut out, uid);
-    bytes_field(
-        &mut out,
-        SERVICE_EVENT,
-        &protos::to_raw(&TracingServiceEvent {
-            event_type: Some(e),
-        }),
-    );
-    out
+    packet(|p| {
+        p.uint64(tp::TIMESTAMP, ts);
+        header(p, uid);
+        p.bytes(
+            tp::SERVICE_EVENT,
+            &protos::to_raw(&TracingServiceEvent {
+                event_type: Some(e),
+            }),
+        );
+    })
 }
 
 /// The `trace_stats` packet.
 pub fn trace_stats(uid: u32, stats: &TraceStats) -> Vec<u8> {
-    let mut out = Vec::new();
-    header(&mut out, uid);
-    bytes_field(&mut out, TRACE_STATS, &protos::to_raw(stats));
-    out
+    packet(|p| {
+        header(p, uid);
+        p.bytes(tp::TRACE_STATS, &protos::to_raw(stats));
+    })
 }
 
 #[cfg(test)]

@@ -16,11 +16,14 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 
 use bytes::Bytes;
+use shmtrace_abi::proto::wire::{tag, varint_len, WireType, MAX_VARINT_LEN};
+use shmtrace_abi::trace::{tag1, trace_packet};
 
 use super::packets;
 use super::session::{Lifecycle, Session, SessionState};
 use super::{BufferId, ConnId, Output, ReplyBody, SessionId, TracingService};
 use crate::ipc::PendingReply;
+use crate::protos::wire::{put_tag, put_varint, WireType as Wt};
 use crate::protos::ReadBuffersResponse;
 use crate::service::buffer::{Packet, ReadMode, ReadStatus, TraceBuffer};
 use crate::service::trusted::TrustedFields;
@@ -67,28 +70,36 @@ impl ReadStream {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: usize) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn varint_len(v: usize) -> usize {
-    (usize::BITS - (v | 1).leading_zeros()).div_ceil(7) as usize
+/// Field numbers of `ReadBuffersResponse` and its `Slice`.
+mod field {
+    /// `ReadBuffersResponse.slices` (repeated `Slice`).
+    pub const SLICES: u32 = 2;
+    /// `Slice.data` (bytes).
+    pub const DATA: u32 = 1;
+    /// `Slice.last_slice_for_packet` (bool).
+    pub const LAST_SLICE_FOR_PACKET: u32 = 2;
 }
 
 /// Appends `ReadBuffersResponse.slices` entry `{data, last_slice_for_packet}`
-/// (field order and encoding as upstream's).
+/// (field order and encoding as upstream's: the entry's length is known up
+/// front, so the data is copied once).
 fn encode_slice(out: &mut Vec<u8>, data: &[u8], last: bool) {
-    let inner = 1 + varint_len(data.len()) + data.len() + 2;
-    out.push(0x12);
-    put_varint(out, inner);
-    out.push(0x0A);
-    put_varint(out, data.len());
+    let data_len = data.len() as u64;
+    let inner = varint_len(u64::from(tag(field::DATA, WireType::LengthDelimited)))
+        + varint_len(data_len)
+        + data.len()
+        + varint_len(u64::from(tag(
+            field::LAST_SLICE_FOR_PACKET,
+            WireType::Varint,
+        )))
+        + 1;
+    put_tag(out, field::SLICES, Wt::LengthDelimited);
+    put_varint(out, inner as u64);
+    put_tag(out, field::DATA, Wt::LengthDelimited);
+    put_varint(out, data_len);
     out.extend_from_slice(data);
-    out.extend_from_slice(&[0x10, u8::from(last)]);
+    put_tag(out, field::LAST_SLICE_FOR_PACKET, Wt::Varint);
+    out.push(u8::from(last));
 }
 
 impl TracingService {
@@ -349,6 +360,12 @@ impl TracingService {
     }
 }
 
+/// The tag of `Trace.packet`, which precedes each packet in a file.
+const PACKET_TAG: u8 = tag1(
+    trace_packet::TRACE_PACKET_IN_TRACE,
+    WireType::LengthDelimited,
+);
+
 /// Batches `Trace.packet` records for a file.
 struct FileWriter<'a> {
     sink: &'a mut super::session::FileSink,
@@ -369,25 +386,17 @@ impl FileWriter<'_> {
         if self.stopped() {
             return;
         }
-        let mut head = [0u8; 11];
-        head[0] = 0x0A;
-        let mut n = 1;
-        let mut v = len as u64;
-        while v >= 0x80 {
-            head[n] = v as u8 | 0x80;
-            v >>= 7;
-            n += 1;
-        }
-        head[n] = v as u8;
-        n += 1;
-        let total = (n + len) as u64;
+        let mut len_varint = [0u8; MAX_VARINT_LEN];
+        let n = shmtrace_abi::proto::wire::put_varint(len as u64, &mut len_varint);
+        let total = (1 + n + len) as u64;
         if self.sink.max_size > 0
             && self.sink.written + self.batch.len() as u64 + total > self.sink.max_size
         {
             self.full = true;
             return;
         }
-        self.batch.extend_from_slice(&head[..n]);
+        self.batch.push(PACKET_TAG);
+        self.batch.extend_from_slice(&len_varint[..n]);
         for s in slices {
             self.batch.extend_from_slice(s);
         }

@@ -30,12 +30,16 @@ use crate::ipc::PendingReply;
 use crate::protos::ds_config::{self, ServiceFields};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::protos::trace_config::{self, buffer_config::FillPolicy as ProtoFillPolicy};
+use crate::protos::wire::{put_tag, put_varint, WireType};
 use crate::protos::{
     DataSourceConfig, DataSourceDescriptor, EnableTracingResponse, FlushResponse, TraceConfig,
 };
 use crate::service::buffer::{FillPolicy, TraceBuffer, WriterId};
 use crate::service::env::Nanos;
 use crate::service::shm::{ensure_valid_sizes, SharedMemory};
+
+/// `TraceConfig.duration_ms` (uint32).
+const TRACE_CONFIG_DURATION_MS: u32 = 3;
 
 /// Longest `duration_ms` (7 days).
 pub const MAX_DURATION_MS: u32 = 7 * 24 * 3600 * 1000;
@@ -263,13 +267,8 @@ impl Session {
     pub fn set_duration_ms(&mut self, ms: u32) {
         self.config.duration_ms = Some(ms);
         let mut raw = self.raw_config.to_vec();
-        raw.push(0x18); // field 3, varint
-        let mut v = ms;
-        while v >= 0x80 {
-            raw.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        raw.push(v as u8);
+        put_tag(&mut raw, TRACE_CONFIG_DURATION_MS, WireType::Varint);
+        put_varint(&mut raw, u64::from(ms));
         self.raw_config = Bytes::from(raw);
     }
 

@@ -17,6 +17,7 @@ use crate::ipc::rpc::ServiceRequest;
 use crate::ipc::Call;
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use crate::protos::get_async_command_response::Cmd;
+use crate::protos::wire::{Fields, Value};
 use crate::protos::{
     consumer_port, producer_port, trace_config, DataSourceDescriptor, TraceConfig,
 };
@@ -491,39 +492,20 @@ fn file_session(
     (sim, p, c, file, buffer)
 }
 
-/// The top-level fields of a packet: `(field, varint value or bytes)`.
+/// The top-level fields of a packet: `(field, varint value or bytes)`
+/// (fixed-width fields are left out).
 fn fields(packet: &[u8]) -> Vec<(u32, Result<u64, Vec<u8>>)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    let varint = |i: &mut usize| {
-        let mut v = 0u64;
-        let mut shift = 0;
-        loop {
-            let b = packet[*i];
-            *i += 1;
-            v |= u64::from(b & 0x7F) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return v;
+    Fields::new(packet)
+        .filter_map(|f| {
+            let f = f.expect("a well-formed packet");
+            match f.value {
+                Value::Varint(v) => Some((f.number, Ok(v))),
+                Value::LengthDelimited(b) => Some((f.number, Err(b.to_vec()))),
+                Value::Fixed64(_) | Value::Fixed32(_) => None,
+                Value::Group(_) => panic!("a group in field {}", f.number),
             }
-        }
-    };
-    while i < packet.len() {
-        let tag = varint(&mut i);
-        let field = (tag >> 3) as u32;
-        match tag & 7 {
-            0 => out.push((field, Ok(varint(&mut i)))),
-            2 => {
-                let len = varint(&mut i) as usize;
-                out.push((field, Err(packet[i..i + len].to_vec())));
-                i += len;
-            }
-            1 => i += 8,
-            5 => i += 4,
-            w => panic!("wire type {w}"),
-        }
-    }
-    out
+        })
+        .collect()
 }
 
 fn field(packet: &[u8], number: u32) -> Option<Result<u64, Vec<u8>>> {

@@ -282,8 +282,9 @@ fn chunks_wait_for_the_first_clock_sample_then_follow_its_snapshot() {
         }),
         1003 * MS,
     );
-    // boot = firmware + (1002 - 50) ms, within ±1 ms.
-    let snapshot = snapshot_packet(65, 50 * MS, 1002 * MS);
+    // boot = firmware + (1002 - 50) ms, within ±1 ms, stated at the
+    // host's time of the answer.
+    let snapshot = snapshot_packet(65, 51 * MS, 1003 * MS);
     assert_eq!(
         take(&log),
         [
@@ -351,7 +352,7 @@ fn without_a_clock_sample_chunks_go_after_the_hold_and_are_counted() {
     );
     assert_eq!(
         take(&log),
-        [Call::Inject(1, snapshot_packet(70, 10, HOLD_NS + 95))]
+        [Call::Inject(1, snapshot_packet(70, 15, HOLD_NS + 100))]
     );
 }
 
@@ -387,6 +388,113 @@ fn an_offline_import_uses_the_fixed_relation() {
             Call::Inject(1, snapshot_packet(65, 0, 0)),
             Call::Chunk(1, 0),
         ]
+    );
+}
+
+#[test]
+fn a_negative_fixed_offset_is_stated_where_boottime_reads_0() {
+    let (_, log) = engine();
+    let fake = Fake {
+        log: log.clone(),
+        next: 0,
+        sessions: true,
+        refuse: None,
+    };
+    // BOOTTIME = firmware - 5 s.
+    let mut e = Engine::with_fixed_clock(fake, -5_000 * MS as i64);
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 5_000 * MS, 0))
+    );
+}
+
+/// Successive snapshots never move a clock back (a trace processor
+/// refuses a snapshot that moves BOOTTIME back, and stops converting from
+/// a clock that goes back): an estimate that jumps by more than the time
+/// since the last snapshot waits until time catches up.
+#[test]
+fn snapshots_never_go_back_in_time() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let sample = |e: &mut Engine<Fake>, asked: u64, fw: u64, answered: u64| {
+        let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+            panic!("no sync asked at {asked}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: fw,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            answered,
+        );
+    };
+    // offset 900 ms (firmware 100 ms at 1000 ms), bound 1 µs; stated at
+    // the answer's time.
+    sample(&mut e, 1000 * MS - 1_000, 100 * MS, 1000 * MS + 1_000);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 100 * MS + 1_000, 1000 * MS + 1_000))
+    );
+    // A second later the firmware reads 50 ms: offset 1950 ms. Stated now
+    // its clock would read 50 ms, before the last snapshot's 100 ms.
+    sample(&mut e, 2000 * MS - 1_000, 50 * MS, 2000 * MS + 1_000);
+    assert!(e.stats().snapshots_deferred >= 1, "{:?}", e.stats());
+    assert!(take(&log).is_empty(), "nothing injected yet");
+    // Time catches up: injected, both clocks past the last snapshot's.
+    e.tick(2100 * MS, false);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(65, 150 * MS, 2100 * MS))]
+    );
+    assert_eq!(e.stats().snapshots, 2);
+}
+
+/// A new measurement that agrees with the stated relation (within its
+/// bound) does not change the offset stated (a step back would reorder
+/// the events around it); one that does not agrees moves it.
+#[test]
+fn the_stated_offset_stays_while_measurements_agree_with_it() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let sample = |e: &mut Engine<Fake>, asked: u64, fw: u64, answered: u64| {
+        let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+            panic!("no sync asked at {asked}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: fw,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            answered,
+        );
+    };
+    // offset 900 ms, bound 1 ms.
+    sample(&mut e, 999 * MS, 100 * MS, 1001 * MS);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 101 * MS, 1001 * MS))
+    );
+    // offset 900.3 ms, bound 0.5 ms: agrees; a second later the relation
+    // is stated again with the old offset.
+    sample(&mut e, 2000 * MS, 1100 * MS - 300_000 + MS / 2, 2001 * MS);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(65, 1101 * MS, 2001 * MS))]
+    );
+    // offset 902 ms, bound 0.1 ms: the old one is out of its bound.
+    sample(&mut e, 3000 * MS, 2098 * MS + 100_000, 3000 * MS + 200_000);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(
+            1,
+            snapshot_packet(65, 2098 * MS + 200_000, 3000 * MS + 200_000)
+        )]
     );
 }
 

@@ -13,6 +13,7 @@
 //!   no loss reported.
 
 use proptest::prelude::*;
+use shmtrace_abi::proto::wire::redundant_varint4;
 
 use super::super::*;
 
@@ -37,13 +38,7 @@ fn packet_bytes(writer: u16, index: u32, len: usize) -> Vec<u8> {
 }
 
 fn put_size4(out: &mut Vec<u8>, len: usize) {
-    let len = len as u32;
-    out.extend_from_slice(&[
-        (len & 0x7F) as u8 | 0x80,
-        ((len >> 7) & 0x7F) as u8 | 0x80,
-        ((len >> 14) & 0x7F) as u8 | 0x80,
-        (len >> 21) as u8,
-    ]);
+    out.extend_from_slice(&redundant_varint4(len as u32));
 }
 
 /// Splits packets into chunks of `cap` payload bytes the way the C++ writer

@@ -1,0 +1,424 @@
+//! The Cortex-M4 firmware example (`abi/firmware`, its `attach` and `stream`
+//! binaries) under QEMU (`mps2-an386`), as the `firmware_*` tests run it.
+//!
+//! * [`build`] builds the firmware once per test process (`cargo build
+//!   --release` in `abi/firmware`, its own workspace and target dir) and
+//!   fails with what to install when the `thumbv7em-none-eabihf` target or
+//!   `qemu-system-arm` is missing: no test is skipped silently.
+//! * [`Qemu`] runs one binary with its PSRAM backed by a file in the test's
+//!   directory (`-object memory-backend-file,share=on`: the firmware's region
+//!   and mailbox are visible in it) and its semihosting output as the
+//!   process's JSON event lines (see `abi/firmware/src/live.rs`), UART0
+//!   either unconnected or a TCP server for `shmtrace bridge`.
+//! * [`Mailbox`] drives the session through the file (one-byte `pwrite`s and
+//!   `pread`s): host marks with the BOOTTIME window around each, finish,
+//!   exit.
+//! * [`timeline`] runs `checker/timeline.py`: every track event's resolved
+//!   time, per producer, and the marks' instants.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::net::TcpListener;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{HarnessError, Result};
+use crate::process::ChildProcess;
+
+/// The firmware's target.
+pub const TARGET: &str = "thumbv7em-none-eabihf";
+/// Where PSRAM starts in the firmware's address space (offset 0 of the
+/// backing file).
+pub const PSRAM_BASE: u64 = 0x2100_0000;
+/// The PSRAM size QEMU's `mps2-an386` has (the backing file's size).
+const PSRAM_SIZE: &str = "16M";
+/// How long QEMU may take to start and the firmware to report `ready`.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Mailbox bytes (see `abi/firmware/src/live/mailbox.rs`).
+const MARK: u64 = 0;
+const ACK: u64 = 1;
+const COMMAND: u64 = 2;
+/// `command` values.
+const FINISH: u8 = 1;
+const EXIT: u8 = 2;
+
+fn firmware_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("abi")
+        .join("firmware")
+}
+
+/// Builds the firmware example (release) once per process; returns the
+/// directory holding its ELF files. Errors say what is missing.
+pub fn build() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            check_qemu()?;
+            let dir = firmware_dir();
+            let target_dir = dir.join("target");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            // The firmware's own workspace: its .cargo/config.toml sets the
+            // target and the linker script flag, which RUSTFLAGS from the
+            // environment would replace.
+            let output = Command::new(&cargo)
+                .args(["build", "--release", "--bins"])
+                .current_dir(&dir)
+                .env("CARGO_TARGET_DIR", &target_dir)
+                .env_remove("RUSTFLAGS")
+                .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                .env_remove("CARGO_BUILD_TARGET")
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", Path::new(&cargo).display()))?;
+            if !output.status.success() {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let hint = if stderr.contains("target may not be installed")
+                    || stderr.contains("can't find crate for `core`")
+                {
+                    format!(
+                        "\nthe {TARGET} target is missing: `rustup target add {TARGET}` \
+                         (.ci/run installs it)"
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(format!(
+                    "building the firmware (cargo build --release in {}) failed:{hint}\n{stderr}",
+                    dir.display()
+                ));
+            }
+            Ok(target_dir.join(TARGET).join("release"))
+        })
+        .clone()
+        .map_err(HarnessError::Scenario)
+}
+
+fn check_qemu() -> std::result::Result<(), String> {
+    match Command::new("qemu-system-arm").arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "qemu-system-arm --version failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )),
+        Err(e) => Err(format!(
+            "qemu-system-arm is needed to run the firmware ({e}): `apt-get install \
+             qemu-system-arm` (.ci/run installs it)"
+        )),
+    }
+}
+
+/// Host BOOTTIME, nanoseconds (the clock trace timestamps are on).
+pub fn boottime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| HarnessError::Io {
+        action: "bind",
+        path: "127.0.0.1:0".into(),
+        source,
+    })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| HarnessError::Io {
+            action: "read the address of",
+            path: "127.0.0.1:0".into(),
+            source,
+        })
+}
+
+/// Where UART0 goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uart {
+    /// Nowhere (`-serial none`).
+    None,
+    /// A TCP server on 127.0.0.1 at this port that QEMU waits on before it
+    /// starts the firmware (`-serial tcp:...,server=on,wait=on,nodelay=on`).
+    TcpServer(u16),
+}
+
+/// A firmware binary running under QEMU; dropping it kills QEMU.
+#[derive(Debug)]
+pub struct Qemu {
+    /// The QEMU process: its stdout is the firmware's event lines.
+    pub process: ChildProcess,
+    /// The file backing PSRAM.
+    pub psram: PathBuf,
+}
+
+impl Qemu {
+    /// Starts firmware binary `bin` (from [`build`]'s directory `elf_dir`)
+    /// with PSRAM backed by `<dir>/psram` and UART0 on `uart`. With a TCP
+    /// server, returns once QEMU listens (the firmware starts when a client
+    /// connects).
+    pub fn start(elf_dir: &Path, bin: &str, dir: &Path, uart: Uart) -> Result<Self> {
+        let psram = dir.join("psram");
+        let mut command = Command::new("qemu-system-arm");
+        command
+            .args(["-M", "mps2-an386", "-cpu", "cortex-m4"])
+            .args(["-display", "none", "-monitor", "none"])
+            .args(["-semihosting-config", "enable=on,target=native"])
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=psram,size={PSRAM_SIZE},mem-path={},share=on",
+                psram.display()
+            ))
+            .args(["-machine", "memory-backend=psram"])
+            .arg("-serial")
+            .arg(match uart {
+                Uart::None => "none".to_string(),
+                // nodelay: without it Nagle's algorithm holds the
+                // firmware's small frames (a CLOCK answer) back until the
+                // peer's delayed ACK, ~40 ms, which skews the bridge's clock
+                // relation by half of that.
+                Uart::TcpServer(port) => {
+                    format!("tcp:127.0.0.1:{port},server=on,wait=on,nodelay=on")
+                }
+            })
+            .arg("-kernel")
+            .arg(elf_dir.join(bin));
+        let process = ChildProcess::spawn(&format!("qemu {bin}"), command, dir)?;
+        let mut qemu = Qemu { process, psram };
+        if let Uart::TcpServer(port) = uart {
+            qemu.await_listening(port)?;
+        }
+        Ok(qemu)
+    }
+
+    /// Waits until QEMU says it waits for a connection on `port`.
+    fn await_listening(&mut self, port: u16) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if self
+                .process
+                .stderr_tail()
+                .contains("waiting for connection")
+            {
+                return Ok(());
+            }
+            if !self.process.is_running() || Instant::now() >= deadline {
+                return Err(HarnessError::Driver {
+                    name: self.process.name().into(),
+                    message: format!("did not listen on 127.0.0.1:{port}"),
+                    stderr_tail: self.process.stderr_tail(),
+                });
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for the firmware's `ready` line; returns its mailbox.
+    pub fn ready(&mut self) -> Result<(Ready, Mailbox)> {
+        let line = self.process.expect_event("ready", START_TIMEOUT)?;
+        let ready: Ready = serde_json::from_value(line.clone()).map_err(|e| {
+            HarnessError::Scenario(format!("the firmware's ready line {line}: {e}"))
+        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.psram)
+            .map_err(|source| HarnessError::Io {
+                action: "open",
+                path: self.psram.clone(),
+                source,
+            })?;
+        let offset = ready
+            .mailbox
+            .checked_sub(PSRAM_BASE)
+            .ok_or_else(|| HarnessError::Scenario(format!("mailbox outside PSRAM: {line}")))?;
+        Ok((
+            ready,
+            Mailbox {
+                file,
+                offset,
+                path: self.psram.clone(),
+            },
+        ))
+    }
+}
+
+/// The firmware's `ready` line.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Ready {
+    /// `attach` or `stream`.
+    pub mode: String,
+    /// Address of the region.
+    pub region: u64,
+    /// Its size.
+    pub region_size: u64,
+    /// Address of the mailbox.
+    pub mailbox: u64,
+}
+
+impl Ready {
+    /// The region's offset in the PSRAM file.
+    pub fn region_offset(&self) -> u64 {
+        self.region - PSRAM_BASE
+    }
+}
+
+/// The host's side of the firmware's mailbox (see
+/// `abi/firmware/src/live/mailbox.rs`), through the PSRAM file.
+#[derive(Debug)]
+pub struct Mailbox {
+    file: File,
+    offset: u64,
+    path: PathBuf,
+}
+
+/// One host mark: BOOTTIME just before the host stored it and just after
+/// it saw the firmware's acknowledgement. The firmware read its clock for
+/// the mark's instant in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkWindow {
+    /// The mark's value.
+    pub mark: u8,
+    /// Before the store, ns.
+    pub before_ns: u64,
+    /// After the acknowledgement was seen, ns.
+    pub after_ns: u64,
+}
+
+impl Mailbox {
+    fn put(&self, at: u64, value: u8) -> Result<()> {
+        self.file
+            .write_all_at(&[value], self.offset + at)
+            .map_err(|source| HarnessError::Io {
+                action: "write the mailbox in",
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    fn get(&self, at: u64) -> Result<u8> {
+        let mut b = [0u8];
+        self.file
+            .read_exact_at(&mut b, self.offset + at)
+            .map_err(|source| HarnessError::Io {
+                action: "read the mailbox in",
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(b[0])
+    }
+
+    /// Stores mark `mark` (non-zero, different from the last) and spins
+    /// until the firmware acknowledged it (at most `timeout`).
+    pub fn mark(&self, mark: u8, timeout: Duration) -> Result<MarkWindow> {
+        let before_ns = boottime_ns();
+        self.put(MARK, mark)?;
+        let deadline = Instant::now() + timeout;
+        while self.get(ACK)? != mark {
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Scenario(format!(
+                    "the firmware did not acknowledge mark {mark} within {timeout:?}"
+                )));
+            }
+            std::hint::spin_loop();
+        }
+        Ok(MarkWindow {
+            mark,
+            before_ns,
+            after_ns: boottime_ns(),
+        })
+    }
+
+    /// Tells the firmware to stop writing and report its counts.
+    pub fn finish(&self) -> Result<()> {
+        self.put(COMMAND, FINISH)
+    }
+
+    /// Tells the firmware to end the run.
+    pub fn exit(&self) -> Result<()> {
+        self.put(COMMAND, EXIT)
+    }
+}
+
+/// One producer's events in a [`Timeline`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProducerTimes {
+    /// Track events.
+    pub events: u64,
+    /// Of them, whose time did not resolve.
+    pub unresolved: u64,
+    /// The resolved times, sorted (ns, BOOTTIME).
+    pub times: Vec<u64>,
+}
+
+/// A named event in a [`Timeline`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct NamedEvent {
+    /// Its producer.
+    pub pid: u32,
+    /// Its resolved time.
+    pub ts: u64,
+    /// Its flat debug annotations.
+    pub args: BTreeMap<String, Value>,
+}
+
+/// Where a trace's track events lie in time (`checker/timeline.py`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Timeline {
+    /// Per producer pid.
+    pub producers: BTreeMap<u32, ProducerTimes>,
+    /// The events of each name asked for.
+    pub named: BTreeMap<String, Vec<NamedEvent>>,
+}
+
+/// Runs `checker/timeline.py` on `traces`, noting the events named
+/// `names`; its report goes to `<work_dir>/<label>.timeline.json`.
+pub fn timeline(
+    traces: &[PathBuf],
+    names: &[&str],
+    work_dir: &Path,
+    label: &str,
+) -> Result<Timeline> {
+    crate::checker::ensure_environment()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("checker")
+        .join("timeline.py");
+    let report = work_dir.join(format!("{label}.timeline.json"));
+    let python =
+        std::env::var_os("SHMTRACE_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+    let mut command = Command::new(&python);
+    command.arg(&script);
+    for trace in traces {
+        command.arg("--trace").arg(trace);
+    }
+    for name in names {
+        command.arg("--name").arg(name);
+    }
+    let output = command
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .map_err(|e| HarnessError::Checker(format!("cannot run {}: {e}", python.display())))?;
+    if !output.status.success() {
+        return Err(HarnessError::Checker(format!(
+            "{} failed ({}): {}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    let bytes = std::fs::read(&report).map_err(|source| HarnessError::Io {
+        action: "read",
+        path: report.clone(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| HarnessError::Checker(format!("{}: {e}", report.display())))
+}

@@ -1,0 +1,151 @@
+//! `shmtrace import`: a RAM dump of a firmware region (the file
+//! `sim-firmware region` wrote, as a probe or QEMU's RAM file leaves it)
+//! and a captured frame stream become trace files; the checker must find
+//! exactly the events the firmware wrote, with the clock offset given.
+
+mod sim_bridge;
+
+use std::path::Path;
+use std::process::Command;
+
+use shmtrace_tests::checker::Loss;
+use shmtrace_tests::scenario;
+use sim_bridge::*;
+
+fn import(env: &Env, what: &[&str], out: &Path) -> std::process::Output {
+    let output = Command::new(scenario::shmtrace_binary().expect("shmtrace"))
+        .arg("import")
+        .args(what)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run shmtrace import");
+    std::fs::write(
+        env.path(&format!(
+            "{}.stderr",
+            out.file_name().unwrap().to_string_lossy()
+        )),
+        &output.stderr,
+    )
+    .expect("log");
+    output
+}
+
+fn run_firmware(env: &Env, name: &str, a: &[&str]) -> serde_json::Value {
+    let mut firmware = env.firmware(name, &args(a));
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    firmware.expect_success(TIMEOUT).expect("exits");
+    done
+}
+
+/// A region dump: every chunk the firmware committed, in order, with its
+/// patches; the same dump taken while the writers still held their last
+/// chunks (scraped, as Perfetto's service scrapes): the same events.
+#[test]
+fn import_of_a_region_dump() {
+    let env = Env::new("shmtrace-import-dump-");
+    for (name, open) in [("committed", false), ("open", true)] {
+        let ram = env.path(name);
+        let mut a = vec![
+            "region",
+            "--file",
+            ram.to_str().unwrap(),
+            "--offset",
+            "65536",
+            "--iterations",
+            "300",
+            "--large-every",
+            "50",
+            "--exit-when-done",
+        ];
+        if open {
+            a.push("--leave-open");
+        }
+        let done = run_firmware(&env, name, &a);
+        let out = env.path(&format!("{name}.pftrace"));
+        let output = import(
+            &env,
+            &["--region-dump", &format!("{}@0x10000", ram.display())],
+            &out,
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let report = check(&env, &out, emitted(&done), Loss::None, name);
+        report.assert_ok(name);
+        assert_eq!(report.totals.large, 6);
+        inspect_passes(&out);
+        let transport = stderr
+            .lines()
+            .find(|l| l.contains("transport: "))
+            .unwrap_or_default();
+        if open {
+            assert!(
+                transport.contains("chunks_scraped 2"),
+                "both writers' open chunks scraped: {transport}"
+            );
+        } else {
+            assert!(transport.contains("chunks_scraped 0"), "{transport}");
+        }
+    }
+    // No region at the offset: a clear error, status 5.
+    let output = import(
+        &env,
+        &[
+            "--region-dump",
+            &format!("{}@0x20000", env.path("committed").display()),
+        ],
+        &env.path("none.pftrace"),
+    );
+    assert_eq!(output.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is the offset right?"), "{stderr}");
+}
+
+/// A captured frame stream, with and without a clock offset: the same
+/// events, every one of them the offset later.
+#[test]
+fn import_of_a_frame_capture() {
+    let env = Env::new("shmtrace-import-frames-");
+    let capture = env.path("uart.log");
+    let done = run_firmware(
+        &env,
+        "stream",
+        &[
+            "stream",
+            "--out",
+            capture.to_str().unwrap(),
+            "--iterations",
+            "300",
+            "--large-every",
+            "60",
+            "--exit-when-done",
+        ],
+    );
+    let mut spans = Vec::new();
+    for (name, offset) in [("plain", "0"), ("shifted", "5000000000")] {
+        let out = env.path(&format!("{name}.pftrace"));
+        let output = import(
+            &env,
+            &[
+                "--frames",
+                capture.to_str().unwrap(),
+                "--clock-offset",
+                offset,
+            ],
+            &out,
+        );
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report = check(&env, &out, emitted(&done), Loss::None, name);
+        report.assert_ok(name);
+        let analysis = inspect_passes(&out);
+        // The earliest time: the firmware's first packet (its clock reads
+        // about 1 s, long before the service's own packets).
+        spans.push(analysis["clocks"]["first_ns"].as_u64().expect("a time"));
+    }
+    assert!(spans[0] < 10_000_000_000, "{spans:?}");
+    assert_eq!(spans[1] - spans[0], 5_000_000_000);
+}

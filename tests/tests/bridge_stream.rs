@@ -1,0 +1,305 @@
+//! `shmtrace bridge` reading a simulated firmware's frame stream (abi's
+//! frame format, written by `sim-firmware stream`: abi's TrackEventWriter
+//! and TraceWriter over a stream-mode RegionStorage it drains itself) and
+//! forwarding it, as a producer, into our service and into the real
+//! Perfetto service; the real consumer records. The checker must find
+//! exactly the events the firmware wrote, every timestamp resolved through
+//! the bridge's clock snapshot (clock 64 -> 65 -> BOOTTIME), and `shmtrace
+//! inspect --check` must pass. Hostile streams are counted and survived.
+
+mod sim_bridge;
+
+use shmtrace_tests::checker::Loss;
+use shmtrace_tests::scenario::ServiceImpl;
+use sim_bridge::*;
+
+/// Firmware (TCP server) -> bridge (TCP client, two-way) -> `service`.
+/// Returns the firmware's done report, the bridge's summary and the trace.
+fn tcp_run(
+    env: &Env,
+    firmware_args: &[&str],
+    label: &str,
+) -> (serde_json::Value, serde_json::Value, std::path::PathBuf) {
+    let mut fw_args = args(&["stream", "--listen", "0", "--wait-enabled"]);
+    fw_args.extend(args(firmware_args));
+    let mut firmware = env.firmware(label, &fw_args);
+    let listening = firmware
+        .expect_event("listening", TIMEOUT)
+        .expect("listening");
+    let port = listening["port"].as_u64().expect("port");
+    let bridge = env.bridge(&format!("tcp:127.0.0.1:{port}"), &[]);
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    env.wait_registered();
+    let consumer = env.start_consumer();
+    firmware
+        .expect_event("enabled", TIMEOUT)
+        .expect("the bridge enabled it");
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    let trace = env.stop_consumer(consumer);
+    let summary = bridge_summary(bridge);
+    firmware.close_stdin();
+    (done, summary, trace)
+}
+
+fn a_tcp_stream_is_recorded(service: ServiceImpl) {
+    let env = Env::with_service("shmtrace-bridge-tcp-", service);
+    let label = format!("tcp-{service:?}");
+    let (done, summary, trace) = tcp_run(
+        &env,
+        &[
+            "--iterations",
+            "400",
+            "--large-every",
+            "40",
+            "--rate",
+            "4000",
+        ],
+        &label,
+    );
+    let emitted = emitted(&done);
+    assert_eq!(
+        (emitted.slice_begin, emitted.instant, emitted.large),
+        (400, 410, 10),
+        "{done}"
+    );
+    let report = check(&env, &trace, emitted, Loss::None, &label);
+    report.assert_ok(&label);
+    assert_eq!(report.totals.large_bytes, 10 * 3000);
+    // Two sequences (the track event writer, the large-event writer), both
+    // with their start.
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), 2, "{sequences:?}");
+    assert!(sequences.iter().all(|s| !s.start_lost));
+    assert!(
+        report.buffer_stat("patches_succeeded") > 0,
+        "the large events' patches were applied: {:?}",
+        report.buffer_stats
+    );
+    inspect_passes(&trace);
+
+    // Nothing lost on the way; the clock is measured two-way and the
+    // firmware clock's true offset lies within the bound.
+    assert_eq!(summary["lost_anything"], false, "{summary}");
+    assert_eq!(
+        counter(&summary, "engine", "chunks"),
+        counter(&summary, "engine", "chunks_forwarded"),
+        "{summary}"
+    );
+    assert_eq!(counter(&summary, "engine", "chunks_without_clock"), 0);
+    let clock = &summary["clock"];
+    assert_eq!(clock["two_way"], true, "{summary}");
+    let truth = -done["fw_minus_boottime_ns"].as_i64().expect("offset");
+    let offset = clock["offset_ns"].as_i64().expect("estimate");
+    let bound = clock["bound_ns"].as_u64().expect("bound");
+    assert!(
+        offset.abs_diff(truth) <= bound,
+        "estimate {offset}, true {truth}, bound {bound}"
+    );
+}
+
+#[test]
+fn bridge_tcp_stream_into_our_service() {
+    a_tcp_stream_is_recorded(ServiceImpl::Ours);
+}
+
+#[test]
+fn bridge_tcp_stream_into_the_real_service() {
+    a_tcp_stream_is_recorded(ServiceImpl::Real);
+}
+
+/// A FIFO (one way: no reverse channel): the firmware starts once the
+/// session runs; the clock is one-way (unsolicited CLOCK frames).
+#[test]
+fn bridge_fifo_stream_into_our_service() {
+    let env = Env::with_service("shmtrace-bridge-fifo-", ServiceImpl::Ours);
+    let fifo = env.path("uart");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .expect("mkfifo");
+    let go = env.path("go");
+    let mut bridge = env.bridge(fifo.to_str().unwrap(), &[]);
+    let mut firmware = env.firmware(
+        "fifo",
+        &args(&[
+            "stream",
+            "--out",
+            fifo.to_str().unwrap(),
+            "--go-file",
+            go.to_str().unwrap(),
+            "--iterations",
+            "300",
+            "--large-every",
+            "100",
+            "--exit-when-done",
+        ]),
+    );
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    env.wait_registered();
+    let consumer = env.start_consumer();
+    // No way back to the firmware: it starts once the bridge has the
+    // session's data source started.
+    bridge.expect_event("enabled", TIMEOUT).expect("started");
+    std::fs::write(&go, b"").expect("go");
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    firmware.expect_success(TIMEOUT).expect("exits");
+    // The FIFO's writer is gone: the bridge reads to its end and exits 0
+    // after a flush that waited for everything.
+    let trace = env.stop_consumer(consumer);
+    let summary = bridge.expect_event("summary", TIMEOUT).expect("summary");
+    bridge
+        .expect_success(TIMEOUT)
+        .expect("exits 0 at the end of the input");
+    let report = check(&env, &trace, emitted(&done), Loss::None, "fifo");
+    report.assert_ok("fifo");
+    inspect_passes(&trace);
+    assert_eq!(summary["clock"]["two_way"], false, "{summary}");
+    assert_eq!(summary["lost_anything"], false, "{summary}");
+    assert!(
+        summary["requests_unsupported"].as_u64() > Some(0),
+        "{summary}"
+    );
+}
+
+/// Garbage between frames, duplicated data frames, STATS frames with bad
+/// CRCs, bogus headers announcing 1 MiB, a last frame cut short by the end
+/// of the stream: each counted exactly as made, and no event lost (the
+/// faults spare the data). The bridge ends at the end of its input, exit
+/// status 0.
+#[test]
+fn bridge_survives_a_hostile_stream_without_losing_events() {
+    let env = Env::with_service("shmtrace-bridge-hostile-", ServiceImpl::Ours);
+    let mut firmware = env.firmware(
+        "hostile",
+        &args(&[
+            "stream",
+            "--listen",
+            "0",
+            "--wait-enabled",
+            "--iterations",
+            "600",
+            "--large-every",
+            "60",
+            "--rate",
+            "3000",
+            "--stats-every-ms",
+            "20",
+            "--garbage-every",
+            "7",
+            "--duplicate-every",
+            "5",
+            "--corrupt-stats-every",
+            "2",
+            "--oversized-every",
+            "11",
+            "--truncate-tail",
+        ]),
+    );
+    let port = firmware.expect_event("listening", TIMEOUT).expect("port")["port"]
+        .as_u64()
+        .expect("port");
+    let mut bridge = env.bridge(&format!("tcp:127.0.0.1:{port}"), &[]);
+    env.wait_registered();
+    let consumer = env.start_consumer();
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    // The firmware closed the connection after its cut frame: the bridge
+    // forwards everything and ends.
+    let summary = bridge.expect_event("summary", TIMEOUT).expect("summary");
+    bridge
+        .expect_success(TIMEOUT)
+        .expect("exits 0 at the end of the input");
+    let trace = env.stop_consumer(consumer);
+    firmware.close_stdin();
+
+    let faults = &done["faults"];
+    let made = |name: &str| faults[name].as_u64().expect(name);
+    assert!(
+        made("duplicated") > 0 && made("corrupted") > 0 && made("oversized") > 0,
+        "{done}"
+    );
+    let lost = |name: &str| counter(&summary, "transport_loss", name);
+    assert_eq!(lost("duplicates"), made("duplicated"), "{summary}");
+    // A corrupted frame never arrives: its seq is missing.
+    assert_eq!(lost("frames_lost"), made("corrupted"), "{summary}");
+    assert_eq!(lost("truncated"), 1, "{summary}");
+    // (A CRC's bytes can read as a magic, which the decoder must then try:
+    // so these are at least what was made.)
+    assert!(lost("bad_crc") >= made("corrupted"), "{summary}");
+    assert!(lost("oversized") >= made("oversized"), "{summary}");
+    assert!(
+        lost("garbage_bytes") >= made("garbage_bytes") + 12 * made("oversized"),
+        "{summary}"
+    );
+    let report = check(&env, &trace, emitted(&done), Loss::None, "hostile");
+    report.assert_ok("hostile");
+    inspect_passes(&trace);
+}
+
+/// Every 8th CHUNK frame never arrives: counted as lost frames, marked as
+/// loss in the trace (the checker accepts the shortfall only because the
+/// trace records it), nothing else breaks.
+#[test]
+fn bridge_marks_chunks_lost_on_the_wire() {
+    let env = Env::with_service("shmtrace-bridge-lossy-", ServiceImpl::Ours);
+    let (done, summary, trace) = tcp_run(
+        &env,
+        &[
+            "--iterations",
+            "800",
+            "--rate",
+            "4000",
+            "--drop-chunk-every",
+            "8",
+        ],
+        "lossy",
+    );
+    let dropped = done["faults"]["dropped_chunks"].as_u64().expect("dropped");
+    assert!(dropped >= 2, "{done}");
+    assert_eq!(counter(&summary, "transport_loss", "frames_lost"), dropped);
+    assert_eq!(summary["lost_anything"], true);
+    let emitted = emitted(&done);
+    let report = check(&env, &trace, emitted, Loss::Allowed, "lossy");
+    report.assert_ok("lossy");
+    assert!(report.totals.track_events() < emitted.track_events());
+    assert!(
+        report.loss_indicators.values().sum::<u64>() > 0,
+        "{:?}",
+        report.loss_indicators
+    );
+}
+
+/// The firmware restarts twice mid-run (new boot ids, writer and chunk ids
+/// from 0 again): each boot's writers are new sequences, never mixed with
+/// the old ones; every event is there.
+#[test]
+fn bridge_keeps_a_restarted_firmware_s_boots_apart() {
+    let env = Env::with_service("shmtrace-bridge-reset-", ServiceImpl::Ours);
+    let (done, summary, trace) = tcp_run(
+        &env,
+        &[
+            "--iterations",
+            "300",
+            "--large-every",
+            "50",
+            "--rate",
+            "3000",
+            "--reset-after",
+            "100",
+        ],
+        "reset",
+    );
+    assert_eq!(counter(&summary, "engine", "boots"), 3, "{summary}");
+    let report = check(&env, &trace, emitted(&done), Loss::None, "reset");
+    report.assert_ok("reset");
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(
+        sequences.len(),
+        6,
+        "two writers x three boots: {sequences:?}"
+    );
+    inspect_passes(&trace);
+}
