@@ -610,6 +610,7 @@ def check_events(out):
 
 
 TRACE_PC = re.compile(r"\[[0-9a-f]+/([0-9a-f]+)/")
+STOPPED_PC = re.compile(r"\[([0-9a-f]+)\]")
 
 
 def count_windows(log, syms):
@@ -632,24 +633,40 @@ def count_windows(log, syms):
 
     windows, irqs = [], []
     inside, n, mem, depth, irq_n, last_pc, last_in_irq = False, 0, 0, 0, 0, None, False
+
+    def executed(pc):
+        nonlocal inside, n, mem, irq_n, last_pc, last_in_irq
+        last_pc, last_in_irq = pc, depth > 0
+        if depth:
+            irq_n += 1
+            return
+        if pc == begin:
+            if inside:
+                raise ReportError("markers::begin entered twice without markers::end")
+            inside, n, mem = True, 0, 0
+        elif pc == end and inside:
+            windows.append((n, mem))
+            inside = False
+        if inside:
+            n += 1
+            mem += in_mem(pc)
+
+    # A `Trace` line is printed as QEMU starts the instruction; it counts
+    # once the next line does not say QEMU stopped before it (to take an
+    # interrupt when the instruction budget ran out).
+    pending = None
     with open(log, errors="replace") as f:
         for line in f:
-            if line.startswith("Trace"):
-                pc = int(TRACE_PC.search(line).group(1), 16)
-                last_pc, last_in_irq = pc, depth > 0
-                if depth:
-                    irq_n += 1
+            if line.startswith("Stopped execution of TB chain before"):
+                stopped = STOPPED_PC.search(line)
+                if pending is not None and stopped and int(stopped.group(1), 16) == pending:
+                    pending = None
                     continue
-                if pc == begin:
-                    if inside:
-                        raise ReportError("markers::begin entered twice without markers::end")
-                    inside, n, mem = True, 0, 0
-                elif pc == end and inside:
-                    windows.append((n, mem))
-                    inside = False
-                if inside:
-                    n += 1
-                    mem += in_mem(pc)
+            if pending is not None:
+                executed(pending)
+                pending = None
+            if line.startswith("Trace"):
+                pending = int(TRACE_PC.search(line).group(1), 16)
             elif line.startswith("cpu_io_recompile: rewound execution of TB to "):
                 # The I/O instruction logged last runs again (and is logged
                 # again): count it once.
@@ -668,6 +685,8 @@ def count_windows(log, syms):
                 depth -= 1
                 if depth == 0:
                     irqs.append(irq_n)
+        if pending is not None:
+            executed(pending)
     return windows, irqs
 
 

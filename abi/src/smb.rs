@@ -426,7 +426,6 @@ impl<'m> Smb<'m> {
 
     /// [`Self::try_acquire_chunk_for_writing`] on the page `p` (page
     /// `page`), viewed once by the caller.
-    #[allow(unsafe_code)]
     fn acquire_in<'a>(
         &'a self,
         p: &SmbPage<'a>,
@@ -435,34 +434,49 @@ impl<'m> Smb<'m> {
         header: &ChunkHeaderRepr,
     ) -> Result<WritableChunk<'a>, AcquireError> {
         let layout = sync::try_acquire_for_writing(p, chunk, header)?;
-        // The geometry was valid for the CAS just won; recomputing it cannot
-        // fail for an in-range page and chunk.
-        let out_of_range = AcquireError::ChunkOutOfRange {
-            chunk,
-            num_chunks: layout.num_chunks(),
-        };
-        let g = self
-            .page_size
-            .chunk_geometry(layout, chunk)
-            .ok_or(out_of_range)?;
-        let words = p.words_at(g.offset).ok_or(out_of_range)?;
-        // SAFETY: we just won `Free → BeingWritten` for this chunk, so this
-        // producer owns its payload until `release_as_complete`; the payload
-        // lies after the chunk header and inside the chunk (geometry from a
-        // validated page size), so it overlaps no live header word; the
-        // returned `WritableChunk` is the only handle to it and borrows
+        self.writable(p, page, layout, chunk, None)
+            .ok_or(AcquireError::ChunkOutOfRange {
+                chunk,
+                num_chunks: layout.num_chunks(),
+            })
+    }
+
+    /// The token of `chunk` of page `p` (page `page`, partitioned with
+    /// `layout`), which this producer just took (`Free → BeingWritten`),
+    /// writing `header` into it if given. `None` only if the chunk has no
+    /// geometry in the layout (never for a chunk the state machine gave).
+    #[allow(unsafe_code)]
+    fn writable<'a>(
+        &'a self,
+        p: &SmbPage<'a>,
+        page: usize,
+        layout: PageLayout,
+        chunk: usize,
+        header: Option<&ChunkHeaderRepr>,
+    ) -> Option<WritableChunk<'a>> {
+        let g = self.page_size.chunk_geometry(layout, chunk)?;
+        let words = p.words_at(g.offset)?;
+        if let Some(header) = header {
+            words.init(header);
+        }
+        // SAFETY: the caller just won `Free → BeingWritten` for this chunk,
+        // so this producer owns its payload until `release_as_complete`; the
+        // payload lies after the chunk header and inside the chunk (geometry
+        // from a validated page size), so it overlaps no live header word;
+        // the returned `WritableChunk` is the only handle to it and borrows
         // `self`, so scraping (`&mut self`) cannot run meanwhile.
         let payload = unsafe {
             self.region.payload_mut(
                 p.page_offset + g.offset + CHUNK_HEADER_SIZE,
                 g.size - CHUNK_HEADER_SIZE,
             )
-        }
-        .ok_or(out_of_range)?;
-        let used = payload.len();
-        Ok(WritableChunk {
-            smb: self,
-            location: ChunkLocation { page, chunk },
+        }?;
+        let used = payload.len() as u16;
+        Some(WritableChunk {
+            header_bitmap: p.header_bitmap,
+            page,
+            // Below 14 (the geometry exists).
+            chunk: chunk as u8,
             layout,
             words,
             payload,
@@ -490,17 +504,15 @@ impl<'m> Smb<'m> {
         let mut page = start_page;
         for _ in 0..self.num_pages {
             if let Some(p) = self.page(page) {
-                if sync::is_page_free(&p) {
-                    // Losing this race is fine: the page then has a layout.
-                    let _ = sync::try_partition(&p, layout);
-                }
-                let mut free = sync::free_chunks(&p);
-                while free != 0 {
-                    let chunk = free.trailing_zeros() as usize;
-                    free &= free - 1;
-                    if let Ok(c) = self.acquire_in(&p, page, chunk, &header) {
-                        return Ok(c);
-                    }
+                // One CAS partitions a free page and takes its first chunk;
+                // its header is written right after.
+                if let Ok((found, chunk)) = sync::try_take_first_free(p.header_bitmap, layout) {
+                    return self.writable(&p, page, found, chunk, Some(&header)).ok_or(
+                        AcquireError::ChunkOutOfRange {
+                            chunk,
+                            num_chunks: found.num_chunks(),
+                        },
+                    );
                 }
             }
             page += 1;
@@ -686,18 +698,24 @@ impl<'m> Smb<'m> {
 #[derive(Debug)]
 #[must_use = "a chunk that is never released stays BeingWritten forever"]
 pub struct WritableChunk<'a> {
-    smb: &'a Smb<'a>,
-    location: ChunkLocation,
+    /// The page's `header_bitmap` (all the release needs of the page).
+    header_bitmap: &'a AtomicU32,
+    page: usize,
+    chunk: u8,
     layout: PageLayout,
+    /// At most the payload's length (below 64 KiB).
+    used: u16,
     words: ChunkWords<'a, AtomicU32, AtomicU16>,
     payload: PayloadMut<'a>,
-    used: usize,
 }
 
 impl WritableChunk<'_> {
     /// Where the chunk is.
     pub fn location(&self) -> ChunkLocation {
-        self.location
+        ChunkLocation {
+            page: self.page,
+            chunk: usize::from(self.chunk),
+        }
     }
 
     /// The page layout the chunk was acquired with.
@@ -726,6 +744,24 @@ impl WritableChunk<'_> {
         self.payload.window(offset)
     }
 
+    /// Sets where the windows [`limited_window`](Self::limited_window)
+    /// hands out must end (capped at the capacity; 0, the initial value,
+    /// refuses every one): a writer that keeps its own limits (room, a
+    /// count, whether anything must come first) folds them into this one,
+    /// so its common case checks one bound.
+    #[inline]
+    pub fn set_window_limit(&mut self, end: usize) {
+        self.payload.set_window_limit(end);
+    }
+
+    /// A [`Window`] over the [`WINDOW_LEN`] (+ [`WINDOW_SLACK`]) payload
+    /// bytes at `offset`, if they end at or before the window limit
+    /// ([`set_window_limit`](Self::set_window_limit)).
+    #[inline(always)]
+    pub fn limited_window(&mut self, offset: usize) -> Option<Window<'_>> {
+        self.payload.limited_window(offset)
+    }
+
     /// The longest [`Window`] at `offset` (a power of two from
     /// [`MIN_WINDOW_LEN`] to [`WINDOW_LEN`] bytes, plus [`WINDOW_SLACK`])
     /// that fits the payload; `None` if not even the shortest does.
@@ -740,14 +776,15 @@ impl WritableChunk<'_> {
     /// copied.
     #[inline]
     pub fn used(&self) -> usize {
-        self.used
+        usize::from(self.used)
     }
 
     /// Declares the first `used` payload bytes as the ones in use (capped
     /// at the capacity); the fragments a reader parses must lie in them.
     #[inline]
     pub fn set_used(&mut self, used: usize) {
-        self.used = used.min(self.payload.len());
+        // At most the payload's length, so it fits 16 bits.
+        self.used = used.min(self.payload.len()) as u16;
     }
 
     /// Writes one payload byte at `offset`.
@@ -787,15 +824,8 @@ impl WritableChunk<'_> {
     /// (a peer rewrote the page header, or contention beyond the retry
     /// budget) the chunk is lost and must not be committed.
     pub fn release_as_complete(self) -> Result<ChunkLocation, ReleaseError> {
-        let p = self
-            .smb
-            .page(self.location.page)
-            .ok_or(ReleaseError::PageOutOfRange {
-                page: self.location.page,
-                num_pages: self.smb.num_pages,
-            })?;
-        sync::release_as_complete(&p, self.layout, self.location.chunk)?;
-        Ok(self.location)
+        sync::release_word_as_complete(self.header_bitmap, self.layout, usize::from(self.chunk))?;
+        Ok(self.location())
     }
 }
 

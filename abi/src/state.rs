@@ -167,6 +167,26 @@ pub const fn free_chunks(bitmap: u32) -> u16 {
     res
 }
 
+/// The first free chunk of the page `bitmap` describes, if any (the
+/// lowest bit of [`free_chunks`], without a loop).
+#[inline]
+pub const fn first_free(bitmap: u32) -> Option<usize> {
+    let n = num_chunks(bitmap);
+    // Bit 2j set iff chunk j is not free; then only chunks that exist.
+    let states = bitmap & ALL_CHUNKS_MASK;
+    let taken = (states | states >> 1) & LOW_BITS;
+    let exists = ((1u32 << (2 * n as u32)) - 1) & LOW_BITS;
+    let free = !taken & exists;
+    if free == 0 {
+        None
+    } else {
+        Some((free.trailing_zeros() / CHUNK_STATE_BITS) as usize)
+    }
+}
+
+/// The low bit of every chunk's state.
+const LOW_BITS: u32 = 0x0555_5555;
+
 /// Why a state transition was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransitionError {
@@ -255,6 +275,7 @@ impl Transition {
 ///
 /// A transition into `Free` that leaves every chunk free returns `0`
 /// (the page becomes unpartitioned).
+#[inline]
 pub const fn apply(
     bitmap: u32,
     chunk: usize,

@@ -310,8 +310,8 @@ pub enum AcquireError {
     /// Other chunks of the page kept changing: every one of the
     /// [`CAS_ATTEMPTS`] compare-and-swaps lost a race. Back off and retry.
     Contended,
-    /// No page of the SMB had a free chunk (only from the "any chunk"
-    /// acquisition).
+    /// No free chunk (only from the acquisitions that pick the chunk: on
+    /// the page, or on any page of the SMB).
     NoFreeChunk,
 }
 
@@ -547,6 +547,51 @@ pub fn try_acquire_for_writing<P: PageWords + ?Sized>(
     acquire(page, chunk, Transition::AcquireForWriting, Some(header))
 }
 
+/// P1 and P2 in one compare-and-swap: takes the page's first free chunk
+/// for writing (`Free → BeingWritten`), partitioning the page with `layout`
+/// in the same step if it is free and unpartitioned (a page partitioned
+/// with another layout is used as it is), and initializes the chunk's
+/// header as [`try_acquire_for_writing`] does. Returns the page's layout
+/// and the chunk. [`AcquireError::NoFreeChunk`] if the page has none.
+pub fn try_acquire_first_free<P: PageWords + ?Sized>(
+    page: &P,
+    layout: PageLayout,
+    header: &ChunkHeaderRepr,
+) -> Result<(PageLayout, usize), AcquireError> {
+    let (found, chunk) = try_take_first_free(page.header_bitmap(), layout)?;
+    // The chunk exists in the layout just found, so it has header words.
+    if let Some(words) = page.chunk_words(found, chunk) {
+        words.init(header);
+    }
+    Ok((found, chunk))
+}
+
+/// The compare-and-swap of [`try_acquire_first_free`] alone, on the page's
+/// `header_bitmap` word: the caller owns the chunk it returns and must
+/// initialize its header before anything else.
+pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
+    header_bitmap: &W,
+    layout: PageLayout,
+) -> Result<(PageLayout, usize), AcquireError> {
+    let mut bitmap = header_bitmap.load(Acquire);
+    for _ in 0..CAS_ATTEMPTS {
+        let base = if bitmap == 0 {
+            state::partitioned(layout)
+        } else {
+            bitmap
+        };
+        let Some(chunk) = state::first_free(base) else {
+            return Err(AcquireError::NoFreeChunk);
+        };
+        let next = base | ChunkState::BeingWritten.bits() << (chunk as u32 * 2);
+        match header_bitmap.compare_exchange(bitmap, next, AcqRel, Acquire) {
+            Ok(_) => return Ok((state::layout(base), chunk)),
+            Err(b) => bitmap = b,
+        }
+    }
+    Err(AcquireError::Contended)
+}
+
 /// S1: acquires `chunk` for reading (`Complete → BeingRead`). Returns the
 /// page layout the chunk belongs to.
 pub fn try_acquire_for_reading<P: PageWords + ?Sized>(
@@ -562,16 +607,7 @@ fn release<P: PageWords + ?Sized>(
     chunk: usize,
     transition: Transition,
 ) -> Result<(), ReleaseError> {
-    let word = page.header_bitmap();
-    let mut bitmap = word.load(Relaxed);
-    for _ in 0..CAS_ATTEMPTS {
-        let found = state::layout(bitmap);
-        if let Some(acquired) = acquired {
-            if found != acquired {
-                return Err(ReleaseError::LayoutChanged { acquired, found });
-            }
-        }
-        let next = state::apply(bitmap, chunk, transition)?;
+    release_on(page.header_bitmap(), acquired, chunk, transition, |found| {
         if transition.to() == ChunkState::Free {
             // Clear the header of the chunk as the current layout places it,
             // before the CAS publishes the free state.
@@ -583,6 +619,29 @@ fn release<P: PageWords + ?Sized>(
                 })?;
             words.clear();
         }
+        Ok(())
+    })
+}
+
+/// The CAS loop of a release on the page's `header_bitmap` word; `before`
+/// runs before each CAS with the layout found.
+fn release_on<W: AtomicWord32 + ?Sized>(
+    word: &W,
+    acquired: Option<PageLayout>,
+    chunk: usize,
+    transition: Transition,
+    mut before: impl FnMut(PageLayout) -> Result<(), ReleaseError>,
+) -> Result<(), ReleaseError> {
+    let mut bitmap = word.load(Relaxed);
+    for _ in 0..CAS_ATTEMPTS {
+        let found = state::layout(bitmap);
+        if let Some(acquired) = acquired {
+            if found != acquired {
+                return Err(ReleaseError::LayoutChanged { acquired, found });
+            }
+        }
+        let next = state::apply(bitmap, chunk, transition)?;
+        before(found)?;
         match word.compare_exchange(bitmap, next, AcqRel, Relaxed) {
             Ok(_) => return Ok(()),
             Err(actual) => bitmap = actual,
@@ -598,7 +657,23 @@ pub fn release_as_complete<P: PageWords + ?Sized>(
     acquired: PageLayout,
     chunk: usize,
 ) -> Result<(), ReleaseError> {
-    release(page, Some(acquired), chunk, Transition::ReleaseAsComplete)
+    release_word_as_complete(page.header_bitmap(), acquired, chunk)
+}
+
+/// [`release_as_complete`] on the page's `header_bitmap` word alone (all a
+/// producer's chunk token needs to keep of its page).
+pub fn release_word_as_complete<W: AtomicWord32 + ?Sized>(
+    header_bitmap: &W,
+    acquired: PageLayout,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    release_on(
+        header_bitmap,
+        Some(acquired),
+        chunk,
+        Transition::ReleaseAsComplete,
+        |_| Ok(()),
+    )
 }
 
 /// S2: the service frees a chunk it acquired for reading with layout

@@ -70,11 +70,11 @@
 //! | `TrackEventWriter` itself (config, time base, slice stack, counters) | 60 |
 //! | interning table, `N` strings (a power of two) | 8 + 8 × `N` |
 //! | described tracks, `T` | 4 + 4 × `T` |
-//! | its [`InPlaceWriter`](crate::writer::InPlaceWriter) (the chunk held, cursor, counters; no patch storage: it never fragments) | 80 |
+//! | its [`InPlaceWriter`](crate::writer::InPlaceWriter) (the chunk held, cursor, counters; no patch storage: it never fragments) | 72 |
 //! | the arbiter (a [`RegionArbiter`](crate::region::RegionArbiter)) | 48 |
 //!
 //! So `N = 4`, `T = 2` (three strings, the default track and one counter
-//! track) is 240 bytes, the defaults `N = 16`, `T = 4` 344. Strings beyond
+//! track) is 232 bytes, the defaults `N = 16`, `T = 4` 336. Strings beyond
 //! `N` are written inline (counted in [`TrackEventStats::strings_inline`]),
 //! descriptors beyond `T` again before each use. A clock that is a zero-sized
 //! type (a static counter behind it) adds nothing.

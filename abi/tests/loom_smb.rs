@@ -108,23 +108,58 @@ fn packets(count: u16) -> u16 {
     Packets::new(count, ChunkFlags::EMPTY).unwrap().bits()
 }
 
+/// How a [`writer`] gets its chunk.
+#[derive(Clone, Copy)]
+enum Acquire {
+    /// Partitions the page if it is free, then tries each chunk.
+    InTwoSteps,
+    /// `try_acquire_first_free`: both in one compare-and-swap.
+    FirstFree,
+}
+
 /// A producer writer: gets a chunk (partitioning the page if it is free),
 /// writes `fragments` fragments the way the C++ writer does (payload first,
 /// then a release store of the inflated count), pads with an empty fragment
 /// and releases the chunk as complete.
 fn writer(m: &Model, writer_id: u16, fragments: usize) -> bool {
+    write_chunk(m, writer_id, fragments, Acquire::InTwoSteps)
+}
+
+/// [`writer`], getting its chunk `how`.
+fn write_chunk(m: &Model, writer_id: u16, fragments: usize, how: Acquire) -> bool {
     let header = ChunkHeaderRepr {
         chunk_id: u32::from(writer_id) * 100,
         writer_id,
         packets: Packets::EMPTY,
     };
-    let _ = sync::try_partition(&m.page, LAYOUT);
-    for chunk in 0..CHUNKS {
-        let Ok(layout) = sync::try_acquire_for_writing(&m.page, chunk, &header) else {
-            continue;
+    let candidates = match how {
+        Acquire::InTwoSteps => {
+            let _ = sync::try_partition(&m.page, LAYOUT);
+            0..CHUNKS
+        }
+        Acquire::FirstFree => match sync::try_acquire_first_free(&m.page, LAYOUT, &header) {
+            Ok((layout, chunk)) => {
+                assert_eq!(layout, LAYOUT);
+                chunk..chunk + 1
+            }
+            Err(_) => 0..0,
+        },
+    };
+    for chunk in candidates {
+        let layout = match how {
+            Acquire::InTwoSteps => match sync::try_acquire_for_writing(&m.page, chunk, &header) {
+                Ok(layout) => layout,
+                Err(_) => continue,
+            },
+            Acquire::FirstFree => LAYOUT,
         };
         m.take(chunk, WRITER);
         let words = m.page.chunk_words(layout, chunk).unwrap();
+        assert_eq!(
+            words.load(Ordering::Relaxed).writer_id,
+            writer_id,
+            "the header was initialized"
+        );
         for slot in 0..fragments {
             m.write_slot(chunk, slot, fragment_value(writer_id, slot));
             // Finishing fragment `slot` inflates the count to slot + 2.
@@ -267,5 +302,56 @@ fn three_writers_never_share_a_chunk() {
         service(&m, 1);
         assert_read_exactly_once(&m);
         assert!(sync::is_page_free(&m.page));
+    });
+}
+
+/// Writers that partition and take a chunk in one compare-and-swap race
+/// with one that does it in two steps: each chunk goes to one writer, and
+/// both are taken.
+#[test]
+fn one_step_acquisitions_never_share_a_chunk() {
+    builder(2).check(|| {
+        let m = Arc::new(Model::new());
+        let how = [Acquire::FirstFree, Acquire::InTwoSteps, Acquire::FirstFree];
+        let handles: Vec<_> = [1u16, 2, 3]
+            .into_iter()
+            .zip(how)
+            .map(|(id, how)| {
+                let m = m.clone();
+                thread::spawn(move || write_chunk(&m, id, 0, how))
+            })
+            .collect();
+        let winners = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&won| won)
+            .count();
+        assert_eq!(winners, CHUNKS, "exactly one writer per chunk");
+        service(&m, 1);
+        assert_read_exactly_once(&m);
+        assert!(sync::is_page_free(&m.page));
+    });
+}
+
+/// One-step writers race with the service moving chunks out (which frees,
+/// and so unpartitions, the page): nothing is owned twice or lost.
+#[test]
+fn one_step_writers_and_service_race_on_one_page() {
+    builder(2).check(|| {
+        let m = Arc::new(Model::new());
+        let writers: Vec<_> = [1u16, 2]
+            .into_iter()
+            .map(|id| {
+                let m = m.clone();
+                thread::spawn(move || write_chunk(&m, id, 1, Acquire::FirstFree))
+            })
+            .collect();
+        service(&m, 1);
+        for w in writers {
+            w.join().unwrap();
+        }
+        service(&m, 1);
+        assert_read_exactly_once(&m);
+        assert!(sync::is_page_free(&m.page), "every chunk was freed");
     });
 }

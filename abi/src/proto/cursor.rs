@@ -64,6 +64,9 @@ pub trait Target {
     /// Writes the 8 little-endian bytes of `word` at `index % cap` (the
     /// buffer has room past `cap` for them).
     fn put_u64(&mut self, index: usize, word: u64);
+    /// Writes the 4 little-endian bytes of `word` at `index % cap` (the
+    /// buffer has room past `cap` for them).
+    fn put_u32(&mut self, index: usize, word: u32);
     /// Copies `src` to `index`; `false` (nothing written) if it does not
     /// fit below `cap`.
     fn put_slice(&mut self, index: usize, src: &[u8]) -> bool;
@@ -104,6 +107,14 @@ impl<const N: usize> Target for &mut [u8; N] {
     }
 
     #[inline(always)]
+    fn put_u32(&mut self, index: usize, word: u32) {
+        let at = index & const { array_cap(N) }.wrapping_sub(1);
+        if let Some(dst) = self.get_mut(at..at + 4) {
+            dst.copy_from_slice(&word.to_le_bytes());
+        }
+    }
+
+    #[inline(always)]
     fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
         let cap = const { array_cap(N) };
         match index.checked_add(src.len()) {
@@ -136,6 +147,11 @@ impl Target for Window<'_> {
     }
 
     #[inline(always)]
+    fn put_u32(&mut self, index: usize, word: u32) {
+        Window::put_u32(self, index, word);
+    }
+
+    #[inline(always)]
     fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
         Window::put_slice(self, index, src)
     }
@@ -157,6 +173,9 @@ impl Target for Measure {
 
     #[inline(always)]
     fn put_u64(&mut self, _index: usize, _word: u64) {}
+
+    #[inline(always)]
+    fn put_u32(&mut self, _index: usize, _word: u32) {}
 
     #[inline(always)]
     fn put_slice(&mut self, index: usize, src: &[u8]) -> bool {
@@ -246,6 +265,14 @@ impl<T: Target> Cursor<T> {
     #[inline(always)]
     pub fn word(&mut self, word: u64, n: usize) {
         self.buf.put_u64(self.len, word);
+        self.len += n;
+    }
+
+    /// Appends the low `n` (at most 4) bytes of `word`, little-endian, with
+    /// one 4-byte store.
+    #[inline(always)]
+    pub fn word32(&mut self, word: u32, n: usize) {
+        self.buf.put_u32(self.len, word);
         self.len += n;
     }
 

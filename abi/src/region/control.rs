@@ -7,36 +7,40 @@ use crate::sync::shared::AtomicU32;
 
 use super::raw::Mem;
 use super::ring::{self, RingFull, RingWords};
-use super::wire::{offset, RingGeometry, SlotBody, SlotRepr};
+use super::wire::{offset, RingGeometry, SlotBody, SlotRepr, HEADER_SIZE};
 
 /// The ring of a live region (see [`ring`](super::ring) for the protocol).
 #[derive(Clone, Copy, Debug)]
 pub struct Ring<'m> {
-    mem: Mem<'m>,
-    offset: usize,
+    /// The slots' words (`slots` x `stride` of them), located once.
+    words: &'m [AtomicU32],
     slots: u32,
+    /// Words per slot (8 in v1).
     stride: usize,
     head: &'m AtomicU32,
     tail: &'m AtomicU32,
 }
 
 impl<'m> Ring<'m> {
-    /// `None` if the head/tail words are out of `mem` (never for a
-    /// validated geometry).
+    /// `None` if the ring's words are out of `mem` (never for a validated
+    /// geometry).
     pub(crate) fn new(mem: Mem<'m>, geometry: RingGeometry) -> Option<Self> {
+        let stride = geometry.slot_size as usize / 4;
         Some(Ring {
-            mem,
-            offset: geometry.offset as usize,
+            words: mem.words(
+                geometry.offset as usize,
+                (geometry.slots as usize).checked_mul(stride)?,
+            )?,
             slots: geometry.slots,
-            stride: geometry.slot_size as usize,
+            stride,
             head: mem.word(offset::RING_HEAD)?,
             tail: mem.word(offset::RING_TAIL)?,
         })
     }
 
-    fn body_word(&self, index: u32, k: usize) -> Option<&'m AtomicU32> {
-        self.mem
-            .word(self.offset + index as usize * self.stride + 4 + 4 * k)
+    /// Word `k` of slot `index` (0: the sequence word, then the body).
+    fn word(&self, index: u32, k: usize) -> Option<&'m AtomicU32> {
+        self.words.get(index as usize * self.stride + k)
     }
 
     /// Publishes one record; [`RingFull`] if there is no room.
@@ -70,12 +74,12 @@ impl RingWords for Ring<'_> {
         if index >= self.slots {
             return None;
         }
-        self.mem.word(self.offset + index as usize * self.stride)
+        self.word(index, 0)
     }
 
     fn write_body(&self, index: u32, body: &SlotBody) {
         for (k, value) in body.iter().enumerate() {
-            if let Some(w) = self.body_word(index, k) {
+            if let Some(w) = self.word(index, 1 + k) {
                 w.store(*value, Relaxed);
             }
         }
@@ -84,7 +88,7 @@ impl RingWords for Ring<'_> {
     fn read_body(&self, index: u32) -> SlotBody {
         let mut body = [0u32; 7];
         for (k, value) in body.iter_mut().enumerate() {
-            if let Some(w) = self.body_word(index, k) {
+            if let Some(w) = self.word(index, 1 + k) {
                 *value = w.load(Relaxed);
             }
         }
@@ -99,18 +103,36 @@ impl RingWords for Ring<'_> {
 /// writes `trace_enabled`, `clear_request`, `flush_request` and
 /// `sync_request`; the firmware writes the rest. Both sides may read
 /// everything.
+///
+/// The control words are located once, when the control is made, so each
+/// access is one load or store (a writer reads `trace_enabled` and
+/// `clear_request` per event).
 #[derive(Clone, Copy, Debug)]
 pub struct Control<'m> {
     mem: Mem<'m>,
     ring: Ring<'m>,
+    words: &'m [AtomicU32; CONTROL_WORDS],
 }
 
+/// The control words: header bytes `0xC0..0x100`.
+const CONTROL_WORDS: usize = (HEADER_SIZE - offset::CONTROL) / 4;
+
 impl<'m> Control<'m> {
+    /// `None` if a control word is out of `mem` (never for a validated
+    /// header).
     pub(crate) fn new(mem: Mem<'m>, ring: RingGeometry) -> Option<Self> {
         Some(Control {
             mem,
             ring: Ring::new(mem, ring)?,
+            words: mem.words(offset::CONTROL, CONTROL_WORDS)?.try_into().ok()?,
         })
+    }
+
+    /// The control word at header offset `at` (a constant: no check is
+    /// left).
+    #[inline(always)]
+    fn word(&self, at: usize) -> Option<&'m AtomicU32> {
+        self.words.get(at.checked_sub(offset::CONTROL)? / 4)
     }
 
     pub(crate) fn mem(&self) -> Mem<'m> {
@@ -122,18 +144,21 @@ impl<'m> Control<'m> {
         &self.ring
     }
 
+    #[inline(always)]
     fn load(&self, at: usize, order: core::sync::atomic::Ordering) -> u32 {
-        self.mem.word(at).map_or(0, |w| w.load(order))
+        self.word(at).map_or(0, |w| w.load(order))
     }
 
+    #[inline(always)]
     fn store(&self, at: usize, value: u32, order: core::sync::atomic::Ordering) {
-        if let Some(w) = self.mem.word(at) {
+        if let Some(w) = self.word(at) {
             w.store(value, order);
         }
     }
 
+    #[inline(always)]
     fn add(&self, at: usize, n: u32) {
-        if let Some(w) = self.mem.word(at) {
+        if let Some(w) = self.word(at) {
             w.fetch_add(n, Relaxed);
         }
     }
@@ -182,14 +207,17 @@ impl<'m> Control<'m> {
     // -------------------------------------------------------- firmware side
 
     /// Whether the host wants events (`trace_enabled != 0`).
+    #[inline]
     pub fn trace_enabled(&self) -> bool {
         self.load(offset::TRACE_ENABLED, Relaxed) != 0
     }
 
     /// The host's clear request counter: when it changed since a writer
-    /// last looked, the writer restarts its sequence.
+    /// last looked, the writer restarts its sequence. (Relaxed: the request
+    /// publishes nothing else a writer reads, so no barrier per event.)
+    #[inline]
     pub fn clear_request(&self) -> u32 {
-        self.load(offset::CLEAR_REQUEST, Acquire)
+        self.load(offset::CLEAR_REQUEST, Relaxed)
     }
 
     /// The host's flush request counter.

@@ -75,6 +75,26 @@ impl<'m> Mem<'m> {
         Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
     }
 
+    /// The `count` 32-bit atomics from `offset` on, if in bounds and
+    /// 4-aligned: one check for a run of words (a ring's slots).
+    pub(crate) fn words(&self, offset: usize, count: usize) -> Option<&'m [AtomicU32]> {
+        let end = count.checked_mul(4)?.checked_add(offset)?;
+        if end > self.len || self.addr().wrapping_add(offset) % 4 != 0 {
+            return None;
+        }
+        // SAFETY: `offset + 4 * count <= len`, so the words lie inside
+        // memory valid for reads and writes for `'m` (`new`'s contract);
+        // the first is 4-aligned as checked, so all are, matching
+        // `align_of::<AtomicU32>()`, whose size and in-memory
+        // representation are those of `u32` (`core`'s and
+        // `portable-atomic`'s alike). Within this process these bytes are
+        // only accessed through such atomics (module invariant), so no
+        // non-atomic access races with them.
+        Some(unsafe {
+            core::slice::from_raw_parts(self.base.as_ptr().add(offset).cast::<AtomicU32>(), count)
+        })
+    }
+
     /// An `Smb` over `len` bytes at `offset` (the region's SMB part).
     pub(crate) fn smb(
         &self,

@@ -12,6 +12,7 @@
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
+//! * A [`PayloadMut`]'s window limit never exceeds its length.
 //! * A [`Window`] is `len` + [`WINDOW_SLACK`] bytes of a [`PayloadMut`]
 //!   (`len` a power of two, at most [`WINDOW_LEN`]), checked against the
 //!   payload when it is made and borrowing it mutably; its byte and 8-byte
@@ -143,7 +144,7 @@ impl<'m> Region<'m> {
     }
 
     /// Write access to `len` payload bytes at `offset`; `None` if out of
-    /// the region.
+    /// the region or longer than 64 KiB - 1 (a chunk payload never is).
     ///
     /// # Safety
     ///
@@ -154,7 +155,8 @@ impl<'m> Region<'m> {
         let ptr = self.sub_ptr(offset, len)?;
         Some(PayloadMut {
             ptr,
-            len,
+            len: u16::try_from(len).ok()?,
+            limit: 0,
             _chunk: PhantomData,
         })
     }
@@ -193,7 +195,11 @@ fn check(offset: usize, len: usize, capacity: usize) -> Result<(), OutOfBounds> 
 #[derive(Debug)]
 pub(crate) struct PayloadMut<'a> {
     ptr: NonNull<u8>,
-    len: usize,
+    /// 16 bits: a chunk payload is shorter than 64 KiB (the largest page).
+    len: u16,
+    /// Where windows from [`PayloadMut::limited_window`] must end (at most
+    /// `len`).
+    limit: u16,
     _chunk: PhantomData<&'a ()>,
 }
 
@@ -205,13 +211,13 @@ impl PayloadMut<'_> {
     /// Capacity in bytes.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.len
+        usize::from(self.len)
     }
 
     /// Copies `src` to `offset`.
     #[inline]
     pub(crate) fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
-        check(offset, src.len(), self.len)?;
+        check(offset, src.len(), self.len())?;
         // SAFETY: `offset + src.len() <= self.len` (checked), and the
         // payload's `len` bytes lie in the region (checked at construction),
         // so the destination is valid for writes; we own the bytes
@@ -229,12 +235,40 @@ impl PayloadMut<'_> {
         self.window_of(offset, WINDOW_LEN)
     }
 
+    /// Sets where windows from [`PayloadMut::limited_window`] must end
+    /// (capped at the length).
+    #[inline]
+    pub(crate) fn set_window_limit(&mut self, limit: usize) {
+        // At most `len`, so it fits 16 bits.
+        self.limit = limit.min(self.len()) as u16;
+    }
+
+    /// The [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes at `offset`, if they end
+    /// at or before the window limit: one compare, as the limit is within
+    /// the payload.
+    #[inline(always)]
+    pub(crate) fn limited_window(&mut self, offset: usize) -> Option<Window<'_>> {
+        match offset.checked_add(WINDOW_LEN + WINDOW_SLACK) {
+            Some(end) if end <= usize::from(self.limit) => {}
+            _ => return None,
+        }
+        // SAFETY: `offset + WINDOW_LEN + WINDOW_SLACK <= limit <= len`
+        // (checked; the limit never exceeds the length, module invariants),
+        // so the result points inside the payload and is not null.
+        let ptr = unsafe { self.ptr.add(offset) };
+        Some(Window {
+            ptr,
+            mask: WINDOW_LEN - 1,
+            _payload: PhantomData,
+        })
+    }
+
     /// The largest window at `offset` of a power-of-two length between
     /// [`MIN_WINDOW_LEN`] and [`WINDOW_LEN`] whose bytes (slack included)
     /// are all in the payload.
     #[inline]
     pub(crate) fn window_at_most(&mut self, offset: usize) -> Option<Window<'_>> {
-        let room = self.len.checked_sub(offset)?.checked_sub(WINDOW_SLACK)?;
+        let room = self.len().checked_sub(offset)?.checked_sub(WINDOW_SLACK)?;
         if room < MIN_WINDOW_LEN {
             return None;
         }
@@ -253,7 +287,7 @@ impl PayloadMut<'_> {
         if !len.is_power_of_two() || len > WINDOW_LEN {
             return None;
         }
-        check(offset, len + WINDOW_SLACK, self.len).ok()?;
+        check(offset, len + WINDOW_SLACK, self.len()).ok()?;
         // SAFETY: `offset + len + WINDOW_SLACK <= self.len` (checked), so the
         // result points inside the payload and is not null.
         let ptr = unsafe { self.ptr.add(offset) };
@@ -267,7 +301,7 @@ impl PayloadMut<'_> {
     /// Copies `dst.len()` bytes from `offset` into `dst`.
     #[inline]
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
-        check(offset, dst.len(), self.len)?;
+        check(offset, dst.len(), self.len())?;
         // SAFETY: in bounds as checked; we own the bytes exclusively and
         // `&self` excludes a concurrent `write` through this handle.
         unsafe {
@@ -338,6 +372,23 @@ impl Window<'_> {
                 .as_ptr()
                 .add(index & self.mask)
                 .cast::<[u8; 8]>()
+                .write_unaligned(word.to_le_bytes())
+        }
+    }
+
+    /// Writes the 4 little-endian bytes of `word` at `index % len()` (as
+    /// [`Window::put_u64`] does 8).
+    #[inline(always)]
+    pub fn put_u32(&mut self, index: usize, word: u32) {
+        // SAFETY: the masked index is below `len()`, so the 4 bytes end
+        // within `len() + WINDOW_SLACK`, inside a payload this writer owns
+        // exclusively (as in `put_u64`); an unaligned write needs no
+        // alignment.
+        unsafe {
+            self.ptr
+                .as_ptr()
+                .add(index & self.mask)
+                .cast::<[u8; 4]>()
                 .write_unaligned(word.to_le_bytes())
         }
     }

@@ -9,16 +9,20 @@
 //! * Interned ids count from 1 per kind (event names, categories,
 //!   annotation names each have their own id space, as in `InternedData`)
 //!   and restart at 1 after every [`InternTable::clear`].
-//! * An entry is live only if the generation in its key is the table's:
+//! * An entry is live only if the generation in its tag is the table's:
 //!   clearing is one increment, no loop over the table (and so no `memset`
 //!   in a firmware image). Generations are 7 bits (1..=127; 0 is never
 //!   live); when they wrap, every entry is retired one by one first.
-//! * An entry is 8 bytes on a 32-bit target (address, 16-bit key, 16-bit
-//!   id). A string has two home slots (two-choice hashing: it goes into
-//!   the first that is free); a lookup that finds it there, as nearly
-//!   every one does, is a multiply and one or two entry compares. Strings
-//!   that found both taken go into the first free slot after the second
-//!   home, where a lookup probes for them out of line.
+//! * An entry is 8 bytes on a 32-bit target: the address, and the tag
+//!   `len << 25 | kind << 23 | generation << 16 | iid`. A lookup compares
+//!   the address, and XORs the tag with the wanted high half (the key's
+//!   bits and the generation), which leaves the id when they match: one
+//!   compare tests the match and the id's range. A string has two home
+//!   slots (two-choice hashing of its address and wanted high half: it
+//!   goes into the first that is free); a lookup finds it in the first,
+//!   as nearly every one does, with a multiply and one entry compare.
+//!   Strings that found both taken go into the first free slot after the
+//!   second home, where a lookup probes for them out of line.
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
@@ -66,19 +70,89 @@ pub enum Interned {
     Full,
 }
 
+/// A string as the table knows it: the string (its address) and its key
+/// bits `len << 25 | kind << 23`, or bits no entry matches for a string
+/// longer than [`MAX_LEN`]. Cheap to compute where the string is a
+/// constant: callers compute the bits there and pass them on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    s: &'static str,
+    /// The key bits (23..=31; the rest 0).
+    bits: u32,
+}
+
+impl Key {
+    /// The key of `s` as a `kind`.
+    #[inline(always)]
+    pub fn new(s: &'static str, kind: Kind) -> Key {
+        let len = s.len();
+        Key {
+            s,
+            bits: if len <= MAX_LEN {
+                (len as u32) << LEN_SHIFT | (kind as u32) << KIND_SHIFT
+            } else {
+                NEVER
+            },
+        }
+    }
+
+    /// The key bits (23..=31; the rest 0).
+    #[inline(always)]
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// The key of `s` with the bits [`Key::bits`] returned for a key of
+    /// `s` (so keys can travel packed in a word).
+    #[inline(always)]
+    pub(crate) fn from_bits(s: &'static str, bits: u32) -> Key {
+        Key { s, bits }
+    }
+
+    #[inline(always)]
+    fn ptr(&self) -> usize {
+        self.s.as_ptr() as usize
+    }
+}
+
+const KIND_SHIFT: u32 = 23;
+const LEN_SHIFT: u32 = 25;
+const GENERATION_SHIFT: u32 = 16;
+/// The key bits of a key no entry matches: the kind bits 3, which no
+/// [`Kind`] has.
+const NEVER: u32 = (MAX_LEN as u32) << LEN_SHIFT | 3 << KIND_SHIFT;
+/// The tag's id bits.
+const IID_MASK: u32 = (1 << GENERATION_SHIFT) - 1;
+/// The tag's key bits.
+const KEY_MASK: u32 = !0 << KIND_SHIFT;
+
 #[derive(Clone, Copy)]
 struct Entry {
     ptr: usize,
-    /// `generation << 9 | len << 2 | kind`.
-    key: u16,
-    iid: u16,
+    /// `len << 25 | kind << 23 | generation << 16 | iid`.
+    tag: u32,
 }
 
-const EMPTY: Entry = Entry {
-    ptr: 0,
-    key: 0,
-    iid: 0,
-};
+impl Entry {
+    #[inline(always)]
+    fn generation(&self) -> u32 {
+        self.tag >> GENERATION_SHIFT & GENERATIONS_MASK
+    }
+
+    /// The id, if this is `key` wanted as `want` (see
+    /// [`InternTable::want`]): the tag XOR `want`, which is at most
+    /// [`IID_MASK`] exactly then.
+    #[inline(always)]
+    fn id_of(&self, key: Key, want: u32) -> Option<u32> {
+        let x = self.tag ^ want;
+        (self.ptr == key.ptr() && x <= IID_MASK).then_some(x)
+    }
+}
+
+/// Mask of a generation (7 bits).
+const GENERATIONS_MASK: u32 = 0x7F;
+
+const EMPTY: Entry = Entry { ptr: 0, tag: 0 };
 
 /// An interning table of `N` entries (a power of two) for all three kinds.
 pub struct InternTable<const N: usize> {
@@ -114,111 +188,142 @@ impl<const N: usize> InternTable<N> {
         }
     }
 
-    /// The key of `s` on the current generation, and its two home slots;
-    /// `None` if `s` is too long to intern.
+    /// `key`'s tag bits on the current generation (all but the id).
     #[inline(always)]
-    fn key(&self, s: &str, kind: Kind) -> Option<(usize, u16, [usize; 2])> {
-        let len = s.len();
-        if len > MAX_LEN {
-            return None;
-        }
-        let ptr = s.as_ptr() as usize;
-        let id = (len as u16) << 2 | kind as u16;
-        // Fibonacci hashing of address, length and kind (not the
-        // generation, so a string keeps its slots across clears): the top
-        // bits give the first home slot, the next ones the second.
-        let h = (ptr as u32 ^ u32::from(id)).wrapping_mul(0x9E37_79B9);
-        let homes = if Self::BITS == 0 {
+    fn want(&self, key: Key) -> u32 {
+        u32::from(self.generation) << GENERATION_SHIFT | key.bits
+    }
+
+    /// The two home slots of `key`: Fibonacci hashing of the address and
+    /// the key bits (not the generation, so a string keeps its slots across
+    /// clears); the top bits give the first home slot, the next ones the
+    /// second.
+    #[inline(always)]
+    fn homes(key: Key) -> [usize; 2] {
+        Self::homes_of(key.ptr(), key.bits)
+    }
+
+    /// [`Self::homes`] of the key with address `ptr` and bits `bits`.
+    #[inline(always)]
+    fn homes_of(ptr: usize, bits: u32) -> [usize; 2] {
+        let h = (ptr as u32 ^ bits).wrapping_mul(0x9E37_79B9);
+        if Self::BITS == 0 {
             [0, 0]
         } else {
             [
                 (h >> (32 - Self::BITS)) as usize,
                 (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize & (N - 1),
             ]
-        };
-        Some((ptr, self.generation << 9 | id, homes))
+        }
     }
 
-    /// The id of `s` if it is interned on this sequence: one or two probes
-    /// when it sits in one of its two home slots, as nearly every string
-    /// does.
+    /// The id of `s` if it is interned on this sequence.
     #[inline(always)]
     pub fn lookup(&self, s: &'static str, kind: Kind) -> Option<u16> {
-        u16::try_from(self.lookup_word(s, kind)).ok()
+        u16::try_from(self.lookup_word(Key::new(s, kind))).ok()
     }
 
-    /// [`Self::lookup`] as a word: the id, or `u32::MAX` if `s` is not
-    /// interned (a caller tests several ids with one compare).
+    /// The id of `key` if it is interned on this sequence, as a word: the
+    /// id, or `u32::MAX` if it is not interned (a caller tests several
+    /// ids with one compare). Inline: a multiply and one entry compare
+    /// when the string sits in its first home slot, one more in its second;
+    /// out of line ([`Self::find`]) otherwise.
     #[inline(always)]
-    pub fn lookup_word(&self, s: &'static str, kind: Kind) -> u32 {
-        let Some((ptr, key, [first, second])) = self.key(s, kind) else {
-            return u32::MAX;
-        };
-        let hit = |home: usize| match self.entries.get(home) {
-            Some(e) if e.ptr == ptr && e.key == key => Some(u32::from(e.iid)),
-            _ => None,
-        };
-        if let Some(iid) = hit(first) {
-            return iid;
+    pub fn lookup_word(&self, key: Key) -> u32 {
+        let want = self.want(key);
+        let [first, second] = Self::homes(key);
+        let at = |i: usize| self.entries.get(i).and_then(|e| e.id_of(key, want));
+        match at(first) {
+            Some(iid) => iid,
+            None => match at(second) {
+                Some(iid) => iid,
+                None => self.find(key),
+            },
         }
-        if let Some(iid) = hit(second) {
-            return iid;
-        }
-        self.probe(ptr, key, second).map_or(u32::MAX, u32::from)
     }
 
-    /// [`Self::lookup`] past the home slots: the slots after the second,
-    /// up to the first dead one.
+    /// [`Self::lookup_word`] out of line: the home slots, then the slots
+    /// after the second up to the first dead one.
     #[inline(never)]
-    fn probe(&self, ptr: usize, key: u16, home: usize) -> Option<u16> {
-        let mut i = home;
-        for _ in 0..N {
-            i = (i + 1) & (N - 1);
-            let e = self.entries.get(i)?;
-            if e.key >> 9 != self.generation {
-                return None;
+    fn find(&self, key: Key) -> u32 {
+        let want = self.want(key);
+        let [first, second] = Self::homes(key);
+        let mut i = first;
+        for step in 0..N + 1 {
+            let Some(e) = self.entries.get(i) else {
+                break;
+            };
+            if let Some(iid) = e.id_of(key, want) {
+                return iid;
             }
-            if e.ptr == ptr && e.key == key {
-                return Some(e.iid);
+            if step > 1 && e.generation() != u32::from(self.generation) {
+                break;
             }
+            i = if step == 0 { second } else { (i + 1) & (N - 1) };
         }
-        None
+        u32::MAX
     }
 
     /// The id of `s`, interning it if it is new and there is room: in the
-    /// first of its home slots that is free, else in the first free slot
-    /// after the second.
+    /// first of its home slots that is free; else in one of them after
+    /// moving its string to that string's other home, if that one is free
+    /// (so lookups nearly always find a string at home); else in the first
+    /// free slot after the second home.
     pub fn intern(&mut self, s: &'static str, kind: Kind) -> Interned {
-        let Some((ptr, key, homes)) = self.key(s, kind) else {
+        if s.len() > MAX_LEN {
+            return Interned::Full;
+        }
+        let key = Key::new(s, kind);
+        if let Ok(iid) = u16::try_from(self.find(key)) {
+            return Interned::Known(iid);
+        }
+        let Some(i) = self.free_slot(key) else {
             return Interned::Full;
         };
-        let generation = self.generation;
-        let mut i = homes[0];
+        let tag = self.want(key);
+        let Some(last) = self.last_iid.get_mut(kind as usize) else {
+            return Interned::Full;
+        };
+        let Some(iid) = last.checked_add(1) else {
+            return Interned::Full;
+        };
+        let tag = tag | u32::from(iid);
+        let Some(e) = self.entries.get_mut(i) else {
+            return Interned::Full;
+        };
+        *last = iid;
+        *e = Entry {
+            ptr: key.ptr(),
+            tag,
+        };
+        Interned::New(iid)
+    }
+
+    /// Where a new `key` goes (see [`Self::intern`]), having moved a string
+    /// out of the way if that helps; `None` if the table is full.
+    fn free_slot(&mut self, key: Key) -> Option<usize> {
+        let generation = u32::from(self.generation);
+        let live = |e: &Entry| e.generation() == generation;
+        let [first, second] = Self::homes(key);
+        let mut i = first;
         for step in 0..N + 1 {
-            let Some(e) = self.entries.get_mut(i) else {
-                return Interned::Full;
-            };
-            if e.key >> 9 != generation {
-                let Some(slot) = self.last_iid.get_mut(kind as usize) else {
-                    return Interned::Full;
-                };
-                let Some(iid) = slot.checked_add(1) else {
-                    return Interned::Full;
-                };
-                *slot = iid;
-                *e = Entry { ptr, key, iid };
-                return Interned::New(iid);
+            if !live(self.entries.get(i)?) {
+                return Some(i);
             }
-            if e.ptr == ptr && e.key == key {
-                return Interned::Known(e.iid);
+            if step == 1 {
+                // Both homes taken: move the first home's string to its
+                // other home if that one is free.
+                let e = *self.entries.get(first)?;
+                let [a, b] = Self::homes_of(e.ptr, e.tag & KEY_MASK);
+                let other = if a == first { b } else { a };
+                if (a == first || b == first) && !live(self.entries.get(other)?) {
+                    *self.entries.get_mut(other)? = e;
+                    return Some(first);
+                }
             }
-            i = if step == 0 {
-                homes[1]
-            } else {
-                (i + 1) & (N - 1)
-            };
+            i = if step == 0 { second } else { (i + 1) & (N - 1) };
         }
-        Interned::Full
+        None
     }
 
     /// Forgets every string (the sequence's incremental state was cleared).
@@ -234,7 +339,7 @@ impl<const N: usize> InternTable<N> {
     #[cold]
     fn retire_all(&mut self) {
         for e in self.entries.iter_mut() {
-            e.key = 0;
+            e.tag = 0;
         }
         self.generation = 1;
     }
@@ -284,9 +389,12 @@ mod tests {
 
     #[test]
     fn distinct_strings_with_equal_text_get_distinct_ids() {
+        // A static of its own: the same text at another address (and no
+        // leaked allocation for miri to report).
+        static OTHER: [u8; 4] = *b"same";
         let a: &'static str = "same";
-        let owned = std::string::String::from("same");
-        let b: &'static str = std::boxed::Box::leak(owned.into_boxed_str());
+        let b: &'static str = core::str::from_utf8(&OTHER).unwrap();
+        assert_ne!(a.as_ptr(), b.as_ptr());
         let mut t = InternTable::<8>::new();
         assert_eq!(t.intern(a, Kind::EventName), Interned::New(1));
         assert_eq!(t.intern(b, Kind::EventName), Interned::New(2));

@@ -26,7 +26,7 @@ use super::clock::Clock;
 use super::encode::{
     self, Arg, ArgValue, ClockValue, CounterValue, Event, NewString, Str, Time, Type,
 };
-use super::intern::{InternTable, Interned, Kind};
+use super::intern::{InternTable, Interned, Key, Kind};
 use super::track::{AnyTrack, CounterTrack, Track, TrackSet};
 
 /// The absolute clock id firmware sequences use unless told otherwise: a
@@ -158,7 +158,6 @@ pub struct TrackEventWriter<
     clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
-    needs_reset: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
@@ -167,6 +166,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// A writer of a new sequence into `out`, timed by `clock`.
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
         let clear_epoch = out.arbiter().clear_epoch();
+        let mut out = out;
+        // The sequence starts with its reset packet (a reset is due while
+        // the fast path is held).
+        out.hold_fast_path(true);
         Self {
             out,
             clock,
@@ -177,7 +180,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
-            needs_reset: true,
         }
     }
 
@@ -257,7 +259,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Starts the sequence again with its next event: interned strings and
     /// descriptors are written anew (a reader joining now sees them).
     pub fn clear_incremental_state(&mut self) {
-        self.needs_reset = true;
+        self.out.hold_fast_path(true);
     }
 
     /// Hands the current chunk to the arbiter.
@@ -281,55 +283,69 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// Slice begins and ends and instants on the default track, with the
-    /// slice stack kept here (one call, not one per caller).
-    #[inline(never)]
+    /// slice stack kept here (one call, not one per caller). Inline: the
+    /// interning keys of constant strings are constants.
+    #[inline(always)]
     fn named(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
-        if kind == Type::SliceEnd && !self.slices.pop() {
+        let ids = NamedIds::new(
+            kind,
+            Key::new(category, Kind::Category),
+            Key::new(name, Kind::EventName),
+        );
+        self.named_ids(ids, category, name)
+    }
+
+    /// [`Self::named`] out of line, for every caller: written right here
+    /// when the sequence is set up, both strings are interned already with
+    /// ids below 128 (as they nearly always are), the delta is below 2^28
+    /// ns and the chunk has room; otherwise by [`Self::simple`].
+    #[inline(never)]
+    fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
+        let end = ids.is(Type::SliceEnd);
+        let begin = ids.is(Type::SliceBegin);
+        if end && !self.slices.pop() {
             self.stats.ends_suppressed += 1;
             return false;
         }
-        let written = self.named_event(kind, category, name);
-        if kind == Type::SliceBegin {
+        let written = 'written: {
+            if !self.out.arbiter().tracing_enabled() {
+                self.stats.events_disabled += 1;
+                break 'written false;
+            }
+            // The interning probes first (the strings are dead after them);
+            // ids not interned are u32::MAX, so one compare tests both for
+            // the fast path (a slice end has none).
+            let (cat, nm) = if end {
+                (0, 0)
+            } else {
+                (
+                    self.interned.lookup_word(ids.category(category)),
+                    self.interned.lookup_word(ids.name(name)),
+                )
+            };
+            let now = self.clock.now_ns();
+            if (cat | nm) < 0x80 {
+                if let Some(delta) = self.delta(now) {
+                    let kind = ids.kind_bits();
+                    if self.out.write_fast_sized(
+                        #[inline(always)]
+                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                    ) {
+                        self.base = now;
+                        self.stats.events += 1;
+                        if begin {
+                            self.slices.push(true);
+                        }
+                        return true;
+                    }
+                }
+            }
+            self.simple(now, Fast::Named(ids.kind(), category, name))
+        };
+        if begin {
             self.slices.push(written);
         }
         written
-    }
-
-    /// [`Self::named`] past the slice stack: written right here when the
-    /// sequence is set up, both strings are interned already with ids
-    /// below 128 (as they nearly always are), the delta is below 2^28 ns
-    /// and the chunk has room; otherwise by [`Self::simple`].
-    #[inline(always)]
-    fn named_event(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
-        if !self.out.arbiter().tracing_enabled() {
-            self.stats.events_disabled += 1;
-            return false;
-        }
-        // The interning probes first (the strings are dead after them); ids
-        // not interned are u32::MAX, so one compare tests both for the fast
-        // path (a slice end has none).
-        let (cat, nm) = if kind == Type::SliceEnd {
-            (0, 0)
-        } else {
-            (
-                self.interned.lookup_word(category, Kind::Category),
-                self.interned.lookup_word(name, Kind::EventName),
-            )
-        };
-        let now = self.clock.now_ns();
-        if (cat | nm) < 0x80 {
-            if let Some(delta) = self.delta(now) {
-                if self.out.write_fast(
-                    #[inline(always)]
-                    |c| named_event(c, delta, kind, cat as u8, nm as u8),
-                ) {
-                    self.base = now;
-                    self.stats.events += 1;
-                    return true;
-                }
-            }
-        }
-        self.simple(now, Fast::Named(kind, category, name))
     }
 
     /// Counter samples: written right here when the sequence is set up, the
@@ -361,12 +377,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
-    /// paths can write it so: no reset due, no clear requested, time not
-    /// gone backwards, less than 2^28 ns (4-byte varint) since the previous
-    /// event.
+    /// paths can write it so: no clear requested, time not gone backwards,
+    /// less than 2^28 ns (4-byte varint) since the previous event. (While a
+    /// reset is due the chunk writer's fast path is held.)
     #[inline(always)]
     fn delta(&self, now: u64) -> Option<u32> {
-        if self.needs_reset || self.out.arbiter().clear_epoch() != self.clear_epoch {
+        if self.out.arbiter().clear_epoch() != self.clear_epoch {
             return None;
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
@@ -502,7 +518,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
 
     #[cold]
     fn lost(&mut self) -> bool {
-        self.needs_reset = true;
+        self.out.hold_fast_path(true);
         self.stats.events_dropped += 1;
         false
     }
@@ -513,11 +529,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             Ok(true) => true,
             Ok(false) => {
                 self.out.count_dropped(DropReason::PacketTooLong);
-                self.needs_reset = true;
+                self.out.hold_fast_path(true);
                 false
             }
             Err(_) => {
-                self.needs_reset = true;
+                self.out.hold_fast_path(true);
                 false
             }
         }
@@ -530,9 +546,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         let epoch = self.out.arbiter().clear_epoch();
         if epoch != self.clear_epoch {
             self.clear_epoch = epoch;
-            self.needs_reset = true;
+            self.out.hold_fast_path(true);
         }
-        if self.needs_reset && !self.reset(now) {
+        if self.out.fast_path_held() && !self.reset(now) {
             self.stats.events_dropped += 1;
             return false;
         }
@@ -561,7 +577,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             return false;
         }
         self.base = now;
-        self.needs_reset = false;
+        self.out.hold_fast_path(false);
         self.describe(AnyTrack::Slices(track), now)
     }
 
@@ -679,29 +695,70 @@ const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, Wi
 /// end (`cat` and `name` unused), on the default track, `delta` (below
 /// 2^28) after the previous event: a few word stores.
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: Type, cat: u8, name: u8) {
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
     let (time, n) = varint_word(delta);
-    c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
-    if kind == Type::SliceEnd {
+    let end = kind == Type::SliceEnd as u8;
+    // The size: the timestamp's tag and varint, then 6 or 10 bytes.
+    let size = 1 + n + if end { 6 } else { 10 };
+    c.word(
+        size as u64 | u64::from(TIMESTAMP) << 8 | u64::from(time) << 16,
+        2 + n,
+    );
+    if end {
         c.word(
-            u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 2, TYPE, kind as u8, 0, 0]),
+            u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 2, TYPE, kind, 0, 0]),
             6,
         );
     } else {
-        c.word(
-            u64::from_le_bytes([
-                FLAGS,
-                NEEDS_STATE,
-                TRACK_EVENT,
-                6,
-                TYPE,
-                kind as u8,
-                CATEGORY_IIDS,
-                cat,
-            ]),
-            8,
-        );
-        c.word(u64::from(NAME_IID) | u64::from(name) << 8, 2);
+        c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 6]), 4);
+        c.word32(u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, cat]), 4);
+        c.word32(u32::from(NAME_IID) | u32::from(name) << 8, 2);
+    }
+}
+
+/// A named event's type and its two interning keys' bits, in one word (a
+/// constant where the strings are): bits 0..=8 the category's
+/// ([`Key::bits`] shifted down 23), 16..=22 the type, 23..=31 the name's.
+#[derive(Clone, Copy)]
+struct NamedIds(u32);
+
+impl NamedIds {
+    #[inline(always)]
+    fn new(kind: Type, category: Key, name: Key) -> Self {
+        NamedIds(category.bits() >> 23 | (kind as u32) << 16 | name.bits())
+    }
+
+    /// The type's value.
+    #[inline(always)]
+    fn kind_bits(self) -> u8 {
+        (self.0 >> 16 & 0x7F) as u8
+    }
+
+    #[inline(always)]
+    fn is(self, kind: Type) -> bool {
+        self.kind_bits() == kind as u8
+    }
+
+    #[inline(always)]
+    fn kind(self) -> Type {
+        match self.kind_bits() {
+            1 => Type::SliceBegin,
+            2 => Type::SliceEnd,
+            _ => Type::Instant,
+        }
+    }
+
+    /// The category's key (`category` is the string the ids were made
+    /// from).
+    #[inline(always)]
+    fn category(self, category: &'static str) -> Key {
+        Key::from_bits(category, self.0 << 23)
+    }
+
+    /// The name's key (`name` is the string the ids were made from).
+    #[inline(always)]
+    fn name(self, name: &'static str) -> Key {
+        Key::from_bits(name, self.0 >> 23 << 23)
     }
 }
 
@@ -957,8 +1014,9 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| named_event(c, delta, kind, cat, name));
-                    assert_eq!(got, want, "{kind:?} after {delta} ns");
+                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
+                    assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
+                    assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
             }
         }

@@ -33,11 +33,15 @@
 //!   scraper, the last fragment of a chunk being written is unfinished);
 //!   a byte is then free at `cursor` to pad it with an empty fragment
 //!   before the chunk is committed.
-//! * `fast` holds exactly when a chunk is held, the count is inflated, and
-//!   nothing must be put in front of the next packet (no loss to mark, not
-//!   the sequence's first packet): the common case, [`InPlaceWriter::write_fast`],
-//!   then only needs a count below the limit and a whole window at
-//!   `cursor`.
+//! * The held chunk's window limit
+//!   ([`WritableChunk::set_window_limit`]) is 0 unless the count is
+//!   inflated and nothing must be put in front of the next packet (no loss
+//!   to mark, not the sequence's first packet, the fast path not held by
+//!   the caller); then it also ends where
+//!   the count could pass [`MAX_FRAGMENTS_PER_CHUNK`] (every packet takes
+//!   at least its size byte, so the count grows no faster than `cursor`).
+//!   So the common case, [`InPlaceWriter::write_fast`], checks one bound:
+//!   a window at `cursor` within the limit.
 //! * Packets written = the packets of the chunks returned so far plus those
 //!   in the chunk held (its count, less the inflated slot): the fast path
 //!   counts nothing but the chunk's count.
@@ -135,7 +139,7 @@ pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
     target_buffer: BufferId,
     inflated: bool,
     first_packet: bool,
-    fast: bool,
+    held: bool,
 }
 
 impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
@@ -157,7 +161,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             target_buffer,
             inflated: false,
             first_packet: true,
-            fast: false,
+            held: false,
         })
     }
 
@@ -201,26 +205,42 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// [`InPlaceWriter::write_dyn`].
     #[inline(always)]
     pub fn write_fast(&mut self, encode: impl FnOnce(&mut Cursor<Window<'_>>)) -> bool {
-        let count = self.count;
-        if !self.fast || count > MAX_FRAGMENTS_PER_CHUNK {
-            return false;
-        }
-        let at = usize::from(self.cursor);
+        self.fast::<false>(encode)
+    }
+
+    /// [`InPlaceWriter::write_fast`] for an encoder that writes the
+    /// packet's 1-byte size itself, first (it knows it: one store fewer).
+    /// The size must be the length of what follows it.
+    #[inline(always)]
+    pub fn write_fast_sized(&mut self, encode: impl FnOnce(&mut Cursor<Window<'_>>)) -> bool {
+        self.fast::<true>(encode)
+    }
+
+    /// [`InPlaceWriter::write_fast`], the size written by the encoder if
+    /// `SIZED`.
+    #[inline(always)]
+    fn fast<const SIZED: bool>(&mut self, encode: impl FnOnce(&mut Cursor<Window<'_>>)) -> bool {
         let Some(chunk) = self.chunk.as_mut() else {
             return false;
         };
-        let Some(window) = chunk.window(at) else {
+        let at = usize::from(self.cursor);
+        // Within the limit: the count is inflated, it has room, and nothing
+        // goes first (invariants).
+        let Some(window) = chunk.limited_window(at) else {
             return false;
         };
-        let mut c = Cursor::new_at(window, 1);
+        let mut c = Cursor::new_at(window, usize::from(!SIZED));
         encode(&mut c);
+        // At most the window: a 1-byte size and 127 bytes.
         let Some(end) = c.finish() else {
             return false;
         };
-        c.put_at(0, (end - 1) as u8);
+        if !SIZED {
+            c.put_at(0, (end - 1) as u8);
+        }
         // The packet took the inflated slot; the count grows by one more
         // for the next packet (a window always leaves a byte free).
-        let next = count + 1;
+        let next = self.count + 1;
         chunk.set_packets(Packets::from_bits(next));
         self.count = next;
         self.cursor = (at + end) as u16;
@@ -278,7 +298,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                     self.pending_loss = 0;
                 }
                 self.first_packet = false;
-                self.fast = self.pending_loss == 0;
+                self.update_limit();
                 return Ok(true);
             }
             if full_window || took {
@@ -287,6 +307,39 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             self.take_new_chunk()?;
             took = true;
         }
+    }
+
+    /// Sets the held chunk's window limit from the invariants: a window at
+    /// most `MAX - count` bytes past the cursor; none unless the count is
+    /// inflated, or while a loss or the sequence's first packet waits, or
+    /// while the fast path is held.
+    fn update_limit(&mut self) {
+        let allowed = self.inflated && self.pending_loss == 0 && !self.first_packet && !self.held;
+        let Some(chunk) = self.chunk.as_mut() else {
+            return;
+        };
+        let limit = match MAX_FRAGMENTS_PER_CHUNK.checked_sub(self.count) {
+            Some(more) if allowed => {
+                usize::from(self.cursor) + WINDOW_LEN + WINDOW_SLACK + usize::from(more)
+            }
+            _ => 0,
+        };
+        chunk.set_window_limit(limit);
+    }
+
+    /// Holds the fast path ([`InPlaceWriter::write_fast`] refuses every
+    /// packet, so each goes through [`InPlaceWriter::write_dyn`]) or
+    /// releases it: for a caller with something to do before its next
+    /// packet (a sequence restart), which then needs no flag of its own on
+    /// its fast path.
+    pub fn hold_fast_path(&mut self, held: bool) {
+        self.held = held;
+        self.update_limit();
+    }
+
+    /// Whether the fast path is held ([`InPlaceWriter::hold_fast_path`]).
+    pub fn fast_path_held(&self) -> bool {
+        self.held
     }
 
     /// Whether the held chunk takes another packet: a window of at least
@@ -329,14 +382,12 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         self.cursor = 0;
         self.count = 0;
         self.inflated = false;
-        self.fast = false;
         true
     }
 
     /// Hands the current chunk, if any, to the arbiter, padding an inflated
     /// count with an empty fragment first.
     fn return_chunk(&mut self) {
-        self.fast = false;
         let Some(mut chunk) = self.chunk.take() else {
             return;
         };
@@ -371,7 +422,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// next packet written.
     pub fn count_dropped(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
-        self.fast = false;
+        self.update_limit();
         match reason {
             DropReason::SmbFull => self.stats.dropped_smb_full += 1,
             DropReason::PatchStorageFull => self.stats.dropped_patch_storage += 1,
