@@ -3,7 +3,8 @@
 //!
 //! A firmware in stream mode drains its own [region](crate::region) ring
 //! (a [`RegionReader`](crate::region::RegionReader) over its own handles)
-//! and sends each record as a frame; the host bridge decodes the stream
+//! and sends each record as a frame ([`crate::link::StreamService`] does
+//! all of the firmware's part); the host bridge decodes the stream
 //! with [`FrameDecoder`] and forwards chunks and patches to a tracing
 //! service. A host may send commands back on a reverse channel. This page
 //! is the whole specification.
@@ -52,6 +53,23 @@
 //!
 //! Frames of other types are skipped (counted as unknown) so later
 //! versions can add some.
+//!
+//! # Command order
+//!
+//! A firmware obeys the host's frames one at a time, in the order they
+//! arrive, each completely before it reads the next:
+//!
+//! * FLUSH: its writers commit the chunks they hold, and every record its
+//!   ring then holds is sent, before anything the firmware sends after
+//!   reading the next frame.
+//! * SYNC: the CLOCK frame is sent at once (the clock read on receipt, no
+//!   drain first), so its time is as close to the request as it can be.
+//!
+//! So the CLOCK answering a SYNC that follows a FLUSH comes after every
+//! frame of the data that FLUSH committed: a host uses FLUSH + SYNC (with a
+//! nonce of its own) as a flush barrier, and `shmtrace bridge` does. The
+//! firmware may send data frames (and STATS) between commands at any time.
+//! [`crate::link::StreamService`] keeps these rules.
 //!
 //! # Decoding hostile streams
 //!

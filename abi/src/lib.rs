@@ -33,6 +33,9 @@
 //!   hostile-input reader).
 //! * [`frame`]: frame format v1, the byte-stream transport of firmware
 //!   chunks and patches (encoder, hostile incremental decoder).
+//! * [`link`]: the firmware's side of both transports, polled from its
+//!   main loop: the shared-RAM control words, and the stream-mode drain
+//!   into frames with the host's commands read back.
 //!
 //! ## Shared memory rules
 //!
@@ -86,6 +89,7 @@ compile_error!(
 
 pub mod frame;
 pub mod layout;
+pub mod link;
 pub mod proto;
 pub mod reader;
 pub mod region;

@@ -164,7 +164,9 @@
 //! # Using it
 //!
 //! Firmware: a [`RegionStorage`] in a `static`, [`RegionStorage::take`] once,
-//! a [`RegionArbiter`] per writer. A host (or a stream-mode firmware):
+//! a [`RegionArbiter`] per writer, and [`crate::link`]'s service for the
+//! control words (shared RAM) or the drain into frames (stream mode),
+//! polled from the main loop. A host (or a stream-mode firmware):
 //! [`RegionReader`], polled.
 //!
 //! ```
