@@ -12,7 +12,7 @@
 //!   through their [`RegionArbiter`](crate::region::RegionArbiter)s.
 //! * [`StreamService`]: the host reads a byte stream (a UART, an RTT-style
 //!   ring, TCP). The region is in stream mode; the service drains its ring
-//!   with a [`RegionReader`], sends every record as a [frame](crate::frame)
+//!   with a [`RegionReader`](crate::region::RegionReader), sends every record as a [frame](crate::frame)
 //!   (HELLO first, STATS now and then) through a [`ByteIo`], and obeys the
 //!   host's frames read back from it: ENABLE/DISABLE and CLEAR (the
 //!   region's own control words, which the arbiters see), FLUSH (commit
@@ -24,7 +24,7 @@
 //! line), take the firmware's flush as a closure (flush every writer: the
 //! main loop's, and those of interrupts in their
 //! [`WriterCell`](crate::track_event::WriterCell)s) and its clock as a
-//! [`Clock`] (the writers' clock hook: nanoseconds on the region's
+//! [`Clock`](crate::track_event::Clock) (the writers' clock hook: nanoseconds on the region's
 //! `clock_id`). Poll from the main loop (or a low-priority task), often
 //! enough for the host: a flush or a sync waits for the next poll, and in
 //! stream mode every chunk committed waits in the SMB until a poll sends

@@ -171,7 +171,7 @@ pub mod track_event {
 
 /// `InternedData` (`protos/perfetto/trace/interned_data/interned_data.proto`).
 /// Each entry of these fields is an `{iid = 1, name = 2}` message
-/// ([`interned_string`](super::interned_string)).
+/// ([`interned_string`]).
 pub mod interned_data {
     /// `event_categories` (repeated `EventCategory`).
     pub const EVENT_CATEGORIES: u32 = 1;

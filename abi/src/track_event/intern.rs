@@ -227,7 +227,7 @@ impl<const N: usize> InternTable<N> {
     /// id, or `u32::MAX` if it is not interned (a caller tests several
     /// ids with one compare). Inline: a multiply and one entry compare
     /// when the string sits in its first home slot, one more in its second;
-    /// out of line ([`Self::find`]) otherwise.
+    /// out of line (`find`) otherwise.
     #[inline(always)]
     pub fn lookup_word(&self, key: Key) -> u32 {
         let want = self.want(key);

@@ -9,7 +9,7 @@
 //!   `PacketStreamValidator`).
 //! * [`trusted`]: the trusted fields appended to every producer packet.
 //! * [`shm`]: producers' shared memory buffers (sealed memfds).
-//! * [`env`]: clocks and randomness, real or fake.
+//! * [`env`](mod@env): clocks and randomness, real or fake.
 //! * [`core`]: the whole service behaviour, sans-IO: producer and consumer
 //!   ports, sessions, flush/stop protocols, readback and `write_into_file`.
 //! * [`shell`]: the epoll loop that runs the core on UNIX sockets, and

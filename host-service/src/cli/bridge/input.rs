@@ -5,7 +5,7 @@
 //! [`ByteStream`]: read with a timeout, written to when it has a way back
 //! (TCP, character devices), ending at end of file or when the peer
 //! closes. A [`StreamSource`] turns it into a
-//! [`FirmwareSource`](super::FirmwareSource) with a [`StreamDecoder`] (the
+//! [`FirmwareSource`] with a [`StreamDecoder`] (the
 //! framed format's hostile decoder). A region input names shared memory
 //! (a file QEMU backs guest RAM with, a UIO device) at an offset; its
 //! reader is the region decoder's.

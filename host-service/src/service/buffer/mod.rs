@@ -1,7 +1,7 @@
 //! The trace buffer: where committed chunks wait for the consumer.
 //!
 //! A [`TraceBuffer`] stores copies of producers' chunks in a fixed-size byte
-//! ring ([`ring`]) and hands out whole packets, per writer sequence, in the
+//! ring (`ring`) and hands out whole packets, per writer sequence, in the
 //! order they were written ([`TraceBuffer::read`]). It is sans-IO: no
 //! sockets, no shared memory, no clock — the service copies chunks out of
 //! the SMB (or receives them over IPC) and passes the copies in.
@@ -10,7 +10,7 @@
 //!
 //! * Chunks are keyed by `{producer, writer, chunk_id}`; the producer id is
 //!   the trusted id of the connection, never a value the producer wrote.
-//!   Chunk ids wrap at 2^32 ([`sequence`] docs).
+//!   Chunk ids wrap at 2^32 (`sequence` docs).
 //! * **Copy, then parse.** A commit parses the fragments of its (private)
 //!   copy once to find the valid prefix; only that prefix is stored. A
 //!   malformed tail is an ABI violation; a drop sentinel counts as
@@ -67,7 +67,7 @@
 //! The ring is the configured size. Every record is charged
 //! [`RECORD_OVERHEAD`] bytes on top of its data, which bounds the number of
 //! records and index entries by `size / 16`; sequences without chunks are
-//! bounded by [`sequence::MAX_EMPTY_SEQUENCES`].
+//! bounded by `sequence::MAX_EMPTY_SEQUENCES`.
 
 mod loss;
 mod read;

@@ -52,7 +52,7 @@ impl ChunkHistogram {
 #[derive(Debug, Default)]
 pub struct WriterStats {
     writers: BTreeMap<(ProducerId, WriterId), ChunkHistogram>,
-    /// Chunks read of writers not tracked (beyond [`MAX_WRITERS`]).
+    /// Chunks read of writers not tracked (beyond `MAX_WRITERS`).
     pub untracked_chunks: u64,
 }
 
