@@ -311,3 +311,30 @@ fn trigger_without_a_service_fails_clearly() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_second_service_on_live_sockets_is_refused_and_the_first_runs_on() {
+    let dir = TempDir::new("twice");
+    let (_serve, socket) = Serve::start(&dir);
+    let out = shmtrace()
+        .args(["serve", "--producer-socket"])
+        .arg(dir.path("p.sock"))
+        .arg("--consumer-socket")
+        .arg(&socket)
+        .output()
+        .expect("run a second shmtrace serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("p.sock: a live service is listening on this socket"),
+        "{stderr}"
+    );
+    // Both socket files are still there, and the first service answers.
+    assert!(dir.path("p.sock").exists() && Path::new(&socket).exists());
+    let out = run(&["query", "--json", "--socket", &socket]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

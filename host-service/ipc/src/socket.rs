@@ -217,14 +217,21 @@ pub fn peer_credentials(socket: impl AsFd) -> io::Result<PeerCredentials> {
 pub struct Listener {
     fd: OwnedFd,
     address: SocketAddress,
+    /// The socket file's device and inode, as bound (path addresses only):
+    /// [`Listener::remove_socket_file`] removes the file only while it is
+    /// still this one.
+    file_id: Option<(u64, u64)>,
 }
 
 impl Listener {
     /// Binds and listens on `address`. A stale socket file at that path is
     /// removed first (other kinds of files are left alone and make this fail).
+    ///
+    /// A socket file that a live listener answers on is not stale: binding
+    /// fails with [`io::ErrorKind::AddrInUse`] and the file stays.
     pub fn bind(address: &SocketAddress) -> io::Result<Self> {
         if let SocketAddress::Path(path) = address {
-            remove_stale_socket(path)?;
+            remove_stale_socket(address, path)?;
         }
         let fd = net::socket_with(
             AddressFamily::UNIX,
@@ -234,10 +241,29 @@ impl Listener {
         )?;
         net::bind(&fd, &address.to_sockaddr()?)?;
         net::listen(&fd, 1024)?;
+        let file_id = match address {
+            SocketAddress::Path(path) => Some(file_id(&std::fs::symlink_metadata(path)?)),
+            SocketAddress::Abstract(_) => None,
+        };
         Ok(Self {
             fd,
             address: address.clone(),
+            file_id,
         })
+    }
+
+    /// Removes the socket file this listener bound, unless it is gone or
+    /// is no longer this listener's (another process replaced it).
+    pub fn remove_socket_file(&self) -> io::Result<()> {
+        let (SocketAddress::Path(path), Some(id)) = (&self.address, self.file_id) else {
+            return Ok(());
+        };
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if file_id(&meta) == id => std::fs::remove_file(path),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The address this listener is bound to.
@@ -265,9 +291,27 @@ impl AsFd for Listener {
     }
 }
 
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
+/// A file's device and inode.
+fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// Removes the socket file at `path` if nobody listens on it any more (a
+/// connect is refused). A live one is an error: its service would lose its
+/// clients, and its exit would remove the file of ours.
+fn remove_stale_socket(address: &SocketAddress, path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(meta) if meta.file_type().is_socket() => match connect(address) {
+            Ok(_) => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "a live service is listening on this socket (stop it, or choose other sockets)",
+            )),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::CONNREFUSED.raw_os_error()) => {
+                std::fs::remove_file(path)
+            }
+            Err(e) => Err(e),
+        },
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
@@ -478,6 +522,33 @@ mod tests {
         let listener = Listener::bind(&addr).unwrap();
         let _client = connect(&addr).unwrap();
         listener.accept().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_live_socket_is_not_taken_over_and_only_its_owner_removes_it() {
+        let dir = std::env::temp_dir().join(format!("shmtrace-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let addr = SocketAddress::Path(dir.join("s"));
+        let first = Listener::bind(&addr).unwrap();
+        let err = Listener::bind(&addr).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        assert!(err.to_string().contains("live service"), "{err}");
+        // The first listener still answers on its file.
+        let _client = connect(&addr).unwrap();
+        first.accept().unwrap();
+
+        // Once the first is gone its file is stale: a second takes the path,
+        // and the first's clean-up leaves the second's file alone.
+        let stale = first;
+        std::fs::remove_file(dir.join("s")).unwrap();
+        let second = Listener::bind(&addr).unwrap();
+        stale.remove_socket_file().unwrap();
+        assert!(dir.join("s").exists());
+        let _client = connect(&addr).unwrap();
+        second.accept().unwrap();
+        second.remove_socket_file().unwrap();
+        assert!(!dir.join("s").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

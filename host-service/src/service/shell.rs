@@ -164,7 +164,8 @@ fn bind(address: &SocketAddress, mode: u32, group: Option<u32>) -> Result<Listen
 }
 
 impl Shell {
-    /// Binds the sockets (replacing stale socket files).
+    /// Binds the sockets (replacing stale socket files; a live one, where
+    /// another service listens, is an error).
     pub fn bind(cfg: &ShellConfig) -> Result<Self, ShellError> {
         let mut listeners = Vec::new();
         for a in &cfg.producer_sockets {
@@ -258,8 +259,8 @@ impl Shell {
             self.flush_outputs(&mut core);
         };
         for (l, _) in &self.listeners {
-            if let SocketAddress::Path(path) = l.address() {
-                let _ = std::fs::remove_file(path);
+            if let Err(e) = l.remove_socket_file() {
+                log::warn!("cannot remove the socket file {}: {e}", l.address());
             }
         }
         result
