@@ -731,9 +731,13 @@ fn not_a_trace() {
     let dir = TempDir::new("notrace");
     let path = dir.path("x.pftrace.gz");
     std::fs::write(&path, [0x1f, 0x8b, 0x08, 0x00]).unwrap();
-    let (code, a) = inspect(&[&path]);
-    assert_eq!(code, 1);
-    assert!(problems(&a).contains("gzip-compressed"), "{}", problems(&a));
+    let out = run(&["inspect", "--check", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(6));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a Perfetto trace: the file is gzip-compressed"),
+        "{err}"
+    );
 
     let out = run(&["inspect", dir.path("missing.pftrace").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(4));
@@ -886,4 +890,38 @@ fn ring_wrap_that_overwrote_every_start() {
     let a = check_passes(&t, &dir);
     assert_eq!(sequence_info(&a, 3)["start_lost"], true);
     assert_eq!(a["track_events"]["interned_unresolved"], 0);
+}
+
+#[test]
+fn files_that_are_no_trace_fail_with_a_reason() {
+    let dir = TempDir::new("not-a-trace");
+    let empty = dir.path("empty.pftrace");
+    std::fs::write(&empty, b"").unwrap();
+    let garbage = dir.path("garbage.bin");
+    std::fs::write(&garbage, [0x84u8, 0x12, 0xff, 0x00, 0x33].repeat(100)).unwrap();
+    let cases = [
+        (empty.clone(), "the file is empty (0 packets)"),
+        (dir.path(""), "it is a directory"),
+        (
+            garbage.clone(),
+            "byte 0: expected a packet (tag 0x0A), found byte 0x84",
+        ),
+    ];
+    for (path, reason) in cases {
+        for check in [true, false] {
+            let mut args = vec!["inspect"];
+            if check {
+                args.push("--check");
+            }
+            args.push(path.to_str().unwrap());
+            let out = run(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(6), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("is not a Perfetto trace") && stderr.contains(reason),
+                "{args:?}: {stderr}"
+            );
+            assert!(out.stdout.is_empty(), "{args:?} printed a report");
+        }
+    }
 }

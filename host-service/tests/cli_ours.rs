@@ -338,3 +338,69 @@ fn a_second_service_on_live_sockets_is_refused_and_the_first_runs_on() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `shmtrace record` into `out` on `socket`, with its stderr captured.
+fn start_record(socket: &str, out: &Path) -> Child {
+    shmtrace()
+        .args(["record", "--progress", "none", "--socket", socket, "-o"])
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record")
+}
+
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    rustix::process::kill_process(pid, signal).expect("kill");
+}
+
+/// Waits until `record` has truncated its output and is tracing.
+fn wait_until_tracing(out: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(out).map_or(true, |m| m.len() != 0) {
+        assert!(Instant::now() < deadline, "record did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn a_service_dying_mid_session_leaves_no_empty_trace() {
+    let dir = TempDir::new("died");
+    let (mut serve, socket) = Serve::start(&dir);
+    let out = dir.path("t.pftrace");
+    std::fs::write(&out, b"an older file").unwrap();
+    let record = start_record(&socket, &out);
+    wait_until_tracing(&out);
+    serve.0.kill().unwrap();
+    let result = record.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("disconnected from the service"), "{stderr}");
+    assert!(!out.exists(), "an empty trace file was left behind");
+}
+
+#[test]
+fn a_second_ctrl_c_aborts_and_removes_the_incomplete_trace() {
+    let dir = TempDir::new("abort");
+    let (serve, socket) = Serve::start(&dir);
+    let out = dir.path("t.pftrace");
+    let record = start_record(&socket, &out);
+    wait_until_tracing(&out);
+    // A frozen service: the clean stop after the first Ctrl-C hangs in
+    // its flush, and only the second one ends the process.
+    signal(&serve.0, rustix::process::Signal::STOP);
+    signal(&record, rustix::process::Signal::INT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&record, rustix::process::Signal::INT);
+    let result = record.wait_with_output().unwrap();
+    signal(&serve.0, rustix::process::Signal::CONT);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("aborted; removed the incomplete trace"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "the incomplete trace was left behind");
+}

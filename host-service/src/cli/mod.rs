@@ -54,6 +54,9 @@ pub mod exit {
     pub const IO: u8 = 4;
     /// The service refused or aborted the session, or broke the protocol.
     pub const SESSION: u8 = 5;
+    /// A file given as a trace is none: empty, a directory, or no packet
+    /// where it starts.
+    pub const NOT_A_TRACE: u8 = 6;
     /// Stopped by a second Ctrl-C, without writing the trace.
     pub const ABORTED: u8 = 130;
 }
@@ -116,6 +119,14 @@ pub enum CliError {
         /// Why it failed.
         source: std::io::Error,
     },
+    /// A file given as a trace is none.
+    #[error("{} is not a Perfetto trace: {reason}", path.display())]
+    NotATrace {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead.
+        reason: String,
+    },
     /// `demo` could not bring up its service or example app.
     #[error("demo: {0}")]
     Demo(String),
@@ -148,6 +159,7 @@ impl CliError {
             | Self::ConnectProducer { .. }
             | Self::ProducerUnreachable { .. } => exit::NO_SERVICE,
             Self::Io { .. } | Self::Output(_) => exit::IO,
+            Self::NotATrace { .. } => exit::NOT_A_TRACE,
             Self::Ipc { .. } | Self::Session(_) | Self::Demo(_) | Self::Bridge(_) => exit::SESSION,
         }
     }

@@ -49,20 +49,44 @@ pub struct InspectArgs {
 }
 
 /// Reads and analyzes trace files.
+///
+/// A file with no packet at all (empty, a directory, or bytes that are no
+/// packet from the first one) is an error, not an empty trace: a trace a
+/// service wrote always holds its own packets.
 pub fn analyze_files(files: &[PathBuf]) -> Result<Analysis, CliError> {
     let mut analyzer = Analyzer::new();
     for path in files {
+        let not_a_trace = |reason: String| CliError::NotATrace {
+            path: path.clone(),
+            reason,
+        };
         let file = File::open(path).map_err(|source| CliError::Io {
             action: "open",
             path: path.clone(),
             source,
         })?;
+        let meta = file.metadata().map_err(|source| CliError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
+        if meta.is_dir() {
+            return Err(not_a_trace("it is a directory".into()));
+        }
         analyzer.file(&path.display().to_string());
+        let mut packets = 0u64;
         for packet in PacketReader::new(file) {
             match packet {
-                Ok(packet) => analyzer.packet(packet.index, &packet.bytes),
+                Ok(packet) => {
+                    packets += 1;
+                    analyzer.packet(packet.index, &packet.bytes);
+                }
+                Err(e) if packets == 0 => return Err(not_a_trace(e.to_string())),
                 Err(e) => analyzer.damaged(&e.to_string()),
             }
+        }
+        if packets == 0 {
+            return Err(not_a_trace("the file is empty (0 packets)".into()));
         }
     }
     Ok(analyzer.finish())

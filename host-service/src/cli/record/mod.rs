@@ -6,7 +6,8 @@
 //! buffers), the output file (it can be written), the service (it answers
 //! on the consumer socket). Ctrl-C or SIGTERM ends the session cleanly —
 //! flush, stop, read, write — and keeps the data; a second Ctrl-C aborts
-//! without writing.
+//! and removes the incomplete file. A session that fails (the service
+//! dies) leaves no empty file behind either.
 //!
 //! As `perfetto --detach/--attach`: `--detach KEY` starts the session and
 //! leaves it running in the service under KEY (ConsumerPort Detach);
@@ -15,6 +16,7 @@
 
 mod progress;
 mod session;
+mod signals;
 mod summary;
 
 use std::collections::BTreeSet;
@@ -23,7 +25,6 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -32,6 +33,7 @@ use crate::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRe
 
 pub use progress::{Progress, ProgressMode, Snapshot};
 pub use session::{Begin, Ended, Output, SessionReport};
+pub use signals::stop_signals;
 pub use summary::Summary;
 
 use super::config::{Config, Fill, QuickConfig};
@@ -171,7 +173,9 @@ fn load_config(args: &RecordArgs) -> Result<Config, CliError> {
 }
 
 /// The output file, opened for writing but not truncated yet (so that a
-/// failure before tracing starts leaves an existing file alone).
+/// failure before tracing starts leaves an existing file alone). From the
+/// time this run created or truncated it until it is complete, an abort
+/// (a second Ctrl-C) removes it.
 #[derive(Debug)]
 pub struct OutputFile {
     path: PathBuf,
@@ -193,6 +197,9 @@ impl OutputFile {
                 path: path.to_path_buf(),
                 source,
             })?;
+        if created {
+            signals::arm(path);
+        }
         Ok(OutputFile {
             path: path.to_path_buf(),
             file,
@@ -200,11 +207,41 @@ impl OutputFile {
         })
     }
 
+    /// Empties the file for a new trace.
+    fn truncate(&self) -> Result<(), CliError> {
+        signals::arm(&self.path);
+        self.file
+            .set_len(0)
+            .map_err(io_error("truncate", &self.path))
+    }
+
     /// Removes the file if this run created it.
     fn discard(self) {
+        signals::disarm(&self.path);
         if self.created {
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+
+    /// The session failed with `error`: removes the file if it holds no
+    /// packet (it would look like a valid empty trace), else keeps what was
+    /// written and says so in the error.
+    fn fail(self, error: CliError) -> CliError {
+        signals::disarm(&self.path);
+        let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        if len == 0 {
+            let _ = std::fs::remove_file(&self.path);
+            return error;
+        }
+        CliError::Session(format!(
+            "{error}\n(the {len} B read before that are in {}; the trace is incomplete)",
+            self.path.display()
+        ))
+    }
+
+    /// The trace in the file is complete.
+    fn keep(&self) {
+        signals::disarm(&self.path);
     }
 }
 
@@ -302,7 +339,7 @@ fn detach(
     let into_file = config.view().write_into_file == Some(true);
     let fd: Option<OwnedFd> = match &output {
         Some(o) => {
-            o.file.set_len(0).map_err(io_error("truncate", &o.path))?;
+            o.truncate()?;
             Some(
                 o.file
                     .try_clone()
@@ -435,22 +472,6 @@ fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, C
     )
 }
 
-/// Ctrl-C and SIGTERM set the returned flag (the session then stops
-/// cleanly); a second one aborts the process with [`exit::ABORTED`].
-pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(
-            signal,
-            i32::from(exit::ABORTED),
-            Arc::clone(&stop),
-        )
-        .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
-        .map_err(CliError::Output)?;
-    }
-    Ok(stop)
-}
-
 /// Runs one session of `config` on `consumer` into `output` (or, with
 /// `None`, into the config's `output_path`, which is `trace_path`), then
 /// prints the summary; returns the exit status.
@@ -488,7 +509,7 @@ pub fn record_session(
     // 4. The session.
     let session_output = match &output {
         Some(o) => {
-            o.file.set_len(0).map_err(io_error("truncate", &o.path))?;
+            o.truncate()?;
             if view.write_into_file == Some(true) {
                 let fd: OwnedFd = o
                     .file
@@ -511,7 +532,18 @@ pub fn record_session(
         trace_path.display(),
         config.origin()
     ));
-    let mut report = session::run(consumer, config, begin, session_output, stop, progress)?;
+    let mut report = match session::run(consumer, config, begin, session_output, stop, progress) {
+        Ok(report) => report,
+        Err(e) => {
+            return Err(match output {
+                Some(o) => o.fail(e),
+                None => e,
+            })
+        }
+    };
+    if let Some(o) = &output {
+        o.keep();
+    }
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
 
