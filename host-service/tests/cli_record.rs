@@ -367,6 +367,46 @@ fn refused_session() {
         &stderr,
         &["the service refused the session: Too many concurrent tracing sesions (5)"],
     );
+    // Refused before "tracing" is printed.
+    assert!(!stderr.contains("press Ctrl-C"), "{stderr}");
+    assert!(!bench.out_path.exists());
+}
+
+#[test]
+fn dash_o_dash_writes_the_trace_to_standard_output() {
+    let bench = Bench::start("stdout", ending_after(200));
+    let child = spawn_record(&bench.fake.socket, &["-o", "-", "--progress", "none"]);
+    let out = finish(child);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(out.stdout, std::fs::read(GOLDEN).unwrap());
+    assert_contains_all(&stderr, &["Wrote standard output: ", "228 packets"]);
+    assert!(!bench.dir.path("-").exists());
+}
+
+#[test]
+fn perfetto_habits_get_a_hint_before_connecting() {
+    let bench = Bench::start("habits", golden_script());
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["sched", "gfx"],
+            "categories are not positional here; record track_event categories with \
+             --app-categories sched,gfx",
+        ),
+        (&["--query"], "`shmtrace query` lists"),
+        (&["--trigger", "t1"], "`shmtrace trigger t1` activates"),
+        (
+            &["-b", "5gb"],
+            "size_kb 5242880 is over the limit: a buffer holds less than 4 GiB (size_kb at \
+             most 4194303)",
+        ),
+    ];
+    for (args, expected) in cases {
+        let stderr = bench.record(args, 2);
+        assert_contains_all(&stderr, &[expected]);
+        assert!(!stderr.contains("tip: a similar argument"), "{stderr}");
+    }
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
     assert!(!bench.out_path.exists());
 }
 

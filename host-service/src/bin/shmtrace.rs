@@ -139,6 +139,11 @@ mod serve {
         /// empty, microseconds.
         #[arg(long, value_name = "US", default_value_t = 1000)]
         attach_poll_us: u64,
+        /// The most memory the trace buffers of all sessions may take
+        /// together (512mb, 8gb; a bare number is KiB); a session that
+        /// would go over it is refused [default: half the machine's RAM].
+        #[arg(long, value_name = "SIZE", value_parser = shmtrace_service::cli::units::parse_size_kb)]
+        max_buffer_memory: Option<u32>,
     }
 
     fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
@@ -231,8 +236,12 @@ mod serve {
         if args.notify_ready {
             println!("{{\"event\":\"ready\"}}");
         }
+        let mut service_config = shell::system_service_config();
+        if let Some(kb) = args.max_buffer_memory {
+            service_config.max_buffer_bytes = u64::from(kb) * 1024;
+        }
         let core = shmtrace_service::service::core::TracingService::new(
-            shell::system_service_config(),
+            service_config,
             Box::new(shmtrace_service::service::env::SystemEnvironment),
         );
         let attachments = if args.attach.is_empty() {

@@ -36,7 +36,12 @@ pub const TRACK_EVENT: &str = "track_event";
 /// `TraceConfig.write_into_file` (bool).
 const TRACE_CONFIG_WRITE_INTO_FILE: u32 = 8;
 
+/// The largest buffer accepted: its size in bytes fits in 32 bits
+/// (`size_kb * 1024 < 2^32`), as the service requires.
+pub const MAX_BUFFER_SIZE_KB: u32 = u32::MAX / 1024;
+
 /// A trace config ready to send.
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     bytes: Vec<u8>,
@@ -230,8 +235,15 @@ impl Config {
             ));
         }
         for (i, buffer) in buffers.iter().enumerate() {
-            if buffer.size_kb.unwrap_or(0) == 0 {
+            let size_kb = buffer.size_kb.unwrap_or(0);
+            if size_kb == 0 {
                 return Err(invalid(format!("buffers[{i}]: size_kb is missing or 0")));
+            }
+            if size_kb > MAX_BUFFER_SIZE_KB {
+                return Err(invalid(format!(
+                    "buffers[{i}]: size_kb {size_kb} is over the limit: a buffer holds less \
+                     than 4 GiB (size_kb at most {MAX_BUFFER_SIZE_KB})"
+                )));
             }
         }
         if self.view.data_sources.is_empty() {

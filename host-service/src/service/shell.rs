@@ -505,13 +505,14 @@ impl Shell {
     }
 }
 
-/// The [`ServiceConfig`] of this process: its uid, and what `system_info`
-/// says about the machine.
+/// The [`ServiceConfig`] of this process: its uid, what `system_info` says
+/// about the machine, and trace buffers of at most half its RAM in all.
 pub fn system_service_config() -> ServiceConfig {
     let mut cfg = ServiceConfig::new(rustix::process::getuid().as_raw());
     let uts = rustix::system::uname();
     let text = |s: &std::ffi::CStr| Some(s.to_string_lossy().into_owned());
     let info = rustix::system::sysinfo();
+    let ram = info.totalram as u64 * u64::from(info.mem_unit);
     cfg.system_info = SystemInfo {
         utsname: Some(Utsname {
             sysname: text(uts.sysname()),
@@ -524,9 +525,10 @@ pub fn system_service_config() -> ServiceConfig {
         num_cpus: std::thread::available_parallelism()
             .ok()
             .map(|n| n.get() as u32),
-        system_ram_bytes: Some(info.totalram as u64 * u64::from(info.mem_unit)),
+        system_ram_bytes: Some(ram),
         ..SystemInfo::default()
     };
+    cfg.max_buffer_bytes = ram / 2;
     cfg
 }
 

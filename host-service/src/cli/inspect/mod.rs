@@ -92,6 +92,20 @@ pub fn analyze_files(files: &[PathBuf]) -> Result<Analysis, CliError> {
     Ok(analyzer.finish())
 }
 
+/// The analysis of a trace file that a session just wrote: as
+/// [`analyze_files`], but a file with no packet is an empty trace here (a
+/// session may record nothing), not an error.
+pub fn analyze_recorded(path: &std::path::Path) -> Result<Analysis, CliError> {
+    match analyze_files(&[path.to_path_buf()]) {
+        Err(CliError::NotATrace { .. }) if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) => {
+            let mut analyzer = Analyzer::new();
+            analyzer.file(&path.display().to_string());
+            Ok(analyzer.finish())
+        }
+        result => result,
+    }
+}
+
 /// Runs `shmtrace inspect`, printing to `out`; returns the exit status.
 pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<u8, CliError> {
     let analysis = analyze_files(&args.files)?;

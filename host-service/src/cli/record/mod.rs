@@ -22,7 +22,7 @@ mod summary;
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -52,11 +52,12 @@ pub struct RecordArgs {
     /// The config file is in text format (as Perfetto's `--txt`).
     #[arg(long, requires = "config")]
     pub txt: bool,
-    /// Output file [default: shmtrace-YYYYMMDD-HHMMSS.pftrace, UTC].
+    /// Output file; `-` writes the trace to standard output [default:
+    /// shmtrace-YYYYMMDD-HHMMSS.pftrace, UTC].
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Quick config: stop after this long (10s, 500ms, 2m, 1h) [default:
-    /// until Ctrl-C].
+    /// Quick config: stop after this long (10s, 500ms, 2m, 1h; `0s` runs
+    /// until Ctrl-C, as Perfetto's) [default: until Ctrl-C].
     #[arg(short = 't', long = "time", value_name = "DURATION", value_parser = parse_duration, conflicts_with = "config")]
     pub time: Option<Duration>,
     /// Quick config: trace buffer size (32mb, 512kb, 1gb; a bare number is
@@ -108,6 +109,41 @@ pub struct RecordArgs {
     /// of waiting for it to end.
     #[arg(long, requires = "attach")]
     pub stop: bool,
+    /// Perfetto's positional atrace categories: refused with a hint.
+    #[arg(hide = true, value_name = "CATEGORY")]
+    pub atrace_categories: Vec<String>,
+    /// Perfetto's `--query`: refused with a hint.
+    #[arg(long, hide = true)]
+    pub query: bool,
+    /// Perfetto's `--trigger NAME`: refused with a hint.
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub trigger: Option<String>,
+}
+
+/// The hint for a habit from Perfetto's `perfetto` command that `record`
+/// spells differently, if `args` has one.
+fn perfetto_habit(args: &RecordArgs) -> Option<String> {
+    if !args.atrace_categories.is_empty() {
+        return Some(format!(
+            "unexpected argument {:?}: categories are not positional here; record \
+             track_event categories with --app-categories {}",
+            args.atrace_categories[0],
+            args.atrace_categories.join(",")
+        ));
+    }
+    if args.query {
+        return Some(
+            "--query is a command of its own here: `shmtrace query` lists the service's \
+             producers, data sources and sessions"
+                .into(),
+        );
+    }
+    args.trigger.as_ref().map(|name| {
+        format!(
+            "--trigger is a command of its own here: `shmtrace trigger {name}` activates \
+             the trigger in the sessions that wait for it"
+        )
+    })
 }
 
 fn non_empty_key(key: &str) -> Result<String, String> {
@@ -181,11 +217,30 @@ pub struct OutputFile {
     path: PathBuf,
     file: File,
     created: bool,
+    stdout: bool,
+}
+
+/// Whether `path` names standard output (`-o -`).
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
 }
 
 impl OutputFile {
     /// Opens (or creates) `path` for writing; fails if it cannot be written.
+    /// `-` is standard output.
     pub fn open(path: &Path) -> Result<Self, CliError> {
+        if is_stdout(path) {
+            let file = std::io::stdout()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(io_error("open", Path::new("standard output")))?;
+            return Ok(OutputFile {
+                path: path.to_path_buf(),
+                file: file.into(),
+                created: false,
+                stdout: true,
+            });
+        }
         let created = !path.exists();
         let file = OpenOptions::new()
             .write(true)
@@ -204,11 +259,15 @@ impl OutputFile {
             path: path.to_path_buf(),
             file,
             created,
+            stdout: false,
         })
     }
 
-    /// Empties the file for a new trace.
+    /// Empties the file for a new trace (standard output: nothing to do).
     fn truncate(&self) -> Result<(), CliError> {
+        if self.stdout {
+            return Ok(());
+        }
         signals::arm(&self.path);
         self.file
             .set_len(0)
@@ -228,6 +287,9 @@ impl OutputFile {
     /// written and says so in the error.
     fn fail(self, error: CliError) -> CliError {
         signals::disarm(&self.path);
+        if self.stdout {
+            return error;
+        }
         let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         if len == 0 {
             let _ = std::fs::remove_file(&self.path);
@@ -257,6 +319,9 @@ fn io_error<'a>(
 }
 
 fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
+    if let Some(hint) = perfetto_habit(args) {
+        return Err(CliError::Usage(hint));
+    }
     if let Some(key) = &args.attach {
         return attach(args, key, progress);
     }
@@ -547,8 +612,14 @@ pub fn record_session(
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
 
-    // 5. The summary, from the file itself.
-    let analysis = inspect::analyze_files(std::slice::from_ref(&trace_path)).ok();
+    // 5. The summary, from the file itself (standard output cannot be read
+    // back: from what was written).
+    let to_stdout = is_stdout(&trace_path);
+    let analysis = if to_stdout {
+        None
+    } else {
+        inspect::analyze_recorded(&trace_path).ok()
+    };
     if begin == Begin::Attached {
         // The session ran before this consumer attached: its length is the
         // span of the trace.
@@ -559,7 +630,11 @@ pub fn record_session(
             report.elapsed = Duration::from_nanos(last.saturating_sub(first));
         }
     }
-    let file_bytes = std::fs::metadata(&trace_path).map_or(0, |m| m.len());
+    let file_bytes = if to_stdout {
+        report.bytes_written
+    } else {
+        std::fs::metadata(&trace_path).map_or(0, |m| m.len())
+    };
     let summary = Summary::new(&trace_path, file_bytes, config, &report, analysis.as_ref());
     progress.done();
     if let Ended::Failed(error) = &report.ended {

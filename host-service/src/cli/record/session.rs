@@ -176,6 +176,29 @@ pub fn run(
     };
     let mut enable =
         consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
+    // A service refuses a session in its reply to EnableTracing, before it
+    // answers the next call on this connection: one round trip tells a
+    // refusal (over a limit, say) before "tracing" is printed.
+    let _ = consumer.trace_stats();
+    let mut early = match enable.next(Some(Duration::ZERO)) {
+        Some(Ok(reply)) => match reply.message.error.as_deref().filter(|e| !e.is_empty()) {
+            Some(error) => return Err(CliError::Session(format!("refused the session: {error}"))),
+            None => Some(reply.message),
+        },
+        Some(Err(ClientError::Timeout)) => None,
+        Some(Err(source)) => {
+            return Err(CliError::Ipc {
+                what: "the session",
+                source,
+            })
+        }
+        None => {
+            return Err(CliError::Ipc {
+                what: "the session",
+                source: ClientError::Disconnected,
+            })
+        }
+    };
     let started_at = Instant::now();
     progress.event(json!({"event": "tracing"}));
     progress.note(&format!(
@@ -215,6 +238,9 @@ pub fn run(
 
     // 1. Until the service ends the session or we are told to stop.
     let reply = loop {
+        if let Some(reply) = early.take() {
+            break Some(reply);
+        }
         if stop.load(Ordering::Relaxed) {
             break None;
         }

@@ -18,6 +18,9 @@ use crate::cli::units::{Bytes, Elapsed};
 pub struct Summary {
     /// The trace file.
     pub file: String,
+    /// The trace went to standard output (`-o -`).
+    #[serde(skip)]
+    pub to_stdout: bool,
     /// Its size.
     pub file_bytes: u64,
     /// Packets in it.
@@ -187,7 +190,12 @@ impl Summary {
             }
         }
         Summary {
-            file: path.display().to_string(),
+            file: if super::is_stdout(path) {
+                "standard output".into()
+            } else {
+                path.display().to_string()
+            },
+            to_stdout: super::is_stdout(path),
             file_bytes,
             packets: analysis.map_or(report.packets_written, |a| a.packets),
             track_events: analysis.map_or(0, |a| a.track_events.total),
@@ -241,6 +249,9 @@ impl Summary {
                 "  check         {} problem(s); see `shmtrace inspect --check {}`",
                 self.problems, self.file
             )?;
+        }
+        if self.to_stdout {
+            return Ok(());
         }
         writeln!(
             out,

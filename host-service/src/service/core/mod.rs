@@ -81,7 +81,13 @@ pub struct ServiceConfig {
     pub system_info: SystemInfo,
     /// Version string (`tracing_service_version`).
     pub version: String,
+    /// The most bytes the trace buffers of all sessions may take together:
+    /// a session that would go over it is refused, saying so.
+    pub max_buffer_bytes: u64,
 }
+
+/// [`ServiceConfig::max_buffer_bytes`] of [`ServiceConfig::new`]: 4 GiB.
+pub const DEFAULT_MAX_BUFFER_BYTES: u64 = 4 << 30;
 
 impl ServiceConfig {
     /// A config for tests and embedding: uid 0, minimal system info.
@@ -94,6 +100,7 @@ impl ServiceConfig {
                 ..SystemInfo::default()
             },
             version,
+            max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
         }
     }
 }

@@ -465,19 +465,36 @@ impl TracingService {
             )));
         }
         let mut names = BTreeSet::new();
+        let mut asked = 0u64;
         for (i, b) in config.buffers.iter().enumerate() {
             let size = u64::from(b.size_kb.unwrap_or(0)) * 1024;
             if size == 0 || size > u64::from(u32::MAX) {
                 return Err(invalid(format!(
-                    "invalid buffer sizes: buffer {i} has size_kb {}",
-                    b.size_kb.unwrap_or(0)
+                    "invalid buffer sizes: buffer {i} has size_kb {} (a buffer holds less \
+                     than 4 GiB: size_kb at most {})",
+                    b.size_kb.unwrap_or(0),
+                    u32::MAX / 1024
                 )));
             }
+            asked += buffer_capacity(b) as u64;
             if let Some(name) = b.name.as_deref().filter(|n| !n.is_empty()) {
                 if !names.insert(name) {
                     return Err(invalid(format!("duplicate buffer name {name:?}")));
                 }
             }
+        }
+        let held: u64 = self
+            .buffers
+            .values()
+            .map(|(_, b)| b.stats().buffer_size)
+            .sum();
+        if held + asked > self.cfg.max_buffer_bytes {
+            return Err(invalid(format!(
+                "the buffers take {asked} B in all and other sessions hold {held} B: over the \
+                 service's limit of {} B for all trace buffers (shmtrace serve \
+                 --max-buffer-memory)",
+                self.cfg.max_buffer_bytes
+            )));
         }
         let mut data_sources = Vec::new();
         let mut regexes = Vec::new();
@@ -626,7 +643,7 @@ impl TracingService {
         };
         let mut buffers = Vec::new();
         for b in &v.config.buffers {
-            let size = (b.size_kb.unwrap_or(0) as usize * 1024).max(TraceBuffer::MIN_SIZE);
+            let size = buffer_capacity(b);
             let policy = match b.fill_policy {
                 Some(p) if p == ProtoFillPolicy::Discard as i32 => FillPolicy::Discard,
                 _ => FillPolicy::RingBuffer,
@@ -1500,4 +1517,9 @@ impl TracingService {
             }
         }
     }
+}
+
+/// The bytes a buffer of `config` takes (at least [`TraceBuffer::MIN_SIZE`]).
+fn buffer_capacity(config: &crate::protos::trace_config::BufferConfig) -> usize {
+    (config.size_kb.unwrap_or(0) as usize * 1024).max(TraceBuffer::MIN_SIZE)
 }

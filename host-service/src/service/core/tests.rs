@@ -1505,3 +1505,40 @@ fn a_discarded_chunk_evicts_nothing_and_does_not_wrap_the_buffer() {
     assert_eq!(b.write_wrap_count, Some(1), "only the real chunk wrapped");
     assert!(b.padding_bytes_written.unwrap_or(0) > 0);
 }
+
+#[test]
+fn buffers_over_the_memory_limit_are_refused_with_the_limit() {
+    let mut sim = Sim::new();
+    assert_eq!(sim.svc.cfg.max_buffer_bytes, 4 << 30);
+    // 128 buffers of almost 4 GiB each: each one is valid, all are not.
+    let huge = u32::MAX / 1024;
+    let cfg = config("ds", huge, |cfg| {
+        let one = cfg.buffers[0].clone();
+        cfg.buffers = vec![one; 128];
+    });
+    let c = TestConsumer::enable(&mut sim, cfg);
+    let error = c.enabled_reply(&mut sim).unwrap().error.unwrap();
+    assert!(
+        error.contains(&format!(
+            "the buffers take {} B in all and other sessions hold 0 B: over the service's \
+             limit of {} B",
+            128 * (u64::from(huge) * 1024),
+            4u64 << 30
+        )),
+        "{error}"
+    );
+    assert!(sim.svc.buffers.is_empty());
+    // One over 4 GiB is refused as invalid, saying the per-buffer limit.
+    let c = TestConsumer::enable(&mut sim, config("ds", huge + 1, |_| {}));
+    let error = c.enabled_reply(&mut sim).unwrap().error.unwrap();
+    assert!(error.contains("size_kb at most 4194303"), "{error}");
+    // What a live session holds counts: 3 GiB fits, another 2 GiB not.
+    let first = TestConsumer::enable(&mut sim, config("ds", 3 << 20, |_| {}));
+    assert!(first.enabled_reply(&mut sim).is_none());
+    let second = TestConsumer::enable(&mut sim, config("ds", 2 << 20, |_| {}));
+    let error = second.enabled_reply(&mut sim).unwrap().error.unwrap();
+    assert!(
+        error.contains(&format!("other sessions hold {} B", 3u64 << 30)),
+        "{error}"
+    );
+}
