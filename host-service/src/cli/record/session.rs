@@ -31,8 +31,8 @@ use crate::cli::{trace_file, CliError};
 use crate::ipc::{ClientError, PendingCall};
 use crate::protos::observable_events::{DataSourceInstanceState, Type as ObservableType};
 use crate::protos::{
-    consumer_port, DisableTracingRequest, EnableTracingRequest, FlushRequest, FreeBuffersRequest,
-    ObserveEventsRequest, ReadBuffersRequest, TraceStats,
+    consumer_port, DisableTracingRequest, EnableTracingRequest, EnableTracingResponse,
+    FlushRequest, FreeBuffersRequest, ObserveEventsRequest, ReadBuffersRequest, TraceStats,
 };
 
 /// How often the loop looks at the stop flag and the session.
@@ -180,25 +180,14 @@ pub fn run(
     // answers the next call on this connection: one round trip tells a
     // refusal (over a limit, say) before "tracing" is printed.
     let _ = consumer.trace_stats();
-    let mut early = match enable.next(Some(Duration::ZERO)) {
-        Some(Ok(reply)) => match reply.message.error.as_deref().filter(|e| !e.is_empty()) {
-            Some(error) => return Err(CliError::Session(format!("refused the session: {error}"))),
-            None => Some(reply.message),
-        },
-        Some(Err(ClientError::Timeout)) => None,
-        Some(Err(source)) => {
-            return Err(CliError::Ipc {
-                what: "the session",
-                source,
-            })
-        }
-        None => {
-            return Err(CliError::Ipc {
-                what: "the session",
-                source: ClientError::Disconnected,
-            })
-        }
-    };
+    let mut early = session_reply(&mut enable, Duration::ZERO)?;
+    if let Some(error) = early
+        .as_ref()
+        .and_then(|r| r.error.as_deref())
+        .filter(|e| !e.is_empty())
+    {
+        return Err(CliError::Session(format!("refused the session: {error}")));
+    }
     let started_at = Instant::now();
     progress.event(json!({"event": "tracing"}));
     progress.note(&format!(
@@ -244,21 +233,8 @@ pub fn run(
         if stop.load(Ordering::Relaxed) {
             break None;
         }
-        match enable.next(Some(POLL)) {
-            Some(Ok(reply)) => break Some(reply.message),
-            Some(Err(ClientError::Timeout)) => {}
-            Some(Err(source)) => {
-                return Err(CliError::Ipc {
-                    what: "the session",
-                    source,
-                })
-            }
-            None => {
-                return Err(CliError::Ipc {
-                    what: "the session",
-                    source: ClientError::Disconnected,
-                })
-            }
+        if let Some(reply) = session_reply(&mut enable, POLL)? {
+            break Some(reply);
         }
         drain_observed(
             &mut observe,
@@ -362,6 +338,23 @@ pub fn run(
             .collect();
     }
     Ok(report)
+}
+
+/// The EnableTracing reply (the session's end) if it comes within `wait`.
+fn session_reply(
+    enable: &mut PendingCall<consumer_port::EnableTracing>,
+    wait: Duration,
+) -> Result<Option<EnableTracingResponse>, CliError> {
+    let source = match enable.next(Some(wait)) {
+        Some(Ok(reply)) => return Ok(Some(reply.message)),
+        Some(Err(ClientError::Timeout)) => return Ok(None),
+        Some(Err(source)) => source,
+        None => ClientError::Disconnected,
+    };
+    Err(CliError::Ipc {
+        what: "the session",
+        source,
+    })
 }
 
 fn snapshot(started_at: Instant, stats: Option<&TraceStats>, report: &SessionReport) -> Snapshot {
