@@ -841,18 +841,14 @@ impl Body {
     fn encode<T: Target>(&self, c: &mut Cursor<T>, delta: u32) {
         let (time, n) = varint_word(delta);
         c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
+        // Every word is stored, an empty one too: its bytes lie past the
+        // packet, in the window, and the next packet overwrites them.
         let [w0, w1, w2, w3] = self.words;
         let [n0, n1, n2, n3] = self.lens;
         c.word(w0, n0);
-        if n1 != 0 {
-            c.word(w1, n1);
-        }
-        if n2 != 0 {
-            c.word(w2, n2);
-        }
-        if n3 != 0 {
-            c.word(w3, n3);
-        }
+        c.word(w1, n1);
+        c.word(w2, n2);
+        c.word(w3, n3);
     }
 }
 
