@@ -200,8 +200,10 @@ impl<const N: usize> InternTable<N> {
 
     /// The two home slots of `key`: Fibonacci hashing of the address and
     /// the key bits (not the generation, so a string keeps its slots across
-    /// clears); the top bits give the first home slot, the next ones the
-    /// second.
+    /// clears); the top bits give the first home slot, and the next ones,
+    /// made odd, what to XOR it with for the second: two distinct slots in
+    /// a table of two or more, so that cuckoo moves always have somewhere
+    /// to go.
     #[inline(always)]
     fn homes(key: Key) -> [usize; 2] {
         Self::homes_of(key.ptr(), key.bits)
@@ -214,10 +216,9 @@ impl<const N: usize> InternTable<N> {
         if Self::BITS == 0 {
             [0, 0]
         } else {
-            [
-                (h >> (32 - Self::BITS)) as usize,
-                (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize & (N - 1),
-            ]
+            let first = (h >> (32 - Self::BITS)) as usize;
+            let step = (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize | 1;
+            [first, (first ^ step) & (N - 1)]
         }
     }
 
@@ -402,6 +403,23 @@ mod tests {
             assert_eq!(t.lookup("x", Kind::EventName), None);
         }
         assert_eq!(t.intern("y", Kind::EventName), Interned::New(1));
+    }
+
+    #[test]
+    fn a_string_has_two_distinct_homes() {
+        fn check<const N: usize>() {
+            for ptr in (0..4096usize).map(|i| 0x2000_0000 + i * 3) {
+                for bits in [0, Key::new("x", Kind::Category).bits(), NEVER] {
+                    let [a, b] = InternTable::<N>::homes_of(ptr, bits);
+                    assert!(a < N && b < N && a != b, "{N}: {ptr:#x} {bits:#x}: {a} {b}");
+                }
+            }
+        }
+        check::<2>();
+        check::<4>();
+        check::<16>();
+        check::<1024>();
+        assert_eq!(InternTable::<1>::homes_of(0x2000_0000, 0), [0, 0]);
     }
 
     #[test]
