@@ -3,8 +3,8 @@
 //! # Paths
 //!
 //! * Fast: [`TrackEventWriter::named`] (slice begin and end, instants)
-//!   and [`TrackEventWriter::sample`] (counters), one out-of-line function
-//!   each: the clock, one check of the sequence state, the interning
+//!   and [`TrackEventWriter::sample`] (counters; one function per value
+//!   type), out of line: the clock, one check of the sequence state, the interning
 //!   probes (or the track lookup), the packet's bytes stored straight into
 //!   the chunk by [`InPlaceWriter::write_fast`], one release store.
 //! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
@@ -207,13 +207,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// An integer sample on a counter track.
     #[inline]
     pub fn counter(&mut self, track: &'static CounterTrack, value: i64) -> bool {
-        self.sample(track, CounterValue::Int(value))
+        self.sample_int(track, value)
     }
 
     /// A floating-point sample on a counter track.
     #[inline]
     pub fn counter_f64(&mut self, track: &'static CounterTrack, value: f64) -> bool {
-        self.sample(track, CounterValue::Double(value))
+        self.sample_double(track, value)
     }
 
     /// An event with more than a name: start it here, add to it, and
@@ -351,8 +351,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Counter samples: written right here when the sequence is set up, the
     /// track described, the value an integer within 32 bits or a double,
     /// the delta below 2^28 ns and the chunk has room; otherwise by
-    /// [`Self::simple`].
-    #[inline(never)]
+    /// [`Self::simple`]. Inline into one out-of-line function per value
+    /// type ([`Self::sample_int`], [`Self::sample_double`]): each encodes
+    /// its own type only, and a program sampling integers only links no
+    /// floating-point path.
+    #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
         if !self.out.arbiter().tracing_enabled() {
             self.stats.events_disabled += 1;
@@ -374,6 +377,18 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             }
         }
         self.simple(now, Fast::Sample(track, value))
+    }
+
+    /// [`Self::sample`] of an integer.
+    #[inline(never)]
+    fn sample_int(&mut self, track: &'static CounterTrack, value: i64) -> bool {
+        self.sample(track, CounterValue::Int(value))
+    }
+
+    /// [`Self::sample`] of a double.
+    #[inline(never)]
+    fn sample_double(&mut self, track: &'static CounterTrack, value: f64) -> bool {
+        self.sample(track, CounterValue::Double(value))
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
