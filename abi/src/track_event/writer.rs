@@ -2,11 +2,13 @@
 //!
 //! # Paths
 //!
-//! * Fast: [`TrackEventWriter::named`] (slice begin and end, instants)
-//!   and [`TrackEventWriter::sample`] (counters; one function per value
-//!   type), out of line: the clock, one check of the sequence state, the interning
-//!   probes (or the track lookup), the packet's bytes stored straight into
-//!   the chunk by [`InPlaceWriter::write_fast`], one release store.
+//! * Fast, out of line: [`TrackEventWriter::named_ids`] (slice begins,
+//!   instants), [`TrackEventWriter::end`] (slice ends: no names, no type
+//!   to test), [`TrackEventWriter::sample`] (counters; one function per
+//!   value type): the clock, one check of the sequence state, the
+//!   interning probes (or the track lookup), the packet's bytes stored
+//!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
+//!   store.
 //! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
 //!   chunk to switch, time gone backwards), through the general encoders.
@@ -195,7 +197,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// slice.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
-        self.named(Type::SliceEnd, "", "")
+        self.end()
     }
 
     /// An instant event named `name` in `category` on the default track.
@@ -282,8 +284,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         &mut self.out
     }
 
-    /// Slice begins and ends and instants on the default track, with the
-    /// slice stack kept here (one call, not one per caller). Inline: the
+    /// Slice begins and instants on the default track, with the slice
+    /// stack kept here (one call, not one per caller). Inline: the
     /// interning keys of constant strings are constants.
     #[inline(always)]
     fn named(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
@@ -301,8 +303,32 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// ns and the chunk has room; otherwise by [`Self::simple`].
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
-        let end = ids.is(Type::SliceEnd);
-        let begin = ids.is(Type::SliceBegin);
+        self.named_body::<false>(ids, category, name)
+    }
+
+    /// Slice ends: [`Self::named_ids`] compiled apart, with no names to
+    /// look up and no type to test.
+    #[inline(never)]
+    fn end(&mut self) -> bool {
+        let ids = NamedIds::new(
+            Type::SliceEnd,
+            Key::new("", Kind::Category),
+            Key::new("", Kind::EventName),
+        );
+        self.named_body::<true>(ids, "", "")
+    }
+
+    /// The body of [`Self::named_ids`] and [`Self::end`] (`END`: a slice
+    /// end, as `ids` says).
+    #[inline(always)]
+    fn named_body<const END: bool>(
+        &mut self,
+        ids: NamedIds,
+        category: &'static str,
+        name: &'static str,
+    ) -> bool {
+        let end = END;
+        let begin = !END && ids.is(Type::SliceBegin);
         if end && !self.slices.pop() {
             self.stats.ends_suppressed += 1;
             return false;
@@ -329,7 +355,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
                     let kind = ids.kind_bits();
                     if self.out.write_fast_sized(
                         #[inline(always)]
-                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                        |c| named_event::<_, END>(c, delta, kind, cat as u8, nm as u8),
                     ) {
                         self.base = now;
                         self.stats.events += 1;
@@ -707,12 +733,19 @@ const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, Wi
 
 /// Writes what [`encode::event`] writes for a slice begin or instant with
 /// the interned category `cat` and name `name` (both below 128), or a slice
-/// end (`cat` and `name` unused), on the default track, `delta` (below
-/// 2^28) after the previous event: a few word stores.
+/// end if `END` (`kind` is then [`Type::SliceEnd`], `cat` and `name`
+/// unused), on the default track, `delta` (below 2^28) after the previous
+/// event: a few word stores.
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
+fn named_event<T: Target, const END: bool>(
+    c: &mut Cursor<T>,
+    delta: u32,
+    kind: u8,
+    cat: u8,
+    name: u8,
+) {
     let (time, n) = varint_word(delta);
-    let end = kind == Type::SliceEnd as u8;
+    let end = END;
     // The size: the timestamp's tag and varint, then 6 or 10 bytes.
     let size = 1 + n + if end { 6 } else { 10 };
     c.word(
@@ -1025,7 +1058,13 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
+                    let got = bytes(|c| {
+                        if kind == Type::SliceEnd {
+                            named_event::<_, true>(c, delta, kind as u8, cat, name)
+                        } else {
+                            named_event::<_, false>(c, delta, kind as u8, cat, name)
+                        }
+                    });
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
