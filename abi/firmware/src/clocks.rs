@@ -89,12 +89,11 @@ pub fn ticks() -> u64 {
         if RELOADS.load(Relaxed) == reloads {
             // SysTick counts PERIOD - 1 down to 0 and pends its exception
             // as it reaches 0, the last tick of a period: 0 is a whole
-            // number of periods, PERIOD - 1 one tick more.
-            let into = if current == 0 {
-                0
-            } else {
-                PERIOD - current.min(PERIOD)
-            };
+            // number of periods, PERIOD - 1 one tick more. (A value the
+            // counter cannot hold, PERIOD or more, counts as 0 too: the
+            // difference wraps to PERIOD or more. One compare, no branch.)
+            let into = PERIOD.wrapping_sub(current);
+            let into = if into < PERIOD { into } else { 0 };
             return u64::from(whole) * u64::from(PERIOD) + u64::from(into);
         }
     }

@@ -74,19 +74,21 @@ pub const fn varint_len(value: u64) -> usize {
 /// 2^28 and above are dropped.
 #[inline(always)]
 pub const fn varint_word(value: u32) -> (u32, usize) {
-    // The 7-bit groups spread one per byte; then the continuation bits.
-    let spread = (value & 0x7F)
-        | (value << 1 & 0x7F00)
-        | (value << 2 & 0x7F_0000)
-        | (value << 3 & 0x7F00_0000);
+    // The 7-bit groups spread one per byte, with their continuation bits;
+    // only as many groups as the value has (short values are the common
+    // case: each branch spreads no more than it needs).
+    let two = (value & 0x7F) | 0x80 | (value << 1 & 0x7F00);
     if value < 1 << 7 {
-        (spread, 1)
+        (value, 1)
     } else if value < 1 << 14 {
-        (spread | 0x80, 2)
+        (two, 2)
     } else if value < 1 << 21 {
-        (spread | 0x8080, 3)
+        (two | 0x8000 | (value << 2 & 0x7F_0000), 3)
     } else {
-        (spread | 0x80_8080, 4)
+        (
+            two | 0x80_8000 | (value << 2 & 0x7F_0000) | (value << 3 & 0x7F00_0000),
+            4,
+        )
     }
 }
 

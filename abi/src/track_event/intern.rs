@@ -18,11 +18,15 @@
 //!   the address, and XORs the tag with the wanted high half (the key's
 //!   bits and the generation), which leaves the id when they match: one
 //!   compare tests the match and the id's range. A string has two home
-//!   slots (two-choice hashing of its address and wanted high half: it
-//!   goes into the first that is free); a lookup finds it in the first,
-//!   as nearly every one does, with a multiply and one entry compare.
-//!   Strings that found both taken go into the first free slot after the
-//!   second home, where a lookup probes for them out of line.
+//!   slots (hashes of its address and key bits); a lookup tries the first,
+//!   then the second, with a multiply and one entry compare each. A new
+//!   string takes one of its homes, and the string it displaces moves to
+//!   its own other home, and so on (cuckoo hashing, at most `N` moves), so
+//!   strings stay at home even where homes collide; one left without a
+//!   home (a cycle, or a table nearly full) goes to the first free slot
+//!   after its second home, where a lookup probes for it out of line.
+//!   Entries only ever move between live slots (no slot dies before a
+//!   clear), so such a probe chain never breaks.
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
@@ -196,8 +200,10 @@ impl<const N: usize> InternTable<N> {
 
     /// The two home slots of `key`: Fibonacci hashing of the address and
     /// the key bits (not the generation, so a string keeps its slots across
-    /// clears); the top bits give the first home slot, the next ones the
-    /// second.
+    /// clears); the top bits give the first home slot, and the next ones,
+    /// made odd, what to XOR it with for the second: two distinct slots in
+    /// a table of two or more, so that cuckoo moves always have somewhere
+    /// to go.
     #[inline(always)]
     fn homes(key: Key) -> [usize; 2] {
         Self::homes_of(key.ptr(), key.bits)
@@ -210,10 +216,9 @@ impl<const N: usize> InternTable<N> {
         if Self::BITS == 0 {
             [0, 0]
         } else {
-            [
-                (h >> (32 - Self::BITS)) as usize,
-                (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize & (N - 1),
-            ]
+            let first = (h >> (32 - Self::BITS)) as usize;
+            let step = (h >> (32 - Self::BITS).saturating_sub(Self::BITS)) as usize | 1;
+            [first, (first ^ step) & (N - 1)]
         }
     }
 
@@ -264,11 +269,11 @@ impl<const N: usize> InternTable<N> {
         u32::MAX
     }
 
-    /// The id of `s`, interning it if it is new and there is room: in the
-    /// first of its home slots that is free; else in one of them after
-    /// moving its string to that string's other home, if that one is free
-    /// (so lookups nearly always find a string at home); else in the first
-    /// free slot after the second home.
+    /// The id of `s`, interning it if it is new and there is room: in one
+    /// of its home slots, moving the strings in the way to their other
+    /// homes (cuckoo hashing, at most `N` moves), so lookups nearly always
+    /// find a string at home; a string left without a home goes to the
+    /// first free slot after its second home.
     pub fn intern(&mut self, s: &'static str, kind: Kind) -> Interned {
         if s.len() > MAX_LEN {
             return Interned::Full;
@@ -277,9 +282,7 @@ impl<const N: usize> InternTable<N> {
         if let Ok(iid) = u16::try_from(self.find(key)) {
             return Interned::Known(iid);
         }
-        let Some(i) = self.free_slot(key) else {
-            return Interned::Full;
-        };
+        let generation = u32::from(self.generation);
         let tag = self.want(key);
         let Some(last) = self.last_iid.get_mut(kind as usize) else {
             return Interned::Full;
@@ -287,43 +290,58 @@ impl<const N: usize> InternTable<N> {
         let Some(iid) = last.checked_add(1) else {
             return Interned::Full;
         };
-        let tag = tag | u32::from(iid);
-        let Some(e) = self.entries.get_mut(i) else {
+        if self.entries.iter().all(|e| e.generation() == generation) {
             return Interned::Full;
-        };
+        }
         *last = iid;
-        *e = Entry {
+        self.place(Entry {
             ptr: key.ptr(),
-            tag,
-        };
+            tag: tag | u32::from(iid),
+        });
         Interned::New(iid)
     }
 
-    /// Where a new `key` goes (see [`Self::intern`]), having moved a string
-    /// out of the way if that helps; `None` if the table is full.
-    fn free_slot(&mut self, key: Key) -> Option<usize> {
+    /// Puts the new entry `e` in one of its homes (see [`Self::intern`]);
+    /// the table has a free slot.
+    fn place(&mut self, mut e: Entry) {
         let generation = u32::from(self.generation);
-        let live = |e: &Entry| e.generation() == generation;
-        let [first, second] = Self::homes(key);
-        let mut i = first;
-        for step in 0..N + 1 {
-            if !live(self.entries.get(i)?) {
-                return Some(i);
+        let homes = |e: &Entry| Self::homes_of(e.ptr, e.tag & KEY_MASK);
+        let [first, second] = homes(&e);
+        let free = |entries: &[Entry; N], i: usize| {
+            entries.get(i).is_some_and(|e| e.generation() != generation)
+        };
+        let mut i = if free(&self.entries, second) && !free(&self.entries, first) {
+            second
+        } else {
+            first
+        };
+        for _ in 0..N {
+            let Some(slot) = self.entries.get_mut(i) else {
+                return;
+            };
+            if slot.generation() != generation {
+                *slot = e;
+                return;
             }
-            if step == 1 {
-                // Both homes taken: move the first home's string to its
-                // other home if that one is free.
-                let e = *self.entries.get(first)?;
-                let [a, b] = Self::homes_of(e.ptr, e.tag & KEY_MASK);
-                let other = if a == first { b } else { a };
-                if (a == first || b == first) && !live(self.entries.get(other)?) {
-                    *self.entries.get_mut(other)? = e;
-                    return Some(first);
-                }
-            }
-            i = if step == 0 { second } else { (i + 1) & (N - 1) };
+            // Take the slot; the string there moves to its other home.
+            e = core::mem::replace(slot, e);
+            i = match homes(&e) {
+                [a, b] if a == i => b,
+                [a, b] if b == i => a,
+                // Not at a home (it had found none): it probes below.
+                _ => break,
+            };
         }
-        None
+        let mut i = homes(&e)[1];
+        for _ in 0..N {
+            if free(&self.entries, i) {
+                if let Some(slot) = self.entries.get_mut(i) {
+                    *slot = e;
+                }
+                return;
+            }
+            i = (i + 1) & (N - 1);
+        }
     }
 
     /// Forgets every string (the sequence's incremental state was cleared).
@@ -385,6 +403,57 @@ mod tests {
             assert_eq!(t.lookup("x", Kind::EventName), None);
         }
         assert_eq!(t.intern("y", Kind::EventName), Interned::New(1));
+    }
+
+    #[test]
+    fn a_string_has_two_distinct_homes() {
+        fn check<const N: usize>() {
+            for ptr in (0..4096usize).map(|i| 0x2000_0000 + i * 3) {
+                for bits in [0, Key::new("x", Kind::Category).bits(), NEVER] {
+                    let [a, b] = InternTable::<N>::homes_of(ptr, bits);
+                    assert!(a < N && b < N && a != b, "{N}: {ptr:#x} {bits:#x}: {a} {b}");
+                }
+            }
+        }
+        check::<2>();
+        check::<4>();
+        check::<16>();
+        check::<1024>();
+        assert_eq!(InternTable::<1>::homes_of(0x2000_0000, 0), [0, 0]);
+    }
+
+    #[test]
+    fn every_string_is_found_whatever_moved_it() {
+        // 64 one-byte strings at 64 addresses: their homes collide in
+        // every pattern the small tables allow.
+        static TEXT: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+/";
+        fn fill<const N: usize>(offset: usize) {
+            let mut t = InternTable::<N>::new();
+            let strings: std::vec::Vec<&'static str> =
+                (0..N).map(|i| &TEXT[(offset + i) % 64..][..1]).collect();
+            for (i, s) in strings.iter().enumerate() {
+                assert_eq!(t.intern(s, Kind::EventName), Interned::New(i as u16 + 1));
+                for (j, earlier) in strings[..=i].iter().enumerate() {
+                    assert_eq!(t.lookup(earlier, Kind::EventName), Some(j as u16 + 1));
+                    assert_eq!(t.lookup(earlier, Kind::Category), None);
+                }
+            }
+            assert_eq!(
+                t.intern(&TEXT[(offset + N) % 64..][..1], Kind::EventName),
+                Interned::Full
+            );
+            t.clear();
+            assert!(strings
+                .iter()
+                .all(|s| t.lookup(s, Kind::EventName).is_none()));
+        }
+        for offset in 0..64 {
+            fill::<1>(offset);
+            fill::<2>(offset);
+            fill::<4>(offset);
+            fill::<8>(offset);
+            fill::<16>(offset);
+        }
     }
 
     #[test]

@@ -260,10 +260,13 @@ impl<const N: usize> TrackSet<N> {
         }
     }
 
-    /// Whether the track with `key` is in the set.
+    /// Whether the track with `key` is in the set: newest first (the
+    /// sequence's default track, described first at every reset, is not
+    /// looked up by the writers).
     #[inline(always)]
     pub fn contains(&self, key: usize) -> bool {
-        self.keys.iter().take(self.len).any(|&k| k == key)
+        let live = self.keys.get(..self.len).unwrap_or_default();
+        live.iter().rev().any(|&k| k == key)
     }
 
     /// Adds the track with `key`; `false` if the set is full.

@@ -2,11 +2,13 @@
 //!
 //! # Paths
 //!
-//! * Fast: [`TrackEventWriter::named`] (slice begin and end, instants)
-//!   and [`TrackEventWriter::sample`] (counters), one out-of-line function
-//!   each: the clock, one check of the sequence state, the interning
-//!   probes (or the track lookup), the packet's bytes stored straight into
-//!   the chunk by [`InPlaceWriter::write_fast`], one release store.
+//! * Fast, out of line: [`TrackEventWriter::named_ids`] (slice begins,
+//!   instants), [`TrackEventWriter::end`] (slice ends: no names, no type
+//!   to test), [`TrackEventWriter::sample`] (counters; one function per
+//!   value type): the clock, one check of the sequence state, the
+//!   interning probes (or the track lookup), the packet's bytes stored
+//!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
+//!   store.
 //! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
 //!   chunk to switch, time gone backwards), through the general encoders.
@@ -195,7 +197,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// slice.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
-        self.named(Type::SliceEnd, "", "")
+        self.end()
     }
 
     /// An instant event named `name` in `category` on the default track.
@@ -207,13 +209,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// An integer sample on a counter track.
     #[inline]
     pub fn counter(&mut self, track: &'static CounterTrack, value: i64) -> bool {
-        self.sample(track, CounterValue::Int(value))
+        self.sample_int(track, value)
     }
 
     /// A floating-point sample on a counter track.
     #[inline]
     pub fn counter_f64(&mut self, track: &'static CounterTrack, value: f64) -> bool {
-        self.sample(track, CounterValue::Double(value))
+        self.sample_double(track, value)
     }
 
     /// An event with more than a name: start it here, add to it, and
@@ -282,8 +284,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         &mut self.out
     }
 
-    /// Slice begins and ends and instants on the default track, with the
-    /// slice stack kept here (one call, not one per caller). Inline: the
+    /// Slice begins and instants on the default track, with the slice
+    /// stack kept here (one call, not one per caller). Inline: the
     /// interning keys of constant strings are constants.
     #[inline(always)]
     fn named(&mut self, kind: Type, category: &'static str, name: &'static str) -> bool {
@@ -301,8 +303,32 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// ns and the chunk has room; otherwise by [`Self::simple`].
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
-        let end = ids.is(Type::SliceEnd);
-        let begin = ids.is(Type::SliceBegin);
+        self.named_body::<false>(ids, category, name)
+    }
+
+    /// Slice ends: [`Self::named_ids`] compiled apart, with no names to
+    /// look up and no type to test.
+    #[inline(never)]
+    fn end(&mut self) -> bool {
+        let ids = NamedIds::new(
+            Type::SliceEnd,
+            Key::new("", Kind::Category),
+            Key::new("", Kind::EventName),
+        );
+        self.named_body::<true>(ids, "", "")
+    }
+
+    /// The body of [`Self::named_ids`] and [`Self::end`] (`END`: a slice
+    /// end, as `ids` says).
+    #[inline(always)]
+    fn named_body<const END: bool>(
+        &mut self,
+        ids: NamedIds,
+        category: &'static str,
+        name: &'static str,
+    ) -> bool {
+        let end = END;
+        let begin = !END && ids.is(Type::SliceBegin);
         if end && !self.slices.pop() {
             self.stats.ends_suppressed += 1;
             return false;
@@ -329,7 +355,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
                     let kind = ids.kind_bits();
                     if self.out.write_fast_sized(
                         #[inline(always)]
-                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                        |c| named_event::<_, END>(c, delta, kind, cat as u8, nm as u8),
                     ) {
                         self.base = now;
                         self.stats.events += 1;
@@ -351,8 +377,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// Counter samples: written right here when the sequence is set up, the
     /// track described, the value an integer within 32 bits or a double,
     /// the delta below 2^28 ns and the chunk has room; otherwise by
-    /// [`Self::simple`].
-    #[inline(never)]
+    /// [`Self::simple`]. Inline into one out-of-line function per value
+    /// type ([`Self::sample_int`], [`Self::sample_double`]): each encodes
+    /// its own type only, and a program sampling integers only links no
+    /// floating-point path.
+    #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
         if !self.out.arbiter().tracing_enabled() {
             self.stats.events_disabled += 1;
@@ -374,6 +403,18 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             }
         }
         self.simple(now, Fast::Sample(track, value))
+    }
+
+    /// [`Self::sample`] of an integer.
+    #[inline(never)]
+    fn sample_int(&mut self, track: &'static CounterTrack, value: i64) -> bool {
+        self.sample(track, CounterValue::Int(value))
+    }
+
+    /// [`Self::sample`] of a double.
+    #[inline(never)]
+    fn sample_double(&mut self, track: &'static CounterTrack, value: f64) -> bool {
+        self.sample(track, CounterValue::Double(value))
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
@@ -692,12 +733,19 @@ const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, Wi
 
 /// Writes what [`encode::event`] writes for a slice begin or instant with
 /// the interned category `cat` and name `name` (both below 128), or a slice
-/// end (`cat` and `name` unused), on the default track, `delta` (below
-/// 2^28) after the previous event: a few word stores.
+/// end if `END` (`kind` is then [`Type::SliceEnd`], `cat` and `name`
+/// unused), on the default track, `delta` (below 2^28) after the previous
+/// event: a few word stores.
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
+fn named_event<T: Target, const END: bool>(
+    c: &mut Cursor<T>,
+    delta: u32,
+    kind: u8,
+    cat: u8,
+    name: u8,
+) {
     let (time, n) = varint_word(delta);
-    let end = kind == Type::SliceEnd as u8;
+    let end = END;
     // The size: the timestamp's tag and varint, then 6 or 10 bytes.
     let size = 1 + n + if end { 6 } else { 10 };
     c.word(
@@ -841,18 +889,14 @@ impl Body {
     fn encode<T: Target>(&self, c: &mut Cursor<T>, delta: u32) {
         let (time, n) = varint_word(delta);
         c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
+        // Every word is stored, an empty one too: its bytes lie past the
+        // packet, in the window, and the next packet overwrites them.
         let [w0, w1, w2, w3] = self.words;
         let [n0, n1, n2, n3] = self.lens;
         c.word(w0, n0);
-        if n1 != 0 {
-            c.word(w1, n1);
-        }
-        if n2 != 0 {
-            c.word(w2, n2);
-        }
-        if n3 != 0 {
-            c.word(w3, n3);
-        }
+        c.word(w1, n1);
+        c.word(w2, n2);
+        c.word(w3, n3);
     }
 }
 
@@ -1014,7 +1058,13 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
+                    let got = bytes(|c| {
+                        if kind == Type::SliceEnd {
+                            named_event::<_, true>(c, delta, kind as u8, cat, name)
+                        } else {
+                            named_event::<_, false>(c, delta, kind as u8, cat, name)
+                        }
+                    });
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
