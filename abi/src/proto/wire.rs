@@ -380,6 +380,12 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: if cfg!(miri) { 8 } else { 256 },
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
         /// Both decoders agree on any input, and a value decoded from
         /// fewer than ten bytes re-encodes to those bytes when they were
         /// minimal.
