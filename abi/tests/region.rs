@@ -9,12 +9,30 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::region::{Record, RegionArbiter, RegionConfig, RegionReader, RegionStorage};
-use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
+use shmtrace_abi::writer::{PacketOutcome, TraceWriter, DEFAULT_PATCH_CAPACITY};
 use support::model::{
     check_message, check_reader, expected_packet, write_fields, Fields, Item, Service, Value,
 };
 
 const WRITERS: usize = 3;
+
+/// Slots of the interleaving test's commit ring: fewer than the writers'
+/// pending patches can be, so commits overflow and patch groups get
+/// deferred.
+const RING_SLOTS: usize = 8;
+
+/// Most flush-and-drain rounds [`quiesce`] may take. Once every packet is
+/// finished every pending patch is filled, and only ring room holds it
+/// back. The first round's flushes may find the ring full (nothing drained
+/// it since the last commits) and deliver nothing; its drain empties the
+/// ring. From then on each round starts with `RING_SLOTS` free slots and
+/// fills them all while patches remain: the groups are of one patch each (a
+/// packet here nests one message deep, and only a chunk's last packet can
+/// continue into the next chunk, so a chunk gets at most one patch). With
+/// up to `DEFAULT_PATCH_CAPACITY` pending per writer, that is 1 + 96 / 8 =
+/// 13 rounds; three fixed rounds (the test's old drain) fall short as soon
+/// as more than 16 patches wait behind a full ring.
+const MAX_QUIESCE_ROUNDS: usize = 1 + (WRITERS * DEFAULT_PATCH_CAPACITY).div_ceil(RING_SLOTS);
 
 /// A packet of writer `w`: its number and a body of `len` bytes, nested
 /// when `nested` (so packets spanning chunks need patches).
@@ -66,6 +84,115 @@ fn poll(rx: &mut RegionReader<'_>, buf: &mut [u8], services: &mut [Service], max
     n
 }
 
+/// Flushes every writer and drains the ring until no patch is pending;
+/// checks that every round after the first delivers a whole ring of
+/// patches (or all that are left). Returns the number of rounds.
+fn quiesce<'s>(
+    writers: &mut [TraceWriter<'s, RegionArbiter<'s>>],
+    rx: &mut RegionReader<'_>,
+    buf: &mut [u8],
+    services: &mut [Service],
+) -> Result<usize, TestCaseError> {
+    let pending = |writers: &[TraceWriter<'s, RegionArbiter<'s>>]| {
+        writers.iter().map(|w| w.pending_patches()).sum::<usize>()
+    };
+    for round in 1..=MAX_QUIESCE_ROUNDS {
+        let before = pending(writers);
+        for w in writers.iter_mut() {
+            w.flush();
+        }
+        let after = pending(writers);
+        poll(rx, buf, services, usize::MAX);
+        if round > 1 {
+            prop_assert_eq!(before - after, before.min(RING_SLOTS), "round {}", round);
+        }
+        if after == 0 {
+            return Ok(round);
+        }
+    }
+    Err(TestCaseError::fail(format!(
+        "{} patches still pending after {MAX_QUIESCE_ROUNDS} rounds",
+        pending(writers)
+    )))
+}
+
+/// Runs `steps` with three writers over one region and checks what the
+/// reader delivers (see the proptest below). Returns the rounds of flushes
+/// and drains it took to deliver every patch.
+fn run_steps(steps: &[Step], layout: PageLayout) -> Result<usize, TestCaseError> {
+    let mut storage = Box::new(RegionStorage::<16384, RING_SLOTS>::new());
+    let handles = storage.init(&RegionConfig::new("props")).unwrap();
+    let mut rx = RegionReader::attach(&handles).unwrap();
+    let mut buf = vec![0u8; rx.chunk_buffer_len()];
+    let mut writers: Vec<TraceWriter<_>> = (0..WRITERS)
+        .map(|w| {
+            TraceWriter::new(
+                RegionArbiter::new(&handles, layout).unwrap(),
+                w as u16 + 1,
+                0,
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut services: Vec<Service> = (0..WRITERS).map(|_| Service::default()).collect();
+    let mut expected: Vec<Vec<Fields>> = vec![Vec::new(); WRITERS];
+    let mut state = [(true, 0u32); WRITERS]; // (first, pending loss)
+    let mut counts = [0usize; WRITERS];
+    for s in steps {
+        match *s {
+            Step::Write {
+                writer,
+                len,
+                nested,
+            } => {
+                let model = packet(writer, counts[writer], len, nested);
+                counts[writer] += 1;
+                match writers[writer].write_packet(|p| write_fields(p, &model, &mut || ())) {
+                    PacketOutcome::Written => {
+                        let (first, loss) = state[writer];
+                        expected[writer].push(expected_packet(first, loss, &model));
+                        state[writer] = (false, 0);
+                    }
+                    PacketOutcome::Dropped(reason) => state[writer].1 |= reason.loss_bits(),
+                    PacketOutcome::Incomplete(e) => panic!("{e:?}"),
+                }
+            }
+            Step::Flush(w) => writers[w].flush(),
+            Step::Drain(max) => {
+                poll(&mut rx, &mut buf, &mut services, usize::from(max % 8));
+            }
+        }
+    }
+    let rounds = quiesce(&mut writers, &mut rx, &mut buf, &mut services)?;
+    check_reader(&rx);
+    for (w, writer) in writers.iter().enumerate() {
+        prop_assert_eq!(writer.pending_patches(), 0);
+        prop_assert_eq!(
+            writer.stats().chunks_committed as usize,
+            services[w].chunks.len()
+        );
+        let survivors: Vec<Vec<u8>> = services[w]
+            .reassemble()
+            .into_iter()
+            .filter_map(|i| match i {
+                Item::Packet(b) => Some(b),
+                Item::Lost => None,
+            })
+            .collect();
+        prop_assert_eq!(survivors.len(), expected[w].len());
+        for (bytes, want) in survivors.iter().zip(&expected[w]) {
+            if let Err(e) = check_message(bytes, want) {
+                panic!("writer {w}: {e}");
+            }
+        }
+    }
+    prop_assert_eq!(
+        rx.counters().unwrap().ring_overflows as u64,
+        rx.stats().ring_overflows
+    );
+    Ok(rounds)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: if cfg!(miri) { 2 } else { 128 },
@@ -76,65 +203,15 @@ proptest! {
     /// Whatever the interleaving of commits, patches and drains (partial
     /// ones included), and whether the small ring overflows: every chunk
     /// arrives once, patches after their chunks, and each writer's packets
-    /// reassemble exactly, in order, with losses marked.
+    /// reassemble exactly, in order, with losses marked; patches deferred
+    /// behind a full ring all arrive once the writers flush and the reader
+    /// drains, a ring's worth per round.
     #[test]
     fn writers_and_the_reader_interleave_without_loss_or_duplication(
         steps in proptest::collection::vec(step(), 1..if cfg!(miri) { 10 } else { 120 }),
         layout in proptest::sample::select(vec![PageLayout::Div4, PageLayout::Div14]),
     ) {
-        let mut storage = Box::new(RegionStorage::<16384, 8>::new());
-        let handles = storage.init(&RegionConfig::new("props")).unwrap();
-        let mut rx = RegionReader::attach(&handles).unwrap();
-        let mut buf = vec![0u8; rx.chunk_buffer_len()];
-        let mut writers: Vec<TraceWriter<_>> = (0..WRITERS)
-            .map(|w| TraceWriter::new(RegionArbiter::new(&handles, layout).unwrap(), w as u16 + 1, 0).unwrap())
-            .collect();
-        let mut services: Vec<Service> = (0..WRITERS).map(|_| Service::default()).collect();
-        let mut expected: Vec<Vec<Fields>> = vec![Vec::new(); WRITERS];
-        let mut state = [(true, 0u32); WRITERS]; // (first, pending loss)
-        let mut counts = [0usize; WRITERS];
-        for s in &steps {
-            match *s {
-                Step::Write { writer, len, nested } => {
-                    let model = packet(writer, counts[writer], len, nested);
-                    counts[writer] += 1;
-                    match writers[writer].write_packet(|p| write_fields(p, &model, &mut || ())) {
-                        PacketOutcome::Written => {
-                            let (first, loss) = state[writer];
-                            expected[writer].push(expected_packet(first, loss, &model));
-                            state[writer] = (false, 0);
-                        }
-                        PacketOutcome::Dropped(reason) => state[writer].1 |= reason.loss_bits(),
-                        PacketOutcome::Incomplete(e) => panic!("{e:?}"),
-                    }
-                }
-                Step::Flush(w) => writers[w].flush(),
-                Step::Drain(max) => {
-                    poll(&mut rx, &mut buf, &mut services, usize::from(max % 8));
-                }
-            }
-        }
-        for _ in 0..3 {
-            for w in &mut writers {
-                w.flush();
-            }
-            poll(&mut rx, &mut buf, &mut services, usize::MAX);
-        }
-        check_reader(&rx);
-        for (w, writer) in writers.iter().enumerate() {
-            prop_assert_eq!(writer.pending_patches(), 0);
-            prop_assert_eq!(writer.stats().chunks_committed as usize, services[w].chunks.len());
-            let survivors: Vec<Vec<u8>> = services[w].reassemble().into_iter()
-                .filter_map(|i| match i { Item::Packet(b) => Some(b), Item::Lost => None })
-                .collect();
-            prop_assert_eq!(survivors.len(), expected[w].len());
-            for (bytes, want) in survivors.iter().zip(&expected[w]) {
-                if let Err(e) = check_message(bytes, want) {
-                    panic!("writer {w}: {e}");
-                }
-            }
-        }
-        prop_assert_eq!(rx.counters().unwrap().ring_overflows as u64, rx.stats().ring_overflows);
+        run_steps(&steps, layout)?;
     }
 
     /// A region of arbitrary bytes (the header made valid or not): polls
@@ -255,4 +332,71 @@ fn two_writer_threads_and_a_reader_thread() {
             assert_eq!(got, want, "writer {w}");
         }
     });
+}
+
+/// Twenty-two packets of one writer that each leave a patch behind (a
+/// nested message whose size field lies in a chunk the packet leaves), and
+/// no drain: the first four patches find ring room, then the ring is full
+/// and the other 18 are deferred. The first flush round finds the ring
+/// still full, two rounds of 8 leave 2: it takes a fourth round (the
+/// interleaving test used to stop after three and saw patches pending).
+#[test]
+fn patches_deferred_behind_a_full_ring_take_as_many_rounds_as_the_ring_needs() {
+    let steps: Vec<Step> = (0..22)
+        .map(|_| Step::Write {
+            writer: 0,
+            len: 300,
+            nested: true,
+        })
+        .collect();
+    assert_eq!(run_steps(&steps, PageLayout::Div14).unwrap(), 4);
+}
+
+/// A failing input proptest found for the three-round drain: 7 + 6 + 4
+/// patches pending behind a full ring.
+#[test]
+fn patches_of_three_writers_deferred_behind_a_full_ring_all_arrive() {
+    let w = |writer, len, nested| Step::Write {
+        writer,
+        len,
+        nested,
+    };
+    let steps = vec![
+        w(0, 591, true),
+        w(2, 50, false),
+        w(2, 322, true),
+        w(1, 2125, true),
+        w(0, 1791, true),
+        w(2, 1479, true),
+        w(2, 67, true),
+        w(0, 59, false),
+        w(1, 88, true),
+        w(0, 52, true),
+        w(2, 58, true),
+        w(2, 52, false),
+        w(2, 63, false),
+        Step::Drain(1),
+        Step::Flush(1),
+        w(2, 274, true),
+        w(1, 498, true),
+        w(0, 437, true),
+        w(1, 38, true),
+        w(1, 270, true),
+        w(0, 37, true),
+        w(0, 35, true),
+        w(2, 14, false),
+        w(2, 87, false),
+        w(2, 72, false),
+        w(0, 340, true),
+        w(0, 93, true),
+        Step::Drain(0),
+        Step::Drain(0),
+        w(0, 0, false),
+        w(1, 260, true),
+        w(0, 88, true),
+        w(2, 86, false),
+        w(0, 277, true),
+        w(2, 52, true),
+    ];
+    assert_eq!(run_steps(&steps, PageLayout::Div14).unwrap(), 4);
 }
