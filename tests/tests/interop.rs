@@ -492,6 +492,29 @@ fn write_into_file(cell: Cell) {
     );
     assert!(outcome.trace_bytes >= sizes[2]);
     assert_clean_sequences(&outcome, 2);
+    // As upstream: every periodic write reads the buffers to their end and
+    // closes with `read_tracing_buffers_completed` (the file grew at least
+    // three times, and the stop writes once more); the stats go out with
+    // the first write (due from the start) and the last.
+    let report = &outcome.report;
+    let completed = report
+        .service_events
+        .get("read_tracing_buffers_completed")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        completed > sizes.len() as u64,
+        "{:?}",
+        report.service_events
+    );
+    let stats = report
+        .service_packets_by_kind
+        .get("trace_stats")
+        .copied()
+        .unwrap_or(0);
+    assert!(stats >= 2, "{:?}", report.service_packets_by_kind);
+    // What the trace processor would flag fails the checker already.
+    assert_eq!(report.import_errors, Vec::<String>::new());
 }
 
 /// 32 threads and a 64 KiB shared memory buffer (16 chunks): the writers
@@ -737,9 +760,10 @@ fn query(service: ServiceImpl, producer: ProducerImpl) {
     // Nobody connected yet.
     let state = scenario::query_json(&consumer_socket);
     let version = state["version"].as_str().unwrap_or_default();
+    // Ours names the Perfetto version it implements, as readers parse it.
     let expected_version = match service {
         ServiceImpl::Real => "Perfetto v59",
-        ServiceImpl::Ours => "shmtrace ",
+        ServiceImpl::Ours => "Perfetto v59.0 (shmtrace ",
     };
     assert!(version.starts_with(expected_version), "{state}");
     assert_eq!(state["producers"].as_array().unwrap().len(), 0, "{state}");
