@@ -1155,6 +1155,16 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
             "shmtrace record has no mid-session reads (flush-and-read between phases)".into(),
         ));
     }
+    if !cell.reads_mid_session()
+        && matches!(
+            scenario.between_phases,
+            BetweenPhases::FlushAndSampleFileSize { .. }
+        )
+    {
+        return Err(HarnessError::Scenario(
+            "shmtrace record has no mid-session flushes (flush between phases)".into(),
+        ));
+    }
     if !cell.reads_mid_session() && scenario.stop == Stop::AfterKillingProducers {
         return Err(HarnessError::Scenario(
             "shmtrace record has no mid-session reads (killing the producers waits for \
