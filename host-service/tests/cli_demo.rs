@@ -89,7 +89,7 @@ fn demo_records_a_sound_trace_of_the_example_app() {
     assert!(session["service_version"]
         .as_str()
         .unwrap()
-        .starts_with("shmtrace"));
+        .starts_with("Perfetto v59.0 (shmtrace "));
     assert_eq!(a["stats"]["service"]["flushes_succeeded"], 1);
 
     // The private socket directory is gone.

@@ -55,7 +55,10 @@ fn query_and_record_against_our_service() {
     );
     let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
-        state["version"].as_str().unwrap().starts_with("shmtrace"),
+        state["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("Perfetto v59.0 (shmtrace "),
         "{state}"
     );
     assert_eq!(state["producers"].as_array().unwrap().len(), 0);

@@ -82,6 +82,7 @@ import argparse
 import bisect
 import collections
 import json
+import re
 import sys
 
 try:
@@ -381,6 +382,10 @@ class Checker:
         self.described_tracks = set()
         self.trace_stats = None
         self.service_kinds = collections.Counter()
+        # TracingServiceEvent fields set, by name.
+        self.service_events = collections.Counter()
+        self.trace_config = None
+        self.service_version = None
         self.packets = 0
         self.clocks = ClockGraph()
         self.trace_clock = BOOTTIME
@@ -414,6 +419,15 @@ class Checker:
             self.service_kinds[kind] += 1
             if kind == "trace_stats":
                 self.trace_stats = packet.trace_stats
+            elif kind == "service_event":
+                for field, _ in packet.service_event.ListFields():
+                    self.service_events[field.name] += 1
+            elif kind == "trace_config":
+                self.trace_config = packet.trace_config
+            elif kind == "system_info":
+                if packet.system_info.HasField("tracing_service_version"):
+                    self.service_version = \
+                        packet.system_info.tracing_service_version
             elif kind == "clock_snapshot":
                 snapshot = packet.clock_snapshot
                 if snapshot.primary_trace_clock:
@@ -726,6 +740,32 @@ class Checker:
                 out["service." + key] += service.get(key, 0)
         return {k: v for k, v in out.items() if v}
 
+    def import_errors(self):
+        """The import errors Perfetto's trace processor (v59) would record
+        for this trace that depend on what the service wrote.
+
+        config_write_into_file_no_flush: a write_into_file config without
+        flush_period_ms, from a service older than v54 or of unknown
+        version (src/trace_processor/importers/proto/proto_trace_reader.cc:
+        since v54 the service flushes around its periodic writes; the
+        version is the major number after "Perfetto v" in
+        SystemInfo.tracing_service_version, up to a '.' or '-').
+        """
+        errors = []
+        config = self.trace_config
+        if config is not None and config.write_into_file and \
+                not config.flush_period_ms:
+            major = None
+            version = self.service_version or ""
+            prefix = "Perfetto v"
+            if version.startswith(prefix):
+                digits = re.match(r"(\d+)[.-]", version[len(prefix):])
+                if digits:
+                    major = int(digits.group(1))
+            if major is None or major < 54:
+                errors.append("config_write_into_file_no_flush")
+        return errors
+
     def check_counts(self):
         loss = self.expect["loss"]
         indicators = self.loss_indicators()
@@ -735,6 +775,9 @@ class Checker:
         if self.expect.get("require_trace_stats", True) and \
                 self.trace_stats is None:
             self.violation("no trace_stats packet")
+        for error in self.import_errors():
+            self.violation("Perfetto's trace processor would record the "
+                           "import error %s" % error)
         for required in ("trace_config", "clock_snapshot"):
             if self.expect.get("require_service_packets", True) and \
                     not self.service_kinds[required]:
@@ -790,6 +833,8 @@ class Checker:
             "packets": self.packets,
             "packets_by_kind": dict(self.kinds),
             "service_packets_by_kind": dict(self.service_kinds),
+            "service_events": dict(self.service_events),
+            "import_errors": self.import_errors(),
             "totals": {k: totals.get(k, 0) for k in EMITTED_KEYS},
             "producers": {str(pid): {k: c.get(k, 0) for k in EMITTED_KEYS}
                           for pid, c in self.counts.items()},

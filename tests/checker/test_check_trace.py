@@ -306,6 +306,35 @@ class CheckerTest(unittest.TestCase):
         self.remove(stats)
         self.assert_violation(self.check(), "no trace_stats packet")
 
+    def test_write_into_file_without_flush_from_an_old_service(self):
+        # The trace processor's config_write_into_file_no_flush: a
+        # write_into_file config without flush_period_ms from a service
+        # older than v54, or of unknown version.
+        config = next(p for p in self.trace.packet
+                      if p.HasField("trace_config"))
+        config.trace_config.write_into_file = True
+        info = next(p for p in self.trace.packet
+                    if p.HasField("system_info"))
+        for version, flagged in [("Perfetto v59.0-09c740d78 (09c7)", False),
+                                 ("Perfetto v59.0 (shmtrace 0.1.0)", False),
+                                 ("Perfetto v54-abc", False),
+                                 ("Perfetto v53.1", True),
+                                 ("Perfetto v59", True),
+                                 ("shmtrace 0.1.0", True)]:
+            info.system_info.tracing_service_version = version
+            report = self.check()
+            self.assertEqual(report["import_errors"],
+                             ["config_write_into_file_no_flush"] if flagged
+                             else [], version)
+            if flagged:
+                self.assert_violation(report, "config_write_into_file_no_flush")
+        config.trace_config.flush_period_ms = 1000
+        self.assertEqual(self.check()["import_errors"], [])
+
+    def test_service_events_are_counted_by_kind(self):
+        report = self.check()
+        self.assertEqual(report["service_events"].get("tracing_started"), 1)
+
     def test_buffer_overwrite_stat_is_loss(self):
         stats = next(p for p in self.trace.packet if p.HasField("trace_stats"))
         stats.trace_stats.buffer_stats[0].chunks_overwritten = 2

@@ -161,9 +161,21 @@ pub struct TraceReport {
     /// `TraceStats.buffer_stats`, one map of set scalar fields per buffer.
     #[serde(default)]
     pub buffer_stats: Vec<BTreeMap<String, serde_json::Value>>,
-    /// Scalar fields of `TraceStats`.
+    /// Scalar fields of `TraceStats` (the last `trace_stats` packet).
     #[serde(default)]
     pub trace_stats: Option<BTreeMap<String, serde_json::Value>>,
+    /// The service's packets (trusted sequence 1), by kind (`trace_stats`,
+    /// `service_event`...).
+    #[serde(default)]
+    pub service_packets_by_kind: BTreeMap<String, u64>,
+    /// `TracingServiceEvent`s by the field set (`tracing_started`,
+    /// `read_tracing_buffers_completed`...).
+    #[serde(default)]
+    pub service_events: BTreeMap<String, u64>,
+    /// Import errors Perfetto's trace processor would record that depend
+    /// on what the service wrote (each is also a violation).
+    #[serde(default)]
+    pub import_errors: Vec<String>,
     /// Packets whose absolute timestamp is earlier than the latest one of
     /// their sequence (legal: a trace processor sorts), all sequences.
     #[serde(default)]

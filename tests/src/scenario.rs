@@ -438,6 +438,16 @@ pub enum BetweenPhases {
         /// The longest to wait for the file to grow.
         grow_within: Duration,
     },
+    /// The consumer flushes (no read: a `write_into_file` session is read
+    /// by the service), then the size of the output is sampled as in
+    /// [`BetweenPhases::SampleFileSize`] (not after the last phase). The
+    /// flush makes the service scrape the chunks the producers' threads
+    /// hold open between phases, and the sample waits for the next periodic
+    /// write, which reads those scraped copies into the file.
+    FlushAndSampleFileSize {
+        /// The longest to wait for the file to grow.
+        grow_within: Duration,
+    },
 }
 
 /// One interop scenario.
@@ -1145,6 +1155,16 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
             "shmtrace record has no mid-session reads (flush-and-read between phases)".into(),
         ));
     }
+    if !cell.reads_mid_session()
+        && matches!(
+            scenario.between_phases,
+            BetweenPhases::FlushAndSampleFileSize { .. }
+        )
+    {
+        return Err(HarnessError::Scenario(
+            "shmtrace record has no mid-session flushes (flush between phases)".into(),
+        ));
+    }
     if !cell.reads_mid_session() && scenario.stop == Stop::AfterKillingProducers {
         return Err(HarnessError::Scenario(
             "shmtrace record has no mid-session reads (killing the producers waits for \
@@ -1282,6 +1302,19 @@ fn run_in(
             }
             BetweenPhases::SampleFileSize { grow_within } => {
                 let previous = file_sizes.last().copied().unwrap_or(0);
+                file_sizes.push(size_once_grown(&trace_path, previous, grow_within)?);
+            }
+            BetweenPhases::FlushAndSampleFileSize { grow_within } if !last => {
+                let previous = file_size(&trace_path)?;
+                consumer.send_line("flush")?;
+                let flush = consumer.expect_event("flush", scenario.stop_timeout)?;
+                if flush.get("ok").and_then(Value::as_bool) != Some(true) {
+                    return Err(HarnessError::Driver {
+                        name: consumer.name().into(),
+                        message: format!("the flush between phases failed: {flush}"),
+                        stderr_tail: consumer.stderr_tail(),
+                    });
+                }
                 file_sizes.push(size_once_grown(&trace_path, previous, grow_within)?);
             }
             _ => {}

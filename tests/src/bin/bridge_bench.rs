@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use shmtrace_tests::process::ChildProcess;
+use shmtrace_tests::process::{cpu_seconds, ChildProcess};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -80,23 +80,6 @@ impl Run {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
-}
-
-/// CPU time (user + system) of a process so far, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 (1-based), 11 and 12 here.
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    (ticks(11) + ticks(12)) / hz
 }
 
 fn events(done: &Value) -> u64 {

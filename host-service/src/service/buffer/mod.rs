@@ -34,7 +34,11 @@
 //! * **Re-commits** of a stored chunk (a scrape, then the real commit) replace
 //!   the copy when the fragment count does not shrink, no flag disappears and
 //!   a complete copy is not replaced by an incomplete one; otherwise they are
-//!   ABI violations and ignored. An identical re-commit is a no-op.
+//!   ABI violations and ignored. An identical re-commit is a no-op. A
+//!   scraped copy the reader had read (in part) may be evicted before the
+//!   producer commits the chunk: the commit is still stored, and read from
+//!   where the evicted copy ended, so nothing is lost and nothing is read
+//!   twice (upstream reads it again from its start).
 //! * **Fill policies.** Ring buffer: the oldest records are evicted
 //!   (unread ones count as overwritten). Discard: the first write that would
 //!   evict unread data latches the buffer; every later new chunk is
@@ -91,7 +95,7 @@ pub use stats::BufferStats;
 pub use writers::{ChunkHistogram, WriterStats, BUCKET_BOUNDS};
 
 use ring::{Owner, Ring};
-use sequence::{Sequences, Slot, Tail};
+use sequence::{Resume, Sequences, Slot, Tail};
 
 /// A producer id, assigned by the service per connection.
 pub type ProducerId = u16;
@@ -370,6 +374,18 @@ impl TraceBuffer {
             return CommitOutcome::Refused(Refusal::Stale);
         };
         let ext = seq.ext_of(c.chunk_id);
+        if let Some(resume) = seq.resume.filter(|r| r.ext == ext && ext == seq.floor) {
+            if !seq.chunks.contains_key(&ext) {
+                if parsed.count < resume.count || parsed.len < resume.len {
+                    self.stats.abi_violations += 1;
+                    return CommitOutcome::Refused(Refusal::InvalidRecommit);
+                }
+                if parsed.count == resume.count && !c.complete {
+                    // Scraped again, with nothing new in it.
+                    return CommitOutcome::Duplicate;
+                }
+            }
+        }
         if ext < seq.floor {
             let duplicate =
                 seq.last_consumed == Some((ext, parsed.count, parsed.flags, c.complete));
@@ -413,6 +429,15 @@ impl TraceBuffer {
         };
         if seq.note_stored(chunk_id, ext) {
             self.stats.chunks_committed_out_of_order += 1;
+        }
+        let mut slot = slot;
+        if let Some(resume) = seq.resume.take_if(|r| r.ext == ext) {
+            // The head was read from a scraped copy, since evicted: only
+            // the fragments after it are new (`commit` checked that the
+            // chunk did not shrink).
+            slot.consumed = resume.count;
+            slot.consumed_bytes = resume.len;
+            self.stats.chunks_rewritten += 1;
         }
         seq.chunks.insert(ext, slot);
         CommitOutcome::Stored
@@ -615,12 +640,26 @@ impl TraceBuffer {
         if slot.has_unread() || !slot.complete {
             seq.overwritten_upto = Some(seq.overwritten_upto.map_or(ext, |u| u.max(ext)));
         }
-        if slot.consumed > 0 {
+        if slot.consumed > 0 && !slot.complete {
+            // The reader was inside this scraped copy: the producer may
+            // still commit the chunk, with more fragments. Reading resumes
+            // after this copy's fragments then; if anything else of the
+            // sequence comes first, the gap check reports the rest lost.
+            seq.floor = seq.floor.max(ext);
+            seq.resume = Some(Resume {
+                ext,
+                count: slot.count,
+                len: slot.len,
+            });
+            if slot.has_unread() {
+                seq.loss |= DataLoss::because(DataLoss::OVERWRITE);
+            }
+        } else if slot.consumed > 0 {
             // The reader was inside this chunk: a later commit of it must not
             // be read again from its start, and the gap check will not see
             // what it lost, so report that now.
             seq.floor = seq.floor.max(ext + 1);
-            if slot.has_unread() || !slot.complete {
+            if slot.has_unread() {
                 seq.loss |= DataLoss::because(DataLoss::OVERWRITE);
             }
         }
@@ -741,7 +780,8 @@ impl Reservation<'_> {
         let idx = seqs.current_or_insert(producer, header.writer_id, header.chunk_id);
         let new_ext = seqs.get_mut(idx).and_then(|seq| {
             let ext = seq.ext_of(header.chunk_id);
-            (ext >= seq.floor && !seq.chunks.contains_key(&ext)).then_some(ext)
+            let resumes = seq.resume.is_some_and(|r| r.ext == ext);
+            (ext >= seq.floor && !seq.chunks.contains_key(&ext) && !resumes).then_some(ext)
         });
         let Some(ext) = new_ext else {
             // A re-commit, duplicate or stale chunk: the usual path decides,

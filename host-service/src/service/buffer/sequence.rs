@@ -15,6 +15,9 @@
 //! * Every slot's extended id is `>= floor`: the reader has consumed or
 //!   given up everything below `floor`, and commits for those ids are
 //!   refused as stale.
+//! * A [`Resume`] applies only while its chunk is the floor and not stored:
+//!   the chunk's head was read from a scraped copy since evicted, and its
+//!   commit is stored with that head marked as consumed.
 //! * `floor` starts at the extended id of chunk 0 (writers start at chunk 0),
 //!   so a sequence whose first chunk read is not chunk 0 reports a gap.
 //! * A slot's `record` names the ring record holding its bytes; a ring
@@ -114,7 +117,24 @@ pub struct Sequence {
     /// The last chunk consumed, to recognize a duplicate re-commit of it:
     /// `(ext, count, flags, complete)`.
     pub last_consumed: Option<(u64, u16, ChunkFlags, bool)>,
+    /// A scraped (unfinished) chunk the reader was inside when its record
+    /// was evicted: its commit may still come, and is then read from where
+    /// the evicted copy ended.
+    pub resume: Option<Resume>,
     empty_stamp: u64,
+}
+
+/// Where reading resumes in a chunk whose unfinished copy was read (in
+/// part) and then evicted: the fragments before `count`, which end at
+/// payload offset `len`, were read or lost with the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// Extended id of the chunk (`== floor` while it applies).
+    pub ext: u64,
+    /// Fragments of the chunk read or lost.
+    pub count: u16,
+    /// Payload offset where fragment `count` starts.
+    pub len: usize,
 }
 
 impl Sequence {
@@ -132,6 +152,7 @@ impl Sequence {
             unregistered: false,
             stalled_pass: 0,
             last_consumed: None,
+            resume: None,
             empty_stamp: 0,
         }
     }

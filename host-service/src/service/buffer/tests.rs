@@ -431,6 +431,107 @@ fn recommit_after_scrape_replaces_the_copy_without_duplicates() {
     );
 }
 
+/// Commits and reads chunks of 1000-byte packets of writer 2 until the
+/// ring has wrapped over everything stored before (an 8 KiB ring holds
+/// eight), reading each so none is overwritten unread.
+fn wrap_with_other_writer(buf: &mut TraceBuffer) {
+    for id in 0..9 {
+        let c = chunk(id, &[&[id as u8; 1000]], 0).writer(P, 2);
+        assert_eq!(c.commit(buf), CommitOutcome::Stored);
+        assert_eq!(read_all(buf, ReadMode::Live).len(), 1);
+    }
+    assert!(buf.stats().write_wrap_count >= 1);
+}
+
+#[test]
+fn a_late_commit_of_a_scraped_chunk_read_and_evicted_reads_only_its_new_fragments() {
+    for in_place in [false, true] {
+        let mut buf = buffer(8192);
+        let commit = |c: Chunk, buf: &mut TraceBuffer| {
+            if in_place {
+                c.commit_in_place(buf, 4096)
+            } else {
+                c.commit(buf)
+            }
+        };
+        // Scraped while being written: "p1" and "p2" finished.
+        let scraped = Chunk {
+            payload: payload(&[b"p1", b"p2", b"unfini"]),
+            ..chunk(0, &[b"p1", b"p2", b"p3"], 0)
+        }
+        .incomplete();
+        assert_eq!(commit(scraped, &mut buf), CommitOutcome::Stored);
+        let reads = read_all(&mut buf, ReadMode::Live);
+        assert_eq!(datas(&reads), [b"p1".to_vec(), b"p2".to_vec()]);
+        // Another writer's chunks wrap the ring over the scraped copy.
+        wrap_with_other_writer(&mut buf);
+        let stats = *buf.stats();
+        assert_eq!((stats.chunks_overwritten, stats.chunks_discarded), (0, 0));
+        // Scraped again with nothing new: a no-op; with fewer fragments than
+        // were read: a violation.
+        let again = Chunk {
+            payload: payload(&[b"p1", b"p2", b"unfinished"]),
+            ..chunk(0, &[b"p1", b"p2", b"p3"], 0)
+        }
+        .incomplete();
+        assert_eq!(commit(again, &mut buf), CommitOutcome::Duplicate);
+        assert_eq!(
+            commit(chunk(0, &[b"p1"], 0), &mut buf),
+            CommitOutcome::Refused(Refusal::InvalidRecommit)
+        );
+        // The producer commits the chunk, grown: stored, and only the new
+        // packets are read, without a loss mark.
+        let late = chunk(0, &[b"p1", b"p2", b"p3", b"p4"], 0);
+        assert_eq!(commit(late, &mut buf), CommitOutcome::Stored, "{in_place}");
+        let reads = read_all(&mut buf, ReadMode::Live);
+        assert_eq!(datas(&reads), [b"p3".to_vec(), b"p4".to_vec()]);
+        assert_eq!(losses(&reads), [0, 0]);
+        // The sequence goes on without a gap; the consumed chunk's duplicate
+        // is recognized.
+        assert_eq!(
+            commit(chunk(0, &[b"p1", b"p2", b"p3", b"p4"], 0), &mut buf),
+            CommitOutcome::Duplicate
+        );
+        assert_eq!(
+            commit(chunk(1, &[b"p5"], 0), &mut buf),
+            CommitOutcome::Stored
+        );
+        let reads = read_all(&mut buf, ReadMode::Live);
+        assert_eq!(
+            (datas(&reads), losses(&reads)),
+            (vec![b"p5".to_vec()], vec![0])
+        );
+        let s = buf.stats();
+        assert_eq!(
+            (s.chunks_discarded, s.abi_violations, s.chunks_overwritten),
+            (0, 1, 0)
+        );
+    }
+}
+
+#[test]
+fn a_scraped_chunk_evicted_whose_commit_never_comes_is_reported_lost() {
+    let mut buf = buffer(8192);
+    let scraped = Chunk {
+        payload: payload(&[b"p1", b"p2", b"unfini"]),
+        ..chunk(0, &[b"p1", b"p2", b"p3"], 0)
+    }
+    .incomplete();
+    scraped.commit(&mut buf);
+    assert_eq!(read_all(&mut buf, ReadMode::Live).len(), 2);
+    wrap_with_other_writer(&mut buf);
+    // The next chunk comes instead: the rest of chunk 0 is lost, and said
+    // so; chunk 0 arriving after that is stale.
+    chunk(1, &[b"p5"], 0).commit(&mut buf);
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [b"p5".to_vec()]);
+    assert_ne!(losses(&reads), [0]);
+    assert_eq!(
+        chunk(0, &[b"p1", b"p2", b"p3"], 0).commit(&mut buf),
+        CommitOutcome::Refused(Refusal::Stale)
+    );
+}
+
 #[test]
 fn recommits_that_shrink_or_drop_flags_are_violations() {
     let mut buf = buffer(64 * 1024);

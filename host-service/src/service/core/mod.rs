@@ -92,7 +92,7 @@ pub const DEFAULT_MAX_BUFFER_BYTES: u64 = 4 << 30;
 impl ServiceConfig {
     /// A config for tests and embedding: uid 0, minimal system info.
     pub fn new(uid: u32) -> Self {
-        let version = format!("shmtrace {}", env!("CARGO_PKG_VERSION"));
+        let version = version_string();
         Self {
             uid,
             system_info: SystemInfo {
@@ -103,6 +103,24 @@ impl ServiceConfig {
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
         }
     }
+}
+
+/// The version of Perfetto whose service this one implements (its ABI,
+/// protocols and behaviour).
+const PERFETTO_VERSION: &str = "v59.0";
+
+/// `tracing_service_version`: `Perfetto v59.0 (shmtrace <version>)`. The
+/// form is upstream's (`Perfetto <version> (<revision>)`): readers parse
+/// the major version after `Perfetto v` to learn what the service does.
+/// Perfetto's trace processor, for one, flags `write_into_file` traces
+/// without `flush_period_ms` (`config_write_into_file_no_flush`) unless the
+/// service is v54 or newer, which flush before their periodic writes, as
+/// this one does.
+fn version_string() -> String {
+    format!(
+        "Perfetto {PERFETTO_VERSION} (shmtrace {})",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// The body of a reply.

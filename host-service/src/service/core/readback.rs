@@ -329,7 +329,10 @@ impl TracingService {
                 break;
             }
         }
-        if last && !w.stopped() {
+        // Like upstream, every write that read the buffers to their end
+        // closes with `read_tracing_buffers_completed` (and the stats when
+        // due): the trace processor's safe points for sorting.
+        if !w.stopped() {
             for p in trailer(s, uid, now, &stats) {
                 w.packet(std::iter::once(&p[..]), p.len());
             }

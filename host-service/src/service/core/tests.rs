@@ -982,6 +982,70 @@ fn write_into_file_streams_a_valid_trace() {
     assert!(field(raw.last().unwrap(), 35).is_some(), "stats at the end");
 }
 
+/// Upstream's periodic writes: each one reads the buffers to their end and
+/// closes with a `read_tracing_buffers_completed` service event; the stats
+/// go out with the first write after they fall due (at the start, every
+/// snapshot interval, at the stop). The system info names the Perfetto
+/// version whose behaviour the trace processor may assume (a v54+ service
+/// flushes around its periodic writes, so the trace processor does not flag
+/// `config_write_into_file_no_flush`).
+#[test]
+fn every_periodic_write_ends_with_read_completed_and_due_stats() {
+    let (mut sim, p, c, file, buffer) = file_session(|_| {});
+    for (id, payload) in [b"one", b"two", b"six"].iter().enumerate() {
+        let req = p.write(id as u16 + 1, buffer, &[&payload[..]], true);
+        p.commit(&mut sim, req);
+        sim.advance(100);
+    }
+    c.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    assert!(c.enabled_reply(&mut sim).is_some());
+    let bytes = std::fs::read(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    ))
+    .unwrap();
+    let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
+    use crate::protos::trace_packet::Data;
+    use crate::protos::tracing_service_event::EventType;
+    // What each packet is: 'R' read completed, 'S' stats, 'P' a producer
+    // packet, '.' anything else.
+    let kinds: String = trace
+        .packet
+        .iter()
+        .map(|p| match &p.data {
+            Some(Data::ServiceEvent(e)) => match e.event_type {
+                Some(EventType::ReadTracingBuffersCompleted(true)) => 'R',
+                _ => '.',
+            },
+            Some(Data::TraceStats(_)) => 'S',
+            _ if p.trusted_pid.is_some() => 'P',
+            _ => '.',
+        })
+        .filter(|&k| k != '.')
+        .collect();
+    // Three periodic writes, each with its packet, the first with the stats
+    // due since the start; the final write with the stats of the stop.
+    assert_eq!(kinds, "PRSPRPRRS", "{trace:?}");
+    let versions: Vec<&str> = trace
+        .packet
+        .iter()
+        .filter_map(|p| match &p.data {
+            Some(Data::SystemInfo(i)) => i.tracing_service_version.as_deref(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        [format!(
+            "Perfetto v59.0 (shmtrace {})",
+            env!("CARGO_PKG_VERSION")
+        )]
+    );
+}
+
 #[test]
 fn max_file_size_stops_the_session() {
     let (mut sim, mut p, c, file, buffer) =

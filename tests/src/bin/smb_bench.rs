@@ -1,0 +1,241 @@
+//! Chunk turnaround with a small shared memory buffer (issue 18 item 2),
+//! printed as numbers, asserted nowhere: the real service and `shmtrace
+//! serve` in turn, each with the same workload of the real SDK producer
+//! writing as fast as it can into Perfetto's default 256 KiB SMB (64 chunks
+//! of 4 KiB). The SDK drops what it writes while no chunk is free, so the
+//! events a trace keeps measure how soon the service frees the chunks the
+//! producer commits. Per pair: the events each service kept, the CPU it
+//! spent, and the ratio ours / real; then the totals.
+//!
+//! ```text
+//! cargo build --release -p shmtrace-service --bin shmtrace -p shmtrace-tests --bin real-service --bin real-producer --bin real-consumer --bin smb-bench
+//! target/release/smb-bench [--pairs N] [--events N] [--threads N] [--shmem-kb K]
+//! ```
+//!
+//! Defaults: 3 pairs, 1,000,000 events from 2 threads, the SDK's default
+//! SMB (`--shmem-kb 0`), a 128 MiB ring buffer that holds them all. The
+//! order of the two services alternates from pair to pair. Uses the
+//! binaries next to itself (build them all in the same profile: the real
+//! Perfetto is only optimized in release builds).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
+use shmtrace_tests::process::{cpu_seconds, ChildProcess};
+use shmtrace_tests::scenario::{
+    self, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, Scenario, ServiceImpl,
+};
+
+/// Track events per iteration of the producer driver (2 slices, 3
+/// instants, 2 counters).
+const EVENTS_PER_ITERATION: u64 = 9;
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: u64| {
+        argv.iter()
+            .position(|a| a == name)
+            .and_then(|i| argv.get(i + 1))
+            .map_or(default, |v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name} takes a number, not {v}"))
+            })
+    };
+    let pairs = arg("--pairs", 3);
+    let events = arg("--events", 1_000_000);
+    let threads = arg("--threads", 2).max(1);
+    let shmem_kb = arg("--shmem-kb", 0);
+    let iterations = events.div_ceil(EVENTS_PER_ITERATION * threads);
+    let spec = ProducerSpec {
+        threads: threads as u32,
+        iterations: iterations as u32,
+        shmem_kb: shmem_kb as u32,
+        ..Default::default()
+    };
+    let bench = Bench::new();
+    println!(
+        "smb bench: {} events per run ({threads} real SDK threads x {iterations} iterations), \
+         SMB {}, {pairs} pairs",
+        iterations * threads * EVENTS_PER_ITERATION,
+        if shmem_kb == 0 {
+            "the SDK default (256 KiB)".to_string()
+        } else {
+            format!("{shmem_kb} KiB")
+        }
+    );
+    let mut totals = [0u64; 2];
+    for pair in 0..pairs {
+        let order = if pair % 2 == 0 {
+            [ServiceImpl::Real, ServiceImpl::Ours]
+        } else {
+            [ServiceImpl::Ours, ServiceImpl::Real]
+        };
+        let mut kept = [0u64; 2];
+        for service in order {
+            let run = bench.run(service, &spec);
+            let slot = usize::from(service == ServiceImpl::Ours);
+            kept[slot] = run.kept;
+            totals[slot] += run.kept;
+            println!(
+                "  pair {} {:<5} kept {:>9} of {} events ({:.1}%), service CPU {:.2} s, \
+                 producer {:.2} s",
+                pair + 1,
+                if slot == 1 { "ours" } else { "real" },
+                run.kept,
+                run.emitted,
+                100.0 * run.kept as f64 / run.emitted.max(1) as f64,
+                run.service_cpu,
+                run.producer_wall.as_secs_f64(),
+            );
+        }
+        println!(
+            "  pair {} ratio ours/real {:.3}",
+            pair + 1,
+            kept[1] as f64 / kept[0].max(1) as f64
+        );
+    }
+    println!(
+        "total: real kept {}, ours kept {}, ratio ours/real {:.3}",
+        totals[0],
+        totals[1],
+        totals[1] as f64 / totals[0].max(1) as f64
+    );
+}
+
+/// One run of the workload against one service.
+struct Run {
+    /// Track events the producer emitted while the session was on.
+    emitted: u64,
+    /// Track events in the trace.
+    kept: u64,
+    /// CPU (user + system) the service spent, from its start to the end of
+    /// the session.
+    service_cpu: f64,
+    /// From the session's start to the producer's report.
+    producer_wall: Duration,
+}
+
+struct Bench {
+    bins: RealBinaries,
+}
+
+impl Bench {
+    fn new() -> Self {
+        let me = std::env::current_exe().expect("current exe");
+        let dir = me.parent().expect("a directory").to_path_buf();
+        let find = |name: &str| {
+            let p = dir.join(name);
+            assert!(
+                p.is_file(),
+                "{} is not built (see the module docs)",
+                p.display()
+            );
+            p
+        };
+        find("shmtrace");
+        Bench {
+            bins: RealBinaries {
+                service: find("real-service"),
+                producer: find("real-producer"),
+                consumer: find("real-consumer"),
+            },
+        }
+    }
+
+    fn run(&self, which: ServiceImpl, spec: &ProducerSpec) -> Run {
+        let dir = tempfile::Builder::new()
+            .prefix("shmtrace-smb-bench-")
+            .tempdir_in("/tmp")
+            .expect("a temporary directory");
+        let path = |name: &str| dir.path().join(name);
+        let (producer_socket, consumer_socket) = (path("producer.sock"), path("consumer.sock"));
+        let mut service = scenario::start_service(
+            which,
+            &self.bins,
+            dir.path(),
+            &producer_socket,
+            &consumer_socket,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut producer = scenario::start_producer(
+            ProducerImpl::Real,
+            &self.bins,
+            dir.path(),
+            0,
+            spec,
+            &producer_socket,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let config_path = path("config.pb");
+        let trace = path("trace.pftrace");
+        let config = TraceConfig::track_event(
+            128 * 1024,
+            FillPolicy::RingBuffer,
+            &["interop", "interop.*"],
+        );
+        std::fs::write(&config_path, config::encode(&config)).expect("write the config");
+        let mut consumer = scenario::start_consumer(
+            ConsumerImpl::Real,
+            &self.bins,
+            dir.path(),
+            0,
+            &consumer_socket,
+            &config_path,
+            &trace,
+            &Scenario::new("smb-bench", vec![*spec]),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let step = |p: &mut ChildProcess, event: &str| {
+            p.expect_event(event, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        step(&mut consumer, "connected");
+        step(&mut producer, "enabled");
+        let started = Instant::now();
+        let phase = step(&mut producer, "phase");
+        let producer_wall = started.elapsed();
+        let emitted = [
+            "slice_begin",
+            "slice_end",
+            "instant",
+            "counter_int",
+            "counter_double",
+        ]
+        .iter()
+        .map(|k| phase["emitted"][k].as_u64().unwrap_or(0))
+        .sum();
+        consumer.send_line("stop").expect("stop the session");
+        step(&mut consumer, "done");
+        let service_cpu = cpu_seconds(service.pid());
+        step(&mut producer, "stopped");
+        consumer.close_stdin();
+        service.close_stdin();
+        for p in [&mut consumer, &mut producer, &mut service] {
+            p.expect_success(TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
+        }
+        Run {
+            emitted,
+            kept: track_events(&trace),
+            service_cpu,
+            producer_wall,
+        }
+    }
+}
+
+/// `TracePacket` with only `track_event` (field 11).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Packet {
+    #[prost(bytes = "vec", optional, tag = "11")]
+    track_event: Option<Vec<u8>>,
+}
+
+/// Track event packets in the trace at `path`.
+fn track_events(path: &Path) -> u64 {
+    shmtrace_tests::trace_file::packets::<Packet>(path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .filter(|p| p.track_event.is_some())
+        .count() as u64
+}
