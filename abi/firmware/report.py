@@ -822,7 +822,7 @@ def main():
     common = ("slice_begin", "slice_end", "instant", "counter")
     mem_common = sum(per_kind[b][k]["mem"] for b in per_kind for k in common)
     print(f"\n== goals (issue 16), measured on `minimal` ({TARGET}, opt-level s, fat LTO, QEMU mps2-an386): one "
-          f"writer, {m.state['interning']} interned strings, {m.state['tracks']} tracks, its region left to a host "
+          f"writer, {m.state['interning']} interned strings, {m.state['tracks']} tracks, {m.state['sites']} cached call sites, its region left to a host "
           f"(the demos drain a 4 KiB SMB, one page, themselves)")
     rows = [
         (".text: writer + arbiter + slice/instant/counter path (shmtrace_abi symbols)", text_abi,
@@ -837,7 +837,7 @@ def main():
     table(rows, ("goal", "measured", "target", "met"))
     clock = per_kind["minimal"]["clock"]["median"]
     print(f"slice begin: {clock:g} of the instructions read the clock hook (SysTick + TickRate), "
-          f"{slice_begin - clock:g} are shmtrace's (writer, interning, the region arbiter's trace_enabled and "
+          f"{slice_begin - clock:g} are shmtrace's (writer, the call site's cached ids, the region arbiter's trace_enabled and "
           f"clear_request checks)")
     print(f"`minimal` adds .text {text_added:+d} B over the skeleton in all: shmtrace_abi's symbols, the region's "
           f"setup and the writer's construction inlined into the firmware, the report's printing; mem* {mem_added:+d} B")
@@ -895,8 +895,8 @@ def main():
     rows = []
     for b in ("minimal", "demo"):
         s = outs[b].state
-        rows.append((b, s["interning"], s["tracks"], s["writer"], s["in_place"], s["arbiter"]))
-    table(rows, ("binary", "interned (N)", "tracks (T)", "writer state", "of it InPlaceWriter (with its arbiter)", "of it arbiter"))
+        rows.append((b, s["interning"], s["tracks"], s["sites"], s["writer"], s["in_place"], s["arbiter"]))
+    table(rows, ("binary", "interned (N)", "tracks (T)", "call sites (S)", "writer state", "of it InPlaceWriter (with its arbiter)", "of it arbiter"))
 
     print("\n== region placement (the static named REGION: header, ring, SMB)")
     rows = []

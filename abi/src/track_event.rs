@@ -19,6 +19,13 @@
 //!    id. A track other than the default one gets its descriptor before
 //!    its first event.
 //!
+//! Names of slice begins and instants come as two strings
+//! ([`TrackEventWriter::slice_begin`]), whose ids the writer looks up in
+//! its interning table at every call, or from a call site
+//! ([`slice_begin!`](crate::slice_begin), [`instant!`](crate::instant),
+//! [`EventSite`]), whose ids each writer caches once per sequence: the
+//! cheaper call on firmware. The bytes are the same.
+//!
 //! Every packet is at most 127 bytes and written in place through an
 //! [`InPlaceWriter`](crate::writer::InPlaceWriter): no copy, no `memcpy`.
 //! An event that does not fit (long strings) first moves its new interned
@@ -54,10 +61,11 @@
 //! let mut w: TrackEventWriter<_, _> = TrackEventWriter::new(out, clock, SequenceConfig::new(&MAIN));
 //!
 //! assert!(w.slice_begin("io", "read sensor"));
+//! assert!(shmtrace_abi::instant!(w, "io", "sampled"));
 //! assert!(w.counter(&TEMPERATURE, 21_500));
 //! assert!(w.event(shmtrace_abi::trace::track_event::Type::Instant, "io", "sample").arg("raw", 1234u32).emit());
 //! assert!(w.slice_end());
-//! assert_eq!(w.stats().events, 4);
+//! assert_eq!(w.stats().events, 5);
 //! ```
 //!
 //! # Costs and limits (the knobs)
@@ -70,13 +78,16 @@
 //! | `TrackEventWriter` itself (config, time base, slice stack, counters) | 60 |
 //! | interning table, `N` strings (a power of two) | 8 + 8 × `N` |
 //! | described tracks, `T` | 4 + 4 × `T` |
+//! | cached call sites, `S` | 4 × `S` |
 //! | its [`InPlaceWriter`](crate::writer::InPlaceWriter) (the chunk held, cursor, counters; no patch storage: it never fragments) | 72 |
 //! | the arbiter (a [`RegionArbiter`](crate::region::RegionArbiter)) | 48 |
 //!
-//! So `N = 4`, `T = 2` (three strings, the default track and one counter
-//! track) is 232 bytes, the defaults `N = 16`, `T = 4` 336. Strings beyond
-//! `N` are written inline (counted in [`TrackEventStats::strings_inline`]),
-//! descriptors beyond `T` again before each use. A clock that is a zero-sized
+//! So `N = 4`, `T = 2`, `S = 4` (three strings, the default track and one
+//! counter track, two call sites) is 248 bytes, the defaults `N = 16`,
+//! `T = 4`, `S = 8` 368. Strings beyond `N` are written inline (counted in
+//! [`TrackEventStats::strings_inline`]), descriptors beyond `T` again before
+//! each use; events at call sites beyond the first `S` a program uses look
+//! their ids up at every call. A clock that is a zero-sized
 //! type (a static counter behind it) adds nothing.
 //!
 //! Shared memory: every writer holds one chunk while it writes and never
@@ -92,8 +103,9 @@
 //!
 //! Time: the common events (slice begin/end and instant with interned
 //! names on the default track, samples on a described counter track) take
-//! one out-of-line function each: the interning probes (one or two entry
-//! compares each), a clock read, one check of the sequence state, the
+//! one out-of-line function each: the call site's cached ids (two loads
+//! and a compare; or, for names given as strings, the interning probes:
+//! one or two entry compares each), a clock read, one check of the sequence state, the
 //! packet's bytes as a few word stores straight into the chunk, one release
 //! store of the chunk's count. No `memcpy`, no `memset`, no division. The
 //! first event of a sequence (and the first after a loss or a clear) writes
@@ -117,12 +129,14 @@ pub mod cell;
 pub mod clock;
 pub mod encode;
 pub mod intern;
+pub mod site;
 pub mod track;
 mod writer;
 
 pub use cell::WriterCell;
 pub use clock::{Clock, Extend32, TickClock, TickRate};
 pub use encode::{ArgValue, ClockValue, CounterValue};
+pub use site::EventSite;
 pub use track::{name_uuid, CounterTrack, Track};
 pub use writer::{
     EventBuilder, SequenceConfig, TrackEventStats, TrackEventWriter, FIRMWARE_CLOCK_ID, MAX_ARGS,

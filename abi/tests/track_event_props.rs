@@ -1,6 +1,7 @@
 //! Property: whatever a program calls on a `TrackEventWriter` (any event
 //! kinds, strings of any length and content, clocks that jump forward and
-//! back, a full SMB, recording switched off, clear requests, flushes), it
+//! back, a full SMB, recording switched off, clear requests, flushes;
+//! names given as strings or at call sites, whose ids the writer caches), it
 //! never panics, and the trace read back is exactly what a simple model
 //! says: every event the writer reported written is there once, in order,
 //! with its names, fields and time; nothing else is; resets come exactly
@@ -13,8 +14,8 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{
-    ArgValue as Arg, ClockValue, CounterTrack, CounterValue as Sample, SequenceConfig, Track,
-    TrackEventStats, FIRMWARE_CLOCK_ID,
+    ArgValue as Arg, ClockValue, CounterTrack, CounterValue as Sample, EventSite, SequenceConfig,
+    Track, TrackEventStats, FIRMWARE_CLOCK_ID,
 };
 use support::sequence::{
     read_back, smb, storage, writer, ArgValue, CounterValue, Event, ManualClock, Writer,
@@ -25,6 +26,18 @@ static EXTRA: Track = Track::new("extra").with_parent(&MAIN);
 static COUNTERS: [CounterTrack; 2] = [
     CounterTrack::new("c0").with_unit_name("mA"),
     CounterTrack::new("c1"),
+];
+
+/// Call sites, their strings unlike the pool's (sharing some between
+/// them), one too long to intern.
+static SITES: [EventSite; 4] = [
+    EventSite::new("Site-A", "Site-x"),
+    EventSite::new("Site-A", "Site-y"),
+    EventSite::new("Site-B", "Site-x"),
+    EventSite::new(
+        "Site-B",
+        "Site: a name too long to be interned (over 107 bytes), so the writer puts it inline in every event it names.",
+    ),
 ];
 
 /// Largest event (its fields, not its interned data, which may go into
@@ -65,11 +78,20 @@ struct Spec {
     at: Option<i64>,
 }
 
+/// A slice begin's or instant's category and name.
+#[derive(Debug, Clone, Copy)]
+enum Names {
+    /// Strings of the pool.
+    Pool(Index, Index),
+    /// A call site of [`SITES`].
+    Site(usize),
+}
+
 #[derive(Debug, Clone)]
 enum Op {
-    Begin(Index, Index),
+    Begin(Names),
     End,
-    Instant(Index, Index),
+    Instant(Names),
     Counter(usize, i64),
     CounterF64(usize, f64),
     Event(Box<Spec>),
@@ -89,6 +111,13 @@ fn text() -> impl Strategy<Value = String> {
         2 => any::<String>().prop_map(|s| s.chars().take(12).collect()),
         1 => "[a-z ]{40,100}",
         1 => "[a-z]{100,160}",
+    ]
+}
+
+fn names() -> impl Strategy<Value = Names> {
+    prop_oneof![
+        (any::<Index>(), any::<Index>()).prop_map(|(c, n)| Names::Pool(c, n)),
+        (0..SITES.len()).prop_map(Names::Site),
     ]
 }
 
@@ -143,9 +172,9 @@ fn spec() -> impl Strategy<Value = Spec> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (any::<Index>(), any::<Index>()).prop_map(|(c, n)| Op::Begin(c, n)),
+        6 => names().prop_map(Op::Begin),
         5 => Just(Op::End),
-        6 => (any::<Index>(), any::<Index>()).prop_map(|(c, n)| Op::Instant(c, n)),
+        6 => names().prop_map(Op::Instant),
         3 => (0..2usize, any::<i64>()).prop_map(|(t, v)| Op::Counter(t, v)),
         2 => (0..2usize, double()).prop_map(|(t, v)| Op::CounterF64(t, v)),
         6 => spec().prop_map(|s| Op::Event(Box::new(s))),
@@ -420,13 +449,27 @@ fn run(pool: Vec<String>, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError>
         let dropped_before = w.writer_stats().packets_dropped();
         let now = clock.get();
         let (verdict, ok, expected, at) = match op {
-            Op::Begin(c, n) | Op::Instant(c, n) => {
-                let (c, n) = (m.s(*c), m.s(*n));
+            Op::Begin(names) | Op::Instant(names) => {
                 let begin = matches!(op, Op::Begin(..));
-                let ok = if begin {
-                    w.slice_begin(c, n)
-                } else {
-                    w.instant(c, n)
+                let (c, n, ok) = match *names {
+                    Names::Pool(c, n) => {
+                        let (c, n) = (m.s(c), m.s(n));
+                        let ok = if begin {
+                            w.slice_begin(c, n)
+                        } else {
+                            w.instant(c, n)
+                        };
+                        (c, n, ok)
+                    }
+                    Names::Site(i) => {
+                        let site = &SITES[i];
+                        let ok = if begin {
+                            w.slice_begin_at(site)
+                        } else {
+                            w.instant_at(site)
+                        };
+                        (site.category(), site.name(), ok)
+                    }
                 };
                 if begin {
                     m.slices.push(ok);

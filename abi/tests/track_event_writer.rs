@@ -8,7 +8,7 @@ mod support;
 use shmtrace_abi::trace::counter_descriptor::Unit;
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{
-    ClockValue, CounterTrack, CounterValue as Sample, SequenceConfig, Track, WriterCell,
+    ClockValue, CounterTrack, CounterValue as Sample, EventSite, SequenceConfig, Track, WriterCell,
     FIRMWARE_CLOCK_ID,
 };
 use support::sequence::{
@@ -890,4 +890,110 @@ fn a_loss_before_the_first_packet_is_marked_after_it() {
         "{:?}",
         seq.loss_marks
     );
+}
+
+/// Call sites shared by two writers whose sequences give their strings
+/// different ids: each writer's events name what their site names, through
+/// clears (the writer's and the consumer's), a loss, and the interning
+/// generations wrapping around.
+#[test]
+fn call_sites_name_their_events_on_every_sequence() {
+    static WORK: EventSite = EventSite::new("site", "work");
+    static TICK: EventSite = EventSite::new("site", "tick");
+    let (mut sa, mut sb) = (storage(), storage());
+    let (smb_a, smb_b) = (smb(&mut sa), smb(&mut sb));
+    let clock = ManualClock::at(100);
+    let mut a: Writer = writer(&smb_a, &clock, config());
+    let mut b: Writer = writer(&smb_b, &clock, config());
+    // `a` interns other strings first: its ids for the sites' strings are
+    // 2 and up, `b`'s 1 and up.
+    assert!(a.instant("other", "first"));
+    let mut want_a = vec![(Some("first"), vec!["other"])];
+    let mut want_b = vec![];
+    let round = |w: &mut Writer, want: &mut Vec<(Option<&str>, Vec<&str>)>| {
+        clock.advance(10);
+        assert!(shmtrace_abi::slice_begin!(w, "macro", "slice"));
+        assert!(w.instant_at(&TICK));
+        assert!(w.slice_begin_at(&WORK));
+        assert!(w.slice_end());
+        assert!(w.slice_end());
+        want.extend([
+            (Some("slice"), vec!["macro"]),
+            (Some("tick"), vec!["site"]),
+            (Some("work"), vec!["site"]),
+            (None, vec![]),
+            (None, vec![]),
+        ]);
+    };
+    let both = |a: &mut Writer, b: &mut Writer, want_a: &mut Vec<_>, want_b: &mut Vec<_>| {
+        round(b, want_b);
+        round(a, want_a);
+    };
+    both(&mut a, &mut b, &mut want_a, &mut want_b);
+    both(&mut a, &mut b, &mut want_a, &mut want_b);
+    // A clear of `a` only: it interns the sites' strings anew, after
+    // another string again, so their ids change on `a` and not on `b`.
+    a.clear_incremental_state();
+    assert!(a.instant("again", "first"));
+    want_a.push((Some("first"), vec!["again"]));
+    both(&mut a, &mut b, &mut want_a, &mut want_b);
+    // The consumer clears `b`; `b` starts with another string this time.
+    b.packet_writer().arbiter_mut().epoch = 1;
+    assert!(b.instant("later", "first"));
+    want_b.push((Some("first"), vec!["later"]));
+    both(&mut a, &mut b, &mut want_a, &mut want_b);
+    // A loss on `a` (its next chunk refused): the event is dropped, the
+    // sequence starts again.
+    a.flush();
+    a.packet_writer().arbiter_mut().full = true;
+    assert!(!a.instant_at(&TICK));
+    a.packet_writer().arbiter_mut().full = false;
+    assert!(a.instant("lost", "first"));
+    want_a.push((Some("first"), vec!["lost"]));
+    both(&mut a, &mut b, &mut want_a, &mut want_b);
+    let (seq_a, seq_b) = (read(&mut a), read(&mut b));
+    assert_eq!(names(&seq_a), want_a);
+    assert_eq!(names(&seq_b), want_b);
+    assert_eq!((seq_a.resets.len(), seq_b.resets.len()), (3, 2));
+    // The sites' strings had other ids on `a` than on `b`.
+    let iids = |seq: &Sequence| -> Vec<(u64, String)> {
+        seq.interned
+            .iter()
+            .filter(|i| i.name == "tick")
+            .map(|i| (i.iid, i.name.clone()))
+            .collect()
+    };
+    assert_eq!(iids(&seq_b), [(2, "tick".into()), (3, "tick".into())]);
+    assert_eq!(
+        iids(&seq_a),
+        [(3, "tick".into()), (3, "tick".into()), (3, "tick".into())]
+    );
+}
+
+/// A site's cached ids never come back to life when the interning
+/// generations wrap around (127 clears later).
+#[test]
+fn call_sites_survive_the_interning_generations_wrapping() {
+    static SITE: EventSite = EventSite::new("wrap", "site");
+    let mut storage = storage();
+    let smb = smb(&mut storage);
+    let clock = ManualClock::at(100);
+    let mut w: Writer = writer(&smb, &clock, config());
+    // Cached as ids (1, 1) in the first generation.
+    assert!(w.instant_at(&SITE));
+    assert!(w.instant_at(&SITE));
+    let mut want = vec![(Some("site"), vec!["wrap"]); 2];
+    for _ in 0..127 {
+        w.clear_incremental_state();
+        // Another string takes ids (1, 1) in every later generation.
+        assert!(w.instant("other", "name"));
+        want.push((Some("name"), vec!["other"]));
+    }
+    // The generation now is the first one's again.
+    assert!(w.instant_at(&SITE));
+    assert!(w.instant_at(&SITE));
+    want.extend(vec![(Some("site"), vec!["wrap"]); 2]);
+    let seq = read(&mut w);
+    assert_eq!(seq.resets.len(), 128);
+    assert_eq!(names(&seq), want);
 }

@@ -21,12 +21,14 @@ pub const TICK: &str = "tick";
 pub trait Tracer {
     /// Reads the clock the tracer stamps events with (ns).
     fn now(&mut self) -> u64;
-    /// Begins a slice on the firmware's track.
-    fn slice_begin(&mut self, category: &'static str, name: &'static str);
+    /// Begins a slice named [`WORK`] in [`CATEGORY`] on the firmware's
+    /// track.
+    fn slice_begin(&mut self);
     /// Ends the innermost open slice.
     fn slice_end(&mut self);
-    /// An instant event on the firmware's track.
-    fn instant(&mut self, category: &'static str, name: &'static str);
+    /// An instant event named [`TICK`] in [`CATEGORY`] on the firmware's
+    /// track.
+    fn instant(&mut self);
     /// An integer sample of the firmware's counter track.
     fn counter(&mut self, value: i64);
     /// A floating-point sample of the firmware's second counter track.
@@ -83,9 +85,9 @@ impl Tracer for NoTracer {
     fn now(&mut self) -> u64 {
         0
     }
-    fn slice_begin(&mut self, _: &'static str, _: &'static str) {}
+    fn slice_begin(&mut self) {}
     fn slice_end(&mut self) {}
-    fn instant(&mut self, _: &'static str, _: &'static str) {}
+    fn instant(&mut self) {}
     fn counter(&mut self, _: i64) {}
     fn counter_f64(&mut self, _: f64) {}
     fn step(&mut self, _: u32) {}
@@ -108,9 +110,9 @@ pub enum Event {
     MarkersOnly,
     /// [`Tracer::now`]: the clock hook alone, a part of every event.
     Clock,
-    /// [`Tracer::slice_begin`] with interned names.
+    /// [`Tracer::slice_begin`] with interned names (at a call site).
     SliceBegin,
-    /// [`Tracer::instant`] with interned names.
+    /// [`Tracer::instant`] with interned names (at a call site).
     Instant,
     /// [`Tracer::slice_end`].
     SliceEnd,
@@ -181,12 +183,12 @@ impl Event {
             }
             Event::SliceBegin => {
                 markers::begin();
-                tracer.slice_begin(CATEGORY, WORK);
+                tracer.slice_begin();
                 markers::end();
             }
             Event::Instant => {
                 markers::begin();
-                tracer.instant(CATEGORY, TICK);
+                tracer.instant();
                 markers::end();
             }
             Event::SliceEnd => {

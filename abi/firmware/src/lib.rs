@@ -46,7 +46,7 @@
 //! clock_end NS            the event clock at the end (tracers)
 //! snapshots N             clock snapshots written (tracers)
 //! irq instant=N counter=M events the interrupt's writer wrote (tracers)
-//! state writer=B in_place=B arbiter=B interning=N tracks=T
+//! state writer=B in_place=B arbiter=B interning=N tracks=T sites=S
 //!                         RAM of the main writer and its parts (tracers)
 //! dropped N               events, packets or chunks the tracer lost
 //! done

@@ -72,6 +72,7 @@ use shmtrace_abi::region::{Control, RegionArbiter, RegionConfig, RegionHandles, 
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{Clock, SequenceConfig, TrackEventWriter, WriterCell};
 use shmtrace_abi::writer::InPlaceWriter;
+use shmtrace_abi::{instant, slice_begin};
 
 pub use crate::fpgaio::CounterClock;
 use crate::out::{self, Out};
@@ -85,8 +86,9 @@ pub use mailbox::Mailbox;
 /// 0.6 s of the session's events, so a host that falls behind for a while
 /// (a busy machine) loses nothing.
 pub type LiveStorage = RegionStorage<65536, 64>;
-/// A live writer: 16 interned strings, 4 described tracks.
-pub type LiveWriter = TrackEventWriter<'static, RegionArbiter<'static>, CounterClock, 16, 4>;
+/// A live writer: 16 interned strings, 4 described tracks, 8 cached call
+/// sites.
+pub type LiveWriter = TrackEventWriter<'static, RegionArbiter<'static>, CounterClock, 16, 4, 8>;
 
 /// The interrupt's writer.
 pub static IRQ_WRITER: WriterCell<LiveWriter> = WriterCell::new();
@@ -244,7 +246,7 @@ pub fn on_systick() {
     let n = TICKS.load(Relaxed).wrapping_add(1);
     TICKS.store(n, Relaxed);
     IRQ_WRITER.try_with(|w| {
-        if w.instant("irq", "systick") {
+        if instant!(w, "irq", "systick") {
             IRQ_INSTANTS.store(IRQ_INSTANTS.load(Relaxed) + 1, Relaxed);
         }
         if w.counter(&RELOADS, i64::from(n)) {
@@ -363,12 +365,12 @@ pub fn run<L: Link>(
 /// One round of the main loop's events, counted in `counts` as written.
 fn round(w: &mut LiveWriter, n: u32, counts: &mut Counts) {
     let count = |ok: bool, c: &mut u32| *c += u32::from(ok);
-    count(w.slice_begin(CATEGORY, "work"), &mut counts.slice_begin);
+    count(slice_begin!(w, CATEGORY, "work"), &mut counts.slice_begin);
     count(
         w.counter(&LEVEL, i64::from(n % 100) - 50),
         &mut counts.counter_int,
     );
-    count(w.instant(CATEGORY, "tick"), &mut counts.instant);
+    count(instant!(w, CATEGORY, "tick"), &mut counts.instant);
     if n % 8 == 0 {
         count(
             w.counter_f64(&VOLTAGE, 3.3 + f64::from(n % 16) * 0.01),

@@ -12,7 +12,9 @@
 //!   ([`on_systick`]): an instant and a counter per interrupt.
 //!
 //! Both are timed by [`SysTickClock`]. Event names are `&'static str`s the
-//! writers intern per sequence; no field number appears here.
+//! writers intern per sequence; slice begins and instants name theirs at
+//! call sites (`slice_begin!`, `instant!`), whose interned ids each writer
+//! caches. No field number appears here.
 
 use core::mem::size_of;
 use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -24,9 +26,10 @@ use shmtrace_abi::track_event::{
     Clock, ClockValue, CounterTrack, SequenceConfig, Track, TrackEventWriter, WriterCell,
 };
 use shmtrace_abi::writer::InPlaceWriter;
+use shmtrace_abi::{instant, slice_begin};
 
 use crate::clocks::{self, SysTickClock};
-use crate::events::{Moved, Tracer, CATEGORY};
+use crate::events::{Moved, Tracer, CATEGORY, TICK, WORK};
 use crate::out::{self, Out};
 use crate::shm::{self, Arbiter, Transport};
 
@@ -59,13 +62,14 @@ pub static RELOADS: CounterTrack = CounterTrack::new("reloads")
     .with_parent(&IRQ_TRACK)
     .with_unit(Unit::Count);
 
-/// The main loop's writer: `N` interned strings, `T` described tracks.
-pub type MainWriter<const N: usize, const T: usize> =
-    TrackEventWriter<'static, Arbiter, SysTickClock, N, T>;
+/// The main loop's writer: `N` interned strings, `T` described tracks,
+/// `S` call sites cached.
+pub type MainWriter<const N: usize, const T: usize, const S: usize> =
+    TrackEventWriter<'static, Arbiter, SysTickClock, N, T, S>;
 /// The interrupt's writer: the demo's main writer type (writers of one type
-/// share their code; a smaller table would save 96 bytes of RAM and cost a
-/// second copy of the writer's code).
-pub type IrqWriter = MainWriter<16, 4>;
+/// share their code; smaller tables would save RAM and cost a second copy
+/// of the writer's code).
+pub type IrqWriter = MainWriter<16, 4, 8>;
 
 /// The interrupt's writer, set up by [`ShmTracer::new`].
 pub static IRQ_WRITER: WriterCell<IrqWriter> = WriterCell::new();
@@ -86,7 +90,7 @@ pub fn on_systick(reloads: u32) {
             let counter = if ok { n } else { &IRQ_LOST };
             counter.store(counter.load(Relaxed) + 1, Relaxed);
         };
-        count(w.instant("irq", "systick"), &IRQ_INSTANTS);
+        count(instant!(w, "irq", "systick"), &IRQ_INSTANTS);
         count(w.counter(&RELOADS, i64::from(reloads)), &IRQ_COUNTERS);
     });
 }
@@ -95,13 +99,13 @@ pub fn on_systick(reloads: u32) {
 /// Unless `FULL`, it writes only slices, instants and integer counters (the
 /// other calls do nothing), from the main loop only, and leaves its chunks
 /// in the region for a host, so that nothing else is linked.
-pub struct ShmTracer<const N: usize, const T: usize, const FULL: bool> {
-    writer: MainWriter<N, T>,
+pub struct ShmTracer<const N: usize, const T: usize, const S: usize, const FULL: bool> {
+    writer: MainWriter<N, T, S>,
     transport: Option<Transport>,
     snapshots: u32,
 }
 
-impl<const N: usize, const T: usize, const FULL: bool> ShmTracer<N, T, FULL> {
+impl<const N: usize, const T: usize, const S: usize, const FULL: bool> ShmTracer<N, T, S, FULL> {
     /// Takes the region in `storage` and sets up the main loop's writer;
     /// if `FULL`, the interrupt's writer too (in [`IRQ_WRITER`]) and the
     /// drain.
@@ -132,15 +136,17 @@ impl<const N: usize, const T: usize, const FULL: bool> ShmTracer<N, T, FULL> {
 
 // Event outcomes are ignored: the writer counts every loss in its stats,
 // which `dropped` reports.
-impl<const N: usize, const T: usize, const FULL: bool> Tracer for ShmTracer<N, T, FULL> {
+impl<const N: usize, const T: usize, const S: usize, const FULL: bool> Tracer
+    for ShmTracer<N, T, S, FULL>
+{
     #[inline(always)]
     fn now(&mut self) -> u64 {
         SysTickClock.now_ns()
     }
 
     #[inline(always)]
-    fn slice_begin(&mut self, category: &'static str, name: &'static str) {
-        let _ = self.writer.slice_begin(category, name);
+    fn slice_begin(&mut self) {
+        let _ = slice_begin!(self.writer, CATEGORY, WORK);
     }
 
     #[inline(always)]
@@ -149,8 +155,8 @@ impl<const N: usize, const T: usize, const FULL: bool> Tracer for ShmTracer<N, T
     }
 
     #[inline(always)]
-    fn instant(&mut self, category: &'static str, name: &'static str) {
-        let _ = self.writer.instant(category, name);
+    fn instant(&mut self) {
+        let _ = instant!(self.writer, CATEGORY, TICK);
     }
 
     #[inline(always)]
@@ -234,8 +240,8 @@ impl<const N: usize, const T: usize, const FULL: bool> Tracer for ShmTracer<N, T
             IRQ_COUNTERS.load(Relaxed)
         ));
         out.line(format_args!(
-            "state writer={} in_place={} arbiter={} interning={N} tracks={T}",
-            size_of::<MainWriter<N, T>>(),
+            "state writer={} in_place={} arbiter={} interning={N} tracks={T} sites={S}",
+            size_of::<MainWriter<N, T, S>>(),
             size_of::<InPlaceWriter<'static, Arbiter>>(),
             size_of::<Arbiter>(),
         ));

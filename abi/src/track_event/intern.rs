@@ -250,7 +250,7 @@ impl<const N: usize> InternTable<N> {
     /// [`Self::lookup_word`] out of line: the home slots, then the slots
     /// after the second up to the first dead one.
     #[inline(never)]
-    fn find(&self, key: Key) -> u32 {
+    pub fn find(&self, key: Key) -> u32 {
         let want = self.want(key);
         let [first, second] = Self::homes(key);
         let mut i = first;
@@ -342,6 +342,14 @@ impl<const N: usize> InternTable<N> {
             }
             i = (i + 1) & (N - 1);
         }
+    }
+
+    /// The generation of live entries (1..=127): it changes with every
+    /// [`InternTable::clear`], and comes back to 1 only after every entry
+    /// was retired.
+    #[inline(always)]
+    pub fn generation(&self) -> u16 {
+        self.generation
     }
 
     /// Forgets every string (the sequence's incremental state was cleared).

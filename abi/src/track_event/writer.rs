@@ -2,11 +2,13 @@
 //!
 //! # Paths
 //!
-//! * Fast, out of line: [`TrackEventWriter::named_ids`] (slice begins,
-//!   instants), [`TrackEventWriter::end`] (slice ends: no names, no type
-//!   to test), [`TrackEventWriter::sample`] (counters; one function per
-//!   value type): the clock, one check of the sequence state, the
-//!   interning probes (or the track lookup), the packet's bytes stored
+//! * Fast, out of line: [`TrackEventWriter::site_named`] (slice begins,
+//!   instants at call sites), [`TrackEventWriter::named_ids`] (the same
+//!   named by strings), [`TrackEventWriter::end`] (slice ends: no names, no
+//!   type to test), [`TrackEventWriter::sample`] (counters; one function
+//!   per value type): the clock, one check of the sequence state, the
+//!   site's cached ids (or the interning probes, or the track lookup), the
+//!   packet's bytes stored
 //!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
 //!   store.
 //! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
@@ -29,6 +31,7 @@ use super::encode::{
     self, Arg, ArgValue, ClockValue, CounterValue, Event, NewString, Str, Time, Type,
 };
 use super::intern::{InternTable, Interned, Key, Kind};
+use super::site::{EventSite, SiteCache};
 use super::track::{AnyTrack, CounterTrack, Track, TrackSet};
 
 /// The absolute clock id firmware sequences use unless told otherwise: a
@@ -137,7 +140,8 @@ impl SliceStack {
 
 /// Writes track events of one sequence (one writer id) into chunks from an
 /// arbiter, with per-sequence interning in a table of `N` entries (a power
-/// of two) and descriptors remembered for `T` tracks.
+/// of two), descriptors remembered for `T` tracks and the interned ids of
+/// `S` call sites ([`EventSite`]s) cached.
 ///
 /// See the [module docs](super) for what the sequence looks like and what
 /// each call costs. Every method returns whether its packet was written;
@@ -149,12 +153,14 @@ pub struct TrackEventWriter<
     C: Clock,
     const N: usize = 16,
     const T: usize = 4,
+    const S: usize = 8,
 > {
     out: InPlaceWriter<'s, A>,
     clock: C,
     config: SequenceConfig,
     interned: InternTable<N>,
     tracks: TrackSet<T>,
+    sites: SiteCache<S>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
     clear_epoch: u32,
@@ -162,8 +168,8 @@ pub struct TrackEventWriter<
     stats: TrackEventStats,
 }
 
-impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
-    TrackEventWriter<'s, A, C, N, T>
+impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S: usize>
+    TrackEventWriter<'s, A, C, N, T, S>
 {
     /// A writer of a new sequence into `out`, timed by `clock`.
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
@@ -178,6 +184,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
             config,
             interned: InternTable::new(),
             tracks: TrackSet::new(),
+            sites: SiteCache::new(),
             base: 0,
             clear_epoch,
             slices: SliceStack::default(),
@@ -189,6 +196,22 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     #[inline]
     pub fn slice_begin(&mut self, category: &'static str, name: &'static str) -> bool {
         self.named(Type::SliceBegin, category, name)
+    }
+
+    /// Begins a slice named at `site` on the default track: as
+    /// [`Self::slice_begin`], with the site's interned ids cached by the
+    /// writer (see [`EventSite`]), so the common case skips the interning
+    /// lookups.
+    #[inline]
+    pub fn slice_begin_at(&mut self, site: &'static EventSite) -> bool {
+        self.site_named(Type::SliceBegin, site)
+    }
+
+    /// An instant event named at `site` on the default track: as
+    /// [`Self::instant`], with the site's interned ids cached.
+    #[inline]
+    pub fn instant_at(&mut self, site: &'static EventSite) -> bool {
+        self.site_named(Type::Instant, site)
     }
 
     /// Ends the innermost slice open on the default track. An end whose
@@ -226,7 +249,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
         kind: Type,
         category: &'static str,
         name: &'static str,
-    ) -> EventBuilder<'_, 's, A, C, N, T> {
+    ) -> EventBuilder<'_, 's, A, C, N, T, S> {
         EventBuilder {
             w: self,
             kind,
@@ -303,32 +326,78 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     /// ns and the chunk has room; otherwise by [`Self::simple`].
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
-        self.named_body::<false>(ids, category, name)
+        let kind = ids.kind_bits();
+        self.named_body::<false>(
+            kind,
+            #[inline(always)]
+            |w| {
+                (
+                    w.interned.lookup_word(ids.category(category)),
+                    w.interned.lookup_word(ids.name(name)),
+                )
+            },
+            |w, now| w.simple(now, Fast::Named(named_type(kind), category, name)),
+        )
+    }
+
+    /// [`Self::named_ids`] for an event at `site`: its ids from the site
+    /// cache, or else (once per site and interning generation) from
+    /// [`Self::site_ids`].
+    #[inline(never)]
+    fn site_named(&mut self, kind: Type, site: &'static EventSite) -> bool {
+        self.named_body::<false>(
+            kind as u8,
+            #[inline(always)]
+            |w| match w.sites.get(site.number(), w.interned.generation()) {
+                Some(ids) => ids,
+                None => w.site_ids(site),
+            },
+            |w, now| w.simple(now, Fast::Named(kind, site.category(), site.name())),
+        )
+    }
+
+    /// The interned ids of `site`'s category and name (`u32::MAX` for
+    /// one not interned), cached for the site's next events if both are
+    /// below 128.
+    #[inline(never)]
+    fn site_ids(&mut self, site: &'static EventSite) -> (u32, u32) {
+        let ids = (
+            self.interned
+                .find(Key::new(site.category(), Kind::Category)),
+            self.interned.find(Key::new(site.name(), Kind::EventName)),
+        );
+        if (ids.0 | ids.1) < 0x80 {
+            let generation = self.interned.generation();
+            self.sites.put(site.numbered(), generation, ids.0, ids.1);
+        }
+        ids
     }
 
     /// Slice ends: [`Self::named_ids`] compiled apart, with no names to
     /// look up and no type to test.
     #[inline(never)]
     fn end(&mut self) -> bool {
-        let ids = NamedIds::new(
-            Type::SliceEnd,
-            Key::new("", Kind::Category),
-            Key::new("", Kind::EventName),
-        );
-        self.named_body::<true>(ids, "", "")
+        self.named_body::<true>(
+            Type::SliceEnd as u8,
+            |_| (0, 0),
+            |w, now| w.simple(now, Fast::Named(Type::SliceEnd, "", "")),
+        )
     }
 
-    /// The body of [`Self::named_ids`] and [`Self::end`] (`END`: a slice
-    /// end, as `ids` says).
+    /// The body of [`Self::named_ids`], [`Self::site_named`] and
+    /// [`Self::end`] (`END`: a slice end): the event of type `kind` (its
+    /// value), with the category and name ids `ids` returns (`u32::MAX`
+    /// for a string not interned; unused for an end), or else written by
+    /// `slow` (with the time).
     #[inline(always)]
     fn named_body<const END: bool>(
         &mut self,
-        ids: NamedIds,
-        category: &'static str,
-        name: &'static str,
+        kind: u8,
+        ids: impl FnOnce(&mut Self) -> (u32, u32),
+        slow: impl FnOnce(&mut Self, u64) -> bool,
     ) -> bool {
         let end = END;
-        let begin = !END && ids.is(Type::SliceBegin);
+        let begin = !END && kind == Type::SliceBegin as u8;
         if end && !self.slices.pop() {
             self.stats.ends_suppressed += 1;
             return false;
@@ -338,21 +407,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
                 self.stats.events_disabled += 1;
                 break 'written false;
             }
-            // The interning probes first (the strings are dead after them);
-            // ids not interned are u32::MAX, so one compare tests both for
-            // the fast path (a slice end has none).
-            let (cat, nm) = if end {
-                (0, 0)
-            } else {
-                (
-                    self.interned.lookup_word(ids.category(category)),
-                    self.interned.lookup_word(ids.name(name)),
-                )
-            };
+            // The ids first (the strings are dead after them); ids not
+            // interned are u32::MAX, so one compare tests both for the fast
+            // path (a slice end has none).
+            let (cat, nm) = if end { (0, 0) } else { ids(self) };
             let now = self.clock.now_ns();
             if (cat | nm) < 0x80 {
                 if let Some(delta) = self.delta(now) {
-                    let kind = ids.kind_bits();
                     if self.out.write_fast_sized(
                         #[inline(always)]
                         |c| named_event::<_, END>(c, delta, kind, cat as u8, nm as u8),
@@ -366,7 +427,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
                     }
                 }
             }
-            self.simple(now, Fast::Named(ids.kind(), category, name))
+            slow(self, now)
         };
         if begin {
             self.slices.push(written);
@@ -601,6 +662,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
     #[inline(never)]
     fn reset(&mut self, now: u64) -> bool {
         self.interned.clear();
+        if self.interned.generation() == 1 {
+            // The generations start over: no cached site may match again.
+            self.sites.clear();
+        }
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
@@ -782,20 +847,6 @@ impl NamedIds {
         (self.0 >> 16 & 0x7F) as u8
     }
 
-    #[inline(always)]
-    fn is(self, kind: Type) -> bool {
-        self.kind_bits() == kind as u8
-    }
-
-    #[inline(always)]
-    fn kind(self) -> Type {
-        match self.kind_bits() {
-            1 => Type::SliceBegin,
-            2 => Type::SliceEnd,
-            _ => Type::Instant,
-        }
-    }
-
     /// The category's key (`category` is the string the ids were made
     /// from).
     #[inline(always)]
@@ -807,6 +858,16 @@ impl NamedIds {
     #[inline(always)]
     fn name(self, name: &'static str) -> Key {
         Key::from_bits(name, self.0 >> 23 << 23)
+    }
+}
+
+/// The type of a named event whose value is `kind`.
+#[inline(always)]
+fn named_type(kind: u8) -> Type {
+    match kind {
+        1 => Type::SliceBegin,
+        2 => Type::SliceEnd,
+        _ => Type::Instant,
     }
 }
 
@@ -914,8 +975,16 @@ struct Spec<'a> {
 
 /// An event being put together; see [`TrackEventWriter::event`].
 #[must_use = "an event is written only by `emit`"]
-pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize> {
-    w: &'w mut TrackEventWriter<'s, A, C, N, T>,
+pub struct EventBuilder<
+    'w,
+    's,
+    A: ChunkArbiter<'s>,
+    C: Clock,
+    const N: usize,
+    const T: usize,
+    const S: usize,
+> {
+    w: &'w mut TrackEventWriter<'s, A, C, N, T, S>,
     kind: Type,
     category: &'static str,
     name: &'static str,
@@ -928,8 +997,8 @@ pub struct EventBuilder<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, c
     at: Option<u64>,
 }
 
-impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize>
-    EventBuilder<'w, 's, A, C, N, T>
+impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S: usize>
+    EventBuilder<'w, 's, A, C, N, T, S>
 {
     /// Puts the event on `track` instead of the default track.
     #[inline(always)]

@@ -18,6 +18,6 @@ fn SysTick() {
 
 #[entry]
 fn main() -> ! {
-    let mut t = ShmTracer::<16, 4, true>::new(&REGION);
+    let mut t = ShmTracer::<16, 4, 8, true>::new(&REGION);
     shmtrace_firmware_example::run("demo-bss", &Event::ALL, &mut t)
 }

@@ -1,6 +1,6 @@
 //! The smallest useful producer: one writer (slices, instants, an integer
-//! counter) with a 4-entry interning table and room for 2 track
-//! descriptors, its region in `.shmtrace` (PSRAM), left to a host: the
+//! counter) with a 4-entry interning table, room for 2 track descriptors
+//! and 4 cached call sites, its region in `.shmtrace` (PSRAM), left to a host: the
 //! report reads it from the file QEMU backs PSRAM with, and measures the
 //! issue's size goal on this binary.
 #![no_std]
@@ -26,6 +26,6 @@ fn SysTick() {
 
 #[entry]
 fn main() -> ! {
-    let mut t = ShmTracer::<4, 2, false>::new(&REGION);
+    let mut t = ShmTracer::<4, 2, 4, false>::new(&REGION);
     shmtrace_firmware_example::run("minimal", &Event::MINIMAL, &mut t)
 }
