@@ -759,6 +759,9 @@ proptest! {
     })]
 
     #[test]
+    // The generated names must be `&'static str` (interning is by address),
+    // so each case leaks its pool, which miri reports as a leak.
+    #[cfg_attr(miri, ignore = "leaks its generated &'static str names by design")]
     fn the_trace_is_what_the_model_says(
         pool in prop::collection::vec(text(), 1..10),
         start in prop_oneof![0..1_000u64, 0..(1u64 << 62)],
