@@ -11,6 +11,14 @@
 //! (and a stop, before it is acknowledged) waits until every event the
 //! source had was forwarded, at most [`FLUSH_WAIT`].
 //!
+//! Outside sessions the firmware is kept quiet: a hello arriving while no
+//! session runs the data source (a firmware that traces from boot on) and
+//! the last session's stop disable tracing, then ask for a flush. So a
+//! writer holds no chunk begun outside a session when the next one starts:
+//! a chunk it held would carry packets written before the session's clear
+//! into the session, packets whose interned data and sequence start the
+//! session never got.
+//!
 //! The producer is named after the first hello (unless told otherwise)
 //! and connects once that hello arrived; the bridge fails if it cannot
 //! reach the service then. Losses and counters are logged every
@@ -320,10 +328,13 @@ impl DataSourceHandler for Handler {
         self.0.ask(Request::Clear);
     }
     fn on_stop(&self, _: &InstanceArgs<'_>) {
-        self.0.flush();
         if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // Disabled first: nothing is written after the flush that
+            // would wait in a held chunk for the next session.
             self.0.ask(Request::Enable(false));
+            self.0.ask(Request::Flush);
         }
+        self.0.flush();
     }
     fn on_flush(&self, _: &InstanceArgs<'_>) {
         self.0.ask(Request::Flush);
@@ -389,6 +400,15 @@ pub fn run(
                 if hello && producer.is_none() {
                     if let Some(h) = engine.hello() {
                         producer = Some(connect(options, &h.producer)?);
+                    }
+                }
+                if hello && control.instances.load(Ordering::Relaxed) == 0 {
+                    // No session: quiet (module docs). A session starting
+                    // meanwhile has its requests applied after these.
+                    for r in [Request::Enable(false), Request::Flush] {
+                        if !source.request(r) {
+                            requests_unsupported += 1;
+                        }
                     }
                 }
             }
