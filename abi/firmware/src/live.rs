@@ -64,7 +64,7 @@ use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use cortex_m::interrupt;
 use cortex_m::peripheral::syst::SystClkSource;
-use shmtrace_abi::link::{AttachService, StreamService};
+use shmtrace_abi::link::{AttachService, StreamService, DEFAULT_CHUNK_BUFFER};
 use shmtrace_abi::region::{Control, RegionArbiter, RegionConfig, RegionHandles, RegionStorage};
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{Clock, SequenceConfig, TrackEventWriter, WriterCell};
@@ -157,12 +157,8 @@ impl Link for AttachService<'static> {
 
 /// The rate UART0 is set to (QEMU does not keep to it).
 pub const BAUD: u32 = 115_200;
-/// The stream link's chunk buffer: the largest chunk of a 4 KiB page
-/// (the region's page size) without its 8-byte header.
-const CHUNK_BUFFER: usize = 4096 - 8;
-
 /// The stream link: the region's records as frames on UART0.
-pub type UartStream = StreamService<'static, Uart, [u8; CHUNK_BUFFER]>;
+pub type UartStream = StreamService<'static, Uart, [u8; DEFAULT_CHUNK_BUFFER]>;
 
 /// The stream link of the stream-mode region behind `handles`; takes
 /// UART0 and sends the HELLO frame.
@@ -170,7 +166,7 @@ pub fn uart_stream(handles: &RegionHandles<'static>) -> UartStream {
     let Some(uart) = Uart::uart0(BAUD) else {
         out::fail("UART0 taken")
     };
-    match StreamService::new(handles, uart, [0; CHUNK_BUFFER]) {
+    match StreamService::new(handles, uart, [0; DEFAULT_CHUNK_BUFFER]) {
         Ok(link) => link,
         Err(_) => out::fail("stream link refused"),
     }
