@@ -72,7 +72,7 @@ mod stream;
 mod tests;
 
 pub use attach::{AttachService, Served};
-pub use stream::{StreamError, StreamService, STATS_PERIOD_NS};
+pub use stream::{StreamError, StreamService, DEFAULT_CHUNK_BUFFER, STATS_PERIOD_NS};
 
 /// A byte channel to the host: what [`StreamService`] sends frames through
 /// and reads the host's frames from. A UART, an RTT-style ring in RAM a

@@ -53,12 +53,20 @@
 //!   whose start packet is followed by the loss mark: Perfetto's buffer
 //!   would wait for that packet's continuation forever.
 //! * After [`ForwardedSequence::set_injected_packet`] the packet is also
-//!   put into every existing lane once, as an extra fragment: appended
-//!   after the chunk's last fragment when that one is a whole packet (no
+//!   put into every existing lane once, as an extra fragment: prepended
+//!   when the chunk's first fragment starts a packet (patch offsets for
+//!   that chunk then shift by the inserted length), else appended after
+//!   its last fragment when that one is a whole packet (no
 //!   `LastPacketContinuesOnNextChunk`, no `ChunkNeedsPatching`, no drop
-//!   sentinel), else prepended when the first fragment starts a packet
-//!   (patch offsets for that chunk then shift by the inserted length), else
-//!   in the next chunk.
+//!   sentinel), else in the next chunk. Before rather than after: a clock
+//!   snapshot stated at time T must come before the packets stamped after
+//!   T, and the chunk that follows its statement may hold some (a reader
+//!   converts a time through the latest snapshot at or before it, among
+//!   those read so far; packets after the snapshot stamped before T keep
+//!   the earlier one). Appended, a new relation would start at the chunk
+//!   boundary instead of at T, and a step back in it would reorder the
+//!   packets around that boundary: a slice open across it would end
+//!   before it began.
 //!
 //! # Limits
 //!
@@ -813,8 +821,8 @@ fn forward_into(
 
     // Extra fragments: before the body, the start packet of a new lane and
     // the mark of a loss (the injected packet rides on the first of them);
-    // else a due injection alone, after the body (or before it, if the
-    // last packet goes on).
+    // else a due injection alone, before the body (or after it, if the
+    // first fragment continues a packet; see the module docs).
     let due = if lane.inject_due { inject } else { None };
     let (mut with_inject, mut with_loss) = (false, false);
     let mut pre: Vec<Vec<u8>> = Vec::new();
@@ -832,11 +840,11 @@ fn forward_into(
         }
     }
     if let Some(packet) = due.filter(|_| !with_inject) {
-        if whole_last {
-            post = Some(fragment(packet));
-            with_inject = true;
-        } else if first_starts {
+        if first_starts {
             pre.push(fragment(packet));
+            with_inject = true;
+        } else if whole_last {
+            post = Some(fragment(packet));
             with_inject = true;
         }
     }

@@ -28,9 +28,14 @@ use shmtrace_service::service::shell::ShellConfig;
 
 const DATA_SOURCE: &str = "sim.firmware";
 
+/// How long the simulated firmware takes to show a flush done.
+const FLUSH_TAKES: Duration = Duration::from_millis(100);
+
 #[derive(Default)]
 struct Shared {
     requests: Vec<Request>,
+    /// When the first flush asked was done.
+    first_flush_done: Option<Instant>,
     /// Every firmware event was handed to the bridge.
     delivered: bool,
 }
@@ -41,6 +46,8 @@ struct SimFirmware {
     generated: bool,
     shared: Arc<Mutex<Shared>>,
     finish: Arc<AtomicBool>,
+    /// When the flush asked last is done.
+    flush_done: Option<Instant>,
 }
 
 impl SimFirmware {
@@ -68,8 +75,19 @@ impl FirmwareSource for SimFirmware {
         vec![("bad_crc", 0)]
     }
 
+    fn flush_pending(&mut self) -> bool {
+        self.flush_done.is_some_and(|done| Instant::now() < done)
+    }
+
     fn request(&mut self, r: Request) -> bool {
-        self.shared.lock().unwrap().requests.push(r);
+        let mut shared = self.shared.lock().unwrap();
+        shared.requests.push(r);
+        if r == Request::Flush {
+            let done = Instant::now() + FLUSH_TAKES;
+            self.flush_done = Some(done);
+            shared.first_flush_done.get_or_insert(done);
+        }
+        drop(shared);
         match r {
             Request::Sync(nonce) => {
                 // Answered at once, as a region's sync words would be.
@@ -128,6 +146,7 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
         generated: false,
         shared: shared.clone(),
         finish: finish.clone(),
+        flush_done: None,
     };
     let options = BridgeOptions {
         socket: Some(producer_socket.display().to_string()),
@@ -151,6 +170,14 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
             .iter()
             .any(|p| p.name.as_deref() == Some("sim-mcu"));
         if listed && named {
+            // Not before the firmware was quiet (the flush asked at its
+            // hello done): a session starting sooner would get what that
+            // flush commits.
+            let quiet = shared.lock().unwrap().first_flush_done;
+            assert!(
+                quiet.is_some_and(|t| t <= Instant::now()),
+                "registered before the quieting flush was done"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "the bridge never registered");
@@ -200,14 +227,27 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
     );
     assert_eq!(te.by_name.get("tick"), Some(&ITERATIONS));
 
-    // The firmware saw the session start, its clear, the flush and the end.
+    // The firmware was kept quiet until the session (its hello came with
+    // none running: disabled, then flushed), saw the session start (a
+    // clear, then enabled), the session's flush, and the end: disabled,
+    // then flushed.
     let requests = shared.lock().unwrap().requests.clone();
-    let position = |r: Request| requests.iter().position(|x| *x == r);
-    let enable = position(Request::Enable(true)).expect("enabled");
-    assert_eq!(requests.get(enable + 1), Some(&Request::Clear));
-    assert!(position(Request::Flush).is_some(), "{requests:?}");
-    assert!(position(Request::Enable(false)) > position(Request::Flush));
     assert!(requests.iter().any(|r| matches!(r, Request::Sync(_))));
+    let asked: Vec<Request> = requests
+        .iter()
+        .copied()
+        .filter(|r| !matches!(r, Request::Sync(_)))
+        .collect();
+    let (quiet, enable, end) = (
+        [Request::Enable(false), Request::Flush],
+        [Request::Clear, Request::Enable(true)],
+        asked.len().saturating_sub(2),
+    );
+    assert!(asked.len() >= 7, "{asked:?}");
+    assert_eq!(asked[..2], quiet, "{asked:?}");
+    assert_eq!(asked[2..4], enable, "{asked:?}");
+    assert!(asked[4..end].contains(&Request::Flush), "{asked:?}");
+    assert_eq!(asked[end..], quiet, "{asked:?}");
 
     let e = &summary.engine;
     assert_eq!(e.boots, 1);

@@ -102,7 +102,8 @@ pub fn build() -> Result<PathBuf> {
         .map_err(HarnessError::Scenario)
 }
 
-fn check_qemu() -> std::result::Result<(), String> {
+/// Fails with what to install if `qemu-system-arm` cannot run.
+pub fn check_qemu() -> std::result::Result<(), String> {
     match Command::new("qemu-system-arm").arg("--version").output() {
         Ok(out) if out.status.success() => Ok(()),
         Ok(out) => Err(format!(

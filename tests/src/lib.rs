@@ -14,6 +14,7 @@
 //! * [`test_events`]: the packets of the producer driver's custom data
 //!   source, decoded from a trace.
 //! * [`trace_file`]: a trace file's packets, decoded with prost.
+//! * [`walkthrough`]: the README's walk-through blocks as steps a test runs.
 
 pub mod checker;
 pub mod config;
@@ -24,5 +25,6 @@ pub mod process;
 pub mod scenario;
 pub mod test_events;
 pub mod trace_file;
+pub mod walkthrough;
 
 pub use error::{HarnessError, Result};

@@ -170,3 +170,30 @@ fn serve_attach_survives_a_bad_region() {
         "{log}"
     );
 }
+
+/// A firmware that traces from boot on (`trace_enabled` set before any
+/// host is there), recorded session after session through `serve
+/// --attach`: no packet the firmware wrote outside a session reaches one
+/// (each session's sequence starts with its reset), so every trace
+/// passes `inspect --check`, and each holds the firmware's events.
+#[test]
+fn serve_attach_records_an_always_on_firmware_session_after_session() {
+    let mut env = Env::new("shmtrace-attach-always-on-");
+    let ram = env.path("guest-ram");
+    env.start_our_service(&args(&["--attach", &format!("{}@{OFFSET}", ram.display())]));
+    let fw_args = args(&[
+        "region",
+        "--file",
+        ram.to_str().unwrap(),
+        "--offset",
+        "65536",
+        "--iterations",
+        "1000000",
+        "--rate",
+        "4000",
+    ]);
+    let mut firmware = env.firmware("region", &fw_args);
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    env.wait_registered();
+    sessions_pass_inspect(&env, 3);
+}

@@ -303,3 +303,33 @@ fn bridge_keeps_a_restarted_firmware_s_boots_apart() {
     );
     inspect_passes(&trace);
 }
+
+/// A firmware that traces from boot on (no `--wait-enabled`: tracing is on
+/// before the bridge connects), recorded session after session through
+/// the bridge: no packet written outside a session reaches one, so every
+/// trace passes `inspect --check` (see `serve_attach_records_an_always_on_
+/// firmware_session_after_session` for shared RAM).
+#[test]
+fn bridge_records_an_always_on_firmware_session_after_session() {
+    let env = Env::with_service("shmtrace-bridge-always-on-", ServiceImpl::Ours);
+    let mut firmware = env.firmware(
+        "always-on",
+        &args(&[
+            "stream",
+            "--listen",
+            "0",
+            "--iterations",
+            "1000000",
+            "--rate",
+            "4000",
+        ]),
+    );
+    let listening = firmware
+        .expect_event("listening", TIMEOUT)
+        .expect("listening");
+    let port = listening["port"].as_u64().expect("port");
+    let _bridge = env.bridge(&format!("tcp:127.0.0.1:{port}"), &[]);
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    env.wait_registered();
+    sessions_pass_inspect(&env, 3);
+}

@@ -12,6 +12,9 @@
 //!   producer.
 //! * `firmware_stream_bridge_into_our_service`: the same into `shmtrace
 //!   serve`, with `shmtrace record` and `interop_producer`.
+//! * `firmware_readme_walkthrough`: the README's "Tracing firmware" section
+//!   run as a reader would (a crate of its own, the README's code and
+//!   commands as written); described at the test.
 //!
 //! The firmware writes nothing until the session enables its data source
 //! (plain `track_event`, which the session's track event config enables
@@ -45,6 +48,7 @@ use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
     self, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, ServiceImpl,
 };
+use shmtrace_tests::walkthrough;
 
 /// How long any one step may take.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -576,4 +580,151 @@ fn firmware_stream_bridge_into_our_service() {
 #[test]
 fn timeline_unit_tests() {
     checker::python_unit_tests("test_timeline").unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// How long one group of the README's commands may take (a cold build of
+/// the walk-through's firmware among them).
+const WALKTHROUGH_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The README's "Tracing firmware" walk-through, as a reader follows it
+/// (its blocks: `shmtrace_tests::walkthrough`): `cargo new` next to a
+/// checkout of this repository, the README's files and patch written, its
+/// commands run by bash as they stand, with `shmtrace` on the PATH as
+/// `cargo install` puts it. Only what is the test's own differs: the
+/// sockets (`PERFETTO_*_SOCK_NAME`) and the PSRAM file are in the test's
+/// directory, the TCP port is a free one, the project starts from the
+/// firmware example's `Cargo.lock` (its crate versions, no registry
+/// update) and builds into a target dir kept between runs. Every trace
+/// the commands write passes `inspect --check` (they run it as well) and
+/// holds the firmware's slices, every interned name resolved.
+#[test]
+fn firmware_readme_walkthrough() {
+    firmware::check_qemu().unwrap_or_else(|e| panic!("{e}"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("the repository");
+    let readme = std::fs::read_to_string(repo.join("README.md")).expect("README.md");
+    let steps = walkthrough::parse(&readme).expect("the README's walk-through");
+    let dir = WorkDir(Some(
+        tempfile::Builder::new()
+            .prefix("shmtrace-readme-")
+            .tempdir_in("/tmp")
+            .expect("tempdir"),
+    ));
+    let root = dir.path().to_path_buf();
+    std::os::unix::fs::symlink(&repo, root.join("shmtrace")).expect("the checkout");
+    let bin = root.join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    let shmtrace = scenario::shmtrace_binary().expect("shmtrace");
+    std::os::unix::fs::symlink(shmtrace, bin.join("shmtrace")).expect("shmtrace on the PATH");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let port = firmware::free_port().expect("a free port");
+    let psram = root.join("fw-ram");
+    let record = root.join("project");
+
+    let mut project: Option<PathBuf> = None;
+    let mut traces = Vec::new();
+    for step in &steps {
+        let project_dir = || {
+            project
+                .clone()
+                .expect("a project made by the first commands")
+        };
+        match step {
+            walkthrough::Step::File { path, append, text } => {
+                let file = project_dir().join(path);
+                std::fs::create_dir_all(file.parent().expect("a parent")).expect("mkdir");
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .append(*append)
+                    .truncate(!*append)
+                    .open(&file)
+                    .expect("open");
+                std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+            }
+            walkthrough::Step::Patch { path, diff } => {
+                let file = project_dir().join(path);
+                let source = std::fs::read_to_string(&file).expect("the file to patch");
+                let patched = walkthrough::apply_patch(&source, diff)
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                std::fs::write(&file, patched).expect("write");
+            }
+            walkthrough::Step::Commands { group, script } => {
+                let script = script
+                    .replace("/dev/shm/fw-ram", &psram.display().to_string())
+                    .replace("127.0.0.1:4444", &format!("127.0.0.1:{port}"));
+                let words: Vec<&str> = script.split_whitespace().collect();
+                traces.extend(
+                    words
+                        .windows(2)
+                        .filter(|w| w[0] == "-o")
+                        .map(|w| w[1].to_owned()),
+                );
+                let cwd = project.clone().unwrap_or_else(|| root.clone());
+                // All output to the log; background jobs stopped at the end,
+                // also when a command fails; the directory the commands
+                // end in is the project (`cd` in the first group).
+                let full = format!(
+                    "exec 1>&2\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n{script}\
+                     pwd > '{}'\n",
+                    record.display()
+                );
+                let mut command = Command::new("bash");
+                command
+                    .args(["-e", "-c", &full])
+                    .current_dir(&cwd)
+                    .env("PATH", &path)
+                    .env("PERFETTO_PRODUCER_SOCK_NAME", root.join("producer.sock"))
+                    .env("PERFETTO_CONSUMER_SOCK_NAME", root.join("consumer.sock"))
+                    .env_remove("RUSTFLAGS")
+                    .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                    .env_remove("CARGO_BUILD_TARGET")
+                    .env_remove("CARGO_TARGET_DIR");
+                let mut run = ChildProcess::spawn(&format!("commands {group}"), command, &root)
+                    .expect("bash");
+                run.expect_success(WALKTHROUGH_TIMEOUT)
+                    .unwrap_or_else(|e| panic!("the README's `{group}` commands: {e}"));
+                if project.is_none() {
+                    let made = PathBuf::from(
+                        std::fs::read_to_string(&record)
+                            .expect("the project directory")
+                            .trim(),
+                    );
+                    // The test's own: the example's crate versions, and a
+                    // target dir kept between runs.
+                    std::fs::copy(
+                        repo.join("abi/firmware/Cargo.lock"),
+                        made.join("Cargo.lock"),
+                    )
+                    .expect("Cargo.lock");
+                    let target = repo.join("target").join("readme-walkthrough");
+                    std::fs::create_dir_all(&target).expect("the target dir");
+                    std::os::unix::fs::symlink(&target, made.join("target")).expect("target");
+                    project = Some(made);
+                }
+            }
+        }
+    }
+    assert!(traces.len() >= 4, "the commands write traces: {traces:?}");
+    let project = project.expect("a project");
+    for trace in &traces {
+        let verdict = scenario::inspect(&[project.join(trace)]).expect("inspect runs");
+        let events = &verdict.analysis["track_events"];
+        assert!(
+            verdict.ok,
+            "{trace}: inspect --check: {}",
+            verdict.analysis["problems"]
+        );
+        assert!(
+            events["slice_begin"].as_u64() > Some(0),
+            "{trace}: {events}"
+        );
+        assert_eq!(events["interned_unresolved"], 0, "{trace}: {events}");
+    }
 }

@@ -9,7 +9,7 @@
 //!   a [`TickRate`] (a fixed-point multiply of the whole 64-bit count, so no
 //!   rounding error accumulates). Its resolution is one SysTick tick (40 ns
 //!   at 25 MHz).
-//! * [`DwtClock`]: the DWT cycle counter, widened to 64 bits with
+//! * [`dwt_clock`]: the DWT cycle counter, widened to 64 bits with
 //!   [`Extend32`] and converted by a [`TickClock`]. One cycle of resolution
 //!   and no interrupt, but it must be read at least once per 2^32 cycles
 //!   (25.6 s at 168 MHz) and the core must have a DWT (not the

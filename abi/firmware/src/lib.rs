@@ -21,14 +21,16 @@
 //! * `demo-bss`: the same with the region as an ordinary static in `.bss`.
 //! * `attach` and `stream`: live sessions a host's tools trace while the
 //!   firmware runs, through shared RAM or UART0 frames (see [`live`]; the
-//!   integration tests `tests/tests/firmware.rs` run them). Their clock is
-//!   the FPGA counter ([`fpgaio`]), their UART driver [`uart`].
+//!   integration tests `tests/tests/firmware.rs` run them), served by
+//!   `shmtrace_abi::link`. Their clock is the FPGA counter ([`fpgaio`]),
+//!   their UART driver [`uart`].
 //!
 //! Module plan: [`events`] is the table of event kinds and the [`Tracer`]
-//! interface the loop calls; [`tracer`] and [`shm`] are the only modules
-//! using shmtrace-abi ([`shm`] alone chooses how chunks travel);
-//! [`clocks`] holds the clock hooks; [`run`] is the loop; [`markers`] and
-//! [`out`] are the measuring and printing helpers.
+//! interface the loop calls; [`tracer`] and [`shm`] are the modules the
+//! measured binaries use shmtrace-abi through ([`shm`] alone chooses how
+//! their chunks travel); [`clocks`] holds the clock hooks; [`run`] is the
+//! loop; [`markers`] and [`out`] are the measuring and printing helpers.
+//! [`live`] is the live sessions' loop.
 //!
 //! # Output (semihosting stdout, one record per line)
 //!

@@ -6,21 +6,19 @@
 //! timed by the FPGA counter ([`CounterClock`], which keeps the host's
 //! time under QEMU): the main loop's and the `SysTick` interrupt's (in
 //! [`IRQ_WRITER`]). They differ in how the host reaches them, their
-//! [`Link`]:
+//! [`Link`], one of `shmtrace_abi::link`'s services polled from the main
+//! loop:
 //!
-//! * `attach` ([`attach::AttachLink`]): the host maps the region (QEMU
+//! * `attach` ([`AttachService`]): the host maps the region (QEMU
 //!   `memory-backend-file,share=on`) and consumes its ring
-//!   (`shmtrace serve --attach`); the firmware serves the control words:
+//!   (`shmtrace serve --attach`); the firmware answers the control words:
 //!   flush requests (flush the writers, acknowledge) and sync requests
 //!   (answer with the clock). `trace_enabled` and `clear_request` reach the
 //!   writers through their arbiters.
-//! * `stream` ([`stream::StreamLink`]): the region is in stream mode; the
-//!   firmware drains its own ring and sends every record as an
-//!   `shmtrace_abi::frame` frame on UART0 (`shmtrace bridge`), and obeys
-//!   the host's frames from UART0: ENABLE/DISABLE and CLEAR (its own
-//!   region's control words), FLUSH (flush the writers and drain: what
-//!   they held goes out before anything the firmware reads after it), SYNC
-//!   (a CLOCK frame with the nonce, at once).
+//! * `stream` ([`UartStream`]): the region is in stream mode; the firmware
+//!   drains its own ring into frames on UART0 ([`Uart`], its
+//!   [`ByteIo`](shmtrace_abi::link::ByteIo)) for `shmtrace bridge`, and
+//!   obeys the host's frames from UART0 (enable, clear, flush, clock sync).
 //!
 //! # The session
 //!
@@ -55,19 +53,18 @@
 //! `flow_begin`, `arg_uint`), both writers together; `lost` counts
 //! everything lost between the writers and the host (dropped events and
 //! packets, lost chunks, interrupt borrows that found the writer busy,
-//! records the drain could not read, frames not sent). The run exits with
+//! records a stream's drain could not read). The run exits with
 //! failure if `lost` is not 0. Packets the writers lose are added to the
 //! region's `packets_dropped` as they happen (a round at a time), so the
 //! host's bridge reports them too (a stream sends the counter in STATS).
 
-pub mod attach;
 pub mod mailbox;
-pub mod stream;
 
 use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use cortex_m::interrupt;
 use cortex_m::peripheral::syst::SystClkSource;
+use shmtrace_abi::link::{AttachService, StreamService, DEFAULT_CHUNK_BUFFER};
 use shmtrace_abi::region::{Control, RegionArbiter, RegionConfig, RegionHandles, RegionStorage};
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{Clock, SequenceConfig, TrackEventWriter, WriterCell};
@@ -80,6 +77,7 @@ use crate::shm::{LAYOUT, TARGET_BUFFER};
 use crate::tracer::{
     IRQ_TRACK, IRQ_WRITER_ID, LEVEL, MAIN_TRACK, MAIN_WRITER_ID, MOTOR, RELOADS, STEP_FLOW, VOLTAGE,
 };
+use crate::uart::Uart;
 pub use mailbox::Mailbox;
 
 /// The live region: 64 KiB of SMB (64 chunks of 1 KiB) and 64 ring slots:
@@ -138,10 +136,56 @@ pub trait Link {
     /// Serves the host: applies its requests (flushing `writers` when
     /// asked) and moves what the writers committed towards it.
     fn serve(&mut self, writers: &mut Writers);
-    /// What was lost between the writers' chunks and the host.
+    /// What the link lost between the region and the host.
     fn lost(&self) -> u64;
     /// Name printed in the `ready` line.
     fn mode(&self) -> &'static str;
+}
+
+impl Link for AttachService<'static> {
+    fn serve(&mut self, writers: &mut Writers) {
+        self.poll(|| writers.flush(), CounterClock);
+    }
+
+    /// Nothing: the host consumes the ring and counts what it loses.
+    fn lost(&self) -> u64 {
+        0
+    }
+
+    fn mode(&self) -> &'static str {
+        "attach"
+    }
+}
+
+/// The rate UART0 is set to (QEMU does not keep to it).
+pub const BAUD: u32 = 115_200;
+/// The stream link: the region's records as frames on UART0.
+pub type UartStream = StreamService<'static, Uart, [u8; DEFAULT_CHUNK_BUFFER]>;
+
+/// The stream link of the stream-mode region behind `handles`; takes
+/// UART0 and sends the HELLO frame.
+pub fn uart_stream(handles: &RegionHandles<'static>) -> UartStream {
+    let Some(uart) = Uart::uart0(BAUD) else {
+        out::fail("UART0 taken")
+    };
+    match StreamService::new(handles, uart, [0; DEFAULT_CHUNK_BUFFER]) {
+        Ok(link) => link,
+        Err(_) => out::fail("stream link refused"),
+    }
+}
+
+impl Link for UartStream {
+    fn serve(&mut self, writers: &mut Writers) {
+        self.poll(|| writers.flush(), CounterClock);
+    }
+
+    fn lost(&self) -> u64 {
+        StreamService::lost(self)
+    }
+
+    fn mode(&self) -> &'static str {
+        "stream"
+    }
 }
 
 /// The main loop's writer and access to the interrupt's.
@@ -346,7 +390,7 @@ pub fn run<L: Link>(
                     finish(&mut writers, &mut counts);
                     link.serve(&mut writers);
                     writers.publish_losses(&control);
-                    let lost = writers.lost() + link.lost();
+                    let lost = session_lost(&writers, &link, &control);
                     report_done(&mut out, &counts, marks, rounds, lost, writers.now_ns());
                     mailbox.set_state(mailbox::STATE_DONE);
                 }
@@ -354,12 +398,17 @@ pub fn run<L: Link>(
             Phase::Waiting | Phase::Done => {}
         }
         if mailbox.command() == mailbox::COMMAND_EXIT && phase != Phase::Writing {
-            let lost = writers.lost() + link.lost();
+            let lost = session_lost(&writers, &link, &control);
             out.line(format_args!("{{\"event\":\"exit\",\"lost\":{lost}}}"));
             out::exit(lost == 0);
         }
-        control.beat();
     }
+}
+
+/// Everything lost between the writers and the host: what the writers
+/// lost, chunks the region lost, what the link lost.
+fn session_lost(writers: &Writers, link: &impl Link, control: &Control<'_>) -> u64 {
+    writers.lost() + u64::from(control.counters().chunks_lost) + link.lost()
 }
 
 /// One round of the main loop's events, counted in `counts` as written.

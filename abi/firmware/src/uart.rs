@@ -9,8 +9,10 @@
 //! | `0x08` | CTRL | bit 0 TX enable, bit 1 RX enable |
 //! | `0x10` | BAUDDIV | PCLK / baud rate, at least 16 |
 //!
-//! The UART buffers one byte each way: [`Uart::write`] waits for the TX
-//! buffer, [`Uart::read`] takes the received byte if there is one. QEMU
+//! It is the live `stream` binary's [`ByteIo`]: the line
+//! `shmtrace_abi::link::StreamService` sends frames on. The UART buffers
+//! one byte each way: [`ByteIo::write`] waits for the TX buffer,
+//! [`ByteIo::read`] takes the received byte if there is one. QEMU
 //! hands the UART its next input byte only once the previous one was read,
 //! so input waits on the host side (a TCP connection's buffers), it is not
 //! lost.
@@ -20,6 +22,8 @@
 //! program, so no two drivers share its buffers.
 
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use shmtrace_abi::link::ByteIo;
 
 /// UART0's registers on `mps2-an386` (QEMU: `-serial` number 0).
 pub const UART0_BASE: usize = 0x4000_4000;
@@ -59,22 +63,6 @@ impl Uart {
         Some(uart)
     }
 
-    /// Sends `bytes`, waiting for room before each.
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            while self.load(STATE) & STATE_TX_FULL != 0 {}
-            self.store(DATA, u32::from(b));
-        }
-    }
-
-    /// The byte received, if any.
-    pub fn read(&mut self) -> Option<u8> {
-        if self.load(STATE) & STATE_RX_FULL == 0 {
-            return None;
-        }
-        Some(self.load(DATA) as u8)
-    }
-
     fn load(&self, register: usize) -> u32 {
         // SAFETY: `base` is the base of a CMSDK APB UART's register block
         // (`uart0`: the board's memory map) and `register` one of its
@@ -95,5 +83,23 @@ impl Uart {
         unsafe {
             core::ptr::write_volatile((self.base + register) as *mut u32, value)
         }
+    }
+}
+
+impl ByteIo for Uart {
+    /// Sends `bytes`, waiting for room before each.
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            while self.load(STATE) & STATE_TX_FULL != 0 {}
+            self.store(DATA, u32::from(b));
+        }
+    }
+
+    /// The byte received, if any.
+    fn read(&mut self) -> Option<u8> {
+        if self.load(STATE) & STATE_RX_FULL == 0 {
+            return None;
+        }
+        Some(self.load(DATA) as u8)
     }
 }

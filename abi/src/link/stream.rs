@@ -2,11 +2,16 @@
 //! into frames and obeys the host's frames.
 
 use crate::frame::{Frame, FrameDecoder, FrameEncoder, FrameStats, Hello};
+use crate::layout::{PageSize, CHUNK_HEADER_SIZE};
 use crate::region::{Control, ReaderError, RegionHandles, RegionReader};
 use crate::track_event::Clock;
 
 use super::ByteIo;
 
+/// Bytes of a [`StreamService`]'s chunk buffer for a region with the
+/// default page size ([`PageSize::DEFAULT`], 4 KiB): its largest chunk, a
+/// page less the 8-byte chunk header.
+pub const DEFAULT_CHUNK_BUFFER: usize = PageSize::DEFAULT.get() - CHUNK_HEADER_SIZE;
 /// Firmware time between two STATS frames (one more follows every FLUSH).
 pub const STATS_PERIOD_NS: u64 = 1_000_000_000;
 /// Room for one host frame: the largest (FLUSH, SYNC) is 20 bytes; longer
@@ -89,12 +94,12 @@ impl Command {
 ///
 /// `B` is the buffer chunks are copied into on their way out of the SMB
 /// (`[u8; N]`, `&mut [u8]`): at least the region's page size less 8
-/// bytes.
+/// bytes ([`DEFAULT_CHUNK_BUFFER`] with the default page size).
 ///
 /// ```
 /// use shmtrace_abi::frame::{kind, Frame, FrameDecoder, FrameEncoder};
 /// use shmtrace_abi::layout::PageLayout;
-/// use shmtrace_abi::link::{ByteIo, StreamService};
+/// use shmtrace_abi::link::{ByteIo, StreamService, DEFAULT_CHUNK_BUFFER};
 /// use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionStorage};
 /// use shmtrace_abi::writer::TraceWriter;
 ///
@@ -112,7 +117,7 @@ impl Command {
 /// let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
 /// let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 0).unwrap();
 /// let mut line = Line::default();
-/// let mut link = StreamService::new(&handles, &mut line, [0u8; 4096 - 8]).unwrap();
+/// let mut link = StreamService::new(&handles, &mut line, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
 ///
 /// let _ = w.write_packet(|p| p.uint64(8, 100)); // an event, held by the writer
 /// // The host asks for a flush, then the clock (the bridge's flush barrier).

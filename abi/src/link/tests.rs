@@ -268,7 +268,7 @@ fn stream_starts_with_hello_then_sends_what_writers_commit() {
     handles.control.set_trace_enabled(true);
     let mut pipe = Pipe::default();
     let mut host = Host::new();
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     assert_eq!(
         host.frames(link.io()),
         [Got::Hello {
@@ -315,7 +315,7 @@ fn stream_sends_patches_of_packets_that_span_chunks() {
     handles.control.set_trace_enabled(true);
     let mut pipe = Pipe::default();
     let mut host = Host::new();
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     let mut w = writer(&handles, 1);
     // 1500 bytes in a nested message: two chunks, the size patched into
     // the first.
@@ -360,7 +360,7 @@ fn stream_obeys_enable_disable_and_clear() {
     let mut pipe = Pipe::default();
     let mut host = Host::new();
     host.command(&mut pipe, kind::ENABLE);
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     assert!(!control.trace_enabled());
     link.poll(|| {}, || 0u64);
     assert!(control.trace_enabled());
@@ -386,7 +386,7 @@ fn stream_flush_sends_its_chunks_before_the_answer_to_a_sync_after_it() {
     handles.control.set_trace_enabled(true);
     let mut pipe = Pipe::default();
     let mut host = Host::new();
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     let mut a = writer(&handles, 1);
     let mut b = writer(&handles, 2);
     link.poll(|| {}, || 0u64);
@@ -444,7 +444,7 @@ fn stream_commands_split_across_polls_and_mixed_with_garbage_are_found() {
     let control = handles.control;
     let mut pipe = Pipe::default();
     let mut host = Host::new();
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     link.poll(|| {}, || 0u64);
     host.frames(link.io());
 
@@ -481,7 +481,7 @@ fn stream_poll_takes_a_bounded_amount_of_host_input() {
     pipe.rx.extend([0u8; 300]);
     let mut host = Host::new();
     host.command(&mut pipe, kind::ENABLE);
-    let mut link = StreamService::new(&handles, &mut pipe, [0u8; 4088]).unwrap();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
     link.poll(|| {}, || 0u64);
     assert_eq!(link.io().rx.len(), 300 - 256 + 16);
     assert!(!handles.control.trace_enabled());
@@ -496,16 +496,16 @@ fn stream_refuses_a_shared_ram_region_and_a_short_buffer() {
     let handles = s.init(&config(false)).unwrap();
     let mut pipe = Pipe::default();
     assert_eq!(
-        StreamService::new(&handles, &mut pipe, [0u8; 4088]).err(),
+        StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).err(),
         Some(StreamError::NotStreamMode)
     );
     let mut s = storage();
     let handles = s.init(&config(true)).unwrap();
     assert_eq!(
-        StreamService::new(&handles, &mut pipe, [0u8; 4087]).err(),
+        StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER - 1]).err(),
         Some(StreamError::Reader(ReaderError::BufferTooSmall {
-            needed: 4088,
-            got: 4087
+            needed: DEFAULT_CHUNK_BUFFER,
+            got: DEFAULT_CHUNK_BUFFER - 1
         }))
     );
     assert!(

@@ -504,6 +504,54 @@ fn injections_are_appended_or_prepended_with_patches_shifted() {
     lb.shutdown();
 }
 
+/// An injection due before a chunk of whole packets goes before them: the
+/// packets of that chunk may be stamped after the time it states.
+#[test]
+fn an_injection_goes_before_a_chunk_of_whole_packets() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let fw = ChunkForwarder::register("test.fw.before", DataSourceOptions::default(), NoopHandler)
+        .unwrap();
+    start(309, "test.fw.before", 4);
+    // Three chunks of one whole packet each.
+    let source = source_events(4096, PageLayout::Div7, |w| {
+        for i in 0..3 {
+            let _ = w.write_packet(|p| write_packet(p, i, 0));
+            w.flush();
+        }
+    });
+    let mut seq = fw.new_sequence();
+    let mut chunk = 0;
+    for e in &source {
+        if let SourceEvent::Chunk(_) = e {
+            if chunk == 1 {
+                seq.set_injected_packet(&snapshot(5)).unwrap();
+            }
+            chunk += 1;
+        }
+        forward_all(&mut seq, std::slice::from_ref(e));
+    }
+    assert_eq!(chunk, 3, "{source:?}");
+    lb.drain();
+    let seqs = decoded(&lb);
+    let (_, packets) = &seqs[0];
+    let kinds: Vec<String> = packets
+        .iter()
+        .map(|p| match (&p.clock_snapshot, p.timestamp) {
+            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
+            (None, Some(t)) => format!("data {t}"),
+            _ => "?".into(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["?", "data 0", "snap 5", "data 1", "data 2"],
+        "{packets:?}"
+    );
+    runtime().stop_data_source(309);
+    lb.shutdown();
+}
+
 struct Calls(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 
 impl DataSourceHandler for Calls {

@@ -197,6 +197,25 @@ pub fn inspect_passes(trace: &Path) -> Value {
     verdict.analysis
 }
 
+/// Records `sessions` short sessions one after the other, the firmware
+/// writing on between them: each trace must pass `inspect --check` with
+/// every interned name resolved and hold some of the firmware's slices.
+pub fn sessions_pass_inspect(env: &Env, sessions: u32) {
+    for session in 1..=sessions {
+        std::thread::sleep(Duration::from_millis(300));
+        let consumer = env.start_consumer();
+        std::thread::sleep(Duration::from_millis(300));
+        let trace = env.stop_consumer(consumer);
+        let analysis = inspect_passes(&trace);
+        let events = &analysis["track_events"];
+        assert!(
+            events["slice_begin"].as_u64() > Some(0),
+            "session {session}: {events}"
+        );
+        assert_eq!(events["interned_unresolved"], 0, "session {session}");
+    }
+}
+
 /// A named counter of a summary section.
 pub fn counter(summary: &Value, section: &str, name: &str) -> u64 {
     summary[section][name]

@@ -7,7 +7,8 @@
 #![deny(unsafe_code)]
 
 use cortex_m_rt::{entry, exception};
-use shmtrace_firmware_example::live::{self, attach::AttachLink, LiveStorage, Mailbox};
+use shmtrace_abi::link::AttachService;
+use shmtrace_firmware_example::live::{self, LiveStorage, Mailbox};
 
 // The region and the mailbox go to PSRAM (memory.x: `.shmtrace`, then
 // `.hostmail`, NOLOAD). The lint counts `link_section` as unsafe code
@@ -27,5 +28,5 @@ fn SysTick() {
 
 #[entry]
 fn main() -> ! {
-    live::run(&REGION, &MAILBOX, false, AttachLink::new)
+    live::run(&REGION, &MAILBOX, false, AttachService::new)
 }

@@ -7,7 +7,7 @@
 #![deny(unsafe_code)]
 
 use cortex_m_rt::{entry, exception};
-use shmtrace_firmware_example::live::{self, stream::StreamLink, LiveStorage, Mailbox};
+use shmtrace_firmware_example::live::{self, LiveStorage, Mailbox};
 
 // As in `attach`: the region and the mailbox in PSRAM, which a host can
 // map (the test harness writes the mailbox there).
@@ -25,5 +25,5 @@ fn SysTick() {
 
 #[entry]
 fn main() -> ! {
-    live::run(&REGION, &MAILBOX, true, StreamLink::new)
+    live::run(&REGION, &MAILBOX, true, live::uart_stream)
 }

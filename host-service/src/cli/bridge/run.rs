@@ -4,16 +4,29 @@
 //! The calling thread reads the source and runs the engine; the
 //! producer's own threads talk to the service. What the service asks of
 //! the data source reaches the firmware through the source, if it can
-//! take requests: a session starting it enables tracing and asks for an
-//! incremental-state clear (the session's sequences start in the middle of
-//! the firmware's, without its interned data), the last one stopping
+//! take requests: a session starting it asks for an incremental-state
+//! clear (the session's sequences start in the middle of the firmware's,
+//! without its interned data), then enables tracing (in that order: with
+//! tracing on before the clear is seen, a firmware writes on with the
+//! interned data of before the session), the last one stopping
 //! disables it, `ClearIncrementalState` is passed on as a clear. A flush
 //! (and a stop, before it is acknowledged) waits until every event the
 //! source had was forwarded, at most [`FLUSH_WAIT`].
 //!
+//! Outside sessions the firmware is kept quiet: a hello arriving while no
+//! session runs the data source (a firmware that traces from boot on) and
+//! the last session's stop disable tracing, then ask for a flush. So a
+//! writer holds no chunk begun outside a session when the next one starts:
+//! a chunk it held would carry packets written before the session's clear
+//! into the session, packets whose interned data and sequence start the
+//! session never got. The first hello's data source is registered (the
+//! producer connects) only once that flush is done (or given up on by the
+//! source): a session starting it sooner would get what the flush
+//! commits.
+//!
 //! The producer is named after the first hello (unless told otherwise)
-//! and connects once that hello arrived; the bridge fails if it cannot
-//! reach the service then. Losses and counters are logged every
+//! and connects once that hello arrived (and the firmware is quiet); the
+//! bridge fails if it cannot reach the service then. Losses and counters are logged every
 //! `log_interval` and returned as a [`Summary`] on exit.
 
 use std::fmt;
@@ -316,14 +329,19 @@ struct Handler(Arc<Control>);
 impl DataSourceHandler for Handler {
     fn on_start(&self, _: &InstanceArgs<'_>) {
         self.0.instances.fetch_add(1, Ordering::Relaxed);
-        self.0.ask(Request::Enable(true));
+        // The clear first: a writer that sees tracing on has seen it, so
+        // its first packet in the session is its sequence's restart.
         self.0.ask(Request::Clear);
+        self.0.ask(Request::Enable(true));
     }
     fn on_stop(&self, _: &InstanceArgs<'_>) {
-        self.0.flush();
         if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // Disabled first: nothing is written after the flush that
+            // would wait in a held chunk for the next session.
             self.0.ask(Request::Enable(false));
+            self.0.ask(Request::Flush);
         }
+        self.0.flush();
     }
     fn on_flush(&self, _: &InstanceArgs<'_>) {
         self.0.ask(Request::Flush);
@@ -359,6 +377,8 @@ pub fn run(
     let mut last_log = Instant::now();
     let mut result = Ok(());
     let mut drained = true;
+    // The first hello's quieting flush is pending: connect once it is done.
+    let mut connect_when_quiet = false;
     while !stop.load(Ordering::Relaxed) {
         let pending_flush = {
             let mut st = control.state();
@@ -375,7 +395,7 @@ pub fn run(
         };
         let timeout = if !drained {
             Duration::ZERO
-        } else if pending_flush.is_some() {
+        } else if pending_flush.is_some() || connect_when_quiet {
             // The firmware is still flushing: read on without spinning.
             FLUSH_POLL
         } else {
@@ -386,7 +406,19 @@ pub fn run(
                 drained = false;
                 let hello = matches!(event, FirmwareEvent::Hello(_));
                 engine.handle(event, boottime_ns());
-                if hello && producer.is_none() {
+                if hello && control.instances.load(Ordering::Relaxed) == 0 {
+                    // No session: quiet (module docs). A session starting
+                    // meanwhile has its requests applied after these.
+                    let mut asked = true;
+                    for r in [Request::Enable(false), Request::Flush] {
+                        if !source.request(r) {
+                            requests_unsupported += 1;
+                            asked = false;
+                        }
+                    }
+                    connect_when_quiet = asked && producer.is_none();
+                }
+                if hello && producer.is_none() && !connect_when_quiet {
                     if let Some(h) = engine.hello() {
                         producer = Some(connect(options, &h.producer)?);
                     }
@@ -394,6 +426,12 @@ pub fn run(
             }
             Ok(None) => {
                 drained = true;
+                if connect_when_quiet && !source.flush_pending() {
+                    connect_when_quiet = false;
+                    if let Some(h) = engine.hello() {
+                        producer = Some(connect(options, &h.producer)?);
+                    }
+                }
                 if pending_flush.is_some() && source.flush_pending() {
                     // Not done until the firmware says so (bounded by the
                     // source).
