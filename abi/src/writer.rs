@@ -430,6 +430,7 @@ fn finish_packet<'s, A: ChunkArbiter<'s>, const P: usize>(
             DropReason::PatchStorageFull => stats.packets_dropped_patch_storage += 1,
             DropReason::PacketTooLong => stats.packets_dropped_too_long += 1,
         }
+        stream.arbiter_mut().count_dropped_packet();
         PacketOutcome::Dropped(reason)
     }
 }

@@ -193,7 +193,7 @@ pub struct Writers {
     main: LiveWriter,
     /// Losses of the interrupt's writer, once taken out: events, packets.
     irq_lost: (u64, u64),
-    /// Packets published as lost in the region's `packets_dropped` so far.
+    /// Busy misses published in the region's `packets_dropped` so far.
     published: u64,
 }
 
@@ -229,13 +229,14 @@ impl Writers {
         events + packets
     }
 
-    /// Adds the packets lost since the last call to the region's
-    /// `packets_dropped`, so the host counts them too.
+    /// Adds the interrupt events lost to a busy writer since the last call
+    /// to the region's `packets_dropped`, so the host counts them too (the
+    /// packets the writers drop, their region arbiters count themselves).
     fn publish_losses(&mut self, control: &Control<'_>) {
-        let (_, packets) = self.losses();
-        if packets > self.published {
-            control.count_packets_dropped((packets - self.published) as u32);
-            self.published = packets;
+        let misses = u64::from(IRQ_WRITER.busy_misses());
+        if misses > self.published {
+            control.count_packets_dropped((misses - self.published) as u32);
+            self.published = misses;
         }
     }
 }

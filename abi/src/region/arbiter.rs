@@ -160,4 +160,10 @@ impl<'s> ChunkArbiter<'s> for RegionArbiter<'s> {
     fn clear_epoch(&self) -> u32 {
         self.control.clear_request()
     }
+
+    /// Counted in the region's `packets_dropped`, which the host reads.
+    #[inline(never)]
+    fn count_dropped_packet(&mut self) {
+        self.control.count_packets_dropped(1);
+    }
 }

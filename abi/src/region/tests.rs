@@ -500,3 +500,46 @@ fn patches_need_room_for_the_whole_group() {
         "a chunk precedes its patches: {records:?}"
     );
 }
+
+#[test]
+fn packets_the_writers_drop_are_counted_in_the_region() {
+    let mut storage = Box::new(RegionStorage::<4096, 8>::new());
+    let handles = storage.init(&config()).unwrap();
+    // The general writer: a full SMB (nobody drains) drops packets.
+    let mut w: TraceWriter<_> = TraceWriter::new(
+        RegionArbiter::new(&handles, PageLayout::Div4).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    let blob = [1u8; 500];
+    let mut dropped = 0;
+    for _ in 0..20 {
+        if let PacketOutcome::Dropped(_) = w.write_packet(|p| p.bytes(3, &blob)) {
+            dropped += 1;
+        }
+    }
+    assert!(dropped > 0);
+    assert_eq!(w.stats().packets_dropped(), dropped);
+    assert_eq!(handles.control.counters().packets_dropped, dropped as u32);
+    // The in-place writer: too long a packet, and no chunk left.
+    let mut p = crate::writer::InPlaceWriter::new(
+        RegionArbiter::new(&handles, PageLayout::Div4).unwrap(),
+        2,
+        0,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.write(|c| c.bytes(&[2u8; 200])),
+        PacketOutcome::Dropped(_)
+    ));
+    assert!(matches!(
+        p.write(|c| c.bytes(&[2u8; 20])),
+        PacketOutcome::Dropped(_)
+    ));
+    assert_eq!(p.stats().packets_dropped(), 2);
+    assert_eq!(
+        handles.control.counters().packets_dropped,
+        dropped as u32 + 2
+    );
+}

@@ -68,6 +68,14 @@ pub trait ChunkArbiter<'s> {
     fn clear_epoch(&self) -> u32 {
         0
     }
+
+    /// The writer dropped a packet (no chunk, too long, no room for its
+    /// patches). Its next packet marks the loss in the trace; an arbiter
+    /// whose consumer keeps loss counters (a firmware region's
+    /// `packets_dropped`) counts it here too, so a loss at the end of what
+    /// the writer wrote is counted as well. Nothing by default.
+    #[inline]
+    fn count_dropped_packet(&mut self) {}
 }
 
 impl<'s, A: ChunkArbiter<'s> + ?Sized> ChunkArbiter<'s> for &mut A {
@@ -99,5 +107,10 @@ impl<'s, A: ChunkArbiter<'s> + ?Sized> ChunkArbiter<'s> for &mut A {
     #[inline]
     fn clear_epoch(&self) -> u32 {
         (**self).clear_epoch()
+    }
+
+    #[inline]
+    fn count_dropped_packet(&mut self) {
+        (**self).count_dropped_packet()
     }
 }

@@ -428,6 +428,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             DropReason::PatchStorageFull => self.stats.dropped_patch_storage += 1,
             DropReason::PacketTooLong => self.stats.dropped_too_long += 1,
         }
+        self.arbiter.count_dropped_packet();
     }
 
     /// Returns the current chunk to the arbiter (even if almost empty) and
