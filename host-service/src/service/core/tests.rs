@@ -964,12 +964,7 @@ fn write_into_file_streams_a_valid_trace() {
         consumer_port::Request::DisableTracing(Default::default()),
     );
     assert!(c.enabled_reply(&mut sim).is_some());
-    let bytes = std::fs::read(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&file)
-    ))
-    .unwrap();
-    let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
+    let (bytes, trace) = written_trace(&file);
     let raw: Vec<Vec<u8>> = fields(&bytes)
         .into_iter()
         .map(|(f, v)| {
@@ -980,6 +975,14 @@ fn write_into_file_streams_a_valid_trace() {
     assert_eq!(raw.len(), trace.packet.len());
     assert_eq!(payloads(&raw), [b"early".to_vec(), b"late".to_vec()]);
     assert!(field(raw.last().unwrap(), 35).is_some(), "stats at the end");
+}
+
+/// What the service wrote into a write_into_file session's `file`: the
+/// bytes, decoded as a `Trace`.
+fn written_trace(file: &impl std::os::fd::AsRawFd) -> (Vec<u8>, crate::protos::Trace) {
+    let bytes = std::fs::read(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
+    let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
+    (bytes, trace)
 }
 
 /// Upstream's periodic writes: each one reads the buffers to their end and
@@ -1002,12 +1005,7 @@ fn every_periodic_write_ends_with_read_completed_and_due_stats() {
         consumer_port::Request::DisableTracing(Default::default()),
     );
     assert!(c.enabled_reply(&mut sim).is_some());
-    let bytes = std::fs::read(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&file)
-    ))
-    .unwrap();
-    let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
+    let (_, trace) = written_trace(&file);
     use crate::protos::trace_packet::Data;
     use crate::protos::tracing_service_event::EventType;
     // What each packet is: 'R' read completed, 'S' stats, 'P' a producer
