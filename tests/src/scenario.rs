@@ -245,6 +245,26 @@ pub fn producer_example(name: &str) -> Result<PathBuf> {
     )
 }
 
+/// The program `name` (a path relative to this program's directory, e.g.
+/// `real-producer` or `examples/heartbeat`), built next to the running
+/// benchmark program.
+pub fn sibling_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        action: "locate the running program",
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let path = exe.parent().unwrap_or(Path::new("/")).join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(HarnessError::Scenario(format!(
+            "{} is not built (see the program's docs for the build command)",
+            path.display()
+        )))
+    }
+}
+
 /// `$env_var` if set, else `relative` under the cargo target directory this
 /// test binary was built in; `what` and `build` name it and the command
 /// that builds it in the error.

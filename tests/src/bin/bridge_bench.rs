@@ -29,17 +29,24 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shmtrace_tests::process::{cpu_seconds, ChildProcess};
+use shmtrace_tests::scenario::sibling_binary;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Command-line arguments.
+#[derive(Debug, clap::Parser)]
+#[command(about = "The firmware bridge's throughput, latency and CPU (see the module docs)")]
+struct Args {
+    /// Shorter runs.
+    #[arg(long)]
+    quick: bool,
+    /// Run one kind only.
+    #[arg(long, value_parser = ["tcp", "uart", "latency", "cpu"])]
+    only: Option<String>,
+}
+
 fn main() {
-    let argv: Vec<String> = std::env::args().collect();
-    let quick = argv.iter().any(|a| a == "--quick");
-    // `--only tcp|uart|latency|cpu` runs one kind.
-    let only = argv
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| argv.get(i + 1).cloned());
+    let Args { quick, only } = clap::Parser::parse();
     let runs = |kind: &str| only.as_deref().is_none_or(|o| o == kind);
     let bench = Bench::new();
     println!("bridge bench ({}):", if quick { "quick" } else { "full" });
@@ -109,17 +116,7 @@ fn clock_line(done: &Value, summary: &Value) -> String {
 
 impl Bench {
     fn new() -> Self {
-        let me = std::env::current_exe().expect("current exe");
-        let dir = me.parent().expect("a directory").to_path_buf();
-        let find = |name: &str| {
-            let p = dir.join(name);
-            assert!(
-                p.is_file(),
-                "{} is not built (see the module docs)",
-                p.display()
-            );
-            p
-        };
+        let find = |name: &str| sibling_binary(name).unwrap_or_else(|e| panic!("{e}"));
         Bench {
             shmtrace: find("shmtrace"),
             firmware: find("sim-firmware"),

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
 use shmtrace_tests::process::{cpu_seconds, ChildProcess};
 use shmtrace_tests::scenario::{
-    self, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, Scenario, ServiceImpl,
+    self, sibling_binary, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, Scenario,
+    ServiceImpl,
 };
 
 /// Track events per iteration of the producer driver (2 slices, 3
@@ -32,21 +33,33 @@ use shmtrace_tests::scenario::{
 const EVENTS_PER_ITERATION: u64 = 9;
 const TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Command-line arguments.
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "The real service and ours in pairs under the same real SDK workload: events kept, CPU, the ratio (see the module docs)"
+)]
+struct Args {
+    /// Pairs of runs (real, then ours).
+    #[arg(long, default_value_t = 3)]
+    pairs: u64,
+    /// Track events per run.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Producer threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    threads: u64,
+    /// The producer's SMB size, KiB (0: the SDK's default).
+    #[arg(long = "shmem-kb", default_value_t = 0)]
+    shmem_kb: u64,
+}
+
 fn main() {
-    let argv: Vec<String> = std::env::args().collect();
-    let arg = |name: &str, default: u64| {
-        argv.iter()
-            .position(|a| a == name)
-            .and_then(|i| argv.get(i + 1))
-            .map_or(default, |v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("{name} takes a number, not {v}"))
-            })
-    };
-    let pairs = arg("--pairs", 3);
-    let events = arg("--events", 1_000_000);
-    let threads = arg("--threads", 2).max(1);
-    let shmem_kb = arg("--shmem-kb", 0);
+    let Args {
+        pairs,
+        events,
+        threads,
+        shmem_kb,
+    } = clap::Parser::parse();
     let iterations = events.div_ceil(EVENTS_PER_ITERATION * threads);
     let spec = ProducerSpec {
         threads: threads as u32,
@@ -123,17 +136,7 @@ struct Bench {
 
 impl Bench {
     fn new() -> Self {
-        let me = std::env::current_exe().expect("current exe");
-        let dir = me.parent().expect("a directory").to_path_buf();
-        let find = |name: &str| {
-            let p = dir.join(name);
-            assert!(
-                p.is_file(),
-                "{} is not built (see the module docs)",
-                p.display()
-            );
-            p
-        };
+        let find = |name: &str| sibling_binary(name).unwrap_or_else(|e| panic!("{e}"));
         find("shmtrace");
         Bench {
             bins: RealBinaries {

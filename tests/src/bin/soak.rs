@@ -58,7 +58,7 @@ use serde_json::{json, Value};
 use shmtrace_service::cli::consumer::Consumer;
 use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
 use shmtrace_tests::process::{cpu_seconds, ChildProcess};
-use shmtrace_tests::scenario;
+use shmtrace_tests::scenario::{self, sibling_binary};
 
 /// The categories every producer here registers between them.
 const CATEGORIES: [&str; 3] = ["interop", "interop.*", "heartbeat"];
@@ -87,7 +87,7 @@ const TICK: Duration = Duration::from_millis(10);
 const STALL: Duration = Duration::from_millis(100);
 
 fn main() {
-    let args = Args::parse();
+    let args = <Args as clap::Parser>::parse();
     let bins = Bins::find();
     let dir = tempfile::Builder::new()
         .prefix("shmtrace-soak-")
@@ -207,40 +207,32 @@ fn main() {
 }
 
 /// Command-line arguments.
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "Soak one `shmtrace serve` under producers that are killed and restart and consumers that start and stop sessions (see the module docs)"
+)]
 struct Args {
+    /// How long to run, minutes.
+    #[arg(long, default_value_t = 30.0)]
     minutes: f64,
+    /// Producer slots.
+    #[arg(long, default_value_t = 32)]
     producers: usize,
+    /// Consumer slots.
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     consumers: usize,
+    /// How often the service's RSS and fds are sampled, seconds.
+    #[arg(long = "sample-s", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     sample_s: u64,
+    /// How often the probe asks the service for its state, milliseconds.
+    #[arg(long = "probe-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     probe_ms: u64,
+    /// Also print the report as JSON.
+    #[arg(long)]
     json: bool,
+    /// Keep the working directory (logs, traces) even if the run passes.
+    #[arg(long)]
     keep: bool,
-}
-
-impl Args {
-    fn parse() -> Self {
-        let argv: Vec<String> = std::env::args().collect();
-        let value = |name: &str| {
-            argv.iter()
-                .position(|a| a == name)
-                .and_then(|i| argv.get(i + 1))
-        };
-        let num = |name: &str, default: f64| {
-            value(name).map_or(default, |v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("{name} takes a number, not {v}"))
-            })
-        };
-        Args {
-            minutes: num("--minutes", 30.0),
-            producers: num("--producers", 32.0) as usize,
-            consumers: (num("--consumers", 4.0) as usize).max(1),
-            sample_s: (num("--sample-s", 10.0) as u64).max(1),
-            probe_ms: (num("--probe-ms", 100.0) as u64).max(1),
-            json: argv.iter().any(|a| a == "--json"),
-            keep: argv.iter().any(|a| a == "--keep"),
-        }
-    }
 }
 
 /// The programs the soak runs.
@@ -255,17 +247,7 @@ struct Bins {
 
 impl Bins {
     fn find() -> Self {
-        let me = std::env::current_exe().expect("current exe");
-        let dir = me.parent().expect("a directory").to_path_buf();
-        let find = |name: &str| {
-            let p = dir.join(name);
-            assert!(
-                p.is_file(),
-                "{} is not built (see the module docs)",
-                p.display()
-            );
-            p
-        };
+        let find = |name: &str| sibling_binary(name).unwrap_or_else(|e| panic!("{e}"));
         Bins {
             shmtrace: find("shmtrace"),
             real_producer: find("real-producer"),
