@@ -74,12 +74,11 @@ impl log::Log for StderrLogger {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "shmtrace: {:<5} {}",
-                record.level(),
-                record.args()
-            );
+            // One `write` per line: the service's attach children share its
+            // stderr, and a line written piecewise interleaves with theirs
+            // (a pipe keeps writes of up to PIPE_BUF bytes whole).
+            let line = format!("shmtrace: {:<5} {}\n", record.level(), record.args());
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
 
