@@ -10,11 +10,27 @@ use cli_common::*;
 use prost_reflect::{DynamicMessage, Value};
 use shmtrace_service::cli::schema;
 
+/// `--check --strict` fails on `trace` with a `kind` problem containing
+/// `fragment`; plain `--check` reports the same and fails too, unless every
+/// problem found is of a kind that may be the cut at a trace's edges
+/// (nesting, flows), which it only reports.
 fn check_fails_with(trace: &EditTrace, dir: &TempDir, kind: &str, fragment: &str) {
     let path = trace.write(&dir.path("broken.pftrace"));
     let (code, a) = inspect(&[&path]);
+    let (strict_code, strict) = inspect_strict(&[&path]);
+    assert_eq!(a["problems"], strict["problems"]);
     let found = problems(&a);
-    assert_eq!(code, 1, "--check accepted a broken trace: {found}");
+    assert_eq!(
+        strict_code, 1,
+        "--check --strict accepted a broken trace: {found}"
+    );
+    let edge_only = a["problem_counts"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .all(|k| k == "nesting" || k == "flows");
+    let plain = if edge_only { 0 } else { 1 };
+    assert_eq!(code, plain, "plain --check on: {found}");
     assert!(
         a["problems"]
             .as_array()
@@ -140,6 +156,17 @@ fn slice_end_without_begin_is_broken_nesting() {
     // Keep the interned data it carries: only drop the event.
     t.clear(first_begin, "track_event");
     check_fails_with(&t, &dir, "nesting", "SLICE_END with no open slice");
+    // The human report of plain --check says why it passed.
+    let text = passing_report(&dir.path("broken.pftrace"));
+    assert_contains_all(
+        &text,
+        &[
+            "Check: OK, but for 1 problem(s) that may be slices or flows cut at the \
+             trace's edges (--check --strict fails on them)",
+            "broken slice nesting: 1 (may be cut at the trace's edges)",
+            "SLICE_END with no open slice",
+        ],
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@ real Perfetto; the checker must accept it and must reject every breakage below
 with the matching message. Run: python3 -m unittest tests/checker/test_check_trace.py
 With $SHMTRACE_BIN naming the shmtrace binary (the Rust harness sets it), the
 hand-built slice and flow traces are also judged by `shmtrace inspect
---check`, which must pair their slices and link their flows the same way.
+--check --strict`, which must pair their slices and link their flows the same way.
 """
 
 import collections
@@ -520,7 +520,7 @@ class HandBuiltTest(unittest.TestCase):
         """`shmtrace inspect --check` finds the same nesting and links the
         same flows."""
         out = subprocess.run(
-            [SHMTRACE_BIN, "inspect", "--check", "--json", path],
+            [SHMTRACE_BIN, "inspect", "--check", "--strict", "--json", path],
             capture_output=True, text=True, check=False)
         self.assertIn(out.returncode, (0, 1), out.stderr)
         analysis = json.loads(out.stdout)

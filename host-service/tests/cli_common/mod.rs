@@ -44,8 +44,17 @@ pub fn run(args: &[&str]) -> Output {
 
 /// `inspect --check --json FILES`: exit status and the analysis.
 pub fn inspect(files: &[&Path]) -> (i32, serde_json::Value) {
+    inspect_with(&["inspect", "--check", "--json"], files)
+}
+
+/// As [`inspect`], with `--strict`.
+pub fn inspect_strict(files: &[&Path]) -> (i32, serde_json::Value) {
+    inspect_with(&["inspect", "--check", "--strict", "--json"], files)
+}
+
+fn inspect_with(args: &[&str], files: &[&Path]) -> (i32, serde_json::Value) {
     let mut cmd = shmtrace();
-    cmd.args(["inspect", "--check", "--json"]).args(files);
+    cmd.args(args).args(files);
     let out = cmd.output().expect("run shmtrace inspect");
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(

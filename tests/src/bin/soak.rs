@@ -64,9 +64,6 @@ use shmtrace_tests::scenario::{self, sibling_binary};
 const CATEGORIES: [&str; 3] = ["interop", "interop.*", "heartbeat"];
 /// How long a process may take to report what it must.
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// Track events on a thread's track in one iteration of the producer
-/// drivers (slices "outer" and "inner", 3 instants); `heartbeat` writes 2.
-const FIRST_ITERATION: u64 = 7;
 /// The service statistics the printed report sums (`--json` has them
 /// all).
 const ACTIVITY: [&str; 10] = [
@@ -709,9 +706,9 @@ struct SessionStats {
     /// Every session's end: from its stop (s into the run) to its trace
     /// being complete, and its kind.
     ends: Vec<(f64, f64, SessionKind)>,
-    /// Traces that fail `inspect --check` only for slice ends at the start
-    /// of an intact sequence (see [`leading_ends`]), and those ends.
-    leading_ends: (u64, u64),
+    /// Traces that pass `inspect --check` with slice ends or flows cut at
+    /// their edges (see [`Verdict::edge_cuts`]), and those problems.
+    edge_cuts: (u64, u64),
     /// Failures: what, with the kept trace or the error.
     failures: Vec<String>,
 }
@@ -770,10 +767,10 @@ fn consumers(
             }
         }
         match outcome.map(|(_, _, verdict)| verdict) {
-            Ok(analysis) if analysis.ok || analysis.only_leading_ends() => {
-                if !analysis.ok {
-                    stats.leading_ends.0 += 1;
-                    stats.leading_ends.1 += analysis.leading_ends;
+            Ok(analysis) if analysis.ok => {
+                if analysis.edge_cuts > 0 {
+                    stats.edge_cuts.0 += 1;
+                    stats.edge_cuts.1 += analysis.edge_cuts;
                 }
                 *stats.ok.entry(kind).or_default() += 1;
                 *stats.events.entry(kind).or_default() += analysis.events;
@@ -927,88 +924,10 @@ struct Verdict {
     activity: BTreeMap<String, u64>,
     /// The problem counts, if not ok.
     problems: String,
-    /// Only `nesting` problems, this many.
-    nesting_only: Option<u64>,
-    /// Slice ends at the start of an intact sequence (see
-    /// [`leading_ends`]), counted only if `nesting_only`.
-    leading_ends: u64,
-}
-
-impl Verdict {
-    /// Whether every problem `inspect --check` found is a slice end at the
-    /// start of an intact sequence.
-    fn only_leading_ends(&self) -> bool {
-        self.nesting_only == Some(self.leading_ends) && self.leading_ends > 0
-    }
-}
-
-/// `perfetto.protos.TracePacket`, the fields that say where a packet's
-/// sequence starts and whether it lost data.
-#[derive(Clone, PartialEq, prost::Message)]
-struct SequencePacket {
-    #[prost(uint32, optional, tag = "10")]
-    trusted_packet_sequence_id: Option<u32>,
-    #[prost(message, optional, tag = "11")]
-    track_event: Option<SliceEvent>,
-    #[prost(bool, optional, tag = "42")]
-    previous_packet_dropped: Option<bool>,
-    #[prost(bool, optional, tag = "87")]
-    first_packet_on_sequence: Option<bool>,
-}
-
-/// `perfetto.protos.TrackEvent`: its type and track.
-#[derive(Clone, PartialEq, prost::Message)]
-struct SliceEvent {
-    #[prost(int32, optional, tag = "9")]
-    r#type: Option<i32>,
-    #[prost(uint64, optional, tag = "11")]
-    track_uuid: Option<u64>,
-}
-
-/// SLICE_ENDs that close no slice because their slice began before the
-/// trace did: on a sequence whose first packet is in the trace
-/// (`first_packet_on_sequence`) and which lost nothing up to them, among
-/// the first [`FIRST_ITERATION`] track events of their track on the
-/// sequence. A producer writes them when a session's data source instance
-/// starts while one of its threads is inside a slice: the SDKs write each
-/// event to the instances enabled at that moment, so the slice's begin
-/// went only to the sessions enabled before. `inspect --check` counts them
-/// as broken nesting. Nothing in a trace tells them from a begin lost
-/// without a trace: only when they come does, as the drivers' slices
-/// (depth 2 at most) all end within an iteration.
-fn leading_ends(trace: &Path) -> Result<u64, String> {
-    const SLICE_BEGIN: i32 = 1;
-    const SLICE_END: i32 = 2;
-    let packets =
-        shmtrace_tests::trace_file::packets::<SequencePacket>(trace).map_err(|e| e.to_string())?;
-    // Per sequence: intact so far; per (sequence, track): events, depth.
-    let mut intact: HashMap<u32, bool> = HashMap::new();
-    let mut tracks: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
-    let mut leading = 0;
-    for packet in packets {
-        let Some(seq) = packet.trusted_packet_sequence_id else {
-            continue;
-        };
-        let first = packet.first_packet_on_sequence == Some(true);
-        let ok = intact.entry(seq).or_insert(first);
-        if packet.previous_packet_dropped == Some(true) && !first {
-            *ok = false;
-        }
-        let Some(event) = packet.track_event else {
-            continue;
-        };
-        let (events, depth) = tracks
-            .entry((seq, event.track_uuid.unwrap_or(0)))
-            .or_default();
-        *events += 1;
-        match event.r#type {
-            Some(SLICE_BEGIN) => *depth += 1,
-            Some(SLICE_END) if *depth > 0 => *depth -= 1,
-            Some(SLICE_END) if *ok && *events <= FIRST_ITERATION => leading += 1,
-            _ => {}
-        }
-    }
-    Ok(leading)
+    /// Problems that may be the cut at the trace's edges (nesting,
+    /// flows), which `inspect --check` reports without failing: a session
+    /// that starts inside a producer's slice, or stops inside a flow.
+    edge_cuts: u64,
 }
 
 fn inspect(shmtrace: &Path, trace: &Path) -> Result<Verdict, String> {
@@ -1074,19 +993,13 @@ fn inspect(shmtrace: &Path, trace: &Path) -> Result<Verdict, String> {
     {
         activity.insert(format!("service: {name}"), n.as_u64().unwrap_or(0));
     }
-    let problems = analysis["problem_counts"].as_object();
-    let nesting_only = problems
-        .filter(|p| p.len() == 1)
-        .and_then(|p| p.get("nesting"))
-        .and_then(Value::as_u64);
-    let leading_ends = match nesting_only {
-        Some(_) => leading_ends(trace)?,
-        None => 0,
-    };
+    let edge_cuts = ["nesting", "flows"]
+        .iter()
+        .map(|kind| analysis["problem_counts"][kind].as_u64().unwrap_or(0))
+        .sum();
     Ok(Verdict {
         activity,
-        nesting_only,
-        leading_ends,
+        edge_cuts,
         ok,
         events: analysis["track_events"]["total"].as_u64().unwrap_or(0),
         bytes: std::fs::metadata(trace).map_or(0, |m| m.len()),
@@ -1149,7 +1062,7 @@ struct Report {
     producer_errors: Vec<String>,
     session_lines: Vec<String>,
     losses: BTreeMap<String, (u64, u64)>,
-    leading_ends: (u64, u64),
+    edge_cuts: (u64, u64),
     slowest_stop: (u64, String),
     failures: Vec<String>,
     rss_slope_kib_per_min: f64,
@@ -1298,7 +1211,7 @@ impl Report {
             producer_errors: producers.errors.clone(),
             session_lines,
             losses,
-            leading_ends: sessions.leading_ends,
+            edge_cuts: sessions.edge_cuts,
             slowest_stop: sessions.slowest_stop.clone(),
             failures: sessions.failures.clone(),
             sessions_ok: sessions.ok.values().sum(),
@@ -1424,9 +1337,10 @@ impl Report {
             println!("  {line}");
         }
         println!(
-            "  of which {} passed inspect --check but for {} slice ends at the start of an \
-             intact sequence (a session started inside a producer's slice; not a loss)",
-            self.leading_ends.0, self.leading_ends.1
+            "  of which {} passed inspect --check with {} slice ends or flows cut at their \
+             edges (a session started inside a producer's slice or stopped inside a flow; \
+             not a loss)",
+            self.edge_cuts.0, self.edge_cuts.1
         );
         println!(
             "counted losses, by cause (total, traces with it; a service-wide counter's total \
@@ -1487,7 +1401,7 @@ impl Report {
             "producer_errors": self.producer_errors,
             "sessions": self.session_lines,
             "sessions_ok": self.sessions_ok,
-            "leading_ends": {"traces": self.leading_ends.0, "ends": self.leading_ends.1},
+            "edge_cuts": {"traces": self.edge_cuts.0, "problems": self.edge_cuts.1},
             "slowest_stop": {"session": self.slowest_stop.1, "ms": self.slowest_stop.0},
             "losses": self.losses.iter().map(|(c, (n, t))| (c.clone(), json!({"total": n, "traces": t}))).collect::<serde_json::Map<_, _>>(),
             "failures": self.failures,

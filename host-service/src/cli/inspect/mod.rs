@@ -30,13 +30,19 @@ pub struct InspectArgs {
     /// Trace file(s). Several are read as successive reads of one session.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// Exit with status 1 if the trace has problems: broken slice nesting,
-    /// unresolved interned data, unpaired flows, lost data that nothing
-    /// records, malformed packets. (Packets that a RING buffer's wrap left
+    /// Exit with status 1 if the trace has problems: unresolved interned
+    /// data, lost data that nothing records, malformed packets, bad
+    /// counters or timestamps. (Packets that a RING buffer's wrap left
     /// without their sequence's incremental-state clear are counted as
-    /// "unresolvable after ring wrap", not failed.)
+    /// "unresolvable after ring wrap", not failed.) Broken slice nesting and
+    /// unpaired flows are reported but fail only with --strict: a session
+    /// that starts or stops while a program runs cuts slices and flows.
     #[arg(long)]
     pub check: bool,
+    /// With --check, also fail on broken slice nesting and unpaired flows,
+    /// for a trace that covers its producers' whole run.
+    #[arg(long, requires = "check")]
+    pub strict: bool,
     /// Print the analysis as JSON.
     #[arg(long)]
     pub json: bool,
@@ -115,7 +121,12 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<u8, CliError> {
     } else {
         render(&analysis, args.top, args.config, out)?;
     }
-    Ok(if args.check && !analysis.ok() {
+    let passed = if args.strict {
+        analysis.ok_strict()
+    } else {
+        analysis.ok()
+    };
+    Ok(if args.check && !passed {
         exit::CHECK_FAILED
     } else {
         exit::OK

@@ -394,12 +394,26 @@ fn stats(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
 }
 
 fn problems(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
-    if a.ok() {
+    if a.ok_strict() {
         return writeln!(out, "\nCheck: OK");
     }
-    writeln!(out, "\nCheck: {} problem(s)", a.problem_total())?;
+    if a.ok() {
+        writeln!(
+            out,
+            "\nCheck: OK, but for {} problem(s) that may be slices or flows cut at the \
+             trace's edges (--check --strict fails on them)",
+            a.problem_total()
+        )?;
+    } else {
+        writeln!(out, "\nCheck: {} problem(s)", a.problem_total())?;
+    }
     for (kind, n) in &a.problem_counts {
-        writeln!(out, "  {}: {n}", kind.label())?;
+        let edge = if kind.may_be_edge_cut() {
+            " (may be cut at the trace's edges)"
+        } else {
+            ""
+        };
+        writeln!(out, "  {}: {n}{edge}", kind.label())?;
     }
     for p in &a.problems {
         writeln!(out, "  - [{}] {}", kind_tag(p.kind), p.message)?;
