@@ -5,7 +5,7 @@
 //! naming it and this producer.
 //!
 //! Start a tracing service and a session that waits for a trigger (e.g.
-//! `host-service/tests/data/stop_on_trigger.txtpb`, trigger `go`), then:
+//! `host-service/cli/tests/data/stop_on_trigger.txtpb`, trigger `go`), then:
 //!
 //! ```text
 //! PERFETTO_PRODUCER_SOCK_NAME=/tmp/perfetto-producer cargo run -p shmtrace-producer --example trigger -- go

@@ -215,7 +215,7 @@ pub fn shmtrace_binary() -> Result<PathBuf> {
         "SHMTRACE_BIN",
         Path::new("shmtrace"),
         "the shmtrace binary",
-        "cargo build -p shmtrace-service --bin shmtrace",
+        "cargo build -p shmtrace-cli --bin shmtrace",
     )
 }
 

@@ -17,7 +17,7 @@ const TIMEOUT_MS: u64 = 60_000;
 
 /// The session: STOP_TRACING, trigger "go" with a 100 ms stop delay, a
 /// 60 s trigger timeout (shared with `shmtrace`'s own CLI tests).
-const CONFIG: &str = include_str!("../../host-service/tests/data/stop_on_trigger.txtpb");
+const CONFIG: &str = include_str!("../../host-service/cli/tests/data/stop_on_trigger.txtpb");
 
 /// The fields of a trace this test looks at (field numbers of Perfetto's
 /// trace.proto / trace_packet.proto).

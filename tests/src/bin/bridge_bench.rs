@@ -16,7 +16,7 @@
 //!   firmware's true offset, and the bound it claims.
 //!
 //! ```text
-//! cargo build --release -p shmtrace-service --bin shmtrace -p shmtrace-tests --bin sim-firmware --bin bridge-bench
+//! cargo build --release -p shmtrace-cli --bin shmtrace -p shmtrace-tests --bin sim-firmware --bin bridge-bench
 //! target/release/bridge-bench [--quick] [--only tcp|uart|latency|cpu]
 //! ```
 //!

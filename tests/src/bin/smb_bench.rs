@@ -8,7 +8,7 @@
 //! spent, and the ratio ours / real; then the totals.
 //!
 //! ```text
-//! cargo build --release -p shmtrace-service --bin shmtrace -p shmtrace-tests --bin real-service --bin real-producer --bin real-consumer --bin smb-bench
+//! cargo build --release -p shmtrace-cli --bin shmtrace -p shmtrace-tests --bin real-service --bin real-producer --bin real-consumer --bin smb-bench
 //! target/release/smb-bench [--pairs N] [--events N] [--threads N] [--shmem-kb K]
 //! ```
 //!

@@ -4,7 +4,7 @@
 //! read and stop sessions, ring buffer and write_into_file ones.
 //!
 //! ```text
-//! cargo build --release -p shmtrace-service --bin shmtrace -p shmtrace-tests --bin real-producer --bin real-consumer --bin soak -p shmtrace-producer --example interop_producer --example heartbeat
+//! cargo build --release -p shmtrace-cli --bin shmtrace -p shmtrace-tests --bin real-producer --bin real-consumer --bin soak -p shmtrace-producer --example interop_producer --example heartbeat
 //! target/release/soak [--minutes M] [--producers N] [--consumers N] [--sample-s S] [--probe-ms MS] [--json] [--keep]
 //! ```
 //!
@@ -55,7 +55,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use shmtrace_service::cli::consumer::Consumer;
+use shmtrace_cli::consumer::Consumer;
 use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
 use shmtrace_tests::process::{cpu_seconds, ChildProcess};
 use shmtrace_tests::scenario::{self, sibling_binary};

@@ -1,0 +1,538 @@
+//! The engine against a recording [`Output`].
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets};
+use shmtrace_abi::reader::Fragments;
+use shmtrace_producer::{ForwardError, ForwardPatch, Forwarded, RegisterError};
+
+use super::*;
+use crate::bridge::clock::{snapshot_packet, BOOTTIME};
+use crate::bridge::{ClockSample, Hello, PatchGroup};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Register(String),
+    New(u32, String),
+    Inject(u32, Vec<u8>),
+    Chunk(u32, u32),
+    Patches(u32, u32, usize),
+    Dropped(u32),
+}
+
+type Log = Rc<RefCell<Vec<Call>>>;
+
+struct Seq(u32, Log);
+
+impl Drop for Seq {
+    fn drop(&mut self) {
+        self.1.borrow_mut().push(Call::Dropped(self.0));
+    }
+}
+
+struct Fake {
+    log: Log,
+    next: u32,
+    sessions: bool,
+    refuse: Option<String>,
+}
+
+impl Output for Fake {
+    type Sequence = Seq;
+
+    fn register(&mut self, name: &str) -> Result<(), RegisterError> {
+        if self.refuse.as_deref() == Some(name) {
+            return Err(RegisterError::AlreadyRegistered(name.into()));
+        }
+        self.log.borrow_mut().push(Call::Register(name.into()));
+        Ok(())
+    }
+
+    fn new_sequence(&mut self, name: &str) -> Option<Seq> {
+        self.next += 1;
+        self.log
+            .borrow_mut()
+            .push(Call::New(self.next, name.into()));
+        Some(Seq(self.next, self.log.clone()))
+    }
+
+    fn forward_chunk(&mut self, seq: &mut Seq, chunk: &[u8]) -> Result<Forwarded, ForwardError> {
+        let (header, fragments) = Fragments::from_chunk(chunk).map_err(ForwardError::Invalid)?;
+        for f in fragments {
+            f.map_err(ForwardError::Invalid)?;
+        }
+        if !self.sessions {
+            return Err(ForwardError::NoSession);
+        }
+        self.log
+            .borrow_mut()
+            .push(Call::Chunk(seq.0, header.chunk_id));
+        Ok(Forwarded {
+            copies: 1,
+            ..Default::default()
+        })
+    }
+
+    fn forward_patches(
+        &mut self,
+        seq: &mut Seq,
+        chunk_id: u32,
+        patches: &[ForwardPatch],
+        _has_more: bool,
+    ) -> usize {
+        self.log
+            .borrow_mut()
+            .push(Call::Patches(seq.0, chunk_id, patches.len()));
+        patches.len()
+    }
+
+    fn set_injected_packet(&mut self, seq: &mut Seq, packet: &[u8]) {
+        self.log
+            .borrow_mut()
+            .push(Call::Inject(seq.0, packet.to_vec()));
+    }
+}
+
+fn engine() -> (Engine<Fake>, Log) {
+    let log = Log::default();
+    let fake = Fake {
+        log: log.clone(),
+        next: 0,
+        sessions: true,
+        refuse: None,
+    };
+    (Engine::new(fake), log)
+}
+
+fn hello(boot_id: u32, clock_id: u32) -> FirmwareEvent {
+    FirmwareEvent::Hello(Hello {
+        boot_id,
+        data_source: "fw".into(),
+        producer: "mcu".into(),
+        clock_id,
+    })
+}
+
+/// A chunk of `writer` with id `id` holding one 2-byte packet.
+fn chunk(writer: u16, id: u32) -> FirmwareEvent {
+    let header = ChunkHeaderRepr {
+        chunk_id: id,
+        writer_id: writer,
+        packets: Packets::new(1, ChunkFlags::EMPTY).unwrap(),
+    };
+    let mut bytes = header.to_bytes().to_vec();
+    bytes.extend_from_slice(&[2, 0x40, id as u8]);
+    FirmwareEvent::Chunk(bytes)
+}
+
+fn take(log: &Log) -> Vec<Call> {
+    std::mem::take(&mut *log.borrow_mut())
+}
+
+const MS: u64 = 1_000_000;
+
+#[test]
+fn chunks_go_into_one_sequence_per_writer_and_none_before_the_hello() {
+    let (mut e, log) = engine();
+    e.handle(chunk(1, 0), 0);
+    assert_eq!(e.stats().chunks_before_hello, 1);
+    // BOOTTIME firmware: no clock to relate, nothing held.
+    e.handle(hello(7, BOOTTIME), 0);
+    for (w, id) in [(1, 0), (2, 0), (1, 1)] {
+        e.handle(chunk(w, id), 0);
+    }
+    assert_eq!(
+        take(&log),
+        [
+            Call::Register("fw".into()),
+            Call::New(1, "fw".into()),
+            Call::Chunk(1, 0),
+            Call::New(2, "fw".into()),
+            Call::Chunk(2, 0),
+            Call::Chunk(1, 1),
+        ]
+    );
+    assert_eq!(
+        (
+            e.stats().chunks,
+            e.stats().chunks_forwarded,
+            e.stats().snapshots
+        ),
+        (4, 3, 0)
+    );
+}
+
+#[test]
+fn a_new_boot_never_mixes_with_the_old_one() {
+    let (mut e, log) = engine();
+    e.handle(hello(7, BOOTTIME), 0);
+    e.handle(chunk(1, 5), 0);
+    // The same boot announced again (the transport re-attached): go on.
+    e.handle(hello(7, BOOTTIME), 0);
+    e.handle(chunk(1, 6), 0);
+    // A reboot: same writer and chunk ids, a new sequence.
+    e.handle(hello(8, BOOTTIME), 0);
+    e.handle(chunk(1, 5), 0);
+    e.handle(FirmwareEvent::Reset, 0);
+    e.handle(chunk(1, 6), 0);
+    assert_eq!(
+        take(&log),
+        [
+            Call::Register("fw".into()),
+            Call::New(1, "fw".into()),
+            Call::Chunk(1, 5),
+            Call::Chunk(1, 6),
+            Call::Dropped(1),
+            Call::Register("fw".into()),
+            Call::New(2, "fw".into()),
+            Call::Chunk(2, 5),
+            Call::Dropped(2),
+        ]
+    );
+    let s = e.stats();
+    assert_eq!((s.boots, s.resets, s.chunks_before_hello), (2, 1, 1));
+}
+
+#[test]
+fn bad_hellos_and_bad_chunks_are_refused_and_counted() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 128), 0);
+    e.handle(
+        FirmwareEvent::Hello(Hello {
+            boot_id: 2,
+            data_source: String::new(),
+            producer: "p".into(),
+            clock_id: 6,
+        }),
+        0,
+    );
+    assert_eq!(e.stats().hellos_refused, 2);
+    assert_eq!(e.take_notes().len(), 2);
+    assert!(e.hello().is_none());
+    e.handle(hello(3, BOOTTIME), 0);
+    e.handle(chunk(0, 1), 0); // writer id 0
+    e.handle(FirmwareEvent::Chunk(vec![1, 2, 3]), 0); // no header
+    let FirmwareEvent::Chunk(mut broken) = chunk(1, 1) else {
+        unreachable!()
+    };
+    broken[8] = 9; // a fragment longer than the chunk
+    e.handle(FirmwareEvent::Chunk(broken), 0);
+    e.output_mut_for_test().sessions = false;
+    e.handle(chunk(1, 2), 0);
+    let s = e.stats();
+    assert_eq!(
+        (
+            s.chunks,
+            s.chunks_invalid,
+            s.chunks_no_session,
+            s.chunks_forwarded
+        ),
+        (4, 3, 1, 0)
+    );
+    // Patches of a writer with no chunk: dropped.
+    e.handle(
+        FirmwareEvent::Patches(PatchGroup {
+            writer_id: 9,
+            chunk_id: 0,
+            has_more: false,
+            patches: vec![],
+        }),
+        0,
+    );
+    assert_eq!(e.stats().patch_groups_dropped, 1);
+    drop(take(&log));
+}
+
+impl Engine<Fake> {
+    fn output_mut_for_test(&mut self) -> &mut Fake {
+        &mut self.out
+    }
+}
+
+#[test]
+fn chunks_wait_for_the_first_clock_sample_then_follow_its_snapshot() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 1000 * MS);
+    e.handle(chunk(1, 0), 1000 * MS);
+    e.handle(
+        FirmwareEvent::Patches(PatchGroup {
+            writer_id: 1,
+            chunk_id: 0,
+            has_more: false,
+            patches: vec![ForwardPatch {
+                offset: 0,
+                data: [0x82, 0x80, 0x80, 0x00],
+            }],
+        }),
+        1000 * MS,
+    );
+    assert_eq!(take(&log), [Call::Register("fw".into())], "held");
+    // Two-way: the engine asks, the firmware answers 2 ms later.
+    let requests = e.tick(1001 * MS, true);
+    let [Request::Sync(nonce)] = requests[..] else {
+        panic!("{requests:?}")
+    };
+    assert!(e.tick(1001 * MS + 1, true).is_empty(), "one per period");
+    e.handle(
+        FirmwareEvent::Clock(ClockSample {
+            firmware_ns: 50 * MS,
+            nonce: Some(nonce),
+            transfer_ns: 0,
+        }),
+        1003 * MS,
+    );
+    // boot = firmware + (1002 - 50) ms, within ±1 ms, stated at the
+    // host's time of the answer.
+    let snapshot = snapshot_packet(65, 51 * MS, 1003 * MS);
+    assert_eq!(
+        take(&log),
+        [
+            Call::New(1, "fw".into()),
+            Call::Inject(1, snapshot.clone()),
+            Call::Chunk(1, 0),
+            Call::Patches(1, 0, 1),
+        ]
+    );
+    let status = e.clock(1003 * MS).unwrap();
+    let est = status.estimate.unwrap();
+    assert_eq!(
+        (est.offset_ns, est.bound_ns, est.two_way),
+        (952 * MS as i64, MS, true)
+    );
+    // New writers get the snapshot before their first chunk; a second
+    // later every sequence gets a fresh one.
+    e.handle(chunk(2, 0), 1004 * MS);
+    e.tick(1500 * MS, false);
+    let calls = take(&log);
+    assert_eq!(
+        calls[..3],
+        [
+            Call::New(2, "fw".into()),
+            Call::Inject(2, snapshot),
+            Call::Chunk(2, 0)
+        ]
+    );
+    assert_eq!(calls.len(), 3, "not due yet: {calls:?}");
+    e.tick(2004 * MS, false);
+    let calls = take(&log);
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls.iter().all(|c| matches!(c, Call::Inject(..))));
+    assert_eq!(e.stats().snapshots, 2);
+    assert_eq!(e.stats().chunks_without_clock, 0);
+}
+
+#[test]
+fn without_a_clock_sample_chunks_go_after_the_hold_and_are_counted() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 70), 0);
+    e.handle(chunk(1, 0), 0);
+    assert!(e.tick(HOLD_NS - 1, false).is_empty());
+    assert_eq!(take(&log).len(), 1, "still held");
+    e.tick(HOLD_NS, false);
+    e.handle(chunk(1, 1), HOLD_NS);
+    assert_eq!(
+        take(&log),
+        [
+            Call::New(1, "fw".into()),
+            Call::Chunk(1, 0),
+            Call::Chunk(1, 1)
+        ]
+    );
+    assert_eq!(e.stats().chunks_without_clock, 2);
+    assert_eq!(e.take_notes().len(), 1);
+    // A one-way sample later: the snapshot follows into the sequence.
+    e.handle(
+        FirmwareEvent::Clock(ClockSample {
+            firmware_ns: 10,
+            nonce: None,
+            transfer_ns: 5,
+        }),
+        HOLD_NS + 100,
+    );
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(70, 15, HOLD_NS + 100))]
+    );
+}
+
+#[test]
+fn a_full_hold_goes_at_once() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 70), 0);
+    for id in 0..HOLD_EVENTS as u32 {
+        e.handle(chunk(1, id), 0);
+    }
+    assert_eq!(take(&log).len(), 1 + 1 + HOLD_EVENTS);
+    assert_eq!(e.stats().chunks_forwarded, HOLD_EVENTS as u64);
+}
+
+#[test]
+fn an_offline_import_uses_the_fixed_relation() {
+    let log = Log::default();
+    let fake = Fake {
+        log: log.clone(),
+        next: 0,
+        sessions: true,
+        refuse: None,
+    };
+    let mut e = Engine::with_fixed_clock(fake, 0);
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    assert!(e.tick(0, true).is_empty(), "never asks");
+    assert_eq!(
+        take(&log),
+        [
+            Call::Register("fw".into()),
+            Call::New(1, "fw".into()),
+            Call::Inject(1, snapshot_packet(65, 0, 0)),
+            Call::Chunk(1, 0),
+        ]
+    );
+}
+
+#[test]
+fn a_negative_fixed_offset_is_stated_where_boottime_reads_0() {
+    let (_, log) = engine();
+    let fake = Fake {
+        log: log.clone(),
+        next: 0,
+        sessions: true,
+        refuse: None,
+    };
+    // BOOTTIME = firmware - 5 s.
+    let mut e = Engine::with_fixed_clock(fake, -5_000 * MS as i64);
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 5_000 * MS, 0))
+    );
+}
+
+/// Successive snapshots never move a clock back (a trace processor
+/// refuses a snapshot that moves BOOTTIME back, and stops converting from
+/// a clock that goes back): an estimate that jumps by more than the time
+/// since the last snapshot waits until time catches up.
+#[test]
+fn snapshots_never_go_back_in_time() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let sample = |e: &mut Engine<Fake>, asked: u64, fw: u64, answered: u64| {
+        let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+            panic!("no sync asked at {asked}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: fw,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            answered,
+        );
+    };
+    // offset 900 ms (firmware 100 ms at 1000 ms), bound 1 µs; stated at
+    // the answer's time.
+    sample(&mut e, 1000 * MS - 1_000, 100 * MS, 1000 * MS + 1_000);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 100 * MS + 1_000, 1000 * MS + 1_000))
+    );
+    // A second later the firmware reads 50 ms: offset 1950 ms. Stated now
+    // its clock would read 50 ms, before the last snapshot's 100 ms.
+    sample(&mut e, 2000 * MS - 1_000, 50 * MS, 2000 * MS + 1_000);
+    assert!(e.stats().snapshots_deferred >= 1, "{:?}", e.stats());
+    assert!(take(&log).is_empty(), "nothing injected yet");
+    // Time catches up: injected, both clocks past the last snapshot's.
+    e.tick(2100 * MS, false);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(65, 150 * MS, 2100 * MS))]
+    );
+    assert_eq!(e.stats().snapshots, 2);
+}
+
+/// A new measurement that agrees with the stated relation (within its
+/// bound) does not change the offset stated (a step back would reorder
+/// the events around it); one that does not agrees moves it.
+#[test]
+fn the_stated_offset_stays_while_measurements_agree_with_it() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let sample = |e: &mut Engine<Fake>, asked: u64, fw: u64, answered: u64| {
+        let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+            panic!("no sync asked at {asked}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: fw,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            answered,
+        );
+    };
+    // offset 900 ms, bound 1 ms.
+    sample(&mut e, 999 * MS, 100 * MS, 1001 * MS);
+    assert_eq!(
+        take(&log)[2],
+        Call::Inject(1, snapshot_packet(65, 101 * MS, 1001 * MS))
+    );
+    // offset 900.3 ms, bound 0.5 ms: agrees; a second later the relation
+    // is stated again with the old offset.
+    sample(&mut e, 2000 * MS, 1100 * MS - 300_000 + MS / 2, 2001 * MS);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(1, snapshot_packet(65, 1101 * MS, 2001 * MS))]
+    );
+    // offset 902 ms, bound 0.1 ms: the old one is out of its bound.
+    sample(&mut e, 3000 * MS, 2098 * MS + 100_000, 3000 * MS + 200_000);
+    assert_eq!(
+        take(&log),
+        [Call::Inject(
+            1,
+            snapshot_packet(65, 2098 * MS + 200_000, 3000 * MS + 200_000)
+        )]
+    );
+}
+
+#[test]
+fn firmware_counters_add_up_across_boots() {
+    let (mut e, _log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.handle(FirmwareEvent::Stats(vec![("packets_dropped".into(), 3)]), 0);
+    e.handle(FirmwareEvent::Stats(vec![("packets_dropped".into(), 5)]), 0);
+    e.handle(hello(2, BOOTTIME), 0);
+    e.handle(
+        FirmwareEvent::Stats(vec![
+            ("packets_dropped".into(), 1),
+            ("ring_overflows".into(), 2),
+        ]),
+        0,
+    );
+    assert_eq!(
+        e.firmware_counters(),
+        [
+            ("packets_dropped".to_string(), 6),
+            ("ring_overflows".to_string(), 2)
+        ]
+    );
+}
+
+#[test]
+fn a_data_source_the_producer_refuses_refuses_the_hello() {
+    let log = Log::default();
+    let fake = Fake {
+        log,
+        next: 0,
+        sessions: true,
+        refuse: Some("fw".into()),
+    };
+    let mut e = Engine::new(fake);
+    e.handle(hello(1, BOOTTIME), 0);
+    e.handle(chunk(1, 0), 0);
+    assert_eq!(e.stats().hellos_refused, 1);
+    assert_eq!(e.stats().chunks_before_hello, 1);
+}

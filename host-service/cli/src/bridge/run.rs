@@ -1,0 +1,532 @@
+//! The bridge's I/O shell: one [`FirmwareSource`], the process's producer
+//! connection, the [engine](super::engine) in between.
+//!
+//! The calling thread reads the source and runs the engine; the
+//! producer's own threads talk to the service. What the service asks of
+//! the data source reaches the firmware through the source, if it can
+//! take requests: a session starting it asks for an incremental-state
+//! clear (the session's sequences start in the middle of the firmware's,
+//! without its interned data), then enables tracing (in that order: with
+//! tracing on before the clear is seen, a firmware writes on with the
+//! interned data of before the session), the last one stopping
+//! disables it, `ClearIncrementalState` is passed on as a clear. A flush
+//! (and a stop, before it is acknowledged) waits until every event the
+//! source had was forwarded, at most [`FLUSH_WAIT`].
+//!
+//! Outside sessions the firmware is kept quiet: a hello arriving while no
+//! session runs the data source (a firmware that traces from boot on) and
+//! the last session's stop disable tracing, then ask for a flush. So a
+//! writer holds no chunk begun outside a session when the next one starts:
+//! a chunk it held would carry packets written before the session's clear
+//! into the session, packets whose interned data and sequence start the
+//! session never got. The first hello's data source is registered (the
+//! producer connects) only once that flush is done (or given up on by the
+//! source): a session starting it sooner would get what the flush
+//! commits.
+//!
+//! The producer is named after the first hello (unless told otherwise)
+//! and connects once that hello arrived (and the firmware is quiet); the
+//! bridge fails if it cannot reach the service then. Losses and counters are logged every
+//! `log_interval` and returned as a [`Summary`] on exit.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shmtrace_producer::{DataSourceHandler, ForwardStats, InstanceArgs, ProducerConfig};
+
+use super::engine::{ClockStatus, Engine, EngineStats};
+use super::output::ProducerOutput;
+use super::{FirmwareEvent, FirmwareSource, Request, SourceError};
+use crate::CliError;
+
+/// How long a flush waits for the bridge to forward what the source has.
+pub const FLUSH_WAIT: Duration = Duration::from_millis(500);
+/// How long the source is polled at a time (the shell's reaction time).
+const POLL: Duration = Duration::from_millis(20);
+/// How long the source is polled at a time while a flush waits for the
+/// firmware.
+const FLUSH_POLL: Duration = Duration::from_millis(1);
+/// How long the producer may take to connect.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How the bridge runs.
+#[derive(Debug, Clone, Default)]
+pub struct BridgeOptions {
+    /// The service's producer socket (`None`: `$PERFETTO_PRODUCER_SOCK_NAME`
+    /// or Perfetto's default).
+    pub socket: Option<String>,
+    /// The producer name (`None`: the firmware's, from its hello).
+    pub producer_name: Option<String>,
+    /// SMB page size to ask the service for, bytes (0: its default). A
+    /// forwarded chunk must fit one page.
+    pub page_size_hint: u32,
+    /// SMB size to ask the service for, bytes (0: its default).
+    pub smb_size_hint: u32,
+    /// Log the counters this often.
+    pub log_interval: Option<Duration>,
+    /// A fixed clock relation instead of a measured one (offline import):
+    /// `boot = firmware + offset`.
+    pub fixed_clock_offset: Option<i64>,
+    /// Print `{"event":"enabled"}` / `{"event":"disabled"}` on stdout when
+    /// a session starts the data source / the last one stops it (for
+    /// scripts driving a one-way input).
+    pub announce: bool,
+}
+
+/// Firmware counters that count no lost data: a chunk whose commit found
+/// the ring full stays in the SMB, where the reader finds it.
+pub const FIRMWARE_NO_LOSS: &[&str] = &["ring_overflows"];
+
+/// What the bridge did, for the summary.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// What was read.
+    pub source: String,
+    /// The engine's counters.
+    pub engine: EngineStats,
+    /// The forwarder's counters.
+    pub forward: ForwardStats,
+    /// The transport's losses (cumulative).
+    pub transport: Vec<(&'static str, u64)>,
+    /// The transport's other counters (cumulative).
+    pub transport_counters: Vec<(&'static str, u64)>,
+    /// The firmware's own counters (summed over boots).
+    pub firmware: Vec<(String, u64)>,
+    /// The clock relation at the end.
+    pub clock: Option<ClockStatus>,
+    /// Requests the source could not pass on.
+    pub requests_unsupported: u64,
+}
+
+impl Summary {
+    /// The summary as JSON (every counter by name), for scripts.
+    pub fn to_json(&self) -> serde_json::Value {
+        let f = &self.forward;
+        let named = |items: &[(&'static str, u64)]| {
+            serde_json::Value::Object(
+                items
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).into()))
+                    .collect(),
+            )
+        };
+        let clock = self.clock.map(|c| {
+            serde_json::json!({
+                "clock_id": c.clock_id,
+                "samples": c.samples,
+                "rejected": c.rejected,
+                "fixed": c.fixed,
+                "offset_ns": c.estimate.map(|e| e.offset_ns),
+                "bound_ns": c.estimate.map(|e| e.bound_ns),
+                "two_way": c.estimate.map(|e| e.two_way),
+            })
+        });
+        serde_json::json!({
+            "source": self.source,
+            "engine": self.engine,
+            "forward": {
+                "chunks_received": f.chunks_received,
+                "chunks_forwarded": f.chunks_forwarded,
+                "chunks_no_session": f.chunks_no_session,
+                "chunks_invalid": f.chunks_invalid,
+                "chunks_too_big": f.chunks_too_big,
+                "chunks_no_room": f.chunks_no_room,
+                "chunks_no_writer_id": f.chunks_no_writer_id,
+                "chunks_lost": f.chunks_lost,
+                "chunks_skipped": f.chunks_skipped,
+                "orphan_fragments_dropped": f.orphan_fragments_dropped,
+                "losses_marked": f.losses_marked,
+                "lanes_restarted": f.lanes_restarted,
+                "packets_injected": f.packets_injected,
+                "start_packets_missed": f.start_packets_missed,
+                "patches_forwarded": f.patches_forwarded,
+                "patches_dropped": f.patches_dropped,
+            },
+            "transport_loss": named(&self.transport),
+            "transport": named(&self.transport_counters),
+            "firmware": serde_json::Value::Object(
+                self.firmware.iter().map(|(n, v)| (n.clone(), (*v).into())).collect()
+            ),
+            "clock": clock,
+            "requests_unsupported": self.requests_unsupported,
+            "lost_anything": self.lost_anything(),
+        })
+    }
+
+    /// Whether anything was lost on the way (forwarder, transport or
+    /// firmware counters), for the exit status.
+    pub fn lost_anything(&self) -> bool {
+        let e = &self.engine;
+        let f = &self.forward;
+        e.chunks_invalid
+            + e.chunks_before_hello
+            + e.chunks_dropped
+            + e.patch_groups_dropped
+            + f.chunks_no_room
+            + f.chunks_too_big
+            + f.chunks_lost
+            + f.patches_dropped
+            > 0
+            || self.transport.iter().any(|(_, v)| *v > 0)
+            || self
+                .firmware
+                .iter()
+                .any(|(n, v)| *v > 0 && !FIRMWARE_NO_LOSS.contains(&n.as_str()))
+    }
+}
+
+fn list<N: fmt::Display>(items: &[(N, u64)]) -> String {
+    if items.is_empty() {
+        return "none reported".into();
+    }
+    items
+        .iter()
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = &self.engine;
+        let f = &self.forward;
+        writeln!(out, "firmware bridge: {}", self.source)?;
+        writeln!(
+            out,
+            "  boots {}, resets {}, hellos refused {}",
+            e.boots, e.resets, e.hellos_refused
+        )?;
+        writeln!(
+            out,
+            "  chunks {}: forwarded {} ({} copies), no session {}, invalid {}, before a hello {}, \
+             dropped {} (no room {}, too big {}, no writer id {}), without a clock {}",
+            e.chunks,
+            e.chunks_forwarded,
+            f.chunks_forwarded,
+            e.chunks_no_session,
+            e.chunks_invalid,
+            e.chunks_before_hello,
+            e.chunks_dropped,
+            f.chunks_no_room,
+            f.chunks_too_big,
+            f.chunks_no_writer_id,
+            e.chunks_without_clock
+        )?;
+        writeln!(
+            out,
+            "  patches: {} groups, {} dropped; {} patches forwarded, {} dropped",
+            e.patch_groups, e.patch_groups_dropped, f.patches_forwarded, f.patches_dropped
+        )?;
+        writeln!(
+            out,
+            "  sequences: {} losses marked ({} with a new writer), {} orphan fragments dropped",
+            f.losses_marked, f.lanes_restarted, f.orphan_fragments_dropped
+        )?;
+        match &self.clock {
+            Some(ClockStatus {
+                clock_id,
+                estimate: Some(est),
+                fixed: true,
+                ..
+            }) => writeln!(
+                out,
+                "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s (given, not measured; {} \
+                 snapshots injected)",
+                if est.offset_ns < 0 { "-" } else { "+" },
+                est.offset_ns.unsigned_abs() as f64 / 1e9,
+                e.snapshots
+            )?,
+            Some(ClockStatus {
+                clock_id,
+                estimate: Some(est),
+                samples,
+                rejected,
+                fixed: false,
+            }) => writeln!(
+                out,
+                "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s, error within {:.3} ms \
+                 ({}, {samples} samples, {rejected} refused; {} snapshots injected)",
+                if est.offset_ns < 0 { "-" } else { "+" },
+                est.offset_ns.unsigned_abs() as f64 / 1e9,
+                est.bound_ns as f64 / 1e6,
+                if est.two_way {
+                    "two-way"
+                } else {
+                    "one-way, plus the link's fixed latency"
+                },
+                e.snapshots
+            )?,
+            Some(ClockStatus { clock_id, .. }) if *clock_id >= 64 => writeln!(
+                out,
+                "  clock {clock_id}: not measured (no sample from the firmware)"
+            )?,
+            _ => {}
+        }
+        writeln!(out, "  firmware counters: {}", list(&self.firmware))?;
+        writeln!(out, "  transport losses: {}", list(&self.transport))?;
+        write!(out, "  transport: {}", list(&self.transport_counters))?;
+        if self.requests_unsupported > 0 {
+            write!(
+                out,
+                "\n  {} requests (enable, clear, flush, sync) could not reach the firmware \
+                 (no reverse channel)",
+                self.requests_unsupported
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What the producer's threads ask of the bridge's thread.
+#[derive(Default)]
+struct Control {
+    state: Mutex<ControlState>,
+    changed: Condvar,
+    instances: AtomicUsize,
+}
+
+#[derive(Default)]
+struct ControlState {
+    requests: Vec<Request>,
+    flushes_asked: u64,
+    flushes_done: u64,
+}
+
+impl Control {
+    fn state(&self) -> MutexGuard<'_, ControlState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ask(&self, r: Request) {
+        self.state().requests.push(r);
+    }
+
+    /// Waits (at most [`FLUSH_WAIT`]) until the bridge's thread forwarded
+    /// everything its source had.
+    fn flush(&self) {
+        let mut st = self.state();
+        st.flushes_asked += 1;
+        let target = st.flushes_asked;
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while st.flushes_done < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+struct Handler(Arc<Control>);
+
+impl DataSourceHandler for Handler {
+    fn on_start(&self, _: &InstanceArgs<'_>) {
+        self.0.instances.fetch_add(1, Ordering::Relaxed);
+        // The clear first: a writer that sees tracing on has seen it, so
+        // its first packet in the session is its sequence's restart.
+        self.0.ask(Request::Clear);
+        self.0.ask(Request::Enable(true));
+    }
+    fn on_stop(&self, _: &InstanceArgs<'_>) {
+        if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // Disabled first: nothing is written after the flush that
+            // would wait in a held chunk for the next session.
+            self.0.ask(Request::Enable(false));
+            self.0.ask(Request::Flush);
+        }
+        self.0.flush();
+    }
+    fn on_flush(&self, _: &InstanceArgs<'_>) {
+        self.0.ask(Request::Flush);
+        self.0.flush();
+    }
+    fn on_clear_incremental_state(&self, _: &InstanceArgs<'_>) {
+        self.0.ask(Request::Clear);
+    }
+}
+
+/// Host BOOTTIME, nanoseconds.
+pub fn boottime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// Runs the bridge until `stop` is set or the source ends (`Ok`), or the
+/// source fails or the service cannot be reached (`Err`). Logs through
+/// `log`; returns the summary.
+pub fn run(
+    source: &mut dyn FirmwareSource,
+    options: &BridgeOptions,
+    stop: &AtomicBool,
+) -> Result<Summary, CliError> {
+    let control = Arc::new(Control::default());
+    let output = ProducerOutput::new(Arc::new(Handler(control.clone())));
+    let mut engine = match options.fixed_clock_offset {
+        Some(o) => Engine::with_fixed_clock(output, o),
+        None => Engine::new(output),
+    };
+    let mut producer = None;
+    let mut requests_unsupported = 0;
+    let mut last_log = Instant::now();
+    let mut result = Ok(());
+    let mut drained = true;
+    // The first hello's quieting flush is pending: connect once it is done.
+    let mut connect_when_quiet = false;
+    while !stop.load(Ordering::Relaxed) {
+        let pending_flush = {
+            let mut st = control.state();
+            for r in std::mem::take(&mut st.requests) {
+                if let (Request::Enable(on), true) = (r, options.announce) {
+                    let event = if on { "enabled" } else { "disabled" };
+                    println!("{{\"event\":\"{event}\"}}");
+                }
+                if !source.request(r) {
+                    requests_unsupported += 1;
+                }
+            }
+            (st.flushes_done < st.flushes_asked).then_some(st.flushes_asked)
+        };
+        let timeout = if !drained {
+            Duration::ZERO
+        } else if pending_flush.is_some() || connect_when_quiet {
+            // The firmware is still flushing: read on without spinning.
+            FLUSH_POLL
+        } else {
+            POLL
+        };
+        match source.poll(timeout) {
+            Ok(Some(event)) => {
+                drained = false;
+                let hello = matches!(event, FirmwareEvent::Hello(_));
+                engine.handle(event, boottime_ns());
+                if hello && control.instances.load(Ordering::Relaxed) == 0 {
+                    // No session: quiet (module docs). A session starting
+                    // meanwhile has its requests applied after these.
+                    let mut asked = true;
+                    for r in [Request::Enable(false), Request::Flush] {
+                        if !source.request(r) {
+                            requests_unsupported += 1;
+                            asked = false;
+                        }
+                    }
+                    connect_when_quiet = asked && producer.is_none();
+                }
+                if hello && producer.is_none() && !connect_when_quiet {
+                    if let Some(h) = engine.hello() {
+                        producer = Some(connect(options, &h.producer)?);
+                    }
+                }
+            }
+            Ok(None) => {
+                drained = true;
+                if connect_when_quiet && !source.flush_pending() {
+                    connect_when_quiet = false;
+                    if let Some(h) = engine.hello() {
+                        producer = Some(connect(options, &h.producer)?);
+                    }
+                }
+                if pending_flush.is_some() && source.flush_pending() {
+                    // Not done until the firmware says so (bounded by the
+                    // source).
+                } else if let Some(target) = pending_flush {
+                    engine.output().flush();
+                    control.state().flushes_done = target;
+                    control.changed.notify_all();
+                }
+            }
+            Err(SourceError::Ended) => break,
+            Err(e) => {
+                result = Err(CliError::Bridge(format!("{}: {e}", source.describe())));
+                break;
+            }
+        }
+        for r in engine.tick(boottime_ns(), source.can_sync()) {
+            if !source.request(r) {
+                requests_unsupported += 1;
+            }
+        }
+        for note in engine.take_notes() {
+            log::warn!("{note}");
+        }
+        if let Some(every) = options.log_interval {
+            if last_log.elapsed() >= every {
+                last_log = Instant::now();
+                let s = summary(&engine, &*source, requests_unsupported);
+                log::info!("{s}");
+            }
+        }
+    }
+    // Everything read is forwarded; the producer sends it before going.
+    engine.output().flush();
+    let summary = summary(&engine, &*source, requests_unsupported);
+    drop(engine);
+    // Nothing more will be read: flushes (the producer's own at shutdown
+    // among them) need not wait for this thread.
+    control.state().flushes_done = u64::MAX;
+    control.changed.notify_all();
+    if producer.is_some() {
+        if let Some(p) = shmtrace_producer::Producer::get() {
+            p.shutdown();
+        }
+    }
+    result.map(|()| summary)
+}
+
+fn summary(
+    engine: &Engine<ProducerOutput>,
+    source: &dyn FirmwareSource,
+    requests_unsupported: u64,
+) -> Summary {
+    Summary {
+        source: source.describe(),
+        engine: engine.stats().clone(),
+        forward: engine.output().stats(),
+        transport: source.transport_loss(),
+        transport_counters: source.counters(),
+        firmware: engine.firmware_counters(),
+        clock: engine.clock(boottime_ns()),
+        requests_unsupported,
+    }
+}
+
+/// Starts the producer, named `name` unless the options say otherwise,
+/// and waits for its connection.
+fn connect(
+    options: &BridgeOptions,
+    name: &str,
+) -> Result<&'static shmtrace_producer::Producer, CliError> {
+    let name = options
+        .producer_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| (!name.is_empty()).then(|| name.to_owned()))
+        .unwrap_or_else(|| "shmtrace-bridge".into());
+    let config = ProducerConfig {
+        name,
+        socket: options.socket.clone(),
+        shmem_size_hint_bytes: options.smb_size_hint,
+        shmem_page_size_hint_bytes: options.page_size_hint,
+        ..Default::default()
+    };
+    let address = options
+        .socket
+        .clone()
+        .unwrap_or_else(shmtrace_ipc::socket::producer_socket_name);
+    let producer = shmtrace_producer::init(config).map_err(|e| CliError::Bridge(e.to_string()))?;
+    if !producer.wait_connected(CONNECT_TIMEOUT) {
+        return Err(CliError::ProducerUnreachable {
+            address,
+            detail: producer
+                .last_error()
+                .map_or_else(|| "no connection".into(), |e| e.to_string()),
+        });
+    }
+    Ok(producer)
+}

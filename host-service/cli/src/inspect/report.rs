@@ -1,0 +1,430 @@
+//! The human-readable form of an [`Analysis`].
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::time::Duration;
+
+use super::analysis::{Analysis, TrackInfo};
+use crate::units::{Bytes, Elapsed};
+
+/// Most tracks listed.
+const MAX_TRACKS: usize = 50;
+
+/// Writes `analysis` for people; lists at most `top` categories and names.
+pub fn render(
+    analysis: &Analysis,
+    top: usize,
+    config: bool,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    header(analysis, out)?;
+    if config {
+        if let Some(c) = &analysis.session.config {
+            writeln!(out, "\nTraceConfig:")?;
+            for line in c.text.lines() {
+                writeln!(out, "  {line}")?;
+            }
+        }
+    }
+    packets(analysis, out)?;
+    track_events(analysis, top, out)?;
+    tracks(analysis, top.max(MAX_TRACKS), out)?;
+    sequences(analysis, out)?;
+    clocks(analysis, out)?;
+    loss(analysis, out)?;
+    stats(analysis, out)?;
+    problems(analysis, out)
+}
+
+fn header(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    let span = match (a.clocks.first_ns, a.clocks.last_ns) {
+        (Some(first), Some(last)) if last > first => {
+            format!(", spanning {}", Elapsed(Duration::from_nanos(last - first)))
+        }
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "{}: {} packets, {}{span}",
+        a.files.join(" + "),
+        a.packets,
+        Bytes(a.packet_bytes)
+    )?;
+    let c = &a.compression;
+    if c.zstd_batches > 0 {
+        writeln!(
+            out,
+            "  compressed  {} zstd_compressed_packets batch(es), not inflated (unsupported)",
+            c.zstd_batches
+        )?;
+    }
+    if c.batches > 0 {
+        writeln!(
+            out,
+            "  compressed  {} compressed_packets batch(es): {} inflated to {}, {} packets",
+            c.batches,
+            Bytes(c.compressed_bytes),
+            Bytes(c.inflated_bytes),
+            c.packets
+        )?;
+    }
+    let s = &a.session;
+    if let Some(version) = &s.service_version {
+        let system = s
+            .system
+            .as_deref()
+            .map(|s| format!(" on {s}"))
+            .unwrap_or_default();
+        writeln!(out, "  service     {version}{system}")?;
+    }
+    if let Some(uuid) = &s.uuid {
+        writeln!(out, "  trace uuid  {uuid}")?;
+    }
+    if let Some(c) = &s.config {
+        let buffers: Vec<String> = c
+            .buffers
+            .iter()
+            .map(|(kb, policy)| format!("{} {policy}", Bytes(u64::from(*kb) * 1024)))
+            .collect();
+        writeln!(out, "  buffers     {}", buffers.join(", "))?;
+        writeln!(out, "  sources     {}", c.data_sources.join(", "))?;
+        let mut mode = Vec::new();
+        if let Some(ms) = c.duration_ms {
+            mode.push(format!(
+                "duration {}",
+                Elapsed(Duration::from_millis(u64::from(ms)))
+            ));
+        }
+        if c.write_into_file {
+            mode.push("written into a file by the service".to_owned());
+        }
+        if !mode.is_empty() {
+            writeln!(out, "  session     {}", mode.join(", "))?;
+        }
+    }
+    if !s.service_events.is_empty() {
+        let events: Vec<String> = s
+            .service_events
+            .iter()
+            .map(|(name, n)| {
+                if *n > 1 {
+                    format!("{name} x{n}")
+                } else {
+                    name.clone()
+                }
+            })
+            .collect();
+        writeln!(out, "  lifecycle   {}", events.join(", "))?;
+    }
+    if !s.triggers.is_empty() {
+        writeln!(out, "  triggers    {}", s.triggers.join(", "))?;
+    }
+    for slow in &s.slow_data_sources {
+        writeln!(out, "  slow        {slow}")?;
+    }
+    Ok(())
+}
+
+fn packets(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "\nPackets by kind:")?;
+    let mut kinds: Vec<_> = a.packets_by_kind.iter().collect();
+    kinds.sort_by(|x, y| y.1.packets.cmp(&x.1.packets).then(x.0.cmp(y.0)));
+    for (kind, count) in kinds {
+        writeln!(
+            out,
+            "  {kind:<28} {:>9}  {:>10}",
+            count.packets,
+            Bytes(count.bytes).to_string()
+        )?;
+    }
+    Ok(())
+}
+
+fn top_list(map: &BTreeMap<String, u64>, top: usize) -> String {
+    let mut items: Vec<_> = map.iter().collect();
+    items.sort_by(|x, y| y.1.cmp(x.1).then(x.0.cmp(y.0)));
+    let shown: Vec<String> = items
+        .iter()
+        .take(top)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    let more = items.len().saturating_sub(top);
+    if more > 0 {
+        format!("{}, ... and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+fn track_events(a: &Analysis, top: usize, out: &mut impl Write) -> io::Result<()> {
+    let t = &a.track_events;
+    if t.total == 0 {
+        return writeln!(out, "\nTrack events: none");
+    }
+    writeln!(
+        out,
+        "\nTrack events: {} ({} slices begun, {} ended, {} instants, {} counters{}), {} arguments",
+        t.total,
+        t.slice_begin,
+        t.slice_end,
+        t.instant,
+        t.counter,
+        if t.other > 0 {
+            format!(", {} other", t.other)
+        } else {
+            String::new()
+        },
+        t.args
+    )?;
+    writeln!(out, "  categories  {}", top_list(&t.by_category, top))?;
+    writeln!(out, "  names       {}", top_list(&t.by_name, top))?;
+    writeln!(
+        out,
+        "  slices      nesting depth up to {}, {} open at the end",
+        t.max_depth, t.open_slices
+    )?;
+    writeln!(
+        out,
+        "  flows       {} links, {} started and never continued, {} ends without a start",
+        t.flow_links, t.flows_unpaired_start, t.flows_unpaired_end
+    )?;
+    writeln!(
+        out,
+        "  interning   {} ids resolved, {} unresolved",
+        t.interned_resolved, t.interned_unresolved
+    )
+}
+
+fn track_line(t: &TrackInfo) -> String {
+    let mut who = String::new();
+    match t.kind {
+        "process" => who = format!("pid {}", t.pid.unwrap_or(0)),
+        "thread" => who = format!("tid {}", t.tid.unwrap_or(0)),
+        _ => {}
+    }
+    let name = t.name.as_deref().unwrap_or(if t.uuid == 0 {
+        "(default track)"
+    } else if t.described {
+        "(unnamed)"
+    } else {
+        "(not described)"
+    });
+    format!("{:<8} {:<10} {name}", t.kind, who)
+}
+
+fn tracks(a: &Analysis, max: usize, out: &mut impl Write) -> io::Result<()> {
+    if a.tracks.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nTracks: {}", a.tracks.len())?;
+    // Processes first, each followed by its children; then the rest.
+    let mut order: Vec<(usize, &TrackInfo)> = Vec::new();
+    let known: std::collections::HashSet<u64> = a.tracks.iter().map(|t| t.uuid).collect();
+    for process in a.tracks.iter().filter(|t| t.kind == "process") {
+        order.push((0, process));
+        for child in a.tracks.iter().filter(|t| t.parent == Some(process.uuid)) {
+            order.push((1, child));
+        }
+    }
+    for t in &a.tracks {
+        let placed = t.kind == "process"
+            || t.parent.is_some_and(|p| {
+                known.contains(&p) && a.tracks.iter().any(|x| x.uuid == p && x.kind == "process")
+            });
+        if !placed {
+            order.push((0, t));
+        }
+    }
+    for (depth, t) in order.iter().take(max) {
+        let line = track_line(t);
+        let indent = "  ".repeat(depth + 1);
+        let width = 56usize.saturating_sub(indent.len());
+        writeln!(out, "{indent}{line:<width$} {:>8} events", t.events)?;
+    }
+    if order.len() > max {
+        writeln!(out, "  ... and {} more (see --json)", order.len() - max)?;
+    }
+    Ok(())
+}
+
+fn sequences(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    if a.sequences.is_empty() {
+        return writeln!(out, "\nSequences: none from producers");
+    }
+    writeln!(out, "\nSequences: {} from producers", a.sequences.len())?;
+    writeln!(
+        out,
+        "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  start",
+        "id", "pid", "buffer", "packets", "events", "clears", "marks", "skipped", "after-wrap"
+    )?;
+    for s in &a.sequences {
+        let pids: Vec<String> = s.pids.iter().map(i32::to_string).collect();
+        writeln!(
+            out,
+            "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  {}",
+            s.id,
+            pids.join(","),
+            s.buffer.map_or("-".to_owned(), |b| b.to_string()),
+            s.packets,
+            s.track_events,
+            s.cleared,
+            s.loss_marks,
+            s.skipped_packets,
+            s.unresolvable_after_wrap,
+            if s.start_lost { "lost" } else { "ok" }
+        )?;
+    }
+    Ok(())
+}
+
+fn clocks(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    let c = &a.clocks;
+    writeln!(out, "\nClocks:")?;
+    writeln!(
+        out,
+        "  primary     {}",
+        c.primary.as_deref().unwrap_or("BOOTTIME (default)")
+    )?;
+    if c.service_snapshots > 0 {
+        writeln!(
+            out,
+            "  snapshots   {} from the service, of {}",
+            c.service_snapshots,
+            c.builtin.join(", ")
+        )?;
+    }
+    if !c.sequence_scoped.is_empty() {
+        let scoped: Vec<String> = c
+            .sequence_scoped
+            .iter()
+            .map(|(id, n)| format!("{id} on {n} sequence(s)"))
+            .collect();
+        writeln!(out, "  sequence    {}", scoped.join(", "))?;
+    }
+    if c.out_of_order > 0 {
+        writeln!(
+            out,
+            "  out of order {} packet(s) earlier than their sequence's latest time \
+             (legal: sorted by time)",
+            c.out_of_order
+        )?;
+    }
+    Ok(())
+}
+
+fn loss(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    let l = &a.loss;
+    if !l.any() {
+        return writeln!(out, "\nData loss: none recorded");
+    }
+    writeln!(out, "\nData loss:")?;
+    for (what, value, meaning) in &l.stats {
+        writeln!(out, "  {what} = {value}: {meaning}")?;
+    }
+    if l.loss_marks > 0 {
+        writeln!(
+            out,
+            "  {} loss mark(s) in sequences (previous_packet_dropped, reasons 0x{:x})",
+            l.loss_marks, l.loss_reasons
+        )?;
+    }
+    if l.sequences_start_lost > 0 {
+        writeln!(
+            out,
+            "  {} sequence(s) lost their start (first packets missing)",
+            l.sequences_start_lost
+        )?;
+    }
+    if l.skipped_packets > 0 {
+        writeln!(
+            out,
+            "  {} packet(s) unusable: they need interned data that was lost",
+            l.skipped_packets
+        )?;
+    }
+    if l.unresolvable_after_wrap > 0 {
+        writeln!(
+            out,
+            "  {} packet(s) unresolvable after ring wrap: they need incremental state whose \
+             clear the ring buffer overwrote",
+            l.unresolvable_after_wrap
+        )?;
+    }
+    if l.malformed_packets > 0 {
+        writeln!(out, "  {} malformed packet(s)", l.malformed_packets)?;
+    }
+    if l.file_damaged {
+        writeln!(out, "  the file is damaged or cut short")?;
+    }
+    Ok(())
+}
+
+fn stats(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    let Some(s) = &a.stats else {
+        return writeln!(out, "\nStatistics: no trace_stats packet");
+    };
+    writeln!(out, "\nStatistics (trace_stats):")?;
+    let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    for (i, b) in s.buffers.iter().enumerate() {
+        writeln!(
+            out,
+            "  buffer {i}: {} of {}, {} chunks written, {} read, {} overwritten, {} discarded, \
+             {} patches ({} failed)",
+            Bytes(get(b, "bytes_written")),
+            Bytes(get(b, "buffer_size")),
+            get(b, "chunks_written"),
+            get(b, "chunks_read"),
+            get(b, "chunks_overwritten"),
+            get(b, "chunks_discarded"),
+            get(b, "patches_succeeded") + get(b, "patches_failed"),
+            get(b, "patches_failed"),
+        )?;
+    }
+    let v = &s.service;
+    writeln!(
+        out,
+        "  service: {} producer(s) connected, {} data source(s) registered, flushes {} requested / \
+         {} ok / {} failed",
+        get(v, "producers_connected"),
+        get(v, "data_sources_registered"),
+        get(v, "flushes_requested"),
+        get(v, "flushes_succeeded"),
+        get(v, "flushes_failed"),
+    )
+}
+
+fn problems(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    if a.ok_strict() {
+        return writeln!(out, "\nCheck: OK");
+    }
+    if a.ok() {
+        writeln!(
+            out,
+            "\nCheck: OK, but for {} problem(s) that may be slices or flows cut at the \
+             trace's edges (--check --strict fails on them)",
+            a.problem_total()
+        )?;
+    } else {
+        writeln!(out, "\nCheck: {} problem(s)", a.problem_total())?;
+    }
+    for (kind, n) in &a.problem_counts {
+        let edge = if kind.may_be_edge_cut() {
+            " (may be cut at the trace's edges)"
+        } else {
+            ""
+        };
+        writeln!(out, "  {}: {n}{edge}", kind.label())?;
+    }
+    for p in &a.problems {
+        writeln!(out, "  - [{}] {}", kind_tag(p.kind), p.message)?;
+    }
+    let shown = a.problems.len() as u64;
+    if shown < a.problem_total() {
+        writeln!(out, "  ... {} more not shown", a.problem_total() - shown)?;
+    }
+    Ok(())
+}
+
+fn kind_tag(kind: super::ProblemKind) -> &'static str {
+    kind.label()
+}

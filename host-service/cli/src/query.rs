@@ -1,0 +1,315 @@
+//! `shmtrace query`: the service's state (QueryServiceState) as tables:
+//! producers, data sources, tracing sessions and their buffers; or as JSON.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::consumer::Consumer;
+use super::units::{Bytes, Elapsed, UtcTime};
+use super::{exit, CliError};
+use shmtrace_ipc::protos::{self, TracingServiceState, TrackEventDescriptor};
+
+/// Arguments of `shmtrace query`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QueryArgs {
+    /// The service's consumer socket (default: $PERFETTO_CONSUMER_SOCK_NAME,
+    /// else /run/perfetto/traced-consumer.sock if /run/perfetto exists, else
+    /// /tmp/perfetto-consumer).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<String>,
+    /// Print the state as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The service state, in the form `query` prints.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ServiceState {
+    /// The socket queried.
+    pub socket: String,
+    /// `tracing_service_version`.
+    pub version: Option<String>,
+    /// Connected producers.
+    pub producers: Vec<Producer>,
+    /// Registered data sources.
+    pub data_sources: Vec<DataSource>,
+    /// Whether the service lists sessions (Perfetto since v26).
+    pub lists_sessions: bool,
+    /// Sessions the caller may see.
+    pub sessions: Vec<Session>,
+    /// All sessions of the service.
+    pub num_sessions: Option<i32>,
+    /// All started sessions of the service.
+    pub num_sessions_started: Option<i32>,
+}
+
+/// A producer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Producer {
+    /// Producer id.
+    pub id: i32,
+    /// Name it gave.
+    pub name: String,
+    /// Process id (0 if unknown).
+    pub pid: i32,
+    /// User id.
+    pub uid: i32,
+    /// SDK version string.
+    pub sdk_version: Option<String>,
+    /// A frozen Android app.
+    pub frozen: bool,
+}
+
+/// A registered data source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DataSource {
+    /// The producer that registered it.
+    pub producer_id: i32,
+    /// Its name.
+    pub name: String,
+    /// For track_event: the categories it advertises.
+    pub categories: Vec<String>,
+    /// Descriptor flags that are set.
+    pub flags: Vec<&'static str>,
+}
+
+/// A tracing session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Session {
+    /// Session id.
+    pub id: u64,
+    /// State (`CONFIGURED`, `STARTED`, ...).
+    pub state: String,
+    /// Consumer's uid.
+    pub consumer_uid: i32,
+    /// Unique session name, if any.
+    pub name: Option<String>,
+    /// Buffer sizes, KiB.
+    pub buffer_size_kb: Vec<u32>,
+    /// Duration, ms (0: until stopped).
+    pub duration_ms: u32,
+    /// Data source instances.
+    pub num_data_sources: u32,
+    /// Wall-clock start, ns since the epoch.
+    pub start_realtime_ns: Option<i64>,
+}
+
+impl ServiceState {
+    /// Converts the protocol message.
+    pub fn from_proto(socket: String, state: TracingServiceState) -> Self {
+        let producers = state
+            .producers
+            .into_iter()
+            .map(|p| Producer {
+                id: p.id.unwrap_or(0),
+                name: p.name.unwrap_or_default(),
+                pid: p.pid.unwrap_or(0),
+                uid: p.uid.unwrap_or(0),
+                sdk_version: p.sdk_version.filter(|v| !v.is_empty()),
+                frozen: p.frozen.unwrap_or(false),
+            })
+            .collect();
+        let data_sources = state
+            .data_sources
+            .into_iter()
+            .map(|d| {
+                let desc = d.ds_descriptor.unwrap_or_default();
+                let categories =
+                    protos::from_raw::<TrackEventDescriptor>(desc.track_event_descriptor.as_ref())
+                        .map(|t| {
+                            t.available_categories
+                                .into_iter()
+                                .filter_map(|c| c.name)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                let flags = [
+                    (desc.will_notify_on_start, "notifies start"),
+                    (desc.will_notify_on_stop, "notifies stop"),
+                    (
+                        desc.handles_incremental_state_clear,
+                        "clears incremental state",
+                    ),
+                    (desc.no_flush, "no flush"),
+                ]
+                .into_iter()
+                .filter_map(|(set, name)| (set == Some(true)).then_some(name))
+                .collect();
+                DataSource {
+                    producer_id: d.producer_id.unwrap_or(0),
+                    name: desc.name.unwrap_or_default(),
+                    categories,
+                    flags,
+                }
+            })
+            .collect();
+        let sessions = state
+            .tracing_sessions
+            .into_iter()
+            .map(|s| Session {
+                id: s.id.unwrap_or(0),
+                state: s.state.unwrap_or_default(),
+                consumer_uid: s.consumer_uid.unwrap_or(0),
+                name: s.unique_session_name.filter(|n| !n.is_empty()),
+                buffer_size_kb: s.buffer_size_kb,
+                duration_ms: s.duration_ms.unwrap_or(0),
+                num_data_sources: s.num_data_sources.unwrap_or(0),
+                start_realtime_ns: s.start_realtime_ns.filter(|&t| t > 0),
+            })
+            .collect();
+        ServiceState {
+            socket,
+            version: state.tracing_service_version.filter(|v| !v.is_empty()),
+            producers,
+            data_sources,
+            lists_sessions: state.supports_tracing_sessions.unwrap_or(false),
+            sessions,
+            num_sessions: state.num_sessions,
+            num_sessions_started: state.num_sessions_started,
+        }
+    }
+
+    /// Writes the tables.
+    pub fn render(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "Service at {}: {}",
+            self.socket,
+            self.version.as_deref().unwrap_or("(version not reported)")
+        )?;
+        let sessions = match (self.num_sessions, self.num_sessions_started) {
+            (Some(n), Some(started)) => format!("{n} tracing session(s), {started} started"),
+            (Some(n), None) => format!("{n} tracing session(s)"),
+            _ => "sessions not reported".to_owned(),
+        };
+        writeln!(
+            out,
+            "  {} producer(s), {} data source(s), {sessions}",
+            self.producers.len(),
+            self.data_sources.len()
+        )?;
+
+        writeln!(out, "\nProducers:")?;
+        if self.producers.is_empty() {
+            writeln!(out, "  (none connected)")?;
+        } else {
+            writeln!(
+                out,
+                "  {:>5}  {:<28} {:>8} {:>7}  SDK",
+                "ID", "NAME", "PID", "UID"
+            )?;
+            for p in &self.producers {
+                writeln!(
+                    out,
+                    "  {:>5}  {:<28} {:>8} {:>7}  {}{}",
+                    p.id,
+                    p.name,
+                    if p.pid > 0 {
+                        p.pid.to_string()
+                    } else {
+                        "?".into()
+                    },
+                    p.uid,
+                    p.sdk_version.as_deref().unwrap_or("-"),
+                    if p.frozen { " (frozen)" } else { "" }
+                )?;
+            }
+        }
+
+        writeln!(out, "\nData sources:")?;
+        if self.data_sources.is_empty() {
+            writeln!(out, "  (none registered)")?;
+        } else {
+            let names: BTreeMap<i32, &str> = self
+                .producers
+                .iter()
+                .map(|p| (p.id, p.name.as_str()))
+                .collect();
+            writeln!(out, "  {:<34} {:<24} DETAILS", "PRODUCER", "NAME")?;
+            for d in &self.data_sources {
+                let producer = format!(
+                    "{} {}",
+                    d.producer_id,
+                    names.get(&d.producer_id).copied().unwrap_or("?")
+                );
+                let mut details = Vec::new();
+                if !d.categories.is_empty() {
+                    const SHOWN: usize = 8;
+                    let mut list = d.categories[..d.categories.len().min(SHOWN)].join(", ");
+                    if d.categories.len() > SHOWN {
+                        list.push_str(&format!(", ... ({} in all)", d.categories.len()));
+                    }
+                    details.push(format!("categories: {list}"));
+                }
+                details.extend(d.flags.iter().map(|f| (*f).to_owned()));
+                writeln!(
+                    out,
+                    "  {producer:<34} {:<24} {}",
+                    d.name,
+                    details.join("; ")
+                )?;
+            }
+        }
+
+        writeln!(out, "\nTracing sessions:")?;
+        if !self.lists_sessions {
+            writeln!(out, "  (this service does not list sessions)")?;
+        } else if self.sessions.is_empty() {
+            writeln!(out, "  (none visible to this user)")?;
+        } else {
+            writeln!(
+                out,
+                "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {:<24} STARTED",
+                "ID", "STATE", "UID", "SOURCES", "DURATION", "BUFFERS"
+            )?;
+            for s in &self.sessions {
+                let buffers: Vec<String> = s
+                    .buffer_size_kb
+                    .iter()
+                    .map(|kb| Bytes(u64::from(*kb) * 1024).to_string())
+                    .collect();
+                let duration = if s.duration_ms == 0 {
+                    "-".to_owned()
+                } else {
+                    Elapsed(Duration::from_millis(u64::from(s.duration_ms))).to_string()
+                };
+                let started = s.start_realtime_ns.map_or("-".to_owned(), |ns| {
+                    UtcTime::from_unix(ns / 1_000_000_000).to_string()
+                });
+                let name = s
+                    .name
+                    .as_deref()
+                    .map(|n| format!(" ({n})"))
+                    .unwrap_or_default();
+                writeln!(
+                    out,
+                    "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {:<24} {started}{name}",
+                    s.id,
+                    s.state,
+                    s.consumer_uid,
+                    s.num_data_sources,
+                    duration,
+                    buffers.join(", ")
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `shmtrace query`; returns the exit status.
+pub fn run(args: &QueryArgs, out: &mut impl Write) -> Result<u8, CliError> {
+    let consumer = Consumer::connect(args.socket.as_deref())?;
+    let state = consumer.service_state(false)?;
+    let state = ServiceState::from_proto(consumer.address().to_string(), state);
+    if args.json {
+        serde_json::to_writer_pretty(&mut *out, &state).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        state.render(out)?;
+    }
+    Ok(exit::OK)
+}

@@ -1,0 +1,462 @@
+//! One tracing session, driven over the consumer socket:
+//!
+//! 1. EnableTracing with the config (and, for write_into_file, the output
+//!    file's descriptor); its reply only comes when the session is over.
+//!    A session this consumer has attached to (`--attach`) is already
+//!    running: EnableTracing with `attach_notification_only` asks for that
+//!    same reply instead ([`Begin::Attached`]).
+//! 2. While it runs: ObserveEvents for data source instances, and
+//!    GetTraceStats for the progress line.
+//! 3. The end: either the service ends the session (duration, error), or
+//!    the person stops it (Ctrl-C, SIGTERM): Flush, DisableTracing, then
+//!    wait for the EnableTracing reply.
+//! 4. ReadBuffers into the file, each packet's slices preceded by
+//!    `0x0A varint(len)` (unless the service wrote the file itself), the
+//!    final statistics, FreeBuffers.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::progress::{Progress, Snapshot};
+use crate::config::Config;
+use crate::consumer::{next, Consumer, CALL_TIMEOUT};
+use crate::{trace_file, CliError};
+use shmtrace_ipc::protos::observable_events::{DataSourceInstanceState, Type as ObservableType};
+use shmtrace_ipc::protos::{
+    consumer_port, DisableTracingRequest, EnableTracingRequest, EnableTracingResponse,
+    FlushRequest, FreeBuffersRequest, ObserveEventsRequest, ReadBuffersRequest, TraceStats,
+};
+use shmtrace_ipc::{ClientError, PendingCall};
+
+/// How often the loop looks at the stop flag and the session.
+const POLL: Duration = Duration::from_millis(100);
+/// Margin on top of the service's own timeouts before giving up waiting.
+const MARGIN: Duration = Duration::from_secs(5);
+/// Perfetto's default flush and data-source stop timeouts.
+const DEFAULT_SERVICE_TIMEOUT_MS: u32 = 5000;
+/// How long one ReadBuffers reply may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why the session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// Stopped by a signal (Ctrl-C, SIGTERM); `flushed` says whether the
+    /// flush before stopping succeeded.
+    Stopped {
+        /// The flush succeeded.
+        flushed: bool,
+    },
+    /// The service ended it (duration elapsed, max file size, ...).
+    ByService,
+    /// The service refused or aborted it.
+    Failed(String),
+}
+
+/// What happened.
+#[derive(Debug, Clone)]
+pub struct SessionReport {
+    /// Why it ended.
+    pub ended: Ended,
+    /// From EnableTracing to the end.
+    pub elapsed: Duration,
+    /// Packets written into the file by this consumer (0 if the service
+    /// wrote the file).
+    pub packets_written: u64,
+    /// Bytes written into the file by this consumer.
+    pub bytes_written: u64,
+    /// A packet whose last slice never came (dropped, counted here).
+    pub incomplete_packets: u64,
+    /// Data source instances seen started: `(producer, data source)`.
+    pub started: BTreeSet<(String, String)>,
+    /// Whether ObserveEvents worked (else `started` is empty).
+    pub observed: bool,
+    /// Data source names registered with the service at the end.
+    pub registered: BTreeSet<String>,
+    /// The last statistics the service gave.
+    pub stats: Option<TraceStats>,
+}
+
+/// How this consumer came to the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// It starts the session with its config.
+    Enable,
+    /// It attached to a running session (ConsumerPort Attach).
+    Attached,
+}
+
+/// Where the trace goes.
+#[derive(Debug)]
+pub enum Output<'a> {
+    /// This consumer reads the buffers into `file` at the end.
+    Read {
+        /// The opened output file.
+        file: File,
+        /// Its path (for messages).
+        path: &'a Path,
+    },
+    /// The service writes into `fd` while the session runs.
+    IntoFile {
+        /// A descriptor of the output file for the service.
+        fd: OwnedFd,
+    },
+    /// The service writes the file named in the config (`output_path`).
+    ByService,
+}
+
+/// Short names of the loss counters (the ones `inspect` explains), for the
+/// status line.
+fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    let mut add = |name: &'static str, v: Option<u64>| {
+        let v = v.unwrap_or(0);
+        if v > 0 {
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, total)) => *total += v,
+                None => out.push((name, v)),
+            }
+        }
+    };
+    for b in &stats.buffer_stats {
+        add("overwritten", b.chunks_overwritten);
+        add("discarded", b.chunks_discarded);
+        add("packets cut short by producers", b.trace_writer_packet_loss);
+        add("malformed", b.abi_violations);
+        add("failed patches", b.patches_failed);
+    }
+    add("refused chunks", stats.chunks_discarded);
+    add("refused patches", stats.patches_discarded);
+    add("invalid packets", stats.invalid_packets);
+    out
+}
+
+/// Runs the session until it ends; writes the trace.
+pub fn run(
+    consumer: &Consumer,
+    config: &Config,
+    begin: Begin,
+    output: Output<'_>,
+    stop: &AtomicBool,
+    progress: &mut Progress,
+) -> Result<SessionReport, CliError> {
+    let view = config.view();
+    let mut observe = consumer
+        .start::<consumer_port::ObserveEvents>(
+            "ObserveEvents",
+            &ObserveEventsRequest {
+                events_to_observe: vec![
+                    ObservableType::DataSourcesInstances as i32,
+                    ObservableType::AllDataSourcesStarted as i32,
+                ],
+            },
+            None,
+        )
+        .ok();
+    let (fd, mut read_into) = match output {
+        Output::Read { file, path } => (None, Some((BufWriter::new(file), path))),
+        Output::IntoFile { fd } => (Some(fd), None),
+        Output::ByService => (None, None),
+    };
+    let request = match begin {
+        Begin::Enable => EnableTracingRequest {
+            trace_config: Some(config.bytes().to_vec().into()),
+            attach_notification_only: None,
+        },
+        Begin::Attached => EnableTracingRequest {
+            trace_config: None,
+            attach_notification_only: Some(true),
+        },
+    };
+    let mut enable =
+        consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
+    // A service refuses a session in its reply to EnableTracing, before it
+    // answers the next call on this connection: one round trip tells a
+    // refusal (over a limit, say) before "tracing" is printed.
+    let _ = consumer.trace_stats();
+    let mut early = session_reply(&mut enable, Duration::ZERO)?;
+    if let Some(error) = early
+        .as_ref()
+        .and_then(|r| r.error.as_deref())
+        .filter(|e| !e.is_empty())
+    {
+        return Err(CliError::Session(format!("refused the session: {error}")));
+    }
+    let started_at = Instant::now();
+    progress.event(json!({"event": "tracing"}));
+    progress.note(&format!(
+        "{}{}; press Ctrl-C to stop",
+        match begin {
+            Begin::Enable => "tracing",
+            Begin::Attached => "attached to the session",
+        },
+        match view.duration_ms.filter(|&d| d > 0) {
+            Some(ms) => format!(
+                " {}{}",
+                if begin == Begin::Attached {
+                    "configured for "
+                } else {
+                    "for "
+                },
+                crate::units::Elapsed(Duration::from_millis(ms.into()))
+            ),
+            None => String::new(),
+        }
+    ));
+
+    let mut report = SessionReport {
+        ended: Ended::ByService,
+        elapsed: Duration::ZERO,
+        packets_written: 0,
+        bytes_written: 0,
+        incomplete_packets: 0,
+        started: BTreeSet::new(),
+        // Attached: the data sources started before this consumer came.
+        observed: observe.is_some() && begin == Begin::Enable,
+        registered: BTreeSet::new(),
+        stats: None,
+    };
+    let mut all_started_reported = false;
+    let hint = "Ctrl-C to stop";
+
+    // 1. Until the service ends the session or we are told to stop.
+    let reply = loop {
+        if let Some(reply) = early.take() {
+            break Some(reply);
+        }
+        if stop.load(Ordering::Relaxed) {
+            break None;
+        }
+        if let Some(reply) = session_reply(&mut enable, POLL)? {
+            break Some(reply);
+        }
+        drain_observed(
+            &mut observe,
+            &mut report,
+            progress,
+            &mut all_started_reported,
+        );
+        if progress.due() {
+            let stats = consumer.trace_stats().ok().flatten();
+            let snapshot = snapshot(started_at, stats.as_ref(), &report);
+            if stats.is_some() {
+                report.stats = stats;
+            }
+            progress.update(&snapshot, hint);
+        }
+    };
+
+    // 2. Stop, if the person asked.
+    let reply = match reply {
+        Some(reply) => reply,
+        None => {
+            progress.note("stopping: flushing the producers' data");
+            progress.event(json!({"event": "stopping"}));
+            let flush_ms = view
+                .flush_timeout_ms
+                .filter(|&t| t > 0)
+                .unwrap_or(DEFAULT_SERVICE_TIMEOUT_MS);
+            let flushed = consumer
+                .call::<consumer_port::Flush>(
+                    "Flush",
+                    &FlushRequest {
+                        timeout_ms: Some(flush_ms),
+                        flags: None,
+                    },
+                    Duration::from_millis(flush_ms.into()) + MARGIN,
+                )
+                .is_ok();
+            if !flushed {
+                progress.warn(
+                    "the flush did not complete in time: data still in the producers' \
+                     buffers may be missing",
+                );
+            }
+            consumer.call::<consumer_port::DisableTracing>(
+                "DisableTracing",
+                &DisableTracingRequest {},
+                CALL_TIMEOUT,
+            )?;
+            let stop_ms = view
+                .data_source_stop_timeout_ms
+                .filter(|&t| t > 0)
+                .unwrap_or(DEFAULT_SERVICE_TIMEOUT_MS);
+            let reply = next(
+                &mut enable,
+                Some(Duration::from_millis(stop_ms.into()) + MARGIN),
+            )
+            .map_err(|source| CliError::Ipc {
+                what: "waiting for the session to stop",
+                source,
+            })?;
+            report.ended = Ended::Stopped { flushed };
+            reply.message
+        }
+    };
+    report.elapsed = started_at.elapsed();
+    if let Some(error) = reply.error.filter(|e| !e.is_empty()) {
+        report.ended = Ended::Failed(error);
+    }
+    drain_observed(
+        &mut observe,
+        &mut report,
+        progress,
+        &mut all_started_reported,
+    );
+
+    // 3. Read what the buffers hold.
+    if let Some((writer, path)) = read_into.as_mut() {
+        progress.note("reading the trace buffers");
+        read_buffers(consumer, writer, path, &mut report)?;
+        writer.flush().map_err(|source| CliError::Io {
+            action: "write",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    if let Ok(Some(stats)) = consumer.trace_stats() {
+        report.stats = Some(stats);
+    }
+    // The session is over; a failure to free it only leaks it until we
+    // disconnect, which frees it too.
+    let _ = consumer.call::<consumer_port::FreeBuffers>(
+        "FreeBuffers",
+        &FreeBuffersRequest { buffer_ids: vec![] },
+        CALL_TIMEOUT,
+    );
+    if let Ok(state) = consumer.service_state(false) {
+        report.registered = state
+            .data_sources
+            .into_iter()
+            .filter_map(|d| d.ds_descriptor.and_then(|d| d.name))
+            .collect();
+    }
+    Ok(report)
+}
+
+/// The EnableTracing reply (the session's end) if it comes within `wait`.
+fn session_reply(
+    enable: &mut PendingCall<consumer_port::EnableTracing>,
+    wait: Duration,
+) -> Result<Option<EnableTracingResponse>, CliError> {
+    let source = match enable.next(Some(wait)) {
+        Some(Ok(reply)) => return Ok(Some(reply.message)),
+        Some(Err(ClientError::Timeout)) => return Ok(None),
+        Some(Err(source)) => source,
+        None => ClientError::Disconnected,
+    };
+    Err(CliError::Ipc {
+        what: "the session",
+        source,
+    })
+}
+
+fn snapshot(started_at: Instant, stats: Option<&TraceStats>, report: &SessionReport) -> Snapshot {
+    let producers: BTreeSet<&String> = report.started.iter().map(|(p, _)| p).collect();
+    Snapshot {
+        elapsed: started_at.elapsed(),
+        bytes: stats.map_or(0, |s| {
+            s.buffer_stats
+                .iter()
+                .map(|b| b.bytes_written.unwrap_or(0))
+                .sum()
+        }),
+        producers: producers.len(),
+        data_sources: report.started.len(),
+        losses: stats.map(loss_counters).unwrap_or_default(),
+    }
+}
+
+fn drain_observed(
+    observe: &mut Option<PendingCall<consumer_port::ObserveEvents>>,
+    report: &mut SessionReport,
+    progress: &mut Progress,
+    all_started_reported: &mut bool,
+) {
+    let Some(call) = observe else { return };
+    loop {
+        match call.next(Some(Duration::ZERO)) {
+            Some(Ok(reply)) => {
+                let events = reply.message.events.unwrap_or_default();
+                for change in events.instance_state_changes {
+                    let key = (
+                        change.producer_name.unwrap_or_default(),
+                        change.data_source_name.unwrap_or_default(),
+                    );
+                    if change.state == Some(DataSourceInstanceState::Started as i32) {
+                        progress.event(json!({
+                            "event": "data_source_started",
+                            "producer": key.0,
+                            "data_source": key.1,
+                        }));
+                        report.started.insert(key);
+                    }
+                }
+                if events.all_data_sources_started == Some(true) && !*all_started_reported {
+                    *all_started_reported = true;
+                    progress.event(json!({"event": "started"}));
+                }
+                if !reply.has_more {
+                    *observe = None;
+                    return;
+                }
+            }
+            Some(Err(ClientError::Timeout)) => return,
+            // The service does not support it, or the stream ended.
+            Some(Err(_)) | None => {
+                *observe = None;
+                return;
+            }
+        }
+    }
+}
+
+fn read_buffers(
+    consumer: &Consumer,
+    writer: &mut impl Write,
+    path: &Path,
+    report: &mut SessionReport,
+) -> Result<(), CliError> {
+    let write_error = |source| CliError::Io {
+        action: "write",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut call = consumer.start::<consumer_port::ReadBuffers>(
+        "ReadBuffers",
+        &ReadBuffersRequest {},
+        None,
+    )?;
+    let mut pending: Vec<bytes::Bytes> = Vec::new();
+    loop {
+        let reply = next(&mut call, Some(READ_TIMEOUT)).map_err(|source| CliError::Ipc {
+            what: "ReadBuffers",
+            source,
+        })?;
+        for slice in reply.message.slices {
+            pending.push(slice.data.unwrap_or_default());
+            if slice.last_slice_for_packet == Some(true) {
+                let len: usize = pending.iter().map(|s| s.len()).sum();
+                let preamble = trace_file::write_preamble(writer, len).map_err(write_error)?;
+                for s in pending.drain(..) {
+                    writer.write_all(&s).map_err(write_error)?;
+                }
+                report.packets_written += 1;
+                report.bytes_written += (preamble + len) as u64;
+            }
+        }
+        if !reply.has_more {
+            break;
+        }
+    }
+    if !pending.is_empty() {
+        report.incomplete_packets += 1;
+    }
+    Ok(())
+}

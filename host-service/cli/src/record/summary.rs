@@ -1,0 +1,263 @@
+//! The end-of-session summary: what was written, what each data source
+//! contributed, what was lost and why, and how to open the file.
+
+use std::collections::BTreeSet;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::session::{Ended, SessionReport};
+use crate::config::{Config, TRACK_EVENT};
+use crate::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
+use crate::units::{Bytes, Elapsed};
+
+/// The summary of one `record`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    /// The trace file.
+    pub file: String,
+    /// The trace went to standard output (`-o -`).
+    #[serde(skip)]
+    pub to_stdout: bool,
+    /// Its size.
+    pub file_bytes: u64,
+    /// Packets in it.
+    pub packets: u64,
+    /// Track events in it.
+    pub track_events: u64,
+    /// Producer packet sequences (writers) in it.
+    pub sequences: usize,
+    /// Producer processes in it.
+    pub producer_pids: Vec<i32>,
+    /// How long the session ran.
+    pub duration_ms: u64,
+    /// How it ended.
+    pub ended: String,
+    /// Per data source of the config: what happened to it.
+    pub data_sources: Vec<DataSourceOutcome>,
+    /// Lost data, each with its cause; empty if nothing was lost.
+    pub losses: Vec<String>,
+    /// Problems `inspect --check` would report.
+    pub problems: u64,
+}
+
+/// What happened to one data source of the config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DataSourceOutcome {
+    /// Its name.
+    pub name: String,
+    /// Producers on which an instance started (if the service reports it).
+    pub producers: Vec<String>,
+    /// Whether a producer registered it.
+    pub registered: bool,
+    /// In words.
+    pub status: String,
+}
+
+impl Summary {
+    /// Puts the summary together.
+    pub fn new(
+        path: &Path,
+        file_bytes: u64,
+        config: &Config,
+        report: &SessionReport,
+        analysis: Option<&Analysis>,
+    ) -> Self {
+        let duration = Duration::from_millis(u64::from(config.view().duration_ms.unwrap_or(0)));
+        let ended = match &report.ended {
+            Ended::Stopped { flushed: true } => "stopped on request (flushed)".to_owned(),
+            Ended::Stopped { flushed: false } => {
+                "stopped on request (the flush did not complete: data still in the producers' \
+                 buffers may be missing)"
+                    .to_owned()
+            }
+            Ended::ByService
+                if !duration.is_zero()
+                    && report.elapsed + Duration::from_millis(500) >= duration =>
+            {
+                format!(
+                    "ended by the service after the configured {}",
+                    Elapsed(duration)
+                )
+            }
+            Ended::ByService => "ended by the service".to_owned(),
+            Ended::Failed(error) => format!("failed: {error}"),
+        };
+        let data_sources = config
+            .data_source_names()
+            .into_iter()
+            .map(|name| {
+                let producers: Vec<String> = report
+                    .started
+                    .iter()
+                    .filter(|(_, ds)| *ds == name)
+                    .map(|(p, _)| p.clone())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let registered = report.registered.contains(&name) || !producers.is_empty();
+                let nothing_recorded =
+                    name == TRACK_EVENT && analysis.is_some_and(|a| a.track_events.total == 0);
+                let status = if !producers.is_empty() && nothing_recorded {
+                    format!(
+                        "started on {}, but no track events were recorded (are the \
+                         categories enabled?)",
+                        producers.join(", ")
+                    )
+                } else if !producers.is_empty() {
+                    format!("recorded from {}", producers.join(", "))
+                } else if !registered {
+                    "no producer registered it; nothing was recorded from it".to_owned()
+                } else if report.observed {
+                    "registered, but no instance started (producer name filters?)".to_owned()
+                } else {
+                    "registered".to_owned()
+                };
+                DataSourceOutcome {
+                    name,
+                    producers,
+                    registered,
+                    status,
+                }
+            })
+            .collect();
+        let mut losses = Vec::new();
+        match analysis {
+            Some(a) => {
+                for (what, value, meaning) in &a.loss.stats {
+                    losses.push(format!("{what} = {value}: {meaning}"));
+                }
+                let l = &a.loss;
+                if l.loss_marks > 0 {
+                    losses.push(format!(
+                        "{} gap(s) marked inside packet sequences (previous_packet_dropped)",
+                        l.loss_marks
+                    ));
+                }
+                if l.sequences_start_lost > 0 {
+                    losses.push(format!(
+                        "{} sequence(s) lost their first packets",
+                        l.sequences_start_lost
+                    ));
+                }
+                if l.skipped_packets > 0 {
+                    losses.push(format!(
+                        "{} packet(s) cannot be decoded: the interned data they need was lost",
+                        l.skipped_packets
+                    ));
+                }
+                if l.unresolvable_after_wrap > 0 {
+                    losses.push(format!(
+                        "{} packet(s) unresolvable after ring wrap: the ring buffer overwrote \
+                         the incremental-state clear they need",
+                        l.unresolvable_after_wrap
+                    ));
+                }
+                if l.malformed_packets > 0 || l.file_damaged {
+                    losses.push("the file holds malformed data".to_owned());
+                }
+            }
+            None => {
+                if let Some(stats) = &report.stats {
+                    let info = stats_info(stats);
+                    for (i, buffer) in info.buffers.iter().enumerate() {
+                        for &(name, meaning) in BUFFER_LOSS_STATS {
+                            if let Some(v) = buffer.get(name) {
+                                losses.push(format!("buffer {i}: {name} = {v}: {meaning}"));
+                            }
+                        }
+                    }
+                    for &(name, meaning) in SERVICE_LOSS_STATS {
+                        if let Some(v) = info.service.get(name) {
+                            losses.push(format!("service: {name} = {v}: {meaning}"));
+                        }
+                    }
+                }
+            }
+        }
+        if report.incomplete_packets > 0 {
+            losses.push(format!(
+                "{} packet(s) arrived incomplete from the service and were dropped",
+                report.incomplete_packets
+            ));
+        }
+        let mut pids: BTreeSet<i32> = BTreeSet::new();
+        if let Some(a) = analysis {
+            for s in &a.sequences {
+                pids.extend(s.pids.iter().copied());
+            }
+        }
+        Summary {
+            file: if super::is_stdout(path) {
+                "standard output".into()
+            } else {
+                path.display().to_string()
+            },
+            to_stdout: super::is_stdout(path),
+            file_bytes,
+            packets: analysis.map_or(report.packets_written, |a| a.packets),
+            track_events: analysis.map_or(0, |a| a.track_events.total),
+            sequences: analysis.map_or(0, |a| a.sequences.len()),
+            producer_pids: pids.into_iter().collect(),
+            duration_ms: report.elapsed.as_millis() as u64,
+            ended,
+            data_sources,
+            losses,
+            problems: analysis.map_or(0, Analysis::problem_total),
+        }
+    }
+
+    /// Writes the summary for people.
+    pub fn render(&self, out: &mut impl Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "Wrote {}: {}, {} packets, recorded for {}; {}.",
+            self.file,
+            Bytes(self.file_bytes),
+            self.packets,
+            Elapsed(Duration::from_millis(self.duration_ms)),
+            self.ended
+        )?;
+        let pids: Vec<String> = self.producer_pids.iter().map(i32::to_string).collect();
+        writeln!(
+            out,
+            "  track events  {} on {} sequence(s){}",
+            self.track_events,
+            self.sequences,
+            if pids.is_empty() {
+                String::new()
+            } else {
+                format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
+            }
+        )?;
+        for (i, ds) in self.data_sources.iter().enumerate() {
+            let label = if i == 0 { "data sources" } else { "" };
+            writeln!(out, "  {label:<12}  {}: {}", ds.name, ds.status)?;
+        }
+        if self.losses.is_empty() {
+            writeln!(out, "  data loss     none")?;
+        }
+        for (i, loss) in self.losses.iter().enumerate() {
+            let label = if i == 0 { "data loss" } else { "" };
+            writeln!(out, "  {label:<12}  {loss}")?;
+        }
+        if self.problems > 0 {
+            writeln!(
+                out,
+                "  check         {} problem(s); see `shmtrace inspect --check {}`",
+                self.problems, self.file
+            )?;
+        }
+        if self.to_stdout {
+            return Ok(());
+        }
+        writeln!(
+            out,
+            "Open it at https://ui.perfetto.dev (\"Open trace file\"), or look inside with \
+             `shmtrace inspect {}`.",
+            self.file
+        )
+    }
+}

@@ -1,0 +1,409 @@
+//! `shmtrace query` and `shmtrace record` against our own service
+//! (`shmtrace serve`), as against the real one in the interop suite.
+
+mod cli_common;
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use cli_common::*;
+
+/// `shmtrace serve` on private sockets; killed when dropped.
+struct Serve(Child);
+
+impl Serve {
+    fn start(dir: &TempDir) -> (Self, String) {
+        let consumer = dir.path("c.sock");
+        let child = shmtrace()
+            .args(["serve", "--log-level", "warn", "--producer-socket"])
+            .arg(dir.path("p.sock"))
+            .arg("--consumer-socket")
+            .arg(&consumer)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn shmtrace serve");
+        let serve = Serve(child);
+        let consumer = consumer.display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !Path::new(&consumer).exists() {
+            assert!(Instant::now() < deadline, "shmtrace serve did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (serve, consumer)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn query_and_record_against_our_service() {
+    let dir = TempDir::new("ours");
+    let (_serve, socket) = Serve::start(&dir);
+
+    let out = run(&["query", "--json", "--socket", &socket]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        state["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("Perfetto v59.0 (shmtrace "),
+        "{state}"
+    );
+    assert_eq!(state["producers"].as_array().unwrap().len(), 0);
+
+    // Nobody registered track_event: the session still runs, and says so.
+    let trace = dir.path("t.pftrace");
+    let out = run(&[
+        "record",
+        "--socket",
+        &socket,
+        "-t",
+        "500ms",
+        "-o",
+        trace.to_str().unwrap(),
+        "--progress",
+        "none",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("track_event: no producer registered it"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ended by the service after the configured 500 ms"),
+        "{stderr}"
+    );
+    // The service's own packets make a sound trace.
+    let (code, a) = inspect(&[&trace]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["packets_by_kind"]["trace_config"]["packets"], 1);
+    assert_eq!(a["session"]["config"]["duration_ms"], 500);
+    assert!(a["stats"].is_object());
+}
+
+/// `shmtrace record` against `socket` with `args`; the exit status and
+/// what it printed on stderr.
+fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = shmtrace()
+        .args(["record", "--socket", socket, "--progress", "none"])
+        .args(args)
+        .output()
+        .expect("run shmtrace record");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The sessions `shmtrace query --json` lists.
+fn sessions(socket: &str) -> Vec<serde_json::Value> {
+    let out = run(&["query", "--json", "--socket", socket]);
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    state["sessions"].as_array().unwrap().clone()
+}
+
+/// `--detach KEY` leaves the session running in the service;
+/// `--attach KEY --stop` takes it back, stops and reads it. A key is taken
+/// once, and read once.
+#[test]
+fn detach_then_attach_and_stop() {
+    let dir = TempDir::new("detach");
+    let (_serve, socket) = Serve::start(&dir);
+
+    let (code, stderr) = record(&socket, &["-t", "60s", "--detach", "nightly"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &[
+            "Detached: the session runs on in the service under the key \"nightly\"",
+            "shmtrace record --attach nightly -o FILE",
+        ],
+    );
+    // The session outlives the command that started it.
+    let listed = sessions(&socket);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "STARTED");
+    assert_eq!(listed[0]["duration_ms"], 60_000);
+
+    // The key is in use.
+    let (code, stderr) = record(&socket, &["-t", "60s", "--detach", "nightly"]);
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(stderr.contains("already detached under it"), "{stderr}");
+    assert_eq!(sessions(&socket).len(), 1);
+
+    let trace = dir.path("attached.pftrace");
+    let out = trace.to_str().unwrap();
+    let (code, stderr) = record(&socket, &["--attach", "nightly", "--stop", "-o", out]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &["stopped on request (flushed)", "Wrote ", "attached.pftrace"],
+    );
+    let (code, a) = inspect(&[&trace]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    // The session's own config, started by the first command.
+    assert_eq!(a["session"]["config"]["duration_ms"], 60_000);
+    assert!(sessions(&socket).is_empty());
+
+    // Nothing is detached under the key any more: no file is left behind.
+    let again = dir.path("again.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &["--attach", "nightly", "-o", again.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(
+        stderr.contains("no session of yours detached under the key \"nightly\""),
+        "{stderr}"
+    );
+    assert!(!again.exists());
+}
+
+/// Without --stop, `--attach` waits for the session to end on its own.
+/// With --write-into-file the service writes the file given at --detach.
+#[test]
+fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
+    let dir = TempDir::new("attachwait");
+    let (_serve, socket) = Serve::start(&dir);
+    let streamed = dir.path("streamed.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &[
+            "-t",
+            "2s",
+            "--write-into-file",
+            "-o",
+            streamed.to_str().unwrap(),
+            "--detach",
+            "k",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the service writes the trace into"),
+        "{stderr}"
+    );
+    let ignored = dir.path("ignored.pftrace");
+    let (code, stderr) = record(&socket, &["--attach", "k", "-o", ignored.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the service wrote its trace into the file given at --detach"),
+        "{stderr}"
+    );
+    assert!(!ignored.exists());
+    let (code, a) = inspect(&[&streamed]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["session"]["config"]["duration_ms"], 2000);
+    assert_eq!(a["session"]["config"]["write_into_file"], true);
+
+    // Usage errors, before anything starts.
+    let (code, stderr) = record(&socket, &["--detach", "x", "-o", "somewhere.pftrace"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("read by `--attach KEY -o FILE`"),
+        "{stderr}"
+    );
+    let (code, stderr) = record(&socket, &["--stop"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let (code, stderr) = record(&socket, &["--attach", "k", "-t", "1s"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(sessions(&socket).is_empty());
+}
+
+/// `shmtrace trigger` ends a STOP_TRACING session early: the service
+/// acknowledges it, `record` returns long before the trigger timeout, and
+/// the trace holds the trigger packet.
+#[test]
+fn trigger_stops_a_stop_tracing_session() {
+    let dir = TempDir::new("trigger");
+    let (_serve, socket) = Serve::start(&dir);
+    let producer_socket = dir.path("p.sock").display().to_string();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/stop_on_trigger.txtpb"
+    );
+    let trace = dir.path("triggered.pftrace");
+    let started = Instant::now();
+    let trace_arg = trace.display().to_string();
+    let record_args = [
+        "record",
+        "--socket",
+        &socket,
+        "--progress",
+        "none",
+        "--txt",
+        "-c",
+        config,
+        "-o",
+        &trace_arg,
+    ];
+    let mut recorder = shmtrace()
+        .args(record_args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sessions(&socket).is_empty() {
+        assert!(Instant::now() < deadline, "the session did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let out = run(&["trigger", "go", "unlisted", "--socket", &producer_socket]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("sent 2 triggers"), "{stderr}");
+
+    let status = recorder.wait().expect("record ends");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut recorder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "ended by the trigger, not the 60 s timeout"
+    );
+    let (code, a) = inspect(&[&trace]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["session"]["triggers"], serde_json::json!(["go"]));
+    let file = std::fs::File::open(&trace).unwrap();
+    let packets: Vec<shmtrace_service::protos::TracePacket> =
+        shmtrace_cli::trace_file::PacketReader::new(file)
+            .map(|p| prost::Message::decode(p.unwrap().bytes.as_slice()).unwrap())
+            .collect();
+    let trigger = packets
+        .iter()
+        .find_map(|p| match &p.data {
+            Some(shmtrace_service::protos::trace_packet::Data::Trigger(t)) => Some(t),
+            _ => None,
+        })
+        .expect("a trigger packet");
+    assert_eq!(trigger.trigger_name.as_deref(), Some("go"));
+    assert_eq!(trigger.producer_name.as_deref(), Some("shmtrace-trigger"));
+    assert_eq!(trigger.stop_delay_ms, Some(100));
+    assert_eq!(
+        trigger.trusted_producer_uid,
+        Some(rustix::process::getuid().as_raw() as i32)
+    );
+}
+
+/// Without a service, `shmtrace trigger` says so and exits with 3.
+#[test]
+fn trigger_without_a_service_fails_clearly() {
+    let dir = TempDir::new("notrigger");
+    let missing = dir.path("absent.sock").display().to_string();
+    let out = run(&["trigger", "go", "--socket", &missing]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "shmtrace: error: cannot connect to the tracing service's producer socket at "
+        ) && stderr.contains("absent.sock")
+            && stderr.contains("PERFETTO_PRODUCER_SOCK_NAME"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_second_service_on_live_sockets_is_refused_and_the_first_runs_on() {
+    let dir = TempDir::new("twice");
+    let (_serve, socket) = Serve::start(&dir);
+    let out = shmtrace()
+        .args(["serve", "--producer-socket"])
+        .arg(dir.path("p.sock"))
+        .arg("--consumer-socket")
+        .arg(&socket)
+        .output()
+        .expect("run a second shmtrace serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("p.sock: a live service is listening on this socket"),
+        "{stderr}"
+    );
+    // Both socket files are still there, and the first service answers.
+    assert!(dir.path("p.sock").exists() && Path::new(&socket).exists());
+    let out = run(&["query", "--json", "--socket", &socket]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `shmtrace record` into `out` on `socket`, with its stderr captured.
+fn start_record(socket: &str, out: &Path) -> Child {
+    shmtrace()
+        .args(["record", "--progress", "none", "--socket", socket, "-o"])
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record")
+}
+
+fn signal(child: &Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    rustix::process::kill_process(pid, signal).expect("kill");
+}
+
+/// Waits until `record` has truncated its output and is tracing.
+fn wait_until_tracing(out: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(out).map_or(true, |m| m.len() != 0) {
+        assert!(Instant::now() < deadline, "record did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn a_service_dying_mid_session_leaves_no_empty_trace() {
+    let dir = TempDir::new("died");
+    let (mut serve, socket) = Serve::start(&dir);
+    let out = dir.path("t.pftrace");
+    std::fs::write(&out, b"an older file").unwrap();
+    let record = start_record(&socket, &out);
+    wait_until_tracing(&out);
+    serve.0.kill().unwrap();
+    let result = record.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("disconnected from the service"), "{stderr}");
+    assert!(!out.exists(), "an empty trace file was left behind");
+}
+
+#[test]
+fn a_second_ctrl_c_aborts_and_removes_the_incomplete_trace() {
+    let dir = TempDir::new("abort");
+    let (serve, socket) = Serve::start(&dir);
+    let out = dir.path("t.pftrace");
+    let record = start_record(&socket, &out);
+    wait_until_tracing(&out);
+    // A frozen service: the clean stop after the first Ctrl-C hangs in
+    // its flush, and only the second one ends the process.
+    signal(&serve.0, rustix::process::Signal::STOP);
+    signal(&record, rustix::process::Signal::INT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&record, rustix::process::Signal::INT);
+    let result = record.wait_with_output().unwrap();
+    signal(&serve.0, rustix::process::Signal::CONT);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("aborted; removed the incomplete trace"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "the incomplete trace was left behind");
+}
