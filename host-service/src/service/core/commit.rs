@@ -16,6 +16,7 @@ use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE, MAX_WRITER_ID};
 use shmtrace_abi::reader::MAX_PATCHES_PER_GROUP;
 use shmtrace_abi::smb::CopyError;
 
+use super::error::CommitError;
 use super::producer::Producer;
 use super::{BufferId, ProducerId, SessionId, TracingService};
 use crate::protos::commit_data_request::{ChunkToPatch, ChunksToMove};
@@ -34,7 +35,7 @@ impl TracingService {
         &mut self,
         producer: ProducerId,
         req: CommitDataRequest,
-    ) -> Result<(), String> {
+    ) -> Result<(), CommitError> {
         for c in &req.chunks_to_move {
             self.move_chunk(producer, c)?;
         }
@@ -54,7 +55,7 @@ impl TracingService {
         writer_may_write(p, writer, buffer).then_some(buffer)
     }
 
-    fn move_chunk(&mut self, producer: ProducerId, c: &ChunksToMove) -> Result<(), String> {
+    fn move_chunk(&mut self, producer: ProducerId, c: &ChunksToMove) -> Result<(), CommitError> {
         let target = c.target_buffer.unwrap_or(0);
         if let Some(data) = &c.data {
             // Shmem emulation: the whole chunk, header included, is in the
@@ -102,7 +103,7 @@ impl TracingService {
         page: usize,
         chunk: usize,
         target: u32,
-    ) -> Result<Taken, String> {
+    ) -> Result<Taken, CommitError> {
         let Some(p) = self.producers.get(&producer) else {
             return Ok(Taken::Nothing);
         };
@@ -111,7 +112,7 @@ impl TracingService {
         };
         let smb = shm
             .smb()
-            .map_err(|e| format!("producer {producer}: SMB unusable: {e}"))?;
+            .map_err(|source| CommitError::SmbUnusable { producer, source })?;
         // Complete → BeingRead; anything else (out of range, not complete)
         // is ignored, as upstream does.
         let Ok(readable) = smb.try_acquire_chunk_for_reading(page, chunk) else {
@@ -125,12 +126,15 @@ impl TracingService {
             Some(r) => readable.copy_out(r.chunk_mut()),
             None => readable.copy_out(&mut self.chunk_copy),
         };
-        if let Err(e) = readable.release_as_free() {
-            // Upstream CHECK-fails here (facts §1.6): the producer changed
-            // the page under us.
-            return Err(format!(
-                "producer {producer} changed chunk {page}/{chunk} while it was being read: {e}"
-            ));
+        if let Err(source) = readable.release_as_free() {
+            // Upstream CHECK-fails here: the producer changed the page under
+            // us.
+            return Err(CommitError::ChunkChanged {
+                producer,
+                page,
+                chunk,
+                source,
+            });
         }
         let copied = match copied {
             Ok(copied) => copied,
@@ -139,7 +143,7 @@ impl TracingService {
                 self.stats.chunks_discarded += 1;
                 return Ok(Taken::Nothing);
             }
-            Err(e) => return Err(format!("producer {producer}: chunk copy failed: {e}")),
+            Err(source) => return Err(CommitError::Copy { producer, source }),
         };
         let Some(reservation) = reservation else {
             return Ok(Taken::Copied(copied.header, copied.len));

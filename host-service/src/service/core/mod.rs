@@ -31,6 +31,7 @@
 
 mod commit;
 mod consumer;
+mod error;
 mod packets;
 mod producer;
 mod readback;
@@ -58,6 +59,7 @@ use producer::Producer;
 use session::Session;
 use timers::Timers;
 
+pub use error::{CommitError, ConfigError, PeerFault};
 pub use readback::READ_REPLY_LIMIT;
 
 /// A connection, as the core knows it.
@@ -153,7 +155,7 @@ pub enum Output {
         /// Connection.
         conn: ConnId,
         /// Why, for the log.
-        reason: String,
+        reason: PeerFault,
     },
 }
 
@@ -336,7 +338,7 @@ impl TracingService {
         });
     }
 
-    fn disconnect_peer(&mut self, conn: ConnId, reason: String) {
+    fn disconnect_peer(&mut self, conn: ConnId, reason: PeerFault) {
         log::warn!("closing connection {}: {reason}", conn.0);
         self.out.push_back(Output::Disconnect { conn, reason });
     }

@@ -5,7 +5,7 @@ use std::os::fd::OwnedFd;
 
 use bytes::Bytes;
 
-use super::{BufferId, ConnId, Endpoint, ProducerId, TracingService};
+use super::{BufferId, ConnId, Endpoint, PeerFault, ProducerId, TracingService};
 use crate::ipc::{Call, PendingReply};
 use crate::protos::get_async_command_response::Cmd;
 use crate::protos::initialize_connection_request::ProducerSmbScrapingMode;
@@ -127,7 +127,7 @@ impl TracingService {
                 }
                 match self.commit_data(producer, req) {
                     Ok(()) => self.reply(conn, &to, &crate::protos::CommitDataResponse {}, false),
-                    Err(fault) => self.disconnect_peer(conn, fault),
+                    Err(fault) => self.disconnect_peer(conn, fault.into()),
                 }
             }
             Request::GetAsyncCommand(_) => self.open_command_stream(producer, to),
@@ -420,10 +420,7 @@ impl TracingService {
             }
             None if p.queued.len() >= MAX_QUEUED_COMMANDS => {
                 let conn = p.conn;
-                self.disconnect_peer(
-                    conn,
-                    format!("producer {producer} never opened its command stream"),
-                );
+                self.disconnect_peer(conn, PeerFault::CommandStreamNeverOpened(producer));
             }
             None => p.queued.push_back((bytes, fd)),
         }

@@ -16,7 +16,7 @@
 use regex::Regex;
 
 use super::session::SessionState;
-use super::{ProducerId, SessionId, TracingService};
+use super::{ConfigError, ProducerId, SessionId, TracingService};
 use crate::protos::{DataSourceConfig, DataSourceDescriptor, TraceConfig};
 
 /// The new filters of one data source of the session.
@@ -36,9 +36,12 @@ fn ds_name(ds: &crate::protos::trace_config::DataSource) -> Option<String> {
 impl TracingService {
     /// Applies `raw` (a serialized `TraceConfig`) to session `sid`; `Err`
     /// says why nothing was changed.
-    pub(super) fn change_trace_config(&mut self, sid: SessionId, raw: &[u8]) -> Result<(), String> {
-        let new = <TraceConfig as prost::Message>::decode(raw)
-            .map_err(|e| format!("the new trace config does not decode: {e}"))?;
+    pub(super) fn change_trace_config(
+        &mut self,
+        sid: SessionId,
+        raw: &[u8],
+    ) -> Result<(), ConfigError> {
+        let new = <TraceConfig as prost::Message>::decode(raw).map_err(ConfigError::DecodeNew)?;
         let Some(s) = self.sessions.get(&sid) else {
             return Ok(());
         };
@@ -57,11 +60,12 @@ impl TracingService {
             let updated = &new.data_sources[i];
             let mut regexes = Vec::new();
             for pattern in &updated.producer_name_regex_filter {
-                regexes.push(
-                    Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
-                        format!("invalid producer_name_regex_filter {pattern:?}: {e}")
-                    })?,
-                );
+                regexes.push(Regex::new(&format!("^(?:{pattern})$")).map_err(|source| {
+                    ConfigError::ProducerNameRegex {
+                        pattern: pattern.clone(),
+                        source,
+                    }
+                })?);
             }
             changes.push(NewFilters {
                 index,

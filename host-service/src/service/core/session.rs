@@ -25,7 +25,7 @@ use regex::Regex;
 
 use super::timers::{aligned_delay_ns, Timer};
 use super::triggers::{self, SessionTriggers, TriggerSetup};
-use super::{BufferId, ConnId, ProducerId, SessionId, TracingService};
+use super::{BufferId, ConfigError, ConnId, ProducerId, SessionId, TracingService};
 use crate::ipc::PendingReply;
 use crate::protos::ds_config::{self, ServiceFields};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
@@ -400,7 +400,7 @@ impl Session {
 }
 
 /// A config that passed validation, with what it resolved.
-struct Validated {
+pub(super) struct Validated {
     config: TraceConfig,
     /// Per config data source: its decoded config and buffer index.
     data_sources: Vec<(DataSourceConfig, usize)>,
@@ -408,21 +408,16 @@ struct Validated {
     triggers: TriggerSetup,
 }
 
-fn invalid(msg: impl Into<String>) -> String {
-    msg.into()
-}
-
 impl TracingService {
     /// Validates a config (facts §9.1 step 1) for a consumer of `uid`.
-    fn validate(
+    pub(super) fn validate(
         &mut self,
         raw: &Bytes,
         conn: ConnId,
         uid: u32,
         has_fd: bool,
-    ) -> Result<Validated, String> {
-        let config = TraceConfig::decode(raw.clone())
-            .map_err(|e| invalid(format!("the trace config does not decode: {e}")))?;
+    ) -> Result<Validated, ConfigError> {
+        let config = TraceConfig::decode(raw.clone()).map_err(ConfigError::Decode)?;
         match config.lockdown_mode {
             Some(x) if x == trace_config::LockdownModeOperation::LockdownSet as i32 => {
                 self.lockdown = true
@@ -433,53 +428,38 @@ impl TracingService {
             _ => {}
         }
         if self.consumer(conn).is_some_and(|c| c.session.is_some()) {
-            return Err(invalid(
-                "a tracing session is already active for this consumer",
-            ));
+            return Err(ConfigError::SessionActive);
         }
         if config.duration_ms.unwrap_or(0) > MAX_DURATION_MS {
-            return Err(invalid(format!(
-                "duration_ms exceeds the maximum of {MAX_DURATION_MS} ms"
-            )));
+            return Err(ConfigError::DurationTooLong);
         }
         let triggers = triggers::validate(&config)?;
         if config.trace_filter.is_some() {
-            return Err(invalid(
-                "trace_filter is not supported by the shmtrace service",
-            ));
+            return Err(ConfigError::TraceFilter);
         }
         if config.compression.is_some() || config.compression_type.unwrap_or(0) != 0 {
-            return Err(invalid(
-                "trace compression is not supported by the shmtrace service",
-            ));
+            return Err(ConfigError::Compression);
         }
         if !config.session_semaphores.is_empty() {
-            return Err(invalid(
-                "session_semaphores are not supported by the shmtrace service",
-            ));
+            return Err(ConfigError::SessionSemaphores);
         }
         if config.buffers.len() > MAX_BUFFERS_PER_SESSION {
-            return Err(invalid(format!(
-                "too many buffers: {} (the maximum is {MAX_BUFFERS_PER_SESSION})",
-                config.buffers.len()
-            )));
+            return Err(ConfigError::TooManyBuffers(config.buffers.len()));
         }
         let mut names = BTreeSet::new();
         let mut asked = 0u64;
         for (i, b) in config.buffers.iter().enumerate() {
             let size = u64::from(b.size_kb.unwrap_or(0)) * 1024;
             if size == 0 || size > u64::from(u32::MAX) {
-                return Err(invalid(format!(
-                    "invalid buffer sizes: buffer {i} has size_kb {} (a buffer holds less \
-                     than 4 GiB: size_kb at most {})",
-                    b.size_kb.unwrap_or(0),
-                    u32::MAX / 1024
-                )));
+                return Err(ConfigError::BufferSize {
+                    index: i,
+                    size_kb: b.size_kb.unwrap_or(0),
+                });
             }
             asked += buffer_capacity(b) as u64;
             if let Some(name) = b.name.as_deref().filter(|n| !n.is_empty()) {
                 if !names.insert(name) {
-                    return Err(invalid(format!("duplicate buffer name {name:?}")));
+                    return Err(ConfigError::DuplicateBufferName(name.to_owned()));
                 }
             }
         }
@@ -489,18 +469,17 @@ impl TracingService {
             .map(|(_, b)| b.stats().buffer_size)
             .sum();
         if held + asked > self.cfg.max_buffer_bytes {
-            return Err(invalid(format!(
-                "the buffers take {asked} B in all and other sessions hold {held} B: over the \
-                 service's limit of {} B for all trace buffers (shmtrace serve \
-                 --max-buffer-memory)",
-                self.cfg.max_buffer_bytes
-            )));
+            return Err(ConfigError::BufferMemory {
+                asked,
+                held,
+                limit: self.cfg.max_buffer_bytes,
+            });
         }
         let mut data_sources = Vec::new();
         let mut regexes = Vec::new();
         for ds in &config.data_sources {
             let dsc: DataSourceConfig = crate::protos::from_raw(ds.config.as_ref())
-                .map_err(|e| invalid(format!("a data source config does not decode: {e}")))?;
+                .map_err(ConfigError::DecodeDataSource)?;
             let name = dsc.name.clone().unwrap_or_default();
             let mut index = dsc.target_buffer.unwrap_or(0) as usize;
             if let Some(bname) = dsc.target_buffer_name.as_deref().filter(|n| !n.is_empty()) {
@@ -508,28 +487,29 @@ impl TracingService {
                     .buffers
                     .iter()
                     .position(|b| b.name.as_deref() == Some(bname))
-                    .ok_or_else(|| {
-                        invalid(format!("data source {name:?}: no buffer named {bname:?}"))
+                    .ok_or_else(|| ConfigError::NoBufferNamed {
+                        data_source: name.clone(),
+                        buffer: bname.to_owned(),
                     })?;
                 if dsc.target_buffer.is_some_and(|t| t as usize != by_name) {
-                    return Err(invalid(format!(
-                        "data source {name:?}: target_buffer and target_buffer_name disagree"
-                    )));
+                    return Err(ConfigError::TargetBufferMismatch(name));
                 }
                 index = by_name;
             }
             if index >= config.buffers.len() {
-                return Err(invalid(format!(
-                    "data source {name:?}: target_buffer {index} does not exist ({} buffers)",
-                    config.buffers.len()
-                )));
+                return Err(ConfigError::NoSuchBuffer {
+                    data_source: name,
+                    index,
+                    buffers: config.buffers.len(),
+                });
             }
             let mut compiled = Vec::new();
             for pattern in &ds.producer_name_regex_filter {
-                let re = Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
-                    invalid(format!(
-                        "invalid producer_name_regex_filter {pattern:?}: {e}"
-                    ))
+                let re = Regex::new(&format!("^(?:{pattern})$")).map_err(|source| {
+                    ConfigError::ProducerNameRegex {
+                        pattern: pattern.clone(),
+                        source,
+                    }
                 })?;
                 compiled.push(re);
             }
@@ -546,13 +526,11 @@ impl TracingService {
                 .values()
                 .any(|s| s.config.unique_session_name.as_deref() == Some(name))
             {
-                return Err(invalid(format!("a session named {name:?} already exists")));
+                return Err(ConfigError::SessionNameTaken(name.to_owned()));
             }
         }
         if self.sessions.len() >= MAX_SESSIONS {
-            return Err(invalid(format!(
-                "too many concurrent tracing sessions ({MAX_SESSIONS})"
-            )));
+            return Err(ConfigError::TooManySessions);
         }
         if self
             .sessions
@@ -561,21 +539,17 @@ impl TracingService {
             .count()
             >= MAX_SESSIONS_PER_UID
         {
-            return Err(invalid(format!(
-                "too many concurrent tracing sessions for uid {uid} ({MAX_SESSIONS_PER_UID})"
-            )));
+            return Err(ConfigError::TooManySessionsForUid(uid));
         }
         if config.write_into_file.unwrap_or(false) {
             let has_path = config.output_path.as_deref().is_some_and(|p| !p.is_empty());
             if has_path == has_fd {
-                return Err(invalid(
-                    "write_into_file needs exactly one of a file descriptor and output_path",
-                ));
+                return Err(ConfigError::WriteIntoFileTarget);
             }
         }
         let free_ids = usize::from(u16::MAX) - self.buffers.len();
         if config.buffers.len() > free_ids {
-            return Err(invalid("no buffer ids left"));
+            return Err(ConfigError::NoBufferIds);
         }
         Ok(Validated {
             config,
@@ -613,8 +587,11 @@ impl TracingService {
                         .write(true)
                         .create_new(true)
                         .open(path)
-                        .map_err(|e| format!("cannot create output_path {path:?}: {e}"))?,
-                    (None, None) => return Err(invalid("write_into_file without a file")),
+                        .map_err(|source| ConfigError::CreateOutput {
+                            path: path.to_owned(),
+                            source,
+                        })?,
+                    (None, None) => return Err(ConfigError::WriteIntoFileTarget),
                 };
                 Some(FileSink {
                     file,
@@ -635,7 +612,7 @@ impl TracingService {
                     state: Some(crate::protos::enable_tracing_response::State::Disabled(
                         true,
                     )),
-                    error: Some(error),
+                    error: Some(error.to_string()),
                 };
                 self.reply(conn, &to, &resp, false);
                 return;

@@ -386,6 +386,25 @@ impl TestConsumer {
         sim.consumer_call(self.conn, req, None)
     }
 
+    /// Enables a session with `cfg` on a new consumer, which the service
+    /// refuses: the refusal, typed (validation run again for the same
+    /// consumer), checked to be what the consumer read in
+    /// `EnableTracingResponse.error`.
+    fn refused(sim: &mut Sim, cfg: Bytes) -> ConfigError {
+        let c = Self::enable(sim, cfg.clone());
+        let sent = c
+            .enabled_reply(sim)
+            .expect("answered at once")
+            .error
+            .expect("refused");
+        let error = match sim.svc.validate(&cfg, c.conn, 2000, false) {
+            Err(e) => e,
+            Ok(_) => panic!("refused with {sent:?}, yet the config validates"),
+        };
+        assert_eq!(sent, error.to_string());
+        error
+    }
+
     /// The EnableTracing reply, if sent.
     fn enabled_reply(&self, sim: &mut Sim) -> Option<crate::protos::EnableTracingResponse> {
         let got = sim.replies(self.conn, self.enable);
@@ -775,30 +794,29 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
             ..Default::default()
         })
     });
-    let c = TestConsumer::enable(&mut sim, cfg);
-    let resp = c.enabled_reply(&mut sim).expect("answered at once");
-    assert!(resp.error.unwrap().contains(
-        "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need CloneSession"
-    ));
+    let error = TestConsumer::refused(&mut sim, cfg);
+    assert!(
+        matches!(error, ConfigError::CloneSnapshotTriggers),
+        "{error:?}"
+    );
     // Bad buffer index.
-    let c = TestConsumer::enable(&mut sim, config("ds", 64, |cfg| cfg.buffers.clear()));
-    assert!(c
-        .enabled_reply(&mut sim)
-        .unwrap()
-        .error
-        .unwrap()
-        .contains("target_buffer 0 does not exist"));
+    let error = TestConsumer::refused(&mut sim, config("ds", 64, |cfg| cfg.buffers.clear()));
+    assert!(
+        matches!(
+            &error,
+            ConfigError::NoSuchBuffer { data_source, index: 0, buffers: 0 } if data_source == "ds"
+        ),
+        "{error:?}"
+    );
     // unique_session_name.
     let named = |cfg: &mut TraceConfig| cfg.unique_session_name = Some("x".into());
     let first = TestConsumer::enable(&mut sim, config("ds", 64, named));
     assert!(first.enabled_reply(&mut sim).is_none());
-    let second = TestConsumer::enable(&mut sim, config("ds", 64, named));
-    assert!(second
-        .enabled_reply(&mut sim)
-        .unwrap()
-        .error
-        .unwrap()
-        .contains("already exists"));
+    let error = TestConsumer::refused(&mut sim, config("ds", 64, named));
+    assert!(
+        matches!(&error, ConfigError::SessionNameTaken(name) if name == "x"),
+        "{error:?}"
+    );
     // CloneSession says why it fails.
     let id = first.call(
         &mut sim,
@@ -806,7 +824,10 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
     );
     let resp: crate::protos::CloneSessionResponse = sim.reply_ok(first.conn, id);
     assert_eq!(resp.success, Some(false));
-    assert!(resp.error.unwrap().contains("not supported"));
+    assert_eq!(
+        resp.error.as_deref(),
+        Some("CloneSession is not supported by the shmtrace service")
+    );
     let id = first.call(
         &mut sim,
         consumer_port::Request::QueryCapabilities(Default::default()),
@@ -1578,29 +1599,33 @@ fn buffers_over_the_memory_limit_are_refused_with_the_limit() {
         let one = cfg.buffers[0].clone();
         cfg.buffers = vec![one; 128];
     });
-    let c = TestConsumer::enable(&mut sim, cfg);
-    let error = c.enabled_reply(&mut sim).unwrap().error.unwrap();
+    let error = TestConsumer::refused(&mut sim, cfg);
     assert!(
-        error.contains(&format!(
-            "the buffers take {} B in all and other sessions hold 0 B: over the service's \
-             limit of {} B",
-            128 * (u64::from(huge) * 1024),
-            4u64 << 30
-        )),
-        "{error}"
+        matches!(
+            error,
+            ConfigError::BufferMemory { asked, held: 0, limit }
+                if asked == 128 * (u64::from(huge) * 1024) && limit == 4u64 << 30
+        ),
+        "{error:?}"
     );
     assert!(sim.svc.buffers.is_empty());
     // One over 4 GiB is refused as invalid, saying the per-buffer limit.
-    let c = TestConsumer::enable(&mut sim, config("ds", huge + 1, |_| {}));
-    let error = c.enabled_reply(&mut sim).unwrap().error.unwrap();
-    assert!(error.contains("size_kb at most 4194303"), "{error}");
+    let error = TestConsumer::refused(&mut sim, config("ds", huge + 1, |_| {}));
+    assert!(
+        matches!(error, ConfigError::BufferSize { index: 0, size_kb } if size_kb == huge + 1),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("size_kb at most 4194303"),
+        "{error}"
+    );
     // What a live session holds counts: 3 GiB fits, another 2 GiB not.
     let first = TestConsumer::enable(&mut sim, config("ds", 3 << 20, |_| {}));
     assert!(first.enabled_reply(&mut sim).is_none());
-    let second = TestConsumer::enable(&mut sim, config("ds", 2 << 20, |_| {}));
-    let error = second.enabled_reply(&mut sim).unwrap().error.unwrap();
+    let error = TestConsumer::refused(&mut sim, config("ds", 2 << 20, |_| {}));
     assert!(
-        error.contains(&format!("other sessions hold {} B", 3u64 << 30)),
-        "{error}"
+        matches!(error, ConfigError::BufferMemory { asked, held, .. }
+            if asked == 2u64 << 30 && held == 3u64 << 30),
+        "{error:?}"
     );
 }

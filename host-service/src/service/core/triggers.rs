@@ -38,7 +38,7 @@ use regex::Regex;
 
 use super::session::{flush_flags, SessionState, MAX_DURATION_MS};
 use super::timers::Timer;
-use super::{ProducerId, SessionId, TracingService};
+use super::{ConfigError, ProducerId, SessionId, TracingService};
 use crate::protos::{trace_config::trigger_config::TriggerMode as ProtoMode, TraceConfig};
 use crate::service::env::Nanos;
 
@@ -111,7 +111,7 @@ impl SessionTriggers {
 
 /// Validates `config.trigger_config` (facts §9.1 step 1, upstream's checks
 /// and wording where they apply).
-pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, String> {
+pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
     let Some(t) = &config.trigger_config else {
         return Ok(TriggerSetup {
             mode: TriggerMode::Unspecified,
@@ -123,45 +123,30 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, String> {
     let clone = raw_mode == ProtoMode::CloneSnapshot as i32
         || t.use_clone_snapshot_if_available.unwrap_or(false);
     let mode = match ProtoMode::try_from(raw_mode) {
-        _ if clone => {
-            return Err(
-                "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need \
-                 CloneSession, which the shmtrace service does not support"
-                    .into(),
-            )
-        }
+        _ if clone => return Err(ConfigError::CloneSnapshotTriggers),
         Ok(ProtoMode::Unspecified) => TriggerMode::Unspecified,
         Ok(ProtoMode::StartTracing) => TriggerMode::StartTracing,
         Ok(ProtoMode::StopTracing) => TriggerMode::StopTracing,
-        _ => return Err(format!("invalid trigger_mode {raw_mode}")),
+        _ => return Err(ConfigError::TriggerMode(raw_mode)),
     };
     let timeout_ms = t.trigger_timeout_ms.unwrap_or(0);
     if mode != TriggerMode::Unspecified {
         if timeout_ms == 0 || timeout_ms > MAX_DURATION_MS {
-            return Err(format!(
-                "traces with triggers need a trigger_timeout_ms in 1..={MAX_DURATION_MS} \
-                 (got {timeout_ms})"
-            ));
+            return Err(ConfigError::TriggerTimeout(timeout_ms));
         }
         if config.duration_ms.unwrap_or(0) != 0 {
-            return Err(
-                "duration_ms must not be set in a trace with triggers (trigger_timeout_ms \
-                 and stop_delay_ms bound it)"
-                    .into(),
-            );
+            return Err(ConfigError::DurationWithTriggers);
         }
     }
     if mode == TriggerMode::StopTracing && config.write_into_file.unwrap_or(false) {
-        return Err(
-            "trigger mode STOP_TRACING and write_into_file together are unsupported".into(),
-        );
+        return Err(ConfigError::StopTriggersIntoFile);
     }
     let mut names = std::collections::BTreeSet::new();
     let mut regexes = Vec::new();
     for trigger in &t.triggers {
         let name = trigger.name.as_deref().unwrap_or("");
         if !names.insert(name) {
-            return Err(format!("duplicate trigger name {name:?}"));
+            return Err(ConfigError::DuplicateTrigger(name.to_owned()));
         }
         // Like upstream, any value is accepted: it is only compared with a
         // draw in [0, 1), so >= 1 always skips and <= 0 (or NaN) never does.
@@ -171,8 +156,12 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, String> {
         }
         let regex = match trigger.producer_name_regex.as_deref() {
             None | Some("") => None,
-            Some(pattern) => Some(Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
-                format!("trigger {name:?}: invalid producer_name_regex {pattern:?}: {e}")
+            Some(pattern) => Some(Regex::new(&format!("^(?:{pattern})$")).map_err(|source| {
+                ConfigError::TriggerRegex {
+                    trigger: name.to_owned(),
+                    pattern: pattern.to_owned(),
+                    source,
+                }
             })?),
         };
         regexes.push(regex);

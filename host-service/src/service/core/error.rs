@@ -1,0 +1,219 @@
+//! Why the core refuses a request or closes a connection.
+//!
+//! * [`ConfigError`]: a trace config `EnableTracing` (or
+//!   `ChangeTraceConfig`) refuses. Its message is what the consumer reads in
+//!   `EnableTracingResponse.error`, so each variant's text is written for a
+//!   user who sent the config.
+//! * [`CommitError`]: a `CommitData` fault that costs the producer its
+//!   connection (where upstream would abort on a `CHECK`).
+//! * [`PeerFault`]: why [`Output::Disconnect`](super::Output::Disconnect)
+//!   closes a connection.
+
+use shmtrace_abi::smb::{CopyError, SmbError};
+use shmtrace_abi::sync::ReleaseError;
+use thiserror::Error;
+
+use super::session::{
+    MAX_BUFFERS_PER_SESSION, MAX_DURATION_MS, MAX_SESSIONS, MAX_SESSIONS_PER_UID,
+};
+use super::ProducerId;
+
+/// Why a trace config is refused.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The `TraceConfig` is not a valid message.
+    #[error("the trace config does not decode: {0}")]
+    Decode(#[source] prost::DecodeError),
+    /// The new config of a `ChangeTraceConfig` is not a valid message.
+    #[error("the new trace config does not decode: {0}")]
+    DecodeNew(#[source] prost::DecodeError),
+    /// A data source's `DataSourceConfig` is not a valid message.
+    #[error("a data source config does not decode: {0}")]
+    DecodeDataSource(#[source] prost::DecodeError),
+    /// The consumer already has a session.
+    #[error("a tracing session is already active for this consumer")]
+    SessionActive,
+    /// `duration_ms` is over `MAX_DURATION_MS`.
+    #[error("duration_ms exceeds the maximum of {MAX_DURATION_MS} ms")]
+    DurationTooLong,
+    /// `trace_filter` is set.
+    #[error("trace_filter is not supported by the shmtrace service")]
+    TraceFilter,
+    /// Compression is asked for.
+    #[error("trace compression is not supported by the shmtrace service")]
+    Compression,
+    /// `session_semaphores` are set.
+    #[error("session_semaphores are not supported by the shmtrace service")]
+    SessionSemaphores,
+    /// More than `MAX_BUFFERS_PER_SESSION` buffers.
+    #[error("too many buffers: {0} (the maximum is {MAX_BUFFERS_PER_SESSION})")]
+    TooManyBuffers(usize),
+    /// A buffer of size 0, or of 4 GiB or more.
+    #[error(
+        "invalid buffer sizes: buffer {index} has size_kb {size_kb} (a buffer holds less \
+         than 4 GiB: size_kb at most {})",
+        u32::MAX / 1024
+    )]
+    BufferSize {
+        /// Which buffer.
+        index: usize,
+        /// Its `size_kb`.
+        size_kb: u32,
+    },
+    /// Two buffers have the same name.
+    #[error("duplicate buffer name {0:?}")]
+    DuplicateBufferName(String),
+    /// All trace buffers together would exceed the service's limit.
+    #[error(
+        "the buffers take {asked} B in all and other sessions hold {held} B: over the \
+         service's limit of {limit} B for all trace buffers (shmtrace serve \
+         --max-buffer-memory)"
+    )]
+    BufferMemory {
+        /// Bytes this config asks for.
+        asked: u64,
+        /// Bytes the other sessions hold.
+        held: u64,
+        /// The service's limit.
+        limit: u64,
+    },
+    /// `target_buffer_name` names no buffer.
+    #[error("data source {data_source:?}: no buffer named {buffer:?}")]
+    NoBufferNamed {
+        /// The data source.
+        data_source: String,
+        /// The name it gave.
+        buffer: String,
+    },
+    /// `target_buffer` and `target_buffer_name` name different buffers.
+    #[error("data source {0:?}: target_buffer and target_buffer_name disagree")]
+    TargetBufferMismatch(String),
+    /// `target_buffer` is out of range.
+    #[error(
+        "data source {data_source:?}: target_buffer {index} does not exist ({buffers} buffers)"
+    )]
+    NoSuchBuffer {
+        /// The data source.
+        data_source: String,
+        /// Its target buffer.
+        index: usize,
+        /// How many buffers the config has.
+        buffers: usize,
+    },
+    /// A `producer_name_regex_filter` is no regular expression.
+    #[error("invalid producer_name_regex_filter {pattern:?}: {source}")]
+    ProducerNameRegex {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        source: regex::Error,
+    },
+    /// `unique_session_name` is taken.
+    #[error("a session named {0:?} already exists")]
+    SessionNameTaken(String),
+    /// `MAX_SESSIONS` sessions exist.
+    #[error("too many concurrent tracing sessions ({MAX_SESSIONS})")]
+    TooManySessions,
+    /// The consumer's uid has `MAX_SESSIONS_PER_UID` sessions.
+    #[error("too many concurrent tracing sessions for uid {0} ({MAX_SESSIONS_PER_UID})")]
+    TooManySessionsForUid(u32),
+    /// `write_into_file` with both or neither of a descriptor and
+    /// `output_path`.
+    #[error("write_into_file needs exactly one of a file descriptor and output_path")]
+    WriteIntoFileTarget,
+    /// The service has no buffer ids left.
+    #[error("no buffer ids left")]
+    NoBufferIds,
+    /// `output_path` cannot be created.
+    #[error("cannot create output_path {path:?}: {source}")]
+    CreateOutput {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A clone-snapshot trigger mode (needs `CloneSession`).
+    #[error(
+        "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need CloneSession, \
+         which the shmtrace service does not support"
+    )]
+    CloneSnapshotTriggers,
+    /// An unknown `trigger_mode`.
+    #[error("invalid trigger_mode {0}")]
+    TriggerMode(i32),
+    /// `trigger_timeout_ms` is 0 or over `MAX_DURATION_MS`.
+    #[error("traces with triggers need a trigger_timeout_ms in 1..={MAX_DURATION_MS} (got {0})")]
+    TriggerTimeout(u32),
+    /// `duration_ms` in a trace with triggers.
+    #[error(
+        "duration_ms must not be set in a trace with triggers (trigger_timeout_ms and \
+         stop_delay_ms bound it)"
+    )]
+    DurationWithTriggers,
+    /// `STOP_TRACING` triggers into a file.
+    #[error("trigger mode STOP_TRACING and write_into_file together are unsupported")]
+    StopTriggersIntoFile,
+    /// Two triggers have the same name.
+    #[error("duplicate trigger name {0:?}")]
+    DuplicateTrigger(String),
+    /// A trigger's `producer_name_regex` is no regular expression.
+    #[error("trigger {trigger:?}: invalid producer_name_regex {pattern:?}: {source}")]
+    TriggerRegex {
+        /// The trigger.
+        trigger: String,
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        source: regex::Error,
+    },
+}
+
+/// A `CommitData` fault: the producer loses its connection.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The producer's SMB cannot be viewed.
+    #[error("producer {producer}: SMB unusable: {source}")]
+    SmbUnusable {
+        /// The producer.
+        producer: ProducerId,
+        /// Why.
+        source: SmbError,
+    },
+    /// The producer changed a chunk's page while the service read it
+    /// (upstream `PERFETTO_CHECK`-fails here, in `SharedMemoryABI::ReleaseChunk`,
+    /// src/tracing/core/shared_memory_abi.cc).
+    #[error("producer {producer} changed chunk {page}/{chunk} while it was being read: {source}")]
+    ChunkChanged {
+        /// The producer.
+        producer: ProducerId,
+        /// The page.
+        page: usize,
+        /// The chunk in the page.
+        chunk: usize,
+        /// What the release found.
+        source: ReleaseError,
+    },
+    /// Copying the chunk out failed for a reason other than its header.
+    #[error("producer {producer}: chunk copy failed: {source}")]
+    Copy {
+        /// The producer.
+        producer: ProducerId,
+        /// Why.
+        source: CopyError,
+    },
+}
+
+/// Why the core closes a connection.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PeerFault {
+    /// A `CommitData` the service cannot survive.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// The producer never opened its command stream (`GetAsyncCommand`)
+    /// while commands for it piled up.
+    #[error("producer {0} never opened its command stream")]
+    CommandStreamNeverOpened(ProducerId),
+}
