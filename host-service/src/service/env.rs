@@ -1,14 +1,27 @@
-//! What the service core needs from the machine: clocks and randomness.
+//! What the service core needs from the machine: clocks, randomness,
+//! shared memory buffers and trace files.
 //!
-//! The core never reads a clock itself; it asks its [`Environment`]. The
-//! real one ([`SystemEnvironment`]) reads the kernel clocks; tests use a
-//! fake one whose time only moves when the test says so, which makes every
-//! timeout and period deterministic.
+//! The core never calls the operating system itself; it asks its
+//! [`Environment`]. The real one ([`SystemEnvironment`]) reads the kernel
+//! clocks; tests use a fake one whose time only moves when the test says so,
+//! which makes every timeout and period deterministic. Both create and map
+//! SMBs and open trace files with the provided methods (memfds, `mmap`,
+//! files); an environment may override them.
+//!
+//! File descriptors pass through the core as opaque [`OwnedFd`] handles:
+//! received with a call (a producer's SMB, a consumer's trace file), sent
+//! with a reply (the SMB the service made), and only ever used here or in
+//! [`super::shm`].
 
 use std::cell::Cell;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
 use rustix::time::ClockId;
+
+use super::shm::{SharedMemory, ShmError};
 
 /// A boot-clock timestamp in nanoseconds (`CLOCK_BOOTTIME`): the service's
 /// time base for timers and the packets it writes.
@@ -17,7 +30,7 @@ pub type Nanos = u64;
 /// Builtin clock ids (`BuiltinClock`).
 pub use shmtrace_abi::trace::builtin_clock as clock_id;
 
-/// Clocks and randomness.
+/// Clocks, randomness, shared memory buffers and trace files.
 pub trait Environment {
     /// Now, on the boot clock.
     fn now(&self) -> Nanos;
@@ -27,6 +40,67 @@ pub trait Environment {
     fn clock_snapshot(&self) -> Vec<(u32, u64)>;
     /// Random bits (trace UUIDs).
     fn random_u64(&self) -> u64;
+
+    /// A new SMB of `size` bytes with pages of `page_size` bytes (a pair
+    /// [`ensure_valid_sizes`](super::shm::ensure_valid_sizes) returned), and
+    /// a descriptor of it to send to its producer.
+    fn create_smb(&self, size: usize, page_size: usize) -> Result<NewSmb, ShmError> {
+        let shm = SharedMemory::create(size, page_size)?;
+        let fd = shm.dup_fd().map_err(ShmError::Dup)?;
+        Ok(NewSmb { shm, fd })
+    }
+
+    /// The SMB a producer created and sent as `fd`, with pages of
+    /// `page_size_hint` bytes, if it is sealed and sized as the service
+    /// would have made it.
+    fn adopt_smb(&self, fd: OwnedFd, page_size_hint: u32) -> Result<SharedMemory, ShmError> {
+        SharedMemory::adopt(fd, page_size_hint)
+    }
+
+    /// The file a `write_into_file` session writes: the descriptor the
+    /// consumer sent, or `output_path` created anew (never an existing
+    /// file).
+    fn open_trace_file(&self, target: FileTarget<'_>) -> std::io::Result<Box<dyn TraceFile>> {
+        let file = match target {
+            FileTarget::Fd(fd) => File::from(fd),
+            FileTarget::Path(path) => std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)?,
+        };
+        Ok(Box::new(file))
+    }
+}
+
+/// An SMB the service created.
+#[derive(Debug)]
+pub struct NewSmb {
+    /// The mapping.
+    pub shm: SharedMemory,
+    /// A descriptor of it for the producer (`SetupTracing`).
+    pub fd: OwnedFd,
+}
+
+/// Where a `write_into_file` session's trace goes.
+#[derive(Debug)]
+pub enum FileTarget<'a> {
+    /// A descriptor the consumer passed with `EnableTracing`.
+    Fd(OwnedFd),
+    /// `TraceConfig.output_path`.
+    Path(&'a str),
+}
+
+/// A trace file being written.
+pub trait TraceFile: Write + std::fmt::Debug {
+    /// Flushes the written data to the storage device (`fdatasync`), at
+    /// the end of the session.
+    fn sync_data(&mut self) -> std::io::Result<()>;
+}
+
+impl TraceFile for File {
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        File::sync_data(self)
+    }
 }
 
 /// The machine's real clocks and `getrandom`.

@@ -56,6 +56,9 @@ pub enum ShmError {
     /// The mapping is not a valid SMB.
     #[error("invalid shared memory buffer: {0}")]
     Smb(#[from] SmbError),
+    /// A descriptor of the SMB for its producer cannot be made.
+    #[error("cannot duplicate the SMB descriptor: {0}")]
+    Dup(#[source] std::io::Error),
 }
 
 fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {

@@ -133,6 +133,9 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
+    /// The descriptor passed for `write_into_file` cannot be written.
+    #[error("cannot write the trace file descriptor: {0}")]
+    OutputDescriptor(#[source] std::io::Error),
     /// A clone-snapshot trigger mode (needs `CloneSession`).
     #[error(
         "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need CloneSession, \

@@ -17,9 +17,13 @@
 //!   holds back only its own stream.
 //!
 //! The I/O shell ([`super::shell`]) and the simulation tests drive it the
-//! same way. The only system resources the core touches are the producers'
-//! shared memory buffers (memfds it creates and maps) and the files of
-//! `write_into_file` sessions, both handed to it by descriptor.
+//! same way. The core makes no system call: clocks, randomness, the
+//! producers' shared memory buffers (memfds created or adopted, mapped) and
+//! the files of `write_into_file` sessions all come from its
+//! [`Environment`]; descriptors pass through it as opaque [`OwnedFd`]
+//! handles. `host-service/tests/sans_io_core.rs` checks that no file of
+//! this module names an OS crate or call (`std::fs`, `rustix`, `libc`,
+//! `std::os` other than `OwnedFd`, ...).
 //!
 //! # Trust
 //!
@@ -276,7 +280,18 @@ impl TracingService {
         self.out.pop_front()
     }
 
-    /// When [`on_timeout`](Self::on_timeout) must next be called.
+    /// When [`on_timeout`](Self::on_timeout) must next be called (on the
+    /// [`Environment`]'s boot clock; a deadline already past means now), or
+    /// `None` while no timer is armed.
+    ///
+    /// Every call that takes `&mut self` may arm, move or disarm timers: a
+    /// call from a peer starts a session or a flush, a disconnect ends
+    /// them, `on_timeout` re-arms periodic timers, and so on. So, as with
+    /// quinn-proto's `poll_timeout`, ask again after every such call and
+    /// before waiting; a deadline read earlier may be stale (too late, or a
+    /// timer that no longer exists, which `on_timeout` then ignores). The
+    /// shell asks once per turn of its loop, after it has handled every
+    /// event and drained [`poll_output`](Self::poll_output).
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.timers.next_deadline()
     }

@@ -213,10 +213,10 @@ impl TracingService {
         let mut smb = None;
         if req.producer_provided_shmem.unwrap_or(false) {
             match fd {
-                Some(fd) => match SharedMemory::adopt(
-                    fd,
-                    req.shared_memory_page_size_hint_bytes.unwrap_or(0),
-                ) {
+                Some(fd) => match self
+                    .env
+                    .adopt_smb(fd, req.shared_memory_page_size_hint_bytes.unwrap_or(0))
+                {
                     Ok(shm) => smb = Some(shm),
                     Err(e) => log::info!("refusing the producer's shared memory: {e}"),
                 },

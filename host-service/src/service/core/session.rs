@@ -16,7 +16,6 @@
 //! never blocks another session.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use bytes::Bytes;
@@ -36,7 +35,8 @@ use crate::protos::{
 };
 use crate::service::buffer::{FillPolicy, TraceBuffer, WriterId};
 use crate::service::env::Nanos;
-use crate::service::shm::{ensure_valid_sizes, SharedMemory};
+use crate::service::env::{FileTarget, NewSmb, TraceFile};
+use crate::service::shm::ensure_valid_sizes;
 
 /// `TraceConfig.duration_ms` (uint32).
 const TRACE_CONFIG_DURATION_MS: u32 = 3;
@@ -177,7 +177,7 @@ pub struct ProducerIdentity {
 #[derive(Debug)]
 pub struct FileSink {
     /// The file.
-    pub file: File,
+    pub file: Box<dyn TraceFile>,
     /// Bytes written so far.
     pub written: u64,
     /// `max_file_size_bytes` (0: unlimited).
@@ -582,11 +582,13 @@ impl TracingService {
         let result = self.validate(&raw, conn, uid, fd.is_some()).and_then(|v| {
             let file = if v.config.write_into_file.unwrap_or(false) {
                 let file = match (fd, v.config.output_path.as_deref()) {
-                    (Some(fd), _) => File::from(fd),
-                    (None, Some(path)) => std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(path)
+                    (Some(fd), _) => self
+                        .env
+                        .open_trace_file(FileTarget::Fd(fd))
+                        .map_err(ConfigError::OutputDescriptor)?,
+                    (None, Some(path)) => self
+                        .env
+                        .open_trace_file(FileTarget::Path(path))
                         .map_err(|source| ConfigError::CreateOutput {
                             path: path.to_owned(),
                             source,
@@ -860,24 +862,15 @@ impl TracingService {
             .filter(|&(s, pg)| s != 0 || pg != 0)
             .unwrap_or((p.shm_size_hint as usize, p.page_size_hint as usize));
         let (size, page) = ensure_valid_sizes(size, page);
-        match SharedMemory::create(size, page) {
-            Ok(shm) => {
-                let fd = shm.dup_fd();
+        match self.env.create_smb(size, page) {
+            Ok(NewSmb { shm, fd }) => {
                 p.smb = Some(shm);
-                match fd {
-                    Ok(fd) => {
-                        let setup = cmd::SetupTracing {
-                            shared_buffer_page_size_kb: Some((page / 1024) as u32),
-                            shm_key_windows: None,
-                        };
-                        self.send_command(producer, Cmd::SetupTracing(setup), Some(fd));
-                        true
-                    }
-                    Err(e) => {
-                        log::error!("cannot duplicate the SMB descriptor: {e}");
-                        false
-                    }
-                }
+                let setup = cmd::SetupTracing {
+                    shared_buffer_page_size_kb: Some((page / 1024) as u32),
+                    shm_key_windows: None,
+                };
+                self.send_command(producer, Cmd::SetupTracing(setup), Some(fd));
+                true
             }
             Err(e) => {
                 log::error!(
