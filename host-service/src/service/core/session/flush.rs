@@ -1,0 +1,175 @@
+//! Flushes: `Flush` requests to the producers, their acknowledgements and
+//! timeouts, and incremental state clearing.
+
+use std::collections::BTreeMap;
+
+use super::{InstanceState, Lifecycle, PendingFlush, SessionState, MAX_PENDING_FLUSHES};
+use crate::ipc::PendingReply;
+use crate::protos::get_async_command_response::{self as cmd, Cmd};
+use crate::protos::FlushResponse;
+use crate::service::core::timers::Timer;
+use crate::service::core::{ConnId, ProducerId, SessionId, TracingService};
+
+impl TracingService {
+    /// Starts a flush (facts §9.3).
+    pub(in crate::service::core) fn flush(
+        &mut self,
+        sid: SessionId,
+        timeout_ms: u32,
+        flags: u64,
+        reply: Option<(ConnId, PendingReply)>,
+        disable_after: bool,
+    ) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            if let Some((conn, to)) = reply {
+                self.reject(conn, &to);
+            }
+            return;
+        };
+        if s.state != SessionState::Started || s.flushes.len() >= MAX_PENDING_FLUSHES {
+            s.flushes_failed += 1;
+            if let Some((conn, to)) = reply {
+                self.reject(conn, &to);
+            }
+            if disable_after {
+                self.disable_tracing(sid, false);
+            }
+            return;
+        }
+        self.last_flush_id += 1;
+        let flush_id = self.last_flush_id;
+        let mut per_producer: BTreeMap<ProducerId, Vec<u64>> = BTreeMap::new();
+        for inst in &s.instances {
+            if !inst.no_flush && inst.state != InstanceState::Stopped {
+                per_producer.entry(inst.producer).or_default().push(inst.id);
+            }
+        }
+        per_producer.retain(|p, _| self.producers.contains_key(p));
+        let timeout = if timeout_ms > 0 {
+            u64::from(timeout_ms)
+        } else {
+            s.flush_timeout_ms()
+        };
+        s.flushes_requested += 1;
+        s.event(now, Lifecycle::FlushStarted);
+        s.flushes.insert(
+            flush_id,
+            PendingFlush {
+                pending: per_producer.keys().copied().collect(),
+                reply,
+                disable_after,
+            },
+        );
+        let empty = per_producer.is_empty();
+        for (producer, ids) in per_producer {
+            let f = cmd::Flush {
+                data_source_ids: ids,
+                request_id: Some(flush_id),
+                flags: Some(flags),
+            };
+            self.send_command(producer, Cmd::Flush(f), None);
+        }
+        if empty {
+            self.complete_flush(sid, flush_id, true);
+        } else {
+            self.timers.arm(
+                now + timeout * 1_000_000,
+                Timer::FlushTimeout {
+                    session: sid,
+                    flush: flush_id,
+                },
+            );
+        }
+    }
+
+    /// A producer acknowledged every flush up to `flush_id` (acks are
+    /// cumulative).
+    pub(in crate::service::core) fn flush_acked(&mut self, producer: ProducerId, flush_id: u64) {
+        let mut done = Vec::new();
+        for s in self.sessions.values_mut() {
+            for (&id, f) in s.flushes.range_mut(..=flush_id) {
+                f.pending.remove(&producer);
+                if f.pending.is_empty() {
+                    done.push((s.id, id));
+                }
+            }
+        }
+        for (sid, id) in done {
+            self.complete_flush(sid, id, true);
+        }
+    }
+
+    /// Ends a flush.
+    pub(in crate::service::core) fn complete_flush(
+        &mut self,
+        sid: SessionId,
+        flush_id: u64,
+        success: bool,
+    ) {
+        let now = self.now();
+        let snapshot = self.env.clock_snapshot();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let Some(f) = s.flushes.remove(&flush_id) else {
+            return;
+        };
+        if success {
+            s.flushes_succeeded += 1;
+        } else {
+            s.flushes_failed += 1;
+        }
+        if f.disable_after {
+            use crate::protos::trace_stats::FinalFlushOutcome;
+            let outcome = if success {
+                FinalFlushOutcome::FinalFlushSucceeded
+            } else {
+                FinalFlushOutcome::FinalFlushFailed
+            };
+            s.final_flush_outcome = Some(outcome as i32);
+        }
+        let producers: Vec<ProducerId> = s.identities.keys().copied().collect();
+        for p in producers {
+            self.scrape_producer(p, Some(sid));
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        s.event(now, Lifecycle::AllDataSourcesFlushed);
+        if !s.builtin().disable_clock_snapshotting.unwrap_or(false) {
+            s.add_snapshot(snapshot);
+        }
+        if let Some((conn, to)) = f.reply {
+            if success {
+                self.reply(conn, &to, &FlushResponse {}, false);
+            } else {
+                self.reject(conn, &to);
+            }
+        }
+        if f.disable_after {
+            self.disable_tracing(sid, false);
+        }
+    }
+
+    /// Sends `ClearIncrementalState` for the instances that handle it.
+    pub(super) fn clear_incremental_state(&mut self, sid: SessionId) {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let mut per_producer: BTreeMap<ProducerId, Vec<u64>> = BTreeMap::new();
+        for inst in s
+            .instances
+            .iter()
+            .filter(|i| i.handles_incremental_state_clear)
+        {
+            per_producer.entry(inst.producer).or_default().push(inst.id);
+        }
+        for (producer, ids) in per_producer {
+            let c = cmd::ClearIncrementalState {
+                data_source_ids: ids,
+            };
+            self.send_command(producer, Cmd::ClearIncrementalState(c), None);
+        }
+    }
+}
