@@ -300,7 +300,13 @@ impl Arbiter {
     /// A writer-side handle for a writer with `policy`.
     pub(crate) fn writer_arbiter(self: &Arc<Self>, policy: BufferExhaustedPolicy) -> WriterArbiter {
         WriterArbiter {
-            smb: self.shm.smb_static(),
+            // SAFETY: `self.shm` lives inside this `Arc`'s allocation, which
+            // never moves, and the `WriterArbiter` keeps a clone of the `Arc`
+            // (`arbiter`) as long as it keeps `smb`. The chunks it hands out
+            // go to the `TraceWriter` of a `WriterInner`, which holds its own
+            // clone of the `Arc` in a field declared after (so dropped after)
+            // the writer.
+            smb: unsafe { self.shm.smb_static() },
             arbiter: self.clone(),
             policy,
             full_at: None,
@@ -373,18 +379,17 @@ impl Arbiter {
     /// [`Arbiter::layout_for`]`(size)`; pages already partitioned are used
     /// if their chunks are large enough, whatever their layout. `None` when
     /// no such chunk is free (or `size` exceeds a whole page), or the
-    /// connection is gone. The caller holds an `Arc` of this arbiter for as
-    /// long as it holds the chunk (the `shm` module's invariant).
+    /// connection is gone. The chunk borrows the arbiter.
     pub(crate) fn acquire_chunk_of(
         &self,
         size: usize,
         header: ChunkHeaderRepr,
-    ) -> Option<WritableChunk<'static>> {
+    ) -> Option<WritableChunk<'_>> {
         let layout = self.layout_for(size)?;
         if self.is_closed() {
             return None;
         }
-        let smb = self.shm.smb_static();
+        let smb = self.shm.smb();
         let pages = smb.num_pages();
         let start = self.cursor.load(Ordering::Relaxed) % pages;
         for i in 0..pages {
@@ -417,7 +422,7 @@ impl Arbiter {
     /// for the service's `target_buffer`. `false` (counted as lost, never
     /// committed) if the transition failed because a peer rewrote the page
     /// header.
-    pub(crate) fn commit(&self, chunk: WritableChunk<'static>, target_buffer: u32) -> bool {
+    pub(crate) fn commit(&self, chunk: WritableChunk<'_>, target_buffer: u32) -> bool {
         match chunk.release_as_complete() {
             Ok(loc) => {
                 self.counters

@@ -940,7 +940,7 @@ fn acquire(
     size: usize,
     header: ChunkHeaderRepr,
     policy: BufferExhaustedPolicy,
-) -> Option<shmtrace_abi::smb::WritableChunk<'static>> {
+) -> Option<shmtrace_abi::smb::WritableChunk<'_>> {
     if let Some(c) = arbiter.acquire_chunk_of(size, header) {
         return Some(c);
     }

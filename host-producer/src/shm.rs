@@ -6,11 +6,10 @@
 //! * The memory stays mapped/allocated for the whole life of the
 //!   [`SharedMemory`], and is only accessed through its [`Smb`] view (the
 //!   crate never forms a Rust reference to it).
-//! * `SharedMemory` is only ever used behind an `Arc`; whoever holds a
-//!   `&'static Smb` obtained from [`SharedMemory::smb_static`] (or a chunk
-//!   token borrowed from it) also holds a clone of that `Arc`, declared so
-//!   that it is dropped after the borrow. That is what makes the `'static`
-//!   lifetime of the view sound.
+//! * A `&'static Smb` comes only from the `unsafe`
+//!   [`SharedMemory::smb_static`], whose callers prove at the call site that
+//!   the `SharedMemory` outlives every use of it (and of the chunks borrowed
+//!   from it).
 
 use std::alloc::Layout;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -185,14 +184,18 @@ impl SharedMemory {
 
     /// The view with its lifetime extended to `'static`.
     ///
-    /// Callers must hold an `Arc` of this `SharedMemory` for as long as they
-    /// use the result (module invariants).
-    pub(crate) fn smb_static(&self) -> &'static Smb<'static> {
+    /// # Safety
+    ///
+    /// `self` must not move nor be dropped while the result, or anything
+    /// borrowed from it (chunks, windows), is in use: the view points into
+    /// `self` and at the memory `self` frees when dropped. In practice
+    /// `self` lives in an `Arc` and the caller keeps a clone of that `Arc`,
+    /// dropped after the last use.
+    pub(crate) unsafe fn smb_static(&self) -> &'static Smb<'static> {
         let ptr: *const Smb<'static> = &self.smb;
-        // SAFETY: `self` lives in an `Arc` (module invariants), so the `Smb`
-        // has a stable address until the last `Arc` is dropped, and every
-        // holder of the returned reference keeps such an `Arc` alive for
-        // longer than its use of the reference.
+        // SAFETY: `ptr` comes from a reference, so it is valid and aligned
+        // now; the caller guarantees that it stays so for every use of the
+        // `'static` result (this function's contract).
         unsafe { &*ptr }
     }
 
