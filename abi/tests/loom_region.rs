@@ -12,6 +12,8 @@
 //! that every record is received exactly once, each producer's records in
 //! the order it published them, and that the consumer never sees a slot a
 //! correct peer could not have written.
+// `unsafe` here: a region in raw memory under loom.
+#![allow(unsafe_code)]
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;

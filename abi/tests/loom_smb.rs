@@ -14,6 +14,8 @@
 //! * a chunk is never owned by two parties (writer/service) at once;
 //! * every chunk released as complete is read exactly once;
 //! * a scrape sees only finished fragments, with the writer's values.
+// `unsafe` here: an SMB in raw memory under loom.
+#![allow(unsafe_code)]
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};

@@ -1,6 +1,8 @@
 //! The region end to end: several writers (firmware contexts) committing
 //! through one ring while the reader drains, in arbitrary interleavings
 //! (proptest) and on real threads; and the reader against arbitrary bytes.
+// `unsafe` here: regions in raw memory, as a host maps them.
+#![allow(unsafe_code)]
 
 mod support;
 

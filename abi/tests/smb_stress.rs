@@ -7,6 +7,8 @@
 //! Property: every chunk a writer commits is read exactly once by the
 //! service, in per-writer order, with the header and payload the writer
 //! wrote, and the SMB drains back to all-free.
+// `unsafe` here: an SMB in raw memory shared by real threads.
+#![allow(unsafe_code)]
 
 use std::sync::mpsc;
 use std::thread;

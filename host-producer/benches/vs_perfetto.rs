@@ -32,6 +32,8 @@
 //! (the line after the table says whether ours did);
 //! `$SHMTRACE_BENCH_SMB_KB` sets another size, e.g. upstream's default
 //! 256 to time an overloaded producer.
+// `unsafe` here: calls into the real Perfetto's C SDK.
+#![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, CStr};

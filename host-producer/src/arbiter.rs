@@ -21,6 +21,8 @@
 //!   way; only the stats show it.
 //! * Writer ids are handed out round-robin over 1..=32767, skipping ids in
 //!   use, so an id is reused only after every other id was handed out.
+// `unsafe` here: the one call of `SharedMemory::smb_static` (writers' `'static` SMB view).
+#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

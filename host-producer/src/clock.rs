@@ -60,6 +60,8 @@
 //! A rate more than 1% off is replaced after two baselines (see above).
 //! Timestamps of other producers' BOOTTIME events therefore line up within
 //! microseconds.
+// `unsafe` here: the rdtsc instruction.
+#![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::ops::RangeInclusive;

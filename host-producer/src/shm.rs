@@ -10,6 +10,8 @@
 //!   [`SharedMemory::smb_static`], whose callers prove at the call site that
 //!   the `SharedMemory` outlives every use of it (and of the chunks borrowed
 //!   from it).
+// `unsafe` here: mmap/munmap and heap memory behind an SMB, and the `Smb` view over it.
+#![allow(unsafe_code)]
 
 use std::alloc::Layout;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -72,6 +72,8 @@
 //! pairing as the lock: a requester that finds a cell held is sure its
 //! holder's load after releasing sees the request. Taking a flag with
 //! `fetch_and` makes each request run exactly once.
+// `unsafe` here: the writer cell's `UnsafeCell` (its lock and `Sync`).
+#![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, Ordering};

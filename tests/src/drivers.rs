@@ -3,6 +3,8 @@
 //!
 //! The drivers are compiled by `build.rs` into `libshmtrace_interop_drivers.a`
 //! and link against `libperfetto_c.a` from perfetto-sdk-sys.
+// `unsafe` here: the C++ drivers' entry points (FFI).
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;

@@ -1,6 +1,8 @@
 //! Proof that the hot path does not allocate: a counting global allocator
 //! (per thread) around thousands of events of every kind, in two concurrent
 //! track_event sessions plus a custom data source, after warm-up.
+// `unsafe` here: a counting global allocator over the system one.
+#![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -10,6 +10,8 @@
 //! extra ones in the same message are closed; a truncated control or data
 //! message closes every fd it carried and fails the read. On the send side an
 //! fd goes with the first `sendmsg` of its frame (see [`OutQueue`]).
+// `unsafe` here: getsockopt(SO_PEERCRED) through libc (one call, see `peer_credentials`).
+#![allow(unsafe_code)]
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};

@@ -1,5 +1,7 @@
 //! Process plumbing for `shmtrace serve`: running in the background and
 //! logging to stderr.
+// `unsafe` here: fork() for --background.
+#![allow(unsafe_code)]
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -12,6 +12,8 @@
 //! received with a call (a producer's SMB, a consumer's trace file), sent
 //! with a reply (the SMB the service made), and only ever used here or in
 //! [`super::shm`].
+// `unsafe` here: the rdtsc instruction (clock snapshots).
+#![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::fs::File;

@@ -10,6 +10,8 @@
 //! The mapping is shared with an untrusted process. It is only ever read and
 //! written through [`shmtrace_abi::smb::Smb`], which copies and uses atomics
 //! and never hands out references to that memory.
+// `unsafe` here: mmap/munmap of the SMB and the `Smb` view over the mapping.
+#![allow(unsafe_code)]
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;

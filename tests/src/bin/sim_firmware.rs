@@ -43,6 +43,8 @@
 //! the ring latency in region mode with `--flush-each`, the clock's offset
 //! to BOOTTIME); it exits when stdin closes (or right after `done` with
 //! `--exit-when-done`).
+// `unsafe` here: the region in a shared file mapping, as a firmware's RAM.
+#![allow(unsafe_code)]
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};

@@ -14,6 +14,8 @@
 //!   file before the next poll touches the memory; the window between the
 //!   check and the access stays (a process boundary contains it: `serve
 //!   --attach` runs each region in a child of its own).
+// `unsafe` here: the mapping of a firmware region and the reader over it.
+#![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io;
