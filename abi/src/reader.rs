@@ -9,6 +9,8 @@
 //! * [`Fragments`] iterates the fragments of a chunk payload.
 //! * [`apply_patch`] / [`apply_patches`] apply out-of-band patches to a
 //!   stored payload with the service's accounting rules.
+// Hostile input: no index that can panic, no arithmetic that can wrap.
+#![deny(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 
 mod fragments;
 mod patch;

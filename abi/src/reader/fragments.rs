@@ -255,7 +255,10 @@ impl<'a> Iterator for Fragments<'a> {
                 Err(e) => return self.fail(e),
             };
             let first = index == 0;
-            let last = index + 1 == self.count;
+            // `index < count`, so neither this nor the `+ 1`s below wrap;
+            // the saturating forms only say so to the lint.
+            let next_index = index.saturating_add(1);
+            let last = next_index == self.count;
             let continues_from_prev = first
                 && self
                     .flags
@@ -268,9 +271,12 @@ impl<'a> Iterator for Fragments<'a> {
                     continues_from_prev,
                 })));
             }
-            let start = offset + varint_len;
-            let available = self.payload.len() - start;
-            let Some(data) = self.payload.get(start..start + size as usize) else {
+            // `offset < payload.len()` and the varint lies inside the rest:
+            // `start <= payload.len()`; `size` < 2^28 cannot overflow it.
+            let start = offset.saturating_add(varint_len);
+            let available = self.payload.len().saturating_sub(start);
+            let end = start.saturating_add(size as usize);
+            let Some(data) = self.payload.get(start..end) else {
                 return self.fail(ChunkError::FragmentOverflow {
                     index,
                     offset,
@@ -278,8 +284,8 @@ impl<'a> Iterator for Fragments<'a> {
                     available,
                 });
             };
-            self.pos = start + data.len();
-            self.index += 1;
+            self.pos = end;
+            self.index = next_index;
             if data.is_empty() {
                 continue;
             }
@@ -301,7 +307,9 @@ impl<'a> Iterator for Fragments<'a> {
 
 impl core::iter::FusedIterator for Fragments<'_> {}
 
+// Tests may panic: that is how they fail.
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
     use std::vec::Vec;

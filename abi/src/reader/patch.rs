@@ -135,10 +135,13 @@ where
         return Err(TooManyPatches { count });
     }
     let mut outcome = PatchOutcome::default();
+    // At most MAX_PATCHES_PER_GROUP patches: the counts cannot wrap.
     for (index, (offset, data)) in patches.enumerate() {
         match apply_patch(payload, offset, data) {
-            Ok(()) => outcome.applied += 1,
-            Err(PatchError::WrongDataLength { .. }) => outcome.discarded += 1,
+            Ok(()) => outcome.applied = outcome.applied.saturating_add(1),
+            Err(PatchError::WrongDataLength { .. }) => {
+                outcome.discarded = outcome.discarded.saturating_add(1)
+            }
             Err(error) => {
                 outcome.failed = Some(PatchFailure { index, error });
                 break;
@@ -148,7 +151,9 @@ where
     Ok(outcome)
 }
 
+// Tests may panic: that is how they fail.
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
 mod tests {
     use super::*;
     use std::vec::Vec;
