@@ -898,8 +898,10 @@ mod tests {
     }
 
     #[test]
-    fn chunk_size_table_matches_facts() {
-        // Rows of perfetto-facts §1.3: page size, Div1, Div2, Div4, Div7, Div14.
+    fn chunk_size_table_matches_upstream() {
+        // Upstream's chunk sizes (`SharedMemoryABI`'s layouts,
+        // include/perfetto/ext/tracing/core/shared_memory_abi.h): page size,
+        // Div1, Div2, Div4, Div7, Div14.
         let table: [(usize, [usize; 5]); 5] = [
             (4096, [4088, 2044, 1020, 584, 292]),
             (8192, [8184, 4092, 2044, 1168, 584]),

@@ -438,7 +438,9 @@ pub enum Stop {
     /// which listed their pids before, lists none of them), the consumer flushes and disables as in
     /// [`Stop::ByConsumer`]. What they wrote is in the trace only as far as
     /// the service got it: committed, or scraped from their shared memory
-    /// (facts §1.7).
+    /// (upstream scrapes a producer's SMB when it disconnects:
+    /// `TracingServiceImpl::ScrapeSharedMemoryBuffers`,
+    /// src/tracing/service/tracing_service_impl.cc).
     AfterKillingProducers,
 }
 

@@ -1,4 +1,7 @@
-//! SMB scraping (facts §1.7, §9.9): a producer that crashes mid-session
+//! SMB scraping (upstream: `TracingServiceImpl::ScrapeSharedMemoryBuffers`,
+//! src/tracing/service/tracing_service_impl.cc, for a producer that asked for
+//! it with `InitializeConnectionRequest.smb_scraping_mode`, as the C++ SDK's
+//! system backend does): a producer that crashes mid-session
 //! loses nothing it finished writing.
 //!
 //! A producer writes a known set of track events from three threads, which

@@ -1,7 +1,8 @@
 //! Shared memory buffers (SMBs): sealed memfds mapped into the service.
 //!
 //! The service creates one SMB per producer, lazily, the first time it sets
-//! up a data source on it (facts §1.13): `memfd_create("perfetto_shmem")`,
+//! up a data source on it, as upstream does (src/tracing/ipc/posix_shared_memory.cc):
+//! `memfd_create("perfetto_shmem")`,
 //! sized, sealed against shrinking, growing and further sealing, and mapped
 //! shared. A producer may instead provide its own SMB (startup tracing); it
 //! is accepted only if sealed the same way and sized exactly as
@@ -68,7 +69,8 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
 }
 
 /// The SMB size and page size the service uses for hints `size` and `page`
-/// (Perfetto's `EnsureValidShmSizes`, facts §9.2): 0 picks the default,
+/// (Perfetto's `EnsureValidShmSizes`, src/tracing/service/tracing_service_impl.cc):
+/// 0 picks the default,
 /// values are clamped to the maximum, and an inconsistent pair reverts both
 /// to the defaults.
 pub fn ensure_valid_sizes(size: usize, page: usize) -> (usize, usize) {

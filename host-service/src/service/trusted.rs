@@ -1,5 +1,8 @@
 //! The trusted fields the service appends to every producer packet it
-//! returns (facts §8.4).
+//! returns, in upstream's order (`TracingServiceImpl::ReadBuffers`,
+//! src/tracing/service/tracing_service_impl.cc): `trusted_uid`,
+//! `trusted_packet_sequence_id`, `trusted_pid`, `machine_id` (if not 0) and
+//! `previous_packet_dropped` (if the buffer reports a loss).
 //!
 //! They go in a separate, final slice after the packet's own bytes. Protobuf
 //! keeps the last value of a field, so appending makes them win; the
@@ -114,7 +117,7 @@ mod tests {
 
     #[test]
     fn matches_upstream_bytes() {
-        // facts §8.4: uid 1000, sequence 2, pid 1234.
+        // Upstream's trailing slice for uid 1000, sequence 2, pid 1234.
         let a = fields(1000, 2, Some(1234), 0, 0).encode();
         assert_eq!(
             a.as_bytes(),

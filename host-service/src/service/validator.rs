@@ -2,7 +2,8 @@
 //!
 //! A producer packet is returned to consumers only if its top-level fields
 //! are well-formed and it does not set a field only the service may write
-//! (Perfetto's `PacketStreamValidator`, facts §8.3). Validation streams over
+//! (Perfetto's `PacketStreamValidator`,
+//! src/tracing/service/packet_stream_validator.cc). Validation streams over
 //! the packet's slices (a packet that spanned chunks arrives in pieces), so
 //! no packet is ever copied to be checked. Nested content is not inspected.
 //!

@@ -9,7 +9,8 @@ use core::ops::{BitOr, BitOrAssign};
 ///
 /// Every non-empty value has [`DataLoss::PRESENT`] set (so readers that treat
 /// the field as a bool still see "dropped"); the other bits say why. The bit
-/// values are Perfetto's (facts §3.4), so trace processors that understand
+/// values are Perfetto's (`TracePacket.DataLossReason` in
+/// protos/perfetto/trace/trace_packet.proto), so trace processors that understand
 /// them show the cause.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct DataLoss(u32);

@@ -56,7 +56,8 @@
 //!   only waits are for data that a live producer is still expected to
 //!   send, and they end at the final drain or when the chunk is evicted.
 //! * **Loss reporting.** The first packet a sequence yields after any loss
-//!   carries [`DataLoss`] bits (Perfetto's `DataLossReason`, facts §3.4)
+//!   carries [`DataLoss`] bits (Perfetto's `TracePacket.DataLossReason`,
+//!   protos/perfetto/trace/trace_packet.proto)
 //!   saying why: gaps, overwrites, corrupt chunks, orphaned continuations,
 //!   failed reassemblies, writer aborts. Unlike upstream V1 (a bare `1` on
 //!   every sequence's first packet) a sequence that starts at chunk 0 and

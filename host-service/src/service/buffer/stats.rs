@@ -1,5 +1,6 @@
 //! Counters of one trace buffer, with the meanings of Perfetto's
-//! `TraceStats.BufferStats` (facts §3.5).
+//! `TraceStats.BufferStats` (protos/perfetto/common/trace_stats.proto, kept
+//! by upstream's src/tracing/service/trace_buffer_v1.cc).
 
 /// Counters of one [`TraceBuffer`](super::TraceBuffer).
 ///

@@ -1,4 +1,5 @@
-//! Per-writer chunk statistics (`TraceStats.writer_stats`, facts §3.5): for
+//! Per-writer chunk statistics (`TraceStats.writer_stats`,
+//! protos/perfetto/common/trace_stats.proto): for
 //! every `{producer, writer}` that had a chunk read, a histogram of the
 //! chunks' payload sizes.
 //!

@@ -1,6 +1,9 @@
 //! `CommitData`: moving chunks out of a producer's SMB (or out of the
 //! request, in shmem emulation) into trace buffers, applying patches, and
-//! SMB scraping (facts §1.6, §1.7, §2.5, §9.8).
+//! SMB scraping (upstream: `ProducerEndpointImpl::CommitData` in
+//! src/tracing/service/tracing_service_endpoints_impl.cc,
+//! `TracingServiceImpl::CopyProducerPageIntoLogBuffer`, `ApplyChunkPatches`
+//! and `ScrapeSharedMemoryBuffers` in src/tracing/service/tracing_service_impl.cc).
 //!
 //! Every chunk is copied before it is looked at (once: from the SMB straight
 //! into a reservation in its trace buffer, where the buffer allows); every index and id the

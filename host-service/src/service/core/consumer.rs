@@ -1,4 +1,7 @@
-//! The consumer port: every `ConsumerPort` RPC (facts §6).
+//! The consumer port: every `ConsumerPort` RPC
+//! (protos/perfetto/ipc/consumer_port.proto; upstream's
+//! src/tracing/ipc/service/consumer_ipc_service.cc and
+//! src/tracing/service/tracing_service_endpoints_impl.cc).
 //!
 //! What this service does not implement (CLONE_SNAPSHOT triggers, trace
 //! filters, compression, session cloning, bugreports) is refused explicitly:

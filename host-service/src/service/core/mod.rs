@@ -30,7 +30,8 @@
 //! Producers and consumers are untrusted. Identities (uid, pid) come from
 //! the connection's peer credentials; producer ids, buffer ids and packet
 //! sequence ids are assigned here. Malformed or hostile input costs the peer
-//! its request or, where upstream would abort (facts §9.8), its connection
+//! its request or, where upstream would abort (a `PERFETTO_CHECK` on what a
+//! producer wrote into its SMB), its connection
 //! ([`Output::Disconnect`]) — never the service or another peer's data.
 
 mod commit;

@@ -1,5 +1,8 @@
-//! The packets the service writes into traces (facts §9.6), encoded with
-//! upstream's field order.
+//! The packets the service writes into traces, encoded with upstream's field
+//! order (`TracingServiceImpl::EmitClockSnapshot`, `EmitSyncMarker`,
+//! `EmitStats`, `EmitUuid`, `MaybeEmitTraceConfig`, `EmitSystemInfo`,
+//! `EmitTraceProvenance`, `EmitLifecycleEvents` in
+//! src/tracing/service/tracing_service_impl.cc).
 //!
 //! Every service packet carries `trusted_uid` (the service's uid),
 //! `trusted_packet_sequence_id = 1` and `timestamp_clock_id = 6`
@@ -193,7 +196,7 @@ mod tests {
 
     #[test]
     fn sync_marker_is_upstreams() {
-        // facts §9.6, service uid 0.
+        // Upstream's bytes (`EmitSyncMarker`), service uid 0.
         assert_eq!(
             sync_marker(0),
             hex("18005001a2021082477a76b28d42ba81dc33326d57a079")

@@ -1,4 +1,7 @@
-//! The producer port: every `ProducerPort` RPC (facts §5).
+//! The producer port: every `ProducerPort` RPC
+//! (protos/perfetto/ipc/producer_port.proto; upstream's
+//! src/tracing/ipc/service/producer_ipc_service.cc and
+//! src/tracing/service/tracing_service_endpoints_impl.cc).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;

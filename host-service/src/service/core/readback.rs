@@ -1,6 +1,7 @@
 //! Getting the trace out: `ReadBuffers` streams and `write_into_file`.
 //!
-//! Both produce the same packets in the same order (facts §9.6): the
+//! Both produce the same packets in the same order (upstream's
+//! `TracingServiceImpl::ReadBuffers`, src/tracing/service/tracing_service_impl.cc): the
 //! service's own packets first (clock snapshots, config, UUID, sync marker,
 //! provenance, system info, lifecycle events), then the producers' packets
 //! buffer by buffer — each validated and followed by its trusted appendix —
@@ -30,7 +31,9 @@ use crate::service::trusted::TrustedFields;
 use crate::service::validator::validate;
 
 /// Largest `ReadBuffers` reply, with upstream's per-slice overhead
-/// estimate (facts §6.3).
+/// estimate: a new reply starts when the slices so far, plus the next one,
+/// plus 16 bytes would pass 128 KiB - 64 (`ConsumerIPCService::RemoteConsumer::OnTraceData`,
+/// src/tracing/ipc/service/consumer_ipc_service.cc).
 pub const READ_REPLY_LIMIT: usize = 128 * 1024 - 64;
 const SLICE_OVERHEAD: usize = 16;
 

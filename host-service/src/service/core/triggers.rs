@@ -1,5 +1,6 @@
-//! Triggers (facts §9.7): `TraceConfig.trigger_config` and
-//! `ProducerPort.ActivateTriggers`.
+//! Triggers: `TraceConfig.trigger_config` and `ProducerPort.ActivateTriggers`
+//! (upstream: `TracingServiceImpl::ActivateTriggers`,
+//! src/tracing/service/tracing_service_impl.cc).
 //!
 //! * **START_TRACING**: the session is set up but not started. The first
 //!   matching trigger while it is still configured starts it, with
@@ -109,8 +110,9 @@ impl SessionTriggers {
     }
 }
 
-/// Validates `config.trigger_config` (facts §9.1 step 1, upstream's checks
-/// and wording where they apply).
+/// Validates `config.trigger_config` (upstream's checks and wording where
+/// they apply, in `TracingServiceImpl::EnableTracing`,
+/// src/tracing/service/tracing_service_impl.cc).
 pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
     let Some(t) = &config.trigger_config else {
         return Ok(TriggerSetup {

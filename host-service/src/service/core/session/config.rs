@@ -28,7 +28,9 @@ pub(in crate::service::core) struct Validated {
 }
 
 impl TracingService {
-    /// Validates a config (facts §9.1 step 1) for a consumer of `uid`.
+    /// Validates a config for a consumer of `uid` (upstream's checks at the
+    /// start of `TracingServiceImpl::EnableTracing`,
+    /// src/tracing/service/tracing_service_impl.cc).
     pub(in crate::service::core) fn validate(
         &mut self,
         raw: &Bytes,

@@ -11,7 +11,8 @@ use crate::service::core::timers::Timer;
 use crate::service::core::{ConnId, ProducerId, SessionId, TracingService};
 
 impl TracingService {
-    /// Starts a flush (facts §9.3).
+    /// Starts a flush (upstream: `TracingServiceImpl::Flush`,
+    /// src/tracing/service/tracing_service_impl.cc).
     pub(in crate::service::core) fn flush(
         &mut self,
         sid: SessionId,

@@ -486,7 +486,8 @@ impl TracingService {
         self.notify_all_started(sid);
     }
 
-    /// Stops a session (facts §9.4); `immediately` does not wait for
+    /// Stops a session (upstream: `TracingServiceImpl::DisableTracing`,
+    /// src/tracing/service/tracing_service_impl.cc); `immediately` does not wait for
     /// acknowledgements.
     pub(in crate::service::core) fn disable_tracing(&mut self, sid: SessionId, immediately: bool) {
         let now = self.now();

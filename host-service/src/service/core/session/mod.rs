@@ -67,7 +67,8 @@ pub const DEFAULT_FILE_WRITE_PERIOD_MS: u32 = 5000;
 /// Minimum `file_write_period_ms`.
 pub const MIN_FILE_WRITE_PERIOD_MS: u32 = 100;
 
-/// `FlushFlags` (facts §5.2): reason and initiator nibbles.
+/// `FlushFlags` (include/perfetto/tracing/core/flush_flags.h): reason and
+/// initiator nibbles.
 pub mod flush_flags {
     /// Reason: periodic.
     pub const REASON_PERIODIC: u64 = 1;
