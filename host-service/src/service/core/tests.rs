@@ -133,15 +133,15 @@ impl Sim {
         self.pump();
     }
 
-    fn disconnects(&mut self) -> Vec<ConnId> {
+    /// The connections the core closed since the last call, and why.
+    fn disconnects(&mut self) -> Vec<(ConnId, PeerFault)> {
         let mut v = Vec::new();
-        self.sent.retain(|o| match o {
-            Output::Disconnect { conn, .. } => {
-                v.push(*conn);
-                false
+        for o in std::mem::take(&mut self.sent) {
+            match o {
+                Output::Disconnect { conn, reason } => v.push((conn, reason)),
+                other => self.sent.push(other),
             }
-            _ => true,
-        });
+        }
         v
     }
 }
@@ -1627,5 +1627,56 @@ fn buffers_over_the_memory_limit_are_refused_with_the_limit() {
         matches!(error, ConfigError::BufferMemory { asked, held, .. }
             if asked == 2u64 << 30 && held == 3u64 << 30),
         "{error:?}"
+    );
+}
+
+#[test]
+fn a_producer_that_never_opens_its_command_stream_is_disconnected() {
+    let mut sim = Sim::new();
+    // Connected and registered, but no GetAsyncCommand: its commands queue.
+    let conn = sim.svc.connect_producer(creds(PRODUCER_UID, PRODUCER_PID));
+    let init = crate::protos::InitializeConnectionRequest {
+        producer_name: Some("mute".into()),
+        ..Default::default()
+    };
+    let id = sim.producer_call(
+        conn,
+        producer_port::Request::InitializeConnection(init),
+        None,
+    );
+    let _: crate::protos::InitializeConnectionResponse = sim.reply_ok(conn, id);
+    let req = crate::protos::RegisterDataSourceRequest {
+        data_source_descriptor: Some(descriptor("ds", false, false)),
+    };
+    let id = sim.producer_call(conn, producer_port::Request::RegisterDataSource(req), None);
+    let _: crate::protos::RegisterDataSourceResponse = sim.reply_ok(conn, id);
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    // Each flush queues one more command; flushes time out every few
+    // hundred so that the session never reaches its pending-flush limit.
+    let mut flushes = 0;
+    let closed = loop {
+        let req = crate::protos::FlushRequest {
+            timeout_ms: Some(1),
+            ..Default::default()
+        };
+        c.call(&mut sim, consumer_port::Request::Flush(req));
+        flushes += 1;
+        if flushes % 500 == 0 {
+            sim.advance(2);
+        }
+        let closed = sim.disconnects();
+        if !closed.is_empty() || flushes > 10_000 {
+            break closed;
+        }
+    };
+    // SetupTracing, SetupDataSource and StartDataSource, then the flushes,
+    // fill the queue of 4096; the next command closes the connection.
+    assert_eq!(flushes, 4096 - 3 + 1);
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    let (closed_conn, fault) = &closed[0];
+    assert_eq!(*closed_conn, conn);
+    assert!(
+        matches!(fault, PeerFault::CommandStreamNeverOpened(_)),
+        "{fault:?}"
     );
 }
