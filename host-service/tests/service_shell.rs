@@ -206,7 +206,7 @@ fn a_session_over_real_sockets() {
     let Some(Cmd::SetupTracing(s)) = setup.message.cmd else {
         panic!("{:?}", setup.message)
     };
-    let shm = SharedMemory::adopt(
+    let mut shm = SharedMemory::adopt(
         setup.fd.expect("the SMB fd"),
         s.shared_buffer_page_size_kb.unwrap() * 1024,
     )

@@ -163,7 +163,7 @@ impl SharedMemory {
             what: "mmap",
             source: rustix::io::Errno::FAULT,
         })?;
-        let shm = Self {
+        let mut shm = Self {
             fd,
             ptr,
             len,
@@ -175,14 +175,17 @@ impl SharedMemory {
         Ok(shm)
     }
 
-    /// The SMB view of the mapping.
-    pub fn smb(&self) -> Result<Smb<'_>, SmbError> {
+    /// The SMB view of the mapping. It borrows `self` exclusively, so this
+    /// process has at most one view of the mapping at a time (what `Smb`'s
+    /// contract asks of several views: no scrape on one while another holds
+    /// a chunk).
+    pub fn smb(&mut self) -> Result<Smb<'_>, SmbError> {
         // SAFETY: `ptr..ptr+len` is our shared mapping, valid until `self`
         // is dropped, which the returned `Smb<'_>` cannot outlive. This
         // process never creates Rust references into it: all access goes
         // through `Smb`. Other processes may write it at any time, which the
-        // `Smb` contract allows. The service creates one `Smb` at a time per
-        // mapping and drops it before the next.
+        // `Smb` contract allows. The view borrows `self` mutably, so no other
+        // view of this mapping exists in this process while it lives.
         unsafe { Smb::from_raw_parts(self.ptr.as_ptr(), self.len, self.page_size) }
     }
 
@@ -247,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_created_smb_is_sealed_shared_and_usable() {
-        let shm = SharedMemory::create(64 * 1024, 4096).expect("memfd");
+        let mut shm = SharedMemory::create(64 * 1024, 4096).expect("memfd");
         let seals = rustix::fs::fcntl_get_seals(shm.fd()).expect("seals");
         assert!(seals.contains(REQUIRED_SEALS));
         assert_eq!(
@@ -256,7 +259,7 @@ mod tests {
         );
         // A second mapping of the same fd (what the producer does) sees the
         // chunk the first one wrote.
-        let other = SharedMemory::adopt(shm.dup_fd().expect("dup"), 4096).expect("adopt");
+        let mut other = SharedMemory::adopt(shm.dup_fd().expect("dup"), 4096).expect("adopt");
         let smb = other.smb().expect("smb");
         let header = ChunkHeaderRepr {
             chunk_id: 7,
@@ -295,7 +298,7 @@ mod tests {
                 page_size: 12288
             })
         ));
-        let shm = SharedMemory::adopt(fd, 4096).expect("valid");
+        let mut shm = SharedMemory::adopt(fd, 4096).expect("valid");
         assert!(shm.provided_by_producer());
         assert_eq!(shm.smb().unwrap().num_pages(), 16);
     }

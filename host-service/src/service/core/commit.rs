@@ -25,6 +25,7 @@ use super::{BufferId, ProducerId, SessionId, TracingService};
 use crate::protos::commit_data_request::{ChunkToPatch, ChunksToMove};
 use crate::protos::CommitDataRequest;
 use crate::service::buffer::{ChunkCommit, PatchResult, TraceBuffer};
+use crate::service::shm::SharedMemory;
 
 /// Largest chunk accepted in `ChunksToMove.data` (the chunk header's
 /// 16-bit sizes; upstream truncates 65536 and would abort).
@@ -107,10 +108,28 @@ impl TracingService {
         chunk: usize,
         target: u32,
     ) -> Result<Taken, CommitError> {
-        let Some(p) = self.producers.get(&producer) else {
+        // Out of the producer while it is read (its view borrows it
+        // mutably), back in afterwards.
+        let Some(mut shm) = self.producers.get_mut(&producer).and_then(|p| p.smb.take()) else {
             return Ok(Taken::Nothing);
         };
-        let Some(shm) = p.smb.as_ref() else {
+        let taken = self.take_chunk_from(&mut shm, producer, page, chunk, target);
+        if let Some(p) = self.producers.get_mut(&producer) {
+            p.smb = Some(shm);
+        }
+        taken
+    }
+
+    /// [`take_chunk`](Self::take_chunk) from `shm`, `producer`'s SMB.
+    fn take_chunk_from(
+        &mut self,
+        shm: &mut SharedMemory,
+        producer: ProducerId,
+        page: usize,
+        chunk: usize,
+        target: u32,
+    ) -> Result<Taken, CommitError> {
+        let Some(p) = self.producers.get(&producer) else {
             return Ok(Taken::Nothing);
         };
         let smb = shm
@@ -231,13 +250,13 @@ impl TracingService {
     /// chunk being written or complete-but-uncommitted into the buffer its
     /// writer registered — of session `only` if given.
     pub(super) fn scrape_producer(&mut self, producer: ProducerId, only: Option<SessionId>) {
-        let Some(p) = self.producers.get(&producer) else {
+        let Some(p) = self.producers.get_mut(&producer) else {
             return;
         };
         if !p.scraping {
             return;
         }
-        let Some(shm) = &p.smb else { return };
+        let Some(shm) = p.smb.as_mut() else { return };
         let Ok(mut smb) = shm.smb() else { return };
         let writers = p.writers.clone();
         let mut found = Vec::new();

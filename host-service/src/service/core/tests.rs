@@ -150,7 +150,8 @@ impl Sim {
 struct TestProducer {
     conn: ConnId,
     commands: u64,
-    smb: Option<SharedMemory>,
+    /// Its mapping of the SMB (its views borrow it mutably).
+    smb: Option<RefCell<SharedMemory>>,
 }
 
 impl TestProducer {
@@ -213,7 +214,8 @@ impl TestProducer {
             if let Cmd::SetupTracing(s) = &cmd {
                 let fd = got.fd.expect("SetupTracing carries the SMB");
                 let page = s.shared_buffer_page_size_kb.unwrap_or(4) * 1024;
-                self.smb = Some(SharedMemory::adopt(fd, page).expect("the SMB maps"));
+                let shm = SharedMemory::adopt(fd, page).expect("the SMB maps");
+                self.smb = Some(RefCell::new(shm));
             } else {
                 assert!(got.fd.is_none());
             }
@@ -248,7 +250,7 @@ impl TestProducer {
         packets: &[&[u8]],
         flush: bool,
     ) -> crate::protos::CommitDataRequest {
-        let shm = self.smb.as_ref().expect("SMB set up");
+        let mut shm = self.smb.as_ref().expect("SMB set up").borrow_mut();
         let smb = shm.smb().expect("smb");
         let (mut w, log) = Arbiter::writer(&smb, writer_id, buffer);
         for p in packets {
@@ -947,7 +949,8 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     p.register_writer(&mut sim, 1, buffer);
     // A whole packet, then one that is still being written (9 KB so far,
     // across chunks) when the producer dies.
-    let smb = p.smb.as_ref().unwrap().smb().unwrap();
+    let mut shm = p.smb.as_ref().unwrap().borrow_mut();
+    let smb = shm.smb().unwrap();
     let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
     let _ = w.write_packet(|m| m.bytes(900, b"whole"));
     let mut unfinished = w.new_packet();
@@ -1230,7 +1233,7 @@ fn recommit_after_scrape_on_flush() {
     p.register_writer(&mut sim, 1, buffer);
     // Written but not returned: the chunk stays BeingWritten (inflated
     // count), then a flush completes and the service scrapes it.
-    let shm = p.smb.take().unwrap();
+    let mut shm = p.smb.take().unwrap().into_inner();
     let smb = shm.smb().unwrap();
     let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
     let _ = w.write_packet(|m| m.bytes(900, b"scraped"));
@@ -1254,7 +1257,7 @@ fn recommit_after_scrape_on_flush() {
     drop(w);
     let req = log.borrow().clone();
     let _ = smb;
-    p.smb = Some(shm);
+    p.smb = Some(RefCell::new(shm));
     p.commit(&mut sim, req);
     let (packets, stats) = c.stop_and_read(&mut sim);
     assert_eq!(payloads(&packets), [b"after".to_vec()]);
@@ -1532,7 +1535,8 @@ fn forge_chunk(
     packets: u16,
     bytes: &[u8],
 ) -> shmtrace_abi::smb::ChunkLocation {
-    let smb = p.smb.as_ref().unwrap().smb().unwrap();
+    let mut shm = p.smb.as_ref().unwrap().borrow_mut();
+    let smb = shm.smb().unwrap();
     let header = ChunkHeaderRepr {
         chunk_id,
         writer_id,
