@@ -331,10 +331,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             kind,
             #[inline(always)]
             |w| {
-                (
-                    w.interned.lookup_word(ids.category(category)),
-                    w.interned.lookup_word(ids.name(name)),
-                )
+                let cat = w.interned.lookup_word(ids.category(category));
+                let nm = w.interned.lookup_word(ids.name(name));
+                ((cat | nm) < 0x80).then_some((cat, nm))
             },
             |w, now| w.simple(now, Fast::Named(named_type(kind), category, name)),
         )
@@ -352,10 +351,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             #[inline(always)]
             |w| match site {
                 Some(site) => match w.sites.get(site.number(), w.interned.generation()) {
-                    Some(ids) => ids,
-                    None => w.site_ids(site),
+                    // Cached ids are below 128.
+                    Some(ids) => Some(ids),
+                    None => {
+                        let (cat, nm) = w.site_ids(site);
+                        ((cat | nm) < 0x80).then_some((cat, nm))
+                    }
                 },
-                None => (0, 0),
+                None => Some((0, 0)),
             },
             |w, now| {
                 let (category, name) = site.map_or(("", ""), |s| (s.category(), s.name()));
@@ -383,13 +386,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
 
     /// The body of [`Self::named_ids`] and [`Self::site_named`]: the
     /// event of type `kind` (its value), with the category and name ids
-    /// `ids` returns (`u32::MAX` for a string not interned; not asked for
-    /// a slice end), or else written by `slow` (with the time).
+    /// `ids` returns (`None` if the fast path cannot write them; not asked
+    /// for a slice end), or else written by `slow` (with the time).
     #[inline(always)]
     fn named_body(
         &mut self,
         kind: u8,
-        ids: impl FnOnce(&mut Self) -> (u32, u32),
+        ids: impl FnOnce(&mut Self) -> Option<(u32, u32)>,
         slow: impl FnOnce(&mut Self, u64) -> bool,
     ) -> bool {
         let end = kind == Type::SliceEnd as u8;
@@ -403,13 +406,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 self.stats.events_disabled += 1;
                 break 'written false;
             }
-            // The ids first (the strings are dead after them); ids not
-            // interned are u32::MAX, so one compare tests both for the fast
-            // path (a slice end has none).
-            let (cat, nm) = if end { (0, 0) } else { ids(self) };
-            // The clock inline: the slice begin's instruction budget.
-            let now = self.clock.now_ns();
-            if (cat | nm) < 0x80 {
+            // The ids first (the strings are dead after them): `None` if
+            // the fast path cannot write them (a string not interned, or an
+            // id of 128 or more), which cached ids never are (a slice end
+            // has none).
+            let ids = if end { Some((0, 0)) } else { ids(self) };
+            let now = self.now();
+            if let Some((cat, nm)) = ids {
                 if let Some(delta) = self.delta(now) {
                     if self.out.write_fast_sized(
                         #[inline(always)]
@@ -476,9 +479,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// The clock's reading, out of line on firmware: one copy of the
-    /// clock's code for every path but the named events' (a call costs a
-    /// few instructions; a SysTick or cycle counter extension inlined into
-    /// each path some 70 bytes apiece).
+    /// clock's code for every path (a call costs a few instructions; a
+    /// SysTick or cycle counter extension inlined into each path some 70
+    /// bytes apiece, and more in the registers it ties up).
     #[cfg_attr(target_os = "none", inline(never))]
     #[cfg_attr(not(target_os = "none"), inline(always))]
     fn now(&mut self) -> u64 {
