@@ -215,8 +215,12 @@ impl<const N: usize, const T: usize, const S: usize, const FULL: bool> Tracer
         if !FULL {
             return;
         }
-        // The interrupt's writer commits its chunk when it is dropped.
-        drop(IRQ_WRITER.take());
+        // Taken with interrupts masked: the interrupt never finds the cell
+        // busy (a miss it would count as a loss) while the writer is moved
+        // out; after it, the interrupt finds the cell empty and writes
+        // nothing. The writer commits its chunk when it is dropped.
+        let irq = cortex_m::interrupt::free(|_| IRQ_WRITER.take());
+        drop(irq);
     }
 
     fn dropped(&self) -> u64 {

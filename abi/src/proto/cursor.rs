@@ -318,7 +318,8 @@ impl<T: Target> Cursor<T> {
     }
 
     /// Appends the tag of `field` with `wire_type` (constant-folded when
-    /// both are constants).
+    /// both are constants; out of line on firmware).
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn tag(&mut self, field: u32, wire_type: WireType) {
         self.varint32(tag(field, wire_type));
     }
@@ -342,11 +343,11 @@ impl<T: Target> Cursor<T> {
         self.uint(field, u64::from(v));
     }
 
-    /// A double field.
-    #[cfg_attr(target_os = "none", inline(never))]
+    /// A double field (its bits as a fixed64 field: no floating-point
+    /// register in the out-of-line code on firmware).
+    #[inline(always)]
     pub fn double(&mut self, field: u32, v: f64) {
-        self.tag(field, WireType::Fixed64);
-        self.fixed64(v.to_bits());
+        self.fixed64_field(field, v.to_bits());
     }
 
     /// A fixed64 field.
@@ -385,6 +386,7 @@ impl<T: Target> Cursor<T> {
 
     /// Writes the tag of a nested message `field` shorter than 128 bytes
     /// and reserves its 1-byte length ([`Cursor::begin_short`]).
+    #[cfg_attr(target_os = "none", inline(never))]
     pub fn begin_short_field(&mut self, field: u32) -> usize {
         self.tag(field, WireType::LengthDelimited);
         self.begin_short()
@@ -392,8 +394,10 @@ impl<T: Target> Cursor<T> {
 
     /// Back-fills the 1-byte length of the nested message whose body
     /// started at `start`; a body of 128 bytes or more marks the encoding
-    /// failed.
-    #[inline(always)]
+    /// failed. (Out of line on firmware: the cold paths close many
+    /// messages, and a call is a third of the bytes.)
+    #[cfg_attr(target_os = "none", inline(never))]
+    #[cfg_attr(not(target_os = "none"), inline(always))]
     pub fn end_short(&mut self, start: usize) {
         let size = self.len.wrapping_sub(start);
         self.buf.put(start.wrapping_sub(1), size as u8);

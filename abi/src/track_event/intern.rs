@@ -19,14 +19,13 @@
 //!   bits and the generation), which leaves the id when they match: one
 //!   compare tests the match and the id's range. A string has two home
 //!   slots (hashes of its address and key bits); a lookup tries the first,
-//!   then the second, with a multiply and one entry compare each. A new
-//!   string takes one of its homes, and the string it displaces moves to
-//!   its own other home, and so on (cuckoo hashing, at most `N` moves), so
-//!   strings stay at home even where homes collide; one left without a
-//!   home (a cycle, or a table nearly full) goes to the first free slot
-//!   after its second home, where a lookup probes for it out of line.
-//!   Entries only ever move between live slots (no slot dies before a
-//!   clear), so such a probe chain never breaks.
+//!   then the second, with a multiply and one entry compare each, then
+//!   (out of line) the slots after the second until one that is not live.
+//!   A new string takes the first free slot of that same sequence, so a
+//!   lookup finds it there. Entries never die before a clear, so such a
+//!   probe chain never breaks. (Strings whose homes collide may land past
+//!   them, where a lookup costs the out-of-line probe: the price of a
+//!   placement without moves, which a firmware image pays in bytes once.)
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
@@ -202,8 +201,7 @@ impl<const N: usize> InternTable<N> {
     /// the key bits (not the generation, so a string keeps its slots across
     /// clears); the top bits give the first home slot, and the next ones,
     /// made odd, what to XOR it with for the second: two distinct slots in
-    /// a table of two or more, so that cuckoo moves always have somewhere
-    /// to go.
+    /// a table of two or more.
     #[inline(always)]
     fn homes(key: Key) -> [usize; 2] {
         Self::homes_of(key.ptr(), key.bits)
@@ -269,11 +267,9 @@ impl<const N: usize> InternTable<N> {
         u32::MAX
     }
 
-    /// The id of `s`, interning it if it is new and there is room: in one
-    /// of its home slots, moving the strings in the way to their other
-    /// homes (cuckoo hashing, at most `N` moves), so lookups nearly always
-    /// find a string at home; a string left without a home goes to the
-    /// first free slot after its second home.
+    /// The id of `s`, interning it if it is new and there is room: in its
+    /// first free home slot, or else the first free slot after its second
+    /// home (where a lookup's probe finds it).
     pub fn intern(&mut self, s: &'static str, kind: Kind) -> Interned {
         if s.len() > MAX_LEN {
             return Interned::Full;
@@ -301,21 +297,14 @@ impl<const N: usize> InternTable<N> {
         Interned::New(iid)
     }
 
-    /// Puts the new entry `e` in one of its homes (see [`Self::intern`]);
-    /// the table has a free slot.
-    fn place(&mut self, mut e: Entry) {
+    /// Puts the new entry `e` in the first free slot where [`Self::find`]
+    /// looks for it: its first home, its second, then the slots after the
+    /// second; the table has a free slot.
+    fn place(&mut self, e: Entry) {
         let generation = u32::from(self.generation);
-        let homes = |e: &Entry| Self::homes_of(e.ptr, e.tag & KEY_MASK);
-        let [first, second] = homes(&e);
-        let free = |entries: &[Entry; N], i: usize| {
-            entries.get(i).is_some_and(|e| e.generation() != generation)
-        };
-        let mut i = if free(&self.entries, second) && !free(&self.entries, first) {
-            second
-        } else {
-            first
-        };
-        for _ in 0..N {
+        let [first, second] = Self::homes_of(e.ptr, e.tag & KEY_MASK);
+        let mut i = first;
+        for step in 0..N + 1 {
             let Some(slot) = self.entries.get_mut(i) else {
                 return;
             };
@@ -323,24 +312,7 @@ impl<const N: usize> InternTable<N> {
                 *slot = e;
                 return;
             }
-            // Take the slot; the string there moves to its other home.
-            e = core::mem::replace(slot, e);
-            i = match homes(&e) {
-                [a, b] if a == i => b,
-                [a, b] if b == i => a,
-                // Not at a home (it had found none): it probes below.
-                _ => break,
-            };
-        }
-        let mut i = homes(&e)[1];
-        for _ in 0..N {
-            if free(&self.entries, i) {
-                if let Some(slot) = self.entries.get_mut(i) {
-                    *slot = e;
-                }
-                return;
-            }
-            i = (i + 1) & (N - 1);
+            i = if step == 0 { second } else { (i + 1) & (N - 1) };
         }
     }
 

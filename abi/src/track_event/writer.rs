@@ -2,11 +2,11 @@
 //!
 //! # Paths
 //!
-//! * Fast, out of line: [`TrackEventWriter::site_named`] (slice begins,
-//!   instants at call sites), [`TrackEventWriter::named_ids`] (the same
-//!   named by strings), [`TrackEventWriter::end`] (slice ends: no names, no
-//!   type to test), [`TrackEventWriter::sample`] (counters; one function
-//!   per value type): the clock, one check of the sequence state, the
+//! * Fast, out of line: [`TrackEventWriter::site_named`] (slice begins and
+//!   instants at call sites, and slice ends), [`TrackEventWriter::named_ids`]
+//!   (begins and instants named by strings), [`TrackEventWriter::sample`]
+//!   (counters; one function per value type): the clock, one check of the
+//!   sequence state, the
 //!   site's cached ids (or the interning probes, or the track lookup), the
 //!   packet's bytes stored
 //!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
@@ -204,14 +204,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// lookups.
     #[inline]
     pub fn slice_begin_at(&mut self, site: &'static EventSite) -> bool {
-        self.site_named(Type::SliceBegin, site)
+        self.site_named(Type::SliceBegin, Some(site))
     }
 
     /// An instant event named at `site` on the default track: as
     /// [`Self::instant`], with the site's interned ids cached.
     #[inline]
     pub fn instant_at(&mut self, site: &'static EventSite) -> bool {
-        self.site_named(Type::Instant, site)
+        self.site_named(Type::Instant, Some(site))
     }
 
     /// Ends the innermost slice open on the default track. An end whose
@@ -220,7 +220,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// slice.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
-        self.end()
+        self.site_named(Type::SliceEnd, None)
     }
 
     /// An instant event named `name` in `category` on the default track.
@@ -269,7 +269,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// peer's clock), so a reader can place either on the other's time
     /// line.
     pub fn clock_snapshot(&mut self, other: ClockValue) -> bool {
-        let now = self.clock.now_ns();
+        let now = self.now();
         if !self.ready(now) {
             return false;
         }
@@ -327,32 +327,43 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
         let kind = ids.kind_bits();
-        self.named_body::<false>(
+        self.named_body(
             kind,
             #[inline(always)]
             |w| {
-                (
-                    w.interned.lookup_word(ids.category(category)),
-                    w.interned.lookup_word(ids.name(name)),
-                )
+                let cat = w.interned.lookup_word(ids.category(category));
+                let nm = w.interned.lookup_word(ids.name(name));
+                ((cat | nm) < 0x80).then_some((cat, nm))
             },
             |w, now| w.simple(now, Fast::Named(named_type(kind), category, name)),
         )
     }
 
-    /// [`Self::named_ids`] for an event at `site`: its ids from the site
+    /// [`Self::named_ids`] for an event at `site` (a slice begin or an
+    /// instant), or a slice end (`site` unused): its ids from the site
     /// cache, or else (once per site and interning generation) from
-    /// [`Self::site_ids`].
+    /// [`Self::site_ids`]. One function for the three kinds: the end's
+    /// tests are a few instructions, a copy of its own some 400 bytes.
     #[inline(never)]
-    fn site_named(&mut self, kind: Type, site: &'static EventSite) -> bool {
-        self.named_body::<false>(
+    fn site_named(&mut self, kind: Type, site: Option<&'static EventSite>) -> bool {
+        self.named_body(
             kind as u8,
             #[inline(always)]
-            |w| match w.sites.get(site.number(), w.interned.generation()) {
-                Some(ids) => ids,
-                None => w.site_ids(site),
+            |w| match site {
+                Some(site) => match w.sites.get(site.number(), w.interned.generation()) {
+                    // Cached ids are below 128.
+                    Some(ids) => Some(ids),
+                    None => {
+                        let (cat, nm) = w.site_ids(site);
+                        ((cat | nm) < 0x80).then_some((cat, nm))
+                    }
+                },
+                None => Some((0, 0)),
             },
-            |w, now| w.simple(now, Fast::Named(kind, site.category(), site.name())),
+            |w, now| {
+                let (category, name) = site.map_or(("", ""), |s| (s.category(), s.name()));
+                w.simple(now, Fast::Named(kind, category, name))
+            },
         )
     }
 
@@ -373,31 +384,19 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         ids
     }
 
-    /// Slice ends: [`Self::named_ids`] compiled apart, with no names to
-    /// look up and no type to test.
-    #[inline(never)]
-    fn end(&mut self) -> bool {
-        self.named_body::<true>(
-            Type::SliceEnd as u8,
-            |_| (0, 0),
-            |w, now| w.simple(now, Fast::Named(Type::SliceEnd, "", "")),
-        )
-    }
-
-    /// The body of [`Self::named_ids`], [`Self::site_named`] and
-    /// [`Self::end`] (`END`: a slice end): the event of type `kind` (its
-    /// value), with the category and name ids `ids` returns (`u32::MAX`
-    /// for a string not interned; unused for an end), or else written by
-    /// `slow` (with the time).
+    /// The body of [`Self::named_ids`] and [`Self::site_named`]: the
+    /// event of type `kind` (its value), with the category and name ids
+    /// `ids` returns (`None` if the fast path cannot write them; not asked
+    /// for a slice end), or else written by `slow` (with the time).
     #[inline(always)]
-    fn named_body<const END: bool>(
+    fn named_body(
         &mut self,
         kind: u8,
-        ids: impl FnOnce(&mut Self) -> (u32, u32),
+        ids: impl FnOnce(&mut Self) -> Option<(u32, u32)>,
         slow: impl FnOnce(&mut Self, u64) -> bool,
     ) -> bool {
-        let end = END;
-        let begin = !END && kind == Type::SliceBegin as u8;
+        let end = kind == Type::SliceEnd as u8;
+        let begin = kind == Type::SliceBegin as u8;
         if end && !self.slices.pop() {
             self.stats.ends_suppressed += 1;
             return false;
@@ -407,16 +406,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 self.stats.events_disabled += 1;
                 break 'written false;
             }
-            // The ids first (the strings are dead after them); ids not
-            // interned are u32::MAX, so one compare tests both for the fast
-            // path (a slice end has none).
-            let (cat, nm) = if end { (0, 0) } else { ids(self) };
-            let now = self.clock.now_ns();
-            if (cat | nm) < 0x80 {
+            // The ids first (the strings are dead after them): `None` if
+            // the fast path cannot write them (a string not interned, or an
+            // id of 128 or more), which cached ids never are (a slice end
+            // has none).
+            let ids = if end { Some((0, 0)) } else { ids(self) };
+            let now = self.now();
+            if let Some((cat, nm)) = ids {
                 if let Some(delta) = self.delta(now) {
                     if self.out.write_fast_sized(
                         #[inline(always)]
-                        |c| named_event::<_, END>(c, delta, kind, cat as u8, nm as u8),
+                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
                     ) {
                         self.base = now;
                         self.stats.events += 1;
@@ -452,7 +452,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
             .and_then(|head| Body::sample(head, value));
-        let now = self.clock.now_ns();
+        let now = self.now();
         if let (Some(body), Some(delta)) = (body, self.delta(now)) {
             if self.out.write_fast(
                 #[inline(always)]
@@ -476,6 +476,16 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn sample_double(&mut self, track: &'static CounterTrack, value: f64) -> bool {
         self.sample(track, CounterValue::Double(value))
+    }
+
+    /// The clock's reading, out of line on firmware: one copy of the
+    /// clock's code for every path (a call costs a few instructions; a
+    /// SysTick or cycle counter extension inlined into each path some 70
+    /// bytes apiece, and more in the registers it ties up).
+    #[cfg_attr(target_os = "none", inline(never))]
+    #[cfg_attr(not(target_os = "none"), inline(always))]
+    fn now(&mut self) -> u64 {
+        self.clock.now_ns()
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
@@ -798,35 +808,34 @@ const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, Wi
 
 /// Writes what [`encode::event`] writes for a slice begin or instant with
 /// the interned category `cat` and name `name` (both below 128), or a slice
-/// end if `END` (`kind` is then [`Type::SliceEnd`], `cat` and `name`
-/// unused), on the default track, `delta` (below 2^28) after the previous
-/// event: a few word stores.
+/// end if `kind` is [`Type::SliceEnd`] (`cat` and `name` unused), on the
+/// default track, `delta` (below 2^28) after the previous event: a few
+/// word stores. An end's `track_event` is its type only: the same stores,
+/// advanced less (the bytes past the packet lie in the window, and the next
+/// packet overwrites them).
 #[inline(always)]
-fn named_event<T: Target, const END: bool>(
-    c: &mut Cursor<T>,
-    delta: u32,
-    kind: u8,
-    cat: u8,
-    name: u8,
-) {
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
     let (time, n) = varint_word(delta);
-    let end = END;
-    // The size: the timestamp's tag and varint, then 6 or 10 bytes.
-    let size = 1 + n + if end { 6 } else { 10 };
+    let end = kind == Type::SliceEnd as u8;
+    // The track event's size: its type (2 bytes), then category and name.
+    let te = if end { 2 } else { 6 };
+    // The size: the timestamp's tag and varint, 4 bytes, the track event.
+    let size = 1 + n + 4 + te;
     c.word(
         size as u64 | u64::from(TIMESTAMP) << 8 | u64::from(time) << 16,
         2 + n,
     );
-    if end {
-        c.word(
-            u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 2, TYPE, kind, 0, 0]),
-            6,
-        );
-    } else {
-        c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 6]), 4);
-        c.word32(u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, cat]), 4);
-        c.word32(u32::from(NAME_IID) | u32::from(name) << 8, 2);
-    }
+    c.word32(
+        u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | (te as u32) << 24,
+        4,
+    );
+    // 2 + 0 bytes for an end, 4 + 2 for the others.
+    let tail = te / 2 - 1;
+    c.word32(
+        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, cat]),
+        te - tail,
+    );
+    c.word32(u32::from(NAME_IID) | u32::from(name) << 8, tail);
 }
 
 /// A named event's type and its two interning keys' bits, in one word (a
@@ -1065,7 +1074,7 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, cons
         let written = if w.out.arbiter().tracing_enabled() {
             let now = match self.at {
                 Some(ns) => ns,
-                None => w.clock.now_ns(),
+                None => w.now(),
             };
             let named = !matches!(self.kind, Type::SliceEnd | Type::Counter);
             let spec = Spec {
@@ -1127,13 +1136,7 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| {
-                        if kind == Type::SliceEnd {
-                            named_event::<_, true>(c, delta, kind as u8, cat, name)
-                        } else {
-                            named_event::<_, false>(c, delta, kind as u8, cat, name)
-                        }
-                    });
+                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }

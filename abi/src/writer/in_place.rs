@@ -419,7 +419,8 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
 
     /// Counts a packet the caller gave up on (e.g. too long after
     /// [`InPlaceWriter::try_write`]) as dropped, and marks the loss on the
-    /// next packet written.
+    /// next packet written. Out of line: a rare path, called from several.
+    #[inline(never)]
     pub fn count_dropped(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
         self.update_limit();
