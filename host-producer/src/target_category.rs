@@ -8,7 +8,9 @@
 //!   three (the `OnceLock` publishes them with release/acquire ordering).
 //! * A hit is confirmed by comparing the category's name with the target,
 //!   so a target string that reuses another's address (a `log` target built
-//!   at run time) never gets the wrong category.
+//!   at run time) never gets the wrong category; except for a `'static`
+//!   target ([`category_static`]: a `tracing` callsite's), whose address
+//!   no other string can ever have.
 //! * Past [`PROBES`] occupied slots, or with the table full, the lookup
 //!   falls back to [`DynamicCategory::new`] (the category registry's lock
 //!   and hash map): correct, only slower. Targets are a program's module
@@ -28,8 +30,23 @@ type Slot = OnceLock<(usize, usize, &'static Category)>;
 static TABLE: [Slot; SLOTS] = [const { OnceLock::new() }; SLOTS];
 
 /// The category of `target`, created (and advertised) on first use.
+#[cfg_attr(not(feature = "log"), allow(dead_code))]
 #[inline]
 pub(crate) fn category(target: &str) -> &'static Category {
+    lookup::<true>(target)
+}
+
+/// [`category`] for a target that lives as long as the program (its
+/// address identifies it).
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+#[inline]
+pub(crate) fn category_static(target: &'static str) -> &'static Category {
+    lookup::<false>(target)
+}
+
+/// Finds `target`'s category; `VERIFY`: compare the names of a hit.
+#[inline(always)]
+fn lookup<const VERIFY: bool>(target: &str) -> &'static Category {
     let key = (target.as_ptr() as usize, target.len());
     // Fibonacci hashing of the address: string literals are aligned
     // arbitrarily, so every bit counts.
@@ -37,7 +54,9 @@ pub(crate) fn category(target: &str) -> &'static Category {
     for i in 0..PROBES {
         let slot = &TABLE[(start as usize + i) % SLOTS];
         match slot.get() {
-            Some(&(ptr, len, cat)) if (ptr, len) == key && cat.name() == target => return cat,
+            Some(&(ptr, len, cat)) if (ptr, len) == key && (!VERIFY || cat.name() == target) => {
+                return cat
+            }
             Some(_) => continue,
             None => return insert(slot, key, target),
         }
@@ -71,6 +90,7 @@ mod tests {
         // The same text at another address: the same category.
         let owned = String::from("target_category::a");
         assert!(std::ptr::eq(a, category(&owned)));
+        assert!(std::ptr::eq(a, category_static("target_category::a")));
         // Another text at an address seen before: not the first category.
         let mut reused = String::from("target_category::b");
         let b = category(&reused);

@@ -241,7 +241,7 @@ impl<S> Filter<S> for Categories {
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
-        if target_category::category(meta.target()).is_enabled() {
+        if target_category::category_static(meta.target()).is_enabled() {
             Interest::always()
         } else {
             Interest::never()
@@ -357,7 +357,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let category = target_category::category(attrs.metadata().target());
+        let category = target_category::category_static(attrs.metadata().target());
         if !category.is_enabled() {
             return;
         }
@@ -459,7 +459,7 @@ where
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
         let meta = event.metadata();
-        let category = target_category::category(meta.target());
+        let category = target_category::category_static(meta.target());
         if !category.is_enabled() {
             return;
         }
