@@ -156,7 +156,11 @@ impl<S> std::fmt::Debug for TracingLayer<S> {
 }
 
 // Everything is the filtered writer's: the wrapper exists so that users
-// name one type and get the per-layer filter with it.
+// name one type and get the per-layer filter with it. Except that the
+// calls about an existing span (enter, exit, record, follows_from, close)
+// go to the writer directly: it acts only on spans it made its state for,
+// which the filter enabled, so the filter's own check (a second registry
+// lookup per call) would only repeat that.
 impl<S> Layer<S> for TracingLayer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -180,10 +184,10 @@ where
         self.inner.max_level_hint()
     }
     fn on_record(&self, span: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        self.inner.on_record(span, values, ctx);
+        self.inner.inner().on_record(span, values, ctx);
     }
     fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
-        self.inner.on_follows_from(span, follows, ctx);
+        self.inner.inner().on_follows_from(span, follows, ctx);
     }
     fn event_enabled(&self, event: &Event<'_>, ctx: Context<'_, S>) -> bool {
         self.inner.event_enabled(event, ctx)
@@ -192,13 +196,13 @@ where
         self.inner.on_event(event, ctx);
     }
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        self.inner.on_enter(id, ctx);
+        self.inner.inner().on_enter(id, ctx);
     }
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        self.inner.on_exit(id, ctx);
+        self.inner.inner().on_exit(id, ctx);
     }
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        self.inner.on_close(id, ctx);
+        self.inner.inner().on_close(id, ctx);
     }
     fn on_id_change(&self, old: &Id, new: &Id, ctx: Context<'_, S>) {
         self.inner.on_id_change(old, new, ctx);

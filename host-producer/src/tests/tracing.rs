@@ -77,6 +77,59 @@ fn callsite_interest_follows_sessions() {
     lb.shutdown();
 }
 
+/// Counts the events and span entries it sees.
+#[derive(Clone, Default)]
+struct Counter(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counter {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn on_enter(&self, _: &tracing::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The layer's filter is its own: a target no session enables is still
+/// seen by a layer beside it (a plain layer's `Interest::never` would hide
+/// it from every layer), and what a session enables is recorded while the
+/// other layer sees it too.
+#[test]
+fn other_layers_see_what_no_session_enables() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    let counter = Counter::default();
+    let seen = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let subscriber = tracing_subscriber::registry()
+        .with(TracingLayer::new())
+        .with(counter.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let emit = || {
+            let _span = tracing::info_span!(target: "tl.beside", "work").entered();
+            tracing::info!(target: "tl.beside", n = 1u64);
+        };
+        emit();
+        assert_eq!(
+            seen(),
+            2,
+            "no session: the other layer sees the span and the event"
+        );
+        lb.start_track_event(421, 1, TrackEventConfig::default());
+        emit();
+        assert_eq!(seen(), 4, "with a session: the other layer still sees both");
+        runtime().stop_data_source(421);
+    });
+    let events = events_in(&lb, "tl.beside");
+    let kinds: Vec<i32> = events.iter().map(|e| e.0).collect();
+    use crate::EventType as T;
+    assert_eq!(
+        kinds,
+        [T::SliceBegin as i32, T::Instant as i32, T::SliceEnd as i32],
+        "only the second round is recorded: {events:?}"
+    );
+    lb.shutdown();
+}
+
 /// Rounds measured after the warm-up.
 const ROUNDS: u64 = 10_000;
 
