@@ -6,23 +6,24 @@
 //! runs the workload below once, flushes, reports `{"event":"done"}`, and
 //! exits once the session stopped (or after 30 s).
 //!
-//! The workload (targets in brackets; the test's session disables `noisy`):
+//! The workload (each item's target in parentheses; the test's session
+//! disables `noisy`):
 //!
-//! * span `root` [app] with a field of every type (`int` -5, `uint` 7,
+//! * span `root` (in `app`) with a field of every type (`int` -5, `uint` 7,
 //!   `flag` true, `ratio` 0.25, `text` "hello", `debug` `Some(3)`) and an
 //!   empty field `pending`, entered on the main thread; inside it:
-//!   * span `query` [app::db] (`table` "users"), and in it the event
-//!     `info!(rows = 3, "query done")` [app::db];
-//!   * the event `warn!(code = 42, ok = false)` [app];
-//!   * the event `trace!(n = 1)` [noisy] and the span `hidden` [noisy],
+//!   * span `query` (in `app::db`) (`table` "users"), and in it the event
+//!     `info!(rows = 3, "query done")` (in `app::db`);
+//!   * the event `warn!(code = 42, ok = false)` (in `app`);
+//!   * the event `trace!(n = 1)` (in `noisy`) and the span `hidden` (in `noisy`),
 //!     entered and exited;
-//!   * span `task` [app] (`id` 1), made to follow `root`;
+//!   * span `task` (in `app`) (`id` 1), made to follow `root`;
 //!   * `root.record("pending", 99)`;
-//!   * spans `a` and `b` [app], entered in that order and exited out of
+//!   * spans `a` and `b` (in `app`), entered in that order and exited out of
 //!     order (`a` first);
-//!   * `log::info!` [app::log] "plain literal", `log::warn!` [app::log]
-//!     "formatted 5", `log::info!` [noisy] "filtered".
-//! * `task` instruments a future that logs `info!(step)` [app] three times
+//!   * `log::info!` (in `app::log`) "plain literal", `log::warn!` (in `app::log`)
+//!     "formatted 5", `log::info!` (in `noisy`) "filtered".
+//! * `task` instruments a future that logs `info!(step)` (in `app`) three times
 //!   with a yield between: polled on the main thread, then on thread
 //!   `poll-b`, then `poll-c`, then the main thread again, which completes
 //!   it and drops it (closing `task`).
