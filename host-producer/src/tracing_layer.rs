@@ -26,7 +26,8 @@
 //!   [`register_categories`](crate::track_event::register_categories) to
 //!   give them a description or tags, and the target picks that category.
 //! * **Level → annotation.** Every event and slice begin carries a string
-//!   annotation `level` (`"TRACE"` … `"ERROR"`).
+//!   annotation `level` (`"TRACE"` … `"ERROR"`); only the `follows_from`
+//!   instants below do not.
 //! * **Event → instant** on the calling thread's track, named after the
 //!   callsite (`event src/main.rs:12`: what `tracing` names it); its fields
 //!   are annotations, the message one named `message`.
