@@ -268,6 +268,8 @@ impl Registry {
             for c in inner.all().collect::<Vec<_>>() {
                 inner.apply(c);
             }
+            drop(inner);
+            enabled_set_changed();
         }
         changed
     }
@@ -301,12 +303,21 @@ impl Registry {
         for c in inner.all().collect::<Vec<_>>() {
             inner.apply(c);
         }
+        drop(inner);
+        enabled_set_changed();
     }
 
     /// The static categories (name, description, tags) to advertise.
     pub(crate) fn advertised(&self) -> Vec<&'static Category> {
         self.lock().statics.clone()
     }
+}
+
+/// Tells what caches category enablement (the `tracing` layer's callsite
+/// interest) that it may have changed; called with no lock held.
+fn enabled_set_changed() {
+    #[cfg(feature = "tracing")]
+    crate::tracing_layer::enabled_categories_changed();
 }
 
 /// The category names of a comma-separated group, trimmed, empty ones

@@ -88,6 +88,11 @@
 //!   invariant TSC the kernel keeps time with, the time is read from the
 //!   TSC and converted to boot time (~11 ns instead of ~30 for a vDSO
 //!   `clock_gettime`; error bound in the `clock` module docs).
+//! * **`tracing` and `log`** (features `tracing` and `log`): a
+//!   `tracing_subscriber` layer, `TracingLayer`, and a `log` logger,
+//!   `logger::TraceLogger`, writing spans, events and records as track
+//!   events, each target a category (see the `tracing_layer` and `logger`
+//!   module docs).
 //! * **Custom data sources** ([`DataSource`]): a name, a
 //!   [`DataSourceHandler`] for setup/start/stop/flush, arbitrary
 //!   TracePackets from any thread ([`TraceContext`]).
@@ -133,10 +138,16 @@ mod event;
 pub mod filter;
 mod forward;
 mod intern;
+#[cfg(feature = "log")]
+pub mod logger;
 mod outbox;
 mod runtime;
 mod shm;
 mod sys;
+#[cfg(any(feature = "tracing", feature = "log"))]
+mod target_category;
+#[cfg(feature = "tracing")]
+pub mod tracing_layer;
 mod track;
 pub mod track_event;
 mod writer;
@@ -161,6 +172,8 @@ pub use forward::{
     InjectedTooLong, MAX_INJECTED_PACKET,
 };
 pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
+#[cfg(feature = "tracing")]
+pub use tracing_layer::TracingLayer;
 pub use track::{
     current_pid, process_uuid, set_process_name, ChildOrdering, Clock, CounterTrack, CounterUnit,
     Flow, ProcessTrack, ThreadTrack, Timestamp, Track,

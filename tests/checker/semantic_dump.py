@@ -9,7 +9,8 @@ PyPI `perfetto` package, as check_trace.py does) and prints what the events
 names, resolved name, the track they land on described by its content, their
 debug annotations as a typed tree, flows, and counter values with their type.
 
-    semantic_dump.py TRACE                 # the dump, as JSON
+    semantic_dump.py TRACE                 # the dump, one line per event
+    semantic_dump.py --json TRACE          # the dump, as one JSON document
     semantic_dump.py --compare A B         # exit 1 and a diff if they differ
 
 What legitimately differs between producers is normalized away, each for the
@@ -533,6 +534,9 @@ def main(argv):
     parser.add_argument("trace", nargs="?")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"))
     parser.add_argument("--max-lines", type=int, default=200)
+    parser.add_argument("--json", action="store_true",
+                        help="print the dump as one JSON document (raw "
+                        "pids, tids and flow ids)")
     args = parser.parse_args(argv)
     if args.compare:
         diff = compare(*args.compare)
@@ -545,7 +549,10 @@ def main(argv):
         return 1 if diff else 0
     if not args.trace:
         parser.error("a trace or --compare A B")
-    print("\n".join(canonical(dump(args.trace))))
+    if args.json:
+        print(json.dumps(dump(args.trace)))
+    else:
+        print("\n".join(canonical(dump(args.trace))))
     return 0
 
 

@@ -368,6 +368,32 @@ pub fn semantic_diff(a: &Path, b: &Path) -> Result<Option<String>> {
     }
 }
 
+/// What `checker/semantic_dump.py` reads in the trace at `path`: per
+/// sequence, its events with resolved names, categories, tracks,
+/// annotations and flows (see the script for the format).
+pub fn semantic_dump(path: &Path) -> Result<serde_json::Value> {
+    ensure_environment()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("checker")
+        .join("semantic_dump.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg("--json")
+        .arg(path)
+        .output()
+        .map_err(|e| HarnessError::Checker(format!("cannot run {}: {e}", python().display())))?;
+    if !output.status.success() {
+        return Err(HarnessError::Checker(format!(
+            "{} failed ({}): {}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    serde_json::from_slice(&output.stdout)
+        .map_err(|e| HarnessError::Checker(format!("{}: {e}", script.display())))
+}
+
 /// Runs the Python unit tests of module `module` (in `checker/`, e.g.
 /// `test_check_trace`); `Err` carries their report if any fails. They get
 /// the shmtrace binary as `$SHMTRACE_BIN` when it is built (tests that

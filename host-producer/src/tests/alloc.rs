@@ -52,7 +52,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn allocations() -> u64 {
+pub(super) fn allocations() -> u64 {
     ALLOCATIONS.with(|c| c.get())
 }
 

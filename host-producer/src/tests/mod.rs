@@ -11,4 +11,6 @@ mod loopback;
 mod names;
 mod perf;
 mod runtime;
+#[cfg(feature = "tracing")]
+mod tracing;
 mod triggers;

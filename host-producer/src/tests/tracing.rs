@@ -1,0 +1,224 @@
+//! The `tracing` layer against the loopback service: callsite interest
+//! follows sessions, and the hot path does not allocate (counted by the
+//! counting allocator of [`super::alloc`], per thread).
+
+use prost::Message as _;
+use shmtrace_abi::layout::PageLayout;
+use tracing::Level;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+use super::alloc::allocations;
+use super::loopback::{serial, Loopback};
+use crate::filter::TrackEventConfig;
+use crate::runtime::runtime;
+use crate::test_schema::{self as ts, Interned};
+use crate::TracingLayer;
+
+/// Every track event of the loopback's sequences in the category
+/// `category`, and every slice end (which carries no category): (type,
+/// name, annotation names).
+fn events_in(lb: &Loopback, category: &str) -> Vec<(i32, String, Vec<String>)> {
+    let mut out = Vec::new();
+    for seq in lb.sequences().values() {
+        let mut interned = Interned::default();
+        for bytes in &seq.packets {
+            let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
+            interned.update(&p);
+            let Some(te) = &p.track_event else { continue };
+            let end = te.r#type == Some(crate::EventType::SliceEnd as i32);
+            if end || interned.event_categories(te) == [category] {
+                out.push((
+                    te.r#type.unwrap_or(0),
+                    interned.event_name(te).unwrap_or_default(),
+                    te.debug_annotations
+                        .iter()
+                        .filter_map(|a| interned.arg_name(a))
+                        .collect(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn subscriber() -> impl tracing::Subscriber {
+    tracing_subscriber::registry().with(TracingLayer::new())
+}
+
+/// A callsite's interest is `never` while no session enables its target,
+/// and `always` while one does: `tracing` rebuilds its interest cache when
+/// a session starts and stops, and only the event emitted in between is
+/// recorded.
+#[test]
+fn callsite_interest_follows_sessions() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        let emit = |phase: &'static str| {
+            tracing::info!(target: "tl.interest", phase);
+            tracing::enabled!(target: "tl.interest", Level::INFO)
+        };
+        assert!(!emit("before"), "no session: never");
+        lb.start_track_event(401, 1, TrackEventConfig::default());
+        assert!(emit("during"), "a session enables the target: always");
+        runtime().stop_data_source(401);
+        assert!(!emit("after"), "stopped: never again");
+        let off = TrackEventConfig {
+            disabled_categories: vec!["tl.interest".into()],
+            ..Default::default()
+        };
+        lb.start_track_event(402, 1, off);
+        assert!(!emit("disabled"), "a session disabling the target: never");
+        runtime().stop_data_source(402);
+    });
+    let events = events_in(&lb, "tl.interest");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].2, ["level", "phase"]);
+    lb.shutdown();
+}
+
+/// Counts the events and span entries it sees.
+#[derive(Clone, Default)]
+struct Counter(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counter {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn on_enter(&self, _: &tracing::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The layer's filter is its own: a target no session enables is still
+/// seen by a layer beside it (a plain layer's `Interest::never` would hide
+/// it from every layer), and what a session enables is recorded while the
+/// other layer sees it too.
+#[test]
+fn other_layers_see_what_no_session_enables() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    let counter = Counter::default();
+    let seen = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let subscriber = tracing_subscriber::registry()
+        .with(TracingLayer::new())
+        .with(counter.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let emit = || {
+            let _span = tracing::info_span!(target: "tl.beside", "work").entered();
+            tracing::info!(target: "tl.beside", n = 1u64);
+        };
+        emit();
+        assert_eq!(
+            seen(),
+            2,
+            "no session: the other layer sees the span and the event"
+        );
+        lb.start_track_event(421, 1, TrackEventConfig::default());
+        emit();
+        assert_eq!(seen(), 4, "with a session: the other layer still sees both");
+        runtime().stop_data_source(421);
+    });
+    let events = events_in(&lb, "tl.beside");
+    let kinds: Vec<i32> = events.iter().map(|e| e.0).collect();
+    use crate::EventType as T;
+    assert_eq!(
+        kinds,
+        [T::SliceBegin as i32, T::Instant as i32, T::SliceEnd as i32],
+        "only the second round is recorded: {events:?}"
+    );
+    lb.shutdown();
+}
+
+/// Rounds measured after the warm-up.
+const ROUNDS: u64 = 10_000;
+
+fn one_round(i: u64, span: &tracing::Span) {
+    // Events with static names and primitive fields, with and without a
+    // message (formatted into the thread's reused buffer).
+    tracing::info!(target: "tl.alloc", a = i, b = true);
+    tracing::warn!(target: "tl.alloc", x = -1.5, n = -7i64, "static message");
+    // A span made before, entered and exited again; a field recorded
+    // while it is entered rides on its end.
+    {
+        let _entered = span.enter();
+        span.record("count", i);
+        tracing::debug!(target: "tl.alloc", inside = true);
+    }
+    // A target the session disables.
+    tracing::info!(target: "tl.alloc.off", never = 1u64);
+}
+
+/// The layer's hot path does not allocate: events with static names and
+/// primitive fields, a message, entering and exiting a live span and
+/// recording into it, after warm-up.
+#[test]
+fn layer_hot_path_does_not_allocate() {
+    let _s = serial();
+    let lb = Loopback::new(8 << 20, PageLayout::Div1, false);
+    let cfg = TrackEventConfig {
+        disabled_categories: vec!["tl.alloc.off".into()],
+        ..Default::default()
+    };
+    lb.start_track_event(411, 1, cfg);
+    let (before, after) = tracing::subscriber::with_default(subscriber(), || {
+        let span = tracing::info_span!(target: "tl.alloc", "live", count = 0u64);
+        for i in 0..2000 {
+            one_round(i, &span);
+        }
+        lb.drain();
+        let before = allocations();
+        for i in 0..ROUNDS {
+            one_round(i, &span);
+            if i % 250 == 0 {
+                // Let the service free chunks (on the pump thread, not
+                // counted).
+                std::thread::yield_now();
+            }
+        }
+        (before, allocations())
+    });
+    let dropped = crate::stats().packets_dropped;
+    runtime().stop_data_source(411);
+    let events = events_in(&lb, "tl.alloc");
+    // Three instants, a begin and an end per round (minus drops).
+    let rounds = ROUNDS + 2000;
+    assert!(
+        events.len() as u64 + dropped >= rounds * 5,
+        "{} events, {dropped} dropped: {:?}",
+        events.len(),
+        {
+            let mut kinds = std::collections::BTreeMap::new();
+            for (kind, name, args) in &events {
+                *kinds.entry((kind, name, args)).or_insert(0) += 1;
+            }
+            kinds
+        }
+    );
+    let instant = crate::EventType::Instant as i32;
+    let with_message = events
+        .iter()
+        .filter(|(kind, _, args)| *kind == instant && args == &["level", "message", "x", "n"])
+        .count() as u64;
+    assert!(
+        with_message + dropped >= rounds,
+        "{with_message} events with a message"
+    );
+    let ends_with_count = events
+        .iter()
+        .filter(|(kind, _, args)| *kind == crate::EventType::SliceEnd as i32 && args == &["count"])
+        .count() as u64;
+    assert!(
+        ends_with_count + dropped >= rounds,
+        "{ends_with_count} slice ends carry the recorded field"
+    );
+    assert!(events_in(&lb, "tl.alloc.off")
+        .iter()
+        .all(|(kind, _, _)| *kind == crate::EventType::SliceEnd as i32));
+    assert_eq!(
+        after - before,
+        0,
+        "allocations on the hot path ({dropped} packets dropped)"
+    );
+    lb.shutdown();
+}

@@ -1,0 +1,519 @@
+//! [`TracingLayer`]: spans and events of the [`tracing`] crate as track
+//! events, in every session that enables their target.
+//!
+//! ```no_run
+//! use tracing_subscriber::layer::SubscriberExt as _;
+//! use tracing_subscriber::util::SubscriberInitExt as _;
+//!
+//! shmtrace_producer::init(shmtrace_producer::ProducerConfig::default()).unwrap();
+//! tracing_subscriber::registry()
+//!     .with(shmtrace_producer::TracingLayer::new())
+//!     .init();
+//! let _span = tracing::info_span!("frame", number = 1).entered();
+//! tracing::info!(fps = 59.9, "drawn");
+//! ```
+//!
+//! [`tracing`]: https://docs.rs/tracing
+//!
+//! # Mapping
+//!
+//! * **Target → category.** A callsite's target (by default its module
+//!   path, e.g. `my_app::net`) is a [`DynamicCategory`](crate::DynamicCategory)
+//!   of that name, so `TrackEventConfig`'s `enabled_categories`,
+//!   `disabled_categories` (wildcards included) and tags select targets; a
+//!   target named `disabled-by-default-…` is tagged `slow`, off unless a
+//!   session asks for it. Name categories statically with
+//!   [`register_categories`](crate::track_event::register_categories) to
+//!   give them a description or tags, and the target picks that category.
+//! * **Level → annotation.** Every event and slice begin carries a string
+//!   annotation `level` (`"TRACE"` … `"ERROR"`); only the `follows_from`
+//!   instants below do not.
+//! * **Event → instant** on the calling thread's track, named after the
+//!   callsite (`event src/main.rs:12`: what `tracing` names it); its fields
+//!   are annotations, the message one named `message`.
+//! * **Span → slices.** Each time a thread enters a span, a slice named
+//!   after the span begins on that thread's track; it ends when the thread
+//!   exits the span. The first slice carries the span's fields; a field
+//!   recorded later ([`Span::record`](https://docs.rs/tracing/latest/tracing/struct.Span.html#method.record))
+//!   rides on the end of the slice it was recorded in (a trace processor
+//!   adds an end's annotations to its slice), else on the span's next
+//!   slice, else on an instant named after the span when it closes.
+//! * **A span entered more than once** (an `async` task instrumented with
+//!   `.instrument()`, polled on one thread and then another) gets a track
+//!   of its own, named after it, under the process: when it closes, one
+//!   slice covering its life, from its creation to its close, with all its
+//!   fields, is written there, while each poll stays a slice on the track
+//!   of the thread that ran it.
+//! * **`follows_from` → a flow** from the span it follows (an instant
+//!   `follows_from` inside its current slice if the calling thread is in
+//!   it, else its next slice or its close) to the following span's next
+//!   slice (or its close). Both ends carry the id as a `flow_id`, so a
+//!   trace processor links them in time order.
+//!
+//! Field values are typed annotations: `i64`, `u64`, `bool` and `f64`
+//! values as such (smaller integers widen, `i128`/`u128` are written as
+//! text), `&str` values as strings, `Debug` and `Display` values formatted
+//! as strings.
+//!
+//! # Invariants
+//!
+//! * **A thread's track nests.** Each thread keeps the spans it entered
+//!   and whose slice it began, innermost last. Exiting one that is not
+//!   innermost (guards dropped out of order, or an `enter` guard held
+//!   across an `.await` on a single-threaded executor) ends the slices of
+//!   the spans inside it first, and their own exits later end nothing. An
+//!   exit on a thread that did not enter the span ends nothing.
+//! * **Interest.** The layer carries a per-layer filter (see
+//!   `tracing_subscriber`'s `Filter`): a callsite whose target's category
+//!   no session enables has `Interest::never` from it, so with no other
+//!   layer interested the callsite costs what `tracing` costs for one with
+//!   no interest (one relaxed load and a branch at the macro), while other
+//!   layers beside this one still see everything (a plain layer's `never`
+//!   would disable the callsite for them too). Interest is cached per
+//!   callsite by `tracing`, and categories change when sessions start and
+//!   stop, so whenever the set of enabled categories changes the producer
+//!   calls `tracing_core::callsite::rebuild_interest_cache()` (once a layer
+//!   exists). The alternative, `Interest::sometimes()` and a check in
+//!   `enabled`, would cost a dynamic dispatch per disabled event forever to
+//!   save a rebuild per session start and stop. Between a session's stop
+//!   and the rebuild, a callsite still marked `always` reaches the layer,
+//!   which finds its category off (one relaxed load) and writes nothing.
+//! * **Interning.** Event and span names, field names and categories are
+//!   `'static` strings: each is interned once per sequence (writer) and then
+//!   written as its id.
+//! * **No allocation per event** for events whose fields are primitive
+//!   values: fields go to an array on the stack, text to a per-thread
+//!   buffer reused from event to event. Spans allocate when made (the
+//!   registry's extension holding their fields), not when entered or
+//!   exited (beyond the per-thread stack's growth to its deepest nesting).
+
+mod fields;
+
+use std::any::TypeId;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tracing_core::span::{Attributes, Id, Record};
+use tracing_core::subscriber::Interest;
+use tracing_core::{Dispatch, Event, LevelFilter, Metadata, Subscriber};
+use tracing_subscriber::filter::Filtered;
+use tracing_subscriber::layer::{Context, Filter, Layer};
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
+
+use crate::annotation::Arg;
+use crate::category::Category;
+use crate::event::{EventName, EventType};
+use crate::target_category;
+use crate::track::{Flow, Timestamp, Track};
+use crate::track_event::__event;
+
+use fields::{Args, EventFields, SpanFields};
+
+/// A [`tracing_subscriber::Layer`] writing `tracing` spans and events as
+/// track events (see the [module docs](self) for the mapping).
+///
+/// ```no_run
+/// use tracing_subscriber::layer::SubscriberExt as _;
+/// use tracing_subscriber::util::SubscriberInitExt as _;
+/// tracing_subscriber::registry()
+///     .with(shmtrace_producer::TracingLayer::new())
+///     .init();
+/// ```
+pub struct TracingLayer<S> {
+    inner: Filtered<Writer, Categories, S>,
+}
+
+impl<S> TracingLayer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    /// The layer (the producer itself is started with
+    /// [`init`](crate::init)). Making it offers the `track_event` data
+    /// source to the service, as
+    /// [`register_categories`](crate::track_event::register_categories)
+    /// does, so sessions can enable targets before their first event.
+    pub fn new() -> Self {
+        LAYER_MADE.store(true, Ordering::Relaxed);
+        crate::runtime::runtime().advertise_track_event(false);
+        TracingLayer {
+            inner: Writer.with_filter(Categories),
+        }
+    }
+}
+
+impl<S> Default for TracingLayer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> std::fmt::Debug for TracingLayer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TracingLayer").finish_non_exhaustive()
+    }
+}
+
+// Everything is the filtered writer's: the wrapper exists so that users
+// name one type and get the per-layer filter with it. Except that the
+// calls about an existing span (enter, exit, record, follows_from, close)
+// go to the writer directly: it acts only on spans it made its state for,
+// which the filter enabled, so the filter's own check (a second registry
+// lookup per call) would only repeat that.
+impl<S> Layer<S> for TracingLayer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &Dispatch) {
+        self.inner.on_register_dispatch(subscriber);
+    }
+    fn on_layer(&mut self, subscriber: &mut S) {
+        self.inner.on_layer(subscriber);
+    }
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        self.inner.register_callsite(metadata)
+    }
+    fn enabled(&self, metadata: &Metadata<'_>, ctx: Context<'_, S>) -> bool {
+        self.inner.enabled(metadata, ctx)
+    }
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        self.inner.on_new_span(attrs, id, ctx);
+    }
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        self.inner.max_level_hint()
+    }
+    fn on_record(&self, span: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        self.inner.inner().on_record(span, values, ctx);
+    }
+    fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
+        self.inner.inner().on_follows_from(span, follows, ctx);
+    }
+    fn event_enabled(&self, event: &Event<'_>, ctx: Context<'_, S>) -> bool {
+        self.inner.event_enabled(event, ctx)
+    }
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        self.inner.on_event(event, ctx);
+    }
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        self.inner.inner().on_enter(id, ctx);
+    }
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        self.inner.inner().on_exit(id, ctx);
+    }
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        self.inner.inner().on_close(id, ctx);
+    }
+    fn on_id_change(&self, old: &Id, new: &Id, ctx: Context<'_, S>) {
+        self.inner.on_id_change(old, new, ctx);
+    }
+    // `tracing_subscriber` finds per-layer filters (and their ids) through
+    // this method: the wrapped `Filtered` must answer for the wrapper.
+    #[doc(hidden)]
+    unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<Self>() {
+            return Some(self as *const Self as *const ());
+        }
+        // SAFETY: the caller upholds `downcast_raw`'s contract (it casts
+        // the pointer only to the type whose id it passed); we pass the
+        // same id on, and the pointer the inner layer returns points into
+        // `self.inner`, which lives as long as `self`.
+        unsafe { self.inner.downcast_raw(id) }
+    }
+}
+
+/// Whether a [`TracingLayer`] was ever made (only then do session starts
+/// and stops rebuild `tracing`'s interest cache).
+static LAYER_MADE: AtomicBool = AtomicBool::new(false);
+
+/// Called by the category registry after the set of enabled categories
+/// may have changed (a session started or stopped, categories were
+/// registered), with no lock held.
+pub(crate) fn enabled_categories_changed() {
+    if LAYER_MADE.load(Ordering::Relaxed) {
+        tracing_core::callsite::rebuild_interest_cache();
+    }
+}
+
+/// The per-layer filter: a callsite is interesting while a session enables
+/// its target's category.
+struct Categories;
+
+impl<S> Filter<S> for Categories {
+    fn enabled(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
+        target_category::category(meta.target()).is_enabled()
+    }
+
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        if target_category::category_static(meta.target()).is_enabled() {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        None
+    }
+}
+
+/// What the layer keeps about a span (in the registry's extensions).
+struct SpanState {
+    category: &'static Category,
+    /// Unique in the process: the span's own track and flows use it (span
+    /// ids are reused).
+    serial: u64,
+    /// Boot time when the span was made.
+    created_ns: u64,
+    /// Times entered.
+    enters: u32,
+    fields: SpanFields,
+    /// Flows for the span's next slice (or its close).
+    flows: Vec<Flow>,
+}
+
+/// Serials of spans and flows.
+fn next_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A span the thread entered and whose slice it began.
+struct Entered {
+    id: u64,
+    category: &'static Category,
+    /// A field was recorded while entered: the end carries it.
+    recorded: bool,
+}
+
+thread_local! {
+    /// The spans the thread is in, innermost last.
+    static ENTERED: RefCell<Vec<Entered>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the thread's entered spans; not at all while they are
+/// already borrowed (re-entered) or gone (thread exit).
+fn with_entered<R>(f: impl FnOnce(&mut Vec<Entered>) -> R) -> Option<R> {
+    ENTERED
+        .try_with(|e| e.try_borrow_mut().ok().map(|mut e| f(&mut e)))
+        .ok()
+        .flatten()
+}
+
+/// The layer proper (under the [`Categories`] filter).
+struct Writer;
+
+/// The `level` annotation of `meta`.
+#[inline]
+fn level(meta: &Metadata<'_>) -> Arg<'static> {
+    Arg::new("level", meta.level().as_str())
+}
+
+/// Begins `name`'s slice on the thread's track.
+#[inline]
+fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[Flow]) {
+    if flows.is_empty() {
+        __event(cat, EventType::SliceBegin, EventName::Static(name), args);
+    } else {
+        cat.slice(name).args(args).flows(flows).emit();
+    }
+}
+
+impl Writer {
+    /// Ends the slice of `entered` on the thread's track, with the fields
+    /// recorded while it was open.
+    fn end<S>(entered: &Entered, ctx: &Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if entered.recorded {
+            if let Some(span) = ctx.span(&Id::from_u64(entered.id)) {
+                let mut ext = span.extensions_mut();
+                if let Some(state) = ext.get_mut::<SpanState>() {
+                    let mut args = Args::new();
+                    state.fields.take_dirty(false, &mut args);
+                    __event(
+                        entered.category,
+                        EventType::SliceEnd,
+                        EventName::None,
+                        &args,
+                    );
+                    return;
+                }
+            }
+        }
+        __event(entered.category, EventType::SliceEnd, EventName::None, &[]);
+    }
+
+    /// Adds `flow` to the next slice of `span`.
+    fn add_flow<S>(span: &SpanRef<'_, S>, flow: Flow)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if let Some(state) = span.extensions_mut().get_mut::<SpanState>() {
+            state.flows.push(flow);
+        }
+    }
+}
+
+impl<S> Layer<S> for Writer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let category = target_category::category_static(attrs.metadata().target());
+        if !category.is_enabled() {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        let mut fields = SpanFields::default();
+        attrs.record(&mut fields);
+        span.extensions_mut().insert(SpanState {
+            category,
+            serial: next_serial(),
+            created_ns: crate::clock::now_ns(),
+            enters: 0,
+            fields,
+            flows: Vec::new(),
+        });
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let meta = span.metadata();
+        let mut ext = span.extensions_mut();
+        let Some(state) = ext.get_mut::<SpanState>() else {
+            return;
+        };
+        state.enters = state.enters.saturating_add(1);
+        let category = state.category;
+        if category.is_enabled() {
+            let flows = std::mem::take(&mut state.flows);
+            let mut args = Args::new();
+            let _ = args.push(level(meta));
+            state.fields.take_dirty(false, &mut args);
+            begin(category, meta.name(), &args, &flows);
+        }
+        with_entered(|stack| {
+            stack.push(Entered {
+                id: id.into_u64(),
+                category,
+                recorded: false,
+            })
+        });
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        let id = id.into_u64();
+        with_entered(|stack| {
+            let Some(at) = stack.iter().rposition(|e| e.id == id) else {
+                return;
+            };
+            // Spans entered inside it and not exited yet end first.
+            while stack.len() > at {
+                if let Some(entered) = stack.pop() {
+                    Self::end(&entered, &ctx);
+                }
+            }
+        });
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut ext = span.extensions_mut();
+        let Some(state) = ext.get_mut::<SpanState>() else {
+            return;
+        };
+        values.record(&mut state.fields);
+        let id = id.into_u64();
+        with_entered(|stack| {
+            if let Some(e) = stack.iter_mut().rev().find(|e| e.id == id) {
+                e.recorded = true;
+            }
+        });
+    }
+
+    fn on_follows_from(&self, id: &Id, follows: &Id, ctx: Context<'_, S>) {
+        if id == follows {
+            return;
+        }
+        let (Some(span), Some(cause)) = (ctx.span(id), ctx.span(follows)) else {
+            return;
+        };
+        let category_of =
+            |s: &SpanRef<'_, S>| s.extensions().get::<SpanState>().map(|st| st.category);
+        let (Some(category), Some(cause_category)) = (category_of(&span), category_of(&cause))
+        else {
+            return;
+        };
+        // Both ends or neither: a flow with one end links nothing.
+        if !category.is_enabled() || !cause_category.is_enabled() {
+            return;
+        }
+        let flow = Flow::process_scoped(next_serial());
+        let cause_id = follows.into_u64();
+        let cause_here = with_entered(|stack| stack.iter().any(|e| e.id == cause_id)) == Some(true);
+        if cause_here {
+            cause_category.instant("follows_from").flows(&[flow]).emit();
+        } else {
+            Self::add_flow(&cause, flow);
+        }
+        Self::add_flow(&span, flow);
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        let category = target_category::category_static(meta.target());
+        if !category.is_enabled() {
+            return;
+        }
+        let mut fields = EventFields::new();
+        event.record(&mut fields);
+        let mut args = Args::new();
+        let _ = args.push(level(meta));
+        fields.args(&mut args);
+        __event(
+            category,
+            EventType::Instant,
+            EventName::Static(meta.name()),
+            &args,
+        );
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let meta = span.metadata();
+        let Some(mut state) = span.extensions_mut().remove::<SpanState>() else {
+            return;
+        };
+        let category = state.category;
+        if !category.is_enabled() {
+            return;
+        }
+        let name = meta.name();
+        let mut args = Args::new();
+        let _ = args.push(level(meta));
+        if state.enters > 1 {
+            // Its whole life on its own track.
+            let track = Track::named(name, state.serial);
+            state.fields.take_dirty(true, &mut args);
+            category
+                .slice(name)
+                .track(&track)
+                .timestamp(Timestamp::boottime(state.created_ns))
+                .args(&args)
+                .flows(&state.flows)
+                .emit();
+            category.end().track(&track).emit();
+        } else if state.fields.is_dirty() || !state.flows.is_empty() {
+            // What no slice of it carried.
+            state.fields.take_dirty(false, &mut args);
+            category
+                .instant(name)
+                .args(&args)
+                .flows(&state.flows)
+                .emit();
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Field values of `tracing` events and spans as debug annotations.
+//!
+//! An event's fields are collected without allocating: primitive values in
+//! place, text (`&str` values, `Debug` values formatted) appended to a
+//! per-thread buffer that is lent to the event and given back, so it grows
+//! to the longest event a thread writes and then stays. A span's fields are
+//! kept (owned) until the span closes: they are written when it is entered,
+//! and again, as recorded, on a slice end or a later begin.
+
+use std::cell::Cell;
+use std::fmt::{self, Write as _};
+
+use tracing_core::field::{Field, Visit};
+
+use crate::annotation::{Arg, DebugValue};
+
+/// Fields one `tracing` callsite declares at most.
+pub(super) const MAX_FIELDS: usize = 32;
+/// Annotations of one event or slice at most: every field and the level.
+pub(super) const MAX_ARGS: usize = MAX_FIELDS + 1;
+
+/// Annotations being built for one event.
+pub(super) type Args<'a> = heapless::Vec<Arg<'a>, MAX_ARGS>;
+
+/// A text buffer kept by a thread beyond this capacity is freed instead.
+const TEXT_KEEP: usize = 64 * 1024;
+
+thread_local! {
+    /// The thread's text buffer, while no event has it.
+    static TEXT: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// A value collected from an event.
+#[derive(Clone, Copy)]
+enum Flat {
+    Int(i64),
+    Uint(u64),
+    Bool(bool),
+    Double(f64),
+    /// `text[start..end]`.
+    Text(usize, usize),
+}
+
+/// The fields of one event.
+pub(super) struct EventFields {
+    values: heapless::Vec<(&'static str, Flat), MAX_FIELDS>,
+    /// The thread's text buffer, once a field needed it.
+    text: Option<String>,
+}
+
+impl EventFields {
+    /// No fields yet.
+    #[inline]
+    pub(super) fn new() -> Self {
+        EventFields {
+            values: heapless::Vec::new(),
+            text: None,
+        }
+    }
+
+    fn text(&mut self) -> &mut String {
+        // Re-entered (a `Debug` impl that emits an event): the inner event
+        // finds the cell empty and takes a fresh buffer.
+        self.text
+            .get_or_insert_with(|| TEXT.try_with(Cell::take).unwrap_or_default())
+    }
+
+    fn push(&mut self, field: &Field, value: Flat) {
+        // A callsite has at most MAX_FIELDS fields, each visited once.
+        let _ = self.values.push((field.name(), value));
+    }
+
+    /// Appends the annotations to `out`.
+    pub(super) fn args<'a>(&'a self, out: &mut Args<'a>) {
+        let text = self.text.as_deref().unwrap_or("");
+        for &(name, value) in &self.values {
+            let value = match value {
+                Flat::Int(v) => DebugValue::Int(v),
+                Flat::Uint(v) => DebugValue::Uint(v),
+                Flat::Bool(v) => DebugValue::Bool(v),
+                Flat::Double(v) => DebugValue::Double(v),
+                Flat::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
+            };
+            let _ = out.push(Arg::new(name, value));
+        }
+    }
+}
+
+impl Drop for EventFields {
+    fn drop(&mut self) {
+        if let Some(mut text) = self.text.take() {
+            if text.capacity() <= TEXT_KEEP {
+                text.clear();
+                let _ = TEXT.try_with(|cell| cell.set(text));
+            }
+        }
+    }
+}
+
+impl Visit for EventFields {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.push(field, Flat::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.push(field, Flat::Uint(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.push(field, Flat::Bool(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.push(field, Flat::Double(value));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let text = self.text();
+        let start = text.len();
+        text.push_str(value);
+        let end = text.len();
+        self.push(field, Flat::Text(start, end));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = self.text();
+        let start = text.len();
+        // A `Debug` impl that fails leaves what it wrote.
+        let _ = write!(text, "{value:?}");
+        let end = text.len();
+        self.push(field, Flat::Text(start, end));
+    }
+}
+
+/// A value kept by a span.
+enum Owned {
+    Int(i64),
+    Uint(u64),
+    Bool(bool),
+    Double(f64),
+    Text(String),
+}
+
+/// The fields of a span: those given when it was made, then as recorded.
+#[derive(Default)]
+pub(super) struct SpanFields {
+    values: Vec<(&'static str, Owned)>,
+    /// Bit `i`: value `i` changed since the span's last slice event wrote
+    /// its fields.
+    dirty: u64,
+}
+
+impl SpanFields {
+    /// Whether a value changed since [`SpanFields::take_dirty`].
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty != 0
+    }
+
+    /// Appends the annotations of the values changed since the last call
+    /// (all of them if `all`) to `out`, and marks every value written.
+    pub(super) fn take_dirty<'a>(&'a mut self, all: bool, out: &mut Args<'a>) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for (i, (name, value)) in self.values.iter().enumerate() {
+            if all || dirty & (1 << i) != 0 {
+                let _ = out.push(Arg::new(name, owned_value(value)));
+            }
+        }
+    }
+
+    fn set(&mut self, field: &Field, value: Owned) {
+        let name = field.name();
+        let i = match self.values.iter().position(|(n, _)| *n == name) {
+            Some(i) => {
+                self.values[i].1 = value;
+                i
+            }
+            None => {
+                if self.values.len() >= MAX_FIELDS {
+                    return;
+                }
+                self.values.push((name, value));
+                self.values.len() - 1
+            }
+        };
+        self.dirty |= 1 << i;
+    }
+
+    /// The text value of `field`, emptied for reuse (a recorded string
+    /// overwrites the previous one in place).
+    fn text(&mut self, field: &Field) -> String {
+        match self.values.iter_mut().find(|(n, _)| *n == field.name()) {
+            Some((_, Owned::Text(s))) => {
+                let mut s = std::mem::take(s);
+                s.clear();
+                s
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+fn owned_value(value: &Owned) -> DebugValue<'_> {
+    match value {
+        Owned::Int(v) => DebugValue::Int(*v),
+        Owned::Uint(v) => DebugValue::Uint(*v),
+        Owned::Bool(v) => DebugValue::Bool(*v),
+        Owned::Double(v) => DebugValue::Double(*v),
+        Owned::Text(s) => DebugValue::Str(s),
+    }
+}
+
+impl Visit for SpanFields {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.set(field, Owned::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.set(field, Owned::Uint(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.set(field, Owned::Bool(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.set(field, Owned::Double(value));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let mut s = self.text(field);
+        s.push_str(value);
+        self.set(field, Owned::Text(s));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let mut s = self.text(field);
+        let _ = write!(s, "{value:?}");
+        self.set(field, Owned::Text(s));
+    }
+}
