@@ -210,6 +210,8 @@ where
     }
     // `tracing_subscriber` finds per-layer filters (and their ids) through
     // this method: the wrapped `Filtered` must answer for the wrapper.
+    // `unsafe`: a `Layer` method's own signature; its one block forwards.
+    #[allow(unsafe_code)]
     #[doc(hidden)]
     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
         if id == TypeId::of::<Self>() {
