@@ -194,6 +194,12 @@ impl Instance {
         }
     }
 
+    /// The startup tracing instance (`startup`), which the service does
+    /// not know.
+    pub(crate) fn is_startup(&self) -> bool {
+        self.id == crate::startup::STARTUP_INSTANCE_ID
+    }
+
     /// Started and not stopping.
     pub(crate) fn is_live(&self) -> bool {
         let st = self.state();
@@ -382,6 +388,30 @@ impl DataSourceType {
         }
         self.enabled.fetch_or(1 << inst.slot, Ordering::Relaxed);
         self.handler.on_start(&inst.args());
+    }
+
+    /// Starts `inst` (a track event instance) in place of `from`, the
+    /// startup instance, then stops `from`: the categories' bits and this
+    /// type's slot mask move from `from`'s slot to `inst`'s in one store
+    /// each, so every event goes to exactly one of them.
+    pub(crate) fn start_replacing(&self, inst: &Instance, from: &Arc<Instance>) {
+        {
+            let mut st = inst.state();
+            if st.started || st.stopped {
+                return;
+            }
+            st.started = true;
+        }
+        let filter = inst.config.track_event_config.clone().unwrap_or_default();
+        crate::category::registry().move_filter(from.slot, inst.slot, filter);
+        let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
+        let _ = self
+            .enabled
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some((m & !off) | on)
+            });
+        self.handler.on_start(&inst.args());
+        self.stop(from);
     }
 
     /// Stops `inst`: calls `on_stop`, disables its slot, flushes and
