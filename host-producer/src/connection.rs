@@ -377,11 +377,13 @@ impl Producer {
 
     /// Waits, at most `timeout`, until the producer is connected and every
     /// session running in the service has started this program's data
-    /// sources, and says what it found: [`SessionWait::Started`] as soon
-    /// as a session started one, [`SessionWait::NoSession`] as soon as the
-    /// service confirmed (with a `Sync` round trip after the registrations)
-    /// that it handled every data source this program registered and no
-    /// session started any, else what stood at the timeout.
+    /// sources, and says what it found. The service confirms it handled
+    /// every data source this program registered, and sent the commands
+    /// that prompted, with a `Sync` round trip after the registrations; as
+    /// soon as it did, the answer is [`SessionWait::Started`] (with the
+    /// instances started) or [`SessionWait::NoSession`]; without that
+    /// confirmation, what stood at the timeout (started instances count
+    /// then too).
     ///
     /// Call it after registering categories and data sources, so that
     /// events emitted next reach a session already recording (with
@@ -395,22 +397,18 @@ impl Producer {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         loop {
+            let confirmed = *connected
+                && self.status.synced.load(Ordering::Acquire) >= runtime().registrations();
             let instances = runtime().started_instances();
-            if instances > 0 {
-                return SessionWait::Started { instances };
-            }
-            let confirmed = self.status.synced.load(Ordering::Acquire) >= runtime().registrations();
-            if *connected && confirmed {
-                return SessionWait::NoSession;
-            }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return if *connected {
-                    SessionWait::Unconfirmed
-                } else {
-                    SessionWait::NotConnected {
+            if confirmed || left.is_zero() {
+                return match (instances, confirmed, *connected) {
+                    (0, true, _) => SessionWait::NoSession,
+                    (0, false, true) => SessionWait::Unconfirmed,
+                    (0, false, false) => SessionWait::NotConnected {
                         reason: self.status.last_error(),
-                    }
+                    },
+                    (instances, ..) => SessionWait::Started { instances },
                 };
             }
             // Starts are not signalled here: look again every few ms.

@@ -29,7 +29,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::proto::Message;
@@ -174,6 +174,10 @@ pub(crate) struct Instance {
     pub generation: u32,
     pub config: Arc<DataSourceConfig>,
     pub arbiter: Arc<Arbiter>,
+    /// The slot and generation of the startup instance this one adopted
+    /// (set before it starts): a thread's slices open in that one go on
+    /// in this one's sequence.
+    pub adopted_from: OnceLock<(usize, u32)>,
     state: Mutex<InstanceState>,
 }
 
@@ -328,6 +332,7 @@ impl DataSourceType {
                 generation,
                 config: Arc::new(config),
                 arbiter,
+                adopted_from: OnceLock::new(),
                 state: Mutex::new(InstanceState {
                     started: false,
                     stopped: false,
@@ -402,6 +407,7 @@ impl DataSourceType {
             }
             st.started = true;
         }
+        let _ = inst.adopted_from.set((from.slot, from.generation));
         let filter = inst.config.track_event_config.clone().unwrap_or_default();
         crate::category::registry().move_filter(from.slot, inst.slot, filter);
         let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
@@ -524,9 +530,11 @@ impl DataSourceType {
                     let slot = m.trailing_zeros() as usize;
                     m &= m - 1;
                     let generation = self.slots[slot].generation.load(Ordering::Acquire);
-                    let entry = &mut entries[slot];
-                    if entry.as_ref().is_none_or(|e| e.generation != generation) {
-                        *entry = match self.new_writer(slot, generation) {
+                    if entries[slot]
+                        .as_ref()
+                        .is_none_or(|e| e.generation != generation)
+                    {
+                        entries[slot] = match self.new_writer(slot, generation) {
                             Ok(e) => Some(e),
                             Err(NoWriter::Inactive) => None,
                             Err(NoWriter::NoId) => {
@@ -534,12 +542,13 @@ impl DataSourceType {
                                 None
                             }
                         };
+                        continue_adopted_slices(entries, slot);
                     }
-                    let Some(e) = entry else { continue };
+                    let Some(e) = &entries[slot] else { continue };
                     let mut g = e.cell.lock_owner();
                     if g.flags() & FLAG_DEAD != 0 {
                         drop(g);
-                        *entry = None;
+                        entries[slot] = None;
                         continue;
                     }
                     g.apply_clear();
@@ -554,6 +563,29 @@ impl DataSourceType {
                 count_writerless(mask.count_ones());
                 0
             })
+    }
+}
+
+/// The thread's new writer in `slot`: if its instance adopted the startup
+/// trace, the slices this thread has open in its startup writer go on in
+/// it (their ends are written there), and that writer's entry is let go.
+#[cold]
+fn continue_adopted_slices(entries: &mut [Option<TlsEntry>; MAX_INSTANCES], slot: usize) {
+    let Some(&(from, generation)) = entries[slot]
+        .as_ref()
+        .and_then(|e| e.instance.adopted_from.get())
+    else {
+        return;
+    };
+    let Some(old) = entries
+        .get_mut(from)
+        .and_then(|e| e.take_if(|e| e.generation == generation))
+    else {
+        return;
+    };
+    let open = old.cell.lock_owner().inner().seq.open_slices();
+    if let Some(new) = &entries[slot] {
+        new.cell.lock_owner().inner().seq.continue_slices(open);
     }
 }
 

@@ -7,8 +7,9 @@
 //! `--app-categories rendering` runs; the trace must pass `inspect --check`
 //! and hold the slice and the instant, with its annotation.
 //! The snippet's events are written before its data source starts (in its
-//! startup buffer), then handed to the session. Against our service and
-//! the real one.
+//! startup buffer), then handed to the session. Before that, run with no
+//! session, it must report that the service confirmed there is none.
+//! Against our service and the real one.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -133,6 +134,8 @@ fn check_trace(trace: &Path) {
     assert_eq!(events["by_name"]["DrawPlayer"], 1, "{events}");
     assert_eq!(events["by_name"]["PlayerDrawn"], 1, "{events}");
     assert_eq!(events["slice_begin"], 1, "{events}");
+    assert_eq!(events["slice_end"], 1, "{events}");
+    assert_eq!(events["open_slices"], 0, "{events}");
     assert_eq!(events["interned_unresolved"], 0, "{events}");
 }
 
@@ -156,6 +159,14 @@ fn the_readme_snippet_lands_its_events_in_a_shmtrace_record_session() {
         let _service =
             scenario::start_service(which, &bins, dir.path(), &producer_socket, &consumer_socket)
                 .unwrap();
+        // No session: the service confirms it has the snippet's data
+        // source and none started it, so the snippet says so (not "did not
+        // confirm") and exits.
+        let said = run_snippet(&bin, &producer_socket);
+        assert!(
+            said.starts_with("connected, no session"),
+            "{name}: the snippet said: {said}"
+        );
         // The session first, as the tour has it; the snippet's events are
         // written before its data source starts, and wait for it.
         let trace = dir.path().join(format!("{name}.pftrace"));

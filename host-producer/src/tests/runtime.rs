@@ -1641,6 +1641,8 @@ fn a_startup_trace_is_handed_to_the_first_session_enabling_its_categories() {
     std::thread::spawn(|| trace_instant!(T_EARLY, "early-other-thread"))
         .join()
         .unwrap();
+    // A slice open across the hand-over ends in the session's sequence.
+    let across = trace_event!(T_EARLY, "across");
     let lb = Loopback::new(256 * 1024, PageLayout::Div1, false);
     // A session that does not ask for t.early leaves the startup trace
     // waiting.
@@ -1655,6 +1657,7 @@ fn a_startup_trace_is_handed_to_the_first_session_enabling_its_categories() {
         "the session's instance only, not the startup one too"
     );
     trace_instant!(T_EARLY, "live");
+    drop(across);
     runtime().flush(&[42], 9);
     runtime().stop_data_source(42);
     let seqs = lb.sequences();
@@ -1666,8 +1669,23 @@ fn a_startup_trace_is_handed_to_the_first_session_enabling_its_categories() {
     names.sort();
     assert_eq!(
         names,
-        ["early-instant", "early-other-thread", "early-slice", "live"]
+        [
+            "across",
+            "early-instant",
+            "early-other-thread",
+            "early-slice",
+            "live"
+        ]
     );
+    // Both slices end: "across" in the session's own sequence, after its
+    // "live" instant.
+    let kinds: Vec<Vec<i32>> = seqs
+        .values()
+        .map(|s| events(s).iter().map(|(t, ..)| *t).collect())
+        .collect();
+    let count = |t| kinds.iter().flatten().filter(|&&k| k == t).count();
+    assert_eq!((count(1), count(2)), (2, 2), "{kinds:?}");
+    assert!(kinds.contains(&vec![3, 2]), "live, then the end: {kinds:?}");
     // The two threads' startup sequences and the session's own, every
     // chunk into buffer 5 (none into 2, the session that did not adopt).
     assert!(seqs.len() >= 3, "{} sequences", seqs.len());
