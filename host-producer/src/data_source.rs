@@ -261,6 +261,17 @@ pub(crate) struct DataSourceType {
     /// process-wide counter reported as
     /// [`ProducerStats::reentrant_drops`](crate::ProducerStats::reentrant_drops).
     pub reentrant_drops: &'static AtomicU64,
+    /// The last startup hand-over ([`DataSourceType::start_replacing`]),
+    /// packed by [`pack_handover`]; 0 for none. An event that read its
+    /// category's bits before the hand-over and finds the startup
+    /// instance gone goes to the adopting instance instead, while that one
+    /// runs and the startup slot was not set up again.
+    handover: AtomicU64,
+}
+
+/// `(from slot, to slot, to's generation)` in one word, with a valid bit.
+fn pack_handover(from: usize, to: usize, generation: u32) -> u64 {
+    1 << 63 | (from as u64) << 40 | (to as u64) << 32 | u64::from(generation)
 }
 
 impl DataSourceType {
@@ -287,6 +298,7 @@ impl DataSourceType {
             slots: Default::default(),
             handler,
             reentrant_drops: &crate::arbiter::COUNTERS.reentrant_drops,
+            handover: AtomicU64::new(0),
         }
     }
 
@@ -324,6 +336,12 @@ impl DataSourceType {
                 continue;
             }
             let generation = s.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            // Events of a startup instance once in this slot go nowhere now.
+            let _ = self
+                .handover
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                    (h != 0 && (h >> 40) & 0xFF == slot as u64).then_some(0)
+                });
             let policy = self.policy_for(&config);
             let inst = Arc::new(Instance {
                 policy,
@@ -408,6 +426,10 @@ impl DataSourceType {
             st.started = true;
         }
         let _ = inst.adopted_from.set((from.slot, from.generation));
+        self.handover.store(
+            pack_handover(from.slot, inst.slot, inst.generation),
+            Ordering::Release,
+        );
         let filter = inst.config.track_event_config.clone().unwrap_or_default();
         crate::category::registry().move_filter(from.slot, inst.slot, filter);
         let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
@@ -464,6 +486,18 @@ impl DataSourceType {
             cell.request(FLAG_CLEAR);
         }
         self.handler.on_clear_incremental_state(&inst.args());
+    }
+
+    /// The slot an event meant for slot `from` goes to instead: the
+    /// instance that adopted the startup instance in `from`, if it still
+    /// runs (its generation unchanged).
+    fn handed_over(&self, from: usize) -> Option<usize> {
+        let h = self.handover.load(Ordering::Acquire);
+        let (to, generation) = (((h >> 32) & 0xFF) as usize, h as u32);
+        (h != 0
+            && (h >> 40) & 0xFF == from as u64
+            && self.slots.get(to)?.generation.load(Ordering::Acquire) == generation)
+            .then_some(to)
     }
 
     /// Creates the calling thread's writer for slot `slot` under
@@ -526,6 +560,19 @@ impl DataSourceType {
                 let entries = &mut per_type[self.index];
                 let mut written = 0;
                 let mut m = mask;
+                // An event that read its category's bits just before a
+                // startup hand-over reaches the adopting instance.
+                // An event that read its category's bits just before a
+                // startup hand-over reaches the adopting instance (the
+                // thread's startup writer is kept until its slices moved:
+                // `continue_adopted_slices`).
+                let redirect = |m: &mut u8, slot: usize| {
+                    let to = self.handed_over(slot).filter(|&to| mask & (1 << to) == 0);
+                    if let Some(to) = to {
+                        *m |= 1 << to;
+                    }
+                    to.is_some()
+                };
                 while m != 0 {
                     let slot = m.trailing_zeros() as usize;
                     m &= m - 1;
@@ -534,21 +581,31 @@ impl DataSourceType {
                         .as_ref()
                         .is_none_or(|e| e.generation != generation)
                     {
-                        entries[slot] = match self.new_writer(slot, generation) {
-                            Ok(e) => Some(e),
-                            Err(NoWriter::Inactive) => None,
+                        match self.new_writer(slot, generation) {
+                            Ok(e) => {
+                                entries[slot] = Some(e);
+                                continue_adopted_slices(entries, slot);
+                            }
+                            Err(NoWriter::Inactive) => {
+                                if !redirect(&mut m, slot) {
+                                    entries[slot] = None;
+                                }
+                                continue;
+                            }
                             Err(NoWriter::NoId) => {
                                 count_writerless(1);
-                                None
+                                entries[slot] = None;
+                                continue;
                             }
-                        };
-                        continue_adopted_slices(entries, slot);
+                        }
                     }
                     let Some(e) = &entries[slot] else { continue };
                     let mut g = e.cell.lock_owner();
                     if g.flags() & FLAG_DEAD != 0 {
                         drop(g);
-                        entries[slot] = None;
+                        if !redirect(&mut m, slot) {
+                            entries[slot] = None;
+                        }
                         continue;
                     }
                     g.apply_clear();

@@ -1737,3 +1737,24 @@ fn a_startup_trace_no_session_adopts_is_dropped_and_counted() {
     }
     lb.shutdown();
 }
+
+#[test]
+fn an_event_racing_the_hand_over_reaches_the_adopting_session() {
+    let _s = serial();
+    begin_startup(Duration::from_secs(30));
+    trace_instant!(T_EARLY, "before");
+    // The category's bits as an event read them just before the hand-over.
+    let stale = T_EARLY.enabled_instances();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(44, 1, TrackEventConfig::default());
+    assert_ne!(stale, T_EARLY.enabled_instances());
+    let mut reached = Vec::new();
+    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    assert_eq!(reached, [44], "not lost with the startup instance");
+    runtime().stop_data_source(44);
+    // Once the adopting session is gone, nothing is redirected.
+    let mut reached = Vec::new();
+    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    assert!(reached.is_empty(), "{reached:?}");
+    lb.shutdown();
+}
