@@ -1,16 +1,22 @@
 //! The smallest track event program: one category, a scoped slice with a
-//! debug annotation, an instant.
+//! debug annotation, an instant, recorded from the first line of `main`.
 //!
 //! Start a tracing service and a session that enables track events (e.g.
-//! `perfetto` with a `track_event` data source), then:
+//! `shmtrace serve` and `shmtrace record`), then:
 //!
 //! ```text
 //! PERFETTO_PRODUCER_SOCK_NAME=/tmp/perfetto-producer cargo run -p shmtrace-producer --example hello
 //! ```
+//!
+//! Its events are kept in a local buffer until the session takes them
+//! (startup tracing), and it waits at most 2 s for the service and a
+//! session before it exits.
 
 use std::time::Duration;
 
-use shmtrace_producer::{trace_event, trace_instant, track_event, Category, ProducerConfig};
+use shmtrace_producer::{
+    trace_event, trace_instant, track_event, Category, ProducerConfig, StartupTracing,
+};
 
 static RENDERING: Category =
     Category::new("rendering").with_description("Events from the graphics subsystem");
@@ -21,22 +27,20 @@ fn draw_player(number: u32) {
 }
 
 fn main() {
-    let producer = shmtrace_producer::init(ProducerConfig::default()).expect("start the producer");
+    // Events are recorded from here on: until a session reaches the app
+    // they wait in a local buffer (1 MiB, 10 s at most).
+    let config = ProducerConfig {
+        startup_tracing: Some(StartupTracing::default()),
+        ..ProducerConfig::default()
+    };
+    let producer = shmtrace_producer::init(config).expect("start the producer");
     track_event::register_categories(&[&RENDERING]);
-    // Tracing is off until a session enables the category; the program runs
-    // either way.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !RENDERING.is_enabled() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    println!(
-        "connected: {}, tracing: {}",
-        producer.is_connected(),
-        RENDERING.is_enabled()
-    );
     for player in 1..=3 {
         draw_player(player);
     }
+    // Up to 2 s for the service and a running session to take them; the
+    // program runs on either way.
+    println!("{}", producer.wait_for_session(Duration::from_secs(2)));
     // Hand the data to the service before exiting.
     shmtrace_producer::flush_all();
 }

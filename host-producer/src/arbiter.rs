@@ -62,6 +62,8 @@ pub(crate) struct ArbiterCounters {
     pub writerless_drops: AtomicU64,
     pub triggers_expired: AtomicU64,
     pub triggers_dropped: AtomicU64,
+    pub startup_packets_adopted: AtomicU64,
+    pub startup_packets_dropped: AtomicU64,
 }
 
 /// The counters every arbiter of this process adds to.
@@ -78,6 +80,8 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
     writerless_drops: AtomicU64::new(0),
     triggers_expired: AtomicU64::new(0),
     triggers_dropped: AtomicU64::new(0),
+    startup_packets_adopted: AtomicU64::new(0),
+    startup_packets_dropped: AtomicU64::new(0),
 };
 
 /// Counts a slice end that was not written because its slice's begin was
@@ -105,6 +109,8 @@ impl ArbiterCounters {
             writerless_drops: self.writerless_drops.load(Ordering::Relaxed),
             triggers_expired: self.triggers_expired.load(Ordering::Relaxed),
             triggers_dropped: self.triggers_dropped.load(Ordering::Relaxed),
+            startup_packets_adopted: self.startup_packets_adopted.load(Ordering::Relaxed),
+            startup_packets_dropped: self.startup_packets_dropped.load(Ordering::Relaxed),
         }
     }
 }
@@ -151,6 +157,15 @@ pub struct ProducerStats {
     /// [`MAX_PENDING_TRIGGERS`](crate::MAX_PENDING_TRIGGERS) already
     /// waited for one.
     pub triggers_dropped: u64,
+    /// Packets written during startup tracing
+    /// ([`StartupTracing`](crate::StartupTracing)) that a session adopted
+    /// and that were copied into its shared memory.
+    pub startup_packets_adopted: u64,
+    /// Packets written during startup tracing that no session adopted
+    /// within its timeout, or that the adopting session's shared memory
+    /// had no room for. (Packets the startup buffer itself had no room
+    /// for count in [`Self::packets_dropped`], as for any full buffer.)
+    pub startup_packets_dropped: u64,
 }
 
 /// Round-robin writer id allocator over 1..=[`MAX_WRITER_ID`].

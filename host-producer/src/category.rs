@@ -111,6 +111,7 @@ impl Category {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
     fn set_instance(&self, slot: usize, on: bool) {
         let bit = 1u8 << slot;
         if on {
@@ -229,13 +230,20 @@ impl RegistryInner {
             .map_or(&[], |c| c.tags)
     }
 
+    /// Sets every bit of `cat` from the active filters, in one store (only
+    /// the registry writes these words, under its lock): a trace point sees
+    /// the old bits or the new ones, never a mix.
     fn apply(&self, cat: &Category) {
+        let mut mask = 0u8;
         for (slot, filter) in self.active.iter().enumerate() {
-            let on = filter
+            if filter
                 .as_ref()
-                .is_some_and(|f| f.is_enabled(cat.name, |m| self.tags_of(m)));
-            cat.set_instance(slot, on);
+                .is_some_and(|f| f.is_enabled(cat.name, |m| self.tags_of(m)))
+            {
+                mask |= 1 << slot;
+            }
         }
+        cat.enabled.store(mask, Ordering::Relaxed);
     }
 
     fn all(&self) -> impl Iterator<Item = &'static Category> + '_ {
@@ -305,6 +313,33 @@ impl Registry {
         }
         drop(inner);
         enabled_set_changed();
+    }
+
+    /// Moves the instance in slot `from` to slot `to` with `filter`: each
+    /// category's bits change in one store (see `apply`), so an event
+    /// goes to one of the two instances, never both.
+    pub(crate) fn move_filter(&self, from: usize, to: usize, filter: TrackEventConfig) {
+        let mut inner = self.lock();
+        if let Some(f) = inner.active.get_mut(from) {
+            *f = None;
+        }
+        if let Some(f) = inner.active.get_mut(to) {
+            *f = Some(filter);
+        }
+        for c in inner.all().collect::<Vec<_>>() {
+            inner.apply(c);
+        }
+    }
+
+    /// Whether `filter` enables every category that the instance in slot
+    /// `slot` has enabled.
+    pub(crate) fn covers(&self, slot: usize, filter: &TrackEventConfig) -> bool {
+        let inner = self.lock();
+        let covered = inner
+            .all()
+            .filter(|c| c.enabled_instances() & (1 << slot) != 0)
+            .all(|c| filter.is_enabled(c.name, |m| inner.tags_of(m)));
+        covered
     }
 
     /// The static categories (name, description, tags) to advertise.

@@ -73,6 +73,7 @@
 //! counted ([`Producer::connection_errors`]) and kept
 //! ([`Producer::last_error`]).
 
+use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -87,7 +88,7 @@ use shmtrace_abi::layout::PageLayout;
 use shmtrace_ipc::protos::{
     self as pb, commit_data_request, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
-use shmtrace_ipc::{Binding, Client, ClientError, SocketAddress};
+use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
 use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
 use crate::data_source::{DataSourceConfig, DescriptorInfo};
@@ -98,6 +99,7 @@ use crate::outbox::{
 };
 use crate::runtime::runtime;
 use crate::shm::SharedMemory;
+use crate::startup::StartupTracing;
 
 /// Size of the private SMB under shmem emulation (`kShmemEmulationSize`).
 const EMULATION_SMB_SIZE: usize = 1 << 20;
@@ -115,6 +117,9 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a sender still busy when its connection ends may finish its
 /// send before the socket is shut down under it.
 const SENDER_GRACE: Duration = Duration::from_millis(100);
+/// How often the command thread looks for `Sync` replies while some are
+/// outstanding.
+const SYNC_POLL: Duration = Duration::from_millis(2);
 /// How often waits on the service look at [`Status::stop`].
 const STOP_POLL: Duration = Duration::from_millis(20);
 
@@ -166,6 +171,11 @@ pub struct ProducerConfig {
     /// pass memory) scrapes nothing: there our flush handling commits every
     /// writer's chunk instead.
     pub smb_scraping: bool,
+    /// Record track events from [`init`] on, before a session reaches the
+    /// program: they wait in a local buffer for the first session that
+    /// starts track events ([`StartupTracing`]). `None` (the default):
+    /// events are recorded only once a session has started.
+    pub startup_tracing: Option<StartupTracing>,
 }
 
 impl Default for ProducerConfig {
@@ -177,6 +187,7 @@ impl Default for ProducerConfig {
             shmem_page_size_hint_bytes: 0,
             page_layout: PageLayout::Div1,
             smb_scraping: true,
+            startup_tracing: None,
         }
     }
 }
@@ -208,6 +219,12 @@ pub(crate) struct Status {
     pub errors: AtomicU64,
     /// Why the last connection ended or could not start.
     last_error: Mutex<Option<Arc<ConnectError>>>,
+    /// `Sync` calls sent and not answered yet, oldest first, each with
+    /// the registration generation it follows.
+    syncs: Mutex<VecDeque<(u64, PendingCall<producer_port::Sync>)>>,
+    /// The registration generation the service confirmed on this
+    /// connection (0: none yet).
+    synced: AtomicU64,
 }
 
 impl Status {
@@ -219,7 +236,22 @@ impl Status {
             stop: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            syncs: Mutex::new(VecDeque::new()),
+            synced: AtomicU64::new(0),
         }
+    }
+
+    fn syncs(
+        &self,
+    ) -> std::sync::MutexGuard<'_, VecDeque<(u64, PendingCall<producer_port::Sync>)>> {
+        self.syncs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The service confirmed registration generation `generation`.
+    fn set_synced(&self, generation: u64) {
+        let _c = self.connected.lock().unwrap_or_else(|e| e.into_inner());
+        self.synced.fetch_max(generation, Ordering::AcqRel);
+        self.changed.notify_all();
     }
 
     /// Logs, counts and keeps why a connection ended or could not start.
@@ -261,7 +293,9 @@ static PRODUCER: OnceLock<Producer> = OnceLock::new();
 
 /// Starts the producer (once per process): a background thread connects to
 /// the service, and keeps reconnecting. Returns immediately; tracing is off
-/// until a session enables something.
+/// until a session enables something, unless
+/// [`ProducerConfig::startup_tracing`] records from here on.
+/// [`Producer::wait_for_session`] waits for the service and a session.
 pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     let address = match &config.socket {
         Some(s) => s.clone(),
@@ -269,8 +303,12 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     };
     let address = SocketAddress::parse(&address).map_err(ConnectError::Address)?;
     let mut started = false;
+    let mut startup = Ok(());
     let producer = PRODUCER.get_or_init(|| {
         started = true;
+        if let Some(cfg) = &config.startup_tracing {
+            startup = crate::startup::begin(&runtime().track_event(), cfg, config.page_layout);
+        }
         let status = Arc::new(Status::new());
         let thread = {
             let status = status.clone();
@@ -287,6 +325,7 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     if !started {
         return Err(ConnectError::AlreadyInitialized);
     }
+    startup?;
     if producer
         .thread
         .lock()
@@ -336,6 +375,52 @@ impl Producer {
         true
     }
 
+    /// Waits, at most `timeout`, until the producer is connected and every
+    /// session running in the service has started this program's data
+    /// sources, and says what it found. The service confirms it handled
+    /// every data source this program registered, and sent the commands
+    /// that prompted, with a `Sync` round trip after the registrations; as
+    /// soon as it did, the answer is [`SessionWait::Started`] (with the
+    /// instances started) or [`SessionWait::NoSession`]; without that
+    /// confirmation, what stood at the timeout (started instances count
+    /// then too).
+    ///
+    /// Call it after registering categories and data sources, so that
+    /// events emitted next reach a session already recording (with
+    /// [`ProducerConfig::startup_tracing`], events emitted before it are
+    /// kept for that session too).
+    pub fn wait_for_session(&self, timeout: Duration) -> SessionWait {
+        let deadline = Instant::now() + timeout;
+        let mut connected = self
+            .status
+            .connected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        loop {
+            let confirmed = *connected
+                && self.status.synced.load(Ordering::Acquire) >= runtime().registrations();
+            let instances = runtime().started_instances();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if confirmed || left.is_zero() {
+                return match (instances, confirmed, *connected) {
+                    (0, true, _) => SessionWait::NoSession,
+                    (0, false, true) => SessionWait::Unconfirmed,
+                    (0, false, false) => SessionWait::NotConnected {
+                        reason: self.status.last_error(),
+                    },
+                    (instances, ..) => SessionWait::Started { instances },
+                };
+            }
+            // Starts are not signalled here: look again every few ms.
+            connected = self
+                .status
+                .changed
+                .wait_timeout(connected, left.min(Duration::from_millis(5)))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
     /// Number of successful connections so far (reconnects included).
     pub fn connections(&self) -> u64 {
         self.status.connections.load(Ordering::Relaxed)
@@ -367,8 +452,57 @@ impl Producer {
     }
 }
 
+/// What [`Producer::wait_for_session`] found.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum SessionWait {
+    /// Connected, and sessions started this many data source instances of
+    /// this program: its events are being recorded.
+    Started {
+        /// Data source instances started (one per session and data
+        /// source).
+        instances: usize,
+    },
+    /// Connected; the service handled every data source this program
+    /// registered, and no session started any (none is running, or the
+    /// running ones do not ask for them, or wait for a trigger).
+    NoSession,
+    /// Connected, but the service did not confirm the registrations in
+    /// time (a busy service, or one that does not answer `Sync`).
+    Unconfirmed,
+    /// Not connected: no service at the socket yet, or it failed.
+    NotConnected {
+        /// Why the last connection attempt failed or ended, if one did.
+        reason: Option<Arc<ConnectError>>,
+    },
+}
+
+impl SessionWait {
+    /// Whether a session started this program's data sources.
+    pub fn is_started(&self) -> bool {
+        matches!(self, SessionWait::Started { .. })
+    }
+}
+
+impl std::fmt::Display for SessionWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionWait::Started { instances } => {
+                write!(f, "tracing: {instances} data source instance(s) started")
+            }
+            SessionWait::NoSession => write!(f, "connected, no session is tracing this program"),
+            SessionWait::Unconfirmed => {
+                write!(f, "connected, the service did not confirm in time")
+            }
+            SessionWait::NotConnected { reason: Some(e) } => write!(f, "not connected: {e}"),
+            SessionWait::NotConnected { reason: None } => write!(f, "not connected"),
+        }
+    }
+}
+
 /// Hands every writer's current chunk to the service now (e.g. before the
-/// program exits), waiting up to a second for the messages to leave.
+/// program exits), waiting up to a second for the messages to leave (and
+/// before that, up to two for a startup trace being handed over).
 pub fn flush_all() {
     runtime().flush(&[], 0);
     runtime().outbox().drain_wait(Duration::from_secs(1));
@@ -413,7 +547,15 @@ pub fn activate_triggers(names: &[&str], ttl: Duration) {
 }
 
 fn set_connected(status: &Status, up: bool) {
-    *status.connected.lock().unwrap_or_else(|e| e.into_inner()) = up;
+    let mut connected = status.connected.lock().unwrap_or_else(|e| e.into_inner());
+    *connected = up;
+    if !up {
+        status.synced.store(0, Ordering::Release);
+    }
+    drop(connected);
+    if !up {
+        status.syncs().clear();
+    }
     status.changed.notify_all();
 }
 
@@ -689,6 +831,9 @@ impl Session {
                 };
                 break Err(ConnectError::Ipc(error));
             }
+            if let Err(e) = self.confirm_syncs(config, status, &current) {
+                break Err(e);
+            }
             // A service that sends commands without reading our socket is
             // held back (see BACKLOG_CAP) until the sender catches up.
             if !runtime()
@@ -697,18 +842,19 @@ impl Session {
             {
                 continue;
             }
-            match self.commands.next(Some(Duration::from_millis(200))) {
+            // Look at unanswered Syncs often.
+            let wait = if status.syncs().is_empty() {
+                Duration::from_millis(200)
+            } else {
+                SYNC_POLL
+            };
+            match self.commands.next(Some(wait)) {
                 None => break Err(ConnectError::CommandStreamEnded),
                 Some(Err(ClientError::Timeout)) => continue,
                 Some(Err(e)) => break Err(ConnectError::Ipc(e)),
                 Some(Ok(reply)) => {
-                    if let Some(cmd) = reply.message.cmd {
-                        if let Err(e) = self.handle(cmd, reply.fd, config, &current) {
-                            break Err(e);
-                        }
-                    }
-                    if !reply.has_more {
-                        break Err(ConnectError::CommandStreamEnded);
+                    if let Err(e) = self.take(reply, config, &current) {
+                        break Err(e);
                     }
                 }
             }
@@ -730,6 +876,60 @@ impl Session {
             let _ = sender.join();
         }
         result
+    }
+
+    /// Runs one reply of the command stream.
+    fn take(
+        &mut self,
+        reply: shmtrace_ipc::Response<pb::GetAsyncCommandResponse>,
+        config: &ProducerConfig,
+        current: &Mutex<Option<Arc<Arbiter>>>,
+    ) -> Result<(), ConnectError> {
+        if let Some(cmd) = reply.message.cmd {
+            self.handle(cmd, reply.fd, config, current)?;
+        }
+        if !reply.has_more {
+            return Err(ConnectError::CommandStreamEnded);
+        }
+        Ok(())
+    }
+
+    /// Takes the replies of answered `Sync` calls, oldest first. The
+    /// service answers one after the registrations before it and the
+    /// commands they prompted, which the IPC client then has already
+    /// queued on the command stream: they run first, then the generation
+    /// counts as confirmed. A `Sync` the service rejects confirms nothing.
+    fn confirm_syncs(
+        &mut self,
+        config: &ProducerConfig,
+        status: &Status,
+        current: &Mutex<Option<Arc<Arbiter>>>,
+    ) -> Result<(), ConnectError> {
+        loop {
+            let mut syncs = status.syncs();
+            let Some((generation, call)) = syncs.front_mut() else {
+                return Ok(());
+            };
+            let generation = *generation;
+            let answer = call.next(Some(Duration::ZERO));
+            if matches!(answer, Some(Err(ClientError::Timeout))) {
+                return Ok(());
+            }
+            syncs.pop_front();
+            drop(syncs);
+            if !matches!(answer, Some(Ok(_))) {
+                continue;
+            }
+            loop {
+                match self.commands.next(Some(Duration::ZERO)) {
+                    None => return Err(ConnectError::CommandStreamEnded),
+                    Some(Err(ClientError::Timeout)) => break,
+                    Some(Err(e)) => return Err(ConnectError::Ipc(e)),
+                    Some(Ok(reply)) => self.take(reply, config, current)?,
+                }
+            }
+            status.set_synced(generation);
+        }
     }
 
     fn handle(
@@ -866,7 +1066,7 @@ fn sender_loop(
             let arbiter = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let commit = matches!(msg, Outgoing::Commit(_));
             clock.start();
-            let result = send(port, msg, arbiter.as_deref());
+            let result = send(port, msg, arbiter.as_deref(), status);
             clock.done();
             outbox.sent();
             match result.or_else(skip_too_large) {
@@ -906,6 +1106,7 @@ fn send(
     port: &Binding<ProducerPort>,
     msg: Outgoing,
     arbiter: Option<&Arbiter>,
+    status: &Status,
 ) -> Result<(), ClientError> {
     match msg {
         Outgoing::Commit(mut req) => {
@@ -971,6 +1172,12 @@ fn send(
             &pb::ActivateTriggersRequest { trigger_names },
             None,
         ),
+        Outgoing::Sync(generation) => {
+            // The command thread takes the reply (`Session::confirm_syncs`).
+            let call = port.start::<producer_port::Sync>(&pb::SyncRequest {}, None)?;
+            status.syncs().push_back((generation, call));
+            Ok(())
+        }
     }
 }
 
@@ -1341,7 +1548,7 @@ mod tests {
             chunks_to_patch: (0..3).map(|i| patch(i, 4)).collect(),
             flush_request_id: 42,
         };
-        send(&port, Outgoing::Commit(req), Some(&arbiter)).expect("sent");
+        send(&port, Outgoing::Commit(req), Some(&arbiter), &Status::new()).expect("sent");
         drop(port);
         drop(client);
         let commits = service.join().unwrap().expect("every frame accepted");

@@ -29,7 +29,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::proto::Message;
@@ -174,6 +174,10 @@ pub(crate) struct Instance {
     pub generation: u32,
     pub config: Arc<DataSourceConfig>,
     pub arbiter: Arc<Arbiter>,
+    /// The slot and generation of the startup instance this one adopted
+    /// (set before it starts): a thread's slices open in that one go on
+    /// in this one's sequence.
+    pub adopted_from: OnceLock<(usize, u32)>,
     state: Mutex<InstanceState>,
 }
 
@@ -192,6 +196,12 @@ impl Instance {
             instance_id: self.id,
             config: &self.config,
         }
+    }
+
+    /// The startup tracing instance (`startup`), which the service does
+    /// not know.
+    pub(crate) fn is_startup(&self) -> bool {
+        self.id == crate::startup::STARTUP_INSTANCE_ID
     }
 
     /// Started and not stopping.
@@ -251,6 +261,17 @@ pub(crate) struct DataSourceType {
     /// process-wide counter reported as
     /// [`ProducerStats::reentrant_drops`](crate::ProducerStats::reentrant_drops).
     pub reentrant_drops: &'static AtomicU64,
+    /// The last startup hand-over ([`DataSourceType::start_replacing`]),
+    /// packed by [`pack_handover`]; 0 for none. An event that read its
+    /// category's bits before the hand-over and finds the startup
+    /// instance gone goes to the adopting instance instead, while that one
+    /// runs and the startup slot was not set up again.
+    handover: AtomicU64,
+}
+
+/// `(from slot, to slot, to's generation)` in one word, with a valid bit.
+fn pack_handover(from: usize, to: usize, generation: u32) -> u64 {
+    1 << 63 | (from as u64) << 40 | (to as u64) << 32 | u64::from(generation)
 }
 
 impl DataSourceType {
@@ -277,6 +298,7 @@ impl DataSourceType {
             slots: Default::default(),
             handler,
             reentrant_drops: &crate::arbiter::COUNTERS.reentrant_drops,
+            handover: AtomicU64::new(0),
         }
     }
 
@@ -314,6 +336,12 @@ impl DataSourceType {
                 continue;
             }
             let generation = s.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+            // Events of a startup instance once in this slot go nowhere now.
+            let _ = self
+                .handover
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                    (h != 0 && (h >> 40) & 0xFF == slot as u64).then_some(0)
+                });
             let policy = self.policy_for(&config);
             let inst = Arc::new(Instance {
                 policy,
@@ -322,6 +350,7 @@ impl DataSourceType {
                 generation,
                 config: Arc::new(config),
                 arbiter,
+                adopted_from: OnceLock::new(),
                 state: Mutex::new(InstanceState {
                     started: false,
                     stopped: false,
@@ -384,6 +413,35 @@ impl DataSourceType {
         self.handler.on_start(&inst.args());
     }
 
+    /// Starts `inst` (a track event instance) in place of `from`, the
+    /// startup instance, then stops `from`: the categories' bits and this
+    /// type's slot mask move from `from`'s slot to `inst`'s in one store
+    /// each, so every event goes to exactly one of them.
+    pub(crate) fn start_replacing(&self, inst: &Instance, from: &Arc<Instance>) {
+        {
+            let mut st = inst.state();
+            if st.started || st.stopped {
+                return;
+            }
+            st.started = true;
+        }
+        let _ = inst.adopted_from.set((from.slot, from.generation));
+        self.handover.store(
+            pack_handover(from.slot, inst.slot, inst.generation),
+            Ordering::Release,
+        );
+        let filter = inst.config.track_event_config.clone().unwrap_or_default();
+        crate::category::registry().move_filter(from.slot, inst.slot, filter);
+        let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
+        let _ = self
+            .enabled
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some((m & !off) | on)
+            });
+        self.handler.on_start(&inst.args());
+        self.stop(from);
+    }
+
     /// Stops `inst`: calls `on_stop`, disables its slot, flushes and
     /// retires its writers, frees the slot.
     pub(crate) fn stop(&self, inst: &Arc<Instance>) {
@@ -428,6 +486,18 @@ impl DataSourceType {
             cell.request(FLAG_CLEAR);
         }
         self.handler.on_clear_incremental_state(&inst.args());
+    }
+
+    /// The slot an event meant for slot `from` goes to instead: the
+    /// instance that adopted the startup instance in `from`, if it still
+    /// runs (its generation unchanged).
+    fn handed_over(&self, from: usize) -> Option<usize> {
+        let h = self.handover.load(Ordering::Acquire);
+        let (to, generation) = (((h >> 32) & 0xFF) as usize, h as u32);
+        (h != 0
+            && (h >> 40) & 0xFF == from as u64
+            && self.slots.get(to)?.generation.load(Ordering::Acquire) == generation)
+            .then_some(to)
     }
 
     /// Creates the calling thread's writer for slot `slot` under
@@ -490,26 +560,52 @@ impl DataSourceType {
                 let entries = &mut per_type[self.index];
                 let mut written = 0;
                 let mut m = mask;
+                // An event that read its category's bits just before a
+                // startup hand-over reaches the adopting instance.
+                // An event that read its category's bits just before a
+                // startup hand-over reaches the adopting instance (the
+                // thread's startup writer is kept until its slices moved:
+                // `continue_adopted_slices`).
+                let redirect = |m: &mut u8, slot: usize| {
+                    let to = self.handed_over(slot).filter(|&to| mask & (1 << to) == 0);
+                    if let Some(to) = to {
+                        *m |= 1 << to;
+                    }
+                    to.is_some()
+                };
                 while m != 0 {
                     let slot = m.trailing_zeros() as usize;
                     m &= m - 1;
                     let generation = self.slots[slot].generation.load(Ordering::Acquire);
-                    let entry = &mut entries[slot];
-                    if entry.as_ref().is_none_or(|e| e.generation != generation) {
-                        *entry = match self.new_writer(slot, generation) {
-                            Ok(e) => Some(e),
-                            Err(NoWriter::Inactive) => None,
+                    if entries[slot]
+                        .as_ref()
+                        .is_none_or(|e| e.generation != generation)
+                    {
+                        match self.new_writer(slot, generation) {
+                            Ok(e) => {
+                                entries[slot] = Some(e);
+                                continue_adopted_slices(entries, slot);
+                            }
+                            Err(NoWriter::Inactive) => {
+                                if !redirect(&mut m, slot) {
+                                    entries[slot] = None;
+                                }
+                                continue;
+                            }
                             Err(NoWriter::NoId) => {
                                 count_writerless(1);
-                                None
+                                entries[slot] = None;
+                                continue;
                             }
-                        };
+                        }
                     }
-                    let Some(e) = entry else { continue };
+                    let Some(e) = &entries[slot] else { continue };
                     let mut g = e.cell.lock_owner();
                     if g.flags() & FLAG_DEAD != 0 {
                         drop(g);
-                        *entry = None;
+                        if !redirect(&mut m, slot) {
+                            entries[slot] = None;
+                        }
                         continue;
                     }
                     g.apply_clear();
@@ -524,6 +620,29 @@ impl DataSourceType {
                 count_writerless(mask.count_ones());
                 0
             })
+    }
+}
+
+/// The thread's new writer in `slot`: if its instance adopted the startup
+/// trace, the slices this thread has open in its startup writer go on in
+/// it (their ends are written there), and that writer's entry is let go.
+#[cold]
+fn continue_adopted_slices(entries: &mut [Option<TlsEntry>; MAX_INSTANCES], slot: usize) {
+    let Some(&(from, generation)) = entries[slot]
+        .as_ref()
+        .and_then(|e| e.instance.adopted_from.get())
+    else {
+        return;
+    };
+    let Some(old) = entries
+        .get_mut(from)
+        .and_then(|e| e.take_if(|e| e.generation == generation))
+    else {
+        return;
+    };
+    let open = old.cell.lock_owner().inner().seq.open_slices();
+    if let Some(new) = &entries[slot] {
+        new.cell.lock_owner().inner().seq.continue_slices(open);
     }
 }
 

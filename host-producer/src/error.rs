@@ -101,6 +101,10 @@ pub enum ConnectError {
     /// call).
     #[error("connection to the service failed: {0}")]
     Ipc(#[source] ClientError),
+    /// The buffer of [`StartupTracing`](crate::StartupTracing) could not
+    /// be made.
+    #[error("cannot make the startup tracing buffer: {0}")]
+    StartupBuffer(#[source] SmbSetupError),
 }
 
 impl ConnectError {

@@ -360,8 +360,8 @@ pub(crate) struct SequenceState {
 
 /// Which of the slices open on a thread track had their begin written,
 /// innermost last; deeper than 64 levels the answer is "written".
-#[derive(Default)]
-struct SliceStack {
+#[derive(Default, Clone, Copy)]
+pub(crate) struct SliceStack {
     written: u64,
     depth: u32,
 }
@@ -424,6 +424,21 @@ impl SequenceState {
             started: false,
             lost_before_start: false,
             clock_base: 0,
+        }
+    }
+
+    /// The slices open on the thread track.
+    pub(crate) fn open_slices(&self) -> SliceStack {
+        self.slices
+    }
+
+    /// Continues `slices`, open on another sequence of this thread (the
+    /// startup trace a session adopted: its slices end on the session's
+    /// sequence, on the same thread track), before this sequence's first
+    /// event.
+    pub(crate) fn continue_slices(&mut self, slices: SliceStack) {
+        if self.slices.depth == 0 {
+            self.slices = slices;
         }
     }
 

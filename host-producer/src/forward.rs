@@ -743,6 +743,33 @@ enum Outcome {
     Skipped,
 }
 
+/// Copies one whole sequence of chunks (in order, as its writer committed
+/// them) into `instance` as a lane of its own, then unregisters the lane's
+/// writer: startup tracing's hand-over. Whether each chunk was copied
+/// (waiting for a free chunk as `policy` allows); a chunk that does not
+/// parse is not.
+pub(crate) fn copy_sequence<'a>(
+    instance: &Arc<Instance>,
+    chunks: impl IntoIterator<Item = &'a [u8]>,
+    policy: BufferExhaustedPolicy,
+) -> Vec<bool> {
+    let counters = Counters::default();
+    let mut lane = Lane::new(instance.clone(), false);
+    let copied = chunks
+        .into_iter()
+        .map(|chunk| {
+            Parsed::parse(chunk).is_ok_and(|parsed| {
+                !matches!(
+                    forward_into(&mut lane, &parsed, None, policy, &counters),
+                    Outcome::Dropped
+                )
+            })
+        })
+        .collect();
+    lane.release();
+    copied
+}
+
 /// The bytes of one fragment holding `packet`.
 fn fragment(packet: &[u8]) -> Vec<u8> {
     let mut size = [0u8; MAX_VARINT_LEN];

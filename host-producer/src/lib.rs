@@ -108,10 +108,18 @@
 //!   runs out (at most [`MAX_PENDING_TRIGGERS`]; expired and dropped ones
 //!   counted in [`stats`]).
 //!
-//! Not implemented: startup tracing (writers before a session is known),
-//! producer-provided SMBs, direct SMB patching, the v2 ring buffer, thread
-//! time sampling, and `TrackEventConfig`'s fields beyond the four category
-//! and tag lists.
+//! * **Startup** ([`Producer::wait_for_session`],
+//!   [`ProducerConfig::startup_tracing`]): a program can wait, bounded,
+//!   until the service has its data sources and any running session has
+//!   started them (a typed answer: started, no session, unconfirmed, not
+//!   connected); and with startup tracing, track events from the first
+//!   line of `main` on wait in a bounded local buffer and are handed to
+//!   the first session that starts track events, or dropped and counted
+//!   after a timeout, as Perfetto's SDK does (see [`StartupTracing`]).
+//!
+//! Not implemented: producer-provided SMBs, direct SMB patching, the v2
+//! ring buffer, thread time sampling, and `TrackEventConfig`'s fields
+//! beyond the four category and tag lists.
 //!
 //! # Layout
 //!
@@ -143,6 +151,7 @@ pub mod logger;
 mod outbox;
 mod runtime;
 mod shm;
+mod startup;
 mod sys;
 #[cfg(any(feature = "tracing", feature = "log"))]
 mod target_category;
@@ -160,7 +169,7 @@ mod tests;
 pub use annotation::{Arg, ArgName, DebugValue};
 pub use arbiter::{BufferExhaustedPolicy, ProducerStats, WriterArbiter};
 pub use category::{Category, DynamicCategory, MAX_INSTANCES};
-pub use connection::{activate_triggers, flush_all, init, Producer, ProducerConfig};
+pub use connection::{activate_triggers, flush_all, init, Producer, ProducerConfig, SessionWait};
 pub use data_source::{
     DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, InstanceArgs, NoopHandler,
     SetupArgs, TraceContext, CONFIG_STALL_LIMIT,
@@ -172,6 +181,7 @@ pub use forward::{
     InjectedTooLong, MAX_INJECTED_PACKET,
 };
 pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
+pub use startup::StartupTracing;
 #[cfg(feature = "tracing")]
 pub use tracing_layer::TracingLayer;
 pub use track::{

@@ -212,6 +212,11 @@ pub(crate) enum Outgoing {
     UpdateDataSource(DescriptorInfo),
     /// `ActivateTriggers` (no reply asked for, as upstream).
     ActivateTriggers(Vec<String>),
+    /// `Sync`, after the registrations up to this generation
+    /// ([`Runtime::registrations`](crate::runtime::Runtime::registrations)):
+    /// its reply comes after the service handled them and sent the
+    /// commands they prompted.
+    Sync(u64),
 }
 
 impl Inner {
@@ -421,7 +426,6 @@ impl Outbox {
 
     /// The next message, if any (sealing the pending commit when the queue
     /// is empty).
-    #[cfg(test)]
     pub(crate) fn try_next(&self) -> Option<Outgoing> {
         let mut inner = self.lock();
         if inner.queue.is_empty() {

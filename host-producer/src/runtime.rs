@@ -35,6 +35,11 @@ pub const TRACK_EVENT_DATA_SOURCE: &str = "track_event";
 /// after expired ones have made room.
 pub const MAX_PENDING_TRIGGERS: usize = 256;
 
+/// How long a flush waits for a startup trace being handed over to a
+/// session (a copy of at most the startup buffer into the session's
+/// shared memory).
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
+
 /// Triggers activated while no connection was up, oldest first, each with
 /// the time it expires (`None`: a time to live beyond the clock's range,
 /// never); bounded by [`MAX_PENDING_TRIGGERS`].
@@ -101,6 +106,10 @@ pub(crate) struct Runtime {
     /// trigger is either sent on the new connection or kept, never lost
     /// in between.
     triggers: Mutex<PendingTriggers>,
+    /// Bumped with every registration or update queued for the service
+    /// (each is followed by an [`Outgoing::Sync`] carrying the new
+    /// value; see [`Runtime::registrations`]).
+    registrations: AtomicU64,
 }
 
 pub(crate) fn runtime() -> &'static Runtime {
@@ -134,6 +143,7 @@ impl Runtime {
             track_event_advertised: AtomicBool::new(false),
             registration: Mutex::new(()),
             triggers: Mutex::new(PendingTriggers::default()),
+            registrations: AtomicU64::new(1),
         }
     }
 
@@ -190,8 +200,7 @@ impl Runtime {
         ));
         types.push(ty.clone());
         drop(types);
-        self.outbox
-            .push(Outgoing::RegisterDataSource(descriptor(&ty)));
+        self.push_registration(Outgoing::RegisterDataSource(descriptor(&ty)));
         Ok(ty)
     }
 
@@ -218,10 +227,38 @@ impl Runtime {
         }
         let d = descriptor(&self.track_event());
         if !self.track_event_advertised.swap(true, Ordering::AcqRel) {
-            self.outbox.push(Outgoing::RegisterDataSource(d));
+            self.push_registration(Outgoing::RegisterDataSource(d));
         } else if changed {
-            self.outbox.push(Outgoing::UpdateDataSource(d));
+            self.push_registration(Outgoing::UpdateDataSource(d));
         }
+    }
+
+    /// Queues a registration or update (under the registration lock),
+    /// followed by a `Sync` whose reply tells when the service has handled
+    /// it and sent the commands it prompted.
+    fn push_registration(&self, msg: Outgoing) {
+        let generation = self.registrations.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.outbox.push(msg) {
+            self.outbox.push(Outgoing::Sync(generation));
+        }
+    }
+
+    /// The registration generation: a connection whose `Sync` replies
+    /// reached it has had every registration queued so far handled by
+    /// the service, and the commands they prompted (a running session's
+    /// `SetupDataSource` and `StartDataSource`) read.
+    pub(crate) fn registrations(&self) -> u64 {
+        self.registrations.load(Ordering::Acquire)
+    }
+
+    /// Data source instances that sessions started and have not stopped
+    /// (the startup instance not counted).
+    pub(crate) fn started_instances(&self) -> usize {
+        self.types()
+            .iter()
+            .flat_map(|t| t.instances())
+            .filter(|i| !i.is_startup() && i.is_live())
+            .count()
     }
 
     /// Whether a data source the program registered is named
@@ -266,11 +303,13 @@ impl Runtime {
             );
         }
         let triggers = (!triggers.is_empty()).then_some(Outgoing::ActivateTriggers(triggers));
+        let sync = Outgoing::Sync(self.registrations());
         self.outbox.open_with(
             self.descriptors()
                 .into_iter()
                 .map(Outgoing::RegisterDataSource)
-                .chain(triggers),
+                .chain(triggers)
+                .chain([sync]),
         );
     }
 
@@ -336,7 +375,12 @@ impl Runtime {
         self.arbiter_slot().clone()
     }
 
+    /// The instance the service knows as `instance_id` (never the startup
+    /// instance).
     fn find(&self, instance_id: u64) -> Option<(Arc<DataSourceType>, Arc<Instance>)> {
+        if instance_id == crate::startup::STARTUP_INSTANCE_ID {
+            return None;
+        }
         self.types()
             .into_iter()
             .find_map(|t| t.find(instance_id).map(|i| (t, i)))
@@ -360,7 +404,10 @@ impl Runtime {
     /// StartDataSource: enables tracing, then NotifyDataSourceStarted.
     pub(crate) fn start_data_source(&self, instance_id: u64) {
         if let Some((ty, inst)) = self.find(instance_id) {
-            ty.start(&inst);
+            // A track event session may take over the startup trace.
+            if ty.kind != Kind::TrackEvent || !crate::startup::adopt(&ty, &inst) {
+                ty.start(&inst);
+            }
         }
         // Acknowledged even for unknown ids, so the service never waits.
         self.outbox
@@ -384,6 +431,8 @@ impl Runtime {
     /// still busy after it (stalling for a chunk) flushes when its event
     /// ends, after the acknowledgement.
     pub(crate) fn flush(&self, instance_ids: &[u64], request_id: u64) {
+        // A startup trace being handed over precedes the acknowledgement.
+        crate::startup::wait_handed_over(HANDOVER_WAIT);
         let mut busy = Vec::new();
         for ty in self.types() {
             for inst in ty.instances() {
@@ -427,7 +476,8 @@ impl Runtime {
         }
         self.outbox.set_closed(true);
         for ty in self.types() {
-            for inst in ty.instances() {
+            // The startup instance waits for a session on any connection.
+            for inst in ty.instances().into_iter().filter(|i| !i.is_startup()) {
                 ty.stop(&inst);
             }
         }
@@ -466,6 +516,7 @@ mod tests {
                 Outgoing::RegisterDataSource(d) => {
                     out.push((d.name, d.id, d.track_event_descriptor.is_some()))
                 }
+                Outgoing::Sync(_) => {}
                 other => panic!("unexpected message {other:?}"),
             }
         }

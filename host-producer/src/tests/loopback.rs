@@ -72,6 +72,8 @@ fn handle(arbiter: &Arbiter, rx: &mut Received, msg: Outgoing) {
             runtime().outbox().recycle(c);
             arbiter.commit_sent();
         }
+        // A service answers it; nothing to keep.
+        Outgoing::Sync(_) => {}
         other => rx.messages.push(other),
     }
 }

@@ -1602,3 +1602,159 @@ fn stall_does_not_give_up_while_the_writer_list_is_busy() {
     );
     lb.shutdown();
 }
+
+static T_EARLY: Category = Category::new("t.early");
+
+/// A track event config enabling only `name`.
+fn only(name: &str) -> TrackEventConfig {
+    TrackEventConfig {
+        enabled_categories: vec![name.into()],
+        disabled_categories: vec!["*".into()],
+        ..Default::default()
+    }
+}
+
+/// Startup tracing that records only `t.early` (so that tests running
+/// meanwhile are not recorded), with `timeout`.
+fn begin_startup(timeout: Duration) {
+    register();
+    track_event::register_categories(&[&T_EARLY]);
+    let cfg = crate::StartupTracing {
+        buffer_size: 256 * 1024,
+        timeout,
+        categories: only("t.early"),
+    };
+    crate::startup::begin(&runtime().track_event(), &cfg, PageLayout::Div1).unwrap();
+}
+
+#[test]
+fn a_startup_trace_is_handed_to_the_first_session_enabling_its_categories() {
+    let _s = serial();
+    let before = crate::stats();
+    begin_startup(Duration::from_secs(30));
+    assert!(T_EARLY.is_enabled(), "recording before any session");
+    assert!(!T_MAIN.is_enabled(), "only the startup categories");
+    {
+        let _g = trace_event!(T_EARLY, "early-slice", "n" => 1);
+        trace_instant!(T_EARLY, "early-instant");
+    }
+    std::thread::spawn(|| trace_instant!(T_EARLY, "early-other-thread"))
+        .join()
+        .unwrap();
+    // A slice open across the hand-over ends in the session's sequence.
+    let across = trace_event!(T_EARLY, "across");
+    let lb = Loopback::new(256 * 1024, PageLayout::Div1, false);
+    // A session that does not ask for t.early leaves the startup trace
+    // waiting.
+    lb.start_track_event(41, 2, only("t.main"));
+    assert!(T_EARLY.is_enabled() && T_MAIN.is_enabled());
+    runtime().stop_data_source(41);
+    // One that does takes it; its own events follow.
+    lb.start_track_event(42, 5, TrackEventConfig::default());
+    assert_eq!(
+        T_EARLY.enabled_instances().count_ones(),
+        1,
+        "the session's instance only, not the startup one too"
+    );
+    trace_instant!(T_EARLY, "live");
+    drop(across);
+    runtime().flush(&[42], 9);
+    runtime().stop_data_source(42);
+    let seqs = lb.sequences();
+    let mut names: Vec<String> = seqs
+        .values()
+        .flat_map(events)
+        .filter_map(|(_, n, _, _)| n)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "across",
+            "early-instant",
+            "early-other-thread",
+            "early-slice",
+            "live"
+        ]
+    );
+    // Both slices end: "across" in the session's own sequence, after its
+    // "live" instant.
+    let kinds: Vec<Vec<i32>> = seqs
+        .values()
+        .map(|s| events(s).iter().map(|(t, ..)| *t).collect())
+        .collect();
+    let count = |t| kinds.iter().flatten().filter(|&&k| k == t).count();
+    assert_eq!((count(1), count(2)), (2, 2), "{kinds:?}");
+    assert!(kinds.contains(&vec![3, 2]), "live, then the end: {kinds:?}");
+    // The two threads' startup sequences and the session's own, every
+    // chunk into buffer 5 (none into 2, the session that did not adopt).
+    assert!(seqs.len() >= 3, "{} sequences", seqs.len());
+    let rx = lb.received();
+    assert!(rx.chunk_targets.values().all(|&b| b == 5), "{rx:?}");
+    drop(rx);
+    let after = crate::stats();
+    assert!(
+        after.startup_packets_adopted > before.startup_packets_adopted,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.startup_packets_dropped,
+        before.startup_packets_dropped
+    );
+    lb.shutdown();
+}
+
+#[test]
+fn a_startup_trace_no_session_adopts_is_dropped_and_counted() {
+    let _s = serial();
+    let before = crate::stats();
+    begin_startup(Duration::from_millis(50));
+    for _ in 0..10 {
+        trace_instant!(T_EARLY, "unclaimed");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while T_EARLY.is_enabled() {
+        assert!(std::time::Instant::now() < deadline, "never timed out");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    crate::startup::wait_handed_over(Duration::from_secs(1));
+    // A session starting afterwards gets nothing of it.
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(43, 1, TrackEventConfig::default());
+    runtime().flush(&[43], 1);
+    runtime().stop_data_source(43);
+    assert!(all_events(&lb).is_empty());
+    // The stop runs on the startup thread right after the bits cleared.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let dropped = crate::stats().startup_packets_dropped - before.startup_packets_dropped;
+        // 10 instants, the thread's descriptors and the sequence's reset.
+        if dropped >= 10 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "dropped {dropped}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    lb.shutdown();
+}
+
+#[test]
+fn an_event_racing_the_hand_over_reaches_the_adopting_session() {
+    let _s = serial();
+    begin_startup(Duration::from_secs(30));
+    trace_instant!(T_EARLY, "before");
+    // The category's bits as an event read them just before the hand-over.
+    let stale = T_EARLY.enabled_instances();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(44, 1, TrackEventConfig::default());
+    assert_ne!(stale, T_EARLY.enabled_instances());
+    let mut reached = Vec::new();
+    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    assert_eq!(reached, [44], "not lost with the startup instance");
+    runtime().stop_data_source(44);
+    // Once the adopting session is gone, nothing is redirected.
+    let mut reached = Vec::new();
+    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    assert!(reached.is_empty(), "{reached:?}");
+    lb.shutdown();
+}

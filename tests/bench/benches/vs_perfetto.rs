@@ -2,7 +2,7 @@
 //! the same tracing service, in the same session.
 //!
 //! ```text
-//! SHMTRACE_BENCH_SERVICE=path/to/real-service cargo bench -p shmtrace-producer --bench vs_perfetto
+//! SHMTRACE_BENCH_SERVICE=path/to/real-service cargo bench -p shmtrace-bench --bench vs_perfetto
 //! ```
 //!
 //! The service is started from `$SHMTRACE_BENCH_SERVICE` with
@@ -35,19 +35,18 @@
 // `unsafe` here: calls into the real Perfetto's C SDK.
 #![allow(unsafe_code)]
 
+#[macro_use]
+mod common;
+
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, CStr};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use perfetto_sdk::producer::{Backends, Producer as CProducer, ProducerInitArgsBuilder};
-use perfetto_sdk::tracing_session::TracingSession;
 use perfetto_sdk::track_event::{TrackEvent as CTrackEvent, TrackEventDebugArg, TrackEventTrack};
 use perfetto_sdk_sys as sys;
-use shmtrace_abi::proto::{encode_to_slice, encoded_len, Message, Sink};
+use shmtrace_abi::proto::encode_to_slice;
 use shmtrace_producer::{
     trace_counter, trace_event, trace_instant, track_event, Category, CounterTrack,
 };
@@ -62,8 +61,6 @@ perfetto_sdk::track_event_categories! {
     }
 }
 
-/// Iterations per round and rounds per cell.
-const ITERATIONS: u64 = 50_000;
 /// Iterations per round of the disabled row; each iteration runs
 /// [`DISABLED_PER_ITERATION`] disabled trace points.
 const DISABLED_ITERATIONS: u64 = 200_000;
@@ -73,70 +70,9 @@ const DISABLED_ITERATIONS: u64 = 200_000;
 /// site as in a program with trace points all through its code, measure
 /// the trace points rather than the loop.
 const DISABLED_PER_ITERATION: u64 = 16;
-const ROUNDS: usize = 9;
 /// Shared memory buffer size both producers ask for, unless
 /// `$SHMTRACE_BENCH_SMB_KB` says otherwise.
 const SMB_KB: u32 = 32 * 1024;
-
-struct Service {
-    child: Option<Child>,
-    _dir: PathBuf,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn start_service() -> Option<Service> {
-    let dir = std::env::temp_dir().join(format!("shmtrace-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let Some(bin) = std::env::var_os("SHMTRACE_BENCH_SERVICE") else {
-        let running = std::env::var_os("PERFETTO_PRODUCER_SOCK_NAME").is_some()
-            && std::env::var_os("PERFETTO_CONSUMER_SOCK_NAME").is_some();
-        return running.then_some(Service {
-            child: None,
-            _dir: dir,
-        });
-    };
-    let producer = dir.join("producer.sock");
-    let consumer = dir.join("consumer.sock");
-    let template = std::env::var("SHMTRACE_BENCH_SERVICE_ARGS").unwrap_or_else(|_| {
-        "--producer-socket {producer} --consumer-socket {consumer} --exit-on-stdin-eof".into()
-    });
-    let args: Vec<String> = template
-        .split_whitespace()
-        .map(|a| {
-            a.replace("{producer}", &producer.to_string_lossy())
-                .replace("{consumer}", &consumer.to_string_lossy())
-        })
-        .collect();
-    let child = Command::new(&bin)
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", PathBuf::from(&bin).display()));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(producer.exists() && consumer.exists()) {
-        assert!(
-            Instant::now() < deadline,
-            "the service did not create its sockets"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::env::set_var("PERFETTO_PRODUCER_SOCK_NAME", &producer);
-    std::env::set_var("PERFETTO_CONSUMER_SOCK_NAME", &consumer);
-    Some(Service {
-        child: Some(child),
-        _dir: dir,
-    })
-}
 
 /// A category registered through the C API directly, kept like the C API's
 /// `struct PerfettoTeCategory`: a global holding the addresses of the
@@ -232,66 +168,6 @@ impl CCategory {
     }
 }
 
-fn write_config<S: Sink>(c: &mut Message<'_, S>) {
-    // TraceConfig.buffers (1): {size_kb (1) = 256 MiB, fill_policy (4) = RING_BUFFER (1)}
-    c.nested(1, |b| {
-        b.uint32(1, 256 * 1024);
-        b.enumeration(4, 1);
-    });
-    // TraceConfig.data_sources (2): {config (1): {name (1), track_event_config (113)}}
-    c.nested(2, |ds| {
-        ds.nested(1, |cfg| {
-            cfg.string(1, "track_event");
-            cfg.nested(113, |te| {
-                te.string(1, "*");
-                for on in ["bench.rs", "bench.crate", "bench.c"] {
-                    te.string(2, on);
-                }
-            });
-        });
-    });
-}
-
-// The closures are needed: `write_config` names one sink lifetime, the
-// encoder wants a closure generic over it.
-#[allow(clippy::redundant_closure)]
-fn trace_config() -> Vec<u8> {
-    let mut buf = vec![0u8; encoded_len(|m| write_config(m)) as usize];
-    let n = encode_to_slice(&mut buf, |m| write_config(m)).expect("config encodes");
-    buf.truncate(n);
-    buf
-}
-
-/// CPU time of the calling thread: other processes on the machine do not
-/// inflate it.
-fn cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
-
-/// One implementation's timed loop for one row: runs the body
-/// `ITERATIONS` times and returns CPU ns per iteration. Each sampler is its
-/// own closure with the body inlined in its loop (monomorphic: no indirect
-/// call per iteration); the only dynamic call is the one per round.
-type Sampler<'a> = Box<dyn FnMut() -> f64 + 'a>;
-
-/// A [`Sampler`] running `$body` (with the iteration number bound to `$i`)
-/// in a tight loop between two reads of the thread's CPU clock.
-macro_rules! sampler {
-    (|$i:ident| $body:expr) => {
-        sampler!(ITERATIONS, |$i| $body)
-    };
-    ($n:expr, |$i:ident| $body:expr) => {
-        Box::new(|| {
-            let start = cpu_ns();
-            for $i in 0..$n {
-                $body;
-            }
-            (cpu_ns() - start) as f64 / $n as f64
-        }) as Sampler<'_>
-    };
-}
-
 /// `$e; $e; $e; $e;`
 macro_rules! four_times {
     ($e:expr) => {{
@@ -309,50 +185,21 @@ macro_rules! four_times {
 macro_rules! disabled_sampler {
     ($point:expr) => {
         Box::new(|| {
-            let start = cpu_ns();
+            let start = common::cpu_ns();
             for _ in 0..DISABLED_ITERATIONS {
                 four_times!(four_times!($point));
             }
-            (cpu_ns() - start) as f64 / (DISABLED_ITERATIONS * DISABLED_PER_ITERATION) as f64
-        }) as Sampler<'_>
+            (common::cpu_ns() - start) as f64
+                / (DISABLED_ITERATIONS * DISABLED_PER_ITERATION) as f64
+        }) as common::Sampler<'_>
     };
 }
 
-/// Median CPU ns per operation of each implementation over `ROUNDS`
-/// rounds, the implementations interleaved (rotating which goes first) so
-/// none pays for the service draining another's data.
-fn measure(mut row: [Sampler<'_>; 3]) -> [f64; 3] {
-    // Warm-up: writers created, interning tables and caches filled.
-    for f in row.iter_mut() {
-        f();
-    }
-    let mut samples: [Vec<f64>; 3] = Default::default();
-    for round in 0..ROUNDS {
-        for k in 0..3 {
-            let which = (round + k) % 3;
-            // Let the service drain the SMB between samples.
-            std::thread::sleep(Duration::from_millis(20));
-            samples[which].push(row[which]());
-        }
-    }
-    samples.map(|mut s| {
-        s.sort_by(|a, b| a.total_cmp(b));
-        s[ROUNDS / 2]
-    })
-}
-
 fn main() {
-    // `cargo test --benches` runs benchmarks with `--test`: only check that
-    // this one starts.
-    if std::env::args().any(|a| a == "--test" || a == "--list") {
+    if common::test_mode() {
         return;
     }
-    let Some(_service) = start_service() else {
-        println!(
-            "vs_perfetto: skipped: set SHMTRACE_BENCH_SERVICE to a tracing service binary (e.g. the \
-             harness's real-service), or PERFETTO_PRODUCER_SOCK_NAME and PERFETTO_CONSUMER_SOCK_NAME \
-             to a running service"
-        );
+    let Some(_service) = common::start_service("vs_perfetto") else {
         return;
     };
 
@@ -361,12 +208,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(SMB_KB);
     // The C SDK, system backend.
-    CProducer::init(
-        ProducerInitArgsBuilder::new()
-            .backends(Backends::SYSTEM)
-            .shmem_size_hint_kb(smb_kb)
-            .build(),
-    );
+    common::init_c_sdk(smb_kb);
     CTrackEvent::init();
     perfetto_te_ns::register().expect("categories register");
     C_ON.register(c"bench.c");
@@ -387,20 +229,12 @@ fn main() {
         "our producer did not connect"
     );
 
-    let mut session = TracingSession::system().expect("consumer session");
-    session.setup(&trace_config());
-    session.start_blocking();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(RS_ON.is_enabled()
-        && C_ON.is_enabled()
-        && perfetto_sdk::track_event_category_enabled!("bench.crate"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the session did not enable every producer"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut session = common::start_session(&["bench.rs", "bench.crate", "bench.c"]);
+    common::wait_until("the session did not enable every producer", || {
+        RS_ON.is_enabled()
+            && C_ON.is_enabled()
+            && perfetto_sdk::track_event_category_enabled!("bench.crate")
+    });
     assert!(!RS_OFF.is_enabled() && !C_OFF.is_enabled());
 
     let counter = CounterTrack::new("bench.counter");
@@ -439,7 +273,7 @@ fn main() {
     let rows: [(&str, [f64; 3]); 4] = [
         (
             "disabled trace point",
-            measure([
+            common::measure([
                 disabled_sampler!(trace_instant!(RS_OFF, "slice")),
                 disabled_sampler!(C_OFF.emit(instant, name, &[])),
                 disabled_sampler!(perfetto_sdk::track_event_instant!(
@@ -450,7 +284,7 @@ fn main() {
         ),
         (
             "scoped slice, static name",
-            measure([
+            common::measure([
                 sampler!(|_i| {
                     let _g = trace_event!(RS_ON, "slice");
                     sink.store(true, Ordering::Relaxed);
@@ -468,7 +302,7 @@ fn main() {
         ),
         (
             "slice with 2 debug annotations",
-            measure([
+            common::measure([
                 sampler!(|i| {
                     let _g = trace_event!(RS_ON, "slice", "count" => i, "label" => "value");
                     sink.store(true, Ordering::Relaxed);
@@ -507,7 +341,7 @@ fn main() {
         ),
         (
             "int64 counter",
-            measure([
+            common::measure([
                 sampler!(|i| trace_counter!(RS_ON, &counter, i as i64)),
                 sampler!(|i| {
                     let mut track = sys::PerfettoTeHlExtraRegisteredTrack {
@@ -570,9 +404,11 @@ fn main() {
          enabled rows are where the implementations differ."
     );
     println!(
-        "\n{ITERATIONS} iterations x {ROUNDS} rounds per cell ({DISABLED_ITERATIONS} x \
+        "\n{} iterations x {} rounds per cell ({DISABLED_ITERATIONS} x \
          {DISABLED_PER_ITERATION} trace points for the disabled row), shared memory buffer \
-         {smb_kb} KiB"
+         {smb_kb} KiB",
+        common::ITERATIONS,
+        common::ROUNDS
     );
     println!(
         "our producer: {} packets dropped (SMB full), {} chunks committed, {} failed chunk acquisitions, \

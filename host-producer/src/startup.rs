@@ -1,0 +1,445 @@
+//! Startup tracing: track events written before any session reaches the
+//! program (the service is not connected yet, or has not started our data
+//! source yet) are kept in a bounded local buffer and handed to the first
+//! session that starts track events, or dropped and counted when none does
+//! in time. Perfetto's SDK has the same feature
+//! (`Tracing::SetupStartupTracing`: a placeholder target buffer, a
+//! timeout of 10 s by default, aborted data discarded).
+//!
+//! # How
+//!
+//! The buffer is a private, heap-allocated SMB with an arbiter of its own
+//! whose outbox is never sent: [`begin`] sets up and starts a *startup
+//! instance* of the track event data source on it, in one of the
+//! [`MAX_INSTANCES`](crate::MAX_INSTANCES) slots, with the categories of
+//! [`StartupTracing::categories`]. Events take the ordinary fast path into
+//! ordinary writers (one sequence per thread); a full buffer drops packets
+//! and marks the loss, as a full SMB does.
+//!
+//! When a session's `StartDataSource` for track events arrives, it *adopts*
+//! the startup instance if its category filter enables every category the
+//! startup instance enabled (it never receives events it did not ask for):
+//!
+//! 1. the session's instance is started in place of the startup instance:
+//!    every category's enabled bits and the data source's slot mask change
+//!    from the startup slot to the session's in one atomic store each, so
+//!    an event goes to one of the two, never both, never neither;
+//! 2. the startup instance stops: its writers flush their last chunks into
+//!    the private buffer and retire;
+//! 3. on the startup thread (the connection's threads may not wait for
+//!    free chunks), the committed chunks are read out of the private SMB,
+//!    their patches applied, and each writer's chunks copied in order into
+//!    the session's SMB as a sequence of their own (`forward`'s lanes: a
+//!    fresh writer id, chunk ids from 0), waiting for free chunks up to
+//!    [`COPY_STALL`] each. The packets keep their own timestamps and
+//!    incremental state (each sequence starts with a cleared state and a
+//!    clock snapshot), so they land in the trace in order, before the
+//!    session's own events of the same thread.
+//!
+//! [`crate::flush_all`] and the service's flushes wait (bounded) for a
+//! hand-over in progress, so its chunks precede the acknowledgement.
+//!
+//! When no session adopts the buffer within [`StartupTracing::timeout`],
+//! the startup instance stops and its packets are dropped and counted
+//! ([`ProducerStats::startup_packets_dropped`](crate::ProducerStats::startup_packets_dropped)).
+//!
+//! # Invariants
+//!
+//! * At most one startup instance exists at a time; it is either pending
+//!   (in [`STATE`]), being handed over, or gone. Whoever takes it out of
+//!   [`STATE`] (an adopting session or the timeout) alone stops it.
+//! * The service cannot address the startup instance: its id
+//!   ([`STARTUP_INSTANCE_ID`]) is skipped by the runtime's lookups, and a
+//!   disconnection does not stop it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
+
+use crate::arbiter::{Arbiter, BufferExhaustedPolicy, COUNTERS};
+use crate::data_source::{DataSourceConfig, DataSourceType, Instance};
+use crate::error::ConnectError;
+use crate::filter::TrackEventConfig;
+use crate::outbox::{ChunkToPatch, Outbox, Outgoing};
+use crate::shm::SharedMemory;
+
+/// The instance id of the startup instance: the service's ids count up
+/// from 1 and never reach it.
+pub(crate) const STARTUP_INSTANCE_ID: u64 = u64::MAX;
+
+/// How long the copy into a session's SMB waits for each free chunk.
+const COPY_STALL: Duration = Duration::from_secs(1);
+
+/// The page size of the startup buffer.
+const PAGE_SIZE: usize = 4096;
+
+/// How tracing starts before a session reaches the program (see the module
+/// docs). Set [`ProducerConfig::startup_tracing`](crate::ProducerConfig::startup_tracing)
+/// to use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupTracing {
+    /// Size of the local buffer in bytes (rounded up to 4 KiB pages; 1 MiB
+    /// by default). Events that do not fit are dropped and counted.
+    pub buffer_size: usize,
+    /// How long the buffer waits for a session to adopt it (10 s by
+    /// default, as Perfetto's SDK); then its events are dropped and
+    /// counted.
+    pub timeout: Duration,
+    /// The categories traced meanwhile (by default those a session with an
+    /// empty track event config enables: all but the ones tagged `slow` or
+    /// `debug`). Only a session enabling all of them adopts the buffer.
+    pub categories: TrackEventConfig,
+}
+
+impl Default for StartupTracing {
+    fn default() -> Self {
+        StartupTracing {
+            buffer_size: 1 << 20,
+            timeout: Duration::from_secs(10),
+            categories: TrackEventConfig::default(),
+        }
+    }
+}
+
+/// The startup instance waiting for a session.
+struct Pending {
+    instance: Arc<Instance>,
+    deadline: Instant,
+}
+
+/// Where the startup buffer is.
+#[derive(Default)]
+struct State {
+    pending: Option<Pending>,
+    /// Adopted: the startup instance (stopped) and the session's instance,
+    /// for the startup thread to copy.
+    handover: Option<(Arc<Instance>, Arc<Instance>)>,
+    /// A hand-over is being copied (or waits to be).
+    copying: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+static STATE: Shared = Shared {
+    state: Mutex::new(State {
+        pending: None,
+        handover: None,
+        copying: false,
+    }),
+    changed: Condvar::new(),
+};
+
+fn state() -> MutexGuard<'static, State> {
+    STATE.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts startup tracing with `cfg` on `ty` (the track event data source),
+/// chunks split as `layout`: events are recorded from now on. Does nothing
+/// if a startup instance is already pending.
+pub(crate) fn begin(
+    ty: &DataSourceType,
+    cfg: &StartupTracing,
+    layout: PageLayout,
+) -> Result<(), ConnectError> {
+    let mut st = state();
+    if st.pending.is_some() || st.copying {
+        return Ok(());
+    }
+    let size = cfg.buffer_size.max(PAGE_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    let shm = SharedMemory::heap(size, PAGE_SIZE, true).map_err(ConnectError::StartupBuffer)?;
+    let outbox = Arc::new(Outbox::new());
+    outbox.reserve(shm.smb().num_pages() * layout.num_chunks());
+    let arbiter = Arbiter::new(shm, layout, outbox);
+    let config = DataSourceConfig {
+        name: crate::TRACK_EVENT_DATA_SOURCE.to_owned(),
+        track_event_config: Some(cfg.categories.clone()),
+        ..DataSourceConfig::default()
+    };
+    let Some(instance) = ty.setup(STARTUP_INSTANCE_ID, config, arbiter) else {
+        log::warn!("shmtrace-producer: no free data source slot for startup tracing");
+        return Ok(());
+    };
+    // The thread waits for the lock held here.
+    if std::thread::Builder::new()
+        .name("shmtrace-startup".into())
+        .spawn(run)
+        .is_err()
+    {
+        ty.stop(&instance);
+        return Err(ConnectError::Thread);
+    }
+    ty.start(&instance);
+    st.pending = Some(Pending {
+        instance,
+        deadline: Instant::now() + cfg.timeout,
+    });
+    Ok(())
+}
+
+/// `StartDataSource` of a track event instance: if a startup instance is
+/// pending and `inst`'s filter enables all it enabled, `inst` starts in its
+/// place and the buffer is handed over (module docs); `true` then.
+pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
+    let mut st = state();
+    let Some(pending) = &st.pending else {
+        return false;
+    };
+    let filter = inst.config.track_event_config.clone().unwrap_or_default();
+    if !crate::category::registry().covers(pending.instance.slot, &filter) {
+        return false;
+    }
+    let Some(pending) = st.pending.take() else {
+        return false;
+    };
+    st.copying = true;
+    drop(st);
+    ty.start_replacing(inst, &pending.instance);
+    log::info!(
+        "shmtrace-producer: the session of data source instance {} adopts the startup trace",
+        inst.id
+    );
+    state().handover = Some((pending.instance, inst.clone()));
+    STATE.changed.notify_all();
+    true
+}
+
+/// Waits at most `timeout` for a hand-over in progress to be copied.
+pub(crate) fn wait_handed_over(timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut st = state();
+    while st.copying {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        st = STATE
+            .changed
+            .wait_timeout(st, left)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+}
+
+/// The startup thread: copies a hand-over, or drops the buffer at its
+/// deadline; ends when neither is left to do.
+fn run() {
+    loop {
+        let mut st = state();
+        if let Some((from, to)) = st.handover.take() {
+            drop(st);
+            let (copied, dropped) = hand_over(&from, &to);
+            COUNTERS
+                .startup_packets_adopted
+                .fetch_add(copied, Ordering::Relaxed);
+            count_dropped(dropped);
+            log::info!(
+                "shmtrace-producer: startup trace handed over: {copied} packet(s), {dropped} dropped"
+            );
+            state().copying = false;
+            STATE.changed.notify_all();
+            return;
+        }
+        let Some(deadline) = st.pending.as_ref().map(|p| p.deadline) else {
+            if !st.copying {
+                return;
+            }
+            // Adopted, the hand-over not posted yet.
+            let _ = STATE.changed.wait_timeout(st, Duration::from_millis(10));
+            continue;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let Some(pending) = st.pending.take() else {
+                continue;
+            };
+            drop(st);
+            let ty = crate::track_event::track_event_type();
+            ty.stop(&pending.instance);
+            let (packets, _) = drain(&pending.instance.arbiter);
+            count_dropped(packets.iter().map(|c| c.packets).sum());
+            log::info!(
+                "shmtrace-producer: no session took the startup trace within its timeout: {} \
+                 packet(s) dropped",
+                packets.iter().map(|c| c.packets).sum::<u64>()
+            );
+            STATE.changed.notify_all();
+            return;
+        }
+        let _ = STATE.changed.wait_timeout(st, left);
+    }
+}
+
+fn count_dropped(n: u64) {
+    COUNTERS
+        .startup_packets_dropped
+        .fetch_add(n, Ordering::Relaxed);
+}
+
+/// One chunk read out of the startup buffer.
+struct Chunk {
+    bytes: Vec<u8>,
+    header: ChunkHeaderRepr,
+    /// Packets that start in it.
+    packets: u64,
+}
+
+/// Reads every chunk the (stopped) startup instance committed out of its
+/// buffer, with their patches applied; the patches of chunks not found
+/// are returned.
+fn drain(arbiter: &Arbiter) -> (Vec<Chunk>, Vec<ChunkToPatch>) {
+    let mut chunks = Vec::new();
+    let mut patches = Vec::new();
+    while let Some(msg) = arbiter.outbox().try_next() {
+        let Outgoing::Commit(mut req) = msg else {
+            continue;
+        };
+        arbiter.materialize(&mut req.chunks_to_move);
+        for bytes in req.chunks_to_move.into_iter().filter_map(|c| c.data) {
+            let Some(head) = bytes.first_chunk::<CHUNK_HEADER_SIZE>() else {
+                continue;
+            };
+            let header = ChunkHeaderRepr::from_bytes(*head);
+            let flags = header.packets.flags();
+            let continued = flags.contains(ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK);
+            let packets = u64::from(header.packets.count()) - u64::from(continued);
+            chunks.push(Chunk {
+                bytes,
+                header,
+                packets,
+            });
+        }
+        patches.extend(req.chunks_to_patch);
+    }
+    let unapplied = patches
+        .into_iter()
+        .filter(|group| !apply_patches(&mut chunks, group))
+        .collect();
+    (chunks, unapplied)
+}
+
+/// Applies `group` to its chunk; `false` if the chunk is not there.
+fn apply_patches(chunks: &mut [Chunk], group: &ChunkToPatch) -> bool {
+    let Some(chunk) = chunks.iter_mut().find(|c| {
+        u32::from(c.header.writer_id) == group.writer_id && c.header.chunk_id == group.chunk_id
+    }) else {
+        return false;
+    };
+    for p in &group.patches {
+        let at = CHUNK_HEADER_SIZE + p.offset as usize;
+        if let Some(dst) = chunk.bytes.get_mut(at..at + p.data.len()) {
+            dst.copy_from_slice(&p.data);
+        }
+    }
+    if !group.has_more_patches {
+        let flags = chunk
+            .header
+            .packets
+            .flags()
+            .difference(ChunkFlags::CHUNK_NEEDS_PATCHING);
+        if let Some(packets) = Packets::new(chunk.header.packets.count(), flags) {
+            chunk.header.packets = packets;
+            chunk.bytes[..CHUNK_HEADER_SIZE].copy_from_slice(&chunk.header.to_bytes());
+        }
+    }
+    true
+}
+
+/// Copies what the stopped startup instance `from` wrote into `to`'s SMB,
+/// one sequence per writer; (packets copied, packets dropped).
+fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
+    let (chunks, _) = drain(&from.arbiter);
+    let mut writers: Vec<u16> = chunks.iter().map(|c| c.header.writer_id).collect();
+    writers.sort_unstable();
+    writers.dedup();
+    let (mut copied, mut dropped) = (0, 0);
+    for writer in writers {
+        let sequence: Vec<&Chunk> = chunks
+            .iter()
+            .filter(|c| c.header.writer_id == writer)
+            .collect();
+        let outcome = crate::forward::copy_sequence(
+            to,
+            sequence.iter().map(|c| c.bytes.as_slice()),
+            BufferExhaustedPolicy::StallThenDrop(COPY_STALL),
+        );
+        for (chunk, ok) in sequence.iter().zip(outcome) {
+            if ok {
+                copied += chunk.packets;
+            } else {
+                dropped += chunk.packets;
+            }
+        }
+    }
+    to.arbiter.outbox().kick();
+    (copied, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::PatchEntry;
+
+    fn chunk(writer_id: u16, chunk_id: u32, flags: ChunkFlags) -> Chunk {
+        let header = ChunkHeaderRepr {
+            chunk_id,
+            writer_id,
+            packets: Packets::new(2, flags).unwrap(),
+        };
+        let mut bytes = header.to_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 16]);
+        Chunk {
+            bytes,
+            header,
+            packets: 2,
+        }
+    }
+
+    #[test]
+    fn patches_are_applied_to_their_chunk_and_the_last_clears_the_flag() {
+        let needs =
+            ChunkFlags::CHUNK_NEEDS_PATCHING.union(ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK);
+        let mut chunks = vec![chunk(1, 0, needs), chunk(2, 0, needs)];
+        let mut group = ChunkToPatch {
+            target_buffer: 0,
+            writer_id: 2,
+            chunk_id: 0,
+            patches: heapless::Vec::new(),
+            has_more_patches: true,
+        };
+        group
+            .patches
+            .push(PatchEntry {
+                offset: 4,
+                data: [1, 2, 3, 4],
+            })
+            .unwrap();
+        assert!(apply_patches(&mut chunks, &group));
+        assert_eq!(chunks[1].bytes[12..16], [1, 2, 3, 4]);
+        assert_eq!(
+            chunks[0].bytes[12..16],
+            [0; 4],
+            "writer 1's chunk untouched"
+        );
+        let still = ChunkHeaderRepr::from_bytes(*chunks[1].bytes.first_chunk().unwrap());
+        assert!(still
+            .packets
+            .flags()
+            .contains(ChunkFlags::CHUNK_NEEDS_PATCHING));
+        group.has_more_patches = false;
+        group.patches[0].offset = 15; // past the end: ignored
+        assert!(apply_patches(&mut chunks, &group));
+        let done = ChunkHeaderRepr::from_bytes(*chunks[1].bytes.first_chunk().unwrap());
+        assert_eq!(
+            done.packets.flags(),
+            ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK
+        );
+        assert_eq!(done.packets.count(), 2);
+        group.chunk_id = 7;
+        assert!(!apply_patches(&mut chunks, &group), "no such chunk");
+    }
+}

@@ -1,0 +1,183 @@
+//! Issue 21 item 3: the README's first code block (the tour's "Instrument
+//! an app"), copied as it is into a new crate and run while `shmtrace
+//! record` records, lands its events. The block is read from README.md
+//! (so the test breaks when the README drifts), built as a crate of its
+//! own that depends on host-producer by path, and run against `shmtrace
+//! serve` while a `shmtrace record` session with the README's
+//! `--app-categories rendering` runs; the trace must pass `inspect --check`
+//! and hold the slice and the instant, with its annotation.
+//! The snippet's events are written before its data source starts (in its
+//! startup buffer), then handed to the session. Before that, run with no
+//! session, it must report that the service confirmed there is none.
+//! Against our service and the real one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use shmtrace_tests::process::ChildProcess;
+use shmtrace_tests::real_binaries;
+use shmtrace_tests::scenario::{self, ServiceImpl};
+
+/// How long building the snippet may take (host-producer and its
+/// dependencies, once; the target directory is kept between runs).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long any other step may take.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The first ```rust block of `readme`, its list indentation removed.
+fn first_rust_block(readme: &str) -> String {
+    let mut lines = readme.lines();
+    let open = lines
+        .by_ref()
+        .find(|l| l.trim_start() == "```rust")
+        .expect("a ```rust block in README.md");
+    let indent = open.len() - open.trim_start().len();
+    let mut code = String::new();
+    for line in lines {
+        if line.trim_start() == "```" {
+            return code;
+        }
+        code.push_str(line.get(indent..).unwrap_or(line.trim_start()));
+        code.push('\n');
+    }
+    panic!("the README's first ```rust block never ends");
+}
+
+/// Makes the crate in `dir` and builds it: the path of its binary.
+fn build_snippet(repo: &Path, dir: &Path) -> PathBuf {
+    let code = first_rust_block(&std::fs::read_to_string(repo.join("README.md")).unwrap());
+    assert!(code.contains("fn main()"), "{code}");
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"readme-snippet\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+             [dependencies]\nshmtrace-producer = {{ path = \"{}\" }}\n\n[workspace]\n",
+            repo.join("host-producer").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("src/main.rs"), code).unwrap();
+    // The workspace's crate versions; a target directory kept between runs.
+    std::fs::copy(repo.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let target = repo.join("target").join("readme-snippet");
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command
+        .args(["build", "--quiet"])
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET");
+    let mut build = ChildProcess::spawn("cargo build (README snippet)", command, dir).unwrap();
+    build
+        .expect_success(BUILD_TIMEOUT)
+        .unwrap_or_else(|e| panic!("the README's snippet does not build: {e}"));
+    target.join("debug").join("readme-snippet")
+}
+
+/// Starts `shmtrace record` as the README's tour has it (`-t`, `-b`,
+/// `--app-categories rendering`, `-o`) on `consumer_socket`.
+fn start_record(consumer_socket: &Path, out: &Path, log_dir: &Path) -> ChildProcess {
+    let mut command = Command::new(scenario::shmtrace_binary().unwrap());
+    command
+        .args([
+            "record",
+            "-t",
+            "4s",
+            "-b",
+            "32mb",
+            "--app-categories",
+            "rendering",
+        ])
+        .arg("--socket")
+        .arg(consumer_socket)
+        .arg("-o")
+        .arg(out);
+    ChildProcess::spawn("shmtrace record", command, log_dir).unwrap()
+}
+
+/// Waits for the service to list a started session.
+fn wait_for_session(consumer_socket: &Path) {
+    scenario::query_until(consumer_socket, "the session", |s| {
+        s["sessions"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["state"] == "STARTED"))
+    });
+}
+
+/// Runs the snippet to its end: what it printed.
+fn run_snippet(bin: &Path, producer_socket: &Path) -> String {
+    let out = Command::new(bin)
+        .env("PERFETTO_PRODUCER_SOCK_NAME", producer_socket)
+        .output()
+        .expect("run the snippet");
+    assert!(
+        out.status.success(),
+        "the snippet failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The trace holds the snippet's slice and instant, once each, and passes
+/// the check.
+fn check_trace(trace: &Path) {
+    let verdict = scenario::inspect(&[trace.to_path_buf()]).expect("inspect runs");
+    let events = &verdict.analysis["track_events"];
+    assert!(
+        verdict.ok,
+        "inspect --check: {}",
+        verdict.analysis["problems"]
+    );
+    assert_eq!(events["by_name"]["DrawPlayer"], 1, "{events}");
+    assert_eq!(events["by_name"]["PlayerDrawn"], 1, "{events}");
+    assert_eq!(events["slice_begin"], 1, "{events}");
+    assert_eq!(events["slice_end"], 1, "{events}");
+    assert_eq!(events["open_slices"], 0, "{events}");
+    assert_eq!(events["interned_unresolved"], 0, "{events}");
+}
+
+#[test]
+fn the_readme_snippet_lands_its_events_in_a_shmtrace_record_session() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("shmtrace-readme-snippet-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let bin = build_snippet(&repo, &dir.path().join("app"));
+    let bins = real_binaries!();
+    // Our service, and the real one (whose Sync answers must come after
+    // the commands a registration prompts, too).
+    for (name, which) in [("ours", ServiceImpl::Ours), ("real", ServiceImpl::Real)] {
+        let producer_socket = dir.path().join(format!("{name}-p.sock"));
+        let consumer_socket = dir.path().join(format!("{name}-c.sock"));
+        let _service =
+            scenario::start_service(which, &bins, dir.path(), &producer_socket, &consumer_socket)
+                .unwrap();
+        // No session: the service confirms it has the snippet's data
+        // source and none started it, so the snippet says so (not "did not
+        // confirm") and exits.
+        let said = run_snippet(&bin, &producer_socket);
+        assert!(
+            said.starts_with("connected, no session"),
+            "{name}: the snippet said: {said}"
+        );
+        // The session first, as the tour has it; the snippet's events are
+        // written before its data source starts, and wait for it.
+        let trace = dir.path().join(format!("{name}.pftrace"));
+        let mut record = start_record(&consumer_socket, &trace, dir.path());
+        wait_for_session(&consumer_socket);
+        let said = run_snippet(&bin, &producer_socket);
+        assert!(
+            said.starts_with("tracing: "),
+            "{name}: the snippet said: {said}"
+        );
+        record.expect_success(TIMEOUT).unwrap();
+        check_trace(&trace);
+    }
+}
