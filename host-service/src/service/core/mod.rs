@@ -64,6 +64,7 @@ use producer::Producer;
 use session::Session;
 use timers::Timers;
 
+pub use commit::MAX_EMULATED_CHUNK;
 pub use error::{CommitError, ConfigError, PeerFault};
 pub use readback::READ_REPLY_LIMIT;
 

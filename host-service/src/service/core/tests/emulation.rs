@@ -2,7 +2,7 @@
 //! and send whole chunks inline in `CommitDataRequest.ChunksToMove.data`.
 
 use super::*;
-use crate::service::core::commit::MAX_EMULATED_CHUNK;
+use crate::service::core::MAX_EMULATED_CHUNK;
 use shmtrace_abi::layout::{ChunkFlags, Packets, CHUNK_HEADER_SIZE};
 
 /// The bytes of a chunk header.
