@@ -64,6 +64,7 @@ impl Running {
             producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
             consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
             consumer_group: None,
+            listen_any: false,
         })
     }
 
@@ -291,6 +292,7 @@ fn socket_permissions_and_clean_shutdown() {
         producer_sockets: vec![SocketAddress::Path(p.clone())],
         consumer_socket: SocketAddress::Path(c.clone()),
         consumer_group: None,
+        listen_any: false,
     });
     let mode =
         |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
@@ -372,5 +374,64 @@ fn a_producer_sending_an_fd_per_byte_parks_at_most_one() {
     peak = peak.max(open_fds());
     assert!(peak < before + 64, "fd table grew from {before} to {peak}");
     drop(sock);
+    running.stop();
+}
+
+#[test]
+fn tcp_producer_sockets_are_loopback_unless_allowed_and_consumers_stay_unix() {
+    use shmtrace_service::service::shell::{Shell, ShellError};
+    let id = format!("shmtrace-tcp-{}", std::process::id());
+    let cfg = |producer: &str, consumer: &str, listen_any| ShellConfig {
+        producer_sockets: vec![SocketAddress::parse(producer).unwrap()],
+        consumer_socket: SocketAddress::parse(consumer).unwrap(),
+        consumer_group: None,
+        listen_any,
+    };
+    let consumer = format!("@{id}-c");
+    for open in ["0.0.0.0:0", "[::]:0", "vsock://4294967295:0"] {
+        let err = Shell::bind(&cfg(open, &consumer, false)).unwrap_err();
+        assert!(matches!(err, ShellError::NotLoopback(_)), "{open}: {err}");
+        assert!(err.to_string().contains("--listen-any"), "{err}");
+    }
+    // Asked for explicitly, an open TCP socket binds.
+    assert!(Shell::bind(&cfg("0.0.0.0:0", &consumer, true)).is_ok());
+    let err = Shell::bind(&cfg("127.0.0.1:0", "127.0.0.1:0", false)).unwrap_err();
+    assert!(matches!(err, ShellError::ConsumerNotUnix(_)), "{err}");
+    assert!(Shell::bind(&cfg("127.0.0.1:0", &consumer, false)).is_ok());
+}
+
+#[test]
+fn a_producer_on_tcp_is_told_to_emulate_shared_memory() {
+    use shmtrace_service::protos::InitializeConnectionRequest;
+    // A free port, then the service on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let id = format!("shmtrace-tcpemu-{}", std::process::id());
+    let producer = SocketAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
+    let running = Running::start(ShellConfig {
+        producer_sockets: vec![producer.clone()],
+        consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
+        consumer_group: None,
+        listen_any: false,
+    });
+    let stream = shmtrace_service::ipc::socket::connect_stream(&producer).unwrap();
+    // The blocking client takes a UnixStream; it only sends and receives
+    // with sendmsg/recvmsg, which a TCP socket serves the same way.
+    let stream = UnixStream::from(std::os::fd::OwnedFd::from(stream));
+    let client = Client::from_stream(stream).unwrap();
+    let port = client.bind::<ProducerPort>().unwrap();
+    let resp = port
+        .call::<producer_port::InitializeConnection>(&InitializeConnectionRequest {
+            producer_name: Some("over-tcp".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(resp.use_shmem_emulation, Some(true));
+    assert_eq!(resp.using_shmem_provided_by_producer, Some(false));
+    drop(port);
+    drop(client);
     running.stop();
 }

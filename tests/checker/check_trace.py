@@ -14,9 +14,13 @@ EXPECT.json:
       "producers": [{"pid": 1234 | null, "emitted": {"slice_begin": 10, ...},
                      "counted_lost": 3}],
       "loss": "none" | "allowed",
-      "require_trace_stats": true
+      "require_trace_stats": true,
+      "remote_producers": false
     }
-`pid: null` matches the packets of every producer together. The keys of
+`pid: null` matches the packets of every producer together.
+`remote_producers` (optional, default false): the producers connected over
+TCP or vsock, whose pid the service does not know: their packets must carry
+no trusted_pid (then `pid` must be null). The keys of
 `emitted` are EMITTED_KEYS below (those the producer driver reports).
 `counted_lost` (optional) is how many of the emitted track events the
 producer itself counts as lost (dropped, or left out for a dropped one's
@@ -26,7 +30,8 @@ indicator in the trace (a thread that never got a chunk of shared memory
 has no sequence in the trace to carry a loss mark).
 
 Checks, per producer sequence (trusted_packet_sequence_id):
-  * trusted_uid, trusted_pid and trusted_packet_sequence_id are present;
+  * trusted_uid, trusted_pid and trusted_packet_sequence_id are present
+    (trusted_pid absent instead, for remote producers);
   * incremental state: SEQ_INCREMENTAL_STATE_CLEARED resets the interning
     tables and the packet defaults (not the clocks: a trace processor keeps
     every clock snapshot); a packet that needs incremental state while it is
@@ -434,7 +439,11 @@ class Checker:
                     self.trace_clock = snapshot.primary_trace_clock
                 self.clock_snapshot(seq_id, snapshot, where)
             return
-        if not packet.HasField("trusted_pid"):
+        if self.expect.get("remote_producers", False):
+            if packet.HasField("trusted_pid"):
+                self.violation("%s: remote producer packet with trusted_pid %d"
+                               % (where, packet.trusted_pid))
+        elif not packet.HasField("trusted_pid"):
             self.violation("%s: producer packet without trusted_pid" % where)
         seq = self.sequences.get(seq_id)
         first = seq is None

@@ -156,6 +156,17 @@ class CheckerTest(unittest.TestCase):
         self.producer_packets()[4].ClearField("trusted_pid")
         self.assert_violation(self.check(), "producer packet without trusted_pid")
 
+    def test_remote_producers_carry_no_trusted_pid(self):
+        expect = dict(self.expect, remote_producers=True)
+        for p in expect["producers"]:
+            p["pid"] = None
+        self.assert_violation(self.check(expect=expect),
+                              "remote producer packet with trusted_pid")
+        for packet in self.trace.packet:
+            packet.ClearField("trusted_pid")
+        report = self.check(expect=expect)
+        self.assertTrue(report["ok"], report["violations"])
+
     def test_missing_trusted_uid(self):
         self.producer_packets()[4].ClearField("trusted_uid")
         self.assert_violation(self.check(), "packet without trusted_uid")

@@ -107,6 +107,10 @@ pub struct Expectation {
     pub require_trace_stats: bool,
     /// Whether the service's trace_config and clock_snapshot must be present.
     pub require_service_packets: bool,
+    /// The producers connected over TCP or vsock, where the service knows
+    /// no pid: their packets must carry no `trusted_pid` (instead of must
+    /// carry one), and `pid` must be `None` in `producers`.
+    pub remote_producers: bool,
 }
 
 /// Replay summary of one packet sequence.

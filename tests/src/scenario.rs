@@ -510,6 +510,21 @@ pub struct Scenario {
     /// `TraceConfig.producers`: per-producer shared memory sizes, by
     /// producer name (see [`ProducerSpec::process_name`]).
     pub producer_configs: Vec<config::ProducerConfig>,
+    /// The kind of producer socket the service listens on.
+    pub producer_socket: ProducerSocket,
+}
+
+/// The producer socket of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProducerSocket {
+    /// A UNIX socket in the run's directory: the producers get an SMB.
+    #[default]
+    Unix,
+    /// TCP on `127.0.0.1` (a port free when the run starts): the producers
+    /// cannot receive a descriptor and get shmem emulation, and their
+    /// packets carry no `trusted_pid` (the service does not know it), so
+    /// the checker counts all producers' events together.
+    Tcp,
 }
 
 impl Scenario {
@@ -530,6 +545,7 @@ impl Scenario {
             track_event_config: None,
             stop_timeout: STOP_TIMEOUT,
             producer_configs: Vec::new(),
+            producer_socket: ProducerSocket::Unix,
         }
     }
 
@@ -642,8 +658,11 @@ pub fn session_label(index: u32) -> String {
 /// What one producer process reported.
 #[derive(Debug, Clone)]
 pub struct ProducerRun {
-    /// Its pid (its packets' `trusted_pid`).
+    /// Its pid (its packets' `trusted_pid`, where the service knows it).
     pub pid: u32,
+    /// Whether its packets carry `trusted_pid` (not over TCP, see
+    /// [`ProducerSocket::Tcp`]).
+    pub trusted_pid: bool,
     /// Cumulative counts after each phase.
     pub phases: Vec<EventCounts>,
     /// Packets its custom data source wrote, per session label, by the
@@ -847,6 +866,19 @@ fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
             message: format!("event {event} lacks \"emitted\" counts"),
             stderr_tail: who.stderr_tail(),
         })
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick
+/// for port 0; another process could take it before the service binds it,
+/// which the service's start then reports).
+fn free_tcp_port() -> Result<u16> {
+    let io = |source| HarnessError::Io {
+        action: "picking a free TCP port on",
+        path: PathBuf::from("127.0.0.1"),
+        source,
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    Ok(listener.local_addr().map_err(io)?.port())
 }
 
 /// Starts the service `which`, listening on `producer_socket` and
@@ -1130,13 +1162,14 @@ fn expectation(
         producers: producers
             .iter()
             .map(|p| ProducerExpectation {
-                pid: Some(p.pid),
+                pid: p.trusted_pid.then_some(p.pid),
                 emitted: p.phases[phase],
             })
             .collect(),
         loss,
         require_trace_stats: whole_session,
         require_service_packets: true,
+        remote_producers: producers.iter().any(|p| !p.trusted_pid),
     }
 }
 
@@ -1214,7 +1247,10 @@ fn run_in(
     scenario: &Scenario,
     phases: u32,
 ) -> Result<Outcome> {
-    let producer_socket = dir.path("producer.sock");
+    let producer_socket = match scenario.producer_socket {
+        ProducerSocket::Unix => dir.path("producer.sock"),
+        ProducerSocket::Tcp => PathBuf::from(format!("127.0.0.1:{}", free_tcp_port()?)),
+    };
     let consumer_socket = dir.path("consumer.sock");
     // Session 1 writes trace.pftrace, session n > 1 trace-<n>.pftrace.
     let sessions = scenario.sessions();
@@ -1284,6 +1320,7 @@ fn run_in(
         let enabled = producer.expect_event("enabled", START_TIMEOUT)?;
         runs.push(ProducerRun {
             pid: u32_field(&enabled, "pid", producer)?,
+            trusted_pid: scenario.producer_socket == ProducerSocket::Unix,
             phases: Vec::new(),
             custom: BTreeMap::new(),
             killed_after: None,

@@ -322,6 +322,7 @@ fn firmware_into_a_trace(
         loss: Loss::None,
         require_trace_stats: true,
         require_service_packets: true,
+        remote_producers: false,
     };
     let label = format!("firmware-{transport:?}-{service:?}");
     let report = checker::check(std::slice::from_ref(&trace), &expect, dir.path(), &label)

@@ -248,6 +248,7 @@ fn firmware_sequences_decode_with_the_official_schema() {
         loss: Loss::None,
         require_trace_stats: false,
         require_service_packets: false,
+        remote_producers: false,
     };
     let report = checker::check(std::slice::from_ref(&path), &expect, dir.path(), "firmware")
         .expect("checker");
@@ -363,6 +364,7 @@ fn firmware_losses_are_marked_and_counted() {
         loss: Loss::Allowed,
         require_trace_stats: false,
         require_service_packets: false,
+        remote_producers: false,
     };
     let report = checker::check_with_counted_loss(
         std::slice::from_ref(&path),

@@ -109,6 +109,7 @@ fn forwarded_chunks_are_recorded(service: ServiceImpl) {
         loss: Loss::None,
         require_trace_stats: true,
         require_service_packets: true,
+        remote_producers: false,
     };
     let label = format!("forwarded-{service:?}");
     let report = checker::check(&[path("trace.pftrace")], &expect, dir.path(), &label)

@@ -114,6 +114,7 @@ fn run_stress(name: &str, extra_args: &[&str], categories: Option<&str>) -> Run 
         loss,
         require_trace_stats: true,
         require_service_packets: true,
+        remote_producers: false,
     };
     // The accounting: the trace holds what stress emitted less every loss
     // the producer counted (dropped packets, slice ends suppressed because

@@ -103,10 +103,20 @@ mod serve {
     /// Flags of `shmtrace serve`.
     #[derive(Debug, clap::Args)]
     pub struct ServeArgs {
-        /// Producer socket(s), comma-separated (a path, or @name for an
-        /// abstract socket).
+        /// Producer socket(s), comma-separated: a path, @name for an
+        /// abstract socket, HOST:PORT or [IPV6]:PORT for TCP, or
+        /// vsock://CID:PORT. TCP and vsock producers get shmem emulation
+        /// (their chunks travel in the IPC messages). The protocol has no
+        /// authentication: TCP and vsock sockets must be loopback
+        /// (127.0.0.1, [::1], vsock CID 1) unless --listen-any is given.
         #[arg(long, value_name = "ADDRESS")]
         producer_socket: Option<String>,
+        /// Allow TCP and vsock producer sockets that other machines can
+        /// reach (0.0.0.0:PORT, a LAN address, vsock://4294967295:PORT).
+        /// Anyone who can connect can then write into this machine's
+        /// traces: restrict it with a firewall (see the README).
+        #[arg(long)]
+        listen_any: bool,
         /// Consumer socket (a path, or @name for an abstract socket).
         #[arg(long, value_name = "ADDRESS")]
         consumer_socket: Option<String>,
@@ -172,6 +182,7 @@ mod serve {
             producer_sockets,
             consumer_socket,
             consumer_group: args.consumer_group,
+            listen_any: args.listen_any,
         })
     }
 

@@ -129,6 +129,7 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
         producer_sockets: vec![SocketAddress::Path(producer_socket.clone())],
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
+        listen_any: false,
     })
     .unwrap();
 

@@ -8,10 +8,14 @@
 //!   against a small buffer. Invariants: nothing panics, every packet read
 //!   is non-empty and made of bytes that were committed, and after a final
 //!   drain every chunk stored is accounted as read or overwritten.
-//! * [`smb_commit`]: a service core with two producers; the input scribbles
-//!   over one producer's SMB (headers, page bitmaps, payloads) between
-//!   `CommitData` requests, flushes (with scraping) and reads. Invariants:
-//!   nothing panics, the honest producer's packets come out exactly.
+//! * [`smb_commit`]: a service core with two producers on SMBs and two on
+//!   shmem emulation (as over TCP); the input scribbles over one SMB
+//!   producer's SMB (headers, page bitmaps, payloads) between `CommitData`
+//!   requests, makes one emulated producer commit arbitrary inline chunks
+//!   (any size, header, target, `chunk_incomplete`), flushes (with
+//!   scraping) and reads. Invariants: nothing panics, only the hostile
+//!   producers may be cut off, the honest producers' packets (SMB and
+//!   inline) come out exactly.
 //! * [`packet_validator`]: the streaming validator against a plain
 //!   reference parser, over arbitrary slicings; an accepted packet with the
 //!   trusted appendix reads back the appended values.
@@ -20,7 +24,7 @@ use prost::Message;
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
 
 use super::buffer::{ChunkCommit, CommitOutcome, FillPolicy, ReadMode, ReadStatus, TraceBuffer};
-use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
+use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, MAX_EMULATED_CHUNK};
 use super::env::FakeEnvironment;
 use super::shm::SharedMemory;
 use super::trusted::TrustedFields;
@@ -308,9 +312,11 @@ pub fn smb_commit(data: &[u8]) {
     let mut input = Input(data);
     let mut w = SmbWorld::new();
     let mut expected = Vec::new();
+    let mut expected_remote = Vec::new();
     let mut next_chunk = 0u32;
+    let mut next_remote_chunk = 0u32;
     while !input.is_empty() {
-        match input.u8() % 6 {
+        match input.u8() % 8 {
             0 => {
                 // The honest producer commits a chunk with one packet.
                 let n = usize::from(input.u8() % 60) + 1;
@@ -363,6 +369,41 @@ pub fn smb_commit(data: &[u8]) {
                 },
             )),
             4 => w.flush_and_scrape(),
+            5 => {
+                // The honest emulated producer commits a one-packet chunk
+                // inline.
+                let n = usize::from(input.u8() % 60) + 1;
+                let packet = input.bytes(n);
+                let mut chunk = one_fragment_header(next_remote_chunk).to_vec();
+                chunk.extend_from_slice(&[packet.len() as u8 + 3, 0xD2, 0x38]);
+                chunk.push(packet.len() as u8);
+                chunk.extend_from_slice(&packet);
+                let mut whole = vec![0xD2, 0x38, packet.len() as u8];
+                whole.extend_from_slice(&packet);
+                expected_remote.push(whole);
+                next_remote_chunk += 1;
+                w.commit_inline(w.remote, vec![(w.buffer.into(), chunk, false)]);
+            }
+            6 => {
+                // The hostile emulated producer commits arbitrary inline
+                // chunks: any size (the edges of what a chunk header can
+                // say among them), header, target and completeness.
+                let n = usize::from(input.u8() % 4) + 1;
+                let mut chunks = Vec::new();
+                for _ in 0..n {
+                    let len = match input.u8() % 8 {
+                        0 => MAX_EMULATED_CHUNK + usize::from(input.u8() % 3),
+                        1 => usize::from(input.u8() % 9),
+                        _ => usize::from(input.u16() % 600),
+                    };
+                    let mut data = input.bytes(len);
+                    data.resize(len, 0xA5);
+                    let target = u32::from(input.u8() % 3);
+                    let incomplete = input.u8() & 1 == 1;
+                    chunks.push((target, data, incomplete));
+                }
+                w.commit_inline(w.remote_hostile, chunks);
+            }
             _ => w.read(),
         }
     }
@@ -378,6 +419,46 @@ pub fn smb_commit(data: &[u8]) {
     for (g, e) in got.iter().zip(&expected) {
         assert!(g.starts_with(e), "an honest packet changed");
     }
+    // Every packet of the honest emulated producer (told apart by its
+    // trusted uid, which no producer can forge), in order, byte for byte.
+    let got: Vec<&Vec<u8>> = w
+        .read_packets
+        .iter()
+        .filter(|p| trusted_uid(p) == Some(u64::from(REMOTE_UID)))
+        .collect();
+    assert_eq!(
+        got.len(),
+        expected_remote.len(),
+        "honest inline packets lost or invented"
+    );
+    for (g, e) in got.iter().zip(&expected_remote) {
+        assert!(g.starts_with(e), "an honest inline packet changed");
+    }
+}
+
+/// The uid of the honest emulated producer.
+const REMOTE_UID: u32 = 7;
+
+/// The last `trusted_uid` (field 3) of a packet read back.
+fn trusted_uid(packet: &[u8]) -> Option<u64> {
+    crate::protos::wire::Fields::new(packet)
+        .filter_map(Result::ok)
+        .filter(|f| f.number == 3)
+        .filter_map(|f| match f.value {
+            crate::protos::wire::Value::Varint(v) => Some(v),
+            _ => None,
+        })
+        .last()
+}
+
+/// The header of chunk `chunk_id` of writer 1 holding one fragment.
+fn one_fragment_header(chunk_id: u32) -> [u8; CHUNK_HEADER_SIZE] {
+    ChunkHeaderRepr {
+        chunk_id,
+        writer_id: 1,
+        packets: Packets::new(1, ChunkFlags::EMPTY).unwrap_or(Packets::from_bits(1)),
+    }
+    .to_bytes()
 }
 
 /// A service core with an honest and a hostile producer sharing a session.
@@ -387,6 +468,10 @@ struct SmbWorld {
     next_request: u64,
     honest: ConnId,
     hostile: ConnId,
+    /// An honest producer on shmem emulation.
+    remote: ConnId,
+    /// A hostile producer on shmem emulation.
+    remote_hostile: ConnId,
     consumer: ConnId,
     honest_smb: SharedMemory,
     hostile_fd: std::os::fd::OwnedFd,
@@ -406,6 +491,8 @@ impl SmbWorld {
             next_request: 1,
             honest: ConnId(0),
             hostile: ConnId(0),
+            remote: ConnId(0),
+            remote_hostile: ConnId(0),
             consumer: ConnId(0),
             honest_smb: SharedMemory::create(64 * 1024, 4096).expect("memfd"),
             hostile_fd: rustix::fs::memfd_create("unused", rustix::fs::MemfdFlags::CLOEXEC)
@@ -420,8 +507,17 @@ impl SmbWorld {
             uid: 1,
             gid: 1,
         };
-        for hostile in [false, true] {
-            let conn = w.svc.connect_producer(creds);
+        for (hostile, emulated) in [(false, false), (true, false), (false, true), (true, true)] {
+            let conn = if emulated {
+                let uid = if hostile { REMOTE_UID + 1 } else { REMOTE_UID };
+                w.svc.connect_emulated_producer(PeerCredentials {
+                    pid: 0,
+                    uid,
+                    gid: 0,
+                })
+            } else {
+                w.svc.connect_producer(creds)
+            };
             let init = InitializeConnectionRequest {
                 producer_name: Some(if hostile { "hostile" } else { "honest" }.into()),
                 shared_memory_size_hint_bytes: Some(64 * 1024),
@@ -447,10 +543,11 @@ impl SmbWorld {
                 conn,
                 CallKind::Producer(producer_port::Request::RegisterDataSource(reg)),
             );
-            if hostile {
-                w.hostile = conn;
-            } else {
-                w.honest = conn;
+            match (hostile, emulated) {
+                (false, false) => w.honest = conn,
+                (true, false) => w.hostile = conn,
+                (false, true) => w.remote = conn,
+                (true, true) => w.remote_hostile = conn,
             }
         }
         w.consumer = w.svc.connect_consumer(creds);
@@ -492,6 +589,9 @@ impl SmbWorld {
                 continue;
             };
             match resp.cmd {
+                Some(Cmd::SetupTracing(_)) if conn == w.remote || conn == w.remote_hostile => {
+                    assert!(fd.is_none(), "no SMB under shmem emulation");
+                }
                 Some(Cmd::SetupTracing(_)) => {
                     let fd = fd.expect("SetupTracing carries the SMB");
                     if conn == w.honest {
@@ -516,11 +616,34 @@ impl SmbWorld {
             trace_writer_id: Some(1),
             target_buffer: Some(u32::from(w.buffer)),
         };
-        w.call(
-            w.honest,
-            CallKind::Producer(producer_port::Request::RegisterTraceWriter(reg)),
-        );
+        for conn in [w.honest, w.remote] {
+            w.call(
+                conn,
+                CallKind::Producer(producer_port::Request::RegisterTraceWriter(reg)),
+            );
+        }
         w
+    }
+
+    /// `conn` commits `(target, data, incomplete)` chunks inline.
+    fn commit_inline(&mut self, conn: ConnId, chunks: Vec<(u32, Vec<u8>, bool)>) {
+        let req = CommitDataRequest {
+            chunks_to_move: chunks
+                .into_iter()
+                .map(|(target, data, incomplete)| ChunksToMove {
+                    target_buffer: Some(target),
+                    data: Some(data.into()),
+                    chunk_incomplete: incomplete.then_some(true),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        self.call(
+            conn,
+            CallKind::Producer(producer_port::Request::CommitData(req)),
+        );
+        self.drain_outputs();
     }
 
     fn call(&mut self, conn: ConnId, call: CallKind) {
@@ -544,9 +667,9 @@ impl SmbWorld {
     fn drain_outputs(&mut self) {
         while let Some(o) = self.svc.poll_output() {
             if let Output::Disconnect { conn, .. } = o {
-                assert_eq!(
-                    conn, self.hostile,
-                    "only the hostile producer may be cut off"
+                assert!(
+                    conn == self.hostile || conn == self.remote_hostile,
+                    "only the hostile producers may be cut off"
                 );
                 self.svc.disconnect(conn);
             }
@@ -668,6 +791,17 @@ mod tests {
             64, 64, 64, 64, 3, 122, 255, 0, 255, 255,
         ];
         trace_buffer_ops(&data);
+    }
+
+    /// The honest emulated producer's inline chunk comes out (the check
+    /// inside `smb_commit` fails if it does not), next to the hostile one's
+    /// inline chunk of 65535 + 1 bytes and one of 1 byte.
+    #[test]
+    fn an_honest_inline_chunk_comes_out_next_to_hostile_ones() {
+        let mut data = vec![5, 4, b'i', b'n', b'l', b'i', b'n'];
+        data.extend_from_slice(&[6, 1, 0, 1, 2, 0, 1, 1, 2, 1]);
+        data.push(7);
+        smb_commit(&data);
     }
 
     #[test]

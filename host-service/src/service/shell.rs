@@ -1,5 +1,5 @@
 //! The I/O shell: one epoll loop that runs the [service core](super::core)
-//! on UNIX sockets.
+//! on its sockets.
 //!
 //! The shell owns the sockets and nothing else: it accepts connections
 //! (taking the peer's credentials with `SO_PEERCRED`), feeds received bytes
@@ -10,7 +10,15 @@
 //!
 //! Sockets: the producer socket(s) are world-connectable (`0666`: any
 //! process may trace); the consumer socket is restricted to the owner
-//! (`0600`), or owner and one group (`0660`) if a group is configured.
+//! (`0600`), or owner and one group (`0660`) if a group is configured, and
+//! must be a UNIX socket (consumers are trusted by their uid).
+//!
+//! Producer sockets may also be TCP or vsock. Their producers cannot
+//! receive the SMB's descriptor: the core serves them with shmem emulation
+//! ([`TracingService::connect_emulated_producer`]), and they have no
+//! credentials ([`REMOTE_PEER`]). The protocol has no authentication, so
+//! such a socket must be reachable from this machine only (loopback TCP,
+//! vsock context id 1) unless [`ShellConfig::listen_any`] says otherwise.
 //!
 //! Backpressure: a consumer's `ReadBuffers` stream is produced only while
 //! its send queue is short, so a slow reader holds back only itself. A
@@ -21,7 +29,6 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use rustix::event::epoll;
@@ -29,13 +36,13 @@ use rustix::fs::Mode;
 use thiserror::Error;
 
 use crate::ipc::frame::invoke_method_reply_frame;
-use crate::ipc::socket::{self, peer_credentials, Received};
+use crate::ipc::socket::{self, Received, Stream};
 use crate::ipc::{HostConnection, Listener, ServiceTable, SocketAddress};
 use crate::protos::{
     consumer_port, producer_port, ConsumerPort, ProducerPort, SystemInfo, Utsname,
 };
 
-use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
+use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, REMOTE_PEER};
 use super::env::{Environment, SystemEnvironment};
 
 /// Bytes queued for a producer beyond which it is disconnected.
@@ -59,6 +66,17 @@ pub enum ShellError {
         /// Why.
         source: io::Error,
     },
+    /// A TCP or vsock producer socket that other machines could reach,
+    /// without [`ShellConfig::listen_any`].
+    #[error(
+        "{0} is reachable from other machines and the tracing protocol has no \
+         authentication: listen on a loopback address (127.0.0.1:PORT, [::1]:PORT, \
+         vsock://1:PORT) or allow it explicitly (shmtrace serve --listen-any)"
+    )]
+    NotLoopback(String),
+    /// A consumer socket that is not a UNIX socket.
+    #[error("the consumer socket must be a UNIX socket (a path or @name), not {0}")]
+    ConsumerNotUnix(String),
     /// A system call of the event loop failed.
     #[error("{what}: {source}")]
     Os {
@@ -85,6 +103,9 @@ pub struct ShellConfig {
     pub consumer_socket: SocketAddress,
     /// A group that may also connect to the consumer socket.
     pub consumer_group: Option<u32>,
+    /// Allow TCP and vsock producer sockets that other machines can reach
+    /// (anyone who can connect may then trace into this machine's sessions).
+    pub listen_any: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -115,7 +136,7 @@ impl Host {
 }
 
 struct Conn {
-    socket: UnixStream,
+    socket: Stream,
     host: Host,
     /// Registered for writability.
     wants_out: bool,
@@ -152,6 +173,17 @@ fn bind(address: &SocketAddress, mode: u32, group: Option<u32>) -> Result<Listen
         source,
     };
     let listener = Listener::bind(address).map_err(err)?;
+    if !address.passes_fds() {
+        log::warn!(
+            "listening for producers on {address}: they get shmem emulation; the protocol \
+             has no authentication{}",
+            if address.is_loopback() {
+                ""
+            } else {
+                ", and other machines can reach this socket"
+            }
+        );
+    }
     if let SocketAddress::Path(path) = address {
         if let Some(gid) = group {
             rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid)))
@@ -167,6 +199,14 @@ impl Shell {
     /// Binds the sockets (replacing stale socket files; a live one, where
     /// another service listens, is an error).
     pub fn bind(cfg: &ShellConfig) -> Result<Self, ShellError> {
+        if !cfg.consumer_socket.passes_fds() {
+            return Err(ShellError::ConsumerNotUnix(cfg.consumer_socket.to_string()));
+        }
+        if !cfg.listen_any {
+            if let Some(a) = cfg.producer_sockets.iter().find(|a| !a.is_loopback()) {
+                return Err(ShellError::NotLoopback(a.to_string()));
+            }
+        }
         let mut listeners = Vec::new();
         for a in &cfg.producer_sockets {
             listeners.push((bind(a, 0o666, None)?, Side::Producer));
@@ -272,7 +312,7 @@ impl Shell {
         };
         let side = *side;
         loop {
-            let socket = match listener.accept() {
+            let socket = match listener.accept_stream() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -280,18 +320,24 @@ impl Shell {
                     return;
                 }
             };
-            let creds = match peer_credentials(&socket) {
-                Ok(c) => c,
-                Err(e) => {
+            let creds = match socket.peer_credentials() {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => {
                     log::warn!("SO_PEERCRED failed, dropping the connection: {e}");
                     continue;
                 }
+                None => REMOTE_PEER,
             };
+            let emulated = !socket.passes_fds();
             if let Err(e) = socket.set_nonblocking(true) {
                 log::warn!("cannot make a connection non-blocking: {e}");
                 continue;
             }
             let (conn, host) = match side {
+                Side::Producer if emulated => (
+                    core.connect_emulated_producer(creds),
+                    Host::Producer(HostConnection::new(self.producer_table.clone(), None)),
+                ),
                 Side::Producer => (
                     core.connect_producer(creds),
                     Host::Producer(HostConnection::new(
@@ -315,8 +361,9 @@ impl Shell {
                 continue;
             }
             log::debug!(
-                "connection {} from pid {} uid {}",
+                "connection {} ({:?}) from pid {} uid {}",
                 conn.0,
+                socket.family(),
                 creds.pid,
                 creds.uid
             );
@@ -423,6 +470,10 @@ impl Shell {
                     ReplyBody::Err => Err(()),
                 };
                 let frame = invoke_method_reply_frame(to.request_id(), body, has_more);
+                // The core sends descriptors only to producers on UNIX
+                // sockets; a descriptor for another stream is dropped here
+                // rather than failing the send.
+                let fd = fd.filter(|_| c.socket.passes_fds());
                 if let Err(e) = c.host.out().push_frame(&frame, fd) {
                     log::error!("connection {}: dropping a reply: {e}", conn.0);
                 }

@@ -181,6 +181,7 @@ pub fn check(
         loss,
         require_trace_stats: true,
         require_service_packets: true,
+        remote_producers: false,
     };
     checker::check(&[trace.to_path_buf()], &expect, env.dir.path(), label)
         .expect("the checker runs")

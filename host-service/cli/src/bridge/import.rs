@@ -129,6 +129,7 @@ pub fn import(
         producer_sockets: vec![SocketAddress::Path(producer_socket.clone())],
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
+        listen_any: false,
     })
     .map_err(CliError::Bridge)?;
 

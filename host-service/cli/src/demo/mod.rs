@@ -98,6 +98,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
         producer_sockets: vec![SocketAddress::Path(producer_socket.clone())],
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
+        listen_any: false,
     })
     .map_err(CliError::Demo)?;
     progress.note(&format!(

@@ -62,23 +62,13 @@ impl TracingService {
     fn move_chunk(&mut self, producer: ProducerId, c: &ChunksToMove) -> Result<(), CommitError> {
         let target = c.target_buffer.unwrap_or(0);
         if let Some(data) = &c.data {
-            // Shmem emulation: the whole chunk, header included, is in the
-            // request.
-            if data.len() < CHUNK_HEADER_SIZE || data.len() > MAX_EMULATED_CHUNK {
-                self.stats.chunks_discarded += 1;
-                return Ok(());
-            }
-            let mut head = [0u8; CHUNK_HEADER_SIZE];
-            head.copy_from_slice(&data[..CHUNK_HEADER_SIZE]);
-            let header = ChunkHeaderRepr::from_bytes(head);
-            let complete = !c.chunk_incomplete.unwrap_or(false);
-            self.store_chunk(
-                producer,
-                target,
-                header,
-                &data[CHUNK_HEADER_SIZE..],
-                complete,
-            );
+            self.move_inline_chunk(producer, target, data, c.chunk_incomplete.unwrap_or(false));
+            return Ok(());
+        }
+        if self.producers.get(&producer).is_some_and(|p| p.emulated) {
+            // A page reference from a producer whose SMB the service does
+            // not have: nothing to read.
+            self.stats.chunks_discarded += 1;
             return Ok(());
         }
         let (page, chunk) = (
@@ -95,6 +85,42 @@ impl TracingService {
             }
         }
         Ok(())
+    }
+
+    /// Stores a chunk sent inline (shmem emulation): `data` is the whole
+    /// chunk, header included, as the producer copied it out of its own
+    /// buffer; `page`/`chunk` of the request are informational. Sizes
+    /// outside `CHUNK_HEADER_SIZE..=MAX_EMULATED_CHUNK` (upstream truncates
+    /// the size to 16 bits and would abort at 65536), an invalid header, a
+    /// buffer the producer may not write: the chunk is discarded and
+    /// counted (`chunks_discarded`). The payload then goes through the same
+    /// checks as a chunk read from an SMB (the trace buffer parses its
+    /// fragments as hostile input).
+    fn move_inline_chunk(
+        &mut self,
+        producer: ProducerId,
+        target: u32,
+        data: &[u8],
+        incomplete: bool,
+    ) {
+        if data.len() < CHUNK_HEADER_SIZE || data.len() > MAX_EMULATED_CHUNK {
+            log::debug!(
+                "producer {producer}: discarding an inline chunk of {} bytes",
+                data.len()
+            );
+            self.stats.chunks_discarded += 1;
+            return;
+        }
+        let mut head = [0u8; CHUNK_HEADER_SIZE];
+        head.copy_from_slice(&data[..CHUNK_HEADER_SIZE]);
+        let header = ChunkHeaderRepr::from_bytes(head);
+        self.store_chunk(
+            producer,
+            target,
+            header,
+            &data[CHUNK_HEADER_SIZE..],
+            !incomplete,
+        );
     }
 
     /// Takes chunk `page`/`chunk` out of `producer`'s SMB and frees it. The

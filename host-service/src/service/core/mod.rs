@@ -64,12 +64,23 @@ use producer::Producer;
 use session::Session;
 use timers::Timers;
 
+pub use commit::MAX_EMULATED_CHUNK;
 pub use error::{CommitError, ConfigError, PeerFault};
 pub use readback::READ_REPLY_LIMIT;
 
 /// A connection, as the core knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
+
+/// The identity of a peer on a TCP or vsock connection, which has no
+/// kernel-checked credentials: uid 0 and an unknown pid (0), as upstream
+/// reports such peers (`HostImpl::ClientConnection::GetPosixPeerUid`,
+/// src/ipc/host_impl.cc).
+pub const REMOTE_PEER: PeerCredentials = PeerCredentials {
+    pid: 0,
+    uid: 0,
+    gid: 0,
+};
 
 /// Producer id (assigned per producer connection, 1..=65535).
 pub type ProducerId = u16;
@@ -177,6 +188,8 @@ enum Endpoint {
     Producer {
         creds: PeerCredentials,
         id: Option<ProducerId>,
+        /// Its transport cannot pass descriptors: shmem emulation.
+        emulated: bool,
     },
     Consumer(ConsumerConn),
 }
@@ -241,11 +254,32 @@ impl TracingService {
         }
     }
 
-    /// A producer connected (to the producer socket).
+    /// A producer connected (to a UNIX producer socket).
     pub fn connect_producer(&mut self, creds: PeerCredentials) -> ConnId {
+        self.insert_producer(creds, false)
+    }
+
+    /// A producer connected over a transport that cannot pass file
+    /// descriptors (TCP, vsock): it gets shmem emulation. The service
+    /// creates no SMB for it; it keeps its own buffer, sends chunk bytes
+    /// inline in `CommitDataRequest.ChunksToMove.data` and scrapes itself
+    /// on flush. `creds` are what the shell knows of it: such peers have
+    /// no kernel-checked identity ([`REMOTE_PEER`] is upstream's choice).
+    /// Lockdown mode refuses them.
+    pub fn connect_emulated_producer(&mut self, creds: PeerCredentials) -> ConnId {
+        self.insert_producer(creds, true)
+    }
+
+    fn insert_producer(&mut self, creds: PeerCredentials, emulated: bool) -> ConnId {
         let conn = self.new_conn();
-        self.conns
-            .insert(conn, Endpoint::Producer { creds, id: None });
+        self.conns.insert(
+            conn,
+            Endpoint::Producer {
+                creds,
+                id: None,
+                emulated,
+            },
+        );
         conn
     }
 

@@ -50,8 +50,15 @@ pub struct Producer {
     pub page_size_hint: u32,
     /// Scrape its SMB on flush, stop and disconnect.
     pub scraping: bool,
-    /// Its SMB, once created (or adopted).
+    /// Its SMB, once created (or adopted). Always `None` under shmem
+    /// emulation.
     pub smb: Option<SharedMemory>,
+    /// Shmem emulation (a transport without descriptor passing): its
+    /// chunks arrive inline, it scrapes itself, the service has no SMB of
+    /// it to read or scrape.
+    pub emulated: bool,
+    /// Under emulation: `SetupTracing` (page size, no descriptor) was sent.
+    pub emulated_setup_sent: bool,
     /// The `GetAsyncCommand` stream.
     commands: Option<PendingReply>,
     /// Commands generated before the stream was opened.
@@ -68,14 +75,19 @@ pub struct Producer {
 impl TracingService {
     /// Dispatches one `ProducerPort` call.
     pub fn on_producer_call(&mut self, conn: ConnId, call: Call<Request>) {
-        let Some(Endpoint::Producer { creds, id }) = self.conns.get(&conn) else {
+        let Some(Endpoint::Producer {
+            creds,
+            id,
+            emulated,
+        }) = self.conns.get(&conn)
+        else {
             return;
         };
-        let (creds, id) = (*creds, *id);
+        let (creds, id, emulated) = (*creds, *id, *emulated);
         let to = call.reply;
         let request = match (call.request, id) {
             (Request::InitializeConnection(req), None) => {
-                self.initialize_connection(conn, creds, to, req, call.fd);
+                self.initialize_connection(conn, creds, emulated, to, req, call.fd);
                 return;
             }
             (Request::InitializeConnection(_), Some(_)) => {
@@ -118,12 +130,12 @@ impl TracingService {
                 self.reply(conn, &to, &UnregisterDataSourceResponse {}, false);
             }
             Request::CommitData(req) => {
-                let has_smb = self
+                let usable = self
                     .producers
                     .get(&producer)
-                    .is_some_and(|p| p.smb.is_some());
-                let emulated = req.chunks_to_move.iter().all(|c| c.data.is_some());
-                if !has_smb && !emulated {
+                    .is_some_and(|p| p.smb.is_some() || p.emulated);
+                let inline = req.chunks_to_move.iter().all(|c| c.data.is_some());
+                if !usable && !inline {
                     // Upstream ignores it and the unresolved reply fails.
                     self.reject(conn, &to);
                     return;
@@ -189,12 +201,17 @@ impl TracingService {
         &mut self,
         conn: ConnId,
         creds: crate::ipc::PeerCredentials,
+        emulated: bool,
         to: PendingReply,
         req: InitializeConnectionRequest,
         fd: Option<OwnedFd>,
     ) {
-        if self.lockdown && creds.uid != self.cfg.uid {
-            log::info!("lockdown: refusing producer of uid {}", creds.uid);
+        if self.lockdown && (emulated || creds.uid != self.cfg.uid) {
+            log::info!(
+                "lockdown: refusing producer of uid {}{}",
+                creds.uid,
+                if emulated { " (remote)" } else { "" }
+            );
             self.reject(conn, &to);
             return;
         }
@@ -214,7 +231,7 @@ impl TracingService {
         let scraping =
             req.smb_scraping_mode == Some(ProducerSmbScrapingMode::SmbScrapingEnabled as i32);
         let mut smb = None;
-        if req.producer_provided_shmem.unwrap_or(false) {
+        if req.producer_provided_shmem.unwrap_or(false) && !emulated {
             match fd {
                 Some(fd) => match self
                     .env
@@ -237,6 +254,8 @@ impl TracingService {
             page_size_hint: req.shared_memory_page_size_hint_bytes.unwrap_or(0),
             scraping,
             smb,
+            emulated,
+            emulated_setup_sent: false,
             commands: None,
             queued: VecDeque::new(),
             data_sources: Vec::new(),
@@ -244,10 +263,11 @@ impl TracingService {
             allowed_buffers: HashSet::new(),
         };
         log::info!(
-            "producer {id} {:?} connected (pid {}, uid {})",
+            "producer {id} {:?} connected (pid {}, uid {}{})",
             producer.name,
             creds.pid,
-            creds.uid
+            creds.uid,
+            if emulated { ", shmem emulation" } else { "" }
         );
         self.producers.insert(id, producer);
         self.stats.producers_seen += 1;
@@ -257,7 +277,7 @@ impl TracingService {
         let resp = InitializeConnectionResponse {
             using_shmem_provided_by_producer: Some(provided),
             direct_smb_patching_supported: Some(true),
-            use_shmem_emulation: Some(false),
+            use_shmem_emulation: Some(emulated),
             protocol_abi_versions: versions.map(|v| v & PROTOCOL_ABI_V1),
         };
         self.reply(conn, &to, &resp, false);

@@ -24,6 +24,7 @@ use crate::protos::{
 use crate::service::env::FakeEnvironment;
 use crate::service::shm::SharedMemory;
 
+mod emulation;
 mod triggers;
 
 const PRODUCER_UID: u32 = 1000;
@@ -150,8 +151,11 @@ impl Sim {
 struct TestProducer {
     conn: ConnId,
     commands: u64,
-    /// Its mapping of the SMB (its views borrow it mutably).
+    /// Its mapping of the SMB (its views borrow it mutably); under shmem
+    /// emulation, its private buffer.
     smb: Option<RefCell<SharedMemory>>,
+    /// Connected with shmem emulation: commits chunk bytes inline.
+    emulated: bool,
 }
 
 impl TestProducer {
@@ -195,6 +199,44 @@ impl TestProducer {
             conn,
             commands,
             smb: None,
+            emulated: false,
+        }
+    }
+
+    /// A producer on a transport without descriptor passing (TCP): the
+    /// service answers with shmem emulation.
+    fn connect_emulated(sim: &mut Sim, name: &str, descriptors: &[DataSourceDescriptor]) -> Self {
+        let conn = sim.svc.connect_emulated_producer(REMOTE_PEER);
+        let init = crate::protos::InitializeConnectionRequest {
+            producer_name: Some(name.into()),
+            smb_scraping_mode: Some(1),
+            ..Default::default()
+        };
+        let id = sim.producer_call(
+            conn,
+            producer_port::Request::InitializeConnection(init),
+            None,
+        );
+        let resp: crate::protos::InitializeConnectionResponse = sim.reply_ok(conn, id);
+        assert_eq!(resp.use_shmem_emulation, Some(true));
+        assert_eq!(resp.using_shmem_provided_by_producer, Some(false));
+        let commands = sim.producer_call(
+            conn,
+            producer_port::Request::GetAsyncCommand(Default::default()),
+            None,
+        );
+        for d in descriptors {
+            let req = crate::protos::RegisterDataSourceRequest {
+                data_source_descriptor: Some(d.clone()),
+            };
+            let id = sim.producer_call(conn, producer_port::Request::RegisterDataSource(req), None);
+            let _: crate::protos::RegisterDataSourceResponse = sim.reply_ok(conn, id);
+        }
+        Self {
+            conn,
+            commands,
+            smb: None,
+            emulated: true,
         }
     }
 
@@ -212,9 +254,15 @@ impl TestProducer {
                 .cmd
                 .expect("cmd");
             if let Cmd::SetupTracing(s) = &cmd {
-                let fd = got.fd.expect("SetupTracing carries the SMB");
                 let page = s.shared_buffer_page_size_kb.unwrap_or(4) * 1024;
-                let shm = SharedMemory::adopt(fd, page).expect("the SMB maps");
+                let shm = if self.emulated {
+                    assert!(got.fd.is_none(), "no SMB under shmem emulation");
+                    // Upstream's emulated producers keep a private 1 MiB.
+                    SharedMemory::create(1 << 20, page as usize).expect("private buffer")
+                } else {
+                    let fd = got.fd.expect("SetupTracing carries the SMB");
+                    SharedMemory::adopt(fd, page).expect("the SMB maps")
+                };
                 self.smb = Some(RefCell::new(shm));
             } else {
                 assert!(got.fd.is_none());
@@ -252,7 +300,7 @@ impl TestProducer {
     ) -> crate::protos::CommitDataRequest {
         let mut shm = self.smb.as_ref().expect("SMB set up").borrow_mut();
         let smb = shm.smb().expect("smb");
-        let (mut w, log) = Arbiter::writer(&smb, writer_id, buffer);
+        let (mut w, log) = Arbiter::writer(&smb, writer_id, buffer, self.emulated);
         for p in packets {
             // Big payloads go in a nested message, whose size field is
             // patched when it spans chunks.
@@ -275,6 +323,9 @@ impl TestProducer {
 struct Arbiter<'s> {
     smb: &'s Smb<'s>,
     log: Rc<RefCell<crate::protos::CommitDataRequest>>,
+    /// Shmem emulation: commits copy the whole chunk into the request and
+    /// free it.
+    inline: bool,
 }
 
 impl<'s> Arbiter<'s> {
@@ -283,6 +334,7 @@ impl<'s> Arbiter<'s> {
         smb: &'s Smb<'s>,
         writer_id: u16,
         buffer: u16,
+        inline: bool,
     ) -> (
         TraceWriter<'s, Self>,
         Rc<RefCell<crate::protos::CommitDataRequest>>,
@@ -291,6 +343,7 @@ impl<'s> Arbiter<'s> {
         let arb = Arbiter {
             smb,
             log: log.clone(),
+            inline,
         };
         (
             TraceWriter::new(arb, writer_id, buffer).expect("writer"),
@@ -307,10 +360,22 @@ impl<'s> ChunkArbiter<'s> for Arbiter<'s> {
     }
     fn commit_chunk(&mut self, chunk: WritableChunk<'s>, target_buffer: u16) {
         let loc = chunk.release_as_complete().expect("release");
+        let data = self.inline.then(|| {
+            let readable = self
+                .smb
+                .try_acquire_chunk_for_reading(loc.page, loc.chunk)
+                .expect("our own complete chunk");
+            let mut bytes = vec![0; readable.chunk_size()];
+            let copied = readable.copy_out(&mut bytes).expect("copy");
+            readable.release_as_free().expect("free");
+            bytes.truncate(copied.len);
+            Bytes::from(bytes)
+        });
         self.log.borrow_mut().chunks_to_move.push(ChunksToMove {
             page: Some(loc.page as u32),
             chunk: Some(loc.chunk as u32),
             target_buffer: Some(u32::from(target_buffer)),
+            data,
             ..Default::default()
         });
     }
@@ -951,7 +1016,7 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     // across chunks) when the producer dies.
     let mut shm = p.smb.as_ref().unwrap().borrow_mut();
     let smb = shm.smb().unwrap();
-    let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
+    let (mut w, log) = Arbiter::writer(&smb, 1, buffer, false);
     let _ = w.write_packet(|m| m.bytes(900, b"whole"));
     let mut unfinished = w.new_packet();
     unfinished.nested(900, |n| n.raw(&[7u8; 9000]));
@@ -1235,7 +1300,7 @@ fn recommit_after_scrape_on_flush() {
     // count), then a flush completes and the service scrapes it.
     let mut shm = p.smb.take().unwrap().into_inner();
     let smb = shm.smb().unwrap();
-    let (mut w, log) = Arbiter::writer(&smb, 1, buffer);
+    let (mut w, log) = Arbiter::writer(&smb, 1, buffer, false);
     let _ = w.write_packet(|m| m.bytes(900, b"scraped"));
     let id = c.call(
         &mut sim,

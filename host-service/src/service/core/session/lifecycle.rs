@@ -212,7 +212,7 @@ impl TracingService {
         if name.is_empty() || desc.name.as_deref() != Some(name.as_str()) {
             return;
         }
-        if self.lockdown && p.uid != self.cfg.uid {
+        if self.lockdown && (p.emulated || p.uid != self.cfg.uid) {
             log::info!(
                 "lockdown: not setting up {name:?} on producer {:?} (uid {})",
                 p.name,
@@ -325,10 +325,26 @@ impl TracingService {
         if p.smb.is_some() {
             return true;
         }
+        let emulated = p.emulated;
+        if emulated && p.emulated_setup_sent {
+            return true;
+        }
         let (size, page) = config_sizes
             .filter(|&(s, pg)| s != 0 || pg != 0)
             .unwrap_or((p.shm_size_hint as usize, p.page_size_hint as usize));
         let (size, page) = ensure_valid_sizes(size, page);
+        if emulated {
+            // The producer keeps its own buffer, of this page size: no
+            // memfd, and a SetupTracing without a descriptor (the
+            // transport could not carry one).
+            p.emulated_setup_sent = true;
+            let setup = cmd::SetupTracing {
+                shared_buffer_page_size_kb: Some((page / 1024) as u32),
+                shm_key_windows: None,
+            };
+            self.send_command(producer, Cmd::SetupTracing(setup), None);
+            return true;
+        }
         match self.env.create_smb(size, page) {
             Ok(NewSmb { shm, fd }) => {
                 p.smb = Some(shm);
