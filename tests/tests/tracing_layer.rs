@@ -180,6 +180,7 @@ fn tracing_program_is_recorded(service: ServiceImpl) {
         loss: Loss::None,
         require_trace_stats: true,
         require_service_packets: true,
+        remote_producers: false,
     };
     let report = checker::check(std::slice::from_ref(&trace), &expect, dir.path(), &label)
         .expect("the checker runs");
