@@ -104,11 +104,11 @@ mod serve {
     #[derive(Debug, clap::Args)]
     pub struct ServeArgs {
         /// Producer socket(s), comma-separated: a path, @name for an
-        /// abstract socket, HOST:PORT or [IPV6]:PORT for TCP, or
+        /// abstract socket, HOST:PORT or `[IPV6]:PORT` for TCP, or
         /// vsock://CID:PORT. TCP and vsock producers get shmem emulation
         /// (their chunks travel in the IPC messages). The protocol has no
         /// authentication: TCP and vsock sockets must be loopback
-        /// (127.0.0.1, [::1], vsock CID 1) unless --listen-any is given.
+        /// (127.0.0.1, `[::1]`, vsock CID 1) unless --listen-any is given.
         #[arg(long, value_name = "ADDRESS")]
         producer_socket: Option<String>,
         /// Allow TCP and vsock producer sockets that other machines can
