@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use shmtrace_producer::{track_event, ProducerConfig, TracingLayer};
 use tracing::Instrument as _;
 use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -130,9 +129,13 @@ fn workload() {
 
 fn main() {
     shmtrace_producer::init(ProducerConfig::default()).expect("start the producer");
-    tracing_subscriber::registry()
-        .with(TracingLayer::new())
-        .init();
+    // `set_global_default`, not `.init()`: with tracing-subscriber's
+    // `tracing-log` feature (another workspace package enables it), `init`
+    // also installs a `log` logger, and ours must be the one.
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(TracingLayer::new()),
+    )
+    .expect("install the subscriber");
     shmtrace_producer::logger::init(log::LevelFilter::Trace).expect("install the logger");
     let deadline = Instant::now() + TIMEOUT;
     while !track_event::is_enabled() {
