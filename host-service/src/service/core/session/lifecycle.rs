@@ -464,12 +464,15 @@ impl TracingService {
         }
     }
 
-    /// A producer confirmed an instance started.
-    pub(in crate::service::core) fn instance_started(
+    /// Moves `producer`'s instance `instance_id` from `from` to `to`, if it
+    /// is in `from`; returns its session and data source name.
+    fn advance_instance(
         &mut self,
         producer: ProducerId,
         instance_id: u64,
-    ) {
+        from: InstanceState,
+        to: InstanceState,
+    ) -> Option<(SessionId, String)> {
         let mut found = None;
         for s in self.sessions.values_mut() {
             if let Some(inst) = s
@@ -477,13 +480,27 @@ impl TracingService {
                 .iter_mut()
                 .find(|i| i.id == instance_id && i.producer == producer)
             {
-                if inst.state == InstanceState::Starting {
-                    inst.state = InstanceState::Started;
+                if inst.state == from {
+                    inst.state = to;
                     found = Some((s.id, inst.name.clone()));
                 }
             }
         }
-        if let Some((sid, name)) = found {
+        found
+    }
+
+    /// A producer confirmed an instance started.
+    pub(in crate::service::core) fn instance_started(
+        &mut self,
+        producer: ProducerId,
+        instance_id: u64,
+    ) {
+        if let Some((sid, name)) = self.advance_instance(
+            producer,
+            instance_id,
+            InstanceState::Starting,
+            InstanceState::Started,
+        ) {
             self.notify_instance_state(sid, producer, &name, true);
             self.check_all_started(sid);
         }
@@ -575,20 +592,12 @@ impl TracingService {
         producer: ProducerId,
         instance_id: u64,
     ) {
-        let mut found = None;
-        for s in self.sessions.values_mut() {
-            if let Some(inst) = s
-                .instances
-                .iter_mut()
-                .find(|i| i.id == instance_id && i.producer == producer)
-            {
-                if inst.state == InstanceState::Stopping {
-                    inst.state = InstanceState::Stopped;
-                    found = Some((s.id, inst.name.clone()));
-                }
-            }
-        }
-        if let Some((sid, name)) = found {
+        if let Some((sid, name)) = self.advance_instance(
+            producer,
+            instance_id,
+            InstanceState::Stopping,
+            InstanceState::Stopped,
+        ) {
             self.notify_instance_state(sid, producer, &name, false);
             self.maybe_finalize(sid);
         }
