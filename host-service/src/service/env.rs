@@ -94,14 +94,26 @@ pub enum FileTarget<'a> {
 
 /// A trace file being written.
 pub trait TraceFile: Write + std::fmt::Debug {
-    /// Flushes the written data to the storage device (`fdatasync`), at
-    /// the end of the session.
-    fn sync_data(&mut self) -> std::io::Result<()>;
+    /// Starts handing the written data to the storage device
+    /// (`fdatasync`), at the end of the session. It may return before the
+    /// data is on the device: what was written is already readable.
+    fn start_sync(&mut self) -> std::io::Result<()>;
 }
 
 impl TraceFile for File {
-    fn sync_data(&mut self) -> std::io::Result<()> {
-        File::sync_data(self)
+    /// `fdatasync` on a thread of its own: on a busy disk it takes from
+    /// tens of milliseconds to seconds, and the service's loop, which every
+    /// producer and consumer waits on, must not wait for it.
+    fn start_sync(&mut self) -> std::io::Result<()> {
+        let file = self.try_clone()?;
+        std::thread::Builder::new()
+            .name("trace-file-sync".into())
+            .spawn(move || {
+                if let Err(e) = file.sync_data() {
+                    log::warn!("fdatasync of a finished trace file failed: {e}");
+                }
+            })?;
+        Ok(())
     }
 }
 

@@ -94,6 +94,47 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShellError {
     }
 }
 
+/// A turn of the loop (one `epoll_wait`'s events, the timers, the
+/// writes) that takes longer than this is logged.
+const SLOW_TURN_NS: u64 = 50_000_000;
+
+/// The start of a turn of the loop: wall time and this thread's CPU time,
+/// so that a slow turn says whether the service worked that long or was
+/// kept off the CPU (by the scheduler or a blocking call).
+struct Turn {
+    wall: u64,
+    cpu: u64,
+}
+
+impl Turn {
+    fn start(clock: &SystemEnvironment) -> Self {
+        Self {
+            wall: clock.now(),
+            cpu: thread_cpu_ns(),
+        }
+    }
+
+    fn finish(self, clock: &SystemEnvironment, events: usize) {
+        let wall = clock.now().saturating_sub(self.wall);
+        if wall > SLOW_TURN_NS {
+            let cpu = thread_cpu_ns().saturating_sub(self.cpu);
+            log::warn!(
+                "slow turn of the service loop: {:.1} ms, {:.1} ms of it on the CPU, {events} event(s)",
+                wall as f64 / 1e6,
+                cpu as f64 / 1e6,
+            );
+        }
+    }
+}
+
+/// This thread's CPU time.
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
 /// Where the service listens.
 #[derive(Debug, Clone)]
 pub struct ShellConfig {
@@ -280,6 +321,7 @@ impl Shell {
                     })
                 }
             }
+            let turn = Turn::start(&clock);
             let mut stopping = false;
             for ev in &events {
                 let token = ev.data.u64();
@@ -297,6 +339,7 @@ impl Shell {
             }
             core.on_timeout();
             self.flush_outputs(&mut core);
+            turn.finish(&clock, events.len());
         };
         for (l, _) in &self.listeners {
             if let Err(e) = l.remove_socket_file() {

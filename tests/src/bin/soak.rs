@@ -37,7 +37,10 @@
 //!   first listing (resolution: the probe period); `heartbeat` reports its
 //!   own connection, timed exactly. Each stall is listed with how far a
 //!   thread of the soak that sleeps 10 ms at a time overslept meanwhile:
-//!   the scheduler's share, on a machine shared with other jobs.
+//!   the scheduler's share, on a machine shared with other jobs. The
+//!   service logs each turn of its loop over 50 ms with the CPU time it
+//!   spent in it; the report lists those lines: a stall with a slow turn
+//!   of little CPU was the machine's, one with much CPU the service's.
 //! * The service's RSS (VmRSS, VmHWM), open fds (`/proc/PID/fd`), threads
 //!   and CPU, sampled every `--sample-s`; the slope of RSS and fds over the
 //!   run after its first minute (warm-up: buffers, SMBs) says whether they
@@ -189,6 +192,7 @@ fn main() {
         (service_died, service_exit),
         last,
         load,
+        &dir.path().join("service.stderr"),
     );
     report.print();
     if args.json {
@@ -1049,6 +1053,9 @@ struct Report {
     fresh_p99_ms: f64,
     fresh_stalls: usize,
     probe_errors: Vec<String>,
+    /// The service's own "slow turn" warnings: its loop took over 50 ms,
+    /// with how much of that it spent on the CPU.
+    slow_turns: Vec<String>,
     /// The longest stalls (see [`longest_stalls`]).
     stalls: Vec<Stall>,
     /// The ticker's oversleeps (over [`TICK`]): the longest (ms), how
@@ -1072,7 +1079,8 @@ struct Report {
 
 impl Report {
     /// `service`: when it died, if it did, and its exit's error, if any;
-    /// `last`: the sample once every client had gone.
+    /// `last`: the sample once every client had gone; `service_log`: the
+    /// service's stderr.
     fn new(
         shared: &Shared,
         args: &Args,
@@ -1080,6 +1088,7 @@ impl Report {
         service: (Option<Duration>, Option<String>),
         last: Option<Sample>,
         load: String,
+        service_log: &Path,
     ) -> Self {
         let (service_died_at, service_exit_error) = service;
         let samples = shared.samples.lock().unwrap().clone();
@@ -1198,6 +1207,12 @@ impl Report {
             fresh_p99_ms: ms(percentile(&fresh, 0.99)),
             fresh_stalls: fresh.iter().filter(|&&t| t > stall_us).count(),
             probe_errors: probe.errors.clone(),
+            slow_turns: std::fs::read_to_string(service_log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("slow turn of the service loop"))
+                .map(str::to_string)
+                .collect(),
             stalls: longest_stalls(&probe.stalls, &ticks, &sessions.ends),
             ticker_overruns: ticks.len(),
             ticker_max_ms: ticks.iter().map(|t| t.1).fold(0.0, f64::max),
@@ -1319,6 +1334,13 @@ impl Report {
                 }
             );
         }
+        println!(
+            "  the service's slow turns (its loop over 50 ms): {}",
+            self.slow_turns.len()
+        );
+        for line in self.slow_turns.iter().take(10) {
+            println!("    {line}");
+        }
         for e in &self.probe_errors {
             println!("  probe error: {e}");
         }
@@ -1393,6 +1415,7 @@ impl Report {
                 "fresh_over_100ms": self.fresh_stalls,
                 "errors": self.probe_errors,
                 "stalls": self.stalls,
+                "service_slow_turns": self.slow_turns,
                 "ticker_max_overrun_ms": self.ticker_max_ms,
                 "ticker_overruns_over_100ms": self.ticker_over_stall,
                 "ticker_overruns_over_10ms": self.ticker_overruns,

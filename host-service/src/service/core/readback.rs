@@ -348,8 +348,8 @@ impl TracingService {
         }
         let stop = error.is_some() || full;
         if last || stop {
-            if let Err(e) = sink.file.sync_data() {
-                log::debug!("session {sid}: fdatasync of the trace file: {e}");
+            if let Err(e) = sink.file.start_sync() {
+                log::warn!("session {sid}: could not start the trace file's fdatasync: {e}");
             }
             sink.closed = true;
         }
