@@ -145,9 +145,14 @@
 //! A consumer copies the header as: load `boot_id` and the magic word at
 //! `0x00` (acquire), copy all words, acquire barrier, load them again; the
 //! copy is good only if the magic is valid and neither word changed. It
-//! polls the magic word and `boot_id`; a change means the firmware reset:
-//! its writer sequences are over, and chunks of the new boot start new
-//! ones.
+//! polls the magic word and `boot_id`, and checks that `ring_tail` still
+//! holds what it last stored there (only the consumer writes it; step 4
+//! zeroes it); a change of any of them means the firmware reset: its
+//! writer sequences are over, and chunks of the new boot start new ones.
+//! The `ring_tail` check catches a reset whose `boot_id` repeats: RAM a
+//! reset zeroes keeps no header to count from (QEMU zero-fills a
+//! `NOLOAD` segment of the ELF at every start and reset), so step 1 starts
+//! again from [`RegionConfig::boot_id`] there.
 //!
 //! # Control
 //!

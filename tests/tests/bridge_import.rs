@@ -99,6 +99,21 @@ fn import_of_a_region_dump() {
     assert_eq!(output.status.code(), Some(5));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("is the offset right?"), "{stderr}");
+    // A failed import leaves no (empty) trace file behind.
+    assert!(
+        !env.path("none.pftrace").exists(),
+        "the failed import left none.pftrace behind"
+    );
+    // Nor does a frame capture without a hello (here: the RAM dump).
+    let output = import(
+        &env,
+        &["--frames", env.path("committed").to_str().unwrap()],
+        &env.path("no-hello.pftrace"),
+    );
+    assert_eq!(output.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no firmware hello found"), "{stderr}");
+    assert!(!env.path("no-hello.pftrace").exists());
 }
 
 /// A captured frame stream, with and without a clock offset: the same

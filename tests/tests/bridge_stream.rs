@@ -304,6 +304,38 @@ fn bridge_keeps_a_restarted_firmware_s_boots_apart() {
     inspect_passes(&trace);
 }
 
+/// The same with the boot id repeated on each restart (QEMU zero-fills the
+/// region's RAM at a reset, so nothing counts boots): a HELLO at seq 0 is
+/// still a new boot, and each boot, starting with tracing off, is enabled
+/// again by the bridge, as the session still runs. Without either, the
+/// later boots' chunks went into the first boot's sequences, or nothing
+/// of them was written.
+#[test]
+fn bridge_keeps_boots_apart_when_the_boot_id_repeats() {
+    let env = Env::with_service("shmtrace-bridge-reset-same-id-", ServiceImpl::Ours);
+    let (done, summary, trace) = tcp_run(
+        &env,
+        &[
+            "--iterations",
+            "300",
+            "--large-every",
+            "50",
+            "--rate",
+            "3000",
+            "--reset-after",
+            "100",
+            "--repeat-boot-id",
+        ],
+        "reset-same-id",
+    );
+    assert_eq!(counter(&summary, "engine", "boots"), 3, "{summary}");
+    assert_eq!(counter(&summary, "engine", "resets"), 2, "{summary}");
+    let report = check(&env, &trace, emitted(&done), Loss::None, "reset-same-id");
+    report.assert_ok("reset-same-id");
+    assert_eq!(report.track_event_sequences().count(), 6);
+    inspect_passes(&trace);
+}
+
 /// A firmware that traces from boot on (no `--wait-enabled`: tracing is on
 /// before the bridge connects), recorded session after session through
 /// the bridge: no packet written outside a session reaches one, so every

@@ -124,6 +124,12 @@ struct Live<'m> {
     control: Control<'m>,
     smb: Smb<'m>,
     tail: u32,
+    /// The `ring_tail` word as this reader last stored it (or found it at
+    /// attach). Only the consumer writes it, so finding another value
+    /// means the firmware initialized the region again: a reset, even when
+    /// its `boot_id` is the old one (RAM that a reset zeroes, such as a
+    /// QEMU ELF segment, keeps no `boot_id` to count from).
+    published_tail: u32,
     overflows: u32,
     /// Next (page, chunk) an SMB scan looks at, if one is due.
     scan: Option<(usize, usize)>,
@@ -290,6 +296,7 @@ impl<'m> RegionReader<'m> {
             control,
             smb,
             tail: counters.ring_tail,
+            published_tail: counters.ring_tail,
             overflows: 0,
             scan: None,
         });
@@ -309,7 +316,11 @@ impl<'m> RegionReader<'m> {
             return Err(ReaderError::Smb(SmbError::Empty));
         };
         let intact = magic.load(Acquire) == magic_words()[0];
-        if (!intact || current != Some(boot.load(Acquire))) && self.revalidate()? {
+        let reinitialized = self
+            .live
+            .as_ref()
+            .is_some_and(|l| l.control.counters().ring_tail != l.published_tail);
+        if (!intact || reinitialized || current != Some(boot.load(Acquire))) && self.revalidate()? {
             self.stats.resets += 1;
             if let Some(live) = &self.live {
                 return Ok(Some(Record::Reset(live.header)));
@@ -412,6 +423,7 @@ impl Live<'_> {
                     stats.bad_slots += 1;
                     ring::release(&ring, pos);
                     self.tail = pos.wrapping_add(1);
+                    self.published_tail = self.tail;
                     continue;
                 }
                 Peek::Ready(body) => body,
@@ -445,6 +457,7 @@ impl Live<'_> {
             };
             ring::release(&ring, pos);
             self.tail = pos.wrapping_add(1);
+            self.published_tail = self.tail;
             if !matches!(taken, Taken::Nothing) {
                 return taken;
             }

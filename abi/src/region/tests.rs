@@ -363,6 +363,59 @@ fn a_reinitialization_is_a_reset_with_a_new_boot_id() {
     drop(unsafe { Box::from_raw(raw) });
 }
 
+/// A reset that zeroes the region's RAM (QEMU zero-fills the firmware's
+/// `NOLOAD` region segment at every reset) repeats `boot_id`: the reader
+/// still reports it, from the `ring_tail` it stored being gone, and the
+/// new boot's chunk, whose writer and chunk ids repeat the old boot's,
+/// comes after the reset.
+#[test]
+fn a_reset_that_zeroed_the_ram_is_a_reset_with_the_same_boot_id() {
+    let (raw, ptr) = leaked_storage::<8192, 4>();
+    // SAFETY: as in `a_reinitialization_is_a_reset_with_a_new_boot_id`.
+    let storage = || unsafe { &mut *raw };
+    let len = RegionStorage::<8192, 4>::REGION_SIZE;
+    let boot = |zero: bool| {
+        if zero {
+            // SAFETY: the storage's bytes; the reader is idle and holds no
+            // reference into them.
+            unsafe { core::ptr::write_bytes(ptr, 0, len) };
+        }
+        let handles = storage().init(&config()).unwrap();
+        assert_eq!(handles.header.boot_id, 7, "no old header: the config's");
+        let mut w: TraceWriter<_> = TraceWriter::new(
+            RegionArbiter::new(&handles, PageLayout::Div2).unwrap(),
+            1,
+            0,
+        )
+        .unwrap();
+        assert_eq!(w.write_packet(|p| p.uint64(8, 1)), PacketOutcome::Written);
+        w.flush();
+    };
+    boot(false);
+    // SAFETY: as in `a_reinitialization_is_a_reset_with_a_new_boot_id`.
+    let mut reader = unsafe { RegionReader::from_raw_parts(ptr, len) }.unwrap();
+    let mut buf = std::vec![0u8; reader.chunk_buffer_len()];
+    let Some(Record::Chunk(c)) = reader.poll(&mut buf).unwrap() else {
+        panic!("expected the first boot's chunk")
+    };
+    assert_eq!((c.header.writer_id, c.header.chunk_id), (1, 0));
+    assert!(reader.poll(&mut buf).unwrap().is_none());
+    boot(true);
+    assert!(
+        matches!(reader.poll(&mut buf), Ok(Some(Record::Reset(h))) if h.boot_id == 7),
+        "the zeroed, reinitialized region is a reset"
+    );
+    let Some(Record::Chunk(c)) = reader.poll(&mut buf).unwrap() else {
+        panic!("expected the new boot's chunk")
+    };
+    assert_eq!((c.header.writer_id, c.header.chunk_id), (1, 0));
+    assert!(reader.poll(&mut buf).unwrap().is_none());
+    let stats = reader.stats();
+    assert_eq!((stats.resets, stats.chunks, stats.bad_slots), (1, 2, 0));
+    // SAFETY: from `Box::into_raw`, no longer used.
+    drop(unsafe { Box::from_raw(raw) });
+}
+
 #[test]
 fn a_stream_mode_region_is_refused_to_hosts() {
     let (raw, ptr) = leaked_storage::<4096, 4>();

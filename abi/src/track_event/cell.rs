@@ -18,6 +18,60 @@
 //! the alternative for programs that prefer one sequence for all contexts
 //! and accept masking interrupts for the length of an event.
 //!
+//! A writer kept in a `static` needs a type it can name: the clock hook
+//! as a `fn() -> u64` (a function item coerces to it), the arbiter and the
+//! region `'static`. An interrupt writes through its cell; the main loop
+//! sets it up once and flushes it with its own writer when the host asks:
+//!
+//! ```
+//! use shmtrace_abi::layout::PageLayout;
+//! use shmtrace_abi::link::AttachService;
+//! use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionStorage};
+//! use shmtrace_abi::track_event::{SequenceConfig, Track, TrackEventWriter, WriterCell};
+//! use shmtrace_abi::writer::InPlaceWriter;
+//!
+//! type Writer = TrackEventWriter<'static, RegionArbiter<'static>, fn() -> u64>;
+//!
+//! static REGION: RegionStorage<8192, 16> = RegionStorage::new();
+//! static MAIN: Track = Track::new("main loop");
+//! static IRQ_TRACK: Track = Track::new("timer interrupt");
+//! static IRQ: WriterCell<Writer> = WriterCell::new();
+//!
+//! fn now_ns() -> u64 {
+//!     1_000 // the clock hook: a hardware counter in ns
+//! }
+//!
+//! // The interrupt handler (`#[exception] fn SysTick()` with cortex-m-rt).
+//! fn on_timer() {
+//!     IRQ.try_with(|w| w.instant("irq", "tick"));
+//! }
+//!
+//! // In `main`: one arbiter and writer id per context.
+//! let region = REGION.take(&RegionConfig::new("track_event")).unwrap();
+//! let writer = |id, track| -> Writer {
+//!     let arbiter = RegionArbiter::new(&region, PageLayout::Div4).unwrap();
+//!     let out = InPlaceWriter::new(arbiter, id, 0).unwrap();
+//!     TrackEventWriter::new(out, now_ns, SequenceConfig::new(track))
+//! };
+//! let mut main = writer(1, &MAIN);
+//! assert!(IRQ.set(writer(2, &IRQ_TRACK)).is_ok()); // before the interrupt is enabled
+//! let mut link = AttachService::new(&region);
+//! # region.control.request_flush(); // what a host does
+//! on_timer();
+//! main.slice_begin("app", "work");
+//! main.slice_end();
+//! // Flush both writers when the host asks.
+//! link.poll(
+//!     || {
+//!         main.flush();
+//!         IRQ.try_with(|w| w.flush());
+//!     },
+//!     now_ns,
+//! );
+//! # assert_eq!(region.control.flush_ack(), 1);
+//! assert_eq!(IRQ.try_with(|w| w.stats().events), Some(1));
+//! ```
+//!
 //! # Invariants
 //!
 //! * `state` is `EMPTY` (no value), `READY` (a value, nobody borrows it) or

@@ -388,10 +388,12 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// Hands the current chunk, if any, to the arbiter, padding an inflated
     /// count with an empty fragment first.
     fn return_chunk(&mut self) {
+        // Counted while the chunk is still held: `packets_in_chunk` is 0
+        // without one.
+        self.stats.packets_returned += self.packets_in_chunk();
         let Some(mut chunk) = self.chunk.take() else {
             return;
         };
-        self.stats.packets_returned += self.packets_in_chunk();
         if self.inflated {
             // In bounds: an inflated count leaves a byte free (invariants).
             let _ = chunk.write_u8(usize::from(self.cursor), 0);

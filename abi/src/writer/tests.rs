@@ -870,3 +870,36 @@ proptest::proptest! {
         proptest::prop_assert_eq!(a.stats(), b.stats());
     }
 }
+
+#[test]
+fn in_place_writer_counts_the_packets_of_committed_chunks() {
+    let mut storage = Box::new(RegionStorage::<8192, 16>::new());
+    let handles = storage.init(&config()).unwrap();
+    let mut rx = RegionReader::attach(&handles).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
+    let mut w = InPlaceWriter::new(arbiter, 1, 1).unwrap();
+    for i in 0..3u64 {
+        assert_eq!(w.write(|p| p.uint(8, i)), PacketOutcome::Written);
+    }
+    assert_eq!(w.stats().packets_written, 3);
+    w.flush();
+    assert_eq!(
+        w.stats().packets_written,
+        3,
+        "after the chunk was committed"
+    );
+    for i in 0..2u64 {
+        assert_eq!(w.write(|p| p.uint(8, i)), PacketOutcome::Written);
+    }
+    w.flush();
+    let stats = w.stats();
+    assert_eq!((stats.packets_written, stats.chunks_committed), (5, 2));
+    let read: usize = drain(&mut rx)
+        .iter()
+        .map(|ev| {
+            let (h, p) = chunk(ev);
+            data_fragments(p, h.packets).len()
+        })
+        .sum();
+    assert_eq!(read, 5);
+}

@@ -30,6 +30,11 @@
 //! before every K-th frame, `--drop-chunk-every K` every K-th CHUNK frame
 //! not sent (data lost), `--truncate-tail` the last frame cut short.
 //!
+//! `--reset-after N` restarts the firmware every N iterations (a new
+//! region initialization: tracing on again only if it starts on, a new
+//! boot id, and in stream mode frames from seq 0 with a HELLO);
+//! `--repeat-boot-id` keeps the first boot id on every restart, as
+//! firmware whose RAM a reset zeroes does.
 //! `--close-when-done` ends a TCP stream after the run's last frame (the
 //! host sees the end of its input once it took everything).
 //! `--go-file PATH` waits for PATH to exist before the first event (a
@@ -99,6 +104,7 @@ struct Args {
     boot_id: u32,
     data_source: String,
     reset_after: u64,
+    repeat_boot_id: bool,
     flush_each: bool,
     wait_enabled: bool,
     exit_when_done: bool,
@@ -143,6 +149,7 @@ fn parse() -> Result<Args, String> {
             "--boot-id" => a.boot_id = num(value()?)? as u32,
             "--data-source" => a.data_source = value()?,
             "--reset-after" => a.reset_after = num(value()?)?,
+            "--repeat-boot-id" => a.repeat_boot_id = true,
             "--flush-each" => a.flush_each = true,
             "--wait-enabled" => a.wait_enabled = true,
             "--exit-when-done" => a.exit_when_done = true,
@@ -842,7 +849,9 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                 if want != boot {
                     drain.drain(a)?;
                     drain.encoder = FrameEncoder::new();
-                    drain.hello(a, want)?;
+                    // RAM a reset zeroes has no boot id to count from.
+                    let announced = if a.repeat_boot_id { a.boot_id } else { want };
+                    drain.hello(a, announced)?;
                     boot = want;
                     drained_boot.store(want, Ordering::Release);
                 }
@@ -946,6 +955,8 @@ fn stream_mode(a: &Args, stop: &AtomicBool) -> Result<(), String> {
                 break;
             }
             boot += 1;
+            // A restart initializes the region: tracing as configured.
+            handles.control.set_trace_enabled(!a.wait_enabled);
             pending_boot.store(boot, Ordering::Release);
             while drained_boot.load(Ordering::Acquire) != boot && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_micros(200));

@@ -120,6 +120,13 @@ impl State {
         }
         match parsed {
             Frame::Hello(h) => {
+                // A sender that restarts sends HELLO first, at seq 0
+                // (frame format): a new boot even if its boot_id repeats
+                // (firmware whose RAM a reset zeroes keeps none to count
+                // from). A HELLO later in a run is the same boot's.
+                if seq == 0 && expected.is_some() {
+                    self.events.push_back(FirmwareEvent::Reset);
+                }
                 self.events.push_back(FirmwareEvent::Hello(Hello {
                     boot_id: h.boot_id,
                     data_source: h.data_source.as_str().to_owned(),

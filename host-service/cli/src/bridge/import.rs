@@ -93,14 +93,30 @@ impl FirmwareSource for Gated {
 }
 
 /// Imports `source` into the trace file `out`; the `record` exit status
-/// and the bridge's summary.
+/// and the bridge's summary. A failure before the session starts (no
+/// hello, no region) leaves no file behind that this run created.
 pub fn import(
-    mut source: Box<dyn FirmwareSource>,
+    source: Box<dyn FirmwareSource>,
     out: &Path,
     options: &ImportOptions,
     progress: &mut Progress,
 ) -> Result<(u8, Summary), CliError> {
-    let output = OutputFile::open(out)?;
+    let mut output = Some(OutputFile::open(out)?);
+    let result = import_into(source, out, &mut output, options, progress);
+    if let Some(unused) = output {
+        unused.discard();
+    }
+    result
+}
+
+/// [`import`] into `output`, which the session takes once it starts.
+fn import_into(
+    mut source: Box<dyn FirmwareSource>,
+    out: &Path,
+    output: &mut Option<OutputFile>,
+    options: &ImportOptions,
+    progress: &mut Progress,
+) -> Result<(u8, Summary), CliError> {
     // Read up to the hello: the session's config names its data source.
     let deadline = Instant::now() + STARTUP_TIMEOUT;
     let mut first = Vec::new();
@@ -204,7 +220,7 @@ pub fn import(
         &consumer,
         &config,
         Begin::Enable,
-        Some(output),
+        output.take(),
         out.to_path_buf(),
         &stop,
         progress,

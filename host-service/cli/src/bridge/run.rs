@@ -13,7 +13,9 @@
 //! (and a stop, before it is acknowledged) waits until every event the
 //! source had was forwarded, at most [`FLUSH_WAIT`].
 //!
-//! Outside sessions the firmware is kept quiet: a hello arriving while no
+//! A hello arriving while a session runs the data source (a firmware that
+//! restarted mid-session) enables tracing, whatever the firmware starts
+//! with. Outside sessions the firmware is kept quiet: a hello arriving while no
 //! session runs the data source (a firmware that traces from boot on) and
 //! the last session's stop disable tracing, then ask for a flush. So a
 //! writer holds no chunk begun outside a session when the next one starts:
@@ -417,6 +419,10 @@ pub fn run(
                         }
                     }
                     connect_when_quiet = asked && producer.is_none();
+                } else if hello && !source.request(Request::Enable(true)) {
+                    // A session is on: a firmware that (re)started with
+                    // tracing off (`RegionConfig::trace_enabled`) joins it.
+                    requests_unsupported += 1;
                 }
                 if hello && producer.is_none() && !connect_when_quiet {
                     if let Some(h) = engine.hello() {

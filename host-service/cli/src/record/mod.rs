@@ -275,7 +275,7 @@ impl OutputFile {
     }
 
     /// Removes the file if this run created it.
-    fn discard(self) {
+    pub(crate) fn discard(self) {
         signals::disarm(&self.path);
         if self.created {
             let _ = std::fs::remove_file(&self.path);

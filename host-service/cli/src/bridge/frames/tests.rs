@@ -290,7 +290,7 @@ fn a_gap_or_a_new_hello_ends_a_patch_group() {
         .into_iter()
         .filter_map(|e| match e {
             FirmwareEvent::Patches(g) => Some((g.chunk_id, g.has_more, g.patches.len())),
-            FirmwareEvent::Hello(_) => None,
+            FirmwareEvent::Hello(_) | FirmwareEvent::Reset => None,
             other => panic!("{other:?}"),
         })
         .collect();
@@ -299,6 +299,39 @@ fn a_gap_or_a_new_hello_ends_a_patch_group() {
     // new boot's hello, still has_more.
     assert_eq!(groups, [(3, true, 1), (3, false, 1), (4, true, 1)]);
     assert_eq!(loss(&d, "frames_lost"), 1);
+}
+
+/// A firmware that restarts starts its frames again at seq 0 with a HELLO,
+/// whose boot_id may repeat (its RAM zeroed by the reset): a reset, so the
+/// new run never continues the old run's sequences. A HELLO later in a run
+/// (seq > 0) is not.
+#[test]
+fn a_hello_at_seq_0_after_frames_is_a_restart_even_with_the_same_boot_id() {
+    let mut wire = Vec::new();
+    let sink = &mut |b: &[u8]| wire.extend_from_slice(b);
+    let mut first = FrameEncoder::new();
+    first.hello(&hello(1), sink);
+    first.chunk(&chunk(0), sink);
+    first.hello(&hello(1), sink); // seq 2: the same run
+    let mut second = FrameEncoder::new();
+    second.hello(&hello(1), sink);
+    second.chunk(&chunk(0), sink);
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&wire);
+    let kinds: Vec<_> = drain(&mut d)
+        .into_iter()
+        .map(|e| match e {
+            FirmwareEvent::Hello(h) => format!("hello {}", h.boot_id),
+            FirmwareEvent::Chunk(c) => format!("chunk {}", c[0]),
+            FirmwareEvent::Reset => "reset".into(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["hello 1", "chunk 0", "hello 1", "reset", "hello 1", "chunk 0"]
+    );
+    assert_eq!(loss(&d, "duplicates"), 0);
 }
 
 #[test]
