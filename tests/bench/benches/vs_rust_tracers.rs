@@ -7,7 +7,10 @@
 //!
 //! (The service as for `vs_perfetto`: `$SHMTRACE_BENCH_SERVICE`, or one
 //! already listening on `$PERFETTO_PRODUCER_SOCK_NAME` /
-//! `$PERFETTO_CONSUMER_SOCK_NAME`; without either it says so and exits.)
+//! `$PERFETTO_CONSUMER_SOCK_NAME`; without either it says so and exits.
+//! With `$SHMTRACE_BENCH_TRACE` set, the session's trace is written to
+//! that file, so `shmtrace inspect` can show that our spans and events
+//! were recorded.)
 //!
 //! Two tables; every cell is the median CPU ns of several rounds, nothing
 //! is asserted:
@@ -141,7 +144,7 @@ fn main() {
     );
     // "vs_rust_tracers": the target (module path) of this file's `tracing`
     // spans and events, which our layer maps to a category.
-    let mut session = common::start_session(&["bench.rs", "vs_rust_tracers"]);
+    let session = common::start_session(&["bench.rs", "vs_rust_tracers"]);
     common::wait_until("the session did not enable our category", || {
         RS_ON.is_enabled()
     });
@@ -205,7 +208,7 @@ fn main() {
     ];
     drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
-    session.stop_blocking();
+    common::stop_session(session);
     let stats = shmtrace_producer::stats();
 
     println!();
