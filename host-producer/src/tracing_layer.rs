@@ -48,7 +48,11 @@
 //!   `follows_from` inside its current slice if the calling thread is in
 //!   it, else its next slice or its close) to the following span's next
 //!   slice (or its close). Both ends carry the id as a `flow_id`, so a
-//!   trace processor links them in time order.
+//!   trace processor links them in time order. A span that follows one
+//!   already closed gets no flow: every event of the closed span is
+//!   written, and a flow's start can only ride on an event written when it
+//!   is declared (an instant elsewhere would show the flow starting in
+//!   whatever the calling thread was doing, not in the span followed).
 //!
 //! Field values are typed annotations: `i64`, `u64`, `bool` and `f64`
 //! values as such (smaller integers widen, `i128`/`u128` are written as
@@ -83,11 +87,17 @@
 //!   written as its id.
 //! * **No allocation per event** for events whose fields are primitive
 //!   values: fields go to an array on the stack, text to a per-thread
-//!   buffer reused from event to event. Spans allocate when made (the
-//!   registry's extension holding their fields), not when entered or
-//!   exited (beyond the per-thread stack's growth to its deepest nesting).
+//!   buffer reused from event to event. A span's state is a slot of the
+//!   layer's own table (`spans`), found by span id without the registry:
+//!   making, entering, exiting and closing a span allocate nothing once
+//!   the slot's buffers have grown (fields, text values, flows; beyond
+//!   the per-thread stack's growth to its deepest nesting). A span whose
+//!   table group is full keeps its state in the registry's extensions
+//!   instead (one allocation when made).
 
+mod callsites;
 mod fields;
+mod spans;
 
 use std::any::TypeId;
 use std::cell::RefCell;
@@ -98,7 +108,7 @@ use tracing_core::subscriber::Interest;
 use tracing_core::{Dispatch, Event, LevelFilter, Metadata, Subscriber};
 use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::layer::{Context, Filter, Layer};
-use tracing_subscriber::registry::{LookupSpan, SpanRef};
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::annotation::Arg;
 use crate::category::Category;
@@ -108,6 +118,7 @@ use crate::track::{Flow, Timestamp, Track};
 use crate::track_event::__event;
 
 use fields::{Args, EventFields, SpanFields};
+use spans::{Slot, SpanTable};
 
 /// A [`tracing_subscriber::Layer`] writing `tracing` spans and events as
 /// track events (see the [module docs](self) for the mapping).
@@ -136,7 +147,10 @@ where
         LAYER_MADE.store(true, Ordering::Relaxed);
         crate::runtime::runtime().advertise_track_event(false);
         TracingLayer {
-            inner: Writer.with_filter(Categories),
+            inner: Writer {
+                spans: SpanTable::new(),
+            }
+            .with_filter(Categories),
         }
     }
 }
@@ -260,21 +274,6 @@ impl<S> Filter<S> for Categories {
     }
 }
 
-/// What the layer keeps about a span (in the registry's extensions).
-struct SpanState {
-    category: &'static Category,
-    /// Unique in the process: the span's own track and flows use it (span
-    /// ids are reused).
-    serial: u64,
-    /// Boot time when the span was made.
-    created_ns: u64,
-    /// Times entered.
-    enters: u32,
-    fields: SpanFields,
-    /// Flows for the span's next slice (or its close).
-    flows: Vec<Flow>,
-}
-
 /// Serials of spans and flows.
 fn next_serial() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -304,7 +303,9 @@ fn with_entered<R>(f: impl FnOnce(&mut Vec<Entered>) -> R) -> Option<R> {
 }
 
 /// The layer proper (under the [`Categories`] filter).
-struct Writer;
+struct Writer {
+    spans: SpanTable,
+}
 
 /// The `level` annotation of `meta`.
 #[inline]
@@ -323,39 +324,81 @@ fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[
 }
 
 impl Writer {
+    /// Runs `f` on the state of the live span `id` (in its table slot, or
+    /// in the registry's extensions) and its callsite; `close`: the span
+    /// is closing, its state is let go afterwards.
+    #[inline]
+    fn with_slot<S, R>(
+        &self,
+        id: &Id,
+        ctx: &Context<'_, S>,
+        close: bool,
+        f: impl FnOnce(&Slot, &'static Metadata<'static>, &'static Category) -> R,
+    ) -> Option<R>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if let Some(slot) = self.spans.get(id.into_u64()) {
+            let (meta, category) = slot.callsite()?;
+            let r = f(slot, meta, category);
+            if close {
+                self.spans.release(id.into_u64());
+            }
+            return Some(r);
+        }
+        self.with_extension_slot(id, ctx, close, f)
+    }
+
+    /// [`Writer::with_slot`] for a span kept in the registry's extensions.
+    #[cold]
+    fn with_extension_slot<S, R>(
+        &self,
+        id: &Id,
+        ctx: &Context<'_, S>,
+        close: bool,
+        f: impl FnOnce(&Slot, &'static Metadata<'static>, &'static Category) -> R,
+    ) -> Option<R>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let span = ctx.span(id)?;
+        if close {
+            let slot = span.extensions_mut().remove::<Slot>()?;
+            let (meta, category) = slot.callsite()?;
+            return Some(f(&slot, meta, category));
+        }
+        let ext = span.extensions();
+        let slot = ext.get::<Slot>()?;
+        let (meta, category) = slot.callsite()?;
+        Some(f(slot, meta, category))
+    }
+
     /// Ends the slice of `entered` on the thread's track, with the fields
     /// recorded while it was open.
-    fn end<S>(entered: &Entered, ctx: &Context<'_, S>)
+    fn end<S>(&self, entered: &Entered, ctx: &Context<'_, S>)
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         if entered.recorded {
-            if let Some(span) = ctx.span(&Id::from_u64(entered.id)) {
-                let mut ext = span.extensions_mut();
-                if let Some(state) = ext.get_mut::<SpanState>() {
-                    let mut args = Args::new();
-                    state.fields.take_dirty(false, &mut args);
-                    __event(
-                        entered.category,
-                        EventType::SliceEnd,
-                        EventName::None,
-                        &args,
-                    );
-                    return;
+            let id = Id::from_u64(entered.id);
+            let written = self.with_slot(&id, ctx, false, |slot, _, _| {
+                let mut cold = slot.cold();
+                let mut args = Args::new();
+                if let Some(cold) = &mut cold {
+                    cold.fields.take_dirty(false, &mut args);
                 }
+                __event(
+                    entered.category,
+                    EventType::SliceEnd,
+                    EventName::None,
+                    &args,
+                );
+            });
+            if written.is_some() {
+                return;
             }
         }
         __event(entered.category, EventType::SliceEnd, EventName::None, &[]);
-    }
-
-    /// Adds `flow` to the next slice of `span`.
-    fn add_flow<S>(span: &SpanRef<'_, S>, flow: Flow)
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-    {
-        if let Some(state) = span.extensions_mut().get_mut::<SpanState>() {
-            state.flows.push(flow);
-        }
     }
 }
 
@@ -364,39 +407,46 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let category = target_category::category_static(attrs.metadata().target());
+        let meta = attrs.metadata();
+        let callsite = callsites::number(meta);
+        let category = match callsite.and_then(callsites::get) {
+            Some(cs) => cs.category,
+            None => target_category::category_static(meta.target()),
+        };
         if !category.is_enabled() {
             return;
         }
+        let has_fields = !attrs.values().is_empty();
+        let record = |fields: &mut SpanFields| attrs.record(fields);
+        if let Some(slot) = self.spans.claim(id.into_u64()) {
+            slot.start(meta, category, callsite, has_fields, record);
+            return;
+        }
         let Some(span) = ctx.span(id) else { return };
-        let mut fields = SpanFields::default();
-        attrs.record(&mut fields);
-        span.extensions_mut().insert(SpanState {
-            category,
-            serial: next_serial(),
-            created_ns: crate::clock::now_ns(),
-            enters: 0,
-            fields,
-            flows: Vec::new(),
-        });
+        let slot = Slot::default();
+        slot.start(meta, category, callsite, has_fields, record);
+        span.extensions_mut().insert(slot);
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        let meta = span.metadata();
-        let mut ext = span.extensions_mut();
-        let Some(state) = ext.get_mut::<SpanState>() else {
-            return;
-        };
-        state.enters = state.enters.saturating_add(1);
-        let category = state.category;
-        if category.is_enabled() {
-            let flows = std::mem::take(&mut state.flows);
-            let mut args = Args::new();
-            let _ = args.push(level(meta));
-            state.fields.take_dirty(false, &mut args);
-            begin(category, meta.name(), &args, &flows);
-        }
+        let category = self.with_slot(id, &ctx, false, |slot, meta, category| {
+            slot.enters.fetch_add(1, Ordering::Relaxed);
+            if category.is_enabled() {
+                let mut cold = slot.cold();
+                let mut args = Args::new();
+                let _ = args.push(level(meta));
+                match &mut cold {
+                    None => begin(category, meta.name(), &args, &[]),
+                    Some(cold) => {
+                        let flows = std::mem::take(&mut cold.flows);
+                        cold.fields.take_dirty(false, &mut args);
+                        begin(category, meta.name(), &args, &flows);
+                    }
+                }
+            }
+            category
+        });
+        let Some(category) = category else { return };
         with_entered(|stack| {
             stack.push(Entered {
                 id: id.into_u64(),
@@ -415,19 +465,19 @@ where
             // Spans entered inside it and not exited yet end first.
             while stack.len() > at {
                 if let Some(entered) = stack.pop() {
-                    Self::end(&entered, &ctx);
+                    self.end(&entered, &ctx);
                 }
             }
         });
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        let mut ext = span.extensions_mut();
-        let Some(state) = ext.get_mut::<SpanState>() else {
+        let recorded = self.with_slot(id, &ctx, false, |slot, _, _| {
+            values.record(&mut slot.cold_mut().fields);
+        });
+        if recorded.is_none() {
             return;
-        };
-        values.record(&mut state.fields);
+        }
         let id = id.into_u64();
         with_entered(|stack| {
             if let Some(e) = stack.iter_mut().rev().find(|e| e.id == id) {
@@ -440,13 +490,8 @@ where
         if id == follows {
             return;
         }
-        let (Some(span), Some(cause)) = (ctx.span(id), ctx.span(follows)) else {
-            return;
-        };
-        let category_of =
-            |s: &SpanRef<'_, S>| s.extensions().get::<SpanState>().map(|st| st.category);
-        let (Some(category), Some(cause_category)) = (category_of(&span), category_of(&cause))
-        else {
+        let category_of = |id: &Id| self.with_slot(id, &ctx, false, |_, _, category| category);
+        let (Some(category), Some(cause_category)) = (category_of(id), category_of(follows)) else {
             return;
         };
         // Both ends or neither: a flow with one end links nothing.
@@ -456,12 +501,13 @@ where
         let flow = Flow::process_scoped(next_serial());
         let cause_id = follows.into_u64();
         let cause_here = with_entered(|stack| stack.iter().any(|e| e.id == cause_id)) == Some(true);
+        let add_flow = |slot: &Slot, _, _| slot.cold_mut().flows.push(flow);
         if cause_here {
             cause_category.instant("follows_from").flows(&[flow]).emit();
         } else {
-            Self::add_flow(&cause, flow);
+            self.with_slot(follows, &ctx, false, add_flow);
         }
-        Self::add_flow(&span, flow);
+        self.with_slot(id, &ctx, false, add_flow);
     }
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
@@ -484,38 +530,45 @@ where
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(&id) else { return };
-        let meta = span.metadata();
-        let Some(mut state) = span.extensions_mut().remove::<SpanState>() else {
-            return;
-        };
-        let category = state.category;
-        if !category.is_enabled() {
-            return;
-        }
-        let name = meta.name();
-        let mut args = Args::new();
-        let _ = args.push(level(meta));
-        if state.enters > 1 {
-            // Its whole life on its own track.
-            let track = Track::named(name, state.serial);
-            state.fields.take_dirty(true, &mut args);
-            category
-                .slice(name)
-                .track(&track)
-                .timestamp(Timestamp::boottime(state.created_ns))
-                .args(&args)
-                .flows(&state.flows)
-                .emit();
-            category.end().track(&track).emit();
-        } else if state.fields.is_dirty() || !state.flows.is_empty() {
-            // What no slice of it carried.
-            state.fields.take_dirty(false, &mut args);
-            category
-                .instant(name)
-                .args(&args)
-                .flows(&state.flows)
-                .emit();
-        }
+        self.with_slot(&id, &ctx, true, |slot, meta, category| {
+            let mut cold = slot.close();
+            if !category.is_enabled() {
+                return;
+            }
+            let enters = slot.enters.load(Ordering::Relaxed);
+            if enters <= 1 && cold.is_none() {
+                return;
+            }
+            let name = meta.name();
+            let mut args = Args::new();
+            let _ = args.push(level(meta));
+            let (fields, flows) = match &mut cold {
+                Some(cold) => {
+                    let cold = &mut **cold;
+                    (Some(&mut cold.fields), &cold.flows[..])
+                }
+                None => (None, &[][..]),
+            };
+            if enters > 1 {
+                // Its whole life on its own track (unique: span ids are
+                // reused).
+                let track = Track::named(name, next_serial());
+                if let Some(fields) = fields {
+                    fields.take_dirty(true, &mut args);
+                }
+                category
+                    .slice(name)
+                    .track(&track)
+                    .timestamp(Timestamp::boottime(slot.created_ns.load(Ordering::Relaxed)))
+                    .args(&args)
+                    .flows(flows)
+                    .emit();
+                category.end().track(&track).emit();
+            } else if let Some(fields) = fields.filter(|f| f.is_dirty() || !flows.is_empty()) {
+                // What no slice of it carried.
+                fields.take_dirty(false, &mut args);
+                category.instant(name).args(&args).flows(flows).emit();
+            }
+        });
     }
 }

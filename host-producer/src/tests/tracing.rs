@@ -145,13 +145,20 @@ fn one_round(i: u64, span: &tracing::Span) {
         span.record("count", i);
         tracing::debug!(target: "tl.alloc", inside = true);
     }
+    // A span made, entered, exited and closed, with a primitive and a
+    // text field (its state's slot and buffers are reused).
+    {
+        let _made =
+            tracing::info_span!(target: "tl.alloc", "made", n = i, label = "text").entered();
+    }
     // A target the session disables.
     tracing::info!(target: "tl.alloc.off", never = 1u64);
 }
 
 /// The layer's hot path does not allocate: events with static names and
 /// primitive fields, a message, entering and exiting a live span and
-/// recording into it, after warm-up.
+/// recording into it, making and closing a span with fields, after
+/// warm-up.
 #[test]
 fn layer_hot_path_does_not_allocate() {
     let _s = serial();

@@ -143,9 +143,26 @@ pub(super) struct SpanFields {
     /// Bit `i`: value `i` changed since the span's last slice event wrote
     /// its fields.
     dirty: u64,
+    /// Emptied text buffers of a span that used this before (see
+    /// [`SpanFields::clear`]).
+    spare: Vec<String>,
 }
 
 impl SpanFields {
+    /// No fields, for a new span; the buffers stay for its text values
+    /// (each at most [`TEXT_KEEP`] bytes, as many as a span has fields).
+    pub(super) fn clear(&mut self) {
+        self.dirty = 0;
+        for (_, value) in self.values.drain(..) {
+            if let Owned::Text(mut s) = value {
+                if s.capacity() <= TEXT_KEEP && self.spare.len() < MAX_FIELDS {
+                    s.clear();
+                    self.spare.push(s);
+                }
+            }
+        }
+    }
+
     /// Whether a value changed since [`SpanFields::take_dirty`].
     pub(super) fn is_dirty(&self) -> bool {
         self.dirty != 0
@@ -189,7 +206,7 @@ impl SpanFields {
                 s.clear();
                 s
             }
-            _ => String::new(),
+            _ => self.spare.pop().unwrap_or_default(),
         }
     }
 }

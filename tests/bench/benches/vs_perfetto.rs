@@ -229,7 +229,7 @@ fn main() {
         "our producer did not connect"
     );
 
-    let mut session = common::start_session(&["bench.rs", "bench.crate", "bench.c"]);
+    let session = common::start_session(&["bench.rs", "bench.crate", "bench.c"]);
     common::wait_until("the session did not enable every producer", || {
         RS_ON.is_enabled()
             && C_ON.is_enabled()
@@ -376,7 +376,7 @@ fn main() {
             ]),
         ),
     ];
-    session.stop_blocking();
+    common::stop_session(session);
     let stats = shmtrace_producer::stats();
 
     println!();

@@ -7,7 +7,10 @@
 //!
 //! (The service as for `vs_perfetto`: `$SHMTRACE_BENCH_SERVICE`, or one
 //! already listening on `$PERFETTO_PRODUCER_SOCK_NAME` /
-//! `$PERFETTO_CONSUMER_SOCK_NAME`; without either it says so and exits.)
+//! `$PERFETTO_CONSUMER_SOCK_NAME`; without either it says so and exits.
+//! With `$SHMTRACE_BENCH_TRACE` set, the session's trace is written to
+//! that file, so `shmtrace inspect` can show that our spans and events
+//! were recorded.)
 //!
 //! Two tables; every cell is the median CPU ns of several rounds, nothing
 //! is asserted:
@@ -30,6 +33,10 @@
 //!   bookkeeping is a floor no layer gets under, so each layer is also
 //!   shown by what it adds over the bare registry in the same run, and
 //!   ours by that share over the cheapest other layer's.
+//! * **The same events, native**: what our layer writes for each row (a
+//!   slice with its `level` annotation and fields, an instant with level,
+//!   message and fields), written through our native API: the floor under
+//!   our layer's added cost, the rest being its bookkeeping.
 
 #[macro_use]
 mod common;
@@ -42,7 +49,9 @@ use std::time::Duration;
 use fastrace::collector::{Config, Reporter, SpanContext};
 use fastrace::local::LocalSpan;
 use fastrace::prelude::{Span, SpanRecord};
-use shmtrace_producer::{trace_event, track_event, Category, ProducerConfig, TracingLayer};
+use shmtrace_producer::{
+    trace_event, trace_instant, track_event, Category, ProducerConfig, TracingLayer,
+};
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
 
@@ -141,7 +150,7 @@ fn main() {
     );
     // "vs_rust_tracers": the target (module path) of this file's `tracing`
     // spans and events, which our layer maps to a category.
-    let mut session = common::start_session(&["bench.rs", "vs_rust_tracers"]);
+    let session = common::start_session(&["bench.rs", "vs_rust_tracers"]);
     common::wait_until("the session did not enable our category", || {
         RS_ON.is_enabled()
     });
@@ -172,6 +181,27 @@ fn main() {
         }) as common::Sampler<'_>,
     ]);
     fastrace::flush();
+    // What our layer writes per row, written through the native API: its
+    // floor (the layer adds its bookkeeping to this).
+    let [floor_span, floor_span2, floor_event] = common::measure([
+        sampler!(|_i| {
+            let _g = trace_event!(RS_ON, "span", "level" => "INFO");
+            sink.store(true, Ordering::Relaxed);
+        }),
+        sampler!(|i| {
+            let _g =
+                trace_event!(RS_ON, "span", "level" => "INFO", "count" => i, "label" => "value");
+            sink.store(true, Ordering::Relaxed);
+        }),
+        sampler!(|i| trace_instant!(
+            RS_ON,
+            "event",
+            "level" => "INFO",
+            "message" => "event",
+            "count" => i,
+            "label" => "value"
+        )),
+    ]);
 
     let dir = std::env::temp_dir().join(format!("shmtrace-bench-layers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the layers' files");
@@ -205,7 +235,7 @@ fn main() {
     ];
     drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
-    session.stop_blocking();
+    common::stop_session(session);
     let stats = shmtrace_producer::stats();
 
     println!();
@@ -223,6 +253,16 @@ fn main() {
         "scoped slice / zone / span",
         ours / tracy,
         ours / fast
+    );
+
+    println!();
+    println!(
+        "{:<28} {:>17} {:>17} {:>17}",
+        "the same events, native", "span enter+exit", "span, 2 fields", "event, 2 fields"
+    );
+    println!(
+        "{:<28} {floor_span:>17.2} {floor_span2:>17.2} {floor_event:>17.2}",
+        "ns (median)"
     );
 
     println!();

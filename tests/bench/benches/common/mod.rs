@@ -133,6 +133,28 @@ fn write_config<S: Sink>(c: &mut Message<'_, S>, categories: &[&str]) {
     });
 }
 
+/// Stops `session` and, if `$SHMTRACE_BENCH_TRACE` names a file, writes
+/// the trace it recorded there (to check with `shmtrace inspect` that the
+/// events measured were recorded).
+pub fn stop_session(mut session: TracingSession) {
+    session.stop_blocking();
+    let Some(path) = std::env::var_os("SHMTRACE_BENCH_TRACE") else {
+        return;
+    };
+    let trace = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = trace.clone();
+    session.read_trace_blocking(move |data, _last| {
+        sink.lock().expect("trace buffer").extend_from_slice(data);
+    });
+    let trace = trace.lock().expect("trace buffer");
+    std::fs::write(&path, &*trace).expect("the trace file is written");
+    println!(
+        "trace: {} bytes written to {}",
+        trace.len(),
+        PathBuf::from(path).display()
+    );
+}
+
 /// Waits (at most 10 s) until `ready` holds: the session reached every
 /// producer.
 pub fn wait_until(what: &str, ready: impl Fn() -> bool) {

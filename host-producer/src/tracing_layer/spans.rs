@@ -1,0 +1,269 @@
+//! The layer's per-span state in a table of its own, keyed by span id, so
+//! that making, entering and closing a span takes no registry lookup, no
+//! lock and no allocation.
+//!
+//! # Invariants
+//!
+//! * The table has [`GROUPS`] groups of [`GROUP`] keys, each group one
+//!   cache line; a span id's group is a hash of the id, and the span's
+//!   state lives in the slot of whichever key in its group holds its id.
+//!   A key of 0 is free (span ids are never 0).
+//! * A key is set ([`SpanTable::claim`]) by the thread making the span,
+//!   which then fills the slot, and cleared ([`SpanTable::release`]) when
+//!   the span closes. Span ids are unique among live spans of one
+//!   registry, and a table belongs to one layer, so at most one key holds
+//!   a live span's id: a claim of an id some key still holds (a close
+//!   that never came) reuses that key.
+//! * Every thread that looks a span up holds a reference to it, obtained
+//!   after the span was made (so after its slot was filled: its atomics
+//!   need no ordering of their own), and the span cannot close, nor its
+//!   key be cleared or reused, while that reference lives.
+//! * A slot's hot state is atomics; its fields, flows and (for a callsite
+//!   without a number) metadata are behind a mutex taken only when
+//!   [`Slot::cold`] says there is something there.
+//! * A span whose group is full has no key: the layer keeps its [`Slot`]
+//!   in the registry's extensions instead (slower, same behaviour).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tracing_core::Metadata;
+
+use super::callsites;
+use super::fields::SpanFields;
+use crate::category::Category;
+use crate::track::Flow;
+
+/// Keys per group: one cache line of `u64`s.
+const GROUP: usize = 8;
+/// Groups in a table (a power of two).
+const GROUPS: usize = 128;
+/// [`Slot::callsite`] of a span whose callsite has no number.
+const NO_CALLSITE: u32 = u32::MAX;
+
+/// What the layer keeps about a span.
+#[derive(Default)]
+pub(super) struct Slot {
+    /// Its callsite's number ([`callsites`]), or [`NO_CALLSITE`].
+    callsite: AtomicU32,
+    /// Times entered.
+    pub(super) enters: AtomicU32,
+    /// Boot time when the span was made.
+    pub(super) created_ns: AtomicU64,
+    /// Whether `rest` holds anything: fields, flows or the metadata.
+    cold: AtomicBool,
+    rest: Mutex<Cold>,
+}
+
+/// The parts of a span's state most spans do not have.
+#[derive(Default)]
+pub(super) struct Cold {
+    pub(super) fields: SpanFields,
+    /// Flows for the span's next slice (or its close).
+    pub(super) flows: Vec<Flow>,
+    /// The metadata of a span whose callsite has no number.
+    meta: Option<(&'static Metadata<'static>, &'static Category)>,
+}
+
+impl Slot {
+    /// Makes the slot that of a new span of `meta` (in `category`), with
+    /// the fields `record` records.
+    pub(super) fn start(
+        &self,
+        meta: &'static Metadata<'static>,
+        category: &'static Category,
+        callsite: Option<u32>,
+        has_fields: bool,
+        record: impl FnOnce(&mut SpanFields),
+    ) {
+        self.enters.store(0, Ordering::Relaxed);
+        self.created_ns
+            .store(crate::clock::now_ns(), Ordering::Relaxed);
+        self.callsite
+            .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
+        if callsite.is_none() || has_fields {
+            let mut rest = self.rest();
+            rest.fields.clear();
+            rest.flows.clear();
+            rest.meta = callsite.is_none().then_some((meta, category));
+            record(&mut rest.fields);
+            self.cold.store(true, Ordering::Relaxed);
+        } else {
+            self.cold.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The span's metadata and category.
+    #[inline]
+    pub(super) fn callsite(&self) -> Option<(&'static Metadata<'static>, &'static Category)> {
+        match self.callsite.load(Ordering::Relaxed) {
+            NO_CALLSITE => self.rest().meta,
+            n => callsites::get(n).map(|cs| (cs.meta, cs.category)),
+        }
+    }
+
+    /// The cold state, if the span has any.
+    #[inline]
+    pub(super) fn cold(&self) -> Option<MutexGuard<'_, Cold>> {
+        self.cold.load(Ordering::Relaxed).then(|| self.rest())
+    }
+
+    /// The cold state, from now on marked as holding something (emptied
+    /// first if it held nothing of this span).
+    pub(super) fn cold_mut(&self) -> MutexGuard<'_, Cold> {
+        let mut rest = self.rest();
+        if !self.cold.swap(true, Ordering::Relaxed) {
+            rest.fields.clear();
+            rest.flows.clear();
+        }
+        rest
+    }
+
+    fn rest(&self) -> MutexGuard<'_, Cold> {
+        self.rest.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cold state of a closing span, if it has any: let go when the
+    /// guard drops (the buffers stay for the slot's next span).
+    #[inline]
+    pub(super) fn close(&self) -> Option<Closing<'_>> {
+        self.cold
+            .swap(false, Ordering::Relaxed)
+            .then(|| Closing(self.rest()))
+    }
+}
+
+/// The cold state of a closing span ([`Slot::close`]).
+pub(super) struct Closing<'a>(MutexGuard<'a, Cold>);
+
+impl std::ops::Deref for Closing<'_> {
+    type Target = Cold;
+    fn deref(&self) -> &Cold {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Closing<'_> {
+    fn deref_mut(&mut self) -> &mut Cold {
+        &mut self.0
+    }
+}
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.0.fields.clear();
+        self.0.flows.clear();
+        self.0.meta = None;
+    }
+}
+
+/// Per-span slots keyed by span id (see the module docs).
+pub(super) struct SpanTable {
+    keys: Box<[AtomicU64]>,
+    slots: Box<[Slot]>,
+}
+
+impl SpanTable {
+    /// An empty table.
+    pub(super) fn new() -> Self {
+        SpanTable {
+            keys: (0..GROUPS * GROUP).map(|_| AtomicU64::new(0)).collect(),
+            slots: (0..GROUPS * GROUP).map(|_| Slot::default()).collect(),
+        }
+    }
+
+    /// The first index of `id`'s group.
+    #[inline]
+    fn group(id: u64) -> usize {
+        // Fibonacci hashing: the registry's ids differ mostly in low bits.
+        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - GROUPS.trailing_zeros());
+        h as usize * GROUP
+    }
+
+    /// A slot for the new span `id`, or `None` if its group is full.
+    #[inline]
+    pub(super) fn claim(&self, id: u64) -> Option<&Slot> {
+        let start = Self::group(id);
+        let keys = &self.keys[start..start + GROUP];
+        let i = match keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
+            Some(i) => i,
+            None => keys.iter().position(|k| {
+                k.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            })?,
+        };
+        Some(&self.slots[start + i])
+    }
+
+    /// The slot of the live span `id`, if it has one.
+    #[inline]
+    pub(super) fn get(&self, id: u64) -> Option<&Slot> {
+        let start = Self::group(id);
+        let i = self.keys[start..start + GROUP]
+            .iter()
+            .position(|k| k.load(Ordering::Relaxed) == id)?;
+        Some(&self.slots[start + i])
+    }
+
+    /// Frees the key of the span `id`, which closed.
+    #[inline]
+    pub(super) fn release(&self, id: u64) {
+        let start = Self::group(id);
+        if let Some(k) = self.keys[start..start + GROUP]
+            .iter()
+            .find(|k| k.load(Ordering::Relaxed) == id)
+        {
+            k.store(0, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_span_finds_its_slot_until_released() {
+        let table = SpanTable::new();
+        table.claim(7).unwrap().enters.store(70, Ordering::Relaxed);
+        table.claim(9).unwrap().enters.store(90, Ordering::Relaxed);
+        let enters = |id| table.get(id).map(|s| s.enters.load(Ordering::Relaxed));
+        assert_eq!(enters(7), Some(70));
+        assert_eq!(enters(9), Some(90));
+        assert_eq!(enters(8), None);
+        table.release(7);
+        assert_eq!(enters(7), None);
+        assert_eq!(enters(9), Some(90));
+        // A claim of an id still held gets its slot again (a lost close).
+        assert!(std::ptr::eq(table.claim(9).unwrap(), table.get(9).unwrap()));
+        table.release(9);
+        assert_eq!(enters(9), None);
+    }
+
+    #[test]
+    fn a_full_group_refuses_a_claim() {
+        let table = SpanTable::new();
+        // Ids that share a group.
+        let group = SpanTable::group(1);
+        let same: Vec<u64> = (1..)
+            .filter(|&id| SpanTable::group(id) == group)
+            .take(GROUP + 1)
+            .collect();
+        for &id in &same[..GROUP] {
+            table
+                .claim(id)
+                .unwrap()
+                .enters
+                .store(id as u32, Ordering::Relaxed);
+        }
+        assert!(table.claim(same[GROUP]).is_none());
+        for &id in &same[..GROUP] {
+            let slot = table.get(id).unwrap();
+            assert_eq!(slot.enters.load(Ordering::Relaxed), id as u32);
+        }
+        // One closes: the next claim gets its key.
+        table.release(same[3]);
+        assert!(table.claim(same[GROUP]).is_some());
+        assert!(table.get(same[3]).is_none());
+    }
+}
