@@ -73,6 +73,8 @@
 //! counted ([`Producer::connection_errors`]) and kept
 //! ([`Producer::last_error`]).
 
+pub(crate) mod outbox;
+
 use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
@@ -90,16 +92,16 @@ use shmtrace_ipc::protos::{
 };
 use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
-use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
-use crate::data_source::{DataSourceConfig, DescriptorInfo};
-use crate::error::ConnectError;
-use crate::filter::TrackEventConfig;
-use crate::outbox::{
+use crate::connection::outbox::{
     ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT,
 };
+use crate::data_source::{DataSourceConfig, DescriptorInfo};
+use crate::error::ConnectError;
 use crate::runtime::runtime;
-use crate::shm::SharedMemory;
-use crate::startup::StartupTracing;
+use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter};
+use crate::smb::shm::SharedMemory;
+use crate::track_event::filter::TrackEventConfig;
+use crate::track_event::startup::StartupTracing;
 
 /// Size of the private SMB under shmem emulation (`kShmemEmulationSize`).
 const EMULATION_SMB_SIZE: usize = 1 << 20;
@@ -198,7 +200,7 @@ impl Default for ProducerConfig {
 /// `TraceConfig.producers` written for it addresses this producer too.
 /// Elsewhere `argv[0]`; non-UTF-8 bytes are replaced, never a panic.
 fn default_producer_name() -> String {
-    let name = crate::track::command_name();
+    let name = crate::track_event::track::command_name();
     if !name.is_empty() {
         return name.to_string();
     }
@@ -307,7 +309,11 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     let producer = PRODUCER.get_or_init(|| {
         started = true;
         if let Some(cfg) = &config.startup_tracing {
-            startup = crate::startup::begin(&runtime().track_event(), cfg, config.page_layout);
+            startup = crate::track_event::startup::begin(
+                &runtime().track_event(),
+                cfg,
+                config.page_layout,
+            );
         }
         let status = Arc::new(Status::new());
         let thread = {
@@ -1384,7 +1390,7 @@ mod tests {
     }
 
     fn patch(i: u32, n: usize) -> ChunkToPatch {
-        let entry = crate::outbox::PatchEntry {
+        let entry = crate::connection::outbox::PatchEntry {
             offset: i,
             data: i.to_le_bytes(),
         };
@@ -1539,7 +1545,7 @@ mod tests {
         let client = Client::from_stream(ours).unwrap();
         let port = client.bind::<ProducerPort>().unwrap();
         let shm = SharedMemory::heap(EMULATION_SMB_SIZE, 4096, true).unwrap();
-        let outbox = Arc::new(crate::outbox::Outbox::new());
+        let outbox = Arc::new(crate::connection::outbox::Outbox::new());
         let arbiter = Arbiter::new(shm, PageLayout::Div1, outbox);
         assert!(arbiter.is_emulated());
         // ~600 KiB of chunk bytes: one request would be ~5 frames too big.

@@ -27,6 +27,8 @@
 //!   (re-entrancy) are dropped rather than deadlocking on the thread's own
 //!   writer lock.
 
+pub(crate) mod forward;
+
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -35,14 +37,14 @@ use std::time::{Duration, Instant};
 use shmtrace_abi::proto::Message;
 use shmtrace_abi::writer::TraceWriter;
 
-use crate::arbiter::{Arbiter, BufferExhaustedPolicy};
-use crate::category::MAX_INSTANCES;
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
-use crate::writer::{
+use crate::connection::outbox::Outgoing;
+use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
+use crate::smb::writer::{
     request_all, wait_deferred, ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD,
     FLAG_FLUSH, FLAG_RETIRE,
 };
+use crate::track_event::category::MAX_INSTANCES;
+use crate::track_event::filter::TrackEventConfig;
 
 /// How long a writer stalls for a chunk when a session's config asks for a
 /// stalling policy.
@@ -201,7 +203,7 @@ impl Instance {
     /// The startup tracing instance (`startup`), which the service does
     /// not know.
     pub(crate) fn is_startup(&self) -> bool {
-        self.id == crate::startup::STARTUP_INSTANCE_ID
+        self.id == crate::track_event::startup::STARTUP_INSTANCE_ID
     }
 
     /// Started and not stopping.
@@ -297,7 +299,7 @@ impl DataSourceType {
             policy: Mutex::new(policy),
             slots: Default::default(),
             handler,
-            reentrant_drops: &crate::arbiter::COUNTERS.reentrant_drops,
+            reentrant_drops: &crate::smb::arbiter::COUNTERS.reentrant_drops,
             handover: AtomicU64::new(0),
         }
     }
@@ -407,7 +409,7 @@ impl DataSourceType {
         }
         if self.kind == Kind::TrackEvent {
             let filter = inst.config.track_event_config.clone().unwrap_or_default();
-            crate::category::registry().set_filter(inst.slot, Some(filter));
+            crate::track_event::category::registry().set_filter(inst.slot, Some(filter));
         }
         self.enabled.fetch_or(1 << inst.slot, Ordering::Relaxed);
         self.handler.on_start(&inst.args());
@@ -431,7 +433,7 @@ impl DataSourceType {
             Ordering::Release,
         );
         let filter = inst.config.track_event_config.clone().unwrap_or_default();
-        crate::category::registry().move_filter(from.slot, inst.slot, filter);
+        crate::track_event::category::registry().move_filter(from.slot, inst.slot, filter);
         let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
         let _ = self
             .enabled
@@ -451,7 +453,7 @@ impl DataSourceType {
         }
         self.enabled.fetch_and(!(1 << inst.slot), Ordering::Relaxed);
         if self.kind == Kind::TrackEvent {
-            crate::category::registry().set_filter(inst.slot, None);
+            crate::track_event::category::registry().set_filter(inst.slot, None);
         }
         let slot = &self.slots[inst.slot];
         slot.generation.fetch_add(1, Ordering::AcqRel);
@@ -659,7 +661,7 @@ enum NoWriter {
 /// ([`ProducerStats::writerless_drops`](crate::ProducerStats::writerless_drops)).
 #[cold]
 fn count_writerless(n: u32) {
-    crate::arbiter::COUNTERS
+    crate::smb::arbiter::COUNTERS
         .writerless_drops
         .fetch_add(u64::from(n), Ordering::Relaxed);
 }
@@ -826,7 +828,7 @@ impl TraceContext<'_> {
     /// full). Losses are marked on the next packet.
     #[inline]
     pub fn packet(&mut self, f: impl FnOnce(&mut Message<'_, ProducerSink>)) -> bool {
-        use crate::event::PacketWriter;
+        use crate::encoding::event::PacketWriter;
         let ok = self.inner.out.write_packet(f);
         if !ok {
             self.instance

@@ -135,58 +135,48 @@
 
 #![deny(missing_docs)]
 
-mod annotation;
-mod arbiter;
-mod category;
 mod clock;
 mod connection;
 mod data_source;
+mod encoding;
 mod error;
-mod event;
-pub mod filter;
-mod forward;
-mod intern;
-#[cfg(feature = "log")]
-pub mod logger;
-mod outbox;
+mod integrations;
 mod runtime;
-mod shm;
-mod startup;
+mod smb;
 mod sys;
-#[cfg(any(feature = "tracing", feature = "log"))]
-mod target_category;
-#[cfg(feature = "tracing")]
-pub mod tracing_layer;
-mod track;
 pub mod track_event;
-mod writer;
 
 #[cfg(test)]
 mod test_schema;
 #[cfg(test)]
 mod tests;
 
-pub use annotation::{Arg, ArgName, DebugValue};
-pub use arbiter::{BufferExhaustedPolicy, ProducerStats, WriterArbiter};
-pub use category::{Category, DynamicCategory, MAX_INSTANCES};
 pub use connection::{activate_triggers, flush_all, init, Producer, ProducerConfig, SessionWait};
+pub use data_source::forward::{
+    ChunkForwarder, ForwardError, ForwardPatch, ForwardStats, Forwarded, ForwardedSequence,
+    InjectedTooLong, MAX_INJECTED_PACKET,
+};
 pub use data_source::{
     DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, InstanceArgs, NoopHandler,
     SetupArgs, TraceContext, CONFIG_STALL_LIMIT,
 };
+pub use encoding::annotation::{Arg, ArgName, DebugValue};
+pub use encoding::event::{CounterValue, EventContext, EventName, EventType};
 pub use error::{ConnectError, RegisterError, SmbSetupError};
-pub use event::{CounterValue, EventContext, EventName, EventType};
-pub use forward::{
-    ChunkForwarder, ForwardError, ForwardPatch, ForwardStats, Forwarded, ForwardedSequence,
-    InjectedTooLong, MAX_INJECTED_PACKET,
-};
-pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
-pub use startup::StartupTracing;
+#[cfg(feature = "log")]
+pub use integrations::logger;
 #[cfg(feature = "tracing")]
-pub use tracing_layer::TracingLayer;
-pub use track::{
+pub use integrations::tracing_layer;
+#[cfg(feature = "tracing")]
+pub use integrations::tracing_layer::TracingLayer;
+pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
+pub use smb::arbiter::{BufferExhaustedPolicy, ProducerStats, WriterArbiter};
+pub use smb::writer::ProducerSink;
+pub use track_event::category::{Category, DynamicCategory, MAX_INSTANCES};
+pub use track_event::filter;
+pub use track_event::startup::StartupTracing;
+pub use track_event::track::{
     current_pid, process_uuid, set_process_name, ChildOrdering, Clock, CounterTrack, CounterUnit,
     Flow, ProcessTrack, ThreadTrack, Timestamp, Track,
 };
 pub use track_event::{Event, IntoCategory, SliceGuard, TrackEventSessionObserver};
-pub use writer::ProducerSink;

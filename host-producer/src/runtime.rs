@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::PageLayout;
 
-use crate::arbiter::{Arbiter, ProducerStats};
+use crate::connection::outbox::{Outbox, Outgoing};
 use crate::data_source::{
     DataSourceConfig, DataSourceHandler, DataSourceOptions, DataSourceType, DescriptorInfo,
     Instance, Kind,
 };
 use crate::error::RegisterError;
-use crate::outbox::{Outbox, Outgoing};
-use crate::shm::SharedMemory;
+use crate::smb::arbiter::{Arbiter, ProducerStats};
+use crate::smb::shm::SharedMemory;
 
 /// Name of the track event data source.
 pub const TRACK_EVENT_DATA_SOURCE: &str = "track_event";
@@ -80,7 +80,7 @@ impl PendingTriggers {
 }
 
 fn note_expired(n: usize) {
-    crate::arbiter::COUNTERS
+    crate::smb::arbiter::COUNTERS
         .triggers_expired
         .fetch_add(n as u64, Ordering::Relaxed);
 }
@@ -333,7 +333,7 @@ impl Runtime {
         let dropped = pending.keep(&names, now.checked_add(ttl), now);
         drop(pending);
         if dropped > 0 {
-            crate::arbiter::COUNTERS
+            crate::smb::arbiter::COUNTERS
                 .triggers_dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
             log::warn!(
@@ -378,7 +378,7 @@ impl Runtime {
     /// The instance the service knows as `instance_id` (never the startup
     /// instance).
     fn find(&self, instance_id: u64) -> Option<(Arc<DataSourceType>, Arc<Instance>)> {
-        if instance_id == crate::startup::STARTUP_INSTANCE_ID {
+        if instance_id == crate::track_event::startup::STARTUP_INSTANCE_ID {
             return None;
         }
         self.types()
@@ -405,7 +405,7 @@ impl Runtime {
     pub(crate) fn start_data_source(&self, instance_id: u64) {
         if let Some((ty, inst)) = self.find(instance_id) {
             // A track event session may take over the startup trace.
-            if ty.kind != Kind::TrackEvent || !crate::startup::adopt(&ty, &inst) {
+            if ty.kind != Kind::TrackEvent || !crate::track_event::startup::adopt(&ty, &inst) {
                 ty.start(&inst);
             }
         }
@@ -432,7 +432,7 @@ impl Runtime {
     /// ends, after the acknowledgement.
     pub(crate) fn flush(&self, instance_ids: &[u64], request_id: u64) {
         // A startup trace being handed over precedes the acknowledgement.
-        crate::startup::wait_handed_over(HANDOVER_WAIT);
+        crate::track_event::startup::wait_handed_over(HANDOVER_WAIT);
         let mut busy = Vec::new();
         for ty in self.types() {
             for inst in ty.instances() {
@@ -498,7 +498,7 @@ fn descriptor(ty: &DataSourceType) -> DescriptorInfo {
 /// Data-path counters of this process (chunks, stalls, drops), summed over
 /// every connection so far.
 pub fn stats() -> ProducerStats {
-    crate::arbiter::COUNTERS.snapshot()
+    crate::smb::arbiter::COUNTERS.snapshot()
 }
 
 #[cfg(test)]

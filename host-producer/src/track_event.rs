@@ -25,19 +25,26 @@
 //! A disabled trace point costs one relaxed load (the category's bitmask of
 //! sessions enabling it); arguments are not evaluated.
 
+pub(crate) mod category;
+pub mod filter;
+pub(crate) mod startup;
+pub(crate) mod track;
+
 use std::sync::{Arc, Mutex, OnceLock};
 
-use shmtrace_abi::trace::{track_event_category as category, track_event_descriptor as descriptor};
+use shmtrace_abi::trace::{
+    track_event_category as category_field, track_event_descriptor as descriptor,
+};
 use shmtrace_ipc::protos::vec_sink::encode_to_vec;
 
-use crate::annotation::{Arg, ArgName, DebugValue};
-use crate::category::{registry, Category, DynamicCategory};
 use crate::data_source::{DataSourceHandler, DataSourceType, InstanceArgs, SetupArgs};
-use crate::event::{
+use crate::encoding::annotation::{Arg, ArgName, DebugValue};
+use crate::encoding::event::{
     CounterValue, EventContext, EventData, EventName, EventType, ExtraFields, PlainEvent,
 };
-use crate::track::{CounterTrack, Flow, Timestamp, Track};
-use crate::writer::ProducerSink;
+use crate::smb::writer::ProducerSink;
+use crate::track_event::category::{registry, Category, DynamicCategory};
+use crate::track_event::track::{CounterTrack, Flow, Timestamp, Track};
 
 /// Registers static categories so sessions can enable them and the service
 /// advertises them (`TrackEventDescriptor`). Registering again is a no-op.
@@ -141,12 +148,12 @@ pub(crate) fn serialized_descriptor() -> Vec<u8> {
         // groups out, and so do we.
         for c in cats.iter().filter(|c| !c.is_group()) {
             d.nested(descriptor::AVAILABLE_CATEGORIES, |e| {
-                e.string(category::NAME, c.name());
+                e.string(category_field::NAME, c.name());
                 if !c.description().is_empty() {
-                    e.string(category::DESCRIPTION, c.description());
+                    e.string(category_field::DESCRIPTION, c.description());
                 }
                 for t in c.tags() {
-                    e.string(category::TAGS, t);
+                    e.string(category_field::TAGS, t);
                 }
             });
         }

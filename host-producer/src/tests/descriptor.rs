@@ -6,11 +6,11 @@ use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
 
 use super::loopback::{serial, Loopback};
+use crate::connection::outbox::Outgoing;
 use crate::data_source::DescriptorInfo;
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
+use crate::track_event::filter::TrackEventConfig;
 use crate::{trace_instant, track_event, Category, DynamicCategory, TRACK_EVENT_DATA_SOURCE};
 
 /// `perfetto.protos.TrackEventDescriptor` (upstream field numbers).

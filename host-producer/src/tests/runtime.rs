@@ -9,10 +9,10 @@ use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::trace::trace_packet;
 
 use super::loopback::{serial, Loopback, Sequence};
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
+use crate::connection::outbox::Outgoing;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
+use crate::track_event::filter::TrackEventConfig;
 use crate::{
     trace_counter, trace_event, trace_instant, track_event, Arg, BufferExhaustedPolicy, Category,
     CounterTrack, DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, DebugValue,
@@ -1624,7 +1624,7 @@ fn begin_startup(timeout: Duration) {
         timeout,
         categories: only("t.early"),
     };
-    crate::startup::begin(&runtime().track_event(), &cfg, PageLayout::Div1).unwrap();
+    crate::track_event::startup::begin(&runtime().track_event(), &cfg, PageLayout::Div1).unwrap();
 }
 
 #[test]
@@ -1717,7 +1717,7 @@ fn a_startup_trace_no_session_adopts_is_dropped_and_counted() {
         assert!(std::time::Instant::now() < deadline, "never timed out");
         std::thread::sleep(Duration::from_millis(5));
     }
-    crate::startup::wait_handed_over(Duration::from_secs(1));
+    crate::track_event::startup::wait_handed_over(Duration::from_secs(1));
     // A session starting afterwards gets nothing of it.
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
     lb.start_track_event(43, 1, TrackEventConfig::default());

@@ -82,8 +82,8 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 
-use crate::arbiter::{Arbiter, WriterArbiter};
-use crate::event::{PacketWriter, SequenceState};
+use crate::encoding::event::{PacketWriter, SequenceState};
+use crate::smb::arbiter::{Arbiter, WriterArbiter};
 
 /// Flag: flush at the next opportunity (a flusher could not get the lock).
 pub(crate) const FLAG_FLUSH: u8 = 1;
@@ -536,12 +536,11 @@ impl CellGuard<'_> {
         if work & FLAG_RETIRE != 0 {
             // The chunk just committed goes out first, then the writer is
             // gone; the id is free only now that nobody writes with it.
-            inner
-                .arbiter
-                .outbox()
-                .push(crate::outbox::Outgoing::UnregisterTraceWriter {
+            inner.arbiter.outbox().push(
+                crate::connection::outbox::Outgoing::UnregisterTraceWriter {
                     writer_id: u32::from(writer_id),
-                });
+                },
+            );
             inner.arbiter.free_writer_id(writer_id);
         }
     }
@@ -602,9 +601,9 @@ pub(crate) fn wait_deferred(cells: &[Arc<WriterCell>], work: u8, deadline: Insta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arbiter::BufferExhaustedPolicy;
-    use crate::outbox::Outbox;
-    use crate::shm::SharedMemory;
+    use crate::connection::outbox::Outbox;
+    use crate::smb::arbiter::BufferExhaustedPolicy;
+    use crate::smb::shm::SharedMemory;
     use shmtrace_abi::layout::PageLayout;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
 
@@ -979,7 +978,7 @@ mod tests {
 mod deferred_tests {
     use super::tests::{cell, cell_and_arbiter};
     use super::*;
-    use crate::outbox::Outgoing;
+    use crate::connection::outbox::Outgoing;
     use shmtrace_abi::trace::trace_packet;
 
     /// What the arbiter's outbox holds, in order (chunks committed per
@@ -995,7 +994,7 @@ mod deferred_tests {
     }
 
     fn write_one(cell: &WriterCell) -> CellGuard<'_> {
-        use crate::event::PacketWriter;
+        use crate::encoding::event::PacketWriter;
         let mut g = cell.lock_owner();
         assert!(g
             .inner()

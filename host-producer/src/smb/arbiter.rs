@@ -32,9 +32,9 @@ use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, MAX_WRITER_ID};
 use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
 
-use crate::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
-use crate::shm::SharedMemory;
-use crate::writer::{lock_mode, taker_fence, WriterCell};
+use crate::connection::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
+use crate::smb::shm::SharedMemory;
+use crate::smb::writer::{lock_mode, taker_fence, WriterCell};
 
 /// What a writer does when the SMB has no free chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -45,10 +45,10 @@ use shmtrace_abi::trace::{
 use shmtrace_abi::track_event::encode;
 use shmtrace_abi::track_event::intern::Kind;
 
-use crate::annotation::{write_annotation, Arg, ArgName, NameRef};
-use crate::category::Category;
-use crate::intern::{Lookup, StrInterner, TrackSet};
-use crate::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
+use crate::encoding::annotation::{write_annotation, Arg, ArgName, NameRef};
+use crate::encoding::intern::{Lookup, StrInterner, TrackSet};
+use crate::track_event::category::Category;
+use crate::track_event::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 
 pub use shmtrace_abi::trace::track_event::Type as EventType;
 pub use shmtrace_abi::track_event::CounterValue;
@@ -212,7 +212,7 @@ fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
     match u32::try_from(v) {
         Ok(v) => f.varint32(v),
         Err(_) => {
-            let (low, high) = crate::intern::varint_words(v);
+            let (low, high) = crate::encoding::intern::varint_words(v);
             let n = usize::from(varint_len(v));
             f.word(low, n.min(8));
             if n > 8 {
@@ -259,8 +259,10 @@ fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
 /// The abi's form of a flat debug annotation value; `None` for a dict or
 /// an array, which the general encoder nests.
 #[inline(always)]
-fn flat_value<'a>(value: &crate::annotation::DebugValue<'a>) -> Option<encode::ArgValue<'a>> {
-    use crate::annotation::DebugValue as V;
+fn flat_value<'a>(
+    value: &crate::encoding::annotation::DebugValue<'a>,
+) -> Option<encode::ArgValue<'a>> {
+    use crate::encoding::annotation::DebugValue as V;
     use encode::ArgValue as A;
     Some(match *value {
         V::Bool(b) => A::Bool(b),
@@ -488,7 +490,7 @@ impl SequenceState {
             self.started = true;
             self.clock_base = now;
         }
-        let process = crate::track::ProcessTrack::current();
+        let process = crate::track_event::track::ProcessTrack::current();
         let thread = self.thread_track;
         ok && self.emit_descriptor(w, &thread, now) && self.emit_descriptor(w, &process, now)
     }
@@ -533,10 +535,13 @@ impl SequenceState {
             return false;
         }
         let mut uuid = t.parent_uuid().unwrap_or(0);
-        let (thread, process) = (self.thread_track.uuid(), crate::track::process_uuid());
+        let (thread, process) = (
+            self.thread_track.uuid(),
+            crate::track_event::track::process_uuid(),
+        );
         while uuid != 0 && uuid != thread && uuid != process && self.tracks.insert(uuid) {
             // Not a registered track: nothing to describe it with.
-            let Some((parent, descriptor)) = crate::track::ancestor(uuid) else {
+            let Some((parent, descriptor)) = crate::track_event::track::ancestor(uuid) else {
                 break;
             };
             if !w.write_packet(|p| {
@@ -807,7 +812,7 @@ impl SequenceState {
         // would close an unrelated slice, or nothing.
         if on_thread_track && ev.kind == EventType::SliceEnd && !self.slices.pop() {
             self.orphan_ends_suppressed += 1;
-            crate::arbiter::note_orphan_end();
+            crate::smb::arbiter::note_orphan_end();
             return true;
         }
         let ok = self.write_event_now(w, ev, extra);
@@ -1194,9 +1199,9 @@ impl<'a, S: Sink> EventContext<'_, 'a, S> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::annotation::DebugValue;
+    use crate::encoding::annotation::DebugValue;
     use crate::test_schema::{self as ts, Interned};
-    use crate::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
+    use crate::track_event::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
     use proptest::prelude::*;
     use prost::Message as _;
     use shmtrace_abi::proto::encode_to_slice;

@@ -100,12 +100,9 @@ use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::layer::{Context, Filter, Layer};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use crate::annotation::Arg;
-use crate::category::Category;
-use crate::event::{EventName, EventType};
-use crate::target_category;
-use crate::track::{Flow, Timestamp, Track};
+use crate::integrations::target_category;
 use crate::track_event::__event;
+use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, EventFields, SpanFields};
 

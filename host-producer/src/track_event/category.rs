@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::filter::TrackEventConfig;
+use crate::track_event::filter::TrackEventConfig;
 
 /// Most concurrent sessions (data source instances) per data source, as in
 /// Perfetto.
@@ -352,7 +352,7 @@ impl Registry {
 /// interest) that it may have changed; called with no lock held.
 fn enabled_set_changed() {
     #[cfg(feature = "tracing")]
-    crate::tracing_layer::enabled_categories_changed();
+    crate::integrations::tracing_layer::enabled_categories_changed();
 }
 
 /// The category names of a comma-separated group, trimmed, empty ones

@@ -108,12 +108,12 @@ use shmtrace_abi::proto::wire::{put_varint, MAX_VARINT_LEN};
 use shmtrace_abi::reader::{ChunkError, FragmentEvent, Fragments};
 use shmtrace_abi::trace::{data_loss, trace_packet};
 
-use crate::arbiter::BufferExhaustedPolicy;
+use crate::connection::outbox::{ChunkToPatch, Outgoing, PatchEntry};
 use crate::data_source::{
     DataSourceHandler, DataSourceOptions, DataSourceType, Instance, InstanceArgs, Kind, SetupArgs,
 };
 use crate::error::RegisterError;
-use crate::outbox::{ChunkToPatch, Outgoing, PatchEntry};
+use crate::smb::arbiter::BufferExhaustedPolicy;
 
 /// Largest packet [`ForwardedSequence::set_injected_packet`] takes.
 pub const MAX_INJECTED_PACKET: usize = 1024;
@@ -963,7 +963,7 @@ fn forward_into(
 /// A chunk of at least `size` bytes, waiting for one as `policy` allows
 /// (never on the producer's own threads).
 fn acquire(
-    arbiter: &crate::arbiter::Arbiter,
+    arbiter: &crate::smb::arbiter::Arbiter,
     size: usize,
     header: ChunkHeaderRepr,
     policy: BufferExhaustedPolicy,
@@ -975,7 +975,7 @@ fn acquire(
     let BufferExhaustedPolicy::StallThenDrop(limit) = policy else {
         return None;
     };
-    if crate::arbiter::stalls_forbidden() {
+    if crate::smb::arbiter::stalls_forbidden() {
         return None;
     }
     let deadline = Instant::now() + limit;

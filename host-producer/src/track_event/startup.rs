@@ -58,12 +58,12 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
 
-use crate::arbiter::{Arbiter, BufferExhaustedPolicy, COUNTERS};
+use crate::connection::outbox::{ChunkToPatch, Outbox, Outgoing};
 use crate::data_source::{DataSourceConfig, DataSourceType, Instance};
 use crate::error::ConnectError;
-use crate::filter::TrackEventConfig;
-use crate::outbox::{ChunkToPatch, Outbox, Outgoing};
-use crate::shm::SharedMemory;
+use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy, COUNTERS};
+use crate::smb::shm::SharedMemory;
+use crate::track_event::filter::TrackEventConfig;
 
 /// The instance id of the startup instance: the service's ids count up
 /// from 1 and never reach it.
@@ -190,7 +190,7 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
         return false;
     };
     let filter = inst.config.track_event_config.clone().unwrap_or_default();
-    if !crate::category::registry().covers(pending.instance.slot, &filter) {
+    if !crate::track_event::category::registry().covers(pending.instance.slot, &filter) {
         return false;
     }
     let Some(pending) = st.pending.take() else {
@@ -362,7 +362,7 @@ fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
             .iter()
             .filter(|c| c.header.writer_id == writer)
             .collect();
-        let outcome = crate::forward::copy_sequence(
+        let outcome = crate::data_source::forward::copy_sequence(
             to,
             sequence.iter().map(|c| c.bytes.as_slice()),
             BufferExhaustedPolicy::StallThenDrop(COPY_STALL),
@@ -382,7 +382,7 @@ fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::PatchEntry;
+    use crate::connection::outbox::PatchEntry;
 
     fn chunk(writer_id: u16, chunk_id: u32, flags: ChunkFlags) -> Chunk {
         let header = ChunkHeaderRepr {

@@ -44,7 +44,7 @@
 //!   a disabled category or tag of the same pass; `"*"` against a longer
 //!   pattern) can decide differently here.
 
-use crate::category::group_members;
+use crate::track_event::category::group_members;
 
 /// The category filter of one tracing session (`TrackEventConfig` fields
 /// 1-4).
