@@ -93,9 +93,10 @@ use shmtrace_ipc::protos::{
 use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
 use crate::connection::outbox::{
-    ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT,
+    ChunkToMove, ChunkToPatch, CommitRequest, DescriptorInfo, Outgoing, BACKLOG_CAP,
+    MAX_CHUNKS_PER_COMMIT,
 };
-use crate::data_source::{DataSourceConfig, DescriptorInfo};
+use crate::data_source::DataSourceConfig;
 use crate::error::ConnectError;
 use crate::runtime::runtime;
 use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter};

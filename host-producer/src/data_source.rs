@@ -46,6 +46,11 @@ use crate::smb::writer::{
 use crate::track_event::category::MAX_INSTANCES;
 use crate::track_event::filter::TrackEventConfig;
 
+/// The instance id of the startup tracing instance (`track_event::startup`),
+/// which the program sets up itself: the service's ids count up from 1 and
+/// never reach it.
+pub(crate) const STARTUP_INSTANCE_ID: u64 = u64::MAX;
+
 /// How long a writer stalls for a chunk when a session's config asks for a
 /// stalling policy.
 pub const CONFIG_STALL_LIMIT: Duration = Duration::from_secs(2);
@@ -150,17 +155,6 @@ pub struct DataSourceOptions {
     pub extra_descriptor_fields: Vec<u8>,
 }
 
-/// What the connection needs to register a data source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DescriptorInfo {
-    pub name: String,
-    pub id: u64,
-    pub no_flush: bool,
-    /// Serialized `TrackEventDescriptor` (track_event only).
-    pub track_event_descriptor: Option<Vec<u8>>,
-    pub extra_fields: Vec<u8>,
-}
-
 pub(crate) struct InstanceState {
     pub started: bool,
     pub stopped: bool,
@@ -203,7 +197,7 @@ impl Instance {
     /// The startup tracing instance (`startup`), which the service does
     /// not know.
     pub(crate) fn is_startup(&self) -> bool {
-        self.id == crate::track_event::startup::STARTUP_INSTANCE_ID
+        self.id == STARTUP_INSTANCE_ID
     }
 
     /// Started and not stopping.
@@ -299,7 +293,7 @@ impl DataSourceType {
             policy: Mutex::new(policy),
             slots: Default::default(),
             handler,
-            reentrant_drops: &crate::smb::arbiter::COUNTERS.reentrant_drops,
+            reentrant_drops: &crate::stats::COUNTERS.reentrant_drops,
             handover: AtomicU64::new(0),
         }
     }
@@ -661,7 +655,7 @@ enum NoWriter {
 /// ([`ProducerStats::writerless_drops`](crate::ProducerStats::writerless_drops)).
 #[cold]
 fn count_writerless(n: u32) {
-    crate::smb::arbiter::COUNTERS
+    crate::stats::COUNTERS
         .writerless_drops
         .fetch_add(u64::from(n), Ordering::Relaxed);
 }

@@ -143,6 +143,7 @@ mod error;
 mod integrations;
 mod runtime;
 mod smb;
+mod stats;
 mod sys;
 pub mod track_event;
 
@@ -170,8 +171,9 @@ pub use integrations::tracing_layer;
 #[cfg(feature = "tracing")]
 pub use integrations::tracing_layer::TracingLayer;
 pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
-pub use smb::arbiter::{BufferExhaustedPolicy, ProducerStats, WriterArbiter};
+pub use smb::arbiter::{BufferExhaustedPolicy, WriterArbiter};
 pub use smb::writer::ProducerSink;
+pub use stats::ProducerStats;
 pub use track_event::category::{Category, DynamicCategory, MAX_INSTANCES};
 pub use track_event::filter;
 pub use track_event::startup::StartupTracing;

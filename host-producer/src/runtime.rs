@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::PageLayout;
 
-use crate::connection::outbox::{Outbox, Outgoing};
+use crate::connection::outbox::{DescriptorInfo, Outbox, Outgoing};
 use crate::data_source::{
-    DataSourceConfig, DataSourceHandler, DataSourceOptions, DataSourceType, DescriptorInfo,
-    Instance, Kind,
+    DataSourceConfig, DataSourceHandler, DataSourceOptions, DataSourceType, Instance, Kind,
 };
 use crate::error::RegisterError;
-use crate::smb::arbiter::{Arbiter, ProducerStats};
+use crate::smb::arbiter::Arbiter;
 use crate::smb::shm::SharedMemory;
+use crate::stats::ProducerStats;
 
 /// Name of the track event data source.
 pub const TRACK_EVENT_DATA_SOURCE: &str = "track_event";
@@ -80,7 +80,7 @@ impl PendingTriggers {
 }
 
 fn note_expired(n: usize) {
-    crate::smb::arbiter::COUNTERS
+    crate::stats::COUNTERS
         .triggers_expired
         .fetch_add(n as u64, Ordering::Relaxed);
 }
@@ -333,7 +333,7 @@ impl Runtime {
         let dropped = pending.keep(&names, now.checked_add(ttl), now);
         drop(pending);
         if dropped > 0 {
-            crate::smb::arbiter::COUNTERS
+            crate::stats::COUNTERS
                 .triggers_dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
             log::warn!(
@@ -378,7 +378,7 @@ impl Runtime {
     /// The instance the service knows as `instance_id` (never the startup
     /// instance).
     fn find(&self, instance_id: u64) -> Option<(Arc<DataSourceType>, Arc<Instance>)> {
-        if instance_id == crate::track_event::startup::STARTUP_INSTANCE_ID {
+        if instance_id == crate::data_source::STARTUP_INSTANCE_ID {
             return None;
         }
         self.types()
@@ -498,7 +498,10 @@ fn descriptor(ty: &DataSourceType) -> DescriptorInfo {
 /// Data-path counters of this process (chunks, stalls, drops), summed over
 /// every connection so far.
 pub fn stats() -> ProducerStats {
-    crate::smb::arbiter::COUNTERS.snapshot()
+    let mut stats = ProducerStats::default();
+    crate::smb::arbiter::COUNTERS.read_into(&mut stats);
+    crate::stats::COUNTERS.read_into(&mut stats);
+    stats
 }
 
 #[cfg(test)]

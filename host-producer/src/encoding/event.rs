@@ -812,7 +812,7 @@ impl SequenceState {
         // would close an unrelated slice, or nothing.
         if on_thread_track && ev.kind == EventType::SliceEnd && !self.slices.pop() {
             self.orphan_ends_suppressed += 1;
-            crate::smb::arbiter::note_orphan_end();
+            crate::stats::note_orphan_end();
             return true;
         }
         let ok = self.write_event_now(w, ev, extra);

@@ -6,8 +6,8 @@ use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
 
 use super::loopback::{serial, Loopback};
+use crate::connection::outbox::DescriptorInfo;
 use crate::connection::outbox::Outgoing;
-use crate::data_source::DescriptorInfo;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
 use crate::track_event::filter::TrackEventConfig;

@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::track_event::filter::TrackEventConfig;
+use crate::track_event::filter::{group_members, TrackEventConfig};
 
 /// Most concurrent sessions (data source instances) per data source, as in
 /// Perfetto.
@@ -353,12 +353,6 @@ impl Registry {
 fn enabled_set_changed() {
     #[cfg(feature = "tracing")]
     crate::integrations::tracing_layer::enabled_categories_changed();
-}
-
-/// The category names of a comma-separated group, trimmed, empty ones
-/// skipped (`"a, b,,c"` is `a`, `b`, `c`).
-pub(crate) fn group_members(names: &str) -> impl Iterator<Item = &str> {
-    names.split(',').map(str::trim).filter(|m| !m.is_empty())
 }
 
 #[cfg(test)]

@@ -59,15 +59,12 @@ use std::time::{Duration, Instant};
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
 
 use crate::connection::outbox::{ChunkToPatch, Outbox, Outgoing};
-use crate::data_source::{DataSourceConfig, DataSourceType, Instance};
+use crate::data_source::{DataSourceConfig, DataSourceType, Instance, STARTUP_INSTANCE_ID};
 use crate::error::ConnectError;
-use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy, COUNTERS};
+use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
 use crate::smb::shm::SharedMemory;
+use crate::stats::COUNTERS;
 use crate::track_event::filter::TrackEventConfig;
-
-/// The instance id of the startup instance: the service's ids count up
-/// from 1 and never reach it.
-pub(crate) const STARTUP_INSTANCE_ID: u64 = u64::MAX;
 
 /// How long the copy into a session's SMB waits for each free chunk.
 const COPY_STALL: Duration = Duration::from_secs(1);
