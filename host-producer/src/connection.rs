@@ -311,7 +311,7 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
         started = true;
         if let Some(cfg) = &config.startup_tracing {
             startup = crate::track_event::startup::begin(
-                &runtime().track_event(),
+                crate::track_event::data_source::track_event_type(),
                 cfg,
                 config.page_layout,
             );

@@ -28,9 +28,10 @@
 //!   writer lock.
 
 pub(crate) mod forward;
+pub(crate) mod registry;
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,7 @@ use shmtrace_abi::proto::Message;
 use shmtrace_abi::writer::TraceWriter;
 
 use crate::connection::outbox::Outgoing;
+use crate::data_source::registry::registry;
 use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
 use crate::smb::writer::{
     request_all, wait_deferred, ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD,
@@ -233,20 +235,23 @@ struct PolicyChoice {
     configurable: bool,
 }
 
-/// Which built-in behaviour a type has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    TrackEvent,
-    Custom,
-}
-
 /// A registered data source type.
 pub(crate) struct DataSourceType {
     pub index: usize,
     pub id: u64,
     pub name: String,
-    pub kind: Kind,
     pub options: DataSourceOptions,
+    /// Reserved by the crate itself ([`TypeRegistry::reserve`](registry::TypeRegistry::reserve): track
+    /// events) rather than registered by the program: advertised only
+    /// once [`TypeRegistry::advertise`](registry::TypeRegistry::advertise) is called, and its name yields to
+    /// a type the program registers before that.
+    pub reserved: bool,
+    /// Advertised to the service (from the start, unless reserved).
+    pub(crate) advertised: AtomicBool,
+    /// Computes the serialized `TrackEventDescriptor` each time the type
+    /// is advertised (the track event data source's, listing the
+    /// categories registered by then).
+    pub describe: Option<fn() -> Vec<u8>>,
     enabled: AtomicU8,
     /// The default policy and whether sessions may override it (start as
     /// `options`).
@@ -271,13 +276,16 @@ fn pack_handover(from: usize, to: usize, generation: u32) -> u64 {
 }
 
 impl DataSourceType {
+    /// A type the program registers (`reserved`: false) or the crate
+    /// reserves (see [`DataSourceType::reserved`]).
     pub(crate) fn new(
         index: usize,
         id: u64,
         name: String,
-        kind: Kind,
         options: DataSourceOptions,
         handler: Arc<dyn DataSourceHandler>,
+        reserved: bool,
+        describe: Option<fn() -> Vec<u8>>,
     ) -> Self {
         let policy = PolicyChoice {
             default: options.buffer_exhausted_policy,
@@ -287,8 +295,10 @@ impl DataSourceType {
             index,
             id,
             name,
-            kind,
             options,
+            reserved,
+            advertised: AtomicBool::new(!reserved),
+            describe,
             enabled: AtomicU8::new(0),
             policy: Mutex::new(policy),
             slots: Default::default(),
@@ -401,19 +411,21 @@ impl DataSourceType {
             }
             st.started = true;
         }
-        if self.kind == Kind::TrackEvent {
-            let filter = inst.config.track_event_config.clone().unwrap_or_default();
-            crate::track_event::category::registry().set_filter(inst.slot, Some(filter));
-        }
         self.enabled.fetch_or(1 << inst.slot, Ordering::Relaxed);
         self.handler.on_start(&inst.args());
     }
 
-    /// Starts `inst` (a track event instance) in place of `from`, the
-    /// startup instance, then stops `from`: the categories' bits and this
-    /// type's slot mask move from `from`'s slot to `inst`'s in one store
-    /// each, so every event goes to exactly one of them.
-    pub(crate) fn start_replacing(&self, inst: &Instance, from: &Arc<Instance>) {
+    /// Starts `inst` in place of `from` (the startup instance), then stops
+    /// `from`: `move_enablement` moves what selects events for `from` over
+    /// to `inst` (track events: the categories' bits, one store each), and
+    /// this type's slot mask moves in one store, so every event goes to
+    /// exactly one of them.
+    pub(crate) fn start_replacing(
+        &self,
+        inst: &Instance,
+        from: &Arc<Instance>,
+        move_enablement: impl FnOnce(),
+    ) {
         {
             let mut st = inst.state();
             if st.started || st.stopped {
@@ -426,8 +438,7 @@ impl DataSourceType {
             pack_handover(from.slot, inst.slot, inst.generation),
             Ordering::Release,
         );
-        let filter = inst.config.track_event_config.clone().unwrap_or_default();
-        crate::track_event::category::registry().move_filter(from.slot, inst.slot, filter);
+        move_enablement();
         let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
         let _ = self
             .enabled
@@ -446,9 +457,6 @@ impl DataSourceType {
             self.handler.on_stop(&inst.args());
         }
         self.enabled.fetch_and(!(1 << inst.slot), Ordering::Relaxed);
-        if self.kind == Kind::TrackEvent {
-            crate::track_event::category::registry().set_filter(inst.slot, None);
-        }
         let slot = &self.slots[inst.slot];
         slot.generation.fetch_add(1, Ordering::AcqRel);
         let cells = {
@@ -777,12 +785,7 @@ impl DataSource {
         options: DataSourceOptions,
         handler: impl DataSourceHandler,
     ) -> Result<Self, crate::RegisterError> {
-        let ty = crate::runtime::runtime().register_type(
-            name,
-            Kind::Custom,
-            options,
-            Arc::new(handler),
-        )?;
+        let ty = registry().register(name, options, Arc::new(handler))?;
         Ok(DataSource { ty })
     }
 
@@ -881,12 +884,13 @@ mod tests {
             9,
             9,
             "x".into(),
-            Kind::Custom,
             DataSourceOptions {
                 policy_configurable: true,
                 ..Default::default()
             },
             Arc::new(NoopHandler),
+            false,
+            None,
         );
         assert_eq!(
             open.policy_for(&stall),
@@ -905,9 +909,10 @@ mod tests {
             9,
             9,
             "y".into(),
-            Kind::Custom,
             DataSourceOptions::default(),
             Arc::new(NoopHandler),
+            false,
+            None,
         );
         assert_eq!(closed.policy_for(&stall), BufferExhaustedPolicy::Drop);
     }

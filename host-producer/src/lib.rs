@@ -170,15 +170,18 @@ pub use integrations::logger;
 pub use integrations::tracing_layer;
 #[cfg(feature = "tracing")]
 pub use integrations::tracing_layer::TracingLayer;
-pub use runtime::{stats, MAX_PENDING_TRIGGERS, TRACK_EVENT_DATA_SOURCE};
+pub use runtime::{stats, MAX_PENDING_TRIGGERS};
 pub use smb::arbiter::{BufferExhaustedPolicy, WriterArbiter};
 pub use smb::writer::ProducerSink;
 pub use stats::ProducerStats;
-pub use track_event::category::{Category, DynamicCategory, MAX_INSTANCES};
+pub use track_event::category::{Category, MAX_INSTANCES};
+pub use track_event::data_source::TRACK_EVENT_DATA_SOURCE;
 pub use track_event::filter;
 pub use track_event::startup::StartupTracing;
 pub use track_event::track::{
     current_pid, process_uuid, set_process_name, ChildOrdering, Clock, CounterTrack, CounterUnit,
     Flow, ProcessTrack, ThreadTrack, Timestamp, Track,
 };
-pub use track_event::{Event, IntoCategory, SliceGuard, TrackEventSessionObserver};
+pub use track_event::{
+    DynamicCategory, Event, IntoCategory, SliceGuard, TrackEventSessionObserver,
+};

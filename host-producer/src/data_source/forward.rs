@@ -109,8 +109,9 @@ use shmtrace_abi::reader::{ChunkError, FragmentEvent, Fragments};
 use shmtrace_abi::trace::{data_loss, trace_packet};
 
 use crate::connection::outbox::{ChunkToPatch, Outgoing, PatchEntry};
+use crate::data_source::registry::registry;
 use crate::data_source::{
-    DataSourceHandler, DataSourceOptions, DataSourceType, Instance, InstanceArgs, Kind, SetupArgs,
+    DataSourceHandler, DataSourceOptions, DataSourceType, Instance, InstanceArgs, SetupArgs,
 };
 use crate::error::RegisterError;
 use crate::smb::arbiter::BufferExhaustedPolicy;
@@ -345,12 +346,7 @@ impl ChunkForwarder {
             user: handler,
             shared: shared.clone(),
         };
-        let ty = crate::runtime::runtime().register_type(
-            name,
-            Kind::Custom,
-            options,
-            Arc::new(handler),
-        )?;
+        let ty = registry().register(name, options, Arc::new(handler))?;
         *shared.ty.lock().unwrap_or_else(|e| e.into_inner()) = Some(ty.clone());
         Ok(ChunkForwarder { ty, shared })
     }
@@ -384,7 +380,7 @@ impl ChunkForwarder {
     /// Sends everything committed so far to the service now, rather than
     /// after the sender's batching delay.
     pub fn flush(&self) {
-        crate::runtime::runtime().outbox().kick();
+        registry().outbox().kick();
     }
 
     /// The forwarder's counters.

@@ -55,7 +55,7 @@ fn descriptor_lists_names_descriptions_and_tags() {
     track_event::register_categories(&[&D_PLAIN, &D_FULL, &D_GROUP]);
     track_event::register_categories(&[&D_FULL]); // no-op
     let _dynamic = DynamicCategory::new("desc.dynamic");
-    let bytes = track_event::serialized_descriptor();
+    let bytes = crate::track_event::data_source::serialized_descriptor();
 
     let plain = categories(&bytes, "desc.plain");
     assert_eq!(plain.len(), 1, "advertised once");
@@ -115,7 +115,11 @@ fn late_registration_updates_the_data_source_and_enables_the_category() {
     assert_eq!(updates.len(), 1, "one UpdateDataSource per registration");
     let d = &updates[0];
     assert_eq!(d.name, TRACK_EVENT_DATA_SOURCE);
-    assert_eq!(d.id, runtime().track_event().id, "same data source id");
+    assert_eq!(
+        d.id,
+        crate::track_event::data_source::track_event_type().id,
+        "same data source id"
+    );
     let te = d.track_event_descriptor.as_deref().expect("descriptor");
     let late = categories(te, "desc.late");
     assert_eq!(late.len(), 1, "the new category is advertised");

@@ -695,7 +695,7 @@ fn track_event_policy_is_the_programs_unless_it_opts_in() {
     let _s = serial();
     register();
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
-    let te = runtime().track_event();
+    let te = crate::track_event::data_source::track_event_type();
     let setup = |id: u64| {
         let config = DataSourceConfig {
             name: crate::TRACK_EVENT_DATA_SOURCE.into(),
@@ -1624,7 +1624,12 @@ fn begin_startup(timeout: Duration) {
         timeout,
         categories: only("t.early"),
     };
-    crate::track_event::startup::begin(&runtime().track_event(), &cfg, PageLayout::Div1).unwrap();
+    crate::track_event::startup::begin(
+        crate::track_event::data_source::track_event_type(),
+        &cfg,
+        PageLayout::Div1,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -1749,12 +1754,14 @@ fn an_event_racing_the_hand_over_reaches_the_adopting_session() {
     lb.start_track_event(44, 1, TrackEventConfig::default());
     assert_ne!(stale, T_EARLY.enabled_instances());
     let mut reached = Vec::new();
-    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    crate::track_event::data_source::track_event_type()
+        .with_writers(stale, |_, inst| reached.push(inst.id));
     assert_eq!(reached, [44], "not lost with the startup instance");
     runtime().stop_data_source(44);
     // Once the adopting session is gone, nothing is redirected.
     let mut reached = Vec::new();
-    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    crate::track_event::data_source::track_event_type()
+        .with_writers(stale, |_, inst| reached.push(inst.id));
     assert!(reached.is_empty(), "{reached:?}");
     lb.shutdown();
 }

@@ -64,6 +64,7 @@ use crate::error::ConnectError;
 use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
 use crate::smb::shm::SharedMemory;
 use crate::stats::COUNTERS;
+use crate::track_event::data_source::track_event_type;
 use crate::track_event::filter::TrackEventConfig;
 
 /// How long the copy into a session's SMB waits for each free chunk.
@@ -178,10 +179,14 @@ pub(crate) fn begin(
     Ok(())
 }
 
-/// `StartDataSource` of a track event instance: if a startup instance is
+/// `StartDataSource` of a track event instance (`false` for any other
+/// type's): if a startup instance is
 /// pending and `inst`'s filter enables all it enabled, `inst` starts in its
 /// place and the buffer is handed over (module docs); `true` then.
 pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
+    if !std::ptr::eq(ty, &**track_event_type()) {
+        return false;
+    }
     let mut st = state();
     let Some(pending) = &st.pending else {
         return false;
@@ -195,7 +200,13 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
     };
     st.copying = true;
     drop(st);
-    ty.start_replacing(inst, &pending.instance);
+    ty.start_replacing(inst, &pending.instance, || {
+        crate::track_event::category::registry().move_filter(
+            pending.instance.slot,
+            inst.slot,
+            filter,
+        )
+    });
     log::info!(
         "shmtrace-producer: the session of data source instance {} adopts the startup trace",
         inst.id
@@ -255,7 +266,7 @@ fn run() {
                 continue;
             };
             drop(st);
-            let ty = crate::track_event::track_event_type();
+            let ty = track_event_type();
             ty.stop(&pending.instance);
             let (packets, _) = drain(&pending.instance.arbiter);
             count_dropped(packets.iter().map(|c| c.packets).sum());
