@@ -33,8 +33,9 @@ use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
 
 use crate::connection::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
+use crate::smb::cell_lock::{lock_mode, taker_fence};
 use crate::smb::shm::SharedMemory;
-use crate::smb::writer::{lock_mode, taker_fence, WriterCell};
+use crate::smb::writer::WriterCell;
 use crate::stats::ProducerStats;
 
 /// What a writer does when the SMB has no free chunk.
