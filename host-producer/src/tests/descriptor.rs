@@ -130,7 +130,7 @@ fn late_registration_updates_the_data_source_and_enables_the_category() {
     assert_eq!(late[0].tags, ["debug"]);
 
     // What goes on the wire (UpdateDataSourceRequest.data_source_descriptor).
-    let wire = crate::connection::descriptor_proto(d);
+    let wire = crate::connection::proto::descriptor_proto(d);
     assert_eq!(wire.name.as_deref(), Some(TRACK_EVENT_DATA_SOURCE));
     assert_eq!(wire.track_event_descriptor.as_deref(), Some(te));
 

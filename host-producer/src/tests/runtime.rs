@@ -655,7 +655,7 @@ fn session_config_makes_writers_stall_end_to_end() {
     let mut raw = vec![0x0A, name.len() as u8];
     raw.extend_from_slice(name.as_bytes());
     raw.extend_from_slice(&[0x10, 1, 0x48, 3]);
-    let config = crate::connection::decode_config(Some(&bytes::Bytes::from(raw)));
+    let config = crate::connection::proto::decode_config(Some(&bytes::Bytes::from(raw)));
     assert_eq!(config.stall_when_exhausted, Some(true));
     assert!(runtime().setup_data_source(171, config));
     runtime().start_data_source(171);
