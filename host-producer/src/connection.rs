@@ -73,6 +73,9 @@
 //! counted ([`Producer::connection_errors`]) and kept
 //! ([`Producer::last_error`]).
 
+pub(crate) mod outbox;
+pub(crate) mod proto;
+
 use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
@@ -83,29 +86,22 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use shmtrace_abi::layout::PageLayout;
 use shmtrace_ipc::protos::{
-    self as pb, commit_data_request, get_async_command_response::Cmd, producer_port, ProducerPort,
+    self as pb, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
 use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
-use crate::arbiter::{forbid_stalls_on_this_thread, Arbiter};
-use crate::data_source::{DataSourceConfig, DescriptorInfo};
+use crate::connection::outbox::{CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT};
+use crate::connection::proto::{commit_proto, decode_config, descriptor_proto, emulated_parts};
 use crate::error::ConnectError;
-use crate::filter::TrackEventConfig;
-use crate::outbox::{
-    ChunkToMove, ChunkToPatch, CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT,
-};
 use crate::runtime::runtime;
-use crate::shm::SharedMemory;
-use crate::startup::StartupTracing;
+use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter};
+use crate::smb::shm::SharedMemory;
+use crate::track_event::startup::StartupTracing;
 
 /// Size of the private SMB under shmem emulation (`kShmemEmulationSize`).
 const EMULATION_SMB_SIZE: usize = 1 << 20;
-/// Largest CommitData the sender builds under emulation (chunk bytes ride
-/// in the message; `kMaxCommitDataRequestChunkSize`).
-const MAX_EMULATED_COMMIT_BYTES: usize = 130_560;
 /// How often idle writers are swept (flushed so they do not pin chunks).
 const IDLE_SWEEP_PERIOD: Duration = Duration::from_millis(500);
 /// After sending a commit the sender batches the chunks committed within
@@ -198,7 +194,7 @@ impl Default for ProducerConfig {
 /// `TraceConfig.producers` written for it addresses this producer too.
 /// Elsewhere `argv[0]`; non-UTF-8 bytes are replaced, never a panic.
 fn default_producer_name() -> String {
-    let name = crate::track::command_name();
+    let name = crate::track_event::track::command_name();
     if !name.is_empty() {
         return name.to_string();
     }
@@ -307,7 +303,11 @@ pub fn init(config: ProducerConfig) -> Result<&'static Producer, ConnectError> {
     let producer = PRODUCER.get_or_init(|| {
         started = true;
         if let Some(cfg) = &config.startup_tracing {
-            startup = crate::startup::begin(&runtime().track_event(), cfg, config.page_layout);
+            startup = crate::track_event::startup::begin(
+                crate::track_event::data_source::track_event_type(),
+                cfg,
+                config.page_layout,
+            );
         }
         let status = Arc::new(Status::new());
         let thread = {
@@ -998,59 +998,6 @@ fn initialize_request(config: &ProducerConfig) -> pb::InitializeConnectionReques
     }
 }
 
-/// Decodes the parts of a serialized `DataSourceConfig` the runtime uses.
-pub(crate) fn decode_config(raw: Option<&Bytes>) -> DataSourceConfig {
-    let raw = raw.cloned().unwrap_or_default();
-    let parsed: pb::DataSourceConfig = prost::Message::decode(raw.clone()).unwrap_or_default();
-    let track_event_config = parsed.track_event_config.as_ref().map(|b| {
-        let t: pb::TrackEventConfig = prost::Message::decode(b.clone()).unwrap_or_default();
-        TrackEventConfig {
-            disabled_categories: t.disabled_categories,
-            enabled_categories: t.enabled_categories,
-            disabled_tags: t.disabled_tags,
-            enabled_tags: t.enabled_tags,
-        }
-    });
-    DataSourceConfig {
-        name: parsed.name.unwrap_or_default(),
-        target_buffer: parsed.target_buffer.unwrap_or(0),
-        trace_duration_ms: parsed.trace_duration_ms.unwrap_or(0),
-        tracing_session_id: parsed.tracing_session_id.unwrap_or(0),
-        track_event_config,
-        // DROP = 1, STALL_THEN_ABORT = 2, STALL_THEN_DROP = 3.
-        stall_when_exhausted: match parsed.buffer_exhausted_policy {
-            Some(1) => Some(false),
-            Some(2 | 3) => Some(true),
-            _ => None,
-        },
-        raw: raw.to_vec(),
-    }
-}
-
-/// The `DataSourceDescriptor` a data source is registered with: ours, plus
-/// the data source's extra fields (those the protocol schema knows, e.g.
-/// `gpu_counter_descriptor`; later fields replace earlier ones). The
-/// identity and notification fields are always ours.
-pub(crate) fn descriptor_proto(d: &DescriptorInfo) -> pb::DataSourceDescriptor {
-    let mut desc = pb::DataSourceDescriptor::default();
-    if !d.extra_fields.is_empty() {
-        if let Err(e) = prost::Message::merge(&mut desc, &d.extra_fields[..]) {
-            log::warn!("shmtrace-producer: data source {:?}: ignoring malformed extra descriptor fields: {e}", d.name);
-            desc = pb::DataSourceDescriptor::default();
-        }
-    }
-    desc.name = Some(d.name.clone());
-    desc.id = Some(d.id);
-    desc.will_notify_on_stop = Some(true);
-    desc.will_notify_on_start = Some(true);
-    desc.handles_incremental_state_clear = Some(true);
-    desc.no_flush = d.no_flush.then_some(true);
-    if let Some(te) = &d.track_event_descriptor {
-        desc.track_event_descriptor = Some(Bytes::from(te.clone()));
-    }
-    desc
-}
-
 fn sender_loop(
     port: &Binding<ProducerPort>,
     stop: &AtomicBool,
@@ -1181,44 +1128,6 @@ fn send(
     }
 }
 
-/// `CommitDataRequest` for some chunks and patch groups of a request.
-fn commit_proto(
-    chunks: &[ChunkToMove],
-    patches: &[ChunkToPatch],
-    flush_request_id: u64,
-) -> pb::CommitDataRequest {
-    pb::CommitDataRequest {
-        chunks_to_move: chunks
-            .iter()
-            .map(|c| commit_data_request::ChunksToMove {
-                page: c.data.is_none().then_some(c.page),
-                chunk: c.data.is_none().then_some(c.chunk),
-                target_buffer: Some(c.target_buffer),
-                data: c.data.clone().map(Bytes::from),
-                chunk_incomplete: None,
-            })
-            .collect(),
-        chunks_to_patch: patches
-            .iter()
-            .map(|p| commit_data_request::ChunkToPatch {
-                target_buffer: Some(p.target_buffer),
-                writer_id: Some(p.writer_id),
-                chunk_id: Some(p.chunk_id),
-                patches: p
-                    .patches
-                    .iter()
-                    .map(|e| commit_data_request::chunk_to_patch::Patch {
-                        offset: Some(e.offset),
-                        data: Some(Bytes::copy_from_slice(&e.data)),
-                    })
-                    .collect(),
-                has_more_patches: Some(p.has_more_patches),
-            })
-            .collect(),
-        flush_request_id: (flush_request_id != 0).then_some(flush_request_id),
-    }
-}
-
 fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
     if req.chunks_to_move.len() <= MAX_CHUNKS_PER_COMMIT
         && req.chunks_to_patch.len() <= MAX_CHUNKS_PER_COMMIT
@@ -1245,56 +1154,6 @@ fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), 
     Ok(())
 }
 
-/// Upper bound of a `ChunksToMove`'s encoded size (inline bytes + framing;
-/// upstream's estimate).
-fn move_size(c: &ChunkToMove) -> usize {
-    c.data.as_ref().map_or(0, Vec::len) + 32
-}
-
-/// Upper bound of a `ChunkToPatch`'s encoded size (upstream's estimate).
-fn patch_size(p: &ChunkToPatch) -> usize {
-    32 + p.patches.iter().map(|e| e.data.len() + 16).sum::<usize>()
-}
-
-/// Emulated SMB: chunk bytes ride in the request, so it is cut into
-/// messages whose estimated size stays under [`MAX_EMULATED_COMMIT_BYTES`]
-/// (the IPC frame limit minus headroom). As upstream does: chunks first, in
-/// order; then the patch groups, packed after the last chunks and into as
-/// many trailing messages as they need (patches apply after moves and IPC
-/// is ordered); the flush ack rides on the last message only, so the
-/// service acknowledges the flush once everything has arrived.
-fn emulated_parts(req: &CommitRequest) -> Vec<pb::CommitDataRequest> {
-    // Part boundaries over the sequence "every chunk, then every patch".
-    let sizes = req
-        .chunks_to_move
-        .iter()
-        .map(move_size)
-        .chain(req.chunks_to_patch.iter().map(patch_size));
-    let mut cuts = vec![0];
-    let mut bytes = 0;
-    for (i, len) in sizes.enumerate() {
-        if bytes != 0 && bytes + len >= MAX_EMULATED_COMMIT_BYTES {
-            cuts.push(i);
-            bytes = 0;
-        }
-        bytes += len;
-    }
-    let total = req.chunks_to_move.len() + req.chunks_to_patch.len();
-    cuts.push(total);
-    let moves = req.chunks_to_move.len();
-    let last = cuts.len() - 2;
-    cuts.windows(2)
-        .enumerate()
-        .map(|(n, w)| {
-            let (a, b) = (w[0], w[1]);
-            let chunks = &req.chunks_to_move[a.min(moves)..b.min(moves)];
-            let patches = &req.chunks_to_patch[a.max(moves) - moves..b.max(moves) - moves];
-            let flush = if n == last { req.flush_request_id } else { 0 };
-            commit_proto(chunks, patches, flush)
-        })
-        .collect()
-}
-
 /// Sends a request under SMB emulation, in parts ([`emulated_parts`]).
 fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
     for part in emulated_parts(req) {
@@ -1306,6 +1165,10 @@ fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), C
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::outbox::{ChunkToMove, ChunkToPatch, DescriptorInfo};
+    use crate::connection::proto::MAX_EMULATED_COMMIT_BYTES;
+    use crate::data_source::DataSourceConfig;
+    use bytes::Bytes;
 
     /// The default producer name is the whole first word of the command
     /// line, as Perfetto's SDK takes it (cargo starts tests by their full
@@ -1384,7 +1247,7 @@ mod tests {
     }
 
     fn patch(i: u32, n: usize) -> ChunkToPatch {
-        let entry = crate::outbox::PatchEntry {
+        let entry = crate::connection::outbox::PatchEntry {
             offset: i,
             data: i.to_le_bytes(),
         };
@@ -1539,7 +1402,7 @@ mod tests {
         let client = Client::from_stream(ours).unwrap();
         let port = client.bind::<ProducerPort>().unwrap();
         let shm = SharedMemory::heap(EMULATION_SMB_SIZE, 4096, true).unwrap();
-        let outbox = Arc::new(crate::outbox::Outbox::new());
+        let outbox = Arc::new(crate::connection::outbox::Outbox::new());
         let arbiter = Arbiter::new(shm, PageLayout::Div1, outbox);
         assert!(arbiter.is_emulated());
         // ~600 KiB of chunk bytes: one request would be ~5 frames too big.

@@ -27,22 +27,31 @@
 //!   (re-entrancy) are dropped rather than deadlocking on the thread's own
 //!   writer lock.
 
+pub(crate) mod forward;
+pub(crate) mod registry;
+
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::proto::Message;
 use shmtrace_abi::writer::TraceWriter;
 
-use crate::arbiter::{Arbiter, BufferExhaustedPolicy};
-use crate::category::MAX_INSTANCES;
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
-use crate::writer::{
+use crate::connection::outbox::Outgoing;
+use crate::data_source::registry::registry;
+use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
+use crate::smb::writer::{
     request_all, wait_deferred, ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD,
     FLAG_FLUSH, FLAG_RETIRE,
 };
+use crate::track_event::category::MAX_INSTANCES;
+use crate::track_event::filter::TrackEventConfig;
+
+/// The instance id of the startup tracing instance (`track_event::startup`),
+/// which the program sets up itself: the service's ids count up from 1 and
+/// never reach it.
+pub(crate) const STARTUP_INSTANCE_ID: u64 = u64::MAX;
 
 /// How long a writer stalls for a chunk when a session's config asks for a
 /// stalling policy.
@@ -148,17 +157,6 @@ pub struct DataSourceOptions {
     pub extra_descriptor_fields: Vec<u8>,
 }
 
-/// What the connection needs to register a data source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DescriptorInfo {
-    pub name: String,
-    pub id: u64,
-    pub no_flush: bool,
-    /// Serialized `TrackEventDescriptor` (track_event only).
-    pub track_event_descriptor: Option<Vec<u8>>,
-    pub extra_fields: Vec<u8>,
-}
-
 pub(crate) struct InstanceState {
     pub started: bool,
     pub stopped: bool,
@@ -201,7 +199,7 @@ impl Instance {
     /// The startup tracing instance (`startup`), which the service does
     /// not know.
     pub(crate) fn is_startup(&self) -> bool {
-        self.id == crate::startup::STARTUP_INSTANCE_ID
+        self.id == STARTUP_INSTANCE_ID
     }
 
     /// Started and not stopping.
@@ -237,20 +235,23 @@ struct PolicyChoice {
     configurable: bool,
 }
 
-/// Which built-in behaviour a type has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    TrackEvent,
-    Custom,
-}
-
 /// A registered data source type.
 pub(crate) struct DataSourceType {
     pub index: usize,
     pub id: u64,
     pub name: String,
-    pub kind: Kind,
     pub options: DataSourceOptions,
+    /// Reserved by the crate itself ([`TypeRegistry::reserve`](registry::TypeRegistry::reserve): track
+    /// events) rather than registered by the program: advertised only
+    /// once [`TypeRegistry::advertise`](registry::TypeRegistry::advertise) is called, and its name yields to
+    /// a type the program registers before that.
+    pub reserved: bool,
+    /// Advertised to the service (from the start, unless reserved).
+    pub(crate) advertised: AtomicBool,
+    /// Computes the serialized `TrackEventDescriptor` each time the type
+    /// is advertised (the track event data source's, listing the
+    /// categories registered by then).
+    pub describe: Option<fn() -> Vec<u8>>,
     enabled: AtomicU8,
     /// The default policy and whether sessions may override it (start as
     /// `options`).
@@ -275,13 +276,16 @@ fn pack_handover(from: usize, to: usize, generation: u32) -> u64 {
 }
 
 impl DataSourceType {
+    /// A type the program registers (`reserved`: false) or the crate
+    /// reserves (see [`DataSourceType::reserved`]).
     pub(crate) fn new(
         index: usize,
         id: u64,
         name: String,
-        kind: Kind,
         options: DataSourceOptions,
         handler: Arc<dyn DataSourceHandler>,
+        reserved: bool,
+        describe: Option<fn() -> Vec<u8>>,
     ) -> Self {
         let policy = PolicyChoice {
             default: options.buffer_exhausted_policy,
@@ -291,13 +295,15 @@ impl DataSourceType {
             index,
             id,
             name,
-            kind,
             options,
+            reserved,
+            advertised: AtomicBool::new(!reserved),
+            describe,
             enabled: AtomicU8::new(0),
             policy: Mutex::new(policy),
             slots: Default::default(),
             handler,
-            reentrant_drops: &crate::arbiter::COUNTERS.reentrant_drops,
+            reentrant_drops: &crate::stats::COUNTERS.reentrant_drops,
             handover: AtomicU64::new(0),
         }
     }
@@ -405,19 +411,21 @@ impl DataSourceType {
             }
             st.started = true;
         }
-        if self.kind == Kind::TrackEvent {
-            let filter = inst.config.track_event_config.clone().unwrap_or_default();
-            crate::category::registry().set_filter(inst.slot, Some(filter));
-        }
         self.enabled.fetch_or(1 << inst.slot, Ordering::Relaxed);
         self.handler.on_start(&inst.args());
     }
 
-    /// Starts `inst` (a track event instance) in place of `from`, the
-    /// startup instance, then stops `from`: the categories' bits and this
-    /// type's slot mask move from `from`'s slot to `inst`'s in one store
-    /// each, so every event goes to exactly one of them.
-    pub(crate) fn start_replacing(&self, inst: &Instance, from: &Arc<Instance>) {
+    /// Starts `inst` in place of `from` (the startup instance), then stops
+    /// `from`: `move_enablement` moves what selects events for `from` over
+    /// to `inst` (track events: the categories' bits, one store each), and
+    /// this type's slot mask moves in one store, so every event goes to
+    /// exactly one of them.
+    pub(crate) fn start_replacing(
+        &self,
+        inst: &Instance,
+        from: &Arc<Instance>,
+        move_enablement: impl FnOnce(),
+    ) {
         {
             let mut st = inst.state();
             if st.started || st.stopped {
@@ -430,8 +438,7 @@ impl DataSourceType {
             pack_handover(from.slot, inst.slot, inst.generation),
             Ordering::Release,
         );
-        let filter = inst.config.track_event_config.clone().unwrap_or_default();
-        crate::category::registry().move_filter(from.slot, inst.slot, filter);
+        move_enablement();
         let (off, on) = (1u8 << from.slot, 1u8 << inst.slot);
         let _ = self
             .enabled
@@ -450,9 +457,6 @@ impl DataSourceType {
             self.handler.on_stop(&inst.args());
         }
         self.enabled.fetch_and(!(1 << inst.slot), Ordering::Relaxed);
-        if self.kind == Kind::TrackEvent {
-            crate::category::registry().set_filter(inst.slot, None);
-        }
         let slot = &self.slots[inst.slot];
         slot.generation.fetch_add(1, Ordering::AcqRel);
         let cells = {
@@ -659,7 +663,7 @@ enum NoWriter {
 /// ([`ProducerStats::writerless_drops`](crate::ProducerStats::writerless_drops)).
 #[cold]
 fn count_writerless(n: u32) {
-    crate::arbiter::COUNTERS
+    crate::stats::COUNTERS
         .writerless_drops
         .fetch_add(u64::from(n), Ordering::Relaxed);
 }
@@ -781,12 +785,7 @@ impl DataSource {
         options: DataSourceOptions,
         handler: impl DataSourceHandler,
     ) -> Result<Self, crate::RegisterError> {
-        let ty = crate::runtime::runtime().register_type(
-            name,
-            Kind::Custom,
-            options,
-            Arc::new(handler),
-        )?;
+        let ty = registry().register(name, options, Arc::new(handler))?;
         Ok(DataSource { ty })
     }
 
@@ -826,7 +825,7 @@ impl TraceContext<'_> {
     /// full). Losses are marked on the next packet.
     #[inline]
     pub fn packet(&mut self, f: impl FnOnce(&mut Message<'_, ProducerSink>)) -> bool {
-        use crate::event::PacketWriter;
+        use crate::encoding::event::PacketWriter;
         let ok = self.inner.out.write_packet(f);
         if !ok {
             self.instance
@@ -885,12 +884,13 @@ mod tests {
             9,
             9,
             "x".into(),
-            Kind::Custom,
             DataSourceOptions {
                 policy_configurable: true,
                 ..Default::default()
             },
             Arc::new(NoopHandler),
+            false,
+            None,
         );
         assert_eq!(
             open.policy_for(&stall),
@@ -909,9 +909,10 @@ mod tests {
             9,
             9,
             "y".into(),
-            Kind::Custom,
             DataSourceOptions::default(),
             Arc::new(NoopHandler),
+            false,
+            None,
         );
         assert_eq!(closed.policy_for(&stall), BufferExhaustedPolicy::Drop);
     }

@@ -25,19 +25,22 @@
 //! A disabled trace point costs one relaxed load (the category's bitmask of
 //! sessions enabling it); arguments are not evaluated.
 
-use std::sync::{Arc, Mutex, OnceLock};
+pub(crate) mod category;
+pub(crate) mod data_source;
+pub mod filter;
+pub(crate) mod startup;
+pub(crate) mod track;
 
-use shmtrace_abi::trace::{track_event_category as category, track_event_descriptor as descriptor};
-use shmtrace_ipc::protos::vec_sink::encode_to_vec;
+pub use data_source::{add_session_observer, remove_session_observer, TrackEventSessionObserver};
 
-use crate::annotation::{Arg, ArgName, DebugValue};
-use crate::category::{registry, Category, DynamicCategory};
-use crate::data_source::{DataSourceHandler, DataSourceType, InstanceArgs, SetupArgs};
-use crate::event::{
+use crate::encoding::annotation::{Arg, ArgName, DebugValue};
+use crate::encoding::event::{
     CounterValue, EventContext, EventData, EventName, EventType, ExtraFields, PlainEvent,
 };
-use crate::track::{CounterTrack, Flow, Timestamp, Track};
-use crate::writer::ProducerSink;
+use crate::smb::writer::ProducerSink;
+use crate::track_event::category::{registry, Category};
+use crate::track_event::data_source::track_event_type;
+use crate::track_event::track::{CounterTrack, Flow, Timestamp, Track};
 
 /// Registers static categories so sessions can enable them and the service
 /// advertises them (`TrackEventDescriptor`). Registering again is a no-op.
@@ -47,7 +50,7 @@ use crate::writer::ProducerSink;
 /// offer track events.
 pub fn register_categories(categories: &[&'static Category]) {
     let changed = registry().register(categories);
-    crate::runtime::runtime().advertise_track_event(changed);
+    data_source::advertise(changed);
 }
 
 /// What track event writers of sessions set up from now on do when the SMB
@@ -72,96 +75,51 @@ pub fn is_enabled() -> bool {
     track_event_type().enabled_mask() != 0
 }
 
-/// Callbacks about track event sessions, run on the producer's connection
-/// thread.
-pub trait TrackEventSessionObserver: Send + Sync {
-    /// A session configured track events (not started yet).
-    fn on_setup(&self, _args: &SetupArgs<'_>) {}
-    /// A session started; events emitted here are recorded.
-    fn on_start(&self, _args: &InstanceArgs<'_>) {}
-    /// A session is stopping; events emitted here are still recorded.
-    fn on_stop(&self, _args: &InstanceArgs<'_>) {}
+/// A category known only at run time (e.g. from a script engine).
+///
+/// One named `disabled-by-default-…` is tagged `slow`, as upstream's C++ SDK
+/// does, so sessions leave it off unless they ask for it.
+///
+/// Creating one looks the name up in the registry (a lock and a hash
+/// lookup), so create it once and keep it; after that it is as cheap as a
+/// static [`Category`].
+///
+/// ```
+/// use shmtrace_producer::DynamicCategory;
+/// let cat = DynamicCategory::new("nodejs.something");
+/// assert_eq!(cat.name(), "nodejs.something");
+/// assert!(std::ptr::eq(cat.category(), DynamicCategory::new("nodejs.something").category()));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct DynamicCategory {
+    category: &'static Category,
 }
 
-type Observers = Mutex<Vec<Arc<dyn TrackEventSessionObserver>>>;
-
-fn observers() -> &'static Observers {
-    static OBSERVERS: Observers = Mutex::new(Vec::new());
-    &OBSERVERS
-}
-
-fn each_observer(f: impl Fn(&dyn TrackEventSessionObserver)) {
-    let list = observers()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    for o in list {
-        f(&*o);
+impl DynamicCategory {
+    /// The dynamic category `name` (registered on first use; the first
+    /// dynamic category advertises the `track_event` data source, like
+    /// [`register_categories`]).
+    pub fn new(name: &str) -> Self {
+        let category = registry().dynamic(name);
+        data_source::advertise(false);
+        DynamicCategory { category }
     }
-}
 
-/// Adds a session observer.
-pub fn add_session_observer(observer: Arc<dyn TrackEventSessionObserver>) {
-    observers()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(observer);
-}
-
-/// Removes a session observer added with [`add_session_observer`].
-pub fn remove_session_observer(observer: &Arc<dyn TrackEventSessionObserver>) {
-    observers()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|o| !Arc::ptr_eq(o, observer));
-}
-
-/// The track event data source's callbacks: forwards to observers.
-pub(crate) struct TrackEventHandler;
-
-impl DataSourceHandler for TrackEventHandler {
-    fn on_setup(&self, args: &SetupArgs<'_>) {
-        each_observer(|o| o.on_setup(args));
+    /// The name.
+    pub fn name(&self) -> &'static str {
+        self.category.name()
     }
-    fn on_start(&self, args: &InstanceArgs<'_>) {
-        each_observer(|o| o.on_start(args));
-    }
-    fn on_stop(&self, args: &InstanceArgs<'_>) {
-        each_observer(|o| o.on_stop(args));
-    }
-}
 
-/// The serialized `TrackEventDescriptor` advertising the registered
-/// categories (`available_categories`: name, description, tags).
-pub(crate) fn serialized_descriptor() -> Vec<u8> {
-    let cats = registry().advertised();
-    let mut buf = Vec::new();
-    let written = encode_to_vec(&mut buf, |d| {
-        // A group ("a,b") is not a category of its own: upstream leaves
-        // groups out, and so do we.
-        for c in cats.iter().filter(|c| !c.is_group()) {
-            d.nested(descriptor::AVAILABLE_CATEGORIES, |e| {
-                e.string(category::NAME, c.name());
-                if !c.description().is_empty() {
-                    e.string(category::DESCRIPTION, c.description());
-                }
-                for t in c.tags() {
-                    e.string(category::TAGS, t);
-                }
-            });
-        }
-    });
-    match written {
-        Ok(()) => buf,
-        Err(_) => Vec::new(),
+    /// The underlying category (usable wherever a static one is).
+    pub fn category(&self) -> &'static Category {
+        self.category
     }
-}
 
-/// The track event data source type (cached: one load per event).
-#[inline]
-pub(crate) fn track_event_type() -> &'static DataSourceType {
-    static TYPE: OnceLock<Arc<DataSourceType>> = OnceLock::new();
-    TYPE.get_or_init(|| crate::runtime::runtime().track_event())
+    /// Whether any running session enables it: one relaxed load.
+    #[inline(always)]
+    pub fn is_enabled(&self) -> bool {
+        self.category.is_enabled()
+    }
 }
 
 /// Anything that names a category: a `&'static Category` (a static) or a

@@ -41,8 +41,8 @@ use shmtrace_abi::track_event::{
 };
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, InPlaceWriter, PatchGroup, PatchesDeferred};
 
-use crate::event::tests::VecWriter;
-use crate::event::{EventData, EventName, PlainEvent, SequenceState};
+use crate::encoding::event::tests::VecWriter;
+use crate::encoding::event::{EventData, EventName, PlainEvent, SequenceState};
 use crate::test_schema as ts;
 use crate::{
     Arg, Category, CounterTrack, CounterValue, DebugValue, EventType, Flow, ThreadTrack, Timestamp,

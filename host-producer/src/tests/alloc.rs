@@ -11,8 +11,8 @@ use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::trace::trace_packet;
 
 use super::loopback::{serial, Loopback};
-use crate::filter::TrackEventConfig;
 use crate::runtime::runtime;
+use crate::track_event::filter::TrackEventConfig;
 use crate::{
     trace_counter, trace_event, trace_instant, track_event, Arg, Category, CounterTrack,
     DataSource, DataSourceConfig, DebugValue, DynamicCategory, EventName, Flow, Track,

@@ -6,11 +6,11 @@ use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
 
 use super::loopback::{serial, Loopback};
-use crate::data_source::DescriptorInfo;
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
+use crate::connection::outbox::DescriptorInfo;
+use crate::connection::outbox::Outgoing;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
+use crate::track_event::filter::TrackEventConfig;
 use crate::{trace_instant, track_event, Category, DynamicCategory, TRACK_EVENT_DATA_SOURCE};
 
 /// `perfetto.protos.TrackEventDescriptor` (upstream field numbers).
@@ -55,7 +55,7 @@ fn descriptor_lists_names_descriptions_and_tags() {
     track_event::register_categories(&[&D_PLAIN, &D_FULL, &D_GROUP]);
     track_event::register_categories(&[&D_FULL]); // no-op
     let _dynamic = DynamicCategory::new("desc.dynamic");
-    let bytes = track_event::serialized_descriptor();
+    let bytes = crate::track_event::data_source::serialized_descriptor();
 
     let plain = categories(&bytes, "desc.plain");
     assert_eq!(plain.len(), 1, "advertised once");
@@ -115,7 +115,11 @@ fn late_registration_updates_the_data_source_and_enables_the_category() {
     assert_eq!(updates.len(), 1, "one UpdateDataSource per registration");
     let d = &updates[0];
     assert_eq!(d.name, TRACK_EVENT_DATA_SOURCE);
-    assert_eq!(d.id, runtime().track_event().id, "same data source id");
+    assert_eq!(
+        d.id,
+        crate::track_event::data_source::track_event_type().id,
+        "same data source id"
+    );
     let te = d.track_event_descriptor.as_deref().expect("descriptor");
     let late = categories(te, "desc.late");
     assert_eq!(late.len(), 1, "the new category is advertised");
@@ -126,7 +130,7 @@ fn late_registration_updates_the_data_source_and_enables_the_category() {
     assert_eq!(late[0].tags, ["debug"]);
 
     // What goes on the wire (UpdateDataSourceRequest.data_source_descriptor).
-    let wire = crate::connection::descriptor_proto(d);
+    let wire = crate::connection::proto::descriptor_proto(d);
     assert_eq!(wire.name.as_deref(), Some(TRACK_EVENT_DATA_SOURCE));
     assert_eq!(wire.track_event_descriptor.as_deref(), Some(te));
 

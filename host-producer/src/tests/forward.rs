@@ -12,7 +12,7 @@ use shmtrace_abi::smb::{Smb, SmbStorage, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
 
 use super::loopback::{serial, Loopback};
-use crate::outbox::Outgoing;
+use crate::connection::outbox::Outgoing;
 use crate::runtime::runtime;
 use crate::test_schema as ts;
 use crate::{

@@ -1228,7 +1228,7 @@ fn flood_without_reading(
     n: u64,
     mut cmd: impl FnMut(u64) -> Cmd,
 ) -> (Option<u64>, usize) {
-    use crate::outbox::BACKLOG_CAP;
+    use crate::connection::outbox::BACKLOG_CAP;
     // Sends that make no progress this long are blocked (a producer that
     // reads unblocks them within microseconds).
     const STALL: Duration = Duration::from_millis(300);
@@ -1273,7 +1273,7 @@ fn flood_without_reading(
 /// it), and the connection is up.
 #[test]
 fn a_service_flooding_commands_without_reading_costs_bounded_memory() {
-    use crate::outbox::BACKLOG_CAP;
+    use crate::connection::outbox::BACKLOG_CAP;
     const FLUSHES: u64 = 5000;
     const STOPS: u64 = 3000;
     let _s = serial();

@@ -11,12 +11,12 @@ use std::time::Duration;
 use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::reader::{apply_patches, FragmentEvent, Fragments};
 
-use crate::arbiter::Arbiter;
+use crate::connection::outbox::Outgoing;
 use crate::data_source::DataSourceConfig;
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
 use crate::runtime::runtime;
-use crate::shm::SharedMemory;
+use crate::smb::arbiter::Arbiter;
+use crate::smb::shm::SharedMemory;
+use crate::track_event::filter::TrackEventConfig;
 
 /// Serializes tests that use the process-wide runtime.
 pub(crate) fn serial() -> MutexGuard<'static, ()> {
@@ -80,7 +80,11 @@ fn handle(arbiter: &Arbiter, rx: &mut Received, msg: Outgoing) {
 
 /// What a service does with one `CommitData`: move the chunks out of the
 /// SMB, then apply the patches (each must find its chunk), then the ack.
-fn handle_commit(arbiter: &Arbiter, rx: &mut Received, c: &crate::outbox::CommitRequest) {
+fn handle_commit(
+    arbiter: &Arbiter,
+    rx: &mut Received,
+    c: &crate::connection::outbox::CommitRequest,
+) {
     rx.commits += 1;
     for m in &c.chunks_to_move {
         let bytes = match &m.data {
@@ -133,7 +137,7 @@ impl Loopback {
         let pump = {
             let (arbiter, received, stop) = (arbiter.clone(), received.clone(), stop.clone());
             std::thread::spawn(move || {
-                crate::arbiter::forbid_stalls_on_this_thread();
+                crate::smb::arbiter::forbid_stalls_on_this_thread();
                 while !stop.load(Ordering::Acquire) {
                     {
                         let mut rx = received.lock().unwrap();

@@ -10,9 +10,9 @@ use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
 
 use super::loopback::{serial, Loopback};
-use crate::filter::TrackEventConfig;
 use crate::runtime::runtime;
 use crate::test_schema as ts;
+use crate::track_event::filter::TrackEventConfig;
 use crate::{trace_instant, track_event, Category, ThreadTrack};
 
 static N_CAT: Category = Category::new("names.cat");

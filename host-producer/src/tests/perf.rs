@@ -6,8 +6,8 @@
 use shmtrace_abi::layout::PageLayout;
 
 use super::loopback::{serial, Loopback};
-use crate::filter::TrackEventConfig;
 use crate::runtime::runtime;
+use crate::track_event::filter::TrackEventConfig;
 use crate::{trace_counter, trace_event, trace_instant, track_event, Category, CounterTrack};
 
 static P_ON: Category = Category::new("perf.on");

@@ -9,10 +9,10 @@ use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::trace::trace_packet;
 
 use super::loopback::{serial, Loopback, Sequence};
-use crate::filter::TrackEventConfig;
-use crate::outbox::Outgoing;
+use crate::connection::outbox::Outgoing;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
+use crate::track_event::filter::TrackEventConfig;
 use crate::{
     trace_counter, trace_event, trace_instant, track_event, Arg, BufferExhaustedPolicy, Category,
     CounterTrack, DataSource, DataSourceConfig, DataSourceHandler, DataSourceOptions, DebugValue,
@@ -655,7 +655,7 @@ fn session_config_makes_writers_stall_end_to_end() {
     let mut raw = vec![0x0A, name.len() as u8];
     raw.extend_from_slice(name.as_bytes());
     raw.extend_from_slice(&[0x10, 1, 0x48, 3]);
-    let config = crate::connection::decode_config(Some(&bytes::Bytes::from(raw)));
+    let config = crate::connection::proto::decode_config(Some(&bytes::Bytes::from(raw)));
     assert_eq!(config.stall_when_exhausted, Some(true));
     assert!(runtime().setup_data_source(171, config));
     runtime().start_data_source(171);
@@ -695,7 +695,7 @@ fn track_event_policy_is_the_programs_unless_it_opts_in() {
     let _s = serial();
     register();
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
-    let te = runtime().track_event();
+    let te = crate::track_event::data_source::track_event_type();
     let setup = |id: u64| {
         let config = DataSourceConfig {
             name: crate::TRACK_EVENT_DATA_SOURCE.into(),
@@ -1624,7 +1624,12 @@ fn begin_startup(timeout: Duration) {
         timeout,
         categories: only("t.early"),
     };
-    crate::startup::begin(&runtime().track_event(), &cfg, PageLayout::Div1).unwrap();
+    crate::track_event::startup::begin(
+        crate::track_event::data_source::track_event_type(),
+        &cfg,
+        PageLayout::Div1,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -1717,7 +1722,7 @@ fn a_startup_trace_no_session_adopts_is_dropped_and_counted() {
         assert!(std::time::Instant::now() < deadline, "never timed out");
         std::thread::sleep(Duration::from_millis(5));
     }
-    crate::startup::wait_handed_over(Duration::from_secs(1));
+    crate::track_event::startup::wait_handed_over(Duration::from_secs(1));
     // A session starting afterwards gets nothing of it.
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
     lb.start_track_event(43, 1, TrackEventConfig::default());
@@ -1749,12 +1754,14 @@ fn an_event_racing_the_hand_over_reaches_the_adopting_session() {
     lb.start_track_event(44, 1, TrackEventConfig::default());
     assert_ne!(stale, T_EARLY.enabled_instances());
     let mut reached = Vec::new();
-    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    crate::track_event::data_source::track_event_type()
+        .with_writers(stale, |_, inst| reached.push(inst.id));
     assert_eq!(reached, [44], "not lost with the startup instance");
     runtime().stop_data_source(44);
     // Once the adopting session is gone, nothing is redirected.
     let mut reached = Vec::new();
-    crate::track_event::track_event_type().with_writers(stale, |_, inst| reached.push(inst.id));
+    crate::track_event::data_source::track_event_type()
+        .with_writers(stale, |_, inst| reached.push(inst.id));
     assert!(reached.is_empty(), "{reached:?}");
     lb.shutdown();
 }

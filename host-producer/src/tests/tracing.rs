@@ -9,9 +9,9 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 use super::alloc::allocations;
 use super::loopback::{serial, Loopback};
-use crate::filter::TrackEventConfig;
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
+use crate::track_event::filter::TrackEventConfig;
 use crate::TracingLayer;
 
 /// Every track event of the loopback's sequences in the category

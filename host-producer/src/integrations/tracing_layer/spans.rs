@@ -31,8 +31,8 @@ use tracing_core::Metadata;
 
 use super::callsites;
 use super::fields::SpanFields;
-use crate::category::Category;
-use crate::track::Flow;
+use crate::Category;
+use crate::Flow;
 
 /// Keys per group: one cache line of `u64`s.
 const GROUP: usize = 8;

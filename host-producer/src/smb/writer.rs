@@ -9,43 +9,8 @@
 //!
 //! A cell has one owner thread (the thread whose thread-local entry holds
 //! it) and, rarely, *takers*: the idle sweep, flush, stop and thread exit.
-//! The owner locks it for every event, so its side must be cheap; takers
-//! may pay a syscall. The lock is an asymmetric Dekker pair of flags:
-//!
-//! * `in_use` is written only by the owner: `true` for the duration of one
-//!   packet group (an event and the state it depends on), then `false`
-//!   with a release store.
-//! * `taker` is set by one taker at a time (`swap(true)`, so takers exclude
-//!   each other) and cleared with a release store.
-//!
-//! The owner stores `in_use = true`, then loads `taker` (acquire); if set it
-//! backs off (`in_use = false`), waits for `taker` to clear and retries. A
-//! taker sets `taker`, then loads `in_use` (acquire); if set it clears
-//! `taker` and fails. Mutual exclusion needs the classic store-then-load
-//! ordering on both sides, so that at least one of them sees the other's
-//! flag:
-//!
-//! * [`LockMode::Asymmetric`] (Linux with `membarrier(2)`
-//!   `MEMBARRIER_CMD_PRIVATE_EXPEDITED`, registered once per process): the
-//!   owner has only a compiler fence between its store and its load (no
-//!   atomic read-modify-write, no `mfence`); the taker calls
-//!   `membarrier(PRIVATE_EXPEDITED)` between its store and its load. The
-//!   kernel runs a full memory barrier on every CPU currently running a
-//!   thread of this process before the call returns (and a context switch
-//!   is one), so the owner's store and load are separated by a full barrier
-//!   at *some* point of its program order: if that point falls after its
-//!   `in_use` store, the store is visible to the taker's later load; if it
-//!   falls before, the owner's `taker` load comes after a barrier that
-//!   follows the taker's store and sees it. Either way both cannot pass.
-//!   This is the pairing of liburcu's and folly's asymmetric fences.
-//! * [`LockMode::Symmetric`] (no membarrier: other OSes, old kernels,
-//!   seccomp): both sides use sequentially consistent read-modify-writes
-//!   and loads, i.e. the plain Dekker algorithm; the owner pays two atomic
-//!   swaps per event (taking the lock, and releasing it before it looks
-//!   for deferred work, below).
-//!
-//! The mode is chosen when the first cell is created and never changes, so
-//! both sides of a cell always follow the same protocol.
+//! They exclude each other through the cell's [`CellLock`] (an asymmetric
+//! Dekker pair of flags; see `cell_lock`).
 //!
 //! Data: the holder has exclusive access to `inner`. A taker that sees
 //! `in_use == false` read the owner's last release store (acquire/release
@@ -76,14 +41,15 @@
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 
-use crate::arbiter::{Arbiter, WriterArbiter};
-use crate::event::{PacketWriter, SequenceState};
+use crate::encoding::event::{PacketWriter, SequenceState};
+use crate::smb::arbiter::{Arbiter, WriterArbiter};
+use crate::smb::cell_lock::{lock_mode, taker_fence, CellLock, LockMode};
 
 /// Flag: flush at the next opportunity (a flusher could not get the lock).
 pub(crate) const FLAG_FLUSH: u8 = 1;
@@ -189,111 +155,10 @@ impl WriterInner {
     }
 }
 
-/// How the owner and takers of a cell order their flags (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LockMode {
-    /// Owner: plain store + compiler fence; taker: `membarrier`.
-    Asymmetric,
-    /// Both: sequentially consistent read-modify-writes.
-    Symmetric,
-}
-
-const MODE_UNKNOWN: u8 = 0;
-const MODE_ASYMMETRIC: u8 = 1;
-const MODE_SYMMETRIC: u8 = 2;
-static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
-
-/// The process's lock mode, chosen (and membarrier registered) on first
-/// call. Called before any cell exists, so no cell ever sees it change.
-pub(crate) fn lock_mode() -> LockMode {
-    match MODE.load(Ordering::Acquire) {
-        MODE_ASYMMETRIC => LockMode::Asymmetric,
-        MODE_SYMMETRIC => LockMode::Symmetric,
-        _ => {
-            let chosen = if register_membarrier() {
-                MODE_ASYMMETRIC
-            } else {
-                MODE_SYMMETRIC
-            };
-            // Concurrent first calls agree on the first decision.
-            let mode = match MODE.compare_exchange(
-                MODE_UNKNOWN,
-                chosen,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => chosen,
-                Err(won) => won,
-            };
-            if mode == MODE_ASYMMETRIC {
-                LockMode::Asymmetric
-            } else {
-                LockMode::Symmetric
-            }
-        }
-    }
-}
-
-/// Registers this process for private expedited membarriers; `false` if
-/// the kernel (or a seccomp filter) does not offer them.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn register_membarrier() -> bool {
-    use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
-    let supported = membarrier_query();
-    supported.contains_command(MembarrierCommand::PrivateExpedited)
-        && supported.contains_command(MembarrierCommand::RegisterPrivateExpedited)
-        && membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
-        // Registered: the command itself must now work.
-        && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn register_membarrier() -> bool {
-    false
-}
-
-/// The fence a taker runs between [`WriterCell::claim`] and
-/// [`WriterCell::confirm`] (one serves any number of cells of `mode`).
-pub(crate) fn taker_fence(mode: LockMode) {
-    match mode {
-        LockMode::Asymmetric => heavy_barrier(),
-        // The claim and the confirm are sequentially consistent already.
-        LockMode::Symmetric => {}
-    }
-}
-
-/// The taker's heavy side of the asymmetric fence.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn heavy_barrier() {
-    use rustix::thread::{membarrier, MembarrierCommand};
-    // Registration succeeded and ran this command once, so it cannot fail
-    // for lack of registration.
-    if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
-        unreachable_membarrier_failure();
-    }
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn heavy_barrier() {
-    unreachable_membarrier_failure();
-}
-
-/// Asymmetric mode is only chosen after `PrivateExpedited` worked once;
-/// the kernel does not revoke a registration. Aborting is the only sound
-/// answer if it ever did (owners rely on the barrier for exclusion).
-#[cold]
-fn unreachable_membarrier_failure() -> ! {
-    log::error!("membarrier(PRIVATE_EXPEDITED) failed after registration; aborting");
-    std::process::abort()
-}
-
 /// One trace writer and its lock. See the module docs.
 pub(crate) struct WriterCell {
-    /// Written only by the owner thread.
-    in_use: AtomicBool,
-    /// Held by at most one taker.
-    taker: AtomicBool,
-    mode: LockMode,
+    /// Excludes the owner and takers from each other.
+    lock: CellLock,
     flags: AtomicU8,
     /// Set by the owner on every use, cleared by the idle sweep (second
     /// chance): a cell found untouched twice in a row is idle.
@@ -306,9 +171,10 @@ pub(crate) struct WriterCell {
 }
 
 // SAFETY: `inner` is only accessed through a `CellGuard`, which exists only
-// while its holder won the owner/taker exclusion described in the module
-// docs (owner: `in_use` set and `taker` seen clear; taker: `taker` set and
-// `in_use` seen clear, with the fence of the cell's mode in between);
+// while its holder won the owner/taker exclusion of the cell's `CellLock`
+// (`cell_lock` module docs: owner: `in_use` set and `taker` seen clear;
+// taker: `taker` set and `in_use` seen clear, with the fence of the lock's
+// mode in between);
 // everything else is atomics or immutable. `WriterInner` itself is `Send`.
 unsafe impl Sync for WriterCell {}
 
@@ -328,9 +194,7 @@ impl WriterCell {
     ) -> Self {
         let writer_id = writer.writer_id();
         WriterCell {
-            in_use: AtomicBool::new(false),
-            taker: AtomicBool::new(false),
-            mode,
+            lock: CellLock::new(mode),
             flags: AtomicU8::new(0),
             touched: AtomicBool::new(true),
             swept: AtomicBool::new(false),
@@ -361,7 +225,7 @@ impl WriterCell {
     /// A taker's first step: excludes other takers. Must be followed by
     /// [`taker_fence`] and then [`WriterCell::confirm`].
     pub(crate) fn claim(&self) -> bool {
-        !self.taker.swap(true, Ordering::SeqCst)
+        self.lock.claim()
     }
 
     /// A taker's last step after [`WriterCell::claim`] and a
@@ -370,40 +234,10 @@ impl WriterCell {
     pub(crate) fn confirm(&self) -> Option<CellGuard<'_>> {
         // Lazily: a guard made and dropped on failure would release
         // another taker's claim.
-        self.confirm_raw().then(|| CellGuard {
+        self.lock.confirm().then(|| CellGuard {
             cell: self,
             owner: false,
         })
-    }
-
-    fn confirm_raw(&self) -> bool {
-        if self.in_use.load(Ordering::SeqCst) {
-            self.taker.store(false, Ordering::Release);
-            return false;
-        }
-        true
-    }
-
-    /// The owner's one attempt (module docs).
-    #[inline]
-    fn owner_enter(&self) -> bool {
-        match self.mode {
-            LockMode::Asymmetric => {
-                self.in_use.store(true, Ordering::Relaxed);
-                // Keeps the compiler from moving the load above the store;
-                // the CPU's store-load order is the taker's membarrier's job.
-                compiler_fence(Ordering::SeqCst);
-            }
-            LockMode::Symmetric => {
-                self.in_use.swap(true, Ordering::SeqCst);
-            }
-        }
-        if self.taker.load(Ordering::SeqCst) {
-            self.in_use.store(false, Ordering::Release);
-            false
-        } else {
-            true
-        }
     }
 
     /// The owner's lock: only the cell's owner thread calls it, never while
@@ -412,30 +246,10 @@ impl WriterCell {
     #[inline]
     pub(crate) fn lock_owner(&self) -> CellGuard<'_> {
         self.touched.store(true, Ordering::Relaxed);
-        if !self.owner_enter() {
-            self.owner_enter_slow();
-        }
+        self.lock.lock_owner();
         CellGuard {
             cell: self,
             owner: true,
-        }
-    }
-
-    #[cold]
-    fn owner_enter_slow(&self) {
-        let mut spins = 0u32;
-        loop {
-            while self.taker.load(Ordering::Acquire) {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            if self.owner_enter() {
-                return;
-            }
         }
     }
 
@@ -443,21 +257,7 @@ impl WriterCell {
     /// after the release: module docs).
     #[inline]
     fn release(&self, owner: bool) -> bool {
-        if !owner {
-            self.taker.store(false, Ordering::SeqCst);
-        } else {
-            match self.mode {
-                LockMode::Asymmetric => {
-                    self.in_use.store(false, Ordering::Release);
-                    // Store, then load: the requester's membarrier orders
-                    // them on the CPU, as for the lock.
-                    compiler_fence(Ordering::SeqCst);
-                }
-                LockMode::Symmetric => {
-                    self.in_use.swap(false, Ordering::SeqCst);
-                }
-            }
-        }
+        self.lock.release(owner);
         self.flags.load(Ordering::SeqCst) & DEFERRED != 0
     }
 
@@ -466,15 +266,7 @@ impl WriterCell {
     /// holds it (the holder then does the work).
     #[cold]
     fn reacquire(&self, owner: bool) -> bool {
-        if owner {
-            self.owner_enter_slow();
-            return true;
-        }
-        if !self.claim() {
-            return false;
-        }
-        taker_fence(self.mode);
-        self.confirm_raw()
+        self.lock.reacquire(owner)
     }
 
     /// Second-chance idleness: `true` if untouched since the last call.
@@ -536,12 +328,11 @@ impl CellGuard<'_> {
         if work & FLAG_RETIRE != 0 {
             // The chunk just committed goes out first, then the writer is
             // gone; the id is free only now that nobody writes with it.
-            inner
-                .arbiter
-                .outbox()
-                .push(crate::outbox::Outgoing::UnregisterTraceWriter {
+            inner.arbiter.outbox().push(
+                crate::connection::outbox::Outgoing::UnregisterTraceWriter {
                     writer_id: u32::from(writer_id),
-                });
+                },
+            );
             inner.arbiter.free_writer_id(writer_id);
         }
     }
@@ -602,9 +393,9 @@ pub(crate) fn wait_deferred(cells: &[Arc<WriterCell>], work: u8, deadline: Insta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arbiter::BufferExhaustedPolicy;
-    use crate::outbox::Outbox;
-    use crate::shm::SharedMemory;
+    use crate::connection::outbox::Outbox;
+    use crate::smb::arbiter::BufferExhaustedPolicy;
+    use crate::smb::shm::SharedMemory;
     use shmtrace_abi::layout::PageLayout;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
 
@@ -785,9 +576,9 @@ mod tests {
     /// [`WriterCell::lock_owner`] step by step, telling whether the owner
     /// had to back off for a taker.
     fn lock_owner_counted(cell: &WriterCell) -> (CellGuard<'_>, bool) {
-        let backed_off = !cell.owner_enter();
+        let backed_off = !cell.lock.owner_enter();
         if backed_off {
-            cell.owner_enter_slow();
+            cell.lock.owner_enter_slow();
         }
         let guard = CellGuard { cell, owner: true };
         (guard, backed_off)
@@ -821,7 +612,7 @@ mod tests {
     /// and each finds the other's flag (so the run did race them).
     fn owner_and_takers_exclude_each_other(mode: LockMode) -> Seen {
         let cell = cell(mode);
-        assert_eq!(cell.mode, mode);
+        assert_eq!(cell.lock.mode(), mode);
         let race = Arc::new(Race::default());
         let takers: Vec<_> = (0..2u32)
             .map(|which| {
@@ -830,7 +621,11 @@ mod tests {
                     let mut jitter = Jitter(0x9e37_79b9 ^ which);
                     // Fencing for the cell's mode, or the process's as the
                     // sweep and `request_all` do.
-                    let fence = if which == 0 { cell.mode } else { lock_mode() };
+                    let fence = if which == 0 {
+                        cell.lock.mode()
+                    } else {
+                        lock_mode()
+                    };
                     while !race.done.load(Ordering::Relaxed) {
                         race.taker_attempt(&cell, fence, jitter.stay(LONG_ONE_IN, 100));
                         jitter.pause(TAKER_PAUSE);
@@ -905,7 +700,7 @@ mod tests {
                     if !wait_for(&go, round, || race.done.load(Ordering::Relaxed)) {
                         return;
                     }
-                    race.taker_attempt(&cell, cell.mode, Stay::Spins(20));
+                    race.taker_attempt(&cell, cell.lock.mode(), Stay::Spins(20));
                     finished.store(round, Ordering::Release);
                 }
             })
@@ -979,7 +774,7 @@ mod tests {
 mod deferred_tests {
     use super::tests::{cell, cell_and_arbiter};
     use super::*;
-    use crate::outbox::Outgoing;
+    use crate::connection::outbox::Outgoing;
     use shmtrace_abi::trace::trace_packet;
 
     /// What the arbiter's outbox holds, in order (chunks committed per
@@ -995,7 +790,7 @@ mod deferred_tests {
     }
 
     fn write_one(cell: &WriterCell) -> CellGuard<'_> {
-        use crate::event::PacketWriter;
+        use crate::encoding::event::PacketWriter;
         let mut g = cell.lock_owner();
         assert!(g
             .inner()

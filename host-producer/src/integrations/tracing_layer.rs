@@ -110,12 +110,9 @@ use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::layer::{Context, Filter, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::annotation::Arg;
-use crate::category::Category;
-use crate::event::{EventName, EventType};
-use crate::target_category;
-use crate::track::{Flow, Timestamp, Track};
+use crate::integrations::target_category;
 use crate::track_event::__event;
+use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, EventFields, SpanFields};
 use spans::{Slot, SpanTable};

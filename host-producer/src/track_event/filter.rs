@@ -44,8 +44,6 @@
 //!   a disabled category or tag of the same pass; `"*"` against a longer
 //!   pattern) can decide differently here.
 
-use crate::category::group_members;
-
 /// The category filter of one tracing session (`TrackEventConfig` fields
 /// 1-4).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -185,6 +183,12 @@ impl TrackEventConfig {
             self.decide(name, tags_of(name)).enables()
         }
     }
+}
+
+/// The category names of a comma-separated group, trimmed, empty ones
+/// skipped (`"a, b,,c"` is `a`, `b`, `c`).
+pub(crate) fn group_members(names: &str) -> impl Iterator<Item = &str> {
+    names.split(',').map(str::trim).filter(|m| !m.is_empty())
 }
 
 #[cfg(test)]

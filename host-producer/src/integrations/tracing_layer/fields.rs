@@ -12,7 +12,7 @@ use std::fmt::{self, Write as _};
 
 use tracing_core::field::{Field, Visit};
 
-use crate::annotation::{Arg, DebugValue};
+use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
 pub(super) const MAX_FIELDS: usize = 32;

@@ -31,10 +31,9 @@ use std::fmt::Write as _;
 
 use log::{LevelFilter, Log, Metadata, Record, SetLoggerError};
 
-use crate::annotation::Arg;
-use crate::event::{EventName, EventType};
-use crate::target_category;
+use crate::integrations::target_category;
 use crate::track_event::__event;
+use crate::{Arg, EventName, EventType};
 
 /// A [`log::Log`] writing records as track events, and passing them on to
 /// another logger if given one.

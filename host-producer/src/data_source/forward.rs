@@ -108,12 +108,13 @@ use shmtrace_abi::proto::wire::{put_varint, MAX_VARINT_LEN};
 use shmtrace_abi::reader::{ChunkError, FragmentEvent, Fragments};
 use shmtrace_abi::trace::{data_loss, trace_packet};
 
-use crate::arbiter::BufferExhaustedPolicy;
+use crate::connection::outbox::{ChunkToPatch, Outgoing, PatchEntry};
+use crate::data_source::registry::registry;
 use crate::data_source::{
-    DataSourceHandler, DataSourceOptions, DataSourceType, Instance, InstanceArgs, Kind, SetupArgs,
+    DataSourceHandler, DataSourceOptions, DataSourceType, Instance, InstanceArgs, SetupArgs,
 };
 use crate::error::RegisterError;
-use crate::outbox::{ChunkToPatch, Outgoing, PatchEntry};
+use crate::smb::arbiter::BufferExhaustedPolicy;
 
 /// Largest packet [`ForwardedSequence::set_injected_packet`] takes.
 pub const MAX_INJECTED_PACKET: usize = 1024;
@@ -345,12 +346,7 @@ impl ChunkForwarder {
             user: handler,
             shared: shared.clone(),
         };
-        let ty = crate::runtime::runtime().register_type(
-            name,
-            Kind::Custom,
-            options,
-            Arc::new(handler),
-        )?;
+        let ty = registry().register(name, options, Arc::new(handler))?;
         *shared.ty.lock().unwrap_or_else(|e| e.into_inner()) = Some(ty.clone());
         Ok(ChunkForwarder { ty, shared })
     }
@@ -384,7 +380,7 @@ impl ChunkForwarder {
     /// Sends everything committed so far to the service now, rather than
     /// after the sender's batching delay.
     pub fn flush(&self) {
-        crate::runtime::runtime().outbox().kick();
+        registry().outbox().kick();
     }
 
     /// The forwarder's counters.
@@ -963,7 +959,7 @@ fn forward_into(
 /// A chunk of at least `size` bytes, waiting for one as `policy` allows
 /// (never on the producer's own threads).
 fn acquire(
-    arbiter: &crate::arbiter::Arbiter,
+    arbiter: &crate::smb::arbiter::Arbiter,
     size: usize,
     header: ChunkHeaderRepr,
     policy: BufferExhaustedPolicy,
@@ -975,7 +971,7 @@ fn acquire(
     let BufferExhaustedPolicy::StallThenDrop(limit) = policy else {
         return None;
     };
-    if crate::arbiter::stalls_forbidden() {
+    if crate::smb::arbiter::stalls_forbidden() {
         return None;
     }
     let deadline = Instant::now() + limit;

@@ -32,9 +32,11 @@ use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, MAX_WRITER_ID};
 use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
 
-use crate::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
-use crate::shm::SharedMemory;
-use crate::writer::{lock_mode, taker_fence, WriterCell};
+use crate::connection::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
+use crate::smb::cell_lock::{lock_mode, taker_fence};
+use crate::smb::shm::SharedMemory;
+use crate::smb::writer::WriterCell;
+use crate::stats::ProducerStats;
 
 /// What a writer does when the SMB has no free chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,7 +49,8 @@ pub enum BufferExhaustedPolicy {
     StallThenDrop(Duration),
 }
 
-/// The process's data-path counters (monotonic, across connections).
+/// The SMB data path's counters (monotonic, across connections): chunks
+/// and the packets written into them.
 #[derive(Debug)]
 pub(crate) struct ArbiterCounters {
     pub chunks_committed: AtomicU64,
@@ -57,13 +60,6 @@ pub(crate) struct ArbiterCounters {
     pub chunks_reclaimed: AtomicU64,
     pub stall_deadlocks_avoided: AtomicU64,
     pub packets_dropped: AtomicU64,
-    pub orphan_ends_suppressed: AtomicU64,
-    pub reentrant_drops: AtomicU64,
-    pub writerless_drops: AtomicU64,
-    pub triggers_expired: AtomicU64,
-    pub triggers_dropped: AtomicU64,
-    pub startup_packets_adopted: AtomicU64,
-    pub startup_packets_dropped: AtomicU64,
 }
 
 /// The counters every arbiter of this process adds to.
@@ -75,97 +71,19 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
     chunks_reclaimed: AtomicU64::new(0),
     stall_deadlocks_avoided: AtomicU64::new(0),
     packets_dropped: AtomicU64::new(0),
-    orphan_ends_suppressed: AtomicU64::new(0),
-    reentrant_drops: AtomicU64::new(0),
-    writerless_drops: AtomicU64::new(0),
-    triggers_expired: AtomicU64::new(0),
-    triggers_dropped: AtomicU64::new(0),
-    startup_packets_adopted: AtomicU64::new(0),
-    startup_packets_dropped: AtomicU64::new(0),
 };
 
-/// Counts a slice end that was not written because its slice's begin was
-/// lost (the track event encoder calls it; see
-/// [`ProducerStats::orphan_ends_suppressed`]).
-pub(crate) fn note_orphan_end() {
-    COUNTERS
-        .orphan_ends_suppressed
-        .fetch_add(1, Ordering::Relaxed);
-}
-
 impl ArbiterCounters {
-    /// A snapshot.
-    pub(crate) fn snapshot(&self) -> ProducerStats {
-        ProducerStats {
-            chunks_committed: self.chunks_committed.load(Ordering::Relaxed),
-            chunks_lost: self.chunks_lost.load(Ordering::Relaxed),
-            acquire_failures: self.acquire_failures.load(Ordering::Relaxed),
-            stalls: self.stalls.load(Ordering::Relaxed),
-            chunks_reclaimed: self.chunks_reclaimed.load(Ordering::Relaxed),
-            stalls_given_up: self.stall_deadlocks_avoided.load(Ordering::Relaxed),
-            packets_dropped: self.packets_dropped.load(Ordering::Relaxed),
-            orphan_ends_suppressed: self.orphan_ends_suppressed.load(Ordering::Relaxed),
-            reentrant_drops: self.reentrant_drops.load(Ordering::Relaxed),
-            writerless_drops: self.writerless_drops.load(Ordering::Relaxed),
-            triggers_expired: self.triggers_expired.load(Ordering::Relaxed),
-            triggers_dropped: self.triggers_dropped.load(Ordering::Relaxed),
-            startup_packets_adopted: self.startup_packets_adopted.load(Ordering::Relaxed),
-            startup_packets_dropped: self.startup_packets_dropped.load(Ordering::Relaxed),
-        }
+    /// Copies these counters into `stats`.
+    pub(crate) fn read_into(&self, stats: &mut ProducerStats) {
+        stats.chunks_committed = self.chunks_committed.load(Ordering::Relaxed);
+        stats.chunks_lost = self.chunks_lost.load(Ordering::Relaxed);
+        stats.acquire_failures = self.acquire_failures.load(Ordering::Relaxed);
+        stats.stalls = self.stalls.load(Ordering::Relaxed);
+        stats.chunks_reclaimed = self.chunks_reclaimed.load(Ordering::Relaxed);
+        stats.stalls_given_up = self.stall_deadlocks_avoided.load(Ordering::Relaxed);
+        stats.packets_dropped = self.packets_dropped.load(Ordering::Relaxed);
     }
-}
-
-/// Snapshot of a producer's data-path counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProducerStats {
-    /// Chunks handed to the service.
-    pub chunks_committed: u64,
-    /// Chunks that could not be handed over (a peer broke the SMB).
-    pub chunks_lost: u64,
-    /// Times a writer found no free chunk.
-    pub acquire_failures: u64,
-    /// Sleeps while stalling for a chunk.
-    pub stalls: u64,
-    /// Chunks taken back from idle writers.
-    pub chunks_reclaimed: u64,
-    /// Stalls abandoned early because every chunk was held by a writer.
-    pub stalls_given_up: u64,
-    /// Packets dropped (SMB full or otherwise); each loss is also marked in
-    /// the trace with `previous_packet_dropped`.
-    pub packets_dropped: u64,
-    /// Slice ends not written because the begin of their slice was dropped
-    /// (an end without its begin would close the wrong slice). Not in
-    /// [`Self::packets_dropped`], and not marked in the trace (the loss of
-    /// the begin is): an emitted slice that is missing from a trace shows
-    /// up here and in `packets_dropped`, once each.
-    pub orphan_ends_suppressed: u64,
-    /// Events and packets not written because they were emitted from
-    /// inside another event or packet callback on the same thread (e.g. a
-    /// `Debug` impl that traces): writing them would need the writer the
-    /// outer call holds. Not marked in the trace.
-    pub reentrant_drops: u64,
-    /// Events and packets (one per session that enabled them) not written
-    /// because the thread had no writer: emitted from a thread-local's
-    /// destructor after this thread's writers were torn down, or while
-    /// every writer id of the shared memory (32767) was in use. Not marked
-    /// in the trace (the thread has no sequence to mark it on).
-    pub writerless_drops: u64,
-    /// Triggers ([`activate_triggers`](crate::activate_triggers)) not sent
-    /// because their time to live ran out before a connection opened.
-    pub triggers_expired: u64,
-    /// Triggers not kept for a connection because
-    /// [`MAX_PENDING_TRIGGERS`](crate::MAX_PENDING_TRIGGERS) already
-    /// waited for one.
-    pub triggers_dropped: u64,
-    /// Packets written during startup tracing
-    /// ([`StartupTracing`](crate::StartupTracing)) that a session adopted
-    /// and that were copied into its shared memory.
-    pub startup_packets_adopted: u64,
-    /// Packets written during startup tracing that no session adopted
-    /// within its timeout, or that the adopting session's shared memory
-    /// had no room for. (Packets the startup buffer itself had no room
-    /// for count in [`Self::packets_dropped`], as for any full buffer.)
-    pub startup_packets_dropped: u64,
 }
 
 /// Round-robin writer id allocator over 1..=[`MAX_WRITER_ID`].
@@ -674,15 +592,6 @@ mod tests {
         ids.free(0);
         ids.free(9999); // not in use: ignored
         assert_eq!(ids.in_use, 5);
-    }
-
-    #[test]
-    fn orphan_ends_are_counted_in_stats() {
-        let before = COUNTERS.snapshot().orphan_ends_suppressed;
-        note_orphan_end();
-        note_orphan_end();
-        // Other tests may add theirs concurrently: at least ours.
-        assert!(COUNTERS.snapshot().orphan_ends_suppressed >= before + 2);
     }
 
     #[test]

@@ -58,16 +58,14 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
 
-use crate::arbiter::{Arbiter, BufferExhaustedPolicy, COUNTERS};
-use crate::data_source::{DataSourceConfig, DataSourceType, Instance};
+use crate::connection::outbox::{ChunkToPatch, Outbox, Outgoing};
+use crate::data_source::{DataSourceConfig, DataSourceType, Instance, STARTUP_INSTANCE_ID};
 use crate::error::ConnectError;
-use crate::filter::TrackEventConfig;
-use crate::outbox::{ChunkToPatch, Outbox, Outgoing};
-use crate::shm::SharedMemory;
-
-/// The instance id of the startup instance: the service's ids count up
-/// from 1 and never reach it.
-pub(crate) const STARTUP_INSTANCE_ID: u64 = u64::MAX;
+use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
+use crate::smb::shm::SharedMemory;
+use crate::stats::COUNTERS;
+use crate::track_event::data_source::track_event_type;
+use crate::track_event::filter::TrackEventConfig;
 
 /// How long the copy into a session's SMB waits for each free chunk.
 const COPY_STALL: Duration = Duration::from_secs(1);
@@ -181,16 +179,20 @@ pub(crate) fn begin(
     Ok(())
 }
 
-/// `StartDataSource` of a track event instance: if a startup instance is
+/// `StartDataSource` of a track event instance (`false` for any other
+/// type's): if a startup instance is
 /// pending and `inst`'s filter enables all it enabled, `inst` starts in its
 /// place and the buffer is handed over (module docs); `true` then.
 pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
+    if !std::ptr::eq(ty, &**track_event_type()) {
+        return false;
+    }
     let mut st = state();
     let Some(pending) = &st.pending else {
         return false;
     };
     let filter = inst.config.track_event_config.clone().unwrap_or_default();
-    if !crate::category::registry().covers(pending.instance.slot, &filter) {
+    if !crate::track_event::category::registry().covers(pending.instance.slot, &filter) {
         return false;
     }
     let Some(pending) = st.pending.take() else {
@@ -198,7 +200,13 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
     };
     st.copying = true;
     drop(st);
-    ty.start_replacing(inst, &pending.instance);
+    ty.start_replacing(inst, &pending.instance, || {
+        crate::track_event::category::registry().move_filter(
+            pending.instance.slot,
+            inst.slot,
+            filter,
+        )
+    });
     log::info!(
         "shmtrace-producer: the session of data source instance {} adopts the startup trace",
         inst.id
@@ -258,7 +266,7 @@ fn run() {
                 continue;
             };
             drop(st);
-            let ty = crate::track_event::track_event_type();
+            let ty = track_event_type();
             ty.stop(&pending.instance);
             let (packets, _) = drain(&pending.instance.arbiter);
             count_dropped(packets.iter().map(|c| c.packets).sum());
@@ -362,7 +370,7 @@ fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
             .iter()
             .filter(|c| c.header.writer_id == writer)
             .collect();
-        let outcome = crate::forward::copy_sequence(
+        let outcome = crate::data_source::forward::copy_sequence(
             to,
             sequence.iter().map(|c| c.bytes.as_slice()),
             BufferExhaustedPolicy::StallThenDrop(COPY_STALL),
@@ -382,7 +390,7 @@ fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::PatchEntry;
+    use crate::connection::outbox::PatchEntry;
 
     fn chunk(writer_id: u16, chunk_id: u32, flags: ChunkFlags) -> Chunk {
         let header = ChunkHeaderRepr {

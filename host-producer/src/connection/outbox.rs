@@ -31,8 +31,6 @@ use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::data_source::DescriptorInfo;
-
 /// Chunks (or patch groups) per `CommitDataRequest` before it is sealed.
 pub(crate) const MAX_CHUNKS_PER_COMMIT: usize = 64;
 
@@ -177,6 +175,17 @@ impl CommitRequest {
         }
         parts
     }
+}
+
+/// What the connection needs to register a data source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DescriptorInfo {
+    pub name: String,
+    pub id: u64,
+    pub no_flush: bool,
+    /// Serialized `TrackEventDescriptor` (track_event only).
+    pub track_event_descriptor: Option<Vec<u8>>,
+    pub extra_fields: Vec<u8>,
 }
 
 /// One message to the service.

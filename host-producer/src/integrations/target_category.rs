@@ -18,7 +18,7 @@
 
 use std::sync::OnceLock;
 
-use crate::category::{Category, DynamicCategory};
+use crate::{Category, DynamicCategory};
 
 /// Slots in the table (a power of two).
 const SLOTS: usize = 1024;

@@ -27,8 +27,8 @@ use shmtrace_abi::trace::{
 };
 use shmtrace_ipc::protos::vec_sink::encode_to_vec;
 
-use crate::category::Category;
 use crate::sys;
+use crate::track_event::category::Category;
 
 pub use shmtrace_abi::trace::counter_descriptor::Unit as CounterUnit;
 pub use shmtrace_abi::trace::track_descriptor::ChildTracksOrdering as ChildOrdering;

@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::filter::TrackEventConfig;
+use crate::track_event::filter::{group_members, TrackEventConfig};
 
 /// Most concurrent sessions (data source instances) per data source, as in
 /// Perfetto.
@@ -144,53 +144,6 @@ impl fmt::Debug for Category {
     }
 }
 
-/// A category known only at run time (e.g. from a script engine).
-///
-/// One named `disabled-by-default-…` is tagged `slow`, as upstream's C++ SDK
-/// does, so sessions leave it off unless they ask for it.
-///
-/// Creating one looks the name up in the registry (a lock and a hash
-/// lookup), so create it once and keep it; after that it is as cheap as a
-/// static [`Category`].
-///
-/// ```
-/// use shmtrace_producer::DynamicCategory;
-/// let cat = DynamicCategory::new("nodejs.something");
-/// assert_eq!(cat.name(), "nodejs.something");
-/// assert!(std::ptr::eq(cat.category(), DynamicCategory::new("nodejs.something").category()));
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct DynamicCategory {
-    category: &'static Category,
-}
-
-impl DynamicCategory {
-    /// The dynamic category `name` (registered on first use; the first
-    /// dynamic category advertises the `track_event` data source, like
-    /// [`register_categories`](crate::track_event::register_categories)).
-    pub fn new(name: &str) -> Self {
-        let category = registry().dynamic(name);
-        crate::runtime::runtime().advertise_track_event(false);
-        DynamicCategory { category }
-    }
-
-    /// The name.
-    pub fn name(&self) -> &'static str {
-        self.category.name
-    }
-
-    /// The underlying category (usable wherever a static one is).
-    pub fn category(&self) -> &'static Category {
-        self.category
-    }
-
-    /// Whether any running session enables it: one relaxed load.
-    #[inline(always)]
-    pub fn is_enabled(&self) -> bool {
-        self.category.is_enabled()
-    }
-}
-
 /// Dynamic categories named with this prefix get the `slow` tag (disabled
 /// unless a session asks for them), as in the C++ SDK's
 /// `Category::FromDynamicCategory`; static ones set their tags themselves.
@@ -282,7 +235,9 @@ impl Registry {
         changed
     }
 
-    fn dynamic(&self, name: &str) -> &'static Category {
+    /// The category `name`: a static one of that name, else the dynamic
+    /// one (made on first use).
+    pub(crate) fn dynamic(&self, name: &str) -> &'static Category {
         let mut inner = self.lock();
         if let Some(c) = inner.statics.iter().find(|c| c.name == name) {
             return c;
@@ -348,22 +303,28 @@ impl Registry {
     }
 }
 
-/// Tells what caches category enablement (the `tracing` layer's callsite
-/// interest) that it may have changed; called with no lock held.
-fn enabled_set_changed() {
-    #[cfg(feature = "tracing")]
-    crate::tracing_layer::enabled_categories_changed();
+/// Called when category enablement may have changed ([`on_enabled_set_changed`]).
+static ON_ENABLED_SET_CHANGED: OnceLock<fn()> = OnceLock::new();
+
+/// Has `f` called whenever category enablement may have changed (with no
+/// lock held): what caches it (the `tracing` layer's callsite interest)
+/// installs it, before any session can enable a category. One observer;
+/// later calls are ignored.
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+pub(crate) fn on_enabled_set_changed(f: fn()) {
+    let _ = ON_ENABLED_SET_CHANGED.set(f);
 }
 
-/// The category names of a comma-separated group, trimmed, empty ones
-/// skipped (`"a, b,,c"` is `a`, `b`, `c`).
-pub(crate) fn group_members(names: &str) -> impl Iterator<Item = &str> {
-    names.split(',').map(str::trim).filter(|m| !m.is_empty())
+fn enabled_set_changed() {
+    if let Some(f) = ON_ENABLED_SET_CHANGED.get() {
+        f();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DynamicCategory;
 
     #[test]
     fn builder_and_group() {

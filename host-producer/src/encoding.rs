@@ -1,0 +1,5 @@
+//! Track event encoding.
+
+pub(crate) mod annotation;
+pub(crate) mod event;
+pub(crate) mod intern;

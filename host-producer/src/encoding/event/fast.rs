@@ -1,0 +1,457 @@
+//! The hand-tuned encoders of the commonest events: a [`PlainEvent`]
+//! (slice begin or end, instant, integer counter) written byte by byte in
+//! place in the chunk, the same with flat debug annotations, and
+//! [`Interned::encode_fast`], the workspace's event encoder
+//! ([`encode::event`]) for events without nested annotations. Each writes
+//! exactly the bytes of the general path (`SequenceState::write_event`),
+//! which the tests check, and declines (the general path then writes the
+//! event) whenever an event needs more than it handles.
+
+use super::*;
+
+/// Constant tags of the fast path, from the trace vocabulary.
+const TAG_TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
+const TAG_SEQUENCE_FLAGS: u8 = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
+const TAG_TRACK_EVENT: u8 = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimited);
+const TAG_CATEGORY_IIDS: u8 = tag1(event_field::CATEGORY_IIDS, WireType::Varint);
+const TAG_DEBUG_ANNOTATIONS: u8 = tag1(event_field::DEBUG_ANNOTATIONS, WireType::LengthDelimited);
+const TAG_TYPE: u8 = tag1(event_field::TYPE, WireType::Varint);
+const TAG_NAME_IID: u8 = tag1(event_field::NAME_IID, WireType::Varint);
+const TAG_TRACK_UUID: u8 = tag1(event_field::TRACK_UUID, WireType::Varint);
+const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Varint);
+/// `DebugAnnotation.name_iid`.
+const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
+/// `DebugAnnotation.bool_value`.
+const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
+/// `DebugAnnotation.uint_value`.
+const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
+/// `DebugAnnotation.int_value`.
+const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
+/// `DebugAnnotation.double_value`.
+const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
+/// `DebugAnnotation.string_value`.
+const TAG_ARG_STRING: u8 = tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
+/// `DebugAnnotation.pointer_value`.
+const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Varint);
+
+/// Bytes of `v` as a varint.
+#[inline(always)]
+pub(super) fn varint_len(v: u64) -> u8 {
+    shmtrace_abi::proto::wire::varint_len(v) as u8
+}
+
+/// Appends varint `v` through `f`, keeping the cursor in registers.
+///
+/// [`Cursor::varint`] hands a value above 32 bits to an out-of-line
+/// function that takes the cursor by reference. Where that call is inlined
+/// (whether or not it runs), the cursor's address escapes, so the compiler
+/// keeps its pointer, mask and length in memory and reloads them after
+/// every byte stored through the window. Here a value above 32 bits is
+/// split into two words by a function that never sees the cursor.
+#[inline(always)]
+pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
+    match u32::try_from(v) {
+        Ok(v) => f.varint32(v),
+        Err(_) => {
+            let (low, high) = crate::encoding::intern::varint_words(v);
+            let n = usize::from(varint_len(v));
+            f.word(low, n.min(8));
+            if n > 8 {
+                f.word(u64::from(high), n - 8);
+            }
+        }
+    }
+}
+
+/// Appends a flat debug annotation value (its tag and contents) with the
+/// cursor's inlined byte writers only. [`encode::arg_value`] writes the
+/// same bytes through the cursor's field writers, which the compiler may
+/// leave out of line; a call that takes the cursor by reference keeps the
+/// cursor in memory for the whole inlined encoder (see [`put_varint`]).
+#[inline(always)]
+pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
+    use encode::ArgValue as A;
+    match value {
+        A::Bool(b) => f.byte2([TAG_ARG_BOOL, u8::from(b)]),
+        A::Uint(u) => {
+            f.byte(TAG_ARG_UINT);
+            put_varint(f, u);
+        }
+        A::Int(i) => {
+            f.byte(TAG_ARG_INT);
+            put_varint(f, i as u64);
+        }
+        A::Double(d) => {
+            f.byte(TAG_ARG_DOUBLE);
+            f.word(d.to_bits(), 8);
+        }
+        A::Str(s) => {
+            f.byte(TAG_ARG_STRING);
+            put_varint(f, s.len() as u64);
+            f.bytes(s.as_bytes());
+        }
+        A::Pointer(p) => {
+            f.byte(TAG_ARG_POINTER);
+            put_varint(f, p);
+        }
+    }
+}
+
+/// The abi's form of a flat debug annotation value; `None` for a dict or
+/// an array, which the general encoder nests.
+#[inline(always)]
+pub(super) fn flat_value<'a>(
+    value: &crate::encoding::annotation::DebugValue<'a>,
+) -> Option<encode::ArgValue<'a>> {
+    use crate::encoding::annotation::DebugValue as V;
+    use encode::ArgValue as A;
+    Some(match *value {
+        V::Bool(b) => A::Bool(b),
+        V::Uint(u) => A::Uint(u),
+        V::Int(i) => A::Int(i),
+        V::Double(d) => A::Double(d),
+        V::Str(s) => A::Str(s),
+        V::Pointer(p) => A::Pointer(p),
+        V::Dict(_) | V::Array(_) => return None,
+    })
+}
+
+impl SequenceState {
+    /// Writes one [`PlainEvent`] (see there) of kind `KIND` (an
+    /// [`EventType`] as `u8`, so each kind gets its own copy without
+    /// branches on it). Returns `false` if any packet was dropped, like
+    /// [`SequenceState::write_event`].
+    #[inline(never)]
+    pub(crate) fn write_plain<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        debug_assert_eq!(ev.kind as u8, KIND);
+        self.try_write_plain::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
+    }
+
+    /// The dedicated encoder of [`SequenceState::write_plain`], straight
+    /// into the chunk; `false` (nothing changed) where the general path
+    /// must do the work: a reset or a descriptor is due, a string is not in
+    /// the front cache, the time went backwards, an end has no written
+    /// begin, or the chunk has no room for a window.
+    #[inline(always)]
+    pub(super) fn try_write_plain<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
+        const END: u8 = EventType::SliceEnd as u8;
+        const INSTANT: u8 = EventType::Instant as u8;
+        const COUNTER: u8 = EventType::Counter as u8;
+        if self.needs_reset || ev.ns < self.clock_base {
+            return false;
+        }
+        let delta = ev.ns - self.clock_base;
+        // A counter's track uuid, encoded when the track became recent.
+        let mut uuid_varint = (0, 0);
+        // The TrackEvent after its type: two (tag, varint) fields, or none.
+        let (tag_a, a, tag_b, b) = match KIND {
+            BEGIN | INSTANT => {
+                if ev.category.is_group() {
+                    return false;
+                }
+                let Some(cat) = self.interned.categories.cached(ev.category.name()) else {
+                    return false;
+                };
+                let Some(name) = self.interned.names.cached(ev.name) else {
+                    return false;
+                };
+                ([TAG_CATEGORY_IIDS, 0], cat, [TAG_NAME_IID, 0], name)
+            }
+            END => {
+                if !self.slices.top_written() {
+                    return false;
+                }
+                ([0, 0], 0, [0, 0], 0)
+            }
+            _ => {
+                let Some(track) = ev.track else { return false };
+                let uuid = track.uuid();
+                if uuid == self.thread_track.uuid() || !self.tracks.is_recent(uuid) {
+                    return false;
+                }
+                uuid_varint = self.tracks.recent_varint();
+                (
+                    [TAG_TRACK_UUID, 0],
+                    uuid,
+                    TAG_COUNTER_VALUE,
+                    ev.value as u64,
+                )
+            }
+        };
+        let field_len = |tag: [u8; 2], v: u64| match tag {
+            [0, _] => 0,
+            [_, 0] => 1 + varint_len(v),
+            _ => 2 + varint_len(v),
+        };
+        // Below 128: a 1-byte length.
+        let te_len = 2 + field_len(tag_a, a) + field_len(tag_b, b);
+        let written = w.write_in_place(|f| {
+            // Timestamp, sequence flags and the TrackEvent's header and type:
+            // one 8-byte store when the delta takes one byte.
+            let head = [
+                TAG_SEQUENCE_FLAGS,
+                SEQ_NEEDS_INCREMENTAL_STATE as u8,
+                TAG_TRACK_EVENT,
+                te_len,
+                TAG_TYPE,
+                KIND,
+            ];
+            if delta < 0x80 {
+                let [h0, h1, h2, h3, h4, h5] = head;
+                f.word(
+                    u64::from_le_bytes([TAG_TIMESTAMP, delta as u8, h0, h1, h2, h3, h4, h5]),
+                    8,
+                );
+            } else {
+                f.byte(TAG_TIMESTAMP);
+                put_varint(f, delta);
+                let [h0, h1, h2, h3, h4, h5] = head;
+                f.word(u64::from_le_bytes([h0, h1, h2, h3, h4, h5, 0, 0]), 6);
+            }
+            if KIND == COUNTER {
+                let n = usize::from(varint_len(a));
+                let (low, high) = uuid_varint;
+                f.byte(TAG_TRACK_UUID);
+                f.word(low, n.min(8));
+                if n > 8 {
+                    f.word(u64::from(high), n - 8);
+                }
+                f.byte2(TAG_COUNTER_VALUE);
+                put_varint(f, b);
+                return true;
+            }
+            // Two one-byte tags with one-byte values (category and name
+            // ids): one store.
+            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) < 0x80 {
+                f.word(
+                    u64::from_le_bytes([tag_a[0], a as u8, tag_b[0], b as u8, 0, 0, 0, 0]),
+                    4,
+                );
+                return true;
+            }
+            // Slice ends (no fields), or ids of two bytes or more: the two
+            // fields' tags are one byte each (a counter returned above).
+            for (tag, v) in [(tag_a, a), (tag_b, b)] {
+                if tag[0] != 0 {
+                    f.byte(tag[0]);
+                    put_varint(f, v);
+                }
+            }
+            true
+        });
+        if written {
+            self.clock_base = ev.ns;
+            match KIND {
+                BEGIN => self.slices.push(true),
+                END => {
+                    self.slices.pop();
+                }
+                _ => {}
+            }
+        }
+        written
+    }
+
+    /// [`SequenceState::write_plain`] for a slice begin or an instant
+    /// (`KIND`) with debug annotations: each has a static name and a flat
+    /// value (not a dict or an array). Its own function, so that the
+    /// encoder of events without annotations stays as small as it is.
+    #[inline(never)]
+    pub(crate) fn write_plain_args<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        debug_assert_eq!(ev.kind as u8, KIND);
+        self.try_write_plain_args::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
+    }
+
+    /// The dedicated encoder of [`SequenceState::write_plain_args`], into
+    /// the chunk in place; `false` (nothing changed) where the general path
+    /// must do the work: a reset is due, a name is not in its front cache
+    /// (the general path interns it), the time went backwards, an
+    /// annotation is not flat, or the packet does not fit a window. The
+    /// packet (at most 127 bytes) gives every nested message a one-byte
+    /// length.
+    #[inline(always)]
+    pub(super) fn try_write_plain_args<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
+        if self.needs_reset || ev.ns < self.clock_base || ev.category.is_group() {
+            return false;
+        }
+        let delta = ev.ns - self.clock_base;
+        let interned = &self.interned;
+        let written = w.write_in_place(|f| {
+            let (Some(cat), Some(name)) = (
+                interned.categories.cached(ev.category.name()),
+                interned.names.cached(ev.name),
+            ) else {
+                return false;
+            };
+            f.byte(TAG_TIMESTAMP);
+            put_varint(f, delta);
+            f.word(
+                u64::from_le_bytes([
+                    TAG_SEQUENCE_FLAGS,
+                    SEQ_NEEDS_INCREMENTAL_STATE as u8,
+                    TAG_TRACK_EVENT,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]),
+                3,
+            );
+            let te = f.begin_short();
+            f.byte2([TAG_TYPE, KIND]);
+            f.byte(TAG_CATEGORY_IIDS);
+            put_varint(f, cat);
+            f.byte(TAG_NAME_IID);
+            put_varint(f, name);
+            for arg in ev.args {
+                let ArgName::Static(n) = arg.name else {
+                    return false;
+                };
+                let (Some(iid), Some(value)) =
+                    (interned.arg_names.cached(n), flat_value(&arg.value))
+                else {
+                    return false;
+                };
+                f.byte(TAG_DEBUG_ANNOTATIONS);
+                let a = f.begin_short();
+                f.byte(TAG_ANNOTATION_NAME_IID);
+                put_varint(f, iid);
+                put_arg_value(f, value);
+                f.end_short(a);
+            }
+            f.end_short(te);
+            true
+        });
+        if written {
+            self.clock_base = ev.ns;
+            if KIND == BEGIN {
+                self.slices.push(true);
+            }
+        }
+        written
+    }
+}
+
+impl Interned {
+    /// [`SequenceState::write_event_fields`] for events without nested
+    /// annotations, through the workspace's event encoder
+    /// ([`encode::event`]; nested sizes of one byte if `SHORT`, for a
+    /// packet written in place, else two). `false` if the event does not
+    /// qualify: a dict or array value, or more categories, annotations or
+    /// flows than the fixed arrays here hold (interned strings stay pending
+    /// for the retry).
+    #[inline(always)]
+    pub(super) fn encode_fast<T: Target, const SHORT: bool>(
+        &mut self,
+        c: &mut Cursor<T>,
+        thread_uuid: u64,
+        ev: &EventData<'_>,
+        stamp: Stamp,
+    ) -> bool {
+        let mut categories: heapless::Vec<encode::Str<'_>, MAX_FAST_CATEGORIES> =
+            heapless::Vec::new();
+        if let Some(cat) = ev.category {
+            if !matches!(ev.kind, EventType::SliceEnd | EventType::Counter) {
+                let mut add = |this: &mut Self, name: &'static str| {
+                    let s = match this.intern(Kind::Category, name) {
+                        Some(iid) => encode::Str::Iid(iid),
+                        None => encode::Str::Inline(name),
+                    };
+                    categories.push(s).is_ok()
+                };
+                let fits = if cat.is_group() {
+                    cat.members().all(|m| add(self, m))
+                } else {
+                    add(self, cat.name())
+                };
+                if !fits {
+                    return false;
+                }
+            }
+        }
+        let name = match ev.name {
+            EventName::None => None,
+            EventName::Static(n) => Some(match self.intern(Kind::EventName, n) {
+                Some(iid) => encode::Str::Iid(iid),
+                None => encode::Str::Inline(n),
+            }),
+            EventName::Dynamic(n) => Some(encode::Str::Inline(n)),
+        };
+        let mut args: heapless::Vec<encode::Arg<'_>, MAX_FAST_ARGS> = heapless::Vec::new();
+        for arg in ev.args {
+            let Some(value) = flat_value(&arg.value) else {
+                return false;
+            };
+            let name = match arg.name {
+                ArgName::Static(n) => match self.intern(Kind::AnnotationName, n) {
+                    Some(iid) => encode::Str::Iid(iid),
+                    None => encode::Str::Inline(n),
+                },
+                ArgName::Dynamic(n) => encode::Str::Inline(n),
+            };
+            if args.push(encode::Arg { name, value }).is_err() {
+                return false;
+            }
+        }
+        let mut flows: heapless::Vec<u64, MAX_FAST_FLOWS> = heapless::Vec::new();
+        let mut terminating: heapless::Vec<u64, MAX_FAST_FLOWS> = heapless::Vec::new();
+        for (out, from) in [
+            (&mut flows, ev.flows),
+            (&mut terminating, ev.terminating_flows),
+        ] {
+            for f in from {
+                if out.push(f.id()).is_err() {
+                    return false;
+                }
+            }
+        }
+        let time = if stamp.clock == INCREMENTAL_CLOCK_ID {
+            encode::Time::Delta(stamp.value)
+        } else {
+            encode::Time::Absolute {
+                clock_id: stamp.clock,
+                ns: stamp.value,
+            }
+        };
+        let event = encode::Event {
+            kind: ev.kind,
+            time,
+            track_uuid: ev.track.map(|t| t.uuid()).filter(|&u| u != thread_uuid),
+            categories: &categories,
+            name,
+            args: &args,
+            flows: &flows,
+            terminating_flows: &terminating,
+            counter: ev.counter,
+            interned: &self.new_entries,
+        };
+        encode::event::<T, SHORT>(c, &event);
+        true
+    }
+}
+
+/// Most categories (group members), annotations and flow ids an event
+/// encoded by [`Interned::encode_fast`] has; the general encoder takes
+/// larger ones.
+const MAX_FAST_CATEGORIES: usize = 8;
+const MAX_FAST_ARGS: usize = 16;
+const MAX_FAST_FLOWS: usize = 8;

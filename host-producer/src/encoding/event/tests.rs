@@ -1,0 +1,1148 @@
+//! Tests of the track event encoder: the fast encoders against the
+//! general path and the workspace's encoder, and the sequence's
+//! incremental state.
+
+use super::fast::{put_arg_value, put_varint};
+use super::*;
+use crate::encoding::annotation::DebugValue;
+use crate::test_schema::{self as ts, Interned};
+use crate::track_event::track::{ChildOrdering, CounterTrack, CounterUnit, ProcessTrack};
+use proptest::prelude::*;
+use prost::Message as _;
+use shmtrace_abi::proto::encode_to_slice;
+use shmtrace_abi::proto::wire::redundant_varint4;
+use shmtrace_abi::proto::Encoder;
+
+/// The fast path's varint and debug annotation writers produce the
+/// bytes of the cursor's own `varint` and of `encode::arg_value`, at
+/// every varint length.
+#[test]
+fn inlined_writers_match_the_cursors() {
+    fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
+        let mut buf = [0u8; FAST_CAP + TARGET_SLACK];
+        let mut c = Cursor::new(&mut buf);
+        f(&mut c);
+        let n = c.finish().expect("fits");
+        buf[..n].to_vec()
+    }
+    use encode::ArgValue as A;
+    let mut values = vec![0u64, u64::MAX];
+    for shift in 0..64 {
+        values.extend([(1u64 << shift) - 1, 1u64 << shift]);
+    }
+    for v in values {
+        assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
+        for arg in [A::Uint(v), A::Int(v as i64), A::Pointer(v)] {
+            assert_eq!(
+                bytes(|c| put_arg_value(c, arg)),
+                bytes(|c| encode::arg_value(c, arg)),
+                "{arg:?}"
+            );
+        }
+    }
+    let long = "s".repeat(200);
+    for arg in [
+        A::Bool(true),
+        A::Bool(false),
+        A::Double(-1.5),
+        A::Str(""),
+        A::Str("value"),
+        A::Str(&long),
+    ] {
+        assert_eq!(
+            bytes(|c| put_arg_value(c, arg)),
+            bytes(|c| encode::arg_value(c, arg)),
+            "{arg:?}"
+        );
+    }
+}
+
+/// Collects packets into byte vectors; drops the packets whose index is
+/// in `drop`.
+#[derive(Default)]
+pub(crate) struct VecWriter {
+    pub(crate) packets: Vec<Vec<u8>>,
+    drop: Vec<usize>,
+    attempts: usize,
+    /// Accept packets encoded in place.
+    in_place: bool,
+    /// Packets that were.
+    pub(crate) in_place_packets: usize,
+    /// Lose the next packet (as a full SMB would: no room in place,
+    /// dropped by the general path).
+    lose_next: bool,
+    /// No chunk to give: `ensure_chunk` fails (and counts its calls).
+    full: bool,
+    ensure_failures: usize,
+}
+
+/// A growable sink writing every nested size as a 4-byte redundant
+/// varint (valid protobuf, like a chunk writer's output).
+#[derive(Default)]
+pub(crate) struct VecSink(pub(crate) Vec<u8>);
+
+impl Sink for VecSink {
+    type Slot = usize;
+    fn write(&mut self, bytes: &[u8], _open: &mut [usize]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn reserve_size_field(&mut self, _open: &mut [usize]) -> usize {
+        self.0.extend_from_slice(&[0; 4]);
+        self.0.len() - 4
+    }
+    fn position(&self) -> u32 {
+        self.0.len() as u32
+    }
+    fn fill_size_field(&mut self, slot: usize, size: u32) {
+        self.0[slot..slot + 4].copy_from_slice(&redundant_varint4(size));
+    }
+}
+
+impl PacketWriter for VecWriter {
+    type Sink = VecSink;
+    type Window<'w> = &'w mut Scratch;
+
+    fn ensure_chunk(&mut self) -> bool {
+        self.ensure_failures += usize::from(self.full);
+        !self.full
+    }
+
+    /// Like a chunk with room, if `in_place` is set.
+    fn write_in_place(&mut self, encode: impl FnOnce(&mut Cursor<&mut Scratch>) -> bool) -> bool {
+        if !self.in_place || self.lose_next {
+            return false;
+        }
+        let mut window = [0u8; FAST_CAP + TARGET_SLACK];
+        let mut c = Cursor::new(&mut window);
+        if !encode(&mut c) {
+            return false;
+        }
+        match c.finish().filter(|&n| n <= 127) {
+            Some(n) => {
+                self.in_place_packets += 1;
+                self.packets.push(window[..n].to_vec());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
+        let index = self.attempts;
+        self.attempts += 1;
+        if std::mem::take(&mut self.lose_next) {
+            return false;
+        }
+        let mut enc = Encoder::new(VecSink::default());
+        f(&mut enc.root());
+        assert_eq!(enc.error(), None);
+        let bytes = enc.into_sink().0;
+        if self.drop.contains(&index) {
+            return false;
+        }
+        self.packets.push(bytes);
+        true
+    }
+}
+
+impl VecWriter {
+    /// A writer taking packets in place (as a chunk with room would).
+    pub(crate) fn in_place() -> Self {
+        VecWriter {
+            in_place: true,
+            ..Default::default()
+        }
+    }
+
+    fn decoded(&self) -> Vec<ts::TracePacket> {
+        self.packets
+            .iter()
+            .map(|b| ts::TracePacket::decode(&b[..]).expect("valid TracePacket"))
+            .collect()
+    }
+}
+
+static CAT: Category = Category::new("cat");
+static GROUP: Category = Category::new("a,b");
+
+fn ev(kind: EventType, name: EventName<'static>) -> EventData<'static> {
+    let mut e = EventData::new(kind, Some(&CAT), Timestamp::boottime(1000));
+    e.name = name;
+    e
+}
+
+fn seq() -> SequenceState {
+    SequenceState::for_track(ThreadTrack::for_thread(4242))
+}
+
+/// The dedicated encoder of plain events writes what the general path
+/// writes (as decoded packets), and hands over to it whenever state is
+/// missing: first uses of strings and tracks, groups, orphan ends, time
+/// going backwards, resets, lost packets, annotations too long for a
+/// window.
+#[test]
+fn plain_events_match_the_general_path() {
+    let counter = CounterTrack::new("c");
+    let other = CounterTrack::new("d");
+    let long = "x".repeat(150);
+    let flat = [Arg::new("k", 7u64), Arg::new("label", "text")];
+    let scalars = [
+        Arg::new("neg", -3i64),
+        Arg::new("big", u64::MAX),
+        Arg::new("b", true),
+        Arg::new("d", 1.5f64),
+        Arg {
+            name: ArgName::Static("p"),
+            value: DebugValue::Pointer(0xdead_beef),
+        },
+        Arg::new("empty", ""),
+    ];
+    let too_long = [Arg::new("k", 1u64), Arg::new("s", long.as_str())];
+    let plain = |kind, category: &'static Category, name, ns| PlainEvent {
+        kind,
+        category,
+        name,
+        args: &[],
+        track: None,
+        value: 0,
+        ns,
+    };
+    let count = |track, value, ns| PlainEvent {
+        track: Some(track),
+        value,
+        ..plain(EventType::Counter, &CAT, "", ns)
+    };
+    let mut events = Vec::new();
+    let mut ns = 1_000;
+    // Ids past 127 (two-byte varints): 130 names, each used twice.
+    let many: Vec<&'static str> = (0..130)
+        .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+        .collect();
+    for name in many.iter().chain(&many) {
+        ns += 5;
+        events.push(plain(EventType::Instant, &CAT, name, ns));
+    }
+    for round in 0..3u64 {
+        for name in ["a", "b", "a"] {
+            ns += 70;
+            events.push(plain(EventType::SliceBegin, &CAT, name, ns));
+            ns += 200 + round * 100_000;
+            events.push(plain(EventType::Instant, &CAT, "i", ns));
+            events.push(plain(EventType::Instant, &GROUP, "i", ns));
+            events.push(count(counter.track(), -5 - round as i64, ns));
+            events.push(count(counter.track(), i64::MAX, ns + 1));
+            events.push(count(other.track(), 3, ns + 2));
+            for args in [&flat[..], &scalars[..], &too_long[..], &flat[..]] {
+                ns += 3;
+                events.push(PlainEvent {
+                    args,
+                    ..plain(EventType::Instant, &CAT, "i", ns)
+                });
+            }
+            events.push(PlainEvent {
+                args: &flat,
+                ..plain(EventType::SliceBegin, &CAT, "a", ns + 1)
+            });
+            events.push(PlainEvent {
+                args: &scalars,
+                ..plain(EventType::Instant, &GROUP, "i", ns + 1)
+            });
+            ns += 9;
+            events.push(plain(EventType::SliceEnd, &CAT, "", ns));
+            ns += 9;
+            events.push(plain(EventType::SliceEnd, &CAT, "", ns));
+        }
+        // An orphan end, and time going backwards.
+        events.push(plain(EventType::SliceEnd, &CAT, "", ns));
+        events.push(plain(EventType::Instant, &CAT, "a", ns - 500));
+    }
+    let mut fast = seq();
+    let mut general = seq();
+    let mut a = VecWriter {
+        in_place: true,
+        ..Default::default()
+    };
+    let mut b = VecWriter::default();
+    for (i, e) in events.iter().enumerate() {
+        if i == 300 {
+            fast.invalidate();
+            general.invalidate();
+        }
+        if i == 310 {
+            a.lose_next = true;
+            b.lose_next = true;
+        }
+        let ok_a = match e.kind {
+            EventType::SliceBegin if !e.args.is_empty() => fast.write_plain_args::<1, _>(&mut a, e),
+            EventType::Instant if !e.args.is_empty() => fast.write_plain_args::<3, _>(&mut a, e),
+            EventType::SliceBegin => fast.write_plain::<1, _>(&mut a, e),
+            EventType::SliceEnd => fast.write_plain::<2, _>(&mut a, e),
+            EventType::Instant => fast.write_plain::<3, _>(&mut a, e),
+            EventType::Counter => fast.write_plain::<4, _>(&mut a, e),
+        };
+        let ok_b = general.write_event(&mut b, &e.data(), None);
+        assert_eq!(ok_a, ok_b, "event {i}");
+    }
+    // Descriptor packets carry the process name, which another test may
+    // change between the two sequences' resets: compare them by count.
+    let split = |w: &VecWriter| {
+        let (d, rest): (Vec<_>, Vec<_>) = w
+            .decoded()
+            .into_iter()
+            .partition(|p| p.track_descriptor.is_some());
+        (d.len(), rest)
+    };
+    assert_eq!(split(&a), split(&b));
+    assert_eq!(fast.orphan_ends_suppressed, general.orphan_ends_suppressed);
+    assert!(fast.orphan_ends_suppressed >= 3);
+    assert!(
+        a.in_place_packets > events.len() / 2,
+        "the dedicated encoder wrote {} of {} events",
+        a.in_place_packets,
+        events.len()
+    );
+}
+
+/// Once their names are interned, flat annotations are encoded by the
+/// dedicated encoder, with one-byte nested lengths, and decode to the
+/// annotations given.
+#[test]
+fn flat_annotations_take_the_dedicated_encoder() {
+    let args = [
+        Arg::new("count", 300u64),
+        Arg::new("label", "value"),
+        Arg::new("neg", -1i64),
+    ];
+    let event = |ns| PlainEvent {
+        kind: EventType::SliceBegin,
+        category: &CAT,
+        name: "slice",
+        args: &args,
+        track: None,
+        value: 0,
+        ns,
+    };
+    let mut s = seq();
+    let mut w = VecWriter {
+        in_place: true,
+        ..Default::default()
+    };
+    // The first one interns the names (general path).
+    assert!(!s.try_write_plain_args::<1, _>(&mut w, &event(1_000)));
+    assert!(s.write_plain_args::<1, _>(&mut w, &event(1_000)));
+    let before = w.packets.len();
+    assert!(s.try_write_plain_args::<1, _>(&mut w, &event(1_010)));
+    assert_eq!(w.packets.len(), before + 1);
+    let bytes = w.packets.last().unwrap().clone();
+    // timestamp delta 10, sequence flags 2, TrackEvent with a 1-byte
+    // length, type SLICE_BEGIN.
+    assert_eq!(bytes[..4], [0x40, 10, 0x68, 2]);
+    assert_eq!(bytes[4], 0x5A);
+    assert_eq!(usize::from(bytes[5]), bytes.len() - 6);
+    assert_eq!(bytes[6..8], [0x48, 1]);
+    let p = w.decoded().pop().unwrap();
+    let te = p.track_event.expect("a track event");
+    assert_eq!(te.r#type, Some(1));
+    assert!(te.name_iid.is_some() && !te.category_iids.is_empty());
+    let got: Vec<_> = te
+        .debug_annotations
+        .iter()
+        .map(|a| {
+            (
+                a.name_iid,
+                a.uint_value,
+                a.string_value.clone(),
+                a.int_value,
+            )
+        })
+        .collect();
+    let first = got[0].0.expect("interned name");
+    assert_eq!(
+        got,
+        vec![
+            (Some(first), Some(300), None, None),
+            (Some(first + 1), None, Some("value".into()), None),
+            (Some(first + 2), None, None, Some(-1)),
+        ]
+    );
+    assert_eq!(p.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+    // A nested annotation is not flat: the general path writes it.
+    let nested = [Arg::new("d", DebugValue::Dict(&[]))];
+    let e = PlainEvent {
+        args: &nested,
+        ..event(1_020)
+    };
+    assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
+}
+
+#[test]
+fn timestamps_are_deltas_on_clock_64() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let mut at = |s: &mut SequenceState, clock, ns| {
+        let mut e = ev(EventType::Instant, "t".into());
+        e.timestamp = Timestamp { clock, ns };
+        assert!(s.write_event(&mut w, &e, None));
+    };
+    at(&mut s, Clock::Boottime, 1000);
+    at(&mut s, Clock::Boottime, 1500);
+    at(&mut s, Clock::Boottime, 1200); // before the previous event
+    at(&mut s, Clock::Monotonic, 7);
+    at(&mut s, Clock::Boottime, 1600);
+    s.invalidate();
+    at(&mut s, Clock::Boottime, 5000);
+    at(&mut s, Clock::Boottime, 5001);
+    let p = w.decoded();
+    // Reset: stamped on BOOTTIME, clock 64 defined as BOOTTIME then,
+    // and made the default.
+    let reset = &p[0];
+    assert_eq!(
+        (reset.timestamp, reset.timestamp_clock_id),
+        (Some(1000), Some(6))
+    );
+    let defaults = reset.trace_packet_defaults.as_ref().unwrap();
+    assert_eq!(defaults.timestamp_clock_id, Some(INCREMENTAL_CLOCK_ID));
+    let clocks = &reset.clock_snapshot.as_ref().unwrap().clocks;
+    assert_eq!(clocks.len(), 2);
+    assert_eq!(
+        (clocks[0].clock_id, clocks[0].timestamp),
+        (Some(6), Some(1000))
+    );
+    assert_eq!(
+        (
+            clocks[1].clock_id,
+            clocks[1].timestamp,
+            clocks[1].is_incremental
+        ),
+        (Some(64), Some(1000), Some(true))
+    );
+    // Descriptors: absolute on BOOTTIME.
+    for d in &p[1..3] {
+        assert_eq!((d.timestamp, d.timestamp_clock_id), (Some(1000), Some(6)));
+    }
+    let stamps: Vec<_> = p
+        .iter()
+        .filter(|p| p.track_event.is_some())
+        .map(|p| (p.timestamp.unwrap(), p.timestamp_clock_id))
+        .collect();
+    assert_eq!(
+        stamps,
+        [
+            (0, None),
+            (500, None),
+            (1200, Some(6)), // backwards: absolute, base unchanged
+            (7, Some(3)),
+            (100, None),
+            (0, None), // after the second reset (at 5000)
+            (1, None),
+        ]
+    );
+    let second_reset = p
+        .iter()
+        .rposition(|p| p.sequence_flags == Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED))
+        .unwrap();
+    let clocks = &p[second_reset].clock_snapshot.as_ref().unwrap().clocks;
+    assert_eq!(clocks[1].timestamp, Some(5000));
+}
+
+#[test]
+fn first_packets_reset_the_sequence() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "hello".into()), None));
+    let p = w.decoded();
+    assert_eq!(
+        p.len(),
+        4,
+        "reset, thread descriptor, process descriptor, event"
+    );
+    assert_eq!(
+        p[0].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    let defaults = p[0].trace_packet_defaults.as_ref().unwrap();
+    assert_eq!(
+        defaults.track_event_defaults.as_ref().unwrap().track_uuid,
+        Some(4242 ^ crate::process_uuid())
+    );
+    let thread = p[1].track_descriptor.as_ref().unwrap();
+    assert_eq!(thread.uuid, Some(4242 ^ crate::process_uuid()));
+    assert_eq!(thread.thread.as_ref().unwrap().tid, Some(4242));
+    assert_eq!(
+        thread.thread.as_ref().unwrap().pid,
+        Some(crate::current_pid())
+    );
+    let process = p[2].track_descriptor.as_ref().unwrap();
+    assert_eq!(process.uuid, Some(crate::process_uuid()));
+    assert_eq!(
+        process.process.as_ref().unwrap().pid,
+        Some(crate::current_pid())
+    );
+    assert!(!process.process.as_ref().unwrap().cmdline.is_empty());
+    let e = &p[3];
+    assert_eq!(e.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+    // A delta on clock 64 (defined at 1000 by the reset packet).
+    assert_eq!(e.timestamp, Some(0));
+    assert_eq!(e.timestamp_clock_id, None);
+    let te = e.track_event.as_ref().unwrap();
+    assert_eq!(te.r#type, Some(EventType::Instant as i32));
+    assert_eq!(te.track_uuid, None, "thread track comes from the defaults");
+    assert_eq!(te.name_iid, Some(1));
+    assert_eq!(te.category_iids, vec![1]);
+    let data = e.interned_data.as_ref().unwrap();
+    assert_eq!(data.event_names[0].iid, Some(1));
+    assert_eq!(data.event_names[0].name.as_deref(), Some("hello"));
+    assert_eq!(data.event_categories[0].name.as_deref(), Some("cat"));
+}
+
+#[test]
+fn interning_reuses_ids_and_restarts_after_clear() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    for name in ["a", "b", "a"] {
+        assert!(s.write_event(
+            &mut w,
+            &ev(EventType::SliceBegin, EventName::Static(name)),
+            None
+        ));
+    }
+    let p = w.decoded();
+    let events: Vec<_> = p.iter().filter(|p| p.track_event.is_some()).collect();
+    let iids: Vec<_> = events
+        .iter()
+        .map(|p| p.track_event.as_ref().unwrap().name_iid.unwrap())
+        .collect();
+    assert_eq!(iids, [1, 2, 1]);
+    assert!(
+        events[2].interned_data.is_none(),
+        "known strings are not re-emitted"
+    );
+    assert_eq!(
+        events[1].interned_data.as_ref().unwrap().event_names.len(),
+        1
+    );
+    assert!(events[1]
+        .interned_data
+        .as_ref()
+        .unwrap()
+        .event_categories
+        .is_empty());
+
+    s.invalidate();
+    w.packets.clear();
+    assert!(s.write_event(
+        &mut w,
+        &ev(EventType::SliceBegin, EventName::Static("b")),
+        None
+    ));
+    let p = w.decoded();
+    assert_eq!(
+        p[0].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    let e = p.last().unwrap();
+    assert_eq!(
+        e.track_event.as_ref().unwrap().name_iid,
+        Some(1),
+        "ids restart at 1"
+    );
+    assert_eq!(
+        e.interned_data.as_ref().unwrap().event_names[0]
+            .name
+            .as_deref(),
+        Some("b")
+    );
+    assert_eq!(s.resets, 2);
+}
+
+#[test]
+fn losses_before_the_first_packet_are_marked_after_it() {
+    // The first two attempts (a reset, then the next event's reset) are
+    // lost before anything was written.
+    let mut w = VecWriter {
+        drop: vec![0, 1],
+        ..Default::default()
+    };
+    let mut s = seq();
+    assert!(!s.write_event(&mut w, &ev(EventType::Instant, "a".into()), None));
+    assert!(!s.write_event(&mut w, &ev(EventType::Instant, "b".into()), None));
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "c".into()), None));
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "d".into()), None));
+    let p = w.decoded();
+    // A plain first packet, then the reset carrying the loss mark.
+    assert_eq!(
+        p[0],
+        ts::TracePacket {
+            timestamp: Some(1000),
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        p[1].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    assert_eq!(p[1].previous_packet_dropped, Some(257));
+    assert_eq!(p.len(), 1 + 3 + 2);
+    assert!(p[2..].iter().all(|x| x.previous_packet_dropped.is_none()));
+    // Later losses are marked by the writer itself (not here).
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "a".into()), None));
+    assert_eq!(
+        w.decoded()[0].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED),
+        "no preamble without loss"
+    );
+}
+
+#[test]
+fn a_lost_packet_resets_the_sequence() {
+    let mut w = VecWriter {
+        drop: vec![4],
+        ..Default::default()
+    };
+    let mut s = seq();
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "x".into()), None)); // packets 0..=3
+    assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None)); // 4 dropped
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+    let p = w.decoded();
+    // 4 packets, then a new reset + 2 descriptors + the event.
+    assert_eq!(p.len(), 8);
+    assert_eq!(
+        p[4].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    let mut interned = Interned::default();
+    for pk in &p {
+        interned.update(pk);
+        if let Some(te) = &pk.track_event {
+            assert_eq!(pk.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
+            interned.event_name(te).unwrap();
+        }
+    }
+    assert_eq!(
+        interned
+            .event_name(p[7].track_event.as_ref().unwrap())
+            .as_deref(),
+        Some("y")
+    );
+}
+
+#[test]
+fn a_full_buffer_drops_events_without_rebuilding_the_state() {
+    let mut w = VecWriter {
+        drop: vec![4],
+        ..Default::default()
+    };
+    let mut s = seq();
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "x".into()), None)); // 0..=3
+    assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None)); // 4: lost
+    assert_eq!((s.resets, w.attempts), (1, 5));
+    // Still no chunk: every event is dropped before any reset work.
+    w.full = true;
+    for _ in 0..100 {
+        assert!(!s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+    }
+    assert_eq!((s.resets, w.attempts, w.ensure_failures), (1, 5, 100));
+    // Room again: one reset, then the event.
+    w.full = false;
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "y".into()), None));
+    assert_eq!(s.resets, 2);
+    let p = w.decoded();
+    assert_eq!(p.len(), 8);
+    assert_eq!(
+        p[4].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    assert!(p[7].track_event.is_some());
+    // A writer in good standing is never asked.
+    w.full = true;
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "z".into()), None));
+    assert_eq!(w.ensure_failures, 100);
+}
+
+#[test]
+fn ends_of_lost_or_unknown_slices_are_not_written() {
+    // Packet 4 (the begin of "b") is dropped.
+    let mut w = VecWriter {
+        drop: vec![4],
+        ..Default::default()
+    };
+    let mut s = seq();
+    let end = || EventData::new(EventType::SliceEnd, Some(&CAT), Timestamp::boottime(9));
+    assert!(s.write_event(&mut w, &ev(EventType::SliceBegin, "a".into()), None)); // 0..=3
+    assert!(!s.write_event(&mut w, &ev(EventType::SliceBegin, "b".into()), None)); // 4: lost
+    assert!(s.write_event(&mut w, &end(), None)); // end of "b": suppressed
+    assert!(s.write_event(&mut w, &end(), None)); // end of "a": written (after a reset)
+    assert!(s.write_event(&mut w, &end(), None)); // nothing open: suppressed
+    assert_eq!(s.orphan_ends_suppressed, 2);
+    let types: Vec<i32> = w
+        .decoded()
+        .iter()
+        .filter_map(|p| p.track_event.as_ref()?.r#type)
+        .collect();
+    assert_eq!(
+        types,
+        [EventType::SliceBegin as i32, EventType::SliceEnd as i32]
+    );
+    // Slices on other tracks are not tracked (they may end elsewhere).
+    let t = Track::global(5);
+    let mut e = end();
+    e.track = Some(&t);
+    assert!(s.write_event(&mut w, &e, None));
+    assert_eq!(s.orphan_ends_suppressed, 2);
+}
+
+#[test]
+fn slice_stack_deeper_than_64() {
+    let mut st = SliceStack::default();
+    for i in 0..70 {
+        st.push(i % 2 == 0);
+    }
+    for _ in 0..6 {
+        assert!(st.pop(), "beyond 64 levels: assumed written");
+    }
+    for i in (0..64).rev() {
+        assert_eq!(st.pop(), i % 2 == 0, "level {i}");
+    }
+    assert!(!st.pop());
+}
+
+#[test]
+fn group_dynamic_names_and_ends() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let mut e = EventData::new(EventType::SliceBegin, Some(&GROUP), Timestamp::boottime(5));
+    let dynamic = String::from("dyn-name");
+    e.name = EventName::Dynamic(&dynamic);
+    assert!(s.write_event(&mut w, &e, None));
+    let end = EventData::new(EventType::SliceEnd, Some(&GROUP), Timestamp::boottime(6));
+    assert!(s.write_event(&mut w, &end, None));
+    let p = w.decoded();
+    let mut interned = Interned::default();
+    p.iter().for_each(|pk| interned.update(pk));
+    let begin = p[3].track_event.as_ref().unwrap();
+    assert_eq!(begin.name.as_deref(), Some("dyn-name"));
+    assert_eq!(begin.name_iid, None);
+    assert_eq!(interned.event_categories(begin), ["a", "b"]);
+    let end = p[4].track_event.as_ref().unwrap();
+    assert_eq!(end.r#type, Some(EventType::SliceEnd as i32));
+    assert!(end.category_iids.is_empty() && end.name.is_none() && end.name_iid.is_none());
+}
+
+#[test]
+fn annotations_flows_counters_timestamps() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let dict = [
+        ("x", DebugValue::from(-3)),
+        ("inner", DebugValue::Array(&[DebugValue::Bool(true)])),
+    ];
+    let arr = [DebugValue::from(1.5), DebugValue::from("s")];
+    let dyn_name = String::from("runtime");
+    let args = [
+        Arg::new("b", true),
+        Arg::new("i", -7i64),
+        Arg::new("u", u64::MAX),
+        Arg::new("d", 0.25),
+        Arg::new("s", "str"),
+        Arg::new("p", DebugValue::Pointer(0xdead)),
+        Arg::new("dict", DebugValue::Dict(&dict)),
+        Arg::new("arr", DebugValue::Array(&arr)),
+        Arg::dynamic(&dyn_name, 1u8),
+    ];
+    let flows = [Flow::global(11), Flow::global(u64::MAX)];
+    let term = [Flow::global(12)];
+    let mut e = ev(EventType::Instant, "args".into());
+    e.args = &args;
+    e.flows = &flows;
+    e.terminating_flows = &term;
+    e.timestamp = Timestamp {
+        clock: Clock::Monotonic,
+        ns: 77,
+    };
+    assert!(s.write_event(&mut w, &e, None));
+    let counter = CounterTrack::new("Memory")
+        .with_unit(CounterUnit::SizeBytes)
+        .with_multiplier(1024);
+    let mut c = EventData::new(EventType::Counter, Some(&CAT), Timestamp::boottime(9));
+    c.track = Some(counter.track());
+    c.counter = Some(CounterValue::Int(4));
+    assert!(s.write_event(&mut w, &c, None));
+    c.counter = Some(CounterValue::Double(2.5));
+    assert!(s.write_event(&mut w, &c, None));
+
+    let p = w.decoded();
+    let mut interned = Interned::default();
+    p.iter().for_each(|pk| interned.update(pk));
+    let pk = &p[3];
+    assert_eq!((pk.timestamp, pk.timestamp_clock_id), (Some(77), Some(3)));
+    let te = pk.track_event.as_ref().unwrap();
+    assert_eq!(te.flow_ids, [11, u64::MAX]);
+    assert_eq!(te.terminating_flow_ids, [12]);
+    let a = &te.debug_annotations;
+    let names: Vec<_> = a.iter().map(|x| interned.arg_name(x).unwrap()).collect();
+    assert_eq!(
+        names,
+        ["b", "i", "u", "d", "s", "p", "dict", "arr", "runtime"]
+    );
+    assert_eq!(
+        a[8].name.as_deref(),
+        Some("runtime"),
+        "dynamic names are inline"
+    );
+    assert_eq!(a[0].bool_value, Some(true));
+    assert_eq!(a[1].int_value, Some(-7));
+    assert_eq!(a[2].uint_value, Some(u64::MAX));
+    assert_eq!(a[3].double_value, Some(0.25));
+    assert_eq!(a[4].string_value.as_deref(), Some("str"));
+    assert_eq!(a[5].pointer_value, Some(0xdead));
+    assert_eq!(a[6].dict_entries.len(), 2);
+    assert_eq!(a[6].dict_entries[0].name.as_deref(), Some("x"));
+    assert_eq!(a[6].dict_entries[0].int_value, Some(-3));
+    assert_eq!(a[6].dict_entries[1].array_values[0].bool_value, Some(true));
+    assert_eq!(a[7].array_values[0].double_value, Some(1.5));
+    assert_eq!(a[7].array_values[1].string_value.as_deref(), Some("s"));
+    assert_eq!(a[7].array_values[1].name, None);
+
+    // Counter: descriptor once, then two samples on its track.
+    let desc = p[4].track_descriptor.as_ref().unwrap();
+    assert_eq!(desc.uuid, Some(counter.track().uuid()));
+    assert_eq!(desc.parent_uuid, Some(ProcessTrack::current().uuid()));
+    assert_eq!(desc.name.as_deref(), Some("Memory"));
+    let cd = desc.counter.as_ref().unwrap();
+    assert_eq!((cd.unit, cd.unit_multiplier), (Some(3), Some(1024)));
+    let c1 = p[5].track_event.as_ref().unwrap();
+    assert_eq!(
+        (c1.r#type, c1.track_uuid, c1.counter_value),
+        (Some(4), Some(counter.track().uuid()), Some(4))
+    );
+    assert!(c1.category_iids.is_empty());
+    let c2 = p[6].track_event.as_ref().unwrap();
+    assert_eq!(c2.double_counter_value, Some(2.5));
+    assert_eq!(p.len(), 7);
+}
+
+#[test]
+fn custom_track_descriptors_once_per_reset() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let root = Track::global(10)
+        .with_name("Root")
+        .with_child_ordering(ChildOrdering::Explicit);
+    let child = Track::child_of(&root, 3)
+        .with_name("C")
+        .with_sibling_order_rank(-100);
+    for t in [&root, &child, &child] {
+        let mut e = ev(EventType::Instant, "on".into());
+        e.track = Some(t);
+        assert!(s.write_event(&mut w, &e, None));
+    }
+    s.invalidate();
+    let mut e = ev(EventType::Instant, "on".into());
+    e.track = Some(&child);
+    assert!(s.write_event(&mut w, &e, None));
+    let descs: Vec<_> = w
+        .decoded()
+        .into_iter()
+        .filter_map(|p| p.track_descriptor)
+        .collect();
+    let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
+    let t = 4242 ^ crate::process_uuid();
+    let pr = crate::process_uuid();
+    // After the reset the child comes first, then its parent.
+    assert_eq!(uuids, [t, pr, 10, 3 ^ 10, t, pr, 3 ^ 10, 10]);
+    assert_eq!(descs[2].child_ordering, Some(3));
+    assert_eq!(descs[3].sibling_order_rank, Some(-100));
+    assert_eq!(descs[3].parent_uuid, Some(10));
+    assert_eq!(descs[7], descs[2]);
+}
+
+/// An event on a nested track describes every custom ancestor first
+/// (each once per reset), as upstream's nested tracks do.
+#[test]
+fn nested_tracks_describe_every_ancestor() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let root = Track::global(0x5000)
+        .with_name("R")
+        .with_child_ordering(ChildOrdering::Explicit);
+    let mid = Track::named_child_of(&root, "M", 1).with_sibling_order_rank(2);
+    let leaf = Track::named_child_of(&mid, "L", 2);
+    let gauge = CounterTrack::child_of(&leaf, "gauge");
+    let on = |t: &Track<'_>, w: &mut VecWriter, s: &mut SequenceState| {
+        let mut e = ev(EventType::Instant, "on".into());
+        e.track = Some(t);
+        assert!(s.write_event(w, &e, None));
+    };
+    on(&leaf, &mut w, &mut s);
+    on(&mid, &mut w, &mut s);
+    on(gauge.track(), &mut w, &mut s);
+    s.invalidate();
+    on(gauge.track(), &mut w, &mut s);
+    let descs: Vec<_> = w
+        .decoded()
+        .into_iter()
+        .filter_map(|p| p.track_descriptor)
+        .collect();
+    let uuids: Vec<_> = descs.iter().map(|d| d.uuid.unwrap()).collect();
+    let t = 4242 ^ crate::process_uuid();
+    let pr = crate::process_uuid();
+    let (r, m, l, g) = (root.uuid(), mid.uuid(), leaf.uuid(), gauge.track().uuid());
+    assert_eq!(uuids, [t, pr, l, m, r, g, t, pr, g, l, m, r]);
+    let by_uuid = |u: u64| descs.iter().find(|d| d.uuid == Some(u)).unwrap();
+    assert_eq!(by_uuid(r).name.as_deref(), Some("R"));
+    assert_eq!(by_uuid(r).child_ordering, Some(3));
+    assert_eq!(by_uuid(r).parent_uuid, None);
+    assert_eq!(by_uuid(m).name.as_deref(), Some("M"));
+    assert_eq!(by_uuid(m).sibling_order_rank, Some(2));
+    assert_eq!(by_uuid(m).parent_uuid, Some(r));
+    assert_eq!(by_uuid(l).parent_uuid, Some(m));
+    assert_eq!(by_uuid(g).parent_uuid, Some(l));
+}
+
+/// Writer whose attempts succeed or fail following `mask` (cycled).
+struct MaskWriter {
+    inner: VecWriter,
+    mask: Vec<bool>,
+    /// For each attempt: was it written?
+    outcomes: Vec<bool>,
+}
+
+impl PacketWriter for MaskWriter {
+    type Sink = VecSink;
+    type Window<'w> = &'w mut Scratch;
+
+    fn write_in_place(&mut self, encode: impl FnOnce(&mut Cursor<&mut Scratch>) -> bool) -> bool {
+        let _ = encode;
+        false
+    }
+
+    fn write_packet(&mut self, f: impl FnOnce(&mut Message<'_, Self::Sink>)) -> bool {
+        let drop = self.mask[self.outcomes.len() % self.mask.len()];
+        if drop {
+            self.inner.drop.push(self.inner.attempts);
+        }
+        let ok = self.inner.write_packet(f);
+        self.outcomes.push(ok);
+        ok
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Event {
+        kind: u8,
+        name: usize,
+        cat: usize,
+        arg: usize,
+        track: usize,
+    },
+    Clear,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0u8..4, 0usize..4, 0usize..2, 0usize..4, 0usize..3)
+            .prop_map(|(kind, name, cat, arg, track)| Op::Event { kind, name, cat, arg, track }),
+        1 => Just(Op::Clear),
+    ]
+}
+
+static CATS: [Category; 2] = [Category::new("p.one"), Category::new("p.a,p.b")];
+const NAMES: [&str; 4] = ["n0", "n1", "n2", "n3"];
+const ARGS: [&str; 4] = ["a0", "a1", "a2", "a3"];
+
+proptest! {
+    /// The interning state machine, as a trace reader sees it: whatever
+    /// is lost and whenever state is cleared, every packet that needs
+    /// incremental state comes after a reset on the same sequence with
+    /// no loss in between, every id it uses was defined since that
+    /// reset, ids count from 1 per table after each reset, and every
+    /// written event decodes to what was emitted.
+    #[test]
+    fn interning_state_machine(ops in prop::collection::vec(op(), 1..80),
+                               mask in prop::collection::vec(prop::bool::weighted(0.15), 1..40)) {
+        let tracks = [None, Some(Track::global(1000)), Some(Track::global(2000).with_name("t2"))];
+        let mut w = MaskWriter { inner: VecWriter::default(), mask, outcomes: Vec::new() };
+        let mut s = seq();
+        let mut expected = Vec::new();
+        for op in &ops {
+            match *op {
+                Op::Clear => s.invalidate(),
+                Op::Event { kind, name, cat, arg, track } => {
+                    let kind = [EventType::SliceBegin, EventType::Instant, EventType::Counter, EventType::SliceEnd][kind as usize];
+                    if kind == EventType::SliceEnd {
+                        continue; // slice pairing is covered elsewhere
+                    }
+                    let args = [Arg::new(ARGS[arg], arg as u64)];
+                    let mut e = EventData::new(kind, Some(&CATS[cat]), Timestamp::boottime(1));
+                    e.name = EventName::Static(NAMES[name]);
+                    e.args = &args;
+                    e.track = tracks[track].as_ref();
+                    if kind == EventType::Counter {
+                        e.counter = Some(CounterValue::Int(1));
+                    }
+                    let before = w.inner.packets.len();
+                    if s.write_event(&mut w, &e, None) {
+                        // The event is the last packet written.
+                        prop_assert!(w.inner.packets.len() > before);
+                        expected.push((w.inner.packets.len() - 1, kind, name, cat, arg, track));
+                    }
+                }
+            }
+        }
+        // Replay as a reader. A loss invalidates the state; only a reset
+        // (flag 1) validates it again.
+        let packets = w.inner.decoded();
+        let mut valid = false;
+        let mut interned = Interned::default();
+        let mut next_iid = [1u64; 3];
+        let mut seen_tracks = std::collections::HashSet::new();
+        let mut written_index = 0usize;
+        let mut lost_since_last = false;
+        let mut lost_before: Vec<bool> = Vec::new();
+        for ok in &w.outcomes {
+            if *ok { lost_before.push(lost_since_last); lost_since_last = false; } else { lost_since_last = true; }
+        }
+        for (i, p) in packets.iter().enumerate() {
+            if lost_before[i] { valid = false; }
+            let flags = p.sequence_flags.unwrap_or(0);
+            if flags & sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED != 0 {
+                valid = true;
+                next_iid = [1; 3];
+                seen_tracks.clear();
+            }
+            if let Some(d) = &p.track_descriptor { seen_tracks.insert(d.uuid.unwrap()); }
+            if let Some(data) = &p.interned_data {
+                for (k, entries) in [&data.event_categories, &data.event_names, &data.debug_annotation_names].into_iter().enumerate() {
+                    for e in entries {
+                        prop_assert_eq!(e.iid, Some(next_iid[k]), "iids count from 1 per table");
+                        next_iid[k] += 1;
+                    }
+                }
+            }
+            interned.update(p);
+            if let Some(te) = &p.track_event {
+                prop_assert_eq!(flags, SEQ_NEEDS_INCREMENTAL_STATE);
+                prop_assert!(valid, "packet {} needs state after a loss, before a reset", i);
+                if let Some(u) = te.track_uuid { prop_assert!(seen_tracks.contains(&u), "track described before use"); }
+                let (at, kind, name, cat, arg, track) = expected[written_index];
+                written_index += 1;
+                prop_assert_eq!(at, i);
+                prop_assert_eq!(te.r#type, Some(kind as i32));
+                prop_assert_eq!(interned.event_name(te), Some(NAMES[name].to_string()));
+                if kind != EventType::Counter {
+                    let cats: Vec<String> = CATS[cat].name().split(',').map(String::from).collect();
+                    prop_assert_eq!(interned.event_categories(te), cats);
+                }
+                prop_assert_eq!(interned.arg_name(&te.debug_annotations[0]), Some(ARGS[arg].to_string()));
+                prop_assert_eq!(te.track_uuid, tracks[track].map(|t| t.uuid()));
+            }
+        }
+        prop_assert_eq!(written_index, expected.len());
+    }
+}
+
+#[test]
+fn fast_path_matches_the_general_encoder() {
+    let dynamic = String::from("dyn");
+    let long = "L".repeat(200);
+    let track = Track::global(77).with_name("t");
+    let flows = [Flow::global(1), Flow::global(u64::MAX)];
+    let args = [
+        Arg::new("b", false),
+        Arg::new("u", u64::MAX),
+        Arg::new("i", i64::MIN),
+        Arg::new("d", -0.5),
+        Arg::new("s", "string"),
+        Arg::new("p", DebugValue::Pointer(7)),
+        Arg::dynamic(&dynamic, 3),
+        Arg::new("long", long.as_str()),
+    ];
+    let mut events = Vec::new();
+    for kind in [
+        EventType::SliceBegin,
+        EventType::SliceEnd,
+        EventType::Instant,
+        EventType::Counter,
+    ] {
+        let mut e = ev(kind, "n".into());
+        events.push(e);
+        e.args = &args;
+        e.flows = &flows;
+        e.terminating_flows = &flows[..1];
+        e.track = Some(&track);
+        e.timestamp = Timestamp {
+            clock: Clock::Monotonic,
+            ns: u64::MAX,
+        };
+        e.counter = Some(CounterValue::Int(-1));
+        events.push(e);
+        e.counter = Some(CounterValue::Double(1e300));
+        e.name = EventName::Dynamic(&dynamic);
+        e.category = Some(&GROUP);
+        events.push(e);
+    }
+    let mut fast = seq();
+    let mut general = seq();
+    for (i, e) in events.iter().enumerate() {
+        fast.interned.new_entries.clear();
+        general.interned.new_entries.clear();
+        let mut a = [0u8; FAST_CAP + TARGET_SLACK];
+        let stamp = fast.stamp(e.timestamp);
+        assert_eq!(stamp, general.stamp(e.timestamp));
+        let uuid = fast.thread_track.uuid();
+        let mut c = Cursor::new(&mut a);
+        assert!(fast
+            .interned
+            .encode_fast::<_, false>(&mut c, uuid, e, stamp));
+        let n = c.finish().expect("fits");
+        let mut b = vec![0u8; 4096];
+        let m = encode_to_slice(&mut b, |p| general.write_event_fields(p, e, stamp, None)).unwrap();
+        let pa = ts::TracePacket::decode(&a[..n]).unwrap();
+        let pb = ts::TracePacket::decode(&b[..m]).unwrap();
+        assert_eq!(pa, pb, "event {i}");
+    }
+    // Nested values and tiny buffers are not for the fast path.
+    let dict = [("k", DebugValue::from(1))];
+    let nested = [Arg::new("d", DebugValue::Dict(&dict))];
+    let mut e = ev(EventType::Instant, "n".into());
+    e.args = &nested;
+    let stamp = fast.stamp(e.timestamp);
+    let uuid = fast.thread_track.uuid();
+    let mut buf = [0u8; FAST_CAP + TARGET_SLACK];
+    let mut c = Cursor::new(&mut buf);
+    assert!(!fast
+        .interned
+        .encode_fast::<_, false>(&mut c, uuid, &e, stamp));
+    let huge = "H".repeat(FAST_CAP);
+    let big = [Arg::new("big", huge.as_str())];
+    e.args = &big;
+    let mut c = Cursor::new(&mut buf);
+    let encoded = fast
+        .interned
+        .encode_fast::<_, false>(&mut c, uuid, &e, stamp);
+    assert!(encoded && c.finish().is_none(), "too long for the buffer");
+}
+
+#[test]
+fn extra_fields_through_the_context() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let mut f = |ctx: &mut EventContext<'_, '_, VecSink>| {
+        ctx.event().string(1001, "ext");
+        ctx.add_arg(&Arg::new("late", 5));
+    };
+    assert!(s.write_event(&mut w, &ev(EventType::Instant, "e".into()), Some(&mut f)));
+    let p = w.decoded();
+    let te = p[3].track_event.as_ref().unwrap();
+    assert_eq!(te.test_extension.as_deref(), Some("ext"));
+    assert_eq!(te.debug_annotations[0].int_value, Some(5));
+    assert_eq!(
+        p[3].interned_data.as_ref().unwrap().debug_annotation_names[0]
+            .name
+            .as_deref(),
+        Some("late")
+    );
+}
