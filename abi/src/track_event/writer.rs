@@ -597,13 +597,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             })) {
                 Ok(false) => {
                     for entry in interned {
-                        let one = [*entry];
                         if !self.put(packet(&mut |c| {
                             c.uint(
                                 trace_packet::SEQUENCE_FLAGS,
                                 u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
                             );
-                            encode::interned_data::<_, true>(c, &one);
+                            encode::interned_data::<_, true>(c, core::slice::from_ref(entry));
                         })) {
                             return self.lost();
                         }
@@ -688,7 +687,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             }
         }
         if !self.put(packet(&mut |c| {
-            encode::reset(c, clock_id, now, track.uuid())
+            // `encode::reset`, whose two out-of-line halves firmware links
+            // anyway (the first-packet path above writes the time alone).
+            encode::absolute_time(c, clock_id, now);
+            encode::reset_tail(c, clock_id, now, track.uuid());
         })) {
             return false;
         }
