@@ -105,7 +105,8 @@
 //! names on the default track, samples on a described counter track) take
 //! one out-of-line function each: the call site's cached ids (two loads
 //! and a compare; or, for names given as strings, the interning probes:
-//! one or two entry compares each), a clock read, one check of the sequence state, the
+//! one or two entry compares each, or a scan of a table of at most
+//! [`SCAN_MAX`](intern::SCAN_MAX) entries), a clock read, one check of the sequence state, the
 //! packet's bytes as a few word stores straight into the chunk, one release
 //! store of the chunk's count. No `memcpy`, no `memset`, no division. The
 //! first event of a sequence (and the first after a loss or a clear) writes

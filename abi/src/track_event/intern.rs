@@ -26,6 +26,9 @@
 //!   probe chain never breaks. (Strings whose homes collide may land past
 //!   them, where a lookup costs the out-of-line probe: the price of a
 //!   placement without moves, which a firmware image pays in bytes once.)
+//!   A table of at most [`SCAN_MAX`] entries has no homes: a lookup
+//!   compares every entry (out of line), a new string takes the first free
+//!   one. As many compares as the probes' bound, and no hashing code.
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
@@ -33,6 +36,10 @@
 
 /// Longest string interned, in bytes.
 pub const MAX_LEN: usize = 127;
+
+/// Tables of at most this many entries are scanned, not hashed (see the
+/// module docs).
+pub const SCAN_MAX: usize = 4;
 
 /// Generations of live entries: 1..=`GENERATIONS`.
 const GENERATIONS: u16 = 127;
@@ -230,9 +237,13 @@ impl<const N: usize> InternTable<N> {
     /// id, or `u32::MAX` if it is not interned (a caller tests several
     /// ids with one compare). Inline: a multiply and one entry compare
     /// when the string sits in its first home slot, one more in its second;
-    /// out of line (`find`) otherwise.
+    /// out of line (`find`) otherwise, and always in a table of at most
+    /// [`SCAN_MAX`] entries.
     #[inline(always)]
     pub fn lookup_word(&self, key: Key) -> u32 {
+        if N <= SCAN_MAX {
+            return self.find(key);
+        }
         let want = self.want(key);
         let [first, second] = Self::homes(key);
         let at = |i: usize| self.entries.get(i).and_then(|e| e.id_of(key, want));
@@ -246,10 +257,18 @@ impl<const N: usize> InternTable<N> {
     }
 
     /// [`Self::lookup_word`] out of line: the home slots, then the slots
-    /// after the second up to the first dead one.
+    /// after the second up to the first dead one (every slot, in order, in
+    /// a table of at most [`SCAN_MAX`] entries).
     #[inline(never)]
     pub fn find(&self, key: Key) -> u32 {
         let want = self.want(key);
+        if N <= SCAN_MAX {
+            return self
+                .entries
+                .iter()
+                .find_map(|e| e.id_of(key, want))
+                .unwrap_or(u32::MAX);
+        }
         let [first, second] = Self::homes(key);
         let mut i = first;
         for step in 0..N + 1 {
@@ -299,9 +318,20 @@ impl<const N: usize> InternTable<N> {
 
     /// Puts the new entry `e` in the first free slot where [`Self::find`]
     /// looks for it: its first home, its second, then the slots after the
-    /// second; the table has a free slot.
+    /// second (the first free slot in a table of at most [`SCAN_MAX`]
+    /// entries); the table has a free slot.
     fn place(&mut self, e: Entry) {
         let generation = u32::from(self.generation);
+        if N <= SCAN_MAX {
+            if let Some(slot) = self
+                .entries
+                .iter_mut()
+                .find(|slot| slot.generation() != generation)
+            {
+                *slot = e;
+            }
+            return;
+        }
         let [first, second] = Self::homes_of(e.ptr, e.tag & KEY_MASK);
         let mut i = first;
         for step in 0..N + 1 {
@@ -372,6 +402,14 @@ mod tests {
         for (i, n) in NAMES[..4].iter().enumerate() {
             assert_eq!(t.lookup(n, Kind::EventName), Some(i as u16 + 1));
         }
+        // A clear frees every slot at once (this table is scanned: the new
+        // strings take the old generation's slots in order).
+        t.clear();
+        for (i, n) in NAMES[1..].iter().enumerate() {
+            assert_eq!(t.intern(n, Kind::EventName), Interned::New(i as u16 + 1));
+        }
+        assert_eq!(t.intern(NAMES[0], Kind::EventName), Interned::Full);
+        assert_eq!(t.lookup(NAMES[4], Kind::EventName), Some(4));
     }
 
     #[test]
@@ -395,8 +433,8 @@ mod tests {
                 }
             }
         }
-        check::<2>();
-        check::<4>();
+        // Tables of at most SCAN_MAX entries have no homes.
+        check::<8>();
         check::<16>();
         check::<1024>();
         assert_eq!(InternTable::<1>::homes_of(0x2000_0000, 0), [0, 0]);

@@ -588,38 +588,30 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         interned: &[NewString<'_>],
         body: &mut dyn EncodePacket,
     ) -> bool {
-        let outcome = if interned.is_empty() {
-            self.out.write_dyn(body)
-        } else {
-            match self.out.write_dyn(packet(&mut |c| {
+        // The event with its new strings, if they fit one packet.
+        let whole = !interned.is_empty()
+            && match self.out.write_dyn(packet(&mut |c| {
                 body.encode(c);
                 encode::interned_data::<_, true>(c, interned);
             })) {
-                Ok(false) => {
-                    for entry in interned {
-                        let one = [*entry];
-                        if !self.put(packet(&mut |c| {
-                            c.uint(
-                                trace_packet::SEQUENCE_FLAGS,
-                                u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
-                            );
-                            encode::interned_data::<_, true>(c, &one);
-                        })) {
-                            return self.lost();
-                        }
-                    }
-                    self.out.write_dyn(body)
+                Ok(whole) => whole,
+                Err(_) => return self.lost(),
+            };
+        if !whole {
+            for entry in interned {
+                if !self.put(packet(&mut |c| {
+                    c.uint(
+                        trace_packet::SEQUENCE_FLAGS,
+                        u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                    );
+                    encode::interned_data::<_, true>(c, core::slice::from_ref(entry));
+                })) {
+                    return self.lost();
                 }
-                other => other,
             }
-        };
-        match outcome {
-            Ok(true) => {}
-            Ok(false) => {
-                self.out.count_dropped(DropReason::PacketTooLong);
+            if !self.put(body) {
                 return self.lost();
             }
-            Err(_) => return self.lost(),
         }
         self.stats.events += 1;
         if let Time::Delta(_) = time {
@@ -688,7 +680,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             }
         }
         if !self.put(packet(&mut |c| {
-            encode::reset(c, clock_id, now, track.uuid())
+            // `encode::reset`, whose two out-of-line halves firmware links
+            // anyway (the first-packet path above writes the time alone).
+            encode::absolute_time(c, clock_id, now);
+            encode::reset_tail(c, clock_id, now, track.uuid());
         })) {
             return false;
         }

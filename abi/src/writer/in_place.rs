@@ -257,51 +257,51 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     pub fn write_dyn(&mut self, encode: &mut dyn EncodePacket) -> Result<bool, DropReason> {
         let mut took = false;
         loop {
-            if !self.has_room() {
-                if took {
-                    // A new chunk without room for a window.
+            if self.has_room() {
+                let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
+                let (loss, first) = (self.pending_loss, self.first_packet);
+                let Some(chunk) = self.chunk.as_mut() else {
+                    return Ok(false);
+                };
+                let Some(window) = chunk.window_at_most(at) else {
+                    return Ok(false);
+                };
+                let full_window = window.len() == WINDOW_LEN;
+                let mut c = Cursor::new_at(window, 1);
+                // The sequence's first packet is marked as such, and a loss
+                // before it waits for the packet after it: a reader cannot
+                // tell a loss mark on a sequence's first packet from the one
+                // a trace buffer puts on the first packet it reads of every
+                // sequence.
+                if first {
+                    c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
+                } else if loss != 0 {
+                    c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
+                }
+                encode.encode(&mut c);
+                if let Some(end) = c.finish() {
+                    c.put_at(0, (end - 1) as u8);
+                    // The packet's fragment, then the inflated one for the
+                    // next.
+                    let next = count + u16::from(!inflated) + 1;
+                    chunk.set_packets(Packets::from_bits(next));
+                    self.count = next;
+                    self.cursor = (at + end) as u16;
+                    self.inflated = true;
+                    if !first {
+                        self.pending_loss = 0;
+                    }
+                    self.first_packet = false;
+                    self.update_limit();
+                    return Ok(true);
+                }
+                if full_window {
                     return Ok(false);
                 }
-                self.take_new_chunk()?;
-                took = true;
-                continue;
             }
-            let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
-            let (loss, first) = (self.pending_loss, self.first_packet);
-            let Some(chunk) = self.chunk.as_mut() else {
-                return Ok(false);
-            };
-            let Some(window) = chunk.window_at_most(at) else {
-                return Ok(false);
-            };
-            let full_window = window.len() == WINDOW_LEN;
-            let mut c = Cursor::new_at(window, 1);
-            // The sequence's first packet is marked as such, and a loss
-            // before it waits for the packet after it: a reader cannot tell
-            // a loss mark on a sequence's first packet from the one a trace
-            // buffer puts on the first packet it reads of every sequence.
-            if first {
-                c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
-            } else if loss != 0 {
-                c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
-            }
-            encode.encode(&mut c);
-            if let Some(end) = c.finish() {
-                c.put_at(0, (end - 1) as u8);
-                // The packet's fragment, then the inflated one for the next.
-                let next = count + u16::from(!inflated) + 1;
-                chunk.set_packets(Packets::from_bits(next));
-                self.count = next;
-                self.cursor = (at + end) as u16;
-                self.inflated = true;
-                if !first {
-                    self.pending_loss = 0;
-                }
-                self.first_packet = false;
-                self.update_limit();
-                return Ok(true);
-            }
-            if full_window || took {
+            // No room, or the window was too short: a new chunk, once (a
+            // new chunk without room for the packet cannot take it).
+            if took {
                 return Ok(false);
             }
             self.take_new_chunk()?;
