@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use tracing_core::Metadata;
 
-use crate::Category;
 use crate::integrations::target_category;
+use crate::Category;
 
 /// Slots in the table (a power of two).
 const SLOTS: usize = 1024;
