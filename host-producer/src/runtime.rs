@@ -44,17 +44,21 @@ pub(crate) struct PendingTriggers {
 }
 
 impl PendingTriggers {
-    /// Keeps `names` until `expiry`; how many did not fit.
-    pub(crate) fn keep(&mut self, names: &[&str], expiry: Option<Instant>, now: Instant) -> usize {
+    /// Keeps `names` until `expiry`, after dropping the triggers expired
+    /// at `now` to make room: how many of `names` did not fit, and how
+    /// many expired ones were dropped (the caller counts both).
+    pub(crate) fn keep(
+        &mut self,
+        names: &[&str],
+        expiry: Option<Instant>,
+        now: Instant,
+    ) -> (usize, usize) {
         let expired = self.drop_expired(now);
-        if expired > 0 {
-            note_expired(expired);
-        }
         let room = MAX_PENDING_TRIGGERS - self.triggers.len();
         let kept = names.len().min(room);
         self.triggers
             .extend(names[..kept].iter().map(|n| ((*n).to_owned(), expiry)));
-        names.len() - kept
+        (names.len() - kept, expired)
     }
 
     /// Drops the triggers expired at `now`; how many.
@@ -201,8 +205,11 @@ impl Runtime {
             return;
         }
         let now = Instant::now();
-        let dropped = pending.keep(&names, now.checked_add(ttl), now);
+        let (dropped, expired) = pending.keep(&names, now.checked_add(ttl), now);
         drop(pending);
+        if expired > 0 {
+            note_expired(expired);
+        }
         if dropped > 0 {
             crate::stats::COUNTERS
                 .triggers_dropped

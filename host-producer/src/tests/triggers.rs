@@ -75,17 +75,21 @@ fn the_pending_triggers_are_bounded_and_expire() {
         .map(|i| format!("t{i}"))
         .collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    assert_eq!(pending.keep(&many[..5], soon, now), 0);
+    assert_eq!(pending.keep(&many[..5], soon, now), (0, 0));
     assert_eq!(
         pending.keep(&many[5..], None, now),
-        10,
+        (10, 0),
         "the newest dropped"
     );
     // The first five expire; their room is taken by new ones.
     let later = now + Duration::from_secs(2);
-    assert_eq!(pending.keep(&["a", "b", "c"], None, later), 0);
+    assert_eq!(
+        pending.keep(&["a", "b", "c"], None, later),
+        (0, 5),
+        "the expired ones make room, and are reported"
+    );
     let (alive, expired) = pending.take(later);
-    assert_eq!(expired, 0, "counted when they made room");
+    assert_eq!(expired, 0, "reported when they made room");
     assert_eq!(alive.len(), MAX_PENDING_TRIGGERS - 2);
     assert_eq!(alive[0], "t5");
     assert_eq!(&alive[alive.len() - 3..], ["a", "b", "c"]);
