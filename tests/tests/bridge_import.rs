@@ -116,6 +116,67 @@ fn import_of_a_region_dump() {
     assert!(!env.path("no-hello.pftrace").exists());
 }
 
+/// A dump of a region whose SMB filled (nobody drained it): the writers'
+/// last packets were dropped, and no packet followed to carry their
+/// `previous_packet_dropped`. The import marks that loss (the firmware
+/// counted it) at the end of every firmware sequence: the checker and
+/// `inspect` see it, and every event the firmware wrote before is there.
+#[test]
+fn import_of_a_full_region_marks_the_firmware_losses() {
+    let env = Env::new("shmtrace-import-full-");
+    let ram = env.path("full");
+    let done = run_firmware(
+        &env,
+        "full",
+        &[
+            "region",
+            "--file",
+            ram.to_str().unwrap(),
+            "--offset",
+            "65536",
+            "--iterations",
+            "20000",
+            "--large-every",
+            "50",
+            "--exit-when-done",
+        ],
+    );
+    assert!(done["dropped"].as_u64() > Some(0), "the SMB filled: {done}");
+    let out = env.path("full.pftrace");
+    let output = import(
+        &env,
+        &["--region-dump", &format!("{}@0x10000", ram.display())],
+        &out,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("packets_dropped "), "{stderr}");
+    let report = check(&env, &out, emitted(&done), Loss::Allowed, "full");
+    report.assert_ok("full");
+    let firmware: Vec<_> = report
+        .sequences
+        .iter()
+        .filter(|s| s.track_events > 0)
+        .collect();
+    assert!(!firmware.is_empty(), "{:?}", report.sequences);
+    for s in &firmware {
+        assert_eq!(s.loss_marks, 1, "sequence {}: {s:?}\n{stderr}", s.id);
+    }
+    assert!(
+        stderr.contains(&format!(
+            "{} at the end of a session for the firmware's own drops",
+            firmware.len()
+        )),
+        "{stderr}"
+    );
+    let analysis = inspect_passes(&out);
+    assert_eq!(
+        analysis["loss"]["loss_marks"].as_u64(),
+        Some(firmware.len() as u64),
+        "{}",
+        analysis["loss"]
+    );
+}
+
 /// A captured frame stream, with and without a clock offset: the same
 /// events, every one of them the offset later.
 #[test]

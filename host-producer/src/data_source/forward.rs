@@ -723,6 +723,55 @@ impl ForwardedSequence {
     }
 }
 
+impl ForwardedSequence {
+    /// Marks a loss at the end of this sequence's lanes: in each lane
+    /// (of instance `instance_id`, or of every instance if `None`), one
+    /// more chunk, the lane's next chunk id, holding one packet
+    /// `previous_packet_dropped = 1` (after the start packet, if the lane
+    /// forwarded nothing yet). For losses the source reports but never
+    /// marks itself: a writer marks a drop on its next packet, and a drop
+    /// that is the last thing it did has none. A lane whose last packet
+    /// was left open gets a new writer first (module docs). Returns the
+    /// lanes marked.
+    pub fn mark_loss(&mut self, instance_id: Option<u64>) -> usize {
+        let c = &self.shared.counters;
+        let mut marked = 0;
+        let mut all = self.shared.lanes();
+        for lane in all.get_mut(&self.id).into_iter().flatten() {
+            if instance_id.is_some_and(|id| id != lane.instance.id) || !lane.instance.is_live() {
+                continue;
+            }
+            // An empty chunk that follows the last one the lane saw: no
+            // gap, no orphan; the pending loss puts the mark in it.
+            let last = lane.last_source;
+            let empty = Parsed {
+                header: ChunkHeaderRepr {
+                    chunk_id: last.map_or(0, |l| l.wrapping_add(1)),
+                    writer_id: 1,
+                    packets: Packets::EMPTY,
+                },
+                payload: &[],
+                first_end: 0,
+                sentinel: false,
+            };
+            let was_pending = lane.loss_pending || lane.broken || lane.open_packet;
+            lane.loss_pending = true;
+            let policy = lane.instance.policy;
+            let outcome = forward_into(lane, &empty, self.inject.as_deref(), policy, c);
+            // The chunk was not the source's: its next chunk still follows
+            // the last one it wrote.
+            lane.last_source = last;
+            if matches!(outcome, Outcome::Done) {
+                marked += 1;
+                if !was_pending {
+                    bump(&c.losses_marked);
+                }
+            }
+        }
+        marked
+    }
+}
+
 impl Drop for ForwardedSequence {
     fn drop(&mut self) {
         if let Some(list) = self.shared.lanes().remove(&self.id) {

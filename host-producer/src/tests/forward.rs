@@ -380,6 +380,37 @@ fn a_lost_chunk_is_marked_on_the_next_packet_of_the_same_lane() {
 }
 
 #[test]
+fn a_loss_marked_at_the_end_is_one_more_chunk_of_the_same_lane() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let fw =
+        ChunkForwarder::register("test.fw.end", DataSourceOptions::default(), NoopHandler).unwrap();
+    start(309, "test.fw.end", 3);
+    let source = source_events(4096, PageLayout::Div7, |w| {
+        for i in 0..2 {
+            let _ = w.write_packet(|p| write_packet(p, i, 0));
+            w.flush();
+        }
+    });
+    let mut seq = fw.new_sequence();
+    forward_all(&mut seq, &source);
+    assert_eq!(seq.mark_loss(Some(310)), 0, "another instance's lanes only");
+    assert_eq!(seq.mark_loss(Some(309)), 1);
+    lb.drain();
+    // One writer, its chunk ids contiguous (`decoded` checks: no gap), the
+    // mark its last packet.
+    let seqs = decoded(&lb);
+    assert_eq!(seqs.len(), 1, "the same writer goes on");
+    let packets = &seqs[0].1;
+    let stamps: Vec<_> = packets.iter().map(|p| p.timestamp).collect();
+    assert_eq!(stamps, [None, Some(0), Some(1), None]);
+    assert_eq!(packets[3].previous_packet_dropped, Some(1));
+    assert_eq!(fw.stats().losses_marked, 1);
+    runtime().stop_data_source(309);
+    lb.shutdown();
+}
+
+#[test]
 fn a_loss_that_leaves_a_packet_open_starts_a_new_writer() {
     let _s = serial();
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);

@@ -23,6 +23,19 @@
 //!   After that snapshots are re-injected whenever due.
 //! * **Every loss is counted** ([`EngineStats`]); the firmware's own
 //!   counters and the source's transport losses are kept for the summary.
+//! * **Trailing losses are marked.** A firmware writer marks its drops on
+//!   its next packet (`previous_packet_dropped`); drops that are the last
+//!   thing it does before a session ends (an SMB that filled with nobody
+//!   draining it, a dump taken then) have no next packet. So when a
+//!   session ends ([`Engine::session_ending`]), the input ends or the
+//!   bridge stops ([`Engine::finish`]), or a boot ends, and the
+//!   firmware's loss counters (every counter but [`FIRMWARE_NO_LOSS`])
+//!   grew since the session started (or was last marked), every sequence
+//!   of that boot gets one more chunk holding a packet
+//!   `previous_packet_dropped` in that session
+//!   ([`Output::mark_loss`]). The counters are the firmware's, not per
+//!   writer: every sequence is marked, also one whose drops its writer
+//!   marked already (over-marking, never silence).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -43,6 +56,10 @@ pub const SYNC_PERIOD_NS: u64 = 1_000_000_000;
 /// First sequence-scoped clock id; ids from 128 are reserved.
 const FIRST_SEQUENCE_CLOCK: u32 = 64;
 const FIRST_RESERVED_CLOCK: u32 = 128;
+
+/// Firmware counters that count no lost data: a chunk whose commit found
+/// the ring full stays in the SMB, where the reader finds it.
+pub const FIRMWARE_NO_LOSS: &[&str] = &["ring_overflows"];
 
 /// The engine's counters (monotonic, across boots).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -84,6 +101,10 @@ pub struct EngineStats {
     pub snapshots_deferred: u64,
     /// Sync requests sent to the firmware.
     pub sync_requests: u64,
+    /// Loss marks put at the end of a sequence in a session (one per
+    /// sequence and session) because the firmware's loss counters grew
+    /// (module docs).
+    pub trailing_losses_marked: u64,
 }
 
 /// One firmware boot.
@@ -150,6 +171,9 @@ pub struct Engine<O: Output> {
     firmware_past: Vec<(String, u64)>,
     /// Things to tell the shell (logged once each).
     notes: Vec<String>,
+    /// Per running session (instance id): the firmware's loss total when
+    /// it started or was last marked.
+    sessions: HashMap<u64, u64>,
 }
 
 fn add_counters(into: &mut Vec<(String, u64)>, from: &[(String, u64)]) {
@@ -171,6 +195,7 @@ impl<O: Output> Engine<O> {
             stats: EngineStats::default(),
             firmware_past: Vec::new(),
             notes: Vec::new(),
+            sessions: HashMap::new(),
         }
     }
 
@@ -217,6 +242,56 @@ impl<O: Output> Engine<O> {
             rejected: b.clock.rejected,
             fixed: self.fixed_offset.is_some(),
         })
+    }
+
+    /// The firmware's loss counters (all but [`FIRMWARE_NO_LOSS`]),
+    /// summed over boots.
+    pub fn firmware_loss(&self) -> u64 {
+        self.firmware_counters()
+            .iter()
+            .filter(|(n, _)| !FIRMWARE_NO_LOSS.contains(&n.as_str()))
+            .fold(0u64, |t, (_, v)| t.saturating_add(*v))
+    }
+
+    /// A session (instance `id`) started the data source: losses from
+    /// now on are its own.
+    pub fn session_started(&mut self, id: u64) {
+        let loss = self.firmware_loss();
+        self.sessions.insert(id, loss);
+    }
+
+    /// Session `id` is ending, and everything the firmware had was
+    /// forwarded: marks the firmware's losses since it started on every
+    /// sequence of the boot (module docs).
+    pub fn session_ending(&mut self, id: u64) {
+        self.mark_trailing_loss(Some(id));
+        self.sessions.remove(&id);
+    }
+
+    /// The input ended or the bridge stops: marks the losses of every
+    /// session still running (module docs).
+    pub fn finish(&mut self) {
+        self.mark_trailing_loss(None);
+    }
+
+    /// Marks the losses since each session's mark in `only` (or every
+    /// session) on every sequence of the current boot.
+    fn mark_trailing_loss(&mut self, only: Option<u64>) {
+        let loss = self.firmware_loss();
+        let Some(b) = &mut self.boot else {
+            return;
+        };
+        for (&id, mark) in self.sessions.iter_mut() {
+            if only.is_some_and(|o| o != id) || loss <= *mark {
+                continue;
+            }
+            *mark = loss;
+            let mut n = 0u64;
+            for seq in b.sequences.values_mut() {
+                n += self.out.mark_loss(seq, Some(id)) as u64;
+            }
+            self.stats.trailing_losses_marked += n;
+        }
     }
 
     /// Messages for the user (taken once).
@@ -355,6 +430,7 @@ impl<O: Output> Engine<O> {
     /// boot's), then every sequence is dropped (unregistered).
     fn end_boot(&mut self) {
         self.release_held(false);
+        self.mark_trailing_loss(None);
         if let Some(b) = self.boot.take() {
             add_counters(&mut self.firmware_past, &b.firmware);
         }

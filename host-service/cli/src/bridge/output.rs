@@ -34,6 +34,8 @@ pub trait Output {
     ) -> usize;
     /// See [`ForwardedSequence::set_injected_packet`].
     fn set_injected_packet(&mut self, seq: &mut Self::Sequence, packet: &[u8]);
+    /// See [`ForwardedSequence::mark_loss`].
+    fn mark_loss(&mut self, seq: &mut Self::Sequence, instance_id: Option<u64>) -> usize;
 }
 
 /// The producer library's forwarding: one [`ChunkForwarder`] per data
@@ -151,5 +153,9 @@ impl Output for ProducerOutput {
     fn set_injected_packet(&mut self, seq: &mut ForwardedSequence, packet: &[u8]) {
         // Snapshots are ~30 bytes, far below the limit.
         let _ = seq.set_injected_packet(packet);
+    }
+
+    fn mark_loss(&mut self, seq: &mut ForwardedSequence, instance_id: Option<u64>) -> usize {
+        seq.mark_loss(instance_id)
     }
 }

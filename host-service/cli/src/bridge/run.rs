@@ -77,9 +77,7 @@ pub struct BridgeOptions {
     pub announce: bool,
 }
 
-/// Firmware counters that count no lost data: a chunk whose commit found
-/// the ring full stays in the SMB, where the reader finds it.
-pub const FIRMWARE_NO_LOSS: &[&str] = &["ring_overflows"];
+pub use super::engine::FIRMWARE_NO_LOSS;
 
 /// What the bridge did, for the summary.
 #[derive(Debug, Clone)]
@@ -223,8 +221,12 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             out,
-            "  sequences: {} losses marked ({} with a new writer), {} orphan fragments dropped",
-            f.losses_marked, f.lanes_restarted, f.orphan_fragments_dropped
+            "  sequences: {} losses marked ({} with a new writer, {} at the end of a session for \
+             the firmware's own drops), {} orphan fragments dropped",
+            f.losses_marked,
+            f.lanes_restarted,
+            e.trailing_losses_marked,
+            f.orphan_fragments_dropped
         )?;
         match &self.clock {
             Some(ClockStatus {
@@ -294,6 +296,10 @@ struct ControlState {
     requests: Vec<Request>,
     flushes_asked: u64,
     flushes_done: u64,
+    /// Instances started, not yet told to the engine.
+    started: Vec<u64>,
+    /// Instances stopping, with the flush that ends them.
+    ending: Vec<(u64, u64)>,
 }
 
 impl Control {
@@ -306,11 +312,15 @@ impl Control {
     }
 
     /// Waits (at most [`FLUSH_WAIT`]) until the bridge's thread forwarded
-    /// everything its source had.
-    fn flush(&self) {
+    /// everything its source had (and, for instance `ending`, marked the
+    /// losses it never saw marked: [`Engine::session_ending`]).
+    fn flush(&self, ending: Option<u64>) {
         let mut st = self.state();
         st.flushes_asked += 1;
         let target = st.flushes_asked;
+        if let Some(id) = ending {
+            st.ending.push((id, target));
+        }
         let deadline = Instant::now() + FLUSH_WAIT;
         while st.flushes_done < target {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -329,25 +339,26 @@ impl Control {
 struct Handler(Arc<Control>);
 
 impl DataSourceHandler for Handler {
-    fn on_start(&self, _: &InstanceArgs<'_>) {
+    fn on_start(&self, args: &InstanceArgs<'_>) {
         self.0.instances.fetch_add(1, Ordering::Relaxed);
+        self.0.state().started.push(args.instance_id);
         // The clear first: a writer that sees tracing on has seen it, so
         // its first packet in the session is its sequence's restart.
         self.0.ask(Request::Clear);
         self.0.ask(Request::Enable(true));
     }
-    fn on_stop(&self, _: &InstanceArgs<'_>) {
+    fn on_stop(&self, args: &InstanceArgs<'_>) {
         if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
             // Disabled first: nothing is written after the flush that
             // would wait in a held chunk for the next session.
             self.0.ask(Request::Enable(false));
             self.0.ask(Request::Flush);
         }
-        self.0.flush();
+        self.0.flush(Some(args.instance_id));
     }
     fn on_flush(&self, _: &InstanceArgs<'_>) {
         self.0.ask(Request::Flush);
-        self.0.flush();
+        self.0.flush(None);
     }
     fn on_clear_incremental_state(&self, _: &InstanceArgs<'_>) {
         self.0.ask(Request::Clear);
@@ -384,6 +395,11 @@ pub fn run(
     while !stop.load(Ordering::Relaxed) {
         let pending_flush = {
             let mut st = control.state();
+            // Before the requests: a session's enable lets an offline
+            // source go on, and its losses count from its start.
+            for id in std::mem::take(&mut st.started) {
+                engine.session_started(id);
+            }
             for r in std::mem::take(&mut st.requests) {
                 if let (Request::Enable(on), true) = (r, options.announce) {
                     let event = if on { "enabled" } else { "disabled" };
@@ -442,6 +458,17 @@ pub fn run(
                     // Not done until the firmware says so (bounded by the
                     // source).
                 } else if let Some(target) = pending_flush {
+                    let ending: Vec<u64> = {
+                        let mut st = control.state();
+                        let (done, later) = std::mem::take(&mut st.ending)
+                            .into_iter()
+                            .partition(|(_, t)| *t <= target);
+                        st.ending = later;
+                        done.into_iter().map(|(id, _)| id).collect()
+                    };
+                    for id in ending {
+                        engine.session_ending(id);
+                    }
                     engine.output().flush();
                     control.state().flushes_done = target;
                     control.changed.notify_all();
@@ -469,7 +496,9 @@ pub fn run(
             }
         }
     }
-    // Everything read is forwarded; the producer sends it before going.
+    // Everything read is forwarded (losses left unmarked get their mark);
+    // the producer sends it before going.
+    engine.finish();
     engine.output().flush();
     let summary = summary(&engine, &*source, requests_unsupported);
     drop(engine);

@@ -19,6 +19,8 @@ enum Call {
     Chunk(u32, u32),
     Patches(u32, u32, usize),
     Dropped(u32),
+    /// A loss marked at the end of sequence `.0` in session `.1`.
+    Loss(u32, Option<u64>),
 }
 
 type Log = Rc<RefCell<Vec<Call>>>;
@@ -91,6 +93,11 @@ impl Output for Fake {
         self.log
             .borrow_mut()
             .push(Call::Inject(seq.0, packet.to_vec()));
+    }
+
+    fn mark_loss(&mut self, seq: &mut Seq, instance_id: Option<u64>) -> usize {
+        self.log.borrow_mut().push(Call::Loss(seq.0, instance_id));
+        1
     }
 }
 
@@ -535,4 +542,75 @@ fn a_data_source_the_producer_refuses_refuses_the_hello() {
     e.handle(chunk(1, 0), 0);
     assert_eq!(e.stats().hellos_refused, 1);
     assert_eq!(e.stats().chunks_before_hello, 1);
+}
+
+fn dropped(n: u64) -> FirmwareEvent {
+    FirmwareEvent::Stats(vec![
+        ("packets_dropped".into(), n),
+        ("ring_overflows".into(), 0),
+    ])
+}
+
+#[test]
+fn drops_that_end_a_session_are_marked_on_every_sequence_of_the_boot() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    // Drops before the session are not its own.
+    e.handle(dropped(4), 0);
+    e.session_started(7);
+    e.handle(chunk(1, 0), 0);
+    e.handle(chunk(2, 0), 0);
+    // The firmware's last action: more drops (no packet follows to carry
+    // its writers' marks).
+    e.handle(dropped(9), 0);
+    take(&log);
+    e.session_ending(7);
+    let mut calls = take(&log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(calls, [Call::Loss(1, Some(7)), Call::Loss(2, Some(7))]);
+    assert_eq!(e.stats().trailing_losses_marked, 2);
+    // Once only; a session in which the counters did not move: nothing.
+    e.session_ending(7);
+    e.session_started(8);
+    e.handle(chunk(1, 1), 0);
+    e.session_ending(8);
+    e.finish();
+    assert_eq!(take(&log), [Call::Chunk(1, 1)]);
+}
+
+#[test]
+fn ring_overflows_alone_mark_nothing_and_the_end_of_input_marks_every_session() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.session_started(3);
+    e.session_started(4);
+    e.handle(chunk(1, 0), 0);
+    e.handle(FirmwareEvent::Stats(vec![("ring_overflows".into(), 5)]), 0);
+    take(&log);
+    e.finish();
+    assert_eq!(take(&log), []);
+    e.handle(dropped(1), 0);
+    e.finish();
+    let mut calls = take(&log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(calls, [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]);
+}
+
+#[test]
+fn drops_that_end_a_boot_are_marked_before_its_sequences_go() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.session_started(5);
+    e.handle(chunk(1, 0), 0);
+    e.handle(dropped(2), 0);
+    take(&log);
+    e.handle(hello(2, BOOTTIME), 0);
+    assert_eq!(take(&log)[..2], [Call::Loss(1, Some(5)), Call::Dropped(1)]);
+    // The new boot's counters start at 0: the old boot's drops stay
+    // counted (summed), and are not marked again.
+    e.handle(chunk(1, 0), 0);
+    e.handle(dropped(0), 0);
+    take(&log);
+    e.session_ending(5);
+    assert_eq!(take(&log), []);
 }
