@@ -414,11 +414,29 @@ fn flush_mid_session(cell: Cell) {
         panic!("one mid-session read expected")
     };
     assert!(mid.flush_ok, "the mid-session flush failed");
+    let phase1 = outcome.producers[0].phases[0];
+    // The real SDK producer leaves the chunks its threads are in the middle
+    // of to the service's scrape at the end of the flush. Under load, the
+    // real service's read right after the flush has been seen to miss one
+    // such chunk (CI, 1 run in 6: 12 of 300 iterations of one thread), which
+    // its final read held (`run` checked it). That is the reference's
+    // behaviour, reported here, not required of it; every cell with our
+    // service or our producer must have everything at the mid-session read.
+    let reference = cell.service == ServiceImpl::Real && cell.producer == ProducerImpl::Real;
+    let mid_events = mid.report.totals.track_events();
+    if reference && mid_events < phase1.track_events() {
+        eprintln!(
+            "cell {}: the real service's mid-session read has {mid_events} of the {} track \
+             events emitted before the flush (the rest came in its final read)",
+            cell.name(),
+            phase1.track_events()
+        );
+        return;
+    }
     // Everything emitted before the flush is readable right after it, while
     // the writer threads are still alive in the middle of their chunks.
     mid.report
         .assert_ok("flush mid-session, read after the flush");
-    let phase1 = outcome.producers[0].phases[0];
     assert_eq!(mid.report.totals.slice_begin, phase1.slice_begin);
     assert_eq!(mid.report.totals.track_events(), phase1.track_events());
     assert!(outcome.report.totals.slice_begin > phase1.slice_begin);
