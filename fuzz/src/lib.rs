@@ -330,15 +330,39 @@ const SMB_AT: usize = RING_AT + 8 * SLOT_SIZE;
 const REGION_LEN: usize = SMB_AT + 8192;
 
 fn run_region(u: &mut Unstructured<'_>) -> ArbResult<()> {
+    // The choices come first, from the front of the input, and the
+    // region's bytes from the rest: the region is larger than most inputs,
+    // and choices drawn after it would all be taken from an exhausted input
+    // (their defaults: one poll, no scribbles).
+    let valid_header = u.ratio(7, 8)?;
+    let boot_id: u32 = u.arbitrary()?;
+    let plausible_ring = u.arbitrary::<bool>()?;
+    let mut steps = Vec::new();
+    for _ in 0..u.int_in_range(1..=24)? {
+        // The firmware scribbles after each poll: a few bytes anywhere.
+        let mut scribbles = Vec::new();
+        for _ in 0..u.int_in_range(0..=4)? {
+            scribbles.push((u.int_in_range(0..=REGION_LEN - 1)?, u.arbitrary::<u8>()?));
+        }
+        steps.push(scribbles);
+    }
+    let mut seq_steps = [0u32; 8];
+    for step in &mut seq_steps {
+        *step = u.int_in_range(0..=1)?;
+    }
+    let mut kinds = [1u8; 8];
+    for kind in &mut kinds {
+        *kind = u.int_in_range(1..=2)?;
+    }
     // u64 words: the region base is 8-aligned.
     let mut mem = vec![0u64; REGION_LEN / 8];
     let bytes = words_as_bytes(&mut mem);
     u.fill_buffer(bytes)?;
-    if u.ratio(7, 8)? {
+    if valid_header {
         let header = HeaderRepr {
             header_size: HEADER_SIZE as u16,
             region_size: REGION_LEN as u32,
-            boot_id: u.arbitrary()?,
+            boot_id,
             flags: 0,
             ring: RingGeometry {
                 offset: RING_AT as u32,
@@ -355,14 +379,14 @@ fn run_region(u: &mut Unstructured<'_>) -> ArbResult<()> {
             producer: Name::EMPTY,
         };
         header.emit(&mut bytes[..HEADER_SIZE]).expect("header fits");
-        if u.arbitrary()? {
+        if plausible_ring {
             // A plausible ring: seq words around the tail.
             let tail = u32::from_le_bytes(bytes[0xC4..0xC8].try_into().expect("4 bytes"));
-            for i in 0..8u32 {
-                let at = RING_AT + i as usize * SLOT_SIZE;
-                let seq = tail.wrapping_add(i).wrapping_add(u.int_in_range(0..=1)?);
+            for (i, (step, kind)) in seq_steps.iter().zip(kinds).enumerate() {
+                let at = RING_AT + i * SLOT_SIZE;
+                let seq = tail.wrapping_add(i as u32).wrapping_add(*step);
                 bytes[at..at + 4].copy_from_slice(&seq.to_le_bytes());
-                bytes[at + 4] = u.int_in_range(1..=2)?;
+                bytes[at + 4] = kind;
             }
         }
     }
@@ -374,7 +398,7 @@ fn run_region(u: &mut Unstructured<'_>) -> ArbResult<()> {
         return Ok(());
     };
     let mut buf = vec![0u8; 4088];
-    for _ in 0..u.int_in_range(1..=24)? {
+    for scribbles in steps {
         match reader.poll(&mut buf) {
             Ok(Some(Record::Chunk(c))) => {
                 assert!(c.bytes.len() >= 8 && c.bytes.len() <= 4088);
@@ -386,12 +410,9 @@ fn run_region(u: &mut Unstructured<'_>) -> ArbResult<()> {
         }
         let stats = reader.stats();
         assert!(stats.chunks_scanned <= stats.chunks);
-        // The firmware scribbles: a few arbitrary bytes anywhere.
-        for _ in 0..u.int_in_range(0..=4)? {
-            let at = u.int_in_range(0..=REGION_LEN - 1)?;
-            let value: u8 = u.arbitrary()?;
-            // SAFETY: in bounds of `mem`; no reference to it is alive and
-            // the reader is not running (see above).
+        for (at, value) in scribbles {
+            // SAFETY: `at` < REGION_LEN, in bounds of `mem`; no reference to
+            // it is alive and the reader is not running (see above).
             unsafe { base.add(at).write_volatile(value) };
         }
     }
