@@ -1231,7 +1231,12 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     shmtrace_binary()?;
     let dir = WorkDir::new(&format!("{}-{}", scenario.name, cell.name()))?;
     match run_in(&dir, cell, bins, scenario, phases) {
-        Ok(outcome) => Ok(outcome),
+        Ok(outcome) => {
+            if std::env::var_os("SHMTRACE_KEEP_RUNS").is_some() {
+                eprintln!("kept {}", dir.dir.keep().display());
+            }
+            Ok(outcome)
+        }
         // Every process of the run is gone by now (dropped in `run_in`).
         Err(source) => Err(HarnessError::Kept {
             dir: dir.dir.keep(),

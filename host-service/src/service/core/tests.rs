@@ -206,10 +206,19 @@ impl TestProducer {
     /// A producer on a transport without descriptor passing (TCP): the
     /// service answers with shmem emulation.
     fn connect_emulated(sim: &mut Sim, name: &str, descriptors: &[DataSourceDescriptor]) -> Self {
+        Self::connect_emulated_as(sim, name, descriptors, true)
+    }
+
+    fn connect_emulated_as(
+        sim: &mut Sim,
+        name: &str,
+        descriptors: &[DataSourceDescriptor],
+        scraping: bool,
+    ) -> Self {
         let conn = sim.svc.connect_emulated_producer(REMOTE_PEER);
         let init = crate::protos::InitializeConnectionRequest {
             producer_name: Some(name.into()),
-            smb_scraping_mode: Some(1),
+            smb_scraping_mode: Some(if scraping { 1 } else { 2 }),
             ..Default::default()
         };
         let id = sim.producer_call(

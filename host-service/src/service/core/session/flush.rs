@@ -41,12 +41,26 @@ impl TracingService {
         self.last_flush_id += 1;
         let flush_id = self.last_flush_id;
         let mut per_producer: BTreeMap<ProducerId, Vec<u64>> = BTreeMap::new();
-        for inst in &s.instances {
-            if !inst.no_flush && inst.state != InstanceState::Stopped {
-                per_producer.entry(inst.producer).or_default().push(inst.id);
+        for inst in s
+            .instances
+            .iter()
+            .filter(|i| i.state != InstanceState::Stopped)
+        {
+            let ids = per_producer.entry(inst.producer).or_default();
+            if !inst.no_flush {
+                ids.push(inst.id);
             }
         }
-        per_producer.retain(|p, _| self.producers.contains_key(p));
+        // A producer whose instances all have `no_flush` is asked only if
+        // the service cannot scrape it: an emulated producer with scraping
+        // enabled gets an empty request so that it scrapes itself, and its
+        // ack, sent after the chunks it committed before, orders them
+        // before the flush completes (upstream: `TracingServiceImpl::Flush`).
+        per_producer.retain(|p, ids| {
+            self.producers
+                .get(p)
+                .is_some_and(|p| !ids.is_empty() || (p.emulated && p.scraping))
+        });
         let timeout = if timeout_ms > 0 {
             u64::from(timeout_ms)
         } else {

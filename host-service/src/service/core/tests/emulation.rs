@@ -227,3 +227,95 @@ fn hostile_inline_chunks_are_counted_and_cost_nobody_else() {
     );
     assert_eq!(stats.chunks_discarded, Some(7));
 }
+
+/// A descriptor whose data source does not take part in flushes.
+fn no_flush_descriptor(name: &str) -> DataSourceDescriptor {
+    DataSourceDescriptor {
+        no_flush: Some(true),
+        ..descriptor(name, false, false)
+    }
+}
+
+/// The ids of the Flush commands among `cmds`, with their data source ids.
+fn flushes(cmds: &[Cmd]) -> Vec<(u64, Vec<u64>)> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Cmd::Flush(f) => Some((f.request_id.unwrap_or(0), f.data_source_ids.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The real SDK's `track_event` has `no_flush`, and its idle threads'
+/// last chunks go out when the threads exit, which can be just before a
+/// consumer's stop. An emulated producer with scraping enabled is still
+/// asked to flush (with no data source ids, so that it may scrape itself),
+/// and the flush waits for its ack, which it sends after those chunks: the
+/// read after the stop has them. Before, the flush completed at once and
+/// the stop's read could miss them.
+#[test]
+fn a_flush_waits_for_an_emulated_producer_whose_data_sources_have_no_flush() {
+    let mut sim = Sim::new();
+    let mut p = TestProducer::connect_emulated(&mut sim, "remote", &[no_flush_descriptor("ds")]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 1024, |_| {}));
+    let cmds = p.commands(&mut sim);
+    let buffer = setup_tracing_buffer(&cmds);
+    p.register_writer(&mut sim, 1, buffer);
+
+    let flush = c.call(
+        &mut sim,
+        consumer_port::Request::Flush(crate::protos::FlushRequest {
+            timeout_ms: Some(1000),
+            flags: None,
+        }),
+    );
+    let asked = flushes(&p.commands(&mut sim));
+    let [(flush_id, ids)] = asked.as_slice() else {
+        panic!("one Flush command expected: {asked:?}");
+    };
+    assert!(ids.is_empty(), "no data source is flushed: {ids:?}");
+    assert!(
+        sim.replies(c.conn, flush).is_empty(),
+        "the flush waits for the producer"
+    );
+    // The chunk the producer committed before its ack.
+    let req = p.write(1, buffer, &[b"last chunk"], true);
+    let id = p.commit(&mut sim, req);
+    let _: crate::protos::CommitDataResponse = sim.reply_ok(p.conn, id);
+    let ack = crate::protos::CommitDataRequest {
+        flush_request_id: Some(*flush_id),
+        ..Default::default()
+    };
+    let id = p.commit(&mut sim, ack);
+    let _: crate::protos::CommitDataResponse = sim.reply_ok(p.conn, id);
+    let _: crate::protos::FlushResponse = sim.reply_ok(c.conn, flush);
+
+    let (packets, stats) = c.stop_and_read(&mut sim);
+    assert_eq!(payloads(&packets), [b"last chunk".to_vec()]);
+    assert_eq!(stats.flushes_succeeded, Some(1));
+}
+
+/// Where the service scrapes (an SMB producer), or the producer asked for
+/// no scraping, a producer whose data sources all have `no_flush` is not
+/// asked, and the flush completes at once.
+#[test]
+fn a_flush_skips_no_flush_producers_it_can_scrape_or_that_refuse_scraping() {
+    let mut sim = Sim::new();
+    let mut local = TestProducer::connect(&mut sim, "local", &[no_flush_descriptor("ds")]);
+    let mut remote =
+        TestProducer::connect_emulated_as(&mut sim, "remote", &[no_flush_descriptor("ds")], false);
+    let c = TestConsumer::enable(&mut sim, config("ds", 1024, |_| {}));
+    local.commands(&mut sim);
+    remote.commands(&mut sim);
+
+    let flush = c.call(
+        &mut sim,
+        consumer_port::Request::Flush(crate::protos::FlushRequest {
+            timeout_ms: Some(1000),
+            flags: None,
+        }),
+    );
+    let _: crate::protos::FlushResponse = sim.reply_ok(c.conn, flush);
+    assert_eq!(flushes(&local.commands(&mut sim)), []);
+    assert_eq!(flushes(&remote.commands(&mut sim)), []);
+}
