@@ -20,6 +20,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::time::ClockId;
 
@@ -70,7 +71,7 @@ pub trait Environment {
                 .create_new(true)
                 .open(path)?,
         };
-        Ok(Box::new(file))
+        Ok(Box::new(TimedFile(file)))
     }
 }
 
@@ -100,12 +101,51 @@ pub trait TraceFile: Write + std::fmt::Debug {
     fn start_sync(&mut self) -> std::io::Result<()>;
 }
 
-impl TraceFile for File {
+/// Wall time spent in trace-file writes since the service started (every
+/// file [`Environment::open_trace_file`] opened), in nanoseconds. A slow
+/// turn of the service's loop names its share: a write that waits for the
+/// disk (the kernel throttling dirty pages) keeps every client waiting.
+static TRACE_FILE_WRITE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// See [`TRACE_FILE_WRITE_NS`].
+pub fn trace_file_write_ns() -> u64 {
+    TRACE_FILE_WRITE_NS.load(Ordering::Relaxed)
+}
+
+/// A trace file whose writes are timed ([`trace_file_write_ns`]).
+#[derive(Debug)]
+struct TimedFile(File);
+
+impl TimedFile {
+    fn timed<T>(&mut self, op: impl FnOnce(&mut File) -> T) -> T {
+        let start = std::time::Instant::now();
+        let result = op(&mut self.0);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        TRACE_FILE_WRITE_NS.fetch_add(ns, Ordering::Relaxed);
+        result
+    }
+}
+
+impl Write for TimedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.timed(|f| f.write(buf))
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.timed(|f| f.write_all(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.timed(|f| f.flush())
+    }
+}
+
+impl TraceFile for TimedFile {
     /// `fdatasync` on a thread of its own: on a busy disk it takes from
     /// tens of milliseconds to seconds, and the service's loop, which every
     /// producer and consumer waits on, must not wait for it.
     fn start_sync(&mut self) -> std::io::Result<()> {
-        let file = self.try_clone()?;
+        let file = self.0.try_clone()?;
         std::thread::Builder::new()
             .name("trace-file-sync".into())
             .spawn(move || {
@@ -260,6 +300,29 @@ mod tests {
         let (t0, t1) = (tsc(&first).expect("tsc"), tsc(&second).expect("tsc"));
         // At least 2 ms at any plausible TSC rate (>= 100 MHz): 200,000 ticks.
         assert!(t1 > t0 + 200_000, "tsc {t0} -> {t1}");
+    }
+
+    /// Trace files write through, and their writes are timed (the slow
+    /// turn warning names the share of file writes).
+    #[test]
+    fn trace_file_writes_reach_the_file_and_are_timed() {
+        let path = std::env::temp_dir().join(format!(
+            "shmtrace-env-test-{}-{}.pftrace",
+            std::process::id(),
+            SystemEnvironment.random_u64()
+        ));
+        let before = trace_file_write_ns();
+        let mut file = SystemEnvironment
+            .open_trace_file(FileTarget::Path(path.to_str().expect("utf-8 path")))
+            .expect("opens");
+        file.write_all(&[7u8; 64 * 1024]).expect("writes");
+        file.flush().expect("flushes");
+        let timed = trace_file_write_ns() - before;
+        let written = std::fs::read(&path).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(written.len(), 64 * 1024);
+        assert!(written.iter().all(|&b| b == 7));
+        assert!(timed > 0, "the write was timed");
     }
 
     #[test]

@@ -43,7 +43,7 @@ use crate::protos::{
 };
 
 use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, REMOTE_PEER};
-use super::env::{Environment, SystemEnvironment};
+use super::env::{trace_file_write_ns, Environment, SystemEnvironment};
 
 /// Bytes queued for a producer beyond which it is disconnected.
 pub const MAX_PRODUCER_BACKLOG: usize = 8 * 1024 * 1024;
@@ -104,6 +104,7 @@ const SLOW_TURN_NS: u64 = 50_000_000;
 struct Turn {
     wall: u64,
     cpu: u64,
+    file_writes: u64,
 }
 
 impl Turn {
@@ -111,6 +112,7 @@ impl Turn {
         Self {
             wall: clock.now(),
             cpu: thread_cpu_ns(),
+            file_writes: trace_file_write_ns(),
         }
     }
 
@@ -118,10 +120,13 @@ impl Turn {
         let wall = clock.now().saturating_sub(self.wall);
         if wall > SLOW_TURN_NS {
             let cpu = thread_cpu_ns().saturating_sub(self.cpu);
+            let file_writes = trace_file_write_ns().saturating_sub(self.file_writes);
             log::warn!(
-                "slow turn of the service loop: {:.1} ms, {:.1} ms of it on the CPU, {events} event(s)",
+                "slow turn of the service loop: {:.1} ms, {:.1} ms of it on the CPU, \
+                 {:.1} ms in trace-file writes, {events} event(s)",
                 wall as f64 / 1e6,
                 cpu as f64 / 1e6,
+                file_writes as f64 / 1e6,
             );
         }
     }

@@ -39,8 +39,10 @@
 //!   thread of the soak that sleeps 10 ms at a time overslept meanwhile:
 //!   the scheduler's share, on a machine shared with other jobs. The
 //!   service logs each turn of its loop over 50 ms with the CPU time it
-//!   spent in it; the report lists those lines: a stall with a slow turn
-//!   of little CPU was the machine's, one with much CPU the service's.
+//!   spent in it and the time its trace-file writes took; the report lists
+//!   those lines: a stall with a slow turn of little CPU and no file writes
+//!   was the machine's (the scheduler), one of much CPU the service's, one
+//!   spent in file writes the disk's (the kernel throttling dirty pages).
 //! * The service's RSS (VmRSS, VmHWM), open fds (`/proc/PID/fd`), threads
 //!   and CPU, sampled every `--sample-s`; the slope of RSS and fds over the
 //!   run after its first minute (warm-up: buffers, SMBs) says whether they
