@@ -55,7 +55,8 @@
 //!   [`Limits::send_stall`] ends the connection, and the sender thread is
 //!   unblocked by shutting the socket down (so [`Producer::shutdown`]
 //!   returns);
-//! * the SMB: a second `SetupTracing`, a missing fd, a page size or SMB
+//! * the SMB: a second `SetupTracing`, a missing fd (on a UNIX socket,
+//!   without shmem emulation), a page size or SMB
 //!   size out of range, an fd that is no memfd or a memfd that could shrink
 //!   under the mapping (`SIGBUS`) end the connection (`shm`);
 //! * data source commands: unknown instance ids are acknowledged and
@@ -79,7 +80,6 @@ pub(crate) mod proto;
 use std::collections::VecDeque;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -90,13 +90,14 @@ use shmtrace_abi::layout::PageLayout;
 use shmtrace_ipc::protos::{
     self as pb, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
+use shmtrace_ipc::socket::Stream;
 use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
 use crate::connection::outbox::{CommitRequest, Outgoing, BACKLOG_CAP, MAX_CHUNKS_PER_COMMIT};
 use crate::connection::proto::{commit_proto, decode_config, descriptor_proto, emulated_parts};
 use crate::error::ConnectError;
 use crate::runtime::runtime;
-use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter};
+use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter, ArbiterCounters};
 use crate::smb::shm::SharedMemory;
 use crate::track_event::startup::StartupTracing;
 
@@ -144,9 +145,11 @@ pub struct ProducerConfig {
     /// memory in `TraceConfig.producers`); by default the process's
     /// `argv[0]`, as Perfetto's SDK names it.
     pub name: String,
-    /// Socket name; `None` = `$PERFETTO_PRODUCER_SOCK_NAME` or the
-    /// upstream default (`/run/perfetto/traced-producer.sock`, else
-    /// `/tmp/perfetto-producer`).
+    /// Socket name, in any of Perfetto's forms: a path, `@abstract`,
+    /// `host:port`, `[v6]:port` or `vsock://cid:port` (the last three
+    /// with shmem emulation: the README's *Over TCP and vsock*); `None` =
+    /// `$PERFETTO_PRODUCER_SOCK_NAME` or the upstream default
+    /// (`/run/perfetto/traced-producer.sock`, else `/tmp/perfetto-producer`).
     pub socket: Option<String>,
     /// SMB size hint in bytes (0 = service default, 256 KiB upstream).
     pub shmem_size_hint_bytes: u32,
@@ -636,11 +639,7 @@ impl Watchdog {
     /// Arms it for `socket`. A connection attempt whose watchdog cannot
     /// start fails ([`ConnectError::Thread`]) rather than run a handshake
     /// with no time limit.
-    fn arm(
-        socket: &UnixStream,
-        after: Duration,
-        status: &Arc<Status>,
-    ) -> Result<Self, ConnectError> {
+    fn arm(socket: &Stream, after: Duration, status: &Arc<Status>) -> Result<Self, ConnectError> {
         let (disarm, disarmed) = mpsc::channel::<()>();
         let status = status.clone();
         let socket = socket
@@ -726,7 +725,7 @@ impl SendClock {
 struct Session {
     _client: Client,
     /// The client's socket, to shut it down under a blocked sender.
-    socket: UnixStream,
+    socket: Stream,
     port: Binding<ProducerPort>,
     commands: shmtrace_ipc::PendingCall<producer_port::GetAsyncCommand>,
     emulation: bool,
@@ -741,7 +740,11 @@ impl Session {
         limits: Limits,
         status: &Arc<Status>,
     ) -> Result<Self, ConnectError> {
-        let stream = shmtrace_ipc::socket::connect(address).map_err(ConnectError::Unreachable)?;
+        let stream =
+            shmtrace_ipc::socket::connect_stream(address).map_err(ConnectError::Unreachable)?;
+        // A socket that cannot carry the SMB's descriptor (TCP, vsock) means
+        // shmem emulation, whatever the service answers.
+        let passes_fds = stream.passes_fds();
         let socket = stream
             .try_clone()
             .map_err(|e| ConnectError::Ipc(e.into()))?;
@@ -752,6 +755,7 @@ impl Session {
             return Err(ConnectError::HandshakeTimeout(limits.handshake));
         }
         let (port, commands, emulation) = handshake.map_err(ConnectError::Ipc)?;
+        let emulation = emulation || !passes_fds;
         Ok(Session {
             _client: client,
             socket,
@@ -1060,11 +1064,9 @@ fn send(
             if let Some(a) = arbiter {
                 a.materialize(&mut req.chunks_to_move);
             }
-            let emulated = arbiter.is_some_and(|a| a.is_emulated());
-            let result = if emulated {
-                send_split(port, &req)
-            } else {
-                send_commit(port, &req)
+            let result = match arbiter {
+                Some(a) if a.is_emulated() => send_split(port, &req, a.counters),
+                _ => send_commit(port, &req),
             };
             runtime().outbox().recycle(req);
             if let Some(a) = arbiter {
@@ -1154,10 +1156,36 @@ fn send_commit(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), 
     Ok(())
 }
 
-/// Sends a request under SMB emulation, in parts ([`emulated_parts`]).
-fn send_split(port: &Binding<ProducerPort>, req: &CommitRequest) -> Result<(), ClientError> {
+/// Sends a request under SMB emulation, in parts ([`emulated_parts`]). A
+/// part the IPC layer refuses as too large for a frame is dropped and its
+/// chunks counted
+/// ([`ProducerStats::emulated_chunks_dropped`](crate::ProducerStats::emulated_chunks_dropped));
+/// its flush ack, if it had one, goes on its own, and the other parts
+/// still go. Not expected: a part over the limit can only be one item
+/// whose own estimate is (the split puts such an item alone), and our
+/// chunks are at most a page.
+fn send_split(
+    port: &Binding<ProducerPort>,
+    req: &CommitRequest,
+    counters: &ArbiterCounters,
+) -> Result<(), ClientError> {
     for part in emulated_parts(req) {
-        port.send::<producer_port::CommitData>(&part, None)?;
+        match port.send::<producer_port::CommitData>(&part, None) {
+            Ok(()) => {}
+            Err(ClientError::TooLarge(e)) => {
+                log::warn!(
+                    "shmtrace-producer: dropped a commit of {} chunks: {e}",
+                    part.chunks_to_move.len(),
+                );
+                counters
+                    .emulated_chunks_dropped
+                    .fetch_add(part.chunks_to_move.len() as u64, Ordering::Relaxed);
+                if let Some(id) = part.flush_request_id {
+                    port.send::<producer_port::CommitData>(&commit_proto(&[], &[], id), None)?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -1395,12 +1423,23 @@ mod tests {
         })
     }
 
-    #[test]
-    fn emulated_commits_cross_a_real_socket_in_frames_the_service_accepts() {
+    /// A client bound to [`fake_service`]'s producer port.
+    #[allow(clippy::type_complexity)]
+    fn connected_to_fake_service() -> (
+        Client,
+        Binding<ProducerPort>,
+        std::thread::JoinHandle<Result<Vec<pb::CommitDataRequest>, String>>,
+    ) {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let service = fake_service(theirs);
         let client = Client::from_stream(ours).unwrap();
         let port = client.bind::<ProducerPort>().unwrap();
+        (client, port, service)
+    }
+
+    #[test]
+    fn emulated_commits_cross_a_real_socket_in_frames_the_service_accepts() {
+        let (client, port, service) = connected_to_fake_service();
         let shm = SharedMemory::heap(EMULATION_SMB_SIZE, 4096, true).unwrap();
         let outbox = Arc::new(crate::connection::outbox::Outbox::new());
         let arbiter = Arbiter::new(shm, PageLayout::Div1, outbox);
@@ -1428,6 +1467,57 @@ mod tests {
         assert_eq!(acks.last(), Some(&Some(42)));
         assert!(acks[..acks.len() - 1].iter().all(Option::is_none));
         assert_eq!(commits.last().unwrap().chunks_to_patch.len(), 3);
+    }
+
+    #[test]
+    fn an_emulated_part_over_the_frame_limit_is_dropped_and_counted_and_the_rest_goes() {
+        let (client, port, service) = connected_to_fake_service();
+        let counters = ArbiterCounters::default();
+        // A chunk no frame can hold (not one our buffer can make: its
+        // chunks are at most a page) between two that fit; then one with
+        // the flush ack.
+        let req = CommitRequest {
+            chunks_to_move: vec![chunk(0, 4096), chunk(1, 200_000), chunk(2, 4096)],
+            chunks_to_patch: vec![patch(7, 2)],
+            flush_request_id: 11,
+        };
+        send_split(&port, &req, &counters).expect("the other parts are sent");
+        let req = CommitRequest {
+            chunks_to_move: vec![chunk(3, 4096), chunk(4, 200_000)],
+            flush_request_id: 12,
+            ..Default::default()
+        };
+        send_split(&port, &req, &counters).expect("the other parts are sent");
+        drop(port);
+        drop(client);
+        let commits = service.join().unwrap().expect("every frame accepted");
+        let summary: Vec<_> = commits
+            .iter()
+            .map(|c| {
+                (
+                    c.chunks_to_move
+                        .iter()
+                        .map(|m| m.data.as_ref().map_or(0, |d| d[0]))
+                        .collect::<Vec<_>>(),
+                    c.chunks_to_patch
+                        .iter()
+                        .map(|p| p.chunk_id.unwrap())
+                        .collect::<Vec<_>>(),
+                    c.flush_request_id,
+                )
+            })
+            .collect();
+        // Chunks 1 and 4 dropped; the ack that rode with chunk 4 sent alone.
+        assert_eq!(
+            summary,
+            [
+                (vec![0], vec![], None),
+                (vec![2], vec![7], Some(11)),
+                (vec![3], vec![], None),
+                (vec![], vec![], Some(12)),
+            ]
+        );
+        assert_eq!(counters.emulated_chunks_dropped.load(Ordering::Relaxed), 2);
     }
 
     proptest::proptest! {

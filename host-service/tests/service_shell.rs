@@ -417,11 +417,7 @@ fn a_producer_on_tcp_is_told_to_emulate_shared_memory() {
         consumer_group: None,
         listen_any: false,
     });
-    let stream = shmtrace_service::ipc::socket::connect_stream(&producer).unwrap();
-    // The blocking client takes a UnixStream; it only sends and receives
-    // with sendmsg/recvmsg, which a TCP socket serves the same way.
-    let stream = UnixStream::from(std::os::fd::OwnedFd::from(stream));
-    let client = Client::from_stream(stream).unwrap();
+    let client = Client::connect(&producer).unwrap();
     let port = client.bind::<ProducerPort>().unwrap();
     let resp = port
         .call::<producer_port::InitializeConnection>(&InitializeConnectionRequest {

@@ -10,13 +10,16 @@
 //! the same way: it sends a chunk only once the chunk is complete, and does
 //! not scrape itself on a flush (it never sets `chunk_incomplete`), so a
 //! mid-session read lacks what its idle threads left in their current
-//! chunks; the stop commits them. Its packets of 300 KiB (the size
+//! chunks; they go when its threads exit. Its packets of 300 KiB (the size
 //! `interop::packets_spanning_many_chunks` uses over UNIX sockets) lose
 //! packets to `trace_writer_packet_loss` under emulation against either
 //! service; 64 KiB ones, spanning 17 chunks, do not.
 //!
-//! Our producer over TCP is not here yet: it does not speak shmem
-//! emulation.
+//! Our producer over TCP does both: it sends its chunks once complete, and
+//! on a flush it commits every idle writer's current chunk (its writers
+//! can be taken from another thread, see the producer's README), so the
+//! mid-session read holds every event emitted before the flush, against
+//! either service.
 
 use shmtrace_tests::checker::TraceReport;
 use shmtrace_tests::real_binaries;
@@ -27,7 +30,7 @@ use shmtrace_tests::scenario::{
 const LARGE_KB: u32 = 64;
 
 /// Two threads, two phases with a flush and a read between them, and a
-/// 300 KiB packet every fourth iteration.
+/// 64 KiB packet every 40th iteration.
 fn scenario(flush_mid_session: bool) -> Scenario {
     Scenario {
         buffer_kb: 16 * 1024,
@@ -66,6 +69,12 @@ fn check(outcome: &Outcome, report: &TraceReport) {
     let emitted = outcome.emitted();
     // 2 threads x 200 iterations x 2 phases, all of them in the trace.
     assert_eq!(emitted.slice_begin, 2 * 200 * 2 * 2);
+    eprintln!(
+        "{} of {} track events in the trace, {} patches applied",
+        report.totals.track_events(),
+        emitted.track_events(),
+        report.buffer_stat("patches_succeeded")
+    );
     assert_eq!(report.totals.track_events(), emitted.track_events());
     assert_eq!(report.totals.slice_begin, emitted.slice_begin);
     // A 64 KiB packet every 40th iteration: 10 per thread, each spread
@@ -75,6 +84,25 @@ fn check(outcome: &Outcome, report: &TraceReport) {
     assert!(report.buffer_stat("patches_succeeded") >= 1);
     assert_eq!(report.buffer_stat("patches_failed"), 0);
     assert_eq!(report.buffer_stat("chunks_overwritten"), 0);
+}
+
+/// What the mid-session read of a run with our producer holds: every
+/// event of phase 1, none of phase 2.
+fn mid_session_flush_complete(outcome: &Outcome) {
+    let [mid] = outcome.mid_reads.as_slice() else {
+        panic!("one mid-session read expected")
+    };
+    assert!(mid.flush_ok, "the mid-session flush failed");
+    let phase1 = outcome.producers[0].phases[0];
+    eprintln!(
+        "{} of the {} track events of phase 1 read after the flush",
+        mid.report.totals.track_events(),
+        phase1.track_events()
+    );
+    assert_eq!(mid.report.totals.slice_begin, phase1.slice_begin);
+    assert_eq!(mid.report.totals.track_events(), phase1.track_events());
+    assert_eq!(mid.report.totals.large, phase1.large);
+    assert_eq!(mid.report.totals.large_bytes, phase1.large_bytes);
 }
 
 fn mid_session_flush(outcome: &Outcome) {
@@ -119,4 +147,19 @@ fn real_producer_over_tcp_to_our_service() {
 #[test]
 fn real_producer_over_tcp_to_our_service_recorded_by_our_cli() {
     run(Cell::OUR_SERVICE_AND_CLI);
+}
+
+#[test]
+fn our_producer_over_tcp_to_the_real_service() {
+    mid_session_flush_complete(&run(Cell::OUR_PRODUCER));
+}
+
+#[test]
+fn our_producer_over_tcp_to_our_service() {
+    mid_session_flush_complete(&run(Cell::OUR_PRODUCER_AND_SERVICE));
+}
+
+#[test]
+fn our_producer_over_tcp_to_our_service_recorded_by_our_cli() {
+    run(Cell::OURS);
 }

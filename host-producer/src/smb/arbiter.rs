@@ -51,7 +51,7 @@ pub enum BufferExhaustedPolicy {
 
 /// The SMB data path's counters (monotonic, across connections): chunks
 /// and the packets written into them.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct ArbiterCounters {
     pub chunks_committed: AtomicU64,
     pub chunks_lost: AtomicU64,
@@ -60,6 +60,7 @@ pub(crate) struct ArbiterCounters {
     pub chunks_reclaimed: AtomicU64,
     pub stall_deadlocks_avoided: AtomicU64,
     pub packets_dropped: AtomicU64,
+    pub emulated_chunks_dropped: AtomicU64,
 }
 
 /// The counters every arbiter of this process adds to.
@@ -71,6 +72,7 @@ pub(crate) static COUNTERS: ArbiterCounters = ArbiterCounters {
     chunks_reclaimed: AtomicU64::new(0),
     stall_deadlocks_avoided: AtomicU64::new(0),
     packets_dropped: AtomicU64::new(0),
+    emulated_chunks_dropped: AtomicU64::new(0),
 };
 
 impl ArbiterCounters {
@@ -83,6 +85,7 @@ impl ArbiterCounters {
         stats.chunks_reclaimed = self.chunks_reclaimed.load(Ordering::Relaxed);
         stats.stalls_given_up = self.stall_deadlocks_avoided.load(Ordering::Relaxed);
         stats.packets_dropped = self.packets_dropped.load(Ordering::Relaxed);
+        stats.emulated_chunks_dropped = self.emulated_chunks_dropped.load(Ordering::Relaxed);
     }
 }
 
@@ -378,9 +381,15 @@ impl Arbiter {
         }
     }
 
-    /// Copies the bytes of every chunk of an emulated-SMB commit into the
-    /// request and frees the chunks (the service never sees our memory).
-    pub(crate) fn materialize(&self, chunks: &mut [ChunkToMove]) {
+    /// Shmem emulation: copies the bytes of every chunk of a commit
+    /// (header included) into the request and frees the chunk in this
+    /// buffer, which the service never sees: from here on the request holds
+    /// the only copy. A chunk that cannot be read back (not `Complete`: only
+    /// a bug of ours could do that) is taken out of the request and counted
+    /// in [`ProducerStats::emulated_chunks_dropped`](crate::ProducerStats::emulated_chunks_dropped):
+    /// a page reference means nothing to a service without our memory.
+    /// Without emulation, nothing changes.
+    pub(crate) fn materialize(&self, chunks: &mut Vec<ChunkToMove>) {
         if !self.is_emulated() {
             return;
         }
@@ -397,6 +406,11 @@ impl Arbiter {
             }
             let _ = readable.release_as_free();
         }
+        let before = chunks.len();
+        chunks.retain(|c| c.data.is_some());
+        self.counters
+            .emulated_chunks_dropped
+            .fetch_add((before - chunks.len()) as u64, Ordering::Relaxed);
     }
 }
 

@@ -22,7 +22,7 @@ use shmtrace_ipc::frame::{encode_frame, invoke_method_reply_frame};
 use shmtrace_ipc::host::{HostConnection, PendingReply, ServiceTable};
 use shmtrace_ipc::protos::get_async_command_response::{self as gac, Cmd};
 use shmtrace_ipc::protos::{self as pb, producer_port::Request, ProducerPort};
-use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAddress};
+use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAddress, Stream};
 use shmtrace_ipc::{ClientError, ProtocolError};
 
 use super::loopback::serial;
@@ -72,10 +72,20 @@ impl FakeService {
         FakeService { listener, address }
     }
 
+    /// A service listening on TCP (`127.0.0.1`, a free port): no
+    /// descriptor can travel to the producer.
+    fn tcp() -> Self {
+        let listener = Listener::bind(&SocketAddress::parse("127.0.0.1:0").unwrap()).unwrap();
+        let port = listener.local_port().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let address = SocketAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
+        FakeService { listener, address }
+    }
+
     /// The producer's next connection, if it comes before `deadline`.
     fn accept_before(&self, deadline: Instant) -> Option<Peer> {
         while Instant::now() < deadline {
-            match self.listener.accept() {
+            match self.listener.accept_stream() {
                 Ok(stream) => return Some(Peer::new(stream)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(2))
@@ -90,7 +100,7 @@ impl FakeService {
     fn accept(&self) -> Peer {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            match self.listener.accept() {
+            match self.listener.accept_stream() {
                 Ok(stream) => return Peer::new(stream),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     assert!(Instant::now() < deadline, "the producer did not connect");
@@ -119,7 +129,10 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    fn new(stream: UnixStream) -> Self {
+    fn new(stream: Stream) -> Self {
+        // The test drives it with std's blocking reads and timeouts, which
+        // any stream socket serves (a TCP one included).
+        let stream = UnixStream::from(OwnedFd::from(stream));
         stream.set_nonblocking(false).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_millis(5)))
@@ -626,6 +639,57 @@ fn a_handshake_whose_watchdog_cannot_start_is_not_attempted() {
     assert!(wait_until(|| conn.status.is_connected()));
     assert_eq!(conn.status.connections.load(Ordering::Relaxed), 1);
     assert_eq!(FAIL_WATCHDOG_SPAWNS.load(Ordering::Acquire), 0);
+}
+
+/// Over TCP no descriptor can travel: the producer keeps a private buffer
+/// as its SMB and sends every chunk's bytes (header included) inline, even
+/// from a service that does not answer `use_shmem_emulation` (where a UNIX
+/// socket without a descriptor would cost the connection, `NoSmb`).
+#[test]
+fn over_tcp_the_producer_emulates_the_smb_and_commits_chunk_bytes() {
+    let _s = serial();
+    let service = FakeService::tcp();
+    let conn = Connection::start(&service);
+    let mut peer = service.accept();
+    peer.handshake(Default::default());
+    peer.command(setup_tracing(4), None);
+    peer.command(start(1, track_event_config()), None);
+    assert!(peer.until(|p| p.started(1)));
+    let app = App::start(16, APP_PAUSE);
+    app.keeps_running();
+    assert!(peer.flushes(7), "the flush is acknowledged over TCP");
+    let writers: Vec<u32> = peer
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Request::RegisterTraceWriter(r) => r.trace_writer_id,
+            _ => None,
+        })
+        .collect();
+    assert!(!writers.is_empty());
+    let mut chunks = 0;
+    for c in &peer.calls {
+        let Request::CommitData(c) = c else { continue };
+        for m in &c.chunks_to_move {
+            chunks += 1;
+            assert_eq!((m.page, m.chunk), (None, None), "no page reference");
+            assert_eq!(m.target_buffer, Some(1));
+            assert_eq!(m.chunk_incomplete, None);
+            let data = m.data.as_deref().expect("inline chunk bytes");
+            // A 4 KiB page of one chunk: the page header (8) off.
+            assert_eq!(data.len(), 4096 - 8);
+            let header =
+                shmtrace_abi::layout::ChunkHeaderRepr::from_bytes(data[..8].try_into().unwrap());
+            assert!(writers.contains(&u32::from(header.writer_id)), "{header:?}");
+            assert!(header.packets.count() >= 1, "{header:?}");
+        }
+    }
+    assert!(chunks >= 1, "no chunk committed: {:?}", peer.calls);
+    assert_eq!(conn.errors(), 0, "{:?}", conn.status.last_error());
+    assert!(conn.status.is_connected());
+    drop(conn);
+    app.finish();
+    drop(peer);
 }
 
 #[test]

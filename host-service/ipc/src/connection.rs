@@ -57,7 +57,6 @@ use std::io;
 use std::marker::PhantomData;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -72,7 +71,7 @@ use super::client::{
 use super::frame::{FrameDecoder, FrameError, FrameTooLarge};
 use super::outq::OutQueue;
 use super::rpc::{Method, Service};
-use super::socket::{self, Received, RecvError, SocketAddress};
+use super::socket::{self, Received, RecvError, SocketAddress, Stream};
 use crate::protos::canonical;
 use crate::protos::IpcFrame;
 
@@ -230,7 +229,7 @@ impl Inbox {
 }
 
 struct Shared {
-    socket: UnixStream,
+    socket: Stream,
     state: Mutex<State>,
     send: Mutex<OutQueue>,
     inbox: Mutex<Inbox>,
@@ -254,6 +253,12 @@ impl Shared {
         fd: Option<OwnedFd>,
         build: impl FnOnce(&mut ClientCore<Token>) -> Result<IpcFrame, ClientError>,
     ) -> Result<(), ClientError> {
+        if fd.is_some() && !self.socket.passes_fds() {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "this socket cannot carry a file descriptor (not a UNIX socket)",
+            )));
+        }
         let mut out = lock(&self.send);
         let frame = {
             let mut state = lock(&self.state);
@@ -488,13 +493,19 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects to `address`.
+    /// Connects to `address`, of any family ([`socket::connect_stream`]).
     pub fn connect(address: &SocketAddress) -> Result<Self, ClientError> {
-        Ok(Self::from_stream(socket::connect(address)?)?)
+        Ok(Self::from_stream(socket::connect_stream(address)?)?)
     }
 
-    /// Uses an already connected (blocking) socket.
-    pub fn from_stream(socket: UnixStream) -> std::io::Result<Self> {
+    /// Uses an already connected socket (made blocking), of any family:
+    /// a [`Stream`] or a [`UnixStream`](std::os::unix::net::UnixStream).
+    /// Only UNIX sockets carry file
+    /// descriptors ([`Stream::passes_fds`]); on others a request sent with
+    /// one fails ([`ClientError::Io`], `InvalidInput`) and the connection
+    /// stays up.
+    pub fn from_stream(socket: impl Into<Stream>) -> std::io::Result<Self> {
+        let socket = socket.into();
         socket.set_nonblocking(false)?;
         let shared = Arc::new(Shared {
             socket,

@@ -574,6 +574,35 @@ impl Stream {
         rustix::io::ioctl_fionbio(&self.fd, nonblocking)?;
         Ok(())
     }
+
+    /// Shuts down reading, writing or both: a thread blocked on the socket
+    /// wakes up (its call fails or sees the end of the stream).
+    pub fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+        let how = match how {
+            std::net::Shutdown::Read => net::Shutdown::Read,
+            std::net::Shutdown::Write => net::Shutdown::Write,
+            std::net::Shutdown::Both => net::Shutdown::Both,
+        };
+        Ok(net::shutdown(&self.fd, how)?)
+    }
+
+    /// A second handle on the same socket (a duplicated, close-on-exec
+    /// descriptor), e.g. to shut it down from another thread.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self {
+            fd: self.fd.try_clone()?,
+            family: self.family,
+        })
+    }
+}
+
+impl From<UnixStream> for Stream {
+    fn from(s: UnixStream) -> Self {
+        Self {
+            fd: OwnedFd::from(s),
+            family: Family::Unix,
+        }
+    }
 }
 
 impl AsFd for Stream {

@@ -625,3 +625,61 @@ fn a_client_cannot_park_an_fd_per_byte_of_a_partial_frame() {
     );
     assert_eq!(dec.parked_fds(), 0);
 }
+
+/// The client over TCP (`Client::connect` takes any family): calls work as
+/// over a UNIX socket, and a request with a descriptor, which TCP cannot
+/// carry, is refused before anything is sent, the connection still up.
+#[test]
+fn the_client_speaks_over_tcp_and_refuses_descriptors_there() {
+    use shmtrace_ipc::socket::{Family, Listener, SocketAddress};
+    let listener = Listener::bind(&SocketAddress::parse("127.0.0.1:0").unwrap()).unwrap();
+    let port_number = listener.local_port().unwrap();
+    let address = SocketAddress::parse(&format!("127.0.0.1:{port_number}")).unwrap();
+    let accepted = std::thread::spawn(move || listener.accept_stream().unwrap());
+    let client = Client::connect(&address).unwrap();
+    let stream = accepted.join().unwrap();
+    assert_eq!(stream.family(), Family::Tcp);
+    assert!(!stream.passes_fds());
+    let (tx, rx) = mpsc::channel();
+    // The test's host loop takes a UnixStream; it only uses recvmsg and
+    // sendmsg, which a TCP socket serves the same way.
+    let server_sock = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(stream));
+    let server = serve(
+        server_sock,
+        ServiceTable::from(ProducerPort),
+        move |conn, call| match call.request {
+            producer_port::Request::InitializeConnection(r) => {
+                tx.send(r.producer_name).unwrap();
+                let reply = InitializeConnectionResponse {
+                    use_shmem_emulation: Some(true),
+                    ..Default::default()
+                };
+                conn.resolve(call.reply, &reply).unwrap();
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+    );
+    let port = client.bind::<ProducerPort>().unwrap();
+    let init = |name: &str| {
+        port.call::<producer_port::InitializeConnection>(&InitializeConnectionRequest {
+            producer_name: Some(name.into()),
+            ..Default::default()
+        })
+    };
+    assert_eq!(init("first").unwrap().use_shmem_emulation, Some(true));
+    let refused = port
+        .send::<producer_port::CommitData>(&CommitDataRequest::default(), Some(memfd(b"smb")))
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Io(e) if e.kind() == std::io::ErrorKind::InvalidInput),
+        "{refused}"
+    );
+    // Nothing of the refused request reached the service; the connection
+    // still carries calls.
+    assert_eq!(init("second").unwrap().use_shmem_emulation, Some(true));
+    let names: Vec<_> = rx.try_iter().collect();
+    assert_eq!(names, [Some("first".into()), Some("second".into())]);
+    drop(port);
+    drop(client);
+    assert!(matches!(server.join().unwrap(), End::Closed));
+}
