@@ -49,8 +49,9 @@
 // "fidelity.thread_counter" under the thread's track.
 //
 // Between phases the worker threads stay alive (so their trace writers keep
-// their current chunks) and the producer waits for a line on stdin. After the
-// last phase it waits until the session stops (the categories are disabled).
+// their current chunks) and the producer waits for a line on stdin. The
+// workers exit before the last phase is reported; then the producer waits
+// until the session stops (the categories are disabled).
 //
 // Progress is JSON lines on stdout: {"event":"enabled"}, then per phase
 // {"event":"phase", "phase":p, "emitted":{...}} with the cumulative counts of
@@ -663,13 +664,19 @@ extern "C" int shmtrace_real_producer_main(int argc, char** argv) {
       (void)got;
     }
     Counts total = gate.RunPhase(phase);
+    if (phase == opt.phases) {
+      // The workers exit before the last phase is reported: their trace
+      // writers are destroyed and commit their last chunks first, so a
+      // stop the harness sends after the report comes after those commits
+      // (under shmem emulation nothing can fetch them otherwise).
+      gate.ReleaseExit();
+      for (std::thread& t : workers)
+        t.join();
+    }
     EmitLine("{\"event\":\"phase\",\"phase\":" + std::to_string(phase) +
              ",\"threads\":" + std::to_string(opt.threads) +
              ",\"emitted\":" + total.Json() + "}");
   }
-  gate.ReleaseExit();
-  for (std::thread& t : workers)
-    t.join();
 
   if (!WaitUntil(false, stop_timeout_ms)) {
     FailWith(kDriver, "the session did not stop within " +
