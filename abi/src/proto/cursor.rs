@@ -278,13 +278,31 @@ impl<T: Target> Cursor<T> {
 
     /// Appends a varint. Values that fit 32 bits (nearly all: ids, sizes,
     /// time deltas) take a loop over 32-bit words, which 32-bit machines
-    /// run much cheaper than a 64-bit one.
+    /// run much cheaper than a 64-bit one. On firmware, where only the
+    /// cold encoders (reset, descriptors, interned data) come here, every
+    /// varint and tag goes through one out-of-line loop instead
+    /// (`varint_any`): one copy in the image, not one per caller.
     #[inline(always)]
     pub fn varint(&mut self, v: u64) {
+        if cfg!(target_os = "none") {
+            self.varint_any(v);
+            return;
+        }
         match u32::try_from(v) {
             Ok(v) => self.varint32(v),
             Err(_) => self.varint64(v),
         }
+    }
+
+    /// Appends any varint, 7 bits per turn of a 64-bit loop: firmware's
+    /// only copy of the varint loop ([`Cursor::varint`]).
+    #[cfg_attr(target_os = "none", inline(never))]
+    fn varint_any(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.byte(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.byte(v as u8);
     }
 
     /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): 64-bit
@@ -321,6 +339,10 @@ impl<T: Target> Cursor<T> {
     /// both are constants; out of line on firmware).
     #[cfg_attr(target_os = "none", inline(never))]
     pub fn tag(&mut self, field: u32, wire_type: WireType) {
+        if cfg!(target_os = "none") {
+            self.varint_any(u64::from(tag(field, wire_type)));
+            return;
+        }
         self.varint32(tag(field, wire_type));
     }
 
@@ -471,6 +493,28 @@ mod tests {
         f.end_nested(at);
         let n = f.finish().unwrap();
         assert_eq!(&b[..n], &[0x40, 0xAC, 0x02, 0x81, 0x00, 0x01]);
+    }
+
+    #[test]
+    fn the_firmware_varint_loop_writes_what_the_host_loops_write() {
+        // Every length from 1 to 10 bytes, at both edges.
+        let mut values = std::vec![0, u64::MAX];
+        for bits in (7..64).step_by(7) {
+            values.extend([(1u64 << bits) - 1, 1 << bits]);
+        }
+        for v in values {
+            let (mut a, mut b) = ([0u8; 16 + TARGET_SLACK], [0u8; 16 + TARGET_SLACK]);
+            let mut firmware = Cursor::new(&mut a);
+            firmware.varint_any(v);
+            let n = firmware.finish();
+            let mut host = Cursor::new(&mut b);
+            match u32::try_from(v) {
+                Ok(w) => host.varint32(w),
+                Err(_) => host.varint64(v),
+            }
+            assert_eq!(n, host.finish(), "{v:#x}");
+            assert_eq!(a, b, "{v:#x}");
+        }
     }
 
     #[test]
