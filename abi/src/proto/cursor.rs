@@ -278,19 +278,28 @@ impl<T: Target> Cursor<T> {
 
     /// Appends a varint. Values that fit 32 bits (nearly all: ids, sizes,
     /// time deltas) take a loop over 32-bit words, which 32-bit machines
-    /// run much cheaper than a 64-bit one.
+    /// run much cheaper than a 64-bit one. On firmware, where only the
+    /// cold encoders (reset, descriptors, interned data) come here, every
+    /// varint and tag goes through the one out-of-line function that
+    /// writes any varint (`varint64`): one copy in the image, not one per
+    /// caller.
     #[inline(always)]
     pub fn varint(&mut self, v: u64) {
+        if cfg!(target_os = "none") {
+            self.varint64(v);
+            return;
+        }
         match u32::try_from(v) {
             Ok(v) => self.varint32(v),
             Err(_) => self.varint64(v),
         }
     }
 
-    /// A varint of 5 to 10 bytes (`v` does not fit 32 bits): 64-bit
-    /// shifts only until the rest fits 32 bits (a negative int64, always
-    /// 10 bytes, takes five of them), then [`Cursor::varint32`].
-    #[cold]
+    /// Any varint: 64-bit shifts only until the rest fits 32 bits (a
+    /// negative int64, always 10 bytes, takes five of them), then
+    /// [`Cursor::varint32`]. On a host, [`Cursor::varint`]'s rare path (5
+    /// to 10 bytes); on firmware, every varint and tag.
+    #[cfg_attr(not(target_os = "none"), cold)]
     #[inline(never)]
     fn varint64(&mut self, mut v: u64) {
         while v >> 32 != 0 {
@@ -318,9 +327,13 @@ impl<T: Target> Cursor<T> {
     }
 
     /// Appends the tag of `field` with `wire_type` (constant-folded when
-    /// both are constants; out of line on firmware).
-    #[cfg_attr(target_os = "none", inline(never))]
+    /// both are constants; on firmware a call of the out-of-line varint).
+    #[cfg_attr(target_os = "none", inline(always))]
     pub fn tag(&mut self, field: u32, wire_type: WireType) {
+        if cfg!(target_os = "none") {
+            self.varint64(u64::from(tag(field, wire_type)));
+            return;
+        }
         self.varint32(tag(field, wire_type));
     }
 
@@ -459,6 +472,7 @@ impl<T: Target> Cursor<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::wire::{put_varint, MAX_VARINT_LEN};
 
     #[test]
     fn varints_and_nesting() {
@@ -471,6 +485,28 @@ mod tests {
         f.end_nested(at);
         let n = f.finish().unwrap();
         assert_eq!(&b[..n], &[0x40, 0xAC, 0x02, 0x81, 0x00, 0x01]);
+    }
+
+    #[test]
+    fn the_firmware_varint_path_writes_every_varint() {
+        // Every length from 1 to 10 bytes, at both edges.
+        let mut values = std::vec![0, u64::MAX];
+        for bits in (7..64).step_by(7) {
+            values.extend([(1u64 << bits) - 1, 1 << bits]);
+        }
+        for v in values {
+            let mut want = [0u8; MAX_VARINT_LEN];
+            let n = put_varint(v, &mut want);
+            // Firmware's path for any value, and the host's.
+            let (mut a, mut b) = ([0u8; 16 + TARGET_SLACK], [0u8; 16 + TARGET_SLACK]);
+            let mut firmware = Cursor::new(&mut a);
+            firmware.varint64(v);
+            assert_eq!(firmware.finish(), Some(n), "{v:#x}");
+            let mut host = Cursor::new(&mut b);
+            host.varint(v);
+            assert_eq!(host.finish(), Some(n), "{v:#x}");
+            assert_eq!((&a[..n], &b[..n]), (&want[..n], &want[..n]), "{v:#x}");
+        }
     }
 
     #[test]

@@ -288,7 +288,8 @@ impl<const N: usize> InternTable<N> {
 
     /// The id of `s`, interning it if it is new and there is room: in its
     /// first free home slot, or else the first free slot after its second
-    /// home (where a lookup's probe finds it).
+    /// home (where a lookup's probe finds it); in a table of at most
+    /// [`SCAN_MAX`] entries, its first free slot.
     pub fn intern(&mut self, s: &'static str, kind: Kind) -> Interned {
         if s.len() > MAX_LEN {
             return Interned::Full;
@@ -305,6 +306,23 @@ impl<const N: usize> InternTable<N> {
         let Some(iid) = last.checked_add(1) else {
             return Interned::Full;
         };
+        if N <= SCAN_MAX {
+            // A scanned table: the first free slot, found by the same scan
+            // that tells a full table.
+            let Some(slot) = self
+                .entries
+                .iter_mut()
+                .find(|slot| slot.generation() != generation)
+            else {
+                return Interned::Full;
+            };
+            *last = iid;
+            *slot = Entry {
+                ptr: key.ptr(),
+                tag: tag | u32::from(iid),
+            };
+            return Interned::New(iid);
+        }
         if self.entries.iter().all(|e| e.generation() == generation) {
             return Interned::Full;
         }
@@ -316,22 +334,12 @@ impl<const N: usize> InternTable<N> {
         Interned::New(iid)
     }
 
-    /// Puts the new entry `e` in the first free slot where [`Self::find`]
-    /// looks for it: its first home, its second, then the slots after the
-    /// second (the first free slot in a table of at most [`SCAN_MAX`]
-    /// entries); the table has a free slot.
+    /// Puts the new entry `e` of a hashed table (more than [`SCAN_MAX`]
+    /// entries) in the first free slot where [`Self::find`] looks for it:
+    /// its first home, its second, then the slots after the second; the
+    /// table has a free slot.
     fn place(&mut self, e: Entry) {
         let generation = u32::from(self.generation);
-        if N <= SCAN_MAX {
-            if let Some(slot) = self
-                .entries
-                .iter_mut()
-                .find(|slot| slot.generation() != generation)
-            {
-                *slot = e;
-            }
-            return;
-        }
         let [first, second] = Self::homes_of(e.ptr, e.tag & KEY_MASK);
         let mut i = first;
         for step in 0..N + 1 {

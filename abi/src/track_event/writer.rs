@@ -671,21 +671,26 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
-        if self.out.first_packet_pending() && self.out.loss_pending() {
-            // Packets lost before the sequence's first one: a plain first
-            // packet, so that the reset after it carries the loss mark
-            // where a reader sees it (as the host producer does).
-            if !self.put(packet(&mut |c| encode::absolute_time(c, clock_id, now))) {
+        // Packets lost before the sequence's first one: first a plain
+        // packet (its time alone), so that the reset after it carries the
+        // loss mark where a reader sees it (as the host producer does). One
+        // encoder for both packets.
+        let mut plain = self.out.first_packet_pending() && self.out.loss_pending();
+        loop {
+            if !self.put(packet(&mut |c| {
+                // `encode::reset`, whose two out-of-line halves firmware
+                // links anyway.
+                encode::absolute_time(c, clock_id, now);
+                if !plain {
+                    encode::reset_tail(c, clock_id, now, track.uuid());
+                }
+            })) {
                 return false;
             }
-        }
-        if !self.put(packet(&mut |c| {
-            // `encode::reset`, whose two out-of-line halves firmware links
-            // anyway (the first-packet path above writes the time alone).
-            encode::absolute_time(c, clock_id, now);
-            encode::reset_tail(c, clock_id, now, track.uuid());
-        })) {
-            return false;
+            if !plain {
+                break;
+            }
+            plain = false;
         }
         self.base = now;
         self.out.hold_fast_path(false);

@@ -273,10 +273,14 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 // tell a loss mark on a sequence's first packet from the one
                 // a trace buffer puts on the first packet it reads of every
                 // sequence.
-                if first {
-                    c.boolean(trace_packet::FIRST_PACKET_ON_SEQUENCE, true);
-                } else if loss != 0 {
-                    c.uint(trace_packet::PREVIOUS_PACKET_DROPPED, u64::from(loss));
+                // One call for either field (a bool is a varint 1).
+                if first || loss != 0 {
+                    let (field, value) = if first {
+                        (trace_packet::FIRST_PACKET_ON_SEQUENCE, 1)
+                    } else {
+                        (trace_packet::PREVIOUS_PACKET_DROPPED, loss)
+                    };
+                    c.uint(field, u64::from(value));
                 }
                 encode.encode(&mut c);
                 if let Some(end) = c.finish() {
