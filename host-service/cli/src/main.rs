@@ -117,6 +117,13 @@ mod serve {
         /// traces: restrict it with a firewall (see the README).
         #[arg(long)]
         listen_any: bool,
+        /// Serve relays of other machines (`shmtrace relay`, Perfetto's
+        /// traced_relay) on the producer sockets: their producers' packets
+        /// carry the machine's id, and the trace gets each machine's
+        /// description and clock exchanges. Relays connect over TCP or
+        /// vsock; nothing authenticates them (see the README).
+        #[arg(long)]
+        enable_relay_endpoint: bool,
         /// Consumer socket (a path, or @name for an abstract socket).
         #[arg(long, value_name = "ADDRESS")]
         consumer_socket: Option<String>,
@@ -183,6 +190,7 @@ mod serve {
             consumer_socket,
             consumer_group: args.consumer_group,
             listen_any: args.listen_any,
+            relay_endpoint: args.enable_relay_endpoint,
         })
     }
 
