@@ -96,3 +96,82 @@ fn send_all(to: impl AsFd, mut bytes: &[u8]) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use shmtrace_ipc::protos::ipc_frame::Msg;
+    use shmtrace_ipc::FrameDecoder;
+
+    #[test]
+    fn a_producer_is_announced_then_forwarded_byte_for_byte_both_ways() {
+        let central = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = central.local_addr().unwrap().port();
+        let (mut producer, relay_side) = UnixStream::pair().unwrap();
+        let identity = PeerIdentity {
+            pid: 4242,
+            uid: 1000,
+            machine_id_hint: "boot-id".into(),
+            machine_name: "vm-1".into(),
+        };
+        let address = SocketAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
+        spawn(relay_side, address, identity.clone());
+        let (mut service, _) = central.accept().unwrap();
+
+        // The producer's bytes, whatever they are, follow the identity.
+        producer.write_all(b"not even a frame").unwrap();
+        let mut hello = Vec::new();
+        encode_frame(&set_peer_identity_frame(&identity), &mut hello).unwrap();
+        let mut got = vec![0; hello.len() + 16];
+        service.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..hello.len()], &hello[..]);
+        assert_eq!(&got[hello.len()..], b"not even a frame");
+        let mut decoder = FrameDecoder::new();
+        decoder.push(&got[..hello.len()], None);
+        let frame = decoder.next_frame().unwrap().unwrap().frame;
+        assert_eq!(frame.request_id, Some(0));
+        let Some(Msg::SetPeerIdentity(sent)) = frame.msg else {
+            panic!("{frame:?}")
+        };
+        assert_eq!(
+            (
+                sent.pid,
+                sent.uid,
+                sent.machine_id_hint.as_deref(),
+                sent.machine_name.as_deref()
+            ),
+            (Some(4242), Some(1000), Some("boot-id"), Some("vm-1"))
+        );
+
+        // And the service's come back untouched.
+        service.write_all(b"reply").unwrap();
+        let mut back = [0; 5];
+        producer.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"reply");
+
+        // The service closing closes the producer's connection too.
+        drop(service);
+        let mut rest = Vec::new();
+        producer.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn a_producer_whose_service_is_gone_is_closed() {
+        // A port nothing listens on (bound, then released).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (mut producer, relay_side) = UnixStream::pair().unwrap();
+        let address = SocketAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
+        spawn(relay_side, address, PeerIdentity::default());
+        let mut rest = Vec::new();
+        producer.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+}

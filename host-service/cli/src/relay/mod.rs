@@ -171,3 +171,31 @@ impl Relay {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_listens_on_unix_sockets_only() {
+        let cfg = |listen: &str| RelayConfig {
+            listen: SocketAddress::parse(listen).unwrap(),
+            central: SocketAddress::parse("127.0.0.1:1").unwrap(),
+            machine_id_hint: String::new(),
+            machine_name: String::new(),
+            sync_interval: Duration::from_secs(30),
+        };
+        for other in ["127.0.0.1:0", "vsock://1:1"] {
+            let err = Relay::bind(cfg(other)).unwrap_err();
+            assert!(matches!(err, RelayError::NotUnix(_)), "{other}: {err}");
+        }
+        let name = format!("@shmtrace-relay-test-{}", std::process::id());
+        let relay = Relay::bind(cfg(&name)).unwrap();
+        // A second relay on the same name finds it taken.
+        assert!(matches!(
+            Relay::bind(cfg(&name)),
+            Err(RelayError::Listen { .. })
+        ));
+        drop(relay);
+    }
+}
