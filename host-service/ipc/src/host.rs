@@ -492,6 +492,23 @@ mod tests {
     }
 
     #[test]
+    fn the_fuzz_entry_takes_identities_and_relay_calls() {
+        use crate::frame::invoke_method_frame;
+        use crate::protos::SyncClockRequest;
+        // Two identities, then a SyncClock on the relay port (service 3 of
+        // the fuzz entry's host): decoded, re-encoded, one identity taken.
+        let args = Bytes::from(canonical::encode(&SyncClockRequest::default()));
+        let mut input = vec![60];
+        input.extend(bytes(&[
+            set_peer_identity_frame(&identity("a")),
+            set_peer_identity_frame(&identity("b")),
+            bind_service_frame(1, "RelayPort"),
+            invoke_method_frame(2, 3, 2, args, false),
+        ]));
+        crate::fuzzing::ipc_frame(&input);
+    }
+
+    #[test]
     fn a_unix_connection_ignores_identities() {
         let table = Arc::new(ServiceTable::from(ProducerPort));
         let mut host = HostConnection::new(table, None);
