@@ -85,6 +85,9 @@ pub mod trace_packet {
     pub const TRACE_UUID: u32 = 89;
     /// `machine_id` (uint32, written by the service only).
     pub const MACHINE_ID: u32 = 98;
+    /// `remote_clock_sync` (written by the service only, for relayed
+    /// machines).
+    pub const REMOTE_CLOCK_SYNC: u32 = 107;
     /// `trace_provenance` (written by the service only).
     pub const TRACE_PROVENANCE: u32 = 124;
     /// `protovms` (written by the service only).

@@ -65,6 +65,7 @@ impl Running {
             consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
             consumer_group: None,
             listen_any: false,
+            relay_endpoint: false,
         })
     }
 
@@ -293,6 +294,7 @@ fn socket_permissions_and_clean_shutdown() {
         consumer_socket: SocketAddress::Path(c.clone()),
         consumer_group: None,
         listen_any: false,
+        relay_endpoint: false,
     });
     let mode =
         |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
@@ -386,6 +388,7 @@ fn tcp_producer_sockets_are_loopback_unless_allowed_and_consumers_stay_unix() {
         consumer_socket: SocketAddress::parse(consumer).unwrap(),
         consumer_group: None,
         listen_any,
+        relay_endpoint: false,
     };
     let consumer = format!("@{id}-c");
     for open in ["0.0.0.0:0", "[::]:0", "vsock://4294967295:0"] {
@@ -400,24 +403,37 @@ fn tcp_producer_sockets_are_loopback_unless_allowed_and_consumers_stay_unix() {
     assert!(Shell::bind(&cfg("127.0.0.1:0", &consumer, false)).is_ok());
 }
 
-#[test]
-fn a_producer_on_tcp_is_told_to_emulate_shared_memory() {
-    use shmtrace_service::protos::InitializeConnectionRequest;
-    // A free port, then the service on it.
+/// The service with a TCP producer socket on a free loopback port (the
+/// relay port too if `relay_endpoint`), and a connection to it.
+fn tcp_service(name: &str, relay_endpoint: bool) -> (Running, UnixStream) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let id = format!("shmtrace-tcpemu-{}", std::process::id());
+    let id = format!("shmtrace-{name}-{}", std::process::id());
     let producer = SocketAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
     let running = Running::start(ShellConfig {
         producer_sockets: vec![producer.clone()],
         consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
         consumer_group: None,
         listen_any: false,
+        relay_endpoint,
     });
-    let client = Client::connect(&producer).unwrap();
+    let stream = shmtrace_service::ipc::socket::connect_stream(&producer).unwrap();
+    // The blocking client takes a UnixStream; it only sends and receives
+    // with sendmsg/recvmsg, which a TCP socket serves the same way.
+    (
+        running,
+        UnixStream::from(std::os::fd::OwnedFd::from(stream)),
+    )
+}
+
+#[test]
+fn a_producer_on_tcp_is_told_to_emulate_shared_memory() {
+    use shmtrace_service::protos::InitializeConnectionRequest;
+    let (running, stream) = tcp_service("tcpemu", false);
+    let client = Client::from_stream(stream).unwrap();
     let port = client.bind::<ProducerPort>().unwrap();
     let resp = port
         .call::<producer_port::InitializeConnection>(&InitializeConnectionRequest {
@@ -430,4 +446,56 @@ fn a_producer_on_tcp_is_told_to_emulate_shared_memory() {
     drop(port);
     drop(client);
     running.stop();
+}
+
+#[test]
+fn relays_find_the_relay_port_on_tcp_only_when_it_is_enabled() {
+    use shmtrace_service::ipc::frame::{encode_frame, set_peer_identity_frame};
+    use shmtrace_service::ipc::PeerIdentity;
+    use shmtrace_service::protos::{relay_port, sync_clock_request, RelayPort, SyncClockRequest};
+    use std::io::Write;
+    for enabled in [true, false] {
+        let (running, mut stream) = tcp_service(&format!("relayport-{enabled}"), enabled);
+        // What a relay sends first on each of its connections.
+        let mut hello = Vec::new();
+        let identity = PeerIdentity {
+            pid: 1,
+            uid: 0,
+            machine_id_hint: "vm".into(),
+            machine_name: "vm".into(),
+        };
+        encode_frame(&set_peer_identity_frame(&identity), &mut hello).unwrap();
+        stream.write_all(&hello).unwrap();
+        let client = Client::from_stream(stream).unwrap();
+        // The producer port is service 1 either way; the relay port, when
+        // enabled, service 2 with upstream's two methods.
+        let producer_port = client.bind::<ProducerPort>().unwrap();
+        assert_eq!(producer_port.binding().service_id(), 1);
+        if !enabled {
+            assert!(client.bind::<RelayPort>().is_err());
+            drop((producer_port, client));
+            running.stop();
+            continue;
+        }
+        let relay = client.bind::<RelayPort>().unwrap();
+        assert_eq!(relay.binding().service_id(), 2);
+        assert_eq!(relay.binding().method_id("InitRelay"), Some(1));
+        assert_eq!(relay.binding().method_id("SyncClock"), Some(2));
+        let ping = SyncClockRequest {
+            phase: Some(sync_clock_request::Phase::Ping as i32),
+            clocks: vec![sync_clock_request::Clock {
+                clock_id: Some(6),
+                timestamp: Some(1),
+            }],
+        };
+        relay.call::<relay_port::SyncClock>(&ping).unwrap();
+        // Too many clocks: the service drops this relay's connection.
+        let flood = SyncClockRequest {
+            clocks: vec![ping.clocks[0]; 17],
+            ..ping
+        };
+        assert!(relay.call::<relay_port::SyncClock>(&flood).is_err());
+        drop((producer_port, relay, client));
+        running.stop();
+    }
 }

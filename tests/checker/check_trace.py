@@ -72,6 +72,15 @@ Checks, per producer sequence (trusted_packet_sequence_id):
     empty, and only on events that make a slice: a COUNTER, or a SLICE_END
     that closes no slice, links no flow;
   * counter events point at a described counter track.
+Relayed machines (producers forwarded by a relay): their packets carry
+machine_id, and are counted per machine too ("machines" in the report);
+the service describes each machine in a system_info packet with its
+machine_id, and writes its clock exchanges with the relay in a
+remote_clock_sync packet with its machine_id and no sequence id (as
+upstream's service writes it), which must hold at least one complete round
+(a PING's and an UPDATE's readings, both sides, BOOTTIME in each). All
+machines are taken to share this machine's clocks: the checker does not
+apply the offsets a trace processor would compute from the exchanges.
 Then across the trace: event counts per type match the expectation exactly
 when loss is "none" (and no loss indicator may appear); when loss is
 "allowed", counts may only fall short, and a shortfall must be explained by a
@@ -392,6 +401,13 @@ class Checker:
         self.trace_config = None
         self.service_version = None
         self.packets = 0
+        # Per machine id (0: the service's machine): producer packets and
+        # track event counts; machines described and clock-synced.
+        self.machine = 0
+        self.machine_packets = collections.Counter()
+        self.machine_counts = collections.defaultdict(collections.Counter)
+        self.machines_described = set()
+        self.remote_clock_syncs = {}
         self.clocks = ClockGraph()
         self.trace_clock = BOOTTIME
 
@@ -413,6 +429,9 @@ class Checker:
     def packet(self, packet, where):
         kind = packet.WhichOneof("data") or "(none)"
         self.kinds[kind] += 1
+        if kind == "remote_clock_sync":
+            self.remote_clock_sync(packet, where)
+            return
         if not packet.HasField("trusted_packet_sequence_id"):
             self.violation("%s: packet without trusted_packet_sequence_id" %
                            where)
@@ -429,6 +448,8 @@ class Checker:
                     self.service_events[field.name] += 1
             elif kind == "trace_config":
                 self.trace_config = packet.trace_config
+            elif kind == "system_info" and packet.machine_id:
+                self.machines_described.add(packet.machine_id)
             elif kind == "system_info":
                 if packet.system_info.HasField("tracing_service_version"):
                     self.service_version = \
@@ -450,6 +471,8 @@ class Checker:
         if first:
             seq = self.sequences[seq_id] = Sequence(seq_id)
         seq.packets += 1
+        self.machine = packet.machine_id
+        self.machine_packets[packet.machine_id] += 1
         seq.pids.add(packet.trusted_pid)
         seq.uids.add(packet.trusted_uid)
         pid = packet.trusted_pid
@@ -575,8 +598,40 @@ class Checker:
             self.resolved[table] += 1
         return name
 
+    def remote_clock_sync(self, packet, where):
+        """A relayed machine's clock exchanges (see the module docs)."""
+        if not packet.machine_id:
+            self.violation("%s: remote_clock_sync without machine_id" % where)
+            return
+        if not packet.HasField("trusted_uid"):
+            self.violation("%s: remote_clock_sync without trusted_uid" % where)
+        exchanges = packet.remote_clock_sync.synced_clocks
+        boot = []
+        for e in exchanges:
+            sides = [{c.clock_id: c.timestamp for c in s.clocks}
+                     for s in (e.client_clocks, e.host_clocks)]
+            if all(BOOTTIME in s for s in sides):
+                boot.append(sides)
+        if len(boot) < 2:
+            self.violation("%s: remote_clock_sync of machine %d holds %d "
+                           "exchanges with BOOTTIME on both sides, a round "
+                           "needs 2" % (where, packet.machine_id, len(boot)))
+        else:
+            # Each side's clock moves forward from one exchange to the next.
+            for a, b in zip(boot, boot[1:]):
+                for side in (0, 1):
+                    if b[side][BOOTTIME] < a[side][BOOTTIME]:
+                        self.violation("%s: remote_clock_sync of machine %d "
+                                       "goes back in time" %
+                                       (where, packet.machine_id))
+        if packet.machine_id in self.remote_clock_syncs:
+            self.violation("%s: a second remote_clock_sync of machine %d" %
+                           (where, packet.machine_id))
+        self.remote_clock_syncs[packet.machine_id] = len(exchanges)
+
     def track_event(self, seq, pid, event, where):
-        counts = self.counts[pid]
+        counts = TeeCounter(self.counts[pid],
+                            self.machine_counts[self.machine])
         name = None
         name_field = event.WhichOneof("name_field")
         if name_field == "name_iid":
@@ -864,9 +919,32 @@ class Checker:
             "out_of_order": sum(s.out_of_order
                                 for s in self.sequences.values()),
             "loss_indicators": self.loss_indicators(),
+            "machines": {str(m): {"packets": n,
+                                  "totals": {k: self.machine_counts[m].get(k, 0)
+                                             for k in EMITTED_KEYS}}
+                         for m, n in sorted(self.machine_packets.items())},
+            "machines_described": sorted(self.machines_described),
+            "remote_clock_syncs": {str(m): n for m, n in
+                                   sorted(self.remote_clock_syncs.items())},
             "trace_stats": service,
             "buffer_stats": self.buffer_stats(),
         }
+
+
+class TeeCounter:
+    """Adds to two counters at once (a producer's, its machine's)."""
+
+    def __init__(self, first, second):
+        self.first = first
+        self.second = second
+
+    def __getitem__(self, key):
+        return self.first[key]
+
+    def __setitem__(self, key, value):
+        delta = value - self.first[key]
+        self.first[key] = value
+        self.second[key] += delta
 
 
 def load_expectation(path):

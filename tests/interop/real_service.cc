@@ -2,8 +2,11 @@
 // producer and a consumer socket.
 //
 //   real-service [--producer-socket PATH] [--consumer-socket PATH]
-//                [--exit-on-stdin-eof]
+//                [--exit-on-stdin-eof] [--enable-relay-endpoint]
 //
+// --enable-relay-endpoint also exposes the RelayPort service (what relays
+// of other machines call) on the producer socket, as traced's flag of the
+// same name does.
 // Socket paths default to $PERFETTO_PRODUCER_SOCK_NAME and
 // $PERFETTO_CONSUMER_SOCK_NAME; one of the two must name each. Prints
 // {"event":"ready"} once both sockets listen, then serves until killed or,
@@ -12,6 +15,8 @@
 // even when the harness itself is killed.
 
 #include <unistd.h>
+
+#include <list>
 
 #include "driver_util.h"
 #include "perfetto_internal.h"
@@ -33,7 +38,7 @@ std::string FromEnv(const char* name) {
 
 extern "C" int shmtrace_real_service_main(int argc, char** argv) {
   Flags flags(argc, argv, {"producer-socket", "consumer-socket"},
-              {"exit-on-stdin-eof"});
+              {"exit-on-stdin-eof", "enable-relay-endpoint"});
   if (!flags.ok())
     return FailWith(kDriver, flags.error());
   std::string producer_socket =
@@ -50,7 +55,12 @@ extern "C" int shmtrace_real_service_main(int argc, char** argv) {
   perfetto::base::UnixTaskRunner task_runner;
   std::unique_ptr<perfetto::ServiceIPCHost> host =
       perfetto::ServiceIPCHost::CreateInstance(&task_runner);
-  if (!host->Start(producer_socket.c_str(), consumer_socket.c_str())) {
+  std::list<perfetto::ListenEndpoint> producer_endpoints;
+  producer_endpoints.emplace_back(producer_socket);
+  producer_endpoints.back().expose_relay_endpoint =
+      flags.Has("enable-relay-endpoint");
+  if (!host->Start(std::move(producer_endpoints),
+                   perfetto::ListenEndpoint(consumer_socket))) {
     return FailWith(kDriver, "cannot listen on " + producer_socket + " and " +
                                  consumer_socket);
   }

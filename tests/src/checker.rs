@@ -184,6 +184,26 @@ pub struct TraceReport {
     /// their sequence (legal: a trace processor sorts), all sequences.
     #[serde(default)]
     pub out_of_order: u64,
+    /// Per machine id ("0": the service's machine), its producer packets
+    /// and track event counts.
+    #[serde(default)]
+    pub machines: BTreeMap<String, MachineSummary>,
+    /// Relayed machines with a `system_info` packet of their own.
+    #[serde(default)]
+    pub machines_described: Vec<u32>,
+    /// Per relayed machine id, the clock exchanges its `remote_clock_sync`
+    /// packet holds.
+    #[serde(default)]
+    pub remote_clock_syncs: BTreeMap<String, u64>,
+}
+
+/// What the trace holds of one machine's producers.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct MachineSummary {
+    /// Producer packets with this machine id.
+    pub packets: u64,
+    /// Their event counts.
+    pub totals: EventCounts,
 }
 
 impl TraceReport {

@@ -40,6 +40,10 @@ pub struct TraceConfig {
     /// How long the service waits for data sources to stop (field 23).
     #[prost(uint32, optional, tag = "23")]
     pub data_source_stop_timeout_ms: Option<u32>,
+    /// Set data sources up on relayed machines' producers too (field 43;
+    /// since v54 the service's default is this machine's only).
+    #[prost(bool, optional, tag = "43")]
+    pub trace_all_machines: Option<bool>,
 }
 
 /// `TraceConfig.BufferConfig`.

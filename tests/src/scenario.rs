@@ -396,6 +396,9 @@ pub struct ProducerSpec {
     /// the whole string, ours after its file name), so a session's
     /// `TraceConfig.producers` can address the producer by this name.
     pub process_name: Option<&'static str>,
+    /// The "machine" it runs on, under [`ProducerSocket::Relayed`]: it
+    /// connects to that machine's relay.
+    pub machine: u32,
 }
 
 impl Default for ProducerSpec {
@@ -412,6 +415,7 @@ impl Default for ProducerSpec {
             custom_source: false,
             fidelity: false,
             process_name: None,
+            machine: 0,
         }
     }
 }
@@ -525,6 +529,19 @@ pub enum ProducerSocket {
     /// packets carry no `trusted_pid` (the service does not know it), so
     /// the checker counts all producers' events together.
     Tcp,
+    /// Relayed machines on this one: the service listens on TCP on
+    /// `127.0.0.1` with the relay endpoint, and each "machine" (the
+    /// producers' [`ProducerSpec::machine`]) has a `shmtrace relay` with a
+    /// socket directory of its own, machine name and id hint `machine-N`,
+    /// forwarding its producers to the service. Their packets carry the
+    /// machine's id and the pids the relay took from their UNIX
+    /// connections; the session traces all machines.
+    Relayed,
+}
+
+/// The name (and machine id hint) of relayed machine `index`.
+pub fn machine_name(index: u32) -> String {
+    format!("machine-{index}")
 }
 
 impl Scenario {
@@ -609,6 +626,9 @@ impl Scenario {
         if let Some(period) = self.write_into_file_period_ms {
             config.write_into_file = Some(true);
             config.file_write_period_ms = Some(period);
+        }
+        if self.producer_socket == ProducerSocket::Relayed {
+            config.trace_all_machines = Some(true);
         }
         config
     }
@@ -891,6 +911,26 @@ pub fn start_service(
     producer_socket: &Path,
     consumer_socket: &Path,
 ) -> Result<ChildProcess> {
+    start_service_with(
+        which,
+        bins,
+        log_dir,
+        producer_socket,
+        consumer_socket,
+        false,
+    )
+}
+
+/// [`start_service`], also exposing the relay port on the producer socket
+/// if `relay_endpoint` (`--enable-relay-endpoint`, either service).
+pub fn start_service_with(
+    which: ServiceImpl,
+    bins: &RealBinaries,
+    log_dir: &Path,
+    producer_socket: &Path,
+    consumer_socket: &Path,
+    relay_endpoint: bool,
+) -> Result<ChildProcess> {
     let mut command = match which {
         ServiceImpl::Real => Command::new(&bins.service),
         ServiceImpl::Ours => {
@@ -906,9 +946,35 @@ pub fn start_service(
         .arg(consumer_socket)
         // Our end of its stdin closes when we die, however we die.
         .arg("--exit-on-stdin-eof");
+    if relay_endpoint {
+        command.arg("--enable-relay-endpoint");
+    }
     let mut service = ChildProcess::spawn("service", command, log_dir)?;
     service.expect_event("ready", START_TIMEOUT)?;
     Ok(service)
+}
+
+/// Starts `shmtrace relay` for relayed machine `index`: listening on
+/// `listen`, forwarding to `central`, named [`machine_name`]`(index)`,
+/// and waits until it reports `ready`. Its stderr goes to `log_dir`.
+pub fn start_relay(
+    log_dir: &Path,
+    index: u32,
+    listen: &Path,
+    central: &Path,
+) -> Result<ChildProcess> {
+    let name = machine_name(index);
+    let mut command = Command::new(shmtrace_binary()?);
+    command
+        .args(["relay", "--notify-ready", "--log-level", "warn", "--listen"])
+        .arg(listen)
+        .arg("--to")
+        .arg(central)
+        .args(["--machine-id-hint", &name, "--machine-name", &name])
+        .arg("--exit-on-stdin-eof");
+    let mut relay = ChildProcess::spawn(&format!("relay {name}"), command, log_dir)?;
+    relay.expect_event("ready", START_TIMEOUT)?;
+    Ok(relay)
 }
 
 /// Starts producer number `index` (from 0) of implementation `which`,
@@ -1254,7 +1320,9 @@ fn run_in(
 ) -> Result<Outcome> {
     let producer_socket = match scenario.producer_socket {
         ProducerSocket::Unix => dir.path("producer.sock"),
-        ProducerSocket::Tcp => PathBuf::from(format!("127.0.0.1:{}", free_tcp_port()?)),
+        ProducerSocket::Tcp | ProducerSocket::Relayed => {
+            PathBuf::from(format!("127.0.0.1:{}", free_tcp_port()?))
+        }
     };
     let consumer_socket = dir.path("consumer.sock");
     // Session 1 writes trace.pftrace, session n > 1 trace-<n>.pftrace.
@@ -1275,13 +1343,39 @@ fn run_in(
     }
     let trace_path = trace_paths[0].1.clone();
 
-    let mut service = start_service(
+    let relayed = scenario.producer_socket == ProducerSocket::Relayed;
+    let mut service = start_service_with(
         cell.service,
         bins,
         dir.dir.path(),
         &producer_socket,
         &consumer_socket,
+        relayed,
     )?;
+    // Relayed machines: one relay each, in a directory of its own.
+    let mut relays = Vec::new();
+    let mut machine_sockets = BTreeMap::new();
+    if relayed {
+        for spec in &scenario.producers {
+            if machine_sockets.contains_key(&spec.machine) {
+                continue;
+            }
+            let machine_dir = dir.path(&machine_name(spec.machine));
+            std::fs::create_dir_all(&machine_dir).map_err(|source| HarnessError::Io {
+                action: "creating",
+                path: machine_dir.clone(),
+                source,
+            })?;
+            let listen = machine_dir.join("producer.sock");
+            relays.push(start_relay(
+                dir.dir.path(),
+                spec.machine,
+                &listen,
+                &producer_socket,
+            )?);
+            machine_sockets.insert(spec.machine, listen);
+        }
+    }
 
     let mut producers = Vec::new();
     let killed = scenario.stop == Stop::AfterKillingProducers;
@@ -1295,13 +1389,16 @@ fn run_in(
             ..*spec
         };
         phase_starts.push(Instant::now());
+        let socket = machine_sockets
+            .get(&spec.machine)
+            .unwrap_or(&producer_socket);
         producers.push(start_producer(
             cell.producer,
             bins,
             dir.dir.path(),
             index,
             &spec,
-            &producer_socket,
+            socket,
         )?);
     }
     let mut consumers = Vec::new();
@@ -1325,7 +1422,8 @@ fn run_in(
         let enabled = producer.expect_event("enabled", START_TIMEOUT)?;
         runs.push(ProducerRun {
             pid: u32_field(&enabled, "pid", producer)?,
-            trusted_pid: scenario.producer_socket == ProducerSocket::Unix,
+            // The relay tells the service its producers' pids.
+            trusted_pid: scenario.producer_socket != ProducerSocket::Tcp,
             phases: Vec::new(),
             custom: BTreeMap::new(),
             killed_after: None,
@@ -1430,6 +1528,11 @@ fn run_in(
     // its stdin (ours would report a panic or a failed loop as non-zero).
     service.close_stdin();
     service.expect_success(STOP_TIMEOUT)?;
+    // So do the relays, once their producers are gone.
+    for relay in &mut relays {
+        relay.close_stdin();
+        relay.expect_success(STOP_TIMEOUT)?;
+    }
     if scenario.loss == Loss::None {
         // Counts are exact only if every iteration ran inside the session.
         for (producer, run) in producers.iter().zip(&runs) {

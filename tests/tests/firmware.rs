@@ -78,6 +78,7 @@ const HOST_PRODUCER: ProducerSpec = ProducerSpec {
     custom_source: false,
     fidelity: false,
     process_name: None,
+    machine: 0,
 };
 
 /// How the firmware reaches the service.

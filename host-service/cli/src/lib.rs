@@ -14,6 +14,8 @@
 //! * [`bridge`]: a firmware's chunks, forwarded as a producer into any
 //!   Perfetto service.
 //! * [`local`]: a tracing service inside this process, on private sockets.
+//! * [`relay`]: this machine's producer socket, forwarded to a tracing
+//!   service on another machine (Perfetto's `traced_relay`).
 //! * [`demo`]: the whole stack in one command — an in-process service on
 //!   private sockets, an example app, a recorded `demo.pftrace`.
 //!
@@ -35,6 +37,7 @@ pub mod inspect;
 pub mod local;
 pub mod query;
 pub mod record;
+pub mod relay;
 pub mod schema;
 pub mod trace_file;
 pub mod trigger;

@@ -47,6 +47,18 @@ enum Command {
     /// SIGINT/SIGTERM; logs to stderr. With --attach, also records firmware
     /// regions in shared memory (a `shmtrace bridge` child per region).
     Serve(serve::ServeArgs),
+    /// Relay this machine's producers to a tracing service on another
+    /// machine (what `traced_relay` is to Perfetto).
+    ///
+    /// Listens on the producer socket of this machine (a UNIX socket:
+    /// --listen, else PERFETTO_PRODUCER_SOCK_NAME, else the default) and
+    /// forwards each producer to the central service's producer socket
+    /// (--to HOST:PORT or vsock://CID:PORT; `shmtrace serve
+    /// --enable-relay-endpoint` or `traced --enable-relay-endpoint`), with
+    /// this machine's id and name, and keeps the two machines' clocks
+    /// related (SyncClock every 30 s). Nothing is authenticated: see the
+    /// README. Stops on SIGINT/SIGTERM.
+    Relay(relay::RelayArgs),
     /// Forward a firmware's trace into a tracing service, as a producer.
     ///
     /// Reads what the firmware writes (frames from a serial port, pty, file,
@@ -75,6 +87,7 @@ fn main() -> ExitCode {
         Command::Trigger(a) => cli::trigger::run(a),
         Command::Demo(a) => cli::demo::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Relay(a) => relay::run(a),
         Command::Bridge(a) => cli::bridge::command::run_bridge(a),
         Command::Import(a) => cli::bridge::command::run_import(a),
     };
@@ -117,6 +130,13 @@ mod serve {
         /// traces: restrict it with a firewall (see the README).
         #[arg(long)]
         listen_any: bool,
+        /// Serve relays of other machines (`shmtrace relay`, Perfetto's
+        /// traced_relay) on the producer sockets: their producers' packets
+        /// carry the machine's id, and the trace gets each machine's
+        /// description and clock exchanges. Relays connect over TCP or
+        /// vsock; nothing authenticates them (see the README).
+        #[arg(long)]
+        enable_relay_endpoint: bool,
         /// Consumer socket (a path, or @name for an abstract socket).
         #[arg(long, value_name = "ADDRESS")]
         consumer_socket: Option<String>,
@@ -156,7 +176,7 @@ mod serve {
         max_buffer_memory: Option<u32>,
     }
 
-    fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
+    pub(super) fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
         s.parse()
             .map_err(|_| format!("unknown log level {s:?} (off, error, warn, info, debug, trace)"))
     }
@@ -183,6 +203,7 @@ mod serve {
             consumer_socket,
             consumer_group: args.consumer_group,
             listen_any: args.listen_any,
+            relay_endpoint: args.enable_relay_endpoint,
         })
     }
 
@@ -275,6 +296,114 @@ mod serve {
             a.stop();
         }
         match result {
+            Ok(()) => Ok(exit::OK),
+            Err(e) => {
+                log::error!("{e}");
+                Ok(exit::NO_SERVICE)
+            }
+        }
+    }
+}
+
+/// `shmtrace relay`.
+mod relay {
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use shmtrace_cli::relay::{boot_id, clock, Relay, RelayConfig};
+    use shmtrace_cli::{exit, CliError};
+    use shmtrace_service::ipc::{socket, SocketAddress};
+    use shmtrace_service::service::{daemon, shell};
+
+    /// Flags of `shmtrace relay`.
+    #[derive(Debug, clap::Args)]
+    pub struct RelayArgs {
+        /// The central tracing service's producer socket: HOST:PORT,
+        /// `[IPV6]:PORT` or vsock://CID:PORT.
+        #[arg(long, value_name = "ADDRESS")]
+        to: String,
+        /// This machine's producer socket, where its producers connect (a
+        /// path, or @name for an abstract socket) [default:
+        /// PERFETTO_PRODUCER_SOCK_NAME, else Perfetto's default].
+        #[arg(long, value_name = "ADDRESS")]
+        listen: Option<String>,
+        /// What identifies this machine to the central service, which
+        /// derives the machine id from it [default: the kernel's boot id].
+        /// Relays of different machines must give different hints.
+        #[arg(long, value_name = "TEXT")]
+        machine_id_hint: Option<String>,
+        /// This machine's name, which data sources' machine_name_filter
+        /// matches [default: PERFETTO_MACHINE_NAME, else `uname -s`].
+        #[arg(long, value_name = "NAME")]
+        machine_name: Option<String>,
+        /// Seconds between two clock exchanges with the central service.
+        #[arg(long, value_name = "S", default_value_t = clock::SYNC_INTERVAL.as_secs())]
+        sync_interval: u64,
+        /// Stop when stdin reaches end of file.
+        #[arg(long)]
+        exit_on_stdin_eof: bool,
+        /// Print `{"event":"ready"}` on stdout once the socket accepts
+        /// connections.
+        #[arg(long)]
+        notify_ready: bool,
+        /// Log level: off, error, warn, info, debug, trace.
+        #[arg(long, default_value = "info", value_name = "LEVEL", value_parser = super::serve::parse_level)]
+        log_level: log::LevelFilter,
+    }
+
+    /// Runs the relay until SIGINT or SIGTERM.
+    pub fn run(args: &RelayArgs) -> Result<u8, CliError> {
+        daemon::init_logging(args.log_level);
+        let listen = match &args.listen {
+            Some(a) => SocketAddress::parse(a)?,
+            None => SocketAddress::parse(&socket::producer_socket_name())?,
+        };
+        let cfg = RelayConfig {
+            listen,
+            central: SocketAddress::parse(&args.to)?,
+            machine_id_hint: args.machine_id_hint.clone().unwrap_or_else(boot_id),
+            machine_name: args
+                .machine_name
+                .clone()
+                .unwrap_or_else(shell::machine_name),
+            sync_interval: Duration::from_secs(args.sync_interval.max(1)),
+        };
+        let (stop_read, stop_write) = UnixStream::pair()
+            .map_err(|e| CliError::Usage(format!("cannot create the stop pipe: {e}")))?;
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            stop_write
+                .try_clone()
+                .and_then(|w| signal_hook::low_level::pipe::register(signal, w))
+                .map_err(|e| CliError::Usage(format!("cannot handle signal {signal}: {e}")))?;
+        }
+        if args.exit_on_stdin_eof {
+            let mut stop = stop_write
+                .try_clone()
+                .map_err(|e| CliError::Usage(format!("cannot watch stdin: {e}")))?;
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+                let _ = std::io::Write::write_all(&mut stop, &[0]);
+            });
+        }
+        let relay = match Relay::bind(cfg.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("{e}");
+                return Ok(exit::NO_SERVICE);
+            }
+        };
+        log::info!(
+            "relaying producers on {} to {} as machine {:?} (id hint {:?})",
+            cfg.listen,
+            cfg.central,
+            cfg.machine_name,
+            cfg.machine_id_hint
+        );
+        if args.notify_ready {
+            println!("{{\"event\":\"ready\"}}");
+        }
+        match relay.run(stop_read.as_fd()) {
             Ok(()) => Ok(exit::OK),
             Err(e) => {
                 log::error!("{e}");

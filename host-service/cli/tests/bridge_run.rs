@@ -130,6 +130,7 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
         listen_any: false,
+        relay_endpoint: false,
     })
     .unwrap();
 

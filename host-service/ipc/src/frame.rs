@@ -403,6 +403,21 @@ pub fn invalid_invocation_frame(request_id: u64) -> IpcFrame {
     )
 }
 
+/// `SetPeerIdentity`, as a relay sends it first on each connection it
+/// opens to the central service (request id 0, every field set; upstream's
+/// src/traced_relay/relay_service.cc).
+pub fn set_peer_identity_frame(identity: &crate::host::PeerIdentity) -> IpcFrame {
+    frame(
+        0,
+        Msg::SetPeerIdentity(crate::protos::ipc_frame::SetPeerIdentity {
+            pid: Some(identity.pid),
+            uid: Some(identity.uid),
+            machine_id_hint: Some(identity.machine_id_hint.clone()),
+            machine_name: Some(identity.machine_name.clone()),
+        }),
+    )
+}
+
 /// `RequestError { error }`.
 pub fn request_error_frame(request_id: u64, error: &str) -> IpcFrame {
     frame(

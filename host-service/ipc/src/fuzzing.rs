@@ -10,23 +10,29 @@ use crate::client::{ClientCore, Incoming};
 use crate::frame::FrameDecoder;
 use crate::host::{HostConnection, ServiceTable};
 use crate::protos::{
-    canonical, consumer_port, producer_port, ConsumerPort, IpcFrame, ProducerPort, SyncResponse,
+    canonical, consumer_port, producer_port, relay_port, ConsumerPort, IpcFrame, ProducerPort,
+    RelayPort, SyncResponse,
 };
 use crate::rpc::ServiceRequest;
 
-/// Requests of a host exposing both ports.
+/// Requests of a host exposing every port.
 #[derive(Debug)]
 enum Either {
     Producer(producer_port::Request),
     Consumer(consumer_port::Request),
+    /// Boxed: `InitRelay` carries a whole `SystemInfo`.
+    Relay(Box<relay_port::Request>),
 }
 
 /// Feeds `data` (after a first byte choosing the read size) to a host
-/// exposing both ports and to a client, as if a hostile peer had sent it.
+/// exposing the three ports on a remote (TCP-like) connection, which takes
+/// a relay's `SetPeerIdentity`, and to a client, as if a hostile peer had
+/// sent it.
 ///
 /// Checks: nothing panics; every call the host dispatches re-encodes and
-/// decodes to the same request; every decoded frame survives a canonical
-/// encode/decode round trip; the host's replies are valid frames.
+/// decodes to the same request; at most one peer identity is ever taken;
+/// every decoded frame survives a canonical encode/decode round trip; the
+/// host's replies are valid frames.
 pub fn ipc_frame(data: &[u8]) {
     let Some((&seed, data)) = data.split_first() else {
         return;
@@ -34,8 +40,10 @@ pub fn ipc_frame(data: &[u8]) {
     let chunk = usize::from(seed % 61) + 1;
     let table = ServiceTable::new()
         .expose::<ProducerPort>(Either::Producer)
-        .expose::<ConsumerPort>(Either::Consumer);
-    let mut host = HostConnection::new(Arc::new(table), None);
+        .expose::<ConsumerPort>(Either::Consumer)
+        .expose::<RelayPort>(|r| Either::Relay(Box::new(r)));
+    let mut host = HostConnection::remote(Arc::new(table));
+    let mut identities = 0;
     let mut client = ClientCore::<u8>::new();
     let mut client_decoder = FrameDecoder::new();
     // Make the client expect replies to the first few request ids.
@@ -49,9 +57,18 @@ pub fn ipc_frame(data: &[u8]) {
         if host_ok {
             host.decoder().push(piece, None);
             loop {
-                match host.poll_call() {
+                let polled = host.poll_call();
+                identities += usize::from(host.take_peer_identity().is_some());
+                assert!(identities <= 1, "a second peer identity was taken");
+                match polled {
                     Ok(Some(call)) => {
                         match &call.request {
+                            Either::Relay(r) => {
+                                let again =
+                                    relay_port::Request::decode(r.method().id, r.encode_args())
+                                        .expect("a re-encoded request decodes");
+                                assert_eq!(&again, &**r);
+                            }
                             Either::Producer(r) => {
                                 let again =
                                     producer_port::Request::decode(r.method().id, r.encode_args())

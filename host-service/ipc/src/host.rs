@@ -15,6 +15,14 @@
 //! [`HostConnection::reject`] to finish. With `drop_reply` nothing is sent.
 //! Replies are queued in the connection's [`OutQueue`]; the socket shell
 //! drains it.
+//!
+//! A connection over a transport without kernel-checked credentials (TCP,
+//! vsock; [`HostConnection::remote`]) honours the first `SetPeerIdentity`
+//! frame: a relay forwarding a producer of another machine says who that
+//! producer is and which machine it runs on. The identity is a claim, as
+//! upstream takes it (`HostImpl::OnSetPeerIdentity`, src/ipc/host_impl.cc):
+//! whoever can connect can claim any. On a UNIX socket the frame is
+//! ignored; there the kernel says who the peer is.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -144,6 +152,22 @@ pub struct Call<R> {
     pub fd: Option<OwnedFd>,
 }
 
+impl<R> Call<R> {
+    /// The request, and the same call carrying `request` instead (to hand
+    /// a call decoded as a socket's combined request type to the handler
+    /// of one service).
+    pub fn replace<S>(self, request: S) -> (R, Call<S>) {
+        let call = Call {
+            request,
+            service_id: self.service_id,
+            method: self.method,
+            reply: self.reply,
+            fd: self.fd,
+        };
+        (self.request, call)
+    }
+}
+
 impl<R: ServiceRequest> Call<R> {
     /// The call a client's `InvokeMethod` for `request` (request id
     /// `request_id`, a reply wanted) on service `service_id` decodes to, for
@@ -170,12 +194,59 @@ pub enum HostError {
     Frame(#[from] FrameError),
 }
 
+/// What a relay says about the producer (or relay) it forwards, in a
+/// `SetPeerIdentity` frame.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// The peer's pid on its machine (0 if not given).
+    pub pid: i32,
+    /// The peer's uid on its machine.
+    pub uid: i32,
+    /// What identifies the peer's machine (upstream's relay sends the boot
+    /// id); empty: the service uses the connection's address.
+    pub machine_id_hint: String,
+    /// The machine's name, as data sources' `machine_name_filter` matches it.
+    pub machine_name: String,
+}
+
+/// The machine id a service assigns to a relayed peer: the low 32 bits of
+/// the 64-bit FNV-1a hash of `hint`, or, if `hint` is empty, of the peer's
+/// address without its port (`peer_host`); 0, which stands for the
+/// service's own machine, becomes 1 (upstream's `GenerateMachineID`,
+/// src/ipc/host_impl.cc).
+pub fn machine_id(hint: &str, peer_host: &str) -> u32 {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let key = if hint.is_empty() { peer_host } else { hint };
+    let hash = key.bytes().fold(FNV_OFFSET, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(FNV_PRIME)
+    });
+    match hash as u32 {
+        0 => 1,
+        id => id,
+    }
+}
+
+/// Whether and how a connection takes a `SetPeerIdentity`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum IdentityState {
+    /// A UNIX socket: ignored.
+    Kernel,
+    /// A remote transport that has not said yet.
+    Awaiting,
+    /// Received, not yet taken by the shell.
+    Received(PeerIdentity),
+    /// Taken; later ones are ignored.
+    Taken,
+}
+
 /// The protocol state of one client connection.
 pub struct HostConnection<R> {
     table: Arc<ServiceTable<R>>,
     decoder: FrameDecoder,
     out: OutQueue,
     peer: Option<PeerCredentials>,
+    identity: IdentityState,
 }
 
 impl<R> std::fmt::Debug for HostConnection<R> {
@@ -198,6 +269,31 @@ impl<R: 'static> HostConnection<R> {
             decoder: FrameDecoder::new(),
             out: OutQueue::new(),
             peer,
+            identity: IdentityState::Kernel,
+        }
+    }
+
+    /// A new connection over a transport without peer credentials (TCP,
+    /// vsock): it takes the first `SetPeerIdentity` frame (see
+    /// [`take_peer_identity`](Self::take_peer_identity)).
+    pub fn remote(table: Arc<ServiceTable<R>>) -> Self {
+        Self {
+            identity: IdentityState::Awaiting,
+            ..Self::new(table, None)
+        }
+    }
+
+    /// The identity a `SetPeerIdentity` frame announced, once: the frames
+    /// before the call [`poll_call`](Self::poll_call) just returned (or
+    /// before it ran out of frames) included it. Take it before handling
+    /// that call, so that the call is handled as coming from that peer.
+    pub fn take_peer_identity(&mut self) -> Option<PeerIdentity> {
+        match std::mem::replace(&mut self.identity, IdentityState::Taken) {
+            IdentityState::Received(identity) => Some(identity),
+            other => {
+                self.identity = other;
+                None
+            }
         }
     }
 
@@ -274,11 +370,22 @@ impl<R: 'static> HostConnection<R> {
                         }
                     }
                 }
-                // Only meaningful on non-UNIX transports, which this host does
-                // not serve: identities come from SO_PEERCRED.
-                Some(Msg::SetPeerIdentity(_)) => {
-                    log::debug!("ignoring SetPeerIdentity on a UNIX socket")
-                }
+                Some(Msg::SetPeerIdentity(announced)) => match self.identity {
+                    IdentityState::Awaiting => {
+                        self.identity = IdentityState::Received(PeerIdentity {
+                            pid: announced.pid.unwrap_or(0),
+                            uid: announced.uid.unwrap_or(0),
+                            machine_id_hint: announced.machine_id_hint.unwrap_or_default(),
+                            machine_name: announced.machine_name.unwrap_or_default(),
+                        });
+                    }
+                    IdentityState::Kernel => {
+                        log::debug!("ignoring SetPeerIdentity on a UNIX socket")
+                    }
+                    IdentityState::Received(_) | IdentityState::Taken => {
+                        log::debug!("ignoring a second SetPeerIdentity")
+                    }
+                },
                 _ => self.queue(&request_error_frame(request_id, "unknown request"), None),
             }
         }
@@ -328,5 +435,87 @@ impl<R: 'static> HostConnection<R> {
         if let Err(e) = self.out.push_frame(frame, fd) {
             log::error!("dropping an oversized host frame: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{bind_service_frame, encode_frame, set_peer_identity_frame};
+    use crate::protos::ProducerPort;
+
+    #[test]
+    fn machine_ids_are_fnv1a_of_the_hint_or_the_peer() {
+        // FNV-1a 64 test vectors: "" is the offset basis, "a" 0xaf63dc4c8601ec8c.
+        assert_eq!(machine_id("", ""), 0x8422_2325);
+        assert_eq!(machine_id("a", "10.0.0.1"), 0x8601_ec8c);
+        assert_eq!(machine_id("", "a"), 0x8601_ec8c);
+        assert_ne!(machine_id("boot-1", ""), machine_id("boot-2", ""));
+    }
+
+    fn bytes(frames: &[IpcFrame]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            encode_frame(f, &mut out).unwrap();
+        }
+        out
+    }
+
+    fn identity(hint: &str) -> PeerIdentity {
+        PeerIdentity {
+            pid: 42,
+            uid: 1000,
+            machine_id_hint: hint.into(),
+            machine_name: "vm".into(),
+        }
+    }
+
+    #[test]
+    fn a_remote_connection_takes_the_first_identity_only() {
+        let table = Arc::new(ServiceTable::from(ProducerPort));
+        let mut host = HostConnection::remote(table);
+        let input = bytes(&[
+            set_peer_identity_frame(&identity("first")),
+            set_peer_identity_frame(&identity("second")),
+            bind_service_frame(1, "ProducerPort"),
+        ]);
+        host.decoder().push(&input, None);
+        assert!(host.poll_call().unwrap().is_none());
+        assert_eq!(host.take_peer_identity(), Some(identity("first")));
+        assert_eq!(host.take_peer_identity(), None);
+        // The bind was answered, the identities were not.
+        assert!(!host.out().is_empty());
+        host.decoder()
+            .push(&bytes(&[set_peer_identity_frame(&identity("third"))]), None);
+        assert!(host.poll_call().unwrap().is_none());
+        assert_eq!(host.take_peer_identity(), None);
+    }
+
+    #[test]
+    fn the_fuzz_entry_takes_identities_and_relay_calls() {
+        use crate::frame::invoke_method_frame;
+        use crate::protos::SyncClockRequest;
+        // Two identities, then a SyncClock on the relay port (service 3 of
+        // the fuzz entry's host): decoded, re-encoded, one identity taken.
+        let args = Bytes::from(canonical::encode(&SyncClockRequest::default()));
+        let mut input = vec![60];
+        input.extend(bytes(&[
+            set_peer_identity_frame(&identity("a")),
+            set_peer_identity_frame(&identity("b")),
+            bind_service_frame(1, "RelayPort"),
+            invoke_method_frame(2, 3, 2, args, false),
+        ]));
+        crate::fuzzing::ipc_frame(&input);
+    }
+
+    #[test]
+    fn a_unix_connection_ignores_identities() {
+        let table = Arc::new(ServiceTable::from(ProducerPort));
+        let mut host = HostConnection::new(table, None);
+        host.decoder()
+            .push(&bytes(&[set_peer_identity_frame(&identity("x"))]), None);
+        assert!(host.poll_call().unwrap().is_none());
+        assert_eq!(host.take_peer_identity(), None);
+        assert!(host.out().is_empty(), "no reply to an identity");
     }
 }

@@ -51,7 +51,7 @@ pub mod socket;
 pub use client::{ClientCore, ServiceBinding};
 pub use connection::{Binding, Client, ClientError, PendingCall, ProtocolError, Response};
 pub use frame::{FrameDecoder, FrameError, MAX_FRAME_LEN};
-pub use host::{Call, HostConnection, PendingReply, ServiceTable};
+pub use host::{Call, HostConnection, PeerIdentity, PendingReply, ServiceTable};
 pub use outq::OutQueue;
 pub use socket::{Listener, PeerCredentials, SocketAddress};
 

@@ -575,6 +575,19 @@ impl Stream {
         Ok(())
     }
 
+    /// The peer's host, without its port: an IPv4 address as `a.b.c.d`, an
+    /// IPv6 one in brackets. `None` for UNIX and vsock streams (and if the
+    /// kernel no longer knows the peer).
+    pub fn peer_host(&self) -> Option<String> {
+        if self.family != Family::Tcp {
+            return None;
+        }
+        match SocketAddr::try_from(net::getpeername(&self.fd).ok()??).ok()? {
+            SocketAddr::V4(a) => Some(a.ip().to_string()),
+            SocketAddr::V6(a) => Some(format!("[{}]", a.ip())),
+        }
+    }
+
     /// Shuts down reading, writing or both: a thread blocked on the socket
     /// wakes up (its call fails or sees the end of the stream).
     pub fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
@@ -862,6 +875,7 @@ mod tests {
             assert!(!client.passes_fds());
             let server = listener.accept_stream().unwrap();
             assert!(server.peer_credentials().is_none());
+            assert_eq!(server.peer_host().as_deref(), Some(host));
             assert!(listener.accept().is_err(), "UnixStream only from UNIX");
             assert!(connect(&addr).is_err(), "connect is UNIX only");
             // Bytes go both ways through the frame machinery.

@@ -20,6 +20,13 @@
 //! such a socket must be reachable from this machine only (loopback TCP,
 //! vsock context id 1) unless [`ShellConfig::listen_any`] says otherwise.
 //!
+//! Relays: with [`ShellConfig::relay_endpoint`], producer sockets also
+//! expose the `RelayPort` service (upstream's `traced
+//! --enable-relay-endpoint`), and a TCP or vsock connection's first
+//! `SetPeerIdentity` frame says which machine its producer runs on
+//! ([`TracingService::set_peer_identity`]; the machine id is derived here,
+//! [`machine_id`]).
+//!
 //! Backpressure: a consumer's `ReadBuffers` stream is produced only while
 //! its send queue is short, so a slow reader holds back only itself. A
 //! producer that stops reading its socket while the service queues commands
@@ -36,13 +43,17 @@ use rustix::fs::Mode;
 use thiserror::Error;
 
 use crate::ipc::frame::invoke_method_reply_frame;
+use crate::ipc::host::machine_id;
 use crate::ipc::socket::{self, Received, Stream};
-use crate::ipc::{HostConnection, Listener, ServiceTable, SocketAddress};
+use crate::ipc::{Call, HostConnection, Listener, ServiceTable, SocketAddress};
 use crate::protos::{
-    consumer_port, producer_port, ConsumerPort, ProducerPort, SystemInfo, Utsname,
+    consumer_port, producer_port, relay_port, ConsumerPort, ProducerPort, RelayPort, SystemInfo,
+    Utsname,
 };
 
-use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, REMOTE_PEER};
+use super::core::{
+    ConnId, Output, RemoteIdentity, ReplyBody, ServiceConfig, TracingService, REMOTE_PEER,
+};
 use super::env::{trace_file_write_ns, Environment, SystemEnvironment};
 
 /// Bytes queued for a producer beyond which it is disconnected.
@@ -152,6 +163,9 @@ pub struct ShellConfig {
     /// Allow TCP and vsock producer sockets that other machines can reach
     /// (anyone who can connect may then trace into this machine's sessions).
     pub listen_any: bool,
+    /// Expose the `RelayPort` service on the producer sockets, for relays
+    /// of other machines.
+    pub relay_endpoint: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -160,8 +174,16 @@ enum Side {
     Consumer,
 }
 
+/// A call on a producer socket: to the producer port, or (relays) to the
+/// relay port.
+enum ProducerSide {
+    Producer(producer_port::Request),
+    /// Boxed: `InitRelay` carries a whole `SystemInfo`.
+    Relay(Box<relay_port::Request>),
+}
+
 enum Host {
-    Producer(HostConnection<producer_port::Request>),
+    Producer(HostConnection<ProducerSide>),
     Consumer(HostConnection<consumer_port::Request>),
 }
 
@@ -184,6 +206,9 @@ impl Host {
 struct Conn {
     socket: Stream,
     host: Host,
+    /// The peer's address without port (TCP), for the machine id of a
+    /// relayed peer that gives no hint.
+    peer_host: Option<String>,
     /// Registered for writability.
     wants_out: bool,
 }
@@ -193,7 +218,7 @@ pub struct Shell {
     listeners: Vec<(Listener, Side)>,
     epoll: OwnedFd,
     conns: HashMap<ConnId, Conn>,
-    producer_table: Arc<ServiceTable<producer_port::Request>>,
+    producer_table: Arc<ServiceTable<ProducerSide>>,
     consumer_table: Arc<ServiceTable<consumer_port::Request>>,
 }
 
@@ -280,7 +305,13 @@ impl Shell {
             listeners,
             epoll,
             conns: HashMap::new(),
-            producer_table: Arc::new(ServiceTable::from(ProducerPort)),
+            producer_table: Arc::new(if cfg.relay_endpoint {
+                ServiceTable::new()
+                    .expose::<ProducerPort>(ProducerSide::Producer)
+                    .expose::<RelayPort>(|r| ProducerSide::Relay(Box::new(r)))
+            } else {
+                ServiceTable::new().expose::<ProducerPort>(ProducerSide::Producer)
+            }),
             consumer_table: Arc::new(ServiceTable::from(ConsumerPort)),
         })
     }
@@ -384,7 +415,7 @@ impl Shell {
             let (conn, host) = match side {
                 Side::Producer if emulated => (
                     core.connect_emulated_producer(creds),
-                    Host::Producer(HostConnection::new(self.producer_table.clone(), None)),
+                    Host::Producer(HostConnection::remote(self.producer_table.clone())),
                 ),
                 Side::Producer => (
                     core.connect_producer(creds),
@@ -415,12 +446,14 @@ impl Shell {
                 creds.pid,
                 creds.uid
             );
+            let peer_host = socket.peer_host();
             self.conns.insert(
                 conn,
                 Conn {
                     socket,
                     host,
                     wants_out: false,
+                    peer_host,
                 },
             );
         }
@@ -462,9 +495,21 @@ impl Shell {
                     return;
                 };
                 let dispatched = match &mut c.host {
-                    Host::Producer(h) => h
-                        .poll_call()
-                        .map(|call| call.map(|call| core.on_producer_call(conn, call))),
+                    Host::Producer(h) => h.poll_call().map(|call| {
+                        if let Some(identity) = h.take_peer_identity() {
+                            let peer_host = c.peer_host.as_deref().unwrap_or("");
+                            core.set_peer_identity(
+                                conn,
+                                RemoteIdentity {
+                                    pid: identity.pid,
+                                    uid: identity.uid as u32,
+                                    machine_id: machine_id(&identity.machine_id_hint, peer_host),
+                                    machine_name: identity.machine_name,
+                                },
+                            );
+                        }
+                        call.map(|call| dispatch_producer_side(core, conn, call))
+                    }),
                     Host::Consumer(h) => h
                         .poll_call()
                         .map(|call| call.map(|call| core.on_consumer_call(conn, call))),
@@ -604,6 +649,26 @@ impl Shell {
     }
 }
 
+fn dispatch_producer_side(core: &mut TracingService, conn: ConnId, call: Call<ProducerSide>) {
+    match call.replace(()) {
+        (ProducerSide::Producer(request), call) => {
+            core.on_producer_call(conn, call.replace(request).1)
+        }
+        (ProducerSide::Relay(request), call) => core.on_relay_call(conn, call.replace(*request).1),
+    }
+}
+
+/// This machine's name, as upstream names it: `$PERFETTO_MACHINE_NAME`,
+/// else the kernel's name (`uname -s`).
+pub fn machine_name() -> String {
+    std::env::var("PERFETTO_MACHINE_NAME").unwrap_or_else(|_| {
+        rustix::system::uname()
+            .sysname()
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
 /// The [`ServiceConfig`] of this process: its uid, what `system_info` says
 /// about the machine, and trace buffers of at most half its RAM in all.
 pub fn system_service_config() -> ServiceConfig {
@@ -628,6 +693,7 @@ pub fn system_service_config() -> ServiceConfig {
         ..SystemInfo::default()
     };
     cfg.max_buffer_bytes = ram / 2;
+    cfg.machine_name = machine_name();
     cfg
 }
 

@@ -146,6 +146,7 @@ fn import_into(
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
         listen_any: false,
+        relay_endpoint: false,
     })
     .map_err(CliError::Bridge)?;
 

@@ -99,6 +99,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
         consumer_socket: SocketAddress::Path(consumer_socket.clone()),
         consumer_group: None,
         listen_any: false,
+        relay_endpoint: false,
     })
     .map_err(CliError::Demo)?;
     progress.note(&format!(

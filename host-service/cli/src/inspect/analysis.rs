@@ -680,6 +680,17 @@ impl Analyzer {
                 return;
             }
         };
+        // A relayed machine's clock exchanges: the service writes them with
+        // the machine's id and its uid, on no sequence (as upstream's does).
+        if matches!(packet.data, Some(Data::RemoteClockSync(_))) {
+            if packet.machine_id.is_none() || packet.optional_trusted_uid.is_none() {
+                self.problem(
+                    ProblemKind::TrustedFields,
+                    format!("{at}: remote_clock_sync without machine_id or trusted_uid"),
+                );
+            }
+            return;
+        }
         let Some(OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(seq_id)) =
             packet.optional_trusted_packet_sequence_id
         else {

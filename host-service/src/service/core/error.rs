@@ -219,4 +219,13 @@ pub enum PeerFault {
     /// while commands for it piled up.
     #[error("producer {0} never opened its command stream")]
     CommandStreamNeverOpened(ProducerId),
+    /// A relay sent a `SyncClock` with more clocks than any machine has.
+    #[error(
+        "relay sent {clocks} clocks in one SyncClock (at most {} are taken)",
+        super::MAX_CLOCKS_PER_SYNC
+    )]
+    TooManyClocks {
+        /// How many it sent.
+        clocks: usize,
+    },
 }

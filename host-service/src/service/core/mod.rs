@@ -41,6 +41,7 @@ mod packets;
 mod producer;
 mod readback;
 mod reconfigure;
+mod relay;
 mod session;
 mod timers;
 mod triggers;
@@ -67,6 +68,7 @@ use timers::Timers;
 pub use commit::MAX_EMULATED_CHUNK;
 pub use error::{CommitError, ConfigError, PeerFault};
 pub use readback::READ_REPLY_LIMIT;
+pub use relay::{RemoteIdentity, MAX_CLOCKS_PER_SYNC, MAX_SYNCED_CLOCKS};
 
 /// A connection, as the core knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,6 +99,10 @@ pub struct ServiceConfig {
     pub uid: u32,
     /// What the `system_info` packet says about this machine.
     pub system_info: SystemInfo,
+    /// This machine's name, which data sources' `machine_name_filter`
+    /// matches for producers of this machine (upstream:
+    /// `$PERFETTO_MACHINE_NAME`, else the kernel's name, `uname -s`).
+    pub machine_name: String,
     /// Version string (`tracing_service_version`).
     pub version: String,
     /// The most bytes the trace buffers of all sessions may take together:
@@ -118,6 +124,7 @@ impl ServiceConfig {
                 ..SystemInfo::default()
             },
             version,
+            machine_name: String::new(),
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
         }
     }
@@ -184,12 +191,24 @@ struct ServiceStats {
     patches_discarded: u64,
 }
 
+/// The machine a producer runs on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Machine {
+    /// 0 for this machine; a relayed machine's id otherwise.
+    pub id: u32,
+    /// Its name (`machine_name_filter`).
+    pub name: String,
+}
+
 enum Endpoint {
     Producer {
         creds: PeerCredentials,
         id: Option<ProducerId>,
         /// Its transport cannot pass descriptors: shmem emulation.
         emulated: bool,
+        /// Its machine: this one, unless a relay said otherwise
+        /// ([`TracingService::set_peer_identity`]).
+        machine: Machine,
     },
     Consumer(ConsumerConn),
 }
@@ -216,6 +235,8 @@ pub struct TracingService {
     chunk_copy: Vec<u8>,
     /// Matched triggers of the last 24 hours (`max_per_24_h`).
     trigger_history: triggers::TriggerHistory,
+    /// Relays (connections that called `RelayPort`), by connection.
+    relays: BTreeMap<ConnId, relay::RelayClient>,
 }
 
 impl std::fmt::Debug for TracingService {
@@ -251,6 +272,7 @@ impl TracingService {
             stats: ServiceStats::default(),
             chunk_copy: vec![0; shmtrace_abi::layout::MAX_PAGE_SIZE],
             trigger_history: triggers::TriggerHistory::default(),
+            relays: BTreeMap::new(),
         }
     }
 
@@ -272,12 +294,17 @@ impl TracingService {
 
     fn insert_producer(&mut self, creds: PeerCredentials, emulated: bool) -> ConnId {
         let conn = self.new_conn();
+        let machine = Machine {
+            id: 0,
+            name: self.cfg.machine_name.clone(),
+        };
         self.conns.insert(
             conn,
             Endpoint::Producer {
                 creds,
                 id: None,
                 emulated,
+                machine,
             },
         );
         conn
@@ -300,6 +327,7 @@ impl TracingService {
     /// A connection closed (or was closed by the shell after
     /// [`Output::Disconnect`]). Pending outputs for it are dropped.
     pub fn disconnect(&mut self, conn: ConnId) {
+        self.relays.remove(&conn);
         match self.conns.remove(&conn) {
             Some(Endpoint::Producer { id: Some(id), .. }) => self.producer_gone(id),
             Some(Endpoint::Consumer(c)) => self.consumer_gone(c),

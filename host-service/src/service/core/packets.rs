@@ -57,9 +57,9 @@ fn trusted_ids(p: &mut Message<'_, VecSink<'_>>, uid: u32) {
     p.uint32(tp::TRUSTED_PACKET_SEQUENCE_ID, SERVICE_SEQUENCE_ID);
 }
 
-/// A `clock_snapshot` packet.
-pub fn clock_snapshot(uid: u32, clocks: &[(u32, u64)], primary: Option<i32>) -> Vec<u8> {
-    let snap = ClockSnapshot {
+/// A `ClockSnapshot` of `(clock id, timestamp)` readings.
+fn snapshot(clocks: &[(u32, u64)], primary: Option<i32>) -> ClockSnapshot {
+    ClockSnapshot {
         clocks: clocks
             .iter()
             .map(|&(id, ts)| protos::clock_snapshot::Clock {
@@ -68,8 +68,13 @@ pub fn clock_snapshot(uid: u32, clocks: &[(u32, u64)], primary: Option<i32>) -> 
                 ..Default::default()
             })
             .collect(),
-        primary_trace_clock: Some(primary.unwrap_or(clock_id::BOOTTIME as i32)),
-    };
+        primary_trace_clock: primary,
+    }
+}
+
+/// A `clock_snapshot` packet.
+pub fn clock_snapshot(uid: u32, clocks: &[(u32, u64)], primary: Option<i32>) -> Vec<u8> {
+    let snap = snapshot(clocks, Some(primary.unwrap_or(clock_id::BOOTTIME as i32)));
     packet(|p| {
         p.bytes(tp::CLOCK_SNAPSHOT, &protos::to_raw(&snap));
         header(p, uid);
@@ -149,6 +154,42 @@ pub fn system_info(uid: u32, info: &SystemInfo) -> Vec<u8> {
     packet(|p| {
         p.bytes(tp::SYSTEM_INFO, &protos::to_raw(info));
         header(p, uid);
+    })
+}
+
+/// The `system_info` packet of a relayed machine: its description,
+/// stamped with its machine id (and no clock: upstream's
+/// `MaybeEmitRemoteSystemInfo`).
+pub fn remote_system_info(uid: u32, machine: u32, info: &SystemInfo) -> Vec<u8> {
+    packet(|p| {
+        p.bytes(tp::SYSTEM_INFO, &protos::to_raw(info));
+        p.uint32(tp::MACHINE_ID, machine);
+        trusted_ids(p, uid);
+    })
+}
+
+/// The `remote_clock_sync` packet of a relayed machine: its clock
+/// exchanges with this service, oldest first (upstream's
+/// `MaybeEmitRemoteClockSync`: machine id, uid, the exchanges; no sequence
+/// id).
+pub fn remote_clock_sync<'a>(
+    uid: u32,
+    machine: u32,
+    exchanges: impl IntoIterator<Item = &'a super::relay::SyncedClocks>,
+) -> Vec<u8> {
+    let sync = protos::RemoteClockSync {
+        synced_clocks: exchanges
+            .into_iter()
+            .map(|e| protos::remote_clock_sync::SyncedClocks {
+                client_clocks: Some(snapshot(&e.client, None)),
+                host_clocks: Some(snapshot(&e.host, None)),
+            })
+            .collect(),
+    };
+    packet(|p| {
+        p.uint32(tp::MACHINE_ID, machine);
+        p.int32(tp::TRUSTED_UID, uid as i32);
+        p.bytes(tp::REMOTE_CLOCK_SYNC, &protos::to_raw(&sync));
     })
 }
 

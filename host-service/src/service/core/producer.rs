@@ -40,6 +40,8 @@ pub struct Producer {
     pub uid: u32,
     /// Its pid (peer credentials; 0 if unknown).
     pub pid: i32,
+    /// Its machine (id 0: this one).
+    pub machine: super::Machine,
     /// The name it gave.
     pub name: String,
     /// The SDK version it gave.
@@ -79,6 +81,7 @@ impl TracingService {
             creds,
             id,
             emulated,
+            machine,
         }) = self.conns.get(&conn)
         else {
             return;
@@ -87,7 +90,8 @@ impl TracingService {
         let to = call.reply;
         let request = match (call.request, id) {
             (Request::InitializeConnection(req), None) => {
-                self.initialize_connection(conn, creds, emulated, to, req, call.fd);
+                let machine = machine.clone();
+                self.initialize_connection(conn, creds, emulated, machine, to, req, call.fd);
                 return;
             }
             (Request::InitializeConnection(_), Some(_)) => {
@@ -197,11 +201,13 @@ impl TracingService {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn initialize_connection(
         &mut self,
         conn: ConnId,
         creds: crate::ipc::PeerCredentials,
         emulated: bool,
+        machine: super::Machine,
         to: PendingReply,
         req: InitializeConnectionRequest,
         fd: Option<OwnedFd>,
@@ -248,6 +254,7 @@ impl TracingService {
             conn,
             uid: creds.uid,
             pid: creds.pid,
+            machine,
             name: req.producer_name.unwrap_or_default(),
             sdk_version: req.sdk_version.unwrap_or_default(),
             shm_size_hint: req.shared_memory_size_hint_bytes.unwrap_or(0),
@@ -263,11 +270,15 @@ impl TracingService {
             allowed_buffers: HashSet::new(),
         };
         log::info!(
-            "producer {id} {:?} connected (pid {}, uid {}{})",
+            "producer {id} {:?} connected (pid {}, uid {}{}{})",
             producer.name,
             creds.pid,
             creds.uid,
-            if emulated { ", shmem emulation" } else { "" }
+            if emulated { ", shmem emulation" } else { "" },
+            match producer.machine.id {
+                0 => String::new(),
+                m => format!(", machine {m} {:?}", producer.machine.name),
+            }
         );
         self.producers.insert(id, producer);
         self.stats.producers_seen += 1;

@@ -13,7 +13,7 @@
 //! time, when the shell asks for it, and a file is written in
 //! [`FILE_BATCH`]-byte batches.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 
 use bytes::Bytes;
@@ -21,7 +21,8 @@ use shmtrace_abi::proto::wire::{tag, varint_len, WireType, MAX_VARINT_LEN};
 use shmtrace_abi::trace::{tag1, trace_packet};
 
 use super::packets;
-use super::session::{Lifecycle, Session, SessionState};
+use super::relay::{self, RelayClient};
+use super::session::{Lifecycle, ProducerIdentity, Session, SessionState};
 use super::{BufferId, ConnId, Output, ReplyBody, SessionId, TracingService};
 use crate::ipc::PendingReply;
 use crate::protos::wire::{put_tag, put_varint, WireType as Wt};
@@ -232,7 +233,7 @@ impl TracingService {
                     stream.stage = Stage::Done;
                     return;
                 };
-                for p in preamble(s, &self.buffers, uid, now, &info) {
+                for p in preamble(s, &self.buffers, &self.relays, uid, now, &info) {
                     stream.push(&p, true);
                 }
                 stream.stage = Stage::Buffer(0);
@@ -307,7 +308,7 @@ impl TracingService {
             full: false,
             error: None,
         };
-        for p in preamble(s, &self.buffers, uid, now, &info) {
+        for p in preamble(s, &self.buffers, &self.relays, uid, now, &info) {
             w.packet(std::iter::once(&p[..]), p.len());
         }
         let buffers = s.buffers.clone();
@@ -438,23 +439,29 @@ fn admit(s: &mut Session, p: &Packet<'_>) -> Option<crate::service::trusted::App
     }
     // Packets come in runs of one sequence: remember the last one looked up.
     let key = (p.producer, p.writer);
-    let (uid, pid, sequence_id) = match s.last_sequence {
-        Some((k, uid, pid, id)) if k == key => (uid, pid, id),
+    let (who, sequence_id) = match &s.last_sequence {
+        Some((k, who, id)) if *k == key => (who.clone(), *id),
         _ => {
-            let (uid, pid) = s
+            let who = s
                 .identities
                 .get(&p.producer)
-                .map_or((u32::MAX, 0), |i| (i.uid, i.pid));
+                .cloned()
+                .unwrap_or(ProducerIdentity {
+                    uid: u32::MAX,
+                    pid: 0,
+                    machine_id: 0,
+                });
             let id = s.sequence_id(p.producer, p.writer);
-            s.last_sequence = Some((key, uid, pid, id));
-            (uid, pid, id)
+            s.last_sequence = Some((key, who.clone(), id));
+            (who, id)
         }
     };
+    let (uid, pid, machine_id) = (who.uid, who.pid, who.machine_id);
     let trusted = TrustedFields {
         uid: uid as i32,
         sequence_id,
         pid: (pid > 0).then_some(pid),
-        machine_id: 0,
+        machine_id,
         previous_packet_dropped: p.loss.bits(),
     };
     Some(trusted.encode())
@@ -464,6 +471,7 @@ fn admit(s: &mut Session, p: &Packet<'_>) -> Option<crate::service::trusted::App
 fn preamble(
     s: &mut Session,
     buffers: &HashMap<BufferId, (SessionId, TraceBuffer)>,
+    relays: &BTreeMap<ConnId, RelayClient>,
     uid: u32,
     now: u64,
     info: &crate::protos::SystemInfo,
@@ -509,6 +517,19 @@ fn preamble(
         }
     }
     s.preamble_done = true;
+    // Relayed machines, each once (see the relay module).
+    let describe = !builtin.disable_system_info.unwrap_or(false);
+    let sync = !builtin.disable_clock_snapshotting.unwrap_or(false);
+    for due in relay::machines_due(relays, &s.machines_described, &s.machines_synced) {
+        if let Some(info) = due.info.filter(|_| describe) {
+            out.push(packets::remote_system_info(uid, due.machine, info));
+            s.machines_described.insert(due.machine);
+        }
+        if let Some(clocks) = due.clocks.filter(|_| sync) {
+            out.push(packets::remote_clock_sync(uid, due.machine, clocks));
+            s.machines_synced.insert(due.machine);
+        }
+    }
     if !builtin.disable_service_events.unwrap_or(false) {
         let mut events: Vec<(u64, Lifecycle)> = s
             .events

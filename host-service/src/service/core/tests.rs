@@ -25,6 +25,7 @@ use crate::service::env::FakeEnvironment;
 use crate::service::shm::SharedMemory;
 
 mod emulation;
+mod relay;
 mod triggers;
 
 const PRODUCER_UID: u32 = 1000;
@@ -206,16 +207,21 @@ impl TestProducer {
     /// A producer on a transport without descriptor passing (TCP): the
     /// service answers with shmem emulation.
     fn connect_emulated(sim: &mut Sim, name: &str, descriptors: &[DataSourceDescriptor]) -> Self {
-        Self::connect_emulated_as(sim, name, descriptors, true)
+        Self::connect_emulated_as(sim, name, descriptors, true, None)
     }
 
+    /// `identity`: a relay announced the producer (before its first call).
     fn connect_emulated_as(
         sim: &mut Sim,
         name: &str,
         descriptors: &[DataSourceDescriptor],
         scraping: bool,
+        identity: Option<RemoteIdentity>,
     ) -> Self {
         let conn = sim.svc.connect_emulated_producer(REMOTE_PEER);
+        if let Some(identity) = identity {
+            sim.svc.set_peer_identity(conn, identity);
+        }
         let init = crate::protos::InitializeConnectionRequest {
             producer_name: Some(name.into()),
             smb_scraping_mode: Some(if scraping { 1 } else { 2 }),

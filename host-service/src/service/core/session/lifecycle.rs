@@ -2,7 +2,7 @@
 //! SMBs), start, stop, the end of a session and its freeing, and the timers
 //! that drive them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 
 use bytes::Bytes;
@@ -158,6 +158,8 @@ impl TracingService {
                 received: 0,
                 not_emitted: 0,
             },
+            machines_described: BTreeSet::new(),
+            machines_synced: BTreeSet::new(),
         };
         self.sessions.insert(id, session);
         if let Some(c) = self.consumer_mut(conn) {
@@ -220,8 +222,24 @@ impl TracingService {
             );
             return;
         }
-        if !ds.machine_name_filter.is_empty() && !ds.machine_name_filter.iter().any(|m| m == "host")
-        {
+        // Machines (upstream's rule since v54): a filter names the machines
+        // ("host" always names this one); without one, only this machine,
+        // unless the config traces all machines.
+        let this_machine = p.machine.id == 0;
+        let machine_matches = if ds.machine_name_filter.is_empty() {
+            this_machine || session.config.trace_all_machines.unwrap_or(false)
+        } else {
+            ds.machine_name_filter
+                .iter()
+                .any(|m| *m == p.machine.name || (this_machine && m == "host"))
+        };
+        if !machine_matches {
+            log::debug!(
+                "{name:?} not set up on producer {:?} of machine {} {:?}",
+                p.name,
+                p.machine.id,
+                p.machine.name
+            );
             return;
         }
         let regexes = session.regexes.get(index).map(Vec::as_slice).unwrap_or(&[]);
@@ -279,6 +297,7 @@ impl TracingService {
         let identity = ProducerIdentity {
             uid: p.uid,
             pid: p.pid,
+            machine_id: p.machine.id,
         };
         if !self.ensure_smb(producer, page_hint) {
             return;

@@ -177,6 +177,8 @@ pub struct ProducerIdentity {
     pub uid: u32,
     /// Its pid (0 if unknown).
     pub pid: i32,
+    /// Its machine id (0: this machine).
+    pub machine_id: u32,
 }
 
 /// Where a `write_into_file` session writes.
@@ -224,9 +226,9 @@ pub struct Session {
     pub stop_epoch: u64,
     /// Packet sequence ids by `(producer, writer)`; 1 is the service's.
     pub sequence_ids: HashMap<(ProducerId, WriterId), u32>,
-    /// The sequence of the last producer packet read: `((producer,
-    /// writer), uid, pid, sequence id)`.
-    pub last_sequence: Option<((ProducerId, WriterId), u32, i32, u32)>,
+    /// The sequence of the last producer packet read: `(producer,
+    /// writer)`, who wrote it, its sequence id.
+    pub last_sequence: Option<((ProducerId, WriterId), ProducerIdentity, u32)>,
     /// Identities of the producers that had instances.
     pub identities: HashMap<ProducerId, ProducerIdentity>,
     /// Lifecycle events, with whether they were emitted.
@@ -263,6 +265,10 @@ pub struct Session {
     pub regexes: Vec<Vec<Regex>>,
     /// Trigger setup and the triggers received.
     pub triggers: SessionTriggers,
+    /// Relayed machines whose `system_info` was written.
+    pub machines_described: BTreeSet<u32>,
+    /// Relayed machines whose `remote_clock_sync` was written.
+    pub machines_synced: BTreeSet<u32>,
 }
 
 impl Session {

@@ -302,8 +302,13 @@ fn a_flush_waits_for_an_emulated_producer_whose_data_sources_have_no_flush() {
 fn a_flush_skips_no_flush_producers_it_can_scrape_or_that_refuse_scraping() {
     let mut sim = Sim::new();
     let mut local = TestProducer::connect(&mut sim, "local", &[no_flush_descriptor("ds")]);
-    let mut remote =
-        TestProducer::connect_emulated_as(&mut sim, "remote", &[no_flush_descriptor("ds")], false);
+    let mut remote = TestProducer::connect_emulated_as(
+        &mut sim,
+        "remote",
+        &[no_flush_descriptor("ds")],
+        false,
+        None,
+    );
     let c = TestConsumer::enable(&mut sim, config("ds", 1024, |_| {}));
     local.commands(&mut sim);
     remote.commands(&mut sim);
