@@ -86,10 +86,11 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use shmtrace_abi::layout::PageLayout;
+use shmtrace_abi::layout::{PageLayout, PageSize};
 use shmtrace_ipc::protos::{
     self as pb, get_async_command_response::Cmd, producer_port, ProducerPort,
 };
+use shmtrace_ipc::shm::{Adoption, SharedMemory, ShmError};
 use shmtrace_ipc::socket::Stream;
 use shmtrace_ipc::{Binding, Client, ClientError, PendingCall, SocketAddress};
 
@@ -98,7 +99,6 @@ use crate::connection::proto::{commit_proto, decode_config, descriptor_proto, em
 use crate::error::ConnectError;
 use crate::runtime::runtime;
 use crate::smb::arbiter::{forbid_stalls_on_this_thread, Arbiter, ArbiterCounters};
-use crate::smb::shm::SharedMemory;
 use crate::track_event::startup::StartupTracing;
 
 /// Size of the private SMB under shmem emulation (`kShmemEmulationSize`).
@@ -951,12 +951,13 @@ impl Session {
                 }
                 let kb = s.shared_buffer_page_size_kb.unwrap_or(4);
                 let page = usize::try_from(kb).map_or(usize::MAX, |kb| kb.saturating_mul(1024));
+                let page = PageSize::new(page).map_err(ShmError::from)?;
                 let shm = match (fd, self.emulation) {
-                    (Some(fd), false) => SharedMemory::map(fd, page)?,
-                    (_, true) => SharedMemory::heap(EMULATION_SMB_SIZE, page, true)?,
+                    (Some(fd), false) => SharedMemory::adopt(fd, page, Adoption::ByProducer)?,
+                    (_, true) => SharedMemory::heap(EMULATION_SMB_SIZE, page)?,
                     (None, false) => return Err(ConnectError::NoSmb),
                 };
-                let arbiter = rt.setup_smb(shm, config.page_layout);
+                let arbiter = rt.setup_smb(shm, self.emulation, config.page_layout);
                 *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(arbiter);
             }
             Cmd::SetupDataSource(s) => {
@@ -1440,9 +1441,9 @@ mod tests {
     #[test]
     fn emulated_commits_cross_a_real_socket_in_frames_the_service_accepts() {
         let (client, port, service) = connected_to_fake_service();
-        let shm = SharedMemory::heap(EMULATION_SMB_SIZE, 4096, true).unwrap();
+        let shm = SharedMemory::heap(EMULATION_SMB_SIZE, PageSize::DEFAULT).unwrap();
         let outbox = Arc::new(crate::connection::outbox::Outbox::new());
-        let arbiter = Arbiter::new(shm, PageLayout::Div1, outbox);
+        let arbiter = Arbiter::new(shm, true, PageLayout::Div1, outbox);
         assert!(arbiter.is_emulated());
         // ~600 KiB of chunk bytes: one request would be ~5 frames too big.
         let req = CommitRequest {

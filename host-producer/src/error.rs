@@ -3,44 +3,9 @@
 use std::io;
 use std::time::Duration;
 
-use shmtrace_abi::smb::SmbError;
+use shmtrace_ipc::shm::ShmError;
 use shmtrace_ipc::ClientError;
 use thiserror::Error;
-
-/// The shared memory buffer the service offered could not be used.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum SmbSetupError {
-    /// The page size is not a multiple of 4096 in 4096..=65536.
-    #[error("invalid SMB page size {0} bytes")]
-    BadPageSize(usize),
-    /// The size is zero, not a multiple of the page size, or above 32 MiB.
-    #[error("invalid SMB size {0} bytes")]
-    BadSize(usize),
-    /// The SMB fd has no seals to read: it is not a memfd (a pipe, a
-    /// directory, a file on disk, …), so nothing stops the service from
-    /// shrinking it under the mapping.
-    #[error("the SMB fd is not a sealable memfd: {0}")]
-    NotMemfd(#[source] io::Error),
-    /// The SMB memfd is not sealed against shrinking and cannot be sealed
-    /// (created without `MFD_ALLOW_SEALING`, or `F_SEAL_SEAL` is set):
-    /// the service could shrink it under the mapping, and a write past the
-    /// new end would kill the program with `SIGBUS`.
-    #[error("the SMB memfd is not sealed against shrinking and cannot be sealed: {0}")]
-    NotSealed(#[source] io::Error),
-    /// `fstat` on the SMB fd failed.
-    #[error("cannot stat the SMB fd: {0}")]
-    Stat(#[source] io::Error),
-    /// `mmap` of the SMB fd failed.
-    #[error("cannot map the SMB: {0}")]
-    Map(#[source] io::Error),
-    /// Private SMB memory could not be allocated.
-    #[error("cannot allocate {0} bytes of SMB memory")]
-    OutOfMemory(usize),
-    /// The mapping does not form a valid SMB.
-    #[error("invalid SMB geometry: {0}")]
-    Geometry(SmbError),
-}
 
 /// A data source could not be registered.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -71,9 +36,10 @@ pub enum ConnectError {
     /// asking for shmem emulation).
     #[error("the service sent SetupTracing without a shared memory buffer")]
     NoSmb,
-    /// The service's SMB could not be used.
+    /// The service's SMB could not be used: not a memfd, one that could
+    /// shrink, or not a valid SMB of the page size it announced.
     #[error(transparent)]
-    Smb(#[from] SmbSetupError),
+    Smb(#[from] ShmError),
     /// The service sent a second `SetupTracing` on one connection (it sets
     /// up one SMB per producer; upstream's producer aborts on this).
     #[error("the service sent SetupTracing twice on one connection")]
@@ -104,7 +70,7 @@ pub enum ConnectError {
     /// The buffer of [`StartupTracing`](crate::StartupTracing) could not
     /// be made.
     #[error("cannot make the startup tracing buffer: {0}")]
-    StartupBuffer(#[source] SmbSetupError),
+    StartupBuffer(#[source] ShmError),
 }
 
 impl ConnectError {

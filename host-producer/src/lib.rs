@@ -30,9 +30,9 @@
 //! * `encoding/`: track event encoding: `event` (`SequenceState`, the
 //!   general path; `event/fast`, the hand-tuned encoders), `intern`,
 //!   `annotation`.
-//! * `smb/`: the shared memory and its writers: `shm` (the mapping),
-//!   `arbiter` (chunks, commits, writer ids), `writer` (writer cells,
-//!   deferred work), `cell_lock` (their membarrier/Dekker lock).
+//! * `smb/`: the shared memory's writers: `arbiter` (chunks, commits,
+//!   writer ids), `writer` (writer cells, deferred work), `cell_lock`
+//!   (their membarrier/Dekker lock).
 //! * `connection/`: `outbox` (ordered messages to the service and their
 //!   payloads), `proto` (pure conversions to and from the protocol's
 //!   messages); `connection` itself is the I/O shell (sockets, threads).
@@ -49,8 +49,9 @@
 //! * `integrations/`: the `tracing` layer and the `log` logger.
 //!
 //! The protobuf encoder, the trace writer (fragmentation, patches, drop
-//! mode) and the SMB state machine are `shmtrace-abi`'s; the IPC client and
-//! messages are `shmtrace-ipc`'s.
+//! mode) and the SMB state machine are `shmtrace-abi`'s; the IPC client,
+//! messages and the shared memory itself (`SharedMemory`: the mapping of
+//! the service's memfd, or private memory) are `shmtrace-ipc`'s.
 
 #![deny(missing_docs)]
 
@@ -87,7 +88,7 @@ pub use data_source::{
 };
 pub use encoding::annotation::{Arg, ArgName, DebugValue};
 pub use encoding::event::{CounterValue, EventContext, EventName, EventType};
-pub use error::{ConnectError, RegisterError, SmbSetupError};
+pub use error::{ConnectError, RegisterError};
 #[cfg(feature = "log")]
 pub use integrations::logger;
 #[cfg(feature = "tracing")]
@@ -95,6 +96,8 @@ pub use integrations::tracing_layer;
 #[cfg(feature = "tracing")]
 pub use integrations::tracing_layer::TracingLayer;
 pub use runtime::{stats, MAX_PENDING_TRIGGERS};
+/// Why an SMB could not be used ([`ConnectError::Smb`]).
+pub use shmtrace_ipc::shm::ShmError;
 pub use smb::arbiter::{BufferExhaustedPolicy, WriterArbiter};
 pub use smb::writer::ProducerSink;
 pub use stats::ProducerStats;

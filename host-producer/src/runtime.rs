@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::layout::PageLayout;
+use shmtrace_ipc::shm::SharedMemory;
 
 use crate::connection::outbox::{DescriptorInfo, Outbox, Outgoing};
 use crate::data_source::registry::{registry, TypeRegistry};
 use crate::data_source::DataSourceConfig;
 use crate::smb::arbiter::Arbiter;
-use crate::smb::shm::SharedMemory;
 use crate::stats::ProducerStats;
 
 /// Triggers [`activate_triggers`](crate::activate_triggers) keeps while no
@@ -232,11 +232,17 @@ impl Runtime {
         self.outbox().set_closed(false);
     }
 
-    /// SetupTracing: from now on writers use `shm`.
-    pub(crate) fn setup_smb(&self, shm: SharedMemory, layout: PageLayout) -> Arc<Arbiter> {
+    /// SetupTracing: from now on writers use `shm` (`emulated`: shmem
+    /// emulation, its chunks travel inside `CommitData`).
+    pub(crate) fn setup_smb(
+        &self,
+        shm: SharedMemory,
+        emulated: bool,
+        layout: PageLayout,
+    ) -> Arc<Arbiter> {
         let chunks = shm.smb().num_pages() * layout.num_chunks();
         self.outbox().reserve(chunks);
-        let arbiter = Arbiter::new(shm, layout, self.outbox().clone());
+        let arbiter = Arbiter::new(shm, emulated, layout, self.outbox().clone());
         if let Some(old) = self.arbiter_slot().replace(arbiter.clone()) {
             old.close();
         }

@@ -18,7 +18,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout};
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize};
+use shmtrace_service::ipc::shm::{Adoption, SharedMemory};
 use shmtrace_service::ipc::{Call, PeerCredentials};
 use shmtrace_service::protos::commit_data_request::ChunksToMove;
 use shmtrace_service::protos::get_async_command_response::Cmd;
@@ -28,7 +29,6 @@ use shmtrace_service::service::buffer::{
 };
 use shmtrace_service::service::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService};
 use shmtrace_service::service::env::SystemEnvironment;
-use shmtrace_service::service::shm::SharedMemory;
 
 const CHUNKS: usize = 64;
 const CHUNK: usize = 4088;
@@ -75,7 +75,7 @@ impl World {
             svc,
             producer,
             consumer,
-            smb: SharedMemory::create(4096, 4096).unwrap(),
+            smb: SharedMemory::heap(4096, PageSize::DEFAULT).unwrap(),
             buffer: 0,
             next: 1,
         };
@@ -127,7 +127,9 @@ impl World {
             };
             match resp.cmd {
                 Some(Cmd::SetupTracing(_)) => {
-                    w.smb = SharedMemory::adopt(fd.unwrap(), 4096).unwrap()
+                    w.smb =
+                        SharedMemory::adopt(fd.unwrap(), PageSize::DEFAULT, Adoption::ByProducer)
+                            .unwrap()
                 }
                 Some(Cmd::SetupDataSource(s)) => {
                     let c = <protos::DataSourceConfig as prost::Message>::decode(s.config.unwrap())
@@ -156,7 +158,7 @@ impl World {
 
     /// Producer side (untimed): fills and publishes `CHUNKS` chunks.
     fn publish(&mut self, payload: &[u8], count: u16, first_id: u32) -> protos::CommitDataRequest {
-        let smb = self.smb.smb().unwrap();
+        let smb = self.smb.smb();
         let mut req = protos::CommitDataRequest::default();
         for i in 0..CHUNKS {
             let header = ChunkHeaderRepr {

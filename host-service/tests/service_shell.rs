@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
-use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout};
+use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, PageSize};
 use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::trace::trace_packet;
 use shmtrace_abi::writer::{ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
+use shmtrace_service::ipc::shm::{Adoption, SharedMemory};
 use shmtrace_service::ipc::{Client, SocketAddress};
 use shmtrace_service::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use shmtrace_service::protos::get_async_command_response::Cmd;
@@ -25,7 +26,6 @@ use shmtrace_service::protos::{
     self, consumer_port, producer_port, trace_config, ConsumerPort, ProducerPort,
 };
 use shmtrace_service::service::shell::{self, ShellConfig};
-use shmtrace_service::service::shm::SharedMemory;
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(10));
 
@@ -208,11 +208,9 @@ fn a_session_over_real_sockets() {
     let Some(Cmd::SetupTracing(s)) = setup.message.cmd else {
         panic!("{:?}", setup.message)
     };
-    let mut shm = SharedMemory::adopt(
-        setup.fd.expect("the SMB fd"),
-        s.shared_buffer_page_size_kb.unwrap() * 1024,
-    )
-    .unwrap();
+    let page = PageSize::new(s.shared_buffer_page_size_kb.unwrap() as usize * 1024).unwrap();
+    let shm =
+        SharedMemory::adopt(setup.fd.expect("the SMB fd"), page, Adoption::ByProducer).unwrap();
     assert_eq!(shm.len(), 256 * 1024, "upstream's default SMB size");
     let setup_ds = commands.next(WAIT).unwrap().unwrap();
     let Some(Cmd::SetupDataSource(ds)) = setup_ds.message.cmd else {
@@ -231,10 +229,9 @@ fn a_session_over_real_sockets() {
         .collect();
     let log = Rc::new(RefCell::new(protos::CommitDataRequest::default()));
     {
-        let smb = shm.smb().unwrap();
         let mut w: TraceWriter<'_, _> = TraceWriter::new(
             Arbiter {
-                smb: &smb,
+                smb: shm.smb(),
                 log: log.clone(),
             },
             1,

@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, MAX_WRITER_ID};
 use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred};
+use shmtrace_ipc::shm::SharedMemory;
 
 use crate::connection::outbox::{ChunkToMove, ChunkToPatch, Outbox, PatchEntry};
 use crate::smb::cell_lock::{lock_mode, taker_fence};
-use crate::smb::shm::SharedMemory;
 use crate::smb::writer::WriterCell;
 use crate::stats::ProducerStats;
 
@@ -134,7 +134,11 @@ impl WriterIds {
 
 /// One SMB and everything about how this producer uses it.
 pub(crate) struct Arbiter {
+    /// Owned here, in the `Arc`'s allocation: every `WriterArbiter`'s
+    /// `'static` view points into it (see `Arbiter::writer_arbiter`).
     shm: SharedMemory,
+    /// Shmem emulation: chunks travel inside `CommitData`.
+    emulated: bool,
     layout: PageLayout,
     cursor: AtomicUsize,
     outbox: Arc<Outbox>,
@@ -149,9 +153,17 @@ pub(crate) struct Arbiter {
 }
 
 impl Arbiter {
-    pub(crate) fn new(shm: SharedMemory, layout: PageLayout, outbox: Arc<Outbox>) -> Arc<Self> {
+    /// The arbiter of `shm`, `emulated` if its chunks travel inside
+    /// `CommitData` (shmem emulation, startup tracing).
+    pub(crate) fn new(
+        shm: SharedMemory,
+        emulated: bool,
+        layout: PageLayout,
+        outbox: Arc<Outbox>,
+    ) -> Arc<Self> {
         Arc::new(Arbiter {
             shm,
+            emulated,
             layout,
             cursor: AtomicUsize::new(0),
             outbox,
@@ -163,7 +175,7 @@ impl Arbiter {
         })
     }
 
-    pub(crate) fn smb(&self) -> &Smb<'static> {
+    pub(crate) fn smb(&self) -> &Smb<'_> {
         self.shm.smb()
     }
 
@@ -172,7 +184,7 @@ impl Arbiter {
     }
 
     pub(crate) fn is_emulated(&self) -> bool {
-        self.shm.is_emulated()
+        self.emulated
     }
 
     /// `true` if some chunk is committed and not yet freed (`Complete` or
@@ -239,11 +251,16 @@ impl Arbiter {
     pub(crate) fn writer_arbiter(self: &Arc<Self>, policy: BufferExhaustedPolicy) -> WriterArbiter {
         WriterArbiter {
             // SAFETY: `self.shm` lives inside this `Arc`'s allocation, which
-            // never moves, and the `WriterArbiter` keeps a clone of the `Arc`
-            // (`arbiter`) as long as it keeps `smb`. The chunks it hands out
-            // go to the `TraceWriter` of a `WriterInner`, which holds its own
-            // clone of the `Arc` in a field declared after (so dropped after)
-            // the writer.
+            // never moves and is dropped only with the last clone of the
+            // `Arc`; nothing borrows it mutably (an `Arc` lends `&` only, and
+            // `Arc::get_mut` fails while another clone lives). The
+            // `WriterArbiter` keeps a clone of the `Arc` (`arbiter`) as long
+            // as it keeps `smb`. The chunks it hands out go to the
+            // `TraceWriter` that owns this `WriterArbiter` (or back to it in
+            // `commit_chunk`; nothing else stores them), so they are gone
+            // before it is; the `WriterInner` of a writer cell holds one more
+            // clone of the `Arc`, in a field declared after (so dropped
+            // after) its writer.
             smb: unsafe { self.shm.smb_static() },
             arbiter: self.clone(),
             policy,
@@ -446,8 +463,8 @@ pub(crate) fn forbid_stalls_on_this_thread() {
 /// through [`ProducerSink`](crate::ProducerSink), the type TrackEvent fields
 /// are written into.
 pub struct WriterArbiter {
-    // `smb` borrows from `arbiter`'s shared memory; the Arc keeps it alive
-    // (see `shm` module invariants).
+    // `smb` points into `arbiter`'s shared memory; the Arc next to it keeps
+    // that alive (see `Arbiter::writer_arbiter`).
     smb: &'static Smb<'static>,
     arbiter: Arc<Arbiter>,
     policy: BufferExhaustedPolicy,

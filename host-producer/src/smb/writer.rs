@@ -395,15 +395,15 @@ mod tests {
     use super::*;
     use crate::connection::outbox::Outbox;
     use crate::smb::arbiter::BufferExhaustedPolicy;
-    use crate::smb::shm::SharedMemory;
-    use shmtrace_abi::layout::PageLayout;
+    use shmtrace_abi::layout::{PageLayout, PageSize};
+    use shmtrace_ipc::shm::SharedMemory;
     use std::sync::atomic::{AtomicU64, AtomicUsize};
 
     /// A cell of `mode` over a private 16 KiB SMB and outbox (no runtime
     /// involved), and its arbiter.
     pub(super) fn cell_and_arbiter(mode: LockMode) -> (Arc<WriterCell>, Arc<Arbiter>) {
-        let shm = SharedMemory::heap(16 * 1024, 4096, false).expect("heap SMB");
-        let arbiter = Arbiter::new(shm, PageLayout::Div1, Arc::new(Outbox::new()));
+        let shm = SharedMemory::heap(16 * 1024, PageSize::DEFAULT).expect("heap SMB");
+        let arbiter = Arbiter::new(shm, false, PageLayout::Div1, Arc::new(Outbox::new()));
         let id = arbiter.alloc_writer_id().expect("writer id");
         let writer = TraceWriter::new(arbiter.writer_arbiter(BufferExhaustedPolicy::Drop), id, 1)
             .expect("writer");

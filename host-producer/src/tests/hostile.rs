@@ -17,17 +17,19 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message as _;
 use rustix::fs::{MemfdFlags, SealFlags};
+use shmtrace_abi::layout::PageSizeError;
 use shmtrace_ipc::frame::FrameError;
 use shmtrace_ipc::frame::{encode_frame, invoke_method_reply_frame};
 use shmtrace_ipc::host::{HostConnection, PendingReply, ServiceTable};
 use shmtrace_ipc::protos::get_async_command_response::{self as gac, Cmd};
 use shmtrace_ipc::protos::{self as pb, producer_port::Request, ProducerPort};
+use shmtrace_ipc::shm::ShmError;
 use shmtrace_ipc::socket::{recv_into, send_queued, Listener, Received, SocketAddress, Stream};
 use shmtrace_ipc::{ClientError, ProtocolError};
 
 use super::loopback::serial;
 use crate::connection::{run_connections, Limits, Status, FAIL_WATCHDOG_SPAWNS};
-use crate::error::{ConnectError, SmbSetupError};
+use crate::error::ConnectError;
 use crate::{trace_event, trace_instant, track_event, Category, ProducerConfig};
 
 static H_APP: Category = Category::new("hostile.app");
@@ -520,34 +522,50 @@ fn an_unusable_smb_costs_the_connection_only() {
             "a memfd that cannot be sealed",
             4,
             Some(memfd(MemfdFlags::empty(), 256 * 1024)),
-            |e| matches!(e, ConnectError::Smb(SmbSetupError::NotSealed(_))),
+            |e| matches!(e, ConnectError::Smb(ShmError::CannotSeal(_))),
         ),
         ("a socket", 4, Some(socket()), |e| {
-            matches!(e, ConnectError::Smb(SmbSetupError::NotMemfd(_)))
+            matches!(e, ConnectError::Smb(ShmError::NotMemfd(_)))
         }),
         ("a directory", 4, Some(dir()), |e| {
-            matches!(e, ConnectError::Smb(SmbSetupError::NotMemfd(_)))
+            matches!(e, ConnectError::Smb(ShmError::NotMemfd(_)))
         }),
         ("an empty memfd", 4, Some(sealed_memfd(0)), |e| {
-            matches!(e, ConnectError::Smb(SmbSetupError::BadSize(0)))
+            matches!(e, ConnectError::Smb(ShmError::InvalidSize { size: 0, .. }))
         }),
         (
             "a size not a multiple of the page",
             4,
             Some(sealed_memfd(5000)),
-            |e| matches!(e, ConnectError::Smb(SmbSetupError::BadSize(5000))),
+            |e| {
+                matches!(
+                    e,
+                    ConnectError::Smb(ShmError::InvalidSize { size: 5000, .. })
+                )
+            },
         ),
         ("page size 0", 0, Some(sealed_memfd(65536)), |e| {
-            matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(0)))
+            matches!(
+                e,
+                ConnectError::Smb(ShmError::PageSize(PageSizeError::TooSmall(0)))
+            )
         }),
         ("page size 3 KiB", 3, Some(sealed_memfd(65536)), |e| {
-            matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(3072)))
+            matches!(
+                e,
+                ConnectError::Smb(ShmError::PageSize(PageSizeError::TooSmall(3072)))
+            )
         }),
         (
             "page size u32::MAX KiB",
             u32::MAX,
             Some(sealed_memfd(65536)),
-            |e| matches!(e, ConnectError::Smb(SmbSetupError::BadPageSize(_))),
+            |e| {
+                matches!(
+                    e,
+                    ConnectError::Smb(ShmError::PageSize(PageSizeError::TooLarge(_)))
+                )
+            },
         ),
     ];
     for (what, page_kb, fd, check) in cases {
@@ -895,7 +913,7 @@ fn a_bad_service_is_retried_and_a_good_one_traces() {
     assert!(bad.closed_by_producer());
     assert!(matches!(
         *conn.ended(1),
-        ConnectError::Smb(SmbSetupError::NotSealed(_))
+        ConnectError::Smb(ShmError::CannotSeal(_))
     ));
     // The same socket now behaves: the producer comes back by itself.
     let mut good = service.accept();

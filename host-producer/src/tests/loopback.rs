@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use shmtrace_abi::layout::PageLayout;
+use shmtrace_abi::layout::{PageLayout, PageSize};
 use shmtrace_abi::reader::{apply_patches, FragmentEvent, Fragments};
+use shmtrace_ipc::shm::SharedMemory;
 
 use crate::connection::outbox::Outgoing;
 use crate::data_source::DataSourceConfig;
 use crate::runtime::runtime;
 use crate::smb::arbiter::Arbiter;
-use crate::smb::shm::SharedMemory;
 use crate::track_event::filter::TrackEventConfig;
 
 /// Serializes tests that use the process-wide runtime.
@@ -130,8 +130,8 @@ impl Loopback {
     pub(crate) fn new(size: usize, layout: PageLayout, emulated: bool) -> Self {
         let rt = runtime();
         rt.connected();
-        let shm = SharedMemory::heap(size, 4096, emulated).unwrap();
-        let arbiter = rt.setup_smb(shm, layout);
+        let shm = SharedMemory::heap(size, PageSize::DEFAULT).unwrap();
+        let arbiter = rt.setup_smb(shm, emulated, layout);
         let received = Arc::new(Mutex::new(Received::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let pump = {
@@ -162,8 +162,8 @@ impl Loopback {
     pub(crate) fn manual(size: usize, layout: PageLayout) -> Self {
         let rt = runtime();
         rt.connected();
-        let shm = SharedMemory::heap(size, 4096, false).unwrap();
-        let arbiter = rt.setup_smb(shm, layout);
+        let shm = SharedMemory::heap(size, PageSize::DEFAULT).unwrap();
+        let arbiter = rt.setup_smb(shm, false, layout);
         Loopback {
             arbiter,
             received: Arc::new(Mutex::new(Received::default())),

@@ -56,13 +56,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
+use shmtrace_abi::layout::{
+    ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,
+};
+use shmtrace_ipc::shm::SharedMemory;
 
 use crate::connection::outbox::{ChunkToPatch, Outbox, Outgoing};
 use crate::data_source::{DataSourceConfig, DataSourceType, Instance, STARTUP_INSTANCE_ID};
 use crate::error::ConnectError;
 use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
-use crate::smb::shm::SharedMemory;
 use crate::stats::COUNTERS;
 use crate::track_event::data_source::track_event_type;
 use crate::track_event::filter::TrackEventConfig;
@@ -71,7 +73,7 @@ use crate::track_event::filter::TrackEventConfig;
 const COPY_STALL: Duration = Duration::from_secs(1);
 
 /// The page size of the startup buffer.
-const PAGE_SIZE: usize = 4096;
+const PAGE: PageSize = PageSize::DEFAULT;
 
 /// How tracing starts before a session reaches the program (see the module
 /// docs). Set [`ProducerConfig::startup_tracing`](crate::ProducerConfig::startup_tracing)
@@ -148,11 +150,12 @@ pub(crate) fn begin(
     if st.pending.is_some() || st.copying {
         return Ok(());
     }
-    let size = cfg.buffer_size.max(PAGE_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-    let shm = SharedMemory::heap(size, PAGE_SIZE, true).map_err(ConnectError::StartupBuffer)?;
+    let page = PAGE.get();
+    let size = cfg.buffer_size.max(page).div_ceil(page) * page;
+    let shm = SharedMemory::heap(size, PAGE).map_err(ConnectError::StartupBuffer)?;
     let outbox = Arc::new(Outbox::new());
     outbox.reserve(shm.smb().num_pages() * layout.num_chunks());
-    let arbiter = Arbiter::new(shm, layout, outbox);
+    let arbiter = Arbiter::new(shm, true, layout, outbox);
     let config = DataSourceConfig {
         name: crate::TRACK_EVENT_DATA_SOURCE.to_owned(),
         track_event_config: Some(cfg.categories.clone()),

@@ -33,6 +33,13 @@
 //!   `SCM_RIGHTS`, `SO_PEERCRED`.
 //! * [`connection`]: a ready-made blocking [`Client`] with a reader thread.
 //!
+//! Beside the socket, the memory both ends share:
+//!
+//! * [`shm`]: the shared memory buffer (SMB) of a connection — the service
+//!   creates and seals a memfd, the producer adopts the fd it receives
+//!   (or uses private memory under shmem emulation) — and the
+//!   [`Smb`](shmtrace_abi::smb::Smb) view every access goes through.
+//!
 //! Nothing here panics on input from the peer: every malformation is an
 //! error for that connection only.
 
@@ -46,6 +53,7 @@ pub mod host;
 pub mod outq;
 pub mod protos;
 pub mod rpc;
+pub mod shm;
 pub mod socket;
 
 pub use client::{ClientCore, ServiceBinding};
@@ -53,6 +61,7 @@ pub use connection::{Binding, Client, ClientError, PendingCall, ProtocolError, R
 pub use frame::{FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use host::{Call, HostConnection, PeerIdentity, PendingReply, ServiceTable};
 pub use outq::OutQueue;
+pub use shm::{Adoption, SharedMemory, ShmError};
 pub use socket::{Listener, PeerCredentials, SocketAddress};
 
 #[doc(hidden)]

@@ -11,7 +11,7 @@
 //! File descriptors pass through the core as opaque [`OwnedFd`] handles:
 //! received with a call (a producer's SMB, a consumer's trace file), sent
 //! with a reply (the SMB the service made), and only ever used here or in
-//! [`super::shm`].
+//! [`shmtrace_ipc::shm`].
 // `unsafe` here: the rdtsc instruction (clock snapshots).
 #![allow(unsafe_code)]
 
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::time::ClockId;
 
-use super::shm::{SharedMemory, ShmError};
+use super::shm::{self, SharedMemory, ShmError};
 
 /// A boot-clock timestamp in nanoseconds (`CLOCK_BOOTTIME`): the service's
 /// time base for timers and the packets it writes.
@@ -48,8 +48,8 @@ pub trait Environment {
     /// [`ensure_valid_sizes`](super::shm::ensure_valid_sizes) returned), and
     /// a descriptor of it to send to its producer.
     fn create_smb(&self, size: usize, page_size: usize) -> Result<NewSmb, ShmError> {
-        let shm = SharedMemory::create(size, page_size)?;
-        let fd = shm.dup_fd().map_err(ShmError::Dup)?;
+        let shm = shm::create(size, page_size)?;
+        let fd = shm.dup_fd()?;
         Ok(NewSmb { shm, fd })
     }
 
@@ -57,7 +57,7 @@ pub trait Environment {
     /// `page_size_hint` bytes, if it is sealed and sized as the service
     /// would have made it.
     fn adopt_smb(&self, fd: OwnedFd, page_size_hint: u32) -> Result<SharedMemory, ShmError> {
-        SharedMemory::adopt(fd, page_size_hint)
+        shm::adopt(fd, page_size_hint)
     }
 
     /// The file a `write_into_file` session writes: the descriptor the

@@ -21,14 +21,16 @@
 //!   trusted appendix reads back the appended values.
 
 use prost::Message;
-use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, CHUNK_HEADER_SIZE};
+use shmtrace_abi::layout::{
+    ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,
+};
 
 use super::buffer::{ChunkCommit, CommitOutcome, FillPolicy, ReadMode, ReadStatus, TraceBuffer};
 use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, MAX_EMULATED_CHUNK};
 use super::env::FakeEnvironment;
-use super::shm::SharedMemory;
 use super::trusted::TrustedFields;
 use super::validator::{validate, InvalidPacket, RESERVED_FIELDS};
+use crate::ipc::shm::{Adoption, SharedMemory};
 use crate::ipc::{Call, PeerCredentials};
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use crate::protos::get_async_command_response::Cmd;
@@ -494,7 +496,7 @@ impl SmbWorld {
             remote: ConnId(0),
             remote_hostile: ConnId(0),
             consumer: ConnId(0),
-            honest_smb: SharedMemory::create(64 * 1024, 4096).expect("memfd"),
+            honest_smb: SharedMemory::heap(64 * 1024, PageSize::DEFAULT).expect("memory"),
             hostile_fd: rustix::fs::memfd_create("unused", rustix::fs::MemfdFlags::CLOEXEC)
                 .expect("memfd"),
             hostile_len: 1,
@@ -595,7 +597,9 @@ impl SmbWorld {
                 Some(Cmd::SetupTracing(_)) => {
                     let fd = fd.expect("SetupTracing carries the SMB");
                     if conn == w.honest {
-                        w.honest_smb = SharedMemory::adopt(fd, 4096).expect("maps");
+                        w.honest_smb =
+                            SharedMemory::adopt(fd, PageSize::DEFAULT, Adoption::ByProducer)
+                                .expect("maps");
                     } else {
                         w.hostile_len = rustix::fs::fstat(&fd)
                             .map(|s| s.st_size as u64)
@@ -679,9 +683,7 @@ impl SmbWorld {
     /// Writes one chunk with `payload` (one fragment) and commits it;
     /// `false` if the SMB had no free chunk.
     fn honest_commit(&mut self, chunk_id: u32, payload: &[u8]) -> bool {
-        let Ok(smb) = self.honest_smb.smb() else {
-            return false;
-        };
+        let smb = self.honest_smb.smb();
         let Some(packets) = Packets::new(1, ChunkFlags::EMPTY) else {
             return false;
         };

@@ -8,7 +8,9 @@
 //! * [`validator`]: which producer packets are returned (Perfetto's
 //!   `PacketStreamValidator`).
 //! * [`trusted`]: the trusted fields appended to every producer packet.
-//! * [`shm`]: producers' shared memory buffers (sealed memfds).
+//! * [`shm`]: the service's policy for producers' shared memory buffers
+//!   (sizes it creates, what it adopts); the memory itself is
+//!   [`shmtrace_ipc::shm`].
 //! * [`env`](mod@env): clocks and randomness, real or fake.
 //! * [`core`]: the whole service behaviour, sans-IO: producer and consumer
 //!   ports, sessions, flush/stop protocols, readback and `write_into_file`.

@@ -134,8 +134,8 @@ impl TracingService {
         chunk: usize,
         target: u32,
     ) -> Result<Taken, CommitError> {
-        // Out of the producer while it is read (its view borrows it
-        // mutably), back in afterwards.
+        // Out of the producer while it is read (its view borrows it, and
+        // the copy borrows `self`), back in afterwards.
         let Some(mut shm) = self.producers.get_mut(&producer).and_then(|p| p.smb.take()) else {
             return Ok(Taken::Nothing);
         };
@@ -158,9 +158,7 @@ impl TracingService {
         let Some(p) = self.producers.get(&producer) else {
             return Ok(Taken::Nothing);
         };
-        let smb = shm
-            .smb()
-            .map_err(|source| CommitError::SmbUnusable { producer, source })?;
+        let smb = shm.smb();
         // Complete → BeingRead; anything else (out of range, not complete)
         // is ignored, as upstream does.
         let Ok(readable) = smb.try_acquire_chunk_for_reading(page, chunk) else {
@@ -283,11 +281,10 @@ impl TracingService {
             return;
         }
         let Some(shm) = p.smb.as_mut() else { return };
-        let Ok(mut smb) = shm.smb() else { return };
         let writers = p.writers.clone();
         let mut found = Vec::new();
-        let mut dst = vec![0u8; smb.page_size().get()];
-        let result = smb.scrape_all(&mut dst, |scraped, bytes| {
+        let mut dst = vec![0u8; shm.page_size().get()];
+        let result = shm.scrape_all(&mut dst, |scraped, bytes| {
             let Some(&buffer) = writers.get(&scraped.header.writer_id) else {
                 return;
             };

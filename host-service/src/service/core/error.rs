@@ -9,7 +9,7 @@
 //! * [`PeerFault`]: why [`Output::Disconnect`](super::Output::Disconnect)
 //!   closes a connection.
 
-use shmtrace_abi::smb::{CopyError, SmbError};
+use shmtrace_abi::smb::CopyError;
 use shmtrace_abi::sync::ReleaseError;
 use thiserror::Error;
 
@@ -176,14 +176,6 @@ pub enum ConfigError {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CommitError {
-    /// The producer's SMB cannot be viewed.
-    #[error("producer {producer}: SMB unusable: {source}")]
-    SmbUnusable {
-        /// The producer.
-        producer: ProducerId,
-        /// Why.
-        source: SmbError,
-    },
     /// The producer changed a chunk's page while the service read it
     /// (upstream `PERFETTO_CHECK`-fails here, in `SharedMemoryABI::ReleaseChunk`,
     /// src/tracing/core/shared_memory_abi.cc).

@@ -8,12 +8,13 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use prost::Message as _;
-use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout};
+use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, PageSize};
 use shmtrace_abi::smb::{Smb, WritableChunk};
 use shmtrace_abi::writer::{ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
 
 use super::*;
 use crate::ipc::rpc::ServiceRequest;
+use crate::ipc::shm::{Adoption, SharedMemory};
 use crate::ipc::Call;
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use crate::protos::get_async_command_response::Cmd;
@@ -22,7 +23,6 @@ use crate::protos::{
     consumer_port, producer_port, trace_config, DataSourceDescriptor, TraceConfig,
 };
 use crate::service::env::FakeEnvironment;
-use crate::service::shm::SharedMemory;
 
 mod emulation;
 mod relay;
@@ -273,10 +273,12 @@ impl TestProducer {
                 let shm = if self.emulated {
                     assert!(got.fd.is_none(), "no SMB under shmem emulation");
                     // Upstream's emulated producers keep a private 1 MiB.
-                    SharedMemory::create(1 << 20, page as usize).expect("private buffer")
+                    SharedMemory::heap(1 << 20, PageSize::new(page as usize).unwrap())
+                        .expect("private buffer")
                 } else {
                     let fd = got.fd.expect("SetupTracing carries the SMB");
-                    SharedMemory::adopt(fd, page).expect("the SMB maps")
+                    let page = PageSize::new(page as usize).unwrap();
+                    SharedMemory::adopt(fd, page, Adoption::ByProducer).expect("the SMB maps")
                 };
                 self.smb = Some(RefCell::new(shm));
             } else {
@@ -313,9 +315,8 @@ impl TestProducer {
         packets: &[&[u8]],
         flush: bool,
     ) -> crate::protos::CommitDataRequest {
-        let mut shm = self.smb.as_ref().expect("SMB set up").borrow_mut();
-        let smb = shm.smb().expect("smb");
-        let (mut w, log) = Arbiter::writer(&smb, writer_id, buffer, self.emulated);
+        let shm = self.smb.as_ref().expect("SMB set up").borrow();
+        let (mut w, log) = Arbiter::writer(shm.smb(), writer_id, buffer, self.emulated);
         for p in packets {
             // Big payloads go in a nested message, whose size field is
             // patched when it spans chunks.
@@ -1029,9 +1030,8 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     p.register_writer(&mut sim, 1, buffer);
     // A whole packet, then one that is still being written (9 KB so far,
     // across chunks) when the producer dies.
-    let mut shm = p.smb.as_ref().unwrap().borrow_mut();
-    let smb = shm.smb().unwrap();
-    let (mut w, log) = Arbiter::writer(&smb, 1, buffer, false);
+    let shm = p.smb.as_ref().unwrap().borrow();
+    let (mut w, log) = Arbiter::writer(shm.smb(), 1, buffer, false);
     let _ = w.write_packet(|m| m.bytes(900, b"whole"));
     let mut unfinished = w.new_packet();
     unfinished.nested(900, |n| n.raw(&[7u8; 9000]));
@@ -1313,9 +1313,8 @@ fn recommit_after_scrape_on_flush() {
     p.register_writer(&mut sim, 1, buffer);
     // Written but not returned: the chunk stays BeingWritten (inflated
     // count), then a flush completes and the service scrapes it.
-    let mut shm = p.smb.take().unwrap().into_inner();
-    let smb = shm.smb().unwrap();
-    let (mut w, log) = Arbiter::writer(&smb, 1, buffer, false);
+    let shm = p.smb.take().unwrap().into_inner();
+    let (mut w, log) = Arbiter::writer(shm.smb(), 1, buffer, false);
     let _ = w.write_packet(|m| m.bytes(900, b"scraped"));
     let id = c.call(
         &mut sim,
@@ -1336,7 +1335,6 @@ fn recommit_after_scrape_on_flush() {
     w.flush();
     drop(w);
     let req = log.borrow().clone();
-    let _ = smb;
     p.smb = Some(RefCell::new(shm));
     p.commit(&mut sim, req);
     let (packets, stats) = c.stop_and_read(&mut sim);
@@ -1615,8 +1613,8 @@ fn forge_chunk(
     packets: u16,
     bytes: &[u8],
 ) -> shmtrace_abi::smb::ChunkLocation {
-    let mut shm = p.smb.as_ref().unwrap().borrow_mut();
-    let smb = shm.smb().unwrap();
+    let shm = p.smb.as_ref().unwrap().borrow();
+    let smb = shm.smb();
     let header = ChunkHeaderRepr {
         chunk_id,
         writer_id,

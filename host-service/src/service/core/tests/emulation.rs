@@ -128,9 +128,8 @@ fn a_flush_of_an_emulated_producer_waits_for_its_own_commit() {
     let buffer = setup_tracing_buffer(&p.commands(&mut sim));
     p.register_writer(&mut sim, 1, buffer);
     // Written, never committed: in the producer's private buffer only.
-    let mut shm = p.smb.take().unwrap().into_inner();
-    let smb = shm.smb().unwrap();
-    let (mut w, log) = Arbiter::writer(&smb, 1, buffer, true);
+    let shm = p.smb.take().unwrap().into_inner();
+    let (mut w, log) = Arbiter::writer(shm.smb(), 1, buffer, true);
     let _ = w.write_packet(|m| m.bytes(900, b"private"));
     let id = c.call(
         &mut sim,
