@@ -101,13 +101,13 @@ pub trait TraceFile: Write + std::fmt::Debug {
     fn start_sync(&mut self) -> std::io::Result<()>;
 }
 
+/// See [`trace_file_write_ns`].
+static TRACE_FILE_WRITE_NS: AtomicU64 = AtomicU64::new(0);
+
 /// Wall time spent in trace-file writes since the service started (every
 /// file [`Environment::open_trace_file`] opened), in nanoseconds. A slow
 /// turn of the service's loop names its share: a write that waits for the
 /// disk (the kernel throttling dirty pages) keeps every client waiting.
-static TRACE_FILE_WRITE_NS: AtomicU64 = AtomicU64::new(0);
-
-/// See [`TRACE_FILE_WRITE_NS`].
 pub fn trace_file_write_ns() -> u64 {
     TRACE_FILE_WRITE_NS.load(Ordering::Relaxed)
 }
