@@ -342,7 +342,10 @@ impl Runtime {
         if let Some(a) = &arbiter {
             a.close();
         }
-        self.outbox().set_closed(true);
+        let unsent = self.outbox().set_closed(true);
+        if let Some(a) = &arbiter {
+            a.note_undelivered(unsent);
+        }
         for ty in self.types.types() {
             // The startup instance waits for a session on any connection.
             for inst in ty.instances().into_iter().filter(|i| !i.is_startup()) {

@@ -29,10 +29,12 @@ pub struct ProducerStats {
     pub packets_dropped: u64,
     /// Shmem emulation (a TCP or vsock socket): chunks that did not reach
     /// the service because the `CommitData` holding them could not be sent
-    /// within the IPC frame limit, or because their bytes could not be read
-    /// back for it. Their packets are lost and not marked in the trace (the
-    /// writer had moved on). None in a healthy producer: requests are
-    /// split to stay under the limit.
+    /// within the IPC frame limit, because their bytes could not be read
+    /// back for it, or because the connection ended while they were queued
+    /// (or a writer returned them after it ended). Their packets are lost
+    /// and not marked in the trace (the writer had moved on). None in a
+    /// healthy producer on a healthy connection: requests are split to
+    /// stay under the limit.
     pub emulated_chunks_dropped: u64,
     /// Slice ends not written because the begin of their slice was dropped
     /// (an end without its begin would close the wrong slice). Not in

@@ -332,15 +332,17 @@ impl Outbox {
         }
     }
 
-    /// Adds a chunk to the pending commit.
-    pub(crate) fn commit_chunk(&self, chunk: ChunkToMove) {
+    /// Adds a chunk to the pending commit; `false` (the chunk dropped) if
+    /// the outbox is closed: no connection is up.
+    pub(crate) fn commit_chunk(&self, chunk: ChunkToMove) -> bool {
         let mut inner = self.lock();
         if inner.closed {
-            return;
+            return false;
         }
         let was_empty = inner.pending.is_empty() && inner.queue.is_empty();
         inner.pending.chunks_to_move.push(chunk);
         self.after_commit_push(inner, was_empty);
+        true
     }
 
     /// Adds a patch group to the pending commit.
@@ -564,17 +566,29 @@ impl Outbox {
     }
 
     /// Drops everything queued and ignores later pushes (connection gone),
-    /// or (with `false`) accepts pushes again for a new connection.
-    pub(crate) fn set_closed(&self, closed: bool) {
+    /// or (with `false`) accepts pushes again for a new connection. Returns
+    /// how many committed chunks were dropped unsent.
+    pub(crate) fn set_closed(&self, closed: bool) -> usize {
         let mut inner = self.lock();
         inner.closed = closed;
         inner.in_flight = 0;
+        let mut dropped = 0;
         if closed {
+            dropped = inner.pending.chunks_to_move.len()
+                + inner
+                    .queue
+                    .iter()
+                    .map(|m| match m {
+                        Outgoing::Commit(c) => c.chunks_to_move.len(),
+                        _ => 0,
+                    })
+                    .sum::<usize>();
             inner.queue.clear();
             inner.pending.clear();
         }
         drop(inner);
         self.ready.notify_all();
+        dropped
     }
 }
 
@@ -761,8 +775,13 @@ mod tests {
     #[test]
     fn closed_outbox_drops_everything() {
         let o = Outbox::new();
-        o.commit_chunk(chunk(1));
-        o.set_closed(true);
+        assert!(o.commit_chunk(chunk(1)));
+        assert!(o.push(Outgoing::DataSourceStarted { instance_id: 1 }));
+        assert!(o.commit_chunk(chunk(2)));
+        assert!(o.commit_chunk(chunk(3)));
+        // One chunk in a sealed commit, two pending.
+        assert_eq!(o.set_closed(true), 3);
+        assert!(!o.commit_chunk(chunk(4)));
         assert!(!o.push(Outgoing::DataSourceStarted { instance_id: 1 }));
         assert_eq!(o.try_next(), None);
         o.set_closed(false);

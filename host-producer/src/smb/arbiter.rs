@@ -376,19 +376,24 @@ impl Arbiter {
     /// Hands a finished chunk over: `BeingWritten → Complete`, then queued
     /// for the service's `target_buffer`. `false` (counted as lost, never
     /// committed) if the transition failed because a peer rewrote the page
-    /// header.
+    /// header. A chunk returned after the connection ended is not queued;
+    /// under emulation it is lost with this buffer, and counted
+    /// ([`Self::note_undelivered`]).
     pub(crate) fn commit(&self, chunk: WritableChunk<'_>, target_buffer: u32) -> bool {
         match chunk.release_as_complete() {
             Ok(loc) => {
                 self.counters
                     .chunks_committed
                     .fetch_add(1, Ordering::Relaxed);
-                self.outbox.commit_chunk(ChunkToMove {
+                let queued = self.outbox.commit_chunk(ChunkToMove {
                     page: loc.page as u32,
                     chunk: loc.chunk as u32,
                     target_buffer,
                     data: None,
                 });
+                if !queued {
+                    self.note_undelivered(1);
+                }
                 true
             }
             Err(_) => {
@@ -396,6 +401,24 @@ impl Arbiter {
                 false
             }
         }
+    }
+
+    /// `chunks` committed chunks will never be sent: the connection ended
+    /// first. Under shmem emulation their only copy is in this private
+    /// buffer, so they are lost: counted in
+    /// [`ProducerStats::emulated_chunks_dropped`](crate::ProducerStats::emulated_chunks_dropped)
+    /// and logged. In a shared buffer they stay `Complete` where the
+    /// service can still scrape them, so nothing is counted here.
+    pub(crate) fn note_undelivered(&self, chunks: usize) {
+        if !self.emulated || chunks == 0 {
+            return;
+        }
+        self.counters
+            .emulated_chunks_dropped
+            .fetch_add(chunks as u64, Ordering::Relaxed);
+        log::warn!(
+            "shmtrace-producer: {chunks} chunk(s) lost: the connection ended before they were sent"
+        );
     }
 
     /// Shmem emulation: copies the bytes of every chunk of a commit

@@ -160,10 +160,15 @@ impl Loopback {
     /// Connects without a pump thread: nothing is drained until
     /// [`Loopback::drain`] or [`Loopback::discard`] is called.
     pub(crate) fn manual(size: usize, layout: PageLayout) -> Self {
+        Self::manual_with(size, layout, false)
+    }
+
+    /// [`Loopback::manual`], under shmem emulation if `emulated`.
+    pub(crate) fn manual_with(size: usize, layout: PageLayout, emulated: bool) -> Self {
         let rt = runtime();
         rt.connected();
         let shm = SharedMemory::heap(size, PageSize::DEFAULT).unwrap();
-        let arbiter = rt.setup_smb(shm, false, layout);
+        let arbiter = rt.setup_smb(shm, emulated, layout);
         Loopback {
             arbiter,
             received: Arc::new(Mutex::new(Received::default())),

@@ -1425,6 +1425,46 @@ fn flush_and_stop_do_not_wait_for_stalled_writers() {
     lb.shutdown();
 }
 
+/// Under shmem emulation the private buffer holds the only copy of a
+/// committed chunk until it is sent: the chunks still queued when the
+/// connection ends, and the one a writer returns after it, are lost and
+/// counted. In a shared buffer the service can still scrape them: nothing
+/// is counted.
+#[test]
+fn chunks_unsent_at_disconnect_are_counted_under_emulation() {
+    let _s = serial();
+    for (emulated, instance) in [(true, 171), (false, 172)] {
+        // 16 chunks of 4 KiB; nobody drains them.
+        let lb = Loopback::manual_with(64 * 1024, PageLayout::Div1, emulated);
+        let ds = start_source(
+            &format!("test.unsent.{emulated}"),
+            DataSourceOptions::default(),
+            1,
+            instance,
+        );
+        lb.discard();
+        let before = crate::stats();
+        let filler = [0xAA; 500];
+        // About 8 packets a chunk: several chunks committed, one open.
+        assert!((0..40u64).all(|i| write(&ds, i, &filler)));
+        let committed = crate::stats().chunks_committed - before.chunks_committed;
+        assert!(committed >= 3, "{committed} chunks committed");
+        runtime().disconnected();
+        // The writer returns its open chunk when its instance stops.
+        drop(ds);
+        let after = crate::stats();
+        let returned = after.chunks_committed - before.chunks_committed;
+        assert!(returned >= committed);
+        let dropped = after.emulated_chunks_dropped - before.emulated_chunks_dropped;
+        assert_eq!(
+            dropped,
+            if emulated { returned } else { 0 },
+            "emulated: {emulated}"
+        );
+        drop(lb);
+    }
+}
+
 /// A data source registered while a connection opens reaches it exactly
 /// once: among the registrations the connection queues first, or queued in
 /// the outbox after them.
