@@ -81,6 +81,8 @@ upstream's service writes it), which must hold at least one complete round
 (a PING's and an UPDATE's readings, both sides, BOOTTIME in each). All
 machines are taken to share this machine's clocks: the checker does not
 apply the offsets a trace processor would compute from the exchanges.
+Each producer's machine and first and last event times (on its machine's
+trace clock) are reported (event_times).
 Then across the trace: event counts per type match the expectation exactly
 when loss is "none" (and no loss indicator may appear); when loss is
 "allowed", counts may only fall short, and a shortfall must be explained by a
@@ -408,6 +410,9 @@ class Checker:
         self.machine_counts = collections.defaultdict(collections.Counter)
         self.machines_described = set()
         self.remote_clock_syncs = {}
+        # Per producer pid: [machine id, first, last] track event time on
+        # its machine's trace clock.
+        self.event_times = {}
         self.clocks = ClockGraph()
         self.trace_clock = BOOTTIME
 
@@ -509,7 +514,12 @@ class Checker:
             self.described_tracks.add(desc.uuid)
             if desc.HasField("counter"):
                 self.counter_tracks.add(desc.uuid)
-        self.timestamp(seq, packet, where)
+        boot = self.timestamp(seq, packet, where)
+        if kind == "track_event" and boot is not None:
+            times = self.event_times.setdefault(pid, [packet.machine_id, boot,
+                                                      boot])
+            times[1] = min(times[1], boot)
+            times[2] = max(times[2], boot)
         if kind == "track_event":
             seq.track_events += 1
             self.track_event(seq, pid, packet.track_event, where)
@@ -540,8 +550,9 @@ class Checker:
                            "does): %s" % (where, why))
 
     def timestamp(self, seq, packet, where):
+        """The packet's time on the trace clock, or None."""
         if not packet.HasField("timestamp"):
-            return
+            return None
         clock_id = packet.timestamp_clock_id
         if not clock_id and seq.defaults is not None:
             clock_id = seq.defaults.timestamp_clock_id
@@ -552,9 +563,9 @@ class Checker:
                 self.violation("%s: negative incremental timestamp delta "
                                "%d on clock %d" % (where, ts - (1 << 64),
                                                    clock_id))
-                return
+                return None
             if seq.loss_marks and not seq.valid:
-                return  # The deltas since the last clear may be lost.
+                return None  # The deltas since the last clear may be lost.
         boot, why = self.clocks.convert(seq.id, clock_id, ts,
                                         self.trace_clock)
         if why == "unknown source" and \
@@ -562,18 +573,18 @@ class Checker:
             self.violation("%s: timestamp on sequence-scoped clock %d that "
                            "sequence %d never defined" %
                            (where, clock_id, seq.id))
-            return
+            return None
         if why == "unknown source":
             self.violation("%s: timestamp on clock %d, which no clock "
                            "snapshot names" % (where, clock_id))
-            return
+            return None
         if why is not None:
             self.violation("%s: timestamp on %s cannot be converted to clock "
                            "%d: no chain of clock snapshots relates them" %
                            (where, describe_clock(clock_key(seq.id,
                                                             clock_id)),
                             self.trace_clock))
-            return
+            return None
         # Earlier than the latest time is legal: a trace processor sorts.
         # Deltas are never negative, so only an absolute timestamp or a clock
         # a snapshot re-anchored gets here. Only the sequence's own times are
@@ -587,6 +598,7 @@ class Checker:
             else:
                 seq.latest_boot_ts = boot
         seq.last_boot_ts = boot
+        return boot
 
     def resolve(self, seq, table, iid, where):
         name = seq.interned[table].get(iid) if seq.valid else None
@@ -926,6 +938,10 @@ class Checker:
             "machines_described": sorted(self.machines_described),
             "remote_clock_syncs": {str(m): n for m, n in
                                    sorted(self.remote_clock_syncs.items())},
+            "event_times": {str(pid): {"machine": t[0], "first": t[1],
+                                       "last": t[2]}
+                            for pid, t in sorted(self.event_times.items())},
+
             "trace_stats": service,
             "buffer_stats": self.buffer_stats(),
         }

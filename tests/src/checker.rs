@@ -195,6 +195,21 @@ pub struct TraceReport {
     /// packet holds.
     #[serde(default)]
     pub remote_clock_syncs: BTreeMap<String, u64>,
+    /// Per producer pid, the times of its first and last track events, on
+    /// its machine's trace clock.
+    #[serde(default)]
+    pub event_times: BTreeMap<String, EventTimes>,
+}
+
+/// When a producer's track events happened, on its machine's trace clock.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct EventTimes {
+    /// Its machine's id (0: the service's).
+    pub machine: u32,
+    /// The earliest event, ns.
+    pub first: i64,
+    /// The latest event, ns.
+    pub last: i64,
 }
 
 /// What the trace holds of one machine's producers.

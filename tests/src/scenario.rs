@@ -399,6 +399,9 @@ pub struct ProducerSpec {
     /// The "machine" it runs on, under [`ProducerSocket::Relayed`]: it
     /// connects to that machine's relay.
     pub machine: u32,
+    /// Who plays this producer, if not the cell's producer (a relayed
+    /// machine runs both SDKs side by side).
+    pub implementation: Option<ProducerImpl>,
 }
 
 impl Default for ProducerSpec {
@@ -416,6 +419,7 @@ impl Default for ProducerSpec {
             fidelity: false,
             process_name: None,
             machine: 0,
+            implementation: None,
         }
     }
 }
@@ -1393,7 +1397,7 @@ fn run_in(
             .get(&spec.machine)
             .unwrap_or(&producer_socket);
         producers.push(start_producer(
-            cell.producer,
+            spec.implementation.unwrap_or(cell.producer),
             bins,
             dir.dir.path(),
             index,
