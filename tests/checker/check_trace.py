@@ -78,9 +78,14 @@ the service describes each machine in a system_info packet with its
 machine_id, and writes its clock exchanges with the relay in a
 remote_clock_sync packet with its machine_id and no sequence id (as
 upstream's service writes it), which must hold at least one complete round
-(a PING's and an UPDATE's readings, both sides, BOOTTIME in each). All
-machines are taken to share this machine's clocks: the checker does not
-apply the offsets a trace processor would compute from the exchanges.
+(a PING's and an UPDATE's readings, both sides, BOOTTIME in each). From
+the exchanges the report gives each machine's clock offsets as a trace
+processor computes them (see remote_clock_offsets), and the span of its
+rounds; event times are reported per producer on their own machine's
+trace clock (event_times), and the service's events on the central one
+(service_event_times), so that a test can map each machine's events onto
+the central clock and judge them. The checker itself judges nothing by
+them.
 Then across the trace: event counts per type match the expectation exactly
 when loss is "none" (and no loss indicator may appear); when loss is
 "allowed", counts may only fall short, and a shortfall must be explained by a
@@ -184,6 +189,57 @@ def describe_clock(key):
     if seq_id:
         return "clock %d of sequence %d" % (clock_id, seq_id)
     return "clock %d" % clock_id
+
+
+# Two clock exchanges of a relay belong to one round when the client's
+# BOOTTIME readings lie less than this apart (a trace processor's rule; the
+# relays sync every 30 s).
+SYNC_ROUND_NS = 30 * 1000000000
+
+
+def c_div(a, b):
+    """Integer division rounding toward zero, as C++'s."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def remote_clock_offsets(exchanges):
+    """A relayed machine's clock offsets (its clock minus the central
+    one's, ns, per clock id), computed as Perfetto's trace processor does
+    from the exchanges of a remote_clock_sync packet (`exchanges`: [(host
+    clocks, client clocks)], each {clock id: timestamp}, in order), and the
+    rounds it used.
+
+    Each exchange and the one after it are taken as a round (a PING, read
+    t1c by the relay and t1h by the service on receipt, and an UPDATE, t2c
+    and t2h), unless the relay's BOOTTIME readings lie SYNC_ROUND_NS or
+    more apart. A round gives two estimates per clock both sides read
+    (non-zero): the midpoint of the relay's two readings less t1h, and t2c
+    less the midpoint of the service's; the offset is the mean of every
+    estimate, truncated as C++ integers are. Returns {"offsets": {clock id:
+    offset}, "rounds": n, "max_span": ns}, where a round's span is the
+    longer of t2c - t1c and t2h - t1h on BOOTTIME: the true offset of
+    clocks that differ by a constant lies within half of it of either
+    estimate."""
+    estimates = collections.defaultdict(list)
+    rounds = 0
+    max_span = 0
+    for (h1, c1), (h2, c2) in zip(exchanges, exchanges[1:]):
+        if c2.get(BOOTTIME, 0) - c1.get(BOOTTIME, 0) >= SYNC_ROUND_NS:
+            continue
+        rounds += 1
+        max_span = max(max_span, c2.get(BOOTTIME, 0) - c1.get(BOOTTIME, 0),
+                       h2.get(BOOTTIME, 0) - h1.get(BOOTTIME, 0))
+        for clock in set(h1) | set(c1):
+            t1h, t1c = h1.get(clock, 0), c1.get(clock, 0)
+            t2h, t2c = h2.get(clock, 0), c2.get(clock, 0)
+            if not (t1h and t1c and t2h and t2c):
+                continue
+            estimates[clock].append(c_div(t1c + t2c, 2) - t1h)
+            estimates[clock].append(t2c - c_div(t1h + t2h, 2))
+    return {"offsets": {str(clock): c_div(sum(e), len(e))
+                        for clock, e in sorted(estimates.items())},
+            "rounds": rounds, "max_span": max_span}
 
 
 class ClockGraph:
@@ -408,6 +464,14 @@ class Checker:
         self.machine_counts = collections.defaultdict(collections.Counter)
         self.machines_described = set()
         self.remote_clock_syncs = {}
+        # Per machine id, its clock exchanges: [(host clocks, client
+        # clocks)], each {clock id: timestamp}, in trace order.
+        self.remote_exchanges = {}
+        # Per producer pid: [machine id, first, last] track event time on
+        # its machine's trace clock.
+        self.event_times = {}
+        # Service event name -> its packets' timestamps.
+        self.service_event_times = collections.defaultdict(list)
         self.clocks = ClockGraph()
         self.trace_clock = BOOTTIME
 
@@ -446,6 +510,9 @@ class Checker:
             elif kind == "service_event":
                 for field, _ in packet.service_event.ListFields():
                     self.service_events[field.name] += 1
+                    if packet.HasField("timestamp"):
+                        self.service_event_times[field.name].append(
+                            packet.timestamp)
             elif kind == "trace_config":
                 self.trace_config = packet.trace_config
             elif kind == "system_info" and packet.machine_id:
@@ -509,7 +576,12 @@ class Checker:
             self.described_tracks.add(desc.uuid)
             if desc.HasField("counter"):
                 self.counter_tracks.add(desc.uuid)
-        self.timestamp(seq, packet, where)
+        boot = self.timestamp(seq, packet, where)
+        if kind == "track_event" and boot is not None:
+            times = self.event_times.setdefault(pid, [packet.machine_id, boot,
+                                                      boot])
+            times[1] = min(times[1], boot)
+            times[2] = max(times[2], boot)
         if kind == "track_event":
             seq.track_events += 1
             self.track_event(seq, pid, packet.track_event, where)
@@ -540,8 +612,9 @@ class Checker:
                            "does): %s" % (where, why))
 
     def timestamp(self, seq, packet, where):
+        """The packet's time on the trace clock, or None."""
         if not packet.HasField("timestamp"):
-            return
+            return None
         clock_id = packet.timestamp_clock_id
         if not clock_id and seq.defaults is not None:
             clock_id = seq.defaults.timestamp_clock_id
@@ -552,9 +625,9 @@ class Checker:
                 self.violation("%s: negative incremental timestamp delta "
                                "%d on clock %d" % (where, ts - (1 << 64),
                                                    clock_id))
-                return
+                return None
             if seq.loss_marks and not seq.valid:
-                return  # The deltas since the last clear may be lost.
+                return None  # The deltas since the last clear may be lost.
         boot, why = self.clocks.convert(seq.id, clock_id, ts,
                                         self.trace_clock)
         if why == "unknown source" and \
@@ -562,18 +635,18 @@ class Checker:
             self.violation("%s: timestamp on sequence-scoped clock %d that "
                            "sequence %d never defined" %
                            (where, clock_id, seq.id))
-            return
+            return None
         if why == "unknown source":
             self.violation("%s: timestamp on clock %d, which no clock "
                            "snapshot names" % (where, clock_id))
-            return
+            return None
         if why is not None:
             self.violation("%s: timestamp on %s cannot be converted to clock "
                            "%d: no chain of clock snapshots relates them" %
                            (where, describe_clock(clock_key(seq.id,
                                                             clock_id)),
                             self.trace_clock))
-            return
+            return None
         # Earlier than the latest time is legal: a trace processor sorts.
         # Deltas are never negative, so only an absolute timestamp or a clock
         # a snapshot re-anchored gets here. Only the sequence's own times are
@@ -587,6 +660,7 @@ class Checker:
             else:
                 seq.latest_boot_ts = boot
         seq.last_boot_ts = boot
+        return boot
 
     def resolve(self, seq, table, iid, where):
         name = seq.interned[table].get(iid) if seq.valid else None
@@ -606,6 +680,10 @@ class Checker:
         if not packet.HasField("trusted_uid"):
             self.violation("%s: remote_clock_sync without trusted_uid" % where)
         exchanges = packet.remote_clock_sync.synced_clocks
+        self.remote_exchanges[packet.machine_id] = [
+            tuple({c.clock_id: c.timestamp for c in s.clocks}
+                  for s in (e.host_clocks, e.client_clocks))
+            for e in exchanges]
         boot = []
         for e in exchanges:
             sides = [{c.clock_id: c.timestamp for c in s.clocks}
@@ -926,6 +1004,13 @@ class Checker:
             "machines_described": sorted(self.machines_described),
             "remote_clock_syncs": {str(m): n for m, n in
                                    sorted(self.remote_clock_syncs.items())},
+            "remote_clock_offsets": {
+                str(m): remote_clock_offsets(e)
+                for m, e in sorted(self.remote_exchanges.items())},
+            "event_times": {str(pid): {"machine": t[0], "first": t[1],
+                                       "last": t[2]}
+                            for pid, t in sorted(self.event_times.items())},
+            "service_event_times": dict(self.service_event_times),
             "trace_stats": service,
             "buffer_stats": self.buffer_stats(),
         }

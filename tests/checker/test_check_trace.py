@@ -696,5 +696,54 @@ class FlowOrderTest(HandBuiltTest):
                        "flow 1 started but never continued or terminated"])
 
 
+class RemoteClockOffsetTest(unittest.TestCase):
+    """remote_clock_offsets on hand-made exchanges: a relay whose BOOTTIME
+    runs 3,600 s ahead and whose MONOTONIC runs 7 s behind."""
+
+    AHEAD = 3600 * 10**9
+    BEHIND = -7 * 10**9
+
+    def exchange(self, host_boot, client_boot):
+        host = {6: host_boot, 3: host_boot - 1000}
+        client = {6: client_boot, 3: client_boot - self.AHEAD + self.BEHIND
+                  - 1000}
+        return host, client
+
+    def test_a_round_gives_the_mean_of_its_two_estimates(self):
+        # PING read by the relay at 10,000 (its clock), received at 10,100
+        # (the service's, plus the offset); UPDATE read at 10,400, received
+        # at 10,450.
+        a = self.AHEAD
+        exchanges = [self.exchange(10100, a + 10000),
+                     self.exchange(10450, a + 10400)]
+        got = check_trace.remote_clock_offsets(exchanges)
+        # BOOTTIME: (10000 + 10400) / 2 - 10100 = 100 and 10400 - (10100 +
+        # 10450) / 2 = 125 on top of AHEAD; their mean 112.5 truncates.
+        self.assertEqual(got["rounds"], 1)
+        self.assertEqual(got["offsets"]["6"], a + 112)
+        # MONOTONIC: the same estimates on top of BEHIND; the mean is
+        # negative, and truncates toward zero as in C++.
+        self.assertEqual(got["offsets"]["3"], self.BEHIND + 113)
+        self.assertEqual(got["max_span"], 400)
+
+    def test_exchanges_30_s_apart_are_no_round(self):
+        a = self.AHEAD
+        s = 30 * 10**9
+        exchanges = [self.exchange(100, a), self.exchange(200, a + 100),
+                     self.exchange(s + 300, a + s + 100),
+                     self.exchange(s + 400, a + s + 300)]
+        got = check_trace.remote_clock_offsets(exchanges)
+        self.assertEqual(got["rounds"], 2)
+        # Estimates: round 1: 50 - 100 = -50, 100 - 150 = -50; round 2:
+        # s + 200 - (s + 300) = -100, s + 300 - (s + 350) = -50.
+        self.assertEqual(got["offsets"]["6"], a + (-50 - 50 - 100 - 50) // 4)
+
+    def test_a_clock_one_side_lacks_gets_no_offset(self):
+        exchanges = [({6: 100}, {6: 90, 1: 5}), ({6: 200}, {6: 190, 1: 6})]
+        got = check_trace.remote_clock_offsets(exchanges)
+        self.assertEqual(set(got["offsets"]), {"6"})
+        self.assertEqual(check_trace.c_div(-7, 2), -3)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -195,6 +195,42 @@ pub struct TraceReport {
     /// packet holds.
     #[serde(default)]
     pub remote_clock_syncs: BTreeMap<String, u64>,
+    /// Per relayed machine id, its clock offsets as a trace processor
+    /// computes them from its `remote_clock_sync` exchanges.
+    #[serde(default)]
+    pub remote_clock_offsets: BTreeMap<String, RemoteClockOffsets>,
+    /// Per producer pid, the times of its first and last track events, on
+    /// its machine's trace clock.
+    #[serde(default)]
+    pub event_times: BTreeMap<String, EventTimes>,
+    /// Per service event (`tracing_started`, `tracing_disabled`...), its
+    /// packets' timestamps, on the service's trace clock.
+    #[serde(default)]
+    pub service_event_times: BTreeMap<String, Vec<u64>>,
+}
+
+/// A relayed machine's clock offsets, computed as Perfetto's trace
+/// processor does (`remote_clock_offsets` in `check_trace.py`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RemoteClockOffsets {
+    /// Per clock id, the machine's clock less the central machine's, ns.
+    pub offsets: BTreeMap<String, i64>,
+    /// Rounds of exchanges (a PING and its UPDATE) they come from.
+    pub rounds: u64,
+    /// The longest round, ns: the true offset of clocks that differ by a
+    /// constant lies within half of it of the computed one.
+    pub max_span: u64,
+}
+
+/// When a producer's track events happened, on its machine's trace clock.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct EventTimes {
+    /// Its machine's id (0: the service's).
+    pub machine: u32,
+    /// The earliest event, ns.
+    pub first: i64,
+    /// The latest event, ns.
+    pub last: i64,
 }
 
 /// What the trace holds of one machine's producers.

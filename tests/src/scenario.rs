@@ -399,6 +399,9 @@ pub struct ProducerSpec {
     /// The "machine" it runs on, under [`ProducerSocket::Relayed`]: it
     /// connects to that machine's relay.
     pub machine: u32,
+    /// Who plays this producer, if not the cell's producer (a relayed
+    /// machine runs both SDKs side by side).
+    pub implementation: Option<ProducerImpl>,
 }
 
 impl Default for ProducerSpec {
@@ -416,6 +419,7 @@ impl Default for ProducerSpec {
             fidelity: false,
             process_name: None,
             machine: 0,
+            implementation: None,
         }
     }
 }
@@ -516,6 +520,9 @@ pub struct Scenario {
     pub producer_configs: Vec<config::ProducerConfig>,
     /// The kind of producer socket the service listens on.
     pub producer_socket: ProducerSocket,
+    /// Under [`ProducerSocket::Relayed`]: whether the machines share this
+    /// machine's clocks or each has clocks of its own.
+    pub machine_clocks: MachineClocks,
 }
 
 /// The producer socket of a run.
@@ -544,6 +551,113 @@ pub fn machine_name(index: u32) -> String {
     format!("machine-{index}")
 }
 
+/// The clocks of relayed machines ([`Scenario::machine_clocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MachineClocks {
+    /// Every machine reads this machine's clocks.
+    #[default]
+    Shared,
+    /// Machine `N`'s relay and producers run in a Linux time namespace of
+    /// their own (`unshare --time`), where `CLOCK_BOOTTIME` reads
+    /// [`machine_boottime_offset`]`(N)` and `CLOCK_MONOTONIC`
+    /// [`machine_monotonic_offset`]`(N)` ahead of this machine's: the
+    /// machines' clocks differ by hours, as separate machines' do. Fails
+    /// the run if this kernel or user cannot ([`probe_time_namespaces`]).
+    OwnTimeNamespaces,
+}
+
+/// How far relayed machine `index`'s `CLOCK_BOOTTIME` runs ahead of this
+/// machine's under [`MachineClocks::OwnTimeNamespaces`]: hours, a
+/// different number for each machine.
+pub fn machine_boottime_offset(index: u32) -> Duration {
+    Duration::from_secs(3600 * u64::from(index + 1) + 17)
+}
+
+/// How far relayed machine `index`'s `CLOCK_MONOTONIC` runs ahead of this
+/// machine's under [`MachineClocks::OwnTimeNamespaces`]: not the BOOTTIME
+/// offset, so a conversion that mixes up the two clocks shows.
+pub fn machine_monotonic_offset(index: u32) -> Duration {
+    Duration::from_secs(7200 * u64::from(index + 1) + 1234)
+}
+
+/// `command` as it runs on relayed machine `index` under `clocks`: as is,
+/// or under `unshare --time` with the machine's offsets. unshare puts the
+/// program in the new namespace without a fork in between (the kernel moves
+/// a process into the time namespace of its children when it executes a
+/// program, since Linux 6.0), so the process spawned is the program itself
+/// and its pid is the program's.
+fn on_machine(command: Command, index: u32, clocks: MachineClocks) -> Command {
+    match clocks {
+        MachineClocks::Shared => command,
+        MachineClocks::OwnTimeNamespaces => {
+            let mut wrapped = Command::new("unshare");
+            wrapped
+                .arg("--time")
+                .arg(format!(
+                    "--boottime={}",
+                    machine_boottime_offset(index).as_secs()
+                ))
+                .arg(format!(
+                    "--monotonic={}",
+                    machine_monotonic_offset(index).as_secs()
+                ))
+                .arg("--")
+                .arg(command.get_program())
+                .args(command.get_args());
+            for (key, value) in command.get_envs() {
+                match value {
+                    Some(value) => wrapped.env(key, value),
+                    None => wrapped.env_remove(key),
+                };
+            }
+            wrapped
+        }
+    }
+}
+
+/// This machine's `CLOCK_BOOTTIME`, ns: the central service's clock, which
+/// the harness shares.
+pub fn boottime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Whether a program started as [`MachineClocks::OwnTimeNamespaces`]
+/// starts it reads the shifted clocks: `unshare --time` runs `cat
+/// /proc/uptime` (uptime is BOOTTIME) for machine 0, which must read
+/// [`machine_boottime_offset`]`(0)` more than this process does. An error
+/// says why not (no time namespaces in this kernel, no right to make one,
+/// no `unshare`, or a kernel older than 6.0 that leaves the program
+/// outside the namespace).
+pub fn probe_time_namespaces() -> Result<()> {
+    let uptime = |text: &str| -> Option<f64> { text.split_whitespace().next()?.parse().ok() };
+    let before = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    let mut cat = Command::new("cat");
+    cat.arg("/proc/uptime");
+    let mut command = on_machine(cat, 0, MachineClocks::OwnTimeNamespaces);
+    let output = command.output().map_err(|source| HarnessError::Spawn {
+        name: "unshare --time (probe)".into(),
+        program: PathBuf::from("unshare"),
+        source,
+    })?;
+    let inside = String::from_utf8_lossy(&output.stdout);
+    let shift = uptime(&inside).zip(uptime(&before)).map(|(i, b)| i - b);
+    let expected = machine_boottime_offset(0).as_secs_f64();
+    match shift {
+        Some(shift) if output.status.success() && (shift - expected).abs() < 60.0 => Ok(()),
+        _ => Err(HarnessError::Scenario(format!(
+            "relayed machines need clocks of their own (Linux time namespaces: `unshare \
+             --time`, root or CAP_SYS_ADMIN, Linux 6.0 or later), and this machine cannot \
+             give them: unshare exited {}, its program read uptime {:?} where this process \
+             read {:?} (expected {expected} s more); stderr: {}",
+            output.status,
+            inside.trim(),
+            before.trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+    }
+}
+
 impl Scenario {
     /// A scenario with one 4 MiB ring buffer, the given producers, stopped
     /// by the consumer, no loss allowed.
@@ -563,6 +677,7 @@ impl Scenario {
             stop_timeout: STOP_TIMEOUT,
             producer_configs: Vec::new(),
             producer_socket: ProducerSocket::Unix,
+            machine_clocks: MachineClocks::Shared,
         }
     }
 
@@ -695,6 +810,13 @@ pub struct ProducerRun {
     /// kill, however late the harness got to see its phase report (on a
     /// starved machine, hundreds of milliseconds late).
     pub killed_after: Option<Duration>,
+    /// This machine's `CLOCK_BOOTTIME` (the service's clock: see
+    /// [`boottime_ns`]) just before the harness started it, ns: it
+    /// emitted nothing before.
+    pub started_ns: u64,
+    /// The same clock when its last phase report arrived, ns: it had
+    /// emitted everything it reported by then.
+    pub reported_ns: u64,
 }
 
 impl ProducerRun {
@@ -962,6 +1084,7 @@ pub fn start_relay(
     index: u32,
     listen: &Path,
     central: &Path,
+    clocks: MachineClocks,
 ) -> Result<ChildProcess> {
     let name = machine_name(index);
     let mut command = Command::new(shmtrace_binary()?);
@@ -972,6 +1095,7 @@ pub fn start_relay(
         .arg(central)
         .args(["--machine-id-hint", &name, "--machine-name", &name])
         .arg("--exit-on-stdin-eof");
+    let command = on_machine(command, index, clocks);
     let mut relay = ChildProcess::spawn(&format!("relay {name}"), command, log_dir)?;
     relay.expect_event("ready", START_TIMEOUT)?;
     Ok(relay)
@@ -988,6 +1112,33 @@ pub fn start_producer(
     spec: &ProducerSpec,
     producer_socket: &Path,
 ) -> Result<ChildProcess> {
+    start_producer_on(
+        which,
+        bins,
+        log_dir,
+        index,
+        spec,
+        producer_socket,
+        MachineClocks::Shared,
+    )
+}
+
+/// [`start_producer`] on its relayed machine ([`ProducerSpec::machine`])
+/// with the machine's `clocks`.
+pub fn start_producer_on(
+    which: ProducerImpl,
+    bins: &RealBinaries,
+    log_dir: &Path,
+    index: usize,
+    spec: &ProducerSpec,
+    producer_socket: &Path,
+    clocks: MachineClocks,
+) -> Result<ChildProcess> {
+    if spec.process_name.is_some() && clocks != MachineClocks::Shared {
+        return Err(HarnessError::Scenario(
+            "a producer's process name cannot pass through unshare".into(),
+        ));
+    }
     let mut command = match which {
         ProducerImpl::Real => Command::new(&bins.producer),
         ProducerImpl::Ours => Command::new(our_producer_binary()?),
@@ -1013,6 +1164,7 @@ pub fn start_producer(
     if spec.fidelity {
         command.arg("--fidelity=1");
     }
+    let command = on_machine(command, spec.machine, clocks);
     ChildProcess::spawn(&format!("producer {}", index + 1), command, log_dir)
 }
 
@@ -1344,6 +1496,14 @@ fn run_in(
     let trace_path = trace_paths[0].1.clone();
 
     let relayed = scenario.producer_socket == ProducerSocket::Relayed;
+    let clocks = if relayed {
+        scenario.machine_clocks
+    } else {
+        MachineClocks::Shared
+    };
+    if clocks == MachineClocks::OwnTimeNamespaces {
+        probe_time_namespaces()?;
+    }
     let mut service = start_service_with(
         cell.service,
         bins,
@@ -1372,6 +1532,7 @@ fn run_in(
                 spec.machine,
                 &listen,
                 &producer_socket,
+                clocks,
             )?);
             machine_sockets.insert(spec.machine, listen);
         }
@@ -1381,6 +1542,8 @@ fn run_in(
     let killed = scenario.stop == Stop::AfterKillingProducers;
     // When the harness let each producer's current phase start.
     let mut phase_starts = Vec::new();
+    // This machine's BOOTTIME just before each producer started.
+    let mut started_ns = Vec::new();
     for (index, spec) in scenario.producers.iter().enumerate() {
         // Producers to be killed get a phase more than they play, so that
         // after the last one their threads wait, alive, for the next.
@@ -1389,16 +1552,18 @@ fn run_in(
             ..*spec
         };
         phase_starts.push(Instant::now());
+        started_ns.push(boottime_ns());
         let socket = machine_sockets
             .get(&spec.machine)
             .unwrap_or(&producer_socket);
-        producers.push(start_producer(
-            cell.producer,
+        producers.push(start_producer_on(
+            spec.implementation.unwrap_or(cell.producer),
             bins,
             dir.dir.path(),
             index,
             &spec,
             socket,
+            clocks,
         )?);
     }
     let mut consumers = Vec::new();
@@ -1418,9 +1583,11 @@ fn run_in(
     }
 
     let mut runs = Vec::new();
-    for producer in &mut producers {
+    for (producer, &started_ns) in producers.iter_mut().zip(&started_ns) {
         let enabled = producer.expect_event("enabled", START_TIMEOUT)?;
         runs.push(ProducerRun {
+            started_ns,
+            reported_ns: 0,
             pid: u32_field(&enabled, "pid", producer)?,
             // The relay tells the service its producers' pids.
             trusted_pid: scenario.producer_socket != ProducerSocket::Tcp,
@@ -1439,6 +1606,7 @@ fn run_in(
     for phase in 1..=phases {
         for (producer, run) in producers.iter_mut().zip(&mut runs) {
             let event = producer.expect_event("phase", PHASE_TIMEOUT)?;
+            run.reported_ns = boottime_ns();
             run.phases.push(emitted_field(&event, producer)?);
             if let Some(custom) = event.get("custom") {
                 run.custom =

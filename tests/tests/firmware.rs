@@ -79,6 +79,7 @@ const HOST_PRODUCER: ProducerSpec = ProducerSpec {
     fidelity: false,
     process_name: None,
     machine: 0,
+    implementation: None,
 };
 
 /// How the firmware reaches the service.

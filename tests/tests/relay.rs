@@ -1,110 +1,259 @@
 //! The relay (issue 20): `shmtrace relay` on each "machine" forwards its
-//! producers (the real Perfetto SDK, on the relay's UNIX socket) to a
-//! central service over TCP, which traces them with their machine's id,
-//! describes each machine (`system_info` with its `machine_id`) and writes
-//! its clock exchanges with the relay (`remote_clock_sync`), against the
-//! real central service (the `real-service` driver with
-//! `--enable-relay-endpoint`) and ours.
+//! producers (the real Perfetto SDK and ours side by side, on the relay's
+//! UNIX socket) to a central service over TCP, which traces them with their
+//! machine's id, describes each machine (`system_info` with its
+//! `machine_id`) and writes its clock exchanges with the relay
+//! (`remote_clock_sync`), against the real central service (the
+//! `real-service` driver with `--enable-relay-endpoint`) and ours.
 //!
-//! The "machines" are this one: each relay has a socket directory, a
-//! machine name and an id hint of its own (`machine-N`), and all share this
-//! machine's clocks, so the checker takes every timestamp as this
-//! machine's; it checks that each machine's clock exchanges hold a whole
-//! round (what a trace processor needs to align the machine's clocks).
+//! The "machines" are processes of this one: each relay has a socket
+//! directory, a machine name and an id hint of its own (`machine-N`). In
+//! the one-machine tests it shares this machine's clocks. In the
+//! three-machine tests each machine's relay and producers run in a Linux
+//! time namespace of their own, whose BOOTTIME and MONOTONIC run hours
+//! ahead of this machine's, a different amount per machine
+//! ([`MachineClocks::OwnTimeNamespaces`]); a machine that cannot make
+//! time namespaces fails these tests, saying so.
 //!
-//! Not here yet: our producer behind a relay (the central service answers
-//! it with shmem emulation, which our producer does not speak yet), and
-//! separate network namespaces or loopback addresses per machine.
+//! The checks, per machine and per producer: every event under the
+//! producer's machine id; each machine described; its clock offsets,
+//! computed from its `remote_clock_sync` exchanges as Perfetto's trace
+//! processor computes them, equal to the namespace's offsets (zero for a
+//! shared clock) within half the longest exchange round (the bound the
+//! round's four readings put on the true offset); and, mapped onto the
+//! central clock with those offsets, each producer's events inside the
+//! central session (from `tracing_started` to `tracing_disabled`) and
+//! inside what the harness saw of the producer on the central clock (from
+//! just before it started to its last report). Without the conversion,
+//! the events of a machine with clocks of its own would lie hours after
+//! the session ended (asserted too).
+//!
+//! Not here: network namespaces (all machines reach the central service
+//! on 127.0.0.1; UNIX sockets and time namespaces are what separate them),
+//! and vsock (this machine has no vsock loopback transport).
+
+use std::time::Duration;
 
 use shmtrace_service::ipc::host::machine_id;
 use shmtrace_tests::checker::TraceReport;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
-    self, machine_name, Cell, Outcome, ProducerSocket, ProducerSpec, Scenario,
+    self, machine_boottime_offset, machine_monotonic_offset, machine_name, Cell, MachineClocks,
+    Outcome, ProducerImpl, ProducerSocket, ProducerSpec, Scenario,
 };
 
-fn producer(machine: u32) -> ProducerSpec {
-    ProducerSpec {
-        threads: 2,
-        iterations: 200,
+/// Clock ids (Perfetto's `BuiltinClock`).
+const REALTIME: u32 = 1;
+const MONOTONIC: u32 = 3;
+const BOOTTIME: u32 = 6;
+
+/// Added to the offset tolerance: a clock snapshot reads its clocks one
+/// after the other, microseconds apart, so a clock other than BOOTTIME
+/// (which the rounds' spans are measured on) is read a little later on both
+/// sides; and our producer's clock extrapolates BOOTTIME from the TSC
+/// between re-anchorings (microseconds off).
+const SLACK_NS: i64 = 1_000_000;
+
+/// Emitting threads and iterations per thread of each producer.
+const THREADS: u32 = 2;
+const ITERATIONS: u32 = 200;
+
+/// Machine `machine`'s producers: the real SDK (the cell's producer) and
+/// ours.
+fn producers(machine: u32) -> [ProducerSpec; 2] {
+    let spec = |implementation| ProducerSpec {
+        threads: THREADS,
+        iterations: ITERATIONS,
         machine,
+        implementation,
         ..Default::default()
-    }
+    };
+    [spec(None), spec(Some(ProducerImpl::Ours))]
 }
 
-fn run(cell: Cell, machines: u32) -> Outcome {
+fn run(cell: Cell, machines: u32, clocks: MachineClocks) -> Outcome {
     let scenario = Scenario {
         producer_socket: ProducerSocket::Relayed,
-        ..Scenario::new("relay", (0..machines).map(producer).collect())
+        machine_clocks: clocks,
+        ..Scenario::new("relay", (0..machines).flat_map(producers).collect())
     };
     let outcome = scenario::run(cell, &real_binaries!(), &scenario)
         .unwrap_or_else(|e| panic!("relay in cell {}: {e}", cell.name()));
     outcome
         .report
         .assert_ok(&format!("relay in cell {}", cell.name()));
-    check(&outcome, &outcome.report, machines);
+    check(&outcome, &scenario, machines);
+    check_clocks(&outcome, &scenario, clocks);
     outcome
 }
 
-/// Every machine's events are in the trace under its machine id, and the
-/// trace describes it and holds its clock exchanges.
-fn check(outcome: &Outcome, report: &TraceReport, machines: u32) {
+/// The machine id of relayed machine `index`.
+fn id_of(index: u32) -> u32 {
+    machine_id(&machine_name(index), "")
+}
+
+/// Every machine's events are in the trace under its machine id, each
+/// producer's under its own machine's, and the trace describes each
+/// machine and holds its clock exchanges.
+fn check(outcome: &Outcome, scenario: &Scenario, machines: u32) {
+    let report = &outcome.report;
     let emitted = outcome.emitted();
-    assert_eq!(emitted.slice_begin, u64::from(machines) * 2 * 200 * 2);
+    // Two slices per iteration, per thread, per producer (two per machine).
+    assert_eq!(
+        emitted.slice_begin,
+        u64::from(machines * 2 * THREADS * ITERATIONS * 2)
+    );
     assert_eq!(report.totals.track_events(), emitted.track_events());
     assert!(
         !report.machines.contains_key("0"),
         "no packet without a machine id: {:?}",
         report.machines.keys()
     );
-    for (index, run) in outcome.producers.iter().enumerate() {
-        let id = machine_id(&machine_name(index as u32), "");
-        let machine = report
+    for machine in 0..machines {
+        let id = id_of(machine);
+        let runs: Vec<_> = outcome
+            .producers
+            .iter()
+            .zip(&scenario.producers)
+            .filter(|(_, spec)| spec.machine == machine)
+            .map(|(run, _)| run)
+            .collect();
+        assert_eq!(runs.len(), 2, "machine {machine} runs both producers");
+        let in_trace = report
             .machines
             .get(&id.to_string())
-            .unwrap_or_else(|| panic!("no packets of machine {index} (id {id})"));
-        assert_eq!(
-            machine.totals.track_events(),
-            run.emitted().track_events(),
-            "machine {index}"
-        );
-        assert_eq!(machine.totals.slice_begin, run.emitted().slice_begin);
+            .unwrap_or_else(|| panic!("no packets of machine {machine} (id {id})"));
+        let emitted: u64 = runs.iter().map(|r| r.emitted().track_events()).sum();
+        assert_eq!(in_trace.totals.track_events(), emitted, "machine {machine}");
         assert!(
             report.machines_described.contains(&id),
-            "system_info of machine {index}: {:?}",
+            "system_info of machine {machine}: {:?}",
             report.machines_described
         );
         let exchanges = report.remote_clock_syncs.get(&id.to_string()).copied();
         assert!(
             exchanges.is_some_and(|n| n >= 2),
-            "clock exchanges of machine {index}: {exchanges:?}"
+            "clock exchanges of machine {machine}: {exchanges:?}"
         );
     }
-    assert_eq!(report.machines.len(), outcome.producers.len());
+    for (run, spec) in outcome.producers.iter().zip(&scenario.producers) {
+        let who = who(spec);
+        let counts = report
+            .producers
+            .get(&run.pid.to_string())
+            .unwrap_or_else(|| panic!("no events of {who} (pid {})", run.pid));
+        assert_eq!(counts.track_events(), run.emitted().track_events(), "{who}");
+        let times = report.event_times[&run.pid.to_string()];
+        assert_eq!(times.machine, id_of(spec.machine), "{who}'s machine id");
+    }
+    assert_eq!(report.machines.len() as u32, machines);
+}
+
+/// Which producer `spec` is, for messages.
+fn who(spec: &ProducerSpec) -> String {
+    let sdk = match spec.implementation {
+        Some(ProducerImpl::Ours) => "our producer",
+        _ => "the real SDK",
+    };
+    format!("{sdk} on machine {}", spec.machine)
+}
+
+/// What machine `index`'s clock `clock` should read more than the central
+/// machine's, ns.
+fn expected_offset(clocks: MachineClocks, index: u32, clock: u32) -> i64 {
+    let offset = match (clocks, clock) {
+        (MachineClocks::OwnTimeNamespaces, BOOTTIME) => machine_boottime_offset(index),
+        (MachineClocks::OwnTimeNamespaces, MONOTONIC) => machine_monotonic_offset(index),
+        _ => Duration::ZERO,
+    };
+    offset.as_nanos() as i64
+}
+
+/// Each machine's clock offsets, computed from its exchanges as a trace
+/// processor does, are its real ones; mapped onto the central clock with
+/// them, each producer's events lie inside the session and inside what the
+/// harness saw of the producer.
+fn check_clocks(outcome: &Outcome, scenario: &Scenario, clocks: MachineClocks) {
+    let report: &TraceReport = &outcome.report;
+    let service_event = |name: &str| -> Vec<i64> {
+        let times = report
+            .service_event_times
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} service event with a timestamp"));
+        times.iter().map(|&t| t as i64).collect()
+    };
+    let started = *service_event("tracing_started").iter().min().unwrap();
+    let disabled = *service_event("tracing_disabled").iter().max().unwrap();
+    for (run, spec) in outcome.producers.iter().zip(&scenario.producers) {
+        let who = who(spec);
+        let id = id_of(spec.machine);
+        let sync = &report.remote_clock_offsets[&id.to_string()];
+        assert!(
+            sync.rounds >= 1,
+            "machine {}: no round: {sync:?}",
+            spec.machine
+        );
+        // Half the longest round bounds each estimate's error (see the
+        // module docs), plus the slack of clocks read one after another.
+        let tolerance = (sync.max_span / 2) as i64 + SLACK_NS;
+        for clock in [BOOTTIME, MONOTONIC, REALTIME] {
+            let expected = expected_offset(clocks, spec.machine, clock);
+            let offset = sync.offsets[&clock.to_string()];
+            assert!(
+                (offset - expected).abs() <= tolerance,
+                "machine {}: clock {clock} is {offset} ns ahead by the exchanges, \
+                 {expected} ns in truth (tolerance {tolerance} ns)",
+                spec.machine
+            );
+        }
+        let offset = sync.offsets[&BOOTTIME.to_string()];
+        let times = report.event_times[&run.pid.to_string()];
+        let (first, last) = (times.first - offset, times.last - offset);
+        let (spawned, reported) = (run.started_ns as i64, run.reported_ns as i64);
+        assert!(
+            first >= spawned - tolerance && last <= reported + tolerance,
+            "{who}: its events [{first}, {last}] on the central clock lie outside \
+             [{spawned}, {reported}], from just before it started to its last report \
+             (tolerance {tolerance} ns)"
+        );
+        assert!(
+            first >= started - tolerance && last <= disabled + tolerance,
+            "{who}: its events [{first}, {last}] on the central clock lie outside the \
+             session [{started}, {disabled}] (tolerance {tolerance} ns)"
+        );
+        if clocks == MachineClocks::OwnTimeNamespaces {
+            assert!(
+                times.first > disabled,
+                "{who}: on its own clock its events lie after the session ends, \
+                 so the check above needs the conversion"
+            );
+        }
+    }
 }
 
 #[test]
-fn relay_real_producer_to_the_real_central_service() {
-    run(Cell::REAL, 1);
+fn relay_one_machine_to_the_real_central_service() {
+    run(Cell::REAL, 1, MachineClocks::Shared);
 }
 
 #[test]
-fn relay_real_producer_to_our_central_service() {
-    run(Cell::OUR_SERVICE, 1);
+fn relay_one_machine_to_our_central_service() {
+    run(Cell::OUR_SERVICE, 1, MachineClocks::Shared);
 }
 
 #[test]
-fn relay_real_producer_to_our_central_service_recorded_by_our_cli() {
-    run(Cell::OUR_SERVICE_AND_CLI, 1);
+fn relay_one_machine_to_our_central_service_recorded_by_our_cli() {
+    run(Cell::OUR_SERVICE_AND_CLI, 1, MachineClocks::Shared);
 }
 
-/// Issue 20 item 4: three machines, one central service, one trace.
+/// Issue 20 item 4: three machines with clocks of their own, one central
+/// service, one trace.
 #[test]
 fn relay_three_machines_to_our_central_service() {
-    run(Cell::OUR_SERVICE, 3);
+    run(Cell::OUR_SERVICE, 3, MachineClocks::OwnTimeNamespaces);
 }
 
 #[test]
 fn relay_three_machines_to_the_real_central_service() {
-    run(Cell::REAL, 3);
+    run(Cell::REAL, 3, MachineClocks::OwnTimeNamespaces);
 }
