@@ -538,13 +538,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 (None, Some((track.uuid(), value)))
             }
         };
-        let time = self.time(now);
-        self.write_split(
-            now,
-            time,
-            &new,
-            packet(&mut |c| slow_event(c, time, kind, names, counter)),
-        )
+        let ev = SlowEvent {
+            time: self.time(now),
+            kind,
+            names,
+            counter,
+        };
+        self.write_split(now, ev.time, &new, packet(&mut |c| slow_event(c, &ev)))
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -835,30 +835,33 @@ fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name
     c.word32(u32::from(NAME_IID) | u32::from(name) << 8, tail);
 }
 
-/// Writes what [`encode::event`] writes for the events of the fast paths,
-/// with the cursor's field writers (out of line on firmware, shared with
-/// the other cold packets) and fewer branches: a counter sample of
+/// An event of the fast paths, for [`slow_event`]: a counter sample of
 /// `counter`'s value on the track with its uuid, else a slice begin or an
 /// instant (`kind`) named `names`, or a slice end, stamped `time`.
-fn slow_event<T: Target>(
-    c: &mut Cursor<T>,
+struct SlowEvent<'a> {
     time: Time,
     kind: u8,
-    names: Option<(Str<'_>, Str<'_>)>,
+    names: Option<(Str<'a>, Str<'a>)>,
     counter: Option<(u64, CounterValue)>,
-) {
-    match time {
+}
+
+/// Writes what [`encode::event`] writes for `ev`, with the cursor's field
+/// writers (out of line on firmware, shared with the other cold packets)
+/// and fewer branches. Out of line: its closure only passes it on.
+#[inline(never)]
+fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
+    match ev.time {
         Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
         Time::Absolute { clock_id, ns } => encode::absolute_time(c, clock_id, ns),
     }
     c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
     let te = c.begin_short();
-    c.uint(track_event::TYPE, u64::from(kind));
-    if let Some((uuid, value)) = counter {
+    c.uint(track_event::TYPE, u64::from(ev.kind));
+    if let Some((uuid, value)) = ev.counter {
         c.uint(track_event::TRACK_UUID, uuid);
         encode::counter_value(c, value);
     }
-    if let Some((category, name)) = names {
+    if let Some((category, name)) = ev.names {
         encode::category(c, category);
         encode::name(c, name);
     }
@@ -897,7 +900,7 @@ impl NamedIds {
     }
 }
 
-/// What [`TrackEventWriter::prepare`] makes ready besides the sequence.
+/// What [`TrackEventWriter::slow`] makes ready besides the sequence.
 #[derive(Clone, Copy)]
 enum Needs {
     /// A slice begin's or an instant's category and name, interned.
@@ -1216,7 +1219,13 @@ mod tests {
                     };
                     encode::event::<_, true>(c, &ev)
                 });
-                let got = bytes(|c| slow_event(c, time, kind as u8, names, counter));
+                let ev = SlowEvent {
+                    time,
+                    kind: kind as u8,
+                    names,
+                    counter,
+                };
+                let got = bytes(|c| slow_event(c, &ev));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
             }
         }
