@@ -512,24 +512,25 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// The slow path of [`Self::named_body`] and [`Self::sample`] (an
     /// event of type `kind`: a slice begin, end or instant, or a sample of
     /// `value` on the track in `needs`): restarts the sequence if due,
-    /// describes the counter track, interns the names, stamps the event as
-    /// a delta (or its absolute time if time went backwards) and writes it
-    /// with [`slow_event`], with its new interned strings, through
-    /// [`Self::write_split`]. The same bytes the fast paths write.
+    /// describes the counter track, interns the names (a new one in a
+    /// packet of its own, [`Self::intern_alone`]), stamps the event as a
+    /// delta (or its absolute time if time went backwards) and writes it
+    /// with [`slow_event`]: the bytes the fast paths write for it.
     #[inline(never)]
     fn slow(&mut self, now: u64, needs: Needs, kind: u8, value: CounterValue) -> bool {
         if !self.ready(now) {
             return false;
         }
-        let mut new = NewStrings::<2>::new();
         let (names, counter) = match needs {
-            Needs::Names(category, name) => (
-                Some((
-                    self.resolve(category, Kind::Category, &mut new),
-                    self.resolve(name, Kind::EventName, &mut new),
-                )),
-                None,
-            ),
+            Needs::Names(category, name) => {
+                let Some(category) = self.intern_alone(category, Kind::Category) else {
+                    return self.lost();
+                };
+                let Some(name) = self.intern_alone(name, Kind::EventName) else {
+                    return self.lost();
+                };
+                (Some((category, name)), None)
+            }
             Needs::End => (None, None),
             Needs::Track(track) => {
                 if !self.described(AnyTrack::Counter(track), now) {
@@ -544,7 +545,36 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             names,
             counter,
         };
-        self.write_split(now, ev.time, &new, packet(&mut |c| slow_event(c, &ev)))
+        if !self.put(packet(&mut |c| slow_event(c, &ev))) {
+            self.stats.events_dropped += 1;
+            return false;
+        }
+        self.stats.events += 1;
+        if let Time::Delta(_) = ev.time {
+            self.base = now;
+        }
+        true
+    }
+
+    /// The interned id of `s`, a new one's entry written first in a packet
+    /// of its own; `s` inline if the table is full or `s` too long to
+    /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
+    /// that packet was lost.
+    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<Str<'static>> {
+        let mut new = NewStrings::<1>::new();
+        let s = self.resolve(s, kind, &mut new);
+        for entry in &new {
+            if !self.put(packet(&mut |c| {
+                c.uint(
+                    trace_packet::SEQUENCE_FLAGS,
+                    u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                );
+                encode::interned_data::<_, true>(c, core::slice::from_ref(entry));
+            })) {
+                return None;
+            }
+        }
+        Some(s)
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
