@@ -564,12 +564,15 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         let mut new = NewStrings::<1>::new();
         let s = self.resolve(s, kind, &mut new);
         for entry in &new {
+            // What `encode::interned_data` writes for the entry alone.
             if !self.put(packet(&mut |c| {
                 c.uint(
                     trace_packet::SEQUENCE_FLAGS,
                     u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
                 );
-                encode::interned_data::<_, true>(c, core::slice::from_ref(entry));
+                let d = c.begin_short_field(trace_packet::INTERNED_DATA);
+                encode::interned_entry::<_, true>(c, entry);
+                c.end_short(d);
             })) {
                 return None;
             }
