@@ -14,10 +14,13 @@
 //!    descriptor.
 //! 2. Events with `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE` and their
 //!    time as a delta on clock 64 (one to three bytes). Category, event and
-//!    annotation names (`&'static str`) are interned per sequence: the
-//!    first event using one carries it in `interned_data`, later ones its
-//!    id. A track other than the default one gets its descriptor before
-//!    its first event.
+//!    annotation names (`&'static str`) are interned per sequence, events
+//!    carry their ids: a slice begin's or an instant's new names each come
+//!    first in a packet of their own (`sequence_flags` and the entry alone
+//!    in `interned_data`), so the event itself is the one the fast path
+//!    writes; an event built with [`TrackEventWriter::event`] carries its
+//!    new strings in its own `interned_data`. A track other than the
+//!    default one gets its descriptor before its first event.
 //!
 //! Names of slice begins and instants come as two strings
 //! ([`TrackEventWriter::slice_begin`]), whose ids the writer looks up in

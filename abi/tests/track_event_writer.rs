@@ -62,7 +62,7 @@ fn the_first_packets_start_the_sequence() {
         let mut w: Writer = writer(&smb, &clock, config().with_clock_id(clock_id));
         assert!(w.slice_begin("io", "read"));
         let seq = read_back(&mut w, clock_id, MAIN.uuid());
-        assert_eq!(seq.packets.len(), 3);
+        assert_eq!(seq.packets.len(), 5);
         // The reset packet: replay checked its defaults and snapshot (clock
         // 64 = the absolute clock at its time) and first_packet_on_sequence.
         let reset = &seq.packets[0];
@@ -104,12 +104,20 @@ fn the_first_packets_start_the_sequence() {
             (p.timestamp, p.timestamp_clock_id, p.sequence_flags),
             (Some(1_000_000), Some(clock_id), None)
         );
-        // The event: a delta of 0 on clock 64, interning both strings.
+        // Its strings, each in a packet of its own (no time: interned data
+        // needs none), then the event: a delta of 0 on clock 64.
+        for p in &seq.packets[2..4] {
+            assert_eq!(
+                (p.timestamp, p.sequence_flags, p.track_event.is_some()),
+                (None, Some(NEEDS_STATE), false)
+            );
+        }
         let e = &seq.events[0];
-        assert_eq!((e.packet, e.kind, e.track), (2, BEGIN, MAIN.uuid()));
+        assert_eq!((e.packet, e.kind, e.track), (4, BEGIN, MAIN.uuid()));
         assert_eq!((e.ts, e.absolute, e.inline_strings), (1_000_000, false, 0));
-        assert_eq!(seq.packets[2].timestamp, Some(0));
-        assert_eq!(seq.packets[2].sequence_flags, Some(NEEDS_STATE));
+        assert_eq!(seq.packets[4].timestamp, Some(0));
+        assert_eq!(seq.packets[4].sequence_flags, Some(NEEDS_STATE));
+        assert!(seq.packets[4].interned_data.is_none());
         assert_eq!(names(&seq), [(Some("read"), vec!["io"])]);
         assert_eq!(
             seq.interned,
@@ -121,7 +129,7 @@ fn the_first_packets_start_the_sequence() {
                     name: "io".into()
                 },
                 Interning {
-                    packet: 2,
+                    packet: 3,
                     kind: 1,
                     iid: 1,
                     name: "read".into()
@@ -175,22 +183,38 @@ fn interned_ids_count_per_kind_and_are_defined_once_per_reset() {
         (2, 2, "y"),
     ];
     assert_eq!(defs, [one_round, one_round].concat());
-    // Each definition rides on the packet of the string's first use after a
-    // reset; no other event packet carries interned data.
-    let defining: Vec<usize> = seq.interned.iter().map(|i| i.packet).collect();
-    for e in &seq.events {
-        let carries = seq.packets[e.packet].interned_data.is_some();
-        assert_eq!(carries, defining.contains(&e.packet), "{e:?}");
-        assert_eq!(e.inline_strings, 0);
-    }
+    // Each definition comes with the string's first use after a reset: in
+    // a packet of its own right before a named event's (slice begins and
+    // instants), on the packet of an event built with annotations.
     let first_uses: Vec<usize> = seq
+        .interned
+        .iter()
+        .map(|i| {
+            seq.events
+                .iter()
+                .position(|e| e.packet >= i.packet)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(first_uses, [0, 0, 1, 2, 3, 3, 7, 7, 8, 9, 10, 10]);
+    let carrying: Vec<usize> = seq
         .events
         .iter()
         .enumerate()
         .filter(|(_, e)| seq.packets[e.packet].interned_data.is_some())
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(first_uses, [0, 1, 2, 3, 7, 8, 9, 10]);
+    assert_eq!(carrying, [3, 10]);
+    for i in &seq.interned {
+        let p = &seq.packets[i.packet];
+        if p.track_event.is_none() {
+            let d = p.interned_data.as_ref().unwrap();
+            let entries =
+                d.event_categories.len() + d.event_names.len() + d.debug_annotation_names.len();
+            assert_eq!((entries, p.sequence_flags), (1, Some(NEEDS_STATE)), "{i:?}");
+        }
+    }
+    assert!(seq.events.iter().all(|e| e.inline_strings == 0));
     // The second round's definitions come after its reset.
     assert!(seq.interned[6].packet > seq.resets[1]);
 }
@@ -605,7 +629,8 @@ fn with_recording_off_events_are_skipped_and_counted() {
         seq.events.iter().map(|e| e.ts).collect::<Vec<_>>(),
         [50, 53]
     );
-    assert_eq!(seq.packets.len(), 4);
+    // Reset, descriptor, the two strings' packets, the two events.
+    assert_eq!(seq.packets.len(), 6);
 }
 
 #[test]

@@ -321,13 +321,20 @@ pub fn interned_data<T: Target, const SHORT: bool>(c: &mut Cursor<T>, entries: &
     let d = c.begin_message::<SHORT>(trace_packet::INTERNED_DATA);
     for kind in [Kind::Category, Kind::EventName, Kind::AnnotationName] {
         for e in entries.iter().filter(|e| e.kind == kind) {
-            let entry = c.begin_message::<SHORT>(kind.field());
-            c.uint(interned_string::IID, e.iid);
-            c.string(interned_string::NAME, e.name);
-            c.end_message::<SHORT>(entry);
+            interned_entry::<T, SHORT>(c, e);
         }
     }
     c.end_message::<SHORT>(d);
+}
+
+/// Writes one entry of `interned_data` (an `InternedString` in the field of
+/// its kind), as [`interned_data`] writes each.
+#[inline]
+pub fn interned_entry<T: Target, const SHORT: bool>(c: &mut Cursor<T>, e: &NewString<'_>) {
+    let entry = c.begin_message::<SHORT>(e.kind.field());
+    c.uint(interned_string::IID, e.iid);
+    c.string(interned_string::NAME, e.name);
+    c.end_message::<SHORT>(entry);
 }
 
 /// Writes the fields of the packet that starts (or restarts) a sequence:
@@ -484,6 +491,24 @@ mod tests {
         // its entry), one more size byte each.
         assert_eq!(long.len(), short.len() + 4);
         assert_eq!(&short[..8], &[0x40, 0xAC, 0x02, 0xD0, 0x03, 6, 0x68, 2]);
+    }
+
+    #[test]
+    fn one_entry_is_interned_data_of_one() {
+        for kind in [Kind::Category, Kind::EventName, Kind::AnnotationName] {
+            for (iid, name) in [(1, ""), (127, "io"), (128, "a name"), (70_000, "λ")] {
+                let e = NewString { kind, iid, name };
+                let want = bytes(|c| interned_data::<_, true>(c, &[e]));
+                let got = bytes(|c| {
+                    let d = c.begin_short_field(trace_packet::INTERNED_DATA);
+                    interned_entry::<_, true>(c, &e);
+                    c.end_short(d);
+                });
+                assert_eq!(got, want, "{kind:?} {iid} {name}");
+                // The entry's field: the kind's InternedData field.
+                assert_eq!(want[2] >> 3, kind.field() as u8);
+            }
+        }
     }
 
     #[test]

@@ -11,10 +11,10 @@
 //!   packet's bytes stored
 //!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
 //!   store.
-//! * Slow, for the same events ([`TrackEventWriter::simple`]): whatever the
+//! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
-//!   chunk to switch, time gone backwards), through the general encoders.
-//!   It writes the same bytes the fast path would.
+//!   chunk to switch, time gone backwards), through the cursor's field
+//!   writers ([`slow_event`]). It writes the same bytes the fast path would.
 //! * General ([`TrackEventWriter::general`]): events built with an
 //!   [`EventBuilder`].
 //!
@@ -323,7 +323,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// [`Self::named`] out of line, for every caller: written right here
     /// when the sequence is set up, both strings are interned already with
     /// ids below 128 (as they nearly always are), the delta is below 2^28
-    /// ns and the chunk has room; otherwise by [`Self::simple`].
+    /// ns and the chunk has room; otherwise by [`Self::slow`].
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
         let kind = ids.kind_bits();
@@ -335,7 +335,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 let nm = w.interned.lookup_word(ids.name(name));
                 ((cat | nm) < 0x80).then_some((cat, nm))
             },
-            |w, now| w.simple(now, Fast::Named(named_type(kind), category, name)),
+            |w, now| {
+                w.slow(
+                    now,
+                    Needs::Names(category, name),
+                    kind,
+                    CounterValue::Int(0),
+                )
+            },
         )
     }
 
@@ -361,8 +368,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 None => Some((0, 0)),
             },
             |w, now| {
-                let (category, name) = site.map_or(("", ""), |s| (s.category(), s.name()));
-                w.simple(now, Fast::Named(kind, category, name))
+                let needs = site.map_or(Needs::End, |s| Needs::Names(s.category(), s.name()));
+                w.slow(now, needs, kind as u8, CounterValue::Int(0))
             },
         )
     }
@@ -438,7 +445,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// Counter samples: written right here when the sequence is set up, the
     /// track described, the value an integer within 32 bits or a double,
     /// the delta below 2^28 ns and the chunk has room; otherwise by
-    /// [`Self::simple`]. Inline into one out-of-line function per value
+    /// [`Self::slow`]. Inline into one out-of-line function per value
     /// type ([`Self::sample_int`], [`Self::sample_double`]): each encodes
     /// its own type only, and a program sampling integers only links no
     /// floating-point path.
@@ -463,7 +470,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 return true;
             }
         }
-        self.simple(now, Fast::Sample(track, value))
+        self.slow(now, Needs::Track(track), Type::Counter as u8, value)
     }
 
     /// [`Self::sample`] of an integer.
@@ -502,52 +509,75 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         (delta >> 28 == 0).then_some(delta as u32)
     }
 
-    /// The slow path of [`Self::named`] and [`Self::sample`]: restarts the
-    /// sequence if due, describes the counter track, interns the names,
-    /// stamps the event as a delta (or its absolute time if time went
-    /// backwards) and writes it, with its new interned strings, through
-    /// [`Self::write_split`].
+    /// The slow path of [`Self::named_body`] and [`Self::sample`] (an
+    /// event of type `kind`: a slice begin, end or instant, or a sample of
+    /// `value` on the track in `needs`): restarts the sequence if due,
+    /// describes the counter track, interns the names (a new one in a
+    /// packet of its own, [`Self::intern_alone`]), stamps the event as a
+    /// delta (or its absolute time if time went backwards) and writes it
+    /// with [`slow_event`]: the bytes the fast paths write for it.
     #[inline(never)]
-    fn simple(&mut self, now: u64, ev: Fast) -> bool {
+    fn slow(&mut self, now: u64, needs: Needs, kind: u8, value: CounterValue) -> bool {
         if !self.ready(now) {
             return false;
         }
-        let (kind, names, counter) = match ev {
-            Fast::Named(kind, category, name) => (
-                kind,
-                (kind != Type::SliceEnd).then_some((category, name)),
-                None,
-            ),
-            Fast::Sample(track, value) => (Type::Counter, None, Some((track, value))),
+        let (names, counter) = match needs {
+            Needs::Names(category, name) => {
+                let Some(category) = self.intern_alone(category, Kind::Category) else {
+                    return self.lost();
+                };
+                let Some(name) = self.intern_alone(name, Kind::EventName) else {
+                    return self.lost();
+                };
+                (Some((category, name)), None)
+            }
+            Needs::End => (None, None),
+            Needs::Track(track) => {
+                if !self.described(AnyTrack::Counter(track), now) {
+                    return false;
+                }
+                (None, Some((track.uuid(), value)))
+            }
         };
-        if let Some((track, _)) = counter {
-            if !self.described(AnyTrack::Counter(track), now) {
-                return false;
+        let ev = SlowEvent {
+            time: self.time(now),
+            kind,
+            names,
+            counter,
+        };
+        if !self.put(packet(&mut |c| slow_event(c, &ev))) {
+            self.stats.events_dropped += 1;
+            return false;
+        }
+        self.stats.events += 1;
+        if let Time::Delta(_) = ev.time {
+            self.base = now;
+        }
+        true
+    }
+
+    /// The interned id of `s`, a new one's entry written first in a packet
+    /// of its own; `s` inline if the table is full or `s` too long to
+    /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
+    /// that packet was lost.
+    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<Str<'static>> {
+        let mut new = NewStrings::<1>::new();
+        let s = self.resolve(s, kind, &mut new);
+        for entry in &new {
+            // What `encode::interned_data` writes for the entry alone.
+            if !self.put(packet(&mut |c| {
+                c.uint(
+                    trace_packet::SEQUENCE_FLAGS,
+                    u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                );
+                let d = c.begin_short_field(trace_packet::INTERNED_DATA);
+                encode::interned_entry::<_, true>(c, entry);
+                c.end_short(d);
+            })) {
+                return None;
             }
         }
-        let time = self.time(now);
-        let mut new = NewStrings::<2>::new();
-        let names = names.map(|(category, name)| {
-            (
-                self.resolve(category, Kind::Category, &mut new),
-                self.resolve(name, Kind::EventName, &mut new),
-            )
-        });
-        let track_uuid = counter.map(|(track, _)| track.uuid());
-        let value = counter.map(|(_, value)| value);
-        self.write_split(
-            now,
-            time,
-            &new,
-            packet(&mut |c| {
-                let (categories, name) = match &names {
-                    Some((category, name)) => (core::slice::from_ref(category), Some(*name)),
-                    None => (&[][..], None),
-                };
-                let te = encode::event_head::<_, true>(c, time, kind, track_uuid, categories, name);
-                encode::event_tail::<_, true>(c, te, value, &[]);
-            }),
-        )
+        Some(s)
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -838,6 +868,39 @@ fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name
     c.word32(u32::from(NAME_IID) | u32::from(name) << 8, tail);
 }
 
+/// An event of the fast paths, for [`slow_event`]: a counter sample of
+/// `counter`'s value on the track with its uuid, else a slice begin or an
+/// instant (`kind`) named `names`, or a slice end, stamped `time`.
+struct SlowEvent<'a> {
+    time: Time,
+    kind: u8,
+    names: Option<(Str<'a>, Str<'a>)>,
+    counter: Option<(u64, CounterValue)>,
+}
+
+/// Writes what [`encode::event`] writes for `ev`, with the cursor's field
+/// writers (out of line on firmware, shared with the other cold packets)
+/// and fewer branches. Out of line: its closure only passes it on.
+#[inline(never)]
+fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
+    match ev.time {
+        Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
+        Time::Absolute { clock_id, ns } => encode::absolute_time(c, clock_id, ns),
+    }
+    c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
+    let te = c.begin_short();
+    c.uint(track_event::TYPE, u64::from(ev.kind));
+    if let Some((uuid, value)) = ev.counter {
+        c.uint(track_event::TRACK_UUID, uuid);
+        encode::counter_value(c, value);
+    }
+    if let Some((category, name)) = ev.names {
+        encode::category(c, category);
+        encode::name(c, name);
+    }
+    c.end_short(te);
+}
+
 /// A named event's type and its two interning keys' bits, in one word (a
 /// constant where the strings are): bits 0..=8 the category's
 /// ([`Key::bits`] shifted down 23), 16..=22 the type, 23..=31 the name's.
@@ -870,24 +933,15 @@ impl NamedIds {
     }
 }
 
-/// The type of a named event whose value is `kind`.
-#[inline(always)]
-fn named_type(kind: u8) -> Type {
-    match kind {
-        1 => Type::SliceBegin,
-        2 => Type::SliceEnd,
-        _ => Type::Instant,
-    }
-}
-
-/// An event of the fast paths, for [`TrackEventWriter::simple`].
+/// What [`TrackEventWriter::slow`] makes ready besides the sequence.
 #[derive(Clone, Copy)]
-enum Fast {
-    /// A slice begin or end or an instant on the default track (no names
-    /// for an end).
-    Named(Type, &'static str, &'static str),
-    /// A counter sample.
-    Sample(&'static CounterTrack, CounterValue),
+enum Needs {
+    /// A slice begin's or an instant's category and name, interned.
+    Names(&'static str, &'static str),
+    /// A slice end: nothing.
+    End,
+    /// A counter track, described.
+    Track(&'static CounterTrack),
 }
 
 /// The fields the counter fast path writes after a sample's timestamp: the
@@ -1140,6 +1194,72 @@ mod tests {
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_slow_events_are_the_general_encoding() {
+        let times = [
+            Time::Delta(0),
+            Time::Delta(300),
+            Time::Delta(1 << 28),
+            Time::Delta(u64::MAX),
+            Time::Absolute {
+                clock_id: FIRMWARE_CLOCK_ID,
+                ns: 12_345_678_901,
+            },
+        ];
+        let strs = [
+            Str::Iid(1),
+            Str::Iid(127),
+            Str::Iid(128),
+            Str::Iid(70_000),
+            Str::Inline("a"),
+            Str::Inline("sensor.read"),
+        ];
+        let values = [
+            CounterValue::Int(0),
+            CounterValue::Int(-1),
+            CounterValue::Int(1 << 40),
+            CounterValue::Int(i64::MIN),
+            CounterValue::Double(-21.5),
+        ];
+        for time in times {
+            let mut cases = Vec::new();
+            for kind in [Type::SliceBegin, Type::Instant] {
+                for cat in strs {
+                    for name in strs {
+                        cases.push((kind, Some((cat, name)), None));
+                    }
+                }
+            }
+            cases.push((Type::SliceEnd, None, None));
+            for uuid in [1, 0xFFFF_FFFF, 1 << 35, u64::MAX] {
+                for value in values {
+                    cases.push((Type::Counter, None, Some((uuid, value))));
+                }
+            }
+            for (kind, names, counter) in cases {
+                let want = bytes(|c| {
+                    let cats = names.map(|(cat, _)| [cat]);
+                    let ev = Event {
+                        categories: cats.as_ref().map_or(&[][..], |c| &c[..]),
+                        name: names.map(|(_, name)| name),
+                        track_uuid: counter.map(|(uuid, _)| uuid),
+                        counter: counter.map(|(_, value)| value),
+                        ..Event::new(kind, time)
+                    };
+                    encode::event::<_, true>(c, &ev)
+                });
+                let ev = SlowEvent {
+                    time,
+                    kind: kind as u8,
+                    names,
+                    counter,
+                };
+                let got = bytes(|c| slow_event(c, &ev));
+                assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
             }
         }
     }

@@ -18,8 +18,11 @@
 //!    on BOOTTIME explicitly.
 //!    Static event names, categories and annotation names are referenced by
 //!    interned id (from 1 per kind); the first packet using a string carries
-//!    it in `interned_data`. A track other than the thread's gets its
-//!    descriptor packet before the first event that uses it.
+//!    it in `interned_data`, except for a plain slice begin or instant
+//!    (`write_plain`), whose new category and name each come first in a
+//!    packet of their own, as `shmtrace_abi::track_event` writes them. A
+//!    track other than the thread's gets its descriptor packet before the
+//!    first event that uses it.
 //!
 //! # Invariants
 //!

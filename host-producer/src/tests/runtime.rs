@@ -153,18 +153,39 @@ fn clear_incremental_state_resets_the_sequence() {
         .iter()
         .map(|p| p.sequence_flags.unwrap_or(0))
         .collect();
-    // reset, 2 descriptors, 2 events, reset, 2 descriptors, 1 event.
-    assert_eq!(flags, [1, 0, 0, 2, 2, 1, 0, 0, 2]);
+    // reset, 2 descriptors, the category's and the name's interned
+    // packets, 2 events, reset, 2 descriptors, 2 interned packets, 1 event.
+    assert_eq!(flags, [1, 0, 0, 2, 2, 2, 2, 1, 0, 0, 2, 2, 2]);
     assert_eq!(packets[0].first_packet_on_sequence, Some(true));
     let names: Vec<_> = packets
         .iter()
         .filter_map(|p| p.track_event.as_ref()?.name_iid)
         .collect();
     assert_eq!(names, [1, 1, 1]);
-    assert!(packets[3].interned_data.is_some() && packets[4].interned_data.is_none());
-    assert!(
-        packets[8].interned_data.is_some(),
-        "re-emitted after the clear"
+    let interned = |p: &ts::TracePacket| {
+        p.interned_data
+            .as_ref()
+            .map(|d| (d.event_categories.len(), d.event_names.len()))
+    };
+    let kinds: Vec<_> = packets.iter().map(interned).collect();
+    assert_eq!(
+        kinds,
+        [
+            None,
+            None,
+            None,
+            Some((1, 0)),
+            Some((0, 1)),
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some((1, 0)),
+            Some((0, 1)),
+            None
+        ],
+        "interned alone before the first event, again after the clear"
     );
     lb.shutdown();
 }

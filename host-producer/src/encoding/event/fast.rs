@@ -128,7 +128,66 @@ impl SequenceState {
         ev: &PlainEvent<'_>,
     ) -> bool {
         debug_assert_eq!(ev.kind as u8, KIND);
-        self.try_write_plain::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
+        self.try_write_plain::<KIND, W>(w, ev) || self.write_plain_slow(w, ev)
+    }
+
+    /// What [`SequenceState::write_plain`]'s dedicated encoder declined:
+    /// as the firmware's writer (`shmtrace_abi::track_event`) does for the
+    /// same event, the new strings of a slice begin or an instant each go
+    /// first in a packet of their own (after the reset, if one is due);
+    /// then the general path writes the event.
+    #[cold]
+    #[inline(never)]
+    fn write_plain_slow<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
+        let named = matches!(ev.kind, EventType::SliceBegin | EventType::Instant);
+        if named && !ev.category.is_group() && !self.intern_alone(w, ev) {
+            self.needs_reset = true;
+            self.lost_before_start |= !self.started;
+            if ev.kind == EventType::SliceBegin {
+                self.slices.push(false);
+            }
+            return false;
+        }
+        self.write_event(w, &ev.data(), None)
+    }
+
+    /// Interns `ev`'s category and name, each new one with a packet of its
+    /// own (`sequence_flags` and the entry alone in `interned_data`), after
+    /// the reset if one is due; a string the tables have no room for is
+    /// left to the event (inline). `false` if a packet was lost.
+    fn intern_alone<W: PacketWriter>(&mut self, w: &mut W, ev: &PlainEvent<'_>) -> bool {
+        // After a loss, while the buffer is still full, as `write_event`.
+        if self.needs_reset && !w.ensure_chunk() {
+            return false;
+        }
+        if !self.prepare(w, None, ev.ns) {
+            return false;
+        }
+        for (kind, s) in [
+            (Kind::Category, ev.category.name()),
+            (Kind::EventName, ev.name),
+        ] {
+            self.interned.new_entries.clear();
+            let _ = self.interned.intern(kind, s);
+            let Some(&entry) = self.interned.new_entries.first() else {
+                continue;
+            };
+            self.interned.new_entries.clear();
+            let mut c = Cursor::new(&mut *self.scratch);
+            c.uint(
+                trace_packet::SEQUENCE_FLAGS,
+                u64::from(SEQ_NEEDS_INCREMENTAL_STATE),
+            );
+            encode::interned_data::<_, true>(&mut c, &[entry]);
+            let written = match c.finish() {
+                Some(n) => w.write_encoded_packet_in(&self.scratch[..], n),
+                None => false,
+            };
+            if !written {
+                return false;
+            }
+        }
+        true
     }
 
     /// The dedicated encoder of [`SequenceState::write_plain`], straight
