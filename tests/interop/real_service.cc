@@ -4,9 +4,11 @@
 //   real-service [--producer-socket PATH] [--consumer-socket PATH]
 //                [--exit-on-stdin-eof] [--enable-relay-endpoint]
 //
-// --enable-relay-endpoint also exposes the RelayPort service (what relays
-// of other machines call) on the producer socket, as traced's flag of the
-// same name does.
+// The producer socket may be a comma-separated list (say, one TCP address
+// per network link), each listened on, as traced splits
+// $PERFETTO_PRODUCER_SOCK_NAME (TokenizeProducerSockets). With
+// --enable-relay-endpoint each also exposes the RelayPort service (what
+// relays of other machines call), as traced's flag of the same name does.
 // Socket paths default to $PERFETTO_PRODUCER_SOCK_NAME and
 // $PERFETTO_CONSUMER_SOCK_NAME; one of the two must name each. Prints
 // {"event":"ready"} once both sockets listen, then serves until killed or,
@@ -56,9 +58,12 @@ extern "C" int shmtrace_real_service_main(int argc, char** argv) {
   std::unique_ptr<perfetto::ServiceIPCHost> host =
       perfetto::ServiceIPCHost::CreateInstance(&task_runner);
   std::list<perfetto::ListenEndpoint> producer_endpoints;
-  producer_endpoints.emplace_back(producer_socket);
-  producer_endpoints.back().expose_relay_endpoint =
-      flags.Has("enable-relay-endpoint");
+  for (const std::string& name :
+       perfetto::TokenizeProducerSockets(producer_socket.c_str())) {
+    producer_endpoints.emplace_back(name);
+    producer_endpoints.back().expose_relay_endpoint =
+        flags.Has("enable-relay-endpoint");
+  }
   if (!host->Start(std::move(producer_endpoints),
                    perfetto::ListenEndpoint(consumer_socket))) {
     return FailWith(kDriver, "cannot listen on " + producer_socket + " and " +

@@ -11,6 +11,7 @@
 //! * [`config`]: the TraceConfig messages the scenarios send.
 //! * [`firmware`]: the Cortex-M4 firmware example under QEMU, for the
 //!   `firmware_*` tests.
+//! * [`netns`]: network namespaces and veth links for relayed "machines".
 //! * [`test_events`]: the packets of the producer driver's custom data
 //!   source, decoded from a trace.
 //! * [`trace_file`]: a trace file's packets, decoded with prost.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod drivers;
 pub mod error;
 pub mod firmware;
+pub mod netns;
 pub mod process;
 pub mod scenario;
 pub mod test_events;

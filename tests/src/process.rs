@@ -256,3 +256,20 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let hz = rustix::param::clock_ticks_per_second() as f64;
     (ticks(11) + ticks(12)) / hz
 }
+
+/// `command` run by `wrapper` (a program and its leading arguments, such
+/// as `unshare --time --`): `wrapper` followed by `command`'s program and
+/// arguments, with `command`'s environment changes and working directory.
+pub fn wrapped(mut wrapper: Command, command: &Command) -> Command {
+    wrapper.arg(command.get_program()).args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapper.env(key, value),
+            None => wrapper.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        wrapper.current_dir(dir);
+    }
+    wrapper
+}

@@ -57,6 +57,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::thread;
@@ -67,7 +68,8 @@ use serde_json::Value;
 use crate::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation, TraceReport};
 use crate::config::{self, FillPolicy, IncrementalStateConfig, TraceConfig, TrackEventConfig};
 use crate::error::{HarnessError, Result};
-use crate::process::ChildProcess;
+use crate::netns::{MachineNetwork, TcpConnection};
+use crate::process::{self, ChildProcess};
 use crate::test_events::{self, TestEvents};
 
 /// How long a process may take to start and connect.
@@ -523,6 +525,10 @@ pub struct Scenario {
     /// Under [`ProducerSocket::Relayed`]: whether the machines share this
     /// machine's clocks or each has clocks of its own.
     pub machine_clocks: MachineClocks,
+    /// Under [`ProducerSocket::Relayed`]: whether the machines reach the
+    /// central service on this machine's loopback or each over a network
+    /// link of its own.
+    pub machine_networks: MachineNetworks,
 }
 
 /// The producer socket of a run.
@@ -536,8 +542,9 @@ pub enum ProducerSocket {
     /// packets carry no `trusted_pid` (the service does not know it), so
     /// the checker counts all producers' events together.
     Tcp,
-    /// Relayed machines on this one: the service listens on TCP on
-    /// `127.0.0.1` with the relay endpoint, and each "machine" (the
+    /// Relayed machines on this one: the service listens on TCP with the
+    /// relay endpoint (on `127.0.0.1`, or per [`Scenario::machine_networks`]
+    /// on each machine's link), and each "machine" (the
     /// producers' [`ProducerSpec::machine`]) has a `shmtrace relay` with a
     /// socket directory of its own, machine name and id hint `machine-N`,
     /// forwarding its producers to the service. Their packets carry the
@@ -580,18 +587,51 @@ pub fn machine_monotonic_offset(index: u32) -> Duration {
     Duration::from_secs(7200 * u64::from(index + 1) + 1234)
 }
 
-/// `command` as it runs on relayed machine `index` under `clocks`: as is,
-/// or under `unshare --time` with the machine's offsets. unshare puts the
-/// program in the new namespace without a fork in between (the kernel moves
-/// a process into the time namespace of its children when it executes a
-/// program, since Linux 6.0), so the process spawned is the program itself
-/// and its pid is the program's.
-fn on_machine(command: Command, index: u32, clocks: MachineClocks) -> Command {
-    match clocks {
+/// The networks of relayed machines ([`Scenario::machine_networks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MachineNetworks {
+    /// Every machine reaches the central service on `127.0.0.1`.
+    #[default]
+    Loopback,
+    /// Machine `N`'s relay and producers run in a Linux network namespace
+    /// of their own, linked to this one by a veth pair on a /30 of its own
+    /// ([`MachineNetwork`]); the central service listens on this side of
+    /// every link, and each relay connects to its own link's address. Fails
+    /// the run if this machine cannot make them.
+    OwnNamespaces,
+}
+
+/// Where a relayed machine's programs run: with which clocks, in which
+/// network namespace (`None`: this one).
+#[derive(Debug, Clone, Copy)]
+pub struct MachineEnv<'a> {
+    /// The machine's clocks.
+    pub clocks: MachineClocks,
+    /// The machine's network namespace.
+    pub network: Option<&'a MachineNetwork>,
+}
+
+impl MachineEnv<'_> {
+    /// This machine's clocks and network.
+    pub const HOST: Self = MachineEnv {
+        clocks: MachineClocks::Shared,
+        network: None,
+    };
+}
+
+/// `command` as it runs on relayed machine `index` in `env`: as is, under
+/// `unshare --time` with the machine's offsets, and under `ip netns exec`
+/// in its network namespace. Neither forks: unshare puts the program in the
+/// new time namespace as it executes it (the kernel moves a process into
+/// the time namespace of its children when it executes a program, since
+/// Linux 6.0), and ip enters the network namespace and then executes it, so
+/// the process spawned is the program itself and its pid is the program's.
+fn on_machine(command: Command, index: u32, env: MachineEnv) -> Command {
+    let command = match env.clocks {
         MachineClocks::Shared => command,
         MachineClocks::OwnTimeNamespaces => {
-            let mut wrapped = Command::new("unshare");
-            wrapped
+            let mut unshare = Command::new("unshare");
+            unshare
                 .arg("--time")
                 .arg(format!(
                     "--boottime={}",
@@ -601,17 +641,13 @@ fn on_machine(command: Command, index: u32, clocks: MachineClocks) -> Command {
                     "--monotonic={}",
                     machine_monotonic_offset(index).as_secs()
                 ))
-                .arg("--")
-                .arg(command.get_program())
-                .args(command.get_args());
-            for (key, value) in command.get_envs() {
-                match value {
-                    Some(value) => wrapped.env(key, value),
-                    None => wrapped.env_remove(key),
-                };
-            }
-            wrapped
+                .arg("--");
+            process::wrapped(unshare, &command)
         }
+    };
+    match env.network {
+        Some(network) => network.wrap(command),
+        None => command,
     }
 }
 
@@ -634,7 +670,11 @@ pub fn probe_time_namespaces() -> Result<()> {
     let before = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
     let mut cat = Command::new("cat");
     cat.arg("/proc/uptime");
-    let mut command = on_machine(cat, 0, MachineClocks::OwnTimeNamespaces);
+    let env = MachineEnv {
+        clocks: MachineClocks::OwnTimeNamespaces,
+        network: None,
+    };
+    let mut command = on_machine(cat, 0, env);
     let output = command.output().map_err(|source| HarnessError::Spawn {
         name: "unshare --time (probe)".into(),
         program: PathBuf::from("unshare"),
@@ -678,6 +718,7 @@ impl Scenario {
             producer_configs: Vec::new(),
             producer_socket: ProducerSocket::Unix,
             machine_clocks: MachineClocks::Shared,
+            machine_networks: MachineNetworks::Loopback,
         }
     }
 
@@ -858,6 +899,26 @@ pub struct Outcome {
     /// Every session, the first included (its `report`, `inspect`,
     /// `trace_bytes` and `cli_summary` are also the fields above).
     pub sessions: Vec<SessionTrace>,
+    /// Under a TCP producer socket: the established connections to the
+    /// service's port (in this network namespace) once every producer had
+    /// started its data source.
+    pub central_connections: Vec<TcpConnection>,
+    /// Under [`MachineNetworks::OwnNamespaces`]: each relayed machine's
+    /// link.
+    pub machine_links: BTreeMap<u32, MachineLink>,
+}
+
+/// A relayed machine's network namespace and its link to the central
+/// service ([`MachineNetworks::OwnNamespaces`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineLink {
+    /// The namespace's name (`ip netns`).
+    pub namespace: String,
+    /// This side of the link, where the central service listens for the
+    /// machine.
+    pub central: Ipv4Addr,
+    /// The machine's side: its address.
+    pub own: Ipv4Addr,
 }
 
 /// Whether `shmtrace inspect --check`'s only objection to a session's
@@ -1040,11 +1101,16 @@ pub fn start_service(
         producer_socket,
         consumer_socket,
         false,
+        false,
     )
 }
 
 /// [`start_service`], also exposing the relay port on the producer socket
-/// if `relay_endpoint` (`--enable-relay-endpoint`, either service).
+/// if `relay_endpoint` (`--enable-relay-endpoint`, either service), and
+/// listening on TCP addresses other than loopback if `listen_any` (ours
+/// refuses them without `--listen-any`; the real one takes any). A
+/// producer socket may be a comma-separated list: both services listen on
+/// each.
 pub fn start_service_with(
     which: ServiceImpl,
     bins: &RealBinaries,
@@ -1052,6 +1118,7 @@ pub fn start_service_with(
     producer_socket: &Path,
     consumer_socket: &Path,
     relay_endpoint: bool,
+    listen_any: bool,
 ) -> Result<ChildProcess> {
     let mut command = match which {
         ServiceImpl::Real => Command::new(&bins.service),
@@ -1071,20 +1138,24 @@ pub fn start_service_with(
     if relay_endpoint {
         command.arg("--enable-relay-endpoint");
     }
+    if listen_any && which == ServiceImpl::Ours {
+        command.arg("--listen-any");
+    }
     let mut service = ChildProcess::spawn("service", command, log_dir)?;
     service.expect_event("ready", START_TIMEOUT)?;
     Ok(service)
 }
 
-/// Starts `shmtrace relay` for relayed machine `index`: listening on
-/// `listen`, forwarding to `central`, named [`machine_name`]`(index)`,
-/// and waits until it reports `ready`. Its stderr goes to `log_dir`.
+/// Starts `shmtrace relay` for relayed machine `index` in `env`:
+/// listening on `listen`, forwarding to `central`, named
+/// [`machine_name`]`(index)`, and waits until it reports `ready`. Its
+/// stderr goes to `log_dir`.
 pub fn start_relay(
     log_dir: &Path,
     index: u32,
+    env: MachineEnv,
     listen: &Path,
     central: &Path,
-    clocks: MachineClocks,
 ) -> Result<ChildProcess> {
     let name = machine_name(index);
     let mut command = Command::new(shmtrace_binary()?);
@@ -1095,7 +1166,7 @@ pub fn start_relay(
         .arg(central)
         .args(["--machine-id-hint", &name, "--machine-name", &name])
         .arg("--exit-on-stdin-eof");
-    let command = on_machine(command, index, clocks);
+    let command = on_machine(command, index, env);
     let mut relay = ChildProcess::spawn(&format!("relay {name}"), command, log_dir)?;
     relay.expect_event("ready", START_TIMEOUT)?;
     Ok(relay)
@@ -1119,12 +1190,12 @@ pub fn start_producer(
         index,
         spec,
         producer_socket,
-        MachineClocks::Shared,
+        MachineEnv::HOST,
     )
 }
 
-/// [`start_producer`] on its relayed machine ([`ProducerSpec::machine`])
-/// with the machine's `clocks`.
+/// [`start_producer`] on its relayed machine ([`ProducerSpec::machine`]),
+/// in the machine's `env`.
 pub fn start_producer_on(
     which: ProducerImpl,
     bins: &RealBinaries,
@@ -1132,11 +1203,12 @@ pub fn start_producer_on(
     index: usize,
     spec: &ProducerSpec,
     producer_socket: &Path,
-    clocks: MachineClocks,
+    env: MachineEnv,
 ) -> Result<ChildProcess> {
-    if spec.process_name.is_some() && clocks != MachineClocks::Shared {
+    if spec.process_name.is_some() && (env.clocks != MachineClocks::Shared || env.network.is_some())
+    {
         return Err(HarnessError::Scenario(
-            "a producer's process name cannot pass through unshare".into(),
+            "a producer's process name cannot pass through unshare or ip netns exec".into(),
         ));
     }
     let mut command = match which {
@@ -1164,7 +1236,7 @@ pub fn start_producer_on(
     if spec.fidelity {
         command.arg("--fidelity=1");
     }
-    let command = on_machine(command, spec.machine, clocks);
+    let command = on_machine(command, spec.machine, env);
     ChildProcess::spawn(&format!("producer {}", index + 1), command, log_dir)
 }
 
@@ -1470,11 +1542,45 @@ fn run_in(
     scenario: &Scenario,
     phases: u32,
 ) -> Result<Outcome> {
-    let producer_socket = match scenario.producer_socket {
-        ProducerSocket::Unix => dir.path("producer.sock"),
-        ProducerSocket::Tcp | ProducerSocket::Relayed => {
-            PathBuf::from(format!("127.0.0.1:{}", free_tcp_port()?))
+    let relayed = scenario.producer_socket == ProducerSocket::Relayed;
+    let clocks = if relayed {
+        scenario.machine_clocks
+    } else {
+        MachineClocks::Shared
+    };
+    if clocks == MachineClocks::OwnTimeNamespaces {
+        probe_time_namespaces()?;
+    }
+    // Relayed machines with networks of their own: a namespace and link
+    // each, made before every process of the run and (dropped last)
+    // deleted after.
+    let mut networks = BTreeMap::new();
+    if relayed && scenario.machine_networks == MachineNetworks::OwnNamespaces {
+        let machines: BTreeSet<u32> = scenario.producers.iter().map(|p| p.machine).collect();
+        for machine in machines {
+            networks.insert(machine, MachineNetwork::create()?);
         }
+    }
+    let port = match scenario.producer_socket {
+        ProducerSocket::Unix => None,
+        ProducerSocket::Tcp | ProducerSocket::Relayed => Some(free_tcp_port()?),
+    };
+    // Where machine `machine` finds the central service: this side of its
+    // link, or loopback.
+    let central_socket = |machine, port| match networks.get(&machine) {
+        Some(network) => PathBuf::from(format!("{}:{port}", network.central_address())),
+        None => PathBuf::from(format!("127.0.0.1:{port}")),
+    };
+    let producer_socket = match port {
+        None => dir.path("producer.sock"),
+        Some(port) if !networks.is_empty() => {
+            let sockets: Vec<String> = networks
+                .keys()
+                .map(|&machine| central_socket(machine, port).display().to_string())
+                .collect();
+            PathBuf::from(sockets.join(","))
+        }
+        Some(port) => PathBuf::from(format!("127.0.0.1:{port}")),
     };
     let consumer_socket = dir.path("consumer.sock");
     // Session 1 writes trace.pftrace, session n > 1 trace-<n>.pftrace.
@@ -1495,15 +1601,6 @@ fn run_in(
     }
     let trace_path = trace_paths[0].1.clone();
 
-    let relayed = scenario.producer_socket == ProducerSocket::Relayed;
-    let clocks = if relayed {
-        scenario.machine_clocks
-    } else {
-        MachineClocks::Shared
-    };
-    if clocks == MachineClocks::OwnTimeNamespaces {
-        probe_time_namespaces()?;
-    }
     let mut service = start_service_with(
         cell.service,
         bins,
@@ -1511,11 +1608,12 @@ fn run_in(
         &producer_socket,
         &consumer_socket,
         relayed,
+        !networks.is_empty(),
     )?;
     // Relayed machines: one relay each, in a directory of its own.
     let mut relays = Vec::new();
     let mut machine_sockets = BTreeMap::new();
-    if relayed {
+    if let Some(port) = port.filter(|_| relayed) {
         for spec in &scenario.producers {
             if machine_sockets.contains_key(&spec.machine) {
                 continue;
@@ -1527,12 +1625,17 @@ fn run_in(
                 source,
             })?;
             let listen = machine_dir.join("producer.sock");
+            let env = MachineEnv {
+                clocks,
+                network: networks.get(&spec.machine),
+            };
+            let central = central_socket(spec.machine, port);
             relays.push(start_relay(
                 dir.dir.path(),
                 spec.machine,
+                env,
                 &listen,
-                &producer_socket,
-                clocks,
+                &central,
             )?);
             machine_sockets.insert(spec.machine, listen);
         }
@@ -1563,7 +1666,10 @@ fn run_in(
             index,
             &spec,
             socket,
-            clocks,
+            MachineEnv {
+                clocks,
+                network: networks.get(&spec.machine),
+            },
         )?);
     }
     let mut consumers = Vec::new();
@@ -1596,6 +1702,12 @@ fn run_in(
             killed_after: None,
         });
     }
+    // Every producer's connection to the service is up (it has been told
+    // to start its data source), and under a relay so is its machine's.
+    let central_connections = match port {
+        Some(port) => crate::netns::connections_to(port)?,
+        None => Vec::new(),
+    };
     if killed {
         await_listed(&producers, &consumer_socket)?;
     }
@@ -1798,6 +1910,18 @@ fn run_in(
         inspect: inspected,
         cli_summary: cli_summaries[0].clone(),
         sessions,
+        central_connections,
+        machine_links: networks
+            .iter()
+            .map(|(&machine, network)| {
+                let link = MachineLink {
+                    namespace: network.namespace().to_owned(),
+                    central: network.central_address(),
+                    own: network.machine_address(),
+                };
+                (machine, link)
+            })
+            .collect(),
     })
 }
 

@@ -8,12 +8,23 @@
 //!
 //! The "machines" are processes of this one: each relay has a socket
 //! directory, a machine name and an id hint of its own (`machine-N`). In
-//! the one-machine tests it shares this machine's clocks. In the
-//! three-machine tests each machine's relay and producers run in a Linux
-//! time namespace of their own, whose BOOTTIME and MONOTONIC run hours
-//! ahead of this machine's, a different amount per machine
-//! ([`MachineClocks::OwnTimeNamespaces`]); a machine that cannot make
-//! time namespaces fails these tests, saying so.
+//! the one-machine tests it shares this machine's clocks and network, and
+//! reaches the central service on 127.0.0.1. In the three-machine tests
+//! each machine's relay and producers run in Linux namespaces of their own:
+//! a time namespace, whose BOOTTIME and MONOTONIC run hours ahead of this
+//! machine's, a different amount per machine
+//! ([`MachineClocks::OwnTimeNamespaces`]), and a network namespace linked
+//! to this one by a veth pair on a /30 of its own from 10.213.0.0/16
+//! ([`MachineNetworks::OwnNamespaces`]): the central service listens on
+//! this side of every link, each relay connects to its own link's address,
+//! and its producers reach it on its UNIX socket. A machine that cannot
+//! make these namespaces fails these tests, saying so.
+//!
+//! The network check: once every producer runs, the central service's
+//! port has exactly three connections per machine (the relay's clock
+//! connection and one per producer), each machine's from its own address
+//! to its own link's (127.0.0.1 to 127.0.0.1 in the one-machine tests);
+//! and after the run the namespaces are gone.
 //!
 //! The checks, per machine and per producer: every event under the
 //! producer's machine id; each machine described; its clock offsets,
@@ -28,10 +39,9 @@
 //! the events of a machine with clocks of its own would lie hours after
 //! the session ended (asserted too).
 //!
-//! Not here: network namespaces (all machines reach the central service
-//! on 127.0.0.1; UNIX sockets and time namespaces are what separate them),
-//! and vsock (this machine has no vsock loopback transport).
+//! Not here: vsock (this machine has no vsock loopback transport).
 
+use std::process::Command;
 use std::time::Duration;
 
 use shmtrace_service::ipc::host::machine_id;
@@ -39,7 +49,7 @@ use shmtrace_tests::checker::TraceReport;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
     self, machine_boottime_offset, machine_monotonic_offset, machine_name, Cell, MachineClocks,
-    Outcome, ProducerImpl, ProducerSocket, ProducerSpec, Scenario,
+    MachineNetworks, Outcome, ProducerImpl, ProducerSocket, ProducerSpec, Scenario,
 };
 
 /// Clock ids (Perfetto's `BuiltinClock`).
@@ -53,6 +63,10 @@ const BOOTTIME: u32 = 6;
 /// sides; and our producer's clock extrapolates BOOTTIME from the TSC
 /// between re-anchorings (microseconds off).
 const SLACK_NS: i64 = 1_000_000;
+
+/// Connections of each machine to the central service: its relay's own
+/// (the `RelayPort` clock exchanges) and one per producer, forwarded.
+const CONNECTIONS_PER_MACHINE: usize = 3;
 
 /// Emitting threads and iterations per thread of each producer.
 const THREADS: u32 = 2;
@@ -71,10 +85,27 @@ fn producers(machine: u32) -> [ProducerSpec; 2] {
     [spec(None), spec(Some(ProducerImpl::Ours))]
 }
 
-fn run(cell: Cell, machines: u32, clocks: MachineClocks) -> Outcome {
+/// How relayed machines are set apart from this one.
+#[derive(Clone, Copy)]
+enum Machines {
+    /// This machine's clocks and network.
+    Shared,
+    /// Namespaces of their own: time and network.
+    OwnNamespaces,
+}
+
+fn run(cell: Cell, machines: u32, setting: Machines) -> Outcome {
+    let (clocks, networks) = match setting {
+        Machines::Shared => (MachineClocks::Shared, MachineNetworks::Loopback),
+        Machines::OwnNamespaces => (
+            MachineClocks::OwnTimeNamespaces,
+            MachineNetworks::OwnNamespaces,
+        ),
+    };
     let scenario = Scenario {
         producer_socket: ProducerSocket::Relayed,
         machine_clocks: clocks,
+        machine_networks: networks,
         ..Scenario::new("relay", (0..machines).flat_map(producers).collect())
     };
     let outcome = scenario::run(cell, &real_binaries!(), &scenario)
@@ -84,6 +115,7 @@ fn run(cell: Cell, machines: u32, clocks: MachineClocks) -> Outcome {
         .assert_ok(&format!("relay in cell {}", cell.name()));
     check(&outcome, &scenario, machines);
     check_clocks(&outcome, &scenario, clocks);
+    check_network(&outcome, machines, networks);
     outcome
 }
 
@@ -231,29 +263,86 @@ fn check_clocks(outcome: &Outcome, scenario: &Scenario, clocks: MachineClocks) {
     }
 }
 
+/// Each machine reached the central service over its own link, from its
+/// own address (or all over loopback), and its namespace is gone.
+fn check_network(outcome: &Outcome, machines: u32, networks: MachineNetworks) {
+    let connections = &outcome.central_connections;
+    assert_eq!(
+        connections.len(),
+        machines as usize * CONNECTIONS_PER_MACHINE,
+        "connections to the central service: {connections:?}"
+    );
+    if networks == MachineNetworks::Loopback {
+        assert!(outcome.machine_links.is_empty());
+        for connection in connections {
+            assert!(
+                connection.local.ip().is_loopback() && connection.peer.ip().is_loopback(),
+                "a connection to the central service not on loopback: {connection:?}"
+            );
+        }
+        return;
+    }
+    assert_eq!(outcome.machine_links.len() as u32, machines);
+    for (machine, link) in &outcome.machine_links {
+        // Addresses differ between machines, so three per machine, of the
+        // 3 x machines, leave none that came another way (loopback).
+        let from: Vec<_> = connections
+            .iter()
+            .filter(|c| *c.peer.ip() == link.own)
+            .collect();
+        assert_eq!(
+            from.len(),
+            CONNECTIONS_PER_MACHINE,
+            "machine {machine}'s connections from its address {}: {connections:?}",
+            link.own
+        );
+        for connection in from {
+            assert_eq!(
+                *connection.local.ip(),
+                link.central,
+                "machine {machine} reached the central service on its own link's address"
+            );
+        }
+    }
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for link in outcome.machine_links.values() {
+        assert!(
+            !listed
+                .lines()
+                .any(|line| line.split_whitespace().next() == Some(link.namespace.as_str())),
+            "namespace {} outlived its run: {listed}",
+            link.namespace
+        );
+    }
+}
+
 #[test]
 fn relay_one_machine_to_the_real_central_service() {
-    run(Cell::REAL, 1, MachineClocks::Shared);
+    run(Cell::REAL, 1, Machines::Shared);
 }
 
 #[test]
 fn relay_one_machine_to_our_central_service() {
-    run(Cell::OUR_SERVICE, 1, MachineClocks::Shared);
+    run(Cell::OUR_SERVICE, 1, Machines::Shared);
 }
 
 #[test]
 fn relay_one_machine_to_our_central_service_recorded_by_our_cli() {
-    run(Cell::OUR_SERVICE_AND_CLI, 1, MachineClocks::Shared);
+    run(Cell::OUR_SERVICE_AND_CLI, 1, Machines::Shared);
 }
 
-/// Issue 20 item 4: three machines with clocks of their own, one central
-/// service, one trace.
+/// Issue 20 item 4: three machines with clocks and networks of their own,
+/// one central service, one trace.
 #[test]
 fn relay_three_machines_to_our_central_service() {
-    run(Cell::OUR_SERVICE, 3, MachineClocks::OwnTimeNamespaces);
+    run(Cell::OUR_SERVICE, 3, Machines::OwnNamespaces);
 }
 
 #[test]
 fn relay_three_machines_to_the_real_central_service() {
-    run(Cell::REAL, 3, MachineClocks::OwnTimeNamespaces);
+    run(Cell::REAL, 3, Machines::OwnNamespaces);
 }

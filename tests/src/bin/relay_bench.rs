@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
 use shmtrace_tests::process::{cpu_seconds, ChildProcess};
 use shmtrace_tests::scenario::{
-    self, ConsumerImpl, MachineClocks, ProducerImpl, ProducerSpec, RealBinaries, Scenario,
+    self, ConsumerImpl, MachineEnv, ProducerImpl, ProducerSpec, RealBinaries, Scenario,
 };
 
 /// Track events per iteration of the producer driver (2 slices, 3
@@ -176,6 +176,7 @@ fn run(relays: u32, threads: u32, iterations: u32, iteration_sleep_us: u32) -> R
         &central,
         &consumer_socket,
         true,
+        false,
     )
     .unwrap_or_else(|e| fail(e));
     let mut relay_processes = Vec::new();
@@ -192,14 +193,8 @@ fn run(relays: u32, threads: u32, iterations: u32, iteration_sleep_us: u32) -> R
         std::fs::create_dir_all(&machine_dir).expect("a machine directory");
         let listen = machine_dir.join("producer.sock");
         relay_processes.push(
-            scenario::start_relay(
-                dir.path(),
-                machine,
-                &listen,
-                &central,
-                MachineClocks::Shared,
-            )
-            .unwrap_or_else(|e| fail(e)),
+            scenario::start_relay(dir.path(), machine, MachineEnv::HOST, &listen, &central)
+                .unwrap_or_else(|e| fail(e)),
         );
         producers.push(
             scenario::start_producer_on(
@@ -209,7 +204,7 @@ fn run(relays: u32, threads: u32, iterations: u32, iteration_sleep_us: u32) -> R
                 machine as usize,
                 &spec(machine),
                 &listen,
-                MachineClocks::Shared,
+                MachineEnv::HOST,
             )
             .unwrap_or_else(|e| fail(e)),
         );
