@@ -156,8 +156,9 @@ pub struct StrInterner {
     cache: [CacheEntry; CACHE_SLOTS],
 }
 
+/// The front-cache slot of `s`.
 #[inline(always)]
-fn cache_slot(s: &str) -> usize {
+pub(crate) fn cache_slot(s: &str) -> usize {
     ((s.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize
         & (CACHE_SLOTS - 1)
 }
@@ -214,12 +215,19 @@ impl StrInterner {
         }
     }
 
-    /// The id of `s` if it is already interned; never inserts.
-    #[inline]
+    /// The id of `s` if it is already interned; never inserts. The
+    /// front-cache hit is inlined.
+    #[inline(always)]
     pub fn lookup(&self, s: &'static str) -> Option<u64> {
-        if let Some(iid) = self.cached(s) {
-            return Some(iid);
+        match self.cached(s) {
+            Some(iid) => Some(iid),
+            None => self.lookup_table(s),
         }
+    }
+
+    /// [`StrInterner::lookup`] past the front cache.
+    #[inline(never)]
+    fn lookup_table(&self, s: &'static str) -> Option<u64> {
         if self.table.slots.is_empty() {
             return None;
         }

@@ -12,6 +12,7 @@ use std::fmt::{self, Write as _};
 
 use tracing_core::field::{Field, Visit};
 
+use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
 use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
@@ -28,17 +29,6 @@ const TEXT_KEEP: usize = 64 * 1024;
 thread_local! {
     /// The thread's text buffer, while no event has it.
     static TEXT: Cell<String> = const { Cell::new(String::new()) };
-}
-
-/// A value collected from an event.
-#[derive(Clone, Copy)]
-enum Flat {
-    Int(i64),
-    Uint(u64),
-    Bool(bool),
-    Double(f64),
-    /// `text[start..end]`.
-    Text(usize, usize),
 }
 
 /// The fields of one event.
@@ -70,18 +60,13 @@ impl EventFields {
         let _ = self.values.push((field.name(), value));
     }
 
-    /// Appends the annotations to `out`.
-    pub(super) fn args<'a>(&'a self, out: &mut Args<'a>) {
-        let text = self.text.as_deref().unwrap_or("");
-        for &(name, value) in &self.values {
-            let value = match value {
-                Flat::Int(v) => DebugValue::Int(v),
-                Flat::Uint(v) => DebugValue::Uint(v),
-                Flat::Bool(v) => DebugValue::Bool(v),
-                Flat::Double(v) => DebugValue::Double(v),
-                Flat::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
-            };
-            let _ = out.push(Arg::new(name, value));
+    /// The annotations: `head`, then the fields.
+    #[inline]
+    pub(super) fn args(&self, head: (&'static str, &'static str)) -> FlatArgs<'_> {
+        FlatArgs {
+            head,
+            values: &self.values,
+            text: self.text.as_deref().unwrap_or(""),
         }
     }
 }
