@@ -232,8 +232,9 @@ fn layer_hot_path_does_not_allocate() {
 
 /// What a span's close writes: nothing for a span entered once whose
 /// fields its slice carried, an instant with the fields no slice carried
-/// (a span never entered; a field recorded after its only slice), and a
-/// whole-life slice on a track of its own for a span entered twice.
+/// (a span never entered; a field recorded twice after its only slice,
+/// which it carries once), and a whole-life slice on a track of its own
+/// for a span entered twice.
 #[test]
 fn a_close_writes_only_what_no_slice_carried() {
     let _s = serial();
@@ -248,6 +249,8 @@ fn a_close_writes_only_what_no_slice_carried() {
         let late = tracing::info_span!(target: "tl.close", "late", c = tracing::field::Empty);
         drop(late.enter());
         late.record("c", 3u64);
+        // Recorded again: the value is replaced, not added.
+        late.record("c", 4u64);
         drop(late);
         // Entered twice: a whole-life slice (begin and end) at close.
         let twice = tracing::info_span!(target: "tl.close", "twice", d = 4u64);

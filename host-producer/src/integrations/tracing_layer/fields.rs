@@ -166,7 +166,7 @@ impl SpanFields {
 
     fn set(&mut self, field: &Field, value: Owned) {
         let name = field.name();
-        let i = match self.values.iter().position(|(n, _)| *n == name) {
+        let i = match self.values.iter().position(|(n, _)| same_field(n, name)) {
             Some(i) => {
                 self.values[i].1 = value;
                 i
@@ -185,7 +185,11 @@ impl SpanFields {
     /// The text value of `field`, emptied for reuse (a recorded string
     /// overwrites the previous one in place).
     fn text(&mut self, field: &Field) -> String {
-        match self.values.iter_mut().find(|(n, _)| *n == field.name()) {
+        match self
+            .values
+            .iter_mut()
+            .find(|(n, _)| same_field(n, field.name()))
+        {
             Some((_, Owned::Text(s))) => {
                 let mut s = std::mem::take(s);
                 s.clear();
@@ -194,6 +198,15 @@ impl SpanFields {
             _ => self.spare.pop().unwrap_or_default(),
         }
     }
+}
+
+/// Whether two field names of one span's callsite name the same field:
+/// `tracing` hands out each field's name as the same `&'static str` (its
+/// callsite's field set holds it), so its address and length tell, without
+/// comparing the text.
+#[inline]
+fn same_field(a: &'static str, b: &'static str) -> bool {
+    std::ptr::eq(a, b)
 }
 
 fn owned_value(value: &Owned) -> DebugValue<'_> {
