@@ -358,13 +358,26 @@ fn count_drop(instance: &crate::data_source::Instance) {
 #[inline(always)]
 fn plain<'a>(kind: EventType, cat: &'static Category, name: &'static str) -> PlainEvent<'a> {
     PlainEvent {
+        ns: crate::clock::now_ns(),
+        ..plain_unstamped(kind, cat, name)
+    }
+}
+
+/// [`plain`] with no time yet (0).
+#[inline(always)]
+fn plain_unstamped<'a>(
+    kind: EventType,
+    cat: &'static Category,
+    name: &'static str,
+) -> PlainEvent<'a> {
+    PlainEvent {
         kind,
         category: cat,
         name,
         args: &[],
         track: None,
         value: 0,
-        ns: crate::clock::now_ns(),
+        ns: 0,
     }
 }
 
@@ -462,6 +475,66 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
     if mask == 0 {
         return;
     }
+    event_at(cat, mask, kind, name, args, crate::clock::now_ns());
+}
+
+/// [`__event`] stamped `ns` (BOOTTIME), for callers that read the clock
+/// themselves (the `tracing` layer keeps the time of a span's first
+/// slice).
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+#[inline(never)]
+pub(crate) fn __event_at(
+    cat: &'static Category,
+    kind: EventType,
+    name: EventName<'_>,
+    args: &[Arg<'_>],
+    ns: u64,
+) {
+    let mask = cat.enabled_instances();
+    if mask != 0 {
+        event_at(cat, mask, kind, name, args, ns);
+    }
+}
+
+/// An instant named `name` on the thread's track, stamped now, with the
+/// annotations of `args` (the `tracing` layer's events: no [`Arg`]s built).
+#[cfg(feature = "tracing")]
+#[inline(never)]
+pub(crate) fn __flat_instant(
+    cat: &'static Category,
+    name: &'static str,
+    args: &crate::encoding::annotation::FlatArgs<'_>,
+) {
+    let mask = cat.enabled_instances();
+    if mask == 0 {
+        return;
+    }
+    let ns = crate::clock::now_ns();
+    track_event_type().with_writers(mask, |inner, instance| {
+        if !inner
+            .seq
+            .write_flat_instant(&mut inner.out, cat, name, args, ns)
+        {
+            count_drop(instance);
+        }
+    });
+}
+
+/// Writes the event into the instances of `mask`, by the dedicated
+/// encoders where its shape allows.
+#[inline(always)]
+fn event_at(
+    cat: &'static Category,
+    mask: u8,
+    kind: EventType,
+    name: EventName<'_>,
+    args: &[Arg<'_>],
+    ns: u64,
+) {
+    let plain = |kind, cat, n| PlainEvent {
+        ns,
+        ..plain_unstamped(kind, cat, n)
+    };
     match (kind, name) {
         (EventType::SliceEnd, EventName::None) if args.is_empty() => {
             write_plain::<{ EventType::SliceEnd as u8 }>(&plain(kind, cat, ""), mask);
@@ -487,7 +560,7 @@ pub fn __event(cat: &'static Category, kind: EventType, name: EventName<'_>, arg
             write_plain_args::<{ EventType::SliceBegin as u8 }>(&ev, mask);
         }
         _ => {
-            let mut data = EventData::new(kind, Some(cat), Timestamp::now());
+            let mut data = EventData::new(kind, Some(cat), Timestamp::boottime(ns));
             data.name = name;
             data.args = args;
             write(&data, mask, None);

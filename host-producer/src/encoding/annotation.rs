@@ -165,3 +165,50 @@ fn write_value<S: Sink>(m: &mut Message<'_, S>, value: &DebugValue<'_>) {
         }
     }
 }
+
+/// A flat annotation value whose text, if any, lies in the buffer of the
+/// [`FlatArgs`] holding it (`text[start..end]`), so that values can be
+/// collected one by one without borrowing a growing buffer.
+#[cfg(feature = "tracing")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FlatValue {
+    Int(i64),
+    Uint(u64),
+    Bool(bool),
+    Double(f64),
+    Text(usize, usize),
+}
+
+/// Annotations with static names and flat values: first a string one
+/// (`head`), then `values`, whose texts are in `text`. What the `tracing`
+/// layer collects from an event, written without first becoming [`Arg`]s.
+#[cfg(feature = "tracing")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlatArgs<'a> {
+    pub(crate) head: (&'static str, &'static str),
+    pub(crate) values: &'a [(&'static str, FlatValue)],
+    pub(crate) text: &'a str,
+}
+
+#[cfg(feature = "tracing")]
+impl<'a> FlatArgs<'a> {
+    /// The annotations, `head` first.
+    #[inline(always)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
+        let text = self.text;
+        std::iter::once((self.head.0, DebugValue::Str(self.head.1))).chain(self.values.iter().map(
+            move |&(name, value)| {
+                let value = match value {
+                    FlatValue::Int(v) => DebugValue::Int(v),
+                    FlatValue::Uint(v) => DebugValue::Uint(v),
+                    FlatValue::Bool(v) => DebugValue::Bool(v),
+                    FlatValue::Double(v) => DebugValue::Double(v),
+                    FlatValue::Text(start, end) => {
+                        DebugValue::Str(text.get(start..end).unwrap_or(""))
+                    }
+                };
+                (name, value)
+            },
+        ))
+    }
+}

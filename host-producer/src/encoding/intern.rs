@@ -147,17 +147,21 @@ struct CacheEntry {
 }
 
 /// Interning table for one kind of string (event names, categories, debug
-/// annotation names) on one sequence. A direct-mapped cache of recent
-/// strings in front of the table answers the common case (a trace point
-/// seen before) with one multiply and two compares.
+/// annotation names) on one sequence. A cache of recent strings in front
+/// of the table answers the common case (a trace point seen before) with
+/// one multiply and two compares. It is two-way: a string lives in its
+/// slot or in the slot's neighbour (`slot ^ 1`), where the string it
+/// displaced from its slot moves, so two strings sharing a slot (an
+/// event's annotation names, say) do not evict each other on every use.
 pub struct StrInterner {
     table: Table,
     next_iid: u64,
     cache: [CacheEntry; CACHE_SLOTS],
 }
 
+/// The front-cache slot of `s`.
 #[inline(always)]
-fn cache_slot(s: &str) -> usize {
+pub(crate) fn cache_slot(s: &str) -> usize {
     ((s.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize
         & (CACHE_SLOTS - 1)
 }
@@ -181,8 +185,29 @@ impl StrInterner {
     /// The id of `s` if the front cache knows it (then it is interned).
     #[inline(always)]
     pub fn cached(&self, s: &'static str) -> Option<u64> {
-        let e = self.cache[cache_slot(s)];
-        (e.ptr == s.as_ptr() as usize && e.len == s.len()).then_some(e.iid)
+        let slot = cache_slot(s);
+        let is = |e: CacheEntry| e.ptr == s.as_ptr() as usize && e.len == s.len();
+        let e = self.cache[slot];
+        if is(e) {
+            return Some(e.iid);
+        }
+        let e = self.cache[slot ^ 1];
+        is(e).then_some(e.iid)
+    }
+
+    /// Puts `s` in its front-cache slot, moving the string there to the
+    /// neighbouring slot.
+    fn cache(&mut self, s: &'static str, iid: u64) {
+        let slot = cache_slot(s);
+        let displaced = self.cache[slot];
+        if displaced.ptr != 0 {
+            self.cache[slot ^ 1] = displaced;
+        }
+        self.cache[slot] = CacheEntry {
+            ptr: s.as_ptr() as usize,
+            len: s.len(),
+            iid,
+        };
     }
 
     /// The id of `s` on this sequence.
@@ -199,11 +224,7 @@ impl StrInterner {
         });
         match found {
             Some((iid, inserted)) => {
-                self.cache[cache_slot(s)] = CacheEntry {
-                    ptr: s.as_ptr() as usize,
-                    len: s.len(),
-                    iid,
-                };
+                self.cache(s, iid);
                 if inserted {
                     Lookup::New(iid)
                 } else {
@@ -214,12 +235,19 @@ impl StrInterner {
         }
     }
 
-    /// The id of `s` if it is already interned; never inserts.
-    #[inline]
+    /// The id of `s` if it is already interned; never inserts. The
+    /// front-cache hit is inlined.
+    #[inline(always)]
     pub fn lookup(&self, s: &'static str) -> Option<u64> {
-        if let Some(iid) = self.cached(s) {
-            return Some(iid);
+        match self.cached(s) {
+            Some(iid) => Some(iid),
+            None => self.lookup_table(s),
         }
+    }
+
+    /// [`StrInterner::lookup`] past the front cache.
+    #[inline(never)]
+    fn lookup_table(&self, s: &'static str) -> Option<u64> {
         if self.table.slots.is_empty() {
             return None;
         }
@@ -392,6 +420,37 @@ mod tests {
         t.clear();
         assert_eq!(t.cached(keys[0]), None);
         assert_eq!(t.intern(keys[5]), Lookup::New(1));
+    }
+
+    #[test]
+    fn two_strings_sharing_a_cache_slot_both_stay_cached() {
+        let mut by_slot: std::collections::HashMap<usize, &'static str> = Default::default();
+        let (a, b) = loop {
+            let s: &'static str = Box::leak(format!("s{}", by_slot.len()).into_boxed_str());
+            if let Some(&other) = by_slot.get(&cache_slot(s)) {
+                break (other, s);
+            }
+            by_slot.insert(cache_slot(s), s);
+        };
+        let mut t = StrInterner::new();
+        let ia = t.intern(a);
+        let ib = t.intern(b);
+        assert_eq!((ia, ib), (Lookup::New(1), Lookup::New(2)));
+        assert_eq!((t.cached(a), t.cached(b)), (Some(1), Some(2)));
+        // A third one displaces the older of the two.
+        let c = loop {
+            let s: &'static str = Box::leak(format!("s{}", by_slot.len()).into_boxed_str());
+            by_slot.insert(usize::MAX - by_slot.len(), s);
+            if cache_slot(s) == cache_slot(a) {
+                break s;
+            }
+        };
+        assert_eq!(t.intern(c), Lookup::New(3));
+        assert_eq!(
+            (t.cached(a), t.cached(b), t.cached(c)),
+            (None, Some(2), Some(3))
+        );
+        assert_eq!(t.lookup(a), Some(1));
     }
 
     #[test]

@@ -41,9 +41,11 @@
 //! * **A span entered more than once** (an `async` task instrumented with
 //!   `.instrument()`, polled on one thread and then another) gets a track
 //!   of its own, named after it, under the process: when it closes, one
-//!   slice covering its life, from its creation to its close, with all its
-//!   fields, is written there, while each poll stays a slice on the track
-//!   of the thread that ran it.
+//!   slice covering its life, from its first entry (its first poll) to its
+//!   close, with all its fields, is written there, while each poll stays a
+//!   slice on the track of the thread that ran it. (From its first entry,
+//!   not its creation: stamping every span when it is made would cost a
+//!   clock read per span, most of which are entered right away anyway.)
 //! * **`follows_from` → a flow** from the span it follows (an instant
 //!   `follows_from` inside its current slice if the calling thread is in
 //!   it, else its next slice or its close) to the following span's next
@@ -111,7 +113,7 @@ use tracing_subscriber::layer::{Context, Filter, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::integrations::target_category;
-use crate::track_event::__event;
+use crate::track_event::{__event, __event_at, __flat_instant};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, EventFields, SpanFields};
@@ -201,8 +203,11 @@ where
     fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
         self.inner.inner().on_follows_from(span, follows, ctx);
     }
-    fn event_enabled(&self, event: &Event<'_>, ctx: Context<'_, S>) -> bool {
-        self.inner.event_enabled(event, ctx)
+    // `Filtered` would answer `true` too, after reading and rewriting its
+    // thread-local state unchanged: neither `Categories` nor the writer
+    // filters events one by one.
+    fn event_enabled(&self, _event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        true
     }
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         self.inner.on_event(event, ctx);
@@ -310,13 +315,23 @@ fn level(meta: &Metadata<'_>) -> Arg<'static> {
     Arg::new("level", meta.level().as_str())
 }
 
-/// Begins `name`'s slice on the thread's track.
+/// Begins `name`'s slice on the thread's track, stamped `ns`.
 #[inline]
-fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[Flow]) {
+fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[Flow], ns: u64) {
     if flows.is_empty() {
-        __event(cat, EventType::SliceBegin, EventName::Static(name), args);
+        __event_at(
+            cat,
+            EventType::SliceBegin,
+            EventName::Static(name),
+            args,
+            ns,
+        );
     } else {
-        cat.slice(name).args(args).flows(flows).emit();
+        cat.slice(name)
+            .args(args)
+            .flows(flows)
+            .timestamp(Timestamp::boottime(ns))
+            .emit();
     }
 }
 
@@ -382,6 +397,7 @@ impl Writer {
                 let mut cold = slot.cold();
                 let mut args = Args::new();
                 if let Some(cold) = &mut cold {
+                    slot.note_fields_written(cold);
                     cold.fields.take_dirty(false, &mut args);
                 }
                 __event(
@@ -427,17 +443,28 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let category = self.with_slot(id, &ctx, false, |slot, meta, category| {
-            slot.enters.fetch_add(1, Ordering::Relaxed);
-            if category.is_enabled() {
+            let first = slot.enters.fetch_add(1, Ordering::Relaxed) == 0;
+            let enabled = category.is_enabled();
+            if !(first || enabled) {
+                return category;
+            }
+            // The first slice's time is also the start of the span's
+            // whole life, should it be entered again.
+            let ns = crate::clock::now_ns();
+            if first {
+                slot.first_ns.store(ns, Ordering::Relaxed);
+            }
+            if enabled {
                 let mut cold = slot.cold();
                 let mut args = Args::new();
                 let _ = args.push(level(meta));
                 match &mut cold {
-                    None => begin(category, meta.name(), &args, &[]),
+                    None => begin(category, meta.name(), &args, &[], ns),
                     Some(cold) => {
                         let flows = std::mem::take(&mut cold.flows);
+                        slot.note_fields_written(cold);
                         cold.fields.take_dirty(false, &mut args);
-                        begin(category, meta.name(), &args, &flows);
+                        begin(category, meta.name(), &args, &flows, ns);
                     }
                 }
             }
@@ -470,7 +497,9 @@ where
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
         let recorded = self.with_slot(id, &ctx, false, |slot, _, _| {
-            values.record(&mut slot.cold_mut().fields);
+            let mut cold = slot.cold_mut();
+            values.record(&mut cold.fields);
+            slot.note_pending(&cold);
         });
         if recorded.is_none() {
             return;
@@ -498,7 +527,11 @@ where
         let flow = Flow::process_scoped(next_serial());
         let cause_id = follows.into_u64();
         let cause_here = with_entered(|stack| stack.iter().any(|e| e.id == cause_id)) == Some(true);
-        let add_flow = |slot: &Slot, _, _| slot.cold_mut().flows.push(flow);
+        let add_flow = |slot: &Slot, _, _| {
+            let mut cold = slot.cold_mut();
+            cold.flows.push(flow);
+            slot.note_pending(&cold);
+        };
         if cause_here {
             cause_category.instant("follows_from").flows(&[flow]).emit();
         } else {
@@ -515,24 +548,20 @@ where
         }
         let mut fields = EventFields::new();
         event.record(&mut fields);
-        let mut args = Args::new();
-        let _ = args.push(level(meta));
-        fields.args(&mut args);
-        __event(
+        __flat_instant(
             category,
-            EventType::Instant,
-            EventName::Static(meta.name()),
-            &args,
+            meta.name(),
+            &fields.args(("level", meta.level().as_str())),
         );
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         self.with_slot(&id, &ctx, true, |slot, meta, category| {
-            let mut cold = slot.close();
+            let enters = slot.enters.load(Ordering::Relaxed);
+            let mut cold = slot.close(enters > 1);
             if !category.is_enabled() {
                 return;
             }
-            let enters = slot.enters.load(Ordering::Relaxed);
             if enters <= 1 && cold.is_none() {
                 return;
             }
@@ -556,7 +585,7 @@ where
                 category
                     .slice(name)
                     .track(&track)
-                    .timestamp(Timestamp::boottime(slot.created_ns.load(Ordering::Relaxed)))
+                    .timestamp(Timestamp::boottime(slot.first_ns.load(Ordering::Relaxed)))
                     .args(&args)
                     .flows(flows)
                     .emit();

@@ -229,3 +229,57 @@ fn layer_hot_path_does_not_allocate() {
     );
     lb.shutdown();
 }
+
+/// What a span's close writes: nothing for a span entered once whose
+/// fields its slice carried, an instant with the fields no slice carried
+/// (a span never entered; a field recorded twice after its only slice,
+/// which it carries once), and a whole-life slice on a track of its own
+/// for a span entered twice.
+#[test]
+fn a_close_writes_only_what_no_slice_carried() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        lb.start_track_event(422, 1, TrackEventConfig::default());
+        // Entered once, fields carried by its slice: the close writes nothing.
+        drop(tracing::info_span!(target: "tl.close", "once", a = 1u64).entered());
+        // Never entered: its fields on an instant at close.
+        drop(tracing::info_span!(target: "tl.close", "never", b = 2u64));
+        // A field recorded after its slice: on an instant at close.
+        let late = tracing::info_span!(target: "tl.close", "late", c = tracing::field::Empty);
+        drop(late.enter());
+        late.record("c", 3u64);
+        // Recorded again: the value is replaced, not added.
+        late.record("c", 4u64);
+        drop(late);
+        // Entered twice: a whole-life slice (begin and end) at close.
+        let twice = tracing::info_span!(target: "tl.close", "twice", d = 4u64);
+        drop(twice.enter());
+        drop(twice.enter());
+        drop(twice);
+        runtime().stop_data_source(422);
+    });
+    let events = events_in(&lb, "tl.close");
+    use crate::EventType as T;
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (b, e, i) = (T::SliceBegin as i32, T::SliceEnd as i32, T::Instant as i32);
+    assert_eq!(
+        events,
+        [
+            (b, "once".into(), s(&["level", "a"])),
+            (e, String::new(), s(&[])),
+            (i, "never".into(), s(&["level", "b"])),
+            (b, "late".into(), s(&["level"])),
+            (e, String::new(), s(&[])),
+            (i, "late".into(), s(&["level", "c"])),
+            (b, "twice".into(), s(&["level", "d"])),
+            (e, String::new(), s(&[])),
+            (b, "twice".into(), s(&["level"])),
+            (e, String::new(), s(&[])),
+            (b, "twice".into(), s(&["level", "d"])),
+            (e, String::new(), s(&[])),
+        ],
+        "{events:#?}"
+    );
+    lb.shutdown();
+}

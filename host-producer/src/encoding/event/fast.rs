@@ -514,3 +514,122 @@ impl Interned {
 const MAX_FAST_CATEGORIES: usize = 8;
 const MAX_FAST_ARGS: usize = 16;
 const MAX_FAST_FLOWS: usize = 8;
+
+/// Most annotations of an instant written by
+/// [`SequenceState::write_flat_instant`] (a `tracing` callsite's fields and
+/// the level).
+#[cfg(feature = "tracing")]
+const MAX_FLAT_ARGS: usize = 40;
+
+#[cfg(feature = "tracing")]
+impl SequenceState {
+    /// Writes an instant named `name` in `category`, stamped `ns`
+    /// (BOOTTIME), with the annotations of `args`: encoded in place like
+    /// [`SequenceState::write_plain_args`] when every name is in its front
+    /// cache and the packet fits a window, else through the general path.
+    /// Returns `false` if any packet was dropped, like
+    /// [`SequenceState::write_event`].
+    #[inline(never)]
+    pub(crate) fn write_flat_instant<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        category: &'static Category,
+        name: &'static str,
+        args: &crate::encoding::annotation::FlatArgs<'_>,
+        ns: u64,
+    ) -> bool {
+        self.try_write_flat_instant(w, category, name, args, ns)
+            || self.write_flat_general(w, category, name, args, ns)
+    }
+
+    /// [`SequenceState::write_flat_instant`] through [`EventData`].
+    #[cold]
+    #[inline(never)]
+    fn write_flat_general<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        category: &'static Category,
+        name: &'static str,
+        args: &crate::encoding::annotation::FlatArgs<'_>,
+        ns: u64,
+    ) -> bool {
+        let list: heapless::Vec<Arg<'_>, MAX_FLAT_ARGS> = args
+            .iter()
+            .map(|(n, v)| Arg::new(n, v))
+            .take(MAX_FLAT_ARGS)
+            .collect();
+        let mut data = EventData::new(EventType::Instant, Some(category), Timestamp::boottime(ns));
+        data.name = EventName::Static(name);
+        data.args = &list;
+        self.write_event(w, &data, None)
+    }
+
+    /// The in-place encoder of [`SequenceState::write_flat_instant`]
+    /// (the bytes of [`SequenceState::try_write_plain_args`] for the same
+    /// event); `false` (nothing changed) where the general path must do
+    /// the work.
+    #[inline(always)]
+    fn try_write_flat_instant<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        category: &'static Category,
+        name: &'static str,
+        args: &crate::encoding::annotation::FlatArgs<'_>,
+        ns: u64,
+    ) -> bool {
+        const INSTANT: u8 = EventType::Instant as u8;
+        if self.needs_reset || ns < self.clock_base || category.is_group() {
+            return false;
+        }
+        let delta = ns - self.clock_base;
+        let interned = &self.interned;
+        w.write_in_place(|f| {
+            // Names whose front-cache slot another string holds are found
+            // in the table (a direct-mapped cache can thrash between two).
+            let (Some(cat), Some(name)) = (
+                interned.categories.lookup(category.name()),
+                interned.names.lookup(name),
+            ) else {
+                return false;
+            };
+            f.byte(TAG_TIMESTAMP);
+            put_varint(f, delta);
+            f.word(
+                u64::from_le_bytes([
+                    TAG_SEQUENCE_FLAGS,
+                    SEQ_NEEDS_INCREMENTAL_STATE as u8,
+                    TAG_TRACK_EVENT,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]),
+                3,
+            );
+            let te = f.begin_short();
+            f.byte2([TAG_TYPE, INSTANT]);
+            f.byte(TAG_CATEGORY_IIDS);
+            put_varint(f, cat);
+            f.byte(TAG_NAME_IID);
+            put_varint(f, name);
+            for (n, value) in args.iter() {
+                let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
+                else {
+                    return false;
+                };
+                f.byte(TAG_DEBUG_ANNOTATIONS);
+                let a = f.begin_short();
+                f.byte(TAG_ANNOTATION_NAME_IID);
+                put_varint(f, iid);
+                put_arg_value(f, value);
+                f.end_short(a);
+            }
+            f.end_short(te);
+            true
+        }) && {
+            self.clock_base = ns;
+            true
+        }
+    }
+}

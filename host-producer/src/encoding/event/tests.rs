@@ -1185,3 +1185,86 @@ fn extra_fields_through_the_context() {
         Some("late")
     );
 }
+
+/// The `tracing` layer's instants ([`SequenceState::write_flat_instant`]):
+/// the same packets as the general path for the same annotations, written
+/// in place once their names are interned, including names whose
+/// front-cache slot another name holds; the general path takes first uses,
+/// texts too long for a window, resets and losses.
+#[cfg(feature = "tracing")]
+#[test]
+fn flat_instants_match_the_general_path() {
+    use crate::encoding::annotation::{FlatArgs, FlatValue};
+    // Annotation names that share one front-cache slot.
+    let mut by_slot: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
+    let colliding = loop {
+        let s: &'static str = Box::leak(format!("f{}", by_slot.len()).into_boxed_str());
+        let slot = by_slot
+            .entry(crate::encoding::intern::cache_slot(s))
+            .or_default();
+        slot.push(s);
+        if slot.len() == 2 {
+            break [slot[0], slot[1]];
+        }
+    };
+    let long = "x".repeat(150);
+    let text = format!("valuemessage{long}");
+    let values = [
+        ("count", FlatValue::Uint(300)),
+        ("label", FlatValue::Text(0, 5)),
+        ("neg", FlatValue::Int(-3)),
+        ("b", FlatValue::Bool(true)),
+        ("d", FlatValue::Double(1.5)),
+        (colliding[0], FlatValue::Text(5, 12)),
+        (colliding[1], FlatValue::Uint(u64::MAX)),
+        ("empty", FlatValue::Text(12, 12)),
+    ];
+    let too_long = [("s", FlatValue::Text(12, text.len()))];
+    let shapes: [&[(&'static str, FlatValue)]; 4] = [&values, &values[..2], &too_long, &[]];
+    let mut fast = seq();
+    let mut general = seq();
+    let mut a = VecWriter::in_place();
+    let mut b = VecWriter::default();
+    let mut ns = 1_000;
+    let mut events = 0;
+    for round in 0..6 {
+        if round == 3 {
+            fast.invalidate();
+            general.invalidate();
+        }
+        if round == 4 {
+            a.lose_next = true;
+            b.lose_next = true;
+        }
+        for values in shapes {
+            ns += 77;
+            events += 1;
+            let args = FlatArgs {
+                head: ("level", "INFO"),
+                values,
+                text: &text,
+            };
+            let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
+            let mut data = ev(EventType::Instant, EventName::Static("event"));
+            data.timestamp = Timestamp::boottime(ns);
+            data.args = &list;
+            let ok_a = fast.write_flat_instant(&mut a, &CAT, "event", &args, ns);
+            let ok_b = general.write_event(&mut b, &data, None);
+            assert_eq!(ok_a, ok_b, "round {round}");
+        }
+    }
+    let split = |w: &VecWriter| {
+        let (d, rest): (Vec<_>, Vec<_>) = w
+            .decoded()
+            .into_iter()
+            .partition(|p| p.track_descriptor.is_some());
+        (d.len(), rest)
+    };
+    assert_eq!(split(&a), split(&b));
+    // Everything but first uses, the long text and the lost one: in place.
+    assert!(
+        a.in_place_packets >= events / 2,
+        "{} of {events} in place",
+        a.in_place_packets
+    );
+}

@@ -12,6 +12,7 @@ use std::fmt::{self, Write as _};
 
 use tracing_core::field::{Field, Visit};
 
+use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
 use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
@@ -28,17 +29,6 @@ const TEXT_KEEP: usize = 64 * 1024;
 thread_local! {
     /// The thread's text buffer, while no event has it.
     static TEXT: Cell<String> = const { Cell::new(String::new()) };
-}
-
-/// A value collected from an event.
-#[derive(Clone, Copy)]
-enum Flat {
-    Int(i64),
-    Uint(u64),
-    Bool(bool),
-    Double(f64),
-    /// `text[start..end]`.
-    Text(usize, usize),
 }
 
 /// The fields of one event.
@@ -70,18 +60,13 @@ impl EventFields {
         let _ = self.values.push((field.name(), value));
     }
 
-    /// Appends the annotations to `out`.
-    pub(super) fn args<'a>(&'a self, out: &mut Args<'a>) {
-        let text = self.text.as_deref().unwrap_or("");
-        for &(name, value) in &self.values {
-            let value = match value {
-                Flat::Int(v) => DebugValue::Int(v),
-                Flat::Uint(v) => DebugValue::Uint(v),
-                Flat::Bool(v) => DebugValue::Bool(v),
-                Flat::Double(v) => DebugValue::Double(v),
-                Flat::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
-            };
-            let _ = out.push(Arg::new(name, value));
+    /// The annotations: `head`, then the fields.
+    #[inline]
+    pub(super) fn args(&self, head: (&'static str, &'static str)) -> FlatArgs<'_> {
+        FlatArgs {
+            head,
+            values: &self.values,
+            text: self.text.as_deref().unwrap_or(""),
         }
     }
 }
@@ -181,7 +166,7 @@ impl SpanFields {
 
     fn set(&mut self, field: &Field, value: Owned) {
         let name = field.name();
-        let i = match self.values.iter().position(|(n, _)| *n == name) {
+        let i = match self.values.iter().position(|(n, _)| same_field(n, name)) {
             Some(i) => {
                 self.values[i].1 = value;
                 i
@@ -200,7 +185,11 @@ impl SpanFields {
     /// The text value of `field`, emptied for reuse (a recorded string
     /// overwrites the previous one in place).
     fn text(&mut self, field: &Field) -> String {
-        match self.values.iter_mut().find(|(n, _)| *n == field.name()) {
+        match self
+            .values
+            .iter_mut()
+            .find(|(n, _)| same_field(n, field.name()))
+        {
             Some((_, Owned::Text(s))) => {
                 let mut s = std::mem::take(s);
                 s.clear();
@@ -209,6 +198,15 @@ impl SpanFields {
             _ => self.spare.pop().unwrap_or_default(),
         }
     }
+}
+
+/// Whether two field names of one span's callsite name the same field:
+/// `tracing` hands out each field's name as the same `&'static str` (its
+/// callsite's field set holds it), so its address and length tell, without
+/// comparing the text.
+#[inline]
+fn same_field(a: &'static str, b: &'static str) -> bool {
+    std::ptr::eq(a, b)
 }
 
 fn owned_value(value: &Owned) -> DebugValue<'_> {

@@ -48,10 +48,17 @@ pub(super) struct Slot {
     callsite: AtomicU32,
     /// Times entered.
     pub(super) enters: AtomicU32,
-    /// Boot time when the span was made.
-    pub(super) created_ns: AtomicU64,
+    /// Boot time when the span was first entered (set by the thread that
+    /// entered it first; read when it closes, after every enter).
+    pub(super) first_ns: AtomicU64,
     /// Whether `rest` holds anything: fields, flows or the metadata.
     cold: AtomicBool,
+    /// Whether `rest` holds what no event wrote yet (changed fields,
+    /// flows): a close that finds it clear, of a span entered at most
+    /// once, has nothing to write and takes no lock. Set under the lock
+    /// ([`Slot::note_pending`]); read without it only at close, when every
+    /// other use of the span happened before.
+    pending: AtomicBool,
     rest: Mutex<Cold>,
 }
 
@@ -77,8 +84,6 @@ impl Slot {
         record: impl FnOnce(&mut SpanFields),
     ) {
         self.enters.store(0, Ordering::Relaxed);
-        self.created_ns
-            .store(crate::clock::now_ns(), Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
         if callsite.is_none() || has_fields {
@@ -87,6 +92,7 @@ impl Slot {
             rest.flows.clear();
             rest.meta = callsite.is_none().then_some((meta, category));
             record(&mut rest.fields);
+            self.note_pending(&rest);
             self.cold.store(true, Ordering::Relaxed);
         } else {
             self.cold.store(false, Ordering::Relaxed);
@@ -119,17 +125,45 @@ impl Slot {
         rest
     }
 
+    /// Records whether `cold` (this slot's, locked) holds what no event
+    /// wrote yet; called after every change to it.
+    #[inline]
+    pub(super) fn note_pending(&self, cold: &Cold) {
+        self.pending.store(
+            cold.fields.is_dirty() || !cold.flows.is_empty(),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// [`Slot::note_pending`] for `cold` once its changed fields are
+    /// written (called just before they are).
+    #[inline]
+    pub(super) fn note_fields_written(&self, cold: &Cold) {
+        self.pending
+            .store(!cold.flows.is_empty(), Ordering::Relaxed);
+    }
+
     fn rest(&self) -> MutexGuard<'_, Cold> {
         self.rest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The cold state of a closing span, if it has any: let go when the
-    /// guard drops (the buffers stay for the slot's next span).
+    /// The cold state of a closing span, if it has any and the close
+    /// needs it (`all`, or something no event wrote): let go when the
+    /// guard drops (the buffers stay for the slot's next span; one not
+    /// taken here is emptied by the next [`Slot::start`] or
+    /// [`Slot::cold_mut`]).
     #[inline]
-    pub(super) fn close(&self) -> Option<Closing<'_>> {
-        self.cold
-            .swap(false, Ordering::Relaxed)
-            .then(|| Closing(self.rest()))
+    pub(super) fn close(&self, all: bool) -> Option<Closing<'_>> {
+        // No other thread holds the span any more: loads and a store, not
+        // a read-modify-write, and no lock when nothing is pending.
+        if !self.cold.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.cold.store(false, Ordering::Relaxed);
+        if !all && !self.pending.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(Closing(self.rest()))
     }
 }
 
