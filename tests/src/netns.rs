@@ -5,7 +5,7 @@
 //! own address, as a separate machine would.
 //!
 //! Invariants:
-//! - A link's /30 is subnet number `s` of [`SUBNETS`] (`10.213.s/64.4(s%64)`;
+//! - A link's /30 is subnet number `s` of `SUBNETS`, 10.213.0.0/16 (`10.213.s/64.4(s%64)`;
 //!   `.1` on this side, `.2` the machine's), and both the link (`shmt<s>`)
 //!   and the namespace (`shmtrace-<pid>-<s>`, `pid` the creating process's)
 //!   are named after it: creating the link claims the subnet, so runs in
