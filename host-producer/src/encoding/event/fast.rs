@@ -63,6 +63,54 @@ pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
     }
 }
 
+/// The start of a plain event packet written in place: its time as a
+/// delta, `sequence_flags`, and the open TrackEvent (one-byte length) with
+/// its type, category and name ids. Returns the TrackEvent's start, for
+/// `end_short` once its annotations are written.
+#[inline(always)]
+fn put_plain_head<T: Target>(
+    f: &mut Cursor<T>,
+    delta: u64,
+    kind: u8,
+    cat: u64,
+    name: u64,
+) -> usize {
+    f.byte(TAG_TIMESTAMP);
+    put_varint(f, delta);
+    f.word(
+        u64::from_le_bytes([
+            TAG_SEQUENCE_FLAGS,
+            SEQ_NEEDS_INCREMENTAL_STATE as u8,
+            TAG_TRACK_EVENT,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]),
+        3,
+    );
+    let te = f.begin_short();
+    f.byte2([TAG_TYPE, kind]);
+    f.byte(TAG_CATEGORY_IIDS);
+    put_varint(f, cat);
+    f.byte(TAG_NAME_IID);
+    put_varint(f, name);
+    te
+}
+
+/// One flat debug annotation (one-byte length): its interned name and
+/// its value.
+#[inline(always)]
+fn put_flat_annotation<T: Target>(f: &mut Cursor<T>, name_iid: u64, value: encode::ArgValue<'_>) {
+    f.byte(TAG_DEBUG_ANNOTATIONS);
+    let a = f.begin_short();
+    f.byte(TAG_ANNOTATION_NAME_IID);
+    put_varint(f, name_iid);
+    put_arg_value(f, value);
+    f.end_short(a);
+}
+
 /// Appends a flat debug annotation value (its tag and contents) with the
 /// cursor's inlined byte writers only. [`encode::arg_value`] writes the
 /// same bytes through the cursor's field writers, which the compiler may
@@ -360,27 +408,7 @@ impl SequenceState {
             ) else {
                 return false;
             };
-            f.byte(TAG_TIMESTAMP);
-            put_varint(f, delta);
-            f.word(
-                u64::from_le_bytes([
-                    TAG_SEQUENCE_FLAGS,
-                    SEQ_NEEDS_INCREMENTAL_STATE as u8,
-                    TAG_TRACK_EVENT,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                ]),
-                3,
-            );
-            let te = f.begin_short();
-            f.byte2([TAG_TYPE, KIND]);
-            f.byte(TAG_CATEGORY_IIDS);
-            put_varint(f, cat);
-            f.byte(TAG_NAME_IID);
-            put_varint(f, name);
+            let te = put_plain_head(f, delta, KIND, cat, name);
             for arg in ev.args {
                 let ArgName::Static(n) = arg.name else {
                     return false;
@@ -390,12 +418,7 @@ impl SequenceState {
                 else {
                     return false;
                 };
-                f.byte(TAG_DEBUG_ANNOTATIONS);
-                let a = f.begin_short();
-                f.byte(TAG_ANNOTATION_NAME_IID);
-                put_varint(f, iid);
-                put_arg_value(f, value);
-                f.end_short(a);
+                put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
             true
@@ -592,38 +615,13 @@ impl SequenceState {
             ) else {
                 return false;
             };
-            f.byte(TAG_TIMESTAMP);
-            put_varint(f, delta);
-            f.word(
-                u64::from_le_bytes([
-                    TAG_SEQUENCE_FLAGS,
-                    SEQ_NEEDS_INCREMENTAL_STATE as u8,
-                    TAG_TRACK_EVENT,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                ]),
-                3,
-            );
-            let te = f.begin_short();
-            f.byte2([TAG_TYPE, INSTANT]);
-            f.byte(TAG_CATEGORY_IIDS);
-            put_varint(f, cat);
-            f.byte(TAG_NAME_IID);
-            put_varint(f, name);
+            let te = put_plain_head(f, delta, INSTANT, cat, name);
             for (n, value) in args.iter() {
                 let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
                 else {
                     return false;
                 };
-                f.byte(TAG_DEBUG_ANNOTATIONS);
-                let a = f.begin_short();
-                f.byte(TAG_ANNOTATION_NAME_IID);
-                put_varint(f, iid);
-                put_arg_value(f, value);
-                f.end_short(a);
+                put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
             true
