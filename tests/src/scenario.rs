@@ -406,6 +406,13 @@ pub struct ProducerSpec {
     pub implementation: Option<ProducerImpl>,
 }
 
+impl ProducerSpec {
+    /// Track events one thread emits per iteration (2 slices, begin and
+    /// end each, 3 instants and 2 counter values), without the huge
+    /// annotation's and the fidelity events.
+    pub const TRACK_EVENTS_PER_ITERATION: u64 = 9;
+}
+
 impl Default for ProducerSpec {
     fn default() -> Self {
         ProducerSpec {

@@ -41,9 +41,7 @@ use shmtrace_tests::scenario::{
     self, ConsumerImpl, MachineEnv, ProducerImpl, ProducerSpec, RealBinaries, Scenario,
 };
 
-/// Track events per iteration of the producer driver (2 slices, 3
-/// instants, 2 counters).
-const EVENTS_PER_ITERATION: u64 = 9;
+const EVENTS_PER_ITERATION: u64 = ProducerSpec::TRACK_EVENTS_PER_ITERATION;
 /// The longest any step may take.
 const TIMEOUT: Duration = Duration::from_secs(600);
 

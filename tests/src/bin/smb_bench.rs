@@ -28,9 +28,7 @@ use shmtrace_tests::scenario::{
     ServiceImpl,
 };
 
-/// Track events per iteration of the producer driver (2 slices, 3
-/// instants, 2 counters).
-const EVENTS_PER_ITERATION: u64 = 9;
+const EVENTS_PER_ITERATION: u64 = ProducerSpec::TRACK_EVENTS_PER_ITERATION;
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Command-line arguments.
