@@ -42,7 +42,7 @@ use core::ptr::NonNull;
 
 use crate::layout::{
     ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,
-    CHUNK_ID_OFFSET, HEADER_BITMAP_OFFSET, PACKETS_OFFSET, SMB_ALIGNMENT, WRITER_ID_OFFSET,
+    HEADER_BITMAP_OFFSET, SMB_ALIGNMENT,
 };
 use crate::state::{self, ChunkState, PartitionError};
 use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
@@ -232,13 +232,8 @@ impl<'s> SmbPage<'s> {
 
     /// Header words of the chunk at `offset` from the page start.
     fn words_at(&self, offset: usize) -> Option<ChunkWords<'s, AtomicU32, AtomicU16>> {
-        let at = self.page_offset + offset;
         let region: &'s Region<'s> = self.region;
-        Some(ChunkWords {
-            chunk_id: region.atomic_u32(at + CHUNK_ID_OFFSET)?,
-            writer_id: region.atomic_u16(at + WRITER_ID_OFFSET)?,
-            packets: region.atomic_u16(at + PACKETS_OFFSET)?,
-        })
+        region.chunk_words(self.page_offset + offset)
     }
 }
 
@@ -455,22 +450,17 @@ impl<'m> Smb<'m> {
         header: Option<&ChunkHeaderRepr>,
     ) -> Option<WritableChunk<'a>> {
         let g = self.page_size.chunk_geometry(layout, chunk)?;
-        let words = p.words_at(g.offset)?;
-        if let Some(header) = header {
-            words.init(header);
-        }
         // SAFETY: the caller just won `Free → BeingWritten` for this chunk,
         // so this producer owns its payload until `release_as_complete`; the
         // payload lies after the chunk header and inside the chunk (geometry
         // from a validated page size), so it overlaps no live header word;
         // the returned `WritableChunk` is the only handle to it and borrows
         // `self`, so scraping (`&mut self`) cannot run meanwhile.
-        let payload = unsafe {
-            self.region.payload_mut(
-                p.page_offset + g.offset + CHUNK_HEADER_SIZE,
-                g.size - CHUNK_HEADER_SIZE,
-            )
-        }?;
+        let (words, payload) =
+            unsafe { self.region.writable_chunk(p.page_offset + g.offset, g.size) }?;
+        if let Some(header) = header {
+            words.init(header);
+        }
         let used = payload.len() as u16;
         Some(WritableChunk {
             header_bitmap: p.header_bitmap,

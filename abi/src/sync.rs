@@ -24,6 +24,9 @@
 //!   that decide whether to acquire use `Acquire`; hints use `Relaxed`.
 //! * A CAS that loses a race re-evaluates the transition on the value it
 //!   found, at most [`CAS_ATTEMPTS`] times, then returns a `Contended` error.
+//!   The CAS in these loops is a weak one: a spurious failure (an interrupt
+//!   between the load-exclusive and the store-exclusive) counts as a lost
+//!   race and re-evaluates the same value.
 //!   `no_std` code cannot sleep: backing off is the caller's job.
 //! * After winning `Free → BeingWritten` the producer initializes the chunk
 //!   header: `writer_id` and `chunk_id` with `Relaxed`, then `packets` with
@@ -93,6 +96,16 @@ pub trait AtomicWord32 {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u32, u32>;
+    /// Weak compare-and-exchange (may fail spuriously, returning the
+    /// value it expected): for loops that retry anyway, where it is one
+    /// load-exclusive/store-exclusive pair without a retry loop of its own.
+    fn compare_exchange_weak(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32>;
 }
 
 /// A 16-bit atomic word: `load` and `store` (the u16 header words are only
@@ -136,6 +149,23 @@ macro_rules! impl_words {
                 failure: Ordering,
             ) -> Result<u32, u32> {
                 <$a32>::compare_exchange(self, current, new, success, failure)
+            }
+            #[inline]
+            #[cfg_attr(
+                not(any(
+                    feature = "portable-atomic",
+                    all(target_has_atomic = "32", target_has_atomic = "16")
+                )),
+                allow(unconditional_recursion)
+            )]
+            fn compare_exchange_weak(
+                &self,
+                current: u32,
+                new: u32,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u32, u32> {
+                <$a32>::compare_exchange_weak(self, current, new, success, failure)
             }
         }
         impl AtomicWord16 for $a16 {
@@ -524,7 +554,7 @@ fn acquire<P: PageWords + ?Sized>(
                 chunk,
                 num_chunks: layout.num_chunks(),
             })?;
-        match word.compare_exchange(bitmap, next, AcqRel, Acquire) {
+        match word.compare_exchange_weak(bitmap, next, AcqRel, Acquire) {
             Ok(_) => {
                 if let Some(header) = header {
                     words.init(header);
@@ -584,7 +614,7 @@ pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
             return Err(AcquireError::NoFreeChunk);
         };
         let next = base | ChunkState::BeingWritten.bits() << (chunk as u32 * 2);
-        match header_bitmap.compare_exchange(bitmap, next, AcqRel, Acquire) {
+        match header_bitmap.compare_exchange_weak(bitmap, next, AcqRel, Acquire) {
             Ok(_) => return Ok((state::layout(base), chunk)),
             Err(b) => bitmap = b,
         }
@@ -642,7 +672,7 @@ fn release_on<W: AtomicWord32 + ?Sized>(
         }
         let next = state::apply(bitmap, chunk, transition)?;
         before(found)?;
-        match word.compare_exchange(bitmap, next, AcqRel, Relaxed) {
+        match word.compare_exchange_weak(bitmap, next, AcqRel, Relaxed) {
             Ok(_) => return Ok(()),
             Err(actual) => bitmap = actual,
         }

@@ -19,7 +19,9 @@
 //!   writes mask the index to below `len` instead of checking it, so they
 //!   stay inside the window (slack included) whatever the index.
 
+use crate::layout::{CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, PACKETS_OFFSET, WRITER_ID_OFFSET};
 use crate::sync::shared::{AtomicU16, AtomicU32};
+use crate::sync::ChunkWords;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
@@ -125,13 +127,47 @@ impl<'m> Region<'m> {
         Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
     }
 
-    /// The 16-bit atomic at `offset`, if in bounds and 2-aligned.
-    pub(crate) fn atomic_u16(&self, offset: usize) -> Option<&AtomicU16> {
-        if !self.in_bounds(offset, 2) || (self.addr().wrapping_add(offset)) % 2 != 0 {
+    /// Whether `offset` (from the base) is 4-aligned in memory.
+    fn aligned4(&self, offset: usize) -> bool {
+        self.addr().wrapping_add(offset) % 4 == 0
+    }
+
+    /// The three header words of the chunk whose header is at `offset`
+    /// (`chunk_id`, `writer_id`, `packets`), if the 8 header bytes are in
+    /// bounds and 4-aligned: one check for the three.
+    pub(crate) fn chunk_words(
+        &self,
+        offset: usize,
+    ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
+        if !self.in_bounds(offset, CHUNK_HEADER_SIZE) || !self.aligned4(offset) {
             return None;
         }
-        // SAFETY: as in `atomic_u32`, with size and alignment 2.
-        Some(unsafe { AtomicU16::from_ptr(self.base.as_ptr().add(offset).cast::<u16>()) })
+        // SAFETY: checked just above.
+        Some(unsafe { self.chunk_words_unchecked(offset) })
+    }
+
+    /// [`Region::chunk_words`] without the checks.
+    ///
+    /// # Safety
+    ///
+    /// `offset + 8 <= len` and `addr() + offset` is 4-aligned.
+    unsafe fn chunk_words_unchecked(&self, offset: usize) -> ChunkWords<'_, AtomicU32, AtomicU16> {
+        let at = |field: usize| self.base.as_ptr().wrapping_add(offset + field);
+        // SAFETY: `offset + 8 <= len` (contract), so the header's 8 bytes
+        // lie inside the region, which is valid for reads and writes for
+        // `'m` (outliving `&self`); its address is 4-aligned (contract), so
+        // the u32 at `CHUNK_ID_OFFSET` (0) is 4-aligned and the u16s at
+        // `WRITER_ID_OFFSET` and `PACKETS_OFFSET` (4, 6) are 2-aligned
+        // (compile-time checked in `layout`), matching the atomics'
+        // alignments. As for `atomic_u32`, these bytes are only ever
+        // accessed atomically within this process.
+        unsafe {
+            ChunkWords {
+                chunk_id: AtomicU32::from_ptr(at(CHUNK_ID_OFFSET).cast::<u32>()),
+                writer_id: AtomicU16::from_ptr(at(WRITER_ID_OFFSET).cast::<u16>()),
+                packets: AtomicU16::from_ptr(at(PACKETS_OFFSET).cast::<u16>()),
+            }
+        }
     }
 
     fn sub_ptr(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
@@ -143,22 +179,42 @@ impl<'m> Region<'m> {
         Some(unsafe { self.base.add(offset) })
     }
 
-    /// Write access to `len` payload bytes at `offset`; `None` if out of
-    /// the region or longer than 64 KiB - 1 (a chunk payload never is).
+    /// The header words and write access to the payload of the chunk of
+    /// `size` bytes (header included) at `offset`; `None` if the chunk is
+    /// out of the region, its header not 4-aligned, or its payload shorter
+    /// than 0 or longer than 64 KiB - 1 bytes (a chunk's never is). One
+    /// check for the whole chunk.
     ///
     /// # Safety
     ///
     /// For the lifetime of the result, nothing in this process may access
-    /// these bytes except through it: the caller owns the chunk as
-    /// `BeingWritten` and the bytes are its payload (not any live header).
-    pub(crate) unsafe fn payload_mut(&self, offset: usize, len: usize) -> Option<PayloadMut<'_>> {
-        let ptr = self.sub_ptr(offset, len)?;
-        Some(PayloadMut {
-            ptr,
-            len: u16::try_from(len).ok()?,
-            limit: 0,
-            _chunk: PhantomData,
-        })
+    /// the payload bytes except through it: the caller owns the chunk as
+    /// `BeingWritten`.
+    pub(crate) unsafe fn writable_chunk(
+        &self,
+        offset: usize,
+        size: usize,
+    ) -> Option<(ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>)> {
+        let len = u16::try_from(size.checked_sub(CHUNK_HEADER_SIZE)?).ok()?;
+        if !self.in_bounds(offset, size) || !self.aligned4(offset) {
+            return None;
+        }
+        // SAFETY: `offset + 8 <= offset + size <= len` and the header is
+        // 4-aligned, as checked.
+        let words = unsafe { self.chunk_words_unchecked(offset) };
+        // SAFETY: `offset + size <= len` (checked), so the payload's
+        // `size - 8` bytes after the header lie inside the region and the
+        // pointer stays in the same allocation.
+        let ptr = unsafe { self.base.add(offset + CHUNK_HEADER_SIZE) };
+        Some((
+            words,
+            PayloadMut {
+                ptr,
+                len,
+                limit: 0,
+                _chunk: PhantomData,
+            },
+        ))
     }
 
     /// Read access to `len` payload bytes at `offset`; `None` if out of the
