@@ -12,9 +12,10 @@
 //! # Rules
 //!
 //! * A packet goes into the current chunk if a window of at least
-//!   [`MIN_WINDOW_LEN`] bytes is left there and the packet fits the window;
-//!   otherwise the chunk is committed and the packet is encoded again at
-//!   the start of a new one. The tail of the old chunk stays unused.
+//!   [`MIN_WINDOW_LEN`](crate::smb::MIN_WINDOW_LEN) bytes is left there
+//!   and the packet fits the window; otherwise the chunk is committed and
+//!   the packet is encoded again at the start of a new one. The tail of the
+//!   old chunk stays unused.
 //! * A packet longer than 127 bytes is dropped whole
 //!   ([`DropReason::PacketTooLong`]); so is every packet while the arbiter
 //!   has no chunk to give ([`DropReason::SmbFull`]). Each drop is counted in
@@ -48,7 +49,7 @@
 
 use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::Cursor;
-use crate::smb::{Window, WritableChunk, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
+use crate::smb::{Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
 use crate::trace::trace_packet;
 
 use super::arbiter::{BufferId, ChunkArbiter};
@@ -257,14 +258,19 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     pub fn write_dyn(&mut self, encode: &mut dyn EncodePacket) -> Result<bool, DropReason> {
         let mut took = false;
         loop {
-            if self.has_room() {
-                let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
-                let (loss, first) = (self.pending_loss, self.first_packet);
+            let (at, count, inflated) = (usize::from(self.cursor), self.count, self.inflated);
+            let (loss, first) = (self.pending_loss, self.first_packet);
+            // The held chunk takes another packet if its count has room
+            // and a window of at least `MIN_WINDOW_LEN` bytes is left.
+            'room: {
                 let Some(chunk) = self.chunk.as_mut() else {
-                    return Ok(false);
+                    break 'room;
                 };
+                if count + u16::from(!inflated) > MAX_FRAGMENTS_PER_CHUNK {
+                    break 'room;
+                }
                 let Some(window) = chunk.window_at_most(at) else {
-                    return Ok(false);
+                    break 'room;
                 };
                 let full_window = window.len() == WINDOW_LEN;
                 let mut c = Cursor::new_at(window, 1);
@@ -344,18 +350,6 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// Whether the fast path is held ([`InPlaceWriter::hold_fast_path`]).
     pub fn fast_path_held(&self) -> bool {
         self.held
-    }
-
-    /// Whether the held chunk takes another packet: a window of at least
-    /// [`MIN_WINDOW_LEN`] bytes is left and the count has room.
-    fn has_room(&self) -> bool {
-        let Some(chunk) = &self.chunk else {
-            return false;
-        };
-        let count = self.count + u16::from(!self.inflated);
-        count <= MAX_FRAGMENTS_PER_CHUNK
-            && chunk.capacity().saturating_sub(usize::from(self.cursor))
-                >= MIN_WINDOW_LEN + WINDOW_SLACK
     }
 
     /// Returns the current chunk, if any, and takes a new one with a count
