@@ -162,7 +162,7 @@ impl<'s> ChunkArbiter<'s> for RegionArbiter<'s> {
     }
 
     /// Counted in the region's `packets_dropped`, which the host reads.
-    #[inline(never)]
+    #[inline]
     fn count_dropped_packet(&mut self) {
         self.control.count_packets_dropped(1);
     }
