@@ -25,8 +25,8 @@ use crate::state::ChunkState;
 use super::control::{Control, Counters};
 use super::raw::Mem;
 use super::ring::{self, Peek};
-use super::storage::{magic_words, RegionHandles};
-use super::wire::{offset, HeaderError, HeaderRepr, PatchSlot, SlotRepr, HEADER_SIZE};
+use super::storage::RegionHandles;
+use super::wire::{offset, HeaderError, HeaderRepr, PatchSlot, SlotRepr, HEADER_SIZE, MAGIC_WORDS};
 
 /// A record the reader hands over.
 #[derive(Debug)]
@@ -258,7 +258,7 @@ impl<'m> RegionReader<'m> {
         }
         core::sync::atomic::fence(Acquire);
         let header = HeaderRepr::parse(&bytes, self.mem.len())?;
-        let stable = magic_before == magic_words()[0]
+        let stable = magic_before == MAGIC_WORDS[0]
             && magic.load(Relaxed) == magic_before
             && boot.load(Relaxed) == boot_before
             && header.boot_id == boot_before;
@@ -315,7 +315,7 @@ impl<'m> RegionReader<'m> {
         else {
             return Err(ReaderError::Smb(SmbError::Empty));
         };
-        let intact = magic.load(Acquire) == magic_words()[0];
+        let intact = magic.load(Acquire) == MAGIC_WORDS[0];
         let reinitialized = self
             .live
             .as_ref()

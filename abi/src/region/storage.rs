@@ -29,8 +29,8 @@ use super::raw::Mem;
 use super::ring;
 use super::wire::{
     offset, HeaderError, HeaderRepr, Name, RingGeometry, SmbGeometry, FLAG_STREAM_MODE,
-    HEADER_SIZE, MAGIC, MAX_CLOCK_ID, MAX_RING_SLOTS, MAX_SMB_PAGES, MIN_CLOCK_ID, MIN_RING_SLOTS,
-    NAME_LEN, SLOT_SIZE, VERSION,
+    HEADER_SIZE, MAGIC_WORDS, MAX_CLOCK_ID, MAX_RING_SLOTS, MAX_SMB_PAGES, MIN_CLOCK_ID,
+    MIN_RING_SLOTS, NAME_LEN, SLOT_SIZE, VERSION,
 };
 
 /// Clock id firmware uses for its absolute clock unless configured
@@ -289,7 +289,7 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         //    it changes), then pick a boot id the host has not seen.
         let magic = word(offset::MAGIC)?;
         let magic_hi = word(offset::MAGIC + 4)?;
-        let [m0, m1] = magic_words();
+        let [m0, m1] = MAGIC_WORDS;
         let old_valid = magic.load(Relaxed) == m0
             && magic_hi.load(Relaxed) == m1
             && word(8)?.load(Relaxed) & 0xFFFF == u32::from(VERSION);
@@ -302,17 +302,12 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         boot.store(header.boot_id, Relaxed);
 
         // 2. The static part, then control words, ring and page headers.
-        let mut bytes = [0u8; HEADER_SIZE];
-        header.emit(&mut bytes).map_err(|_| fail)?;
-        for (i, b) in bytes.chunks_exact(4).enumerate().skip(1) {
-            let at = 4 * i;
-            if at == offset::BOOT_ID {
-                continue;
-            }
-            let value = if at == offset::TRACE_ENABLED {
-                u32::from(config.trace_enabled)
-            } else {
-                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        for at in (4..HEADER_SIZE).step_by(4) {
+            let value = match at {
+                offset::BOOT_ID => continue,
+                offset::TRACE_ENABLED => u32::from(config.trace_enabled),
+                // `word` is 0 for the control words.
+                _ => header.word(at),
             };
             word(at)?.store(value, Relaxed);
         }
@@ -349,15 +344,6 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
             header,
         })
     }
-}
-
-/// The magic as the two little-endian words at 0x00 and 0x04.
-pub(crate) fn magic_words() -> [u32; 2] {
-    let [a, b, c, d, e, f, g, h] = MAGIC;
-    [
-        u32::from_le_bytes([a, b, c, d]),
-        u32::from_le_bytes([e, f, g, h]),
-    ]
 }
 
 const _: () = assert!(NAME_LEN == 64);

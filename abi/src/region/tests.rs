@@ -1,6 +1,7 @@
 //! Region tests with exact bytes, resets and hostile memory.
 
 use std::boxed::Box;
+use std::string::String;
 use std::vec::Vec;
 
 use super::*;
@@ -353,10 +354,7 @@ fn a_reinitialization_is_a_reset_with_a_new_boot_id() {
         Err(ReaderError::Header(HeaderError::BadMagic(_)))
     ));
     assert!(reader.header().is_none());
-    magic.store(
-        storage::magic_words()[0],
-        core::sync::atomic::Ordering::Release,
-    );
+    magic.store(wire::MAGIC_WORDS[0], core::sync::atomic::Ordering::Release);
     assert!(matches!(reader.poll(&mut buf), Ok(Some(Record::Reset(h))) if h.boot_id == 8));
     assert!(reader.poll(&mut buf).unwrap().is_none());
     // SAFETY: from `Box::into_raw`, no longer used.
@@ -594,5 +592,38 @@ fn packets_the_writers_drop_are_counted_in_the_region() {
     assert_eq!(
         handles.control.counters().packets_dropped,
         dropped as u32 + 2
+    );
+}
+
+#[test]
+fn emit_writes_the_static_part_word_by_word_as_init_does() {
+    // Names of 64 and 63 distinct bytes: a word placed or ordered wrongly
+    // shows.
+    let data_source: String = (0..64u8).map(|i| char::from(b'!' + i)).collect();
+    let producer: String = (0..63u8).map(|i| char::from(b'A' + i % 26)).collect();
+    let config = RegionConfig {
+        data_source: &data_source,
+        producer: &producer,
+        ..config()
+    };
+    let mut storage = Box::new(RegionStorage::<8192, 4>::new());
+    let header = storage.init(&config).unwrap().header;
+    let b = bytes(&storage);
+    assert_eq!(&b[0x40..0x80], data_source.as_bytes());
+    assert_eq!(&b[0x80..0xBF], producer.as_bytes());
+    assert_eq!(b[0xBF], 0);
+
+    // `emit` writes the same static part and leaves the control words.
+    let mut buf = [0xAAu8; 256];
+    header.emit(&mut buf).unwrap();
+    assert_eq!(&buf[..0xC0], &b[..0xC0]);
+    assert!(buf[0xC0..].iter().all(|&x| x == 0xAA));
+    assert_eq!(HeaderRepr::parse(&buf, b.len()).unwrap(), header);
+    assert_eq!(
+        header.emit(&mut [0u8; 255]),
+        Err(Truncated {
+            needed: 256,
+            got: 255
+        })
     );
 }

@@ -24,6 +24,14 @@ use crate::layout::{PageSize, PageSizeError};
 
 /// `magic`: the bytes `shmtrace` (`73 68 6d 74 72 61 63 65`).
 pub const MAGIC: [u8; 8] = *b"shmtrace";
+/// [`MAGIC`] as the two little-endian words at `0x00` and `0x04`.
+pub(crate) const MAGIC_WORDS: [u32; 2] = {
+    let [a, b, c, d, e, f, g, h] = MAGIC;
+    [
+        u32::from_le_bytes([a, b, c, d]),
+        u32::from_le_bytes([e, f, g, h]),
+    ]
+};
 /// The region ABI version this crate writes and reads.
 pub const VERSION: u16 = 1;
 /// Size of the header this crate writes (`header_size`).
@@ -716,32 +724,68 @@ impl HeaderRepr {
     /// control words are left as they are. `header_size` and `slot_size`
     /// are written as this repr holds them.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), Truncated> {
-        let mut view = Header::new_checked(buf)?;
-        let Some(w) = view.wire_mut() else {
+        let got = buf.len();
+        let Some(head) = buf.get_mut(..offset::CONTROL) else {
             return Err(Truncated {
                 needed: HEADER_SIZE,
-                got: 0,
+                got,
             });
         };
-        w.magic = MAGIC;
-        w.version = U16::new(VERSION);
-        w.header_size = U16::new(self.header_size);
-        w.region_size = U32::new(self.region_size);
-        w.boot_id = U32::new(self.boot_id);
-        w.flags = U32::new(self.flags);
-        w.ring_offset = U32::new(self.ring.offset);
-        w.ring_slots = U32::new(self.ring.slots);
-        w.slot_size = U32::new(self.ring.slot_size);
-        w.smb_offset = U32::new(self.smb.offset);
-        w.smb_size = U32::new(self.smb.size);
-        w.page_size = U32::new(self.smb.page_size.get() as u32);
-        w.clock_id = U32::new(self.clock_id);
-        w.reserved0 = [0; 12];
-        w.data_source_name = *self.data_source.field();
-        w.producer_name = *self.producer.field();
+        if got < HEADER_SIZE {
+            return Err(Truncated {
+                needed: HEADER_SIZE,
+                got,
+            });
+        }
+        for (at, dst) in (0..).step_by(4).zip(head.chunks_exact_mut(4)) {
+            dst.copy_from_slice(&self.word(at).to_le_bytes());
+        }
         Ok(())
     }
+
+    /// The little-endian word at byte `at` (a multiple of 4 below
+    /// `0xC0`) of the static part as [`HeaderRepr::emit`] writes it: the
+    /// one encoder of the header, which a firmware also stores word by
+    /// word into its region. 0 for reserved words (and any other `at`).
+    pub fn word(&self, at: usize) -> u32 {
+        const DATA_SOURCE: usize = offset_of!(HeaderWire, data_source_name);
+        const PRODUCER: usize = offset_of!(HeaderWire, producer_name);
+        let name = |name: &Name, from: usize| {
+            let b = name.field();
+            let i = (at - from) & (NAME_LEN - 4);
+            u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+        };
+        match at {
+            0 => MAGIC_WORDS[0],
+            4 => MAGIC_WORDS[1],
+            0x08 => u32::from(VERSION) | u32::from(self.header_size) << 16,
+            0x0C => self.region_size,
+            offset::BOOT_ID => self.boot_id,
+            0x14 => self.flags,
+            0x18 => self.ring.offset,
+            0x1C => self.ring.slots,
+            0x20 => self.ring.slot_size,
+            0x24 => self.smb.offset,
+            0x28 => self.smb.size,
+            0x2C => self.smb.page_size.get() as u32,
+            0x30 => self.clock_id,
+            DATA_SOURCE..PRODUCER => name(&self.data_source, DATA_SOURCE),
+            PRODUCER..offset::CONTROL => name(&self.producer, PRODUCER),
+            _ => 0,
+        }
+    }
 }
+
+// The words `HeaderRepr::word` places, where the wire struct has them.
+const _: () = {
+    assert!(offset_of!(HeaderWire, version) == 0x08 && offset_of!(HeaderWire, header_size) == 0x0A);
+    assert!(
+        offset_of!(HeaderWire, ring_slots) == 0x1C && offset_of!(HeaderWire, slot_size) == 0x20
+    );
+    assert!(offset_of!(HeaderWire, smb_size) == 0x28 && offset_of!(HeaderWire, page_size) == 0x2C);
+    assert!(offset_of!(HeaderWire, reserved0) == 0x34 && offset::CONTROL == 0xC0);
+    assert!(offset_of!(HeaderWire, producer_name) + NAME_LEN == offset::CONTROL);
+};
 
 /// A ring record: what a slot carries besides its sequence word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
