@@ -340,7 +340,10 @@ impl fmt::Display for NameError {
 impl core::error::Error for NameError {}
 
 /// A name field: UTF-8, at most [`NAME_LEN`] bytes, NUL padded.
+///
+/// (Word-aligned, so moving one and reading its words is word copies.)
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(align(4))]
 pub struct Name {
     bytes: [u8; NAME_LEN],
 }
