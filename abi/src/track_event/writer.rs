@@ -333,12 +333,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             |w| {
                 let cat = w.interned.lookup_word(ids.category(category));
                 let nm = w.interned.lookup_word(ids.name(name));
-                ((cat | nm) < 0x80).then_some((cat, nm))
+                ((cat | nm) < 0x80).then_some(nm << 8 | cat)
             },
             |w, now| {
                 w.slow(
                     now,
-                    Needs::Names(category, name),
+                    Needs::Names(category, name, None),
                     kind,
                     CounterValue::Int(0),
                 )
@@ -348,47 +348,27 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
 
     /// [`Self::named_ids`] for an event at `site` (a slice begin or an
     /// instant), or a slice end (`site` unused): its ids from the site
-    /// cache, or else (once per site and interning generation) from
-    /// [`Self::site_ids`]. One function for the three kinds: the end's
-    /// tests are a few instructions, a copy of its own some 400 bytes.
+    /// cache, or else (once per site and interning generation) by
+    /// [`Self::slow`], which interns the site's strings and caches their
+    /// ids. One function for the three kinds: the end's tests are a few
+    /// instructions, a copy of its own some 400 bytes.
     #[inline(never)]
     fn site_named(&mut self, kind: Type, site: Option<&'static EventSite>) -> bool {
         self.named_body(
             kind as u8,
             #[inline(always)]
             |w| match site {
-                Some(site) => match w.sites.get(site.number(), w.interned.generation()) {
-                    // Cached ids are below 128.
-                    Some(ids) => Some(ids),
-                    None => {
-                        let (cat, nm) = w.site_ids(site);
-                        ((cat | nm) < 0x80).then_some((cat, nm))
-                    }
-                },
-                None => Some((0, 0)),
+                // Cached ids are below 128.
+                Some(site) => w.sites.get(site.number(), w.interned.generation()),
+                None => Some(0),
             },
             |w, now| {
-                let needs = site.map_or(Needs::End, |s| Needs::Names(s.category(), s.name()));
+                let needs = site.map_or(Needs::End, |s| {
+                    Needs::Names(s.category(), s.name(), Some(s))
+                });
                 w.slow(now, needs, kind as u8, CounterValue::Int(0))
             },
         )
-    }
-
-    /// The interned ids of `site`'s category and name (`u32::MAX` for
-    /// one not interned), cached for the site's next events if both are
-    /// below 128.
-    #[inline(never)]
-    fn site_ids(&mut self, site: &'static EventSite) -> (u32, u32) {
-        let ids = (
-            self.interned
-                .find(Key::new(site.category(), Kind::Category)),
-            self.interned.find(Key::new(site.name(), Kind::EventName)),
-        );
-        if (ids.0 | ids.1) < 0x80 {
-            let generation = self.interned.generation();
-            self.sites.put(site.numbered(), generation, ids.0, ids.1);
-        }
-        ids
     }
 
     /// The body of [`Self::named_ids`] and [`Self::site_named`]: the
@@ -399,7 +379,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     fn named_body(
         &mut self,
         kind: u8,
-        ids: impl FnOnce(&mut Self) -> Option<(u32, u32)>,
+        ids: impl FnOnce(&mut Self) -> Option<u32>,
         slow: impl FnOnce(&mut Self, u64) -> bool,
     ) -> bool {
         let end = kind == Type::SliceEnd as u8;
@@ -417,13 +397,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             // the fast path cannot write them (a string not interned, or an
             // id of 128 or more), which cached ids never are (a slice end
             // has none).
-            let ids = if end { Some((0, 0)) } else { ids(self) };
+            let ids = if end { Some(0) } else { ids(self) };
             let now = self.now();
-            if let Some((cat, nm)) = ids {
+            if let Some(ids) = ids {
                 if let Some(delta) = self.delta(now) {
                     if self.out.write_fast_sized(
                         #[inline(always)]
-                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                        |c| named_event(c, delta, kind, ids),
                     ) {
                         self.base = now;
                         self.stats.events += 1;
@@ -513,23 +493,27 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// event of type `kind`: a slice begin, end or instant, or a sample of
     /// `value` on the track in `needs`): restarts the sequence if due,
     /// describes the counter track, interns the names (a new one in a
-    /// packet of its own, [`Self::intern_alone`]), stamps the event as a
-    /// delta (or its absolute time if time went backwards) and writes it
-    /// with [`slow_event`]: the bytes the fast paths write for it.
+    /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
+    /// stamps the event as a delta (or its absolute time if time went
+    /// backwards) and writes it with [`slow_event`]: the bytes the fast
+    /// paths write for it.
     #[inline(never)]
     fn slow(&mut self, now: u64, needs: Needs, kind: u8, value: CounterValue) -> bool {
         if !self.ready(now) {
             return false;
         }
         let (names, counter) = match needs {
-            Needs::Names(category, name) => {
-                let Some(category) = self.intern_alone(category, Kind::Category) else {
+            Needs::Names(category, name, site) => {
+                let Some(names) = self.intern_names(category, name) else {
                     return self.lost();
                 };
-                let Some(name) = self.intern_alone(name, Kind::EventName) else {
-                    return self.lost();
-                };
-                (Some((category, name)), None)
+                if let Some(site) = site {
+                    let generation = self.interned.generation();
+                    let [category, name] = names;
+                    self.sites
+                        .put(site.numbered(), generation, category.iid, name.iid);
+                }
+                (Some(names), None)
             }
             Needs::End => (None, None),
             Needs::Track(track) => {
@@ -556,28 +540,62 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         true
     }
 
-    /// The interned id of `s`, a new one's entry written first in a packet
-    /// of its own; `s` inline if the table is full or `s` too long to
-    /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
-    /// that packet was lost.
-    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<Str<'static>> {
-        let mut new = NewStrings::<1>::new();
-        let s = self.resolve(s, kind, &mut new);
-        for entry in &new {
-            // What `encode::interned_data` writes for the entry alone.
-            if !self.put(packet(&mut |c| {
-                c.uint(
-                    trace_packet::SEQUENCE_FLAGS,
-                    u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
-                );
-                let d = c.begin_short_field(trace_packet::INTERNED_DATA);
-                encode::interned_entry::<_, true>(c, entry);
-                c.end_short(d);
-            })) {
-                return None;
+    /// A slice begin's or an instant's category and name, each interned
+    /// by [`Self::intern_alone`]; `None` if a packet was lost.
+    #[inline(always)]
+    fn intern_names(
+        &mut self,
+        category: &'static str,
+        name: &'static str,
+    ) -> Option<[SlowName; 2]> {
+        Some([
+            self.intern_alone(category, Kind::Category)?,
+            self.intern_alone(name, Kind::EventName)?,
+        ])
+    }
+
+    /// `s` as an event names it: its interned id, a new one's entry
+    /// written first in a packet of its own; `s` inline (id 0) if the
+    /// table is full or `s` too long to intern (counted in
+    /// [`TrackEventStats::strings_inline`]). `None` if that packet was
+    /// lost.
+    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<SlowName> {
+        let interned = if s.len() <= MAX_INTERNED_LEN {
+            self.interned.intern(s, kind)
+        } else {
+            Interned::Full
+        };
+        let iid = match interned {
+            Interned::Known(iid) => iid,
+            Interned::New(iid) => {
+                let entry = NewString {
+                    kind,
+                    iid: u64::from(iid),
+                    name: s,
+                };
+                // What `encode::interned_data` writes for the entry alone.
+                if !self.put(packet(&mut |c| {
+                    c.uint(
+                        trace_packet::SEQUENCE_FLAGS,
+                        u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                    );
+                    let d = c.begin_short_field(trace_packet::INTERNED_DATA);
+                    encode::interned_entry::<_, true>(c, &entry);
+                    c.end_short(d);
+                })) {
+                    return None;
+                }
+                iid
             }
-        }
-        Some(s)
+            Interned::Full => {
+                self.stats.strings_inline += 1;
+                0
+            }
+        };
+        Some(SlowName {
+            iid: u32::from(iid),
+            s,
+        })
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -837,14 +855,15 @@ const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint
 const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
 /// Writes what [`encode::event`] writes for a slice begin or instant with
-/// the interned category `cat` and name `name` (both below 128), or a slice
-/// end if `kind` is [`Type::SliceEnd`] (`cat` and `name` unused), on the
+/// the interned category and name `ids` (`name << 8 | category`, both
+/// below 128), or a slice end if `kind` is [`Type::SliceEnd`] (`ids`
+/// unused), on the
 /// default track, `delta` (below 2^28) after the previous event: a few
 /// word stores. An end's `track_event` is its type only: the same stores,
 /// advanced less (the bytes past the packet lie in the window, and the next
 /// packet overwrites them).
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, ids: u32) {
     let (time, n) = varint_word(delta);
     let end = kind == Type::SliceEnd as u8;
     // The track event's size: its type (2 bytes), then category and name.
@@ -862,19 +881,40 @@ fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name
     // 2 + 0 bytes for an end, 4 + 2 for the others.
     let tail = te / 2 - 1;
     c.word32(
-        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, cat]),
+        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, 0]) | ids << 24,
         te - tail,
     );
-    c.word32(u32::from(NAME_IID) | u32::from(name) << 8, tail);
+    c.word32(u32::from(NAME_IID) | ids & 0xFF00, tail);
+}
+
+/// A category or an event name as [`slow_event`] writes it: its interned
+/// id, or (id 0) the string inline.
+#[derive(Debug, Clone, Copy)]
+struct SlowName {
+    iid: u32,
+    s: &'static str,
+}
+
+impl SlowName {
+    /// Writes it: the id in `iid_field`, or the string in `field`.
+    #[inline(always)]
+    fn encode<T: Target>(self, c: &mut Cursor<T>, iid_field: u32, field: u32) {
+        if self.iid != 0 {
+            c.uint(iid_field, u64::from(self.iid));
+        } else {
+            c.string(field, self.s);
+        }
+    }
 }
 
 /// An event of the fast paths, for [`slow_event`]: a counter sample of
 /// `counter`'s value on the track with its uuid, else a slice begin or an
-/// instant (`kind`) named `names`, or a slice end, stamped `time`.
-struct SlowEvent<'a> {
+/// instant (`kind`) named `names` (category, name), or a slice end,
+/// stamped `time`.
+struct SlowEvent {
     time: Time,
     kind: u8,
-    names: Option<(Str<'a>, Str<'a>)>,
+    names: Option<[SlowName; 2]>,
     counter: Option<(u64, CounterValue)>,
 }
 
@@ -882,7 +922,7 @@ struct SlowEvent<'a> {
 /// writers (out of line on firmware, shared with the other cold packets)
 /// and fewer branches. Out of line: its closure only passes it on.
 #[inline(never)]
-fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
+fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
     match ev.time {
         Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
         Time::Absolute { clock_id, ns } => encode::absolute_time(c, clock_id, ns),
@@ -894,9 +934,9 @@ fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
         c.uint(track_event::TRACK_UUID, uuid);
         encode::counter_value(c, value);
     }
-    if let Some((category, name)) = ev.names {
-        encode::category(c, category);
-        encode::name(c, name);
+    if let Some([category, name]) = ev.names {
+        category.encode(c, track_event::CATEGORY_IIDS, track_event::CATEGORIES);
+        name.encode(c, track_event::NAME_IID, track_event::NAME);
     }
     c.end_short(te);
 }
@@ -936,8 +976,9 @@ impl NamedIds {
 /// What [`TrackEventWriter::slow`] makes ready besides the sequence.
 #[derive(Clone, Copy)]
 enum Needs {
-    /// A slice begin's or an instant's category and name, interned.
-    Names(&'static str, &'static str),
+    /// A slice begin's or an instant's category and name, interned (and
+    /// their ids cached for the call site, if any).
+    Names(&'static str, &'static str, Option<&'static EventSite>),
     /// A slice end: nothing.
     End,
     /// A counter track, described.
@@ -1190,7 +1231,8 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
+                    let ids = u32::from(name) << 8 | u32::from(cat);
+                    let got = bytes(|c| named_event(c, delta, kind as u8, ids));
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
@@ -1252,10 +1294,17 @@ mod tests {
                     };
                     encode::event::<_, true>(c, &ev)
                 });
+                let slow_name = |s: Str<'static>| match s {
+                    Str::Iid(iid) => SlowName {
+                        iid: u32::try_from(iid).unwrap(),
+                        s: "unused",
+                    },
+                    Str::Inline(s) => SlowName { iid: 0, s },
+                };
                 let ev = SlowEvent {
                     time,
                     kind: kind as u8,
-                    names,
+                    names: names.map(|(cat, name)| [slow_name(cat), slow_name(name)]),
                     counter,
                 };
                 let got = bytes(|c| slow_event(c, &ev));
