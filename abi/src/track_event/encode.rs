@@ -374,17 +374,18 @@ pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_
     c.uint(track_event_defaults::TRACK_UUID, default_track);
     c.end_short(te);
     c.end_short(d);
-    clock_snapshot(
-        c,
-        &[
-            ClockValue::absolute(clock_id, ns),
-            ClockValue {
-                clock_id: builtin_clock::INCREMENTAL,
-                ns,
-                incremental: true,
-            },
-        ],
-    );
+    // `clock_snapshot` of the two clocks, written out (no loop, no array).
+    let s = c.begin_short_field(trace_packet::CLOCK_SNAPSHOT);
+    let m = c.begin_short_field(clock_snapshot::CLOCKS);
+    c.uint(clock::CLOCK_ID, u64::from(clock_id));
+    c.uint(clock::TIMESTAMP, ns);
+    c.end_short(m);
+    let m = c.begin_short_field(clock_snapshot::CLOCKS);
+    c.uint(clock::CLOCK_ID, u64::from(builtin_clock::INCREMENTAL));
+    c.uint(clock::TIMESTAMP, ns);
+    c.boolean(clock::IS_INCREMENTAL, true);
+    c.end_short(m);
+    c.end_short(s);
 }
 
 /// One clock's reading in a `ClockSnapshot`.

@@ -435,11 +435,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             self.stats.events_disabled += 1;
             return false;
         }
+        let now = self.now();
         let body = track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
             .and_then(|head| Body::sample(head, value));
-        let now = self.now();
         if let (Some(body), Some(delta)) = (body, self.delta(now)) {
             if self.out.write_fast(
                 #[inline(always)]
