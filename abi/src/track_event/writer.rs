@@ -502,32 +502,50 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         if !self.ready(now) {
             return false;
         }
-        let (names, counter) = match needs {
+        let fields = match needs {
             Needs::Names(category, name, site) => {
-                let Some(names) = self.intern_names(category, name) else {
+                let Some(cat) = self.intern_alone(category, Kind::Category) else {
+                    return self.lost();
+                };
+                let Some(nm) = self.intern_alone(name, Kind::EventName) else {
                     return self.lost();
                 };
                 if let Some(site) = site {
                     let generation = self.interned.generation();
-                    let [category, name] = names;
-                    self.sites
-                        .put(site.numbered(), generation, category.iid, name.iid);
+                    self.sites.put(site.numbered(), generation, cat, nm);
                 }
-                (Some(names), None)
+                [
+                    SlowField::name(
+                        cat,
+                        category,
+                        track_event::CATEGORY_IIDS,
+                        track_event::CATEGORIES,
+                    ),
+                    SlowField::name(nm, name, track_event::NAME_IID, track_event::NAME),
+                ]
             }
-            Needs::End => (None, None),
+            Needs::End => [SlowField::None; 2],
             Needs::Track(track) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
-                (None, Some((track.uuid(), value)))
+                [
+                    SlowField::Uint(track_event::TRACK_UUID, track.uuid()),
+                    match value {
+                        CounterValue::Int(v) => {
+                            SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
+                        }
+                        CounterValue::Double(v) => {
+                            SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
+                        }
+                    },
+                ]
             }
         };
         let ev = SlowEvent {
             time: self.time(now),
             kind,
-            names,
-            counter,
+            fields,
         };
         if !self.put(packet(&mut |c| slow_event(c, &ev))) {
             self.stats.events_dropped += 1;
@@ -540,26 +558,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         true
     }
 
-    /// A slice begin's or an instant's category and name, each interned
-    /// by [`Self::intern_alone`]; `None` if a packet was lost.
-    #[inline(always)]
-    fn intern_names(
-        &mut self,
-        category: &'static str,
-        name: &'static str,
-    ) -> Option<[SlowName; 2]> {
-        Some([
-            self.intern_alone(category, Kind::Category)?,
-            self.intern_alone(name, Kind::EventName)?,
-        ])
-    }
-
-    /// `s` as an event names it: its interned id, a new one's entry
-    /// written first in a packet of its own; `s` inline (id 0) if the
-    /// table is full or `s` too long to intern (counted in
-    /// [`TrackEventStats::strings_inline`]). `None` if that packet was
-    /// lost.
-    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<SlowName> {
+    /// `s`'s interned id, a new one's entry written first in a packet of
+    /// its own; 0 (`s` goes inline) if the table is full or `s` too long to
+    /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
+    /// that packet was lost.
+    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<u32> {
         let interned = if s.len() <= MAX_INTERNED_LEN {
             self.interned.intern(s, kind)
         } else {
@@ -592,10 +595,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 0
             }
         };
-        Some(SlowName {
-            iid: u32::from(iid),
-            s,
-        })
+        Some(u32::from(iid))
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -887,35 +887,41 @@ fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, ids: u32) {
     c.word32(u32::from(NAME_IID) | ids & 0xFF00, tail);
 }
 
-/// A category or an event name as [`slow_event`] writes it: its interned
-/// id, or (id 0) the string inline.
+/// A field of a fast-path event's `track_event` after its type, as
+/// [`slow_event`] writes it.
 #[derive(Debug, Clone, Copy)]
-struct SlowName {
-    iid: u32,
-    s: &'static str,
+enum SlowField {
+    /// No field.
+    None,
+    /// A varint field.
+    Uint(u32, u64),
+    /// A fixed64 field.
+    Fixed64(u32, u64),
+    /// A string field.
+    Str(u32, &'static str),
 }
 
-impl SlowName {
-    /// Writes it: the id in `iid_field`, or the string in `field`.
+impl SlowField {
+    /// A category or an event name: its interned id `iid` in `iid_field`,
+    /// or (id 0) the string `s` in `field`.
     #[inline(always)]
-    fn encode<T: Target>(self, c: &mut Cursor<T>, iid_field: u32, field: u32) {
-        if self.iid != 0 {
-            c.uint(iid_field, u64::from(self.iid));
+    fn name(iid: u32, s: &'static str, iid_field: u32, field: u32) -> Self {
+        if iid != 0 {
+            SlowField::Uint(iid_field, u64::from(iid))
         } else {
-            c.string(field, self.s);
+            SlowField::Str(field, s)
         }
     }
 }
 
-/// An event of the fast paths, for [`slow_event`]: a counter sample of
-/// `counter`'s value on the track with its uuid, else a slice begin or an
-/// instant (`kind`) named `names` (category, name), or a slice end,
-/// stamped `time`.
+/// An event of the fast paths, for [`slow_event`]: of type `kind`, stamped
+/// `time`, with `fields` after its type (a slice begin's or an instant's
+/// category and name, a counter sample's track uuid and value, none for a
+/// slice end).
 struct SlowEvent {
     time: Time,
     kind: u8,
-    names: Option<[SlowName; 2]>,
-    counter: Option<(u64, CounterValue)>,
+    fields: [SlowField; 2],
 }
 
 /// Writes what [`encode::event`] writes for `ev`, with the cursor's field
@@ -930,13 +936,13 @@ fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
     c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
     let te = c.begin_short();
     c.uint(track_event::TYPE, u64::from(ev.kind));
-    if let Some((uuid, value)) = ev.counter {
-        c.uint(track_event::TRACK_UUID, uuid);
-        encode::counter_value(c, value);
-    }
-    if let Some([category, name]) = ev.names {
-        category.encode(c, track_event::CATEGORY_IIDS, track_event::CATEGORIES);
-        name.encode(c, track_event::NAME_IID, track_event::NAME);
+    for field in ev.fields {
+        match field {
+            SlowField::None => {}
+            SlowField::Uint(field, v) => c.uint(field, v),
+            SlowField::Fixed64(field, v) => c.fixed64_field(field, v),
+            SlowField::Str(field, s) => c.string(field, s),
+        }
     }
     c.end_short(te);
 }
@@ -1294,18 +1300,34 @@ mod tests {
                     };
                     encode::event::<_, true>(c, &ev)
                 });
-                let slow_name = |s: Str<'static>| match s {
-                    Str::Iid(iid) => SlowName {
-                        iid: u32::try_from(iid).unwrap(),
-                        s: "unused",
-                    },
-                    Str::Inline(s) => SlowName { iid: 0, s },
+                let name = |s: Str<'static>, iid_field, field| match s {
+                    Str::Iid(iid) => {
+                        SlowField::name(u32::try_from(iid).unwrap(), "", iid_field, field)
+                    }
+                    Str::Inline(s) => SlowField::name(0, s, iid_field, field),
+                };
+                let fields = match (names, counter) {
+                    (Some((cat, nm)), _) => [
+                        name(cat, track_event::CATEGORY_IIDS, track_event::CATEGORIES),
+                        name(nm, track_event::NAME_IID, track_event::NAME),
+                    ],
+                    (_, Some((uuid, value))) => [
+                        SlowField::Uint(track_event::TRACK_UUID, uuid),
+                        match value {
+                            CounterValue::Int(v) => {
+                                SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
+                            }
+                            CounterValue::Double(v) => {
+                                SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
+                            }
+                        },
+                    ],
+                    _ => [SlowField::None; 2],
                 };
                 let ev = SlowEvent {
                     time,
                     kind: kind as u8,
-                    names: names.map(|(cat, name)| [slow_name(cat), slow_name(name)]),
-                    counter,
+                    fields,
                 };
                 let got = bytes(|c| slow_event(c, &ev));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
