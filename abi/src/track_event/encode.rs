@@ -428,8 +428,9 @@ pub fn clock_snapshot<T: Target>(c: &mut Cursor<T>, clocks: &[ClockValue]) {
 
 /// Writes a track descriptor packet's fields: stamped `ns` on `clock_id`
 /// (not on clock 64: descriptors do not need incremental state, so a reader
-/// may see one while clock 64 is invalid).
-#[inline(never)]
+/// may see one while clock 64 is invalid). Inline: the body of the
+/// firmware writer's one descriptor closure.
+#[inline]
 pub fn descriptor<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, track: &AnyTrack) {
     absolute_time(c, clock_id, ns);
     let d = c.begin_short_field(trace_packet::TRACK_DESCRIPTOR);

@@ -926,8 +926,9 @@ struct SlowEvent {
 
 /// Writes what [`encode::event`] writes for `ev`, with the cursor's field
 /// writers (out of line on firmware, shared with the other cold packets)
-/// and fewer branches. Out of line: its closure only passes it on.
-#[inline(never)]
+/// and fewer branches. Inline: the body of its one closure, in
+/// [`TrackEventWriter::slow`].
+#[inline]
 fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
     match ev.time {
         Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
