@@ -436,14 +436,20 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             return false;
         }
         let now = self.now();
-        let body = track
+        let head = track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .and_then(|head| Body::sample(head, value));
-        if let (Some(body), Some(delta)) = (body, self.delta(now)) {
+            .filter(|&head| Body::sample(head, value).is_some());
+        if let (Some(head), Some(delta)) = (head, self.delta(now)) {
+            // The body worked out where it is stored (no registers kept
+            // across the window checks).
             if self.out.write_fast(
                 #[inline(always)]
-                |c| body.encode(c, delta),
+                |c| {
+                    if let Some(body) = Body::sample(head, value) {
+                        body.encode(c, delta);
+                    }
+                },
             ) {
                 self.base = now;
                 self.stats.events += 1;
