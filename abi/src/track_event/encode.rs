@@ -358,8 +358,9 @@ pub fn absolute_time<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64) {
 }
 
 /// [`reset`] after its time fields (a writer that marks a loss between
-/// them and the rest).
-#[inline(never)]
+/// them and the rest). Inline: each writer calls it from one place (on
+/// firmware, the reset packet's closure).
+#[inline]
 pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
     c.uint(
         trace_packet::SEQUENCE_FLAGS,
