@@ -943,8 +943,8 @@ fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
     c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
     let te = c.begin_short();
     c.uint(track_event::TYPE, u64::from(ev.kind));
-    for field in ev.fields {
-        match field {
+    for field in &ev.fields {
+        match *field {
             SlowField::None => {}
             SlowField::Uint(field, v) => c.uint(field, v),
             SlowField::Fixed64(field, v) => c.fixed64_field(field, v),
