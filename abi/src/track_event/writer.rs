@@ -617,13 +617,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
     }
 
-    /// Makes sure `track`'s descriptor was written on the sequence (unless
-    /// it is the default track); `false` (counted) if that packet was lost.
+    /// Makes sure `track`'s descriptor was written on the sequence (the
+    /// caller knows it is not the default track's, described at every
+    /// reset); `false` (counted) if that packet was lost.
     fn described(&mut self, track: AnyTrack, now: u64) -> bool {
-        if track.uuid() == self.config.track.uuid()
-            || self.tracks.contains(track.key())
-            || self.describe(track, now)
-        {
+        if self.tracks.contains(track.key()) || self.describe(track, now) {
             return true;
         }
         self.stats.events_dropped += 1;
