@@ -700,13 +700,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// of the restart was lost.
     fn ready(&mut self, now: u64) -> bool {
         let epoch = self.out.arbiter().clear_epoch();
-        if epoch != self.clear_epoch {
+        // A restart that fails leaves the fast path held (every failed
+        // packet holds it), so the next event tries again.
+        if epoch != self.clear_epoch || self.out.fast_path_held() {
             self.clear_epoch = epoch;
-            self.out.hold_fast_path(true);
-        }
-        if self.out.fast_path_held() && !self.reset(now) {
-            self.stats.events_dropped += 1;
-            return false;
+            if !self.reset(now) {
+                self.stats.events_dropped += 1;
+                return false;
+            }
         }
         true
     }
