@@ -149,9 +149,10 @@ impl<const S: usize> SiteCache<S> {
 
     /// Caches the ids `category` and `name` (both in 1..=127; others, and
     /// 0 for a string written inline, are not cached) of the site numbered
-    /// `number` in generation `generation` (1..=127).
+    /// `number` in generation `generation` (1..=127, an interning table's:
+    /// an entry put in another is never live for a table's).
     pub fn put(&mut self, number: u32, generation: u16, category: u32, name: u32) {
-        if (category.wrapping_sub(1) | name.wrapping_sub(1)) >= 0x7F || generation == 0 {
+        if (category.wrapping_sub(1) | name.wrapping_sub(1)) >= 0x7F {
             return;
         }
         if let Some(e) = self.entries.get_mut((number as usize).wrapping_sub(1)) {
