@@ -439,17 +439,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         let head = track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .filter(|&head| Body::sample(head, value).is_some());
+            .filter(|_| Body::fits(value));
         if let (Some(head), Some(delta)) = (head, self.delta(now)) {
             // The body worked out where it is stored (no registers kept
             // across the window checks).
             if self.out.write_fast(
                 #[inline(always)]
-                |c| {
-                    if let Some(body) = Body::sample(head, value) {
-                        body.encode(c, delta);
-                    }
-                },
+                |c| Body::sample(head, value).encode(c, delta),
             ) {
                 self.base = now;
                 self.stats.events += 1;
@@ -1007,19 +1003,28 @@ struct Body {
 }
 
 impl Body {
-    /// A counter sample of `value` on the track whose sample head
-    /// ([`CounterTrack::sample_head`]) is `head`: integers in `i32` range
-    /// (a negative one is always 10 varint bytes, 4 of them from its low
-    /// bits) and doubles; `None` for other integers.
+    /// Whether the fast path writes a sample of `value`: an integer in
+    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
+    /// of them from its low bits), or a double.
     #[inline(always)]
-    fn sample(head: (u64, usize), value: CounterValue) -> Option<Self> {
+    fn fits(value: CounterValue) -> bool {
+        match value {
+            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
+            CounterValue::Double(_) => true,
+        }
+    }
+
+    /// A counter sample of `value` (one that [`Body::fits`]) on the track
+    /// whose sample head ([`CounterTrack::sample_head`]) is `head`.
+    #[inline(always)]
+    fn sample(head: (u64, usize), value: CounterValue) -> Self {
         let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
         let (value, value_lens) = match value {
-            CounterValue::Int(v) if (0..1 << 28).contains(&v) => {
+            CounterValue::Int(v) if v >= 0 => {
                 let (word, n) = varint_word(v as u32);
                 ([int | u64::from(word) << 16, 0], [2 + n, 0])
             }
-            CounterValue::Int(v) if (-(1 << 31)..0).contains(&v) => {
+            CounterValue::Int(v) => {
                 // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
                 // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
                 let (low, _) = varint_word(v as u32);
@@ -1046,10 +1051,9 @@ impl Body {
                 ]);
                 ([double | bits << 16, bits >> 48], [8, 2])
             }
-            CounterValue::Int(_) => return None,
         };
         let size = head.1 + value_lens[0] + value_lens[1];
-        Some(Body {
+        Body {
             words: [
                 u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, size as u8, 0, 0, 0, 0]),
                 head.0,
@@ -1057,7 +1061,7 @@ impl Body {
                 value[1],
             ],
             lens: [4, head.1, value_lens[0], value_lens[1]],
-        })
+        }
     }
 
     /// Writes the event: its timestamp `delta` (below 2^28) after the
@@ -1372,7 +1376,8 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let body = Body::sample(track.sample_head().unwrap(), value).unwrap();
+                    assert!(Body::fits(value), "{value:?}");
+                    let body = Body::sample(track.sample_head().unwrap(), value);
                     let got = bytes(|c| body.encode(c, delta));
                     assert_eq!(
                         got,
@@ -1383,9 +1388,8 @@ mod tests {
                 }
             }
         }
-        let head = TRACKS[0].sample_head().unwrap();
         for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
-            assert!(Body::sample(head, CounterValue::Int(v)).is_none(), "{v}");
+            assert!(!Body::fits(CounterValue::Int(v)), "{v}");
         }
     }
 }
