@@ -295,18 +295,17 @@ impl<T: Target> Cursor<T> {
         }
     }
 
-    /// Any varint: 64-bit shifts only until the rest fits 32 bits (a
-    /// negative int64, always 10 bytes, takes five of them), then
-    /// [`Cursor::varint32`]. On a host, [`Cursor::varint`]'s rare path (5
-    /// to 10 bytes); on firmware, every varint and tag.
+    /// Any varint, one loop. On a host, [`Cursor::varint`]'s rare path (5
+    /// to 10 bytes); on firmware, every varint and tag of the cold packets
+    /// (one small loop in the image, not two).
     #[cfg_attr(not(target_os = "none"), cold)]
     #[inline(never)]
     fn varint64(&mut self, mut v: u64) {
-        while v >> 32 != 0 {
+        while v >= 0x80 {
             self.byte(v as u8 | 0x80);
             v >>= 7;
         }
-        self.varint32(v as u32);
+        self.byte(v as u8);
     }
 
     /// Appends a varint that fits 32 bits.

@@ -358,8 +358,9 @@ pub fn absolute_time<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64) {
 }
 
 /// [`reset`] after its time fields (a writer that marks a loss between
-/// them and the rest).
-#[inline(never)]
+/// them and the rest). Inline: each writer calls it from one place (on
+/// firmware, the reset packet's closure).
+#[inline]
 pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
     c.uint(
         trace_packet::SEQUENCE_FLAGS,
@@ -374,17 +375,18 @@ pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_
     c.uint(track_event_defaults::TRACK_UUID, default_track);
     c.end_short(te);
     c.end_short(d);
-    clock_snapshot(
-        c,
-        &[
-            ClockValue::absolute(clock_id, ns),
-            ClockValue {
-                clock_id: builtin_clock::INCREMENTAL,
-                ns,
-                incremental: true,
-            },
-        ],
-    );
+    // `clock_snapshot` of the two clocks, written out (no loop, no array).
+    let s = c.begin_short_field(trace_packet::CLOCK_SNAPSHOT);
+    let m = c.begin_short_field(clock_snapshot::CLOCKS);
+    c.uint(clock::CLOCK_ID, u64::from(clock_id));
+    c.uint(clock::TIMESTAMP, ns);
+    c.end_short(m);
+    let m = c.begin_short_field(clock_snapshot::CLOCKS);
+    c.uint(clock::CLOCK_ID, u64::from(builtin_clock::INCREMENTAL));
+    c.uint(clock::TIMESTAMP, ns);
+    c.boolean(clock::IS_INCREMENTAL, true);
+    c.end_short(m);
+    c.end_short(s);
 }
 
 /// One clock's reading in a `ClockSnapshot`.
@@ -427,8 +429,9 @@ pub fn clock_snapshot<T: Target>(c: &mut Cursor<T>, clocks: &[ClockValue]) {
 
 /// Writes a track descriptor packet's fields: stamped `ns` on `clock_id`
 /// (not on clock 64: descriptors do not need incremental state, so a reader
-/// may see one while clock 64 is invalid).
-#[inline(never)]
+/// may see one while clock 64 is invalid). Inline: the body of the
+/// firmware writer's one descriptor closure.
+#[inline]
 pub fn descriptor<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, track: &AnyTrack) {
     absolute_time(c, clock_id, ns);
     let d = c.begin_short_field(trace_packet::TRACK_DESCRIPTOR);

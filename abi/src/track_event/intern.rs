@@ -27,8 +27,9 @@
 //!   them, where a lookup costs the out-of-line probe: the price of a
 //!   placement without moves, which a firmware image pays in bytes once.)
 //!   A table of at most [`SCAN_MAX`] entries has no homes: a lookup
-//!   compares every entry (out of line), a new string takes the first free
-//!   one. As many compares as the probes' bound, and no hashing code.
+//!   compares every entry (a short loop, inline), a new string takes the
+//!   first free one. As many compares as the probes' bound, and no hashing
+//!   code.
 //! * The table never grows. When it is full (or a kind's ids run out) a
 //!   string is not interned: the caller writes it inline.
 //! * A lookup probes at most `N` slots and never fails otherwise; nothing
@@ -237,8 +238,8 @@ impl<const N: usize> InternTable<N> {
     /// id, or `u32::MAX` if it is not interned (a caller tests several
     /// ids with one compare). Inline: a multiply and one entry compare
     /// when the string sits in its first home slot, one more in its second;
-    /// out of line (`find`) otherwise, and always in a table of at most
-    /// [`SCAN_MAX`] entries.
+    /// otherwise [`Self::find`]'s out-of-line probe. A table of at most
+    /// [`SCAN_MAX`] entries is scanned ([`Self::find`]).
     #[inline(always)]
     pub fn lookup_word(&self, key: Key) -> u32 {
         if N <= SCAN_MAX {
@@ -256,19 +257,27 @@ impl<const N: usize> InternTable<N> {
         }
     }
 
-    /// [`Self::lookup_word`] out of line: the home slots, then the slots
-    /// after the second up to the first dead one (every slot, in order, in
-    /// a table of at most [`SCAN_MAX`] entries).
-    #[inline(never)]
+    /// [`Self::lookup_word`] without the inline probes: every slot, in
+    /// order, in a table of at most [`SCAN_MAX`] entries (inline: a short
+    /// loop); else, out of line (`probe`), the home slots, then the slots
+    /// after the second up to the first dead one.
+    #[inline(always)]
     pub fn find(&self, key: Key) -> u32 {
-        let want = self.want(key);
         if N <= SCAN_MAX {
+            let want = self.want(key);
             return self
                 .entries
                 .iter()
                 .find_map(|e| e.id_of(key, want))
                 .unwrap_or(u32::MAX);
         }
+        self.probe(key)
+    }
+
+    /// [`Self::find`] in a hashed table.
+    #[inline(never)]
+    fn probe(&self, key: Key) -> u32 {
+        let want = self.want(key);
         let [first, second] = Self::homes(key);
         let mut i = first;
         for step in 0..N + 1 {

@@ -12,13 +12,19 @@
 //! # Invariants
 //!
 //! * A site's number is 0 (not yet numbered) until the first writer that
-//!   resolves the site's ids gives it the next number of a program-wide
-//!   counter (one compare-and-swap on the site; a context that loses the
-//!   race uses the winner's number). Numbers are never reused and never
-//!   change once set, so two sites never share a cache entry. A number is
-//!   only an identity: `Relaxed` suffices (nothing is published through
-//!   it). Sites numbered beyond a writer's `S` are not cached there (their
-//!   events take the interning lookups).
+//!   caches the site's ids gives it the next number of a program-wide
+//!   counter (one atomic increment; one store on the site). Numbers are
+//!   never reused, so two sites never share a cache entry: each is taken
+//!   from the counter once, and the counter moves only for a site whose
+//!   number reads 0, which is once per site unless contexts race for it;
+//!   so it counts at most sites × contexts, never 2^32. A site's number
+//!   changes only in such a race (each context stores the number it
+//!   took, the last store stays); the entries a writer cached under the
+//!   number that lost are never read again (no other site has it), and
+//!   the site's next event there caches its ids anew. A number is only an
+//!   identity: `Relaxed` suffices (nothing is published through it).
+//!   Sites numbered beyond a writer's `S` are not cached there (each of
+//!   their events takes the slow path).
 //! * The cache is the writer's own (`&mut`): a site cached for one
 //!   sequence is never read for another, whatever the writers sharing it.
 //! * An entry is `generation << 16 | name << 8 | category`: the ids of
@@ -37,8 +43,8 @@ use crate::sync::atomic::AtomicU32;
 use crate::sync::shared::AtomicU32 as CounterWord;
 use crate::sync::Ordering::Relaxed;
 
-/// The number the last site got (the next gets one more); never repeats:
-/// it stops at `u32::MAX`, and sites left without a number stay uncached.
+/// The number the last site got (the next gets one more); never repeats
+/// (see the module docs).
 static SITES: CounterWord = CounterWord::new(0);
 
 /// An event's category and name at one call site, for the writer's
@@ -97,23 +103,15 @@ impl EventSite {
         self.number.load(Relaxed)
     }
 
-    /// The site's number, giving it the next one first if it has none; 0
-    /// if the numbers ran out.
+    /// The site's number, giving it the next one first if it has none.
     pub fn numbered(&self) -> u32 {
         let n = self.number();
         if n != 0 {
             return n;
         }
-        let Ok(last) = SITES.fetch_update(Relaxed, Relaxed, |n| n.checked_add(1)) else {
-            return 0;
-        };
-        let mine = last + 1;
-        match self.number.compare_exchange(0, mine, Relaxed, Relaxed) {
-            Ok(_) => mine,
-            // Numbered by another context meanwhile: its number holds (ours
-            // is never used).
-            Err(theirs) => theirs,
-        }
+        let mine = SITES.fetch_add(1, Relaxed).wrapping_add(1);
+        self.number.store(mine, Relaxed);
+        mine
     }
 }
 
@@ -139,21 +137,22 @@ impl<const S: usize> SiteCache<S> {
         Self { entries: [0; S] }
     }
 
-    /// The (category, name) ids cached for the site numbered `number` in
-    /// interning generation `generation`, if any.
+    /// The ids cached for the site numbered `number` in interning
+    /// generation `generation`, if any: `name << 8 | category`.
     #[inline(always)]
-    pub fn get(&self, number: u32, generation: u16) -> Option<(u32, u32)> {
+    pub fn get(&self, number: u32, generation: u16) -> Option<u32> {
         // Number 0 (none) wraps to the largest index: no entry.
         let e = self.entries.get((number as usize).wrapping_sub(1))?;
         let ids = e ^ u32::from(generation) << GENERATION_SHIFT;
-        (ids < 1 << GENERATION_SHIFT).then_some((ids & 0xFF, ids >> 8))
+        (ids < 1 << GENERATION_SHIFT).then_some(ids)
     }
 
-    /// Caches the ids `category` and `name` (both below 128; others are
-    /// not cached) of the site numbered `number` in generation
-    /// `generation` (1..=127).
+    /// Caches the ids `category` and `name` (both in 1..=127; others, and
+    /// 0 for a string written inline, are not cached) of the site numbered
+    /// `number` in generation `generation` (1..=127, an interning table's:
+    /// an entry put in another is never live for a table's).
     pub fn put(&mut self, number: u32, generation: u16, category: u32, name: u32) {
-        if (category | name) >= 0x80 || generation == 0 {
+        if (category.wrapping_sub(1) | name.wrapping_sub(1)) >= 0x7F {
             return;
         }
         if let Some(e) = self.entries.get_mut((number as usize).wrapping_sub(1)) {
@@ -219,15 +218,18 @@ mod tests {
         let mut c = SiteCache::<2>::new();
         assert_eq!(c.get(1, 1), None);
         c.put(1, 1, 3, 0x7F);
-        assert_eq!(c.get(1, 1), Some((3, 0x7F)));
+        assert_eq!(c.get(1, 1), Some(0x7F << 8 | 3));
         assert_eq!(c.get(1, 2), None);
         assert_eq!(c.get(2, 1), None);
         // Unnumbered and out-of-range sites are never cached.
         c.put(0, 1, 1, 1);
         c.put(3, 1, 1, 1);
         assert_eq!((c.get(0, 1), c.get(3, 1)), (None, None));
-        // Ids the fast path cannot write are not cached.
+        // Ids the fast path cannot write are not cached, nor 0 (a string
+        // written inline).
         c.put(2, 1, 0x80, 1);
+        assert_eq!(c.get(2, 1), None);
+        c.put(2, 1, 1, 0);
         assert_eq!(c.get(2, 1), None);
         c.clear();
         assert_eq!(c.get(1, 1), None);

@@ -183,8 +183,10 @@ impl CounterTrack {
         (self.head_len != 0).then_some((self.head, usize::from(self.head_len)))
     }
 
-    /// Writes its `TrackDescriptor` fields.
-    #[inline(never)]
+    /// Writes its `TrackDescriptor` fields. Inline: firmware writes
+    /// descriptors from one place ([`AnyTrack::encode`]); the plain track's
+    /// fields stay one function ([`Track::encode`]).
+    #[inline]
     pub fn encode<T: Target>(&self, c: &mut Cursor<T>) {
         self.track.encode(c);
         let counter = c.begin_short_field(track_descriptor::COUNTER);

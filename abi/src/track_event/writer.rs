@@ -333,12 +333,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             |w| {
                 let cat = w.interned.lookup_word(ids.category(category));
                 let nm = w.interned.lookup_word(ids.name(name));
-                ((cat | nm) < 0x80).then_some((cat, nm))
+                ((cat | nm) < 0x80).then_some(nm << 8 | cat)
             },
             |w, now| {
                 w.slow(
                     now,
-                    Needs::Names(category, name),
+                    Needs::Names(category, name, None),
                     kind,
                     CounterValue::Int(0),
                 )
@@ -348,47 +348,27 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
 
     /// [`Self::named_ids`] for an event at `site` (a slice begin or an
     /// instant), or a slice end (`site` unused): its ids from the site
-    /// cache, or else (once per site and interning generation) from
-    /// [`Self::site_ids`]. One function for the three kinds: the end's
-    /// tests are a few instructions, a copy of its own some 400 bytes.
+    /// cache, or else (once per site and interning generation) by
+    /// [`Self::slow`], which interns the site's strings and caches their
+    /// ids. One function for the three kinds: the end's tests are a few
+    /// instructions, a copy of its own some 400 bytes.
     #[inline(never)]
     fn site_named(&mut self, kind: Type, site: Option<&'static EventSite>) -> bool {
         self.named_body(
             kind as u8,
             #[inline(always)]
             |w| match site {
-                Some(site) => match w.sites.get(site.number(), w.interned.generation()) {
-                    // Cached ids are below 128.
-                    Some(ids) => Some(ids),
-                    None => {
-                        let (cat, nm) = w.site_ids(site);
-                        ((cat | nm) < 0x80).then_some((cat, nm))
-                    }
-                },
-                None => Some((0, 0)),
+                // Cached ids are below 128.
+                Some(site) => w.sites.get(site.number(), w.interned.generation()),
+                None => Some(0),
             },
             |w, now| {
-                let needs = site.map_or(Needs::End, |s| Needs::Names(s.category(), s.name()));
+                let needs = site.map_or(Needs::End, |s| {
+                    Needs::Names(s.category(), s.name(), Some(s))
+                });
                 w.slow(now, needs, kind as u8, CounterValue::Int(0))
             },
         )
-    }
-
-    /// The interned ids of `site`'s category and name (`u32::MAX` for
-    /// one not interned), cached for the site's next events if both are
-    /// below 128.
-    #[inline(never)]
-    fn site_ids(&mut self, site: &'static EventSite) -> (u32, u32) {
-        let ids = (
-            self.interned
-                .find(Key::new(site.category(), Kind::Category)),
-            self.interned.find(Key::new(site.name(), Kind::EventName)),
-        );
-        if (ids.0 | ids.1) < 0x80 {
-            let generation = self.interned.generation();
-            self.sites.put(site.numbered(), generation, ids.0, ids.1);
-        }
-        ids
     }
 
     /// The body of [`Self::named_ids`] and [`Self::site_named`]: the
@@ -399,7 +379,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     fn named_body(
         &mut self,
         kind: u8,
-        ids: impl FnOnce(&mut Self) -> Option<(u32, u32)>,
+        ids: impl FnOnce(&mut Self) -> Option<u32>,
         slow: impl FnOnce(&mut Self, u64) -> bool,
     ) -> bool {
         let end = kind == Type::SliceEnd as u8;
@@ -417,13 +397,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             // the fast path cannot write them (a string not interned, or an
             // id of 128 or more), which cached ids never are (a slice end
             // has none).
-            let ids = if end { Some((0, 0)) } else { ids(self) };
+            let ids = if end { Some(0) } else { ids(self) };
             let now = self.now();
-            if let Some((cat, nm)) = ids {
+            if let Some(ids) = ids {
                 if let Some(delta) = self.delta(now) {
                     if self.out.write_fast_sized(
                         #[inline(always)]
-                        |c| named_event(c, delta, kind, cat as u8, nm as u8),
+                        |c| named_event(c, delta, kind, ids),
                     ) {
                         self.base = now;
                         self.stats.events += 1;
@@ -455,15 +435,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             self.stats.events_disabled += 1;
             return false;
         }
-        let body = track
+        let now = self.now();
+        let head = track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .and_then(|head| Body::sample(head, value));
-        let now = self.now();
-        if let (Some(body), Some(delta)) = (body, self.delta(now)) {
+            .filter(|_| Body::fits(value));
+        if let (Some(head), Some(delta)) = (head, self.delta(now)) {
+            // The body worked out where it is stored (no registers kept
+            // across the window checks).
             if self.out.write_fast(
                 #[inline(always)]
-                |c| body.encode(c, delta),
+                |c| Body::sample(head, value).encode(c, delta),
             ) {
                 self.base = now;
                 self.stats.events += 1;
@@ -513,37 +495,59 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// event of type `kind`: a slice begin, end or instant, or a sample of
     /// `value` on the track in `needs`): restarts the sequence if due,
     /// describes the counter track, interns the names (a new one in a
-    /// packet of its own, [`Self::intern_alone`]), stamps the event as a
-    /// delta (or its absolute time if time went backwards) and writes it
-    /// with [`slow_event`]: the bytes the fast paths write for it.
+    /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
+    /// stamps the event as a delta (or its absolute time if time went
+    /// backwards) and writes it with [`slow_event`]: the bytes the fast
+    /// paths write for it.
     #[inline(never)]
     fn slow(&mut self, now: u64, needs: Needs, kind: u8, value: CounterValue) -> bool {
         if !self.ready(now) {
             return false;
         }
-        let (names, counter) = match needs {
-            Needs::Names(category, name) => {
-                let Some(category) = self.intern_alone(category, Kind::Category) else {
+        let fields = match needs {
+            Needs::Names(category, name, site) => {
+                let Some(cat) = self.intern_alone(category, Kind::Category) else {
                     return self.lost();
                 };
-                let Some(name) = self.intern_alone(name, Kind::EventName) else {
+                let Some(nm) = self.intern_alone(name, Kind::EventName) else {
                     return self.lost();
                 };
-                (Some((category, name)), None)
+                if let Some(site) = site {
+                    let generation = self.interned.generation();
+                    self.sites.put(site.numbered(), generation, cat, nm);
+                }
+                [
+                    SlowField::name(
+                        cat,
+                        category,
+                        track_event::CATEGORY_IIDS,
+                        track_event::CATEGORIES,
+                    ),
+                    SlowField::name(nm, name, track_event::NAME_IID, track_event::NAME),
+                ]
             }
-            Needs::End => (None, None),
+            Needs::End => [SlowField::None; 2],
             Needs::Track(track) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
-                (None, Some((track.uuid(), value)))
+                [
+                    SlowField::Uint(track_event::TRACK_UUID, track.uuid()),
+                    match value {
+                        CounterValue::Int(v) => {
+                            SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
+                        }
+                        CounterValue::Double(v) => {
+                            SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
+                        }
+                    },
+                ]
             }
         };
         let ev = SlowEvent {
             time: self.time(now),
             kind,
-            names,
-            counter,
+            fields,
         };
         if !self.put(packet(&mut |c| slow_event(c, &ev))) {
             self.stats.events_dropped += 1;
@@ -556,28 +560,44 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         true
     }
 
-    /// The interned id of `s`, a new one's entry written first in a packet
-    /// of its own; `s` inline if the table is full or `s` too long to
+    /// `s`'s interned id, a new one's entry written first in a packet of
+    /// its own; 0 (`s` goes inline) if the table is full or `s` too long to
     /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
     /// that packet was lost.
-    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<Str<'static>> {
-        let mut new = NewStrings::<1>::new();
-        let s = self.resolve(s, kind, &mut new);
-        for entry in &new {
-            // What `encode::interned_data` writes for the entry alone.
-            if !self.put(packet(&mut |c| {
-                c.uint(
-                    trace_packet::SEQUENCE_FLAGS,
-                    u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
-                );
-                let d = c.begin_short_field(trace_packet::INTERNED_DATA);
-                encode::interned_entry::<_, true>(c, entry);
-                c.end_short(d);
-            })) {
-                return None;
+    fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<u32> {
+        let interned = if s.len() <= MAX_INTERNED_LEN {
+            self.interned.intern(s, kind)
+        } else {
+            Interned::Full
+        };
+        let iid = match interned {
+            Interned::Known(iid) => iid,
+            Interned::New(iid) => {
+                let entry = NewString {
+                    kind,
+                    iid: u64::from(iid),
+                    name: s,
+                };
+                // What `encode::interned_data` writes for the entry alone.
+                if !self.put(packet(&mut |c| {
+                    c.uint(
+                        trace_packet::SEQUENCE_FLAGS,
+                        u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
+                    );
+                    let d = c.begin_short_field(trace_packet::INTERNED_DATA);
+                    encode::interned_entry::<_, true>(c, &entry);
+                    c.end_short(d);
+                })) {
+                    return None;
+                }
+                iid
             }
-        }
-        Some(s)
+            Interned::Full => {
+                self.stats.strings_inline += 1;
+                0
+            }
+        };
+        Some(u32::from(iid))
     }
 
     /// How an event at `now` is stamped: a delta on clock 64, or its
@@ -593,13 +613,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
     }
 
-    /// Makes sure `track`'s descriptor was written on the sequence (unless
-    /// it is the default track); `false` (counted) if that packet was lost.
+    /// Makes sure `track`'s descriptor was written on the sequence (the
+    /// caller knows it is not the default track's, described at every
+    /// reset); `false` (counted) if that packet was lost.
     fn described(&mut self, track: AnyTrack, now: u64) -> bool {
-        if track.uuid() == self.config.track.uuid()
-            || self.tracks.contains(track.key())
-            || self.describe(track, now)
-        {
+        if self.tracks.contains(track.key()) || self.describe(track, now) {
             return true;
         }
         self.stats.events_dropped += 1;
@@ -678,13 +696,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// of the restart was lost.
     fn ready(&mut self, now: u64) -> bool {
         let epoch = self.out.arbiter().clear_epoch();
-        if epoch != self.clear_epoch {
+        // A restart that fails leaves the fast path held (every failed
+        // packet holds it), so the next event tries again.
+        if epoch != self.clear_epoch || self.out.fast_path_held() {
             self.clear_epoch = epoch;
-            self.out.hold_fast_path(true);
-        }
-        if self.out.fast_path_held() && !self.reset(now) {
-            self.stats.events_dropped += 1;
-            return false;
+            if !self.reset(now) {
+                self.stats.events_dropped += 1;
+                return false;
+            }
         }
         true
     }
@@ -837,14 +856,15 @@ const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint
 const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
 /// Writes what [`encode::event`] writes for a slice begin or instant with
-/// the interned category `cat` and name `name` (both below 128), or a slice
-/// end if `kind` is [`Type::SliceEnd`] (`cat` and `name` unused), on the
+/// the interned category and name `ids` (`name << 8 | category`, both
+/// below 128), or a slice end if `kind` is [`Type::SliceEnd`] (`ids`
+/// unused), on the
 /// default track, `delta` (below 2^28) after the previous event: a few
 /// word stores. An end's `track_event` is its type only: the same stores,
 /// advanced less (the bytes past the packet lie in the window, and the next
 /// packet overwrites them).
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name: u8) {
+fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, ids: u32) {
     let (time, n) = varint_word(delta);
     let end = kind == Type::SliceEnd as u8;
     // The track event's size: its type (2 bytes), then category and name.
@@ -862,27 +882,55 @@ fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, cat: u8, name
     // 2 + 0 bytes for an end, 4 + 2 for the others.
     let tail = te / 2 - 1;
     c.word32(
-        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, cat]),
+        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, 0]) | ids << 24,
         te - tail,
     );
-    c.word32(u32::from(NAME_IID) | u32::from(name) << 8, tail);
+    c.word32(u32::from(NAME_IID) | ids & 0xFF00, tail);
 }
 
-/// An event of the fast paths, for [`slow_event`]: a counter sample of
-/// `counter`'s value on the track with its uuid, else a slice begin or an
-/// instant (`kind`) named `names`, or a slice end, stamped `time`.
-struct SlowEvent<'a> {
+/// A field of a fast-path event's `track_event` after its type, as
+/// [`slow_event`] writes it.
+#[derive(Debug, Clone, Copy)]
+enum SlowField {
+    /// No field.
+    None,
+    /// A varint field.
+    Uint(u32, u64),
+    /// A fixed64 field.
+    Fixed64(u32, u64),
+    /// A string field.
+    Str(u32, &'static str),
+}
+
+impl SlowField {
+    /// A category or an event name: its interned id `iid` in `iid_field`,
+    /// or (id 0) the string `s` in `field`.
+    #[inline(always)]
+    fn name(iid: u32, s: &'static str, iid_field: u32, field: u32) -> Self {
+        if iid != 0 {
+            SlowField::Uint(iid_field, u64::from(iid))
+        } else {
+            SlowField::Str(field, s)
+        }
+    }
+}
+
+/// An event of the fast paths, for [`slow_event`]: of type `kind`, stamped
+/// `time`, with `fields` after its type (a slice begin's or an instant's
+/// category and name, a counter sample's track uuid and value, none for a
+/// slice end).
+struct SlowEvent {
     time: Time,
     kind: u8,
-    names: Option<(Str<'a>, Str<'a>)>,
-    counter: Option<(u64, CounterValue)>,
+    fields: [SlowField; 2],
 }
 
 /// Writes what [`encode::event`] writes for `ev`, with the cursor's field
 /// writers (out of line on firmware, shared with the other cold packets)
-/// and fewer branches. Out of line: its closure only passes it on.
-#[inline(never)]
-fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
+/// and fewer branches. Inline: the body of its one closure, in
+/// [`TrackEventWriter::slow`].
+#[inline]
+fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
     match ev.time {
         Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
         Time::Absolute { clock_id, ns } => encode::absolute_time(c, clock_id, ns),
@@ -890,13 +938,13 @@ fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent<'_>) {
     c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
     let te = c.begin_short();
     c.uint(track_event::TYPE, u64::from(ev.kind));
-    if let Some((uuid, value)) = ev.counter {
-        c.uint(track_event::TRACK_UUID, uuid);
-        encode::counter_value(c, value);
-    }
-    if let Some((category, name)) = ev.names {
-        encode::category(c, category);
-        encode::name(c, name);
+    for field in &ev.fields {
+        match *field {
+            SlowField::None => {}
+            SlowField::Uint(field, v) => c.uint(field, v),
+            SlowField::Fixed64(field, v) => c.fixed64_field(field, v),
+            SlowField::Str(field, s) => c.string(field, s),
+        }
     }
     c.end_short(te);
 }
@@ -936,8 +984,9 @@ impl NamedIds {
 /// What [`TrackEventWriter::slow`] makes ready besides the sequence.
 #[derive(Clone, Copy)]
 enum Needs {
-    /// A slice begin's or an instant's category and name, interned.
-    Names(&'static str, &'static str),
+    /// A slice begin's or an instant's category and name, interned (and
+    /// their ids cached for the call site, if any).
+    Names(&'static str, &'static str, Option<&'static EventSite>),
     /// A slice end: nothing.
     End,
     /// A counter track, described.
@@ -954,19 +1003,28 @@ struct Body {
 }
 
 impl Body {
-    /// A counter sample of `value` on the track whose sample head
-    /// ([`CounterTrack::sample_head`]) is `head`: integers in `i32` range
-    /// (a negative one is always 10 varint bytes, 4 of them from its low
-    /// bits) and doubles; `None` for other integers.
+    /// Whether the fast path writes a sample of `value`: an integer in
+    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
+    /// of them from its low bits), or a double.
     #[inline(always)]
-    fn sample(head: (u64, usize), value: CounterValue) -> Option<Self> {
+    fn fits(value: CounterValue) -> bool {
+        match value {
+            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
+            CounterValue::Double(_) => true,
+        }
+    }
+
+    /// A counter sample of `value` (one that [`Body::fits`]) on the track
+    /// whose sample head ([`CounterTrack::sample_head`]) is `head`.
+    #[inline(always)]
+    fn sample(head: (u64, usize), value: CounterValue) -> Self {
         let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
         let (value, value_lens) = match value {
-            CounterValue::Int(v) if (0..1 << 28).contains(&v) => {
+            CounterValue::Int(v) if v >= 0 => {
                 let (word, n) = varint_word(v as u32);
                 ([int | u64::from(word) << 16, 0], [2 + n, 0])
             }
-            CounterValue::Int(v) if (-(1 << 31)..0).contains(&v) => {
+            CounterValue::Int(v) => {
                 // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
                 // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
                 let (low, _) = varint_word(v as u32);
@@ -993,10 +1051,9 @@ impl Body {
                 ]);
                 ([double | bits << 16, bits >> 48], [8, 2])
             }
-            CounterValue::Int(_) => return None,
         };
         let size = head.1 + value_lens[0] + value_lens[1];
-        Some(Body {
+        Body {
             words: [
                 u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, size as u8, 0, 0, 0, 0]),
                 head.0,
@@ -1004,7 +1061,7 @@ impl Body {
                 value[1],
             ],
             lens: [4, head.1, value_lens[0], value_lens[1]],
-        })
+        }
     }
 
     /// Writes the event: its timestamp `delta` (below 2^28) after the
@@ -1190,7 +1247,8 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let got = bytes(|c| named_event(c, delta, kind as u8, cat, name));
+                    let ids = u32::from(name) << 8 | u32::from(cat);
+                    let got = bytes(|c| named_event(c, delta, kind as u8, ids));
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
@@ -1252,11 +1310,34 @@ mod tests {
                     };
                     encode::event::<_, true>(c, &ev)
                 });
+                let name = |s: Str<'static>, iid_field, field| match s {
+                    Str::Iid(iid) => {
+                        SlowField::name(u32::try_from(iid).unwrap(), "", iid_field, field)
+                    }
+                    Str::Inline(s) => SlowField::name(0, s, iid_field, field),
+                };
+                let fields = match (names, counter) {
+                    (Some((cat, nm)), _) => [
+                        name(cat, track_event::CATEGORY_IIDS, track_event::CATEGORIES),
+                        name(nm, track_event::NAME_IID, track_event::NAME),
+                    ],
+                    (_, Some((uuid, value))) => [
+                        SlowField::Uint(track_event::TRACK_UUID, uuid),
+                        match value {
+                            CounterValue::Int(v) => {
+                                SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
+                            }
+                            CounterValue::Double(v) => {
+                                SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
+                            }
+                        },
+                    ],
+                    _ => [SlowField::None; 2],
+                };
                 let ev = SlowEvent {
                     time,
                     kind: kind as u8,
-                    names,
-                    counter,
+                    fields,
                 };
                 let got = bytes(|c| slow_event(c, &ev));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
@@ -1295,7 +1376,8 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    let body = Body::sample(track.sample_head().unwrap(), value).unwrap();
+                    assert!(Body::fits(value), "{value:?}");
+                    let body = Body::sample(track.sample_head().unwrap(), value);
                     let got = bytes(|c| body.encode(c, delta));
                     assert_eq!(
                         got,
@@ -1306,9 +1388,8 @@ mod tests {
                 }
             }
         }
-        let head = TRACKS[0].sample_head().unwrap();
         for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
-            assert!(Body::sample(head, CounterValue::Int(v)).is_none(), "{v}");
+            assert!(!Body::fits(CounterValue::Int(v)), "{v}");
         }
     }
 }
