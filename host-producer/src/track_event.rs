@@ -496,24 +496,26 @@ pub(crate) fn __event_at(
     }
 }
 
-/// An instant named `name` on the thread's track, stamped now, with the
-/// annotations of `args` (the `tracing` layer's events: no [`Arg`]s built).
+/// An instant or a slice begin (`KIND`, an [`EventType`] as `u8`) named
+/// `name` on the thread's track, stamped `ns` (BOOTTIME), with the
+/// annotations of `args` (the `tracing` layer's events and slices: no
+/// [`Arg`]s built).
 #[cfg(feature = "tracing")]
 #[inline(never)]
-pub(crate) fn __flat_instant(
+pub(crate) fn __flat_event<const KIND: u8>(
     cat: &'static Category,
     name: &'static str,
     args: &crate::encoding::annotation::FlatArgs<'_>,
+    ns: u64,
 ) {
     let mask = cat.enabled_instances();
     if mask == 0 {
         return;
     }
-    let ns = crate::clock::now_ns();
     track_event_type().with_writers(mask, |inner, instance| {
         if !inner
             .seq
-            .write_flat_instant(&mut inner.out, cat, name, args, ns)
+            .write_flat::<KIND, _>(&mut inner.out, cat, name, args, ns)
         {
             count_drop(instance);
         }

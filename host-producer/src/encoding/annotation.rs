@@ -192,6 +192,16 @@ pub(crate) struct FlatArgs<'a> {
 
 #[cfg(feature = "tracing")]
 impl<'a> FlatArgs<'a> {
+    /// `head` alone.
+    #[inline(always)]
+    pub(crate) fn head_only(head: (&'static str, &'static str)) -> Self {
+        FlatArgs {
+            head,
+            values: &[],
+            text: "",
+        }
+    }
+
     /// The annotations, `head` first.
     #[inline(always)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {

@@ -538,22 +538,23 @@ const MAX_FAST_CATEGORIES: usize = 8;
 const MAX_FAST_ARGS: usize = 16;
 const MAX_FAST_FLOWS: usize = 8;
 
-/// Most annotations of an instant written by
-/// [`SequenceState::write_flat_instant`] (a `tracing` callsite's fields and
-/// the level).
+/// Most annotations of an event written by
+/// [`SequenceState::write_flat`] (a `tracing` callsite's fields and the
+/// level).
 #[cfg(feature = "tracing")]
 const MAX_FLAT_ARGS: usize = 40;
 
 #[cfg(feature = "tracing")]
 impl SequenceState {
-    /// Writes an instant named `name` in `category`, stamped `ns`
-    /// (BOOTTIME), with the annotations of `args`: encoded in place like
-    /// [`SequenceState::write_plain_args`] when every name is in its front
-    /// cache and the packet fits a window, else through the general path.
-    /// Returns `false` if any packet was dropped, like
+    /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
+    /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
+    /// annotations of `args`: encoded in place like
+    /// [`SequenceState::write_plain_args`] when every name is interned and
+    /// the packet fits a window, else through the general path. Returns
+    /// `false` if any packet was dropped, like
     /// [`SequenceState::write_event`].
     #[inline(never)]
-    pub(crate) fn write_flat_instant<W: PacketWriter>(
+    pub(crate) fn write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -561,14 +562,14 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        self.try_write_flat_instant(w, category, name, args, ns)
-            || self.write_flat_general(w, category, name, args, ns)
+        self.try_write_flat::<KIND, W>(w, category, name, args, ns)
+            || self.write_flat_general::<KIND, W>(w, category, name, args, ns)
     }
 
-    /// [`SequenceState::write_flat_instant`] through [`EventData`].
+    /// [`SequenceState::write_flat`] through [`EventData`].
     #[cold]
     #[inline(never)]
-    fn write_flat_general<W: PacketWriter>(
+    fn write_flat_general<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -581,18 +582,22 @@ impl SequenceState {
             .map(|(n, v)| Arg::new(n, v))
             .take(MAX_FLAT_ARGS)
             .collect();
-        let mut data = EventData::new(EventType::Instant, Some(category), Timestamp::boottime(ns));
+        let kind = if KIND == EventType::SliceBegin as u8 {
+            EventType::SliceBegin
+        } else {
+            EventType::Instant
+        };
+        let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
         self.write_event(w, &data, None)
     }
 
-    /// The in-place encoder of [`SequenceState::write_flat_instant`]
-    /// (the bytes of [`SequenceState::try_write_plain_args`] for the same
-    /// event); `false` (nothing changed) where the general path must do
-    /// the work.
+    /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
+    /// of [`SequenceState::try_write_plain_args`] for the same event);
+    /// `false` (nothing changed) where the general path must do the work.
     #[inline(always)]
-    fn try_write_flat_instant<W: PacketWriter>(
+    fn try_write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -600,13 +605,15 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
         const INSTANT: u8 = EventType::Instant as u8;
+        debug_assert!(KIND == BEGIN || KIND == INSTANT);
         if self.needs_reset || ns < self.clock_base || category.is_group() {
             return false;
         }
         let delta = ns - self.clock_base;
         let interned = &self.interned;
-        w.write_in_place(|f| {
+        let written = w.write_in_place(|f| {
             // Names whose front-cache slot another string holds are found
             // in the table (a direct-mapped cache can thrash between two).
             let (Some(cat), Some(name)) = (
@@ -615,7 +622,7 @@ impl SequenceState {
             ) else {
                 return false;
             };
-            let te = put_plain_head(f, delta, INSTANT, cat, name);
+            let te = put_plain_head(f, delta, KIND, cat, name);
             for (n, value) in args.iter() {
                 let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
                 else {
@@ -625,9 +632,13 @@ impl SequenceState {
             }
             f.end_short(te);
             true
-        }) && {
+        });
+        if written {
             self.clock_base = ns;
-            true
+            if KIND == BEGIN {
+                self.slices.push(true);
+            }
         }
+        written
     }
 }

@@ -1186,14 +1186,15 @@ fn extra_fields_through_the_context() {
     );
 }
 
-/// The `tracing` layer's instants ([`SequenceState::write_flat_instant`]):
-/// the same packets as the general path for the same annotations, written
-/// in place once their names are interned, including names whose
+/// The `tracing` layer's instants and slice begins
+/// ([`SequenceState::write_flat`]): the same packets as the general path
+/// for the same annotations (and the same slice ends after), written in
+/// place once their names are interned, including names whose
 /// front-cache slot another name holds; the general path takes first uses,
 /// texts too long for a window, resets and losses.
 #[cfg(feature = "tracing")]
 #[test]
-fn flat_instants_match_the_general_path() {
+fn flat_events_match_the_general_path() {
     use crate::encoding::annotation::{FlatArgs, FlatValue};
     // Annotation names that share one front-cache slot.
     let mut by_slot: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
@@ -1245,12 +1246,35 @@ fn flat_instants_match_the_general_path() {
                 text: &text,
             };
             let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
-            let mut data = ev(EventType::Instant, EventName::Static("event"));
+            // Instants and slice begins alike.
+            let kind = if events % 2 == 0 {
+                EventType::Instant
+            } else {
+                EventType::SliceBegin
+            };
+            let mut data = ev(kind, EventName::Static("event"));
             data.timestamp = Timestamp::boottime(ns);
             data.args = &list;
-            let ok_a = fast.write_flat_instant(&mut a, &CAT, "event", &args, ns);
+            let ok_a = match kind {
+                EventType::Instant => fast.write_flat::<{ EventType::Instant as u8 }, _>(
+                    &mut a, &CAT, "event", &args, ns,
+                ),
+                _ => fast.write_flat::<{ EventType::SliceBegin as u8 }, _>(
+                    &mut a, &CAT, "event", &args, ns,
+                ),
+            };
             let ok_b = general.write_event(&mut b, &data, None);
             assert_eq!(ok_a, ok_b, "round {round}");
+            if kind == EventType::SliceBegin {
+                // Both stacks know whether the begin was written: the end
+                // follows it, or not, alike.
+                ns += 1;
+                let mut end = ev(EventType::SliceEnd, EventName::None);
+                end.timestamp = Timestamp::boottime(ns);
+                let ok_a = fast.write_event(&mut a, &end, None);
+                let ok_b = general.write_event(&mut b, &end, None);
+                assert_eq!(ok_a, ok_b, "round {round}");
+            }
         }
     }
     let split = |w: &VecWriter| {
