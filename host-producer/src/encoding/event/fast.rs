@@ -75,6 +75,15 @@ fn put_plain_head<T: Target>(
     cat: u64,
     name: u64,
 ) -> usize {
+    let te = put_packet_start(f, delta);
+    put_event_ids(f, kind, cat, name);
+    te
+}
+
+/// The packet's time as a delta, `sequence_flags`, and the TrackEvent's
+/// tag and reserved one-byte length. Returns the TrackEvent's start.
+#[inline(always)]
+pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usize {
     f.byte(TAG_TIMESTAMP);
     put_varint(f, delta);
     f.word(
@@ -90,19 +99,27 @@ fn put_plain_head<T: Target>(
         ]),
         3,
     );
-    let te = f.begin_short();
+    f.begin_short()
+}
+
+/// The TrackEvent's type, category id and name id.
+#[inline(always)]
+pub(super) fn put_event_ids<T: Target>(f: &mut Cursor<T>, kind: u8, cat: u64, name: u64) {
     f.byte2([TAG_TYPE, kind]);
     f.byte(TAG_CATEGORY_IIDS);
     put_varint(f, cat);
     f.byte(TAG_NAME_IID);
     put_varint(f, name);
-    te
 }
 
 /// One flat debug annotation (one-byte length): its interned name and
 /// its value.
 #[inline(always)]
-fn put_flat_annotation<T: Target>(f: &mut Cursor<T>, name_iid: u64, value: encode::ArgValue<'_>) {
+pub(super) fn put_flat_annotation<T: Target>(
+    f: &mut Cursor<T>,
+    name_iid: u64,
+    value: encode::ArgValue<'_>,
+) {
     f.byte(TAG_DEBUG_ANNOTATIONS);
     let a = f.begin_short();
     f.byte(TAG_ANNOTATION_NAME_IID);
@@ -613,27 +630,75 @@ impl SequenceState {
         }
         let delta = ns - self.clock_base;
         let interned = &self.interned;
+        let resets = self.resets;
+        if let Some(head) = self.flat_heads.get(KIND, category, name, args.head, resets) {
+            // A recent trace point: its head copied, its names checked.
+            let written = w.write_in_place(|f| {
+                let te = put_packet_start(f, delta);
+                head.put(f);
+                for (i, (n, value)) in args.fields().enumerate() {
+                    let iid = match head.name_iid(i, n) {
+                        Some(iid) => iid,
+                        None => match interned.arg_names.lookup(n) {
+                            Some(iid) => iid,
+                            None => return false,
+                        },
+                    };
+                    let Some(value) = flat_value(&value) else {
+                        return false;
+                    };
+                    put_flat_annotation(f, iid, value);
+                }
+                f.end_short(te);
+                true
+            });
+            if written {
+                self.clock_base = ns;
+                if KIND == BEGIN {
+                    self.slices.push(true);
+                }
+            }
+            return written;
+        }
+        // The ids of the annotations' names, for the trace point's entry.
+        let mut names: heapless::Vec<(&'static str, u64), { flat_heads::NAMES }> =
+            heapless::Vec::new();
+        let mut ids = (0, 0, 0);
         let written = w.write_in_place(|f| {
             // Names whose front-cache slot another string holds are found
             // in the table (a direct-mapped cache can thrash between two).
-            let (Some(cat), Some(name)) = (
+            let (Some(cat), Some(name_iid), Some(head_iid)) = (
                 interned.categories.lookup(category.name()),
                 interned.names.lookup(name),
+                interned.arg_names.lookup(args.head.0),
             ) else {
                 return false;
             };
-            let te = put_plain_head(f, delta, KIND, cat, name);
-            for (n, value) in args.iter() {
+            ids = (cat, name_iid, head_iid);
+            let te = put_plain_head(f, delta, KIND, cat, name_iid);
+            put_flat_annotation(f, head_iid, encode::ArgValue::Str(args.head.1));
+            for (n, value) in args.fields() {
                 let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
                 else {
                     return false;
                 };
+                let _ = names.push((n, iid));
                 put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
             true
         });
         if written {
+            let (cat, name_iid, head_iid) = ids;
+            self.flat_heads.insert(
+                KIND,
+                category,
+                (name, name_iid),
+                (args.head, head_iid),
+                cat,
+                &names,
+                resets,
+            );
             self.clock_base = ns;
             if KIND == BEGIN {
                 self.slices.push(true);

@@ -1189,7 +1189,9 @@ fn extra_fields_through_the_context() {
 /// The `tracing` layer's instants and slice begins
 /// ([`SequenceState::write_flat`]): the same packets as the general path
 /// for the same annotations (and the same slice ends after), written in
-/// place once their names are interned, including names whose
+/// place once their names are interned (then from the trace point's
+/// pre-encoded head, across changes of its later annotations' names and
+/// of its head annotation's value, and resets), including names whose
 /// front-cache slot another name holds; the general path takes first uses,
 /// texts too long for a window, resets and losses.
 #[cfg(feature = "tracing")]
@@ -1221,7 +1223,10 @@ fn flat_events_match_the_general_path() {
         ("empty", FlatValue::Text(12, 12)),
     ];
     let too_long = [("s", FlatValue::Text(12, text.len()))];
-    let shapes: [&[(&'static str, FlatValue)]; 4] = [&values, &values[..2], &too_long, &[]];
+    // Other names where a trace point's last event had `count`, `label`.
+    let renamed = [("neg", FlatValue::Int(-4)), ("count", FlatValue::Uint(1))];
+    let shapes: [&[(&'static str, FlatValue)]; 5] =
+        [&values, &values[..2], &too_long, &renamed, &[]];
     let mut fast = seq();
     let mut general = seq();
     let mut a = VecWriter::in_place();
@@ -1232,26 +1237,44 @@ fn flat_events_match_the_general_path() {
         if round == 3 {
             fast.invalidate();
             general.invalidate();
+            // Another name interned first after the reset: the trace
+            // point's ids differ from those before.
+            ns += 77;
+            let first = FlatArgs::head_only(("first", "x"));
+            let list: Vec<Arg<'_>> = first.iter().map(|(n, v)| Arg::new(n, v)).collect();
+            let mut data = ev(EventType::Instant, EventName::Static("before"));
+            data.timestamp = Timestamp::boottime(ns);
+            data.args = &list;
+            assert!(fast
+                .write_flat::<{ EventType::Instant as u8 }, _>(&mut a, &CAT, "before", &first, ns));
+            assert!(general.write_event(&mut b, &data, None));
         }
         if round == 4 {
             a.lose_next = true;
             b.lose_next = true;
         }
-        for values in shapes {
+        // Instants and slice begins alike; the kind of a round's last
+        // events is that of the next round's first (across the reset).
+        let kinds = if round % 2 == 0 {
+            [EventType::Instant, EventType::SliceBegin]
+        } else {
+            [EventType::SliceBegin, EventType::Instant]
+        };
+        for (kind, (i, values)) in kinds
+            .into_iter()
+            .flat_map(|k| shapes.into_iter().enumerate().map(move |v| (k, v)))
+        {
             ns += 77;
             events += 1;
+            // The same trace point with another head annotation now and
+            // then (a pre-encoded head is reused only for the same
+            // strings).
             let args = FlatArgs {
-                head: ("level", "INFO"),
+                head: ("level", if i == 1 { "WARN" } else { "INFO" }),
                 values,
                 text: &text,
             };
             let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
-            // Instants and slice begins alike.
-            let kind = if events % 2 == 0 {
-                EventType::Instant
-            } else {
-                EventType::SliceBegin
-            };
             let mut data = ev(kind, EventName::Static("event"));
             data.timestamp = Timestamp::boottime(ns);
             data.args = &list;
