@@ -153,11 +153,40 @@ pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValu
         A::Str(s) => {
             f.byte(TAG_ARG_STRING);
             put_varint(f, s.len() as u64);
-            f.bytes(s.as_bytes());
+            put_short_bytes(f, s.as_bytes());
         }
         A::Pointer(p) => {
             f.byte(TAG_ARG_POINTER);
             put_varint(f, p);
+        }
+    }
+}
+
+/// Appends `s` with at most two word stores when it has at most 16 bytes
+/// (the strings events mostly carry: a call to the library's `memcpy`
+/// costs more than such a copy), else through [`Cursor::bytes`]. Two
+/// stores of a string's first and last 8 (or 4) bytes overlap in its
+/// middle, where both write the same bytes.
+#[inline(always)]
+pub(super) fn put_short_bytes<T: Target>(f: &mut Cursor<T>, s: &[u8]) {
+    let n = s.len();
+    if n > 16 {
+        f.bytes(s);
+    } else if let (Some(&head), Some(&tail)) = (s.first_chunk::<8>(), s.last_chunk::<8>()) {
+        f.word(u64::from_le_bytes(head), n - 8);
+        f.word(u64::from_le_bytes(tail), 8);
+    } else if let (Some(&head), Some(&tail)) = (s.first_chunk::<4>(), s.last_chunk::<4>()) {
+        f.word32(u32::from_le_bytes(head), n - 4);
+        f.word32(u32::from_le_bytes(tail), 4);
+    } else {
+        match *s {
+            [a] => f.byte(a),
+            [a, b] => f.byte2([a, b]),
+            [a, b, c] => {
+                f.byte2([a, b]);
+                f.byte(c);
+            }
+            _ => {}
         }
     }
 }

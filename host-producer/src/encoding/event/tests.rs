@@ -15,7 +15,7 @@ use shmtrace_abi::proto::Encoder;
 
 /// The fast path's varint and debug annotation writers produce the
 /// bytes of the cursor's own `varint` and of `encode::arg_value`, at
-/// every varint length.
+/// every varint length and every string length up to 52.
 #[test]
 fn inlined_writers_match_the_cursors() {
     fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
@@ -53,6 +53,23 @@ fn inlined_writers_match_the_cursors() {
             bytes(|c| put_arg_value(c, arg)),
             bytes(|c| encode::arg_value(c, arg)),
             "{arg:?}"
+        );
+    }
+    // Strings of every length up to and past the word-store copies
+    // (`put_short_bytes`), after a byte so the stores are unaligned.
+    let text: String = ('a'..='z').chain('A'..='Z').collect();
+    for n in 0..=text.len() {
+        let arg = A::Str(&text[..n]);
+        assert_eq!(
+            bytes(|c| {
+                c.byte(0xEE);
+                put_arg_value(c, arg)
+            }),
+            bytes(|c| {
+                c.byte(0xEE);
+                encode::arg_value(c, arg)
+            }),
+            "{n} bytes"
         );
     }
 }
