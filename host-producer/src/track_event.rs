@@ -406,18 +406,28 @@ impl Drop for SliceGuard<'_> {
     fn drop(&mut self) {
         let Some(cat) = self.category else { return };
         match self.track {
-            None => {
-                let mask = cat.enabled_instances();
-                if mask != 0 {
-                    write_plain::<{ EventType::SliceEnd as u8 }>(
-                        &plain(EventType::SliceEnd, cat, ""),
-                        mask,
-                    );
-                }
-            }
+            None => end_now(cat),
             Some(track) => cat.end().track(track).emit(),
         }
     }
+}
+
+/// Ends the innermost slice on the thread's track, stamped now, in every
+/// session that enables `cat`.
+#[inline(always)]
+fn end_now(cat: &'static Category) {
+    let mask = cat.enabled_instances();
+    if mask != 0 {
+        write_plain::<{ EventType::SliceEnd as u8 }>(&plain(EventType::SliceEnd, cat, ""), mask);
+    }
+}
+
+/// [`end_now`] out of line (the `tracing` layer's slice ends without
+/// annotations).
+#[cfg(feature = "tracing")]
+#[inline(never)]
+pub(crate) fn __slice_end(cat: &'static Category) {
+    end_now(cat);
 }
 
 #[doc(hidden)]

@@ -114,7 +114,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::encoding::annotation::FlatArgs;
 use crate::integrations::target_category;
-use crate::track_event::{__event, __event_at, __flat_event};
+use crate::track_event::{__event, __event_at, __flat_event, __slice_end};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, Collect, EventFields};
@@ -351,11 +351,11 @@ impl Writer {
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        if let Some(slot) = self.spans.get(id.into_u64()) {
+        if let Some((slot, key)) = self.spans.get(id.into_u64()) {
             let (meta, category) = slot.callsite()?;
             let r = f(slot, meta, category);
             if close {
-                self.spans.release(id.into_u64());
+                self.spans.release(key);
             }
             return Some(r);
         }
@@ -412,7 +412,7 @@ impl Writer {
                 return;
             }
         }
-        __event(entered.category, EventType::SliceEnd, EventName::None, &[]);
+        __slice_end(entered.category);
     }
 }
 

@@ -271,24 +271,21 @@ impl SpanTable {
         Some(&self.slots[start + i])
     }
 
-    /// The slot of the live span `id`, if it has one.
+    /// The slot of the live span `id`, if it has one, and the index of
+    /// its key (for [`SpanTable::release`]).
     #[inline]
-    pub(super) fn get(&self, id: u64) -> Option<&Slot> {
+    pub(super) fn get(&self, id: u64) -> Option<(&Slot, usize)> {
         let start = Self::group(id);
         let i = self.keys[start..start + GROUP]
             .iter()
             .position(|k| k.load(Ordering::Relaxed) == id)?;
-        Some(&self.slots[start + i])
+        Some((&self.slots[start + i], start + i))
     }
 
-    /// Frees the key of the span `id`, which closed.
+    /// Frees the key `at` ([`SpanTable::get`]) of a span that closed.
     #[inline]
-    pub(super) fn release(&self, id: u64) {
-        let start = Self::group(id);
-        if let Some(k) = self.keys[start..start + GROUP]
-            .iter()
-            .find(|k| k.load(Ordering::Relaxed) == id)
-        {
+    pub(super) fn release(&self, at: usize) {
+        if let Some(k) = self.keys.get(at) {
             k.store(0, Ordering::Release);
         }
     }
@@ -303,16 +300,20 @@ mod tests {
         let table = SpanTable::new();
         table.claim(7).unwrap().enters.store(70, Ordering::Relaxed);
         table.claim(9).unwrap().enters.store(90, Ordering::Relaxed);
-        let enters = |id| table.get(id).map(|s| s.enters.load(Ordering::Relaxed));
+        let enters = |id| table.get(id).map(|(s, _)| s.enters.load(Ordering::Relaxed));
+        let release = |id| table.release(table.get(id).unwrap().1);
         assert_eq!(enters(7), Some(70));
         assert_eq!(enters(9), Some(90));
         assert_eq!(enters(8), None);
-        table.release(7);
+        release(7);
         assert_eq!(enters(7), None);
         assert_eq!(enters(9), Some(90));
         // A claim of an id still held gets its slot again (a lost close).
-        assert!(std::ptr::eq(table.claim(9).unwrap(), table.get(9).unwrap()));
-        table.release(9);
+        assert!(std::ptr::eq(
+            table.claim(9).unwrap(),
+            table.get(9).unwrap().0
+        ));
+        release(9);
         assert_eq!(enters(9), None);
     }
 
@@ -334,11 +335,11 @@ mod tests {
         }
         assert!(table.claim(same[GROUP]).is_none());
         for &id in &same[..GROUP] {
-            let slot = table.get(id).unwrap();
+            let (slot, _) = table.get(id).unwrap();
             assert_eq!(slot.enters.load(Ordering::Relaxed), id as u32);
         }
         // One closes: the next claim gets its key.
-        table.release(same[3]);
+        table.release(table.get(same[3]).unwrap().1);
         assert!(table.claim(same[GROUP]).is_some());
         assert!(table.get(same[3]).is_none());
     }
