@@ -406,18 +406,28 @@ impl Drop for SliceGuard<'_> {
     fn drop(&mut self) {
         let Some(cat) = self.category else { return };
         match self.track {
-            None => {
-                let mask = cat.enabled_instances();
-                if mask != 0 {
-                    write_plain::<{ EventType::SliceEnd as u8 }>(
-                        &plain(EventType::SliceEnd, cat, ""),
-                        mask,
-                    );
-                }
-            }
+            None => end_now(cat),
             Some(track) => cat.end().track(track).emit(),
         }
     }
+}
+
+/// Ends the innermost slice on the thread's track, stamped now, in every
+/// session that enables `cat`.
+#[inline(always)]
+fn end_now(cat: &'static Category) {
+    let mask = cat.enabled_instances();
+    if mask != 0 {
+        write_plain::<{ EventType::SliceEnd as u8 }>(&plain(EventType::SliceEnd, cat, ""), mask);
+    }
+}
+
+/// [`end_now`] out of line (the `tracing` layer's slice ends without
+/// annotations).
+#[cfg(feature = "tracing")]
+#[inline(never)]
+pub(crate) fn __slice_end(cat: &'static Category) {
+    end_now(cat);
 }
 
 #[doc(hidden)]
@@ -496,24 +506,26 @@ pub(crate) fn __event_at(
     }
 }
 
-/// An instant named `name` on the thread's track, stamped now, with the
-/// annotations of `args` (the `tracing` layer's events: no [`Arg`]s built).
+/// An instant or a slice begin (`KIND`, an [`EventType`] as `u8`) named
+/// `name` on the thread's track, stamped `ns` (BOOTTIME), with the
+/// annotations of `args` (the `tracing` layer's events and slices: no
+/// [`Arg`]s built).
 #[cfg(feature = "tracing")]
 #[inline(never)]
-pub(crate) fn __flat_instant(
+pub(crate) fn __flat_event<const KIND: u8>(
     cat: &'static Category,
     name: &'static str,
     args: &crate::encoding::annotation::FlatArgs<'_>,
+    ns: u64,
 ) {
     let mask = cat.enabled_instances();
     if mask == 0 {
         return;
     }
-    let ns = crate::clock::now_ns();
     track_event_type().with_writers(mask, |inner, instance| {
         if !inner
             .seq
-            .write_flat_instant(&mut inner.out, cat, name, args, ns)
+            .write_flat::<KIND, _>(&mut inner.out, cat, name, args, ns)
         {
             count_drop(instance);
         }

@@ -192,23 +192,35 @@ pub(crate) struct FlatArgs<'a> {
 
 #[cfg(feature = "tracing")]
 impl<'a> FlatArgs<'a> {
+    /// `head` alone.
+    #[inline(always)]
+    pub(crate) fn head_only(head: (&'static str, &'static str)) -> Self {
+        FlatArgs {
+            head,
+            values: &[],
+            text: "",
+        }
+    }
+
     /// The annotations, `head` first.
     #[inline(always)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
+        std::iter::once((self.head.0, DebugValue::Str(self.head.1))).chain(self.fields())
+    }
+
+    /// The annotations after `head`.
+    #[inline(always)]
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
         let text = self.text;
-        std::iter::once((self.head.0, DebugValue::Str(self.head.1))).chain(self.values.iter().map(
-            move |&(name, value)| {
-                let value = match value {
-                    FlatValue::Int(v) => DebugValue::Int(v),
-                    FlatValue::Uint(v) => DebugValue::Uint(v),
-                    FlatValue::Bool(v) => DebugValue::Bool(v),
-                    FlatValue::Double(v) => DebugValue::Double(v),
-                    FlatValue::Text(start, end) => {
-                        DebugValue::Str(text.get(start..end).unwrap_or(""))
-                    }
-                };
-                (name, value)
-            },
-        ))
+        self.values.iter().map(move |&(name, value)| {
+            let value = match value {
+                FlatValue::Int(v) => DebugValue::Int(v),
+                FlatValue::Uint(v) => DebugValue::Uint(v),
+                FlatValue::Bool(v) => DebugValue::Bool(v),
+                FlatValue::Double(v) => DebugValue::Double(v),
+                FlatValue::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
+            };
+            (name, value)
+        })
     }
 }

@@ -54,6 +54,8 @@ use crate::track_event::category::Category;
 use crate::track_event::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 
 mod fast;
+#[cfg(feature = "tracing")]
+mod flat_heads;
 
 pub use shmtrace_abi::trace::track_event::Type as EventType;
 pub use shmtrace_abi::track_event::CounterValue;
@@ -256,6 +258,9 @@ pub(crate) struct SequenceState {
     /// BOOTTIME value of clock 64 as a reader has it (the reset's time plus
     /// every delta since).
     clock_base: u64,
+    /// Pre-encoded heads of recent flat events.
+    #[cfg(feature = "tracing")]
+    flat_heads: flat_heads::FlatHeads,
 }
 
 /// Which of the slices open on a thread track had their begin written,
@@ -324,6 +329,8 @@ impl SequenceState {
             started: false,
             lost_before_start: false,
             clock_base: 0,
+            #[cfg(feature = "tracing")]
+            flat_heads: flat_heads::FlatHeads::new(),
         }
     }
 

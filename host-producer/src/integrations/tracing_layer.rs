@@ -112,11 +112,12 @@ use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::layer::{Context, Filter, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
+use crate::encoding::annotation::FlatArgs;
 use crate::integrations::target_category;
-use crate::track_event::{__event, __event_at, __flat_instant};
+use crate::track_event::{__event, __event_at, __flat_event, __slice_end};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
-use fields::{Args, EventFields, SpanFields};
+use fields::{Args, Collect, EventFields};
 use spans::{Slot, SpanTable};
 
 /// A [`tracing_subscriber::Layer`] writing `tracing` spans and events as
@@ -350,11 +351,11 @@ impl Writer {
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        if let Some(slot) = self.spans.get(id.into_u64()) {
+        if let Some((slot, key)) = self.spans.get(id.into_u64()) {
             let (meta, category) = slot.callsite()?;
             let r = f(slot, meta, category);
             if close {
-                self.spans.release(id.into_u64());
+                self.spans.release(key);
             }
             return Some(r);
         }
@@ -411,7 +412,7 @@ impl Writer {
                 return;
             }
         }
-        __event(entered.category, EventType::SliceEnd, EventName::None, &[]);
+        __slice_end(entered.category);
     }
 }
 
@@ -429,15 +430,13 @@ where
         if !category.is_enabled() {
             return;
         }
-        let has_fields = !attrs.values().is_empty();
-        let record = |fields: &mut SpanFields| attrs.record(fields);
         if let Some(slot) = self.spans.claim(id.into_u64()) {
-            slot.start(meta, category, callsite, has_fields, record);
+            slot.start(meta, category, callsite, attrs);
             return;
         }
         let Some(span) = ctx.span(id) else { return };
         let slot = Slot::default();
-        slot.start(meta, category, callsite, has_fields, record);
+        slot.start(meta, category, callsite, attrs);
         span.extensions_mut().insert(slot);
     }
 
@@ -455,14 +454,31 @@ where
                 slot.first_ns.store(ns, Ordering::Relaxed);
             }
             if enabled {
-                let mut cold = slot.cold();
-                let mut args = Args::new();
-                let _ = args.push(level(meta));
-                match &mut cold {
-                    None => begin(category, meta.name(), &args, &[], ns),
-                    Some(cold) => {
+                let head = ("level", meta.level().as_str());
+                let given = slot.given();
+                match slot.cold() {
+                    // The fields it was made with ride on its first slice.
+                    None => {
+                        let args = if first {
+                            given.args(head)
+                        } else {
+                            FlatArgs::head_only(head)
+                        };
+                        __flat_event::<{ EventType::SliceBegin as u8 }>(
+                            category,
+                            meta.name(),
+                            &args,
+                            ns,
+                        );
+                    }
+                    Some(mut cold) => {
+                        let mut args = Args::new();
+                        let _ = args.push(level(meta));
+                        if first {
+                            given.push_args(Some(&cold.fields), &mut args);
+                        }
                         let flows = std::mem::take(&mut cold.flows);
-                        slot.note_fields_written(cold);
+                        slot.note_fields_written(&cold);
                         cold.fields.take_dirty(false, &mut args);
                         begin(category, meta.name(), &args, &flows, ns);
                     }
@@ -547,11 +563,12 @@ where
             return;
         }
         let mut fields = EventFields::new();
-        event.record(&mut fields);
-        __flat_instant(
+        event.record(&mut Collect(&mut fields));
+        __flat_event::<{ EventType::Instant as u8 }>(
             category,
             meta.name(),
             &fields.args(("level", meta.level().as_str())),
+            crate::clock::now_ns(),
         );
     }
 
@@ -562,12 +579,18 @@ where
             if !category.is_enabled() {
                 return;
             }
-            if enters <= 1 && cold.is_none() {
+            // A span never entered: no slice carried its given fields.
+            let given = slot.given();
+            let given = (enters != 1 && !given.is_empty()).then_some(given);
+            if enters <= 1 && cold.is_none() && given.is_none() {
                 return;
             }
             let name = meta.name();
             let mut args = Args::new();
             let _ = args.push(level(meta));
+            if let Some(given) = given {
+                given.push_args(cold.as_deref().map(|c| &c.fields), &mut args);
+            }
             let (fields, flows) = match &mut cold {
                 Some(cold) => {
                     let cold = &mut **cold;
@@ -590,10 +613,16 @@ where
                     .flows(flows)
                     .emit();
                 category.end().track(&track).emit();
-            } else if let Some(fields) = fields.filter(|f| f.is_dirty() || !flows.is_empty()) {
+            } else {
                 // What no slice of it carried.
-                fields.take_dirty(false, &mut args);
-                category.instant(name).args(&args).flows(flows).emit();
+                let mut recorded = false;
+                if let Some(fields) = fields {
+                    recorded = fields.is_dirty();
+                    fields.take_dirty(false, &mut args);
+                }
+                if given.is_some() || recorded || !flows.is_empty() {
+                    category.instant(name).args(&args).flows(flows).emit();
+                }
             }
         });
     }

@@ -283,3 +283,71 @@ fn a_close_writes_only_what_no_slice_carried() {
     );
     lb.shutdown();
 }
+
+/// A value recorded into a span before its first slice replaces the value
+/// it was made with: the first slice carries the recorded one alone, and so
+/// does the whole-life slice of a span entered twice; a given value never
+/// replaced rides on the first slice (or, never entered, on its close).
+#[test]
+fn a_recorded_value_replaces_the_given_one() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        lb.start_track_event(423, 1, TrackEventConfig::default());
+        let early = tracing::info_span!(target: "tl.replace", "early", a = 1u64, b = 2u64);
+        early.record("a", 10u64);
+        drop(early.enter());
+        drop(early);
+        let twice = tracing::info_span!(target: "tl.replace", "twice", c = 3u64);
+        drop(twice.enter());
+        twice.record("c", 30u64);
+        drop(twice.enter());
+        drop(twice);
+        drop(tracing::info_span!(target: "tl.replace", "never", d = 4u64));
+        runtime().stop_data_source(423);
+    });
+    // (type, name, annotations with their uint values) of the category's
+    // slice begins and instants.
+    let mut seen = Vec::new();
+    for seq in lb.sequences().values() {
+        let mut interned = Interned::default();
+        for bytes in &seq.packets {
+            let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
+            interned.update(&p);
+            let Some(te) = &p.track_event else { continue };
+            if interned.event_categories(te) != ["tl.replace"] {
+                continue;
+            }
+            let args: Vec<(String, Option<u64>)> = te
+                .debug_annotations
+                .iter()
+                .filter_map(|a| Some((interned.arg_name(a)?, a.uint_value)))
+                .filter(|(n, _)| n != "level")
+                .collect();
+            seen.push((
+                te.r#type.unwrap_or(0),
+                interned.event_name(te).unwrap_or_default(),
+                args,
+            ));
+        }
+    }
+    use crate::EventType as T;
+    let (b, i) = (T::SliceBegin as i32, T::Instant as i32);
+    let a = |v: &[(&str, u64)]| {
+        v.iter()
+            .map(|(n, x)| (n.to_string(), Some(*x)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        seen,
+        [
+            (b, "early".into(), a(&[("b", 2), ("a", 10)])),
+            (b, "twice".into(), a(&[("c", 3)])),
+            (b, "twice".into(), a(&[("c", 30)])),
+            (b, "twice".into(), a(&[("c", 30)])),
+            (i, "never".into(), a(&[("d", 4)])),
+        ],
+        "{seen:#?}"
+    );
+    lb.shutdown();
+}

@@ -75,6 +75,15 @@ fn put_plain_head<T: Target>(
     cat: u64,
     name: u64,
 ) -> usize {
+    let te = put_packet_start(f, delta);
+    put_event_ids(f, kind, cat, name);
+    te
+}
+
+/// The packet's time as a delta, `sequence_flags`, and the TrackEvent's
+/// tag and reserved one-byte length. Returns the TrackEvent's start.
+#[inline(always)]
+pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usize {
     f.byte(TAG_TIMESTAMP);
     put_varint(f, delta);
     f.word(
@@ -90,19 +99,27 @@ fn put_plain_head<T: Target>(
         ]),
         3,
     );
-    let te = f.begin_short();
+    f.begin_short()
+}
+
+/// The TrackEvent's type, category id and name id.
+#[inline(always)]
+pub(super) fn put_event_ids<T: Target>(f: &mut Cursor<T>, kind: u8, cat: u64, name: u64) {
     f.byte2([TAG_TYPE, kind]);
     f.byte(TAG_CATEGORY_IIDS);
     put_varint(f, cat);
     f.byte(TAG_NAME_IID);
     put_varint(f, name);
-    te
 }
 
 /// One flat debug annotation (one-byte length): its interned name and
 /// its value.
 #[inline(always)]
-fn put_flat_annotation<T: Target>(f: &mut Cursor<T>, name_iid: u64, value: encode::ArgValue<'_>) {
+pub(super) fn put_flat_annotation<T: Target>(
+    f: &mut Cursor<T>,
+    name_iid: u64,
+    value: encode::ArgValue<'_>,
+) {
     f.byte(TAG_DEBUG_ANNOTATIONS);
     let a = f.begin_short();
     f.byte(TAG_ANNOTATION_NAME_IID);
@@ -136,11 +153,40 @@ pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValu
         A::Str(s) => {
             f.byte(TAG_ARG_STRING);
             put_varint(f, s.len() as u64);
-            f.bytes(s.as_bytes());
+            put_short_bytes(f, s.as_bytes());
         }
         A::Pointer(p) => {
             f.byte(TAG_ARG_POINTER);
             put_varint(f, p);
+        }
+    }
+}
+
+/// Appends `s` with at most two word stores when it has at most 16 bytes
+/// (the strings events mostly carry: a call to the library's `memcpy`
+/// costs more than such a copy), else through [`Cursor::bytes`]. Two
+/// stores of a string's first and last 8 (or 4) bytes overlap in its
+/// middle, where both write the same bytes.
+#[inline(always)]
+pub(super) fn put_short_bytes<T: Target>(f: &mut Cursor<T>, s: &[u8]) {
+    let n = s.len();
+    if n > 16 {
+        f.bytes(s);
+    } else if let (Some(&head), Some(&tail)) = (s.first_chunk::<8>(), s.last_chunk::<8>()) {
+        f.word(u64::from_le_bytes(head), n - 8);
+        f.word(u64::from_le_bytes(tail), 8);
+    } else if let (Some(&head), Some(&tail)) = (s.first_chunk::<4>(), s.last_chunk::<4>()) {
+        f.word32(u32::from_le_bytes(head), n - 4);
+        f.word32(u32::from_le_bytes(tail), 4);
+    } else {
+        match *s {
+            [a] => f.byte(a),
+            [a, b] => f.byte2([a, b]),
+            [a, b, c] => {
+                f.byte2([a, b]);
+                f.byte(c);
+            }
+            _ => {}
         }
     }
 }
@@ -538,22 +584,23 @@ const MAX_FAST_CATEGORIES: usize = 8;
 const MAX_FAST_ARGS: usize = 16;
 const MAX_FAST_FLOWS: usize = 8;
 
-/// Most annotations of an instant written by
-/// [`SequenceState::write_flat_instant`] (a `tracing` callsite's fields and
-/// the level).
+/// Most annotations of an event written by
+/// [`SequenceState::write_flat`] (a `tracing` callsite's fields and the
+/// level).
 #[cfg(feature = "tracing")]
 const MAX_FLAT_ARGS: usize = 40;
 
 #[cfg(feature = "tracing")]
 impl SequenceState {
-    /// Writes an instant named `name` in `category`, stamped `ns`
-    /// (BOOTTIME), with the annotations of `args`: encoded in place like
-    /// [`SequenceState::write_plain_args`] when every name is in its front
-    /// cache and the packet fits a window, else through the general path.
-    /// Returns `false` if any packet was dropped, like
+    /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
+    /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
+    /// annotations of `args`: encoded in place like
+    /// [`SequenceState::write_plain_args`] when every name is interned and
+    /// the packet fits a window, else through the general path. Returns
+    /// `false` if any packet was dropped, like
     /// [`SequenceState::write_event`].
     #[inline(never)]
-    pub(crate) fn write_flat_instant<W: PacketWriter>(
+    pub(crate) fn write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -561,14 +608,14 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        self.try_write_flat_instant(w, category, name, args, ns)
-            || self.write_flat_general(w, category, name, args, ns)
+        self.try_write_flat::<KIND, W>(w, category, name, args, ns)
+            || self.write_flat_general::<KIND, W>(w, category, name, args, ns)
     }
 
-    /// [`SequenceState::write_flat_instant`] through [`EventData`].
+    /// [`SequenceState::write_flat`] through [`EventData`].
     #[cold]
     #[inline(never)]
-    fn write_flat_general<W: PacketWriter>(
+    fn write_flat_general<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -581,18 +628,22 @@ impl SequenceState {
             .map(|(n, v)| Arg::new(n, v))
             .take(MAX_FLAT_ARGS)
             .collect();
-        let mut data = EventData::new(EventType::Instant, Some(category), Timestamp::boottime(ns));
+        let kind = if KIND == EventType::SliceBegin as u8 {
+            EventType::SliceBegin
+        } else {
+            EventType::Instant
+        };
+        let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
         self.write_event(w, &data, None)
     }
 
-    /// The in-place encoder of [`SequenceState::write_flat_instant`]
-    /// (the bytes of [`SequenceState::try_write_plain_args`] for the same
-    /// event); `false` (nothing changed) where the general path must do
-    /// the work.
+    /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
+    /// of [`SequenceState::try_write_plain_args`] for the same event);
+    /// `false` (nothing changed) where the general path must do the work.
     #[inline(always)]
-    fn try_write_flat_instant<W: PacketWriter>(
+    fn try_write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         category: &'static Category,
@@ -600,34 +651,88 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
         const INSTANT: u8 = EventType::Instant as u8;
+        debug_assert!(KIND == BEGIN || KIND == INSTANT);
         if self.needs_reset || ns < self.clock_base || category.is_group() {
             return false;
         }
         let delta = ns - self.clock_base;
         let interned = &self.interned;
-        w.write_in_place(|f| {
+        let resets = self.resets;
+        if let Some(head) = self.flat_heads.get(KIND, category, name, args.head, resets) {
+            // A recent trace point: its head copied, its names checked.
+            let written = w.write_in_place(|f| {
+                let te = put_packet_start(f, delta);
+                head.put(f);
+                for (i, (n, value)) in args.fields().enumerate() {
+                    let iid = match head.name_iid(i, n) {
+                        Some(iid) => iid,
+                        None => match interned.arg_names.lookup(n) {
+                            Some(iid) => iid,
+                            None => return false,
+                        },
+                    };
+                    let Some(value) = flat_value(&value) else {
+                        return false;
+                    };
+                    put_flat_annotation(f, iid, value);
+                }
+                f.end_short(te);
+                true
+            });
+            if written {
+                self.clock_base = ns;
+                if KIND == BEGIN {
+                    self.slices.push(true);
+                }
+            }
+            return written;
+        }
+        // The ids of the annotations' names, for the trace point's entry.
+        let mut names: heapless::Vec<(&'static str, u64), { flat_heads::NAMES }> =
+            heapless::Vec::new();
+        let mut ids = (0, 0, 0);
+        let written = w.write_in_place(|f| {
             // Names whose front-cache slot another string holds are found
             // in the table (a direct-mapped cache can thrash between two).
-            let (Some(cat), Some(name)) = (
+            let (Some(cat), Some(name_iid), Some(head_iid)) = (
                 interned.categories.lookup(category.name()),
                 interned.names.lookup(name),
+                interned.arg_names.lookup(args.head.0),
             ) else {
                 return false;
             };
-            let te = put_plain_head(f, delta, INSTANT, cat, name);
-            for (n, value) in args.iter() {
+            ids = (cat, name_iid, head_iid);
+            let te = put_plain_head(f, delta, KIND, cat, name_iid);
+            put_flat_annotation(f, head_iid, encode::ArgValue::Str(args.head.1));
+            for (n, value) in args.fields() {
                 let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
                 else {
                     return false;
                 };
+                let _ = names.push((n, iid));
                 put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
             true
-        }) && {
+        });
+        if written {
+            let (cat, name_iid, head_iid) = ids;
+            self.flat_heads.insert(
+                KIND,
+                category,
+                (name, name_iid),
+                (args.head, head_iid),
+                cat,
+                &names,
+                resets,
+            );
             self.clock_base = ns;
-            true
+            if KIND == BEGIN {
+                self.slices.push(true);
+            }
         }
+        written
     }
 }

@@ -15,7 +15,7 @@ use shmtrace_abi::proto::Encoder;
 
 /// The fast path's varint and debug annotation writers produce the
 /// bytes of the cursor's own `varint` and of `encode::arg_value`, at
-/// every varint length.
+/// every varint length and every string length up to 52.
 #[test]
 fn inlined_writers_match_the_cursors() {
     fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
@@ -53,6 +53,23 @@ fn inlined_writers_match_the_cursors() {
             bytes(|c| put_arg_value(c, arg)),
             bytes(|c| encode::arg_value(c, arg)),
             "{arg:?}"
+        );
+    }
+    // Strings of every length up to and past the word-store copies
+    // (`put_short_bytes`), after a byte so the stores are unaligned.
+    let text: String = ('a'..='z').chain('A'..='Z').collect();
+    for n in 0..=text.len() {
+        let arg = A::Str(&text[..n]);
+        assert_eq!(
+            bytes(|c| {
+                c.byte(0xEE);
+                put_arg_value(c, arg)
+            }),
+            bytes(|c| {
+                c.byte(0xEE);
+                encode::arg_value(c, arg)
+            }),
+            "{n} bytes"
         );
     }
 }
@@ -1186,14 +1203,17 @@ fn extra_fields_through_the_context() {
     );
 }
 
-/// The `tracing` layer's instants ([`SequenceState::write_flat_instant`]):
-/// the same packets as the general path for the same annotations, written
-/// in place once their names are interned, including names whose
+/// The `tracing` layer's instants and slice begins
+/// ([`SequenceState::write_flat`]): the same packets as the general path
+/// for the same annotations (and the same slice ends after), written in
+/// place once their names are interned (then from the trace point's
+/// pre-encoded head, across changes of its later annotations' names and
+/// of its head annotation's value, and resets), including names whose
 /// front-cache slot another name holds; the general path takes first uses,
 /// texts too long for a window, resets and losses.
 #[cfg(feature = "tracing")]
 #[test]
-fn flat_instants_match_the_general_path() {
+fn flat_events_match_the_general_path() {
     use crate::encoding::annotation::{FlatArgs, FlatValue};
     // Annotation names that share one front-cache slot.
     let mut by_slot: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
@@ -1220,7 +1240,10 @@ fn flat_instants_match_the_general_path() {
         ("empty", FlatValue::Text(12, 12)),
     ];
     let too_long = [("s", FlatValue::Text(12, text.len()))];
-    let shapes: [&[(&'static str, FlatValue)]; 4] = [&values, &values[..2], &too_long, &[]];
+    // Other names where a trace point's last event had `count`, `label`.
+    let renamed = [("neg", FlatValue::Int(-4)), ("count", FlatValue::Uint(1))];
+    let shapes: [&[(&'static str, FlatValue)]; 5] =
+        [&values, &values[..2], &too_long, &renamed, &[]];
     let mut fast = seq();
     let mut general = seq();
     let mut a = VecWriter::in_place();
@@ -1231,26 +1254,67 @@ fn flat_instants_match_the_general_path() {
         if round == 3 {
             fast.invalidate();
             general.invalidate();
+            // Another name interned first after the reset: the trace
+            // point's ids differ from those before.
+            ns += 77;
+            let first = FlatArgs::head_only(("first", "x"));
+            let list: Vec<Arg<'_>> = first.iter().map(|(n, v)| Arg::new(n, v)).collect();
+            let mut data = ev(EventType::Instant, EventName::Static("before"));
+            data.timestamp = Timestamp::boottime(ns);
+            data.args = &list;
+            assert!(fast
+                .write_flat::<{ EventType::Instant as u8 }, _>(&mut a, &CAT, "before", &first, ns));
+            assert!(general.write_event(&mut b, &data, None));
         }
         if round == 4 {
             a.lose_next = true;
             b.lose_next = true;
         }
-        for values in shapes {
+        // Instants and slice begins alike; the kind of a round's last
+        // events is that of the next round's first (across the reset).
+        let kinds = if round % 2 == 0 {
+            [EventType::Instant, EventType::SliceBegin]
+        } else {
+            [EventType::SliceBegin, EventType::Instant]
+        };
+        for (kind, (i, values)) in kinds
+            .into_iter()
+            .flat_map(|k| shapes.into_iter().enumerate().map(move |v| (k, v)))
+        {
             ns += 77;
             events += 1;
+            // The same trace point with another head annotation now and
+            // then (a pre-encoded head is reused only for the same
+            // strings).
             let args = FlatArgs {
-                head: ("level", "INFO"),
+                head: ("level", if i == 1 { "WARN" } else { "INFO" }),
                 values,
                 text: &text,
             };
             let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
-            let mut data = ev(EventType::Instant, EventName::Static("event"));
+            let mut data = ev(kind, EventName::Static("event"));
             data.timestamp = Timestamp::boottime(ns);
             data.args = &list;
-            let ok_a = fast.write_flat_instant(&mut a, &CAT, "event", &args, ns);
+            let ok_a = match kind {
+                EventType::Instant => fast.write_flat::<{ EventType::Instant as u8 }, _>(
+                    &mut a, &CAT, "event", &args, ns,
+                ),
+                _ => fast.write_flat::<{ EventType::SliceBegin as u8 }, _>(
+                    &mut a, &CAT, "event", &args, ns,
+                ),
+            };
             let ok_b = general.write_event(&mut b, &data, None);
             assert_eq!(ok_a, ok_b, "round {round}");
+            if kind == EventType::SliceBegin {
+                // Both stacks know whether the begin was written: the end
+                // follows it, or not, alike.
+                ns += 1;
+                let mut end = ev(EventType::SliceEnd, EventName::None);
+                end.timestamp = Timestamp::boottime(ns);
+                let ok_a = fast.write_event(&mut a, &end, None);
+                let ok_b = general.write_event(&mut b, &end, None);
+                assert_eq!(ok_a, ok_b, "round {round}");
+            }
         }
     }
     let split = |w: &VecWriter| {

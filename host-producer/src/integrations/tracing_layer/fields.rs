@@ -3,9 +3,11 @@
 //! An event's fields are collected without allocating: primitive values in
 //! place, text (`&str` values, `Debug` values formatted) appended to a
 //! per-thread buffer that is lent to the event and given back, so it grows
-//! to the longest event a thread writes and then stays. A span's fields are
-//! kept (owned) until the span closes: they are written when it is entered,
-//! and again, as recorded, on a slice end or a later begin.
+//! to the longest event a thread writes and then stays. A span keeps the
+//! fields it was made with ([`GivenFields`], the same flat values with a
+//! text buffer of its own) until it closes, for its first slice; values
+//! recorded later ([`SpanFields`]) are kept apart, written as recorded on a
+//! slice end or a later begin.
 
 use std::cell::Cell;
 use std::fmt::{self, Write as _};
@@ -31,6 +33,54 @@ thread_local! {
     static TEXT: Cell<String> = const { Cell::new(String::new()) };
 }
 
+/// Where a [`Collect`] visitor puts flat values and their text.
+pub(super) trait FlatSink {
+    /// Appends a value (a callsite has at most [`MAX_FIELDS`] fields, each
+    /// visited once: a sink may drop values past that many).
+    fn push(&mut self, name: &'static str, value: Flat);
+    /// The buffer holding the text of the values (`Flat::Text` ranges).
+    fn text(&mut self) -> &mut String;
+}
+
+/// The visitor collecting a callsite's fields into a [`FlatSink`].
+pub(super) struct Collect<'a, T>(pub(super) &'a mut T);
+
+impl<T: FlatSink> Collect<'_, T> {
+    /// Appends the text `write` writes as a text value.
+    #[inline]
+    fn text(&mut self, field: &Field, write: impl FnOnce(&mut String)) {
+        let text = self.0.text();
+        let start = text.len();
+        write(text);
+        let end = text.len();
+        self.0.push(field.name(), Flat::Text(start, end));
+    }
+}
+
+impl<T: FlatSink> Visit for Collect<'_, T> {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.push(field.name(), Flat::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.push(field.name(), Flat::Uint(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.push(field.name(), Flat::Bool(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.push(field.name(), Flat::Double(value));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.text(field, |text| text.push_str(value));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // A `Debug` impl that fails leaves what it wrote.
+        self.text(field, |text| {
+            let _ = write!(text, "{value:?}");
+        });
+    }
+}
+
 /// The fields of one event.
 pub(super) struct EventFields {
     values: heapless::Vec<(&'static str, Flat), MAX_FIELDS>,
@@ -48,18 +98,6 @@ impl EventFields {
         }
     }
 
-    fn text(&mut self) -> &mut String {
-        // Re-entered (a `Debug` impl that emits an event): the inner event
-        // finds the cell empty and takes a fresh buffer.
-        self.text
-            .get_or_insert_with(|| TEXT.try_with(Cell::take).unwrap_or_default())
-    }
-
-    fn push(&mut self, field: &Field, value: Flat) {
-        // A callsite has at most MAX_FIELDS fields, each visited once.
-        let _ = self.values.push((field.name(), value));
-    }
-
     /// The annotations: `head`, then the fields.
     #[inline]
     pub(super) fn args(&self, head: (&'static str, &'static str)) -> FlatArgs<'_> {
@@ -68,6 +106,21 @@ impl EventFields {
             values: &self.values,
             text: self.text.as_deref().unwrap_or(""),
         }
+    }
+}
+
+impl FlatSink for EventFields {
+    #[inline]
+    fn push(&mut self, name: &'static str, value: Flat) {
+        let _ = self.values.push((name, value));
+    }
+
+    #[inline]
+    fn text(&mut self) -> &mut String {
+        // Re-entered (a `Debug` impl that emits an event): the inner event
+        // finds the cell empty and takes a fresh buffer.
+        self.text
+            .get_or_insert_with(|| TEXT.try_with(Cell::take).unwrap_or_default())
     }
 }
 
@@ -82,33 +135,64 @@ impl Drop for EventFields {
     }
 }
 
-impl Visit for EventFields {
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.push(field, Flat::Int(value));
+/// The fields a span was made with, kept until it closes: its buffers stay
+/// with the slot for its next span (text up to [`TEXT_KEEP`] bytes), so
+/// after warm-up keeping them allocates nothing.
+#[derive(Default)]
+pub(super) struct GivenFields {
+    values: Vec<(&'static str, Flat)>,
+    text: String,
+}
+
+impl GivenFields {
+    /// No fields, for a new span.
+    #[inline]
+    pub(super) fn clear(&mut self) {
+        self.values.clear();
+        if self.text.capacity() > TEXT_KEEP {
+            self.text = String::new();
+        }
+        self.text.clear();
     }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.push(field, Flat::Uint(value));
+
+    /// Whether the span was made with no field.
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.values.is_empty()
     }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.push(field, Flat::Bool(value));
+
+    /// The annotations: `head`, then the fields.
+    #[inline]
+    pub(super) fn args(&self, head: (&'static str, &'static str)) -> FlatArgs<'_> {
+        FlatArgs {
+            head,
+            values: &self.values,
+            text: &self.text,
+        }
     }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.push(field, Flat::Double(value));
+
+    /// Appends the annotations of the fields that `recorded` has no value
+    /// for (a value recorded since replaces the given one) to `out`.
+    pub(super) fn push_args<'a>(&'a self, recorded: Option<&SpanFields>, out: &mut Args<'a>) {
+        for (name, value) in self.args(("", "")).fields() {
+            if !recorded.is_some_and(|r| r.has(name)) {
+                let _ = out.push(Arg::new(name, value));
+            }
+        }
     }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        let text = self.text();
-        let start = text.len();
-        text.push_str(value);
-        let end = text.len();
-        self.push(field, Flat::Text(start, end));
+}
+
+impl FlatSink for GivenFields {
+    #[inline]
+    fn push(&mut self, name: &'static str, value: Flat) {
+        if self.values.len() < MAX_FIELDS {
+            self.values.push((name, value));
+        }
     }
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let text = self.text();
-        let start = text.len();
-        // A `Debug` impl that fails leaves what it wrote.
-        let _ = write!(text, "{value:?}");
-        let end = text.len();
-        self.push(field, Flat::Text(start, end));
+
+    #[inline]
+    fn text(&mut self) -> &mut String {
+        &mut self.text
     }
 }
 
@@ -146,6 +230,11 @@ impl SpanFields {
                 }
             }
         }
+    }
+
+    /// Whether a value of the field `name` was recorded.
+    pub(super) fn has(&self, name: &'static str) -> bool {
+        self.values.iter().any(|(n, _)| same_field(n, name))
     }
 
     /// Whether a value changed since [`SpanFields::take_dirty`].

@@ -18,19 +18,32 @@
 //!   after the span was made (so after its slot was filled: its atomics
 //!   need no ordering of their own), and the span cannot close, nor its
 //!   key be cleared or reused, while that reference lives.
-//! * A slot's hot state is atomics; its fields, flows and (for a callsite
-//!   without a number) metadata are behind a mutex taken only when
-//!   [`Slot::cold`] says there is something there.
+//! * A slot's hot state is atomics, and the fields the span was made with
+//!   ([`Slot::given`]): written only by [`Slot::start`], which runs on the
+//!   thread making the span, before any other thread can reach it (no
+//!   other thread looks a span up before it was made) and after every use
+//!   of the slot's previous span (its close released the key, and the
+//!   claim that hands the slot out again acquires it), so they are
+//!   immutable while the span lives and read without a lock. Fields
+//!   recorded later, flows and (for a callsite without a number) metadata
+//!   are behind a mutex taken only when [`Slot::cold`] says there is
+//!   something there.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
 
+// `unsafe`: the lock-free access to a slot's given fields (see the
+// invariants above); two blocks, in `Slot::start` and `Slot::given`.
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use tracing_core::span::Attributes;
 use tracing_core::Metadata;
 
 use super::callsites;
-use super::fields::SpanFields;
+use super::fields::{Collect, GivenFields, SpanFields};
 use crate::Category;
 use crate::Flow;
 
@@ -51,7 +64,11 @@ pub(super) struct Slot {
     /// Boot time when the span was first entered (set by the thread that
     /// entered it first; read when it closes, after every enter).
     pub(super) first_ns: AtomicU64,
-    /// Whether `rest` holds anything: fields, flows or the metadata.
+    /// The fields the span was made with (module docs: written only by
+    /// [`Slot::start`]).
+    given: UnsafeCell<GivenFields>,
+    /// Whether `rest` holds anything: recorded fields, flows or the
+    /// metadata.
     cold: AtomicBool,
     /// Whether `rest` holds what no event wrote yet (changed fields,
     /// flows): a close that finds it clear, of a span entered at most
@@ -61,6 +78,12 @@ pub(super) struct Slot {
     pending: AtomicBool,
     rest: Mutex<Cold>,
 }
+
+// SAFETY: `given` is the slot's only field that is not `Sync` by itself;
+// it is written only by `Slot::start` while no other thread can reach the
+// slot, and only read otherwise (module docs), so sharing the slot between
+// threads never lets one write it while another uses it.
+unsafe impl Sync for Slot {}
 
 /// The parts of a span's state most spans do not have.
 #[derive(Default)]
@@ -74,29 +97,46 @@ pub(super) struct Cold {
 
 impl Slot {
     /// Makes the slot that of a new span of `meta` (in `category`), with
-    /// the fields `record` records.
+    /// the fields `attrs` gives. Called only by the thread making the span,
+    /// on a slot no other thread can reach (module docs).
     pub(super) fn start(
         &self,
         meta: &'static Metadata<'static>,
         category: &'static Category,
         callsite: Option<u32>,
-        has_fields: bool,
-        record: impl FnOnce(&mut SpanFields),
+        attrs: &Attributes<'_>,
     ) {
         self.enters.store(0, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
-        if callsite.is_none() || has_fields {
+        // SAFETY: the caller makes the span, so no other thread can reach
+        // the slot yet, and every use of its previous span happened before
+        // (module docs): this is the only reference to `given`.
+        let given = unsafe { &mut *self.given.get() };
+        given.clear();
+        if !attrs.values().is_empty() {
+            attrs.record(&mut Collect(given));
+        }
+        if callsite.is_none() {
             let mut rest = self.rest();
             rest.fields.clear();
             rest.flows.clear();
-            rest.meta = callsite.is_none().then_some((meta, category));
-            record(&mut rest.fields);
+            rest.meta = Some((meta, category));
             self.note_pending(&rest);
             self.cold.store(true, Ordering::Relaxed);
         } else {
             self.cold.store(false, Ordering::Relaxed);
         }
+    }
+
+    /// The fields the span was made with.
+    #[inline]
+    pub(super) fn given(&self) -> &GivenFields {
+        // SAFETY: only `start` writes `given`, before the span can be
+        // reached, and a slot is reached only through a live span (module
+        // docs), whose start happened before: nothing writes it while this
+        // borrow (bounded by the caller's use of the span) lives.
+        unsafe { &*self.given.get() }
     }
 
     /// The span's metadata and category.
@@ -222,31 +262,30 @@ impl SpanTable {
         let i = match keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
             Some(i) => i,
             None => keys.iter().position(|k| {
-                k.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+                // Acquire: the release of the slot's previous span, and so
+                // every use of it, happened before the new span's start.
+                k.compare_exchange(0, id, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             })?,
         };
         Some(&self.slots[start + i])
     }
 
-    /// The slot of the live span `id`, if it has one.
+    /// The slot of the live span `id`, if it has one, and the index of
+    /// its key (for [`SpanTable::release`]).
     #[inline]
-    pub(super) fn get(&self, id: u64) -> Option<&Slot> {
+    pub(super) fn get(&self, id: u64) -> Option<(&Slot, usize)> {
         let start = Self::group(id);
         let i = self.keys[start..start + GROUP]
             .iter()
             .position(|k| k.load(Ordering::Relaxed) == id)?;
-        Some(&self.slots[start + i])
+        Some((&self.slots[start + i], start + i))
     }
 
-    /// Frees the key of the span `id`, which closed.
+    /// Frees the key `at` ([`SpanTable::get`]) of a span that closed.
     #[inline]
-    pub(super) fn release(&self, id: u64) {
-        let start = Self::group(id);
-        if let Some(k) = self.keys[start..start + GROUP]
-            .iter()
-            .find(|k| k.load(Ordering::Relaxed) == id)
-        {
+    pub(super) fn release(&self, at: usize) {
+        if let Some(k) = self.keys.get(at) {
             k.store(0, Ordering::Release);
         }
     }
@@ -261,16 +300,20 @@ mod tests {
         let table = SpanTable::new();
         table.claim(7).unwrap().enters.store(70, Ordering::Relaxed);
         table.claim(9).unwrap().enters.store(90, Ordering::Relaxed);
-        let enters = |id| table.get(id).map(|s| s.enters.load(Ordering::Relaxed));
+        let enters = |id| table.get(id).map(|(s, _)| s.enters.load(Ordering::Relaxed));
+        let release = |id| table.release(table.get(id).unwrap().1);
         assert_eq!(enters(7), Some(70));
         assert_eq!(enters(9), Some(90));
         assert_eq!(enters(8), None);
-        table.release(7);
+        release(7);
         assert_eq!(enters(7), None);
         assert_eq!(enters(9), Some(90));
         // A claim of an id still held gets its slot again (a lost close).
-        assert!(std::ptr::eq(table.claim(9).unwrap(), table.get(9).unwrap()));
-        table.release(9);
+        assert!(std::ptr::eq(
+            table.claim(9).unwrap(),
+            table.get(9).unwrap().0
+        ));
+        release(9);
         assert_eq!(enters(9), None);
     }
 
@@ -292,11 +335,11 @@ mod tests {
         }
         assert!(table.claim(same[GROUP]).is_none());
         for &id in &same[..GROUP] {
-            let slot = table.get(id).unwrap();
+            let (slot, _) = table.get(id).unwrap();
             assert_eq!(slot.enters.load(Ordering::Relaxed), id as u32);
         }
         // One closes: the next claim gets its key.
-        table.release(same[3]);
+        table.release(table.get(same[3]).unwrap().1);
         assert!(table.claim(same[GROUP]).is_some());
         assert!(table.get(same[3]).is_none());
     }

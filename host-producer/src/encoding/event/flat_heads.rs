@@ -1,0 +1,168 @@
+//! Pre-encoded heads of flat events (the `tracing` layer's instants and
+//! slice begins, [`SequenceState::write_flat`]): for a recent trace point,
+//! the TrackEvent's type, category id, name id and head annotation (the
+//! level), encoded once per sequence and then copied in four word stores,
+//! and the ids of the names of its other annotations, checked by address
+//! instead of looked up.
+//!
+//! # Invariants
+//!
+//! * An entry holds ids interned on its sequence since its reset number
+//!   `resets`, and is used only while the sequence's reset count is still
+//!   that: a reset clears the interning tables, after which the ids name
+//!   nothing.
+//! * An entry is used only for an event of its kind whose category, name
+//!   and head annotation (name and value) are the very strings (same
+//!   addresses and lengths) it was made for; its bytes are then exactly
+//!   what [`put_event_ids`] and [`put_flat_annotation`] write for them. A
+//!   name id of a later annotation is used only for the same string at the
+//!   same position.
+//! * An empty entry has kind 0, which no event written here has.
+
+use super::fast::{put_event_ids, put_flat_annotation};
+use super::*;
+
+/// Entries (a power of two), direct-mapped by the event name's address.
+const SLOTS: usize = 16;
+/// Words of pre-encoded bytes an entry holds.
+const WORDS: usize = 4;
+/// Annotations after the head whose name ids an entry keeps.
+pub(super) const NAMES: usize = 8;
+
+/// A string by address and length.
+type StrKey = (usize, usize);
+
+#[inline(always)]
+fn key(s: &'static str) -> StrKey {
+    (s.as_ptr() as usize, s.len())
+}
+
+/// What an entry was made for.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct Key {
+    kind: u8,
+    category: usize,
+    name: StrKey,
+    head: [StrKey; 2],
+}
+
+/// One trace point's pre-encoded head.
+#[derive(Clone, Copy, Default)]
+pub(super) struct FlatHead {
+    key: Key,
+    resets: u64,
+    words: [u64; WORDS],
+    len: usize,
+    names: [(StrKey, u64); NAMES],
+}
+
+impl FlatHead {
+    /// Appends the pre-encoded bytes: the TrackEvent's type, category id
+    /// and name id, and the head annotation.
+    #[inline(always)]
+    pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
+        let mut left = self.len;
+        for w in self.words {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(8);
+            f.word(w, n);
+            left -= n;
+        }
+    }
+
+    /// The id of `name`, the name of annotation `i` after the head, if it
+    /// is the name this entry saw there.
+    #[inline(always)]
+    pub(super) fn name_iid(&self, i: usize, name: &'static str) -> Option<u64> {
+        let &(k, iid) = self.names.get(i)?;
+        (k == key(name)).then_some(iid)
+    }
+}
+
+/// A sequence's pre-encoded heads (see the module docs).
+pub(super) struct FlatHeads {
+    slots: Box<[FlatHead; SLOTS]>,
+}
+
+impl FlatHeads {
+    pub(super) fn new() -> Self {
+        FlatHeads {
+            slots: Box::new([FlatHead::default(); SLOTS]),
+        }
+    }
+
+    #[inline(always)]
+    fn slot(name: &'static str) -> usize {
+        ((name.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize
+            & (SLOTS - 1)
+    }
+
+    /// The entry for an event of `kind` in `category`, named `name`, with
+    /// the head annotation `head`, on a sequence reset `resets` times.
+    #[inline(always)]
+    pub(super) fn get(
+        &self,
+        kind: u8,
+        category: &'static Category,
+        name: &'static str,
+        head: (&'static str, &'static str),
+        resets: u64,
+    ) -> Option<&FlatHead> {
+        let e = &self.slots[Self::slot(name)];
+        let k = Key {
+            kind,
+            category: category as *const Category as usize,
+            name: key(name),
+            head: [key(head.0), key(head.1)],
+        };
+        (e.key == k && e.resets == resets).then_some(e)
+    }
+
+    /// Makes the entry of an event (as [`FlatHeads::get`] takes it) whose
+    /// category, name and head annotation name have the ids `cat`, `iid`
+    /// and `head_iid`, and whose later annotations' names have the ids of
+    /// `names`; nothing if its head does not fit an entry.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn insert(
+        &mut self,
+        kind: u8,
+        category: &'static Category,
+        (name, iid): (&'static str, u64),
+        (head, head_iid): ((&'static str, &'static str), u64),
+        cat: u64,
+        names: &[(&'static str, u64)],
+        resets: u64,
+    ) {
+        let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
+        let mut c = Cursor::new(&mut buf);
+        put_event_ids(&mut c, kind, cat, iid);
+        put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(head.1));
+        let Some(len) = c.finish().filter(|&n| n <= WORDS * 8) else {
+            return;
+        };
+        let mut words = [0u64; WORDS];
+        for (w, bytes) in words.iter_mut().zip(buf.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            *w = u64::from_le_bytes(b);
+        }
+        let mut keyed = [((0, 0), 0); NAMES];
+        for (out, &(n, id)) in keyed.iter_mut().zip(names) {
+            *out = (key(n), id);
+        }
+        self.slots[Self::slot(name)] = FlatHead {
+            key: Key {
+                kind,
+                category: category as *const Category as usize,
+                name: key(name),
+                head: [key(head.0), key(head.1)],
+            },
+            resets,
+            words,
+            len,
+            names: keyed,
+        };
+    }
+}
