@@ -2,15 +2,15 @@
 //!
 //! # Paths
 //!
-//! * Fast, out of line: [`TrackEventWriter::site_named`] (slice begins and
-//!   instants at call sites, and slice ends), [`TrackEventWriter::named_ids`]
-//!   (begins and instants named by strings), [`TrackEventWriter::sample`]
-//!   (counters; one function per value type): the clock, one check of the
-//!   sequence state, the
-//!   site's cached ids (or the interning probes, or the track lookup), the
-//!   packet's bytes stored
-//!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
-//!   store.
+//! * Fast: [`TrackEventWriter::site_named`] (slice begins and instants at
+//!   call sites, and slice ends), [`TrackEventWriter::named_ids`] (begins
+//!   and instants named by strings), [`TrackEventWriter::sample`]
+//!   (counters; one function per value type) work out the event's
+//!   `track_event` bytes (the site's cached ids, or the interning probes,
+//!   or the track lookup) and hand them, in registers, to the one
+//!   out-of-line [`TrackEventWriter::fast`]: the clock, the checks of the
+//!   sequence state, the packet stored straight into the chunk by
+//!   [`InPlaceWriter::write_fast_sized`], one release store.
 //! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
 //!   chunk to switch, time gone backwards), through the cursor's field
@@ -163,6 +163,8 @@ pub struct TrackEventWriter<
     sites: SiteCache<S>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
+    /// The time of the last event [`Self::fast`] left to [`Self::slow`].
+    missed_at: u64,
     clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
@@ -186,6 +188,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             tracks: TrackSet::new(),
             sites: SiteCache::new(),
             base: 0,
+            missed_at: 0,
             clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
@@ -449,16 +452,16 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.sample(track, CounterValue::Double(value))
     }
 
-    /// The fast path of every kind of event ([`Self::named_body`],
+    /// The fast path of every kind of event ([`Self::named_fast`],
     /// [`Self::sample`]): the event whose `track_event` holds the bytes
-    /// `rest` and `a` describe (a [`FastTe`]'s fields, in registers: a
-    /// slice's `rest` is a constant), written right
-    /// here when tracing is on, the sequence is set up, the delta is below
-    /// 2^28 ns and the chunk has room. Otherwise, or when `rest.lens` is 0 (the
-    /// caller cannot write the event this way), [`Fast::Slow`]: the caller
-    /// writes it with [`Self::slow`]. The clock is read here, inline: this
-    /// is its one reading on the common path. One copy for every
-    /// kind: the clock read, the checks, the packet's head and the counts.
+    /// `rest` and `a` describe (a [`FastTe`]'s fields, in registers; a
+    /// slice's `rest` is a constant), written right here when tracing is
+    /// on, the sequence is set up, the delta is below 2^28 ns and the
+    /// chunk has room. Otherwise, or when `rest.lens` is 0 (the caller
+    /// cannot write the event this way), [`Fast::Slow`], the time left in
+    /// `missed_at`: the caller writes it with [`Self::missed`]. One copy
+    /// for every kind: the clock (read here, inline: its one reading per
+    /// event), the checks, the packet's head and the counts.
     #[inline(never)]
     fn fast(&mut self, rest: &Rest, a: u64) -> Fast {
         if !self.out.arbiter().tracing_enabled() {
@@ -484,6 +487,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 }
             }
         }
+        self.missed_at = now;
         Fast::Slow
     }
 
@@ -508,12 +512,16 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
         let delta = now.wrapping_sub(self.base);
-        (delta >> 28 == 0).then_some(delta as u32)
+        // Below 2^28: the high word and the low word's top 4 bits are 0
+        // (tested as one word: two instructions on a 32-bit machine).
+        let (high, low) = ((delta >> 32) as u32, delta as u32);
+        (high | low >> 28 == 0).then_some(low)
     }
 
-    /// The slow path of [`Self::named_body`] and [`Self::sample`] (an
-    /// event of type `kind`: a slice begin, end or instant, or a sample of
-    /// `value` on the track in `needs`): restarts the sequence if due,
+    /// The slow path of [`Self::fast`]'s callers, through
+    /// [`Self::missed`] (the event `needs` describes: a slice begin, end or
+    /// instant, or a counter sample), at the time `fast` left in
+    /// `missed_at`: restarts the sequence if due,
     /// describes the counter track, interns the names (a new one in a
     /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
     /// stamps the event as a delta (or its absolute time if time went
@@ -522,9 +530,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn slow(&mut self, needs: Needs<'_>) -> bool {
         let kind = needs.kind();
-        // Read again (the fast path's reading is not passed back: this
-        // path is rare, and one more clock read cheaper than a wider return).
-        let now = self.now();
+        // The fast path's reading (one clock read per event).
+        let now = self.missed_at;
         if !self.ready(now) {
             return false;
         }
