@@ -526,8 +526,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
     /// stamps the event as a delta (or its absolute time if time went
     /// backwards) and writes it with [`slow_event`]: the bytes the fast
-    /// paths write for it.
-    #[inline(never)]
+    /// paths write for it. Inline: the body of [`Self::missed`], its one
+    /// caller.
+    #[inline(always)]
     fn slow(&mut self, needs: Needs<'_>) -> bool {
         let kind = needs.kind();
         // The fast path's reading (one clock read per event).
