@@ -28,7 +28,9 @@ fn contexts_numbering_sites_at_once_never_share_a_number() {
         for n in [mine_a, theirs_a] {
             assert!(n != mine_b && n != theirs_b, "two sites, one number");
         }
-        assert!([mine_a, mine_b, theirs_a, theirs_b].iter().all(|&n| n != 0));
+        assert!([mine_a, mine_b, theirs_a, theirs_b]
+            .iter()
+            .all(|&n| n != EventSite::UNNUMBERED));
         // Each site keeps a number one of the contexts took for it.
         assert!(
             [mine_a, theirs_a].contains(&a.number()),

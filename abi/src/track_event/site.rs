@@ -11,9 +11,10 @@
 //!
 //! # Invariants
 //!
-//! * A site's number is 0 (not yet numbered) until the first writer that
-//!   caches the site's ids gives it the next number of a program-wide
-//!   counter (one atomic increment; one store on the site). Numbers are
+//! * A site's number is [`EventSite::UNNUMBERED`] until the first
+//!   writer that caches the site's ids gives it the next number of a
+//!   program-wide counter, from 0 (one atomic increment; one store on the
+//!   site). Numbers are
 //!   never reused, so two sites never share a cache entry: each is taken
 //!   from the counter once, and the counter moves only for a site whose
 //!   number reads 0, which is once per site unless contexts race for it;
@@ -23,8 +24,9 @@
 //!   number that lost are never read again (no other site has it), and
 //!   the site's next event there caches its ids anew. A number is only an
 //!   identity: `Relaxed` suffices (nothing is published through it).
-//!   Sites numbered beyond a writer's `S` are not cached there (each of
-//!   their events takes the slow path).
+//!   Sites numbered `S` or more are not cached by a writer of `S` entries
+//!   (each of their events takes the slow path); a site's number is its
+//!   entry's index.
 //! * The cache is the writer's own (`&mut`): a site cached for one
 //!   sequence is never read for another, whatever the writers sharing it.
 //! * An entry is `generation << 16 | name << 8 | category`: the ids of
@@ -43,8 +45,10 @@ use crate::sync::atomic::AtomicU32;
 use crate::sync::shared::AtomicU32 as CounterWord;
 use crate::sync::Ordering::Relaxed;
 
-/// The number the last site got (the next gets one more); never repeats
-/// (see the module docs).
+/// The number of a site not numbered yet.
+const UNNUMBERED: u32 = EventSite::UNNUMBERED;
+
+/// The number the next site gets; never repeats (see the module docs).
 static SITES: CounterWord = CounterWord::new(0);
 
 /// An event's category and name at one call site, for the writer's
@@ -61,18 +65,22 @@ static SITES: CounterWord = CounterWord::new(0);
 pub struct EventSite {
     category: &'static str,
     name: &'static str,
-    /// 0 until numbered, then the site's number (see the module docs).
+    /// [`EventSite::UNNUMBERED`] until numbered, then the site's number
+    /// (see the module docs).
     number: AtomicU32,
 }
 
 impl EventSite {
+    /// The number of a site not numbered yet ([`EventSite::number`]).
+    pub const UNNUMBERED: u32 = u32::MAX;
+
     /// The site of events named `name` in `category`.
     #[cfg(not(loom))]
     pub const fn new(category: &'static str, name: &'static str) -> Self {
         Self {
             category,
             name,
-            number: AtomicU32::new(0),
+            number: AtomicU32::new(UNNUMBERED),
         }
     }
 
@@ -83,7 +91,7 @@ impl EventSite {
         Self {
             category,
             name,
-            number: AtomicU32::new(0),
+            number: AtomicU32::new(UNNUMBERED),
         }
     }
 
@@ -97,7 +105,8 @@ impl EventSite {
         self.name
     }
 
-    /// The site's number; 0 if it has none yet.
+    /// The site's number (from 0, in the order sites were first cached);
+    /// [`EventSite::UNNUMBERED`] if it has none yet.
     #[inline(always)]
     pub fn number(&self) -> u32 {
         self.number.load(Relaxed)
@@ -106,17 +115,17 @@ impl EventSite {
     /// The site's number, giving it the next one first if it has none.
     pub fn numbered(&self) -> u32 {
         let n = self.number();
-        if n != 0 {
+        if n != UNNUMBERED {
             return n;
         }
-        let mine = SITES.fetch_add(1, Relaxed).wrapping_add(1);
+        let mine = SITES.fetch_add(1, Relaxed);
         self.number.store(mine, Relaxed);
         mine
     }
 }
 
 /// The ids a writer resolved per site: `S` entries, for the sites numbered
-/// 1..=`S` (see the [module docs](self)). 4 × `S` bytes.
+/// 0..`S` (see the [module docs](self)). 4 × `S` bytes.
 #[derive(Debug, Clone)]
 pub struct SiteCache<const S: usize> {
     entries: [u32; S],
@@ -141,8 +150,8 @@ impl<const S: usize> SiteCache<S> {
     /// generation `generation`, if any: `name << 8 | category`.
     #[inline(always)]
     pub fn get(&self, number: u32, generation: u16) -> Option<u32> {
-        // Number 0 (none) wraps to the largest index: no entry.
-        let e = self.entries.get((number as usize).wrapping_sub(1))?;
+        // `UNNUMBERED` is past every entry.
+        let e = self.entries.get(number as usize)?;
         let ids = e ^ u32::from(generation) << GENERATION_SHIFT;
         (ids < 1 << GENERATION_SHIFT).then_some(ids)
     }
@@ -155,7 +164,7 @@ impl<const S: usize> SiteCache<S> {
         if (category.wrapping_sub(1) | name.wrapping_sub(1)) >= 0x7F {
             return;
         }
-        if let Some(e) = self.entries.get_mut((number as usize).wrapping_sub(1)) {
+        if let Some(e) = self.entries.get_mut(number as usize) {
             *e = u32::from(generation) << GENERATION_SHIFT | name << 8 | category;
         }
     }
@@ -206,10 +215,10 @@ mod tests {
     fn sites_get_distinct_numbers_once() {
         static A: EventSite = EventSite::new("c", "a");
         static B: EventSite = EventSite::new("c", "b");
-        assert_eq!(A.number(), 0);
+        assert_eq!(A.number(), UNNUMBERED);
         let a = A.numbered();
         let b = B.numbered();
-        assert!(a != 0 && b != 0 && a != b, "{a} {b}");
+        assert!(a != UNNUMBERED && b != UNNUMBERED && a != b, "{a} {b}");
         assert_eq!((A.numbered(), B.numbered()), (a, b));
     }
 
@@ -220,17 +229,17 @@ mod tests {
         c.put(1, 1, 3, 0x7F);
         assert_eq!(c.get(1, 1), Some(0x7F << 8 | 3));
         assert_eq!(c.get(1, 2), None);
-        assert_eq!(c.get(2, 1), None);
+        assert_eq!(c.get(0, 1), None);
         // Unnumbered and out-of-range sites are never cached.
-        c.put(0, 1, 1, 1);
-        c.put(3, 1, 1, 1);
-        assert_eq!((c.get(0, 1), c.get(3, 1)), (None, None));
+        c.put(UNNUMBERED, 1, 1, 1);
+        c.put(2, 1, 1, 1);
+        assert_eq!((c.get(UNNUMBERED, 1), c.get(2, 1)), (None, None));
         // Ids the fast path cannot write are not cached, nor 0 (a string
         // written inline).
-        c.put(2, 1, 0x80, 1);
-        assert_eq!(c.get(2, 1), None);
-        c.put(2, 1, 1, 0);
-        assert_eq!(c.get(2, 1), None);
+        c.put(0, 1, 0x80, 1);
+        assert_eq!(c.get(0, 1), None);
+        c.put(0, 1, 1, 0);
+        assert_eq!(c.get(0, 1), None);
         c.clear();
         assert_eq!(c.get(1, 1), None);
     }

@@ -2,15 +2,15 @@
 //!
 //! # Paths
 //!
-//! * Fast, out of line: [`TrackEventWriter::site_named`] (slice begins and
-//!   instants at call sites, and slice ends), [`TrackEventWriter::named_ids`]
-//!   (begins and instants named by strings), [`TrackEventWriter::sample`]
-//!   (counters; one function per value type): the clock, one check of the
-//!   sequence state, the
-//!   site's cached ids (or the interning probes, or the track lookup), the
-//!   packet's bytes stored
-//!   straight into the chunk by [`InPlaceWriter::write_fast`], one release
-//!   store.
+//! * Fast: [`TrackEventWriter::site_named`] (slice begins and instants at
+//!   call sites, and slice ends), [`TrackEventWriter::named_ids`] (begins
+//!   and instants named by strings), [`TrackEventWriter::sample`]
+//!   (counters; one function per value type) work out the event's
+//!   `track_event` bytes (the site's cached ids, or the interning probes,
+//!   or the track lookup) and hand them, in registers, to the one
+//!   out-of-line [`TrackEventWriter::fast`]: the clock, the checks of the
+//!   sequence state, the packet stored straight into the chunk by
+//!   [`InPlaceWriter::write_fast_sized`], one release store.
 //! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
 //!   chunk to switch, time gone backwards), through the cursor's field
@@ -163,6 +163,8 @@ pub struct TrackEventWriter<
     sites: SiteCache<S>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
+    /// The time of the last event [`Self::fast`] left to [`Self::slow`].
+    missed_at: u64,
     clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
@@ -186,6 +188,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             tracks: TrackSet::new(),
             sites: SiteCache::new(),
             base: 0,
+            missed_at: 0,
             clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
@@ -204,14 +207,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// lookups.
     #[inline]
     pub fn slice_begin_at(&mut self, site: &'static EventSite) -> bool {
-        self.site_named(Type::SliceBegin, Some(site))
+        self.site_named(Type::SliceBegin as u32, Some(site))
     }
 
     /// An instant event named at `site` on the default track: as
     /// [`Self::instant`], with the site's interned ids cached.
     #[inline]
     pub fn instant_at(&mut self, site: &'static EventSite) -> bool {
-        self.site_named(Type::Instant, Some(site))
+        self.site_named(Type::Instant as u32, Some(site))
     }
 
     /// Ends the innermost slice open on the default track. An end whose
@@ -220,7 +223,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// slice.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
-        self.site_named(Type::SliceEnd, None)
+        self.site_named(Type::SliceEnd as u32, None)
     }
 
     /// An instant event named `name` in `category` on the default track.
@@ -327,96 +330,84 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn named_ids(&mut self, ids: NamedIds, category: &'static str, name: &'static str) -> bool {
         let kind = ids.kind_bits();
-        self.named_body(
+        let names = Names {
             kind,
-            #[inline(always)]
-            |w| {
-                let cat = w.interned.lookup_word(ids.category(category));
-                let nm = w.interned.lookup_word(ids.name(name));
-                ((cat | nm) < 0x80).then_some(nm << 8 | cat)
-            },
-            |w, now| {
-                w.slow(
-                    now,
-                    Needs::Names(category, name, None),
-                    kind,
-                    CounterValue::Int(0),
-                )
-            },
-        )
+            category,
+            name,
+        };
+        // The ids first (the strings are dead after them): `None` if the
+        // fast path cannot write them (a string not interned, or an id of
+        // 128 or more).
+        let cat = self.interned.lookup_word(ids.category(category));
+        let nm = self.interned.lookup_word(ids.name(name));
+        let (rest, a) = if (cat | nm) < 0x80 {
+            (&Rest::NAMED, FastTe::named(u32::from(kind), nm << 8 | cat))
+        } else {
+            (&Rest::SLOW, 0)
+        };
+        self.named_fast(u32::from(kind), rest, a, || Needs::Names(&names))
     }
 
     /// [`Self::named_ids`] for an event at `site` (a slice begin or an
-    /// instant), or a slice end (`site` unused): its ids from the site
-    /// cache, or else (once per site and interning generation) by
-    /// [`Self::slow`], which interns the site's strings and caches their
-    /// ids. One function for the three kinds: the end's tests are a few
-    /// instructions, a copy of its own some 400 bytes.
+    /// instant), or a slice end (no `site`): its ids from the site cache,
+    /// or else (once per site and interning generation) by [`Self::slow`],
+    /// which interns the site's strings and caches their ids. One function
+    /// for the three kinds: the end's tests are a few instructions, a copy
+    /// of its own some 400 bytes.
     #[inline(never)]
-    fn site_named(&mut self, kind: Type, site: Option<&'static EventSite>) -> bool {
-        self.named_body(
-            kind as u8,
-            #[inline(always)]
-            |w| match site {
-                // Cached ids are below 128.
-                Some(site) => w.sites.get(site.number(), w.interned.generation()),
-                None => Some(0),
+    fn site_named(&mut self, kind: u32, site: Option<&'static EventSite>) -> bool {
+        let (rest, a) = match site {
+            None => {
+                if !self.slices.pop() {
+                    self.stats.ends_suppressed += 1;
+                    return false;
+                }
+                (&Rest::END, FastTe::named(kind, 0))
+            }
+            // Cached ids are below 128.
+            Some(site) => match self.sites.get(site.number(), self.interned.generation()) {
+                Some(ids) => (&Rest::NAMED, FastTe::named(kind, ids)),
+                None => (&Rest::SLOW, 0),
             },
-            |w, now| {
-                let needs = site.map_or(Needs::End, |s| {
-                    Needs::Names(s.category(), s.name(), Some(s))
-                });
-                w.slow(now, needs, kind as u8, CounterValue::Int(0))
-            },
-        )
+        };
+        self.named_fast(kind, rest, a, || match site {
+            Some(site) if kind == Type::SliceBegin as u32 => Needs::Begin(site),
+            Some(site) => Needs::Instant(site),
+            None => Needs::End,
+        })
     }
 
-    /// The body of [`Self::named_ids`] and [`Self::site_named`]: the
-    /// event of type `kind` (its value), with the category and name ids
-    /// `ids` returns (`None` if the fast path cannot write them; not asked
-    /// for a slice end), or else written by `slow` (with the time).
+    /// The end of [`Self::named_ids`] and [`Self::site_named`]: the event
+    /// of type `kind` (its value), whose track event `rest` and `a`
+    /// describe (see [`Self::fast`]), written by the fast path or else by
+    /// [`Self::missed`] with what `needs` makes ready.
     #[inline(always)]
-    fn named_body(
+    fn named_fast<'a>(
         &mut self,
-        kind: u8,
-        ids: impl FnOnce(&mut Self) -> Option<u32>,
-        slow: impl FnOnce(&mut Self, u64) -> bool,
+        kind: u32,
+        rest: &Rest,
+        a: u64,
+        needs: impl FnOnce() -> Needs<'a>,
     ) -> bool {
-        let end = kind == Type::SliceEnd as u8;
-        let begin = kind == Type::SliceBegin as u8;
-        if end && !self.slices.pop() {
-            self.stats.ends_suppressed += 1;
-            return false;
-        }
-        let written = 'written: {
-            if !self.out.arbiter().tracing_enabled() {
-                self.stats.events_disabled += 1;
-                break 'written false;
-            }
-            // The ids first (the strings are dead after them): `None` if
-            // the fast path cannot write them (a string not interned, or an
-            // id of 128 or more), which cached ids never are (a slice end
-            // has none).
-            let ids = if end { Some(0) } else { ids(self) };
-            let now = self.now();
-            if let Some(ids) = ids {
-                if let Some(delta) = self.delta(now) {
-                    if self.out.write_fast_sized(
-                        #[inline(always)]
-                        |c| named_event(c, delta, kind, ids),
-                    ) {
-                        self.base = now;
-                        self.stats.events += 1;
-                        if begin {
-                            self.slices.push(true);
-                        }
-                        return true;
-                    }
+        match self.fast(rest, a) {
+            Fast::Written => {
+                if kind == Type::SliceBegin as u32 {
+                    self.slices.push(true);
                 }
+                true
             }
-            slow(self, now)
-        };
-        if begin {
+            fast => self.missed(fast, needs()),
+        }
+    }
+
+    /// An event the fast path did not write (`fast` says why): written by
+    /// [`Self::slow`] unless tracing is off; a slice begin's outcome goes
+    /// on the slice stack. Out of line: the fast paths' callers keep no
+    /// registers or stack for it.
+    #[inline(never)]
+    fn missed(&mut self, fast: Fast, needs: Needs<'_>) -> bool {
+        let written = fast == Fast::Slow && self.slow(needs);
+        if needs.kind() == Type::SliceBegin as u8 {
             self.slices.push(written);
         }
         written
@@ -431,28 +422,22 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// floating-point path.
     #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
-        if !self.out.arbiter().tracing_enabled() {
-            self.stats.events_disabled += 1;
-            return false;
-        }
-        let now = self.now();
-        let head = track
+        let te;
+        let (rest, a) = match track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .filter(|_| Body::fits(value));
-        if let (Some(head), Some(delta)) = (head, self.delta(now)) {
-            // The body worked out where it is stored (no registers kept
-            // across the window checks).
-            if self.out.write_fast(
-                #[inline(always)]
-                |c| Body::sample(head, value).encode(c, delta),
-            ) {
-                self.base = now;
-                self.stats.events += 1;
-                return true;
+            .filter(|_| FastTe::fits(value))
+        {
+            Some(head) => {
+                te = FastTe::sample(head, value);
+                (&te.rest, te.a)
             }
+            None => (&Rest::SLOW, 0),
+        };
+        match self.fast(rest, a) {
+            Fast::Written => true,
+            fast => self.missed(fast, Needs::Track(&Sample { track, value })),
         }
-        self.slow(now, Needs::Track(track), Type::Counter as u8, value)
     }
 
     /// [`Self::sample`] of an integer.
@@ -465,6 +450,45 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn sample_double(&mut self, track: &'static CounterTrack, value: f64) -> bool {
         self.sample(track, CounterValue::Double(value))
+    }
+
+    /// The fast path of every kind of event ([`Self::named_fast`],
+    /// [`Self::sample`]): the event whose `track_event` holds the bytes
+    /// `rest` and `a` describe (a [`FastTe`]'s fields, in registers; a
+    /// slice's `rest` is a constant), written right here when tracing is
+    /// on, the sequence is set up, the delta is below 2^28 ns and the
+    /// chunk has room. Otherwise, or when `rest.lens` is 0 (the caller
+    /// cannot write the event this way), [`Fast::Slow`], the time left in
+    /// `missed_at`: the caller writes it with [`Self::missed`]. One copy
+    /// for every kind: the clock (read here, inline: its one reading per
+    /// event), the checks, the packet's head and the counts.
+    #[inline(never)]
+    fn fast(&mut self, rest: &Rest, a: u64) -> Fast {
+        if !self.out.arbiter().tracing_enabled() {
+            self.stats.events_disabled += 1;
+            return Fast::Disabled;
+        }
+        let now = self.clock.now_ns();
+        if rest.lens != 0 {
+            if let Some(delta) = self.delta(now) {
+                let (base, events) = (&mut self.base, &mut self.stats.events);
+                if self.out.write_fast_sized(
+                    #[inline(always)]
+                    |c| {
+                        // The window's checks passed: the packet is
+                        // written. Counted first, so the time's registers
+                        // are free for the stores.
+                        *base = now;
+                        *events += 1;
+                        fast_event(c, delta, rest, a)
+                    },
+                ) {
+                    return Fast::Written;
+                }
+            }
+        }
+        self.missed_at = now;
+        Fast::Slow
     }
 
     /// The clock's reading, out of line on firmware: one copy of the
@@ -488,24 +512,39 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
         let delta = now.wrapping_sub(self.base);
-        (delta >> 28 == 0).then_some(delta as u32)
+        // Below 2^28: the high word and the low word's top 4 bits are 0
+        // (tested as one word: two instructions on a 32-bit machine).
+        let (high, low) = ((delta >> 32) as u32, delta as u32);
+        (high | low >> 28 == 0).then_some(low)
     }
 
-    /// The slow path of [`Self::named_body`] and [`Self::sample`] (an
-    /// event of type `kind`: a slice begin, end or instant, or a sample of
-    /// `value` on the track in `needs`): restarts the sequence if due,
+    /// The slow path of [`Self::fast`]'s callers, through
+    /// [`Self::missed`] (the event `needs` describes: a slice begin, end or
+    /// instant, or a counter sample), at the time `fast` left in
+    /// `missed_at`: restarts the sequence if due,
     /// describes the counter track, interns the names (a new one in a
     /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
     /// stamps the event as a delta (or its absolute time if time went
     /// backwards) and writes it with [`slow_event`]: the bytes the fast
-    /// paths write for it.
-    #[inline(never)]
-    fn slow(&mut self, now: u64, needs: Needs, kind: u8, value: CounterValue) -> bool {
+    /// paths write for it. Inline: the body of [`Self::missed`], its one
+    /// caller.
+    #[inline(always)]
+    fn slow(&mut self, needs: Needs<'_>) -> bool {
+        let kind = needs.kind();
+        // The fast path's reading (one clock read per event).
+        let now = self.missed_at;
         if !self.ready(now) {
             return false;
         }
-        let fields = match needs {
-            Needs::Names(category, name, site) => {
+        let (site, names) = match needs {
+            Needs::Begin(site) | Needs::Instant(site) => {
+                (Some(site), Some((site.category(), site.name())))
+            }
+            Needs::Names(n) => (None, Some((n.category, n.name))),
+            _ => (None, None),
+        };
+        let fields = match (needs, names) {
+            (_, Some((category, name))) => {
                 let Some(cat) = self.intern_alone(category, Kind::Category) else {
                     return self.lost();
                 };
@@ -526,8 +565,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     SlowField::name(nm, name, track_event::NAME_IID, track_event::NAME),
                 ]
             }
-            Needs::End => [SlowField::None; 2],
-            Needs::Track(track) => {
+            (Needs::Track(&Sample { track, value }), _) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
@@ -543,6 +581,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     },
                 ]
             }
+            _ => [SlowField::None; 2],
         };
         let ev = SlowEvent {
             time: self.time(now),
@@ -855,37 +894,165 @@ const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
 const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint);
 const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
-/// Writes what [`encode::event`] writes for a slice begin or instant with
-/// the interned category and name `ids` (`name << 8 | category`, both
-/// below 128), or a slice end if `kind` is [`Type::SliceEnd`] (`ids`
-/// unused), on the
-/// default track, `delta` (below 2^28) after the previous event: a few
-/// word stores. An end's `track_event` is its type only: the same stores,
-/// advanced less (the bytes past the packet lie in the window, and the next
-/// packet overwrites them).
+/// Writes the event [`TrackEventWriter::fast`] writes: its 1-byte size,
+/// its timestamp `delta` (below 2^28) after the previous event,
+/// `sequence_flags` and the `track_event` of `te`'s bytes; what
+/// [`encode::event`] writes for the same event (see the tests). A few word
+/// stores: each word is stored whole, and the bytes past the packet lie in
+/// the window, where the next packet overwrites them.
 #[inline(always)]
-fn named_event<T: Target>(c: &mut Cursor<T>, delta: u32, kind: u8, ids: u32) {
+fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
+    let lens = rest.lens;
     let (time, n) = varint_word(delta);
-    let end = kind == Type::SliceEnd as u8;
-    // The track event's size: its type (2 bytes), then category and name.
-    let te = if end { 2 } else { 6 };
+    // Each at most 31 (so no window index needs masking).
+    let len = lens & 0x1F;
+    let na = (lens >> 8 & 0x1F) as usize;
+    let nab = (lens >> 16 & 0x1F) as usize;
     // The size: the timestamp's tag and varint, 4 bytes, the track event.
-    let size = 1 + n + 4 + te;
+    let size = 1 + n + 4 + len as usize;
     c.word(
         size as u64 | u64::from(TIMESTAMP) << 8 | u64::from(time) << 16,
         2 + n,
     );
     c.word32(
-        u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | (te as u32) << 24,
+        u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | len << 24,
         4,
     );
-    // 2 + 0 bytes for an end, 4 + 2 for the others.
-    let tail = te / 2 - 1;
-    c.word32(
-        u32::from_le_bytes([TYPE, kind, CATEGORY_IIDS, 0]) | ids << 24,
-        te - tail,
-    );
-    c.word32(u32::from(NAME_IID) | ids & 0xFF00, tail);
+    c.word(a, na);
+    c.word(rest.b, nab - na);
+    c.word32(rest.tail, len as usize - nab);
+}
+
+/// What [`TrackEventWriter::fast`] did with an event (a word: no zero
+/// extension for the caller).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+enum Fast {
+    /// Written.
+    Written,
+    /// Not written: tracing is off (counted).
+    Disabled,
+    /// Not written: the slow path's turn.
+    Slow,
+}
+
+/// The bytes of a fast-path event's `track_event`: the low `lens >> 8 &
+/// 0x1F` bytes of `a`, then `rest.b`'s up to byte `lens >> 16 & 0x1F` of
+/// the whole, then `rest.tail`'s up to its length, `lens & 0x1F` (0: an
+/// event the fast path cannot write), where `lens` is `rest.lens`.
+#[derive(Clone, Copy)]
+struct FastTe {
+    a: u64,
+    rest: Rest,
+}
+
+/// The lengths and the bytes after `a` of a [`FastTe`].
+#[derive(Clone, Copy)]
+struct Rest {
+    lens: u32,
+    tail: u32,
+    b: u64,
+}
+
+impl Rest {
+    /// A slice begin's or an instant's (6 bytes, all in `a`).
+    const NAMED: Rest = Rest::only(6);
+    /// A slice end's (2 bytes, all in `a`).
+    const END: Rest = Rest::only(2);
+    /// Nothing the fast path writes: the slow path's event.
+    const SLOW: Rest = Rest::only(0);
+
+    /// A track event of `n` bytes (at most 8), all in `a`.
+    const fn only(n: u32) -> Self {
+        Rest {
+            lens: n * 0x01_0101,
+            tail: 0,
+            b: 0,
+        }
+    }
+}
+
+impl FastTe {
+    /// The low `na` bytes of `a`, `nb` of `b`, `nc` of `tail`.
+    #[inline(always)]
+    fn new(a: (u64, usize), b: (u64, usize), tail: (u32, usize)) -> Self {
+        let (na, nab) = (a.1, a.1 + b.1);
+        FastTe {
+            a: a.0,
+            rest: Rest {
+                lens: (nab + tail.1) as u32 | (na as u32) << 8 | (nab as u32) << 16,
+                tail: tail.0,
+                b: b.0,
+            },
+        }
+    }
+
+    /// A slice begin's or an instant's `track_event` (type `kind`) with
+    /// the interned category and name `ids` (`name << 8 | category`, both
+    /// below 128), or a slice end's if `kind` is [`Type::SliceEnd`] (`ids`
+    /// unused), on the default track: its `a` (its `rest` is
+    /// [`Rest::NAMED`], or [`Rest::END`]).
+    #[inline(always)]
+    fn named(kind: u32, ids: u32) -> u64 {
+        // Type, category and name; an end's is its type only. (A type's
+        // value is below 128.)
+        let low = u32::from_le_bytes([TYPE, 0, CATEGORY_IIDS, 0]) | kind << 8 | ids << 24;
+        let high = u32::from(NAME_IID) | ids & 0xFF00;
+        u64::from(low) | u64::from(high) << 32
+    }
+
+    /// Whether the fast path writes a sample of `value`: an integer in
+    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
+    /// of them from its low bits), or a double.
+    #[inline(always)]
+    fn fits(value: CounterValue) -> bool {
+        match value {
+            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
+            CounterValue::Double(_) => true,
+        }
+    }
+
+    /// A counter sample's `track_event`, of `value` (one that
+    /// [`FastTe::fits`]), on the track whose sample head
+    /// ([`CounterTrack::sample_head`]) is `head`.
+    #[inline(always)]
+    fn sample(head: (u64, usize), value: CounterValue) -> Self {
+        let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
+        let (value, tail) = match value {
+            CounterValue::Int(v) if v >= 0 => {
+                let (word, n) = varint_word(v as u32);
+                ((int | u64::from(word) << 16, 2 + n), (0, 0))
+            }
+            CounterValue::Int(v) => {
+                // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
+                // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
+                let (low, _) = varint_word(v as u32);
+                let byte4 = 0xF0 | u64::from(v as u32 >> 28);
+                (
+                    (
+                        int | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
+                        8,
+                    ),
+                    (0x01FF_FFFF, 4),
+                )
+            }
+            CounterValue::Double(v) => {
+                let bits = v.to_bits();
+                let double = u64::from_le_bytes([
+                    DOUBLE_COUNTER_VALUE[0],
+                    DOUBLE_COUNTER_VALUE[1],
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
+                ((double | bits << 16, 8), ((bits >> 48) as u32, 2))
+            }
+        };
+        FastTe::new(head, value, tail)
+    }
 }
 
 /// A field of a fast-path event's `track_event` after its type, as
@@ -983,102 +1150,46 @@ impl NamedIds {
 
 /// What [`TrackEventWriter::slow`] makes ready besides the sequence.
 #[derive(Clone, Copy)]
-enum Needs {
-    /// A slice begin's or an instant's category and name, interned (and
-    /// their ids cached for the call site, if any).
-    Names(&'static str, &'static str, Option<&'static EventSite>),
+enum Needs<'a> {
+    /// A slice begin at a call site: its category and name interned, and
+    /// their ids cached for the site.
+    Begin(&'static EventSite),
+    /// An instant at a call site, as [`Needs::Begin`].
+    Instant(&'static EventSite),
+    /// A slice begin's or an instant's category and name, interned.
+    Names(&'a Names),
     /// A slice end: nothing.
     End,
-    /// A counter track, described.
-    Track(&'static CounterTrack),
+    /// A sample of a value on a counter track, described.
+    Track(&'a Sample),
 }
 
-/// The fields the counter fast path writes after a sample's timestamp: the
-/// low `lens[i]` bytes of `words[i]`, in order. They are what
-/// [`encode::event`] writes for the same sample (see the tests).
-#[derive(Clone, Copy)]
-struct Body {
-    words: [u64; 4],
-    lens: [usize; 4],
-}
-
-impl Body {
-    /// Whether the fast path writes a sample of `value`: an integer in
-    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
-    /// of them from its low bits), or a double.
+impl Needs<'_> {
+    /// The event's type (its value).
     #[inline(always)]
-    fn fits(value: CounterValue) -> bool {
-        match value {
-            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
-            CounterValue::Double(_) => true,
-        }
-    }
-
-    /// A counter sample of `value` (one that [`Body::fits`]) on the track
-    /// whose sample head ([`CounterTrack::sample_head`]) is `head`.
-    #[inline(always)]
-    fn sample(head: (u64, usize), value: CounterValue) -> Self {
-        let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
-        let (value, value_lens) = match value {
-            CounterValue::Int(v) if v >= 0 => {
-                let (word, n) = varint_word(v as u32);
-                ([int | u64::from(word) << 16, 0], [2 + n, 0])
-            }
-            CounterValue::Int(v) => {
-                // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
-                // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
-                let (low, _) = varint_word(v as u32);
-                let byte4 = 0xF0 | u64::from(v as u32 >> 28);
-                (
-                    [
-                        int | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
-                        0x01FF_FFFF,
-                    ],
-                    [8, 4],
-                )
-            }
-            CounterValue::Double(v) => {
-                let bits = v.to_bits();
-                let double = u64::from_le_bytes([
-                    DOUBLE_COUNTER_VALUE[0],
-                    DOUBLE_COUNTER_VALUE[1],
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                ]);
-                ([double | bits << 16, bits >> 48], [8, 2])
-            }
+    fn kind(self) -> u8 {
+        let kind = match self {
+            Needs::Begin(_) => Type::SliceBegin,
+            Needs::Instant(_) => Type::Instant,
+            Needs::Names(n) => return n.kind,
+            Needs::End => Type::SliceEnd,
+            Needs::Track(_) => Type::Counter,
         };
-        let size = head.1 + value_lens[0] + value_lens[1];
-        Body {
-            words: [
-                u64::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, size as u8, 0, 0, 0, 0]),
-                head.0,
-                value[0],
-                value[1],
-            ],
-            lens: [4, head.1, value_lens[0], value_lens[1]],
-        }
+        kind as u8
     }
+}
 
-    /// Writes the event: its timestamp `delta` (below 2^28) after the
-    /// previous event, then the body.
-    #[inline(always)]
-    fn encode<T: Target>(&self, c: &mut Cursor<T>, delta: u32) {
-        let (time, n) = varint_word(delta);
-        c.word(u64::from(TIMESTAMP) | u64::from(time) << 8, 1 + n);
-        // Every word is stored, an empty one too: its bytes lie past the
-        // packet, in the window, and the next packet overwrites them.
-        let [w0, w1, w2, w3] = self.words;
-        let [n0, n1, n2, n3] = self.lens;
-        c.word(w0, n0);
-        c.word(w1, n1);
-        c.word(w2, n2);
-        c.word(w3, n3);
-    }
+/// A slice begin's or an instant's type (its value) and strings.
+struct Names {
+    kind: u8,
+    category: &'static str,
+    name: &'static str,
+}
+
+/// A counter sample.
+struct Sample {
+    track: &'static CounterTrack,
+    value: CounterValue,
 }
 
 /// Everything about an event but its time, before interning.
@@ -1248,7 +1359,13 @@ mod tests {
                         encode::event::<_, true>(c, &ev)
                     });
                     let ids = u32::from(name) << 8 | u32::from(cat);
-                    let got = bytes(|c| named_event(c, delta, kind as u8, ids));
+                    let a = FastTe::named(kind as u32, ids);
+                    let rest = if kind == Type::SliceEnd {
+                        Rest::END
+                    } else {
+                        Rest::NAMED
+                    };
+                    let got = bytes(|c| fast_event(c, delta, &rest, a));
                     assert_eq!(usize::from(got[0]), want.len(), "{kind:?} after {delta} ns");
                     assert_eq!(got[1..], want, "{kind:?} after {delta} ns");
                 }
@@ -1376,11 +1493,16 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    assert!(Body::fits(value), "{value:?}");
-                    let body = Body::sample(track.sample_head().unwrap(), value);
-                    let got = bytes(|c| body.encode(c, delta));
+                    assert!(FastTe::fits(value), "{value:?}");
+                    let te = FastTe::sample(track.sample_head().unwrap(), value);
+                    let got = bytes(|c| fast_event(c, delta, &te.rest, te.a));
                     assert_eq!(
-                        got,
+                        usize::from(got[0]),
+                        want.len(),
+                        "{value:?} after {delta} ns"
+                    );
+                    assert_eq!(
+                        got[1..],
                         want,
                         "{value:?} on {:#x} after {delta} ns",
                         track.uuid()
@@ -1389,7 +1511,7 @@ mod tests {
             }
         }
         for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
-            assert!(!Body::fits(CounterValue::Int(v)), "{v}");
+            assert!(!FastTe::fits(CounterValue::Int(v)), "{v}");
         }
     }
 }
