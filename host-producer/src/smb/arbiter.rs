@@ -214,6 +214,18 @@ impl Arbiter {
         self.commit_epoch.fetch_add(1, Ordering::Release);
     }
 
+    /// Starts fetching the header of the page after `page`, where the next
+    /// acquisition looks first once `page` is full.
+    fn prefetch_page_after(&self, page: usize) {
+        let smb = self.smb();
+        let next = if page + 1 >= smb.num_pages() {
+            0
+        } else {
+            page + 1
+        };
+        self.shm.prefetch_for_write(next * smb.page_size().get());
+    }
+
     /// No more chunks are handed out (connection gone).
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
@@ -506,9 +518,9 @@ impl WriterArbiter {
                 self.smb
                     .try_acquire_any_chunk_for_writing(start, self.arbiter.layout, header)
             {
-                self.arbiter
-                    .cursor
-                    .store(chunk.location().page, Ordering::Relaxed);
+                let page = chunk.location().page;
+                self.arbiter.cursor.store(page, Ordering::Relaxed);
+                self.arbiter.prefetch_page_after(page);
                 return Some(chunk);
             }
         }
