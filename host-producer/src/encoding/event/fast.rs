@@ -668,14 +668,16 @@ impl SequenceState {
                 let te = put_packet_start(f, delta);
                 head.put(f);
                 for (i, (n, value)) in args.fields().enumerate() {
-                    let iid = match head.name_iid(i, n) {
-                        Some(iid) => iid,
-                        None => match interned.arg_names.lookup(n) {
-                            Some(iid) => iid,
-                            None => return false,
-                        },
-                    };
                     let Some(value) = flat_value(&value) else {
+                        return false;
+                    };
+                    if let Some(prefix) = head.prefix(i, n) {
+                        let a = prefix.put(f);
+                        put_arg_value(f, value);
+                        f.end_short(a);
+                        continue;
+                    }
+                    let Some(iid) = interned.arg_names.lookup(n) else {
                         return false;
                     };
                     put_flat_annotation(f, iid, value);

@@ -8,10 +8,12 @@
 //!
 //! * The bytes are those of [`SequenceState::write_flat`] for the same
 //!   fields: the packet's start, the trace point's pre-encoded head
-//!   ([`flat_heads`]), then each field as [`put_flat_annotation`] writes
-//!   it. A text value's length is reserved as one byte: the whole packet
-//!   is shorter than 128 bytes (else the window declines it), so its
-//!   varint has that one byte.
+//!   ([`flat_heads`]), then each field as
+//!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
+//!   (its start pre-encoded too where the head has it). A text value's
+//!   length is reserved as one byte: the whole packet is shorter than 128
+//!   bytes (else the window declines it), so its varint has that one
+//!   byte.
 //! * It declines (returns `false` with nothing written and the sequence
 //!   unchanged) whenever `write_flat` would not take its own in-place
 //!   encoder from a pre-encoded head: no recent head for the trace point,
@@ -23,7 +25,7 @@
 use std::fmt;
 
 use super::fast::{
-    put_flat_annotation, put_packet_start, put_short_bytes, put_varint, TAG_ANNOTATION_NAME_IID,
+    put_arg_value, put_packet_start, put_short_bytes, put_varint, TAG_ANNOTATION_NAME_IID,
     TAG_ARG_STRING, TAG_DEBUG_ANNOTATIONS,
 };
 use super::flat_heads::FlatHead;
@@ -82,42 +84,47 @@ struct InPlace<'a, T: Target> {
 }
 
 impl<T: Target> InPlace<'_, T> {
-    /// The id of `name`, the next field's name; `None` (and the encoding
-    /// declined) if it is not interned.
+    /// Writes the start of the next field's annotation, named `name`, and
+    /// returns where its body starts; `None` (and the encoding declined)
+    /// if the name is not interned.
     #[inline(always)]
-    fn name_iid(&mut self, name: &'static str) -> Option<u64> {
+    fn start(&mut self, name: &'static str) -> Option<usize> {
         if !self.ok {
             return None;
         }
         let i = self.next;
         self.next += 1;
-        let iid = match self.head.name_iid(i, name) {
-            Some(iid) => Some(iid),
-            None => self.arg_names.lookup(name),
-        };
-        self.ok = iid.is_some();
-        iid
-    }
-}
-
-impl<T: Target> FlatOut for InPlace<'_, T> {
-    #[inline]
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        if let Some(iid) = self.name_iid(name) {
-            put_flat_annotation(self.f, iid, value.arg());
+        if let Some(prefix) = self.head.prefix(i, name) {
+            return Some(prefix.put(self.f));
         }
-    }
-
-    #[inline]
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
-        let Some(iid) = self.name_iid(name) else {
-            return;
+        let Some(iid) = self.arg_names.lookup(name) else {
+            self.ok = false;
+            return None;
         };
         let f = &mut *self.f;
         f.byte(TAG_DEBUG_ANNOTATIONS);
         let a = f.begin_short();
         f.byte(TAG_ANNOTATION_NAME_IID);
         put_varint(f, iid);
+        Some(a)
+    }
+}
+
+impl<T: Target> FlatOut for InPlace<'_, T> {
+    #[inline]
+    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
+        if let Some(a) = self.start(name) {
+            put_arg_value(self.f, value.arg());
+            self.f.end_short(a);
+        }
+    }
+
+    #[inline]
+    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
+        let Some(a) = self.start(name) else {
+            return;
+        };
+        let f = &mut *self.f;
         f.byte(TAG_ARG_STRING);
         let s = f.begin_short();
         // A `Debug` impl that fails leaves what it wrote, as when collected;
