@@ -511,14 +511,26 @@ pub(crate) fn __event_at(
 /// annotations of `args` (the `tracing` layer's events and slices: no
 /// [`Arg`]s built).
 #[cfg(feature = "tracing")]
-#[inline(never)]
+#[inline(always)]
 pub(crate) fn __flat_event<const KIND: u8>(
     cat: &'static Category,
     name: &'static str,
     args: &crate::encoding::annotation::FlatArgs<'_>,
     ns: u64,
 ) {
-    let mask = cat.enabled_instances();
+    __flat_event_in::<KIND>(cat, cat.enabled_instances(), name, args, ns);
+}
+
+/// [`__flat_event`] into the instances of `mask` only.
+#[cfg(feature = "tracing")]
+#[inline(never)]
+pub(crate) fn __flat_event_in<const KIND: u8>(
+    cat: &'static Category,
+    mask: u8,
+    name: &'static str,
+    args: &crate::encoding::annotation::FlatArgs<'_>,
+    ns: u64,
+) {
     if mask == 0 {
         return;
     }
@@ -530,6 +542,38 @@ pub(crate) fn __flat_event<const KIND: u8>(
             count_drop(instance);
         }
     });
+}
+
+/// [`__flat_event`] for annotations handed over one by one: `head`, then
+/// `fields`, encoded into each enabled instance's chunk as they come
+/// (`SequenceState::write_flat_streamed`). Returns the instances that
+/// declined it, into which nothing was written: the caller collects the
+/// fields and writes them there with [`__flat_event_in`].
+#[cfg(feature = "tracing")]
+#[inline(never)]
+pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFields>(
+    cat: &'static Category,
+    name: &'static str,
+    head: (&'static str, &'static str),
+    fields: &F,
+    ns: u64,
+) -> u8 {
+    let mask = cat.enabled_instances();
+    if mask == 0 {
+        return 0;
+    }
+    // Instances without a writer here are accounted for (or inactive) by
+    // `with_writers` itself, as on the other paths.
+    let mut declined = 0;
+    track_event_type().with_writers(mask, |inner, instance| {
+        if !inner
+            .seq
+            .write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, head, fields, ns)
+        {
+            declined |= 1 << instance.slot;
+        }
+    });
+    declined
 }
 
 /// Writes the event into the instances of `mask`, by the dedicated

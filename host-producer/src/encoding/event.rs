@@ -56,6 +56,11 @@ use crate::track_event::track::{Clock, Flow, ThreadTrack, Timestamp, Track};
 mod fast;
 #[cfg(feature = "tracing")]
 mod flat_heads;
+#[cfg(feature = "tracing")]
+mod streamed;
+
+#[cfg(feature = "tracing")]
+pub(crate) use streamed::{FieldValue, FlatFields, FlatOut};
 
 pub use shmtrace_abi::trace::track_event::Type as EventType;
 pub use shmtrace_abi::track_event::CounterValue;

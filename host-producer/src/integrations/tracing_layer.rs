@@ -88,8 +88,16 @@
 //!   `'static` strings: each is interned once per sequence (writer) and then
 //!   written as its id.
 //! * **No allocation per event** for events whose fields are primitive
-//!   values: fields go to an array on the stack, text to a per-thread
-//!   buffer reused from event to event. A span's state is a slot of the
+//!   values: an event of a recent trace point is encoded into the chunk as
+//!   `tracing` hands its fields over (a `Debug` value formatted straight
+//!   into it); otherwise (a first event, a packet too long for the
+//!   chunk's window, ...) fields go to an array on the stack, text to a
+//!   per-thread buffer reused from event to event, and the fields are
+//!   visited again for that (a `Debug` impl then runs twice). An event
+//!   emitted from a field's `Debug` while the outer event is being
+//!   encoded is not written then: the outer event goes the collecting way
+//!   instead, whose visit emits the inner event again, when it can be
+//!   written (other layers see it twice). A span's state is a slot of the
 //!   layer's own table (`spans`), found by span id without the registry:
 //!   making, entering, exiting and closing a span allocate nothing once
 //!   the slot's buffers have grown (fields, text values, flows; beyond
@@ -114,10 +122,12 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::encoding::annotation::FlatArgs;
 use crate::integrations::target_category;
-use crate::track_event::{__event, __event_at, __flat_event, __slice_end};
+use crate::track_event::{
+    __event, __event_at, __flat_event, __flat_event_in, __slice_end, __streamed_event,
+};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
-use fields::{Args, Collect, EventFields};
+use fields::{Args, Collect, EventFields, EventVisit, Visitor};
 use spans::{Slot, SpanTable};
 
 /// A [`tracing_subscriber::Layer`] writing `tracing` spans and events as
@@ -562,14 +572,19 @@ where
         if !category.is_enabled() {
             return;
         }
-        let mut fields = EventFields::new();
-        event.record(&mut Collect(&mut fields));
-        __flat_event::<{ EventType::Instant as u8 }>(
-            category,
-            meta.name(),
-            &fields.args(("level", meta.level().as_str())),
-            crate::clock::now_ns(),
-        );
+        if EventVisit::reentered() {
+            return;
+        }
+        const INSTANT: u8 = EventType::Instant as u8;
+        let head = ("level", meta.level().as_str());
+        let ns = crate::clock::now_ns();
+        let declined =
+            __streamed_event::<INSTANT, _>(category, meta.name(), head, &EventVisit(event), ns);
+        if declined != 0 {
+            let mut fields = EventFields::new();
+            event.record(&mut Visitor(&mut Collect(&mut fields)));
+            __flat_event_in::<INSTANT>(category, declined, meta.name(), &fields.args(head), ns);
+        }
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {

@@ -351,3 +351,86 @@ fn a_recorded_value_replaces_the_given_one() {
     );
     lb.shutdown();
 }
+
+thread_local! {
+    /// The subscriber [`Emits`] hands its event to.
+    static INNER: std::cell::RefCell<Option<tracing::Dispatch>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A field whose `Debug` emits an event if it holds `true`, straight to
+/// the subscriber of [`INNER`]: as with a global default subscriber, where
+/// `tracing` does not guard against re-entry (a scoped one would drop the
+/// inner event).
+struct Emits(bool);
+
+impl std::fmt::Debug for Emits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use tracing::callsite::Callsite as _;
+        let callsite = tracing::callsite!(
+            name: "inner",
+            kind: tracing::metadata::Kind::EVENT,
+            target: "tl.reenter",
+            level: Level::INFO,
+            fields: inner
+        );
+        if !self.0 {
+            return f.write_str("quiet");
+        }
+        let meta = callsite.metadata();
+        let field = meta.fields().field("inner").expect("the field");
+        let values = [(&field, Some(&1u64 as &dyn tracing::Value))];
+        let values = meta.fields().value_set(&values);
+        INNER.with(|d| {
+            if let Some(d) = &*d.borrow() {
+                d.event(&tracing::Event::new(meta, &values));
+            }
+        });
+        f.write_str("emits")
+    }
+}
+
+/// An event emitted by a field's `Debug` while the layer writes the
+/// outer event is recorded once, before the outer one: the outer event's
+/// fields would be streamed into the chunk (its trace point's first two
+/// events, whose field emits nothing, made it recent), so the stream
+/// declines, and the fields are collected after all, outside the writer;
+/// and again when they are collected in the first place (the outer event
+/// then stamped before the inner one, so written by the general path).
+#[test]
+fn an_event_from_a_field_s_debug_is_recorded() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    let dispatch = tracing::Dispatch::new(subscriber());
+    INNER.with(|d| *d.borrow_mut() = Some(dispatch.clone()));
+    tracing::dispatcher::with_default(&dispatch, || {
+        lb.start_track_event(424, 1, TrackEventConfig::default());
+        let before = crate::stats().reentrant_drops;
+        for i in 0..4 {
+            tracing::info!(target: "tl.reenter", outer = ?Emits(i >= 2));
+        }
+        assert_eq!(
+            crate::stats().reentrant_drops,
+            before,
+            "events dropped as re-entrant"
+        );
+        runtime().stop_data_source(424);
+    });
+    INNER.with(|d| d.borrow_mut().take());
+    let events = events_in(&lb, "tl.reenter");
+    let i = crate::EventType::Instant as i32;
+    let kinds: Vec<(i32, Vec<String>)> = events.into_iter().map(|(k, _, a)| (k, a)).collect();
+    let one = |a: &str| (i, vec!["level".to_string(), a.to_string()]);
+    assert_eq!(
+        kinds,
+        [
+            one("outer"),
+            one("outer"),
+            one("inner"),
+            one("outer"),
+            one("inner"),
+            one("outer")
+        ],
+        "{kinds:#?}"
+    );
+    lb.shutdown();
+}

@@ -14,13 +14,14 @@ const TAG_TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
 const TAG_SEQUENCE_FLAGS: u8 = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
 const TAG_TRACK_EVENT: u8 = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimited);
 const TAG_CATEGORY_IIDS: u8 = tag1(event_field::CATEGORY_IIDS, WireType::Varint);
-const TAG_DEBUG_ANNOTATIONS: u8 = tag1(event_field::DEBUG_ANNOTATIONS, WireType::LengthDelimited);
+pub(super) const TAG_DEBUG_ANNOTATIONS: u8 =
+    tag1(event_field::DEBUG_ANNOTATIONS, WireType::LengthDelimited);
 const TAG_TYPE: u8 = tag1(event_field::TYPE, WireType::Varint);
 const TAG_NAME_IID: u8 = tag1(event_field::NAME_IID, WireType::Varint);
 const TAG_TRACK_UUID: u8 = tag1(event_field::TRACK_UUID, WireType::Varint);
 const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Varint);
 /// `DebugAnnotation.name_iid`.
-const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
+pub(super) const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
 /// `DebugAnnotation.bool_value`.
 const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
 /// `DebugAnnotation.uint_value`.
@@ -30,7 +31,8 @@ const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
 /// `DebugAnnotation.double_value`.
 const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
 /// `DebugAnnotation.string_value`.
-const TAG_ARG_STRING: u8 = tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
+pub(super) const TAG_ARG_STRING: u8 =
+    tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
 /// `DebugAnnotation.pointer_value`.
 const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Varint);
 
@@ -666,14 +668,16 @@ impl SequenceState {
                 let te = put_packet_start(f, delta);
                 head.put(f);
                 for (i, (n, value)) in args.fields().enumerate() {
-                    let iid = match head.name_iid(i, n) {
-                        Some(iid) => iid,
-                        None => match interned.arg_names.lookup(n) {
-                            Some(iid) => iid,
-                            None => return false,
-                        },
-                    };
                     let Some(value) = flat_value(&value) else {
+                        return false;
+                    };
+                    if let Some(prefix) = head.prefix(i, n) {
+                        let a = prefix.put(f);
+                        put_arg_value(f, value);
+                        f.end_short(a);
+                        continue;
+                    }
+                    let Some(iid) = interned.arg_names.lookup(n) else {
                         return false;
                     };
                     put_flat_annotation(f, iid, value);

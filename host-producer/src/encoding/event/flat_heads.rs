@@ -15,11 +15,14 @@
 //!   and head annotation (name and value) are the very strings (same
 //!   addresses and lengths) it was made for; its bytes are then exactly
 //!   what [`put_event_ids`] and [`put_flat_annotation`] write for them. A
-//!   name id of a later annotation is used only for the same string at the
+//!   later annotation's pre-encoded start ([`Prefix`]: its tag, a length
+//!   byte to fill, its name's id) is used only for the same name at the
 //!   same position.
 //! * An empty entry has kind 0, which no event written here has.
 
-use super::fast::{put_event_ids, put_flat_annotation};
+use super::fast::{
+    put_event_ids, put_flat_annotation, put_varint, TAG_ANNOTATION_NAME_IID, TAG_DEBUG_ANNOTATIONS,
+};
 use super::*;
 
 /// Entries (a power of two), direct-mapped by the event name's address.
@@ -46,6 +49,48 @@ struct Key {
     head: [StrKey; 2],
 }
 
+/// The start of a flat debug annotation, pre-encoded: its tag, its
+/// one-byte length (0, filled in by [`Prefix::put`]'s caller), and its
+/// name's id; `len` 0 if it takes more than a word.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Prefix {
+    word: u64,
+    len: usize,
+}
+
+impl Prefix {
+    /// The prefix of an annotation whose name has the id `iid`.
+    fn new(iid: u64) -> Self {
+        let mut buf = [0u8; 8 + TARGET_SLACK];
+        let mut c = Cursor::new(&mut buf);
+        c.byte(TAG_DEBUG_ANNOTATIONS);
+        let _ = c.begin_short();
+        c.byte(TAG_ANNOTATION_NAME_IID);
+        put_varint(&mut c, iid);
+        match c.finish() {
+            Some(len) => {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(&buf[..8]);
+                Prefix {
+                    word: u64::from_le_bytes(word),
+                    len,
+                }
+            }
+            None => Prefix::default(),
+        }
+    }
+
+    /// Appends the prefix with one word store and returns where the
+    /// annotation's body starts (for `end_short` once its value is
+    /// written).
+    #[inline(always)]
+    pub(super) fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
+        let body = f.len() + 2;
+        f.word(self.word, self.len);
+        body
+    }
+}
+
 /// One trace point's pre-encoded head.
 #[derive(Clone, Copy, Default)]
 pub(super) struct FlatHead {
@@ -53,7 +98,7 @@ pub(super) struct FlatHead {
     resets: u64,
     words: [u64; WORDS],
     len: usize,
-    names: [(StrKey, u64); NAMES],
+    names: [(StrKey, Prefix); NAMES],
 }
 
 impl FlatHead {
@@ -72,12 +117,12 @@ impl FlatHead {
         }
     }
 
-    /// The id of `name`, the name of annotation `i` after the head, if it
-    /// is the name this entry saw there.
+    /// The pre-encoded start of annotation `i` after the head, if it is
+    /// named `name`, as the one this entry saw there.
     #[inline(always)]
-    pub(super) fn name_iid(&self, i: usize, name: &'static str) -> Option<u64> {
-        let &(k, iid) = self.names.get(i)?;
-        (k == key(name)).then_some(iid)
+    pub(super) fn prefix(&self, i: usize, name: &'static str) -> Option<Prefix> {
+        let &(k, prefix) = self.names.get(i)?;
+        (k == key(name) && prefix.len != 0).then_some(prefix)
     }
 }
 
@@ -148,9 +193,9 @@ impl FlatHeads {
             b.copy_from_slice(bytes);
             *w = u64::from_le_bytes(b);
         }
-        let mut keyed = [((0, 0), 0); NAMES];
+        let mut keyed = [((0, 0), Prefix::default()); NAMES];
         for (out, &(n, id)) in keyed.iter_mut().zip(names) {
-            *out = (key(n), id);
+            *out = (key(n), Prefix::new(id));
         }
         self.slots[Self::slot(name)] = FlatHead {
             key: Key {

@@ -1,5 +1,7 @@
 //! Field values of `tracing` events and spans as debug annotations.
 //!
+//! [`Visitor`] hands the fields `tracing` visits to a [`FlatOut`]: the
+//! encoder writing them into the chunk ([`EventVisit`]), or [`Collect`].
 //! An event's fields are collected without allocating: primitive values in
 //! place, text (`&str` values, `Debug` values formatted) appended to a
 //! per-thread buffer that is lent to the event and given back, so it grows
@@ -15,6 +17,7 @@ use std::fmt::{self, Write as _};
 use tracing_core::field::{Field, Visit};
 
 use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
+use crate::encoding::event::{FieldValue, FlatFields, FlatOut};
 use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
@@ -42,42 +45,118 @@ pub(super) trait FlatSink {
     fn text(&mut self) -> &mut String;
 }
 
-/// The visitor collecting a callsite's fields into a [`FlatSink`].
+/// The visitor handing a callsite's fields to a [`FlatOut`]: to
+/// [`Collect`], or straight to the encoder (see [`EventVisit`]).
+pub(super) struct Visitor<'a, O>(pub(super) &'a mut O);
+
+impl<O: FlatOut> Visit for Visitor<'_, O> {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.value(field.name(), FieldValue::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.value(field.name(), FieldValue::Uint(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.value(field.name(), FieldValue::Bool(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.value(field.name(), FieldValue::Double(value));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.value(field.name(), FieldValue::Str(value));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.debug(field.name(), value);
+    }
+}
+
+/// Collects fields into a [`FlatSink`].
 pub(super) struct Collect<'a, T>(pub(super) &'a mut T);
 
 impl<T: FlatSink> Collect<'_, T> {
     /// Appends the text `write` writes as a text value.
     #[inline]
-    fn text(&mut self, field: &Field, write: impl FnOnce(&mut String)) {
+    fn text(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
         let text = self.0.text();
         let start = text.len();
         write(text);
         let end = text.len();
-        self.0.push(field.name(), Flat::Text(start, end));
+        self.0.push(name, Flat::Text(start, end));
     }
 }
 
-impl<T: FlatSink> Visit for Collect<'_, T> {
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.push(field.name(), Flat::Int(value));
+impl<T: FlatSink> FlatOut for Collect<'_, T> {
+    #[inline]
+    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
+        let flat = match value {
+            FieldValue::Int(v) => Flat::Int(v),
+            FieldValue::Uint(v) => Flat::Uint(v),
+            FieldValue::Bool(v) => Flat::Bool(v),
+            FieldValue::Double(v) => Flat::Double(v),
+            FieldValue::Str(s) => return self.text(name, |text| text.push_str(s)),
+        };
+        self.0.push(name, flat);
     }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.push(field.name(), Flat::Uint(value));
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.push(field.name(), Flat::Bool(value));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.push(field.name(), Flat::Double(value));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.text(field, |text| text.push_str(value));
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+
+    #[inline]
+    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
         // A `Debug` impl that fails leaves what it wrote.
-        self.text(field, |text| {
+        self.text(name, |text| {
             let _ = write!(text, "{value:?}");
         });
+    }
+}
+
+thread_local! {
+    /// Whether the thread is writing an event's fields straight into a
+    /// chunk (with the writer taken), and whether an event came in
+    /// meanwhile (from a `Debug` impl).
+    static STREAMING: Cell<Streaming> = const { Cell::new(Streaming::Idle) };
+}
+
+/// See [`STREAMING`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Streaming {
+    Idle,
+    Busy,
+    Reentered,
+}
+
+/// An event's fields handed to the encoder as `tracing` visits them.
+///
+/// A `Debug` value's impl may itself emit an event while the encoder holds
+/// the thread's writer, which would then drop it. So the inner event is
+/// not written ([`EventVisit::reentered`] tells the layer it came in), the
+/// outer one declines ([`FlatFields::each`] returns `false`), and the
+/// layer writes it the collecting way, visiting the fields again outside
+/// the writer: the inner event is emitted (and written) then.
+pub(super) struct EventVisit<'a>(pub(super) &'a tracing_core::Event<'a>);
+
+impl EventVisit<'_> {
+    /// Whether this event comes from inside another's fields being
+    /// streamed; if so, marks that one to decline.
+    #[inline]
+    pub(super) fn reentered() -> bool {
+        STREAMING
+            .try_with(|s| {
+                let busy = s.get() != Streaming::Idle;
+                if busy {
+                    s.set(Streaming::Reentered);
+                }
+                busy
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl FlatFields for EventVisit<'_> {
+    #[inline]
+    fn each<O: FlatOut>(&self, out: &mut O) -> bool {
+        if STREAMING.try_with(|s| s.set(Streaming::Busy)).is_err() {
+            return false;
+        }
+        self.0.record(&mut Visitor(out));
+        STREAMING.with(|s| s.replace(Streaming::Idle)) == Streaming::Busy
     }
 }
 

@@ -43,7 +43,7 @@ use tracing_core::span::Attributes;
 use tracing_core::Metadata;
 
 use super::callsites;
-use super::fields::{Collect, GivenFields, SpanFields};
+use super::fields::{Collect, GivenFields, SpanFields, Visitor};
 use crate::Category;
 use crate::Flow;
 
@@ -115,7 +115,7 @@ impl Slot {
         let given = unsafe { &mut *self.given.get() };
         given.clear();
         if !attrs.values().is_empty() {
-            attrs.record(&mut Collect(given));
+            attrs.record(&mut Visitor(&mut Collect(given)));
         }
         if callsite.is_none() {
             let mut rest = self.rest();

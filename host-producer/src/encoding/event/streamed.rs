@@ -1,0 +1,204 @@
+//! Flat events encoded as their fields are handed over
+//! ([`SequenceState::write_flat_streamed`]): the `tracing` layer's
+//! instants, whose fields a visitor yields one at a time, go straight into
+//! the chunk's window, a `Debug` value formatted into it, without first
+//! being collected (and their text copied) into a buffer.
+//!
+//! # Invariants
+//!
+//! * The bytes are those of [`SequenceState::write_flat`] for the same
+//!   fields: the packet's start, the trace point's pre-encoded head
+//!   ([`flat_heads`]), then each field as
+//!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
+//!   (its start pre-encoded too where the head has it). A text value's
+//!   length is reserved as one byte: the whole packet is shorter than 128
+//!   bytes (else the window declines it), so its varint has that one
+//!   byte.
+//! * It declines (returns `false` with nothing written and the sequence
+//!   unchanged) whenever `write_flat` would not take its own in-place
+//!   encoder from a pre-encoded head: no recent head for the trace point,
+//!   a field name not interned, a reset due, a window too short, or the
+//!   fields' source asking for it ([`FlatFields::each`] returning
+//!   `false`). The caller then collects the fields and calls `write_flat`,
+//!   which visits them again (a `Debug` value is formatted twice then).
+
+use std::fmt;
+
+use super::fast::{
+    put_arg_value, put_packet_start, put_short_bytes, put_varint, TAG_ANNOTATION_NAME_IID,
+    TAG_ARG_STRING, TAG_DEBUG_ANNOTATIONS,
+};
+use super::flat_heads::FlatHead;
+use super::*;
+
+/// A field value as a [`FlatFields`] source hands it over (a `Debug` value
+/// goes to [`FlatOut::debug`] instead).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FieldValue<'a> {
+    Int(i64),
+    Uint(u64),
+    Bool(bool),
+    Double(f64),
+    Str(&'a str),
+}
+
+impl<'a> FieldValue<'a> {
+    /// The abi's form of the value.
+    #[inline(always)]
+    fn arg(self) -> encode::ArgValue<'a> {
+        use encode::ArgValue as A;
+        match self {
+            FieldValue::Int(v) => A::Int(v),
+            FieldValue::Uint(v) => A::Uint(v),
+            FieldValue::Bool(v) => A::Bool(v),
+            FieldValue::Double(v) => A::Double(v),
+            FieldValue::Str(s) => A::Str(s),
+        }
+    }
+}
+
+/// Where a [`FlatFields`] source hands its fields, in order.
+pub(crate) trait FlatOut {
+    /// A field with a value at hand.
+    fn value(&mut self, name: &'static str, value: FieldValue<'_>);
+    /// A field whose value is text `value` formats (`{:?}`).
+    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug);
+}
+
+/// Fields of one event, handed over one by one.
+pub(crate) trait FlatFields {
+    /// Hands every field to `out`, in order; `false` if what was handed
+    /// over must not be written (the caller then goes the other way).
+    fn each<O: FlatOut>(&self, out: &mut O) -> bool;
+}
+
+/// The [`FlatOut`] writing fields into a window after a pre-encoded head.
+struct InPlace<'a, T: Target> {
+    f: &'a mut Cursor<T>,
+    head: &'a FlatHead,
+    arg_names: &'a StrInterner,
+    /// Fields handed over so far.
+    next: usize,
+    /// No field declined so far.
+    ok: bool,
+}
+
+impl<T: Target> InPlace<'_, T> {
+    /// Writes the start of the next field's annotation, named `name`, and
+    /// returns where its body starts; `None` (and the encoding declined)
+    /// if the name is not interned.
+    #[inline(always)]
+    fn start(&mut self, name: &'static str) -> Option<usize> {
+        if !self.ok {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        if let Some(prefix) = self.head.prefix(i, name) {
+            return Some(prefix.put(self.f));
+        }
+        let Some(iid) = self.arg_names.lookup(name) else {
+            self.ok = false;
+            return None;
+        };
+        let f = &mut *self.f;
+        f.byte(TAG_DEBUG_ANNOTATIONS);
+        let a = f.begin_short();
+        f.byte(TAG_ANNOTATION_NAME_IID);
+        put_varint(f, iid);
+        Some(a)
+    }
+}
+
+impl<T: Target> FlatOut for InPlace<'_, T> {
+    #[inline]
+    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
+        if let Some(a) = self.start(name) {
+            put_arg_value(self.f, value.arg());
+            self.f.end_short(a);
+        }
+    }
+
+    #[inline]
+    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
+        let Some(a) = self.start(name) else {
+            return;
+        };
+        let f = &mut *self.f;
+        f.byte(TAG_ARG_STRING);
+        let s = f.begin_short();
+        // A `Debug` impl that fails leaves what it wrote, as when collected;
+        // one that overflows the window stops at the error `Text` returns.
+        let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
+        f.end_short(s);
+        f.end_short(a);
+        self.ok = f.finish().is_some();
+    }
+}
+
+/// Text written into a window; an error once it overflowed.
+struct Text<'a, T: Target>(&'a mut Cursor<T>);
+
+impl<T: Target> fmt::Write for Text<'_, T> {
+    #[inline]
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        put_short_bytes(self.0, s.as_bytes());
+        match self.0.finish() {
+            Some(_) => Ok(()),
+            None => Err(fmt::Error),
+        }
+    }
+}
+
+impl SequenceState {
+    /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
+    /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
+    /// annotation `head` and then `fields`, encoded into the chunk as
+    /// `fields` hands them over (see the module docs). `false`: declined,
+    /// nothing written; the caller writes the event with
+    /// [`SequenceState::write_flat`].
+    #[inline(never)]
+    pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
+        &mut self,
+        w: &mut W,
+        category: &'static Category,
+        name: &'static str,
+        head: (&'static str, &'static str),
+        fields: &F,
+        ns: u64,
+    ) -> bool {
+        const BEGIN: u8 = EventType::SliceBegin as u8;
+        const INSTANT: u8 = EventType::Instant as u8;
+        debug_assert!(KIND == BEGIN || KIND == INSTANT);
+        if self.needs_reset || ns < self.clock_base || category.is_group() {
+            return false;
+        }
+        let delta = ns - self.clock_base;
+        let Some(entry) = self.flat_heads.get(KIND, category, name, head, self.resets) else {
+            return false;
+        };
+        let arg_names = &self.interned.arg_names;
+        let written = w.write_in_place(|f| {
+            let te = put_packet_start(f, delta);
+            entry.put(f);
+            let mut out = InPlace {
+                f,
+                head: entry,
+                arg_names,
+                next: 0,
+                ok: true,
+            };
+            let complete = fields.each(&mut out);
+            let ok = out.ok && complete;
+            f.end_short(te);
+            ok
+        });
+        if written {
+            self.clock_base = ns;
+            if KIND == BEGIN {
+                self.slices.push(true);
+            }
+        }
+        written
+    }
+}
