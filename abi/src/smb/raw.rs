@@ -7,7 +7,7 @@
 //!   valid for reads and writes for `'m` and are never referenced through
 //!   `&[u8]`/`&mut [u8]` (a peer may change them at any time).
 //! * Atomic words are handed out only at in-bounds, naturally aligned
-//!   offsets ([`Region::atomic_u32`], [`Region::atomic_u16`]).
+//!   offsets ([`Region::atomic_u32`], [`Region::chunk_words`]).
 //! * Payload bytes are touched only through [`PayloadMut`] / [`Payload`],
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against

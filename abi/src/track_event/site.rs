@@ -17,7 +17,8 @@
 //!   site). Numbers are
 //!   never reused, so two sites never share a cache entry: each is taken
 //!   from the counter once, and the counter moves only for a site whose
-//!   number reads 0, which is once per site unless contexts race for it;
+//!   number reads `UNNUMBERED`, which is once per site unless contexts
+//!   race for it;
 //!   so it counts at most sites × contexts, never 2^32. A site's number
 //!   changes only in such a race (each context stores the number it
 //!   took, the last store stays); the entries a writer cached under the
@@ -161,7 +162,8 @@ impl<const S: usize> SiteCache<S> {
     /// `number` in generation `generation` (1..=127, an interning table's:
     /// an entry put in another is never live for a table's).
     pub fn put(&mut self, number: u32, generation: u16, category: u32, name: u32) {
-        if (category.wrapping_sub(1) | name.wrapping_sub(1)) >= 0x7F {
+        // Each in 1..=127 (0 wraps around to u32::MAX).
+        if category.wrapping_sub(1).max(name.wrapping_sub(1)) >= 0x7F {
             return;
         }
         if let Some(e) = self.entries.get_mut(number as usize) {
@@ -242,5 +244,19 @@ mod tests {
         assert_eq!(c.get(0, 1), None);
         c.clear();
         assert_eq!(c.get(1, 1), None);
+    }
+
+    #[test]
+    fn every_pair_of_ids_below_128_is_cached() {
+        let mut c = SiteCache::<1>::new();
+        for category in 0..=0x80 {
+            for name in 0..=0x80 {
+                c.clear();
+                c.put(0, 1, category, name);
+                let cacheable = (1..0x80).contains(&category) && (1..0x80).contains(&name);
+                let want = cacheable.then_some(name << 8 | category);
+                assert_eq!(c.get(0, 1), want, "category {category}, name {name}");
+            }
+        }
     }
 }

@@ -491,10 +491,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         Fast::Slow
     }
 
-    /// The clock's reading, out of line on firmware: one copy of the
-    /// clock's code for every path (a call costs a few instructions; a
-    /// SysTick or cycle counter extension inlined into each path some 70
-    /// bytes apiece, and more in the registers it ties up).
+    /// The clock's reading for the paths other than [`Self::fast`] (which
+    /// reads the clock inline, its one reading per event): clock snapshots
+    /// and general events. Out of line on firmware, one copy of the
+    /// clock's code for them (a SysTick or cycle counter extension is some
+    /// 70 bytes).
     #[cfg_attr(target_os = "none", inline(never))]
     #[cfg_attr(not(target_os = "none"), inline(always))]
     fn now(&mut self) -> u64 {
