@@ -93,11 +93,15 @@
 //!   into it); otherwise (a first event, a packet too long for the
 //!   chunk's window, ...) fields go to an array on the stack, text to a
 //!   per-thread buffer reused from event to event, and the fields are
-//!   visited again for that (a `Debug` impl then runs twice). An event
-//!   emitted from a field's `Debug` while the outer event is being
-//!   encoded is not written then: the outer event goes the collecting way
-//!   instead, whose visit emits the inner event again, when it can be
-//!   written (other layers see it twice). A span's state is a slot of the
+//!   visited again for that (a `Debug` impl then runs once more per
+//!   session instance that declined). An event emitted from a field's
+//!   `Debug` while the outer event is being encoded is not written then:
+//!   the outer event goes the collecting way instead, whose visit emits
+//!   the inner event again, when it can be written (other layers see it
+//!   once per visit). A span entered or exited from a field's `Debug`
+//!   while the outer event is being encoded finds the thread's writer
+//!   taken: that slice begin or end is dropped and counted
+//!   (`ProducerStats::reentrant_drops`). A span's state is a slot of the
 //!   layer's own table (`spans`), found by span id without the registry:
 //!   making, entering, exiting and closing a span allocate nothing once
 //!   the slot's buffers have grown (fields, text values, flows; beyond
@@ -466,6 +470,9 @@ where
             if enabled {
                 let head = ("level", meta.level().as_str());
                 let given = slot.given();
+                if first {
+                    slot.given_carried.store(true, Ordering::Relaxed);
+                }
                 match slot.cold() {
                     // The fields it was made with ride on its first slice.
                     None => {
@@ -594,9 +601,12 @@ where
             if !category.is_enabled() {
                 return;
             }
-            // A span never entered: no slice carried its given fields.
+            // The given fields, unless its one slice carried them (a span
+            // never entered, or first entered while its category was off,
+            // had none; a whole-life slice carries them again).
             let given = slot.given();
-            let given = (enters != 1 && !given.is_empty()).then_some(given);
+            let carried = enters == 1 && slot.given_carried.load(Ordering::Relaxed);
+            let given = (!carried && !given.is_empty()).then_some(given);
             if enters <= 1 && cold.is_none() && given.is_none() {
                 return;
             }

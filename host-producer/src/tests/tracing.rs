@@ -287,7 +287,8 @@ fn a_close_writes_only_what_no_slice_carried() {
 /// A value recorded into a span before its first slice replaces the value
 /// it was made with: the first slice carries the recorded one alone, and so
 /// does the whole-life slice of a span entered twice; a given value never
-/// replaced rides on the first slice (or, never entered, on its close).
+/// replaced rides on the first slice (or, never entered or first entered
+/// while no session recorded it, on its close).
 #[test]
 fn a_recorded_value_replaces_the_given_one() {
     let _s = serial();
@@ -304,7 +305,14 @@ fn a_recorded_value_replaces_the_given_one() {
         drop(twice.enter());
         drop(twice);
         drop(tracing::info_span!(target: "tl.replace", "never", d = 4u64));
+        // Entered once while no session records its category: its given
+        // fields ride on its close.
+        let off = tracing::info_span!(target: "tl.replace", "off", e = 5u64);
         runtime().stop_data_source(423);
+        drop(off.enter());
+        lb.start_track_event(427, 1, TrackEventConfig::default());
+        drop(off);
+        runtime().stop_data_source(427);
     });
     // (type, name, annotations with their uint values) of the category's
     // slice begins and instants.
@@ -346,6 +354,7 @@ fn a_recorded_value_replaces_the_given_one() {
             (b, "twice".into(), a(&[("c", 30)])),
             (b, "twice".into(), a(&[("c", 30)])),
             (i, "never".into(), a(&[("d", 4)])),
+            (i, "off".into(), a(&[("e", 5)])),
         ],
         "{seen:#?}"
     );
@@ -387,6 +396,50 @@ impl std::fmt::Debug for Emits {
         });
         f.write_str("emits")
     }
+}
+
+/// A field whose `Debug` panics if it holds `true`.
+struct Panics(bool);
+
+impl std::fmt::Debug for Panics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        assert!(!self.0, "a field's Debug panicked (on purpose)");
+        f.write_str("fine")
+    }
+}
+
+/// A field's `Debug` that panics while its event is streamed into the
+/// chunk (its trace point made recent by the events before it), the panic
+/// caught as a runtime would, costs that event only: the thread's later
+/// events are written, none taken for a re-entered one.
+#[test]
+fn a_panicking_field_costs_its_own_event_only() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    let dispatch = tracing::Dispatch::new(subscriber());
+    tracing::dispatcher::with_default(&dispatch, || {
+        lb.start_track_event(425, 1, TrackEventConfig::default());
+        let before = crate::stats().reentrant_drops;
+        let event = |panics: bool| tracing::info!(target: "tl.panics", v = ?Panics(panics));
+        event(false);
+        event(false);
+        let caught = std::panic::catch_unwind(|| event(true));
+        assert!(caught.is_err(), "the field's Debug did not panic");
+        event(false);
+        event(false);
+        assert_eq!(
+            crate::stats().reentrant_drops,
+            before,
+            "events dropped as re-entrant"
+        );
+        runtime().stop_data_source(425);
+    });
+    let values: Vec<Vec<String>> = events_in(&lb, "tl.panics")
+        .into_iter()
+        .map(|(_, _, a)| a)
+        .collect();
+    assert_eq!(values.len(), 4, "{values:#?}");
+    lb.shutdown();
 }
 
 /// An event emitted by a field's `Debug` while the layer writes the

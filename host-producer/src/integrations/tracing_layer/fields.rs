@@ -155,8 +155,23 @@ impl FlatFields for EventVisit<'_> {
         if STREAMING.try_with(|s| s.set(Streaming::Busy)).is_err() {
             return false;
         }
+        // A field's `Debug` may panic, and a runtime may catch it: the
+        // thread must not stay marked busy (every later event would be
+        // taken for a re-entered one).
+        let idle_on_unwind = IdleOnUnwind;
         self.0.record(&mut Visitor(out));
+        core::mem::forget(idle_on_unwind);
         STREAMING.with(|s| s.replace(Streaming::Idle)) == Streaming::Busy
+    }
+}
+
+/// Marks the thread [`Streaming::Idle`] when dropped: while an event's
+/// fields are streamed, it is dropped only if they panic.
+struct IdleOnUnwind;
+
+impl Drop for IdleOnUnwind {
+    fn drop(&mut self) {
+        let _ = STREAMING.try_with(|s| s.set(Streaming::Idle));
     }
 }
 

@@ -67,6 +67,9 @@ pub(super) struct Slot {
     /// The fields the span was made with (module docs: written only by
     /// [`Slot::start`]).
     given: UnsafeCell<GivenFields>,
+    /// Whether its first slice carried them (no slice if its category was
+    /// off at the first enter; read when it closes, after every enter).
+    pub(super) given_carried: AtomicBool,
     /// Whether `rest` holds anything: recorded fields, flows or the
     /// metadata.
     cold: AtomicBool,
@@ -107,6 +110,7 @@ impl Slot {
         attrs: &Attributes<'_>,
     ) {
         self.enters.store(0, Ordering::Relaxed);
+        self.given_carried.store(false, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
         // SAFETY: the caller makes the span, so no other thread can reach
