@@ -122,12 +122,21 @@ pub(super) fn put_flat_annotation<T: Target>(
     name_iid: u64,
     value: encode::ArgValue<'_>,
 ) {
+    let a = put_annotation_start(f, name_iid);
+    put_arg_value(f, value);
+    f.end_short(a);
+}
+
+/// The start of a flat debug annotation (one-byte length) whose name has
+/// the interned id `name_iid`; returns where its body starts, for
+/// `end_short` once its value is written.
+#[inline(always)]
+pub(super) fn put_annotation_start<T: Target>(f: &mut Cursor<T>, name_iid: u64) -> usize {
     f.byte(TAG_DEBUG_ANNOTATIONS);
     let a = f.begin_short();
     f.byte(TAG_ANNOTATION_NAME_IID);
     put_varint(f, name_iid);
-    put_arg_value(f, value);
-    f.end_short(a);
+    a
 }
 
 /// Appends a flat debug annotation value (its tag and contents) with the

@@ -20,9 +20,7 @@
 //!   same position.
 //! * An empty entry has kind 0, which no event written here has.
 
-use super::fast::{
-    put_event_ids, put_flat_annotation, put_varint, TAG_ANNOTATION_NAME_IID, TAG_DEBUG_ANNOTATIONS,
-};
+use super::fast::{put_annotation_start, put_event_ids, put_flat_annotation};
 use super::*;
 
 /// Entries (a power of two), direct-mapped by the event name's address.
@@ -63,10 +61,7 @@ impl Prefix {
     fn new(iid: u64) -> Self {
         let mut buf = [0u8; 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
-        c.byte(TAG_DEBUG_ANNOTATIONS);
-        let _ = c.begin_short();
-        c.byte(TAG_ANNOTATION_NAME_IID);
-        put_varint(&mut c, iid);
+        let _ = put_annotation_start(&mut c, iid);
         match c.finish() {
             Some(len) => {
                 let mut word = [0u8; 8];

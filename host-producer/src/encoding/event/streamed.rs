@@ -25,8 +25,7 @@
 use std::fmt;
 
 use super::fast::{
-    put_arg_value, put_packet_start, put_short_bytes, put_varint, TAG_ANNOTATION_NAME_IID,
-    TAG_ARG_STRING, TAG_DEBUG_ANNOTATIONS,
+    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_STRING,
 };
 use super::flat_heads::FlatHead;
 use super::*;
@@ -101,12 +100,7 @@ impl<T: Target> InPlace<'_, T> {
             self.ok = false;
             return None;
         };
-        let f = &mut *self.f;
-        f.byte(TAG_DEBUG_ANNOTATIONS);
-        let a = f.begin_short();
-        f.byte(TAG_ANNOTATION_NAME_IID);
-        put_varint(f, iid);
-        Some(a)
+        Some(put_annotation_start(self.f, iid))
     }
 }
 
