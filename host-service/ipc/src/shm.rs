@@ -350,8 +350,10 @@ impl SharedMemory {
             let line = self.memory.ptr().wrapping_add(offset);
             // SAFETY: a prefetch is a hint: it dereferences nothing, never
             // faults and changes no memory (the address is in our mapping
-            // anyway). `_MM_HINT_ET0` asks for the line in exclusive state,
-            // `prefetchw` (every x86-64 CPU decodes it; older ones as a no-op).
+            // anyway). `_MM_HINT_ET0` is `prefetchw` (the line in exclusive
+            // state) where the build enables `prfchw`; in a default x86-64
+            // build LLVM emits `prefetcht0`, which still brings in the line
+            // and the page's address translation, shared.
             unsafe {
                 core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(
                     line.cast::<i8>(),
