@@ -308,7 +308,7 @@ fn write(data: &EventData<'_>, mask: u8, mut extra: Option<ExtraFields<'_, Produ
     });
 }
 
-/// [`write`] for the common shapes (see [`PlainEvent`]); `KIND` is
+/// [`write()`] for the common shapes (see [`PlainEvent`]); `KIND` is
 /// `ev.kind` as `u8`.
 #[inline(never)]
 fn write_plain<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {

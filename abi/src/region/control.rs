@@ -9,7 +9,7 @@ use super::raw::Mem;
 use super::ring::{self, RingFull, RingWords};
 use super::wire::{offset, RingGeometry, SlotBody, SlotRepr, HEADER_SIZE};
 
-/// The ring of a live region (see [`ring`](super::ring) for the protocol).
+/// The ring of a live region (see [`ring`] for the protocol).
 #[derive(Clone, Copy, Debug)]
 pub struct Ring<'m> {
     /// The slots' words (`slots` x `stride` of them), located once.

@@ -1,6 +1,7 @@
 //! Track event categories: static ones declared with [`Category::new`],
-//! dynamic ones created at run time with [`DynamicCategory::new`], and the
-//! registry that advertises them and enables them per session.
+//! dynamic ones created at run time with
+//! [`DynamicCategory::new`](crate::DynamicCategory::new), and the registry
+//! that advertises them and enables them per session.
 //!
 //! # Invariants
 //!

@@ -9,7 +9,7 @@
 //!   `incremental_state_cleared`) resets a sequence's interning tables and
 //!   packet defaults, and makes its incremental state valid. Clocks are not
 //!   touched: a trace processor keeps every clock snapshot (see
-//!   [`clocks`](super::clocks)).
+//!   [`clocks`]).
 //! * `previous_packet_dropped` on any but the first packet of a sequence
 //!   marks a loss: the state is invalid until the next clear, and packets
 //!   flagged `SEQ_NEEDS_INCREMENTAL_STATE` are skipped until then. (The
@@ -51,7 +51,7 @@
 //!   sequence's first clear. An interned id that does not resolve after
 //!   that clear is still a problem.
 //!
-//! Timestamps, as a trace processor resolves them ([`clocks`](super::clocks):
+//! Timestamps, as a trace processor resolves them ([`clocks`]:
 //! a graph of every clock snapshot, sequence-scoped clocks per sequence,
 //! conversions in several hops; it sorts events by time, so a sequence's
 //! time may go back):
