@@ -570,17 +570,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
-                [
-                    SlowField::Uint(track_event::TRACK_UUID, track.uuid()),
-                    match value {
-                        CounterValue::Int(v) => {
-                            SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
-                        }
-                        CounterValue::Double(v) => {
-                            SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
-                        }
-                    },
-                ]
+                SlowField::sample(track.uuid(), value)
             }
             _ => [SlowField::None; 2],
         };
@@ -1071,6 +1061,21 @@ enum SlowField {
 }
 
 impl SlowField {
+    /// A counter sample of `value` on the track `uuid`: its `track_uuid`
+    /// and its value field.
+    #[inline(always)]
+    fn sample(uuid: u64, value: CounterValue) -> [Self; 2] {
+        [
+            SlowField::Uint(track_event::TRACK_UUID, uuid),
+            match value {
+                CounterValue::Int(v) => SlowField::Uint(track_event::COUNTER_VALUE, v as u64),
+                CounterValue::Double(v) => {
+                    SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
+                }
+            },
+        ]
+    }
+
     /// A category or an event name: its interned id `iid` in `iid_field`,
     /// or (id 0) the string `s` in `field`.
     #[inline(always)]
@@ -1439,17 +1444,7 @@ mod tests {
                         name(cat, track_event::CATEGORY_IIDS, track_event::CATEGORIES),
                         name(nm, track_event::NAME_IID, track_event::NAME),
                     ],
-                    (_, Some((uuid, value))) => [
-                        SlowField::Uint(track_event::TRACK_UUID, uuid),
-                        match value {
-                            CounterValue::Int(v) => {
-                                SlowField::Uint(track_event::COUNTER_VALUE, v as u64)
-                            }
-                            CounterValue::Double(v) => {
-                                SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
-                            }
-                        },
-                    ],
+                    (_, Some((uuid, value))) => SlowField::sample(uuid, value),
                     _ => [SlowField::None; 2],
                 };
                 let ev = SlowEvent {
