@@ -650,6 +650,17 @@ impl SequenceState {
         self.write_event(w, &data, None)
     }
 
+    /// The time of a flat event at `ns` as a delta after the sequence's
+    /// previous event, if the flat encoders may write it now: no reset
+    /// due, time not gone backwards, a category that is not a group.
+    #[inline(always)]
+    pub(super) fn flat_delta(&self, category: &Category, ns: u64) -> Option<u64> {
+        if self.needs_reset || ns < self.clock_base || category.is_group() {
+            return None;
+        }
+        Some(ns - self.clock_base)
+    }
+
     /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
     /// of [`SequenceState::try_write_plain_args`] for the same event);
     /// `false` (nothing changed) where the general path must do the work.
@@ -665,10 +676,9 @@ impl SequenceState {
         const BEGIN: u8 = EventType::SliceBegin as u8;
         const INSTANT: u8 = EventType::Instant as u8;
         debug_assert!(KIND == BEGIN || KIND == INSTANT);
-        if self.needs_reset || ns < self.clock_base || category.is_group() {
+        let Some(delta) = self.flat_delta(category, ns) else {
             return false;
-        }
-        let delta = ns - self.clock_base;
+        };
         let interned = &self.interned;
         let resets = self.resets;
         if let Some(head) = self.flat_heads.get(KIND, category, name, args.head, resets) {

@@ -164,10 +164,9 @@ impl SequenceState {
         const BEGIN: u8 = EventType::SliceBegin as u8;
         const INSTANT: u8 = EventType::Instant as u8;
         debug_assert!(KIND == BEGIN || KIND == INSTANT);
-        if self.needs_reset || ns < self.clock_base || category.is_group() {
+        let Some(delta) = self.flat_delta(category, ns) else {
             return false;
-        }
-        let delta = ns - self.clock_base;
+        };
         let Some(entry) = self.flat_heads.get(KIND, category, name, head, self.resets) else {
             return false;
         };
