@@ -14,30 +14,39 @@ use crate::test_schema::{self as ts, Interned};
 use crate::track_event::filter::TrackEventConfig;
 use crate::TracingLayer;
 
-/// Every track event of the loopback's sequences in the category
-/// `category`, and every slice end (which carries no category): (type,
-/// name, annotation names).
-fn events_in(lb: &Loopback, category: &str) -> Vec<(i32, String, Vec<String>)> {
-    let mut out = Vec::new();
+/// Calls `f` with every track event of the loopback's sequences, in
+/// order, and the sequence's interned strings as of that packet.
+fn each_track_event(lb: &Loopback, mut f: impl FnMut(&Interned, &ts::TrackEvent)) {
     for seq in lb.sequences().values() {
         let mut interned = Interned::default();
         for bytes in &seq.packets {
             let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
             interned.update(&p);
-            let Some(te) = &p.track_event else { continue };
-            let end = te.r#type == Some(crate::EventType::SliceEnd as i32);
-            if end || interned.event_categories(te) == [category] {
-                out.push((
-                    te.r#type.unwrap_or(0),
-                    interned.event_name(te).unwrap_or_default(),
-                    te.debug_annotations
-                        .iter()
-                        .filter_map(|a| interned.arg_name(a))
-                        .collect(),
-                ));
+            if let Some(te) = &p.track_event {
+                f(&interned, te);
             }
         }
     }
+}
+
+/// Every track event of the loopback's sequences in the category
+/// `category`, and every slice end (which carries no category): (type,
+/// name, annotation names).
+fn events_in(lb: &Loopback, category: &str) -> Vec<(i32, String, Vec<String>)> {
+    let mut out = Vec::new();
+    each_track_event(lb, |interned, te| {
+        let end = te.r#type == Some(crate::EventType::SliceEnd as i32);
+        if end || interned.event_categories(te) == [category] {
+            out.push((
+                te.r#type.unwrap_or(0),
+                interned.event_name(te).unwrap_or_default(),
+                te.debug_annotations
+                    .iter()
+                    .filter_map(|a| interned.arg_name(a))
+                    .collect(),
+            ));
+        }
+    });
     out
 }
 
@@ -317,28 +326,22 @@ fn a_recorded_value_replaces_the_given_one() {
     // (type, name, annotations with their uint values) of the category's
     // slice begins and instants.
     let mut seen = Vec::new();
-    for seq in lb.sequences().values() {
-        let mut interned = Interned::default();
-        for bytes in &seq.packets {
-            let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
-            interned.update(&p);
-            let Some(te) = &p.track_event else { continue };
-            if interned.event_categories(te) != ["tl.replace"] {
-                continue;
-            }
-            let args: Vec<(String, Option<u64>)> = te
-                .debug_annotations
-                .iter()
-                .filter_map(|a| Some((interned.arg_name(a)?, a.uint_value)))
-                .filter(|(n, _)| n != "level")
-                .collect();
-            seen.push((
-                te.r#type.unwrap_or(0),
-                interned.event_name(te).unwrap_or_default(),
-                args,
-            ));
+    each_track_event(&lb, |interned, te| {
+        if interned.event_categories(te) != ["tl.replace"] {
+            return;
         }
-    }
+        let args: Vec<(String, Option<u64>)> = te
+            .debug_annotations
+            .iter()
+            .filter_map(|a| Some((interned.arg_name(a)?, a.uint_value)))
+            .filter(|(n, _)| n != "level")
+            .collect();
+        seen.push((
+            te.r#type.unwrap_or(0),
+            interned.event_name(te).unwrap_or_default(),
+            args,
+        ));
+    });
     use crate::EventType as T;
     let (b, i) = (T::SliceBegin as i32, T::Instant as i32);
     let a = |v: &[(&str, u64)]| {
