@@ -411,6 +411,12 @@ impl<T: Target> Cursor<T> {
     #[cfg_attr(target_os = "none", inline(never))]
     #[cfg_attr(not(target_os = "none"), inline(always))]
     pub fn end_short(&mut self, start: usize) {
+        self.end_short_inline(start);
+    }
+
+    /// [`Cursor::end_short`], inline.
+    #[inline(always)]
+    pub(crate) fn end_short_inline(&mut self, start: usize) {
         let size = self.len.wrapping_sub(start);
         self.buf.put(start.wrapping_sub(1), size as u8);
         if size > 0x7F {
