@@ -1176,20 +1176,24 @@ impl NamedIds {
     }
 }
 
-/// What [`TrackEventWriter::slow`] makes ready besides the sequence.
+/// What [`TrackEventWriter::slow`] makes ready besides the sequence. The
+/// discriminants of the kinds of event with a type of their own are that
+/// type's value (so the type is the discriminant, and the site's caller
+/// makes one from its type with no branch).
 #[derive(Clone, Copy)]
+#[repr(u8)]
 enum Needs<'a> {
     /// A slice begin at a call site: its category and name interned, and
     /// their ids cached for the site.
-    Begin(&'static EventSite),
+    Begin(&'static EventSite) = Type::SliceBegin as u8,
+    /// A slice end: nothing.
+    End = Type::SliceEnd as u8,
     /// An instant at a call site, as [`Needs::Begin`].
-    Instant(&'static EventSite),
+    Instant(&'static EventSite) = Type::Instant as u8,
+    /// A sample of a value on a counter track, described.
+    Track(&'a Sample) = Type::Counter as u8,
     /// A slice begin's or an instant's category and name, interned.
     Names(&'a Names),
-    /// A slice end: nothing.
-    End,
-    /// A sample of a value on a counter track, described.
-    Track(&'a Sample),
 }
 
 impl Needs<'_> {
