@@ -574,15 +574,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         };
         let (skip, time) = stamp(skip, self.time(now));
         let v = [u64::from(kind), ids.0, ids.1];
-        if !self.put(&mut Cold {
-            template: SLOW_EVENT,
-            args: Args {
-                skip,
-                t: time,
-                v: &v,
-                s: &[strings.0, strings.1],
-            },
-        }) {
+        let args = Args {
+            skip,
+            t: time,
+            v: &v,
+            s: &[strings.0, strings.1],
+        };
+        if !self.put_cold(SLOW_EVENT, &args) {
             self.stats.events_dropped += 1;
             return false;
         }
@@ -612,11 +610,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     name: s,
                 };
                 let name = [s];
-                let mut p = Cold {
-                    template: encode::INTERNED_ALONE,
-                    args: encode::entry_args(&entry, &name),
-                };
-                if !self.put(&mut p) {
+                if !self.put_cold(encode::INTERNED_ALONE, &encode::entry_args(&entry, &name)) {
                     return None;
                 }
                 iid
@@ -704,6 +698,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         false
     }
 
+    /// Writes the packet `template` describes with `args` ([`Cold`]).
+    fn put_cold(&mut self, template: &'static [u8], args: &Args<'_>) -> bool {
+        self.put(&mut Cold { template, args })
+    }
+
     /// Writes one packet with `f`; a drop restarts the sequence.
     fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
         match self.out.write_dyn(f) {
@@ -758,11 +757,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             let uuid = [track.uuid()];
             let mut args = encode::reset_args(clock_id, now, &uuid);
             args.skip = if plain { encode::PLAIN } else { 0 };
-            let mut p = Cold {
-                template: encode::RESET,
-                args,
-            };
-            if !self.put(&mut p) {
+            if !self.put_cold(encode::RESET, &args) {
                 return false;
             }
             if !plain {
@@ -780,10 +775,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
-        if !self.put(&mut Cold {
-            template: encode::DESCRIPTOR,
-            args: track.track().descriptor([now, u64::from(clock_id)]),
-        }) {
+        let args = track.track().descriptor([now, u64::from(clock_id)]);
+        if !self.put_cold(encode::DESCRIPTOR, &args) {
             return false;
         }
         // A full set only means the descriptor is written again next time.
@@ -1050,12 +1043,12 @@ impl FastTe {
 /// written by one encoder (its `encode`).
 struct Cold<'a> {
     template: &'static [u8],
-    args: Args<'a>,
+    args: &'a Args<'a>,
 }
 
 impl EncodePacket for Cold<'_> {
     fn encode(&mut self, c: &mut Cursor<Window<'_>>) {
-        c.template(self.template, &self.args);
+        c.template(self.template, self.args);
     }
 }
 
