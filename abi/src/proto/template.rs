@@ -33,6 +33,33 @@
 //!   panics on any template.
 //! * A message longer than the target, or a nested one of 128 bytes or
 //!   more, fails as the cursor's own writers fail ([`Cursor::finish`]).
+//!
+//! ```
+//! use shmtrace_abi::proto::{Args, Cursor, Template};
+//! use shmtrace_abi::trace::{trace_packet, track_event};
+//!
+//! // timestamp = value 0, track_event { type = value 2, name = string 0 }
+//! const EVENT: &[u8] = shmtrace_abi::template!(Template::new()
+//!     .uint(trace_packet::TIMESTAMP, 0)
+//!     .begin(trace_packet::TRACK_EVENT)
+//!     .uint(track_event::TYPE, 2)
+//!     .string(track_event::NAME, 0)
+//!     .end());
+//! let mut buf = [0u8; 64 + 8];
+//! let mut c = Cursor::new(&mut buf);
+//! let args = Args { skip: 0, t: [100, 0], v: &[3], s: &["io"] };
+//! c.template(EVENT, &args);
+//! let n = c.finish().unwrap();
+//! assert_eq!(&buf[..n], &[0x40, 100, 0x5A, 7, 0x48, 3, 0xBA, 0x01, 2, b'i', b'o']);
+//! ```
+//!
+//! A tag whose bytes would read as an op does not compile:
+//!
+//! ```compile_fail
+//! use shmtrace_abi::proto::Template;
+//! // Field 16's tag is 0x80 0x01.
+//! const BAD: &[u8] = shmtrace_abi::template!(Template::new().uint(16, 0));
+//! ```
 
 use super::cursor::{Cursor, Target};
 use super::wire::{tag, WireType};
@@ -110,7 +137,8 @@ pub struct Template<const N: usize = 96> {
     bytes: [u8; N],
     len: usize,
     open: usize,
-    skips: [usize; MAX_OPEN],
+    /// Where each open skipped range starts, and the nesting depth there.
+    skips: [(usize, usize); MAX_OPEN],
     open_skips: usize,
 }
 
@@ -127,7 +155,7 @@ impl<const N: usize> Template<N> {
             bytes: [0; N],
             len: 0,
             open: 0,
-            skips: [0; MAX_OPEN],
+            skips: [(0, 0); MAX_OPEN],
             open_skips: 0,
         }
     }
@@ -226,7 +254,7 @@ impl<const N: usize> Template<N> {
         );
         assert!(self.open_skips < MAX_OPEN);
         self = self.op(SKIP, mask.trailing_zeros() as usize).byte(unless);
-        self.skips[self.open_skips] = self.len;
+        self.skips[self.open_skips] = (self.len, self.open);
         self.open_skips += 1;
         self
     }
@@ -235,7 +263,11 @@ impl<const N: usize> Template<N> {
     pub const fn end_skip(mut self) -> Self {
         assert!(self.open_skips > 0, "end_skip without skip_if");
         self.open_skips -= 1;
-        let start = self.skips[self.open_skips];
+        let (start, open) = self.skips[self.open_skips];
+        assert!(
+            open == self.open,
+            "a skipped range opens and closes the same messages"
+        );
         let n = self.len - start;
         assert!(n < 0x80, "a skipped range is at most 127 bytes");
         self.bytes[start - 1] |= n as u8;
@@ -270,8 +302,8 @@ impl<const N: usize> Template<N> {
     }
 }
 
-/// The `&'static [u8]` of a [`Template`]
-/// expression, exactly its length, built at compile time.
+/// The `&'static [u8]` of a [`Template`] expression, exactly its length,
+/// built at compile time.
 #[macro_export]
 macro_rules! template {
     ($t:expr) => {{
