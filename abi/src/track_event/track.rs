@@ -69,7 +69,11 @@ impl Track {
     /// The same track nested under `parent` in the UI.
     pub const fn with_parent(mut self, parent: &Track) -> Self {
         self.ids[1] = parent.uuid();
-        self.skip &= !NO_PARENT;
+        // A parent uuid of 0 (none) is not written.
+        self.skip |= NO_PARENT;
+        if parent.uuid() != 0 {
+            self.skip &= !NO_PARENT;
+        }
         self
     }
 
@@ -330,6 +334,28 @@ mod tests {
         );
         assert_eq!(Track::new("x").uuid(), name_uuid("x"));
         assert_ne!(name_uuid("a"), name_uuid("b"));
+        // No parent field for a parent uuid of 0, no counter message for a
+        // counter track without a unit, a unit set back to none.
+        let fields = |t: &AnyTrack| {
+            let mut b = [0u8; 64 + TARGET_SLACK];
+            let mut c = Cursor::new(&mut b);
+            t.encode(&mut c);
+            let n = c.finish().unwrap();
+            b[..n].to_vec()
+        };
+        static NO_PARENT: Track = Track::new("p").with_uuid(0);
+        static CHILD: Track = Track::new("x").with_uuid(3).with_parent(&NO_PARENT);
+        assert_eq!(fields(&AnyTrack::Slices(&CHILD)), [0x08, 3, 0x12, 1, b'x']);
+        static PLAIN: CounterTrack = CounterTrack::new("c")
+            .with_uuid(4)
+            .with_unit(Unit::Count)
+            .with_unit(Unit::Unspecified)
+            .with_unit_name("mA")
+            .with_unit_name("");
+        assert_eq!(
+            fields(&AnyTrack::Counter(&PLAIN)),
+            [0x08, 4, 0x12, 1, b'c', 0x42, 0]
+        );
     }
 
     #[test]
