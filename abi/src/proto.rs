@@ -36,8 +36,10 @@
 pub mod cursor;
 pub mod encoder;
 mod slice;
+pub mod template;
 pub mod wire;
 
 pub use cursor::{Cursor, Measure, Target, TARGET_SLACK};
 pub use encoder::{EncodeError, Encoder, Message, Sink, MAX_DEPTH, SMALL_WRITE_LEN};
 pub use slice::{encode_to_slice, encoded_len, CountedSlot, SizeCounter, SliceSink, SliceSlot};
+pub use template::{Args, Template};

@@ -23,10 +23,12 @@
 //!   "failed" flag to test on every write.
 //! * The field writers ([`Cursor::uint`], [`Cursor::string`], ...) are
 //!   compiled once, out of line, on bare-metal targets (`target_os =
-//!   "none"`), where they serve cold paths (sequence starts, descriptors,
-//!   interning) and code size counts; the hot paths there store their
-//!   bytes with [`Cursor::byte`], [`Cursor::word`] and [`Cursor::varint`].
-//!   Elsewhere the compiler inlines them as it sees fit.
+//!   "none"`), where they serve cold paths and code size counts; the hot
+//!   paths there store their bytes with [`Cursor::byte`], [`Cursor::word`]
+//!   and [`Cursor::varint`], and a track event sequence's cold packets
+//!   (sequence starts, descriptors, interning) are templates
+//!   ([`Cursor::template`]). Elsewhere the compiler inlines them as it
+//!   sees fit.
 //! * Nested lengths are reserved as 2 bytes and back-filled as a
 //!   *redundant* varint (`0x80 | low7, high7`), the non-minimal form
 //!   Perfetto's own encoder uses for nested sizes; every protobuf parser
@@ -279,10 +281,10 @@ impl<T: Target> Cursor<T> {
     /// Appends a varint. Values that fit 32 bits (nearly all: ids, sizes,
     /// time deltas) take a loop over 32-bit words, which 32-bit machines
     /// run much cheaper than a 64-bit one. On firmware, where only the
-    /// cold encoders (reset, descriptors, interned data) come here, every
-    /// varint and tag goes through the one out-of-line function that
-    /// writes any varint (`varint64`): one copy in the image, not one per
-    /// caller.
+    /// cold encoders (the templates of resets, descriptors, interned data)
+    /// come here, every varint and tag goes through the one out-of-line
+    /// function that writes any varint (`varint64`): one copy in the
+    /// image, not one per caller.
     #[inline(always)]
     pub fn varint(&mut self, v: u64) {
         if cfg!(target_os = "none") {
@@ -411,6 +413,12 @@ impl<T: Target> Cursor<T> {
     #[cfg_attr(target_os = "none", inline(never))]
     #[cfg_attr(not(target_os = "none"), inline(always))]
     pub fn end_short(&mut self, start: usize) {
+        self.end_short_inline(start);
+    }
+
+    /// [`Cursor::end_short`], inline.
+    #[inline(always)]
+    pub(crate) fn end_short_inline(&mut self, start: usize) {
         let size = self.len.wrapping_sub(start);
         self.buf.put(start.wrapping_sub(1), size as u8);
         if size > 0x7F {

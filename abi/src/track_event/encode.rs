@@ -14,10 +14,11 @@
 //! a packet written in place in a chunk always is), else a 2-byte
 //! redundant varint.
 
-use crate::proto::{Cursor, Target};
+use crate::proto::{Args, Cursor, Target, Template};
 use crate::trace::{
-    builtin_clock, clock, clock_snapshot, debug_annotation, interned_string, sequence_flags,
-    trace_packet, trace_packet_defaults, track_event, track_event_defaults,
+    builtin_clock, clock, clock_snapshot, counter_descriptor, debug_annotation, interned_string,
+    sequence_flags, trace_packet, trace_packet_defaults, track_descriptor, track_event,
+    track_event_defaults,
 };
 
 use super::intern::Kind;
@@ -341,11 +342,9 @@ pub fn interned_entry<T: Target, const SHORT: bool>(c: &mut Cursor<T>, e: &NewSt
 /// stamped `ns` on `clock_id`, `sequence_flags = SEQ_INCREMENTAL_STATE_CLEARED`,
 /// `trace_packet_defaults` (events on clock 64, on track `default_track`),
 /// and a `clock_snapshot` defining clock 64 as an incremental clock equal
-/// to `clock_id` now (the C++ SDK's convention).
-#[inline(never)]
+/// to `clock_id` now (the C++ SDK's convention): [`RESET`].
 pub fn reset<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
-    absolute_time(c, clock_id, ns);
-    reset_tail(c, clock_id, ns, default_track);
+    c.template(RESET, &reset_args(clock_id, ns, &[default_track]));
 }
 
 /// Writes `timestamp = ns` and `timestamp_clock_id = clock_id`: a packet
@@ -358,35 +357,9 @@ pub fn absolute_time<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64) {
 }
 
 /// [`reset`] after its time fields (a writer that marks a loss between
-/// them and the rest). Inline: each writer calls it from one place (on
-/// firmware, the reset packet's closure).
-#[inline]
+/// them and the rest): [`RESET_TAIL`].
 pub fn reset_tail<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, default_track: u64) {
-    c.uint(
-        trace_packet::SEQUENCE_FLAGS,
-        u64::from(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED),
-    );
-    let d = c.begin_short_field(trace_packet::TRACE_PACKET_DEFAULTS);
-    c.uint(
-        trace_packet_defaults::TIMESTAMP_CLOCK_ID,
-        u64::from(builtin_clock::INCREMENTAL),
-    );
-    let te = c.begin_short_field(trace_packet_defaults::TRACK_EVENT_DEFAULTS);
-    c.uint(track_event_defaults::TRACK_UUID, default_track);
-    c.end_short(te);
-    c.end_short(d);
-    // `clock_snapshot` of the two clocks, written out (no loop, no array).
-    let s = c.begin_short_field(trace_packet::CLOCK_SNAPSHOT);
-    let m = c.begin_short_field(clock_snapshot::CLOCKS);
-    c.uint(clock::CLOCK_ID, u64::from(clock_id));
-    c.uint(clock::TIMESTAMP, ns);
-    c.end_short(m);
-    let m = c.begin_short_field(clock_snapshot::CLOCKS);
-    c.uint(clock::CLOCK_ID, u64::from(builtin_clock::INCREMENTAL));
-    c.uint(clock::TIMESTAMP, ns);
-    c.boolean(clock::IS_INCREMENTAL, true);
-    c.end_short(m);
-    c.end_short(s);
+    c.template(RESET_TAIL, &reset_args(clock_id, ns, &[default_track]));
 }
 
 /// One clock's reading in a `ClockSnapshot`.
@@ -429,15 +402,158 @@ pub fn clock_snapshot<T: Target>(c: &mut Cursor<T>, clocks: &[ClockValue]) {
 
 /// Writes a track descriptor packet's fields: stamped `ns` on `clock_id`
 /// (not on clock 64: descriptors do not need incremental state, so a reader
-/// may see one while clock 64 is invalid). Inline: the body of the
-/// firmware writer's one descriptor closure.
-#[inline]
+/// may see one while clock 64 is invalid): [`DESCRIPTOR`].
 pub fn descriptor<T: Target>(c: &mut Cursor<T>, clock_id: u32, ns: u64, track: &AnyTrack) {
-    absolute_time(c, clock_id, ns);
-    let d = c.begin_short_field(trace_packet::TRACK_DESCRIPTOR);
-    track.encode(c);
-    c.end_short(d);
+    c.template(
+        DESCRIPTOR,
+        &track.track().descriptor([ns, u64::from(clock_id)]),
+    );
 }
+
+// The packets of a sequence as templates (see `proto::template`): the one
+// definition of their bytes, which the firmware writer hands to one
+// encoder and the functions above write with a cursor.
+
+/// Value of [`RESET`] and [`DESCRIPTOR`]: the packet's time (ns).
+pub const NS: usize = 0;
+/// Value of [`RESET`] and [`DESCRIPTOR`]: the clock of [`NS`].
+pub const CLOCK: usize = 1;
+/// Value of [`RESET`] (the default track's) and [`DESCRIPTOR`]: a track's
+/// uuid.
+pub const UUID: usize = 2;
+/// Value of [`DESCRIPTOR`]: the parent track's uuid.
+pub const PARENT: usize = 3;
+/// Value of [`DESCRIPTOR`]: a counter track's unit.
+pub const UNIT: usize = 4;
+
+/// `timestamp` and `timestamp_clock_id` of values [`NS`] and [`CLOCK`].
+const fn time(t: Template) -> Template {
+    t.uint(trace_packet::TIMESTAMP, NS)
+        .uint(trace_packet::TIMESTAMP_CLOCK_ID, CLOCK)
+}
+
+/// A reset packet after its time fields.
+const fn reset_fields(t: Template) -> Template {
+    t.constant(
+        trace_packet::SEQUENCE_FLAGS,
+        sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED as u64,
+    )
+    .begin(trace_packet::TRACE_PACKET_DEFAULTS)
+    .constant(
+        trace_packet_defaults::TIMESTAMP_CLOCK_ID,
+        builtin_clock::INCREMENTAL as u64,
+    )
+    .begin(trace_packet_defaults::TRACK_EVENT_DEFAULTS)
+    .uint(track_event_defaults::TRACK_UUID, UUID)
+    .end()
+    .end()
+    // Clock `CLOCK` and clock 64, both at `NS`, 64 incremental.
+    .begin(trace_packet::CLOCK_SNAPSHOT)
+    .begin(clock_snapshot::CLOCKS)
+    .uint(clock::CLOCK_ID, CLOCK)
+    .uint(clock::TIMESTAMP, NS)
+    .end()
+    .begin(clock_snapshot::CLOCKS)
+    .constant(clock::CLOCK_ID, builtin_clock::INCREMENTAL as u64)
+    .uint(clock::TIMESTAMP, NS)
+    .constant(clock::IS_INCREMENTAL, 1)
+    .end()
+    .end()
+}
+
+/// Skip bit of [`RESET`]: the time fields alone (a plain packet).
+pub const PLAIN: u32 = 1;
+
+/// The reset packet ([`reset`]): values [`NS`], [`CLOCK`], [`UUID`]; with
+/// skip bit [`PLAIN`], its time fields alone.
+pub const RESET: &[u8] =
+    crate::template!(reset_fields(time(Template::new()).skip_if(PLAIN)).end_skip());
+
+/// [`RESET`] after its time fields ([`reset_tail`]).
+pub const RESET_TAIL: &[u8] = crate::template!(reset_fields(Template::new()));
+
+/// [`RESET`]'s and [`RESET_TAIL`]'s [`Args`]; `default_track` holds the
+/// default track's uuid.
+#[inline(always)]
+pub fn reset_args(clock_id: u32, ns: u64, default_track: &[u64; 1]) -> Args<'_> {
+    Args {
+        skip: 0,
+        t: [ns, u64::from(clock_id)],
+        v: default_track,
+        s: &[],
+    }
+}
+
+/// A packet of one `interned_data` entry, what [`interned_data`] writes
+/// for it after `sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE`: the entry
+/// in the field whose tag (length-delimited) is value 0, its `iid` value 1,
+/// its `name` string 0 ([`entry_args`]).
+pub const INTERNED_ALONE: &[u8] = crate::template!(Template::new()
+    .constant(
+        trace_packet::SEQUENCE_FLAGS,
+        sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE as u64
+    )
+    .begin(trace_packet::INTERNED_DATA)
+    .begin_slot(0)
+    .uint(interned_string::IID, 1)
+    .string(interned_string::NAME, 0)
+    .end()
+    .end());
+
+/// [`INTERNED_ALONE`]'s [`Args`] for `e`, whose name `name` holds.
+#[inline(always)]
+pub fn entry_args<'a>(e: &NewString<'_>, name: &'a [&'a str; 1]) -> Args<'a> {
+    let field = crate::proto::wire::tag(
+        e.kind.field(),
+        crate::proto::wire::WireType::LengthDelimited,
+    );
+    Args {
+        skip: 0,
+        t: [u64::from(field), e.iid],
+        v: &[],
+        s: name,
+    }
+}
+
+/// Skip bits of [`TRACK`] and [`DESCRIPTOR`]: no parent, not a counter
+/// track, no unit, no unit name.
+pub const NO_PARENT: u32 = 1;
+/// See [`NO_PARENT`].
+pub const NOT_COUNTER: u32 = 2;
+/// See [`NO_PARENT`].
+pub const NO_UNIT: u32 = 4;
+/// See [`NO_PARENT`].
+pub const NO_UNIT_NAME: u32 = 8;
+
+/// A `TrackDescriptor`'s fields: `uuid` ([`UUID`]), `parent_uuid`
+/// ([`PARENT`]), `name` (string 0), and a counter track's `counter`:
+/// `unit` ([`UNIT`]), `unit_name` (string 1).
+const fn track_fields(t: Template) -> Template {
+    t.uint(track_descriptor::UUID, UUID)
+        .skip_if(NO_PARENT)
+        .uint(track_descriptor::PARENT_UUID, PARENT)
+        .end_skip()
+        .string(track_descriptor::NAME, 0)
+        .skip_if(NOT_COUNTER)
+        .begin(track_descriptor::COUNTER)
+        .skip_if(NO_UNIT)
+        .uint(counter_descriptor::UNIT, UNIT)
+        .end_skip()
+        .skip_if(NO_UNIT_NAME)
+        .string(counter_descriptor::UNIT_NAME, 1)
+        .end_skip()
+        .end()
+        .end_skip()
+}
+
+/// A track's `TrackDescriptor` fields ([`Track::encode`](super::Track::encode)).
+pub const TRACK: &[u8] = crate::template!(track_fields(Template::new()));
+
+/// A track descriptor packet ([`descriptor`]).
+pub const DESCRIPTOR: &[u8] = crate::template!(track_fields(
+    time(Template::new()).begin(trace_packet::TRACK_DESCRIPTOR)
+)
+.end());
 
 #[cfg(test)]
 mod tests {
@@ -510,6 +626,10 @@ mod tests {
                 assert_eq!(got, want, "{kind:?} {iid} {name}");
                 // The entry's field: the kind's InternedData field.
                 assert_eq!(want[2] >> 3, kind.field() as u8);
+                // The template of a packet of it alone.
+                let alone = bytes(|c| c.template(INTERNED_ALONE, &entry_args(&e, &[name])));
+                let flags = [0x68, sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE as u8];
+                assert_eq!(alone, [&flags[..], &want].concat(), "{kind:?} {iid} {name}");
             }
         }
     }
@@ -526,5 +646,39 @@ mod tests {
                 0x0A, 7, 0x08, 64, 0x10, 0xE8, 0x07, 0x18, 1 // clock 64
             ]
         );
+        // Its tail, after the time fields.
+        assert_eq!(bytes(|c| reset_tail(c, 65, 1000, 9)), b[6..]);
+        // With `PLAIN`, its time fields alone.
+        let plain = Args {
+            skip: PLAIN,
+            ..reset_args(65, 1000, &[9])
+        };
+        assert_eq!(bytes(|c| c.template(RESET, &plain)), b[..6]);
+    }
+
+    #[test]
+    fn descriptors_are_stamped_on_the_absolute_clock() {
+        use super::super::track::{CounterTrack, Track};
+        use crate::trace::counter_descriptor::Unit;
+        static PARENT: Track = Track::new("motor").with_uuid(7);
+        static PLAIN: Track = Track::new("t").with_uuid(3);
+        static CURRENT: CounterTrack = CounterTrack::new("i")
+            .with_uuid(9)
+            .with_parent(&PARENT)
+            .with_unit(Unit::Count)
+            .with_unit_name("mA");
+        let b = bytes(|c| descriptor(c, 65, 300, &AnyTrack::Slices(&PLAIN)));
+        assert_eq!(
+            b,
+            [0x40, 0xAC, 0x02, 0xD0, 0x03, 65, 0xE2, 0x03, 5, 0x08, 3, 0x12, 1, b't']
+        );
+        let b = bytes(|c| descriptor(c, 65, 300, &AnyTrack::Counter(&CURRENT)));
+        let mut fields = [0u8; 32 + crate::proto::TARGET_SLACK];
+        let mut f = Cursor::new(&mut fields);
+        CURRENT.encode(&mut f);
+        let n = f.finish().unwrap();
+        assert_eq!(b[..6], [0x40, 0xAC, 0x02, 0xD0, 0x03, 65]);
+        assert_eq!(b[6..9], [0xE2, 0x03, n as u8]);
+        assert_eq!(b[9..], fields[..n]);
     }
 }

@@ -8,10 +8,12 @@
 //! program picks.
 
 use crate::proto::wire::{varint_len, WireType};
-use crate::proto::{Cursor, Target};
-use crate::trace::counter_descriptor::{self, Unit};
+use crate::proto::{Args, Cursor, Target};
+use crate::trace::counter_descriptor::Unit;
+use crate::trace::tag1;
 use crate::trace::track_event::{self, Type};
-use crate::trace::{tag1, track_descriptor};
+
+use super::encode::{self, NOT_COUNTER, NO_PARENT, NO_UNIT, NO_UNIT_NAME};
 
 /// The default track uuid of a track named `s`: FNV-1a (64-bit) of the
 /// name folded to 32 bits (5 bytes on the wire instead of 10), never 0.
@@ -33,54 +35,73 @@ pub const fn name_uuid(s: &str) -> u64 {
 }
 
 /// A track for slices and instants.
+///
+/// Tracks hold their `TrackDescriptor` as the values, strings and skip bits
+/// of [`encode::TRACK`] (and [`encode::DESCRIPTOR`]) after the time, worked
+/// out at build time, so a writer hands them to the template as they are
+/// (one layout for both kinds of track: one way to hand them over).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Track {
-    uuid: u64,
-    name: &'static str,
-    parent_uuid: u64,
+    /// uuid, parent uuid (0: none), a counter track's unit.
+    ids: [u64; 3],
+    /// name, a counter track's unit name.
+    names: [&'static str; 2],
+    /// [`NO_PARENT`], [`NOT_COUNTER`], [`NO_UNIT`], [`NO_UNIT_NAME`].
+    skip: u32,
 }
 
 impl Track {
     /// A top-level track named `name`, with the uuid [`name_uuid`]`(name)`.
     pub const fn new(name: &'static str) -> Self {
         Self {
-            uuid: name_uuid(name),
-            name,
-            parent_uuid: 0,
+            ids: [name_uuid(name), 0, Unit::Unspecified as u64],
+            names: [name, ""],
+            skip: NO_PARENT | NOT_COUNTER | NO_UNIT | NO_UNIT_NAME,
         }
     }
 
     /// The same track with the uuid `uuid` (non-zero).
-    pub const fn with_uuid(self, uuid: u64) -> Self {
-        Self { uuid, ..self }
+    pub const fn with_uuid(mut self, uuid: u64) -> Self {
+        self.ids[0] = uuid;
+        self
     }
 
     /// The same track nested under `parent` in the UI.
-    pub const fn with_parent(self, parent: &Track) -> Self {
-        Self {
-            parent_uuid: parent.uuid,
-            ..self
+    pub const fn with_parent(mut self, parent: &Track) -> Self {
+        self.ids[1] = parent.uuid();
+        // A parent uuid of 0 (none) is not written.
+        self.skip |= NO_PARENT;
+        if parent.uuid() != 0 {
+            self.skip &= !NO_PARENT;
         }
+        self
     }
 
     /// Its uuid.
     pub const fn uuid(&self) -> u64 {
-        self.uuid
+        self.ids[0]
     }
 
     /// Its name.
     pub const fn name(&self) -> &'static str {
-        self.name
+        self.names[0]
     }
 
-    /// Writes its `TrackDescriptor` fields.
-    #[inline(never)]
+    /// Writes its `TrackDescriptor` fields ([`encode::TRACK`]).
     pub fn encode<T: Target>(&self, c: &mut Cursor<T>) {
-        c.uint(track_descriptor::UUID, self.uuid);
-        if self.parent_uuid != 0 {
-            c.uint(track_descriptor::PARENT_UUID, self.parent_uuid);
+        c.template(encode::TRACK, &self.descriptor([0; 2]));
+    }
+
+    /// The [`Args`] of its descriptor ([`encode::DESCRIPTOR`], whose time
+    /// is `time`; [`encode::TRACK`], which has none).
+    #[inline(always)]
+    pub fn descriptor(&self, time: [u64; 2]) -> Args<'_> {
+        Args {
+            skip: self.skip,
+            t: time,
+            v: &self.ids,
+            s: &self.names,
         }
-        c.string(track_descriptor::NAME, self.name);
     }
 }
 
@@ -88,8 +109,6 @@ impl Track {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterTrack {
     track: Track,
-    unit: Unit,
-    unit_name: &'static str,
     /// The first fields of a sample's `track_event` on this track (`type`,
     /// `track_uuid`), encoded at build time: the low `head_len` bytes.
     head: u64,
@@ -130,12 +149,11 @@ impl CounterTrack {
     /// A top-level counter track named `name`, with the uuid
     /// [`name_uuid`]`(name)` and no unit.
     pub const fn new(name: &'static str) -> Self {
-        let track = Track::new(name);
-        let (head, head_len) = sample_head(track.uuid);
+        let mut track = Track::new(name);
+        track.skip &= !NOT_COUNTER;
+        let (head, head_len) = sample_head(track.uuid());
         Self {
             track,
-            unit: Unit::Unspecified,
-            unit_name: "",
             head,
             head_len,
         }
@@ -148,7 +166,6 @@ impl CounterTrack {
             track: self.track.with_uuid(uuid),
             head,
             head_len,
-            ..self
         }
     }
 
@@ -161,18 +178,28 @@ impl CounterTrack {
     }
 
     /// The same track with a standard unit.
-    pub const fn with_unit(self, unit: Unit) -> Self {
-        Self { unit, ..self }
+    pub const fn with_unit(mut self, unit: Unit) -> Self {
+        self.track.ids[2] = unit as u64;
+        self.track.skip &= !NO_UNIT;
+        if matches!(unit, Unit::Unspecified) {
+            self.track.skip |= NO_UNIT;
+        }
+        self
     }
 
     /// The same track with a free-form unit name ("mA", "rpm").
-    pub const fn with_unit_name(self, unit_name: &'static str) -> Self {
-        Self { unit_name, ..self }
+    pub const fn with_unit_name(mut self, unit_name: &'static str) -> Self {
+        self.track.names[1] = unit_name;
+        self.track.skip &= !NO_UNIT_NAME;
+        if unit_name.is_empty() {
+            self.track.skip |= NO_UNIT_NAME;
+        }
+        self
     }
 
     /// Its uuid.
     pub const fn uuid(&self) -> u64 {
-        self.track.uuid
+        self.track.uuid()
     }
 
     /// The first fields of a sample's `track_event` on this track (`type =
@@ -183,20 +210,9 @@ impl CounterTrack {
         (self.head_len != 0).then_some((self.head, usize::from(self.head_len)))
     }
 
-    /// Writes its `TrackDescriptor` fields. Inline: firmware writes
-    /// descriptors from one place ([`AnyTrack::encode`]); the plain track's
-    /// fields stay one function ([`Track::encode`]).
-    #[inline]
+    /// Writes its `TrackDescriptor` fields ([`encode::TRACK`]).
     pub fn encode<T: Target>(&self, c: &mut Cursor<T>) {
         self.track.encode(c);
-        let counter = c.begin_short_field(track_descriptor::COUNTER);
-        if self.unit != Unit::Unspecified {
-            c.uint(counter_descriptor::UNIT, self.unit as u64);
-        }
-        if !self.unit_name.is_empty() {
-            c.string(counter_descriptor::UNIT_NAME, self.unit_name);
-        }
-        c.end_short(counter);
     }
 }
 
@@ -212,9 +228,15 @@ pub enum AnyTrack {
 impl AnyTrack {
     /// Its uuid.
     pub const fn uuid(&self) -> u64 {
+        self.track().uuid()
+    }
+
+    /// Its descriptor's fields: the track's, or the counter track's.
+    #[inline(always)]
+    pub const fn track(&self) -> &'static Track {
         match self {
-            AnyTrack::Slices(t) => t.uuid,
-            AnyTrack::Counter(t) => t.track.uuid,
+            AnyTrack::Slices(t) => t,
+            AnyTrack::Counter(t) => &t.track,
         }
     }
 
@@ -229,12 +251,9 @@ impl AnyTrack {
         }
     }
 
-    /// Writes its `TrackDescriptor` fields.
+    /// Writes its `TrackDescriptor` fields ([`encode::TRACK`]).
     pub fn encode<T: Target>(&self, c: &mut Cursor<T>) {
-        match self {
-            AnyTrack::Slices(t) => t.encode(c),
-            AnyTrack::Counter(t) => t.encode(c),
-        }
+        self.track().encode(c);
     }
 }
 
@@ -315,6 +334,28 @@ mod tests {
         );
         assert_eq!(Track::new("x").uuid(), name_uuid("x"));
         assert_ne!(name_uuid("a"), name_uuid("b"));
+        // No parent field for a parent uuid of 0, no counter message for a
+        // counter track without a unit, a unit set back to none.
+        let fields = |t: &AnyTrack| {
+            let mut b = [0u8; 64 + TARGET_SLACK];
+            let mut c = Cursor::new(&mut b);
+            t.encode(&mut c);
+            let n = c.finish().unwrap();
+            b[..n].to_vec()
+        };
+        static NO_PARENT: Track = Track::new("p").with_uuid(0);
+        static CHILD: Track = Track::new("x").with_uuid(3).with_parent(&NO_PARENT);
+        assert_eq!(fields(&AnyTrack::Slices(&CHILD)), [0x08, 3, 0x12, 1, b'x']);
+        static PLAIN: CounterTrack = CounterTrack::new("c")
+            .with_uuid(4)
+            .with_unit(Unit::Count)
+            .with_unit(Unit::Unspecified)
+            .with_unit_name("mA")
+            .with_unit_name("");
+        assert_eq!(
+            fields(&AnyTrack::Counter(&PLAIN)),
+            [0x08, 4, 0x12, 1, b'c', 0x42, 0]
+        );
     }
 
     #[test]

@@ -13,16 +13,19 @@
 //!   [`InPlaceWriter::write_fast_sized`], one release store.
 //! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
-//!   chunk to switch, time gone backwards), through the cursor's field
-//!   writers ([`slow_event`]). It writes the same bytes the fast path would.
+//!   chunk to switch, time gone backwards), as a template ([`SLOW_EVENT`]).
+//!   It writes the same bytes the fast path would.
 //! * General ([`TrackEventWriter::general`]): events built with an
 //!   [`EventBuilder`].
 //!
 //! Every packet of the cold paths goes through [`InPlaceWriter::write_dyn`],
-//! compiled once.
+//! compiled once; those of the fast paths' slow path (resets, descriptors,
+//! interned strings, events) are templates ([`crate::proto::template`]),
+//! written by one encoder ([`Cold`]).
 
 use crate::proto::wire::{varint_word, WireType};
-use crate::proto::{Cursor, Target};
+use crate::proto::{Args, Cursor, Target, Template};
+use crate::smb::Window;
 use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
 use crate::writer::{packet, ChunkArbiter, DropReason, EncodePacket, InPlaceWriter, WriterStats};
 
@@ -526,7 +529,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// describes the counter track, interns the names (a new one in a
     /// packet of its own, [`Self::intern_alone`]) and caches a site's ids,
     /// stamps the event as a delta (or its absolute time if time went
-    /// backwards) and writes it with [`slow_event`]: the bytes the fast
+    /// backwards) and writes it with [`SLOW_EVENT`]: the bytes the fast
     /// paths write for it. Inline: the body of [`Self::missed`], its one
     /// caller.
     #[inline(always)]
@@ -544,7 +547,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             Needs::Names(n) => (None, Some((n.category, n.name))),
             _ => (None, None),
         };
-        let fields = match (needs, names) {
+        // The skip bits, values 3 and 4 and the strings of `SLOW_EVENT`.
+        let (skip, ids, strings) = match (needs, names) {
             (_, Some((category, name))) => {
                 let Some(cat) = self.intern_alone(category, Kind::Category) else {
                     return self.lost();
@@ -556,35 +560,32 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     let generation = self.interned.generation();
                     self.sites.put(site.numbered(), generation, cat, nm);
                 }
-                [
-                    SlowField::name(
-                        cat,
-                        category,
-                        track_event::CATEGORY_IIDS,
-                        track_event::CATEGORIES,
-                    ),
-                    SlowField::name(nm, name, track_event::NAME_IID, track_event::NAME),
-                ]
+                let (skip, ids) = named_fields(cat, nm);
+                (skip, ids, (category, name))
             }
             (Needs::Track(&Sample { track, value }), _) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
-                SlowField::sample(track.uuid(), value)
+                let (skip, ids) = sample_fields(track.uuid(), value);
+                (skip, ids, ("", ""))
             }
-            _ => [SlowField::None; 2],
+            _ => (0, (0, 0), ("", "")),
         };
-        let ev = SlowEvent {
-            time: self.time(now),
-            kind,
-            fields,
+        let (skip, time) = stamp(skip, self.time(now));
+        let v = [u64::from(kind), ids.0, ids.1];
+        let args = Args {
+            skip,
+            t: time,
+            v: &v,
+            s: &[strings.0, strings.1],
         };
-        if !self.put(packet(&mut |c| slow_event(c, &ev))) {
+        if !self.put_cold(SLOW_EVENT, &args) {
             self.stats.events_dropped += 1;
             return false;
         }
         self.stats.events += 1;
-        if let Time::Delta(_) = ev.time {
+        if skip & DELTA != 0 {
             self.base = now;
         }
         true
@@ -608,16 +609,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     iid: u64::from(iid),
                     name: s,
                 };
-                // What `encode::interned_data` writes for the entry alone.
-                if !self.put(packet(&mut |c| {
-                    c.uint(
-                        trace_packet::SEQUENCE_FLAGS,
-                        u64::from(sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE),
-                    );
-                    let d = c.begin_short_field(trace_packet::INTERNED_DATA);
-                    encode::interned_entry::<_, true>(c, &entry);
-                    c.end_short(d);
-                })) {
+                let name = [s];
+                if !self.put_cold(encode::INTERNED_ALONE, &encode::entry_args(&entry, &name)) {
                     return None;
                 }
                 iid
@@ -705,6 +698,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         false
     }
 
+    /// Writes the packet `template` describes with `args` ([`Cold`]).
+    fn put_cold(&mut self, template: &'static [u8], args: &Args<'_>) -> bool {
+        self.put(&mut Cold { template, args })
+    }
+
     /// Writes one packet with `f`; a drop restarts the sequence.
     fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
         match self.out.write_dyn(f) {
@@ -756,14 +754,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         // encoder for both packets.
         let mut plain = self.out.first_packet_pending() && self.out.loss_pending();
         loop {
-            if !self.put(packet(&mut |c| {
-                // `encode::reset`, whose two out-of-line halves firmware
-                // links anyway.
-                encode::absolute_time(c, clock_id, now);
-                if !plain {
-                    encode::reset_tail(c, clock_id, now, track.uuid());
-                }
-            })) {
+            let uuid = [track.uuid()];
+            let mut args = encode::reset_args(clock_id, now, &uuid);
+            args.skip = if plain { encode::PLAIN } else { 0 };
+            if !self.put_cold(encode::RESET, &args) {
                 return false;
             }
             if !plain {
@@ -781,9 +775,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
-        if !self.put(packet(&mut |c| {
-            encode::descriptor(c, clock_id, now, &track)
-        })) {
+        let args = track.track().descriptor([now, u64::from(clock_id)]);
+        if !self.put_cold(encode::DESCRIPTOR, &args) {
             return false;
         }
         // A full set only means the descriptor is written again next time.
@@ -1046,80 +1039,102 @@ impl FastTe {
     }
 }
 
-/// A field of a fast-path event's `track_event` after its type, as
-/// [`slow_event`] writes it.
-#[derive(Debug, Clone, Copy)]
-enum SlowField {
-    /// No field.
-    None,
-    /// A varint field.
-    Uint(u32, u64),
-    /// A fixed64 field.
-    Fixed64(u32, u64),
-    /// A string field.
-    Str(u32, &'static str),
+/// A packet of the cold paths: a template and the values it writes, all
+/// written by one encoder (its `encode`).
+struct Cold<'a> {
+    template: &'static [u8],
+    args: &'a Args<'a>,
 }
 
-impl SlowField {
-    /// A counter sample of `value` on the track `uuid`: its `track_uuid`
-    /// and its value field.
-    #[inline(always)]
-    fn sample(uuid: u64, value: CounterValue) -> [Self; 2] {
-        [
-            SlowField::Uint(track_event::TRACK_UUID, uuid),
-            match value {
-                CounterValue::Int(v) => SlowField::Uint(track_event::COUNTER_VALUE, v as u64),
-                CounterValue::Double(v) => {
-                    SlowField::Fixed64(track_event::DOUBLE_COUNTER_VALUE, v.to_bits())
-                }
-            },
-        ]
-    }
-
-    /// A category or an event name: its interned id `iid` in `iid_field`,
-    /// or (id 0) the string `s` in `field`.
-    #[inline(always)]
-    fn name(iid: u32, s: &'static str, iid_field: u32, field: u32) -> Self {
-        if iid != 0 {
-            SlowField::Uint(iid_field, u64::from(iid))
-        } else {
-            SlowField::Str(field, s)
-        }
+impl EncodePacket for Cold<'_> {
+    fn encode(&mut self, c: &mut Cursor<Window<'_>>) {
+        c.template(self.template, self.args);
     }
 }
 
-/// An event of the fast paths, for [`slow_event`]: of type `kind`, stamped
-/// `time`, with `fields` after its type (a slice begin's or an instant's
-/// category and name, a counter sample's track uuid and value, none for a
-/// slice end).
-struct SlowEvent {
-    time: Time,
-    kind: u8,
-    fields: [SlowField; 2],
+// Skip bits of `SLOW_EVENT`.
+/// Stamped as a delta: no `timestamp_clock_id`.
+const DELTA: u32 = 1 << 0;
+/// A slice begin or an instant: its category and name.
+const NAMED: u32 = 1 << 1;
+/// The category inline, not by its id.
+const CATEGORY_INLINE: u32 = 1 << 2;
+/// The name inline, not by its id.
+const NAME_INLINE: u32 = 1 << 3;
+/// A counter sample: its track and value.
+const SAMPLE: u32 = 1 << 4;
+/// The value a double.
+const DOUBLE: u32 = 1 << 5;
+
+/// An event of the fast paths written by the slow path: what
+/// [`encode::event`] writes for it. Values: the time (0), its clock (1, an
+/// absolute time's), the type (2), the category's id or a counter's track
+/// uuid (3), the name's id or a counter's value (4); strings: the category
+/// (0) and the name (1) when inline.
+const SLOW_EVENT: &[u8] = crate::template!(Template::new()
+    .uint(trace_packet::TIMESTAMP, 0)
+    .skip_if(DELTA)
+    .uint(trace_packet::TIMESTAMP_CLOCK_ID, 1)
+    .end_skip()
+    .constant(
+        trace_packet::SEQUENCE_FLAGS,
+        sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE as u64
+    )
+    .begin(trace_packet::TRACK_EVENT)
+    .uint(track_event::TYPE, 2)
+    .skip_unless(NAMED)
+    .skip_if(CATEGORY_INLINE)
+    .uint(track_event::CATEGORY_IIDS, 3)
+    .end_skip()
+    .skip_unless(CATEGORY_INLINE)
+    .string(track_event::CATEGORIES, 0)
+    .end_skip()
+    .skip_if(NAME_INLINE)
+    .uint(track_event::NAME_IID, 4)
+    .end_skip()
+    .skip_unless(NAME_INLINE)
+    .string(track_event::NAME, 1)
+    .end_skip()
+    .end_skip()
+    .skip_unless(SAMPLE)
+    .uint(track_event::TRACK_UUID, 3)
+    .skip_if(DOUBLE)
+    .uint(track_event::COUNTER_VALUE, 4)
+    .end_skip()
+    .skip_unless(DOUBLE)
+    .fixed64(track_event::DOUBLE_COUNTER_VALUE, 4)
+    .end_skip()
+    .end_skip()
+    .end());
+
+/// A slice begin's or an instant's [`SLOW_EVENT`] skip bits and values 3
+/// and 4: its category and name by their interned ids `cat` and `nm`, or
+/// (id 0) inline.
+#[inline(always)]
+fn named_fields(cat: u32, nm: u32) -> (u32, (u64, u64)) {
+    let inline = (u32::from(cat == 0) * CATEGORY_INLINE) | (u32::from(nm == 0) * NAME_INLINE);
+    (NAMED | inline, (u64::from(cat), u64::from(nm)))
 }
 
-/// Writes what [`encode::event`] writes for `ev`, with the cursor's field
-/// writers (out of line on firmware, shared with the other cold packets)
-/// and fewer branches. Inline: the body of its one closure, in
-/// [`TrackEventWriter::slow`].
-#[inline]
-fn slow_event<T: Target>(c: &mut Cursor<T>, ev: &SlowEvent) {
-    match ev.time {
-        Time::Delta(ns) => c.uint(trace_packet::TIMESTAMP, ns),
-        Time::Absolute { clock_id, ns } => encode::absolute_time(c, clock_id, ns),
+/// A counter sample's [`SLOW_EVENT`] skip bits and values 3 and 4: `value`
+/// on the track `uuid`.
+#[inline(always)]
+fn sample_fields(uuid: u64, value: CounterValue) -> (u32, (u64, u64)) {
+    match value {
+        CounterValue::Int(v) => (SAMPLE, (uuid, v as u64)),
+        CounterValue::Double(v) => (SAMPLE | DOUBLE, (uuid, v.to_bits())),
     }
-    c.word32(u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]), 3);
-    let te = c.begin_short();
-    c.uint(track_event::TYPE, u64::from(ev.kind));
-    for field in &ev.fields {
-        match *field {
-            SlowField::None => {}
-            SlowField::Uint(field, v) => c.uint(field, v),
-            SlowField::Fixed64(field, v) => c.fixed64_field(field, v),
-            SlowField::Str(field, s) => c.string(field, s),
-        }
-    }
-    c.end_short(te);
+}
+
+/// `skip` with [`SLOW_EVENT`]'s time bit, and its values 0 and 1, for an
+/// event stamped `time`.
+#[inline(always)]
+fn stamp(skip: u32, time: Time) -> (u32, [u64; 2]) {
+    let (skip, ns, clock_id) = match time {
+        Time::Delta(ns) => (skip | DELTA, ns, 0),
+        Time::Absolute { clock_id, ns } => (skip, ns, clock_id),
+    };
+    (skip, [ns, u64::from(clock_id)])
 }
 
 /// A named event's type and its two interning keys' bits, in one word (a
@@ -1154,20 +1169,24 @@ impl NamedIds {
     }
 }
 
-/// What [`TrackEventWriter::slow`] makes ready besides the sequence.
+/// What [`TrackEventWriter::slow`] makes ready besides the sequence. The
+/// discriminants of the kinds of event with a type of their own are that
+/// type's value (so the type is the discriminant, and the site's caller
+/// makes one from its type with no branch).
 #[derive(Clone, Copy)]
+#[repr(u8)]
 enum Needs<'a> {
     /// A slice begin at a call site: its category and name interned, and
     /// their ids cached for the site.
-    Begin(&'static EventSite),
+    Begin(&'static EventSite) = Type::SliceBegin as u8,
+    /// A slice end: nothing.
+    End = Type::SliceEnd as u8,
     /// An instant at a call site, as [`Needs::Begin`].
-    Instant(&'static EventSite),
+    Instant(&'static EventSite) = Type::Instant as u8,
+    /// A sample of a value on a counter track, described.
+    Track(&'a Sample) = Type::Counter as u8,
     /// A slice begin's or an instant's category and name, interned.
     Names(&'a Names),
-    /// A slice end: nothing.
-    End,
-    /// A sample of a value on a counter track, described.
-    Track(&'a Sample),
 }
 
 impl Needs<'_> {
@@ -1433,26 +1452,31 @@ mod tests {
                     };
                     encode::event::<_, true>(c, &ev)
                 });
-                let name = |s: Str<'static>, iid_field, field| match s {
-                    Str::Iid(iid) => {
-                        SlowField::name(u32::try_from(iid).unwrap(), "", iid_field, field)
+                let id = |s: Str<'static>| match s {
+                    Str::Iid(iid) => (u32::try_from(iid).unwrap(), ""),
+                    Str::Inline(s) => (0, s),
+                };
+                let (skip, ids, strings) = match (names, counter) {
+                    (Some((cat, nm)), _) => {
+                        let ((cat, category), (nm, name)) = (id(cat), id(nm));
+                        let (skip, ids) = named_fields(cat, nm);
+                        (skip, ids, [category, name])
                     }
-                    Str::Inline(s) => SlowField::name(0, s, iid_field, field),
+                    (_, Some((uuid, value))) => {
+                        let (skip, ids) = sample_fields(uuid, value);
+                        (skip, ids, ["", ""])
+                    }
+                    _ => (0, (0, 0), ["", ""]),
                 };
-                let fields = match (names, counter) {
-                    (Some((cat, nm)), _) => [
-                        name(cat, track_event::CATEGORY_IIDS, track_event::CATEGORIES),
-                        name(nm, track_event::NAME_IID, track_event::NAME),
-                    ],
-                    (_, Some((uuid, value))) => SlowField::sample(uuid, value),
-                    _ => [SlowField::None; 2],
+                let (skip, time) = stamp(skip, time);
+                let v = [kind as u64, ids.0, ids.1];
+                let args = Args {
+                    skip,
+                    t: time,
+                    v: &v,
+                    s: &strings,
                 };
-                let ev = SlowEvent {
-                    time,
-                    kind: kind as u8,
-                    fields,
-                };
-                let got = bytes(|c| slow_event(c, &ev));
+                let got = bytes(|c| c.template(SLOW_EVENT, &args));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
             }
         }

@@ -48,6 +48,7 @@
 //!   counts nothing but the chunk's count.
 
 use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
+use crate::proto::wire::WireType;
 use crate::proto::Cursor;
 use crate::smb::{Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
 use crate::trace::trace_packet;
@@ -279,14 +280,18 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 // tell a loss mark on a sequence's first packet from the one
                 // a trace buffer puts on the first packet it reads of every
                 // sequence.
-                // One call for either field (a bool is a varint 1).
+                // One tag and one varint for either field (a bool is a
+                // varint 1): with the templates, this is the cursor's only
+                // caller of a field writer on firmware, which would link
+                // one just for it.
                 if first || loss != 0 {
                     let (field, value) = if first {
                         (trace_packet::FIRST_PACKET_ON_SEQUENCE, 1)
                     } else {
                         (trace_packet::PREVIOUS_PACKET_DROPPED, loss)
                     };
-                    c.uint(field, u64::from(value));
+                    c.tag(field, WireType::Varint);
+                    c.varint(u64::from(value));
                 }
                 encode.encode(&mut c);
                 if let Some(end) = c.finish() {
