@@ -273,6 +273,18 @@ impl<'m> Control<'m> {
         self.add(offset::CHUNKS_LOST, 1);
     }
 
+    /// Firmware: counts a chunk commit that failed: a chunk lost if `lost`
+    /// ([`count_chunk_lost`](Self::count_chunk_lost)), else one that found
+    /// the ring full ([`count_ring_overflow`](Self::count_ring_overflow)).
+    pub(crate) fn count_failed_commit(&self, lost: bool) {
+        let at = if lost {
+            offset::CHUNKS_LOST
+        } else {
+            offset::RING_OVERFLOWS
+        };
+        self.add(at, 1);
+    }
+
     /// Firmware: shows it is alive (call periodically).
     pub fn beat(&self) {
         self.add(offset::HEARTBEAT, 1);
