@@ -27,6 +27,9 @@
 //!   The CAS in these loops is a weak one: a spurious failure (an interrupt
 //!   between the load-exclusive and the store-exclusive) counts as a lost
 //!   race and re-evaluates the same value.
+//!   On bare-metal targets every weak CAS on the shared words runs one
+//!   out-of-line routine with `AcqRel`/`Acquire` ordering, at least what any
+//!   caller asks.
 //!   `no_std` code cannot sleep: backing off is the caller's job.
 //! * After winning `Free → BeingWritten` the producer initializes the chunk
 //!   header: `writer_id` and `chunk_id` with `Relaxed`, then `packets` with
@@ -165,6 +168,14 @@ macro_rules! impl_words {
                 success: Ordering,
                 failure: Ordering,
             ) -> Result<u32, u32> {
+                // Bare metal: one shared routine, at least as strong as
+                // any ordering asked (see `cas_weak_acq_rel`).
+                #[cfg(target_os = "none")]
+                {
+                    let _ = (success, failure);
+                    cas_weak_acq_rel(self, current, new)
+                }
+                #[cfg(not(target_os = "none"))]
                 <$a32>::compare_exchange_weak(self, current, new, success, failure)
             }
         }
@@ -179,6 +190,19 @@ macro_rules! impl_words {
             }
         }
     };
+}
+
+/// The weak compare-and-exchange of every shared word on bare-metal targets,
+/// out of line: the chunk acquire, the chunk release and the ring's claim
+/// share one copy of the exclusive-access sequence instead of inlining one
+/// each (a firmware's code size). `AcqRel` on success and `Acquire` on
+/// failure: at least what any caller asks (`AcqRel`/`Acquire`,
+/// `AcqRel`/`Relaxed`, `Relaxed`/`Relaxed`), so each keeps the ordering its
+/// protocol needs; the extra barriers cost a chunk switch, never an event.
+#[cfg(target_os = "none")]
+#[inline(never)]
+fn cas_weak_acq_rel(word: &shared::AtomicU32, current: u32, new: u32) -> Result<u32, u32> {
+    word.compare_exchange_weak(current, new, AcqRel, Acquire)
 }
 
 impl_words!(shared::AtomicU32, shared::AtomicU16);

@@ -24,13 +24,16 @@
 //!   `seq[p]` (**Acquire**: pairs with the consumer's release of the slot,
 //!   so its reads of the previous record happen before our writes):
 //!   `seq == p` continue; `seq - p < 0` (as i32) the ring is full; `> 0`
-//!   another producer got there first: reread `head` (with a
-//!   compare-and-swap of `pos` for itself, which reads the latest value; if
-//!   it succeeds `head` never moved and the slot is broken: give up as
-//!   full) and retry. Then claim
-//!   with `compare_exchange(head, pos, pos + n)` (Relaxed: the claim orders
-//!   nothing, the sequence words do); on failure retry from the value
-//!   found. Having won, write each body (Relaxed word stores), then
+//!   another producer got there first. Then one weak
+//!   `compare_exchange(head, pos, pos + n)` claims the positions if all
+//!   were free (Relaxed: the claim orders nothing, the sequence words do);
+//!   if another producer got there first it is
+//!   `compare_exchange(head, pos, pos)`, which fetches the latest `head`
+//!   (a read-modify-write sees it, where a load could keep returning a
+//!   stale one): if it succeeds `head` never moved and the slot is broken:
+//!   give up as full. On failure (a lost race, or a spurious one) retry
+//!   from the value found. Having won, write each body (Relaxed word
+//!   stores), then
 //!   `seq[p] = p + 1` (**Release**: publishes the body). Retries are
 //!   bounded by [`CAS_ATTEMPTS`]; running out counts as full, so a peer
 //!   scribbling on `head` or `seq` can never make a producer spin.
