@@ -43,6 +43,18 @@ impl<'m> Ring<'m> {
         self.words.get(index as usize * self.stride + k)
     }
 
+    /// The body words of slot `index` (`None` past the ring).
+    #[inline]
+    fn body(&self, index: u32) -> Option<&'m [AtomicU32; 7]> {
+        // (Wrapping: an index below `slots` does not wrap, and a range
+        // that does is refused or still lies in the ring.)
+        let at = (index as usize).wrapping_mul(self.stride);
+        self.words
+            .get(at.wrapping_add(1)..at.wrapping_add(8))?
+            .try_into()
+            .ok()
+    }
+
     /// Publishes one record; [`RingFull`] if there is no room.
     pub fn push(&self, record: &SlotRepr) -> Result<(), RingFull> {
         let body = record.to_body();
@@ -78,17 +90,24 @@ impl RingWords for Ring<'_> {
     }
 
     fn write_body(&self, index: u32, body: &SlotBody) {
-        for (k, value) in body.iter().enumerate() {
-            if let Some(w) = self.word(index, 1 + k) {
-                w.store(*value, Relaxed);
-            }
+        // One check for the seven words, and one store each (the body is
+        // mostly constants).
+        if let Some([w1, w2, w3, w4, w5, w6, w7]) = self.body(index) {
+            let [b1, b2, b3, b4, b5, b6, b7] = *body;
+            w1.store(b1, Relaxed);
+            w2.store(b2, Relaxed);
+            w3.store(b3, Relaxed);
+            w4.store(b4, Relaxed);
+            w5.store(b5, Relaxed);
+            w6.store(b6, Relaxed);
+            w7.store(b7, Relaxed);
         }
     }
 
     fn read_body(&self, index: u32) -> SlotBody {
         let mut body = [0u32; 7];
-        for (k, value) in body.iter_mut().enumerate() {
-            if let Some(w) = self.word(index, 1 + k) {
+        if let Some(words) = self.body(index) {
+            for (value, w) in body.iter_mut().zip(words) {
                 *value = w.load(Relaxed);
             }
         }
