@@ -154,13 +154,16 @@ impl PageSize {
     /// 8-byte header: the SMB's unchecked accesses rely on it (test:
     /// `every_chunk_lies_inside_its_page`).
     pub const fn chunk_geometry(self, layout: PageLayout, chunk: usize) -> Option<ChunkGeometry> {
-        match self.chunk_size(layout) {
-            Some(size) if chunk < layout.num_chunks() => Some(ChunkGeometry {
-                offset: PAGE_HEADER_SIZE + chunk * size,
-                size,
-            }),
-            _ => None,
+        let n = layout.num_chunks();
+        if chunk >= n {
+            return None;
         }
+        // `chunk_size`, for `n > chunk`: not 0, so no further check.
+        let size = ((self.get() - PAGE_HEADER_SIZE) / n) & !(CHUNK_ALIGNMENT - 1);
+        Some(ChunkGeometry {
+            offset: PAGE_HEADER_SIZE + chunk * size,
+            size,
+        })
     }
 }
 
