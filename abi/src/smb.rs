@@ -41,8 +41,8 @@ use core::fmt;
 use core::ptr::NonNull;
 
 use crate::layout::{
-    ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,
-    SMB_ALIGNMENT,
+    ChunkGeometry, ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize,
+    CHUNK_HEADER_SIZE, SMB_ALIGNMENT,
 };
 use crate::state::{self, ChunkState, PartitionError};
 use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
@@ -366,60 +366,55 @@ impl<'m> Smb<'m> {
             page,
             num_pages: self.num_pages(),
         })?;
-        self.acquire_in(&p, page, chunk, &header)
-    }
-
-    /// [`Self::try_acquire_chunk_for_writing`] on the page `p` (page
-    /// `page`), viewed once by the caller.
-    fn acquire_in<'a>(
-        &'a self,
-        p: &SmbPage<'a>,
-        page: usize,
-        chunk: usize,
-        header: &ChunkHeaderRepr,
-    ) -> Result<WritableChunk<'a>, AcquireError> {
-        let layout = sync::try_acquire_for_writing(p, chunk, header)?;
-        self.writable(p, page, layout, chunk, None)
-            .ok_or(AcquireError::ChunkOutOfRange {
+        let layout = sync::try_acquire_for_writing(&p, chunk, &header)?;
+        let geometry = self.page_size().chunk_geometry(layout, chunk).ok_or(
+            AcquireError::ChunkOutOfRange {
                 chunk,
                 num_chunks: layout.num_chunks(),
-            })
+            },
+        )?;
+        Ok(self.writable(&p, layout, chunk, geometry, None))
     }
 
-    /// The token of `chunk` of page `p` (page `page`, partitioned with
-    /// `layout`), which this producer just took (`Free → BeingWritten`),
-    /// writing `header` into it if given. `None` only if the chunk has no
-    /// geometry in the layout (never for a chunk the state machine gave).
+    /// The token of `chunk` of page `p` (partitioned with `layout`), which
+    /// this producer just took (`Free → BeingWritten`), writing `header`
+    /// into it if given. `geometry` must be the chunk's
+    /// ([`PageSize::chunk_geometry`] of this SMB's page size): both callers
+    /// pass what `chunk_geometry` returned for the layout and chunk they
+    /// took.
     #[allow(unsafe_code)]
     fn writable<'a>(
         &'a self,
         p: &SmbPage<'a>,
-        page: usize,
         layout: PageLayout,
         chunk: usize,
+        geometry: ChunkGeometry,
         header: Option<&ChunkHeaderRepr>,
-    ) -> Option<WritableChunk<'a>> {
-        // SAFETY: the caller just won `Free → BeingWritten` for this chunk,
-        // so this producer owns its payload until `release_as_complete`; the
-        // payload lies after the chunk header and inside the chunk (geometry
-        // from a validated page size), so it overlaps no live header word;
-        // the returned `WritableChunk` is the only handle to it and borrows
-        // `self`, so scraping (`&mut self`) cannot run meanwhile.
-        let (words, payload) = unsafe { self.region.writable_chunk(page, layout, chunk) }?;
+    ) -> WritableChunk<'a> {
+        // SAFETY: `p.page` is below the page count (`Smb::page` checked it)
+        // and `geometry` is the page size's geometry of the chunk (this
+        // function's contract), as `writable_chunk` requires. The caller
+        // just won `Free → BeingWritten` for this chunk, so this producer
+        // owns its payload until `release_as_complete`; the payload lies
+        // after the chunk header and inside the chunk, so it overlaps no
+        // live header word; the returned `WritableChunk` is the only handle
+        // to it and borrows `self`, so scraping (`&mut self`) cannot run
+        // meanwhile.
+        let (words, payload) = unsafe { self.region.writable_chunk(p.page, geometry) };
         if let Some(header) = header {
             words.init(header);
         }
         let used = payload.len() as u16;
-        Some(WritableChunk {
+        WritableChunk {
             header_bitmap: p.header_bitmap,
-            page,
+            page: p.page,
             // Below 14 (the geometry exists).
             chunk: chunk as u8,
             layout,
             words,
             payload,
             used,
-        })
+        }
     }
 
     /// Producer: scans pages from `start_page` (wrapping), partitions free
@@ -443,15 +438,14 @@ impl<'m> Smb<'m> {
         let mut page = start_page;
         for _ in 0..num_pages {
             if let Some(p) = self.page(page) {
-                // One CAS partitions a free page and takes its first chunk;
-                // its header is written right after.
-                if let Ok((found, chunk)) = sync::try_take_first_free(p.header_bitmap, layout) {
-                    return self.writable(&p, page, found, chunk, Some(&header)).ok_or(
-                        AcquireError::ChunkOutOfRange {
-                            chunk,
-                            num_chunks: found.num_chunks(),
-                        },
-                    );
+                // One CAS partitions a free page and takes its first chunk
+                // (whose geometry is found first); its header is written
+                // right after.
+                let taken = sync::try_take_first_free_with(p.header_bitmap, layout, |found, c| {
+                    Some((found, c, self.page_size().chunk_geometry(found, c)?))
+                });
+                if let Ok((found, chunk, geometry)) = taken {
+                    return Ok(self.writable(&p, found, chunk, geometry, Some(&header)));
                 }
             }
             page += 1;

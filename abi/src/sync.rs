@@ -627,6 +627,18 @@ pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
     header_bitmap: &W,
     layout: PageLayout,
 ) -> Result<(PageLayout, usize), AcquireError> {
+    try_take_first_free_with(header_bitmap, layout, |found, chunk| Some((found, chunk)))
+}
+
+/// [`try_take_first_free`], with `place` run on the layout and chunk each
+/// attempt would take, before its compare-and-swap: what it returns is
+/// returned once the chunk is taken; `None` (a chunk the caller has no
+/// room for) takes nothing ([`AcquireError::NoFreeChunk`]).
+pub fn try_take_first_free_with<W: AtomicWord32 + ?Sized, T>(
+    header_bitmap: &W,
+    layout: PageLayout,
+    mut place: impl FnMut(PageLayout, usize) -> Option<T>,
+) -> Result<T, AcquireError> {
     let mut bitmap = header_bitmap.load(Acquire);
     for _ in 0..CAS_ATTEMPTS {
         let base = if bitmap == 0 {
@@ -637,9 +649,12 @@ pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
         let Some(chunk) = state::first_free(base) else {
             return Err(AcquireError::NoFreeChunk);
         };
+        let Some(placed) = place(state::layout(base), chunk) else {
+            return Err(AcquireError::NoFreeChunk);
+        };
         let next = base | ChunkState::BeingWritten.bits() << (chunk as u32 * 2);
         match header_bitmap.compare_exchange_weak(bitmap, next, AcqRel, Acquire) {
-            Ok(_) => return Ok((state::layout(base), chunk)),
+            Ok(_) => return Ok(placed),
             Err(b) => bitmap = b,
         }
     }
@@ -917,6 +932,29 @@ mod tests {
                 found: ChunkState::Free
             })
         );
+    }
+
+    /// `try_take_first_free_with` runs `place` on what it would take,
+    /// before taking it: a refusal takes nothing, an answer comes back
+    /// once the chunk is taken.
+    #[test]
+    fn a_chunk_is_placed_before_it_is_taken() {
+        let word = shared::AtomicU32::new(0);
+        let refused = try_take_first_free_with(&word, PageLayout::Div4, |_, _| None::<()>);
+        assert_eq!(refused, Err(AcquireError::NoFreeChunk));
+        assert_eq!(word.load(Relaxed), 0, "nothing taken, nothing partitioned");
+        let mut seen = None;
+        let placed = try_take_first_free_with(&word, PageLayout::Div4, |layout, chunk| {
+            seen = Some((layout, chunk));
+            Some(chunk + 100)
+        });
+        assert_eq!((placed, seen), (Ok(100), Some((PageLayout::Div4, 0))));
+        assert_eq!(word.load(Relaxed), 0x3000_0001);
+        let next = try_take_first_free_with(&word, PageLayout::Div1, |layout, chunk| {
+            Some((layout, chunk))
+        });
+        assert_eq!(next, Ok((PageLayout::Div4, 1)), "the page keeps its layout");
+        assert_eq!(word.load(Relaxed), 0x3000_0005);
     }
 
     #[test]

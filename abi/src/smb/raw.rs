@@ -25,8 +25,8 @@
 //!   stay inside the window (slack included) whatever the index.
 
 use crate::layout::{
-    PageLayout, PageSize, CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, HEADER_BITMAP_OFFSET, PACKETS_OFFSET,
-    SMB_ALIGNMENT, WRITER_ID_OFFSET,
+    ChunkGeometry, PageLayout, PageSize, CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, HEADER_BITMAP_OFFSET,
+    PACKETS_OFFSET, SMB_ALIGNMENT, WRITER_ID_OFFSET,
 };
 use crate::sync::shared::{AtomicU16, AtomicU32};
 use crate::sync::ChunkWords;
@@ -238,32 +238,33 @@ impl<'m> Region<'m> {
         Some(unsafe { self.base.add(offset) })
     }
 
-    /// The header words and write access to the payload of chunk `chunk`
-    /// of page `page` under `layout`; `None` if there is no such page or
-    /// chunk.
+    /// The header words and write access to the payload of the chunk of
+    /// page `page` at `geometry`.
     ///
     /// # Safety
     ///
-    /// For the lifetime of the result, nothing in this process may access
-    /// the payload bytes except through it: the caller owns the chunk as
-    /// `BeingWritten`.
+    /// `page` is below the page count and `geometry` is one the region's
+    /// page size gives ([`PageSize::chunk_geometry`]), so the chunk lies in
+    /// that page. For the lifetime of the result, nothing in this process
+    /// may access the payload bytes except through it: the caller owns the
+    /// chunk as `BeingWritten`.
     #[inline]
     pub(crate) unsafe fn writable_chunk(
         &self,
         page: usize,
-        layout: PageLayout,
-        chunk: usize,
-    ) -> Option<(ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>)> {
-        let (offset, size) = self.chunk_span(page, layout, chunk)?;
-        // SAFETY: the chunk's span lies in the region, starts 4-aligned and
-        // holds at least its 8-byte header (module invariants,
-        // `PageSize::chunk_geometry`).
+        geometry: ChunkGeometry,
+    ) -> (ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>) {
+        let offset = page * self.page_size.get() + geometry.offset;
+        let size = geometry.size;
+        // SAFETY: the chunk lies in one of the pages that tile the region
+        // (contract, module invariants), starts 4-aligned and holds at least
+        // its 8-byte header (`PageSize::chunk_geometry`).
         let words = unsafe { self.chunk_words_unchecked(offset) };
         // SAFETY: as above: the payload's `size - 8` bytes after the header
         // lie inside the region, so the pointer stays in the same
         // allocation.
         let ptr = unsafe { self.base.add(offset + CHUNK_HEADER_SIZE) };
-        Some((
+        (
             words,
             PayloadMut {
                 ptr,
@@ -273,7 +274,7 @@ impl<'m> Region<'m> {
                 limit: 0,
                 _chunk: PhantomData,
             },
-        ))
+        )
     }
 
     /// Read access to `len` payload bytes at `offset`; `None` if out of the
