@@ -38,21 +38,13 @@ impl<'m> Ring<'m> {
         })
     }
 
-    /// Word `k` of slot `index` (0: the sequence word, then the body).
-    fn word(&self, index: u32, k: usize) -> Option<&'m AtomicU32> {
-        self.words.get(index as usize * self.stride + k)
-    }
-
     /// The body words of slot `index` (`None` past the ring).
     #[inline]
     fn body(&self, index: u32) -> Option<&'m [AtomicU32; 7]> {
-        // (Wrapping: an index below `slots` does not wrap, and a range
-        // that does is refused or still lies in the ring.)
+        // (Wrapping: an index below `slots` does not wrap, and one that
+        // does still finds words of the ring or none.)
         let at = (index as usize).wrapping_mul(self.stride);
-        self.words
-            .get(at.wrapping_add(1)..at.wrapping_add(8))?
-            .try_into()
-            .ok()
+        self.words.get(at.wrapping_add(1)..)?.first_chunk()
     }
 
     /// Publishes one record; [`RingFull`] if there is no room.
@@ -83,10 +75,9 @@ impl RingWords for Ring<'_> {
     }
 
     fn seq(&self, index: u32) -> Option<&AtomicU32> {
-        if index >= self.slots {
-            return None;
-        }
-        self.word(index, 0)
+        // (No check against `slots`: `words` holds `slots` slots, so none
+        // is found past them. Wrapping as in `body`.)
+        self.words.get((index as usize).wrapping_mul(self.stride))
     }
 
     fn write_body(&self, index: u32, body: &SlotBody) {
