@@ -757,7 +757,12 @@ impl WritableChunk<'_> {
     /// (a peer rewrote the page header, or contention beyond the retry
     /// budget) the chunk is lost and must not be committed.
     pub fn release_as_complete(self) -> Result<ChunkLocation, ReleaseError> {
-        sync::release_word_as_complete(self.header_bitmap, self.layout, usize::from(self.chunk))?;
+        // The chunk exists in its layout (it was taken in it).
+        sync::release_existing_as_complete(
+            self.header_bitmap,
+            self.layout,
+            usize::from(self.chunk),
+        )?;
         Ok(self.location())
     }
 }

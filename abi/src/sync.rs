@@ -736,13 +736,46 @@ pub fn release_word_as_complete<W: AtomicWord32 + ?Sized>(
     acquired: PageLayout,
     chunk: usize,
 ) -> Result<(), ReleaseError> {
-    release_on(
-        header_bitmap,
-        Some(acquired),
-        chunk,
-        Transition::ReleaseAsComplete,
-        |_| Ok(()),
-    )
+    let num_chunks = acquired.num_chunks();
+    if chunk >= num_chunks {
+        return Err(ReleaseError::ChunkOutOfRange { chunk, num_chunks });
+    }
+    release_existing_as_complete(header_bitmap, acquired, chunk)
+}
+
+/// The compare-and-swap loop of [`release_word_as_complete`], for a chunk
+/// that exists in `acquired` (`chunk < acquired.num_chunks()`: checked by
+/// the caller, or a producer's chunk token's invariant). While the page
+/// keeps that layout the chunk has its state bits, so an attempt checks the
+/// layout and the chunk's state, not the index.
+pub(crate) fn release_existing_as_complete<W: AtomicWord32 + ?Sized>(
+    header_bitmap: &W,
+    acquired: PageLayout,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    // Below 28: the chunk exists in a layout.
+    let shift = chunk as u32 * state::CHUNK_STATE_BITS;
+    let (from, to) = (ChunkState::BeingWritten, ChunkState::Complete);
+    let mut bitmap = header_bitmap.load(Relaxed);
+    for _ in 0..CAS_ATTEMPTS {
+        let found = state::layout(bitmap);
+        if found != acquired {
+            return Err(ReleaseError::LayoutChanged { acquired, found });
+        }
+        let state = ChunkState::from_bits(bitmap >> shift);
+        if state != from {
+            return Err(ReleaseError::WrongState {
+                expected: from,
+                found: state,
+            });
+        }
+        let next = bitmap & !(state::CHUNK_STATE_MASK << shift) | to.bits() << shift;
+        match header_bitmap.compare_exchange_weak(bitmap, next, AcqRel, Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(actual) => bitmap = actual,
+        }
+    }
+    Err(ReleaseError::Contended)
 }
 
 /// S2: the service frees a chunk it acquired for reading with layout
@@ -955,6 +988,37 @@ mod tests {
         });
         assert_eq!(next, Ok((PageLayout::Div4, 1)), "the page keeps its layout");
         assert_eq!(word.load(Relaxed), 0x3000_0005);
+    }
+
+    /// The release's own loop makes the state machine's transition
+    /// (`state::apply`): for every layout value and chunk index, over
+    /// pseudo-random words (garbage past the chunks and in the reserved
+    /// bit included), the same new word or the same refusal; a chunk the
+    /// acquired layout does not have is refused before any attempt.
+    #[test]
+    fn release_as_complete_is_the_state_machine_transition() {
+        let mut x = 0x2545_F491u32;
+        for i in 0..100_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let bitmap = (i % 16) << state::LAYOUT_SHIFT | x & state::ALL_CHUNKS_MASK;
+            let layout = state::layout(bitmap);
+            for chunk in 0..16 {
+                let word = shared::AtomicU32::new(bitmap);
+                let got = release_word_as_complete(&word, layout, chunk);
+                match state::apply(bitmap, chunk, Transition::ReleaseAsComplete) {
+                    Ok(next) => {
+                        assert_eq!(got, Ok(()), "{bitmap:#010x} {chunk}");
+                        assert_eq!(word.load(Relaxed), next, "{bitmap:#010x} {chunk}");
+                    }
+                    Err(e) => {
+                        assert_eq!(got, Err(e.into()), "{bitmap:#010x} {chunk}");
+                        assert_eq!(word.load(Relaxed), bitmap, "{bitmap:#010x} {chunk}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
