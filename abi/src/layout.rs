@@ -140,19 +140,30 @@ impl PageSize {
     /// Size of one chunk (including its 8-byte header) under `layout`, or
     /// `None` for layouts without chunks.
     pub const fn chunk_size(self, layout: PageLayout) -> Option<usize> {
-        chunk_size(self.get(), layout)
+        let n = layout.num_chunks();
+        if n == 0 {
+            return None;
+        }
+        // [`chunk_size`] for a page of at least 4096 bytes (no underflow).
+        Some(((self.get() - PAGE_HEADER_SIZE) / n) & !(CHUNK_ALIGNMENT - 1))
     }
 
     /// Byte range of chunk `chunk` inside the page under `layout`, or `None`
-    /// if the layout has no such chunk.
+    /// if the layout has no such chunk. The chunk lies inside the page,
+    /// starts 4-aligned after the page header and holds at least its
+    /// 8-byte header: the SMB's unchecked accesses rely on it (test:
+    /// `every_chunk_lies_inside_its_page`).
     pub const fn chunk_geometry(self, layout: PageLayout, chunk: usize) -> Option<ChunkGeometry> {
-        match self.chunk_size(layout) {
-            Some(size) if chunk < layout.num_chunks() => Some(ChunkGeometry {
-                offset: PAGE_HEADER_SIZE + chunk * size,
-                size,
-            }),
-            _ => None,
+        let n = layout.num_chunks();
+        if chunk >= n {
+            return None;
         }
+        // `chunk_size`, for `n > chunk`: not 0, so no further check.
+        let size = ((self.get() - PAGE_HEADER_SIZE) / n) & !(CHUNK_ALIGNMENT - 1);
+        Some(ChunkGeometry {
+            offset: PAGE_HEADER_SIZE + chunk * size,
+            size,
+        })
     }
 }
 
@@ -949,5 +960,35 @@ mod tests {
         assert!(g.end() <= 4096);
         assert_eq!(ps.chunk_geometry(PageLayout::Div14, 14), None);
         assert_eq!(ps.chunk_geometry(PageLayout::NotPartitioned, 0), None);
+    }
+
+    /// What the SMB's unchecked accesses rely on, for every page size,
+    /// layout value and chunk index: a chunk lies inside its page after the
+    /// page header, starts 4-aligned, holds its header and a payload whose
+    /// length fits 16 bits; chunks do not overlap; and `PageSize::chunk_size`
+    /// agrees with the free `chunk_size`.
+    #[test]
+    fn every_chunk_lies_inside_its_page() {
+        for bytes in (MIN_PAGE_SIZE..=MAX_PAGE_SIZE).step_by(MIN_PAGE_SIZE) {
+            let ps = PageSize::new(bytes).unwrap();
+            for bits in 0..8 {
+                let layout = PageLayout::from_bits(bits);
+                let n = layout.num_chunks();
+                assert_eq!(ps.chunk_size(layout), chunk_size(bytes, layout));
+                let mut end = PAGE_HEADER_SIZE;
+                for chunk in 0..MAX_CHUNKS_PER_PAGE + 2 {
+                    let Some(g) = ps.chunk_geometry(layout, chunk) else {
+                        assert!(chunk >= n, "{bytes} {layout:?} {chunk}");
+                        continue;
+                    };
+                    assert!(chunk < n);
+                    assert!(g.offset >= end && g.offset % CHUNK_ALIGNMENT == 0);
+                    assert!(g.size >= CHUNK_HEADER_SIZE);
+                    assert!(g.payload_size() <= usize::from(u16::MAX));
+                    assert!(g.end() <= bytes);
+                    end = g.end();
+                }
+            }
+        }
     }
 }

@@ -41,8 +41,8 @@ use core::fmt;
 use core::ptr::NonNull;
 
 use crate::layout::{
-    ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize, CHUNK_HEADER_SIZE,
-    HEADER_BITMAP_OFFSET, SMB_ALIGNMENT,
+    ChunkGeometry, ChunkHeaderError, ChunkHeaderRepr, Packets, PageLayout, PageSize,
+    CHUNK_HEADER_SIZE, SMB_ALIGNMENT,
 };
 use crate::state::{self, ChunkState, PartitionError};
 use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
@@ -208,33 +208,13 @@ pub struct ScrapeStats {
 #[derive(Debug)]
 pub struct Smb<'m> {
     region: Region<'m>,
-    page_size: PageSize,
-    num_pages: usize,
 }
 
 /// The atomic words of one page of an [`Smb`].
 struct SmbPage<'s> {
     header_bitmap: &'s AtomicU32,
     region: &'s Region<'s>,
-    page_offset: usize,
-    page_size: PageSize,
-}
-
-impl<'s> SmbPage<'s> {
-    /// Header words of `chunk` under `layout`, borrowed for the whole `'s`.
-    fn words(
-        &self,
-        layout: PageLayout,
-        chunk: usize,
-    ) -> Option<ChunkWords<'s, AtomicU32, AtomicU16>> {
-        self.words_at(self.page_size.chunk_geometry(layout, chunk)?.offset)
-    }
-
-    /// Header words of the chunk at `offset` from the page start.
-    fn words_at(&self, offset: usize) -> Option<ChunkWords<'s, AtomicU32, AtomicU16>> {
-        let region: &'s Region<'s> = self.region;
-        region.chunk_words(self.page_offset + offset)
-    }
+    page: usize,
 }
 
 impl PageWords for SmbPage<'_> {
@@ -251,7 +231,7 @@ impl PageWords for SmbPage<'_> {
         layout: PageLayout,
         chunk: usize,
     ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
-        self.words(layout, chunk)
+        self.region.chunk_words(self.page, layout, chunk)
     }
 }
 
@@ -281,11 +261,10 @@ impl<'m> Smb<'m> {
         page_size: PageSize,
     ) -> Result<Self, SmbError> {
         let base = NonNull::new(ptr).ok_or(SmbError::NullPointer)?;
-        Self::check_geometry(base.as_ptr() as usize, len, page_size)?;
         // SAFETY: the caller guarantees validity for `'m` and the absence of
         // references (first point of this function's contract).
-        let region = unsafe { Region::new(base, len) };
-        Ok(Self::with_region(region, page_size))
+        let region = unsafe { Region::new(base, len, page_size) }?;
+        Ok(Smb { region })
     }
 
     /// Views `storage` as an SMB with pages of `page_size`, borrowing it
@@ -294,43 +273,19 @@ impl<'m> Smb<'m> {
         storage: &'m mut SmbStorage<N>,
         page_size: PageSize,
     ) -> Result<Self, SmbError> {
-        let region = Region::from_storage(storage);
-        Self::check_geometry(region.addr(), region.len(), page_size)?;
-        Ok(Self::with_region(region, page_size))
-    }
-
-    fn check_geometry(addr: usize, len: usize, page_size: PageSize) -> Result<(), SmbError> {
-        if addr % SMB_ALIGNMENT != 0 {
-            return Err(SmbError::Misaligned { addr });
-        }
-        if len == 0 {
-            return Err(SmbError::Empty);
-        }
-        // (`checked_rem`: a page size is never 0, and firmware gets no
-        // panic path for it.)
-        if len.checked_rem(page_size.get()) != Some(0) {
-            return Err(SmbError::NotMultipleOfPageSize { len, page_size });
-        }
-        Ok(())
-    }
-
-    fn with_region(region: Region<'m>, page_size: PageSize) -> Self {
-        let num_pages = region.len() / page_size.get();
-        Smb {
-            region,
-            page_size,
-            num_pages,
-        }
+        Ok(Smb {
+            region: Region::from_storage(storage, page_size)?,
+        })
     }
 
     /// Number of pages.
     pub fn num_pages(&self) -> usize {
-        self.num_pages
+        self.region.num_pages()
     }
 
     /// The page size.
     pub fn page_size(&self) -> PageSize {
-        self.page_size
+        self.region.page_size()
     }
 
     /// Total size in bytes.
@@ -346,19 +301,14 @@ impl<'m> Smb<'m> {
     /// Chunk size (header included) of `layout` in this SMB; `None` for
     /// layouts without chunks.
     pub fn chunk_size(&self, layout: PageLayout) -> Option<usize> {
-        self.page_size.chunk_size(layout)
+        self.page_size().chunk_size(layout)
     }
 
     fn page(&self, page: usize) -> Option<SmbPage<'_>> {
-        if page >= self.num_pages {
-            return None;
-        }
-        let page_offset = page * self.page_size.get();
         Some(SmbPage {
-            header_bitmap: self.region.atomic_u32(page_offset + HEADER_BITMAP_OFFSET)?,
+            header_bitmap: self.region.header_bitmap(page)?,
             region: &self.region,
-            page_offset,
-            page_size: self.page_size,
+            page,
         })
     }
 
@@ -399,7 +349,7 @@ impl<'m> Smb<'m> {
     ) -> Result<(), PartitionError> {
         let p = self.page(page).ok_or(PartitionError::PageOutOfRange {
             page,
-            num_pages: self.num_pages,
+            num_pages: self.num_pages(),
         })?;
         sync::try_partition(&p, layout)
     }
@@ -414,64 +364,57 @@ impl<'m> Smb<'m> {
     ) -> Result<WritableChunk<'_>, AcquireError> {
         let p = self.page(page).ok_or(AcquireError::PageOutOfRange {
             page,
-            num_pages: self.num_pages,
+            num_pages: self.num_pages(),
         })?;
-        self.acquire_in(&p, page, chunk, &header)
-    }
-
-    /// [`Self::try_acquire_chunk_for_writing`] on the page `p` (page
-    /// `page`), viewed once by the caller.
-    fn acquire_in<'a>(
-        &'a self,
-        p: &SmbPage<'a>,
-        page: usize,
-        chunk: usize,
-        header: &ChunkHeaderRepr,
-    ) -> Result<WritableChunk<'a>, AcquireError> {
-        let layout = sync::try_acquire_for_writing(p, chunk, header)?;
-        self.writable(p, page, layout, chunk, None)
-            .ok_or(AcquireError::ChunkOutOfRange {
+        let layout = sync::try_acquire_for_writing(&p, chunk, &header)?;
+        let geometry = self.page_size().chunk_geometry(layout, chunk).ok_or(
+            AcquireError::ChunkOutOfRange {
                 chunk,
                 num_chunks: layout.num_chunks(),
-            })
+            },
+        )?;
+        Ok(self.writable(&p, layout, chunk, geometry, None))
     }
 
-    /// The token of `chunk` of page `p` (page `page`, partitioned with
-    /// `layout`), which this producer just took (`Free → BeingWritten`),
-    /// writing `header` into it if given. `None` only if the chunk has no
-    /// geometry in the layout (never for a chunk the state machine gave).
+    /// The token of `chunk` of page `p` (partitioned with `layout`), which
+    /// this producer just took (`Free → BeingWritten`), writing `header`
+    /// into it if given. `geometry` must be the chunk's
+    /// ([`PageSize::chunk_geometry`] of this SMB's page size): both callers
+    /// pass what `chunk_geometry` returned for the layout and chunk they
+    /// took.
     #[allow(unsafe_code)]
     fn writable<'a>(
         &'a self,
         p: &SmbPage<'a>,
-        page: usize,
         layout: PageLayout,
         chunk: usize,
+        geometry: ChunkGeometry,
         header: Option<&ChunkHeaderRepr>,
-    ) -> Option<WritableChunk<'a>> {
-        let g = self.page_size.chunk_geometry(layout, chunk)?;
-        // SAFETY: the caller just won `Free → BeingWritten` for this chunk,
-        // so this producer owns its payload until `release_as_complete`; the
-        // payload lies after the chunk header and inside the chunk (geometry
-        // from a validated page size), so it overlaps no live header word;
-        // the returned `WritableChunk` is the only handle to it and borrows
-        // `self`, so scraping (`&mut self`) cannot run meanwhile.
-        let (words, payload) =
-            unsafe { self.region.writable_chunk(p.page_offset + g.offset, g.size) }?;
+    ) -> WritableChunk<'a> {
+        // SAFETY: `p.page` is below the page count (`Smb::page` checked it)
+        // and `geometry` is the page size's geometry of the chunk (this
+        // function's contract), as `writable_chunk` requires. The caller
+        // just won `Free → BeingWritten` for this chunk, so this producer
+        // owns its payload until `release_as_complete`; the payload lies
+        // after the chunk header and inside the chunk, so it overlaps no
+        // live header word; the returned `WritableChunk` is the only handle
+        // to it and borrows `self`, so scraping (`&mut self`) cannot run
+        // meanwhile.
+        let (words, payload) = unsafe { self.region.writable_chunk(p.page, geometry) };
         if let Some(header) = header {
             words.init(header);
         }
         let used = payload.len() as u16;
-        Some(WritableChunk {
+        WritableChunk {
             header_bitmap: p.header_bitmap,
-            page,
+            page: p.page,
             // Below 14 (the geometry exists).
             chunk: chunk as u8,
             layout,
             words,
             payload,
             used,
-        })
+        }
     }
 
     /// Producer: scans pages from `start_page` (wrapping), partitions free
@@ -485,28 +428,28 @@ impl<'m> Smb<'m> {
         layout: PageLayout,
         header: ChunkHeaderRepr,
     ) -> Result<WritableChunk<'_>, AcquireError> {
-        if start_page >= self.num_pages {
+        let num_pages = self.num_pages();
+        if start_page >= num_pages {
             return Err(AcquireError::PageOutOfRange {
                 page: start_page,
-                num_pages: self.num_pages,
+                num_pages: self.num_pages(),
             });
         }
         let mut page = start_page;
-        for _ in 0..self.num_pages {
+        for _ in 0..num_pages {
             if let Some(p) = self.page(page) {
-                // One CAS partitions a free page and takes its first chunk;
-                // its header is written right after.
-                if let Ok((found, chunk)) = sync::try_take_first_free(p.header_bitmap, layout) {
-                    return self.writable(&p, page, found, chunk, Some(&header)).ok_or(
-                        AcquireError::ChunkOutOfRange {
-                            chunk,
-                            num_chunks: found.num_chunks(),
-                        },
-                    );
+                // One CAS partitions a free page and takes its first chunk
+                // (whose geometry is found first); its header is written
+                // right after.
+                let taken = sync::try_take_first_free_with(p.header_bitmap, layout, |found, c| {
+                    Some((found, c, self.page_size().chunk_geometry(found, c)?))
+                });
+                if let Ok((found, chunk, geometry)) = taken {
+                    return Ok(self.writable(&p, found, chunk, geometry, Some(&header)));
                 }
             }
             page += 1;
-            if page == self.num_pages {
+            if page == num_pages {
                 page = 0;
             }
         }
@@ -523,7 +466,7 @@ impl<'m> Smb<'m> {
     ) -> Result<ReadableChunk<'_>, AcquireError> {
         let p = self.page(page).ok_or(AcquireError::PageOutOfRange {
             page,
-            num_pages: self.num_pages,
+            num_pages: self.num_pages(),
         })?;
         let layout = sync::try_acquire_for_reading(&p, chunk)?;
         let location = ChunkLocation { page, chunk };
@@ -560,7 +503,7 @@ impl<'m> Smb<'m> {
     ) -> Result<ChunkLocation, ReleaseError> {
         let p = self.page(page).ok_or(ReleaseError::PageOutOfRange {
             page,
-            num_pages: self.num_pages,
+            num_pages: self.num_pages(),
         })?;
         sync::release_complete_as_free(&p, chunk)?;
         Ok(ChunkLocation { page, chunk })
@@ -568,8 +511,8 @@ impl<'m> Smb<'m> {
 
     /// Offset from the SMB start and size of a chunk.
     fn chunk_span(&self, location: ChunkLocation, layout: PageLayout) -> Option<(usize, usize)> {
-        let g = self.page_size.chunk_geometry(layout, location.chunk)?;
-        Some((location.page * self.page_size.get() + g.offset, g.size))
+        self.region
+            .chunk_span(location.page, layout, location.chunk)
     }
 
     /// Service: copies a `BeingWritten` or `Complete` chunk into `dst`
@@ -595,7 +538,7 @@ impl<'m> Smb<'m> {
     ) -> Result<ScrapedChunk, ScrapeError> {
         let p = self.page(page).ok_or(ScrapeError::PageOutOfRange {
             page,
-            num_pages: self.num_pages,
+            num_pages: self.num_pages(),
         })?;
         let snapshot = sync::scrape_snapshot(&p, chunk)?;
         let location = ChunkLocation { page, chunk };
@@ -648,7 +591,7 @@ impl<'m> Smb<'m> {
     where
         F: FnMut(&ScrapedChunk, &[u8]),
     {
-        let needed = self.page_size.chunk_size(PageLayout::Div1).unwrap_or(0);
+        let needed = self.chunk_size(PageLayout::Div1).unwrap_or(0);
         if dst.len() < needed {
             return Err(ScrapeError::BufferTooSmall {
                 needed,
@@ -656,7 +599,7 @@ impl<'m> Smb<'m> {
             });
         }
         let mut stats = ScrapeStats::default();
-        for page in 0..self.num_pages {
+        for page in 0..self.num_pages() {
             let Some(bitmap) = self.header_bitmap(page) else {
                 continue;
             };
@@ -814,7 +757,12 @@ impl WritableChunk<'_> {
     /// (a peer rewrote the page header, or contention beyond the retry
     /// budget) the chunk is lost and must not be committed.
     pub fn release_as_complete(self) -> Result<ChunkLocation, ReleaseError> {
-        sync::release_word_as_complete(self.header_bitmap, self.layout, usize::from(self.chunk))?;
+        // The chunk exists in its layout (it was taken in it).
+        sync::release_existing_as_complete(
+            self.header_bitmap,
+            self.layout,
+            usize::from(self.chunk),
+        )?;
         Ok(self.location())
     }
 }
@@ -909,7 +857,7 @@ impl ReadableChunk<'_> {
             .page(self.location.page)
             .ok_or(ReleaseError::PageOutOfRange {
                 page: self.location.page,
-                num_pages: self.smb.num_pages,
+                num_pages: self.smb.num_pages(),
             })?;
         sync::release_as_free(&p, self.layout, self.location.chunk)?;
         Ok(self.location)
@@ -1365,7 +1313,7 @@ mod tests {
         // The writer starts a second fragment: the first is now trusted.
         // Plays the producer of chunk 0 (page 0, Div2).
         fn poke(smb: &Smb<'_>, writer_id: u16, packets: u16) {
-            let words = smb.page(0).unwrap().words(PageLayout::Div2, 0).unwrap();
+            let words = smb.region.chunk_words(0, PageLayout::Div2, 0).unwrap();
             words.writer_id.store(writer_id, Ordering::Relaxed);
             words.packets.store(packets, Ordering::Release);
         }

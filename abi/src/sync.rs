@@ -27,6 +27,9 @@
 //!   The CAS in these loops is a weak one: a spurious failure (an interrupt
 //!   between the load-exclusive and the store-exclusive) counts as a lost
 //!   race and re-evaluates the same value.
+//!   On bare-metal targets every weak CAS on the shared words runs one
+//!   out-of-line routine with `AcqRel`/`Acquire` ordering, at least what any
+//!   caller asks.
 //!   `no_std` code cannot sleep: backing off is the caller's job.
 //! * After winning `Free → BeingWritten` the producer initializes the chunk
 //!   header: `writer_id` and `chunk_id` with `Relaxed`, then `packets` with
@@ -165,6 +168,14 @@ macro_rules! impl_words {
                 success: Ordering,
                 failure: Ordering,
             ) -> Result<u32, u32> {
+                // Bare metal: one shared routine, at least as strong as
+                // any ordering asked (see `cas_weak_acq_rel`).
+                #[cfg(target_os = "none")]
+                {
+                    let _ = (success, failure);
+                    cas_weak_acq_rel(self, current, new)
+                }
+                #[cfg(not(target_os = "none"))]
                 <$a32>::compare_exchange_weak(self, current, new, success, failure)
             }
         }
@@ -179,6 +190,19 @@ macro_rules! impl_words {
             }
         }
     };
+}
+
+/// The weak compare-and-exchange of every shared word on bare-metal targets,
+/// out of line: the chunk acquire, the chunk release and the ring's claim
+/// share one copy of the exclusive-access sequence instead of inlining one
+/// each (a firmware's code size). `AcqRel` on success and `Acquire` on
+/// failure: at least what any caller asks (`AcqRel`/`Acquire`,
+/// `AcqRel`/`Relaxed`, `Relaxed`/`Relaxed`), so each keeps the ordering its
+/// protocol needs; the extra barriers cost a chunk switch, never an event.
+#[cfg(target_os = "none")]
+#[inline(never)]
+fn cas_weak_acq_rel(word: &shared::AtomicU32, current: u32, new: u32) -> Result<u32, u32> {
+    word.compare_exchange_weak(current, new, AcqRel, Acquire)
 }
 
 impl_words!(shared::AtomicU32, shared::AtomicU16);
@@ -603,6 +627,18 @@ pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
     header_bitmap: &W,
     layout: PageLayout,
 ) -> Result<(PageLayout, usize), AcquireError> {
+    try_take_first_free_with(header_bitmap, layout, |found, chunk| Some((found, chunk)))
+}
+
+/// [`try_take_first_free`], with `place` run on the layout and chunk each
+/// attempt would take, before its compare-and-swap: what it returns is
+/// returned once the chunk is taken; `None` (a chunk the caller has no
+/// room for) takes nothing ([`AcquireError::NoFreeChunk`]).
+pub fn try_take_first_free_with<W: AtomicWord32 + ?Sized, T>(
+    header_bitmap: &W,
+    layout: PageLayout,
+    mut place: impl FnMut(PageLayout, usize) -> Option<T>,
+) -> Result<T, AcquireError> {
     let mut bitmap = header_bitmap.load(Acquire);
     for _ in 0..CAS_ATTEMPTS {
         let base = if bitmap == 0 {
@@ -613,9 +649,12 @@ pub fn try_take_first_free<W: AtomicWord32 + ?Sized>(
         let Some(chunk) = state::first_free(base) else {
             return Err(AcquireError::NoFreeChunk);
         };
+        let Some(placed) = place(state::layout(base), chunk) else {
+            return Err(AcquireError::NoFreeChunk);
+        };
         let next = base | ChunkState::BeingWritten.bits() << (chunk as u32 * 2);
         match header_bitmap.compare_exchange_weak(bitmap, next, AcqRel, Acquire) {
-            Ok(_) => return Ok((state::layout(base), chunk)),
+            Ok(_) => return Ok(placed),
             Err(b) => bitmap = b,
         }
     }
@@ -697,13 +736,46 @@ pub fn release_word_as_complete<W: AtomicWord32 + ?Sized>(
     acquired: PageLayout,
     chunk: usize,
 ) -> Result<(), ReleaseError> {
-    release_on(
-        header_bitmap,
-        Some(acquired),
-        chunk,
-        Transition::ReleaseAsComplete,
-        |_| Ok(()),
-    )
+    let num_chunks = acquired.num_chunks();
+    if chunk >= num_chunks {
+        return Err(ReleaseError::ChunkOutOfRange { chunk, num_chunks });
+    }
+    release_existing_as_complete(header_bitmap, acquired, chunk)
+}
+
+/// The compare-and-swap loop of [`release_word_as_complete`], for a chunk
+/// that exists in `acquired` (`chunk < acquired.num_chunks()`: checked by
+/// the caller, or a producer's chunk token's invariant). While the page
+/// keeps that layout the chunk has its state bits, so an attempt checks the
+/// layout and the chunk's state, not the index.
+pub(crate) fn release_existing_as_complete<W: AtomicWord32 + ?Sized>(
+    header_bitmap: &W,
+    acquired: PageLayout,
+    chunk: usize,
+) -> Result<(), ReleaseError> {
+    // Below 28: the chunk exists in a layout.
+    let shift = chunk as u32 * state::CHUNK_STATE_BITS;
+    let (from, to) = (ChunkState::BeingWritten, ChunkState::Complete);
+    let mut bitmap = header_bitmap.load(Relaxed);
+    for _ in 0..CAS_ATTEMPTS {
+        let found = state::layout(bitmap);
+        if found != acquired {
+            return Err(ReleaseError::LayoutChanged { acquired, found });
+        }
+        let state = ChunkState::from_bits(bitmap >> shift);
+        if state != from {
+            return Err(ReleaseError::WrongState {
+                expected: from,
+                found: state,
+            });
+        }
+        let next = bitmap & !(state::CHUNK_STATE_MASK << shift) | to.bits() << shift;
+        match header_bitmap.compare_exchange_weak(bitmap, next, AcqRel, Relaxed) {
+            Ok(_) => return Ok(()),
+            Err(actual) => bitmap = actual,
+        }
+    }
+    Err(ReleaseError::Contended)
 }
 
 /// S2: the service frees a chunk it acquired for reading with layout
@@ -893,6 +965,60 @@ mod tests {
                 found: ChunkState::Free
             })
         );
+    }
+
+    /// `try_take_first_free_with` runs `place` on what it would take,
+    /// before taking it: a refusal takes nothing, an answer comes back
+    /// once the chunk is taken.
+    #[test]
+    fn a_chunk_is_placed_before_it_is_taken() {
+        let word = shared::AtomicU32::new(0);
+        let refused = try_take_first_free_with(&word, PageLayout::Div4, |_, _| None::<()>);
+        assert_eq!(refused, Err(AcquireError::NoFreeChunk));
+        assert_eq!(word.load(Relaxed), 0, "nothing taken, nothing partitioned");
+        let mut seen = None;
+        let placed = try_take_first_free_with(&word, PageLayout::Div4, |layout, chunk| {
+            seen = Some((layout, chunk));
+            Some(chunk + 100)
+        });
+        assert_eq!((placed, seen), (Ok(100), Some((PageLayout::Div4, 0))));
+        assert_eq!(word.load(Relaxed), 0x3000_0001);
+        let next = try_take_first_free_with(&word, PageLayout::Div1, |layout, chunk| {
+            Some((layout, chunk))
+        });
+        assert_eq!(next, Ok((PageLayout::Div4, 1)), "the page keeps its layout");
+        assert_eq!(word.load(Relaxed), 0x3000_0005);
+    }
+
+    /// The release's own loop makes the state machine's transition
+    /// (`state::apply`): for every layout value and chunk index, over
+    /// pseudo-random words (garbage past the chunks and in the reserved
+    /// bit included), the same new word or the same refusal; a chunk the
+    /// acquired layout does not have is refused before any attempt.
+    #[test]
+    fn release_as_complete_is_the_state_machine_transition() {
+        let mut x = 0x2545_F491u32;
+        for i in 0..100_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let bitmap = (i % 16) << state::LAYOUT_SHIFT | x & state::ALL_CHUNKS_MASK;
+            let layout = state::layout(bitmap);
+            for chunk in 0..16 {
+                let word = shared::AtomicU32::new(bitmap);
+                let got = release_word_as_complete(&word, layout, chunk);
+                match state::apply(bitmap, chunk, Transition::ReleaseAsComplete) {
+                    Ok(next) => {
+                        assert_eq!(got, Ok(()), "{bitmap:#010x} {chunk}");
+                        assert_eq!(word.load(Relaxed), next, "{bitmap:#010x} {chunk}");
+                    }
+                    Err(e) => {
+                        assert_eq!(got, Err(e.into()), "{bitmap:#010x} {chunk}");
+                        assert_eq!(word.load(Relaxed), bitmap, "{bitmap:#010x} {chunk}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

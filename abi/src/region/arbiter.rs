@@ -112,20 +112,24 @@ impl<'s> ChunkArbiter<'s> for RegionArbiter<'s> {
     fn commit_chunk(&mut self, chunk: WritableChunk<'s>, _target_buffer: BufferId) {
         let header = chunk.header();
         let used = chunk.used() as u32;
-        let Ok(location) = chunk.release_as_complete() else {
-            self.control.count_chunk_lost();
-            return;
+        let lost = match chunk.release_as_complete() {
+            Ok(location) => {
+                let slot = SlotRepr::Chunk(ChunkSlot {
+                    writer_id: header.writer_id,
+                    chunk_id: header.chunk_id,
+                    page: location.page as u16,
+                    chunk: location.chunk as u8,
+                    used,
+                });
+                if self.control.ring().push(&slot).is_ok() {
+                    return;
+                }
+                false
+            }
+            Err(_) => true,
         };
-        let slot = SlotRepr::Chunk(ChunkSlot {
-            writer_id: header.writer_id,
-            chunk_id: header.chunk_id,
-            page: location.page as u16,
-            chunk: location.chunk as u8,
-            used,
-        });
-        if self.control.ring().push(&slot).is_err() {
-            self.control.count_ring_overflow();
-        }
+        // One counter update for either failure.
+        self.control.count_failed_commit(lost);
     }
 
     fn send_patches(&mut self, group: &PatchGroup<'_>) -> Result<(), PatchesDeferred> {

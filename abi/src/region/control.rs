@@ -38,9 +38,13 @@ impl<'m> Ring<'m> {
         })
     }
 
-    /// Word `k` of slot `index` (0: the sequence word, then the body).
-    fn word(&self, index: u32, k: usize) -> Option<&'m AtomicU32> {
-        self.words.get(index as usize * self.stride + k)
+    /// The body words of slot `index` (`None` past the ring).
+    #[inline]
+    fn body(&self, index: u32) -> Option<&'m [AtomicU32; 7]> {
+        // (Wrapping: an index below `slots` does not wrap, and one that
+        // does still finds words of the ring or none.)
+        let at = (index as usize).wrapping_mul(self.stride);
+        self.words.get(at.wrapping_add(1)..)?.first_chunk()
     }
 
     /// Publishes one record; [`RingFull`] if there is no room.
@@ -71,24 +75,30 @@ impl RingWords for Ring<'_> {
     }
 
     fn seq(&self, index: u32) -> Option<&AtomicU32> {
-        if index >= self.slots {
-            return None;
-        }
-        self.word(index, 0)
+        // (No check against `slots`: `words` holds `slots` slots, so none
+        // is found past them. Wrapping as in `body`.)
+        self.words.get((index as usize).wrapping_mul(self.stride))
     }
 
     fn write_body(&self, index: u32, body: &SlotBody) {
-        for (k, value) in body.iter().enumerate() {
-            if let Some(w) = self.word(index, 1 + k) {
-                w.store(*value, Relaxed);
-            }
+        // One check for the seven words, and one store each (the body is
+        // mostly constants).
+        if let Some([w1, w2, w3, w4, w5, w6, w7]) = self.body(index) {
+            let [b1, b2, b3, b4, b5, b6, b7] = *body;
+            w1.store(b1, Relaxed);
+            w2.store(b2, Relaxed);
+            w3.store(b3, Relaxed);
+            w4.store(b4, Relaxed);
+            w5.store(b5, Relaxed);
+            w6.store(b6, Relaxed);
+            w7.store(b7, Relaxed);
         }
     }
 
     fn read_body(&self, index: u32) -> SlotBody {
         let mut body = [0u32; 7];
-        for (k, value) in body.iter_mut().enumerate() {
-            if let Some(w) = self.word(index, 1 + k) {
+        if let Some(words) = self.body(index) {
+            for (value, w) in body.iter_mut().zip(words) {
                 *value = w.load(Relaxed);
             }
         }
@@ -271,6 +281,18 @@ impl<'m> Control<'m> {
     /// Firmware: counts a chunk lost (could not be completed).
     pub fn count_chunk_lost(&self) {
         self.add(offset::CHUNKS_LOST, 1);
+    }
+
+    /// Firmware: counts a chunk commit that failed: a chunk lost if `lost`
+    /// ([`count_chunk_lost`](Self::count_chunk_lost)), else one that found
+    /// the ring full ([`count_ring_overflow`](Self::count_ring_overflow)).
+    pub(crate) fn count_failed_commit(&self, lost: bool) {
+        let at = if lost {
+            offset::CHUNKS_LOST
+        } else {
+            offset::RING_OVERFLOWS
+        };
+        self.add(at, 1);
     }
 
     /// Firmware: shows it is alive (call periodically).

@@ -24,13 +24,16 @@
 //!   `seq[p]` (**Acquire**: pairs with the consumer's release of the slot,
 //!   so its reads of the previous record happen before our writes):
 //!   `seq == p` continue; `seq - p < 0` (as i32) the ring is full; `> 0`
-//!   another producer got there first: reread `head` (with a
-//!   compare-and-swap of `pos` for itself, which reads the latest value; if
-//!   it succeeds `head` never moved and the slot is broken: give up as
-//!   full) and retry. Then claim
-//!   with `compare_exchange(head, pos, pos + n)` (Relaxed: the claim orders
-//!   nothing, the sequence words do); on failure retry from the value
-//!   found. Having won, write each body (Relaxed word stores), then
+//!   another producer got there first. Then one weak
+//!   `compare_exchange(head, pos, pos + n)` claims the positions if all
+//!   were free (Relaxed: the claim orders nothing, the sequence words do);
+//!   if another producer got there first it is
+//!   `compare_exchange(head, pos, pos)`, which fetches the latest `head`
+//!   (a read-modify-write sees it, where a load could keep returning a
+//!   stale one): if it succeeds `head` never moved and the slot is broken:
+//!   give up as full. On failure (a lost race, or a spurious one) retry
+//!   from the value found. Having won, write each body (Relaxed word
+//!   stores), then
 //!   `seq[p] = p + 1` (**Release**: publishes the body). Retries are
 //!   bounded by [`CAS_ATTEMPTS`]; running out counts as full, so a peer
 //!   scribbling on `head` or `seq` can never make a producer spin.
@@ -83,28 +86,22 @@ impl core::fmt::Display for RingFull {
 
 impl core::error::Error for RingFull {}
 
-enum Probe {
-    Free,
-    Full,
-    Moved,
-}
-
-fn probe<R: RingWords + ?Sized>(ring: &R, pos: u32, n: u32) -> Probe {
+/// How many positions from `pos` on to claim: `n` if the `n` slots are
+/// free for them, 0 if another producer claimed one first (`head` moved);
+/// `None` if the ring is full there (or a sequence word is broken).
+fn probe<R: RingWords + ?Sized>(ring: &R, pos: u32, n: u32) -> Option<u32> {
     let mask = ring.slots().wrapping_sub(1);
     for i in 0..n {
         let p = pos.wrapping_add(i);
-        let Some(seq) = ring.seq(p & mask) else {
-            return Probe::Full;
-        };
-        let dif = seq.load(Ordering::Acquire).wrapping_sub(p) as i32;
+        let dif = ring.seq(p & mask)?.load(Ordering::Acquire).wrapping_sub(p) as i32;
         if dif < 0 {
-            return Probe::Full;
+            return None;
         }
         if dif > 0 {
-            return Probe::Moved;
+            return Some(0);
         }
     }
-    Probe::Free
+    Some(n)
 }
 
 /// Publishes `n` records, all or none, in consecutive positions: `body` is
@@ -124,28 +121,20 @@ pub fn try_push<R: RingWords + ?Sized>(
     let head = ring.head();
     let mut pos = head.load(Ordering::Relaxed);
     for _ in 0..CAS_ATTEMPTS {
-        match probe(ring, pos, n) {
-            Probe::Full => return Err(RingFull),
-            Probe::Moved => {
-                // Another producer claimed a position from `pos` on, so
-                // `head` has moved past it: fetch it with a read-modify-write
-                // (which sees the latest value, where a load could keep
-                // returning a stale one). Succeeding means `head` did not
-                // move: the sequence word is not one a producer wrote.
-                match head.compare_exchange(pos, pos, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => return Err(RingFull),
-                    Err(found) => pos = found,
-                }
-                continue;
-            }
-            Probe::Free => {}
-        }
-        match head.compare_exchange(
+        // Free: claim the positions. Moved: another producer claimed a
+        // position from `pos` on, so `head` has moved past it: fetch it
+        // with a read-modify-write of `pos` for itself (which sees the
+        // latest value, where a load could keep returning a stale one);
+        // succeeding means `head` did not move: the sequence word is not
+        // one a producer wrote.
+        let claim = probe(ring, pos, n).ok_or(RingFull)?;
+        match head.compare_exchange_weak(
             pos,
-            pos.wrapping_add(n),
+            pos.wrapping_add(claim),
             Ordering::Relaxed,
             Ordering::Relaxed,
         ) {
+            Ok(_) if claim == 0 => return Err(RingFull),
             Ok(_) => {
                 for i in 0..n {
                     let p = pos.wrapping_add(i);
@@ -156,6 +145,8 @@ pub fn try_push<R: RingWords + ?Sized>(
                 }
                 return Ok(());
             }
+            // A lost race, or a spurious failure (`found == pos`): probe
+            // again.
             Err(found) => pos = found,
         }
     }

@@ -627,3 +627,39 @@ fn emit_writes_the_static_part_word_by_word_as_init_does() {
         })
     );
 }
+
+#[test]
+fn a_push_into_a_full_or_broken_ring_fails_and_moves_nothing() {
+    let mut storage = Box::new(RegionStorage::<8192, 2>::new());
+    let handles = storage.init(&config()).unwrap();
+    let ring = *handles.control.ring();
+    let ord = core::sync::atomic::Ordering::Relaxed;
+    let seq = |i: u32| ring::RingWords::seq(&ring, i).unwrap().load(ord);
+    let head = || ring::RingWords::head(&ring).load(ord);
+    let record = |chunk_id| {
+        SlotRepr::Chunk(ChunkSlot {
+            writer_id: 1,
+            chunk_id,
+            page: 0,
+            chunk: 0,
+            used: 8,
+        })
+    };
+    // Two slots: two records, then full (nobody consumed).
+    assert_eq!(ring.push(&record(0)), Ok(()));
+    assert_eq!(ring.push(&record(1)), Ok(()));
+    assert_eq!((head(), seq(0), seq(1)), (2, 1, 2));
+    assert_eq!(ring.push(&record(2)), Err(ring::RingFull));
+    assert_eq!((head(), seq(0), seq(1)), (2, 1, 2));
+    // Consumed: free again, the record lands in slot 0 for position 2.
+    ring::release(&ring, 0);
+    assert_eq!(ring.push(&record(2)), Ok(()));
+    assert_eq!((head(), seq(0)), (3, 3));
+    assert_eq!(ring::peek(&ring, 2), ring::Peek::Ready(record(2).to_body()));
+    // A peer sets slot 1's sequence word ahead of `head` (3) as if another
+    // producer had claimed position 3, but `head` never moves: the push
+    // gives up as full after its bounded retries, claiming nothing.
+    ring::RingWords::seq(&ring, 1).unwrap().store(7, ord);
+    assert_eq!(ring.push(&record(3)), Err(ring::RingFull));
+    assert_eq!((head(), seq(1)), (3, 7));
+}

@@ -6,8 +6,13 @@
 //! * A [`Region`] covers `len` bytes starting at a non-null `base` that stay
 //!   valid for reads and writes for `'m` and are never referenced through
 //!   `&[u8]`/`&mut [u8]` (a peer may change them at any time).
+//! * Its pages tile it: `base` is 8-aligned and `len` is `num_pages` (at
+//!   least 1) times a validated [`PageSize`] (checked once, by
+//!   [`Region::new`]). So a page index below `num_pages` and a chunk of a
+//!   [`PageSize::chunk_geometry`] (which lies inside its page, 4-aligned)
+//!   need no further check.
 //! * Atomic words are handed out only at in-bounds, naturally aligned
-//!   offsets ([`Region::atomic_u32`], [`Region::chunk_words`]).
+//!   offsets ([`Region::header_bitmap`], [`Region::chunk_words`]).
 //! * Payload bytes are touched only through [`PayloadMut`] / [`Payload`],
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
@@ -19,13 +24,16 @@
 //!   writes mask the index to below `len` instead of checking it, so they
 //!   stay inside the window (slack included) whatever the index.
 
-use crate::layout::{CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, PACKETS_OFFSET, WRITER_ID_OFFSET};
+use crate::layout::{
+    ChunkGeometry, PageLayout, PageSize, CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, HEADER_BITMAP_OFFSET,
+    PACKETS_OFFSET, SMB_ALIGNMENT, WRITER_ID_OFFSET,
+};
 use crate::sync::shared::{AtomicU16, AtomicU32};
 use crate::sync::ChunkWords;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
-use super::SmbStorage;
+use super::{SmbError, SmbStorage};
 
 // `from_ptr` needs the pointer aligned to the atomic's alignment; we check
 // offsets against these, so they must not exceed the integer's size.
@@ -59,6 +67,9 @@ impl core::error::Error for OutOfBounds {}
 pub(crate) struct Region<'m> {
     base: NonNull<u8>,
     len: usize,
+    page_size: PageSize,
+    /// `len / page_size`, at least 1 (module invariants).
+    num_pages: usize,
     _memory: PhantomData<&'m core::cell::UnsafeCell<[u8]>>,
 }
 
@@ -73,31 +84,61 @@ unsafe impl Send for Region<'_> {}
 unsafe impl Sync for Region<'_> {}
 
 impl<'m> Region<'m> {
+    /// The region of pages of `page_size` over `len` bytes at `base`.
+    /// Fails unless `base` is 8-aligned and `len` a non-zero multiple of
+    /// the page size.
+    ///
     /// # Safety
     ///
     /// `base` must be valid for reads and writes of `len` bytes for all of
     /// `'m`, and during `'m` no Rust reference to those bytes may exist.
-    pub(crate) const unsafe fn new(base: NonNull<u8>, len: usize) -> Self {
-        Region {
+    pub(crate) unsafe fn new(
+        base: NonNull<u8>,
+        len: usize,
+        page_size: PageSize,
+    ) -> Result<Self, SmbError> {
+        let addr = base.as_ptr() as usize;
+        if addr % SMB_ALIGNMENT != 0 {
+            return Err(SmbError::Misaligned { addr });
+        }
+        if len == 0 {
+            return Err(SmbError::Empty);
+        }
+        // (`checked_rem`: a page size is never 0, and firmware gets no
+        // panic path for it.)
+        if len.checked_rem(page_size.get()) != Some(0) {
+            return Err(SmbError::NotMultipleOfPageSize { len, page_size });
+        }
+        Ok(Region {
             base,
             len,
+            page_size,
+            num_pages: len / page_size.get(),
             _memory: PhantomData,
-        }
+        })
     }
 
     /// Region over storage the caller lends exclusively for `'m`.
-    pub(crate) fn from_storage<const N: usize>(storage: &'m mut SmbStorage<N>) -> Self {
+    pub(crate) fn from_storage<const N: usize>(
+        storage: &'m mut SmbStorage<N>,
+        page_size: PageSize,
+    ) -> Result<Self, SmbError> {
         let base = NonNull::from(&mut storage.bytes).cast::<u8>();
         // SAFETY: `base` comes from a `&'m mut [u8; N]`, so it is valid for
         // reads and writes of `N` bytes for `'m`; the exclusive borrow is
         // held by the returned region for all of `'m`, so no other reference
         // to the bytes can exist meanwhile.
-        unsafe { Region::new(base, N) }
+        unsafe { Region::new(base, N, page_size) }
     }
 
-    /// Address of the first byte.
-    pub(crate) fn addr(&self) -> usize {
-        self.base.as_ptr() as usize
+    /// The page size.
+    pub(crate) fn page_size(&self) -> PageSize {
+        self.page_size
+    }
+
+    /// Number of pages (at least 1).
+    pub(crate) fn num_pages(&self) -> usize {
+        self.num_pages
     }
 
     /// Length in bytes.
@@ -109,40 +150,58 @@ impl<'m> Region<'m> {
         matches!(offset.checked_add(len), Some(end) if end <= self.len)
     }
 
-    /// The 32-bit atomic at `offset`, if in bounds and 4-aligned.
-    pub(crate) fn atomic_u32(&self, offset: usize) -> Option<&AtomicU32> {
-        if !self.in_bounds(offset, 4) || (self.addr().wrapping_add(offset)) % 4 != 0 {
+    /// Page `page`'s `header_bitmap` word; `None` if there is no such page.
+    #[inline]
+    pub(crate) fn header_bitmap(&self, page: usize) -> Option<&AtomicU32> {
+        if page >= self.num_pages {
             return None;
         }
-        // SAFETY: `offset + 4 <= len` so the word lies inside the region,
-        // which is valid for reads and writes for `'m` (outliving `&self`);
-        // the address is 4-aligned as checked above, matching
-        // `align_of::<AtomicU32>()`. Within this process the word is only
-        // accessed atomically: non-atomic accesses go through `Payload*`,
-        // whose constructors require exclusive ownership of payload bytes,
-        // and the state machine keeps payloads disjoint from live header
-        // words (a page's layout only changes once all its chunks are free).
-        // With `portable-atomic`'s lock-based fallback every access of this
+        let offset = page * self.page_size.get() + HEADER_BITMAP_OFFSET;
+        // SAFETY: the page is one of those that tile the region (module
+        // invariants), so its 8-byte page header, this word included, lies
+        // inside the region, which is valid for reads and writes for `'m`
+        // (outliving `&self`); the page starts at a multiple of 4096 from an
+        // 8-aligned base and the word at offset 0 of it, so it is 4-aligned,
+        // matching `align_of::<AtomicU32>()`. Within this process the word
+        // is only accessed atomically: non-atomic accesses go through
+        // `Payload*`, whose constructors require exclusive ownership of
+        // payload bytes, and payloads never overlap page headers. With
+        // `portable-atomic`'s lock-based fallback every access of this
         // process goes through the same `AtomicU32` type, as it requires.
         Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
     }
 
-    /// Whether `offset` (from the base) is 4-aligned in memory.
-    fn aligned4(&self, offset: usize) -> bool {
-        self.addr().wrapping_add(offset) % 4 == 0
-    }
-
-    /// The three header words of the chunk whose header is at `offset`
-    /// (`chunk_id`, `writer_id`, `packets`), if the 8 header bytes are in
-    /// bounds and 4-aligned: one check for the three.
-    pub(crate) fn chunk_words(
+    /// Offset from the base and size (header included) of chunk `chunk` of
+    /// page `page` under `layout`; `None` if there is no such page or chunk.
+    /// The chunk lies inside its page and starts 4-aligned (module
+    /// invariants).
+    #[inline]
+    pub(crate) fn chunk_span(
         &self,
-        offset: usize,
-    ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
-        if !self.in_bounds(offset, CHUNK_HEADER_SIZE) || !self.aligned4(offset) {
+        page: usize,
+        layout: PageLayout,
+        chunk: usize,
+    ) -> Option<(usize, usize)> {
+        if page >= self.num_pages {
             return None;
         }
-        // SAFETY: checked just above.
+        let g = self.page_size.chunk_geometry(layout, chunk)?;
+        Some((page * self.page_size.get() + g.offset, g.size))
+    }
+
+    /// The three header words (`chunk_id`, `writer_id`, `packets`) of chunk
+    /// `chunk` of page `page` under `layout`; `None` if there is no such
+    /// page or chunk.
+    pub(crate) fn chunk_words(
+        &self,
+        page: usize,
+        layout: PageLayout,
+        chunk: usize,
+    ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
+        let (offset, _) = self.chunk_span(page, layout, chunk)?;
+        // SAFETY: a chunk's span lies in the region and starts 4-aligned,
+        // and a chunk holds at least its 8-byte header (module invariants,
+        // `PageSize::chunk_geometry`).
         Some(unsafe { self.chunk_words_unchecked(offset) })
     }
 
@@ -180,41 +239,42 @@ impl<'m> Region<'m> {
     }
 
     /// The header words and write access to the payload of the chunk of
-    /// `size` bytes (header included) at `offset`; `None` if the chunk is
-    /// out of the region, its header not 4-aligned, or its payload shorter
-    /// than 0 or longer than 64 KiB - 1 bytes (a chunk's never is). One
-    /// check for the whole chunk.
+    /// page `page` at `geometry`.
     ///
     /// # Safety
     ///
-    /// For the lifetime of the result, nothing in this process may access
-    /// the payload bytes except through it: the caller owns the chunk as
-    /// `BeingWritten`.
+    /// `page` is below the page count and `geometry` is one the region's
+    /// page size gives ([`PageSize::chunk_geometry`]), so the chunk lies in
+    /// that page. For the lifetime of the result, nothing in this process
+    /// may access the payload bytes except through it: the caller owns the
+    /// chunk as `BeingWritten`.
+    #[inline]
     pub(crate) unsafe fn writable_chunk(
         &self,
-        offset: usize,
-        size: usize,
-    ) -> Option<(ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>)> {
-        let len = u16::try_from(size.checked_sub(CHUNK_HEADER_SIZE)?).ok()?;
-        if !self.in_bounds(offset, size) || !self.aligned4(offset) {
-            return None;
-        }
-        // SAFETY: `offset + 8 <= offset + size <= len` and the header is
-        // 4-aligned, as checked.
+        page: usize,
+        geometry: ChunkGeometry,
+    ) -> (ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>) {
+        let offset = page * self.page_size.get() + geometry.offset;
+        let size = geometry.size;
+        // SAFETY: the chunk lies in one of the pages that tile the region
+        // (contract, module invariants), starts 4-aligned and holds at least
+        // its 8-byte header (`PageSize::chunk_geometry`).
         let words = unsafe { self.chunk_words_unchecked(offset) };
-        // SAFETY: `offset + size <= len` (checked), so the payload's
-        // `size - 8` bytes after the header lie inside the region and the
-        // pointer stays in the same allocation.
+        // SAFETY: as above: the payload's `size - 8` bytes after the header
+        // lie inside the region, so the pointer stays in the same
+        // allocation.
         let ptr = unsafe { self.base.add(offset + CHUNK_HEADER_SIZE) };
-        Some((
+        (
             words,
             PayloadMut {
                 ptr,
-                len,
+                // Lossless: a chunk is at most a page (64 KiB) less its
+                // page header.
+                len: (size - CHUNK_HEADER_SIZE) as u16,
                 limit: 0,
                 _chunk: PhantomData,
             },
-        ))
+        )
     }
 
     /// Read access to `len` payload bytes at `offset`; `None` if out of the

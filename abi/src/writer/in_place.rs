@@ -329,17 +329,22 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// inflated, or while a loss or the sequence's first packet waits, or
     /// while the fast path is held.
     fn update_limit(&mut self) {
-        let allowed = self.inflated && self.pending_loss == 0 && !self.first_packet && !self.held;
-        let Some(chunk) = self.chunk.as_mut() else {
-            return;
+        let limit = if self.inflated
+            && self.pending_loss == 0
+            && !self.first_packet
+            && !self.held
+            && self.count <= MAX_FRAGMENTS_PER_CHUNK
+        {
+            usize::from(self.cursor)
+                + WINDOW_LEN
+                + WINDOW_SLACK
+                + usize::from(MAX_FRAGMENTS_PER_CHUNK - self.count)
+        } else {
+            0
         };
-        let limit = match MAX_FRAGMENTS_PER_CHUNK.checked_sub(self.count) {
-            Some(more) if allowed => {
-                usize::from(self.cursor) + WINDOW_LEN + WINDOW_SLACK + usize::from(more)
-            }
-            _ => 0,
-        };
-        chunk.set_window_limit(limit);
+        if let Some(chunk) = self.chunk.as_mut() {
+            chunk.set_window_limit(limit);
+        }
     }
 
     /// Holds the fast path ([`InPlaceWriter::write_fast`] refuses every
