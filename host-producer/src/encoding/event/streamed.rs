@@ -105,7 +105,9 @@ impl<T: Target> InPlace<'_, T> {
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
-    #[inline]
+    // Inlined into each of the visitor's typed methods, where the value's
+    // kind is known: no call, no dispatch on the kind.
+    #[inline(always)]
     fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
         if let Some(a) = self.start(name) {
             put_arg_value(self.f, value.arg());
