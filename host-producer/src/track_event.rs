@@ -566,11 +566,12 @@ pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFi
     // `with_writers` itself, as on the other paths.
     let mut declined = 0;
     track_event_type().with_writers(mask, |inner, instance| {
-        if !inner
-            .seq
-            .write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, head, fields, ns)
-        {
-            declined |= 1 << instance.slot;
+        use crate::encoding::event::Streamed;
+        let seq = &mut inner.seq;
+        match seq.write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, head, fields, ns) {
+            Streamed::Written => {}
+            Streamed::Dropped => count_drop(instance),
+            Streamed::Declined => declined |= 1 << instance.slot,
         }
     });
     declined

@@ -90,7 +90,7 @@
 //! * **No allocation per event** for events whose fields are primitive
 //!   values: an event of a recent trace point is encoded into the chunk as
 //!   `tracing` hands its fields over (a `Debug` value formatted straight
-//!   into it); otherwise (a first event, a packet too long for the
+//!   into it, a message without arguments copied unformatted); otherwise (a first event, a packet too long for the
 //!   chunk's window, ...) fields go to an array on the stack, text to a
 //!   per-thread buffer reused from event to event, and the fields are
 //!   visited again for that (a `Debug` impl then runs once more per
@@ -111,6 +111,7 @@
 
 mod callsites;
 mod fields;
+mod message;
 mod spans;
 
 use std::any::TypeId;

@@ -6,21 +6,27 @@
 //!
 //! # Invariants
 //!
-//! * The bytes are those of [`SequenceState::write_flat`] for the same
-//!   fields: the packet's start, the trace point's pre-encoded head
-//!   ([`flat_heads`]), then each field as
+//! * The bytes are those of [`SequenceState::write_flat`]'s in-place
+//!   encoder for the same fields: the packet's start, the trace point's
+//!   pre-encoded head ([`flat_heads`]), then each field as
 //!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
 //!   (its start pre-encoded too where the head has it). A text value's
 //!   length is reserved as one byte: the whole packet is shorter than 128
-//!   bytes (else the window declines it), so its varint has that one
-//!   byte.
-//! * It declines (returns `false` with nothing written and the sequence
-//!   unchanged) whenever `write_flat` would not take its own in-place
-//!   encoder from a pre-encoded head: no recent head for the trace point,
-//!   a field name not interned, a reset due, a window too short, or the
-//!   fields' source asking for it ([`FlatFields::each`] returning
-//!   `false`). The caller then collects the fields and calls `write_flat`,
-//!   which visits them again (a `Debug` value is formatted twice then).
+//!   bytes (else the encoding fails), so its varint has that one byte.
+//! * Where the writer takes no packet in place (the last bytes of a
+//!   chunk, no chunk, a loss to mark first), that packet is encoded into
+//!   the sequence's scratch buffer and copied by the writer, which splits
+//!   it across chunks where its general path would. (`write_flat` there
+//!   goes the general way, whose nested lengths take two bytes: the same
+//!   event, decoded.)
+//! * It declines (returns [`Streamed::Declined`] with nothing written and
+//!   the sequence unchanged) whenever `write_flat` would not take its own
+//!   in-place encoder from a pre-encoded head: no recent head for the
+//!   trace point, a field name not interned, a reset due, a packet of 128
+//!   bytes or more, or the fields' source asking for it
+//!   ([`FlatFields::each`] returning `false`). The caller then collects
+//!   the fields and calls `write_flat`, which visits them again (a `Debug`
+//!   value is formatted twice then).
 
 use std::fmt;
 
@@ -105,7 +111,9 @@ impl<T: Target> InPlace<'_, T> {
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
-    #[inline]
+    // Inlined into each of the visitor's typed methods, where the value's
+    // kind is known: no call, no dispatch on the kind.
+    #[inline(always)]
     fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
         if let Some(a) = self.start(name) {
             put_arg_value(self.f, value.arg());
@@ -144,13 +152,53 @@ impl<T: Target> fmt::Write for Text<'_, T> {
     }
 }
 
+/// What [`SequenceState::write_flat_streamed`] made of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Streamed {
+    /// Written.
+    Written,
+    /// Encoded, but the writer dropped it (no chunk to give); the sequence
+    /// is reset as after any lost event. The caller counts it.
+    Dropped,
+    /// Nothing written, the sequence unchanged: the caller writes the
+    /// event with [`SequenceState::write_flat`].
+    Declined,
+}
+
+/// The packet of a streamed event: its start, the trace point's head
+/// `entry`, then `fields`; `false` if a field declined.
+#[inline(always)]
+fn encode_streamed<T: Target, F: FlatFields>(
+    f: &mut Cursor<T>,
+    delta: u64,
+    entry: &FlatHead,
+    arg_names: &StrInterner,
+    fields: &F,
+) -> bool {
+    let te = put_packet_start(f, delta);
+    entry.put(f);
+    let mut out = InPlace {
+        f,
+        head: entry,
+        arg_names,
+        next: 0,
+        ok: true,
+    };
+    let complete = fields.each(&mut out);
+    let ok = out.ok && complete;
+    f.end_short(te);
+    ok
+}
+
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
     /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
     /// annotation `head` and then `fields`, encoded into the chunk as
-    /// `fields` hands them over (see the module docs). `false`: declined,
-    /// nothing written; the caller writes the event with
-    /// [`SequenceState::write_flat`].
+    /// `fields` hands them over (see the module docs). Where the writer
+    /// takes no packet in place (the last bytes of a chunk, no chunk, a
+    /// loss to mark first) the same packet is encoded into the scratch
+    /// buffer and handed to the writer to copy, split across chunks where
+    /// its general path splits packets: the fields are still visited once.
     #[inline(never)]
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
@@ -160,38 +208,46 @@ impl SequenceState {
         head: (&'static str, &'static str),
         fields: &F,
         ns: u64,
-    ) -> bool {
+    ) -> Streamed {
         const BEGIN: u8 = EventType::SliceBegin as u8;
         const INSTANT: u8 = EventType::Instant as u8;
         debug_assert!(KIND == BEGIN || KIND == INSTANT);
         let Some(delta) = self.flat_delta(category, ns) else {
-            return false;
+            return Streamed::Declined;
         };
         let Some(entry) = self.flat_heads.get(KIND, category, name, head, self.resets) else {
-            return false;
+            return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;
+        let mut tried = false;
         let written = w.write_in_place(|f| {
-            let te = put_packet_start(f, delta);
-            entry.put(f);
-            let mut out = InPlace {
-                f,
-                head: entry,
-                arg_names,
-                next: 0,
-                ok: true,
-            };
-            let complete = fields.each(&mut out);
-            let ok = out.ok && complete;
-            f.end_short(te);
-            ok
+            tried = true;
+            encode_streamed(f, delta, entry, arg_names, fields)
         });
-        if written {
-            self.clock_base = ns;
-            if KIND == BEGIN {
-                self.slices.push(true);
+        if !written && tried {
+            return Streamed::Declined;
+        }
+        if !written {
+            let mut c = Cursor::new(&mut *self.scratch);
+            let encoded = encode_streamed(&mut c, delta, entry, arg_names, fields);
+            let Some(n) = c.finish().filter(|_| encoded) else {
+                return Streamed::Declined;
+            };
+            if !w.write_encoded_packet_in(&self.scratch[..], n) {
+                // As `write_event` after a lost packet (a lost begin's end
+                // is then not written either).
+                self.needs_reset = true;
+                self.lost_before_start |= !self.started;
+                if KIND == BEGIN {
+                    self.slices.push(false);
+                }
+                return Streamed::Dropped;
             }
         }
-        written
+        self.clock_base = ns;
+        if KIND == BEGIN {
+            self.slices.push(true);
+        }
+        Streamed::Written
     }
 }

@@ -66,7 +66,11 @@ impl<O: FlatOut> Visit for Visitor<'_, O> {
         self.0.value(field.name(), FieldValue::Str(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.debug(field.name(), value);
+        match super::message::literal(field, value) {
+            // A message without arguments: its text, unformatted.
+            Some(text) => self.0.value(field.name(), FieldValue::Str(text)),
+            None => self.0.debug(field.name(), value),
+        }
     }
 }
 
