@@ -260,10 +260,10 @@ impl AnyTrack {
 /// The tracks whose descriptor was emitted on a sequence since its last
 /// clear, by [`AnyTrack::key`]: up to `N` of them, then nothing more is
 /// remembered (the descriptor of a track beyond that is written again
-/// before each use).
+/// before each use). Newest first; a free slot holds 0, which is no
+/// `static`'s address, so a lookup needs no length.
 pub struct TrackSet<const N: usize> {
     keys: [usize; N],
-    len: usize,
 }
 
 impl<const N: usize> Default for TrackSet<N> {
@@ -275,36 +275,35 @@ impl<const N: usize> Default for TrackSet<N> {
 impl<const N: usize> TrackSet<N> {
     /// An empty set.
     pub const fn new() -> Self {
-        Self {
-            keys: [0; N],
-            len: 0,
-        }
+        Self { keys: [0; N] }
     }
 
-    /// Whether the track with `key` is in the set: newest first (the
-    /// sequence's default track, described first at every reset, is not
-    /// looked up by the writers).
+    /// Whether the track with `key` (not 0) is in the set: newest first.
     #[inline(always)]
     pub fn contains(&self, key: usize) -> bool {
-        let live = self.keys.get(..self.len).unwrap_or_default();
-        live.iter().rev().any(|&k| k == key)
+        self.keys.contains(&key)
     }
 
-    /// Adds the track with `key`; `false` if the set is full.
+    /// Adds the track with `key` (not 0) as the newest; `false` if the set
+    /// is full.
     pub fn insert(&mut self, key: usize) -> bool {
-        match self.keys.get_mut(self.len) {
-            Some(slot) => {
-                *slot = key;
-                self.len += 1;
-                true
-            }
-            None => false,
+        if self.keys.last().is_none_or(|&k| k != 0) {
+            return false;
         }
+        // Each key moves one slot down, up to the first free one.
+        let mut carry = key;
+        for k in self.keys.iter_mut() {
+            carry = core::mem::replace(k, carry);
+            if carry == 0 {
+                break;
+            }
+        }
+        true
     }
 
     /// Empties the set.
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.keys = [0; N];
     }
 }
 
@@ -388,10 +387,14 @@ mod tests {
             AnyTrack::Counter(&C).key(),
         ];
         let mut s = TrackSet::<2>::new();
-        assert!(s.insert(a) && s.insert(b));
-        assert!(!s.insert(c));
-        assert!(s.contains(b) && !s.contains(c));
-        s.clear();
         assert!(!s.contains(a));
+        assert!(s.insert(a) && s.contains(a) && !s.contains(b));
+        assert!(s.insert(b));
+        assert_eq!(s.keys, [b, a], "newest first");
+        assert!(!s.insert(c));
+        assert!(s.contains(a) && s.contains(b) && !s.contains(c));
+        s.clear();
+        assert!(!s.contains(a) && !s.contains(b));
+        assert!(s.insert(c) && s.contains(c) && !s.contains(a));
     }
 }

@@ -143,7 +143,7 @@ impl SliceStack {
 
 /// Writes track events of one sequence (one writer id) into chunks from an
 /// arbiter, with per-sequence interning in a table of `N` entries (a power
-/// of two), descriptors remembered for `T` tracks and the interned ids of
+/// of two), descriptors remembered for `T` tracks (besides the default one) and the interned ids of
 /// `S` call sites ([`EventSite`]s) cached.
 ///
 /// See the [module docs](super) for what the sequence looks like and what
@@ -425,15 +425,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// floating-point path.
     #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
-        let te;
+        // Only the rest goes on the stack (its address is the argument);
+        // the track event's first word is passed in registers.
+        let rest;
         let (rest, a) = match track
             .sample_head()
             .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .filter(|_| FastTe::fits(value))
+            .and_then(|head| FastTe::sample(head, value))
         {
-            Some(head) => {
-                te = FastTe::sample(head, value);
-                (&te.rest, te.a)
+            Some(te) => {
+                rest = te.rest;
+                (&rest, te.a)
             }
             None => (&Rest::SLOW, 0),
         };
@@ -640,7 +642,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// caller knows it is not the default track's, described at every
     /// reset); `false` (counted) if that packet was lost.
     fn described(&mut self, track: AnyTrack, now: u64) -> bool {
-        if self.tracks.contains(track.key()) || self.describe(track, now) {
+        if self.tracks.contains(track.key()) {
+            return true;
+        }
+        if self.describe(track, now) {
+            // A full set only means the descriptor is written again next
+            // time.
+            let _ = self.tracks.insert(track.key());
             return true;
         }
         self.stats.events_dropped += 1;
@@ -770,18 +778,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.describe(AnyTrack::Slices(track), now)
     }
 
-    /// Writes `track`'s descriptor packet and remembers it.
+    /// Writes `track`'s descriptor packet (the default track's, at every
+    /// reset, is not remembered in the track set: no event looks it up).
     #[cold]
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
         let args = track.track().descriptor([now, u64::from(clock_id)]);
-        if !self.put_cold(encode::DESCRIPTOR, &args) {
-            return false;
-        }
-        // A full set only means the descriptor is written again next time.
-        let _ = self.tracks.insert(track.key());
-        true
+        self.put_cold(encode::DESCRIPTOR, &args)
     }
 
     /// The general path of [`EventBuilder::emit`]: any event, interning
@@ -985,29 +989,22 @@ impl FastTe {
         u64::from(low) | u64::from(high) << 32
     }
 
-    /// Whether the fast path writes a sample of `value`: an integer in
-    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
-    /// of them from its low bits), or a double.
+    /// A counter sample's `track_event`, of `value`, on the track whose
+    /// sample head ([`CounterTrack::sample_head`]) is `head`, if the fast
+    /// path writes it: an integer in `i32` range below 2^28 (a negative one
+    /// is always 10 varint bytes, 4 of them from its low bits), or a
+    /// double.
     #[inline(always)]
-    fn fits(value: CounterValue) -> bool {
-        match value {
-            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
-            CounterValue::Double(_) => true,
-        }
-    }
-
-    /// A counter sample's `track_event`, of `value` (one that
-    /// [`FastTe::fits`]), on the track whose sample head
-    /// ([`CounterTrack::sample_head`]) is `head`.
-    #[inline(always)]
-    fn sample(head: (u64, usize), value: CounterValue) -> Self {
+    fn sample(head: (u64, usize), value: CounterValue) -> Option<Self> {
         let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
         let (value, tail) = match value {
-            CounterValue::Int(v) if v >= 0 => {
+            CounterValue::Int(v) if (0..1 << 28).contains(&v) => {
                 let (word, n) = varint_word(v as u32);
                 ((int | u64::from(word) << 16, 2 + n), (0, 0))
             }
-            CounterValue::Int(v) => {
+            // In `i32` range: a word compare of the high word with the low
+            // word's sign (a 64-bit range check is a compare chain).
+            CounterValue::Int(v) if v < 0 && v == i64::from(v as i32) => {
                 // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
                 // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
                 let (low, _) = varint_word(v as u32);
@@ -1020,6 +1017,7 @@ impl FastTe {
                     (0x01FF_FFFF, 4),
                 )
             }
+            CounterValue::Int(_) => return None,
             CounterValue::Double(v) => {
                 let bits = v.to_bits();
                 let double = u64::from_le_bytes([
@@ -1035,7 +1033,7 @@ impl FastTe {
                 ((double | bits << 16, 8), ((bits >> 48) as u32, 2))
             }
         };
-        FastTe::new(head, value, tail)
+        Some(FastTe::new(head, value, tail))
     }
 }
 
@@ -1513,8 +1511,7 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    assert!(FastTe::fits(value), "{value:?}");
-                    let te = FastTe::sample(track.sample_head().unwrap(), value);
+                    let te = FastTe::sample(track.sample_head().unwrap(), value).unwrap();
                     let got = bytes(|c| fast_event(c, delta, &te.rest, te.a));
                     assert_eq!(
                         usize::from(got[0]),
@@ -1530,8 +1527,16 @@ mod tests {
                 }
             }
         }
-        for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
-            assert!(!FastTe::fits(CounterValue::Int(v)), "{v}");
+        let head = TRACKS[0].sample_head().unwrap();
+        for v in [
+            1 << 28,
+            1 << 32,
+            i64::from(i32::MIN) - 1,
+            -(1 << 32),
+            i64::MAX,
+            i64::MIN,
+        ] {
+            assert!(FastTe::sample(head, CounterValue::Int(v)).is_none(), "{v}");
         }
     }
 }
