@@ -462,7 +462,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// `rest` and `a` describe (a [`FastTe`]'s fields, in registers; a
     /// slice's `rest` is a constant), written right here when tracing is
     /// on, the sequence is set up, the delta is below 2^28 ns and the
-    /// chunk has room. Otherwise, or when `rest.lens` is 0 (the caller
+    /// chunk has room. Otherwise, or for [`Rest::SLOW`] (the caller
     /// cannot write the event this way), [`Fast::Slow`], the time left in
     /// `missed_at`: the caller writes it with [`Self::missed`]. One copy
     /// for every kind: the clock (read here, inline: its one reading per
@@ -474,22 +474,20 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             return Fast::Disabled;
         }
         let now = self.clock.now_ns();
-        if rest.lens != 0 {
-            if let Some(delta) = self.delta(now) {
-                let (base, events) = (&mut self.base, &mut self.stats.events);
-                if self.out.write_fast_sized(
-                    #[inline(always)]
-                    |c| {
-                        // The window's checks passed: the packet is
-                        // written. Counted first, so the time's registers
-                        // are free for the stores.
-                        *base = now;
-                        *events += 1;
-                        fast_event(c, delta, rest, a)
-                    },
-                ) {
-                    return Fast::Written;
-                }
+        if let Some(delta) = self.delta(now, rest.lens) {
+            let (base, events) = (&mut self.base, &mut self.stats.events);
+            if self.out.write_fast_sized(
+                #[inline(always)]
+                |c| {
+                    // The window's checks passed: the packet is written.
+                    // Counted first, so the time's registers are free for
+                    // the stores.
+                    *base = now;
+                    *events += 1;
+                    fast_event(c, delta, rest, a)
+                },
+            ) {
+                return Fast::Written;
             }
         }
         self.missed_at = now;
@@ -508,20 +506,23 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
-    /// paths can write it so: no clear requested, time not gone backwards,
-    /// less than 2^28 ns (4-byte varint) since the previous event. (While a
-    /// reset is due the chunk writer's fast path is held.)
+    /// paths can write it so: an event they write (`lens`, its
+    /// [`Rest::lens`], without [`Rest::SLOW_BIT`]), no clear requested, time
+    /// not gone backwards, less than 2^28 ns (4-byte varint) since the
+    /// previous event. (While a reset is due the chunk writer's fast path
+    /// is held.)
     #[inline(always)]
-    fn delta(&self, now: u64) -> Option<u32> {
+    fn delta(&self, now: u64, lens: u32) -> Option<u32> {
         if self.out.arbiter().clear_epoch() != self.clear_epoch {
             return None;
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
         let delta = now.wrapping_sub(self.base);
-        // Below 2^28: the high word and the low word's top 4 bits are 0
-        // (tested as one word: two instructions on a 32-bit machine).
+        // Below 2^28: the high word and the low word's top 4 bits are 0,
+        // tested as one word with the slow bit (bit 31): one instruction
+        // each on a 32-bit machine.
         let (high, low) = ((delta >> 32) as u32, delta as u32);
-        (high | low >> 28 == 0).then_some(low)
+        (high | low >> 28 | lens >> 31 == 0).then_some(low)
     }
 
     /// The slow path of [`Self::fast`]'s callers, through
@@ -906,9 +907,13 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
         u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | len << 24,
         4,
     );
-    c.word(a, na);
-    c.word(rest.b, nab - na);
-    c.word32(rest.tail, len as usize - nab);
+    if lens & Rest::A_ONLY != 0 {
+        c.word(a, len as usize);
+    } else {
+        c.word(a, na);
+        c.word(rest.b, nab - na);
+        c.word32(rest.tail, len as usize - nab);
+    }
 }
 
 /// What [`TrackEventWriter::fast`] did with an event (a word: no zero
@@ -926,8 +931,9 @@ enum Fast {
 
 /// The bytes of a fast-path event's `track_event`: the low `lens >> 8 &
 /// 0x1F` bytes of `a`, then `rest.b`'s up to byte `lens >> 16 & 0x1F` of
-/// the whole, then `rest.tail`'s up to its length, `lens & 0x1F` (0: an
-/// event the fast path cannot write), where `lens` is `rest.lens`.
+/// the whole, then `rest.tail`'s up to its length, `lens & 0x1F`, where
+/// `lens` is `rest.lens` ([`Rest::A_ONLY`]: all of them in `a`;
+/// [`Rest::SLOW_BIT`]: an event the fast path cannot write).
 #[derive(Clone, Copy)]
 struct FastTe {
     a: u64,
@@ -948,12 +954,22 @@ impl Rest {
     /// A slice end's (2 bytes, all in `a`).
     const END: Rest = Rest::only(2);
     /// Nothing the fast path writes: the slow path's event.
-    const SLOW: Rest = Rest::only(0);
+    const SLOW: Rest = Rest {
+        lens: Rest::SLOW_BIT,
+        tail: 0,
+        b: 0,
+    };
+
+    /// Bit of `lens`: every byte is in `a` (`b` and `tail` are not
+    /// written).
+    const A_ONLY: u32 = 1 << 7;
+    /// Bit of `lens`: an event the fast path does not write.
+    const SLOW_BIT: u32 = 1 << 31;
 
     /// A track event of `n` bytes (at most 8), all in `a`.
     const fn only(n: u32) -> Self {
         Rest {
-            lens: n * 0x01_0101,
+            lens: (n * 0x01_0101) | Rest::A_ONLY,
             tail: 0,
             b: 0,
         }
