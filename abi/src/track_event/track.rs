@@ -260,8 +260,9 @@ impl AnyTrack {
 /// The tracks whose descriptor was emitted on a sequence since its last
 /// clear, by [`AnyTrack::key`]: up to `N` of them, then nothing more is
 /// remembered (the descriptor of a track beyond that is written again
-/// before each use). Newest first; a free slot holds 0, which is no
-/// `static`'s address, so a lookup needs no length.
+/// before each use). Oldest first (the first tracks a sequence uses, found
+/// first); a free slot holds 0, which is no `static`'s address, so a
+/// lookup needs no length.
 pub struct TrackSet<const N: usize> {
     keys: [usize; N],
 }
@@ -278,27 +279,26 @@ impl<const N: usize> TrackSet<N> {
         Self { keys: [0; N] }
     }
 
-    /// Whether the track with `key` (not 0) is in the set: newest first.
+    /// Whether the track with `key` (not 0) is in the set: the first slot
+    /// tested on its own (the common case: one counter track, or the
+    /// first one), then the others.
     #[inline(always)]
     pub fn contains(&self, key: usize) -> bool {
-        self.keys.contains(&key)
+        match self.keys.split_first() {
+            Some((&first, others)) => first == key || others.contains(&key),
+            None => false,
+        }
     }
 
-    /// Adds the track with `key` (not 0) as the newest; `false` if the set
-    /// is full.
+    /// Adds the track with `key` (not 0); `false` if the set is full.
     pub fn insert(&mut self, key: usize) -> bool {
-        if self.keys.last().is_none_or(|&k| k != 0) {
-            return false;
-        }
-        // Each key moves one slot down, up to the first free one.
-        let mut carry = key;
-        for k in self.keys.iter_mut() {
-            carry = core::mem::replace(k, carry);
-            if carry == 0 {
-                break;
+        match self.keys.iter_mut().find(|k| **k == 0) {
+            Some(slot) => {
+                *slot = key;
+                true
             }
+            None => false,
         }
-        true
     }
 
     /// Empties the set.
@@ -390,7 +390,7 @@ mod tests {
         assert!(!s.contains(a));
         assert!(s.insert(a) && s.contains(a) && !s.contains(b));
         assert!(s.insert(b));
-        assert_eq!(s.keys, [b, a], "newest first");
+        assert_eq!(s.keys, [a, b], "oldest first");
         assert!(!s.insert(c));
         assert!(s.contains(a) && s.contains(b) && !s.contains(c));
         s.clear();
