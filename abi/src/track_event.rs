@@ -92,8 +92,10 @@
 //! the slow path (an interning lookup) at every call. A clock that is a zero-sized
 //! type (a static counter behind it) adds nothing.
 //!
-//! Flash: a `static` [`Track`] is 48 bytes, a [`CounterTrack`] 64 (each
-//! holds its descriptor's fields as the writer hands them over).
+//! Flash: a `static` [`Track`] is 48 bytes, a [`CounterTrack`] 128 (each
+//! holds its descriptor's fields as the writer hands them over; a counter
+//! track also the bytes around a sample's value, one set per shape of
+//! integer, so the fast path finds them in one load).
 //!
 //! Shared memory: every writer holds one chunk while it writes and never
 //! waits for another. The page layout sets the chunk size (`(page - 8) / n`
