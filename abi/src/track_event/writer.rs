@@ -438,8 +438,9 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 None => (&Rest::SLOW, 0),
             },
             Some(CounterValue::Double(v)) => {
-                double = double_te(track.sample_rest(0), v);
-                (&double.0, double.1)
+                let (rest, a) = double_te(track.sample_rest(0), v);
+                double = rest;
+                (&double, a)
             }
             None => (&Rest::SLOW, 0),
         };
