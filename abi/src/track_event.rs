@@ -78,23 +78,24 @@
 //!
 //! | part | bytes |
 //! |---|---|
-//! | `TrackEventWriter` itself (config, time base, slice stack, counters) | 68 |
+//! | `TrackEventWriter` itself (config, time base, slice stack, counters) | 64 |
 //! | interning table, `N` strings (a power of two) | 8 + 8 × `N` |
-//! | described tracks, `T` | 4 + 4 × `T` |
+//! | described tracks, `T` (besides the default track) | 4 × `T` |
 //! | cached call sites, `S` | 4 × `S` |
 //! | its [`InPlaceWriter`](crate::writer::InPlaceWriter) (the chunk held, cursor, counters; no patch storage: it never fragments) | 72 |
 //! | the arbiter (a [`RegionArbiter`](crate::region::RegionArbiter)) | 48 |
 //!
-//! So `N = 4`, `T = 2`, `S = 4` (three strings, the default track and one
-//! counter track, two call sites) is 256 bytes, the defaults `N = 16`,
-//! `T = 4`, `S = 8` 376. Strings beyond `N` are written inline (counted in
+//! So `N = 4`, `T = 2`, `S = 4` (three strings, two counter tracks, two
+//! call sites) is 248 bytes, the defaults `N = 16`, `T = 4`, `S = 8` 368. Strings beyond `N` are written inline (counted in
 //! [`TrackEventStats::strings_inline`]), descriptors beyond `T` again before
 //! each use; events at call sites beyond the first `S` a program uses take
 //! the slow path (an interning lookup) at every call. A clock that is a zero-sized
 //! type (a static counter behind it) adds nothing.
 //!
-//! Flash: a `static` [`Track`] is 48 bytes, a [`CounterTrack`] 64 (each
-//! holds its descriptor's fields as the writer hands them over).
+//! Flash: a `static` [`Track`] is 48 bytes, a [`CounterTrack`] 128 (each
+//! holds its descriptor's fields as the writer hands them over; a counter
+//! track also the bytes around a sample's value, one set per shape of
+//! integer, so the fast path finds them in one load).
 //!
 //! Shared memory: every writer holds one chunk while it writes and never
 //! waits for another. The page layout sets the chunk size (`(page - 8) / n`

@@ -803,7 +803,8 @@ fn tracks_beyond_the_remembered_ones_are_described_before_each_use() {
     let mut storage = storage();
     let smb = smb(&mut storage);
     let clock = ManualClock::at(50);
-    // T = 1: the one remembered uuid is the default track's.
+    // T = 1: one track remembered besides the default one (described at
+    // every reset, never looked up): the first counter track.
     let mut w: Writer<16, 1> = writer(&smb, &clock, config());
     for i in 0..3 {
         assert!(w.counter(&TEMP, i));
@@ -818,7 +819,7 @@ fn tracks_beyond_the_remembered_ones_are_described_before_each_use() {
     assert_eq!(described[0], MAIN.uuid());
     assert_eq!(
         &described[1..],
-        [TEMP.uuid(), BYTES.uuid()].repeat(3).as_slice()
+        [TEMP.uuid(), BYTES.uuid(), BYTES.uuid(), BYTES.uuid()]
     );
     assert_eq!(seq.of_kind(COUNTER).count(), 6);
     assert_eq!(seq.resets.len(), 1);

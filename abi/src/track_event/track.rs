@@ -109,40 +109,87 @@ impl Track {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterTrack {
     track: Track,
-    /// The first fields of a sample's `track_event` on this track (`type`,
-    /// `track_uuid`), encoded at build time: the low `head_len` bytes.
-    head: u64,
-    /// 0 if they take more than 8 bytes (a uuid of 2^35 or more).
-    head_len: u8,
+    /// What the writer's fast path writes of an integer sample on this
+    /// track around its value, worked out at build time, by the value's
+    /// shape ([`Rest::samples`]).
+    samples: [Rest; 5],
 }
 
-/// The first fields of a counter sample's `track_event` on track `uuid`:
-/// `type = TYPE_COUNTER`, `track_uuid = uuid`, as a word and its length (0
-/// if longer than 8 bytes).
-const fn sample_head(uuid: u64) -> (u64, u8) {
-    let len = varint_len(uuid);
-    if 3 + len > 8 {
-        return (0, 0);
+/// The bytes of a fast-path event's `track_event` that a caller of the
+/// writer's fast path does not pass in registers (see `fast_event` in the
+/// writer): first the low `lens >> 8 & 0x1F` bytes of `b`, then those in
+/// the registers up to byte `lens >> 16 & 0x1F` of the whole, then
+/// `tail`'s up to its length, `lens & 0x1F`. Flags in `lens`:
+/// [`Rest::A_ONLY`], [`Rest::SLOW_BIT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rest {
+    pub(super) b: u64,
+    pub(super) tail: u32,
+    pub(super) lens: u32,
+}
+
+impl Rest {
+    /// Bit of `lens`: every byte is in the registers (`b` and `tail` are
+    /// not written).
+    pub(super) const A_ONLY: u32 = 1 << 7;
+    /// Bit of `lens`: an event the fast path does not write.
+    pub(super) const SLOW_BIT: u32 = 1 << 31;
+    /// [`Rest::samples`]' index of a negative integer's.
+    pub(super) const NEGATIVE: usize = 4;
+
+    /// `b`'s `nb` bytes, `n` in the registers, `tail`'s `nt`.
+    const fn new(b: u64, nb: u32, n: u32, tail: (u32, u32)) -> Self {
+        Rest {
+            b,
+            tail: tail.0,
+            lens: (nb + n + tail.1) | nb << 8 | (nb + n) << 16,
+        }
     }
-    let mut head = u64::from_le_bytes([
-        tag1(track_event::TYPE, WireType::Varint),
-        Type::Counter as u8,
-        tag1(track_event::TRACK_UUID, WireType::Varint),
-        0,
-        0,
-        0,
-        0,
-        0,
-    ]);
-    let mut i = 0;
-    let mut v = uuid;
-    while i < len {
-        let more = if i + 1 < len { 0x80 } else { 0 };
-        head |= ((v & 0x7F) | more) << (8 * (3 + i));
-        v >>= 7;
-        i += 1;
+
+    /// A counter sample's on the track `uuid`, `b` its head (`type =
+    /// TYPE_COUNTER`, `track_uuid = uuid`), by the value's shape: a
+    /// non-negative integer of 1 to 4 varint bytes (its tag and varint in
+    /// the registers), a negative one (its tag and first 6 varint bytes in
+    /// the registers, the last 4, the same for every `i32`, the tail); the
+    /// slow path's if the head takes more than 8 bytes (a uuid of 2^35 or
+    /// more).
+    const fn samples(uuid: u64) -> [Self; 5] {
+        let len = varint_len(uuid);
+        if 3 + len > 8 {
+            let slow = Rest {
+                b: 0,
+                tail: 0,
+                lens: Rest::SLOW_BIT,
+            };
+            return [slow; 5];
+        }
+        let mut head = u64::from_le_bytes([
+            tag1(track_event::TYPE, WireType::Varint),
+            Type::Counter as u8,
+            tag1(track_event::TRACK_UUID, WireType::Varint),
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]);
+        let mut i = 0;
+        let mut v = uuid;
+        while i < len {
+            let more = if i + 1 < len { 0x80 } else { 0 };
+            head |= ((v & 0x7F) | more) << (8 * (3 + i));
+            v >>= 7;
+            i += 1;
+        }
+        let nb = (3 + len) as u32;
+        [
+            Rest::new(head, nb, 3, (0, 0)),
+            Rest::new(head, nb, 4, (0, 0)),
+            Rest::new(head, nb, 5, (0, 0)),
+            Rest::new(head, nb, 6, (0, 0)),
+            Rest::new(head, nb, 8, (0x01FF_FFFF, 4)),
+        ]
     }
-    (head, (3 + len) as u8)
 }
 
 impl CounterTrack {
@@ -151,21 +198,17 @@ impl CounterTrack {
     pub const fn new(name: &'static str) -> Self {
         let mut track = Track::new(name);
         track.skip &= !NOT_COUNTER;
-        let (head, head_len) = sample_head(track.uuid());
         Self {
+            samples: Rest::samples(track.uuid()),
             track,
-            head,
-            head_len,
         }
     }
 
     /// The same track with the uuid `uuid` (non-zero).
     pub const fn with_uuid(self, uuid: u64) -> Self {
-        let (head, head_len) = sample_head(uuid);
         Self {
             track: self.track.with_uuid(uuid),
-            head,
-            head_len,
+            samples: Rest::samples(uuid),
         }
     }
 
@@ -207,7 +250,17 @@ impl CounterTrack {
     /// there are; `None` if they take more than 8 bytes.
     #[inline(always)]
     pub fn sample_head(&self) -> Option<(u64, usize)> {
-        (self.head_len != 0).then_some((self.head, usize::from(self.head_len)))
+        let first = &self.samples[0];
+        (first.lens & Rest::SLOW_BIT == 0).then_some((first.b, (first.lens >> 8 & 0x1F) as usize))
+    }
+
+    /// What the writer's fast path writes of an integer sample on this
+    /// track around its value: `shape` 0 to 3 for a non-negative value of
+    /// 1 to 4 varint bytes, [`Rest::NEGATIVE`] for a negative one.
+    #[inline(always)]
+    pub(super) fn sample_rest(&self, shape: usize) -> &Rest {
+        // A shape past the table is a negative value's: no panic.
+        &self.samples[shape.min(Rest::NEGATIVE)]
     }
 
     /// Writes its `TrackDescriptor` fields ([`encode::TRACK`]).
@@ -260,10 +313,11 @@ impl AnyTrack {
 /// The tracks whose descriptor was emitted on a sequence since its last
 /// clear, by [`AnyTrack::key`]: up to `N` of them, then nothing more is
 /// remembered (the descriptor of a track beyond that is written again
-/// before each use).
+/// before each use). Oldest first (the first tracks a sequence uses, found
+/// first); a free slot holds 0, which is no `static`'s address, so a
+/// lookup needs no length.
 pub struct TrackSet<const N: usize> {
     keys: [usize; N],
-    len: usize,
 }
 
 impl<const N: usize> Default for TrackSet<N> {
@@ -275,27 +329,25 @@ impl<const N: usize> Default for TrackSet<N> {
 impl<const N: usize> TrackSet<N> {
     /// An empty set.
     pub const fn new() -> Self {
-        Self {
-            keys: [0; N],
-            len: 0,
+        Self { keys: [0; N] }
+    }
+
+    /// Whether the track with `key` (not 0) is in the set: the first slot
+    /// tested on its own (the common case: one counter track, or the
+    /// first one), then the others.
+    #[inline(always)]
+    pub fn contains(&self, key: usize) -> bool {
+        match self.keys.split_first() {
+            Some((&first, others)) => first == key || others.contains(&key),
+            None => false,
         }
     }
 
-    /// Whether the track with `key` is in the set: newest first (the
-    /// sequence's default track, described first at every reset, is not
-    /// looked up by the writers).
-    #[inline(always)]
-    pub fn contains(&self, key: usize) -> bool {
-        let live = self.keys.get(..self.len).unwrap_or_default();
-        live.iter().rev().any(|&k| k == key)
-    }
-
-    /// Adds the track with `key`; `false` if the set is full.
+    /// Adds the track with `key` (not 0); `false` if the set is full.
     pub fn insert(&mut self, key: usize) -> bool {
-        match self.keys.get_mut(self.len) {
+        match self.keys.iter_mut().find(|k| **k == 0) {
             Some(slot) => {
                 *slot = key;
-                self.len += 1;
                 true
             }
             None => false,
@@ -304,7 +356,7 @@ impl<const N: usize> TrackSet<N> {
 
     /// Empties the set.
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.keys = [0; N];
     }
 }
 
@@ -388,10 +440,14 @@ mod tests {
             AnyTrack::Counter(&C).key(),
         ];
         let mut s = TrackSet::<2>::new();
-        assert!(s.insert(a) && s.insert(b));
-        assert!(!s.insert(c));
-        assert!(s.contains(b) && !s.contains(c));
-        s.clear();
         assert!(!s.contains(a));
+        assert!(s.insert(a) && s.contains(a) && !s.contains(b));
+        assert!(s.insert(b));
+        assert_eq!(s.keys, [a, b], "oldest first");
+        assert!(!s.insert(c));
+        assert!(s.contains(a) && s.contains(b) && !s.contains(c));
+        s.clear();
+        assert!(!s.contains(a) && !s.contains(b));
+        assert!(s.insert(c) && s.contains(c) && !s.contains(a));
     }
 }

@@ -35,7 +35,7 @@ use super::encode::{
 };
 use super::intern::{InternTable, Interned, Key, Kind};
 use super::site::{EventSite, SiteCache};
-use super::track::{AnyTrack, CounterTrack, Track, TrackSet};
+use super::track::{AnyTrack, CounterTrack, Rest, Track, TrackSet};
 
 /// The absolute clock id firmware sequences use unless told otherwise: a
 /// sequence-scoped clock (64..=127), so it never collides with a host's.
@@ -143,7 +143,7 @@ impl SliceStack {
 
 /// Writes track events of one sequence (one writer id) into chunks from an
 /// arbiter, with per-sequence interning in a table of `N` entries (a power
-/// of two), descriptors remembered for `T` tracks and the interned ids of
+/// of two), descriptors remembered for `T` tracks (besides the default one) and the interned ids of
 /// `S` call sites ([`EventSite`]s) cached.
 ///
 /// See the [module docs](super) for what the sequence looks like and what
@@ -344,7 +344,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         let cat = self.interned.lookup_word(ids.category(category));
         let nm = self.interned.lookup_word(ids.name(name));
         let (rest, a) = if (cat | nm) < 0x80 {
-            (&Rest::NAMED, FastTe::named(u32::from(kind), nm << 8 | cat))
+            (&Rest::NAMED, named_word(u32::from(kind), nm << 8 | cat))
         } else {
             (&Rest::SLOW, 0)
         };
@@ -365,11 +365,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     self.stats.ends_suppressed += 1;
                     return false;
                 }
-                (&Rest::END, FastTe::named(kind, 0))
+                (&Rest::END, named_word(kind, 0))
             }
             // Cached ids are below 128.
             Some(site) => match self.sites.get(site.number(), self.interned.generation()) {
-                Some(ids) => (&Rest::NAMED, FastTe::named(kind, ids)),
+                Some(ids) => (&Rest::NAMED, named_word(kind, ids)),
                 None => (&Rest::SLOW, 0),
             },
         };
@@ -425,15 +425,22 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// floating-point path.
     #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
-        let te;
-        let (rest, a) = match track
-            .sample_head()
-            .filter(|_| self.tracks.contains(AnyTrack::Counter(track).key()))
-            .filter(|_| FastTe::fits(value))
+        // An integer's rest is its track's (in flash); a double's, on the
+        // stack (its address is the argument).
+        let double;
+        let (rest, a) = match self
+            .tracks
+            .contains(AnyTrack::Counter(track).key())
+            .then_some(value)
         {
-            Some(head) => {
-                te = FastTe::sample(head, value);
-                (&te.rest, te.a)
+            Some(CounterValue::Int(v)) => match int_word(v) {
+                Some((shape, a)) => (track.sample_rest(shape), a),
+                None => (&Rest::SLOW, 0),
+            },
+            Some(CounterValue::Double(v)) => {
+                let (rest, a) = double_te(track.sample_rest(0), v);
+                double = rest;
+                (&double, a)
             }
             None => (&Rest::SLOW, 0),
         };
@@ -457,10 +464,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
 
     /// The fast path of every kind of event ([`Self::named_fast`],
     /// [`Self::sample`]): the event whose `track_event` holds the bytes
-    /// `rest` and `a` describe (a [`FastTe`]'s fields, in registers; a
-    /// slice's `rest` is a constant), written right here when tracing is
+    /// `rest` and `a` describe (see [`Rest`]; a slice's `rest` is a
+    /// constant, an integer sample's its track's), written right here when tracing is
     /// on, the sequence is set up, the delta is below 2^28 ns and the
-    /// chunk has room. Otherwise, or when `rest.lens` is 0 (the caller
+    /// chunk has room. Otherwise, or for [`Rest::SLOW`] (the caller
     /// cannot write the event this way), [`Fast::Slow`], the time left in
     /// `missed_at`: the caller writes it with [`Self::missed`]. One copy
     /// for every kind: the clock (read here, inline: its one reading per
@@ -472,22 +479,20 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             return Fast::Disabled;
         }
         let now = self.clock.now_ns();
-        if rest.lens != 0 {
-            if let Some(delta) = self.delta(now) {
-                let (base, events) = (&mut self.base, &mut self.stats.events);
-                if self.out.write_fast_sized(
-                    #[inline(always)]
-                    |c| {
-                        // The window's checks passed: the packet is
-                        // written. Counted first, so the time's registers
-                        // are free for the stores.
-                        *base = now;
-                        *events += 1;
-                        fast_event(c, delta, rest, a)
-                    },
-                ) {
-                    return Fast::Written;
-                }
+        if let Some(delta) = self.delta(now, rest.lens) {
+            let (base, events) = (&mut self.base, &mut self.stats.events);
+            if self.out.write_fast_sized(
+                #[inline(always)]
+                |c| {
+                    // The window's checks passed: the packet is written.
+                    // Counted first, so the time's registers are free for
+                    // the stores.
+                    *base = now;
+                    *events += 1;
+                    fast_event(c, delta, rest, a)
+                },
+            ) {
+                return Fast::Written;
             }
         }
         self.missed_at = now;
@@ -506,20 +511,23 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// The time of an event at `now` as a delta on clock 64, if the fast
-    /// paths can write it so: no clear requested, time not gone backwards,
-    /// less than 2^28 ns (4-byte varint) since the previous event. (While a
-    /// reset is due the chunk writer's fast path is held.)
+    /// paths can write it so: an event they write (`lens`, its
+    /// [`Rest::lens`], without [`Rest::SLOW_BIT`]), no clear requested, time
+    /// not gone backwards, less than 2^28 ns (4-byte varint) since the
+    /// previous event. (While a reset is due the chunk writer's fast path
+    /// is held.)
     #[inline(always)]
-    fn delta(&self, now: u64) -> Option<u32> {
+    fn delta(&self, now: u64, lens: u32) -> Option<u32> {
         if self.out.arbiter().clear_epoch() != self.clear_epoch {
             return None;
         }
         // Time gone backwards wraps around to 2^64 - x: too large as well.
         let delta = now.wrapping_sub(self.base);
-        // Below 2^28: the high word and the low word's top 4 bits are 0
-        // (tested as one word: two instructions on a 32-bit machine).
+        // Below 2^28: the high word and the low word's top 4 bits are 0,
+        // tested as one word with the slow bit (bit 31): one instruction
+        // each on a 32-bit machine.
         let (high, low) = ((delta >> 32) as u32, delta as u32);
-        (high | low >> 28 == 0).then_some(low)
+        (high | low >> 28 | lens >> 31 == 0).then_some(low)
     }
 
     /// The slow path of [`Self::fast`]'s callers, through
@@ -640,7 +648,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// caller knows it is not the default track's, described at every
     /// reset); `false` (counted) if that packet was lost.
     fn described(&mut self, track: AnyTrack, now: u64) -> bool {
-        if self.tracks.contains(track.key()) || self.describe(track, now) {
+        if self.tracks.contains(track.key()) {
+            return true;
+        }
+        if self.describe(track, now) {
+            // A full set only means the descriptor is written again next
+            // time.
+            let _ = self.tracks.insert(track.key());
             return true;
         }
         self.stats.events_dropped += 1;
@@ -770,18 +784,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.describe(AnyTrack::Slices(track), now)
     }
 
-    /// Writes `track`'s descriptor packet and remembers it.
+    /// Writes `track`'s descriptor packet (the default track's, at every
+    /// reset, is not remembered in the track set: no event looks it up).
     #[cold]
     #[inline(never)]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
         let args = track.track().descriptor([now, u64::from(clock_id)]);
-        if !self.put_cold(encode::DESCRIPTOR, &args) {
-            return false;
-        }
-        // A full set only means the descriptor is written again next time.
-        let _ = self.tracks.insert(track.key());
-        true
+        self.put_cold(encode::DESCRIPTOR, &args)
     }
 
     /// The general path of [`EventBuilder::emit`]: any event, interning
@@ -890,8 +900,8 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     let (time, n) = varint_word(delta);
     // Each at most 31 (so no window index needs masking).
     let len = lens & 0x1F;
-    let na = (lens >> 8 & 0x1F) as usize;
-    let nab = (lens >> 16 & 0x1F) as usize;
+    let nb = (lens >> 8 & 0x1F) as usize;
+    let nba = (lens >> 16 & 0x1F) as usize;
     // The size: the timestamp's tag and varint, 4 bytes, the track event.
     let size = 1 + n + 4 + len as usize;
     c.word(
@@ -902,9 +912,13 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
         u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | len << 24,
         4,
     );
-    c.word(a, na);
-    c.word(rest.b, nab - na);
-    c.word32(rest.tail, len as usize - nab);
+    if lens & Rest::A_ONLY != 0 {
+        c.word(a, len as usize);
+    } else {
+        c.word(rest.b, nb);
+        c.word(a, nba - nb);
+        c.word32(rest.tail, len as usize - nba);
+    }
 }
 
 /// What [`TrackEventWriter::fast`] did with an event (a word: no zero
@@ -920,123 +934,95 @@ enum Fast {
     Slow,
 }
 
-/// The bytes of a fast-path event's `track_event`: the low `lens >> 8 &
-/// 0x1F` bytes of `a`, then `rest.b`'s up to byte `lens >> 16 & 0x1F` of
-/// the whole, then `rest.tail`'s up to its length, `lens & 0x1F` (0: an
-/// event the fast path cannot write), where `lens` is `rest.lens`.
-#[derive(Clone, Copy)]
-struct FastTe {
-    a: u64,
-    rest: Rest,
-}
-
-/// The lengths and the bytes after `a` of a [`FastTe`].
-#[derive(Clone, Copy)]
-struct Rest {
-    lens: u32,
-    tail: u32,
-    b: u64,
-}
-
 impl Rest {
     /// A slice begin's or an instant's (6 bytes, all in `a`).
     const NAMED: Rest = Rest::only(6);
     /// A slice end's (2 bytes, all in `a`).
     const END: Rest = Rest::only(2);
     /// Nothing the fast path writes: the slow path's event.
-    const SLOW: Rest = Rest::only(0);
+    const SLOW: Rest = Rest {
+        b: 0,
+        tail: 0,
+        lens: Rest::SLOW_BIT,
+    };
 
     /// A track event of `n` bytes (at most 8), all in `a`.
     const fn only(n: u32) -> Self {
         Rest {
-            lens: n * 0x01_0101,
-            tail: 0,
             b: 0,
+            tail: 0,
+            lens: n | Rest::A_ONLY,
         }
     }
 }
 
-impl FastTe {
-    /// The low `na` bytes of `a`, `nb` of `b`, `nc` of `tail`.
-    #[inline(always)]
-    fn new(a: (u64, usize), b: (u64, usize), tail: (u32, usize)) -> Self {
-        let (na, nab) = (a.1, a.1 + b.1);
-        FastTe {
-            a: a.0,
-            rest: Rest {
-                lens: (nab + tail.1) as u32 | (na as u32) << 8 | (nab as u32) << 16,
-                tail: tail.0,
-                b: b.0,
-            },
-        }
-    }
+/// A slice begin's or an instant's `track_event` (type `kind`) with the
+/// interned category and name `ids` (`name << 8 | category`, both below
+/// 128), or a slice end's if `kind` is [`Type::SliceEnd`] (`ids` unused),
+/// on the default track: its `a` (its rest is [`Rest::NAMED`], or
+/// [`Rest::END`]).
+#[inline(always)]
+fn named_word(kind: u32, ids: u32) -> u64 {
+    // Type, category and name; an end's is its type only. (A type's value
+    // is below 128.)
+    let low = u32::from_le_bytes([TYPE, 0, CATEGORY_IIDS, 0]) | kind << 8 | ids << 24;
+    let high = u32::from(NAME_IID) | ids & 0xFF00;
+    u64::from(low) | u64::from(high) << 32
+}
 
-    /// A slice begin's or an instant's `track_event` (type `kind`) with
-    /// the interned category and name `ids` (`name << 8 | category`, both
-    /// below 128), or a slice end's if `kind` is [`Type::SliceEnd`] (`ids`
-    /// unused), on the default track: its `a` (its `rest` is
-    /// [`Rest::NAMED`], or [`Rest::END`]).
-    #[inline(always)]
-    fn named(kind: u32, ids: u32) -> u64 {
-        // Type, category and name; an end's is its type only. (A type's
-        // value is below 128.)
-        let low = u32::from_le_bytes([TYPE, 0, CATEGORY_IIDS, 0]) | kind << 8 | ids << 24;
-        let high = u32::from(NAME_IID) | ids & 0xFF00;
-        u64::from(low) | u64::from(high) << 32
+/// An integer sample's `a` and its shape (the index of its rest in its
+/// track's, [`CounterTrack::sample_rest`]), if the fast path writes it: a
+/// value in `i32` range below 2^28 (a negative one is always 10 varint
+/// bytes, 4 of them from its low bits, the last 4 the same for all).
+#[inline(always)]
+fn int_word(v: i64) -> Option<(usize, u64)> {
+    let tag = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
+    if (0..1 << 28).contains(&v) {
+        let (word, n) = varint_word(v as u32);
+        return Some((n - 1, tag | u64::from(word) << 16));
     }
+    // In `i32` range: a word compare of the high word with the low word's
+    // sign (a 64-bit range check is a compare chain).
+    if v < 0 && v == i64::from(v as i32) {
+        // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set sign
+        // bits; byte 5: 0xFF (and 3 more, and the sign bit, in the tail).
+        let (low, _) = varint_word(v as u32);
+        let byte4 = 0xF0 | u64::from(v as u32 >> 28);
+        return Some((
+            Rest::NEGATIVE,
+            tag | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
+        ));
+    }
+    None
+}
 
-    /// Whether the fast path writes a sample of `value`: an integer in
-    /// `i32` range below 2^28 (a negative one is always 10 varint bytes, 4
-    /// of them from its low bits), or a double.
-    #[inline(always)]
-    fn fits(value: CounterValue) -> bool {
-        match value {
-            CounterValue::Int(v) => (-(1 << 31)..1 << 28).contains(&v),
-            CounterValue::Double(_) => true,
-        }
-    }
-
-    /// A counter sample's `track_event`, of `value` (one that
-    /// [`FastTe::fits`]), on the track whose sample head
-    /// ([`CounterTrack::sample_head`]) is `head`.
-    #[inline(always)]
-    fn sample(head: (u64, usize), value: CounterValue) -> Self {
-        let int = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
-        let (value, tail) = match value {
-            CounterValue::Int(v) if v >= 0 => {
-                let (word, n) = varint_word(v as u32);
-                ((int | u64::from(word) << 16, 2 + n), (0, 0))
-            }
-            CounterValue::Int(v) => {
-                // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three
-                // set sign bits; bytes 5..=8: 0xFF; byte 9: the sign bit.
-                let (low, _) = varint_word(v as u32);
-                let byte4 = 0xF0 | u64::from(v as u32 >> 28);
-                (
-                    (
-                        int | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
-                        8,
-                    ),
-                    (0x01FF_FFFF, 4),
-                )
-            }
-            CounterValue::Double(v) => {
-                let bits = v.to_bits();
-                let double = u64::from_le_bytes([
-                    DOUBLE_COUNTER_VALUE[0],
-                    DOUBLE_COUNTER_VALUE[1],
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                ]);
-                ((double | bits << 16, 8), ((bits >> 48) as u32, 2))
-            }
-        };
-        FastTe::new(head, value, tail)
-    }
+/// A double sample's rest and `a`, on the track whose rest of a 1-byte
+/// integer is `first` ([`CounterTrack::sample_rest`]`(0)`): the tag and
+/// the value's low 6 bytes in `a`, its high 2 in the tail.
+#[inline(always)]
+fn double_te(first: &Rest, v: f64) -> (Rest, u64) {
+    let bits = v.to_bits();
+    let tag = u64::from_le_bytes([
+        DOUBLE_COUNTER_VALUE[0],
+        DOUBLE_COUNTER_VALUE[1],
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]);
+    // A 1-byte integer's: 3 bytes in `a`, none in the tail; a double's: 8
+    // and 2 (no carry: each length is below 32; the slow bit stays).
+    let lens = first.lens + (7 | 5 << 16);
+    (
+        Rest {
+            b: first.b,
+            tail: (bits >> 48) as u32,
+            lens,
+        },
+        tag | bits << 16,
+    )
 }
 
 /// A packet of the cold paths: a template and the values it writes, all
@@ -1384,7 +1370,7 @@ mod tests {
                         encode::event::<_, true>(c, &ev)
                     });
                     let ids = u32::from(name) << 8 | u32::from(cat);
-                    let a = FastTe::named(kind as u32, ids);
+                    let a = named_word(kind as u32, ids);
                     let rest = if kind == Type::SliceEnd {
                         Rest::END
                     } else {
@@ -1493,6 +1479,9 @@ mod tests {
             CounterValue::Int(0),
             CounterValue::Int(1),
             CounterValue::Int(300),
+            CounterValue::Int(1 << 14),
+            CounterValue::Int((1 << 21) - 1),
+            CounterValue::Int(1 << 21),
             CounterValue::Int((1 << 28) - 1),
             CounterValue::Int(-1),
             CounterValue::Int(-300),
@@ -1513,9 +1502,14 @@ mod tests {
                         };
                         encode::event::<_, true>(c, &ev)
                     });
-                    assert!(FastTe::fits(value), "{value:?}");
-                    let te = FastTe::sample(track.sample_head().unwrap(), value);
-                    let got = bytes(|c| fast_event(c, delta, &te.rest, te.a));
+                    let (rest, a) = match value {
+                        CounterValue::Int(v) => {
+                            let (shape, a) = int_word(v).unwrap();
+                            (*track.sample_rest(shape), a)
+                        }
+                        CounterValue::Double(v) => double_te(track.sample_rest(0), v),
+                    };
+                    let got = bytes(|c| fast_event(c, delta, &rest, a));
                     assert_eq!(
                         usize::from(got[0]),
                         want.len(),
@@ -1530,8 +1524,15 @@ mod tests {
                 }
             }
         }
-        for v in [1 << 28, i64::from(i32::MIN) - 1, i64::MAX, i64::MIN] {
-            assert!(!FastTe::fits(CounterValue::Int(v)), "{v}");
+        for v in [
+            1 << 28,
+            1 << 32,
+            i64::from(i32::MIN) - 1,
+            -(1 << 32),
+            i64::MAX,
+            i64::MIN,
+        ] {
+            assert!(int_word(v).is_none(), "{v}");
         }
     }
 }
