@@ -839,6 +839,13 @@ def main():
     print(f"slice begin: {clock:g} of the instructions read the clock hook (SysTick + TickRate), "
           f"{slice_begin - clock:g} are shmtrace's (writer, the call site's cached ids, the region arbiter's trace_enabled and "
           f"clear_request checks)")
+    # The one-time setup: LTO inlines the region's initialization (header,
+    # ring, page headers), the arbiter's and the writer's construction into
+    # the firmware's `ShmTracer::new`, which holds little else.
+    setup = sum(size for _a, size, kind, name in syms["minimal"]
+                if kind in "tT" and name.startswith("shmtrace_firmware_example::tracer::ShmTracer") and name.endswith("::new"))
+    print(f"one-time setup: the firmware's ShmTracer::new is {setup} B (the region's header, ring and page headers, the "
+          f"arbiter and the writer, inlined into it); shmtrace_abi's symbols and it together: {text_abi + setup} B")
     print(f"`minimal` adds .text {text_added:+d} B over the skeleton in all: shmtrace_abi's symbols, the region's "
           f"setup and the writer's construction inlined into the firmware, the report's printing; mem* {mem_added:+d} B")
     print("\nshmtrace_abi .text in `minimal`, by module (symbol sizes; LTO inlines the SMB and arbiter calls of the "
