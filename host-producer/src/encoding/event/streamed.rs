@@ -33,7 +33,7 @@ use std::fmt;
 use super::fast::{
     put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_STRING,
 };
-use super::flat_heads::FlatHead;
+use super::flat_heads::{FlatHead, Prefix};
 use super::*;
 
 /// A field value as a [`FlatFields`] source hands it over (a `Debug` value
@@ -88,45 +88,70 @@ struct InPlace<'a, T: Target> {
     ok: bool,
 }
 
-impl<T: Target> InPlace<'_, T> {
-    /// Writes the start of the next field's annotation, named `name`, and
-    /// returns where its body starts; `None` (and the encoding declined)
-    /// if the name is not interned.
+/// How a field's annotation starts: pre-encoded, or by its name's id.
+#[derive(Clone, Copy)]
+enum Start {
+    Prefix(Prefix),
+    Iid(u64),
+}
+
+impl Start {
+    /// Writes the start and returns where the annotation's body starts.
     #[inline(always)]
-    fn start(&mut self, name: &'static str) -> Option<usize> {
+    fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
+        match self {
+            Start::Prefix(prefix) => prefix.put(f),
+            Start::Iid(iid) => put_annotation_start(f, iid),
+        }
+    }
+}
+
+impl<T: Target> InPlace<'_, T> {
+    /// How the next field's annotation, named `name`, starts; `None` (and
+    /// the encoding declined) if the name is not interned.
+    #[inline(always)]
+    fn start(&mut self, name: &'static str) -> Option<Start> {
         if !self.ok {
             return None;
         }
         let i = self.next;
         self.next += 1;
         if let Some(prefix) = self.head.prefix(i, name) {
-            return Some(prefix.put(self.f));
+            return Some(Start::Prefix(prefix));
         }
         let Some(iid) = self.arg_names.lookup(name) else {
             self.ok = false;
             return None;
         };
-        Some(put_annotation_start(self.f, iid))
+        Some(Start::Iid(iid))
     }
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
     // Inlined into each of the visitor's typed methods, where the value's
-    // kind is known: no call, no dispatch on the kind.
+    // kind is known: no call, no dispatch on the kind. The cursor is a
+    // local for the field's bytes (`Cursor::local`).
     #[inline(always)]
     fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        if let Some(a) = self.start(name) {
-            put_arg_value(self.f, value.arg());
-            self.f.end_short(a);
+        if let Some(start) = self.start(name) {
+            self.f.local(
+                #[inline(always)]
+                |f| {
+                    let a = start.put(f);
+                    put_arg_value(f, value.arg());
+                    f.end_short(a);
+                },
+            );
         }
     }
 
     #[inline]
     fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
-        let Some(a) = self.start(name) else {
+        let Some(start) = self.start(name) else {
             return;
         };
         let f = &mut *self.f;
+        let a = start.put(f);
         f.byte(TAG_ARG_STRING);
         let s = f.begin_short();
         // A `Debug` impl that fails leaves what it wrote, as when collected;
