@@ -17,7 +17,9 @@
 //!   what [`put_event_ids`] and [`put_flat_annotation`] write for them. A
 //!   later annotation's pre-encoded start ([`Prefix`]: its tag, a length
 //!   byte to fill, its name's id) is used only for the same name at the
-//!   same position.
+//!   same position; a name whose start takes more than a word has no
+//!   prefix, and its position is keyed (0, 0), which no string has (a
+//!   string's address is never 0).
 //! * An empty entry has kind 0, which no event written here has.
 
 use super::fast::{put_annotation_start, put_event_ids, put_flat_annotation};
@@ -117,7 +119,8 @@ impl FlatHead {
     #[inline(always)]
     pub(super) fn prefix(&self, i: usize, name: &'static str) -> Option<Prefix> {
         let &(k, prefix) = self.names.get(i)?;
-        (k == key(name) && prefix.len != 0).then_some(prefix)
+        // (A name without a prefix is keyed (0, 0), which no name is.)
+        (k == key(name)).then_some(prefix)
     }
 }
 
@@ -190,7 +193,10 @@ impl FlatHeads {
         }
         let mut keyed = [((0, 0), Prefix::default()); NAMES];
         for (out, &(n, id)) in keyed.iter_mut().zip(names) {
-            *out = (key(n), Prefix::new(id));
+            let prefix = Prefix::new(id);
+            if prefix.len != 0 {
+                *out = (key(n), prefix);
+            }
         }
         self.slots[Self::slot(name)] = FlatHead {
             key: Key {

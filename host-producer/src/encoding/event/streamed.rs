@@ -111,9 +111,8 @@ impl<T: Target> InPlace<'_, T> {
     /// the encoding declined) if the name is not interned.
     #[inline(always)]
     fn start(&mut self, name: &'static str) -> Option<Start> {
-        if !self.ok {
-            return None;
-        }
+        // (Fields after one that declined are still written: the packet
+        // is not used, and declining is rare.)
         let i = self.next;
         self.next += 1;
         if let Some(prefix) = self.head.prefix(i, name) {
@@ -159,7 +158,7 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
         f.end_short(s);
         f.end_short(a);
-        self.ok = f.finish().is_some();
+        self.ok &= f.finish().is_some();
     }
 }
 
