@@ -94,7 +94,10 @@ pub(super) struct FlatHead {
     key: Key,
     resets: u64,
     words: [u64; WORDS],
+    /// Bytes in `words` (1 to 32; 0 in an empty entry).
     len: usize,
+    /// Bytes of the last word used (`len` less the whole words before it).
+    last: usize,
     names: [(StrKey, Prefix); NAMES],
 }
 
@@ -103,14 +106,27 @@ impl FlatHead {
     /// and name id, and the head annotation.
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
-        let mut left = self.len;
-        for w in self.words {
-            if left == 0 {
-                break;
+        // Whole words, then the last one's bytes (`last`, worked out when
+        // the entry was made): no count kept per word.
+        let [a, b, c, d] = self.words;
+        let last = self.last;
+        match self.len {
+            0..=8 => f.word(a, last),
+            9..=16 => {
+                f.word(a, 8);
+                f.word(b, last);
             }
-            let n = left.min(8);
-            f.word(w, n);
-            left -= n;
+            17..=24 => {
+                f.word(a, 8);
+                f.word(b, 8);
+                f.word(c, last);
+            }
+            _ => {
+                f.word(a, 8);
+                f.word(b, 8);
+                f.word(c, 8);
+                f.word(d, last);
+            }
         }
     }
 
@@ -208,7 +224,54 @@ impl FlatHeads {
             resets,
             words,
             len,
+            last: len - (len.max(1) - 1) / 8 * 8,
             names: keyed,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static CAT: Category = Category::new("cat");
+    /// Head values of every length from 0 to 31 bytes.
+    const TEXT: &str = "0123456789abcdefghijklmnopqrstuv";
+
+    #[test]
+    fn a_head_of_any_length_is_put_as_encoded() {
+        let mut heads = FlatHeads::new();
+        // Ids of one and two bytes: heads of 9 to 32 bytes.
+        for (cat, iid, head_iid) in [(1, 2, 3), (300, 400, 500)] {
+            for n in 0..=TEXT.len() {
+                let (name, value) = ("event", &TEXT[..n]);
+                let mut want = [0u8; 64 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut want);
+                put_event_ids(&mut c, EventType::Instant as u8, cat, iid);
+                put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(value));
+                let want_len = c.finish().unwrap();
+                let head = ("level", value);
+                heads.insert(
+                    EventType::Instant as u8,
+                    &CAT,
+                    (name, iid),
+                    (head, head_iid),
+                    cat,
+                    &[],
+                    0,
+                );
+                let entry = heads.get(EventType::Instant as u8, &CAT, name, head, 0);
+                let Some(entry) = entry else {
+                    assert!(want_len > WORDS * 8, "a head of {want_len} B fits");
+                    continue;
+                };
+                let mut got = [0xAAu8; 64 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut got);
+                c.byte(0x55);
+                entry.put(&mut c);
+                assert_eq!(c.finish(), Some(1 + want_len), "{n} B value");
+                assert_eq!(got[1..=want_len], want[..want_len], "{n} B value");
+            }
+        }
     }
 }
