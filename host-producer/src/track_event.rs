@@ -568,7 +568,7 @@ pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFi
     track_event_type().with_writers(mask, |inner, instance| {
         use crate::encoding::event::Streamed;
         let seq = &mut inner.seq;
-        match seq.write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, head, fields, ns) {
+        match seq.write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, &head, fields, ns) {
             Streamed::Written => {}
             Streamed::Dropped => count_drop(instance),
             Streamed::Declined => declined |= 1 << instance.slot,

@@ -229,7 +229,7 @@ impl SequenceState {
         w: &mut W,
         category: &'static Category,
         name: &'static str,
-        head: (&'static str, &'static str),
+        head: &(&'static str, &'static str),
         fields: &F,
         ns: u64,
     ) -> Streamed {
@@ -239,7 +239,10 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self.flat_heads.get(KIND, category, name, head, self.resets) else {
+        let Some(entry) = self
+            .flat_heads
+            .get(KIND, category, name, *head, self.resets)
+        else {
             return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;

@@ -1524,7 +1524,7 @@ fn streamed_events_match_the_flat_path() {
             let (ok_a, ok_b) = match kind {
                 EventType::Instant => {
                     let s = streamed
-                        .write_flat_streamed::<I, _, _>(&mut a, &CAT, "event", head, &source, ns);
+                        .write_flat_streamed::<I, _, _>(&mut a, &CAT, "event", &head, &source, ns);
                     taken += usize::from(s == Streamed::Written);
                     (
                         match s {
@@ -1538,7 +1538,7 @@ fn streamed_events_match_the_flat_path() {
                 }
                 _ => {
                     let s = streamed
-                        .write_flat_streamed::<B, _, _>(&mut a, &CAT, "event", head, &source, ns);
+                        .write_flat_streamed::<B, _, _>(&mut a, &CAT, "event", &head, &source, ns);
                     taken += usize::from(s == Streamed::Written);
                     (
                         match s {
