@@ -216,8 +216,10 @@ fn encode_streamed<T: Target, F: FlatFields>(
 
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
-    /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
-    /// annotation `head` and then `fields`, encoded into the chunk as
+    /// `u8`) of the trace point `site` (in `category`: see
+    /// [`SequenceState::write_flat`]), stamped `ns` (BOOTTIME), with its
+    /// name and head annotation as its pre-encoded head has them (else it
+    /// declines) and then `fields`, encoded into the chunk as
     /// `fields` hands them over (see the module docs). Where the writer
     /// takes no packet in place (the last bytes of a chunk, no chunk, a
     /// loss to mark first) the same packet is encoded into the scratch
@@ -227,9 +229,8 @@ impl SequenceState {
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
         w: &mut W,
+        site: usize,
         category: &'static Category,
-        name: &'static str,
-        head: &(&'static str, &'static str),
         fields: &F,
         ns: u64,
     ) -> Streamed {
@@ -239,10 +240,7 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self
-            .flat_heads
-            .get(KIND, category, name, *head, self.resets)
-        else {
+        let Some(entry) = self.flat_heads.get(KIND, site, self.resets) else {
             return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;
