@@ -605,14 +605,19 @@ impl DataSourceType {
                     }
                     let Some(e) = &entries[slot] else { continue };
                     let mut g = e.cell.lock_owner();
-                    if g.flags() & FLAG_DEAD != 0 {
+                    // One load for both flags (a clear is rare: it loads
+                    // them again).
+                    let flags = g.flags();
+                    if flags & FLAG_DEAD != 0 {
                         drop(g);
                         if !redirect(&mut m, slot) {
                             entries[slot] = None;
                         }
                         continue;
                     }
-                    g.apply_clear();
+                    if flags & FLAG_CLEAR != 0 {
+                        g.apply_clear();
+                    }
                     f(g.inner(), &e.instance);
                     written += 1;
                 }

@@ -514,11 +514,12 @@ pub(crate) fn __event_at(
 #[inline(always)]
 pub(crate) fn __flat_event<const KIND: u8>(
     cat: &'static Category,
+    site: usize,
     name: &'static str,
     args: &crate::encoding::annotation::FlatArgs<'_>,
     ns: u64,
 ) {
-    __flat_event_in::<KIND>(cat, cat.enabled_instances(), name, args, ns);
+    __flat_event_in::<KIND>(cat, cat.enabled_instances(), site, name, args, ns);
 }
 
 /// [`__flat_event`] into the instances of `mask` only.
@@ -527,6 +528,7 @@ pub(crate) fn __flat_event<const KIND: u8>(
 pub(crate) fn __flat_event_in<const KIND: u8>(
     cat: &'static Category,
     mask: u8,
+    site: usize,
     name: &'static str,
     args: &crate::encoding::annotation::FlatArgs<'_>,
     ns: u64,
@@ -537,15 +539,16 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
     track_event_type().with_writers(mask, |inner, instance| {
         if !inner
             .seq
-            .write_flat::<KIND, _>(&mut inner.out, cat, name, args, ns)
+            .write_flat::<KIND, _>(&mut inner.out, site, cat, name, args, ns)
         {
             count_drop(instance);
         }
     });
 }
 
-/// [`__flat_event`] for annotations handed over one by one: `head`, then
-/// `fields`, encoded into each enabled instance's chunk as they come
+/// [`__flat_event`] for annotations handed over one by one: the head
+/// annotation of the trace point `site` (as its pre-encoded head has it),
+/// then `fields`, encoded into each enabled instance's chunk as they come
 /// (`SequenceState::write_flat_streamed`). Returns the instances that
 /// declined it, into which nothing was written: the caller collects the
 /// fields and writes them there with [`__flat_event_in`].
@@ -553,8 +556,7 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
 #[inline(never)]
 pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFields>(
     cat: &'static Category,
-    name: &'static str,
-    head: (&'static str, &'static str),
+    site: usize,
     fields: &F,
     ns: u64,
 ) -> u8 {
@@ -568,7 +570,7 @@ pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFi
     track_event_type().with_writers(mask, |inner, instance| {
         use crate::encoding::event::Streamed;
         let seq = &mut inner.seq;
-        match seq.write_flat_streamed::<KIND, _, F>(&mut inner.out, cat, name, head, fields, ns) {
+        match seq.write_flat_streamed::<KIND, _, F>(&mut inner.out, site, cat, fields, ns) {
             Streamed::Written => {}
             Streamed::Dropped => count_drop(instance),
             Streamed::Declined => declined |= 1 << instance.slot,

@@ -59,6 +59,12 @@ pub const TARGET_SLACK: usize = 8;
 
 /// A fixed-size buffer a [`Cursor`] writes into.
 pub trait Target {
+    /// The same target, borrowed from this one ([`Target::reborrow`]).
+    type Reborrow<'b>: Target
+    where
+        Self: 'b;
+    /// The same bytes, borrowed for as long as the result lives.
+    fn reborrow(&mut self) -> Self::Reborrow<'_>;
     /// Capacity in bytes: a power of two.
     fn cap(&self) -> usize;
     /// Writes `byte` at `index % cap`.
@@ -87,6 +93,16 @@ const fn array_cap(n: usize) -> usize {
 /// leaves [`TARGET_SLACK`] bytes after it (an array of 520 bytes has a
 /// capacity of 512).
 impl<const N: usize> Target for &mut [u8; N] {
+    type Reborrow<'b>
+        = &'b mut [u8; N]
+    where
+        Self: 'b;
+
+    #[inline(always)]
+    fn reborrow(&mut self) -> &mut [u8; N] {
+        self
+    }
+
     #[inline(always)]
     fn cap(&self) -> usize {
         const { array_cap(N) }
@@ -133,6 +149,16 @@ impl<const N: usize> Target for &mut [u8; N] {
 }
 
 impl Target for Window<'_> {
+    type Reborrow<'b>
+        = Window<'b>
+    where
+        Self: 'b;
+
+    #[inline(always)]
+    fn reborrow(&mut self) -> Window<'_> {
+        Window::reborrow(self)
+    }
+
     #[inline(always)]
     fn cap(&self) -> usize {
         self.len()
@@ -165,6 +191,13 @@ impl Target for Window<'_> {
 pub struct Measure;
 
 impl Target for Measure {
+    type Reborrow<'b> = Measure;
+
+    #[inline(always)]
+    fn reborrow(&mut self) -> Measure {
+        Measure
+    }
+
     #[inline(always)]
     fn cap(&self) -> usize {
         1 << 20
@@ -211,6 +244,23 @@ impl<T: Target> Cursor<T> {
     #[inline(always)]
     pub fn new_at(buf: T, start: usize) -> Self {
         Cursor { buf, len: start }
+    }
+
+    /// Runs `f` on a cursor at the same position over the same bytes,
+    /// borrowed from this one, and takes its position back. Called on a
+    /// cursor behind a reference, `f`'s cursor is a local whose address
+    /// nothing takes (if `f` inlines): its buffer and position stay in
+    /// registers, where each store through the referenced cursor, which
+    /// might alias it, reloads them.
+    #[inline(always)]
+    pub fn local<R>(&mut self, f: impl FnOnce(&mut Cursor<T::Reborrow<'_>>) -> R) -> R {
+        let mut c = Cursor {
+            buf: self.buf.reborrow(),
+            len: self.len,
+        };
+        let r = f(&mut c);
+        self.len = c.len;
+        r
     }
 
     /// Stores `byte` at `index` (modulo the capacity) without moving the

@@ -453,6 +453,18 @@ pub struct Window<'a> {
 }
 
 impl Window<'_> {
+    /// The same bytes, borrowed from this window for as long as the
+    /// result lives (a copy a caller can keep in registers while it
+    /// writes: see [`Cursor::local`](crate::proto::Cursor::local)).
+    #[inline(always)]
+    pub fn reborrow(&mut self) -> Window<'_> {
+        Window {
+            ptr: self.ptr,
+            mask: self.mask,
+            _payload: PhantomData,
+        }
+    }
+
     /// Length in bytes (a power of two), slack excluded.
     #[inline(always)]
     pub fn len(&self) -> usize {

@@ -325,6 +325,14 @@ struct Writer {
     spans: SpanTable,
 }
 
+/// The trace point of a callsite's events for the flat encoders: its
+/// metadata's address (a callsite's metadata is a `static` of its own), as
+/// its target (category), name and level (head annotation) are fixed.
+#[inline(always)]
+fn site(meta: &'static Metadata<'static>) -> usize {
+    meta as *const Metadata<'static> as usize
+}
+
 /// The `level` annotation of `meta`.
 #[inline]
 fn level(meta: &Metadata<'_>) -> Arg<'static> {
@@ -484,6 +492,7 @@ where
                         };
                         __flat_event::<{ EventType::SliceBegin as u8 }>(
                             category,
+                            site(meta),
                             meta.name(),
                             &args,
                             ns,
@@ -584,14 +593,15 @@ where
             return;
         }
         const INSTANT: u8 = EventType::Instant as u8;
-        let head = ("level", meta.level().as_str());
         let ns = crate::clock::now_ns();
-        let declined =
-            __streamed_event::<INSTANT, _>(category, meta.name(), head, &EventVisit(event), ns);
+        let site = site(meta);
+        let declined = __streamed_event::<INSTANT, _>(category, site, &EventVisit(event), ns);
         if declined != 0 {
+            let head = ("level", meta.level().as_str());
             let mut fields = EventFields::new();
             event.record(&mut Visitor(&mut Collect(&mut fields)));
-            __flat_event_in::<INSTANT>(category, declined, meta.name(), &fields.args(head), ns);
+            let args = fields.args(head);
+            __flat_event_in::<INSTANT>(category, declined, site, meta.name(), &args, ns);
         }
     }
 

@@ -609,17 +609,21 @@ impl SequenceState {
     /// [`SequenceState::write_plain_args`] when every name is interned and
     /// the packet fits a window, else through the general path. Returns
     /// `false` if any packet was dropped, like
-    /// [`SequenceState::write_event`].
+    /// [`SequenceState::write_event`]. `site` identifies the trace point:
+    /// every event given the same site has the same `category`, `name` and
+    /// head annotation (`args.head`), so a pre-encoded head is found by
+    /// the site alone (`flat_heads`).
     #[inline(never)]
     pub(crate) fn write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
+        site: usize,
         category: &'static Category,
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        self.try_write_flat::<KIND, W>(w, category, name, args, ns)
+        self.try_write_flat::<KIND, W>(w, site, category, name, args, ns)
             || self.write_flat_general::<KIND, W>(w, category, name, args, ns)
     }
 
@@ -668,6 +672,7 @@ impl SequenceState {
     fn try_write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
+        site: usize,
         category: &'static Category,
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
@@ -681,7 +686,7 @@ impl SequenceState {
         };
         let interned = &self.interned;
         let resets = self.resets;
-        if let Some(head) = self.flat_heads.get(KIND, category, name, args.head, resets) {
+        if let Some(head) = self.flat_heads.get(KIND, site, resets) {
             // A recent trace point: its head copied, its names checked.
             let written = w.write_in_place(|f| {
                 let te = put_packet_start(f, delta);
@@ -744,9 +749,9 @@ impl SequenceState {
             let (cat, name_iid, head_iid) = ids;
             self.flat_heads.insert(
                 KIND,
-                category,
-                (name, name_iid),
-                (args.head, head_iid),
+                site,
+                name_iid,
+                (args.head.1, head_iid),
                 cat,
                 &names,
                 resets,

@@ -11,19 +11,25 @@
 //!   `resets`, and is used only while the sequence's reset count is still
 //!   that: a reset clears the interning tables, after which the ids name
 //!   nothing.
-//! * An entry is used only for an event of its kind whose category, name
-//!   and head annotation (name and value) are the very strings (same
-//!   addresses and lengths) it was made for; its bytes are then exactly
-//!   what [`put_event_ids`] and [`put_flat_annotation`] write for them. A
+//! * An entry is used only for an event of its kind from the trace point
+//!   (`site`) it was made for. A site is a caller's promise: every event
+//!   given that site has the same category, name and head annotation (the
+//!   layer's site is its callsite's `Metadata`, which fixes the target,
+//!   the name and the level), so one compare of the site stands for
+//!   comparing the three (five strings); the entry's bytes are then
+//!   exactly what [`put_event_ids`] and [`put_flat_annotation`] write for
+//!   them. A
 //!   later annotation's pre-encoded start ([`Prefix`]: its tag, a length
 //!   byte to fill, its name's id) is used only for the same name at the
-//!   same position.
+//!   same position; a name whose start takes more than a word has no
+//!   prefix, and its position is keyed (0, 0), which no string has (a
+//!   string's address is never 0).
 //! * An empty entry has kind 0, which no event written here has.
 
 use super::fast::{put_annotation_start, put_event_ids, put_flat_annotation};
 use super::*;
 
-/// Entries (a power of two), direct-mapped by the event name's address.
+/// Entries (a power of two), direct-mapped by the trace point's site.
 const SLOTS: usize = 16;
 /// Words of pre-encoded bytes an entry holds.
 const WORDS: usize = 4;
@@ -38,13 +44,11 @@ fn key(s: &'static str) -> StrKey {
     (s.as_ptr() as usize, s.len())
 }
 
-/// What an entry was made for.
+/// What an entry was made for: an event kind and a trace point's site.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Key {
     kind: u8,
-    category: usize,
-    name: StrKey,
-    head: [StrKey; 2],
+    site: usize,
 }
 
 /// The start of a flat debug annotation, pre-encoded: its tag, its
@@ -92,7 +96,10 @@ pub(super) struct FlatHead {
     key: Key,
     resets: u64,
     words: [u64; WORDS],
+    /// Bytes in `words` (1 to 32; 0 in an empty entry).
     len: usize,
+    /// Bytes of the last word used (`len` less the whole words before it).
+    last: usize,
     names: [(StrKey, Prefix); NAMES],
 }
 
@@ -101,14 +108,27 @@ impl FlatHead {
     /// and name id, and the head annotation.
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
-        let mut left = self.len;
-        for w in self.words {
-            if left == 0 {
-                break;
+        // Whole words, then the last one's bytes (`last`, worked out when
+        // the entry was made): no count kept per word.
+        let [a, b, c, d] = self.words;
+        let last = self.last;
+        match self.len {
+            0..=8 => f.word(a, last),
+            9..=16 => {
+                f.word(a, 8);
+                f.word(b, last);
             }
-            let n = left.min(8);
-            f.word(w, n);
-            left -= n;
+            17..=24 => {
+                f.word(a, 8);
+                f.word(b, 8);
+                f.word(c, last);
+            }
+            _ => {
+                f.word(a, 8);
+                f.word(b, 8);
+                f.word(c, 8);
+                f.word(d, last);
+            }
         }
     }
 
@@ -117,7 +137,8 @@ impl FlatHead {
     #[inline(always)]
     pub(super) fn prefix(&self, i: usize, name: &'static str) -> Option<Prefix> {
         let &(k, prefix) = self.names.get(i)?;
-        (k == key(name) && prefix.len != 0).then_some(prefix)
+        // (A name without a prefix is keyed (0, 0), which no name is.)
+        (k == key(name)).then_some(prefix)
     }
 }
 
@@ -134,43 +155,30 @@ impl FlatHeads {
     }
 
     #[inline(always)]
-    fn slot(name: &'static str) -> usize {
-        ((name.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize
-            & (SLOTS - 1)
+    fn slot(site: usize) -> usize {
+        ((site as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize & (SLOTS - 1)
     }
 
-    /// The entry for an event of `kind` in `category`, named `name`, with
-    /// the head annotation `head`, on a sequence reset `resets` times.
+    /// The entry for an event of `kind` from the trace point `site`, on a
+    /// sequence reset `resets` times.
     #[inline(always)]
-    pub(super) fn get(
-        &self,
-        kind: u8,
-        category: &'static Category,
-        name: &'static str,
-        head: (&'static str, &'static str),
-        resets: u64,
-    ) -> Option<&FlatHead> {
-        let e = &self.slots[Self::slot(name)];
-        let k = Key {
-            kind,
-            category: category as *const Category as usize,
-            name: key(name),
-            head: [key(head.0), key(head.1)],
-        };
-        (e.key == k && e.resets == resets).then_some(e)
+    pub(super) fn get(&self, kind: u8, site: usize, resets: u64) -> Option<&FlatHead> {
+        let e = &self.slots[Self::slot(site)];
+        (e.key == Key { kind, site } && e.resets == resets).then_some(e)
     }
 
     /// Makes the entry of an event (as [`FlatHeads::get`] takes it) whose
     /// category, name and head annotation name have the ids `cat`, `iid`
-    /// and `head_iid`, and whose later annotations' names have the ids of
-    /// `names`; nothing if its head does not fit an entry.
+    /// and `head_iid`, whose head annotation's value is `head`, and whose
+    /// later annotations' names have the ids of `names`; nothing if its
+    /// head does not fit an entry.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &mut self,
         kind: u8,
-        category: &'static Category,
-        (name, iid): (&'static str, u64),
-        (head, head_iid): ((&'static str, &'static str), u64),
+        site: usize,
+        iid: u64,
+        (head, head_iid): (&'static str, u64),
         cat: u64,
         names: &[(&'static str, u64)],
         resets: u64,
@@ -178,7 +186,7 @@ impl FlatHeads {
         let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
         put_event_ids(&mut c, kind, cat, iid);
-        put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(head.1));
+        put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(head));
         let Some(len) = c.finish().filter(|&n| n <= WORDS * 8) else {
             return;
         };
@@ -190,19 +198,64 @@ impl FlatHeads {
         }
         let mut keyed = [((0, 0), Prefix::default()); NAMES];
         for (out, &(n, id)) in keyed.iter_mut().zip(names) {
-            *out = (key(n), Prefix::new(id));
+            let prefix = Prefix::new(id);
+            if prefix.len != 0 {
+                *out = (key(n), prefix);
+            }
         }
-        self.slots[Self::slot(name)] = FlatHead {
-            key: Key {
-                kind,
-                category: category as *const Category as usize,
-                name: key(name),
-                head: [key(head.0), key(head.1)],
-            },
+        self.slots[Self::slot(site)] = FlatHead {
+            key: Key { kind, site },
             resets,
             words,
             len,
+            last: len - (len.max(1) - 1) / 8 * 8,
             names: keyed,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Head values of every length from 0 to 31 bytes.
+    const TEXT: &str = "0123456789abcdefghijklmnopqrstuv";
+
+    #[test]
+    fn a_head_of_any_length_is_put_as_encoded() {
+        let mut heads = FlatHeads::new();
+        // Ids of one and two bytes: heads of 9 to 32 bytes.
+        for (cat, iid, head_iid) in [(1, 2, 3), (300, 400, 500)] {
+            for n in 0..=TEXT.len() {
+                let value = &TEXT[..n];
+                let mut want = [0u8; 64 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut want);
+                put_event_ids(&mut c, EventType::Instant as u8, cat, iid);
+                put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(value));
+                let want_len = c.finish().unwrap();
+                // A site of its own for each head.
+                let site = n + 1;
+                heads.insert(
+                    EventType::Instant as u8,
+                    site,
+                    iid,
+                    (value, head_iid),
+                    cat,
+                    &[],
+                    0,
+                );
+                let entry = heads.get(EventType::Instant as u8, site, 0);
+                let Some(entry) = entry else {
+                    assert!(want_len > WORDS * 8, "a head of {want_len} B fits");
+                    continue;
+                };
+                let mut got = [0xAAu8; 64 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut got);
+                c.byte(0x55);
+                entry.put(&mut c);
+                assert_eq!(c.finish(), Some(1 + want_len), "{n} B value");
+                assert_eq!(got[1..=want_len], want[..want_len], "{n} B value");
+            }
+        }
     }
 }

@@ -33,7 +33,7 @@ use std::fmt;
 use super::fast::{
     put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_STRING,
 };
-use super::flat_heads::FlatHead;
+use super::flat_heads::{FlatHead, Prefix};
 use super::*;
 
 /// A field value as a [`FlatFields`] source hands it over (a `Debug` value
@@ -88,45 +88,69 @@ struct InPlace<'a, T: Target> {
     ok: bool,
 }
 
-impl<T: Target> InPlace<'_, T> {
-    /// Writes the start of the next field's annotation, named `name`, and
-    /// returns where its body starts; `None` (and the encoding declined)
-    /// if the name is not interned.
+/// How a field's annotation starts: pre-encoded, or by its name's id.
+#[derive(Clone, Copy)]
+enum Start {
+    Prefix(Prefix),
+    Iid(u64),
+}
+
+impl Start {
+    /// Writes the start and returns where the annotation's body starts.
     #[inline(always)]
-    fn start(&mut self, name: &'static str) -> Option<usize> {
-        if !self.ok {
-            return None;
+    fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
+        match self {
+            Start::Prefix(prefix) => prefix.put(f),
+            Start::Iid(iid) => put_annotation_start(f, iid),
         }
+    }
+}
+
+impl<T: Target> InPlace<'_, T> {
+    /// How the next field's annotation, named `name`, starts; `None` (and
+    /// the encoding declined) if the name is not interned.
+    #[inline(always)]
+    fn start(&mut self, name: &'static str) -> Option<Start> {
+        // (Fields after one that declined are still written: the packet
+        // is not used, and declining is rare.)
         let i = self.next;
         self.next += 1;
         if let Some(prefix) = self.head.prefix(i, name) {
-            return Some(prefix.put(self.f));
+            return Some(Start::Prefix(prefix));
         }
         let Some(iid) = self.arg_names.lookup(name) else {
             self.ok = false;
             return None;
         };
-        Some(put_annotation_start(self.f, iid))
+        Some(Start::Iid(iid))
     }
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
     // Inlined into each of the visitor's typed methods, where the value's
-    // kind is known: no call, no dispatch on the kind.
+    // kind is known: no call, no dispatch on the kind. The cursor is a
+    // local for the field's bytes (`Cursor::local`).
     #[inline(always)]
     fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        if let Some(a) = self.start(name) {
-            put_arg_value(self.f, value.arg());
-            self.f.end_short(a);
+        if let Some(start) = self.start(name) {
+            self.f.local(
+                #[inline(always)]
+                |f| {
+                    let a = start.put(f);
+                    put_arg_value(f, value.arg());
+                    f.end_short(a);
+                },
+            );
         }
     }
 
     #[inline]
     fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
-        let Some(a) = self.start(name) else {
+        let Some(start) = self.start(name) else {
             return;
         };
         let f = &mut *self.f;
+        let a = start.put(f);
         f.byte(TAG_ARG_STRING);
         let s = f.begin_short();
         // A `Debug` impl that fails leaves what it wrote, as when collected;
@@ -134,7 +158,7 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
         f.end_short(s);
         f.end_short(a);
-        self.ok = f.finish().is_some();
+        self.ok &= f.finish().is_some();
     }
 }
 
@@ -192,8 +216,10 @@ fn encode_streamed<T: Target, F: FlatFields>(
 
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
-    /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
-    /// annotation `head` and then `fields`, encoded into the chunk as
+    /// `u8`) of the trace point `site` (in `category`: see
+    /// [`SequenceState::write_flat`]), stamped `ns` (BOOTTIME), with its
+    /// name and head annotation as its pre-encoded head has them (else it
+    /// declines) and then `fields`, encoded into the chunk as
     /// `fields` hands them over (see the module docs). Where the writer
     /// takes no packet in place (the last bytes of a chunk, no chunk, a
     /// loss to mark first) the same packet is encoded into the scratch
@@ -203,9 +229,8 @@ impl SequenceState {
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
         w: &mut W,
+        site: usize,
         category: &'static Category,
-        name: &'static str,
-        head: (&'static str, &'static str),
         fields: &F,
         ns: u64,
     ) -> Streamed {
@@ -215,7 +240,7 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self.flat_heads.get(KIND, category, name, head, self.resets) else {
+        let Some(entry) = self.flat_heads.get(KIND, site, self.resets) else {
             return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;

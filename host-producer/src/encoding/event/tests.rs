@@ -1205,14 +1205,26 @@ fn extra_fields_through_the_context() {
     );
 }
 
+/// The site ([`SequenceState::write_flat`]) of the flat tests' trace
+/// points: one per name and head annotation value (a site promises both).
+#[cfg(feature = "tracing")]
+fn site(name: &'static str, head: (&'static str, &'static str)) -> usize {
+    match (name, head.1) {
+        ("event", "INFO") => 1,
+        ("event", "WARN") => 2,
+        // Other names: their own address.
+        (name, _) => name.as_ptr() as usize,
+    }
+}
+
 /// The `tracing` layer's instants and slice begins
 /// ([`SequenceState::write_flat`]): the same packets as the general path
 /// for the same annotations (and the same slice ends after), written in
 /// place once their names are interned (then from the trace point's
-/// pre-encoded head, across changes of its later annotations' names and
-/// of its head annotation's value, and resets), including names whose
-/// front-cache slot another name holds; the general path takes first uses,
-/// texts too long for a window, resets and losses.
+/// pre-encoded head, across changes of its later annotations' names, and
+/// resets; a head annotation of another value is another site), including
+/// names whose front-cache slot another name holds; the general path takes
+/// first uses, texts too long for a window, resets and losses.
 #[cfg(feature = "tracing")]
 #[test]
 fn flat_events_match_the_general_path() {
@@ -1264,8 +1276,14 @@ fn flat_events_match_the_general_path() {
             let mut data = ev(EventType::Instant, EventName::Static("before"));
             data.timestamp = Timestamp::boottime(ns);
             data.args = &list;
-            assert!(fast
-                .write_flat::<{ EventType::Instant as u8 }, _>(&mut a, &CAT, "before", &first, ns));
+            assert!(fast.write_flat::<{ EventType::Instant as u8 }, _>(
+                &mut a,
+                site("before", first.head),
+                &CAT,
+                "before",
+                &first,
+                ns
+            ));
             assert!(general.write_event(&mut b, &data, None));
         }
         if round == 4 {
@@ -1293,16 +1311,17 @@ fn flat_events_match_the_general_path() {
                 values,
                 text: &text,
             };
+            let at = site("event", args.head);
             let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
             let mut data = ev(kind, EventName::Static("event"));
             data.timestamp = Timestamp::boottime(ns);
             data.args = &list;
             let ok_a = match kind {
                 EventType::Instant => fast.write_flat::<{ EventType::Instant as u8 }, _>(
-                    &mut a, &CAT, "event", &args, ns,
+                    &mut a, at, &CAT, "event", &args, ns,
                 ),
                 _ => fast.write_flat::<{ EventType::SliceBegin as u8 }, _>(
-                    &mut a, &CAT, "event", &args, ns,
+                    &mut a, at, &CAT, "event", &args, ns,
                 ),
             };
             let ok_b = general.write_event(&mut b, &data, None);
@@ -1507,6 +1526,7 @@ fn streamed_events_match_the_flat_path() {
             ns += 77;
             events += 1;
             let head = ("level", if round == 1 { "WARN" } else { "INFO" });
+            let at = site("event", head);
             let source = TestFields { fields, complete };
             let (values, text) = collect(fields);
             let args = FlatArgs {
@@ -1523,31 +1543,29 @@ fn streamed_events_match_the_flat_path() {
             }
             let (ok_a, ok_b) = match kind {
                 EventType::Instant => {
-                    let s = streamed
-                        .write_flat_streamed::<I, _, _>(&mut a, &CAT, "event", head, &source, ns);
+                    let s = streamed.write_flat_streamed::<I, _, _>(&mut a, at, &CAT, &source, ns);
                     taken += usize::from(s == Streamed::Written);
                     (
                         match s {
                             Streamed::Declined => {
-                                streamed.write_flat::<I, _>(&mut a, &CAT, "event", &args, ns)
+                                streamed.write_flat::<I, _>(&mut a, at, &CAT, "event", &args, ns)
                             }
                             s => s == Streamed::Written,
                         },
-                        flat.write_flat::<I, _>(&mut b, &CAT, "event", &args, ns),
+                        flat.write_flat::<I, _>(&mut b, at, &CAT, "event", &args, ns),
                     )
                 }
                 _ => {
-                    let s = streamed
-                        .write_flat_streamed::<B, _, _>(&mut a, &CAT, "event", head, &source, ns);
+                    let s = streamed.write_flat_streamed::<B, _, _>(&mut a, at, &CAT, &source, ns);
                     taken += usize::from(s == Streamed::Written);
                     (
                         match s {
                             Streamed::Declined => {
-                                streamed.write_flat::<B, _>(&mut a, &CAT, "event", &args, ns)
+                                streamed.write_flat::<B, _>(&mut a, at, &CAT, "event", &args, ns)
                             }
                             s => s == Streamed::Written,
                         },
-                        flat.write_flat::<B, _>(&mut b, &CAT, "event", &args, ns),
+                        flat.write_flat::<B, _>(&mut b, at, &CAT, "event", &args, ns),
                     )
                 }
             };
