@@ -16,7 +16,9 @@
 //! copy, `→ Free`), and print what they moved.
 
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_abi::region::{Record, RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+use shmtrace_abi::region::{
+    Record, RegionArbiter, RegionConfig, RegionHeader, RegionReader, RegionStorage,
+};
 
 use crate::events::Moved;
 use crate::out;
@@ -37,6 +39,13 @@ pub const TARGET_BUFFER: u16 = 0;
 /// 8-byte header.
 const CHUNK_COPY: usize = 4096 - 8;
 
+/// The region's data source and producer names (the other settings are
+/// the defaults: 4 KiB pages, clock 65, tracing on).
+const CONFIG: RegionConfig<'static> = RegionConfig {
+    producer: "shmtrace-firmware-example",
+    ..RegionConfig::new("track_event")
+};
+
 /// What a writer gets its chunks from.
 pub type Arbiter = RegionArbiter<'static>;
 
@@ -54,11 +63,13 @@ pub fn init<const SMB: usize, const SLOTS: usize>(
     storage: &'static RegionStorage<SMB, SLOTS>,
     drain: bool,
 ) -> ([Arbiter; 2], Option<Transport>) {
-    let config = RegionConfig {
-        producer: "shmtrace-firmware-example",
-        ..RegionConfig::new("track_event")
+    // Checked and laid out at compile time: the firmware stores the
+    // header's words.
+    let handles = match &const { RegionHeader::<SMB, SLOTS>::new(&CONFIG) } {
+        Ok(header) => storage.take_header(header),
+        Err(e) => Err(*e),
     };
-    let Ok(handles) = storage.take(&config) else {
+    let Ok(handles) = handles else {
         out::fail("region refused")
     };
     let (Ok(a0), Ok(a1)) = (
