@@ -26,7 +26,6 @@ use crate::sync::shared::AtomicU32;
 
 use super::control::Control;
 use super::raw::Mem;
-use super::ring;
 use super::wire::{
     offset, HeaderError, HeaderRepr, Name, NameError, RingGeometry, SmbGeometry, FLAG_STREAM_MODE,
     HEADER_SIZE, MAGIC_WORDS, MAX_CLOCK_ID, MAX_RING_SLOTS, MAX_SMB_PAGES, MIN_CLOCK_ID,
@@ -268,7 +267,14 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         }
         let repr = header.repr(boot_id);
         let control = Control::new(mem, repr.ring).ok_or(fail)?;
-        ring::reset(control.ring());
+        // The ring: `seq` of slot `i` is `i`, bodies 0 (`ring_head` and
+        // `ring_tail`, control words, are 0 already).
+        let stride = SLOT_SIZE / 4;
+        let ring_words = mem.words(HEADER_SIZE, SLOTS * stride).ok_or(fail)?;
+        for (k, word) in ring_words.iter().enumerate() {
+            let seq = if k % stride == 0 { k / stride } else { 0 };
+            word.store(seq as u32, Relaxed);
+        }
         let smb_at = repr.smb.offset as usize;
         let page_size = repr.smb.page_size;
         for page in (smb_at..smb_at + SMB_BYTES).step_by(page_size.get()) {
@@ -426,8 +432,14 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionHeader<SMB_BYTES, SLOTS> 
     /// The header's parsed form, with `boot_id` (as
     /// [`RegionHandles::header`] returns it): its words read back, without
     /// checks, as [`new`](Self::new) checked them.
-    pub const fn repr(&self, boot_id: u32) -> HeaderRepr {
+    pub fn repr(&self, boot_id: u32) -> HeaderRepr {
         let w = &self.words;
+        let name = |from: usize| {
+            let words = w
+                .get(from..from + NAME_LEN / 4)
+                .and_then(|n| n.try_into().ok());
+            Name::from_words(words.unwrap_or_default())
+        };
         HeaderRepr {
             header_size: (w[0x08 / 4] >> 16) as u16,
             region_size: w[REGION_SIZE_WORD],
@@ -444,8 +456,8 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionHeader<SMB_BYTES, SLOTS> 
                 page_size: self.page_size,
             },
             clock_id: w[0x30 / 4],
-            data_source: Name::from_words(w, 0x40 / 4),
-            producer: Name::from_words(w, 0x80 / 4),
+            data_source: name(0x40 / 4),
+            producer: name(0x80 / 4),
         }
     }
 }

@@ -360,6 +360,42 @@ fn a_header_built_at_compile_time_is_the_one_init_writes() {
     );
 }
 
+#[test]
+fn a_reinitialization_resets_ring_and_page_headers_whatever_they_held() {
+    let mut storage = Box::new(RegionStorage::<8192, 4>::new());
+    let handles = storage.init(&config()).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
+    let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 3, 0).unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            writer.write_packet(|p| p.uint64(8, 100)),
+            PacketOutcome::Written
+        );
+        writer.flush();
+    }
+    drop(writer);
+    let _ = handles;
+    let b = bytes(&storage);
+    // Two CHUNK slots published (their bodies hold the writer id), ring
+    // head 2, a partitioned page.
+    assert_eq!(&b[0xC0..0xC4], &2u32.to_le_bytes());
+    assert_eq!(&b[256 + 4..256 + 8], &[1, 0, 3, 0]);
+    assert_eq!(&b[256 + 32 + 4..256 + 32 + 8], &[1, 0, 3, 0]);
+    assert_ne!(&b[384..392], &[0; 8]);
+
+    let _ = storage.init(&config()).unwrap();
+    let b = bytes(&storage);
+    assert_eq!(&b[0xC0..0xC8], &[0; 8], "ring_head, ring_tail");
+    for i in 0..4usize {
+        let slot = &b[256 + 32 * i..256 + 32 * (i + 1)];
+        assert_eq!(&slot[..4], &(i as u32).to_le_bytes());
+        assert!(slot[4..].iter().all(|&x| x == 0), "slot {i}: {slot:?}");
+    }
+    for page in [384, 384 + 4096] {
+        assert_eq!(&b[page..page + 8], &[0; 8], "page header at {page}");
+    }
+}
+
 /// Storage a host-style reader can keep a pointer into while the test
 /// reinitializes it: the pointer is the allocation's own (`bytes` is at
 /// offset 0), so the `&mut` borrows of `init` do not invalidate it. Free it

@@ -399,17 +399,13 @@ impl Name {
         self.bytes[0] == 0
     }
 
-    /// The name whose field is the 16 little-endian words from
-    /// `words[from]` on, as [`Name::word`] made them from a name (so they
-    /// are a name: not checked again).
-    pub(crate) const fn from_words(words: &[u32; HEADER_SIZE / 4], from: usize) -> Name {
-        let mut bytes = [0u8; NAME_LEN];
-        let mut i = 0;
-        while i < NAME_LEN {
-            bytes[i] = (words[(from + i / 4) % words.len()] >> (8 * (i % 4))) as u8;
-            i += 1;
+    /// The name whose field is the 16 little-endian `words`, as
+    /// [`Name::word`] made them from a name (so they are a name: not
+    /// checked again).
+    pub(crate) fn from_words(words: [u32; NAME_LEN / 4]) -> Name {
+        Name {
+            bytes: zerocopy::transmute!(words.map(u32::to_le)),
         }
-        Name { bytes }
     }
 
     /// The little-endian word of the field at byte `at` (rounded down to a
