@@ -103,6 +103,8 @@ pub struct RegionHandles<'m> {
     pub control: Control<'m>,
     /// The header as written.
     pub header: HeaderRepr,
+    /// The region's memory (for a [`RegionReader`](super::RegionReader)).
+    pub(crate) mem: Mem<'m>,
 }
 
 #[repr(C, align(8))]
@@ -305,6 +307,7 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
             smb,
             control,
             header: repr,
+            mem,
         })
     }
 }
