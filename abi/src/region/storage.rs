@@ -18,7 +18,7 @@
 use core::cell::UnsafeCell;
 use core::mem::{size_of, MaybeUninit};
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use core::sync::atomic::Ordering::{Relaxed, Release};
 
 use crate::layout::{PageSize, PAGE_HEADER_SIZE};
 use crate::smb::Smb;
@@ -208,7 +208,10 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         &'static self,
         header: &RegionHeader<SMB_BYTES, SLOTS>,
     ) -> Result<RegionHandles<'static>, TakeError> {
-        if TAKEN.swap(1, AcqRel) != 0 {
+        // Relaxed: the flag publishes nothing. Exactly one swap finds 0,
+        // and only that caller touches the storage; the handles reach other
+        // contexts through whatever the program shares them with.
+        if TAKEN.swap(1, Relaxed) != 0 {
             return Err(TakeError::AlreadyTaken);
         }
         self.setup(header)
