@@ -283,9 +283,13 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         let smb_at = repr.smb.offset as usize;
         let page_size = repr.smb.page_size;
         for page in (smb_at..smb_at + SMB_BYTES).step_by(page_size.get()) {
-            for word in mem.words(page, PAGE_HEADER_SIZE / 4).ok_or(fail)? {
-                word.store(0, Relaxed);
-            }
+            let header: &[AtomicU32; PAGE_HEADER_SIZE / 4] = mem
+                .words(page, PAGE_HEADER_SIZE / 4)
+                .and_then(|w| w.try_into().ok())
+                .ok_or(fail)?;
+            let [header_bitmap, reserved] = header;
+            header_bitmap.store(0, Relaxed);
+            reserved.store(0, Relaxed);
         }
         // The `Smb` is stored in the storage's own cell, so it is typed
         // `'static`; it is only ever handed out as `&'m Smb<'m>`, with `'m`
