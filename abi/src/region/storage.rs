@@ -333,7 +333,10 @@ const REGION_SIZE_WORD: usize = 0x0C / 4;
 ///
 /// [`RegionHeader::new`] is a `const fn`: in a `const`, the checks and the
 /// layout run at compile time, and a firmware holds the header's words,
-/// not the code that makes them.
+/// not the code that makes them. Hand [`RegionStorage::take_header`] a
+/// reference to the constant (`&HEADER`, as below): the words are read from
+/// flash where they are (a copy of the constant on the stack would be read
+/// back word by word).
 ///
 /// ```
 /// use shmtrace_abi::region::{RegionConfig, RegionHeader, RegionStorage, TakeError};
