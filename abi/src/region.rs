@@ -168,20 +168,31 @@
 //!
 //! # Using it
 //!
-//! Firmware: a [`RegionStorage`] in a `static`, [`RegionStorage::take`] once,
-//! a [`RegionArbiter`] per writer, and [`crate::link`]'s service for the
+//! Firmware: a [`RegionStorage`] in a `static`, [`RegionStorage::take`] once
+//! (with a [`RegionHeader`] built in a `const`,
+//! [`RegionStorage::take_header`]: the config is checked and the header laid
+//! out at compile time, so the firmware stores the header's words and holds
+//! no code to make them), a [`RegionArbiter`] per writer, and [`crate::link`]'s service for the
 //! control words (shared RAM) or the drain into frames (stream mode),
 //! polled from the main loop. A host (or a stream-mode firmware):
 //! [`RegionReader`], polled.
 //!
 //! ```
 //! use shmtrace_abi::layout::PageLayout;
-//! use shmtrace_abi::region::{Record, RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+//! use shmtrace_abi::region::{
+//!     Record, RegionArbiter, RegionConfig, RegionHeader, RegionReader, RegionStorage, TakeError,
+//! };
 //! use shmtrace_abi::writer::TraceWriter;
 //!
 //! // Firmware.
 //! static REGION: RegionStorage<8192, 16> = RegionStorage::new();
-//! let handles = REGION.take(&RegionConfig::new("fw.track_event")).unwrap();
+//! const HEADER: Result<RegionHeader<8192, 16>, TakeError> =
+//!     RegionHeader::new(&RegionConfig::new("fw.track_event"));
+//! let handles = match &HEADER {
+//!     Ok(header) => REGION.take_header(header),
+//!     Err(e) => Err(*e),
+//! };
+//! let handles = handles.unwrap();
 //! let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
 //! let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 1, 0).unwrap();
 //! let _ = writer.write_packet(|p| p.uint64(8, 100));
@@ -216,5 +227,7 @@ mod wire;
 pub use arbiter::{ArbiterError, RegionArbiter};
 pub use control::{Control, Counters, Ring};
 pub use reader::{ChunkRecord, ReaderError, ReaderStats, Record, RegionReader};
-pub use storage::{RegionConfig, RegionHandles, RegionStorage, TakeError, DEFAULT_CLOCK_ID};
+pub use storage::{
+    RegionConfig, RegionHandles, RegionHeader, RegionStorage, TakeError, DEFAULT_CLOCK_ID,
+};
 pub use wire::*;

@@ -65,7 +65,9 @@ use core::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use cortex_m::interrupt;
 use cortex_m::peripheral::syst::SystClkSource;
 use shmtrace_abi::link::{AttachService, StreamService, DEFAULT_CHUNK_BUFFER};
-use shmtrace_abi::region::{Control, RegionArbiter, RegionConfig, RegionHandles, RegionStorage};
+use shmtrace_abi::region::{
+    Control, RegionArbiter, RegionConfig, RegionHandles, RegionHeader, RegionStorage, TakeError,
+};
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{Clock, SequenceConfig, TrackEventWriter, WriterCell};
 use shmtrace_abi::writer::InPlaceWriter;
@@ -83,7 +85,11 @@ pub use mailbox::Mailbox;
 /// The live region: 64 KiB of SMB (64 chunks of 1 KiB) and 64 ring slots:
 /// 0.6 s of the session's events, so a host that falls behind for a while
 /// (a busy machine) loses nothing.
-pub type LiveStorage = RegionStorage<65536, 64>;
+pub type LiveStorage = RegionStorage<LIVE_SMB, LIVE_SLOTS>;
+/// SMB bytes of a live session's region.
+const LIVE_SMB: usize = 65536;
+/// Ring slots of a live session's region.
+const LIVE_SLOTS: usize = 64;
 /// A live writer: 16 interned strings, 4 described tracks, 8 cached call
 /// sites.
 pub type LiveWriter = TrackEventWriter<'static, RegionArbiter<'static>, CounterClock, 16, 4, 8>;
@@ -252,7 +258,7 @@ fn writer_lost(w: &LiveWriter) -> (u64, u64) {
 }
 
 /// The region configuration of a live session.
-pub fn region_config(stream_mode: bool) -> RegionConfig<'static> {
+pub const fn region_config(stream_mode: bool) -> RegionConfig<'static> {
     RegionConfig {
         producer: PRODUCER,
         stream_mode,
@@ -260,6 +266,14 @@ pub fn region_config(stream_mode: bool) -> RegionConfig<'static> {
         ..RegionConfig::new(DATA_SOURCE)
     }
 }
+
+/// The region header of a live session, checked and laid out at compile
+/// time (the firmware stores its words).
+type LiveHeader = Result<RegionHeader<LIVE_SMB, LIVE_SLOTS>, TakeError>;
+/// [`LiveHeader`] of a session through shared RAM.
+const ATTACH_HEADER: LiveHeader = RegionHeader::new(&region_config(false));
+/// [`LiveHeader`] of a session in stream mode.
+const STREAM_HEADER: LiveHeader = RegionHeader::new(&region_config(true));
 
 /// Sets up the writers over `handles`: the main one returned, the
 /// interrupt's in [`IRQ_WRITER`].
@@ -332,7 +346,16 @@ pub fn run<L: Link>(
 ) -> ! {
     let mut out = Out::open();
     mailbox.reset();
-    let Ok(handles) = storage.take(&region_config(stream_mode)) else {
+    let header = if stream_mode {
+        &STREAM_HEADER
+    } else {
+        &ATTACH_HEADER
+    };
+    let handles = match header {
+        Ok(header) => storage.take_header(header),
+        Err(e) => Err(*e),
+    };
+    let Ok(handles) = handles else {
         out::fail("region refused")
     };
     let control = handles.control;

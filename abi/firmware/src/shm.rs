@@ -5,9 +5,10 @@
 //! The region (header, commit ring, SMB; see `shmtrace_abi::region`) is a
 //! [`RegionStorage`] static the binary places (in `.shmtrace`, the RAM QEMU
 //! can share with a host process, or in `.bss`); [`init`] takes it once
-//! (no `unsafe`). Each writer gets its own [`RegionArbiter`]: they share the
-//! SMB and the ring lock-free, so an interrupt's writer never waits for the
-//! main loop's.
+//! (no `unsafe`), with a header checked and laid out at compile time.
+//! Each writer the binary has gets its own [`RegionArbiter`] ([`arbiter`]):
+//! they share the SMB and the ring lock-free, so an interrupt's writer never
+//! waits for the main loop's.
 //!
 //! A host attached to the region consumes the ring (`minimal` leaves its
 //! chunks to one: the report reads them from the file QEMU backs PSRAM
@@ -16,7 +17,9 @@
 //! copy, `→ Free`), and print what they moved.
 
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_abi::region::{Record, RegionArbiter, RegionConfig, RegionReader, RegionStorage};
+use shmtrace_abi::region::{
+    Record, RegionArbiter, RegionConfig, RegionHandles, RegionHeader, RegionReader, RegionStorage,
+};
 
 use crate::events::Moved;
 use crate::out;
@@ -37,6 +40,13 @@ pub const TARGET_BUFFER: u16 = 0;
 /// 8-byte header.
 const CHUNK_COPY: usize = 4096 - 8;
 
+/// The region's data source and producer names (the other settings are
+/// the defaults: 4 KiB pages, clock 65, tracing on).
+const CONFIG: RegionConfig<'static> = RegionConfig {
+    producer: "shmtrace-firmware-example",
+    ..RegionConfig::new("track_event")
+};
+
 /// What a writer gets its chunks from.
 pub type Arbiter = RegionArbiter<'static>;
 
@@ -47,31 +57,34 @@ pub struct Transport {
     errors: u64,
 }
 
-/// Takes the region in `storage` (once per program) and returns one
-/// arbiter for each of the two writers and, if `drain`, the consumer's
-/// side.
+/// Takes the region in `storage` (once per program) and returns its
+/// handles and, if `drain`, the consumer's side.
 pub fn init<const SMB: usize, const SLOTS: usize>(
     storage: &'static RegionStorage<SMB, SLOTS>,
     drain: bool,
-) -> ([Arbiter; 2], Option<Transport>) {
-    let config = RegionConfig {
-        producer: "shmtrace-firmware-example",
-        ..RegionConfig::new("track_event")
+) -> (RegionHandles<'static>, Option<Transport>) {
+    // Checked and laid out at compile time: the firmware stores the
+    // header's words.
+    let handles = match &const { RegionHeader::<SMB, SLOTS>::new(&CONFIG) } {
+        Ok(header) => storage.take_header(header),
+        Err(e) => Err(*e),
     };
-    let Ok(handles) = storage.take(&config) else {
+    let Ok(handles) = handles else {
         out::fail("region refused")
-    };
-    let (Ok(a0), Ok(a1)) = (
-        RegionArbiter::new(&handles, LAYOUT),
-        RegionArbiter::new(&handles, LAYOUT),
-    ) else {
-        out::fail("arbiter refused")
     };
     let transport = drain.then(|| match RegionReader::attach(&handles) {
         Ok(reader) => Transport { reader, errors: 0 },
         Err(_) => out::fail("reader refused"),
     });
-    ([a0, a1], transport)
+    (handles, transport)
+}
+
+/// A writer's own arbiter over the region of `handles` (one per writer).
+pub fn arbiter(handles: &RegionHandles<'static>) -> Arbiter {
+    match RegionArbiter::new(handles, LAYOUT) {
+        Ok(arbiter) => arbiter,
+        Err(_) => out::fail("arbiter refused"),
+    }
 }
 
 impl Transport {

@@ -112,13 +112,16 @@ impl<const N: usize, const T: usize, const S: usize, const FULL: bool> ShmTracer
     pub fn new<const SMB: usize, const SLOTS: usize>(
         storage: &'static RegionStorage<SMB, SLOTS>,
     ) -> Self {
-        let ([main, other], transport) = shm::init(storage, FULL);
-        let Ok(out) = InPlaceWriter::new(main, MAIN_WRITER_ID, shm::TARGET_BUFFER) else {
+        let (handles, transport) = shm::init(storage, FULL);
+        let Ok(out) =
+            InPlaceWriter::new(shm::arbiter(&handles), MAIN_WRITER_ID, shm::TARGET_BUFFER)
+        else {
             out::fail("writer refused")
         };
         let writer = TrackEventWriter::new(out, SysTickClock, SequenceConfig::new(&MAIN_TRACK));
         if FULL {
-            let Ok(out) = InPlaceWriter::new(other, IRQ_WRITER_ID, shm::TARGET_BUFFER) else {
+            let irq = shm::arbiter(&handles);
+            let Ok(out) = InPlaceWriter::new(irq, IRQ_WRITER_ID, shm::TARGET_BUFFER) else {
                 out::fail("writer refused")
             };
             let w = TrackEventWriter::new(out, SysTickClock, SequenceConfig::new(&IRQ_TRACK));

@@ -17,14 +17,18 @@ pub struct Ring<'m> {
     slots: u32,
     /// Words per slot (8 in v1).
     stride: usize,
-    head: &'m AtomicU32,
-    tail: &'m AtomicU32,
+    /// The header's control words: `ring_head` and `ring_tail` first.
+    control: &'m [AtomicU32; CONTROL_WORDS],
 }
 
 impl<'m> Ring<'m> {
     /// `None` if the ring's words are out of `mem` (never for a validated
     /// geometry).
-    pub(crate) fn new(mem: Mem<'m>, geometry: RingGeometry) -> Option<Self> {
+    fn new(
+        mem: Mem<'m>,
+        geometry: RingGeometry,
+        control: &'m [AtomicU32; CONTROL_WORDS],
+    ) -> Option<Self> {
         let stride = geometry.slot_size as usize / 4;
         Some(Ring {
             words: mem.words(
@@ -33,8 +37,7 @@ impl<'m> Ring<'m> {
             )?,
             slots: geometry.slots,
             stride,
-            head: mem.word(offset::RING_HEAD)?,
-            tail: mem.word(offset::RING_TAIL)?,
+            control,
         })
     }
 
@@ -67,11 +70,13 @@ impl RingWords for Ring<'_> {
     }
 
     fn head(&self) -> &AtomicU32 {
-        self.head
+        let [head, ..] = self.control;
+        head
     }
 
     fn tail(&self) -> &AtomicU32 {
-        self.tail
+        let [_, tail, ..] = self.control;
+        tail
     }
 
     fn seq(&self, index: u32) -> Option<&AtomicU32> {
@@ -119,22 +124,23 @@ impl RingWords for Ring<'_> {
 /// `clear_request` per event).
 #[derive(Clone, Copy, Debug)]
 pub struct Control<'m> {
-    mem: Mem<'m>,
     ring: Ring<'m>,
-    words: &'m [AtomicU32; CONTROL_WORDS],
 }
 
 /// The control words: header bytes `0xC0..0x100`.
 const CONTROL_WORDS: usize = (HEADER_SIZE - offset::CONTROL) / 4;
 
+// `ring_head` and `ring_tail` are the first two control words (`Ring`).
+const _: () =
+    assert!(offset::RING_HEAD == offset::CONTROL && offset::RING_TAIL == offset::CONTROL + 4);
+
 impl<'m> Control<'m> {
     /// `None` if a control word is out of `mem` (never for a validated
     /// header).
     pub(crate) fn new(mem: Mem<'m>, ring: RingGeometry) -> Option<Self> {
+        let words = mem.words(offset::CONTROL, CONTROL_WORDS)?.try_into().ok()?;
         Some(Control {
-            mem,
-            ring: Ring::new(mem, ring)?,
-            words: mem.words(offset::CONTROL, CONTROL_WORDS)?.try_into().ok()?,
+            ring: Ring::new(mem, ring, words)?,
         })
     }
 
@@ -142,11 +148,7 @@ impl<'m> Control<'m> {
     /// left).
     #[inline(always)]
     fn word(&self, at: usize) -> Option<&'m AtomicU32> {
-        self.words.get(at.checked_sub(offset::CONTROL)? / 4)
-    }
-
-    pub(crate) fn mem(&self) -> Mem<'m> {
-        self.mem
+        self.ring.control.get(at.checked_sub(offset::CONTROL)? / 4)
     }
 
     /// The ring.
@@ -307,8 +309,8 @@ impl<'m> Control<'m> {
             ring_overflows: self.load(offset::RING_OVERFLOWS, Acquire),
             chunks_lost: self.load(offset::CHUNKS_LOST, Relaxed),
             heartbeat: self.load(offset::HEARTBEAT, Relaxed),
-            ring_head: self.ring.head.load(Relaxed),
-            ring_tail: self.ring.tail.load(Relaxed),
+            ring_head: self.ring.head().load(Relaxed),
+            ring_tail: self.ring.tail().load(Relaxed),
         }
     }
 }

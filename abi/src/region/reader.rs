@@ -195,7 +195,7 @@ impl<'m> RegionReader<'m> {
     /// A reader of a region this program initialized (firmware draining
     /// its own ring in stream mode, or tests). Run one reader per region.
     pub fn attach(handles: &RegionHandles<'m>) -> Result<Self, ReaderError> {
-        Self::with_mem(handles.control.mem(), true)
+        Self::with_mem(handles.mem, true)
     }
 
     fn with_mem(mem: Mem<'m>, allow_stream_mode: bool) -> Result<Self, ReaderError> {

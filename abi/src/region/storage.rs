@@ -18,7 +18,7 @@
 use core::cell::UnsafeCell;
 use core::mem::{size_of, MaybeUninit};
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use core::sync::atomic::Ordering::{Relaxed, Release};
 
 use crate::layout::{PageSize, PAGE_HEADER_SIZE};
 use crate::smb::Smb;
@@ -26,9 +26,8 @@ use crate::sync::shared::AtomicU32;
 
 use super::control::Control;
 use super::raw::Mem;
-use super::ring;
 use super::wire::{
-    offset, HeaderError, HeaderRepr, Name, RingGeometry, SmbGeometry, FLAG_STREAM_MODE,
+    offset, HeaderError, HeaderRepr, Name, NameError, RingGeometry, SmbGeometry, FLAG_STREAM_MODE,
     HEADER_SIZE, MAGIC_WORDS, MAX_CLOCK_ID, MAX_RING_SLOTS, MAX_SMB_PAGES, MIN_CLOCK_ID,
     MIN_RING_SLOTS, NAME_LEN, SLOT_SIZE, VERSION,
 };
@@ -104,6 +103,8 @@ pub struct RegionHandles<'m> {
     pub control: Control<'m>,
     /// The header as written.
     pub header: HeaderRepr,
+    /// The region's memory (for a [`RegionReader`](super::RegionReader)).
+    pub(crate) mem: Mem<'m>,
 }
 
 #[repr(C, align(8))]
@@ -187,18 +188,33 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         }
     }
 
-    /// Initializes the region and returns its handles; succeeds once per
-    /// program (whichever storage it is called on), so firmware needs no
-    /// `unsafe` and no cell crate to share the handles with interrupts.
+    /// Initializes the region with the header `config` makes and returns
+    /// its handles; succeeds once per program (whichever storage it is
+    /// called on), so firmware needs no `unsafe` and no cell crate to share
+    /// the handles with interrupts. A firmware whose config is a constant
+    /// gives [`take_header`](Self::take_header) a [`RegionHeader`] built in
+    /// a `const` instead: the same initialization, without the code that
+    /// checks the config and lays the header out.
     pub fn take(
         &'static self,
         config: &RegionConfig<'_>,
     ) -> Result<RegionHandles<'static>, TakeError> {
-        let header = Self::header_for(config)?;
-        if TAKEN.swap(1, AcqRel) != 0 {
+        self.take_header(&RegionHeader::new(config)?)
+    }
+
+    /// Initializes the region with `header` and returns its handles; as
+    /// [`take`](Self::take), succeeds once per program.
+    pub fn take_header(
+        &'static self,
+        header: &RegionHeader<SMB_BYTES, SLOTS>,
+    ) -> Result<RegionHandles<'static>, TakeError> {
+        // Relaxed: the flag publishes nothing. Exactly one swap finds 0,
+        // and only that caller touches the storage; the handles reach other
+        // contexts through whatever the program shares them with.
+        if TAKEN.swap(1, Relaxed) != 0 {
             return Err(TakeError::AlreadyTaken);
         }
-        self.setup(header, config)
+        self.setup(header)
     }
 
     /// Initializes the region under an exclusive borrow (tests, or storage
@@ -206,43 +222,192 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
     /// handles of the previous call are gone: that is a firmware reset as
     /// the host sees it.
     pub fn init(&mut self, config: &RegionConfig<'_>) -> Result<RegionHandles<'_>, TakeError> {
-        let header = Self::header_for(config)?;
-        self.setup(header, config)
+        self.setup(&RegionHeader::new(config)?)
     }
 
-    fn header_for(config: &RegionConfig<'_>) -> Result<HeaderRepr, TakeError> {
-        let invalid = TakeError::Invalid;
-        let slots = u32::try_from(SLOTS).unwrap_or(u32::MAX);
-        if !slots.is_power_of_two() || !(MIN_RING_SLOTS..=MAX_RING_SLOTS).contains(&slots) {
-            return Err(invalid(HeaderError::BadRingSlots(slots)));
+    /// Runs the initialization protocol (module docs of
+    /// [`region`](super)) and builds the handles.
+    fn setup(
+        &self,
+        header: &RegionHeader<SMB_BYTES, SLOTS>,
+    ) -> Result<RegionHandles<'_>, TakeError> {
+        let fail = TakeError::Invalid(HeaderError::RegionTooLarge {
+            region_size: header.words[REGION_SIZE_WORD],
+            mapped: Self::REGION_SIZE,
+        });
+        let base = NonNull::new(self.bytes.get().cast::<u8>()).ok_or(fail)?;
+        // SAFETY: the storage's bytes are valid for reads and writes for as
+        // long as `self` is borrowed (they sit in an `UnsafeCell`, so shared
+        // borrows allow writes), no reference to them is ever created, and
+        // they are accessed only through `Mem` and the `Smb` built from it
+        // (module invariants).
+        let mem = unsafe { Mem::new(base, Self::REGION_SIZE) };
+        let words: &[AtomicU32; HEADER_WORDS] = mem
+            .words(0, HEADER_WORDS)
+            .and_then(|w| w.try_into().ok())
+            .ok_or(fail)?;
+
+        // 1. Clear the magic first (a host must not trust the header while
+        //    it changes), then pick a boot id the host has not seen.
+        let [m0, m1] = MAGIC_WORDS;
+        let [magic, magic_hi, version, ..] = words;
+        let boot = &words[BOOT_WORD];
+        let mut boot_id = header.words[BOOT_WORD];
+        if magic.load(Relaxed) == m0
+            && magic_hi.load(Relaxed) == m1
+            && version.load(Relaxed) & 0xFFFF == u32::from(VERSION)
+        {
+            boot_id = boot.load(Relaxed).wrapping_add(1);
+        }
+        magic.store(0, Relaxed);
+        core::sync::atomic::fence(Release);
+        boot.store(boot_id, Relaxed);
+
+        // 2. The other words (static part and control words), then ring
+        //    and page headers.
+        for (i, (word, &value)) in words.iter().zip(&header.words).enumerate() {
+            if i != 0 && i != BOOT_WORD {
+                word.store(value, Relaxed);
+            }
+        }
+        let repr = header.repr(boot_id);
+        let control = Control::new(mem, repr.ring).ok_or(fail)?;
+        // The ring: `seq` of slot `i` is `i`, bodies 0 (`ring_head` and
+        // `ring_tail`, control words, are 0 already).
+        let stride = SLOT_SIZE / 4;
+        let ring_words = mem.words(HEADER_SIZE, SLOTS * stride).ok_or(fail)?;
+        for (k, word) in ring_words.iter().enumerate() {
+            let seq = if k % stride == 0 { k / stride } else { 0 };
+            word.store(seq as u32, Relaxed);
+        }
+        let smb_at = repr.smb.offset as usize;
+        let page_size = repr.smb.page_size;
+        for page in (smb_at..smb_at + SMB_BYTES).step_by(page_size.get()) {
+            let header: &[AtomicU32; PAGE_HEADER_SIZE / 4] = mem
+                .words(page, PAGE_HEADER_SIZE / 4)
+                .and_then(|w| w.try_into().ok())
+                .ok_or(fail)?;
+            let [header_bitmap, reserved] = header;
+            header_bitmap.store(0, Relaxed);
+            reserved.store(0, Relaxed);
+        }
+        // The `Smb` is stored in the storage's own cell, so it is typed
+        // `'static`; it is only ever handed out as `&'m Smb<'m>`, with `'m`
+        // the borrow of the storage, so no use outlives the memory.
+        // SAFETY: as for `mem`; the longer lifetime is never observable
+        // (see above).
+        let mem_in_cell: Mem<'static> = unsafe { Mem::new(base, Self::REGION_SIZE) };
+        let smb = mem_in_cell
+            .smb(smb_at, SMB_BYTES, page_size)
+            .and_then(Result::ok)
+            .ok_or(fail)?;
+        // SAFETY: initialization runs at most once at a time for this
+        // storage (`take`'s flag or `init`'s `&mut self`, module
+        // invariants), and no reference into the cell from an earlier
+        // initialization is alive (its handles borrowed `self` and are
+        // gone), so this write races with nothing.
+        let smb: &Smb<'static> = unsafe { (*self.smb.get()).write(smb) };
+
+        // 3. Publish: the magic word at 0 last, with release ordering.
+        magic.store(m0, Release);
+        Ok(RegionHandles {
+            smb,
+            control,
+            header: repr,
+            mem,
+        })
+    }
+}
+
+/// Words of a header.
+const HEADER_WORDS: usize = HEADER_SIZE / 4;
+/// Index of `boot_id` among them.
+const BOOT_WORD: usize = offset::BOOT_ID / 4;
+/// Index of `region_size`.
+const REGION_SIZE_WORD: usize = 0x0C / 4;
+
+/// The header a [`RegionStorage`] of `SMB_BYTES` and `SLOTS` is initialized
+/// with: a [`RegionConfig`] checked for that storage, and the 64 words it
+/// makes (control words included; `boot_id` the config's, used when the
+/// memory holds no header of a previous boot).
+///
+/// [`RegionHeader::new`] is a `const fn`: in a `const`, the checks and the
+/// layout run at compile time, and a firmware holds the header's words,
+/// not the code that makes them. Hand [`RegionStorage::take_header`] a
+/// reference to the constant (`&HEADER`, as below): the words are read from
+/// flash where they are (a copy of the constant on the stack would be read
+/// back word by word).
+///
+/// ```
+/// use shmtrace_abi::region::{RegionConfig, RegionHeader, RegionStorage, TakeError};
+///
+/// static REGION: RegionStorage<8192, 16> = RegionStorage::new();
+/// const HEADER: Result<RegionHeader<8192, 16>, TakeError> =
+///     RegionHeader::new(&RegionConfig::new("fw.track_event"));
+///
+/// let handles = match &HEADER {
+///     Ok(header) => REGION.take_header(header),
+///     Err(e) => Err(*e),
+/// };
+/// let handles = handles.unwrap();
+/// assert_eq!(handles.header.data_source.as_str(), "fw.track_event");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionHeader<const SMB_BYTES: usize, const SLOTS: usize> {
+    /// The header's words as initialized ([`HeaderRepr::word`], and the
+    /// control words).
+    pub(super) words: [u32; HEADER_WORDS],
+    /// The page size (also in the words, where it is a plain `u32`).
+    page_size: PageSize,
+}
+
+impl<const SMB_BYTES: usize, const SLOTS: usize> RegionHeader<SMB_BYTES, SLOTS> {
+    /// Checks `config` for the storage and lays its header out.
+    pub const fn new(config: &RegionConfig<'_>) -> Result<Self, TakeError> {
+        let region_size = RegionStorage::<SMB_BYTES, SLOTS>::REGION_SIZE;
+        let slots = if SLOTS > u32::MAX as usize {
+            u32::MAX
+        } else {
+            SLOTS as u32
+        };
+        if !slots.is_power_of_two() || slots < MIN_RING_SLOTS || slots > MAX_RING_SLOTS {
+            return Err(TakeError::Invalid(HeaderError::BadRingSlots(slots)));
         }
         let page = config.page_size.get();
         if SMB_BYTES == 0
             || SMB_BYTES % page != 0
             || SMB_BYTES / page > MAX_SMB_PAGES
-            || u32::try_from(Self::REGION_SIZE).is_err()
+            || region_size > u32::MAX as usize
         {
-            return Err(invalid(HeaderError::BadSmbSize {
-                smb_size: u32::try_from(SMB_BYTES).unwrap_or(u32::MAX),
+            return Err(TakeError::Invalid(HeaderError::BadSmbSize {
+                smb_size: if SMB_BYTES > u32::MAX as usize {
+                    u32::MAX
+                } else {
+                    SMB_BYTES as u32
+                },
                 page_size: page as u32,
             }));
         }
-        if !(MIN_CLOCK_ID..=MAX_CLOCK_ID).contains(&config.clock_id) {
-            return Err(invalid(HeaderError::BadClockId(config.clock_id)));
+        if config.clock_id < MIN_CLOCK_ID || config.clock_id > MAX_CLOCK_ID {
+            return Err(TakeError::Invalid(HeaderError::BadClockId(config.clock_id)));
         }
-        let data_source =
-            Name::new(config.data_source).map_err(|e| invalid(HeaderError::DataSourceName(e)))?;
-        if data_source.is_empty() {
-            return Err(invalid(HeaderError::DataSourceName(
-                super::wire::NameError::Empty,
-            )));
-        }
-        let producer =
-            Name::new(config.producer).map_err(|e| invalid(HeaderError::ProducerName(e)))?;
+        let data_source = match Name::new(config.data_source) {
+            Ok(name) if !name.is_empty() => name,
+            Ok(_) => {
+                return Err(TakeError::Invalid(HeaderError::DataSourceName(
+                    NameError::Empty,
+                )))
+            }
+            Err(e) => return Err(TakeError::Invalid(HeaderError::DataSourceName(e))),
+        };
+        let producer = match Name::new(config.producer) {
+            Ok(name) => name,
+            Err(e) => return Err(TakeError::Invalid(HeaderError::ProducerName(e))),
+        };
         let ring_offset = HEADER_SIZE as u32;
-        Ok(HeaderRepr {
+        let repr = HeaderRepr {
             header_size: HEADER_SIZE as u16,
-            region_size: Self::REGION_SIZE as u32,
+            region_size: region_size as u32,
             boot_id: config.boot_id,
             flags: if config.stream_mode {
                 FLAG_STREAM_MODE
@@ -262,87 +427,51 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
             clock_id: config.clock_id,
             data_source,
             producer,
+        };
+        // `HeaderRepr::word` is 0 for the control words.
+        let mut words = [0; HEADER_WORDS];
+        let mut i = 0;
+        while i < HEADER_WORDS {
+            words[i] = repr.word(4 * i);
+            i += 1;
+        }
+        words[offset::TRACE_ENABLED / 4] = config.trace_enabled as u32;
+        Ok(RegionHeader {
+            words,
+            page_size: config.page_size,
         })
     }
 
-    /// Runs the initialization protocol (module docs of
-    /// [`region`](super)) and builds the handles.
-    fn setup(
-        &self,
-        mut header: HeaderRepr,
-        config: &RegionConfig<'_>,
-    ) -> Result<RegionHandles<'_>, TakeError> {
-        let fail = TakeError::Invalid(HeaderError::RegionTooLarge {
-            region_size: header.region_size,
-            mapped: Self::REGION_SIZE,
-        });
-        let base = NonNull::new(self.bytes.get().cast::<u8>()).ok_or(fail)?;
-        // SAFETY: the storage's bytes are valid for reads and writes for as
-        // long as `self` is borrowed (they sit in an `UnsafeCell`, so shared
-        // borrows allow writes), no reference to them is ever created, and
-        // they are accessed only through `Mem` and the `Smb` built from it
-        // (module invariants).
-        let mem = unsafe { Mem::new(base, Self::REGION_SIZE) };
-        let word = |at: usize| mem.word(at).ok_or(fail);
-
-        // 1. Clear the magic first (a host must not trust the header while
-        //    it changes), then pick a boot id the host has not seen.
-        let magic = word(offset::MAGIC)?;
-        let magic_hi = word(offset::MAGIC + 4)?;
-        let [m0, m1] = MAGIC_WORDS;
-        let old_valid = magic.load(Relaxed) == m0
-            && magic_hi.load(Relaxed) == m1
-            && word(8)?.load(Relaxed) & 0xFFFF == u32::from(VERSION);
-        let boot = word(offset::BOOT_ID)?;
-        if old_valid {
-            header.boot_id = boot.load(Relaxed).wrapping_add(1);
+    /// The header's parsed form, with `boot_id` (as
+    /// [`RegionHandles::header`] returns it): its words read back, without
+    /// checks, as [`new`](Self::new) checked them.
+    pub fn repr(&self, boot_id: u32) -> HeaderRepr {
+        let w = &self.words;
+        let name = |from: usize| {
+            let words = w
+                .get(from..from + NAME_LEN / 4)
+                .and_then(|n| n.try_into().ok());
+            Name::from_words(words.unwrap_or_default())
+        };
+        HeaderRepr {
+            header_size: (w[0x08 / 4] >> 16) as u16,
+            region_size: w[REGION_SIZE_WORD],
+            boot_id,
+            flags: w[0x14 / 4],
+            ring: RingGeometry {
+                offset: w[0x18 / 4],
+                slots: w[0x1C / 4],
+                slot_size: w[0x20 / 4],
+            },
+            smb: SmbGeometry {
+                offset: w[0x24 / 4],
+                size: w[0x28 / 4],
+                page_size: self.page_size,
+            },
+            clock_id: w[0x30 / 4],
+            data_source: name(0x40 / 4),
+            producer: name(0x80 / 4),
         }
-        magic.store(0, Relaxed);
-        core::sync::atomic::fence(Release);
-        boot.store(header.boot_id, Relaxed);
-
-        // 2. The static part, then control words, ring and page headers.
-        for at in (4..HEADER_SIZE).step_by(4) {
-            let value = match at {
-                offset::BOOT_ID => continue,
-                offset::TRACE_ENABLED => u32::from(config.trace_enabled),
-                // `word` is 0 for the control words.
-                _ => header.word(at),
-            };
-            word(at)?.store(value, Relaxed);
-        }
-        let control = Control::new(mem, header.ring).ok_or(fail)?;
-        ring::reset(control.ring());
-        let smb_at = header.smb.offset as usize;
-        for page in 0..SMB_BYTES / header.smb.page_size.get() {
-            for k in (0..PAGE_HEADER_SIZE).step_by(4) {
-                word(smb_at + page * header.smb.page_size.get() + k)?.store(0, Relaxed);
-            }
-        }
-        // The `Smb` is stored in the storage's own cell, so it is typed
-        // `'static`; it is only ever handed out as `&'m Smb<'m>`, with `'m`
-        // the borrow of the storage, so no use outlives the memory.
-        // SAFETY: as for `mem`; the longer lifetime is never observable
-        // (see above).
-        let mem_in_cell: Mem<'static> = unsafe { Mem::new(base, Self::REGION_SIZE) };
-        let smb = mem_in_cell
-            .smb(smb_at, SMB_BYTES, header.smb.page_size)
-            .and_then(Result::ok)
-            .ok_or(fail)?;
-        // SAFETY: initialization runs at most once at a time for this
-        // storage (`take`'s flag or `init`'s `&mut self`, module
-        // invariants), and no reference into the cell from an earlier
-        // initialization is alive (its handles borrowed `self` and are
-        // gone), so this write races with nothing.
-        let smb: &Smb<'static> = unsafe { (*self.smb.get()).write(smb) };
-
-        // 3. Publish: the magic word at 0 last, with release ordering.
-        magic.store(m0, Release);
-        Ok(RegionHandles {
-            smb,
-            control,
-            header,
-        })
     }
 }
 

@@ -296,6 +296,104 @@ fn take_succeeds_once_per_program() {
     assert_eq!(handles.smb.num_pages(), 1);
     assert_eq!(REGION.take(&config()).err(), Some(TakeError::AlreadyTaken));
     assert_eq!(OTHER.take(&config()).err(), Some(TakeError::AlreadyTaken));
+    let header = RegionHeader::new(&config()).unwrap();
+    assert_eq!(
+        OTHER.take_header(&header).err(),
+        Some(TakeError::AlreadyTaken)
+    );
+}
+
+/// `config()` as a constant.
+const CONST_CONFIG: RegionConfig<'static> = RegionConfig {
+    producer: "board",
+    boot_id: 7,
+    ..RegionConfig::new("fw.te")
+};
+
+#[test]
+fn a_header_built_at_compile_time_is_the_one_init_writes() {
+    const HEADER: Result<RegionHeader<8192, 4>, TakeError> = RegionHeader::new(&CONST_CONFIG);
+    assert_eq!(CONST_CONFIG, config());
+    let header = HEADER.unwrap();
+    assert_eq!(Ok(header), RegionHeader::new(&config()));
+    let mut storage = Box::new(RegionStorage::<8192, 4>::new());
+    let handles = storage.init(&config()).unwrap();
+    assert_eq!(header.repr(7), handles.header);
+    let _ = handles;
+    // Its words are the header's bytes after initialization: magic,
+    // static part, control words (trace_enabled 1).
+    let b = bytes(&storage);
+    let words: Vec<u8> = header.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    assert_eq!(&words[..], &b[..HEADER_SIZE]);
+    assert_eq!(&b[0xC8..0xCC], &[1, 0, 0, 0]);
+    // A second boot over the same memory: a new boot id, the same words
+    // otherwise.
+    let handles = storage.init(&config()).unwrap();
+    assert_eq!(handles.header, header.repr(8));
+    let _ = handles;
+    let b = bytes(&storage);
+    assert_eq!(&b[0x10..0x14], &8u32.to_le_bytes());
+    assert_eq!(&words[..0x10], &b[..0x10]);
+    assert_eq!(&words[0x14..], &b[0x14..HEADER_SIZE]);
+
+    // Refused at compile time with the errors `init` returns at run time.
+    const BAD_SLOTS: Result<RegionHeader<4096, 3>, TakeError> = RegionHeader::new(&CONST_CONFIG);
+    assert_eq!(
+        BAD_SLOTS.err(),
+        Some(TakeError::Invalid(HeaderError::BadRingSlots(3)))
+    );
+    const BAD_SMB: Result<RegionHeader<6000, 4>, TakeError> = RegionHeader::new(&CONST_CONFIG);
+    assert!(matches!(
+        BAD_SMB,
+        Err(TakeError::Invalid(HeaderError::BadSmbSize {
+            smb_size: 6000,
+            page_size: 4096
+        }))
+    ));
+    const NO_NAME: Result<RegionHeader<4096, 4>, TakeError> =
+        RegionHeader::new(&RegionConfig::new(""));
+    assert_eq!(
+        NO_NAME.err(),
+        Some(TakeError::Invalid(HeaderError::DataSourceName(
+            NameError::Empty
+        )))
+    );
+}
+
+#[test]
+fn a_reinitialization_resets_ring_and_page_headers_whatever_they_held() {
+    let mut storage = Box::new(RegionStorage::<8192, 4>::new());
+    let handles = storage.init(&config()).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
+    let mut writer: TraceWriter<_> = TraceWriter::new(arbiter, 3, 0).unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            writer.write_packet(|p| p.uint64(8, 100)),
+            PacketOutcome::Written
+        );
+        writer.flush();
+    }
+    drop(writer);
+    let _ = handles;
+    let b = bytes(&storage);
+    // Two CHUNK slots published (their bodies hold the writer id), ring
+    // head 2, a partitioned page.
+    assert_eq!(&b[0xC0..0xC4], &2u32.to_le_bytes());
+    assert_eq!(&b[256 + 4..256 + 8], &[1, 0, 3, 0]);
+    assert_eq!(&b[256 + 32 + 4..256 + 32 + 8], &[1, 0, 3, 0]);
+    assert_ne!(&b[384..392], &[0; 8]);
+
+    let _ = storage.init(&config()).unwrap();
+    let b = bytes(&storage);
+    assert_eq!(&b[0xC0..0xC8], &[0; 8], "ring_head, ring_tail");
+    for i in 0..4usize {
+        let slot = &b[256 + 32 * i..256 + 32 * (i + 1)];
+        assert_eq!(&slot[..4], &(i as u32).to_le_bytes());
+        assert!(slot[4..].iter().all(|&x| x == 0), "slot {i}: {slot:?}");
+    }
+    for page in [384, 384 + 4096] {
+        assert_eq!(&b[page..page + 8], &[0; 8], "page header at {page}");
+    }
 }
 
 /// Storage a host-style reader can keep a pointer into while the test

@@ -398,6 +398,23 @@ impl Name {
     pub const fn is_empty(&self) -> bool {
         self.bytes[0] == 0
     }
+
+    /// The name whose field is the 16 little-endian `words`, as
+    /// [`Name::word`] made them from a name (so they are a name: not
+    /// checked again).
+    pub(crate) fn from_words(words: [u32; NAME_LEN / 4]) -> Name {
+        Name {
+            bytes: zerocopy::transmute!(words.map(u32::to_le)),
+        }
+    }
+
+    /// The little-endian word of the field at byte `at` (rounded down to a
+    /// multiple of 4, taken modulo [`NAME_LEN`]).
+    const fn word(&self, at: usize) -> u32 {
+        let i = at & (NAME_LEN - 4);
+        let b = &self.bytes;
+        u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    }
 }
 
 impl fmt::Debug for Name {
@@ -750,18 +767,13 @@ impl HeaderRepr {
     /// `0xC0`) of the static part as [`HeaderRepr::emit`] writes it: the
     /// one encoder of the header, which a firmware also stores word by
     /// word into its region. 0 for reserved words (and any other `at`).
-    pub fn word(&self, at: usize) -> u32 {
+    pub const fn word(&self, at: usize) -> u32 {
         const DATA_SOURCE: usize = offset_of!(HeaderWire, data_source_name);
         const PRODUCER: usize = offset_of!(HeaderWire, producer_name);
-        let name = |name: &Name, from: usize| {
-            let b = name.field();
-            let i = (at - from) & (NAME_LEN - 4);
-            u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-        };
         match at {
             0 => MAGIC_WORDS[0],
             4 => MAGIC_WORDS[1],
-            0x08 => u32::from(VERSION) | u32::from(self.header_size) << 16,
+            0x08 => VERSION as u32 | (self.header_size as u32) << 16,
             0x0C => self.region_size,
             offset::BOOT_ID => self.boot_id,
             0x14 => self.flags,
@@ -772,8 +784,8 @@ impl HeaderRepr {
             0x28 => self.smb.size,
             0x2C => self.smb.page_size.get() as u32,
             0x30 => self.clock_id,
-            DATA_SOURCE..PRODUCER => name(&self.data_source, DATA_SOURCE),
-            PRODUCER..offset::CONTROL => name(&self.producer, PRODUCER),
+            DATA_SOURCE..PRODUCER => self.data_source.word(at - DATA_SOURCE),
+            PRODUCER..offset::CONTROL => self.producer.word(at - PRODUCER),
             _ => 0,
         }
     }

@@ -177,6 +177,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     TrackEventWriter<'s, A, C, N, T, S>
 {
     /// A writer of a new sequence into `out`, timed by `clock`.
+    // Inline: built in place in the caller's storage.
+    #[inline(always)]
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
         let clear_epoch = out.arbiter().clear_epoch();
         let mut out = out;

@@ -60,7 +60,7 @@ use super::{DropReason, PacketOutcome, WriterError, WriterStats};
 /// The counters of an [`InPlaceWriter`], 32 bits wide (a firmware writes
 /// fewer than 2^32 packets between two reads of them); reported as
 /// [`WriterStats`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Counters {
     /// Packets in the chunks returned to the arbiter (those in the chunk
     /// held are its count: the fast path counts nothing).
@@ -147,6 +147,9 @@ pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
 impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// A writer with id `writer_id` (1..=32767) committing to buffer
     /// `target_buffer`. The first chunk gets id 0.
+    // Inline, with its counters a literal: built in place in the caller's
+    // writer (on firmware, a `default()` went through a copy on the stack).
+    #[inline(always)]
     pub fn new(arbiter: A, writer_id: u16, target_buffer: BufferId) -> Result<Self, WriterError> {
         if writer_id == 0 || writer_id > MAX_WRITER_ID {
             return Err(WriterError::InvalidWriterId(writer_id));
@@ -157,7 +160,13 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             cursor: 0,
             next_chunk_id: 0,
             pending_loss: 0,
-            stats: Counters::default(),
+            stats: Counters {
+                packets_returned: 0,
+                dropped_smb_full: 0,
+                dropped_patch_storage: 0,
+                dropped_too_long: 0,
+                chunks_committed: 0,
+            },
             count: 0,
             writer_id,
             target_buffer,
