@@ -166,12 +166,17 @@ const GENERATIONS_MASK: u32 = 0x7F;
 const EMPTY: Entry = Entry { ptr: 0, tag: 0 };
 
 /// An interning table of `N` entries (a power of two) for all three kinds.
+// `repr(C)`, the entries last: the zeros of a new table (the entries) are
+// one run next to its writer's other zeros. With the generation (1) after
+// the entries, as the compiler laid it out, the firmware built a new
+// writer's table and site cache on the stack and copied them into place.
+#[repr(C)]
 pub struct InternTable<const N: usize> {
-    entries: [Entry; N],
     /// Last id handed out, per kind.
     last_iid: [u16; 3],
     /// Generation of live entries (1..=127).
     generation: u16,
+    entries: [Entry; N],
 }
 
 impl<const N: usize> Default for InternTable<N> {
