@@ -33,9 +33,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use shmtrace_producer::{
-    trace_event, trace_instant, track_event, Category, ProducerConfig, TracingLayer,
-};
+use shmtrace_producer::{trace_event, trace_instant, Category, TracingLayer};
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
 
@@ -145,18 +143,12 @@ fn main() {
     };
     // The C SDK only starts the session (its consumer).
     common::init_c_sdk(32 * 1024);
-    let producer = shmtrace_producer::init(ProducerConfig {
-        name: "instructions".into(),
-        socket: std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok(),
-        shmem_size_hint_bytes: 32 * 1024 * 1024,
-        ..Default::default()
-    })
-    .expect("our producer starts");
-    track_event::register_categories(&[&RS_ON]);
     // Valgrind is slow to connect.
-    assert!(
-        producer.wait_connected(Duration::from_secs(60)),
-        "our producer did not connect"
+    common::start_producer(
+        "instructions",
+        32 * 1024,
+        &[&RS_ON],
+        Duration::from_secs(60),
     );
     // "instructions": the target of this file's events.
     let session = common::start_session(&["bench.rs", "instructions"]);

@@ -47,9 +47,7 @@ use std::time::Duration;
 use perfetto_sdk::track_event::{TrackEvent as CTrackEvent, TrackEventDebugArg, TrackEventTrack};
 use perfetto_sdk_sys as sys;
 use shmtrace_abi::proto::encode_to_slice;
-use shmtrace_producer::{
-    trace_counter, trace_event, trace_instant, track_event, Category, CounterTrack,
-};
+use shmtrace_producer::{trace_counter, trace_event, trace_instant, Category, CounterTrack};
 
 static RS_ON: Category = Category::new("bench.rs");
 static RS_OFF: Category = Category::new("bench.rs.off");
@@ -216,17 +214,11 @@ fn main() {
     CTrackEvent::publish_categories();
 
     // Ours.
-    let producer = shmtrace_producer::init(shmtrace_producer::ProducerConfig {
-        name: "vs_perfetto".into(),
-        socket: std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok(),
-        shmem_size_hint_bytes: smb_kb * 1024,
-        ..Default::default()
-    })
-    .expect("our producer starts");
-    track_event::register_categories(&[&RS_ON, &RS_OFF]);
-    assert!(
-        producer.wait_connected(Duration::from_secs(10)),
-        "our producer did not connect"
+    common::start_producer(
+        "vs_perfetto",
+        smb_kb,
+        &[&RS_ON, &RS_OFF],
+        Duration::from_secs(10),
     );
 
     let session = common::start_session(&["bench.rs", "bench.crate", "bench.c"]);

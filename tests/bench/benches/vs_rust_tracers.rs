@@ -49,9 +49,7 @@ use std::time::Duration;
 use fastrace::collector::{Config, Reporter, SpanContext};
 use fastrace::local::LocalSpan;
 use fastrace::prelude::{Span, SpanRecord};
-use shmtrace_producer::{
-    trace_event, trace_instant, track_event, Category, ProducerConfig, TracingLayer,
-};
+use shmtrace_producer::{trace_event, trace_instant, Category, TracingLayer};
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
 
@@ -136,17 +134,11 @@ fn main() {
     };
     // The C SDK only starts the session (its consumer).
     common::init_c_sdk(SMB_KB);
-    let producer = shmtrace_producer::init(ProducerConfig {
-        name: "vs_rust_tracers".into(),
-        socket: std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok(),
-        shmem_size_hint_bytes: SMB_KB * 1024,
-        ..Default::default()
-    })
-    .expect("our producer starts");
-    track_event::register_categories(&[&RS_ON]);
-    assert!(
-        producer.wait_connected(Duration::from_secs(10)),
-        "our producer did not connect"
+    common::start_producer(
+        "vs_rust_tracers",
+        SMB_KB,
+        &[&RS_ON],
+        Duration::from_secs(10),
     );
     // "vs_rust_tracers": the target (module path) of this file's `tracing`
     // spans and events, which our layer maps to a category.

@@ -155,6 +155,29 @@ pub fn stop_session(mut session: TracingSession) {
     );
 }
 
+/// Starts our producer `name` (an SMB of `smb_kb` KiB) on the service's
+/// socket, registers `categories` and waits (at most `timeout`) until it
+/// is connected.
+pub fn start_producer(
+    name: &str,
+    smb_kb: u32,
+    categories: &[&'static shmtrace_producer::Category],
+    timeout: Duration,
+) {
+    let producer = shmtrace_producer::init(shmtrace_producer::ProducerConfig {
+        name: name.into(),
+        socket: std::env::var("PERFETTO_PRODUCER_SOCK_NAME").ok(),
+        shmem_size_hint_bytes: smb_kb * 1024,
+        ..Default::default()
+    })
+    .expect("our producer starts");
+    shmtrace_producer::track_event::register_categories(categories);
+    assert!(
+        producer.wait_connected(timeout),
+        "our producer did not connect"
+    );
+}
+
 /// Waits (at most 10 s) until `ready` holds: the session reached every
 /// producer.
 pub fn wait_until(what: &str, ready: impl Fn() -> bool) {
