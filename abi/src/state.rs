@@ -360,6 +360,20 @@ pub const fn partition(bitmap: u32, layout: PageLayout) -> Result<u32, Partition
     Ok(partitioned(layout))
 }
 
+/// `(i, word)` for `i` in `0..rounds` (2,000 under miri, which runs some
+/// 10,000 times slower): pseudo-random state words (xorshift32 from
+/// `seed`), for the sweeps of the state word's tests here and in `sync`.
+#[cfg(test)]
+pub(crate) fn sweep(seed: u32, rounds: u32) -> impl Iterator<Item = (u32, u32)> {
+    let rounds = if cfg!(miri) { 2_000 } else { rounds };
+    (0..rounds).scan(seed, |x, i| {
+        *x ^= *x << 13;
+        *x ^= *x >> 17;
+        *x ^= *x << 5;
+        Some((i, *x))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,13 +447,7 @@ mod tests {
     /// plus all-free and all-taken).
     #[test]
     fn first_free_is_the_lowest_free_chunk() {
-        let mut x = 0x9E37_79B9u32;
-        // Fewer under miri, which runs them some 10,000 times slower.
-        let rounds = if cfg!(miri) { 2_000 } else { 200_000u32 };
-        for i in 0..rounds {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
+        for (i, x) in sweep(0x9E37_79B9, 200_000) {
             let states = match i % 4 {
                 0 => 0,
                 1 => ALL_CHUNKS_MASK,

@@ -997,13 +997,7 @@ mod tests {
     /// acquired layout does not have is refused before any attempt.
     #[test]
     fn release_as_complete_is_the_state_machine_transition() {
-        let mut x = 0x2545_F491u32;
-        // Fewer under miri, which runs them some 10,000 times slower.
-        let rounds = if cfg!(miri) { 2_000 } else { 100_000u32 };
-        for i in 0..rounds {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
+        for (i, x) in state::sweep(0x2545_F491, 100_000) {
             let bitmap = (i % 16) << state::LAYOUT_SHIFT | x & state::ALL_CHUNKS_MASK;
             let layout = state::layout(bitmap);
             for chunk in 0..16 {
