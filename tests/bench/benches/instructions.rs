@@ -29,10 +29,12 @@
 // Only the service, session and CPU clock helpers: not the timed rounds.
 #[allow(dead_code, unused_macros)]
 mod common;
+mod floor;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use floor::Floor;
 use shmtrace_producer::{trace_event, trace_instant, Category, TracingLayer};
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
@@ -64,7 +66,7 @@ fn phase_layer_span2(n: u64) {
     }
 }
 
-// The same three under the bare registry: the floor each row is measured
+// The same three under the bare registry: the base each row is measured
 // against (`phase_layer_*` minus `phase_bare_*` is what our layer adds).
 
 #[inline(never)]
@@ -85,6 +87,23 @@ fn phase_bare_span(n: u64) {
 fn phase_bare_span2(n: u64) {
     for i in 0..n {
         let _g = tracing::info_span!("span", count = i, label = "value").entered();
+    }
+}
+
+// The event and the span under the floor layer (`floor/mod.rs`): the least
+// a layer recording them adds (`phase_floor_*` minus `phase_bare_*`).
+
+#[inline(never)]
+fn phase_floor_event(n: u64) {
+    for i in 0..n {
+        tracing::info!(count = i, label = "value", "event");
+    }
+}
+
+#[inline(never)]
+fn phase_floor_span(n: u64) {
+    for _ in 0..n {
+        let _g = tracing::info_span!("span").entered();
     }
 }
 
@@ -163,6 +182,9 @@ fn main() {
     run("bare event", n, Some(&bare), phase_bare_event);
     run("bare span", n, Some(&bare), phase_bare_span);
     run("bare span2", n, Some(&bare), phase_bare_span2);
+    let floor = Dispatch::new(tracing_subscriber::registry().with(Floor));
+    run("floor event", n, Some(&floor), phase_floor_event);
+    run("floor span", n, Some(&floor), phase_floor_span);
     run("native instant", n, None, phase_native_instant);
     run("native slice", n, None, phase_native_slice);
     common::stop_session(session);
