@@ -102,6 +102,46 @@ impl Tracer for NoTracer {
     fn report(&mut self, _: &mut Out) {}
 }
 
+/// A tracer that writes instants only, through `T`: the other event calls
+/// do nothing, so none of `T`'s code for them is linked.
+#[derive(Debug)]
+pub struct InstantsOnly<T>(pub T);
+
+impl<T: Tracer> Tracer for InstantsOnly<T> {
+    #[inline(always)]
+    fn now(&mut self) -> u64 {
+        self.0.now()
+    }
+    fn slice_begin(&mut self) {}
+    fn slice_end(&mut self) {}
+    #[inline(always)]
+    fn instant(&mut self) {
+        self.0.instant();
+    }
+    fn counter(&mut self, _: i64) {}
+    fn counter_f64(&mut self, _: f64) {}
+    fn step(&mut self, _: u32) {}
+    fn clock_snapshot(&mut self) {}
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+    fn flush(&mut self) {
+        self.0.flush();
+    }
+    fn drain(&mut self, f: &mut dyn FnMut(Moved<'_>)) {
+        self.0.drain(f);
+    }
+    fn stop(&mut self) {
+        self.0.stop();
+    }
+    fn dropped(&self) -> u64 {
+        self.0.dropped()
+    }
+    fn report(&mut self, out: &mut Out) {
+        self.0.report(out);
+    }
+}
+
 /// A kind of event the report measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -150,6 +190,9 @@ impl Event {
         Event::SliceEnd,
         Event::Counter,
     ];
+
+    /// The kinds of the smallest producer: instants only.
+    pub const INSTANTS: [Event; 3] = [Event::MarkersOnly, Event::Clock, Event::Instant];
 
     /// The label the firmware prints and the report uses.
     pub const fn name(self) -> &'static str {

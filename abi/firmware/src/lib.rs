@@ -70,7 +70,7 @@ pub mod shm;
 pub mod tracer;
 pub mod uart;
 
-pub use events::{Event, Moved, Tracer};
+pub use events::{Event, InstantsOnly, Moved, Tracer};
 
 /// Rounds of the loop: each calls every measured [`Event`] once.
 pub const REPS: u32 = 64;
