@@ -126,6 +126,15 @@ impl<T: Target> InPlace<'_, T> {
     }
 }
 
+/// Back-fills the one-byte length of a field's annotation (or of its
+/// text) whose body started at `start`, unchecked: it is nested in the
+/// packet's TrackEvent, whose own one-byte length `encode_streamed`
+/// checks, so a body of 128 bytes or more fails the encoding there.
+#[inline(always)]
+fn end_inner<T: Target>(f: &mut Cursor<T>, start: usize) {
+    f.put_at(start.wrapping_sub(1), f.len().wrapping_sub(start) as u8);
+}
+
 impl<T: Target> FlatOut for InPlace<'_, T> {
     // Inlined into each of the visitor's typed methods, where the value's
     // kind is known: no call, no dispatch on the kind. The cursor is a
@@ -138,7 +147,7 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
                 |f| {
                     let a = start.put(f);
                     put_arg_value(f, value.arg());
-                    f.end_short(a);
+                    end_inner(f, a);
                 },
             );
         }
@@ -156,8 +165,8 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         // A `Debug` impl that fails leaves what it wrote, as when collected;
         // one that overflows the window stops at the error `Text` returns.
         let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
-        f.end_short(s);
-        f.end_short(a);
+        end_inner(f, s);
+        end_inner(f, a);
         self.ok &= f.finish().is_some();
     }
 }
