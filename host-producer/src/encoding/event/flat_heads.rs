@@ -24,6 +24,13 @@
 //!   same position; a name whose start takes more than a word has no
 //!   prefix, and its position is keyed (0, 0), which no string has (a
 //!   string's address is never 0).
+//! * A site also fixes its fields: the field of a given index (the layer's:
+//!   its index in the callsite's field set) always has the same name. So
+//!   the streamed encoder ([`SequenceState::write_flat_streamed`]) keeps a
+//!   field's pre-encoded start in the entry by the field's index
+//!   ([`FlatHead::keep_field_prefix`], once its name's id is looked up)
+//!   and later takes it by the index alone, without the name. A new entry
+//!   keeps none.
 //! * An empty entry has kind 0, which no event written here has.
 
 use super::fast::{put_annotation_start, put_event_ids, put_flat_annotation};
@@ -101,6 +108,8 @@ pub(super) struct FlatHead {
     /// Bytes of the last word used (`len` less the whole words before it).
     last: usize,
     names: [(StrKey, Prefix); NAMES],
+    /// Pre-encoded starts by field index (`len` 0: none kept).
+    fields: [Prefix; NAMES],
 }
 
 impl FlatHead {
@@ -140,6 +149,31 @@ impl FlatHead {
         // (A name without a prefix is keyed (0, 0), which no name is.)
         (k == key(name)).then_some(prefix)
     }
+
+    /// Whether this is the entry of an event of `kind` from the trace
+    /// point `site`, on a sequence reset `resets` times.
+    #[inline(always)]
+    fn is(&self, kind: u8, site: usize, resets: u64) -> bool {
+        self.key == (Key { kind, site }) && self.resets == resets
+    }
+
+    /// The pre-encoded start of the annotation of the trace point's field
+    /// `index`, if kept.
+    #[inline(always)]
+    pub(super) fn field_prefix(&self, index: usize) -> Option<Prefix> {
+        let prefix = *self.fields.get(index)?;
+        (prefix.len != 0).then_some(prefix)
+    }
+
+    /// Keeps the pre-encoded start of the annotation of the trace point's
+    /// field `index`, whose name has the id `iid` (interned since the
+    /// entry's reset), and returns it; `None` if it has none (an index
+    /// past those kept, a start longer than a word).
+    pub(super) fn keep_field_prefix(&mut self, index: usize, iid: u64) -> Option<Prefix> {
+        let slot = self.fields.get_mut(index)?;
+        *slot = Prefix::new(iid);
+        (slot.len != 0).then_some(*slot)
+    }
 }
 
 /// A sequence's pre-encoded heads (see the module docs).
@@ -164,7 +198,14 @@ impl FlatHeads {
     #[inline(always)]
     pub(super) fn get(&self, kind: u8, site: usize, resets: u64) -> Option<&FlatHead> {
         let e = &self.slots[Self::slot(site)];
-        (e.key == Key { kind, site } && e.resets == resets).then_some(e)
+        e.is(kind, site, resets).then_some(e)
+    }
+
+    /// [`FlatHeads::get`], to keep field prefixes in.
+    #[inline(always)]
+    pub(super) fn get_mut(&mut self, kind: u8, site: usize, resets: u64) -> Option<&mut FlatHead> {
+        let e = &mut self.slots[Self::slot(site)];
+        e.is(kind, site, resets).then_some(e)
     }
 
     /// Makes the entry of an event (as [`FlatHeads::get`] takes it) whose
@@ -210,6 +251,7 @@ impl FlatHeads {
             len,
             last: len - (len.max(1) - 1) / 8 * 8,
             names: keyed,
+            fields: [Prefix::default(); NAMES],
         };
     }
 }

@@ -62,12 +62,23 @@ impl<'a> FieldValue<'a> {
     }
 }
 
+/// A field as a [`FlatFields`] source hands it over: which of its trace
+/// point's fields it is, and its name (asked for only where needed).
+pub(crate) trait FieldKey: Copy {
+    /// The field's index among the fields its trace point declares: one
+    /// index names one field for every event given the same site (see
+    /// [`flat_heads`](super::flat_heads)).
+    fn index(self) -> usize;
+    /// The field's name.
+    fn name(self) -> &'static str;
+}
+
 /// Where a [`FlatFields`] source hands its fields, in order.
 pub(crate) trait FlatOut {
     /// A field with a value at hand.
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>);
+    fn value(&mut self, field: impl FieldKey, value: FieldValue<'_>);
     /// A field whose value is text `value` formats (`{:?}`).
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug);
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug);
 }
 
 /// Fields of one event, handed over one by one.
@@ -80,10 +91,9 @@ pub(crate) trait FlatFields {
 /// The [`FlatOut`] writing fields into a window after a pre-encoded head.
 struct InPlace<'a, T: Target> {
     f: &'a mut Cursor<T>,
-    head: &'a FlatHead,
+    /// The trace point's head: its fields' prefixes are kept there.
+    head: &'a mut FlatHead,
     arg_names: &'a StrInterner,
-    /// Fields handed over so far.
-    next: usize,
     /// No field declined so far.
     ok: bool,
 }
@@ -107,22 +117,32 @@ impl Start {
 }
 
 impl<T: Target> InPlace<'_, T> {
-    /// How the next field's annotation, named `name`, starts; `None` (and
-    /// the encoding declined) if the name is not interned.
+    /// How `field`'s annotation starts: by the prefix its trace point's
+    /// head keeps for it, else by its name's id (its prefix then kept);
+    /// `None` (and the encoding declined) if the name is not interned.
     #[inline(always)]
-    fn start(&mut self, name: &'static str) -> Option<Start> {
+    fn start(&mut self, field: impl FieldKey) -> Option<Start> {
+        match self.head.field_prefix(field.index()) {
+            Some(prefix) => Some(Start::Prefix(prefix)),
+            None => self.start_by_name(field.index(), field.name()),
+        }
+    }
+
+    /// [`InPlace::start`] for a field without a kept prefix (the first
+    /// events of a trace point's head).
+    #[cold]
+    #[inline(never)]
+    fn start_by_name(&mut self, index: usize, name: &'static str) -> Option<Start> {
         // (Fields after one that declined are still written: the packet
         // is not used, and declining is rare.)
-        let i = self.next;
-        self.next += 1;
-        if let Some(prefix) = self.head.prefix(i, name) {
-            return Some(Start::Prefix(prefix));
-        }
         let Some(iid) = self.arg_names.lookup(name) else {
             self.ok = false;
             return None;
         };
-        Some(Start::Iid(iid))
+        Some(match self.head.keep_field_prefix(index, iid) {
+            Some(prefix) => Start::Prefix(prefix),
+            None => Start::Iid(iid),
+        })
     }
 }
 
@@ -140,8 +160,8 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
     // kind is known: no call, no dispatch on the kind. The cursor is a
     // local for the field's bytes (`Cursor::local`).
     #[inline(always)]
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        if let Some(start) = self.start(name) {
+    fn value(&mut self, field: impl FieldKey, value: FieldValue<'_>) {
+        if let Some(start) = self.start(field) {
             self.f.local(
                 #[inline(always)]
                 |f| {
@@ -154,8 +174,8 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
     }
 
     #[inline]
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
-        let Some(start) = self.start(name) else {
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
+        let Some(start) = self.start(field) else {
             return;
         };
         let f = &mut *self.f;
@@ -204,7 +224,7 @@ pub(crate) enum Streamed {
 fn encode_streamed<T: Target, F: FlatFields>(
     f: &mut Cursor<T>,
     delta: u64,
-    entry: &FlatHead,
+    entry: &mut FlatHead,
     arg_names: &StrInterner,
     fields: &F,
 ) -> bool {
@@ -214,7 +234,6 @@ fn encode_streamed<T: Target, F: FlatFields>(
         f,
         head: entry,
         arg_names,
-        next: 0,
         ok: true,
     };
     let complete = fields.each(&mut out);
@@ -249,7 +268,7 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self.flat_heads.get(KIND, site, self.resets) else {
+        let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
             return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;

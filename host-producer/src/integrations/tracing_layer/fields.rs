@@ -17,7 +17,7 @@ use std::fmt::{self, Write as _};
 use tracing_core::field::{Field, Visit};
 
 use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
-use crate::encoding::event::{FieldValue, FlatFields, FlatOut};
+use crate::encoding::event::{FieldKey, FieldValue, FlatFields, FlatOut};
 use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
@@ -51,26 +51,39 @@ pub(super) struct Visitor<'a, O>(pub(super) &'a mut O);
 
 impl<O: FlatOut> Visit for Visitor<'_, O> {
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.value(field.name(), FieldValue::Int(value));
+        self.0.value(field, FieldValue::Int(value));
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.value(field.name(), FieldValue::Uint(value));
+        self.0.value(field, FieldValue::Uint(value));
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.value(field.name(), FieldValue::Bool(value));
+        self.0.value(field, FieldValue::Bool(value));
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.value(field.name(), FieldValue::Double(value));
+        self.0.value(field, FieldValue::Double(value));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.value(field.name(), FieldValue::Str(value));
+        self.0.value(field, FieldValue::Str(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         match super::message::literal(field, value) {
             // A message without arguments: its text, unformatted.
-            Some(text) => self.0.value(field.name(), FieldValue::Str(text)),
-            None => self.0.debug(field.name(), value),
+            Some(text) => self.0.value(field, FieldValue::Str(text)),
+            None => self.0.debug(field, value),
         }
+    }
+}
+
+/// A `tracing` field: its index in its callsite's field set, which the
+/// callsite's `Metadata` (the layer's site) fixes, as it fixes the name.
+impl FieldKey for &Field {
+    #[inline(always)]
+    fn index(self) -> usize {
+        Field::index(self)
+    }
+    #[inline(always)]
+    fn name(self) -> &'static str {
+        Field::name(self)
     }
 }
 
@@ -91,7 +104,8 @@ impl<T: FlatSink> Collect<'_, T> {
 
 impl<T: FlatSink> FlatOut for Collect<'_, T> {
     #[inline]
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
+    fn value(&mut self, field: impl FieldKey, value: FieldValue<'_>) {
+        let name = field.name();
         let flat = match value {
             FieldValue::Int(v) => Flat::Int(v),
             FieldValue::Uint(v) => Flat::Uint(v),
@@ -103,9 +117,9 @@ impl<T: FlatSink> FlatOut for Collect<'_, T> {
     }
 
     #[inline]
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
         // A `Debug` impl that fails leaves what it wrote.
-        self.text(name, |text| {
+        self.text(field.name(), |text| {
             let _ = write!(text, "{value:?}");
         });
     }
