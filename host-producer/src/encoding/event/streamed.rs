@@ -277,28 +277,55 @@ impl SequenceState {
             tried = true;
             encode_streamed(f, delta, entry, arg_names, fields)
         });
-        if !written && tried {
-            return Streamed::Declined;
-        }
         if !written {
-            let mut c = Cursor::new(&mut *self.scratch);
-            let encoded = encode_streamed(&mut c, delta, entry, arg_names, fields);
-            let Some(n) = c.finish().filter(|_| encoded) else {
+            if tried {
                 return Streamed::Declined;
-            };
-            if !w.write_encoded_packet_in(&self.scratch[..], n) {
-                // As `write_event` after a lost packet (a lost begin's end
-                // is then not written either).
-                self.needs_reset = true;
-                self.lost_before_start |= !self.started;
-                if KIND == BEGIN {
-                    self.slices.push(false);
-                }
-                return Streamed::Dropped;
             }
+            return self.write_flat_streamed_copied::<KIND, W, F>(w, site, fields, delta, ns);
         }
+        self.written_flat::<KIND>(ns)
+    }
+
+    /// [`SequenceState::write_flat_streamed`] where the writer takes no
+    /// packet in place: the packet encoded into the scratch buffer and
+    /// handed to the writer to copy (out of line: the hot path keeps its
+    /// registers).
+    #[cold]
+    #[inline(never)]
+    fn write_flat_streamed_copied<const KIND: u8, W: PacketWriter, F: FlatFields>(
+        &mut self,
+        w: &mut W,
+        site: usize,
+        fields: &F,
+        delta: u64,
+        ns: u64,
+    ) -> Streamed {
+        let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
+            return Streamed::Declined;
+        };
+        let mut c = Cursor::new(&mut *self.scratch);
+        let encoded = encode_streamed(&mut c, delta, entry, &self.interned.arg_names, fields);
+        let Some(n) = c.finish().filter(|_| encoded) else {
+            return Streamed::Declined;
+        };
+        if !w.write_encoded_packet_in(&self.scratch[..], n) {
+            // As `write_event` after a lost packet (a lost begin's end is
+            // then not written either).
+            self.needs_reset = true;
+            self.lost_before_start |= !self.started;
+            if KIND == EventType::SliceBegin as u8 {
+                self.slices.push(false);
+            }
+            return Streamed::Dropped;
+        }
+        self.written_flat::<KIND>(ns)
+    }
+
+    /// Notes a streamed event of `KIND` stamped `ns` written.
+    #[inline(always)]
+    fn written_flat<const KIND: u8>(&mut self, ns: u64) -> Streamed {
         self.clock_base = ns;
-        if KIND == BEGIN {
+        if KIND == EventType::SliceBegin as u8 {
             self.slices.push(true);
         }
         Streamed::Written
