@@ -47,7 +47,39 @@ pub(crate) enum FieldValue<'a> {
     Str(&'a str),
 }
 
+macro_rules! field_value_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for FieldValue<'_> {
+            #[inline(always)]
+            fn from(v: $t) -> Self {
+                FieldValue::$v(v)
+            }
+        }
+    )*};
+}
+field_value_from!(i64 => Int, u64 => Uint, bool => Bool, f64 => Double);
+
+impl<'a> From<&'a str> for FieldValue<'a> {
+    #[inline(always)]
+    fn from(s: &'a str) -> Self {
+        FieldValue::Str(s)
+    }
+}
+
 impl<'a> FieldValue<'a> {
+    /// Whether the value is written with a word store or two: a number
+    /// below 2^28 (a varint of a word), text of at most 16 bytes (see
+    /// `put_short_bytes`).
+    #[inline(always)]
+    fn is_short(self) -> bool {
+        match self {
+            FieldValue::Int(v) => (v as u64) < 1 << 28,
+            FieldValue::Uint(v) => v < 1 << 28,
+            FieldValue::Bool(_) | FieldValue::Double(_) => true,
+            FieldValue::Str(s) => s.len() <= 16,
+        }
+    }
+
     /// The abi's form of the value.
     #[inline(always)]
     fn arg(self) -> encode::ArgValue<'a> {
@@ -75,8 +107,9 @@ pub(crate) trait FieldKey: Copy {
 
 /// Where a [`FlatFields`] source hands its fields, in order.
 pub(crate) trait FlatOut {
-    /// A field with a value at hand.
-    fn value(&mut self, field: impl FieldKey, value: FieldValue<'_>);
+    /// A field with a value at hand (a [`FieldValue`], or what makes one:
+    /// a typed value the encoder's rare paths take by value).
+    fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy);
     /// A field whose value is text `value` formats (`{:?}`).
     fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug);
 }
@@ -146,6 +179,20 @@ impl<T: Target> InPlace<'_, T> {
     }
 }
 
+impl<T: Target> InPlace<'_, T> {
+    /// [`FlatOut::value`] for a field without a kept prefix, or a value
+    /// that is not [short](FieldValue::is_short).
+    #[inline(never)]
+    fn value_out_of_line<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>>) {
+        if let Some(start) = self.start(field) {
+            let f = &mut *self.f;
+            let a = start.put(f);
+            put_arg_value(f, value.into().arg());
+            end_inner(f, a);
+        }
+    }
+}
+
 /// Back-fills the one-byte length of a field's annotation (or of its
 /// text) whose body started at `start`, unchecked: it is nested in the
 /// packet's TrackEvent, whose own one-byte length `encode_streamed`
@@ -159,21 +206,30 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
     // Inlined into each of the visitor's typed methods, where the value's
     // kind is known: no call, no dispatch on the kind. The cursor is a
     // local for the field's bytes (`Cursor::local`).
+    //
+    // The rest (a field without a kept prefix, a value too long for a
+    // word store or two) is a call the method ends with, its arguments in
+    // registers (`value_out_of_line`): what stays inline calls nothing, so
+    // it needs no callee-saved registers (none saved and restored per
+    // field).
     #[inline(always)]
-    fn value(&mut self, field: impl FieldKey, value: FieldValue<'_>) {
-        if let Some(start) = self.start(field) {
-            self.f.local(
-                #[inline(always)]
-                |f| {
-                    let a = start.put(f);
-                    put_arg_value(f, value.arg());
-                    end_inner(f, a);
-                },
-            );
-        }
+    fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy) {
+        let prefix = self.head.field_prefix(field.index());
+        let Some(prefix) = prefix.filter(|_| value.into().is_short()) else {
+            return self.value_out_of_line(field, value);
+        };
+        let value = value.into();
+        self.f.local(
+            #[inline(always)]
+            |f| {
+                let a = prefix.put(f);
+                put_arg_value(f, value.arg());
+                end_inner(f, a);
+            },
+        );
     }
 
-    #[inline]
+    #[inline(never)]
     fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
         let Some(start) = self.start(field) else {
             return;
