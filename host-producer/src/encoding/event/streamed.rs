@@ -309,7 +309,7 @@ impl SequenceState {
     /// loss to mark first) the same packet is encoded into the scratch
     /// buffer and handed to the writer to copy, split across chunks where
     /// its general path splits packets: the fields are still visited once.
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
         w: &mut W,
