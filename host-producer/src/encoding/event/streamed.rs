@@ -99,7 +99,7 @@ impl<'a> FieldValue<'a> {
 pub(crate) trait FieldKey: Copy {
     /// The field's index among the fields its trace point declares: one
     /// index names one field for every event given the same site (see
-    /// [`flat_heads`](super::flat_heads)).
+    /// [`flat_heads`]).
     fn index(self) -> usize;
     /// The field's name.
     fn name(self) -> &'static str;
