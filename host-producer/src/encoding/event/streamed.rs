@@ -112,6 +112,14 @@ pub(crate) trait FlatOut {
     fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy);
     /// A field whose value is text `value` formats (`{:?}`).
     fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug);
+    /// A field whose value is the literal `text`: text the program holds
+    /// for good (a `tracing` event's message without arguments), the same
+    /// at every event of the trace point, which an encoder may keep
+    /// pre-encoded by its address.
+    #[inline(always)]
+    fn literal(&mut self, field: impl FieldKey, text: &'static str) {
+        self.value(field, text);
+    }
 }
 
 /// Fields of one event, handed over one by one.
@@ -180,6 +188,20 @@ impl<T: Target> InPlace<'_, T> {
 }
 
 impl<T: Target> InPlace<'_, T> {
+    /// [`FlatOut::literal`] for a literal not kept: kept if its field has
+    /// a kept prefix and the annotation fits the head, else written as
+    /// any text value.
+    #[inline(never)]
+    fn literal_out_of_line(&mut self, field: impl FieldKey, text: &'static str) {
+        let index = field.index();
+        if let Some(prefix) = self.head.field_prefix(index) {
+            if let Some(bytes) = self.head.keep_literal(index, prefix, text) {
+                return bytes.put(self.f);
+            }
+        }
+        self.value_out_of_line(field, text);
+    }
+
     /// [`FlatOut::value`] for a field without a kept prefix, or a value
     /// that is not [short](FieldValue::is_short).
     #[inline(never)]
@@ -227,6 +249,16 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
                 end_inner(f, a);
             },
         );
+    }
+
+    // The trace point's head keeps the annotation pre-encoded (the last
+    // literal it saw): a literal seen again is copied in word stores.
+    #[inline(always)]
+    fn literal(&mut self, field: impl FieldKey, text: &'static str) {
+        match self.head.literal(field.index(), text) {
+            Some(bytes) => bytes.put(self.f),
+            None => self.literal_out_of_line(field, text),
+        }
     }
 
     #[inline(never)]

@@ -69,7 +69,7 @@ impl<O: FlatOut> Visit for Visitor<'_, O> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         match literal_if_learnt(value) {
             // A message without arguments: its text, unformatted.
-            Literal::Text(text) => self.0.value(field, text),
+            Literal::Text(text) => self.0.literal(field, text),
             Literal::Not => self.0.debug(field, value),
             Literal::Unknown => self.record_debug_first(field, value),
         }
