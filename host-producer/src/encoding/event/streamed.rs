@@ -10,9 +10,11 @@
 //!   encoder for the same fields: the packet's start, the trace point's
 //!   pre-encoded head ([`flat_heads`]), then each field as
 //!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
-//!   (its start pre-encoded too where the head has it). A text value's
-//!   length is reserved as one byte: the whole packet is shorter than 128
-//!   bytes (else the encoding fails), so its varint has that one byte.
+//!   (its start pre-encoded where the head keeps it by the field's index,
+//!   a literal's whole annotation where the head keeps that). A text
+//!   value's length is reserved as one byte: the whole packet is shorter
+//!   than 128 bytes (else the encoding fails), so its varint has that one
+//!   byte.
 //! * Where the writer takes no packet in place (the last bytes of a
 //!   chunk, no chunk, a loss to mark first), that packet is encoded into
 //!   the sequence's scratch buffer and copied by the writer, which splits
@@ -20,13 +22,13 @@
 //!   goes the general way, whose nested lengths take two bytes: the same
 //!   event, decoded.)
 //! * It declines (returns [`Streamed::Declined`] with nothing written and
-//!   the sequence unchanged) whenever `write_flat` would not take its own
-//!   in-place encoder from a pre-encoded head: no recent head for the
-//!   trace point, a field name not interned, a reset due, a packet of 128
-//!   bytes or more, or the fields' source asking for it
-//!   ([`FlatFields::each`] returning `false`). The caller then collects
-//!   the fields and calls `write_flat`, which visits them again (a `Debug`
-//!   value is formatted twice then).
+//!   the sequence unchanged but for what its head keeps, which stays
+//!   valid) whenever `write_flat` would not take its own in-place encoder
+//!   from a pre-encoded head: no recent head for the trace point, a field
+//!   name not interned, a reset due, a packet of 128 bytes or more, or the
+//!   fields' source asking for it ([`FlatFields::each`] returning
+//!   `false`). The caller then collects the fields and calls `write_flat`,
+//!   which visits them again (a `Debug` value is formatted twice then).
 
 use std::fmt;
 
