@@ -553,7 +553,7 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
 /// declined it, into which nothing was written: the caller collects the
 /// fields and writes them there with [`__flat_event_in`].
 #[cfg(feature = "tracing")]
-#[inline(never)]
+#[inline(always)]
 pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFields>(
     cat: &'static Category,
     site: usize,

@@ -60,7 +60,7 @@ mod flat_heads;
 mod streamed;
 
 #[cfg(feature = "tracing")]
-pub(crate) use streamed::{FieldValue, FlatFields, FlatOut, Streamed};
+pub(crate) use streamed::{FieldKey, FieldValue, FlatFields, FlatOut, Streamed};
 
 pub use shmtrace_abi::trace::track_event::Type as EventType;
 pub use shmtrace_abi::track_event::CounterValue;

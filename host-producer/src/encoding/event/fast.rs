@@ -50,8 +50,17 @@ pub(super) fn varint_len(v: u64) -> u8 {
 /// keeps its pointer, mask and length in memory and reloads them after
 /// every byte stored through the window. Here a value above 32 bits is
 /// split into two words by a function that never sees the cursor.
+///
+/// A value below 2^28 (ids, lengths, most time deltas and field values)
+/// is spread into a word and stored at once (`varint_word`): no store and
+/// no index per byte.
 #[inline(always)]
 pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
+    if v < 1 << 28 {
+        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
+        f.word32(word, n);
+        return;
+    }
     match u32::try_from(v) {
         Ok(v) => f.varint32(v),
         Err(_) => {

@@ -24,9 +24,22 @@
 //!   same position; a name whose start takes more than a word has no
 //!   prefix, and its position is keyed (0, 0), which no string has (a
 //!   string's address is never 0).
+//! * A site also fixes its fields: the field of a given index (the layer's:
+//!   its index in the callsite's field set) always has the same name. So
+//!   the streamed encoder ([`SequenceState::write_flat_streamed`]) keeps a
+//!   field's pre-encoded start in the entry by the field's index
+//!   ([`FlatHead::keep_field_prefix`], once its name's id is looked up)
+//!   and later takes it by the index alone, without the name. A new entry
+//!   keeps none.
+//! * An entry also keeps one field's whole annotation with a literal text
+//!   value (the layer's message without arguments: `&'static` text, the
+//!   same at every event of its callsite), keyed by the field's index and
+//!   the text's address and length, so the same text of the same field
+//!   is copied in word stores ([`FlatHead::literal`]); another text or
+//!   field replaces it.
 //! * An empty entry has kind 0, which no event written here has.
 
-use super::fast::{put_annotation_start, put_event_ids, put_flat_annotation};
+use super::fast::{put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation};
 use super::*;
 
 /// Entries (a power of two), direct-mapped by the trace point's site.
@@ -90,22 +103,34 @@ impl Prefix {
     }
 }
 
-/// One trace point's pre-encoded head.
+/// Up to [`WORDS`] words of pre-encoded bytes, put with word stores.
 #[derive(Clone, Copy, Default)]
-pub(super) struct FlatHead {
-    key: Key,
-    resets: u64,
+pub(super) struct Words {
     words: [u64; WORDS],
     /// Bytes in `words` (1 to 32; 0 in an empty entry).
     len: usize,
     /// Bytes of the last word used (`len` less the whole words before it).
     last: usize,
-    names: [(StrKey, Prefix); NAMES],
 }
 
-impl FlatHead {
-    /// Appends the pre-encoded bytes: the TrackEvent's type, category id
-    /// and name id, and the head annotation.
+impl Words {
+    /// The first `len` bytes of `buf` (at most `WORDS * 8`), if `len` is.
+    fn new(buf: &[u8; WORDS * 8 + TARGET_SLACK], len: Option<usize>) -> Option<Self> {
+        let len = len.filter(|&n| n <= WORDS * 8)?;
+        let mut words = [0u64; WORDS];
+        for (w, bytes) in words.iter_mut().zip(buf.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            *w = u64::from_le_bytes(b);
+        }
+        Some(Words {
+            words,
+            len,
+            last: len - (len.max(1) - 1) / 8 * 8,
+        })
+    }
+
+    /// Appends the bytes.
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
         // Whole words, then the last one's bytes (`last`, worked out when
@@ -131,6 +156,52 @@ impl FlatHead {
             }
         }
     }
+}
+
+/// A field's whole annotation with a literal text value (a `tracing`
+/// event's message without arguments), pre-encoded.
+#[derive(Clone, Copy)]
+struct Literal {
+    /// The field's index.
+    index: usize,
+    /// The text, by address and length.
+    text: StrKey,
+    bytes: Words,
+}
+
+impl Default for Literal {
+    fn default() -> Self {
+        Literal {
+            // No field's.
+            index: usize::MAX,
+            text: (0, 0),
+            bytes: Words::default(),
+        }
+    }
+}
+
+/// One trace point's pre-encoded head.
+#[derive(Clone, Copy, Default)]
+pub(super) struct FlatHead {
+    key: Key,
+    resets: u64,
+    /// The TrackEvent's type, category id and name id, and the head
+    /// annotation.
+    head: Words,
+    names: [(StrKey, Prefix); NAMES],
+    /// Pre-encoded starts by field index (`len` 0: none kept).
+    fields: [Prefix; NAMES],
+    /// The last literal annotation kept.
+    literal: Literal,
+}
+
+impl FlatHead {
+    /// Appends the pre-encoded bytes: the TrackEvent's type, category id
+    /// and name id, and the head annotation.
+    #[inline(always)]
+    pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
+        self.head.put(f);
+    }
 
     /// The pre-encoded start of annotation `i` after the head, if it is
     /// named `name`, as the one this entry saw there.
@@ -139,6 +210,65 @@ impl FlatHead {
         let &(k, prefix) = self.names.get(i)?;
         // (A name without a prefix is keyed (0, 0), which no name is.)
         (k == key(name)).then_some(prefix)
+    }
+
+    /// Whether this is the entry of an event of `kind` from the trace
+    /// point `site`, on a sequence reset `resets` times.
+    #[inline(always)]
+    fn is(&self, kind: u8, site: usize, resets: u64) -> bool {
+        self.key == (Key { kind, site }) && self.resets == resets
+    }
+
+    /// The pre-encoded start of the annotation of the trace point's field
+    /// `index`, if kept.
+    #[inline(always)]
+    pub(super) fn field_prefix(&self, index: usize) -> Option<Prefix> {
+        let prefix = *self.fields.get(index)?;
+        (prefix.len != 0).then_some(prefix)
+    }
+
+    /// Keeps the pre-encoded start of the annotation of the trace point's
+    /// field `index`, whose name has the id `iid` (interned since the
+    /// entry's reset), and returns it; `None` if it has none (an index
+    /// past those kept, a start longer than a word).
+    pub(super) fn keep_field_prefix(&mut self, index: usize, iid: u64) -> Option<Prefix> {
+        let slot = self.fields.get_mut(index)?;
+        *slot = Prefix::new(iid);
+        (slot.len != 0).then_some(*slot)
+    }
+
+    /// The pre-encoded annotation of the trace point's field `index` with
+    /// the literal text `text` (the same text: the same address and
+    /// length), if kept.
+    #[inline(always)]
+    pub(super) fn literal(&self, index: usize, text: &'static str) -> Option<&Words> {
+        let l = &self.literal;
+        (l.index == index && l.text == key(text)).then_some(&l.bytes)
+    }
+
+    /// Keeps the annotation of the trace point's field `index`, which
+    /// starts with `prefix` (its kept start), with the literal text
+    /// `text`, in place of the one kept before, and returns it; `None` if
+    /// it takes more than [`WORDS`] words.
+    pub(super) fn keep_literal(
+        &mut self,
+        index: usize,
+        prefix: Prefix,
+        text: &'static str,
+    ) -> Option<&Words> {
+        let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
+        let mut c = Cursor::new(&mut buf);
+        let a = prefix.put(&mut c);
+        put_arg_value(&mut c, encode::ArgValue::Str(text));
+        c.end_short(a);
+        let len = c.finish();
+        let bytes = Words::new(&buf, len)?;
+        self.literal = Literal {
+            index,
+            text: key(text),
+            bytes,
+        };
+        Some(&self.literal.bytes)
     }
 }
 
@@ -164,7 +294,14 @@ impl FlatHeads {
     #[inline(always)]
     pub(super) fn get(&self, kind: u8, site: usize, resets: u64) -> Option<&FlatHead> {
         let e = &self.slots[Self::slot(site)];
-        (e.key == Key { kind, site } && e.resets == resets).then_some(e)
+        e.is(kind, site, resets).then_some(e)
+    }
+
+    /// [`FlatHeads::get`], to keep field prefixes in.
+    #[inline(always)]
+    pub(super) fn get_mut(&mut self, kind: u8, site: usize, resets: u64) -> Option<&mut FlatHead> {
+        let e = &mut self.slots[Self::slot(site)];
+        e.is(kind, site, resets).then_some(e)
     }
 
     /// Makes the entry of an event (as [`FlatHeads::get`] takes it) whose
@@ -187,15 +324,10 @@ impl FlatHeads {
         let mut c = Cursor::new(&mut buf);
         put_event_ids(&mut c, kind, cat, iid);
         put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(head));
-        let Some(len) = c.finish().filter(|&n| n <= WORDS * 8) else {
+        let len = c.finish();
+        let Some(head) = Words::new(&buf, len) else {
             return;
         };
-        let mut words = [0u64; WORDS];
-        for (w, bytes) in words.iter_mut().zip(buf.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(bytes);
-            *w = u64::from_le_bytes(b);
-        }
         let mut keyed = [((0, 0), Prefix::default()); NAMES];
         for (out, &(n, id)) in keyed.iter_mut().zip(names) {
             let prefix = Prefix::new(id);
@@ -206,10 +338,10 @@ impl FlatHeads {
         self.slots[Self::slot(site)] = FlatHead {
             key: Key { kind, site },
             resets,
-            words,
-            len,
-            last: len - (len.max(1) - 1) / 8 * 8,
+            head,
             names: keyed,
+            fields: [Prefix::default(); NAMES],
+            literal: Literal::default(),
         };
     }
 }

@@ -10,9 +10,11 @@
 //!   encoder for the same fields: the packet's start, the trace point's
 //!   pre-encoded head ([`flat_heads`]), then each field as
 //!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
-//!   (its start pre-encoded too where the head has it). A text value's
-//!   length is reserved as one byte: the whole packet is shorter than 128
-//!   bytes (else the encoding fails), so its varint has that one byte.
+//!   (its start pre-encoded where the head keeps it by the field's index,
+//!   a literal's whole annotation where the head keeps that). A text
+//!   value's length is reserved as one byte: the whole packet is shorter
+//!   than 128 bytes (else the encoding fails), so its varint has that one
+//!   byte.
 //! * Where the writer takes no packet in place (the last bytes of a
 //!   chunk, no chunk, a loss to mark first), that packet is encoded into
 //!   the sequence's scratch buffer and copied by the writer, which splits
@@ -20,13 +22,13 @@
 //!   goes the general way, whose nested lengths take two bytes: the same
 //!   event, decoded.)
 //! * It declines (returns [`Streamed::Declined`] with nothing written and
-//!   the sequence unchanged) whenever `write_flat` would not take its own
-//!   in-place encoder from a pre-encoded head: no recent head for the
-//!   trace point, a field name not interned, a reset due, a packet of 128
-//!   bytes or more, or the fields' source asking for it
-//!   ([`FlatFields::each`] returning `false`). The caller then collects
-//!   the fields and calls `write_flat`, which visits them again (a `Debug`
-//!   value is formatted twice then).
+//!   the sequence unchanged but for what its head keeps, which stays
+//!   valid) whenever `write_flat` would not take its own in-place encoder
+//!   from a pre-encoded head: no recent head for the trace point, a field
+//!   name not interned, a reset due, a packet of 128 bytes or more, or the
+//!   fields' source asking for it ([`FlatFields::each`] returning
+//!   `false`). The caller then collects the fields and calls `write_flat`,
+//!   which visits them again (a `Debug` value is formatted twice then).
 
 use std::fmt;
 
@@ -47,7 +49,39 @@ pub(crate) enum FieldValue<'a> {
     Str(&'a str),
 }
 
+macro_rules! field_value_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for FieldValue<'_> {
+            #[inline(always)]
+            fn from(v: $t) -> Self {
+                FieldValue::$v(v)
+            }
+        }
+    )*};
+}
+field_value_from!(i64 => Int, u64 => Uint, bool => Bool, f64 => Double);
+
+impl<'a> From<&'a str> for FieldValue<'a> {
+    #[inline(always)]
+    fn from(s: &'a str) -> Self {
+        FieldValue::Str(s)
+    }
+}
+
 impl<'a> FieldValue<'a> {
+    /// Whether the value is written with a word store or two: a number
+    /// below 2^28 (a varint of a word), text of at most 16 bytes (see
+    /// `put_short_bytes`).
+    #[inline(always)]
+    fn is_short(self) -> bool {
+        match self {
+            FieldValue::Int(v) => (v as u64) < 1 << 28,
+            FieldValue::Uint(v) => v < 1 << 28,
+            FieldValue::Bool(_) | FieldValue::Double(_) => true,
+            FieldValue::Str(s) => s.len() <= 16,
+        }
+    }
+
     /// The abi's form of the value.
     #[inline(always)]
     fn arg(self) -> encode::ArgValue<'a> {
@@ -62,12 +96,32 @@ impl<'a> FieldValue<'a> {
     }
 }
 
+/// A field as a [`FlatFields`] source hands it over: which of its trace
+/// point's fields it is, and its name (asked for only where needed).
+pub(crate) trait FieldKey: Copy {
+    /// The field's index among the fields its trace point declares: one
+    /// index names one field for every event given the same site (see
+    /// [`flat_heads`]).
+    fn index(self) -> usize;
+    /// The field's name.
+    fn name(self) -> &'static str;
+}
+
 /// Where a [`FlatFields`] source hands its fields, in order.
 pub(crate) trait FlatOut {
-    /// A field with a value at hand.
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>);
+    /// A field with a value at hand (a [`FieldValue`], or what makes one:
+    /// a typed value the encoder's rare paths take by value).
+    fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy);
     /// A field whose value is text `value` formats (`{:?}`).
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug);
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug);
+    /// A field whose value is the literal `text`: text the program holds
+    /// for good (a `tracing` event's message without arguments), the same
+    /// at every event of the trace point, which an encoder may keep
+    /// pre-encoded by its address.
+    #[inline(always)]
+    fn literal(&mut self, field: impl FieldKey, text: &'static str) {
+        self.value(field, text);
+    }
 }
 
 /// Fields of one event, handed over one by one.
@@ -80,10 +134,9 @@ pub(crate) trait FlatFields {
 /// The [`FlatOut`] writing fields into a window after a pre-encoded head.
 struct InPlace<'a, T: Target> {
     f: &'a mut Cursor<T>,
-    head: &'a FlatHead,
+    /// The trace point's head: its fields' prefixes are kept there.
+    head: &'a mut FlatHead,
     arg_names: &'a StrInterner,
-    /// Fields handed over so far.
-    next: usize,
     /// No field declined so far.
     ok: bool,
 }
@@ -107,46 +160,112 @@ impl Start {
 }
 
 impl<T: Target> InPlace<'_, T> {
-    /// How the next field's annotation, named `name`, starts; `None` (and
-    /// the encoding declined) if the name is not interned.
+    /// How `field`'s annotation starts: by the prefix its trace point's
+    /// head keeps for it, else by its name's id (its prefix then kept);
+    /// `None` (and the encoding declined) if the name is not interned.
     #[inline(always)]
-    fn start(&mut self, name: &'static str) -> Option<Start> {
+    fn start(&mut self, field: impl FieldKey) -> Option<Start> {
+        match self.head.field_prefix(field.index()) {
+            Some(prefix) => Some(Start::Prefix(prefix)),
+            None => self.start_by_name(field.index(), field.name()),
+        }
+    }
+
+    /// [`InPlace::start`] for a field without a kept prefix (the first
+    /// events of a trace point's head).
+    #[cold]
+    #[inline(never)]
+    fn start_by_name(&mut self, index: usize, name: &'static str) -> Option<Start> {
         // (Fields after one that declined are still written: the packet
         // is not used, and declining is rare.)
-        let i = self.next;
-        self.next += 1;
-        if let Some(prefix) = self.head.prefix(i, name) {
-            return Some(Start::Prefix(prefix));
-        }
         let Some(iid) = self.arg_names.lookup(name) else {
             self.ok = false;
             return None;
         };
-        Some(Start::Iid(iid))
+        Some(match self.head.keep_field_prefix(index, iid) {
+            Some(prefix) => Start::Prefix(prefix),
+            None => Start::Iid(iid),
+        })
     }
+}
+
+impl<T: Target> InPlace<'_, T> {
+    /// [`FlatOut::literal`] for a literal not kept: kept if its field has
+    /// a kept prefix and the annotation fits the head, else written as
+    /// any text value.
+    #[inline(never)]
+    fn literal_out_of_line(&mut self, field: impl FieldKey, text: &'static str) {
+        let index = field.index();
+        if let Some(prefix) = self.head.field_prefix(index) {
+            if let Some(bytes) = self.head.keep_literal(index, prefix, text) {
+                return bytes.put(self.f);
+            }
+        }
+        self.value_out_of_line(field, text);
+    }
+
+    /// [`FlatOut::value`] for a field without a kept prefix, or a value
+    /// that is not [short](FieldValue::is_short).
+    #[inline(never)]
+    fn value_out_of_line<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>>) {
+        if let Some(start) = self.start(field) {
+            let f = &mut *self.f;
+            let a = start.put(f);
+            put_arg_value(f, value.into().arg());
+            end_inner(f, a);
+        }
+    }
+}
+
+/// Back-fills the one-byte length of a field's annotation (or of its
+/// text) whose body started at `start`, unchecked: it is nested in the
+/// packet's TrackEvent, whose own one-byte length `encode_streamed`
+/// checks, so a body of 128 bytes or more fails the encoding there.
+#[inline(always)]
+fn end_inner<T: Target>(f: &mut Cursor<T>, start: usize) {
+    f.put_at(start.wrapping_sub(1), f.len().wrapping_sub(start) as u8);
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
     // Inlined into each of the visitor's typed methods, where the value's
     // kind is known: no call, no dispatch on the kind. The cursor is a
     // local for the field's bytes (`Cursor::local`).
+    //
+    // The rest (a field without a kept prefix, a value too long for a
+    // word store or two) is a call the method ends with, its arguments in
+    // registers (`value_out_of_line`): what stays inline calls nothing, so
+    // it needs no callee-saved registers (none saved and restored per
+    // field).
     #[inline(always)]
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        if let Some(start) = self.start(name) {
-            self.f.local(
-                #[inline(always)]
-                |f| {
-                    let a = start.put(f);
-                    put_arg_value(f, value.arg());
-                    f.end_short(a);
-                },
-            );
+    fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy) {
+        let prefix = self.head.field_prefix(field.index());
+        let Some(prefix) = prefix.filter(|_| value.into().is_short()) else {
+            return self.value_out_of_line(field, value);
+        };
+        let value = value.into();
+        self.f.local(
+            #[inline(always)]
+            |f| {
+                let a = prefix.put(f);
+                put_arg_value(f, value.arg());
+                end_inner(f, a);
+            },
+        );
+    }
+
+    // The trace point's head keeps the annotation pre-encoded (the last
+    // literal it saw): a literal seen again is copied in word stores.
+    #[inline(always)]
+    fn literal(&mut self, field: impl FieldKey, text: &'static str) {
+        match self.head.literal(field.index(), text) {
+            Some(bytes) => bytes.put(self.f),
+            None => self.literal_out_of_line(field, text),
         }
     }
 
-    #[inline]
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
-        let Some(start) = self.start(name) else {
+    #[inline(never)]
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
+        let Some(start) = self.start(field) else {
             return;
         };
         let f = &mut *self.f;
@@ -156,8 +275,8 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         // A `Debug` impl that fails leaves what it wrote, as when collected;
         // one that overflows the window stops at the error `Text` returns.
         let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
-        f.end_short(s);
-        f.end_short(a);
+        end_inner(f, s);
+        end_inner(f, a);
         self.ok &= f.finish().is_some();
     }
 }
@@ -195,7 +314,7 @@ pub(crate) enum Streamed {
 fn encode_streamed<T: Target, F: FlatFields>(
     f: &mut Cursor<T>,
     delta: u64,
-    entry: &FlatHead,
+    entry: &mut FlatHead,
     arg_names: &StrInterner,
     fields: &F,
 ) -> bool {
@@ -205,7 +324,6 @@ fn encode_streamed<T: Target, F: FlatFields>(
         f,
         head: entry,
         arg_names,
-        next: 0,
         ok: true,
     };
     let complete = fields.each(&mut out);
@@ -225,7 +343,7 @@ impl SequenceState {
     /// loss to mark first) the same packet is encoded into the scratch
     /// buffer and handed to the writer to copy, split across chunks where
     /// its general path splits packets: the fields are still visited once.
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
         w: &mut W,
@@ -240,7 +358,7 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self.flat_heads.get(KIND, site, self.resets) else {
+        let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
             return Streamed::Declined;
         };
         let arg_names = &self.interned.arg_names;
@@ -249,28 +367,55 @@ impl SequenceState {
             tried = true;
             encode_streamed(f, delta, entry, arg_names, fields)
         });
-        if !written && tried {
-            return Streamed::Declined;
-        }
         if !written {
-            let mut c = Cursor::new(&mut *self.scratch);
-            let encoded = encode_streamed(&mut c, delta, entry, arg_names, fields);
-            let Some(n) = c.finish().filter(|_| encoded) else {
+            if tried {
                 return Streamed::Declined;
-            };
-            if !w.write_encoded_packet_in(&self.scratch[..], n) {
-                // As `write_event` after a lost packet (a lost begin's end
-                // is then not written either).
-                self.needs_reset = true;
-                self.lost_before_start |= !self.started;
-                if KIND == BEGIN {
-                    self.slices.push(false);
-                }
-                return Streamed::Dropped;
             }
+            return self.write_flat_streamed_copied::<KIND, W, F>(w, site, fields, delta, ns);
         }
+        self.written_flat::<KIND>(ns)
+    }
+
+    /// [`SequenceState::write_flat_streamed`] where the writer takes no
+    /// packet in place: the packet encoded into the scratch buffer and
+    /// handed to the writer to copy (out of line: the hot path keeps its
+    /// registers).
+    #[cold]
+    #[inline(never)]
+    fn write_flat_streamed_copied<const KIND: u8, W: PacketWriter, F: FlatFields>(
+        &mut self,
+        w: &mut W,
+        site: usize,
+        fields: &F,
+        delta: u64,
+        ns: u64,
+    ) -> Streamed {
+        let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
+            return Streamed::Declined;
+        };
+        let mut c = Cursor::new(&mut *self.scratch);
+        let encoded = encode_streamed(&mut c, delta, entry, &self.interned.arg_names, fields);
+        let Some(n) = c.finish().filter(|_| encoded) else {
+            return Streamed::Declined;
+        };
+        if !w.write_encoded_packet_in(&self.scratch[..], n) {
+            // As `write_event` after a lost packet (a lost begin's end is
+            // then not written either).
+            self.needs_reset = true;
+            self.lost_before_start |= !self.started;
+            if KIND == EventType::SliceBegin as u8 {
+                self.slices.push(false);
+            }
+            return Streamed::Dropped;
+        }
+        self.written_flat::<KIND>(ns)
+    }
+
+    /// Notes a streamed event of `KIND` stamped `ns` written.
+    #[inline(always)]
+    fn written_flat<const KIND: u8>(&mut self, ns: u64) -> Streamed {
         self.clock_base = ns;
-        if KIND == BEGIN {
+        if KIND == EventType::SliceBegin as u8 {
             self.slices.push(true);
         }
         Streamed::Written

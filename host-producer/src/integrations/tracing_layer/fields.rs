@@ -16,8 +16,9 @@ use std::fmt::{self, Write as _};
 
 use tracing_core::field::{Field, Visit};
 
+use super::message::{literal_if_learnt, Literal};
 use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
-use crate::encoding::event::{FieldValue, FlatFields, FlatOut};
+use crate::encoding::event::{FieldKey, FieldValue, FlatFields, FlatOut};
 use crate::{Arg, DebugValue};
 
 /// Fields one `tracing` callsite declares at most.
@@ -51,26 +52,52 @@ pub(super) struct Visitor<'a, O>(pub(super) &'a mut O);
 
 impl<O: FlatOut> Visit for Visitor<'_, O> {
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.value(field.name(), FieldValue::Int(value));
+        self.0.value(field, value);
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.value(field.name(), FieldValue::Uint(value));
+        self.0.value(field, value);
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.value(field.name(), FieldValue::Bool(value));
+        self.0.value(field, value);
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.value(field.name(), FieldValue::Double(value));
+        self.0.value(field, value);
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.value(field.name(), FieldValue::Str(value));
+        self.0.value(field, value);
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        match super::message::literal(field, value) {
+        match literal_if_learnt(value) {
             // A message without arguments: its text, unformatted.
-            Some(text) => self.0.value(field.name(), FieldValue::Str(text)),
-            None => self.0.debug(field.name(), value),
+            Literal::Text(text) => self.0.literal(field, text),
+            Literal::Not => self.0.debug(field, value),
+            Literal::Unknown => self.record_debug_first(field, value),
         }
+    }
+}
+
+impl<O: FlatOut> Visitor<'_, O> {
+    /// [`Visit::record_debug`] before the first message's vtable is
+    /// learnt (out of line: what `record_debug` keeps inline calls
+    /// nothing but calls it ends with).
+    #[cold]
+    #[inline(never)]
+    fn record_debug_first(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        super::message::learn_once(field);
+        self.record_debug(field, value);
+    }
+}
+
+/// A `tracing` field: its index in its callsite's field set, which the
+/// callsite's `Metadata` (the layer's site) fixes, as it fixes the name.
+impl FieldKey for &Field {
+    #[inline(always)]
+    fn index(self) -> usize {
+        Field::index(self)
+    }
+    #[inline(always)]
+    fn name(self) -> &'static str {
+        Field::name(self)
     }
 }
 
@@ -91,8 +118,9 @@ impl<T: FlatSink> Collect<'_, T> {
 
 impl<T: FlatSink> FlatOut for Collect<'_, T> {
     #[inline]
-    fn value(&mut self, name: &'static str, value: FieldValue<'_>) {
-        let flat = match value {
+    fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy) {
+        let name = field.name();
+        let flat = match value.into() {
             FieldValue::Int(v) => Flat::Int(v),
             FieldValue::Uint(v) => Flat::Uint(v),
             FieldValue::Bool(v) => Flat::Bool(v),
@@ -103,9 +131,9 @@ impl<T: FlatSink> FlatOut for Collect<'_, T> {
     }
 
     #[inline]
-    fn debug(&mut self, name: &'static str, value: &dyn fmt::Debug) {
+    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
         // A `Debug` impl that fails leaves what it wrote.
-        self.text(name, |text| {
+        self.text(field.name(), |text| {
             let _ = write!(text, "{value:?}");
         });
     }

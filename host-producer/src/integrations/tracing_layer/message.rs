@@ -5,15 +5,16 @@
 //! `fmt::Arguments`, and its `Value` impl hands that to a visitor as a
 //! `&dyn Debug`: formatting it runs `core::fmt`'s machinery twice (our
 //! `{:?}`, then the arguments' own pieces) for text known at compile time.
-//! [`literal`] recognises such a value by its vtable, the one
+//! [`literal_if_learnt`] recognises such a value by its vtable, the one
 //! `tracing_core`'s `Value` impl for `fmt::Arguments` makes, learnt once
-//! by handing that impl an `Arguments` of our own; `Arguments::as_str` then
+//! by handing that impl an `Arguments` of our own ([`learn_once`]);
+//! `Arguments::as_str` then
 //! has the text of a message without arguments.
 //!
 //! # Invariants
 //!
 //! * A vtable pointer equal to the learnt one is a `fmt::Arguments`'s
-//!   `Debug` vtable (see the `SAFETY` comment in [`literal`]). The learnt
+//!   `Debug` vtable (see the `SAFETY` comment in `literal_learnt`). The learnt
 //!   pointer's address is never read.
 //! * Whatever is not recognised (a vtable emitted more than once compares
 //!   unequal, a message with arguments has no `as_str`) is formatted as
@@ -41,10 +42,42 @@ unsafe impl Sync for ArgsVtable {}
 static ARGS: OnceLock<Option<ArgsVtable>> = OnceLock::new();
 
 /// The text of `value` if it is a `fmt::Arguments` without arguments as
-/// `tracing` hands one over (to the visitor of `field`); else `None`.
-#[inline]
-pub(super) fn literal(field: &Field, value: &dyn fmt::Debug) -> Option<&'static str> {
-    let known = ARGS.get_or_init(|| learn(field)).as_ref()?;
+/// `tracing` hands one over; [`Literal::Unknown`] until [`learn_once`]
+/// learnt the vtable (a caller keeps the learning out of its hot path).
+#[inline(always)]
+pub(super) fn literal_if_learnt(value: &dyn fmt::Debug) -> Literal {
+    match ARGS.get() {
+        None => Literal::Unknown,
+        Some(None) => Literal::Not,
+        Some(Some(known)) => match literal_learnt(known, value) {
+            Some(text) => Literal::Text(text),
+            None => Literal::Not,
+        },
+    }
+}
+
+/// What [`literal_if_learnt`] makes of a value.
+pub(super) enum Literal {
+    /// A message without arguments: its text.
+    Text(&'static str),
+    /// Anything else.
+    Not,
+    /// Not known yet: see [`learn_once`].
+    Unknown,
+}
+
+/// Learns the vtable (from `tracing`'s handing over of a probe to the
+/// visitor of `field`), if not done yet.
+#[cold]
+#[inline(never)]
+pub(super) fn learn_once(field: &Field) {
+    ARGS.get_or_init(|| learn(field));
+}
+
+/// The text of `value` if it is a `fmt::Arguments` without arguments as
+/// `tracing` hands one over, by the learnt vtable `known`; else `None`.
+#[inline(always)]
+fn literal_learnt(known: &ArgsVtable, value: &dyn fmt::Debug) -> Option<&'static str> {
     let p: *const dyn fmt::Debug = value;
     // The learnt vtable with `value`'s address: equal to `p` iff the
     // vtables are.
@@ -97,7 +130,11 @@ mod tests {
 
     impl Visit for Literals {
         fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-            self.0.push(literal(field, value));
+            learn_once(field);
+            self.0.push(match literal_if_learnt(value) {
+                Literal::Text(text) => Some(text),
+                Literal::Not | Literal::Unknown => None,
+            });
         }
     }
 
