@@ -150,6 +150,13 @@ impl SliceStack {
 /// each call costs. Every method returns whether its packet was written;
 /// a dropped event is counted and the sequence starts again (reset packet,
 /// descriptors, interned strings) with its next event.
+// `repr(C)`, laid out for Cortex-M code size: the site cache at offset 0
+// (a cached entry is one indexed load), then every field a new writer sets
+// to 0 as one run (the interning table's generation, its only other word,
+// after it), then the configuration and the chunk writer. The compiler's
+// own order put the chunk writer last, past the reach of the short loads,
+// and split the zeros of a new writer into five runs.
+#[repr(C)]
 pub struct TrackEventWriter<
     's,
     A: ChunkArbiter<'s>,
@@ -158,19 +165,19 @@ pub struct TrackEventWriter<
     const T: usize = 4,
     const S: usize = 8,
 > {
-    out: InPlaceWriter<'s, A>,
-    clock: C,
-    config: SequenceConfig,
-    interned: InternTable<N>,
-    tracks: TrackSet<T>,
     sites: SiteCache<S>,
+    tracks: TrackSet<T>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
     /// The time of the last event [`Self::fast`] left to [`Self::slow`].
     missed_at: u64,
-    clear_epoch: u32,
     slices: SliceStack,
     stats: TrackEventStats,
+    interned: InternTable<N>,
+    config: SequenceConfig,
+    clear_epoch: u32,
+    out: InPlaceWriter<'s, A>,
+    clock: C,
 }
 
 impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S: usize>
@@ -187,16 +194,16 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         out.hold_fast_path(true);
         Self {
             out,
-            clock,
-            config,
-            interned: InternTable::new(),
-            tracks: TrackSet::new(),
-            sites: SiteCache::new(),
             base: 0,
             missed_at: 0,
-            clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
+            tracks: TrackSet::new(),
+            sites: SiteCache::new(),
+            interned: InternTable::new(),
+            config,
+            clear_epoch,
+            clock,
         }
     }
 
