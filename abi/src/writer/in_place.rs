@@ -51,11 +51,24 @@ use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::wire::WireType;
 use crate::proto::Cursor;
 use crate::smb::{Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
-use crate::trace::trace_packet;
+use crate::trace::{tag2, trace_packet};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::stream::MAX_FRAGMENTS_PER_CHUNK;
 use super::{DropReason, PacketOutcome, WriterError, WriterStats};
+
+/// The two bytes of the tag of `first_packet_on_sequence` (varint), as a
+/// word.
+const FIRST_PACKET_TAG: u32 = u16::from_le_bytes(tag2(
+    trace_packet::FIRST_PACKET_ON_SEQUENCE,
+    WireType::Varint,
+)) as u32;
+/// The two bytes of the tag of `previous_packet_dropped` (varint), as a
+/// word.
+const LOSS_TAG: u32 = u16::from_le_bytes(tag2(
+    trace_packet::PREVIOUS_PACKET_DROPPED,
+    WireType::Varint,
+)) as u32;
 
 /// The counters of an [`InPlaceWriter`], 32 bits wide (a firmware writes
 /// fewer than 2^32 packets between two reads of them); reported as
@@ -300,14 +313,15 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 // One tag and one varint for either field (a bool is a
                 // varint 1): with the templates, this is the cursor's only
                 // caller of a field writer on firmware, which would link
-                // one just for it.
+                // one just for it. Both tags take two bytes, stored with
+                // one word store (the window has room past the packet).
                 if first || loss != 0 {
-                    let (field, value) = if first {
-                        (trace_packet::FIRST_PACKET_ON_SEQUENCE, 1)
+                    let (tag, value) = if first {
+                        (FIRST_PACKET_TAG, 1)
                     } else {
-                        (trace_packet::PREVIOUS_PACKET_DROPPED, loss)
+                        (LOSS_TAG, loss)
                     };
-                    c.tag(field, WireType::Varint);
+                    c.word32(tag, 2);
                     c.varint(u64::from(value));
                 }
                 encode.encode(&mut c);
