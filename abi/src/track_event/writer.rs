@@ -689,7 +689,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 encode::interned_data::<_, true>(c, interned);
             })) {
                 Ok(whole) => whole,
-                Err(_) => return self.lost(),
+                Err(_) => {
+                    // As `put` does for a drop.
+                    self.out.hold_fast_path(true);
+                    return self.lost();
+                }
             };
         if !whole {
             for entry in interned {
@@ -714,9 +718,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         true
     }
 
+    /// Counts an event lost with one of its packets; `false`. The packet's
+    /// drop held the fast path ([`Self::put`]), so the sequence restarts
+    /// with the next event.
     #[cold]
     fn lost(&mut self) -> bool {
-        self.out.hold_fast_path(true);
         self.stats.events_dropped += 1;
         false
     }
