@@ -166,18 +166,17 @@ const GENERATIONS_MASK: u32 = 0x7F;
 const EMPTY: Entry = Entry { ptr: 0, tag: 0 };
 
 /// An interning table of `N` entries (a power of two) for all three kinds.
-// `repr(C)`, the generation (a new table's only word that is not 0) last:
-// the zeros of a new table (entries and ids) are one run with the zeros its
-// writer puts before it (see `TrackEventWriter`'s layout). With the
-// generation between them, the firmware cleared them with one more call
-// (or built the table on the stack and copied it into place).
+// `repr(C)`, the generation (a new table's only word that is not 0, read
+// by every lookup and cached event) 6 bytes in, where its writer keeps it
+// within reach of the Cortex-M halfword loads (see `TrackEventWriter`'s
+// layout); the entries, a new table's zeros, 4-aligned after it.
 #[repr(C)]
 pub struct InternTable<const N: usize> {
-    entries: [Entry; N],
     /// Last id handed out, per kind.
     last_iid: [u16; 3],
     /// Generation of live entries (1..=127).
     generation: u16,
+    entries: [Entry; N],
 }
 
 impl<const N: usize> Default for InternTable<N> {

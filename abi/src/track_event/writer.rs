@@ -151,11 +151,11 @@ impl SliceStack {
 /// a dropped event is counted and the sequence starts again (reset packet,
 /// descriptors, interned strings) with its next event.
 // `repr(C)`, laid out for Cortex-M code size: the site cache at offset 0
-// (a cached entry is one indexed load), then every field a new writer sets
-// to 0 as one run (the interning table's generation, its only other word,
-// after it), then the configuration and the chunk writer. The compiler's
-// own order put the chunk writer last, past the reach of the short loads,
-// and split the zeros of a new writer into five runs.
+// (a cached entry is one indexed load), then the fields a new writer sets
+// to 0, in two runs around the interning table's generation (its only
+// other word, which the halfword loads reach up to offset 62), then the
+// configuration and the chunk writer. The compiler's own order split the
+// zeros of a new writer into five runs.
 #[repr(C)]
 pub struct TrackEventWriter<
     's,
@@ -172,10 +172,10 @@ pub struct TrackEventWriter<
     /// The time of the last event [`Self::fast`] left to [`Self::slow`].
     missed_at: u64,
     slices: SliceStack,
-    stats: TrackEventStats,
     interned: InternTable<N>,
-    config: SequenceConfig,
+    stats: TrackEventStats,
     clear_epoch: u32,
+    config: SequenceConfig,
     out: InPlaceWriter<'s, A>,
     clock: C,
 }
