@@ -174,6 +174,7 @@ pub struct TrackEventWriter<
     slices: SliceStack,
     interned: InternTable<N>,
     stats: TrackEventStats,
+    /// The consumer's `clear_request` when the sequence last restarted.
     clear_epoch: u32,
     config: SequenceConfig,
     out: InPlaceWriter<'s, A>,
@@ -187,10 +188,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     // Inline: built in place in the caller's storage.
     #[inline(always)]
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
-        let clear_epoch = out.arbiter().clear_epoch();
         let mut out = out;
         // The sequence starts with its reset packet (a reset is due while
-        // the fast path is held).
+        // the fast path is held), which reads the consumer's
+        // `clear_request` into `clear_epoch` (no event compares it before).
         out.hold_fast_path(true);
         Self {
             out,
@@ -202,7 +203,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             sites: SiteCache::new(),
             interned: InternTable::new(),
             config,
-            clear_epoch,
+            clear_epoch: 0,
             clock,
         }
     }
