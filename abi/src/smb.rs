@@ -630,16 +630,21 @@ impl<'m> Smb<'m> {
 /// the SMB is torn down), as in Perfetto.
 #[derive(Debug)]
 #[must_use = "a chunk that is never released stays BeingWritten forever"]
+// `repr(C)`, the bytes first: `layout`, whose spare values mark an
+// `Option<WritableChunk>`'s `None`, at offset 0, and the payload's pointer
+// and window limit next, where the writers' fast paths read them with the
+// Cortex-M short loads (a byte load reaches 31 bytes, a halfword one 62).
+#[repr(C)]
 pub struct WritableChunk<'a> {
+    layout: PageLayout,
+    chunk: u8,
+    /// At most the payload's length (below 64 KiB).
+    used: u16,
+    payload: PayloadMut<'a>,
+    words: ChunkWords<'a, AtomicU32, AtomicU16>,
     /// The page's `header_bitmap` (all the release needs of the page).
     header_bitmap: &'a AtomicU32,
     page: usize,
-    chunk: u8,
-    layout: PageLayout,
-    /// At most the payload's length (below 64 KiB).
-    used: u16,
-    words: ChunkWords<'a, AtomicU32, AtomicU16>,
-    payload: PayloadMut<'a>,
 }
 
 impl WritableChunk<'_> {

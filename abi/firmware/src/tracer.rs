@@ -99,10 +99,14 @@ pub fn on_systick(reloads: u32) {
 /// Unless `FULL`, it writes only slices, instants and integer counters (the
 /// other calls do nothing), from the main loop only, and leaves its chunks
 /// in the region for a host, so that nothing else is linked.
+// `repr(C)`, the writer first: the tracer's address is the writer's (the
+// event calls pass it as it is), and its hot fields stay within reach of
+// the short loads and stores; the compiler put the drain's reader first.
+#[repr(C)]
 pub struct ShmTracer<const N: usize, const T: usize, const S: usize, const FULL: bool> {
     writer: MainWriter<N, T, S>,
-    transport: Option<Transport>,
     snapshots: u32,
+    transport: Option<Transport>,
 }
 
 impl<const N: usize, const T: usize, const S: usize, const FULL: bool> ShmTracer<N, T, S, FULL> {

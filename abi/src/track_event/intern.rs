@@ -166,10 +166,10 @@ const GENERATIONS_MASK: u32 = 0x7F;
 const EMPTY: Entry = Entry { ptr: 0, tag: 0 };
 
 /// An interning table of `N` entries (a power of two) for all three kinds.
-// `repr(C)`, the entries last: the zeros of a new table (the entries) are
-// one run next to its writer's other zeros. With the generation (1) after
-// the entries, as the compiler laid it out, the firmware built a new
-// writer's table and site cache on the stack and copied them into place.
+// `repr(C)`, the generation (a new table's only word that is not 0, read
+// by every lookup and cached event) 6 bytes in, where its writer keeps it
+// within reach of the Cortex-M halfword loads (see `TrackEventWriter`'s
+// layout); the entries, a new table's zeros, 4-aligned after it.
 #[repr(C)]
 pub struct InternTable<const N: usize> {
     /// Last id handed out, per kind.

@@ -150,6 +150,13 @@ impl SliceStack {
 /// each call costs. Every method returns whether its packet was written;
 /// a dropped event is counted and the sequence starts again (reset packet,
 /// descriptors, interned strings) with its next event.
+// `repr(C)`, laid out for Cortex-M code size: the site cache at offset 0
+// (a cached entry is one indexed load), then the fields a new writer sets
+// to 0, in two runs around the interning table's generation (its only
+// other word, which the halfword loads reach up to offset 62), then the
+// configuration and the chunk writer. The compiler's own order split the
+// zeros of a new writer into five runs.
+#[repr(C)]
 pub struct TrackEventWriter<
     's,
     A: ChunkArbiter<'s>,
@@ -158,19 +165,20 @@ pub struct TrackEventWriter<
     const T: usize = 4,
     const S: usize = 8,
 > {
-    out: InPlaceWriter<'s, A>,
-    clock: C,
-    config: SequenceConfig,
-    interned: InternTable<N>,
-    tracks: TrackSet<T>,
     sites: SiteCache<S>,
+    tracks: TrackSet<T>,
     /// Clock 64 as a reader has it: the reset's time plus every delta since.
     base: u64,
     /// The time of the last event [`Self::fast`] left to [`Self::slow`].
     missed_at: u64,
-    clear_epoch: u32,
     slices: SliceStack,
+    interned: InternTable<N>,
     stats: TrackEventStats,
+    /// The consumer's `clear_request` when the sequence last restarted.
+    clear_epoch: u32,
+    config: SequenceConfig,
+    out: InPlaceWriter<'s, A>,
+    clock: C,
 }
 
 impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S: usize>
@@ -180,23 +188,23 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     // Inline: built in place in the caller's storage.
     #[inline(always)]
     pub fn new(out: InPlaceWriter<'s, A>, clock: C, config: SequenceConfig) -> Self {
-        let clear_epoch = out.arbiter().clear_epoch();
         let mut out = out;
         // The sequence starts with its reset packet (a reset is due while
-        // the fast path is held).
+        // the fast path is held), which reads the consumer's
+        // `clear_request` into `clear_epoch` (no event compares it before).
         out.hold_fast_path(true);
         Self {
             out,
-            clock,
-            config,
-            interned: InternTable::new(),
-            tracks: TrackSet::new(),
-            sites: SiteCache::new(),
             base: 0,
             missed_at: 0,
-            clear_epoch,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
+            tracks: TrackSet::new(),
+            sites: SiteCache::new(),
+            interned: InternTable::new(),
+            config,
+            clear_epoch: 0,
+            clock,
         }
     }
 
@@ -682,7 +690,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 encode::interned_data::<_, true>(c, interned);
             })) {
                 Ok(whole) => whole,
-                Err(_) => return self.lost(),
+                Err(_) => {
+                    // As `put` does for a drop.
+                    self.out.hold_fast_path(true);
+                    return self.lost();
+                }
             };
         if !whole {
             for entry in interned {
@@ -707,9 +719,11 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         true
     }
 
+    /// Counts an event lost with one of its packets; `false`. The packet's
+    /// drop held the fast path ([`Self::put`]), so the sequence restarts
+    /// with the next event.
     #[cold]
     fn lost(&mut self) -> bool {
-        self.out.hold_fast_path(true);
         self.stats.events_dropped += 1;
         false
     }

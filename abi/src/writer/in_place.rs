@@ -51,11 +51,24 @@ use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::wire::WireType;
 use crate::proto::Cursor;
 use crate::smb::{Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
-use crate::trace::trace_packet;
+use crate::trace::{tag2, trace_packet};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::stream::MAX_FRAGMENTS_PER_CHUNK;
 use super::{DropReason, PacketOutcome, WriterError, WriterStats};
+
+/// The two bytes of the tag of `first_packet_on_sequence` (varint), as a
+/// word.
+const FIRST_PACKET_TAG: u32 = u16::from_le_bytes(tag2(
+    trace_packet::FIRST_PACKET_ON_SEQUENCE,
+    WireType::Varint,
+)) as u32;
+/// The two bytes of the tag of `previous_packet_dropped` (varint), as a
+/// word.
+const LOSS_TAG: u32 = u16::from_le_bytes(tag2(
+    trace_packet::PREVIOUS_PACKET_DROPPED,
+    WireType::Varint,
+)) as u32;
 
 /// The counters of an [`InPlaceWriter`], 32 bits wide (a firmware writes
 /// fewer than 2^32 packets between two reads of them); reported as
@@ -126,22 +139,30 @@ pub fn packet<F: FnMut(&mut Cursor<Window<'_>>)>(f: &mut F) -> &mut dyn EncodePa
 /// w.flush();
 /// assert_eq!(w.arbiter().1, [0]); // chunk 0 committed
 /// ```
+// `repr(C)`: what the fast path and the other paths touch most (the flags,
+// cursor and count, the chunk's payload and count word) first, within reach
+// of the Cortex-M short loads (bytes to 31, halfwords to 62, words to 124
+// bytes past the writer, or past the `TrackEventWriter` that holds it
+// after its site cache). The fields a new writer sets to 0 are one run
+// (from `pending_loss` to `stats`) at a 4-byte boundary, cleared with one
+// aligned call; the arbiter last.
+#[repr(C)]
 pub struct InPlaceWriter<'s, A: ChunkArbiter<'s>> {
-    arbiter: A,
-    chunk: Option<WritableChunk<'s>>,
+    held: bool,
+    inflated: bool,
+    first_packet: bool,
     /// 16 bits: a chunk's payload is below 64 KiB (and the window check
     /// `cursor + WINDOW_LEN + WINDOW_SLACK` cannot overflow).
     cursor: u16,
-    next_chunk_id: u32,
+    count: u16,
+    chunk: Option<WritableChunk<'s>>,
+    target_buffer: BufferId,
+    writer_id: u16,
     /// `previous_packet_dropped` bits the next packet carries (0: none).
     pending_loss: u32,
+    next_chunk_id: u32,
     stats: Counters,
-    count: u16,
-    writer_id: u16,
-    target_buffer: BufferId,
-    inflated: bool,
-    first_packet: bool,
-    held: bool,
+    arbiter: A,
 }
 
 impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
@@ -155,9 +176,15 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             return Err(WriterError::InvalidWriterId(writer_id));
         }
         Ok(Self {
-            arbiter,
             chunk: None,
+            arbiter,
+            first_packet: true,
+            held: false,
+            inflated: false,
+            target_buffer,
+            writer_id,
             cursor: 0,
+            count: 0,
             next_chunk_id: 0,
             pending_loss: 0,
             stats: Counters {
@@ -167,12 +194,6 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 dropped_too_long: 0,
                 chunks_committed: 0,
             },
-            count: 0,
-            writer_id,
-            target_buffer,
-            inflated: false,
-            first_packet: true,
-            held: false,
         })
     }
 
@@ -292,14 +313,15 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                 // One tag and one varint for either field (a bool is a
                 // varint 1): with the templates, this is the cursor's only
                 // caller of a field writer on firmware, which would link
-                // one just for it.
+                // one just for it. Both tags take two bytes, stored with
+                // one word store (the window has room past the packet).
                 if first || loss != 0 {
-                    let (field, value) = if first {
-                        (trace_packet::FIRST_PACKET_ON_SEQUENCE, 1)
+                    let (tag, value) = if first {
+                        (FIRST_PACKET_TAG, 1)
                     } else {
-                        (trace_packet::PREVIOUS_PACKET_DROPPED, loss)
+                        (LOSS_TAG, loss)
                     };
-                    c.tag(field, WireType::Varint);
+                    c.word32(tag, 2);
                     c.varint(u64::from(value));
                 }
                 encode.encode(&mut c);
