@@ -465,7 +465,8 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let category = self.with_slot(id, &ctx, false, |slot, meta, category| {
-            let first = slot.enters.fetch_add(1, Ordering::Relaxed) == 0;
+            let first_ns = slot.enter();
+            let first = first_ns.is_some();
             let enabled = category.is_enabled();
             if !(first || enabled) {
                 return category;
@@ -473,8 +474,8 @@ where
             // The first slice's time is also the start of the span's
             // whole life, should it be entered again.
             let ns = crate::clock::now_ns();
-            if first {
-                slot.first_ns.store(ns, Ordering::Relaxed);
+            if let Some(first_ns) = first_ns {
+                first_ns.store(ns, Ordering::Relaxed);
             }
             if enabled {
                 let head = ("level", meta.level().as_str());
@@ -607,7 +608,7 @@ where
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         self.with_slot(&id, &ctx, true, |slot, meta, category| {
-            let enters = slot.enters.load(Ordering::Relaxed);
+            let enters = slot.enters();
             let mut cold = slot.close(enters > 1);
             if !category.is_enabled() {
                 return;
@@ -644,7 +645,7 @@ where
                 category
                     .slice(name)
                     .track(&track)
-                    .timestamp(Timestamp::boottime(slot.first_ns.load(Ordering::Relaxed)))
+                    .timestamp(Timestamp::boottime(slot.first_ns()))
                     .args(&args)
                     .flows(flows)
                     .emit();

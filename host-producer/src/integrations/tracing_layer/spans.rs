@@ -28,6 +28,22 @@
 //!   recorded later, flows and (for a callsite without a number) metadata
 //!   are behind a mutex taken only when [`Slot::cold`] says there is
 //!   something there.
+//! * Enters are counted in two words ([`Slot::enter`]): those of the
+//!   thread that made the span (its owner, known by the address of a
+//!   thread-local of its own) and those of every other thread. Only the
+//!   owner writes its word, with a load and a store: a span entered on the
+//!   thread that made it (most spans) costs no read-modify-write, which
+//!   costs more than the rest of the count. Other threads add to theirs.
+//!   An enter is the span's first if both words were 0 before it; when
+//!   the owner and another thread first enter the span at the same moment
+//!   both may see the other's word still 0, and then both slices carry the
+//!   span's given fields (each keeps its own first time, and the span's
+//!   life starts at the earlier one): the one way two slices of a span
+//!   both carry them. Every other order (any enter after another, with the
+//!   span handed between the threads in between) finds the earlier one.
+//!   A thread-local's address is reused only by a thread started after
+//!   its owner exited (its memory freed and handed out again in between),
+//!   so two threads never count in the owner's word at once.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
 
@@ -36,7 +52,7 @@
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_core::span::Attributes;
@@ -59,11 +75,17 @@ const NO_CALLSITE: u32 = u32::MAX;
 pub(super) struct Slot {
     /// Its callsite's number ([`callsites`]), or [`NO_CALLSITE`].
     callsite: AtomicU32,
-    /// Times entered.
-    pub(super) enters: AtomicU32,
-    /// Boot time when the span was first entered (set by the thread that
-    /// entered it first; read when it closes, after every enter).
-    pub(super) first_ns: AtomicU64,
+    /// The thread that made the span ([`this_thread`]).
+    owner: AtomicUsize,
+    /// Times its owner entered it (written by the owner only).
+    own_enters: AtomicU32,
+    /// Times other threads entered it.
+    other_enters: AtomicU32,
+    /// Boot time of its first slice, if the owner's enter was the first
+    /// (else 0); read when it closes, after every enter.
+    own_first_ns: AtomicU64,
+    /// The same for another thread's first enter.
+    other_first_ns: AtomicU64,
     /// The fields the span was made with (module docs: written only by
     /// [`Slot::start`]).
     given: UnsafeCell<GivenFields>,
@@ -109,7 +131,11 @@ impl Slot {
         callsite: Option<u32>,
         attrs: &Attributes<'_>,
     ) {
-        self.enters.store(0, Ordering::Relaxed);
+        self.owner.store(this_thread(), Ordering::Relaxed);
+        self.own_enters.store(0, Ordering::Relaxed);
+        self.other_enters.store(0, Ordering::Relaxed);
+        self.own_first_ns.store(0, Ordering::Relaxed);
+        self.other_first_ns.store(0, Ordering::Relaxed);
         self.given_carried.store(false, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
@@ -130,6 +156,40 @@ impl Slot {
             self.cold.store(true, Ordering::Relaxed);
         } else {
             self.cold.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts an enter by the calling thread (module docs): if it is the
+    /// span's first, where to store the time of its slice
+    /// ([`Slot::first_ns`]).
+    #[inline]
+    pub(super) fn enter(&self) -> Option<&AtomicU64> {
+        if self.owner.load(Ordering::Relaxed) == this_thread() {
+            let n = self.own_enters.load(Ordering::Relaxed);
+            self.own_enters.store(n.wrapping_add(1), Ordering::Relaxed);
+            (n == 0 && self.other_enters.load(Ordering::Relaxed) == 0).then_some(&self.own_first_ns)
+        } else {
+            let n = self.other_enters.fetch_add(1, Ordering::Relaxed);
+            (n == 0 && self.own_enters.load(Ordering::Relaxed) == 0).then_some(&self.other_first_ns)
+        }
+    }
+
+    /// Times the span was entered (read when it closes, after every
+    /// enter).
+    #[inline]
+    pub(super) fn enters(&self) -> u32 {
+        let own = self.own_enters.load(Ordering::Relaxed);
+        own.saturating_add(self.other_enters.load(Ordering::Relaxed))
+    }
+
+    /// Boot time of the span's first slice (the earlier of two that both
+    /// were first: module docs); 0 if it was never entered.
+    pub(super) fn first_ns(&self) -> u64 {
+        let own = self.own_first_ns.load(Ordering::Relaxed);
+        let other = self.other_first_ns.load(Ordering::Relaxed);
+        match (own, other) {
+            (0, t) | (t, 0) => t,
+            (a, b) => a.min(b),
         }
     }
 
@@ -235,6 +295,18 @@ impl Drop for Closing<'_> {
     }
 }
 
+thread_local! {
+    /// A byte whose address tells the thread ([`this_thread`]).
+    static THREAD: u8 = const { 0 };
+}
+
+/// The calling thread, as no other live thread is: the address of its
+/// [`THREAD`].
+#[inline(always)]
+fn this_thread() -> usize {
+    THREAD.with(|t| t as *const u8 as usize)
+}
+
 /// Per-span slots keyed by span id (see the module docs).
 pub(super) struct SpanTable {
     keys: Box<[AtomicU64]>,
@@ -302,9 +374,21 @@ mod tests {
     #[test]
     fn a_span_finds_its_slot_until_released() {
         let table = SpanTable::new();
-        table.claim(7).unwrap().enters.store(70, Ordering::Relaxed);
-        table.claim(9).unwrap().enters.store(90, Ordering::Relaxed);
-        let enters = |id| table.get(id).map(|(s, _)| s.enters.load(Ordering::Relaxed));
+        table
+            .claim(7)
+            .unwrap()
+            .other_enters
+            .store(70, Ordering::Relaxed);
+        table
+            .claim(9)
+            .unwrap()
+            .other_enters
+            .store(90, Ordering::Relaxed);
+        let enters = |id| {
+            table
+                .get(id)
+                .map(|(s, _)| s.other_enters.load(Ordering::Relaxed))
+        };
         let release = |id| table.release(table.get(id).unwrap().1);
         assert_eq!(enters(7), Some(70));
         assert_eq!(enters(9), Some(90));
@@ -322,6 +406,38 @@ mod tests {
     }
 
     #[test]
+    fn the_first_enter_is_found_on_and_off_the_owner_thread() {
+        let table = SpanTable::new();
+        let first_on = |slot: &Slot, ns: u64| {
+            let first = slot.enter();
+            if let Some(cell) = first {
+                cell.store(ns, Ordering::Relaxed);
+            }
+            first.is_some()
+        };
+        let elsewhere = |slot: &Slot, ns: u64| {
+            std::thread::scope(|s| s.spawn(|| first_on(slot, ns)).join().unwrap())
+        };
+        // Made here, entered here first, then on another thread.
+        let a = table.claim(1).unwrap();
+        a.owner.store(this_thread(), Ordering::Relaxed);
+        assert!(first_on(a, 50));
+        assert!(!elsewhere(a, 60));
+        assert!(!first_on(a, 70));
+        assert_eq!((a.enters(), a.first_ns()), (3, 50));
+        // Made here, entered on another thread first.
+        let b = table.claim(2).unwrap();
+        b.owner.store(this_thread(), Ordering::Relaxed);
+        assert!(elsewhere(b, 80));
+        assert!(!first_on(b, 90));
+        assert!(!elsewhere(b, 95));
+        assert_eq!((b.enters(), b.first_ns()), (3, 80));
+        // Both first at once (module docs): the earlier time.
+        b.own_first_ns.store(75, Ordering::Relaxed);
+        assert_eq!(b.first_ns(), 75);
+    }
+
+    #[test]
     fn a_full_group_refuses_a_claim() {
         let table = SpanTable::new();
         // Ids that share a group.
@@ -334,13 +450,13 @@ mod tests {
             table
                 .claim(id)
                 .unwrap()
-                .enters
+                .other_enters
                 .store(id as u32, Ordering::Relaxed);
         }
         assert!(table.claim(same[GROUP]).is_none());
         for &id in &same[..GROUP] {
             let (slot, _) = table.get(id).unwrap();
-            assert_eq!(slot.enters.load(Ordering::Relaxed), id as u32);
+            assert_eq!(slot.other_enters.load(Ordering::Relaxed), id as u32);
         }
         // One closes: the next claim gets its key.
         table.release(table.get(same[3]).unwrap().1);
