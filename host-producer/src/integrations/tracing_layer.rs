@@ -127,9 +127,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::encoding::annotation::FlatArgs;
 use crate::integrations::target_category;
-use crate::track_event::{
-    __event, __event_at, __flat_event, __flat_event_in, __slice_end, __streamed_event,
-};
+use crate::track_event::{__event, __event_at, __flat_event_in, __slice_end, __streamed_event};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, Collect, EventFields, EventVisit, Visitor};
@@ -359,6 +357,26 @@ fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[
     }
 }
 
+/// Begins the slice of a span of `meta` on the thread's track, stamped
+/// `ns`, with the annotations of `args` (whose head is the level): after
+/// the callsite's pre-encoded head where the sequence has it, as an event
+/// is (`__streamed_event`), else through `write_flat` (which makes that
+/// head).
+#[inline]
+fn flat_begin(
+    cat: &'static Category,
+    meta: &'static Metadata<'static>,
+    args: &FlatArgs<'_>,
+    ns: u64,
+) {
+    const BEGIN: u8 = EventType::SliceBegin as u8;
+    let site = site(meta);
+    let declined = __streamed_event::<BEGIN, _>(cat, site, args, ns);
+    if declined != 0 {
+        __flat_event_in::<BEGIN>(cat, declined, site, meta.name(), args, ns);
+    }
+}
+
 impl Writer {
     /// Runs `f` on the state of the live span `id` (in its table slot, or
     /// in the registry's extensions) and its callsite; `close`: the span
@@ -491,13 +509,7 @@ where
                         } else {
                             FlatArgs::head_only(head)
                         };
-                        __flat_event::<{ EventType::SliceBegin as u8 }>(
-                            category,
-                            site(meta),
-                            meta.name(),
-                            &args,
-                            ns,
-                        );
+                        flat_begin(category, meta, &args, ns);
                     }
                     Some(mut cold) => {
                         let mut args = Args::new();
