@@ -251,6 +251,19 @@ impl Slot {
         self.rest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the closing span has nothing left to write: entered at
+    /// most once, its given fields carried by its slice (or none), and no
+    /// cold state (no recorded field, flow or metadata of its own). Its
+    /// close then only releases its key.
+    #[inline]
+    pub(super) fn closes_quietly(&self) -> bool {
+        let enters = self.enters();
+        enters <= 1
+            && !self.cold.load(Ordering::Relaxed)
+            && (self.given().is_empty()
+                || (enters == 1 && self.given_carried.load(Ordering::Relaxed)))
+    }
+
     /// The cold state of a closing span, if it has any and the close
     /// needs it (`all`, or something no event wrote): let go when the
     /// guard drops (the buffers stay for the slot's next span; one not
