@@ -463,10 +463,9 @@ where
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let meta = attrs.metadata();
-        let callsite = callsites::number(meta);
-        let category = match callsite.and_then(callsites::get) {
-            Some(cs) => cs.category,
-            None => target_category::category_static(meta.target()),
+        let (callsite, category) = match callsites::number(meta) {
+            Some((n, cs)) => (Some(n), cs.category),
+            None => (None, target_category::category_static(meta.target())),
         };
         if !category.is_enabled() {
             return;

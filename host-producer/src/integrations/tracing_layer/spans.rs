@@ -144,7 +144,9 @@ impl Slot {
         // (module docs): this is the only reference to `given`.
         let given = unsafe { &mut *self.given.get() };
         given.clear();
-        if !attrs.values().is_empty() {
+        // (A callsite without fields has no values: no visit of the
+        // value set to find out.)
+        if !meta.fields().is_empty() && !attrs.values().is_empty() {
             attrs.record(&mut Visitor(&mut Collect(given)));
         }
         if callsite.is_none() {
