@@ -67,6 +67,8 @@ use crate::Flow;
 const GROUP: usize = 8;
 /// Groups in a table (a power of two).
 const GROUPS: usize = 128;
+/// The bits of a span id the table hashes ([`SpanTable::group`]).
+const ID_BITS: u64 = (1 << 48) - 1;
 /// [`Slot::callsite`] of a span whose callsite has no number.
 const NO_CALLSITE: u32 = u32::MAX;
 
@@ -341,7 +343,14 @@ impl SpanTable {
     #[inline]
     fn group(id: u64) -> usize {
         // Fibonacci hashing: the registry's ids differ mostly in low bits.
-        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - GROUPS.trailing_zeros());
+        // Their top bits count the generations of the registry's slot (its
+        // slab's layout, in sharded-slab's `cfg.rs`: 37 bits of index, 13 of
+        // thread, then the generation): left out, a registry slot's next
+        // span (a thread making spans in a loop) lands in the same group, and
+        // mostly the same table slot, whose cache lines are still warm. Any
+        // hash of the id is correct; this one only keeps the hot lines few.
+        let h =
+            (id & ID_BITS).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - GROUPS.trailing_zeros());
         h as usize * GROUP
     }
 
