@@ -14,6 +14,17 @@
 //!   registry, and a table belongs to one layer, so at most one key holds
 //!   a live span's id: a claim of an id some key still holds (a close
 //!   that never came) reuses that key.
+//! * The first [`LANES`] keys of each group are lanes: up to [`LANES`]
+//!   threads at a time each hold a lane number ([`lane`], given back when
+//!   the thread exits), and only the thread holding lane `n` sets key `n`
+//!   of a group, with a load and a store (no other thread sets it, so
+//!   none can set it between the two: a thread making spans takes no
+//!   read-modify-write for them, which costs more than the rest of the
+//!   claim). The other keys are shared: a compare-and-swap sets them. A
+//!   thread whose lane key is taken in the group, or that holds no lane
+//!   (more threads than lanes), takes a shared key. The lane's next
+//!   holder acquires what its last one released, so it sees that one's
+//!   keys as they were left.
 //! * Every thread that looks a span up holds a reference to it, obtained
 //!   after the span was made (so after its slot was filled: its atomics
 //!   need no ordering of their own), and the span cannot close, nor its
@@ -51,8 +62,8 @@
 // invariants above); two blocks, in `Slot::start` and `Slot::given`.
 #![allow(unsafe_code)]
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_core::span::Attributes;
@@ -67,6 +78,9 @@ use crate::Flow;
 const GROUP: usize = 8;
 /// Groups in a table (a power of two).
 const GROUPS: usize = 128;
+/// Keys of a group set by the thread holding the lane of that number
+/// (module docs).
+const LANES: usize = 4;
 /// The bits of a span id the table hashes ([`SpanTable::group`]).
 const ID_BITS: u64 = (1 << 48) - 1;
 /// [`Slot::callsite`] of a span whose callsite has no number.
@@ -324,6 +338,87 @@ fn this_thread() -> usize {
     THREAD.with(|t| t as *const u8 as usize)
 }
 
+/// Lanes held by live threads, one bit each (module docs).
+static LANES_HELD: AtomicU8 = AtomicU8::new(0);
+/// [`Lane`] of a thread holding none.
+const NO_LANE: u8 = u8::MAX;
+
+/// The lane a thread holds (of those in `held`), given back when it exits.
+struct Lane {
+    /// Its number, [`NO_LANE`] while it holds none.
+    n: Cell<u8>,
+    held: &'static AtomicU8,
+}
+
+impl Lane {
+    const fn new(held: &'static AtomicU8) -> Self {
+        Lane {
+            n: Cell::new(NO_LANE),
+            held,
+        }
+    }
+
+    /// The lane held, taken now if none is and one is free.
+    #[inline]
+    fn get(&self) -> Option<usize> {
+        let n = self.n.get();
+        if usize::from(n) < LANES {
+            return Some(usize::from(n));
+        }
+        self.take()
+    }
+
+    /// Takes a free lane, if there is one.
+    #[cold]
+    fn take(&self) -> Option<usize> {
+        let mut held = self.held.load(Ordering::Relaxed);
+        loop {
+            let free = !held & ((1 << LANES) - 1);
+            if free == 0 {
+                return None;
+            }
+            let n = free.trailing_zeros() as u8;
+            // Acquire: the lane's last holder's uses of its keys happened
+            // before (its release).
+            match self.held.compare_exchange_weak(
+                held,
+                held | 1 << n,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.n.set(n);
+                    return Some(usize::from(n));
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        let n = self.n.get();
+        if usize::from(n) < LANES {
+            // Release: this thread's uses of its lane keys happen before
+            // the next holder's.
+            self.held.fetch_and(!(1 << n), Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    /// The calling thread's lane.
+    static LANE: Lane = const { Lane::new(&LANES_HELD) };
+}
+
+/// The lane the calling thread holds, taken now if it holds none and one
+/// is free; `None` if none is (or the thread is exiting).
+#[inline]
+fn lane() -> Option<usize> {
+    LANE.try_with(Lane::get).ok().flatten()
+}
+
 /// Per-span slots keyed by span id (see the module docs).
 pub(super) struct SpanTable {
     keys: Box<[AtomicU64]>,
@@ -354,21 +449,32 @@ impl SpanTable {
         h as usize * GROUP
     }
 
-    /// A slot for the new span `id`, or `None` if its group is full.
+    /// A slot for the new span `id`, or `None` if its group has no key
+    /// for it (its lane key, if the calling thread holds a lane, and every
+    /// shared key are taken).
     #[inline]
     pub(super) fn claim(&self, id: u64) -> Option<&Slot> {
         let start = Self::group(id);
         let keys = &self.keys[start..start + GROUP];
-        let i = match keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
-            Some(i) => i,
-            None => keys.iter().position(|k| {
-                // Acquire: the release of the slot's previous span, and so
-                // every use of it, happened before the new span's start.
-                k.compare_exchange(0, id, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            })?,
-        };
-        Some(&self.slots[start + i])
+        if let Some(i) = keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
+            return Some(&self.slots[start + i]);
+        }
+        // Acquire (here and in the swap): the release of the slot's
+        // previous span, and so every use of it, happened before the new
+        // span's start.
+        if let Some(lane) = lane() {
+            // Only this thread sets this key (module docs).
+            let k = &keys[lane];
+            if k.load(Ordering::Acquire) == 0 {
+                k.store(id, Ordering::Relaxed);
+                return Some(&self.slots[start + lane]);
+            }
+        }
+        let i = keys[LANES..].iter().position(|k| {
+            k.compare_exchange(0, id, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        Some(&self.slots[start + LANES + i])
     }
 
     /// The slot of the live span `id`, if it has one, and the index of
@@ -470,21 +576,63 @@ mod tests {
             .filter(|&id| SpanTable::group(id) == group)
             .take(GROUP + 1)
             .collect();
-        for &id in &same[..GROUP] {
+        // The shared keys, and this thread's lane key if it holds a lane
+        // (tests on other threads may hold them all).
+        let lane = lane();
+        let room = GROUP - LANES + usize::from(lane.is_some());
+        for &id in &same[..room] {
             table
                 .claim(id)
                 .unwrap()
                 .other_enters
                 .store(id as u32, Ordering::Relaxed);
         }
-        assert!(table.claim(same[GROUP]).is_none());
-        for &id in &same[..GROUP] {
-            let (slot, _) = table.get(id).unwrap();
+        assert!(table.claim(same[room]).is_none());
+        for &id in &same[..room] {
+            let (slot, at) = table.get(id).unwrap();
             assert_eq!(slot.other_enters.load(Ordering::Relaxed), id as u32);
+            // No other lane's key.
+            let key = at - group;
+            assert!(
+                key >= LANES || Some(key) == lane,
+                "key {key}, lane {lane:?}"
+            );
         }
         // One closes: the next claim gets its key.
-        table.release(table.get(same[3]).unwrap().1);
-        assert!(table.claim(same[GROUP]).is_some());
-        assert!(table.get(same[3]).is_none());
+        table.release(table.get(same[room - 1]).unwrap().1);
+        assert!(table.claim(same[room]).is_some());
+        assert!(table.get(same[room - 1]).is_none());
+    }
+
+    #[test]
+    fn lanes_are_held_by_one_thread_each_until_it_exits() {
+        // Lanes of a set of their own (the process's may be held by
+        // tests on other threads).
+        static HELD: AtomicU8 = AtomicU8::new(0);
+        let barrier = std::sync::Barrier::new(LANES + 1);
+        // More threads than lanes at once: each lane held once, one thread
+        // without.
+        let mut got: Vec<Option<usize>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..=LANES)
+                .map(|_| {
+                    s.spawn(|| {
+                        let lane = Lane::new(&HELD);
+                        let n = lane.get();
+                        // Still held on the second ask.
+                        assert_eq!(lane.get(), n);
+                        barrier.wait();
+                        n
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        got.sort();
+        let mut want = vec![None];
+        want.extend((0..LANES).map(Some));
+        assert_eq!(got, want);
+        // All given back: the next holder takes the first.
+        assert_eq!(HELD.load(Ordering::Relaxed), 0);
+        assert_eq!(Lane::new(&HELD).get(), Some(0));
     }
 }
