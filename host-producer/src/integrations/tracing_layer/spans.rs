@@ -548,19 +548,20 @@ mod tests {
         let elsewhere = |slot: &Slot, ns: u64| {
             std::thread::scope(|s| s.spawn(|| first_on(slot, ns)).join().unwrap())
         };
-        // Made here, entered here first, then on another thread.
-        let a = table.claim(1).unwrap();
-        a.owner.store(this_thread(), Ordering::Relaxed);
-        assert!(first_on(a, 50));
-        assert!(!elsewhere(a, 60));
-        assert!(!first_on(a, 70));
+        let made_here = |id| {
+            let slot = table.claim(id).unwrap();
+            slot.owner.store(this_thread(), Ordering::Relaxed);
+            slot
+        };
+        // Entered here first, then on another thread, then here.
+        let a = made_here(1);
+        let firsts = [first_on(a, 50), elsewhere(a, 60), first_on(a, 70)];
+        assert_eq!(firsts, [true, false, false]);
         assert_eq!((a.enters(), a.first_ns()), (3, 50));
-        // Made here, entered on another thread first.
-        let b = table.claim(2).unwrap();
-        b.owner.store(this_thread(), Ordering::Relaxed);
-        assert!(elsewhere(b, 80));
-        assert!(!first_on(b, 90));
-        assert!(!elsewhere(b, 95));
+        // Entered on another thread first.
+        let b = made_here(2);
+        let firsts = [elsewhere(b, 80), first_on(b, 90), elsewhere(b, 95)];
+        assert_eq!(firsts, [true, false, false]);
         assert_eq!((b.enters(), b.first_ns()), (3, 80));
         // Both first at once (module docs): the earlier time.
         b.own_first_ns.store(75, Ordering::Relaxed);
