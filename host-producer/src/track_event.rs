@@ -509,20 +509,7 @@ pub(crate) fn __event_at(
 /// An instant or a slice begin (`KIND`, an [`EventType`] as `u8`) named
 /// `name` on the thread's track, stamped `ns` (BOOTTIME), with the
 /// annotations of `args` (the `tracing` layer's events and slices: no
-/// [`Arg`]s built).
-#[cfg(feature = "tracing")]
-#[inline(always)]
-pub(crate) fn __flat_event<const KIND: u8>(
-    cat: &'static Category,
-    site: usize,
-    name: &'static str,
-    args: &crate::encoding::annotation::FlatArgs<'_>,
-    ns: u64,
-) {
-    __flat_event_in::<KIND>(cat, cat.enabled_instances(), site, name, args, ns);
-}
-
-/// [`__flat_event`] into the instances of `mask` only.
+/// [`Arg`]s built), into the instances of `mask`.
 #[cfg(feature = "tracing")]
 #[inline(never)]
 pub(crate) fn __flat_event_in<const KIND: u8>(
@@ -546,7 +533,8 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
     });
 }
 
-/// [`__flat_event`] for annotations handed over one by one: the head
+/// [`__flat_event_in`] for annotations handed over one by one, into every
+/// instance enabling `cat`: the head
 /// annotation of the trace point `site` (as its pre-encoded head has it),
 /// then `fields`, encoded into each enabled instance's chunk as they come
 /// (`SequenceState::write_flat_streamed`). Returns the instances that

@@ -190,6 +190,28 @@ pub(crate) struct FlatArgs<'a> {
     pub(crate) text: &'a str,
 }
 
+/// The values after the head, handed over one by one (a slice begin of
+/// the `tracing` layer streamed after its trace point's pre-encoded head,
+/// which holds the head annotation).
+#[cfg(feature = "tracing")]
+impl crate::encoding::event::FlatFields for FlatArgs<'_> {
+    #[inline(always)]
+    fn each<O: crate::encoding::event::FlatOut>(&self, out: &mut O) -> bool {
+        use crate::encoding::event::FieldValue as F;
+        for &(name, value) in self.values {
+            let value = match value {
+                FlatValue::Int(v) => F::Int(v),
+                FlatValue::Uint(v) => F::Uint(v),
+                FlatValue::Bool(v) => F::Bool(v),
+                FlatValue::Double(v) => F::Double(v),
+                FlatValue::Text(start, end) => F::Str(self.text.get(start..end).unwrap_or("")),
+            };
+            out.value(name, value);
+        }
+        true
+    }
+}
+
 #[cfg(feature = "tracing")]
 impl<'a> FlatArgs<'a> {
     /// `head` alone.

@@ -127,9 +127,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::encoding::annotation::FlatArgs;
 use crate::integrations::target_category;
-use crate::track_event::{
-    __event, __event_at, __flat_event, __flat_event_in, __slice_end, __streamed_event,
-};
+use crate::track_event::{__event, __event_at, __flat_event_in, __slice_end, __streamed_event};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
 use fields::{Args, Collect, EventFields, EventVisit, Visitor};
@@ -359,6 +357,26 @@ fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[
     }
 }
 
+/// Begins the slice of a span of `meta` on the thread's track, stamped
+/// `ns`, with the annotations of `args` (whose head is the level): after
+/// the callsite's pre-encoded head where the sequence has it, as an event
+/// is (`__streamed_event`), else through `write_flat` (which makes that
+/// head).
+#[inline]
+fn flat_begin(
+    cat: &'static Category,
+    meta: &'static Metadata<'static>,
+    args: &FlatArgs<'_>,
+    ns: u64,
+) {
+    const BEGIN: u8 = EventType::SliceBegin as u8;
+    let site = site(meta);
+    let declined = __streamed_event::<BEGIN, _>(cat, site, args, ns);
+    if declined != 0 {
+        __flat_event_in::<BEGIN>(cat, declined, site, meta.name(), args, ns);
+    }
+}
+
 impl Writer {
     /// Runs `f` on the state of the live span `id` (in its table slot, or
     /// in the registry's extensions) and its callsite; `close`: the span
@@ -445,10 +463,9 @@ where
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let meta = attrs.metadata();
-        let callsite = callsites::number(meta);
-        let category = match callsite.and_then(callsites::get) {
-            Some(cs) => cs.category,
-            None => target_category::category_static(meta.target()),
+        let (callsite, category) = match callsites::number(meta) {
+            Some((n, cs)) => (Some(n), cs.category),
+            None => (None, target_category::category_static(meta.target())),
         };
         if !category.is_enabled() {
             return;
@@ -465,7 +482,8 @@ where
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let category = self.with_slot(id, &ctx, false, |slot, meta, category| {
-            let first = slot.enters.fetch_add(1, Ordering::Relaxed) == 0;
+            let first_ns = slot.enter();
+            let first = first_ns.is_some();
             let enabled = category.is_enabled();
             if !(first || enabled) {
                 return category;
@@ -473,8 +491,8 @@ where
             // The first slice's time is also the start of the span's
             // whole life, should it be entered again.
             let ns = crate::clock::now_ns();
-            if first {
-                slot.first_ns.store(ns, Ordering::Relaxed);
+            if let Some(first_ns) = first_ns {
+                first_ns.store(ns, Ordering::Relaxed);
             }
             if enabled {
                 let head = ("level", meta.level().as_str());
@@ -490,13 +508,7 @@ where
                         } else {
                             FlatArgs::head_only(head)
                         };
-                        __flat_event::<{ EventType::SliceBegin as u8 }>(
-                            category,
-                            site(meta),
-                            meta.name(),
-                            &args,
-                            ns,
-                        );
+                        flat_begin(category, meta, &args, ns);
                     }
                     Some(mut cold) => {
                         let mut args = Args::new();
@@ -606,8 +618,15 @@ where
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        // Most spans: nothing left to write, whatever the category.
+        if let Some((slot, key)) = self.spans.get(id.into_u64()) {
+            if slot.closes_quietly() {
+                self.spans.release(key);
+                return;
+            }
+        }
         self.with_slot(&id, &ctx, true, |slot, meta, category| {
-            let enters = slot.enters.load(Ordering::Relaxed);
+            let enters = slot.enters();
             let mut cold = slot.close(enters > 1);
             if !category.is_enabled() {
                 return;
@@ -644,7 +663,7 @@ where
                 category
                     .slice(name)
                     .track(&track)
-                    .timestamp(Timestamp::boottime(slot.first_ns.load(Ordering::Relaxed)))
+                    .timestamp(Timestamp::boottime(slot.first_ns()))
                     .args(&args)
                     .flows(flows)
                     .emit();

@@ -1437,6 +1437,62 @@ impl std::fmt::Debug for Failing {
     }
 }
 
+/// Collected annotations streamed after a pre-encoded head (the `tracing`
+/// layer's slice begins: `FlatArgs` as [`FlatFields`]) are the bytes
+/// `write_flat` writes for them, values of every kind, in place and
+/// through the scratch buffer (decoded there: the flat path's general
+/// encoder writes two-byte nested lengths).
+#[cfg(feature = "tracing")]
+#[test]
+fn streamed_flat_args_match_the_flat_path() {
+    use crate::encoding::annotation::{FlatArgs, FlatValue};
+    const B: u8 = EventType::SliceBegin as u8;
+    let values = [
+        ("count", FlatValue::Uint(300)),
+        ("neg", FlatValue::Int(-3)),
+        ("b", FlatValue::Bool(true)),
+        ("d", FlatValue::Double(1.5)),
+        ("label", FlatValue::Text(0, 5)),
+        ("empty", FlatValue::Text(5, 5)),
+    ];
+    let head = ("level", "INFO");
+    let at = site("event", head);
+    let (mut streamed, mut flat) = (seq(), seq());
+    let (mut a, mut b) = (VecWriter::in_place(), VecWriter::in_place());
+    let mut ns = 1_000;
+    let mut in_place_packets = 0;
+    for round in 0..4 {
+        if round == 2 {
+            in_place_packets = a.packets.len();
+            (a.in_place, b.in_place) = (false, false);
+        }
+        // Fields on the first begin of each round, the head alone after.
+        for fields in [&values[..], &[]] {
+            let args = FlatArgs {
+                head,
+                values: fields,
+                text: "value",
+            };
+            ns += 10;
+            let s = streamed.write_flat_streamed::<B, _, _>(&mut a, at, &CAT, &args, ns);
+            // The first begin interns the names (the general path), the
+            // second makes the trace point's head (in place).
+            assert_eq!(s == Streamed::Declined, round == 0, "round {round}");
+            if s == Streamed::Declined {
+                assert!(streamed.write_flat::<B, _>(&mut a, at, &CAT, "event", &args, ns));
+            }
+            assert!(flat.write_flat::<B, _>(&mut b, at, &CAT, "event", &args, ns));
+            ns += 1;
+            let mut end = ev(EventType::SliceEnd, EventName::None);
+            end.timestamp = Timestamp::boottime(ns);
+            assert!(streamed.write_event(&mut a, &end, None));
+            assert!(flat.write_event(&mut b, &end, None));
+        }
+    }
+    assert_eq!(a.packets[..in_place_packets], b.packets[..in_place_packets]);
+    assert_eq!(a.decoded(), b.decoded());
+}
+
 /// The `tracing` layer's streamed instants and slice begins
 /// ([`SequenceState::write_flat_streamed`], falling back to
 /// [`SequenceState::write_flat`] where it declines): byte for byte the

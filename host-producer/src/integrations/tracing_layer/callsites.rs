@@ -30,10 +30,10 @@ pub(super) struct Callsite {
 
 static TABLE: [OnceLock<Callsite>; SLOTS] = [const { OnceLock::new() }; SLOTS];
 
-/// The number of `meta`'s callsite (given on first use), or `None` if the
-/// table has no room for it.
+/// The number of `meta`'s callsite (given on first use) and the callsite,
+/// or `None` if the table has no room for it.
 #[inline]
-pub(super) fn number(meta: &'static Metadata<'static>) -> Option<u32> {
+pub(super) fn number(meta: &'static Metadata<'static>) -> Option<(u32, &'static Callsite)> {
     let key = meta as *const Metadata<'static> as usize;
     // Fibonacci hashing of the address (statics are aligned, low bits 0).
     let start = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOTS.trailing_zeros());
@@ -45,7 +45,7 @@ pub(super) fn number(meta: &'static Metadata<'static>) -> Option<u32> {
             category: target_category::category_static(meta.target()),
         });
         if std::ptr::eq(cs.meta, meta) {
-            return Some(n as u32);
+            return Some((n as u32, cs));
         }
     }
     None
@@ -71,11 +71,12 @@ mod tests {
             )
         });
         let (ma, mb) = (a.metadata().unwrap(), b.metadata().unwrap());
-        let na = number(ma).unwrap();
-        let nb = number(mb).unwrap();
+        let (na, a_cs) = number(ma).unwrap();
+        let (nb, _) = number(mb).unwrap();
         assert_ne!(na, nb);
-        assert_eq!(number(ma), Some(na));
+        assert_eq!(number(ma).map(|(n, _)| n), Some(na));
         let cs = get(na).unwrap();
+        assert!(std::ptr::eq(cs, a_cs));
         assert!(std::ptr::eq(cs.meta, ma));
         assert_eq!(cs.category.name(), "callsites::a");
         assert_eq!(get(nb).unwrap().category.name(), "callsites::b");

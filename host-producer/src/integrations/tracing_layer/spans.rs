@@ -14,6 +14,17 @@
 //!   registry, and a table belongs to one layer, so at most one key holds
 //!   a live span's id: a claim of an id some key still holds (a close
 //!   that never came) reuses that key.
+//! * The first [`LANES`] keys of each group are lanes: up to [`LANES`]
+//!   threads at a time each hold a lane number ([`lane`], given back when
+//!   the thread exits), and only the thread holding lane `n` sets key `n`
+//!   of a group, with a load and a store (no other thread sets it, so
+//!   none can set it between the two: a thread making spans takes no
+//!   read-modify-write for them, which costs more than the rest of the
+//!   claim). The other keys are shared: a compare-and-swap sets them. A
+//!   thread whose lane key is taken in the group, or that holds no lane
+//!   (more threads than lanes), takes a shared key. The lane's next
+//!   holder acquires what its last one released, so it sees that one's
+//!   keys as they were left.
 //! * Every thread that looks a span up holds a reference to it, obtained
 //!   after the span was made (so after its slot was filled: its atomics
 //!   need no ordering of their own), and the span cannot close, nor its
@@ -28,6 +39,22 @@
 //!   recorded later, flows and (for a callsite without a number) metadata
 //!   are behind a mutex taken only when [`Slot::cold`] says there is
 //!   something there.
+//! * Enters are counted in two words ([`Slot::enter`]): those of the
+//!   thread that made the span (its owner, known by the address of a
+//!   thread-local of its own) and those of every other thread. Only the
+//!   owner writes its word, with a load and a store: a span entered on the
+//!   thread that made it (most spans) costs no read-modify-write, which
+//!   costs more than the rest of the count. Other threads add to theirs.
+//!   An enter is the span's first if both words were 0 before it; when
+//!   the owner and another thread first enter the span at the same moment
+//!   both may see the other's word still 0, and then both slices carry the
+//!   span's given fields (each keeps its own first time, and the span's
+//!   life starts at the earlier one): the one way two slices of a span
+//!   both carry them. Every other order (any enter after another, with the
+//!   span handed between the threads in between) finds the earlier one.
+//!   A thread-local's address is reused only by a thread started after
+//!   its owner exited (its memory freed and handed out again in between),
+//!   so two threads never count in the owner's word at once.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
 
@@ -35,8 +62,8 @@
 // invariants above); two blocks, in `Slot::start` and `Slot::given`.
 #![allow(unsafe_code)]
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tracing_core::span::Attributes;
@@ -51,6 +78,11 @@ use crate::Flow;
 const GROUP: usize = 8;
 /// Groups in a table (a power of two).
 const GROUPS: usize = 128;
+/// Keys of a group set by the thread holding the lane of that number
+/// (module docs).
+const LANES: usize = 4;
+/// The bits of a span id the table hashes ([`SpanTable::group`]).
+const ID_BITS: u64 = (1 << 48) - 1;
 /// [`Slot::callsite`] of a span whose callsite has no number.
 const NO_CALLSITE: u32 = u32::MAX;
 
@@ -59,11 +91,17 @@ const NO_CALLSITE: u32 = u32::MAX;
 pub(super) struct Slot {
     /// Its callsite's number ([`callsites`]), or [`NO_CALLSITE`].
     callsite: AtomicU32,
-    /// Times entered.
-    pub(super) enters: AtomicU32,
-    /// Boot time when the span was first entered (set by the thread that
-    /// entered it first; read when it closes, after every enter).
-    pub(super) first_ns: AtomicU64,
+    /// The thread that made the span ([`this_thread`]).
+    owner: AtomicUsize,
+    /// Times its owner entered it (written by the owner only).
+    own_enters: AtomicU32,
+    /// Times other threads entered it.
+    other_enters: AtomicU32,
+    /// Boot time of its first slice, if the owner's enter was the first
+    /// (else 0); read when it closes, after every enter.
+    own_first_ns: AtomicU64,
+    /// The same for another thread's first enter.
+    other_first_ns: AtomicU64,
     /// The fields the span was made with (module docs: written only by
     /// [`Slot::start`]).
     given: UnsafeCell<GivenFields>,
@@ -109,7 +147,11 @@ impl Slot {
         callsite: Option<u32>,
         attrs: &Attributes<'_>,
     ) {
-        self.enters.store(0, Ordering::Relaxed);
+        self.owner.store(this_thread(), Ordering::Relaxed);
+        self.own_enters.store(0, Ordering::Relaxed);
+        self.other_enters.store(0, Ordering::Relaxed);
+        self.own_first_ns.store(0, Ordering::Relaxed);
+        self.other_first_ns.store(0, Ordering::Relaxed);
         self.given_carried.store(false, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
@@ -118,7 +160,9 @@ impl Slot {
         // (module docs): this is the only reference to `given`.
         let given = unsafe { &mut *self.given.get() };
         given.clear();
-        if !attrs.values().is_empty() {
+        // (A callsite without fields has no values: no visit of the
+        // value set to find out.)
+        if !meta.fields().is_empty() && !attrs.values().is_empty() {
             attrs.record(&mut Visitor(&mut Collect(given)));
         }
         if callsite.is_none() {
@@ -130,6 +174,40 @@ impl Slot {
             self.cold.store(true, Ordering::Relaxed);
         } else {
             self.cold.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts an enter by the calling thread (module docs): if it is the
+    /// span's first, where to store the time of its slice
+    /// ([`Slot::first_ns`]).
+    #[inline]
+    pub(super) fn enter(&self) -> Option<&AtomicU64> {
+        if self.owner.load(Ordering::Relaxed) == this_thread() {
+            let n = self.own_enters.load(Ordering::Relaxed);
+            self.own_enters.store(n.wrapping_add(1), Ordering::Relaxed);
+            (n == 0 && self.other_enters.load(Ordering::Relaxed) == 0).then_some(&self.own_first_ns)
+        } else {
+            let n = self.other_enters.fetch_add(1, Ordering::Relaxed);
+            (n == 0 && self.own_enters.load(Ordering::Relaxed) == 0).then_some(&self.other_first_ns)
+        }
+    }
+
+    /// Times the span was entered (read when it closes, after every
+    /// enter).
+    #[inline]
+    pub(super) fn enters(&self) -> u32 {
+        let own = self.own_enters.load(Ordering::Relaxed);
+        own.saturating_add(self.other_enters.load(Ordering::Relaxed))
+    }
+
+    /// Boot time of the span's first slice (the earlier of two that both
+    /// were first: module docs); 0 if it was never entered.
+    pub(super) fn first_ns(&self) -> u64 {
+        let own = self.own_first_ns.load(Ordering::Relaxed);
+        let other = self.other_first_ns.load(Ordering::Relaxed);
+        match (own, other) {
+            (0, t) | (t, 0) => t,
+            (a, b) => a.min(b),
         }
     }
 
@@ -191,6 +269,19 @@ impl Slot {
         self.rest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the closing span has nothing left to write: entered at
+    /// most once, its given fields carried by its slice (or none), and no
+    /// cold state (no recorded field, flow or metadata of its own). Its
+    /// close then only releases its key.
+    #[inline]
+    pub(super) fn closes_quietly(&self) -> bool {
+        let enters = self.enters();
+        enters <= 1
+            && !self.cold.load(Ordering::Relaxed)
+            && (self.given().is_empty()
+                || (enters == 1 && self.given_carried.load(Ordering::Relaxed)))
+    }
+
     /// The cold state of a closing span, if it has any and the close
     /// needs it (`all`, or something no event wrote): let go when the
     /// guard drops (the buffers stay for the slot's next span; one not
@@ -235,6 +326,99 @@ impl Drop for Closing<'_> {
     }
 }
 
+thread_local! {
+    /// A byte whose address tells the thread ([`this_thread`]).
+    static THREAD: u8 = const { 0 };
+}
+
+/// The calling thread, as no other live thread is: the address of its
+/// [`THREAD`].
+#[inline(always)]
+fn this_thread() -> usize {
+    THREAD.with(|t| t as *const u8 as usize)
+}
+
+/// Lanes held by live threads, one bit each (module docs).
+static LANES_HELD: AtomicU8 = AtomicU8::new(0);
+/// [`Lane`] of a thread holding none.
+const NO_LANE: u8 = u8::MAX;
+
+/// The lane a thread holds (of those in `held`), given back when it exits.
+struct Lane {
+    /// Its number, [`NO_LANE`] while it holds none.
+    n: Cell<u8>,
+    held: &'static AtomicU8,
+}
+
+impl Lane {
+    const fn new(held: &'static AtomicU8) -> Self {
+        Lane {
+            n: Cell::new(NO_LANE),
+            held,
+        }
+    }
+
+    /// The lane held, taken now if none is and one is free.
+    #[inline]
+    fn get(&self) -> Option<usize> {
+        let n = self.n.get();
+        if usize::from(n) < LANES {
+            return Some(usize::from(n));
+        }
+        self.take()
+    }
+
+    /// Takes a free lane, if there is one.
+    #[cold]
+    fn take(&self) -> Option<usize> {
+        let mut held = self.held.load(Ordering::Relaxed);
+        loop {
+            let free = !held & ((1 << LANES) - 1);
+            if free == 0 {
+                return None;
+            }
+            let n = free.trailing_zeros() as u8;
+            // Acquire: the lane's last holder's uses of its keys happened
+            // before (its release).
+            match self.held.compare_exchange_weak(
+                held,
+                held | 1 << n,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.n.set(n);
+                    return Some(usize::from(n));
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        let n = self.n.get();
+        if usize::from(n) < LANES {
+            // Release: this thread's uses of its lane keys happen before
+            // the next holder's.
+            self.held.fetch_and(!(1 << n), Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    /// The calling thread's lane.
+    static LANE: Lane = const { Lane::new(&LANES_HELD) };
+}
+
+/// The lane the calling thread holds, taken now if it holds none and one
+/// is free; `None` if none is (or the thread is exiting).
+#[inline]
+fn lane() -> Option<usize> {
+    LANE.try_with(Lane::get).ok().flatten()
+}
+
 /// Per-span slots keyed by span id (see the module docs).
 pub(super) struct SpanTable {
     keys: Box<[AtomicU64]>,
@@ -254,25 +438,43 @@ impl SpanTable {
     #[inline]
     fn group(id: u64) -> usize {
         // Fibonacci hashing: the registry's ids differ mostly in low bits.
-        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - GROUPS.trailing_zeros());
+        // Their top bits count the generations of the registry's slot (its
+        // slab's layout, in sharded-slab's `cfg.rs`: 37 bits of index, 13 of
+        // thread, then the generation): left out, a registry slot's next
+        // span (a thread making spans in a loop) lands in the same group, and
+        // mostly the same table slot, whose cache lines are still warm. Any
+        // hash of the id is correct; this one only keeps the hot lines few.
+        let h =
+            (id & ID_BITS).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - GROUPS.trailing_zeros());
         h as usize * GROUP
     }
 
-    /// A slot for the new span `id`, or `None` if its group is full.
+    /// A slot for the new span `id`, or `None` if its group has no key
+    /// for it (its lane key, if the calling thread holds a lane, and every
+    /// shared key are taken).
     #[inline]
     pub(super) fn claim(&self, id: u64) -> Option<&Slot> {
         let start = Self::group(id);
         let keys = &self.keys[start..start + GROUP];
-        let i = match keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
-            Some(i) => i,
-            None => keys.iter().position(|k| {
-                // Acquire: the release of the slot's previous span, and so
-                // every use of it, happened before the new span's start.
-                k.compare_exchange(0, id, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            })?,
-        };
-        Some(&self.slots[start + i])
+        if let Some(i) = keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
+            return Some(&self.slots[start + i]);
+        }
+        // Acquire (here and in the swap): the release of the slot's
+        // previous span, and so every use of it, happened before the new
+        // span's start.
+        if let Some(lane) = lane() {
+            // Only this thread sets this key (module docs).
+            let k = &keys[lane];
+            if k.load(Ordering::Acquire) == 0 {
+                k.store(id, Ordering::Relaxed);
+                return Some(&self.slots[start + lane]);
+            }
+        }
+        let i = keys[LANES..].iter().position(|k| {
+            k.compare_exchange(0, id, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        Some(&self.slots[start + LANES + i])
     }
 
     /// The slot of the live span `id`, if it has one, and the index of
@@ -302,9 +504,21 @@ mod tests {
     #[test]
     fn a_span_finds_its_slot_until_released() {
         let table = SpanTable::new();
-        table.claim(7).unwrap().enters.store(70, Ordering::Relaxed);
-        table.claim(9).unwrap().enters.store(90, Ordering::Relaxed);
-        let enters = |id| table.get(id).map(|(s, _)| s.enters.load(Ordering::Relaxed));
+        table
+            .claim(7)
+            .unwrap()
+            .other_enters
+            .store(70, Ordering::Relaxed);
+        table
+            .claim(9)
+            .unwrap()
+            .other_enters
+            .store(90, Ordering::Relaxed);
+        let enters = |id| {
+            table
+                .get(id)
+                .map(|(s, _)| s.other_enters.load(Ordering::Relaxed))
+        };
         let release = |id| table.release(table.get(id).unwrap().1);
         assert_eq!(enters(7), Some(70));
         assert_eq!(enters(9), Some(90));
@@ -322,6 +536,39 @@ mod tests {
     }
 
     #[test]
+    fn the_first_enter_is_found_on_and_off_the_owner_thread() {
+        let table = SpanTable::new();
+        let first_on = |slot: &Slot, ns: u64| {
+            let first = slot.enter();
+            if let Some(cell) = first {
+                cell.store(ns, Ordering::Relaxed);
+            }
+            first.is_some()
+        };
+        let elsewhere = |slot: &Slot, ns: u64| {
+            std::thread::scope(|s| s.spawn(|| first_on(slot, ns)).join().unwrap())
+        };
+        let made_here = |id| {
+            let slot = table.claim(id).unwrap();
+            slot.owner.store(this_thread(), Ordering::Relaxed);
+            slot
+        };
+        // Entered here first, then on another thread, then here.
+        let a = made_here(1);
+        let firsts = [first_on(a, 50), elsewhere(a, 60), first_on(a, 70)];
+        assert_eq!(firsts, [true, false, false]);
+        assert_eq!((a.enters(), a.first_ns()), (3, 50));
+        // Entered on another thread first.
+        let b = made_here(2);
+        let firsts = [elsewhere(b, 80), first_on(b, 90), elsewhere(b, 95)];
+        assert_eq!(firsts, [true, false, false]);
+        assert_eq!((b.enters(), b.first_ns()), (3, 80));
+        // Both first at once (module docs): the earlier time.
+        b.own_first_ns.store(75, Ordering::Relaxed);
+        assert_eq!(b.first_ns(), 75);
+    }
+
+    #[test]
     fn a_full_group_refuses_a_claim() {
         let table = SpanTable::new();
         // Ids that share a group.
@@ -330,21 +577,63 @@ mod tests {
             .filter(|&id| SpanTable::group(id) == group)
             .take(GROUP + 1)
             .collect();
-        for &id in &same[..GROUP] {
+        // The shared keys, and this thread's lane key if it holds a lane
+        // (tests on other threads may hold them all).
+        let lane = lane();
+        let room = GROUP - LANES + usize::from(lane.is_some());
+        for &id in &same[..room] {
             table
                 .claim(id)
                 .unwrap()
-                .enters
+                .other_enters
                 .store(id as u32, Ordering::Relaxed);
         }
-        assert!(table.claim(same[GROUP]).is_none());
-        for &id in &same[..GROUP] {
-            let (slot, _) = table.get(id).unwrap();
-            assert_eq!(slot.enters.load(Ordering::Relaxed), id as u32);
+        assert!(table.claim(same[room]).is_none());
+        for &id in &same[..room] {
+            let (slot, at) = table.get(id).unwrap();
+            assert_eq!(slot.other_enters.load(Ordering::Relaxed), id as u32);
+            // No other lane's key.
+            let key = at - group;
+            assert!(
+                key >= LANES || Some(key) == lane,
+                "key {key}, lane {lane:?}"
+            );
         }
         // One closes: the next claim gets its key.
-        table.release(table.get(same[3]).unwrap().1);
-        assert!(table.claim(same[GROUP]).is_some());
-        assert!(table.get(same[3]).is_none());
+        table.release(table.get(same[room - 1]).unwrap().1);
+        assert!(table.claim(same[room]).is_some());
+        assert!(table.get(same[room - 1]).is_none());
+    }
+
+    #[test]
+    fn lanes_are_held_by_one_thread_each_until_it_exits() {
+        // Lanes of a set of their own (the process's may be held by
+        // tests on other threads).
+        static HELD: AtomicU8 = AtomicU8::new(0);
+        let barrier = std::sync::Barrier::new(LANES + 1);
+        // More threads than lanes at once: each lane held once, one thread
+        // without.
+        let mut got: Vec<Option<usize>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..=LANES)
+                .map(|_| {
+                    s.spawn(|| {
+                        let lane = Lane::new(&HELD);
+                        let n = lane.get();
+                        // Still held on the second ask.
+                        assert_eq!(lane.get(), n);
+                        barrier.wait();
+                        n
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        got.sort();
+        let mut want = vec![None];
+        want.extend((0..LANES).map(Some));
+        assert_eq!(got, want);
+        // All given back: the next holder takes the first.
+        assert_eq!(HELD.load(Ordering::Relaxed), 0);
+        assert_eq!(Lane::new(&HELD).get(), Some(0));
     }
 }
