@@ -179,6 +179,40 @@ pub(crate) enum FlatValue {
     Text(usize, usize),
 }
 
+/// A field of a trace point, kept with its value: its index among the
+/// fields the trace point declares (one index names one field at every
+/// event of the trace point) and its name.
+#[cfg(feature = "tracing")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FieldId {
+    pub(crate) index: usize,
+    pub(crate) name: &'static str,
+}
+
+#[cfg(feature = "tracing")]
+impl FieldId {
+    /// The id of the field `key` names.
+    #[inline(always)]
+    pub(crate) fn of(key: impl crate::encoding::event::FieldKey) -> Self {
+        FieldId {
+            index: key.index(),
+            name: key.name(),
+        }
+    }
+}
+
+#[cfg(feature = "tracing")]
+impl crate::encoding::event::FieldKey for FieldId {
+    #[inline(always)]
+    fn index(self) -> usize {
+        self.index
+    }
+    #[inline(always)]
+    fn name(self) -> &'static str {
+        self.name
+    }
+}
+
 /// Annotations with static names and flat values: first a string one
 /// (`head`), then `values`, whose texts are in `text`. What the `tracing`
 /// layer collects from an event, written without first becoming [`Arg`]s.
@@ -186,7 +220,7 @@ pub(crate) enum FlatValue {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FlatArgs<'a> {
     pub(crate) head: (&'static str, &'static str),
-    pub(crate) values: &'a [(&'static str, FlatValue)],
+    pub(crate) values: &'a [(FieldId, FlatValue)],
     pub(crate) text: &'a str,
 }
 
@@ -198,7 +232,7 @@ impl crate::encoding::event::FlatFields for FlatArgs<'_> {
     #[inline(always)]
     fn each<O: crate::encoding::event::FlatOut>(&self, out: &mut O) -> bool {
         use crate::encoding::event::FieldValue as F;
-        for &(name, value) in self.values {
+        for &(field, value) in self.values {
             let value = match value {
                 FlatValue::Int(v) => F::Int(v),
                 FlatValue::Uint(v) => F::Uint(v),
@@ -206,7 +240,7 @@ impl crate::encoding::event::FlatFields for FlatArgs<'_> {
                 FlatValue::Double(v) => F::Double(v),
                 FlatValue::Text(start, end) => F::Str(self.text.get(start..end).unwrap_or("")),
             };
-            out.value(name, value);
+            out.value(field, value);
         }
         true
     }
@@ -234,7 +268,7 @@ impl<'a> FlatArgs<'a> {
     #[inline(always)]
     pub(crate) fn fields(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
         let text = self.text;
-        self.values.iter().map(move |&(name, value)| {
+        self.values.iter().map(move |&(field, value)| {
             let value = match value {
                 FlatValue::Int(v) => DebugValue::Int(v),
                 FlatValue::Uint(v) => DebugValue::Uint(v),
@@ -242,7 +276,7 @@ impl<'a> FlatArgs<'a> {
                 FlatValue::Double(v) => DebugValue::Double(v),
                 FlatValue::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
             };
-            (name, value)
+            (field.name, value)
         })
     }
 }

@@ -293,6 +293,52 @@ fn a_close_writes_only_what_no_slice_carried() {
     lb.shutdown();
 }
 
+/// A span callsite whose fields are not all given every time (an `Option`
+/// field is recorded only when `Some`): each slice begin names the fields
+/// it carries, whatever the callsite's earlier begins carried (their
+/// pre-encoded starts are kept by the field's index in the callsite, not
+/// by its place among those given), with their values.
+#[test]
+fn a_span_s_fields_keep_their_names_whichever_are_given() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        lb.start_track_event(423, 1, TrackEventConfig::default());
+        for first in [None, Some(7u64), None, Some(8), Some(9), None, Some(10)] {
+            let span = tracing::info_span!(target: "tl.given", "given", first, second = 2u64);
+            drop(span.entered());
+        }
+        runtime().stop_data_source(423);
+    });
+    let mut begins = Vec::new();
+    each_track_event(&lb, |interned, te| {
+        if interned.event_categories(te) == ["tl.given"] {
+            let args: Vec<(String, Option<u64>)> = te
+                .debug_annotations
+                .iter()
+                .map(|a| (interned.arg_name(a).unwrap_or_default(), a.uint_value))
+                .collect();
+            begins.push(args);
+        }
+    });
+    let level = ("level".to_string(), None);
+    let second = ("second".to_string(), Some(2));
+    let first = |v: u64| ("first".to_string(), Some(v));
+    assert_eq!(
+        begins,
+        [
+            vec![level.clone(), second.clone()],
+            vec![level.clone(), first(7), second.clone()],
+            vec![level.clone(), second.clone()],
+            vec![level.clone(), first(8), second.clone()],
+            vec![level.clone(), first(9), second.clone()],
+            vec![level.clone(), second.clone()],
+            vec![level, first(10), second],
+        ],
+    );
+    lb.shutdown();
+}
+
 /// A value recorded into a span before its first slice replaces the value
 /// it was made with: the first slice carries the recorded one alone, and so
 /// does the whole-life slice of a span entered twice; a given value never

@@ -1306,9 +1306,10 @@ fn flat_events_match_the_general_path() {
             // The same trace point with another head annotation now and
             // then (a pre-encoded head is reused only for the same
             // strings).
+            let values = field_ids(values);
             let args = FlatArgs {
                 head: ("level", if i == 1 { "WARN" } else { "INFO" }),
-                values,
+                values: &values,
                 text: &text,
             };
             let at = site("event", args.head);
@@ -1401,15 +1402,47 @@ struct TestKey(&'static str);
 
 #[cfg(feature = "tracing")]
 impl FieldKey for TestKey {
+    /// As a trace point gives them: one index per name (that in
+    /// [`FIELD_NAMES`], else one after those, the thread's first use).
     fn index(self) -> usize {
+        thread_local! {
+            static MORE: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         FIELD_NAMES
             .iter()
             .position(|&n| n == self.0)
-            .expect("a name of FIELD_NAMES")
+            .unwrap_or_else(|| {
+                MORE.with_borrow_mut(|more| {
+                    let i = more.iter().position(|&n| n == self.0).unwrap_or_else(|| {
+                        more.push(self.0);
+                        more.len() - 1
+                    });
+                    FIELD_NAMES.len() + i
+                })
+            })
     }
     fn name(self) -> &'static str {
         self.0
     }
+}
+
+/// `values` as the layer collects them: each name with its field's id.
+#[cfg(feature = "tracing")]
+fn field_ids(
+    values: &[(&'static str, crate::encoding::annotation::FlatValue)],
+) -> Vec<(
+    crate::encoding::annotation::FieldId,
+    crate::encoding::annotation::FlatValue,
+)> {
+    values
+        .iter()
+        .map(|&(name, value)| {
+            (
+                crate::encoding::annotation::FieldId::of(TestKey(name)),
+                value,
+            )
+        })
+        .collect()
 }
 
 /// `Debug` in several pieces.
@@ -1468,9 +1501,10 @@ fn streamed_flat_args_match_the_flat_path() {
         }
         // Fields on the first begin of each round, the head alone after.
         for fields in [&values[..], &[]] {
+            let fields = field_ids(fields);
             let args = FlatArgs {
                 head,
-                values: fields,
+                values: &fields,
                 text: "value",
             };
             ns += 10;
@@ -1586,7 +1620,7 @@ fn streamed_events_match_the_flat_path() {
             | TestField::Literal(name, _)) = *f;
             values.push((name, value));
         }
-        (values, text)
+        (field_ids(&values), text)
     };
     let mut streamed = seq();
     let mut flat = seq();

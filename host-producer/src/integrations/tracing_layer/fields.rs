@@ -17,7 +17,7 @@ use std::fmt::{self, Write as _};
 use tracing_core::field::{Field, Visit};
 
 use super::message::{literal_if_learnt, Literal};
-use crate::encoding::annotation::{FlatArgs, FlatValue as Flat};
+use crate::encoding::annotation::{FieldId, FlatArgs, FlatValue as Flat};
 use crate::encoding::event::{FieldKey, FieldValue, FlatFields, FlatOut};
 use crate::{Arg, DebugValue};
 
@@ -41,7 +41,7 @@ thread_local! {
 pub(super) trait FlatSink {
     /// Appends a value (a callsite has at most [`MAX_FIELDS`] fields, each
     /// visited once: a sink may drop values past that many).
-    fn push(&mut self, name: &'static str, value: Flat);
+    fn push(&mut self, field: FieldId, value: Flat);
     /// The buffer holding the text of the values (`Flat::Text` ranges).
     fn text(&mut self) -> &mut String;
 }
@@ -107,33 +107,34 @@ pub(super) struct Collect<'a, T>(pub(super) &'a mut T);
 impl<T: FlatSink> Collect<'_, T> {
     /// Appends the text `write` writes as a text value.
     #[inline]
-    fn text(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
+    fn text(&mut self, field: FieldId, write: impl FnOnce(&mut String)) {
         let text = self.0.text();
         let start = text.len();
         write(text);
         let end = text.len();
-        self.0.push(name, Flat::Text(start, end));
+        self.0.push(field, Flat::Text(start, end));
     }
 }
 
 impl<T: FlatSink> FlatOut for Collect<'_, T> {
     #[inline]
     fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy) {
-        let name = field.name();
+        let field = FieldId::of(field);
         let flat = match value.into() {
             FieldValue::Int(v) => Flat::Int(v),
             FieldValue::Uint(v) => Flat::Uint(v),
             FieldValue::Bool(v) => Flat::Bool(v),
             FieldValue::Double(v) => Flat::Double(v),
-            FieldValue::Str(s) => return self.text(name, |text| text.push_str(s)),
+            FieldValue::Str(s) => return self.text(field, |text| text.push_str(s)),
         };
-        self.0.push(name, flat);
+        self.0.push(field, flat);
     }
 
     #[inline]
     fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
         // A `Debug` impl that fails leaves what it wrote.
-        self.text(field.name(), |text| {
+        let field = FieldId::of(field);
+        self.text(field, |text| {
             let _ = write!(text, "{value:?}");
         });
     }
@@ -209,7 +210,7 @@ impl Drop for IdleOnUnwind {
 
 /// The fields of one event.
 pub(super) struct EventFields {
-    values: heapless::Vec<(&'static str, Flat), MAX_FIELDS>,
+    values: heapless::Vec<(FieldId, Flat), MAX_FIELDS>,
     /// The thread's text buffer, once a field needed it.
     text: Option<String>,
 }
@@ -237,8 +238,8 @@ impl EventFields {
 
 impl FlatSink for EventFields {
     #[inline]
-    fn push(&mut self, name: &'static str, value: Flat) {
-        let _ = self.values.push((name, value));
+    fn push(&mut self, field: FieldId, value: Flat) {
+        let _ = self.values.push((field, value));
     }
 
     #[inline]
@@ -266,7 +267,7 @@ impl Drop for EventFields {
 /// after warm-up keeping them allocates nothing.
 #[derive(Default)]
 pub(super) struct GivenFields {
-    values: Vec<(&'static str, Flat)>,
+    values: Vec<(FieldId, Flat)>,
     text: String,
 }
 
@@ -310,9 +311,9 @@ impl GivenFields {
 
 impl FlatSink for GivenFields {
     #[inline]
-    fn push(&mut self, name: &'static str, value: Flat) {
+    fn push(&mut self, field: FieldId, value: Flat) {
         if self.values.len() < MAX_FIELDS {
-            self.values.push((name, value));
+            self.values.push((field, value));
         }
     }
 
