@@ -23,7 +23,7 @@
 //! interned strings, events) are templates ([`crate::proto::template`]),
 //! written by one encoder ([`Cold`]).
 
-use crate::proto::wire::{varint_word, WireType};
+use crate::proto::wire::{varint_groups, varint_word, WireType};
 use crate::proto::{Args, Cursor, Target, Template};
 use crate::smb::Window;
 use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
@@ -1002,11 +1002,11 @@ fn int_word(v: i64) -> Option<(usize, u64)> {
     if v < 0 && v == i64::from(v as i32) {
         // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set sign
         // bits; byte 5: 0xFF (and 3 more, and the sign bit, in the tail).
-        let (low, _) = varint_word(v as u32);
+        let low = varint_groups(v as u32) | 0x8080_8080;
         let byte4 = 0xF0 | u64::from(v as u32 >> 28);
         return Some((
             Rest::NEGATIVE,
-            tag | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
+            tag | u64::from(low) << 16 | byte4 << 48 | 0xFF << 56,
         ));
     }
     None
