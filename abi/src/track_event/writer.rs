@@ -736,17 +736,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// Writes one packet with `f`; a drop restarts the sequence.
     fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
         match self.out.write_dyn(f) {
-            Ok(true) => true,
-            Ok(false) => {
-                self.out.count_dropped(DropReason::PacketTooLong);
-                self.out.hold_fast_path(true);
-                false
-            }
-            Err(_) => {
-                self.out.hold_fast_path(true);
-                false
-            }
+            Ok(true) => return true,
+            Ok(false) => self.out.count_dropped(DropReason::PacketTooLong),
+            Err(_) => {}
         }
+        self.out.hold_fast_path(true);
+        false
     }
 
     /// Makes the sequence ready for an event at `now`: restarts it if a
