@@ -773,14 +773,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
+        // One set of values for the packets of a restart: the default
+        // track's descriptor's, whose time and uuid are the reset packet's
+        // too ([`encode::RESET`] reads nothing else).
+        let mut args = track.descriptor([now, u64::from(clock_id)]);
+        let descriptor_skip = args.skip;
         // Packets lost before the sequence's first one: first a plain
         // packet (its time alone), so that the reset after it carries the
         // loss mark where a reader sees it (as the host producer does). One
         // encoder for both packets.
         let mut plain = self.out.first_packet_pending() && self.out.loss_pending();
         loop {
-            let uuid = [track.uuid()];
-            let mut args = encode::reset_args(clock_id, now, &uuid);
             args.skip = if plain { encode::PLAIN } else { 0 };
             if !self.put_cold(encode::RESET, &args) {
                 return false;
@@ -792,13 +795,15 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
         self.base = now;
         self.out.hold_fast_path(false);
-        self.describe(AnyTrack::Slices(track), now)
+        // The default track's descriptor (not remembered in the track set:
+        // no event looks it up).
+        args.skip = descriptor_skip;
+        self.put_cold(encode::DESCRIPTOR, &args)
     }
 
-    /// Writes `track`'s descriptor packet (the default track's, at every
-    /// reset, is not remembered in the track set: no event looks it up).
-    #[cold]
-    #[inline(never)]
+    /// Writes `track`'s descriptor packet (any track's but the default
+    /// one's, which [`Self::reset`] writes).
+    #[inline]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
         let args = track.track().descriptor([now, u64::from(clock_id)]);
