@@ -565,8 +565,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             Needs::Names(n) => (None, Some((n.category, n.name))),
             _ => (None, None),
         };
-        // The skip bits, values 3 and 4 and the strings of `SLOW_EVENT`.
-        let (skip, ids, strings) = match (needs, names) {
+        // The skip bits, values 3 and 4 and the strings of `SLOW_EVENT`
+        // (a named event's; the others read none).
+        let strings: [&str; 2];
+        let (skip, ids, s): (_, _, &[&str]) = match (needs, names) {
             (_, Some((category, name))) => {
                 let Some(cat) = self.intern_alone(category, Kind::Category) else {
                     return self.lost();
@@ -579,16 +581,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     self.sites.put(site.numbered(), generation, cat, nm);
                 }
                 let (skip, ids) = named_fields(cat, nm);
-                (skip, ids, (category, name))
+                strings = [category, name];
+                (skip, ids, &strings)
             }
             (Needs::Track(&Sample { track, value }), _) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
                 let (skip, ids) = sample_fields(track.uuid(), value);
-                (skip, ids, ("", ""))
+                (skip, ids, &[])
             }
-            _ => (0, (0, 0), ("", "")),
+            _ => (0, (0, 0), &[]),
         };
         let (skip, time) = stamp(skip, self.time(now));
         let v = [u64::from(kind), ids.0, ids.1];
@@ -596,7 +599,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             skip,
             t: time,
             v: &v,
-            s: &[strings.0, strings.1],
+            s,
         };
         if !self.put_cold(SLOW_EVENT, &args) {
             self.stats.events_dropped += 1;
@@ -1458,17 +1461,20 @@ mod tests {
                     Str::Iid(iid) => (u32::try_from(iid).unwrap(), ""),
                     Str::Inline(s) => (0, s),
                 };
-                let (skip, ids, strings) = match (names, counter) {
+                // As the writer: strings for a named event only.
+                let strings;
+                let (skip, ids, s): (_, _, &[&str]) = match (names, counter) {
                     (Some((cat, nm)), _) => {
                         let ((cat, category), (nm, name)) = (id(cat), id(nm));
                         let (skip, ids) = named_fields(cat, nm);
-                        (skip, ids, [category, name])
+                        strings = [category, name];
+                        (skip, ids, &strings)
                     }
                     (_, Some((uuid, value))) => {
                         let (skip, ids) = sample_fields(uuid, value);
-                        (skip, ids, ["", ""])
+                        (skip, ids, &[])
                     }
-                    _ => (0, (0, 0), ["", ""]),
+                    _ => (0, (0, 0), &[]),
                 };
                 let (skip, time) = stamp(skip, time);
                 let v = [kind as u64, ids.0, ids.1];
@@ -1476,7 +1482,7 @@ mod tests {
                     skip,
                     t: time,
                     v: &v,
-                    s: &strings,
+                    s,
                 };
                 let got = bytes(|c| c.template(SLOW_EVENT, &args));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");
