@@ -765,8 +765,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// Writes the reset packet and the default track's descriptor.
-    #[cold]
-    #[inline(never)]
     fn reset(&mut self, now: u64) -> bool {
         self.interned.clear();
         if self.interned.generation() == 1 {
