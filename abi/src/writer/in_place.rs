@@ -378,7 +378,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// [`InPlaceWriter::write_dyn`] writes the next packet, which sets the
     /// limit from the invariants again: for a change that makes something
     /// go in front of the next packet.
-    #[inline(never)]
+    #[inline(always)]
     fn refuse_fast_path(&mut self) {
         if let Some(chunk) = self.chunk.as_mut() {
             chunk.set_window_limit(0);
@@ -396,7 +396,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     #[inline(always)]
     pub fn hold_fast_path(&mut self, held: bool) {
         self.held = held;
-        if held && self.chunk.is_some() {
+        if held {
             self.refuse_fast_path();
         }
     }
