@@ -230,7 +230,7 @@ impl PageWords for SmbPage<'_> {
         &self,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
+    ) -> Option<&ChunkWords<AtomicU32, AtomicU16>> {
         self.region.chunk_words(self.page, layout, chunk)
     }
 }
@@ -641,7 +641,7 @@ pub struct WritableChunk<'a> {
     /// At most the payload's length (below 64 KiB).
     used: u16,
     payload: PayloadMut<'a>,
-    words: ChunkWords<'a, AtomicU32, AtomicU16>,
+    words: &'a ChunkWords<AtomicU32, AtomicU16>,
     /// The page's `header_bitmap` (all the release needs of the page).
     header_bitmap: &'a AtomicU32,
     page: usize,

@@ -209,26 +209,21 @@ impl_words!(shared::AtomicU32, shared::AtomicU16);
 #[cfg(loom)]
 impl_words!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU16);
 
-/// The three atomic words of one chunk header.
-#[derive(Debug)]
-pub struct ChunkWords<'a, W32: ?Sized, W16: ?Sized> {
+/// The three atomic words of one chunk header, laid out as in the header
+/// (`repr(C)`: `chunk_id` at offset 0, `writer_id` at 4, `packets` at 6),
+/// so a handle to a chunk's header is one reference.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct ChunkWords<W32, W16> {
     /// `chunk_id` (offset 0).
-    pub chunk_id: &'a W32,
+    pub chunk_id: W32,
     /// `writer_id` (offset 4).
-    pub writer_id: &'a W16,
+    pub writer_id: W16,
     /// `packets` (offset 6).
-    pub packets: &'a W16,
+    pub packets: W16,
 }
 
-impl<W32: ?Sized, W16: ?Sized> Clone for ChunkWords<'_, W32, W16> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<W32: ?Sized, W16: ?Sized> Copy for ChunkWords<'_, W32, W16> {}
-
-impl<W32: AtomicWord32 + ?Sized, W16: AtomicWord16 + ?Sized> ChunkWords<'_, W32, W16> {
+impl<W32: AtomicWord32, W16: AtomicWord16> ChunkWords<W32, W16> {
     /// Producer header initialization: ids relaxed, then `packets` release.
     pub fn init(&self, header: &ChunkHeaderRepr) {
         self.writer_id.store(header.writer_id, Relaxed);
@@ -273,15 +268,11 @@ pub trait PageWords {
         &self,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<ChunkWords<'_, Self::Word32, Self::Word16>>;
+    ) -> Option<&ChunkWords<Self::Word32, Self::Word16>>;
 }
 
-#[derive(Debug, Default)]
-struct OwnedChunkWords {
-    chunk_id: atomic::AtomicU32,
-    writer_id: atomic::AtomicU16,
-    packets: atomic::AtomicU16,
-}
+/// A chunk header's words owned by the caller ([`OwnedPageWords`]).
+type OwnedChunkWords = ChunkWords<atomic::AtomicU32, atomic::AtomicU16>;
 
 /// A page's atomic words owned by the caller rather than overlaid on shared
 /// memory: used by unit tests and by loom models (loom atomics cannot live
@@ -322,16 +313,11 @@ impl PageWords for OwnedPageWords {
         &self,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<ChunkWords<'_, Self::Word32, Self::Word16>> {
+    ) -> Option<&ChunkWords<Self::Word32, Self::Word16>> {
         if chunk >= layout.num_chunks() {
             return None;
         }
-        let c = self.chunks.get(chunk)?;
-        Some(ChunkWords {
-            chunk_id: &c.chunk_id,
-            writer_id: &c.writer_id,
-            packets: &c.packets,
-        })
+        self.chunks.get(chunk)
     }
 }
 

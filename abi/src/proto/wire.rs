@@ -85,11 +85,17 @@ pub const fn varint_word(value: u32) -> (u32, usize) {
     } else if value < 1 << 21 {
         (two | 0x8000 | (value << 2 & 0x7F_0000), 3)
     } else {
-        (
-            two | 0x80_8000 | (value << 2 & 0x7F_0000) | (value << 3 & 0x7F00_0000),
-            4,
-        )
+        (varint_groups(value) | 0x80_8080, 4)
     }
+}
+
+/// The low 28 bits of `value` as four 7-bit groups, one per byte, without
+/// continuation bits: the bytes of a 4-byte varint (of a value below 2^28)
+/// before its continuation bits, or the first four of a longer one (a
+/// negative int64's). Bits of `value` at 2^28 and above are dropped.
+#[inline(always)]
+pub const fn varint_groups(value: u32) -> u32 {
+    (value & 0x7F) | (value << 1 & 0x7F00) | (value << 2 & 0x7F_0000) | (value << 3 & 0x7F00_0000)
 }
 
 /// Writes the minimal varint encoding of `value` at the start of `out` and

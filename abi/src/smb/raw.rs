@@ -197,7 +197,7 @@ impl<'m> Region<'m> {
         page: usize,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<ChunkWords<'_, AtomicU32, AtomicU16>> {
+    ) -> Option<&ChunkWords<AtomicU32, AtomicU16>> {
         let (offset, _) = self.chunk_span(page, layout, chunk)?;
         // SAFETY: a chunk's span lies in the region and starts 4-aligned,
         // and a chunk holds at least its 8-byte header (module invariants,
@@ -210,23 +210,31 @@ impl<'m> Region<'m> {
     /// # Safety
     ///
     /// `offset + 8 <= len` and `addr() + offset` is 4-aligned.
-    unsafe fn chunk_words_unchecked(&self, offset: usize) -> ChunkWords<'_, AtomicU32, AtomicU16> {
-        let at = |field: usize| self.base.as_ptr().wrapping_add(offset + field);
+    unsafe fn chunk_words_unchecked(&self, offset: usize) -> &ChunkWords<AtomicU32, AtomicU16> {
+        const {
+            assert!(
+                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, chunk_id)
+                    == CHUNK_ID_OFFSET
+            );
+            assert!(
+                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, writer_id)
+                    == WRITER_ID_OFFSET
+            );
+            assert!(
+                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, packets) == PACKETS_OFFSET
+            );
+            assert!(core::mem::size_of::<ChunkWords<AtomicU32, AtomicU16>>() == CHUNK_HEADER_SIZE);
+        }
+        let at = self.base.as_ptr().wrapping_add(offset);
         // SAFETY: `offset + 8 <= len` (contract), so the header's 8 bytes
         // lie inside the region, which is valid for reads and writes for
-        // `'m` (outliving `&self`); its address is 4-aligned (contract), so
-        // the u32 at `CHUNK_ID_OFFSET` (0) is 4-aligned and the u16s at
-        // `WRITER_ID_OFFSET` and `PACKETS_OFFSET` (4, 6) are 2-aligned
-        // (compile-time checked in `layout`), matching the atomics'
-        // alignments. As for `atomic_u32`, these bytes are only ever
+        // `'m` (outliving `&self`); its address is 4-aligned (contract), the
+        // alignment of `ChunkWords` (`repr(C)`: its u32 at `CHUNK_ID_OFFSET`
+        // (0), its u16s at `WRITER_ID_OFFSET` and `PACKETS_OFFSET` (4, 6),
+        // 8 bytes in all, checked above), so each atomic lies on its word of
+        // the header. As for `atomic_u32`, these bytes are only ever
         // accessed atomically within this process.
-        unsafe {
-            ChunkWords {
-                chunk_id: AtomicU32::from_ptr(at(CHUNK_ID_OFFSET).cast::<u32>()),
-                writer_id: AtomicU16::from_ptr(at(WRITER_ID_OFFSET).cast::<u16>()),
-                packets: AtomicU16::from_ptr(at(PACKETS_OFFSET).cast::<u16>()),
-            }
-        }
+        unsafe { &*at.cast::<ChunkWords<AtomicU32, AtomicU16>>() }
     }
 
     fn sub_ptr(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
@@ -253,7 +261,7 @@ impl<'m> Region<'m> {
         &self,
         page: usize,
         geometry: ChunkGeometry,
-    ) -> (ChunkWords<'_, AtomicU32, AtomicU16>, PayloadMut<'_>) {
+    ) -> (&ChunkWords<AtomicU32, AtomicU16>, PayloadMut<'_>) {
         let offset = page * self.page_size.get() + geometry.offset;
         let size = geometry.size;
         // SAFETY: the chunk lies in one of the pages that tile the region

@@ -654,6 +654,22 @@ mod tests {
             ..reset_args(65, 1000, &[9])
         };
         assert_eq!(bytes(|c| c.template(RESET, &plain)), b[..6]);
+        // A track's descriptor values are its reset's values too (the
+        // writer writes both packets of a restart with one set).
+        static DEFAULT: super::super::track::Track =
+            super::super::track::Track::new("d").with_uuid(9);
+        let mut args = DEFAULT.descriptor([1000, 65]);
+        for skip in [0, PLAIN] {
+            args.skip = skip;
+            let want = Args {
+                skip,
+                ..reset_args(65, 1000, &[9])
+            };
+            assert_eq!(
+                bytes(|c| c.template(RESET, &args)),
+                bytes(|c| c.template(RESET, &want))
+            );
+        }
     }
 
     #[test]

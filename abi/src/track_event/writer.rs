@@ -23,7 +23,7 @@
 //! interned strings, events) are templates ([`crate::proto::template`]),
 //! written by one encoder ([`Cold`]).
 
-use crate::proto::wire::{varint_word, WireType};
+use crate::proto::wire::{varint_groups, varint_word, WireType};
 use crate::proto::{Args, Cursor, Target, Template};
 use crate::smb::Window;
 use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
@@ -565,8 +565,10 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             Needs::Names(n) => (None, Some((n.category, n.name))),
             _ => (None, None),
         };
-        // The skip bits, values 3 and 4 and the strings of `SLOW_EVENT`.
-        let (skip, ids, strings) = match (needs, names) {
+        // The skip bits, values 3 and 4 and the strings of `SLOW_EVENT`
+        // (a named event's; the others read none).
+        let strings: [&str; 2];
+        let (skip, ids, s): (_, _, &[&str]) = match (needs, names) {
             (_, Some((category, name))) => {
                 let Some(cat) = self.intern_alone(category, Kind::Category) else {
                     return self.lost();
@@ -579,16 +581,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                     self.sites.put(site.numbered(), generation, cat, nm);
                 }
                 let (skip, ids) = named_fields(cat, nm);
-                (skip, ids, (category, name))
+                strings = [category, name];
+                (skip, ids, &strings)
             }
             (Needs::Track(&Sample { track, value }), _) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
                 let (skip, ids) = sample_fields(track.uuid(), value);
-                (skip, ids, ("", ""))
+                (skip, ids, &[])
             }
-            _ => (0, (0, 0), ("", "")),
+            _ => (0, (0, 0), &[]),
         };
         let (skip, time) = stamp(skip, self.time(now));
         let v = [u64::from(kind), ids.0, ids.1];
@@ -596,7 +599,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             skip,
             t: time,
             v: &v,
-            s: &[strings.0, strings.1],
+            s,
         };
         if !self.put_cold(SLOW_EVENT, &args) {
             self.stats.events_dropped += 1;
@@ -736,17 +739,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// Writes one packet with `f`; a drop restarts the sequence.
     fn put(&mut self, f: &mut dyn EncodePacket) -> bool {
         match self.out.write_dyn(f) {
-            Ok(true) => true,
-            Ok(false) => {
-                self.out.count_dropped(DropReason::PacketTooLong);
-                self.out.hold_fast_path(true);
-                false
-            }
-            Err(_) => {
-                self.out.hold_fast_path(true);
-                false
-            }
+            Ok(true) => return true,
+            Ok(false) => self.out.count_dropped(DropReason::PacketTooLong),
+            Err(_) => {}
         }
+        self.out.hold_fast_path(true);
+        false
     }
 
     /// Makes the sequence ready for an event at `now`: restarts it if a
@@ -767,8 +765,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// Writes the reset packet and the default track's descriptor.
-    #[cold]
-    #[inline(never)]
     fn reset(&mut self, now: u64) -> bool {
         self.interned.clear();
         if self.interned.generation() == 1 {
@@ -778,14 +774,17 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.tracks.clear();
         self.stats.resets += 1;
         let (clock_id, track) = (self.config.clock_id, self.config.track);
+        // One set of values for the packets of a restart: the default
+        // track's descriptor's, whose time and uuid are the reset packet's
+        // too ([`encode::RESET`] reads nothing else).
+        let mut args = track.descriptor([now, u64::from(clock_id)]);
+        let descriptor_skip = args.skip;
         // Packets lost before the sequence's first one: first a plain
         // packet (its time alone), so that the reset after it carries the
         // loss mark where a reader sees it (as the host producer does). One
         // encoder for both packets.
         let mut plain = self.out.first_packet_pending() && self.out.loss_pending();
         loop {
-            let uuid = [track.uuid()];
-            let mut args = encode::reset_args(clock_id, now, &uuid);
             args.skip = if plain { encode::PLAIN } else { 0 };
             if !self.put_cold(encode::RESET, &args) {
                 return false;
@@ -797,13 +796,15 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
         self.base = now;
         self.out.hold_fast_path(false);
-        self.describe(AnyTrack::Slices(track), now)
+        // The default track's descriptor (not remembered in the track set:
+        // no event looks it up).
+        args.skip = descriptor_skip;
+        self.put_cold(encode::DESCRIPTOR, &args)
     }
 
-    /// Writes `track`'s descriptor packet (the default track's, at every
-    /// reset, is not remembered in the track set: no event looks it up).
-    #[cold]
-    #[inline(never)]
+    /// Writes `track`'s descriptor packet (any track's but the default
+    /// one's, which [`Self::reset`] writes).
+    #[inline]
     fn describe(&mut self, track: AnyTrack, now: u64) -> bool {
         let clock_id = self.config.clock_id;
         let args = track.track().descriptor([now, u64::from(clock_id)]);
@@ -1002,11 +1003,11 @@ fn int_word(v: i64) -> Option<(usize, u64)> {
     if v < 0 && v == i64::from(v as i32) {
         // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set sign
         // bits; byte 5: 0xFF (and 3 more, and the sign bit, in the tail).
-        let (low, _) = varint_word(v as u32);
+        let low = varint_groups(v as u32) | 0x8080_8080;
         let byte4 = 0xF0 | u64::from(v as u32 >> 28);
         return Some((
             Rest::NEGATIVE,
-            tag | u64::from(low | 0x8080_8080) << 16 | byte4 << 48 | 0xFF << 56,
+            tag | u64::from(low) << 16 | byte4 << 48 | 0xFF << 56,
         ));
     }
     None
@@ -1458,17 +1459,20 @@ mod tests {
                     Str::Iid(iid) => (u32::try_from(iid).unwrap(), ""),
                     Str::Inline(s) => (0, s),
                 };
-                let (skip, ids, strings) = match (names, counter) {
+                // As the writer: strings for a named event only.
+                let strings;
+                let (skip, ids, s): (_, _, &[&str]) = match (names, counter) {
                     (Some((cat, nm)), _) => {
                         let ((cat, category), (nm, name)) = (id(cat), id(nm));
                         let (skip, ids) = named_fields(cat, nm);
-                        (skip, ids, [category, name])
+                        strings = [category, name];
+                        (skip, ids, &strings)
                     }
                     (_, Some((uuid, value))) => {
                         let (skip, ids) = sample_fields(uuid, value);
-                        (skip, ids, ["", ""])
+                        (skip, ids, &[])
                     }
-                    _ => (0, (0, 0), ["", ""]),
+                    _ => (0, (0, 0), &[]),
                 };
                 let (skip, time) = stamp(skip, time);
                 let v = [kind as u64, ids.0, ids.1];
@@ -1476,7 +1480,7 @@ mod tests {
                     skip,
                     t: time,
                     v: &v,
-                    s: &strings,
+                    s,
                 };
                 let got = bytes(|c| c.template(SLOW_EVENT, &args));
                 assert_eq!(got, want, "{kind:?} {names:?} {counter:?} at {time:?}");

@@ -42,7 +42,11 @@
 //!   the count could pass [`MAX_FRAGMENTS_PER_CHUNK`] (every packet takes
 //!   at least its size byte, so the count grows no faster than `cursor`).
 //!   So the common case, [`InPlaceWriter::write_fast`], checks one bound:
-//!   a window at `cursor` within the limit.
+//!   a window at `cursor` within the limit. The limit is worked out in one
+//!   place, after each packet [`InPlaceWriter::write_dyn`] writes;
+//!   everything that puts something in front of the next packet (a loss,
+//!   the caller's hold) sets it to 0, and releasing the hold leaves it
+//!   there until that next packet.
 //! * Packets written = the packets of the chunks returned so far plus those
 //!   in the chunk held (its count, less the inflated slot): the fast path
 //!   counts nothing but the chunk's count.
@@ -338,7 +342,22 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                         self.pending_loss = 0;
                     }
                     self.first_packet = false;
-                    self.update_limit();
+                    // The window limit (invariants), worked out here
+                    // only: the count is inflated and the sequence's first
+                    // packet written now, so a loss still to mark (after a
+                    // first packet) or the caller's hold refuses windows.
+                    let limit = if self.pending_loss == 0
+                        && !self.held
+                        && next <= MAX_FRAGMENTS_PER_CHUNK
+                    {
+                        usize::from(self.cursor)
+                            + WINDOW_LEN
+                            + WINDOW_SLACK
+                            + usize::from(MAX_FRAGMENTS_PER_CHUNK - next)
+                    } else {
+                        0
+                    };
+                    chunk.set_window_limit(limit);
                     return Ok(true);
                 }
                 if full_window {
@@ -355,26 +374,14 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
         }
     }
 
-    /// Sets the held chunk's window limit from the invariants: a window at
-    /// most `MAX - count` bytes past the cursor; none unless the count is
-    /// inflated, or while a loss or the sequence's first packet waits, or
-    /// while the fast path is held.
-    fn update_limit(&mut self) {
-        let limit = if self.inflated
-            && self.pending_loss == 0
-            && !self.first_packet
-            && !self.held
-            && self.count <= MAX_FRAGMENTS_PER_CHUNK
-        {
-            usize::from(self.cursor)
-                + WINDOW_LEN
-                + WINDOW_SLACK
-                + usize::from(MAX_FRAGMENTS_PER_CHUNK - self.count)
-        } else {
-            0
-        };
+    /// Refuses the fast path (a window limit of 0) until
+    /// [`InPlaceWriter::write_dyn`] writes the next packet, which sets the
+    /// limit from the invariants again: for a change that makes something
+    /// go in front of the next packet.
+    #[inline(always)]
+    fn refuse_fast_path(&mut self) {
         if let Some(chunk) = self.chunk.as_mut() {
-            chunk.set_window_limit(limit);
+            chunk.set_window_limit(0);
         }
     }
 
@@ -382,10 +389,16 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     /// packet, so each goes through [`InPlaceWriter::write_dyn`]) or
     /// releases it: for a caller with something to do before its next
     /// packet (a sequence restart), which then needs no flag of its own on
-    /// its fast path.
+    /// its fast path. Released, the fast path takes packets again after the
+    /// next packet [`InPlaceWriter::write_dyn`] writes (the limit is set in
+    /// that one place).
+    // Inline: a new writer's hold is one store (it has no chunk).
+    #[inline(always)]
     pub fn hold_fast_path(&mut self, held: bool) {
         self.held = held;
-        self.update_limit();
+        if held {
+            self.refuse_fast_path();
+        }
     }
 
     /// Whether the fast path is held ([`InPlaceWriter::hold_fast_path`]).
@@ -464,7 +477,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     #[inline(never)]
     pub fn count_dropped(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
-        self.update_limit();
+        self.refuse_fast_path();
         match reason {
             DropReason::SmbFull => self.stats.dropped_smb_full += 1,
             DropReason::PatchStorageFull => self.stats.dropped_patch_storage += 1,

@@ -903,3 +903,34 @@ fn in_place_writer_counts_the_packets_of_committed_chunks() {
         .sum();
     assert_eq!(read, 5);
 }
+
+#[test]
+fn in_place_fast_path_waits_for_a_packet_after_a_hold_or_a_loss() {
+    let mut storage = Box::new(RegionStorage::<8192, 16>::new());
+    let handles = storage.init(&config()).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div4).unwrap();
+    let mut w = InPlaceWriter::new(arbiter, 1, 1).unwrap();
+    fn fast<'a>(w: &mut InPlaceWriter<'a, RegionArbiter<'a>>) -> bool {
+        w.write_fast(|p| p.uint(8, 1))
+    }
+    // No chunk yet, then the sequence's first packet goes first.
+    assert!(!fast(&mut w));
+    assert_eq!(w.write(|p| p.uint(8, 0)), PacketOutcome::Written);
+    assert!(fast(&mut w));
+    // Held: refused; released: refused until the next packet `write_dyn`
+    // writes, which sets the limit again.
+    w.hold_fast_path(true);
+    assert!(!fast(&mut w));
+    w.hold_fast_path(false);
+    assert!(!fast(&mut w));
+    assert_eq!(w.write(|p| p.uint(8, 0)), PacketOutcome::Written);
+    assert!(fast(&mut w));
+    // A loss goes on the next packet: refused until `write_dyn` wrote it.
+    w.count_dropped(DropReason::PacketTooLong);
+    assert!(!fast(&mut w));
+    assert!(w.loss_pending());
+    assert_eq!(w.write(|p| p.uint(8, 0)), PacketOutcome::Written);
+    assert!(!w.loss_pending());
+    assert!(fast(&mut w));
+    assert_eq!(w.stats().packets_written, 6);
+}
