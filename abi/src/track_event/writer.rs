@@ -1002,13 +1002,13 @@ fn int_word(v: i64) -> Option<(usize, u64)> {
     // sign (a 64-bit range check is a compare chain).
     if v < 0 && v == i64::from(v as i32) {
         // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set
-        // sign bits, byte 5: 0xFF, both the low 16 bits of the value's
-        // arithmetic shift by 28 (and 3 more 0xFF, and the sign bit, in the
-        // tail).
+        // sign bits, byte 5: 0xFF, both the high half of the low word's
+        // arithmetic shift by 12 (one instruction packs it with bytes 2 and
+        // 3); 3 more 0xFF, and the sign bit, in the tail.
         let low = varint_groups(v as u32) | 0x8080_8080;
         return Some((
             Rest::NEGATIVE,
-            tag | u64::from(low) << 16 | (((v as i32) >> 28) as u64) << 48,
+            tag | u64::from(low) << 16 | u64::from(((v as i32) >> 12) as u32 & 0xFFFF_0000) << 32,
         ));
     }
     None
