@@ -107,12 +107,14 @@ impl Track {
 
 /// A track for counter samples (`TrackDescriptor.counter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct CounterTrack {
-    track: Track,
     /// What the writer's fast path writes of an integer sample on this
     /// track around its value, worked out at build time, by the value's
-    /// shape ([`Rest::samples`]).
+    /// shape ([`Rest::samples`]). First: a sample's rest is at the track's
+    /// address plus 16 times the shape, one instruction.
     samples: [Rest; 5],
+    track: Track,
 }
 
 /// The bytes of a fast-path event's `track_event` that a caller of the

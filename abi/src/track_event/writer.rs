@@ -1001,13 +1001,14 @@ fn int_word(v: i64) -> Option<(usize, u64)> {
     // In `i32` range: a word compare of the high word with the low word's
     // sign (a 64-bit range check is a compare chain).
     if v < 0 && v == i64::from(v as i32) {
-        // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set sign
-        // bits; byte 5: 0xFF (and 3 more, and the sign bit, in the tail).
+        // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set
+        // sign bits, byte 5: 0xFF, both the high half of the low word's
+        // arithmetic shift by 12 (one instruction packs it with bytes 2 and
+        // 3); 3 more 0xFF, and the sign bit, in the tail.
         let low = varint_groups(v as u32) | 0x8080_8080;
-        let byte4 = 0xF0 | u64::from(v as u32 >> 28);
         return Some((
             Rest::NEGATIVE,
-            tag | u64::from(low) << 16 | byte4 << 48 | 0xFF << 56,
+            tag | u64::from(low) << 16 | u64::from(((v as i32) >> 12) as u32 & 0xFFFF_0000) << 32,
         ));
     }
     None
