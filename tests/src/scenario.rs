@@ -1078,6 +1078,10 @@ fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
         })
 }
 
+/// Starts of a service on a TCP port tried, each with a port picked anew
+/// (see [`free_tcp_port`]).
+const TCP_START_ATTEMPTS: u32 = 3;
+
 /// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick
 /// for port 0; another process could take it before the service binds it,
 /// which the service's start then reports).
@@ -1568,17 +1572,13 @@ fn run_in(
             networks.insert(machine, MachineNetwork::create()?);
         }
     }
-    let port = match scenario.producer_socket {
-        ProducerSocket::Unix => None,
-        ProducerSocket::Tcp | ProducerSocket::Relayed => Some(free_tcp_port()?),
-    };
     // Where machine `machine` finds the central service: this side of its
     // link, or loopback.
     let central_socket = |machine, port| match networks.get(&machine) {
         Some(network) => PathBuf::from(format!("{}:{port}", network.central_address())),
         None => PathBuf::from(format!("127.0.0.1:{port}")),
     };
-    let producer_socket = match port {
+    let producer_socket = |port| match port {
         None => dir.path("producer.sock"),
         Some(port) if !networks.is_empty() => {
             let sockets: Vec<String> = networks
@@ -1608,15 +1608,31 @@ fn run_in(
     }
     let trace_path = trace_paths[0].1.clone();
 
-    let mut service = start_service_with(
-        cell.service,
-        bins,
-        dir.dir.path(),
-        &producer_socket,
-        &consumer_socket,
-        relayed,
-        !networks.is_empty(),
-    )?;
+    // A TCP port is free when picked, but another process may take it
+    // before the service binds it (then the service exits at start): a
+    // start is tried again with a new port, a few times.
+    let mut attempts = 0;
+    let (mut service, port, producer_socket) = loop {
+        attempts += 1;
+        let port = match scenario.producer_socket {
+            ProducerSocket::Unix => None,
+            ProducerSocket::Tcp | ProducerSocket::Relayed => Some(free_tcp_port()?),
+        };
+        let producer_socket = producer_socket(port);
+        match start_service_with(
+            cell.service,
+            bins,
+            dir.dir.path(),
+            &producer_socket,
+            &consumer_socket,
+            relayed,
+            !networks.is_empty(),
+        ) {
+            Ok(service) => break (service, port, producer_socket),
+            Err(_) if port.is_some() && attempts < TCP_START_ATTEMPTS => continue,
+            Err(e) => return Err(e),
+        }
+    };
     // Relayed machines: one relay each, in a directory of its own.
     let mut relays = Vec::new();
     let mut machine_sockets = BTreeMap::new();
