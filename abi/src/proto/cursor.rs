@@ -328,6 +328,27 @@ impl<T: Target> Cursor<T> {
         self.len += n;
     }
 
+    /// Stores `word`, little-endian, with one 8-byte store `k` bytes past
+    /// the end, appending nothing: for words [`Self::skip`] then covers
+    /// (a later store overwrites the bytes an earlier one wrote past its
+    /// own).
+    #[inline(always)]
+    pub fn word_at(&mut self, k: usize, word: u64) {
+        self.buf.put_u64(self.len + k, word);
+    }
+
+    /// [`Self::word_at`] with one 4-byte store.
+    #[inline(always)]
+    pub fn word32_at(&mut self, k: usize, word: u32) {
+        self.buf.put_u32(self.len + k, word);
+    }
+
+    /// Appends the `n` bytes [`Self::word_at`] stored.
+    #[inline(always)]
+    pub fn skip(&mut self, n: usize) {
+        self.len += n;
+    }
+
     /// Appends a varint. Values that fit 32 bits (nearly all: ids, sizes,
     /// time deltas) take a loop over 32-bit words, which 32-bit machines
     /// run much cheaper than a 64-bit one. On firmware, where only the

@@ -10,8 +10,8 @@
 use crate::proto::wire::{varint_len, WireType};
 use crate::proto::{Args, Cursor, Target};
 use crate::trace::counter_descriptor::Unit;
-use crate::trace::tag1;
 use crate::trace::track_event::{self, Type};
+use crate::trace::{tag1, tag2};
 
 use super::encode::{self, NOT_COUNTER, NO_PARENT, NO_UNIT, NO_UNIT_NAME};
 
@@ -109,19 +109,20 @@ impl Track {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct CounterTrack {
-    /// What the writer's fast path writes of an integer sample on this
-    /// track around its value, worked out at build time, by the value's
-    /// shape ([`Rest::samples`]). First: a sample's rest is at the track's
+    /// What the writer's fast path writes of a sample on this track
+    /// around its value, worked out at build time, by the value's shape
+    /// ([`Rest::samples`]). First: a sample's rest is at the track's
     /// address plus 16 times the shape, one instruction.
-    samples: [Rest; 5],
+    samples: [Rest; 6],
     track: Track,
 }
 
 /// The bytes of a fast-path event's `track_event` that a caller of the
 /// writer's fast path does not pass in registers (see `fast_event` in the
-/// writer): first the low `lens >> 8 & 0x1F` bytes of `b`, then those in
-/// the registers up to byte `lens >> 16 & 0x1F` of the whole, then
-/// `tail`'s up to its length, `lens & 0x1F`. Flags in `lens`:
+/// writer): `lens & 0x1F` bytes, of which the registers' 8 are stored at
+/// byte `lens >> 8 & 0x1F`, after `b`'s at byte 0 and `tail`'s 4 at byte
+/// `lens >> 16 & 0x1F` (so each store's bytes past those it means are
+/// overwritten by a later one's, or lie past the event). Flags in `lens`:
 /// [`Rest::A_ONLY`], [`Rest::SLOW_BIT`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Rest {
@@ -138,6 +139,8 @@ impl Rest {
     pub(super) const SLOW_BIT: u32 = 1 << 31;
     /// [`Rest::samples`]' index of a negative integer's.
     pub(super) const NEGATIVE: usize = 4;
+    /// [`Rest::samples`]' index of a double's.
+    pub(super) const DOUBLE: usize = 5;
 
     /// `b`'s `nb` bytes, `n` in the registers, `tail`'s `nt`.
     const fn new(b: u64, nb: u32, n: u32, tail: (u32, u32)) -> Self {
@@ -148,14 +151,24 @@ impl Rest {
         }
     }
 
+    /// `b`'s `nb` bytes, `tail`'s `nt`, then the registers' 8.
+    const fn tail_first(b: u64, nb: u32, tail: (u32, u32)) -> Self {
+        Rest {
+            b,
+            tail: tail.0,
+            lens: (nb + tail.1 + 8) | (nb + tail.1) << 8 | nb << 16,
+        }
+    }
+
     /// A counter sample's on the track `uuid`, `b` its head (`type =
     /// TYPE_COUNTER`, `track_uuid = uuid`), by the value's shape: a
     /// non-negative integer of 1 to 4 varint bytes (its tag and varint in
     /// the registers), a negative one (its tag and first 6 varint bytes in
-    /// the registers, the last 4, the same for every `i32`, the tail); the
-    /// slow path's if the head takes more than 8 bytes (a uuid of 2^35 or
+    /// the registers, the last 4, the same for every `i32`, the tail) or a
+    /// double (its tag the tail, its 8 bytes the registers); the slow
+    /// path's if the head takes more than 8 bytes (a uuid of 2^35 or
     /// more).
-    const fn samples(uuid: u64) -> [Self; 5] {
+    const fn samples(uuid: u64) -> [Self; 6] {
         let len = varint_len(uuid);
         if 3 + len > 8 {
             let slow = Rest {
@@ -163,7 +176,7 @@ impl Rest {
                 tail: 0,
                 lens: Rest::SLOW_BIT,
             };
-            return [slow; 5];
+            return [slow; 6];
         }
         let mut head = u64::from_le_bytes([
             tag1(track_event::TYPE, WireType::Varint),
@@ -184,12 +197,14 @@ impl Rest {
             i += 1;
         }
         let nb = (3 + len) as u32;
+        let dbl = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
         [
             Rest::new(head, nb, 3, (0, 0)),
             Rest::new(head, nb, 4, (0, 0)),
             Rest::new(head, nb, 5, (0, 0)),
             Rest::new(head, nb, 6, (0, 0)),
             Rest::new(head, nb, 8, (0x01FF_FFFF, 4)),
+            Rest::tail_first(head, nb, (u32::from_le_bytes([dbl[0], dbl[1], 0, 0]), 2)),
         ]
     }
 }
@@ -256,13 +271,14 @@ impl CounterTrack {
         (first.lens & Rest::SLOW_BIT == 0).then_some((first.b, (first.lens >> 8 & 0x1F) as usize))
     }
 
-    /// What the writer's fast path writes of an integer sample on this
-    /// track around its value: `shape` 0 to 3 for a non-negative value of
-    /// 1 to 4 varint bytes, [`Rest::NEGATIVE`] for a negative one.
+    /// What the writer's fast path writes of a sample on this track
+    /// around its value: `shape` 0 to 3 for a non-negative integer of 1 to
+    /// 4 varint bytes, [`Rest::NEGATIVE`] for a negative one,
+    /// [`Rest::DOUBLE`] for a double.
     #[inline(always)]
     pub(super) fn sample_rest(&self, shape: usize) -> &Rest {
-        // A shape past the table is a negative value's: no panic.
-        &self.samples[shape.min(Rest::NEGATIVE)]
+        // A shape past the table is a double's: no panic.
+        &self.samples[shape.min(Rest::DOUBLE)]
     }
 
     /// Writes its `TrackDescriptor` fields ([`encode::TRACK`]).

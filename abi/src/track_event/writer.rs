@@ -435,9 +435,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// floating-point path.
     #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
-        // An integer's rest is its track's (in flash); a double's, on the
-        // stack (its address is the argument).
-        let double;
+        // The rest is the track's (in flash).
         let (rest, a) = match self
             .tracks
             .contains(AnyTrack::Counter(track).key())
@@ -447,11 +445,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 Some((shape, a)) => (track.sample_rest(shape), a),
                 None => (&Rest::SLOW, 0),
             },
-            Some(CounterValue::Double(v)) => {
-                let (rest, a) = double_te(track.sample_rest(0), v);
-                double = rest;
-                (&double, a)
-            }
+            Some(CounterValue::Double(v)) => (track.sample_rest(Rest::DOUBLE), v.to_bits()),
             None => (&Rest::SLOW, 0),
         };
         match self.fast(rest, a) {
@@ -903,7 +897,6 @@ const TYPE: u8 = tag1(track_event::TYPE, WireType::Varint);
 const CATEGORY_IIDS: u8 = tag1(track_event::CATEGORY_IIDS, WireType::Varint);
 const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
 const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint);
-const DOUBLE_COUNTER_VALUE: [u8; 2] = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
 
 /// Writes the event [`TrackEventWriter::fast`] writes: its 1-byte size,
 /// its timestamp `delta` (below 2^28) after the previous event,
@@ -917,8 +910,8 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     let (time, n) = varint_word(delta);
     // Each at most 31 (so no window index needs masking).
     let len = lens & 0x1F;
-    let nb = (lens >> 8 & 0x1F) as usize;
-    let nba = (lens >> 16 & 0x1F) as usize;
+    let at_a = (lens >> 8 & 0x1F) as usize;
+    let at_tail = (lens >> 16 & 0x1F) as usize;
     // The size: the timestamp's tag and varint, 4 bytes, the track event.
     let size = 1 + n + 4 + len as usize;
     c.word(
@@ -932,9 +925,14 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     if lens & Rest::A_ONLY != 0 {
         c.word(a, len as usize);
     } else {
-        c.word(rest.b, nb);
-        c.word(a, nba - nb);
-        c.word32(rest.tail, len as usize - nba);
+        // `b` at byte 0, then the tail and the registers at their bytes
+        // (a double's tail, its tag, comes before its 8 bytes; a negative
+        // integer's after): in this order, the bytes a store writes past
+        // those it means are a later store's or lie past the event.
+        c.word_at(0, rest.b);
+        c.word32_at(at_tail, rest.tail);
+        c.word_at(at_a, a);
+        c.skip(len as usize);
     }
 }
 
@@ -1012,35 +1010,6 @@ fn int_word(v: i64) -> Option<(usize, u64)> {
         ));
     }
     None
-}
-
-/// A double sample's rest and `a`, on the track whose rest of a 1-byte
-/// integer is `first` ([`CounterTrack::sample_rest`]`(0)`): the tag and
-/// the value's low 6 bytes in `a`, its high 2 in the tail.
-#[inline(always)]
-fn double_te(first: &Rest, v: f64) -> (Rest, u64) {
-    let bits = v.to_bits();
-    let tag = u64::from_le_bytes([
-        DOUBLE_COUNTER_VALUE[0],
-        DOUBLE_COUNTER_VALUE[1],
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-    ]);
-    // A 1-byte integer's: 3 bytes in `a`, none in the tail; a double's: 8
-    // and 2 (no carry: each length is below 32; the slow bit stays).
-    let lens = first.lens + (7 | 5 << 16);
-    (
-        Rest {
-            b: first.b,
-            tail: (bits >> 48) as u32,
-            lens,
-        },
-        tag | bits << 16,
-    )
 }
 
 /// A packet of the cold paths: a template and the values it writes, all
@@ -1528,7 +1497,7 @@ mod tests {
                             let (shape, a) = int_word(v).unwrap();
                             (*track.sample_rest(shape), a)
                         }
-                        CounterValue::Double(v) => double_te(track.sample_rest(0), v),
+                        CounterValue::Double(v) => (*track.sample_rest(Rest::DOUBLE), v.to_bits()),
                     };
                     let got = bytes(|c| fast_event(c, delta, &rest, a));
                     assert_eq!(
