@@ -1578,7 +1578,7 @@ fn run_in(
         Some(network) => PathBuf::from(format!("{}:{port}", network.central_address())),
         None => PathBuf::from(format!("127.0.0.1:{port}")),
     };
-    let producer_socket = |port| match port {
+    let socket_for = |port| match port {
         None => dir.path("producer.sock"),
         Some(port) if !networks.is_empty() => {
             let sockets: Vec<String> = networks
@@ -1618,7 +1618,7 @@ fn run_in(
             ProducerSocket::Unix => None,
             ProducerSocket::Tcp | ProducerSocket::Relayed => Some(free_tcp_port()?),
         };
-        let producer_socket = producer_socket(port);
+        let producer_socket = socket_for(port);
         match start_service_with(
             cell.service,
             bins,
@@ -1629,7 +1629,9 @@ fn run_in(
             !networks.is_empty(),
         ) {
             Ok(service) => break (service, port, producer_socket),
-            Err(_) if port.is_some() && attempts < TCP_START_ATTEMPTS => continue,
+            Err(e) if port.is_some() && attempts < TCP_START_ATTEMPTS => {
+                eprintln!("the service's start failed; again with a new port: {e}");
+            }
             Err(e) => return Err(e),
         }
     };

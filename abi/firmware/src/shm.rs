@@ -10,9 +10,9 @@
 //! they share the SMB and the ring lock-free, so an interrupt's writer never
 //! waits for the main loop's.
 //!
-//! A host attached to the region consumes the ring (`minimal` leaves its
-//! chunks to one: the report reads them from the file QEMU backs PSRAM
-//! with). The demos consume it themselves with a [`RegionReader`]
+//! A host attached to the region consumes the ring (`instants` and
+//! `minimal` leave their chunks to one: the report reads them from the file
+//! QEMU backs PSRAM with). The demos consume it themselves with a [`RegionReader`]
 //! ([`Transport::drain`]), the way a host would (`Complete → BeingRead`,
 //! copy, `→ Free`), and print what they moved.
 

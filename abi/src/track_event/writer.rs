@@ -717,8 +717,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// Counts an event lost with one of its packets; `false`. The packet's
-    /// drop held the fast path ([`Self::put`]), so the sequence restarts
-    /// with the next event.
+    /// drop held the fast path (in [`Self::put`], or by the caller that
+    /// wrote it), so the sequence restarts with the next event.
     #[cold]
     fn lost(&mut self) -> bool {
         self.stats.events_dropped += 1;

@@ -81,8 +81,9 @@ const GROUPS: usize = 128;
 /// Keys of a group set by the thread holding the lane of that number
 /// (module docs).
 const LANES: usize = 4;
-/// The bits of a span id the table hashes ([`SpanTable::group`]).
-const ID_BITS: u64 = (1 << 48) - 1;
+/// The bits of a span id the table hashes ([`SpanTable::group`]): its
+/// registry slot's index and thread, not the slot's generation.
+const ID_BITS: u64 = (1 << 50) - 1;
 /// [`Slot::callsite`] of a span whose callsite has no number.
 const NO_CALLSITE: u32 = u32::MAX;
 
@@ -454,6 +455,12 @@ impl SpanTable {
     /// shared key are taken).
     #[inline]
     pub(super) fn claim(&self, id: u64) -> Option<&Slot> {
+        self.claim_in(id, lane())
+    }
+
+    /// [`SpanTable::claim`] by a thread holding `lane` (module docs).
+    #[inline(always)]
+    fn claim_in(&self, id: u64, lane: Option<usize>) -> Option<&Slot> {
         let start = Self::group(id);
         let keys = &self.keys[start..start + GROUP];
         if let Some(i) = keys.iter().position(|k| k.load(Ordering::Relaxed) == id) {
@@ -462,7 +469,7 @@ impl SpanTable {
         // Acquire (here and in the swap): the release of the slot's
         // previous span, and so every use of it, happened before the new
         // span's start.
-        if let Some(lane) = lane() {
+        if let Some(lane) = lane {
             // Only this thread sets this key (module docs).
             let k = &keys[lane];
             if k.load(Ordering::Acquire) == 0 {
@@ -577,18 +584,19 @@ mod tests {
             .filter(|&id| SpanTable::group(id) == group)
             .take(GROUP + 1)
             .collect();
-        // The shared keys, and this thread's lane key if it holds a lane
-        // (tests on other threads may hold them all).
-        let lane = lane();
-        let room = GROUP - LANES + usize::from(lane.is_some());
+        // The shared keys and the lane key of the claiming thread, which
+        // holds lane 1 (a lane of its own: tests on other threads take the
+        // process's lanes).
+        let lane = Some(1);
+        let room = GROUP - LANES + 1;
         for &id in &same[..room] {
             table
-                .claim(id)
+                .claim_in(id, lane)
                 .unwrap()
                 .other_enters
                 .store(id as u32, Ordering::Relaxed);
         }
-        assert!(table.claim(same[room]).is_none());
+        assert!(table.claim_in(same[room], lane).is_none());
         for &id in &same[..room] {
             let (slot, at) = table.get(id).unwrap();
             assert_eq!(slot.other_enters.load(Ordering::Relaxed), id as u32);
@@ -601,7 +609,7 @@ mod tests {
         }
         // One closes: the next claim gets its key.
         table.release(table.get(same[room - 1]).unwrap().1);
-        assert!(table.claim(same[room]).is_some());
+        assert!(table.claim_in(same[room], lane).is_some());
         assert!(table.get(same[room - 1]).is_none());
     }
 
