@@ -666,7 +666,7 @@ fn run(pool: Vec<String>, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError>
                 continue;
             }
             Op::Full(full) => {
-                w.packet_writer().arbiter_mut().full = *full;
+                w.arbiter_mut().full = *full;
                 if *full {
                     // No current chunk either: nothing fits anywhere.
                     w.flush();
@@ -675,12 +675,12 @@ fn run(pool: Vec<String>, start: u64, ops: Vec<Op>) -> Result<(), TestCaseError>
                 continue;
             }
             Op::Enabled(on) => {
-                w.packet_writer().arbiter_mut().enabled = *on;
+                w.arbiter_mut().enabled = *on;
                 m.enabled = *on;
                 continue;
             }
             Op::Epoch => {
-                w.packet_writer().arbiter_mut().epoch += 1;
+                w.arbiter_mut().epoch += 1;
                 m.reset_due = true;
                 continue;
             }

@@ -467,16 +467,16 @@ fn an_end_whose_begin_was_not_written_is_not_written() {
     assert!(w.slice_begin("s", "outer"));
     // The inner begin is lost (no chunk), so is its end; the outer end is
     // written.
-    w.packet_writer().arbiter_mut().full = true;
+    w.arbiter_mut().full = true;
     w.flush();
     assert!(!w.slice_begin("s", "inner"));
-    w.packet_writer().arbiter_mut().full = false;
+    w.arbiter_mut().full = false;
     assert!(!w.slice_end());
     assert!(w.slice_end());
     // The same through the builder, and with recording off.
-    w.packet_writer().arbiter_mut().enabled = false;
+    w.arbiter_mut().enabled = false;
     assert!(!w.event(Type::SliceBegin, "s", "off").emit());
-    w.packet_writer().arbiter_mut().enabled = true;
+    w.arbiter_mut().enabled = true;
     assert!(!w.event(Type::SliceEnd, "", "").emit());
     assert!(!w.event(Type::SliceEnd, "", "").emit());
     let stats = w.stats();
@@ -497,7 +497,7 @@ fn a_full_smb_drops_and_counts_and_the_sequence_starts_again() {
     let clock = ManualClock::at(1_000);
     let mut w: Writer = writer(&smb, &clock, config());
     // The collector leaves chunks in the SMB: it fills up for real.
-    w.packet_writer().arbiter_mut().hold = true;
+    w.arbiter_mut().hold = true;
     let mut written = Vec::new();
     let mut dropped = 0u32;
     for i in 0..2_000u32 {
@@ -522,8 +522,8 @@ fn a_full_smb_drops_and_counts_and_the_sequence_starts_again() {
     assert_eq!(stats.events_dropped, 5);
     assert!(w.writer_stats().packets_dropped_smb_full >= 5);
     // The service drains; writing goes on.
-    w.packet_writer().arbiter_mut().drain();
-    w.packet_writer().arbiter_mut().hold = false;
+    w.arbiter_mut().drain();
+    w.arbiter_mut().hold = false;
     clock.advance(1);
     assert!(w.instant("cat", "after"));
     assert!(w.counter(&TEMP, -7));
@@ -569,13 +569,13 @@ fn a_clear_request_from_the_consumer_restarts_the_sequence() {
     let mut w: Writer = writer(&smb, &clock, config());
     assert!(w.instant("c", "a"));
     assert!(w.counter(&TEMP, 1));
-    w.packet_writer().arbiter_mut().epoch = 1;
+    w.arbiter_mut().epoch = 1;
     clock.advance(5);
     assert!(w.instant("c", "a"));
     assert!(w.counter(&TEMP, 2));
     // The same epoch again: nothing to do.
     assert!(w.instant("c", "a"));
-    w.packet_writer().arbiter_mut().epoch = 2;
+    w.arbiter_mut().epoch = 2;
     assert!(w.counter(&TEMP, 3));
     assert!(w.event(Type::Instant, "c", "b").emit());
     let seq = read(&mut w);
@@ -606,14 +606,14 @@ fn with_recording_off_events_are_skipped_and_counted() {
     let clock = ManualClock::at(50);
     let mut w: Writer = writer(&smb, &clock, config());
     assert!(w.instant("c", "a"));
-    w.packet_writer().arbiter_mut().enabled = false;
+    w.arbiter_mut().enabled = false;
     assert!(!w.instant("c", "a"));
     assert!(!w.slice_begin("c", "a"));
     assert!(!w.counter(&TEMP, 1));
     assert!(!w.counter_f64(&TEMP, 1.0));
     assert!(!w.event(Type::Instant, "c", "b").emit());
     assert!(!w.slice_end()); // its begin was skipped
-    w.packet_writer().arbiter_mut().enabled = true;
+    w.arbiter_mut().enabled = true;
     clock.advance(3);
     assert!(w.instant("c", "a"));
     let stats = w.stats();
@@ -887,10 +887,10 @@ fn a_builder_end_while_off_pops_its_slice() {
     let clock = ManualClock::at(50);
     let mut w: Writer = writer(&smb, &clock, config());
     assert!(w.slice_begin("s", "outer"));
-    w.packet_writer().arbiter_mut().enabled = false;
+    w.arbiter_mut().enabled = false;
     assert!(!w.slice_begin("s", "inner"));
     assert!(!w.event(Type::SliceEnd, "", "").emit()); // ends "inner"
-    w.packet_writer().arbiter_mut().enabled = true;
+    w.arbiter_mut().enabled = true;
     // Ends "outer", whose begin was written: so must its end be.
     assert!(w.slice_end());
     let seq = read(&mut w);
@@ -909,9 +909,9 @@ fn a_loss_before_the_first_packet_is_marked_after_it() {
     let smb = smb(&mut storage);
     let clock = ManualClock::at(50);
     let mut w: Writer = writer(&smb, &clock, config());
-    w.packet_writer().arbiter_mut().full = true;
+    w.arbiter_mut().full = true;
     assert!(!w.instant("c", "lost"));
-    w.packet_writer().arbiter_mut().full = false;
+    w.arbiter_mut().full = false;
     assert!(w.instant("c", "kept"));
     let seq = read(&mut w);
     assert_eq!(seq.events.len(), 1);
@@ -968,16 +968,16 @@ fn call_sites_name_their_events_on_every_sequence() {
     want_a.push((Some("first"), vec!["again"]));
     both(&mut a, &mut b, &mut want_a, &mut want_b);
     // The consumer clears `b`; `b` starts with another string this time.
-    b.packet_writer().arbiter_mut().epoch = 1;
+    b.arbiter_mut().epoch = 1;
     assert!(b.instant("later", "first"));
     want_b.push((Some("first"), vec!["later"]));
     both(&mut a, &mut b, &mut want_a, &mut want_b);
     // A loss on `a` (its next chunk refused): the event is dropped, the
     // sequence starts again.
     a.flush();
-    a.packet_writer().arbiter_mut().full = true;
+    a.arbiter_mut().full = true;
     assert!(!a.instant_at(&TICK));
-    a.packet_writer().arbiter_mut().full = false;
+    a.arbiter_mut().full = false;
     assert!(a.instant("lost", "first"));
     want_a.push((Some("first"), vec!["lost"]));
     both(&mut a, &mut b, &mut want_a, &mut want_b);

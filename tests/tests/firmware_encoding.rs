@@ -313,7 +313,7 @@ fn firmware_losses_are_marked_and_counted() {
         clock.advance(1_000);
         if i == 3 {
             // No chunk: the SMB is full.
-            w.packet_writer().arbiter_mut().full = true;
+            w.arbiter_mut().full = true;
             w.flush();
         }
         let ok = w.slice_begin("c", "work");
@@ -332,7 +332,7 @@ fn firmware_losses_are_marked_and_counted() {
         let ok = w.counter(&TEMP, i);
         record(Type::Counter, "", ok);
         if i == 3 {
-            w.packet_writer().arbiter_mut().full = false;
+            w.arbiter_mut().full = false;
         }
         clock.advance(10);
         let ok = w.slice_end();

@@ -6,8 +6,8 @@
 //! Field order and size encoding are fixed, so the same event always
 //! becomes the same bytes: the TracePacket fields `timestamp`,
 //! `timestamp_clock_id` (absolute times only), `sequence_flags`,
-//! `track_event` (`type`, `track_uuid`, categories, name, debug
-//! annotations, flows, terminating flows, counter value), then
+//! `track_event` (`type`, counter value, `track_uuid`, categories, name,
+//! debug annotations, flows, terminating flows), then
 //! `interned_data` (categories, event names, annotation names, each in the
 //! order they were interned). Nested messages take a 1-byte size when the
 //! encoder is told the packet stays under 128 bytes (`SHORT = true`, what
@@ -211,7 +211,15 @@ pub fn arg_value<T: Target>(c: &mut Cursor<T>, value: ArgValue<'_>) {
 /// Writes one event packet's fields (see the module docs).
 #[inline(never)]
 pub fn event<T: Target, const SHORT: bool>(c: &mut Cursor<T>, ev: &Event<'_>) {
-    let te = event_head::<T, SHORT>(c, ev.time, ev.kind, ev.track_uuid, ev.categories, ev.name);
+    let te = event_head::<T, SHORT>(
+        c,
+        ev.time,
+        ev.kind,
+        ev.counter,
+        ev.track_uuid,
+        ev.categories,
+        ev.name,
+    );
     for arg in ev.args {
         let a = c.begin_message::<SHORT>(track_event::DEBUG_ANNOTATIONS);
         str_field(
@@ -229,24 +237,28 @@ pub fn event<T: Target, const SHORT: bool>(c: &mut Cursor<T>, ev: &Event<'_>) {
     for &flow in ev.terminating_flows {
         c.fixed64_field(track_event::TERMINATING_FLOW_IDS, flow);
     }
-    event_tail::<T, SHORT>(c, te, ev.counter, ev.interned);
+    event_tail::<T, SHORT>(c, te, ev.interned);
 }
 
 /// The fields [`event`] writes before the debug annotations: time, flags,
-/// `type`, `track_uuid`, categories and name, leaving the `track_event`
-/// open; close it with [`event_tail`]. (An event without annotations and
-/// flows is these two calls.)
+/// `type`, the counter value, `track_uuid`, categories and name, leaving
+/// the `track_event` open; close it with [`event_tail`]. (An event without
+/// annotations and flows is these two calls.)
 #[cfg_attr(target_os = "none", inline(never))]
 #[cfg_attr(not(target_os = "none"), inline)]
 pub fn event_head<T: Target, const SHORT: bool>(
     c: &mut Cursor<T>,
     time: Time,
     kind: Type,
+    counter: Option<CounterValue>,
     track_uuid: Option<u64>,
     categories: &[Str<'_>],
     name: Option<Str<'_>>,
 ) -> usize {
     let te = event_begin::<T, SHORT>(c, time, kind);
+    if let Some(v) = counter {
+        counter_value(c, v);
+    }
     if let Some(uuid) = track_uuid {
         c.uint(track_event::TRACK_UUID, uuid);
     }
@@ -259,19 +271,15 @@ pub fn event_head<T: Target, const SHORT: bool>(
     te
 }
 
-/// The fields [`event`] writes after the flows: the counter value, then
-/// closes the `track_event` opened at `te` and writes `interned_data`.
+/// The fields [`event`] writes after the flows: closes the `track_event`
+/// opened at `te` and writes `interned_data`.
 #[cfg_attr(target_os = "none", inline(never))]
 #[cfg_attr(not(target_os = "none"), inline)]
 pub fn event_tail<T: Target, const SHORT: bool>(
     c: &mut Cursor<T>,
     te: usize,
-    counter: Option<CounterValue>,
     interned: &[NewString<'_>],
 ) {
-    if let Some(v) = counter {
-        counter_value(c, v);
-    }
     c.end_message::<SHORT>(te);
     interned_data::<T, SHORT>(c, interned);
 }

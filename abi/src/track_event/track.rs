@@ -119,21 +119,23 @@ pub struct CounterTrack {
 
 /// The bytes of a fast-path event's `track_event` that a caller of the
 /// writer's fast path does not pass in registers (see `fast_event` in the
-/// writer): `lens & 0x1F` bytes, of which the registers' 8 are stored at
-/// byte `lens >> 8 & 0x1F`, after `b`'s at byte 0 and `tail`'s 4 at byte
-/// `lens >> 16 & 0x1F` (so each store's bytes past those it means are
-/// overwritten by a later one's, or lie past the event). Flags in `lens`:
-/// [`Rest::A_ONLY`], [`Rest::SLOW_BIT`].
+/// writer): `lens & 0x1F` bytes. A counter sample's are `head`'s 4 at byte
+/// 0 (`type` and the value's tag), the registers' 8 at byte 4 (the value)
+/// and `tail`'s 8 at byte `lens >> 8 & 0x1F` (the value's last bytes, if
+/// any, and `track_uuid`), in this order, so each store's bytes past those
+/// it means are overwritten by a later one's or lie past the event. Flags
+/// in `lens`: [`Rest::A_ONLY`] (all of it in the registers, at byte 0),
+/// [`Rest::SLOW_BIT`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Rest {
-    pub(super) b: u64,
-    pub(super) tail: u32,
+    pub(super) tail: u64,
+    pub(super) head: u32,
     pub(super) lens: u32,
 }
 
 impl Rest {
-    /// Bit of `lens`: every byte is in the registers (`b` and `tail` are
-    /// not written).
+    /// Bit of `lens`: every byte is in the registers (`head` and `tail`
+    /// are not written).
     pub(super) const A_ONLY: u32 = 1 << 7;
     /// Bit of `lens`: an event the fast path does not write.
     pub(super) const SLOW_BIT: u32 = 1 << 31;
@@ -141,70 +143,66 @@ impl Rest {
     pub(super) const NEGATIVE: usize = 4;
     /// [`Rest::samples`]' index of a double's.
     pub(super) const DOUBLE: usize = 5;
+    /// Where a sample's value starts: after `head`.
+    pub(super) const VALUE_AT: usize = 4;
 
-    /// `b`'s `nb` bytes, `n` in the registers, `tail`'s `nt`.
-    const fn new(b: u64, nb: u32, n: u32, tail: (u32, u32)) -> Self {
+    /// A sample's: `head`, the value's `n` bytes in the registers, then
+    /// `tail`'s `nt`.
+    const fn sample(head: u32, n: u32, tail: (u64, u32)) -> Self {
+        let at_tail = Rest::VALUE_AT as u32 + n;
         Rest {
-            b,
             tail: tail.0,
-            lens: (nb + n + tail.1) | nb << 8 | (nb + n) << 16,
+            head,
+            lens: (at_tail + tail.1) | at_tail << 8,
         }
     }
 
-    /// `b`'s `nb` bytes, `tail`'s `nt`, then the registers' 8.
-    const fn tail_first(b: u64, nb: u32, tail: (u32, u32)) -> Self {
-        Rest {
-            b,
-            tail: tail.0,
-            lens: (nb + tail.1 + 8) | (nb + tail.1) << 8 | nb << 16,
-        }
+    /// A sample's `head`: `type = TYPE_COUNTER` and the value's `tag`.
+    const fn sample_head(tag: [u8; 2]) -> u32 {
+        u32::from_le_bytes([
+            tag1(track_event::TYPE, WireType::Varint),
+            Type::Counter as u8,
+            tag[0],
+            tag[1],
+        ])
     }
 
-    /// A counter sample's on the track `uuid`, `b` its head (`type =
-    /// TYPE_COUNTER`, `track_uuid = uuid`), by the value's shape: a
-    /// non-negative integer of 1 to 4 varint bytes (its tag and varint in
-    /// the registers), a negative one (its tag and first 6 varint bytes in
-    /// the registers, the last 4, the same for every `i32`, the tail) or a
-    /// double (its tag the tail, its 8 bytes the registers); the slow
-    /// path's if the head takes more than 8 bytes (a uuid of 2^35 or
-    /// more).
+    /// A counter sample's on the track `uuid`, by the value's shape, as
+    /// `encode::event` orders its fields (`type = TYPE_COUNTER`, the value,
+    /// `track_uuid = uuid`): a non-negative integer of 1 to 4 varint bytes
+    /// (in the registers), a negative one (its first 8 varint bytes in the
+    /// registers, the last 2, the same for every `i32`, first in the tail)
+    /// or a double (its 8 bytes in the registers); the slow path's if the
+    /// tail takes more than 8 bytes (a uuid of 2^35 or more).
     const fn samples(uuid: u64) -> [Self; 6] {
         let len = varint_len(uuid);
         if 3 + len > 8 {
             let slow = Rest {
-                b: 0,
                 tail: 0,
+                head: 0,
                 lens: Rest::SLOW_BIT,
             };
             return [slow; 6];
         }
-        let mut head = u64::from_le_bytes([
-            tag1(track_event::TYPE, WireType::Varint),
-            Type::Counter as u8,
-            tag1(track_event::TRACK_UUID, WireType::Varint),
-            0,
-            0,
-            0,
-            0,
-            0,
-        ]);
+        let mut uuid_field = tag1(track_event::TRACK_UUID, WireType::Varint) as u64;
         let mut i = 0;
         let mut v = uuid;
         while i < len {
             let more = if i + 1 < len { 0x80 } else { 0 };
-            head |= ((v & 0x7F) | more) << (8 * (3 + i));
+            uuid_field |= ((v & 0x7F) | more) << (8 * (1 + i));
             v >>= 7;
             i += 1;
         }
-        let nb = (3 + len) as u32;
-        let dbl = tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64);
+        let field = (uuid_field, (1 + len) as u32);
+        let int = Rest::sample_head(tag2(track_event::COUNTER_VALUE, WireType::Varint));
+        let dbl = Rest::sample_head(tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64));
         [
-            Rest::new(head, nb, 3, (0, 0)),
-            Rest::new(head, nb, 4, (0, 0)),
-            Rest::new(head, nb, 5, (0, 0)),
-            Rest::new(head, nb, 6, (0, 0)),
-            Rest::new(head, nb, 8, (0x01FF_FFFF, 4)),
-            Rest::tail_first(head, nb, (u32::from_le_bytes([dbl[0], dbl[1], 0, 0]), 2)),
+            Rest::sample(int, 1, field),
+            Rest::sample(int, 2, field),
+            Rest::sample(int, 3, field),
+            Rest::sample(int, 4, field),
+            Rest::sample(int, 8, (0x01FF | field.0 << 16, field.1 + 2)),
+            Rest::sample(dbl, 8, field),
         ]
     }
 }
@@ -260,15 +258,6 @@ impl CounterTrack {
     /// Its uuid.
     pub const fn uuid(&self) -> u64 {
         self.track.uuid()
-    }
-
-    /// The first fields of a sample's `track_event` on this track (`type =
-    /// TYPE_COUNTER`, `track_uuid`) as the low bytes of a word, and how many
-    /// there are; `None` if they take more than 8 bytes.
-    #[inline(always)]
-    pub fn sample_head(&self) -> Option<(u64, usize)> {
-        let first = &self.samples[0];
-        (first.lens & Rest::SLOW_BIT == 0).then_some((first.b, (first.lens >> 8 & 0x1F) as usize))
     }
 
     /// What the writer's fast path writes of a sample on this track
@@ -426,25 +415,6 @@ mod tests {
             fields(&AnyTrack::Counter(&PLAIN)),
             [0x08, 4, 0x12, 1, b'c', 0x42, 0]
         );
-    }
-
-    #[test]
-    fn sample_heads_are_the_encoded_type_and_uuid() {
-        for uuid in [1, 127, 128, 0xFFFF_FFFF, (1 << 35) - 1] {
-            let t = CounterTrack::new("t").with_uuid(uuid);
-            let mut b = [0u8; 16 + TARGET_SLACK];
-            let mut c = Cursor::new(&mut b);
-            c.uint(track_event::TYPE, Type::Counter as u64);
-            c.uint(track_event::TRACK_UUID, uuid);
-            let n = c.finish().unwrap();
-            let (head, len) = t.sample_head().unwrap();
-            assert_eq!(&head.to_le_bytes()[..len], &b[..n], "{uuid:#x}");
-        }
-        assert_eq!(
-            CounterTrack::new("t").with_uuid(1 << 35).sample_head(),
-            None
-        );
-        assert!(CounterTrack::new("t").sample_head().is_some());
     }
 
     #[test]

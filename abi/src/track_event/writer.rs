@@ -26,7 +26,7 @@
 use crate::proto::wire::{varint_groups, varint_word, WireType};
 use crate::proto::{Args, Cursor, Target, Template};
 use crate::smb::Window;
-use crate::trace::{sequence_flags, tag1, tag2, trace_packet, track_event};
+use crate::trace::{sequence_flags, tag1, trace_packet, track_event};
 use crate::writer::{packet, ChunkArbiter, DropReason, EncodePacket, InPlaceWriter, WriterStats};
 
 use super::clock::Clock;
@@ -171,6 +171,9 @@ pub struct TrackEventWriter<
     base: u64,
     /// The time of the last event [`Self::fast`] left to [`Self::slow`].
     missed_at: u64,
+    /// The value of the last counter sample (its bits) handed to
+    /// [`Self::fast`], for [`Self::slow`].
+    missed_value: u64,
     slices: SliceStack,
     interned: InternTable<N>,
     stats: TrackEventStats,
@@ -197,6 +200,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             out,
             base: 0,
             missed_at: 0,
+            missed_value: 0,
             slices: SliceStack::default(),
             stats: TrackEventStats::default(),
             tracks: TrackSet::new(),
@@ -310,7 +314,12 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
 
     /// The event counters.
     pub fn stats(&self) -> TrackEventStats {
-        self.stats
+        // The fast path counts nothing: its packets are events, counted
+        // by the chunk writer.
+        TrackEventStats {
+            events: self.stats.events.wrapping_add(self.out.fast_packets()),
+            ..self.stats
+        }
     }
 
     /// The chunk writer's counters.
@@ -318,9 +327,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.out.stats()
     }
 
-    /// The chunk writer.
-    pub fn packet_writer(&mut self) -> &mut InPlaceWriter<'s, A> {
-        &mut self.out
+    /// The arbiter.
+    pub fn arbiter(&self) -> &A {
+        self.out.arbiter()
+    }
+
+    /// The arbiter, mutably.
+    pub fn arbiter_mut(&mut self) -> &mut A {
+        self.out.arbiter_mut()
     }
 
     /// Slice begins and instants on the default track, with the slice
@@ -435,6 +449,18 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// floating-point path.
     #[inline(always)]
     fn sample(&mut self, track: &'static CounterTrack, value: CounterValue) -> bool {
+        // The value for the slow path, in the writer: no register keeps it
+        // across the fast path's call (one store, no stack frame).
+        let needs = match value {
+            CounterValue::Int(v) => {
+                self.missed_value = v as u64;
+                Needs::Int(track)
+            }
+            CounterValue::Double(v) => {
+                self.missed_value = v.to_bits();
+                Needs::Double(track)
+            }
+        };
         // The rest is the track's (in flash).
         let (rest, a) = match self
             .tracks
@@ -450,7 +476,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         };
         match self.fast(rest, a) {
             Fast::Written => true,
-            fast => self.missed(fast, Needs::Track(&Sample { track, value })),
+            fast => self.missed(fast, needs),
         }
     }
 
@@ -484,15 +510,15 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         }
         let now = self.clock.now_ns();
         if let Some(delta) = self.delta(now, rest.lens) {
-            let (base, events) = (&mut self.base, &mut self.stats.events);
+            let base = &mut self.base;
             if self.out.write_fast_sized(
                 #[inline(always)]
                 |c| {
-                    // The window's checks passed: the packet is written.
-                    // Counted first, so the time's registers are free for
+                    // The window's checks passed: the packet is written
+                    // (and counted by the chunk writer: see `stats`).
+                    // Its time first, so the time's registers are free for
                     // the stores.
                     *base = now;
-                    *events += 1;
                     fast_event(c, delta, rest, a)
                 },
             ) {
@@ -578,10 +604,15 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 strings = [category, name];
                 (skip, ids, &strings)
             }
-            (Needs::Track(&Sample { track, value }), _) => {
+            (Needs::Int(track) | Needs::Double(track), _) => {
                 if !self.described(AnyTrack::Counter(track), now) {
                     return false;
                 }
+                let bits = self.missed_value;
+                let value = match needs {
+                    Needs::Double(_) => CounterValue::Double(f64::from_bits(bits)),
+                    _ => CounterValue::Int(bits as i64),
+                };
                 let (skip, ids) = sample_fields(track.uuid(), value);
                 (skip, ids, &[])
             }
@@ -896,7 +927,6 @@ const TRACK_EVENT: u8 = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimite
 const TYPE: u8 = tag1(track_event::TYPE, WireType::Varint);
 const CATEGORY_IIDS: u8 = tag1(track_event::CATEGORY_IIDS, WireType::Varint);
 const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
-const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint);
 
 /// Writes the event [`TrackEventWriter::fast`] writes: its 1-byte size,
 /// its timestamp `delta` (below 2^28) after the previous event,
@@ -908,10 +938,8 @@ const COUNTER_VALUE: [u8; 2] = tag2(track_event::COUNTER_VALUE, WireType::Varint
 fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     let lens = rest.lens;
     let (time, n) = varint_word(delta);
-    // Each at most 31 (so no window index needs masking).
+    // At most 31, as the tail's offset (so no window index needs masking).
     let len = lens & 0x1F;
-    let at_a = (lens >> 8 & 0x1F) as usize;
-    let at_tail = (lens >> 16 & 0x1F) as usize;
     // The size: the timestamp's tag and varint, 4 bytes, the track event.
     let size = 1 + n + 4 + len as usize;
     c.word(
@@ -925,13 +953,10 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     if lens & Rest::A_ONLY != 0 {
         c.word(a, len as usize);
     } else {
-        // `b` at byte 0, then the tail and the registers at their bytes
-        // (a double's tail, its tag, comes before its 8 bytes; a negative
-        // integer's after): in this order, the bytes a store writes past
-        // those it means are a later store's or lie past the event.
-        c.word_at(0, rest.b);
-        c.word32_at(at_tail, rest.tail);
-        c.word_at(at_a, a);
+        // A sample: its head, value and tail, in this order (see `Rest`).
+        c.word32_at(0, rest.head);
+        c.word_at(Rest::VALUE_AT, a);
+        c.word_at((lens >> 8 & 0x1F) as usize, rest.tail);
         c.skip(len as usize);
     }
 }
@@ -956,16 +981,16 @@ impl Rest {
     const END: Rest = Rest::only(2);
     /// Nothing the fast path writes: the slow path's event.
     const SLOW: Rest = Rest {
-        b: 0,
         tail: 0,
+        head: 0,
         lens: Rest::SLOW_BIT,
     };
 
     /// A track event of `n` bytes (at most 8), all in `a`.
     const fn only(n: u32) -> Self {
         Rest {
-            b: 0,
             tail: 0,
+            head: 0,
             lens: n | Rest::A_ONLY,
         }
     }
@@ -985,28 +1010,27 @@ fn named_word(kind: u32, ids: u32) -> u64 {
     u64::from(low) | u64::from(high) << 32
 }
 
-/// An integer sample's `a` and its shape (the index of its rest in its
-/// track's, [`CounterTrack::sample_rest`]), if the fast path writes it: a
-/// value in `i32` range below 2^28 (a negative one is always 10 varint
-/// bytes, 4 of them from its low bits, the last 4 the same for all).
+/// An integer sample's `a` (its varint bytes, or a negative one's first 8)
+/// and its shape (the index of its rest in its track's,
+/// [`CounterTrack::sample_rest`]), if the fast path writes it: a value in
+/// `i32` range below 2^28 (a negative one is always 10 varint bytes, the
+/// last 2 the same for all).
 #[inline(always)]
 fn int_word(v: i64) -> Option<(usize, u64)> {
-    let tag = u64::from_le_bytes([COUNTER_VALUE[0], COUNTER_VALUE[1], 0, 0, 0, 0, 0, 0]);
     if (0..1 << 28).contains(&v) {
         let (word, n) = varint_word(v as u32);
-        return Some((n - 1, tag | u64::from(word) << 16));
+        return Some((n - 1, u64::from(word)));
     }
     // In `i32` range: a word compare of the high word with the low word's
     // sign (a 64-bit range check is a compare chain).
     if v < 0 && v == i64::from(v as i32) {
-        // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31 and three set
-        // sign bits, byte 5: 0xFF, both the high half of the low word's
-        // arithmetic shift by 12 (one instruction packs it with bytes 2 and
-        // 3); 3 more 0xFF, and the sign bit, in the tail.
+        // Bytes 0..=3: bits 0..=27; byte 4: bits 28..=31, three set sign
+        // bits and the continuation bit; bytes 5..=7: 0xFF. Bytes 4..=7 are
+        // the low word's arithmetic shift by 28, one instruction.
         let low = varint_groups(v as u32) | 0x8080_8080;
         return Some((
             Rest::NEGATIVE,
-            tag | u64::from(low) << 16 | u64::from(((v as i32) >> 12) as u32 & 0xFFFF_0000) << 32,
+            u64::from(low) | u64::from(((v as i32) >> 28) as u32) << 32,
         ));
     }
     None
@@ -1070,13 +1094,13 @@ const SLOW_EVENT: &[u8] = crate::template!(Template::new()
     .end_skip()
     .end_skip()
     .skip_unless(SAMPLE)
-    .uint(track_event::TRACK_UUID, 3)
     .skip_if(DOUBLE)
     .uint(track_event::COUNTER_VALUE, 4)
     .end_skip()
     .skip_unless(DOUBLE)
     .fixed64(track_event::DOUBLE_COUNTER_VALUE, 4)
     .end_skip()
+    .uint(track_event::TRACK_UUID, 3)
     .end_skip()
     .end());
 
@@ -1156,10 +1180,13 @@ enum Needs<'a> {
     End = Type::SliceEnd as u8,
     /// An instant at a call site, as [`Needs::Begin`].
     Instant(&'static EventSite) = Type::Instant as u8,
-    /// A sample of a value on a counter track, described.
-    Track(&'a Sample) = Type::Counter as u8,
+    /// A sample of an integer on a counter track, described; the value
+    /// is the writer's `missed_value`.
+    Int(&'static CounterTrack) = Type::Counter as u8,
     /// A slice begin's or an instant's category and name, interned.
     Names(&'a Names),
+    /// [`Needs::Int`] of a double (`missed_value` its bits).
+    Double(&'static CounterTrack),
 }
 
 impl Needs<'_> {
@@ -1171,7 +1198,7 @@ impl Needs<'_> {
             Needs::Instant(_) => Type::Instant,
             Needs::Names(n) => return n.kind,
             Needs::End => Type::SliceEnd,
-            Needs::Track(_) => Type::Counter,
+            Needs::Int(_) | Needs::Double(_) => Type::Counter,
         };
         kind as u8
     }
@@ -1182,12 +1209,6 @@ struct Names {
     kind: u8,
     category: &'static str,
     name: &'static str,
-}
-
-/// A counter sample.
-struct Sample {
-    track: &'static CounterTrack,
-    value: CounterValue,
 }
 
 /// Everything about an event but its time, before interning.

@@ -49,7 +49,8 @@
 //!   there until that next packet.
 //! * Packets written = the packets of the chunks returned so far plus those
 //!   in the chunk held (its count, less the inflated slot): the fast path
-//!   counts nothing but the chunk's count.
+//!   counts nothing but the chunk's count. Those it wrote are the packets
+//!   written less those [`InPlaceWriter::write_dyn`] counts.
 
 use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::wire::WireType;
@@ -82,6 +83,9 @@ struct Counters {
     /// Packets in the chunks returned to the arbiter (those in the chunk
     /// held are its count: the fast path counts nothing).
     packets_returned: u32,
+    /// Packets [`InPlaceWriter::write_dyn`] wrote (the others are the fast
+    /// path's).
+    packets_dyn: u32,
     dropped_smb_full: u32,
     dropped_patch_storage: u32,
     dropped_too_long: u32,
@@ -193,6 +197,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             pending_loss: 0,
             stats: Counters {
                 packets_returned: 0,
+                packets_dyn: 0,
                 dropped_smb_full: 0,
                 dropped_patch_storage: 0,
                 dropped_too_long: 0,
@@ -358,6 +363,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                         0
                     };
                     chunk.set_window_limit(limit);
+                    self.stats.packets_dyn = self.stats.packets_dyn.wrapping_add(1);
                     return Ok(true);
                 }
                 if full_window {
@@ -535,6 +541,17 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
             chunks_committed: u64::from(s.chunks_committed),
             ..WriterStats::default()
         }
+    }
+
+    /// Packets the fast paths ([`InPlaceWriter::write_fast`],
+    /// [`InPlaceWriter::write_fast_sized`]) wrote, modulo 2^32: a caller
+    /// that writes one kind of packet there counts them without a store of
+    /// its own.
+    pub fn fast_packets(&self) -> u32 {
+        let s = self.stats;
+        s.packets_returned
+            .wrapping_add(self.packets_in_chunk())
+            .wrapping_sub(s.packets_dyn)
     }
 
     /// The arbiter.

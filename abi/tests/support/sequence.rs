@@ -206,7 +206,7 @@ pub fn writer_with_id<'s, const N: usize, const T: usize>(
 /// Flushes `w` and takes the chunks its collector has read so far.
 pub fn take_chunks<const N: usize, const T: usize>(w: &mut Writer<'_, N, T>) -> Vec<Vec<u8>> {
     w.flush();
-    let arbiter = w.packet_writer().arbiter_mut();
+    let arbiter = w.arbiter_mut();
     arbiter.drain();
     assert_eq!(
         arbiter.patch_groups, 0,

@@ -608,6 +608,12 @@ impl SequenceState {
 
     fn write_track_event<S: Sink>(&mut self, te: &mut Message<'_, S>, ev: &EventData<'_>) {
         te.enumeration(event_field::TYPE, ev.kind as i32);
+        // The value first, as `encode::event` orders them.
+        match ev.counter {
+            Some(CounterValue::Int(v)) => te.int64(event_field::COUNTER_VALUE, v),
+            Some(CounterValue::Double(v)) => te.double(event_field::DOUBLE_COUNTER_VALUE, v),
+            None => {}
+        }
         if let Some(t) = ev.track {
             if t.uuid() != self.thread_track.uuid() {
                 te.uint64(event_field::TRACK_UUID, t.uuid());
@@ -640,11 +646,6 @@ impl SequenceState {
         }
         for f in ev.terminating_flows {
             te.fixed64(event_field::TERMINATING_FLOW_IDS, f.id());
-        }
-        match ev.counter {
-            Some(CounterValue::Int(v)) => te.int64(event_field::COUNTER_VALUE, v),
-            Some(CounterValue::Double(v)) => te.double(event_field::DOUBLE_COUNTER_VALUE, v),
-            None => {}
         }
     }
 

@@ -441,7 +441,7 @@ fn compare(pool: Vec<String>, start: u64, ops: Vec<Op>) -> Result<(), TestCaseEr
     }
     prop_assert_eq!(firmware.stats().events_dropped, 0);
     firmware.flush();
-    let fw_packets = packets(&firmware.packet_writer().arbiter().chunks);
+    let fw_packets = packets(&firmware.arbiter().chunks);
     let host_packets = out.packets.clone();
     let decode = |b: &Vec<u8>| ts::TracePacket::decode(&b[..]).expect("a packet");
     let keep = |packets: &[Vec<u8>]| -> Vec<Vec<u8>> {

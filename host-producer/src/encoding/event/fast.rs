@@ -391,6 +391,9 @@ impl SequenceState {
                 f.word(u64::from_le_bytes([h0, h1, h2, h3, h4, h5, 0, 0]), 6);
             }
             if KIND == COUNTER {
+                // The value first, as `encode::event` orders them.
+                f.byte2(TAG_COUNTER_VALUE);
+                put_varint(f, b);
                 let n = usize::from(varint_len(a));
                 let (low, high) = uuid_varint;
                 f.byte(TAG_TRACK_UUID);
@@ -398,8 +401,6 @@ impl SequenceState {
                 if n > 8 {
                     f.word(u64::from(high), n - 8);
                 }
-                f.byte2(TAG_COUNTER_VALUE);
-                put_varint(f, b);
                 return true;
             }
             // Two one-byte tags with one-byte values (category and name
