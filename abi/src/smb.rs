@@ -410,7 +410,7 @@ impl<'m> Smb<'m> {
             page: p.page,
             // Below 14 (the geometry exists).
             chunk: chunk as u8,
-            layout,
+            layout: layout.bits() as u8,
             words,
             payload,
             used,
@@ -630,21 +630,22 @@ impl<'m> Smb<'m> {
 /// the SMB is torn down), as in Perfetto.
 #[derive(Debug)]
 #[must_use = "a chunk that is never released stays BeingWritten forever"]
-// `repr(C)`, the bytes first: `layout`, whose spare values mark an
-// `Option<WritableChunk>`'s `None`, at offset 0, and the payload's pointer
-// and window limit next, where the writers' fast paths read them with the
-// Cortex-M short loads (a byte load reaches 31 bytes, a halfword one 62).
+// `repr(C)`, the payload last. The layout is kept as its bits (no spare
+// values), so an `Option<WritableChunk>`'s `None` is a null reference: one
+// word load and compare on the writers' fast paths (and, measured on
+// Cortex-M4, the smallest code of the orders tried).
 #[repr(C)]
 pub struct WritableChunk<'a> {
-    layout: PageLayout,
+    /// The [`PageLayout`]'s bits.
+    layout: u8,
     chunk: u8,
     /// At most the payload's length (below 64 KiB).
     used: u16,
-    payload: PayloadMut<'a>,
     words: &'a ChunkWords<AtomicU32, AtomicU16>,
     /// The page's `header_bitmap` (all the release needs of the page).
     header_bitmap: &'a AtomicU32,
     page: usize,
+    payload: PayloadMut<'a>,
 }
 
 impl WritableChunk<'_> {
@@ -658,7 +659,7 @@ impl WritableChunk<'_> {
 
     /// The page layout the chunk was acquired with.
     pub fn layout(&self) -> PageLayout {
-        self.layout
+        PageLayout::from_bits(u32::from(self.layout))
     }
 
     /// Payload capacity in bytes (chunk size minus the 8-byte header).
@@ -765,7 +766,7 @@ impl WritableChunk<'_> {
         // The chunk exists in its layout (it was taken in it).
         sync::release_existing_as_complete(
             self.header_bitmap,
-            self.layout,
+            self.layout(),
             usize::from(self.chunk),
         )?;
         Ok(self.location())
