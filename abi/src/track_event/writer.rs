@@ -10,7 +10,9 @@
 //!   or the track lookup) and hand them, in registers, to the one
 //!   out-of-line [`TrackEventWriter::fast`]: the clock, the checks of the
 //!   sequence state, the packet stored straight into the chunk by
-//!   [`InPlaceWriter::write_fast_sized`], one release store.
+//!   [`InPlaceWriter::write_fast_sized`], one release store. It counts
+//!   nothing: its packets are the chunk writer's fast packets
+//!   ([`InPlaceWriter::fast_packets`]), all events.
 //! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
 //!   chunk to switch, time gone backwards), as a template ([`SLOW_EVENT`]).
