@@ -34,14 +34,13 @@ struct LoomRing {
 
 impl LoomRing {
     fn new() -> Self {
-        let ring = LoomRing {
+        // Initialized as the protocol says: `seq[i] = i`, `head = tail = 0`.
+        LoomRing {
             head: AtomicU32::new(0),
             tail: AtomicU32::new(0),
-            seq: std::array::from_fn(|_| AtomicU32::new(0)),
+            seq: std::array::from_fn(|i| AtomicU32::new(i as u32)),
             body: std::array::from_fn(|_| UnsafeCell::new([0; 7])),
-        };
-        ring::reset(&ring);
-        ring
+        }
     }
 }
 

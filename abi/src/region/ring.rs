@@ -199,15 +199,3 @@ pub fn release<R: RingWords + ?Sized>(ring: &R, pos: u32) {
     }
     ring.tail().store(pos.wrapping_add(1), Ordering::Release);
 }
-
-/// Resets a ring: `seq[i] = i`, `head = tail = 0` (by its owner, before the
-/// region is published).
-pub fn reset<R: RingWords + ?Sized>(ring: &R) {
-    for i in 0..ring.slots() {
-        if let Some(seq) = ring.seq(i) {
-            seq.store(i, Ordering::Relaxed);
-        }
-    }
-    ring.head().store(0, Ordering::Relaxed);
-    ring.tail().store(0, Ordering::Relaxed);
-}
