@@ -10,6 +10,7 @@
 use crate::proto::wire::{varint_len, WireType};
 use crate::proto::{Args, Cursor, Target};
 use crate::trace::counter_descriptor::Unit;
+use crate::trace::trace_packet;
 use crate::trace::track_event::{self, Type};
 use crate::trace::{tag1, tag2};
 
@@ -119,13 +120,16 @@ pub struct CounterTrack {
 
 /// The bytes of a fast-path event's `track_event` that a caller of the
 /// writer's fast path does not pass in registers (see `fast_event` in the
-/// writer): `lens & 0x1F` bytes. A counter sample's are `head`'s 4 at byte
-/// 0 (`type` and the value's tag), the registers' 8 at byte 4 (the value)
-/// and `tail`'s 8 at byte `lens >> 8 & 0x1F` (the value's last bytes, if
-/// any, and `track_uuid`), in this order, so each store's bytes past those
-/// it means are overwritten by a later one's or lie past the event. Flags
-/// in `lens`: [`Rest::A_ONLY`] (all of it in the registers, at byte 0),
-/// [`Rest::SLOW_BIT`].
+/// writer), and their lengths. `lens`, [`Rest::lens`]: byte 0 the packet's
+/// size less its timestamp's varint, byte 1 the timestamp's tag (the
+/// packet's first two bytes, with the varint's length added), byte 2
+/// where the tail goes, byte 3 the `track_event`'s length; flags
+/// [`Rest::A_ONLY`] (all of it in the registers, at byte 0) and
+/// [`Rest::SLOW_BIT`]. A counter sample's bytes are `head`'s 4 at byte 0
+/// (`type` and the value's tag), the registers' 8 at byte 4 (the value) and
+/// `tail`'s 8 where `lens` says (the value's last bytes, if any, and
+/// `track_uuid`), in this order, so each store's bytes past those it means
+/// are overwritten by a later one's or lie past the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Rest {
     pub(super) tail: u64,
@@ -136,7 +140,7 @@ pub(super) struct Rest {
 impl Rest {
     /// Bit of `lens`: every byte is in the registers (`head` and `tail`
     /// are not written).
-    pub(super) const A_ONLY: u32 = 1 << 7;
+    pub(super) const A_ONLY: u32 = 1 << 23;
     /// Bit of `lens`: an event the fast path does not write.
     pub(super) const SLOW_BIT: u32 = 1 << 31;
     /// [`Rest::samples`]' index of a negative integer's.
@@ -146,6 +150,17 @@ impl Rest {
     /// Where a sample's value starts: after `head`.
     pub(super) const VALUE_AT: usize = 4;
 
+    /// The `lens` of a `track_event` of `len` bytes (at most 31) whose
+    /// tail goes at byte `at_tail`.
+    pub(super) const fn lens(len: u32, at_tail: u32) -> u32 {
+        // After the size and the timestamp: `sequence_flags` (2 bytes) and
+        // the `track_event`'s tag and 1-byte length.
+        let size = 1 + 4 + len;
+        size | (tag1(trace_packet::TIMESTAMP, WireType::Varint) as u32) << 8
+            | at_tail << 16
+            | len << 24
+    }
+
     /// A sample's: `head`, the value's `n` bytes in the registers, then
     /// `tail`'s `nt`.
     const fn sample(head: u32, n: u32, tail: (u64, u32)) -> Self {
@@ -153,7 +168,7 @@ impl Rest {
         Rest {
             tail: tail.0,
             head,
-            lens: (at_tail + tail.1) | at_tail << 8,
+            lens: Rest::lens(at_tail + tail.1, at_tail),
         }
     }
 

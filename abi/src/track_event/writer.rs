@@ -922,7 +922,6 @@ const MAX_INTERNED_LEN: usize = MAX_PACKET - PREFIX_ROOM - 12;
 /// most `M` (a vector: nothing to initialize until used).
 type NewStrings<const M: usize> = heapless::Vec<NewString<'static>, M>;
 
-const TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
 const FLAGS: u8 = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
 const NEEDS_STATE: u8 = sequence_flags::SEQ_NEEDS_INCREMENTAL_STATE as u8;
 const TRACK_EVENT: u8 = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimited);
@@ -941,13 +940,11 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
     let lens = rest.lens;
     let (time, n) = varint_word(delta);
     // At most 31, as the tail's offset (so no window index needs masking).
-    let len = lens & 0x1F;
-    // The size: the timestamp's tag and varint, 4 bytes, the track event.
-    let size = 1 + n + 4 + len as usize;
-    c.word(
-        size as u64 | u64::from(TIMESTAMP) << 8 | u64::from(time) << 16,
-        2 + n,
-    );
+    let len = lens >> 24 & 0x1F;
+    // The size (`lens`' byte 0 plus the varint's length), the timestamp's
+    // tag and varint: the low half of `lens + n`, then the varint.
+    let head = (lens + n as u32) & 0xFFFF | time << 16;
+    c.word(u64::from(head) | u64::from(time >> 16) << 32, 2 + n);
     c.word32(
         u32::from_le_bytes([FLAGS, NEEDS_STATE, TRACK_EVENT, 0]) | len << 24,
         4,
@@ -958,7 +955,7 @@ fn fast_event<T: Target>(c: &mut Cursor<T>, delta: u32, rest: &Rest, a: u64) {
         // A sample: its head, value and tail, in this order (see `Rest`).
         c.word32_at(0, rest.head);
         c.word_at(Rest::VALUE_AT, a);
-        c.word_at((lens >> 8 & 0x1F) as usize, rest.tail);
+        c.word_at((lens >> 16 & 0x1F) as usize, rest.tail);
         c.skip(len as usize);
     }
 }
@@ -993,7 +990,7 @@ impl Rest {
         Rest {
             tail: 0,
             head: 0,
-            lens: n | Rest::A_ONLY,
+            lens: Rest::lens(n, 0) | Rest::A_ONLY,
         }
     }
 }
