@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +30,7 @@ use serde_json::Value;
 
 use crate::error::{HarnessError, Result};
 use crate::process::ChildProcess;
+use crate::scenario;
 
 /// The firmware's target.
 pub const TARGET: &str = "thumbv7em-none-eabihf";
@@ -124,23 +124,6 @@ pub fn boottime_ns() -> u64 {
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| HarnessError::Io {
-        action: "bind",
-        path: "127.0.0.1:0".into(),
-        source,
-    })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| HarnessError::Io {
-            action: "read the address of",
-            path: "127.0.0.1:0".into(),
-            source,
-        })
-}
-
 /// Where UART0 goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Uart {
@@ -197,6 +180,24 @@ impl Qemu {
             qemu.await_listening(port)?;
         }
         Ok(qemu)
+    }
+
+    /// [`Qemu::start`] with UART0 on a TCP server at a free port, which it
+    /// returns: a port taken by another process between its pick and
+    /// QEMU's bind is picked anew (a few times).
+    pub fn start_serving(elf_dir: &Path, bin: &str, dir: &Path) -> Result<(Self, u16)> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let port = scenario::free_tcp_port()?;
+            match Qemu::start(elf_dir, bin, dir, Uart::TcpServer(port)) {
+                Ok(qemu) => return Ok((qemu, port)),
+                Err(e) if attempts < scenario::TCP_START_ATTEMPTS => {
+                    eprintln!("QEMU's start failed; again with a new port: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Waits until QEMU says it waits for a connection on `port`.

@@ -1078,14 +1078,15 @@ fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
         })
 }
 
-/// Starts of a service on a TCP port tried, each with a port picked anew
+/// Starts of a process on a TCP port tried, each with a port picked anew
 /// (see [`free_tcp_port`]).
-const TCP_START_ATTEMPTS: u32 = 3;
+pub const TCP_START_ATTEMPTS: u32 = 3;
 
 /// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick
-/// for port 0; another process could take it before the service binds it,
-/// which the service's start then reports).
-fn free_tcp_port() -> Result<u16> {
+/// for port 0; another process could take it before ours binds it, which
+/// our process's start then reports: try again with a new port, up to
+/// [`TCP_START_ATTEMPTS`] times).
+pub fn free_tcp_port() -> Result<u16> {
     let io = |source| HarnessError::Io {
         action: "picking a free TCP port on",
         path: PathBuf::from("127.0.0.1"),

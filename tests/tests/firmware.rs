@@ -148,9 +148,8 @@ fn firmware_into_a_trace(
                 )
                 .expect("the service starts"),
             };
-            let port = firmware::free_port().expect("a free port");
-            let mut qemu = Qemu::start(&elf_dir, "stream", dir.path(), Uart::TcpServer(port))
-                .expect("QEMU starts");
+            let (mut qemu, port) =
+                Qemu::start_serving(&elf_dir, "stream", dir.path()).expect("QEMU starts");
             let mut command = Command::new(scenario::shmtrace_binary().expect("shmtrace"));
             command
                 .args([
@@ -626,7 +625,7 @@ fn firmware_readme_walkthrough() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let port = firmware::free_port().expect("a free port");
+    let port = scenario::free_tcp_port().expect("a free port");
     let psram = root.join("fw-ram");
     let record = root.join("project");
 
