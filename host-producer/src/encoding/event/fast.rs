@@ -23,13 +23,13 @@ const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Va
 /// `DebugAnnotation.name_iid`.
 pub(super) const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
 /// `DebugAnnotation.bool_value`.
-const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
 /// `DebugAnnotation.uint_value`.
-const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
 /// `DebugAnnotation.int_value`.
-const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
 /// `DebugAnnotation.double_value`.
-const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
+pub(super) const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
 /// `DebugAnnotation.string_value`.
 pub(super) const TAG_ARG_STRING: u8 =
     tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
@@ -674,6 +674,15 @@ impl SequenceState {
         Some(ns - self.clock_base)
     }
 
+    /// Notes a flat event of `KIND` stamped `ns` written.
+    #[inline(always)]
+    pub(super) fn written_flat<const KIND: u8>(&mut self, ns: u64) {
+        self.clock_base = ns;
+        if KIND == EventType::SliceBegin as u8 {
+            self.slices.push(true);
+        }
+    }
+
     /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
     /// of [`SequenceState::try_write_plain_args`] for the same event);
     /// `false` (nothing changed) where the general path must do the work.
@@ -695,40 +704,41 @@ impl SequenceState {
         };
         let interned = &self.interned;
         let resets = self.resets;
-        if let Some(head) = self.flat_heads.get(KIND, site, resets) {
-            // A recent trace point: its head copied, its names checked.
+        if let Some(head) = self.flat_heads.get_mut(KIND, site, resets) {
+            // A recent trace point: its head copied, its fields' starts
+            // taken by index.
             let written = w.write_in_place(|f| {
                 let te = put_packet_start(f, delta);
                 head.put(f);
-                for (i, (n, value)) in args.fields().enumerate() {
+                for (field, value) in args.fields() {
                     let Some(value) = flat_value(&value) else {
                         return false;
                     };
-                    if let Some(prefix) = head.prefix(i, n) {
-                        let a = prefix.put(f);
-                        put_arg_value(f, value);
-                        f.end_short(a);
-                        continue;
-                    }
-                    let Some(iid) = interned.arg_names.lookup(n) else {
-                        return false;
+                    let a = match head.field_prefix(field.index) {
+                        Some(prefix) => prefix.put(f),
+                        None => {
+                            let Some(iid) = interned.arg_names.lookup(field.name) else {
+                                return false;
+                            };
+                            match head.keep_field_prefix(field.index, iid) {
+                                Some(prefix) => prefix.put(f),
+                                None => put_annotation_start(f, iid),
+                            }
+                        }
                     };
-                    put_flat_annotation(f, iid, value);
+                    put_arg_value(f, value);
+                    f.end_short(a);
                 }
                 f.end_short(te);
                 true
             });
             if written {
-                self.clock_base = ns;
-                if KIND == BEGIN {
-                    self.slices.push(true);
-                }
+                self.written_flat::<KIND>(ns);
             }
             return written;
         }
-        // The ids of the annotations' names, for the trace point's entry.
-        let mut names: heapless::Vec<(&'static str, u64), { flat_heads::NAMES }> =
-            heapless::Vec::new();
+        // The ids of the fields' names, for the trace point's entry.
+        let mut names: heapless::Vec<(usize, u64), MAX_FLAT_ARGS> = heapless::Vec::new();
         let mut ids = (0, 0, 0);
         let written = w.write_in_place(|f| {
             // Names whose front-cache slot another string holds are found
@@ -743,12 +753,13 @@ impl SequenceState {
             ids = (cat, name_iid, head_iid);
             let te = put_plain_head(f, delta, KIND, cat, name_iid);
             put_flat_annotation(f, head_iid, encode::ArgValue::Str(args.head.1));
-            for (n, value) in args.fields() {
-                let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
+            for (field, value) in args.fields() {
+                let (Some(iid), Some(value)) =
+                    (interned.arg_names.lookup(field.name), flat_value(&value))
                 else {
                     return false;
                 };
-                let _ = names.push((n, iid));
+                let _ = names.push((field.index, iid));
                 put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
@@ -756,19 +767,16 @@ impl SequenceState {
         });
         if written {
             let (cat, name_iid, head_iid) = ids;
-            self.flat_heads.insert(
-                KIND,
-                site,
-                name_iid,
-                (args.head.1, head_iid),
-                cat,
-                &names,
-                resets,
-            );
-            self.clock_base = ns;
-            if KIND == BEGIN {
-                self.slices.push(true);
+            let head = (args.head.1, head_iid);
+            if let Some(entry) = self
+                .flat_heads
+                .insert(KIND, site, name_iid, head, cat, resets)
+            {
+                for &(index, iid) in &names {
+                    let _ = entry.keep_field_prefix(index, iid);
+                }
             }
+            self.written_flat::<KIND>(ns);
         }
         written
     }

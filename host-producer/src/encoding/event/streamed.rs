@@ -33,7 +33,8 @@
 use std::fmt;
 
 use super::fast::{
-    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_STRING,
+    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_BOOL,
+    TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING, TAG_ARG_UINT,
 };
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
@@ -217,6 +218,41 @@ impl<T: Target> InPlace<'_, T> {
     }
 }
 
+/// A field's annotation after its kept `prefix`, for a
+/// [short](FieldValue::is_short) value: the bytes of
+/// [`put_arg_value`] after the prefix and its back-filled length, the
+/// length known before any byte is stored (the value's size), so that
+/// the prefix is stored with it and nothing is back-filled.
+#[inline(always)]
+fn put_short_annotation<T: Target>(f: &mut Cursor<T>, prefix: Prefix, value: FieldValue<'_>) {
+    /// A varint value (below 2^28: short) after its tag.
+    #[inline(always)]
+    fn varint<T: Target>(f: &mut Cursor<T>, prefix: Prefix, tag: u8, v: u64) {
+        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
+        prefix.put_sized(f, 1 + n);
+        f.word(u64::from(tag) | u64::from(word) << 8, 1 + n);
+    }
+    match value {
+        FieldValue::Int(v) => varint(f, prefix, TAG_ARG_INT, v as u64),
+        FieldValue::Uint(v) => varint(f, prefix, TAG_ARG_UINT, v),
+        FieldValue::Bool(b) => {
+            prefix.put_sized(f, 2);
+            f.word(u64::from(TAG_ARG_BOOL) | u64::from(b) << 8, 2);
+        }
+        FieldValue::Double(d) => {
+            prefix.put_sized(f, 9);
+            f.byte(TAG_ARG_DOUBLE);
+            f.word(d.to_bits(), 8);
+        }
+        FieldValue::Str(s) => {
+            // At most 16 bytes: a one-byte length.
+            prefix.put_sized(f, 2 + s.len());
+            f.word(u64::from(TAG_ARG_STRING) | (s.len() as u64) << 8, 2);
+            put_short_bytes(f, s.as_bytes());
+        }
+    }
+}
+
 /// Back-fills the one-byte length of a field's annotation (or of its
 /// text) whose body started at `start`, unchecked: it is nested in the
 /// packet's TrackEvent, whose own one-byte length `encode_streamed`
@@ -245,11 +281,7 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         let value = value.into();
         self.f.local(
             #[inline(always)]
-            |f| {
-                let a = prefix.put(f);
-                put_arg_value(f, value.arg());
-                end_inner(f, a);
-            },
+            |f| put_short_annotation(f, prefix, value),
         );
     }
 
@@ -373,7 +405,8 @@ impl SequenceState {
             }
             return self.write_flat_streamed_copied::<KIND, W, F>(w, site, fields, delta, ns);
         }
-        self.written_flat::<KIND>(ns)
+        self.written_flat::<KIND>(ns);
+        Streamed::Written
     }
 
     /// [`SequenceState::write_flat_streamed`] where the writer takes no
@@ -408,16 +441,7 @@ impl SequenceState {
             }
             return Streamed::Dropped;
         }
-        self.written_flat::<KIND>(ns)
-    }
-
-    /// Notes a streamed event of `KIND` stamped `ns` written.
-    #[inline(always)]
-    fn written_flat<const KIND: u8>(&mut self, ns: u64) -> Streamed {
-        self.clock_base = ns;
-        if KIND == EventType::SliceBegin as u8 {
-            self.slices.push(true);
-        }
+        self.written_flat::<KIND>(ns);
         Streamed::Written
     }
 }
