@@ -31,7 +31,8 @@
 //!   same at every event of its callsite), keyed by the field's index and
 //!   the text's address and length, so the same text of the same field
 //!   is copied in word stores ([`FlatHead::literal`]); another text or
-//!   field replaces it.
+//!   field replaces it. The last such annotation too long to keep is
+//!   remembered too, so that it is not tried again at every event.
 //! * An empty entry has kind 0, which no event written here has.
 
 use super::fast::{put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation};
@@ -41,8 +42,9 @@ use super::*;
 const SLOTS: usize = 16;
 /// Words of pre-encoded bytes an entry holds.
 const WORDS: usize = 4;
-/// Fields (the first, by index) whose annotations' starts an entry keeps.
-const FIELDS: usize = 8;
+/// Fields (the first, by index) whose annotations' starts an entry keeps:
+/// as many as a `tracing` callsite declares at most.
+pub(super) const FIELDS: usize = 32;
 
 /// A string by address and length.
 type StrKey = (usize, usize);
@@ -182,12 +184,14 @@ struct Literal {
     bytes: Words,
 }
 
+/// No field's literal.
+const NO_LITERAL: (usize, StrKey) = (usize::MAX, (0, 0));
+
 impl Default for Literal {
     fn default() -> Self {
         Literal {
-            // No field's.
-            index: usize::MAX,
-            text: (0, 0),
+            index: NO_LITERAL.0,
+            text: NO_LITERAL.1,
             bytes: Words::default(),
         }
     }
@@ -205,6 +209,9 @@ pub(super) struct FlatHead {
     fields: [Prefix; FIELDS],
     /// The last literal annotation kept.
     literal: Literal,
+    /// The last literal annotation too long to keep (field index, text):
+    /// not tried again.
+    long_literal: (usize, StrKey),
 }
 
 impl FlatHead {
@@ -249,10 +256,17 @@ impl FlatHead {
         (l.index == index && l.text == key(text)).then_some(&l.bytes)
     }
 
+    /// Whether the annotation of the trace point's field `index` with the
+    /// literal text `text` was the last found too long to keep.
+    #[inline(always)]
+    pub(super) fn is_long_literal(&self, index: usize, text: &'static str) -> bool {
+        self.long_literal == (index, key(text))
+    }
+
     /// Keeps the annotation of the trace point's field `index`, which
     /// starts with `prefix` (its kept start), with the literal text
     /// `text`, in place of the one kept before, and returns it; `None` if
-    /// it takes more than [`WORDS`] words.
+    /// it takes more than [`WORDS`] words (then remembered as too long).
     pub(super) fn keep_literal(
         &mut self,
         index: usize,
@@ -265,7 +279,10 @@ impl FlatHead {
         put_arg_value(&mut c, encode::ArgValue::Str(text));
         c.end_short(a);
         let len = c.finish();
-        let bytes = Words::new(&buf, len)?;
+        let Some(bytes) = Words::new(&buf, len) else {
+            self.long_literal = (index, key(text));
+            return None;
+        };
         self.literal = Literal {
             index,
             text: key(text),
@@ -327,6 +344,7 @@ impl FlatHeads {
             head,
             fields: [Prefix::default(); FIELDS],
             literal: Literal::default(),
+            long_literal: NO_LITERAL,
         };
         Some(slot)
     }

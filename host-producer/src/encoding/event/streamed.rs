@@ -192,11 +192,15 @@ impl<T: Target> InPlace<'_, T> {
 
 impl<T: Target> InPlace<'_, T> {
     /// [`FlatOut::literal`] for a literal not kept: kept if its field has
-    /// a kept prefix and the annotation fits the head, else written as
-    /// any text value.
+    /// a kept prefix and the annotation fits the head (not tried again
+    /// for the literal last found too long), else written as any text
+    /// value.
     #[inline(never)]
     fn literal_out_of_line(&mut self, field: impl FieldKey, text: &'static str) {
         let index = field.index();
+        if self.head.is_long_literal(index, text) {
+            return self.value_out_of_line(field, text);
+        }
         if let Some(prefix) = self.head.field_prefix(index) {
             if let Some(bytes) = self.head.keep_literal(index, prefix, text) {
                 return bytes.put(self.f);

@@ -1387,8 +1387,9 @@ impl FlatFields for TestFields<'_> {
 
 /// The names of [`TestFields`]' fields, as one trace point declares them:
 /// a field's index is its name's place here, whichever fields an event
-/// hands over and in whichever order (the ninth and later: past the
-/// prefixes a pre-encoded head keeps).
+/// hands over and in whichever order, except that the ninth and later
+/// come after the indices whose prefixes a pre-encoded head keeps (a trace
+/// point of more fields than that).
 #[cfg(feature = "tracing")]
 const FIELD_NAMES: [&str; 14] = [
     "message", "count", "label", "b", "d", "pieces", "text", "big", "failing", "empty", "z",
@@ -1402,24 +1403,34 @@ struct TestKey(&'static str);
 
 #[cfg(feature = "tracing")]
 impl FieldKey for TestKey {
-    /// As a trace point gives them: one index per name (that in
+    /// As a trace point gives them: one index per name (by its place in
     /// [`FIELD_NAMES`], else one after those, the thread's first use).
     fn index(self) -> usize {
+        // The ninth name and later: past the kept prefixes.
+        let spread = |i: usize| {
+            if i < 8 {
+                i
+            } else {
+                super::flat_heads::FIELDS + i - 8
+            }
+        };
         thread_local! {
             static MORE: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        FIELD_NAMES
-            .iter()
-            .position(|&n| n == self.0)
-            .unwrap_or_else(|| {
-                MORE.with_borrow_mut(|more| {
-                    let i = more.iter().position(|&n| n == self.0).unwrap_or_else(|| {
-                        more.push(self.0);
-                        more.len() - 1
-                    });
-                    FIELD_NAMES.len() + i
-                })
-            })
+        spread(
+            FIELD_NAMES
+                .iter()
+                .position(|&n| n == self.0)
+                .unwrap_or_else(|| {
+                    MORE.with_borrow_mut(|more| {
+                        let i = more.iter().position(|&n| n == self.0).unwrap_or_else(|| {
+                            more.push(self.0);
+                            more.len() - 1
+                        });
+                        FIELD_NAMES.len() + i
+                    })
+                }),
+        )
     }
     fn name(self) -> &'static str {
         self.0
