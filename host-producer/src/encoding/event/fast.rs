@@ -610,6 +610,27 @@ const MAX_FAST_FLOWS: usize = 8;
 #[cfg(feature = "tracing")]
 const MAX_FLAT_ARGS: usize = 40;
 
+/// A lower bound of the size of the TrackEvent of a flat event with
+/// `args` (its type, category id and name id take at least 6 bytes; an
+/// annotation at least 6, its tag and length, its name's tag and id, its
+/// value's tag and a byte, and a text value its bytes more): exact for ids
+/// and integers below 128 and texts shorter than 128 bytes.
+#[cfg(feature = "tracing")]
+#[inline(always)]
+pub(super) fn least_flat_len(args: &crate::encoding::annotation::FlatArgs<'_>) -> usize {
+    use crate::encoding::annotation::FlatValue;
+    let text: usize = args
+        .values
+        .iter()
+        .map(|(_, v)| match *v {
+            FlatValue::Text(start, end) => args.text.get(start..end).map_or(0, str::len),
+            FlatValue::Double(_) => 7,
+            _ => 0,
+        })
+        .sum();
+    6 + (6 + args.head.1.len()) + 6 * args.values.len() + text
+}
+
 #[cfg(feature = "tracing")]
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
@@ -647,11 +668,14 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        let list: heapless::Vec<Arg<'_>, MAX_FLAT_ARGS> = args
-            .iter()
-            .map(|(n, v)| Arg::new(n, v))
-            .take(MAX_FLAT_ARGS)
-            .collect();
+        // Pushed in place (`collect` would build the array and then move
+        // all of its capacity).
+        let mut list: heapless::Vec<Arg<'_>, MAX_FLAT_ARGS> = heapless::Vec::new();
+        for (n, v) in args.iter() {
+            if list.push(Arg::new(n, v)).is_err() {
+                break;
+            }
+        }
         let kind = if KIND == EventType::SliceBegin as u8 {
             EventType::SliceBegin
         } else {
@@ -702,6 +726,11 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return false;
         };
+        // Surely 128 bytes or more: the one-byte lengths would find it
+        // only once most of it is encoded.
+        if least_flat_len(args) > 127 {
+            return false;
+        }
         let interned = &self.interned;
         let resets = self.resets;
         if let Some(head) = self.flat_heads.get_mut(KIND, site, resets) {

@@ -1481,6 +1481,60 @@ impl std::fmt::Debug for Failing {
     }
 }
 
+/// [`least_flat_len`](super::fast::least_flat_len) is at most the size of
+/// the TrackEvent the in-place encoders write for the same flat event,
+/// and that size for ids and integers below 128 (so that skipping the
+/// in-place encoders when it is 128 or more changes nothing but the work).
+#[cfg(feature = "tracing")]
+#[test]
+fn least_flat_len_bounds_the_track_event() {
+    use super::fast::{flat_value, least_flat_len, put_event_ids, put_flat_annotation};
+    use crate::encoding::annotation::{FieldId, FlatArgs, FlatValue};
+    let text = "x".repeat(100);
+    for n in 0..24 {
+        for len in [0, 1, 5, 16, 17, 40, 100] {
+            for (iid, small) in [(1, true), (300, false)] {
+                let values: Vec<_> = (0..n)
+                    .map(|i| {
+                        let value = match i % 5 {
+                            0 => FlatValue::Text(0, len),
+                            1 => FlatValue::Uint(if small { 5 } else { 1 << 20 }),
+                            2 => FlatValue::Int(if small { 1 } else { -1 }),
+                            3 => FlatValue::Bool(true),
+                            _ => FlatValue::Double(0.5),
+                        };
+                        (
+                            FieldId {
+                                index: i,
+                                name: "f",
+                            },
+                            value,
+                        )
+                    })
+                    .collect();
+                let args = FlatArgs {
+                    head: ("level", "INFO"),
+                    values: &values,
+                    text: &text,
+                };
+                let mut buf = [0u8; 4096 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut buf);
+                put_event_ids(&mut c, EventType::Instant as u8, iid, iid);
+                put_flat_annotation(&mut c, iid, encode::ArgValue::Str(args.head.1));
+                for (_, value) in args.fields() {
+                    put_flat_annotation(&mut c, iid, flat_value(&value).unwrap());
+                }
+                let got = c.finish().unwrap();
+                let least = least_flat_len(&args);
+                assert!(least <= got, "{n} fields, {len} B texts, id {iid}");
+                if small {
+                    assert_eq!(least, got, "{n} fields, {len} B texts");
+                }
+            }
+        }
+    }
+}
+
 /// Collected annotations streamed after a pre-encoded head (the `tracing`
 /// layer's slice begins: `FlatArgs` as [`FlatFields`]) are the bytes
 /// `write_flat` writes for them, values of every kind, in place and
