@@ -684,6 +684,9 @@ impl SequenceState {
         let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
+        if least_flat_len(args) > 127 {
+            return self.write_long_event(w, &data);
+        }
         self.write_event(w, &data, None)
     }
 
