@@ -558,10 +558,7 @@ impl DataSourceType {
                     self.reentrant_drops.fetch_add(1, Ordering::Relaxed);
                     return 0;
                 };
-                if per_type.len() <= self.index {
-                    per_type.resize_with(self.index + 1, Default::default);
-                }
-                let entries = &mut per_type[self.index];
+                let entries = per_type.entries(self.index);
                 let mut written = 0;
                 let mut m = mask;
                 // An event that read its category's bits just before a
@@ -717,7 +714,38 @@ struct TlsEntry {
 
 #[derive(Default)]
 struct ThreadWriters {
-    per_type: RefCell<Vec<[Option<TlsEntry>; MAX_INSTANCES]>>,
+    per_type: RefCell<PerType>,
+}
+
+/// A thread's writers, by data source type and instance slot.
+#[derive(Default)]
+struct PerType {
+    /// The writers of the type of index 0, found without the vector: the
+    /// type made first, the track event type unless the program registered
+    /// a data source of its own before it used track events (or made a
+    /// `TracingLayer`, or started startup tracing).
+    first: [Option<TlsEntry>; MAX_INSTANCES],
+    /// The writers of the types of index 1 and up.
+    rest: Vec<[Option<TlsEntry>; MAX_INSTANCES]>,
+}
+
+impl PerType {
+    /// The writers of the type of index `index`.
+    #[inline(always)]
+    fn entries(&mut self, index: usize) -> &mut [Option<TlsEntry>; MAX_INSTANCES] {
+        let Some(i) = index.checked_sub(1) else {
+            return &mut self.first;
+        };
+        if self.rest.len() <= i {
+            self.rest.resize_with(i + 1, Default::default);
+        }
+        &mut self.rest[i]
+    }
+
+    /// Every writer, by type.
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut [Option<TlsEntry>; MAX_INSTANCES]> {
+        std::iter::once(&mut self.first).chain(self.rest.iter_mut())
+    }
 }
 
 impl Drop for ThreadWriters {

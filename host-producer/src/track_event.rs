@@ -533,8 +533,9 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
     });
 }
 
-/// [`__flat_event_in`] for annotations handed over one by one, into every
-/// instance enabling `cat`: the head
+/// [`__flat_event_in`] for annotations handed over one by one, into the
+/// instances of `mask` (those enabling `cat`, as the caller read them):
+/// the head
 /// annotation of the trace point `site` (as its pre-encoded head has it),
 /// then `fields`, encoded into each enabled instance's chunk as they come
 /// (`SequenceState::write_flat_streamed`). Returns the instances that
@@ -544,14 +545,11 @@ pub(crate) fn __flat_event_in<const KIND: u8>(
 #[inline(always)]
 pub(crate) fn __streamed_event<const KIND: u8, F: crate::encoding::event::FlatFields>(
     cat: &'static Category,
+    mask: u8,
     site: usize,
     fields: &F,
     ns: u64,
 ) -> u8 {
-    let mask = cat.enabled_instances();
-    if mask == 0 {
-        return 0;
-    }
     // Instances without a writer here are accounted for (or inactive) by
     // `with_writers` itself, as on the other paths.
     let mut declined = 0;

@@ -261,12 +261,13 @@ impl<'a> FlatArgs<'a> {
     /// The annotations, `head` first.
     #[inline(always)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
-        std::iter::once((self.head.0, DebugValue::Str(self.head.1))).chain(self.fields())
+        let fields = self.fields().map(|(field, value)| (field.name, value));
+        std::iter::once((self.head.0, DebugValue::Str(self.head.1))).chain(fields)
     }
 
-    /// The annotations after `head`.
+    /// The annotations after `head`, with their fields.
     #[inline(always)]
-    pub(crate) fn fields(&self) -> impl Iterator<Item = (&'static str, DebugValue<'a>)> + '_ {
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (FieldId, DebugValue<'a>)> + '_ {
         let text = self.text;
         self.values.iter().map(move |&(field, value)| {
             let value = match value {
@@ -276,7 +277,7 @@ impl<'a> FlatArgs<'a> {
                 FlatValue::Double(v) => DebugValue::Double(v),
                 FlatValue::Text(start, end) => DebugValue::Str(text.get(start..end).unwrap_or("")),
             };
-            (field.name, value)
+            (field, value)
         })
     }
 }

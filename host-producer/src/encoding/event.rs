@@ -482,6 +482,31 @@ impl SequenceState {
         ev: &EventData<'_>,
         extra: Option<ExtraFields<'_, W::Sink>>,
     ) -> bool {
+        self.write_event_sized::<W, true>(w, ev, extra)
+    }
+
+    /// [`SequenceState::write_event`] for an event whose packet the caller
+    /// knows takes 128 bytes or more: not tried in place (one-byte
+    /// lengths) first, which would fail once most of it is encoded.
+    #[cfg(feature = "tracing")]
+    #[inline(never)]
+    pub(crate) fn write_long_event<W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &EventData<'_>,
+    ) -> bool {
+        self.write_event_sized::<W, false>(w, ev, None)
+    }
+
+    /// [`SequenceState::write_event`], trying the packet in place first if
+    /// `SHORT_FIRST`.
+    #[inline(always)]
+    fn write_event_sized<W: PacketWriter, const SHORT_FIRST: bool>(
+        &mut self,
+        w: &mut W,
+        ev: &EventData<'_>,
+        extra: Option<ExtraFields<'_, W::Sink>>,
+    ) -> bool {
         let on_thread_track = ev
             .track
             .is_none_or(|t| t.uuid() == self.thread_track.uuid());
@@ -492,7 +517,7 @@ impl SequenceState {
             crate::stats::note_orphan_end();
             return true;
         }
-        let ok = self.write_event_now(w, ev, extra);
+        let ok = self.write_event_now::<W, SHORT_FIRST>(w, ev, extra);
         if on_thread_track && ev.kind == EventType::SliceBegin {
             self.slices.push(ok);
         }
@@ -500,7 +525,7 @@ impl SequenceState {
     }
 
     #[inline(always)]
-    fn write_event_now<W: PacketWriter>(
+    fn write_event_now<W: PacketWriter, const SHORT_FIRST: bool>(
         &mut self,
         w: &mut W,
         ev: &EventData<'_>,
@@ -532,7 +557,10 @@ impl SequenceState {
             None => {
                 let thread_uuid = self.thread_track.uuid();
                 let interned = &mut self.interned;
-                if w.write_in_place(|c| interned.encode_fast::<_, true>(c, thread_uuid, ev, stamp))
+                if SHORT_FIRST
+                    && w.write_in_place(|c| {
+                        interned.encode_fast::<_, true>(c, thread_uuid, ev, stamp)
+                    })
                 {
                     return true;
                 }

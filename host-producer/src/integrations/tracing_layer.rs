@@ -357,21 +357,23 @@ fn begin(cat: &'static Category, name: &'static str, args: &[Arg<'_>], flows: &[
     }
 }
 
-/// Begins the slice of a span of `meta` on the thread's track, stamped
-/// `ns`, with the annotations of `args` (whose head is the level): after
+/// Begins the slice of a span of `meta` on the thread's track, in the
+/// instances of `mask` (those enabling `cat`), stamped `ns`, with the
+/// annotations of `args` (whose head is the level): after
 /// the callsite's pre-encoded head where the sequence has it, as an event
 /// is (`__streamed_event`), else through `write_flat` (which makes that
 /// head).
 #[inline]
 fn flat_begin(
     cat: &'static Category,
+    mask: u8,
     meta: &'static Metadata<'static>,
     args: &FlatArgs<'_>,
     ns: u64,
 ) {
     const BEGIN: u8 = EventType::SliceBegin as u8;
     let site = site(meta);
-    let declined = __streamed_event::<BEGIN, _>(cat, site, args, ns);
+    let declined = __streamed_event::<BEGIN, _>(cat, mask, site, args, ns);
     if declined != 0 {
         __flat_event_in::<BEGIN>(cat, declined, site, meta.name(), args, ns);
     }
@@ -484,7 +486,8 @@ where
         let category = self.with_slot(id, &ctx, false, |slot, meta, category| {
             let first_ns = slot.enter();
             let first = first_ns.is_some();
-            let enabled = category.is_enabled();
+            let mask = category.enabled_instances();
+            let enabled = mask != 0;
             if !(first || enabled) {
                 return category;
             }
@@ -508,7 +511,7 @@ where
                         } else {
                             FlatArgs::head_only(head)
                         };
-                        flat_begin(category, meta, &args, ns);
+                        flat_begin(category, mask, meta, &args, ns);
                     }
                     Some(mut cold) => {
                         let mut args = Args::new();
@@ -598,7 +601,8 @@ where
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
         let meta = event.metadata();
         let category = target_category::category_static(meta.target());
-        if !category.is_enabled() {
+        let mask = category.enabled_instances();
+        if mask == 0 {
             return;
         }
         if EventVisit::reentered() {
@@ -607,7 +611,8 @@ where
         const INSTANT: u8 = EventType::Instant as u8;
         let ns = crate::clock::now_ns();
         let site = site(meta);
-        let declined = __streamed_event::<INSTANT, _>(category, site, &EventVisit(event), ns);
+        let visit = EventVisit(event);
+        let declined = __streamed_event::<INSTANT, _>(category, mask, site, &visit, ns);
         if declined != 0 {
             let head = ("level", meta.level().as_str());
             let mut fields = EventFields::new();

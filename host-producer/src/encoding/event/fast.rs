@@ -23,13 +23,13 @@ const TAG_COUNTER_VALUE: [u8; 2] = tag2(event_field::COUNTER_VALUE, WireType::Va
 /// `DebugAnnotation.name_iid`.
 pub(super) const TAG_ANNOTATION_NAME_IID: u8 = tag1(debug_annotation::NAME_IID, WireType::Varint);
 /// `DebugAnnotation.bool_value`.
-const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_BOOL: u8 = tag1(debug_annotation::BOOL_VALUE, WireType::Varint);
 /// `DebugAnnotation.uint_value`.
-const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_UINT: u8 = tag1(debug_annotation::UINT_VALUE, WireType::Varint);
 /// `DebugAnnotation.int_value`.
-const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
+pub(super) const TAG_ARG_INT: u8 = tag1(debug_annotation::INT_VALUE, WireType::Varint);
 /// `DebugAnnotation.double_value`.
-const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
+pub(super) const TAG_ARG_DOUBLE: u8 = tag1(debug_annotation::DOUBLE_VALUE, WireType::Fixed64);
 /// `DebugAnnotation.string_value`.
 pub(super) const TAG_ARG_STRING: u8 =
     tag1(debug_annotation::STRING_VALUE, WireType::LengthDelimited);
@@ -611,6 +611,27 @@ const MAX_FAST_FLOWS: usize = 8;
 #[cfg(feature = "tracing")]
 const MAX_FLAT_ARGS: usize = 40;
 
+/// A lower bound of the size of the TrackEvent of a flat event with
+/// `args` (its type, category id and name id take at least 6 bytes; an
+/// annotation at least 6, its tag and length, its name's tag and id, its
+/// value's tag and a byte, and a text value its bytes more): exact for ids
+/// and integers below 128 and texts shorter than 128 bytes.
+#[cfg(feature = "tracing")]
+#[inline(always)]
+pub(super) fn least_flat_len(args: &crate::encoding::annotation::FlatArgs<'_>) -> usize {
+    use crate::encoding::annotation::FlatValue;
+    let text: usize = args
+        .values
+        .iter()
+        .map(|(_, v)| match *v {
+            FlatValue::Text(start, end) => args.text.get(start..end).map_or(0, str::len),
+            FlatValue::Double(_) => 7,
+            _ => 0,
+        })
+        .sum();
+    6 + (6 + args.head.1.len()) + 6 * args.values.len() + text
+}
+
 #[cfg(feature = "tracing")]
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
@@ -648,11 +669,14 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        let list: heapless::Vec<Arg<'_>, MAX_FLAT_ARGS> = args
-            .iter()
-            .map(|(n, v)| Arg::new(n, v))
-            .take(MAX_FLAT_ARGS)
-            .collect();
+        // Pushed in place (`collect` would build the array and then move
+        // all of its capacity).
+        let mut list: heapless::Vec<Arg<'_>, MAX_FLAT_ARGS> = heapless::Vec::new();
+        for (n, v) in args.iter() {
+            if list.push(Arg::new(n, v)).is_err() {
+                break;
+            }
+        }
         let kind = if KIND == EventType::SliceBegin as u8 {
             EventType::SliceBegin
         } else {
@@ -661,6 +685,9 @@ impl SequenceState {
         let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
+        if least_flat_len(args) > 127 {
+            return self.write_long_event(w, &data);
+        }
         self.write_event(w, &data, None)
     }
 
@@ -673,6 +700,15 @@ impl SequenceState {
             return None;
         }
         Some(ns - self.clock_base)
+    }
+
+    /// Notes a flat event of `KIND` stamped `ns` written.
+    #[inline(always)]
+    pub(super) fn written_flat<const KIND: u8>(&mut self, ns: u64) {
+        self.clock_base = ns;
+        if KIND == EventType::SliceBegin as u8 {
+            self.slices.push(true);
+        }
     }
 
     /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
@@ -694,42 +730,48 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return false;
         };
+        // Surely 128 bytes or more: the one-byte lengths would find it
+        // only once most of it is encoded.
+        if least_flat_len(args) > 127 {
+            return false;
+        }
         let interned = &self.interned;
         let resets = self.resets;
-        if let Some(head) = self.flat_heads.get(KIND, site, resets) {
-            // A recent trace point: its head copied, its names checked.
+        if let Some(head) = self.flat_heads.get_mut(KIND, site, resets) {
+            // A recent trace point: its head copied, its fields' starts
+            // taken by index.
             let written = w.write_in_place(|f| {
                 let te = put_packet_start(f, delta);
                 head.put(f);
-                for (i, (n, value)) in args.fields().enumerate() {
+                for (field, value) in args.fields() {
                     let Some(value) = flat_value(&value) else {
                         return false;
                     };
-                    if let Some(prefix) = head.prefix(i, n) {
-                        let a = prefix.put(f);
-                        put_arg_value(f, value);
-                        f.end_short(a);
-                        continue;
-                    }
-                    let Some(iid) = interned.arg_names.lookup(n) else {
-                        return false;
+                    let a = match head.field_prefix(field.index) {
+                        Some(prefix) => prefix.put(f),
+                        None => {
+                            let Some(iid) = interned.arg_names.lookup(field.name) else {
+                                return false;
+                            };
+                            match head.keep_field_prefix(field.index, iid) {
+                                Some(prefix) => prefix.put(f),
+                                None => put_annotation_start(f, iid),
+                            }
+                        }
                     };
-                    put_flat_annotation(f, iid, value);
+                    put_arg_value(f, value);
+                    f.end_short(a);
                 }
                 f.end_short(te);
                 true
             });
             if written {
-                self.clock_base = ns;
-                if KIND == BEGIN {
-                    self.slices.push(true);
-                }
+                self.written_flat::<KIND>(ns);
             }
             return written;
         }
-        // The ids of the annotations' names, for the trace point's entry.
-        let mut names: heapless::Vec<(&'static str, u64), { flat_heads::NAMES }> =
-            heapless::Vec::new();
+        // The ids of the fields' names, for the trace point's entry.
+        let mut names: heapless::Vec<(usize, u64), MAX_FLAT_ARGS> = heapless::Vec::new();
         let mut ids = (0, 0, 0);
         let written = w.write_in_place(|f| {
             // Names whose front-cache slot another string holds are found
@@ -744,12 +786,13 @@ impl SequenceState {
             ids = (cat, name_iid, head_iid);
             let te = put_plain_head(f, delta, KIND, cat, name_iid);
             put_flat_annotation(f, head_iid, encode::ArgValue::Str(args.head.1));
-            for (n, value) in args.fields() {
-                let (Some(iid), Some(value)) = (interned.arg_names.lookup(n), flat_value(&value))
+            for (field, value) in args.fields() {
+                let (Some(iid), Some(value)) =
+                    (interned.arg_names.lookup(field.name), flat_value(&value))
                 else {
                     return false;
                 };
-                let _ = names.push((n, iid));
+                let _ = names.push((field.index, iid));
                 put_flat_annotation(f, iid, value);
             }
             f.end_short(te);
@@ -757,19 +800,16 @@ impl SequenceState {
         });
         if written {
             let (cat, name_iid, head_iid) = ids;
-            self.flat_heads.insert(
-                KIND,
-                site,
-                name_iid,
-                (args.head.1, head_iid),
-                cat,
-                &names,
-                resets,
-            );
-            self.clock_base = ns;
-            if KIND == BEGIN {
-                self.slices.push(true);
+            let head = (args.head.1, head_iid);
+            if let Some(entry) = self
+                .flat_heads
+                .insert(KIND, site, name_iid, head, cat, resets)
+            {
+                for &(index, iid) in &names {
+                    let _ = entry.keep_field_prefix(index, iid);
+                }
             }
+            self.written_flat::<KIND>(ns);
         }
         written
     }

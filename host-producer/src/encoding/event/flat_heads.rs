@@ -1,9 +1,9 @@
 //! Pre-encoded heads of flat events (the `tracing` layer's instants and
-//! slice begins, [`SequenceState::write_flat`]): for a recent trace point,
-//! the TrackEvent's type, category id, name id and head annotation (the
-//! level), encoded once per sequence and then copied in four word stores,
-//! and the ids of the names of its other annotations, checked by address
-//! instead of looked up.
+//! slice begins, [`SequenceState::write_flat`] and
+//! [`SequenceState::write_flat_streamed`]): for a recent trace point, the
+//! TrackEvent's type, category id, name id and head annotation (the
+//! level), encoded once per sequence and then copied in word stores, and
+//! the pre-encoded starts of its other annotations.
 //!
 //! # Invariants
 //!
@@ -18,25 +18,21 @@
 //!   the name and the level), so one compare of the site stands for
 //!   comparing the three (five strings); the entry's bytes are then
 //!   exactly what [`put_event_ids`] and [`put_flat_annotation`] write for
-//!   them. A
-//!   later annotation's pre-encoded start ([`Prefix`]: its tag, a length
-//!   byte to fill, its name's id) is used only for the same name at the
-//!   same position; a name whose start takes more than a word has no
-//!   prefix, and its position is keyed (0, 0), which no string has (a
-//!   string's address is never 0).
+//!   them.
 //! * A site also fixes its fields: the field of a given index (the layer's:
 //!   its index in the callsite's field set) always has the same name. So
-//!   the streamed encoder ([`SequenceState::write_flat_streamed`]) keeps a
-//!   field's pre-encoded start in the entry by the field's index
+//!   the encoders keep a field's pre-encoded start ([`Prefix`]: its tag,
+//!   its length byte, its name's id) in the entry by the field's index
 //!   ([`FlatHead::keep_field_prefix`], once its name's id is looked up)
-//!   and later takes it by the index alone, without the name. A new entry
-//!   keeps none.
+//!   and later take it by the index alone, without the name. A new entry
+//!   keeps none; a name whose start takes more than 7 bytes has none.
 //! * An entry also keeps one field's whole annotation with a literal text
 //!   value (the layer's message without arguments: `&'static` text, the
 //!   same at every event of its callsite), keyed by the field's index and
 //!   the text's address and length, so the same text of the same field
 //!   is copied in word stores ([`FlatHead::literal`]); another text or
-//!   field replaces it.
+//!   field replaces it. The last such annotation too long to keep is
+//!   remembered too, so that it is not tried again at every event.
 //! * An empty entry has kind 0, which no event written here has.
 
 use super::fast::{put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation};
@@ -46,8 +42,9 @@ use super::*;
 const SLOTS: usize = 16;
 /// Words of pre-encoded bytes an entry holds.
 const WORDS: usize = 4;
-/// Annotations after the head whose name ids an entry keeps.
-pub(super) const NAMES: usize = 8;
+/// Fields (the first, by index) whose annotations' starts an entry keeps:
+/// as many as a `tracing` callsite declares at most.
+pub(super) const FIELDS: usize = 32;
 
 /// A string by address and length.
 type StrKey = (usize, usize);
@@ -64,42 +61,60 @@ struct Key {
     site: usize,
 }
 
-/// The start of a flat debug annotation, pre-encoded: its tag, its
-/// one-byte length (0, filled in by [`Prefix::put`]'s caller), and its
-/// name's id; `len` 0 if it takes more than a word.
+/// The start of a flat debug annotation, pre-encoded in one word: its
+/// tag, its one-byte length, and its name's id, the length holding the
+/// bytes of the body the prefix has (the name's tag and id); the word's top
+/// byte holds the prefix's length (at most 7 bytes: a name id below 2^28).
+/// A word of 0: none (a name whose start takes more than 7 bytes).
 #[derive(Clone, Copy, Default)]
-pub(super) struct Prefix {
-    word: u64,
-    len: usize,
-}
+pub(super) struct Prefix(u64);
 
 impl Prefix {
     /// The prefix of an annotation whose name has the id `iid`.
     fn new(iid: u64) -> Self {
         let mut buf = [0u8; 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
-        let _ = put_annotation_start(&mut c, iid);
+        let body = put_annotation_start(&mut c, iid);
         match c.finish() {
-            Some(len) => {
+            Some(len) if len < 8 => {
                 let mut word = [0u8; 8];
                 word.copy_from_slice(&buf[..8]);
-                Prefix {
-                    word: u64::from_le_bytes(word),
-                    len,
-                }
+                word[body - 1] = (len - body) as u8;
+                word[7] = len as u8;
+                Prefix(u64::from_le_bytes(word))
             }
-            None => Prefix::default(),
+            _ => Prefix::default(),
         }
+    }
+
+    /// Whether this is a prefix (not none).
+    #[inline(always)]
+    fn is_some(self) -> bool {
+        self.0 != 0
+    }
+
+    /// Bytes of the prefix.
+    #[inline(always)]
+    fn len(self) -> usize {
+        (self.0 >> 56) as usize
     }
 
     /// Appends the prefix with one word store and returns where the
     /// annotation's body starts (for `end_short` once its value is
-    /// written).
+    /// written: the length stored here counts the name's bytes alone).
     #[inline(always)]
     pub(super) fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
         let body = f.len() + 2;
-        f.word(self.word, self.len);
+        f.word(self.0, self.len());
         body
+    }
+
+    /// Appends the prefix of an annotation whose value (its tag
+    /// included) takes `value` bytes, its length complete, with one word
+    /// store: nothing to back-fill.
+    #[inline(always)]
+    pub(super) fn put_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
+        f.word(self.0 + ((value as u64) << 8), self.len());
     }
 }
 
@@ -169,12 +184,14 @@ struct Literal {
     bytes: Words,
 }
 
+/// No field's literal.
+const NO_LITERAL: (usize, StrKey) = (usize::MAX, (0, 0));
+
 impl Default for Literal {
     fn default() -> Self {
         Literal {
-            // No field's.
-            index: usize::MAX,
-            text: (0, 0),
+            index: NO_LITERAL.0,
+            text: NO_LITERAL.1,
             bytes: Words::default(),
         }
     }
@@ -188,11 +205,13 @@ pub(super) struct FlatHead {
     /// The TrackEvent's type, category id and name id, and the head
     /// annotation.
     head: Words,
-    names: [(StrKey, Prefix); NAMES],
-    /// Pre-encoded starts by field index (`len` 0: none kept).
-    fields: [Prefix; NAMES],
+    /// Pre-encoded starts by field index (none: not kept).
+    fields: [Prefix; FIELDS],
     /// The last literal annotation kept.
     literal: Literal,
+    /// The last literal annotation too long to keep (field index, text):
+    /// not tried again.
+    long_literal: (usize, StrKey),
 }
 
 impl FlatHead {
@@ -201,15 +220,6 @@ impl FlatHead {
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
         self.head.put(f);
-    }
-
-    /// The pre-encoded start of annotation `i` after the head, if it is
-    /// named `name`, as the one this entry saw there.
-    #[inline(always)]
-    pub(super) fn prefix(&self, i: usize, name: &'static str) -> Option<Prefix> {
-        let &(k, prefix) = self.names.get(i)?;
-        // (A name without a prefix is keyed (0, 0), which no name is.)
-        (k == key(name)).then_some(prefix)
     }
 
     /// Whether this is the entry of an event of `kind` from the trace
@@ -224,7 +234,7 @@ impl FlatHead {
     #[inline(always)]
     pub(super) fn field_prefix(&self, index: usize) -> Option<Prefix> {
         let prefix = *self.fields.get(index)?;
-        (prefix.len != 0).then_some(prefix)
+        prefix.is_some().then_some(prefix)
     }
 
     /// Keeps the pre-encoded start of the annotation of the trace point's
@@ -234,7 +244,7 @@ impl FlatHead {
     pub(super) fn keep_field_prefix(&mut self, index: usize, iid: u64) -> Option<Prefix> {
         let slot = self.fields.get_mut(index)?;
         *slot = Prefix::new(iid);
-        (slot.len != 0).then_some(*slot)
+        slot.is_some().then_some(*slot)
     }
 
     /// The pre-encoded annotation of the trace point's field `index` with
@@ -246,10 +256,17 @@ impl FlatHead {
         (l.index == index && l.text == key(text)).then_some(&l.bytes)
     }
 
+    /// Whether the annotation of the trace point's field `index` with the
+    /// literal text `text` was the last found too long to keep.
+    #[inline(always)]
+    pub(super) fn is_long_literal(&self, index: usize, text: &'static str) -> bool {
+        self.long_literal == (index, key(text))
+    }
+
     /// Keeps the annotation of the trace point's field `index`, which
     /// starts with `prefix` (its kept start), with the literal text
     /// `text`, in place of the one kept before, and returns it; `None` if
-    /// it takes more than [`WORDS`] words.
+    /// it takes more than [`WORDS`] words (then remembered as too long).
     pub(super) fn keep_literal(
         &mut self,
         index: usize,
@@ -262,7 +279,10 @@ impl FlatHead {
         put_arg_value(&mut c, encode::ArgValue::Str(text));
         c.end_short(a);
         let len = c.finish();
-        let bytes = Words::new(&buf, len)?;
+        let Some(bytes) = Words::new(&buf, len) else {
+            self.long_literal = (index, key(text));
+            return None;
+        };
         self.literal = Literal {
             index,
             text: key(text),
@@ -290,26 +310,18 @@ impl FlatHeads {
     }
 
     /// The entry for an event of `kind` from the trace point `site`, on a
-    /// sequence reset `resets` times.
-    #[inline(always)]
-    pub(super) fn get(&self, kind: u8, site: usize, resets: u64) -> Option<&FlatHead> {
-        let e = &self.slots[Self::slot(site)];
-        e.is(kind, site, resets).then_some(e)
-    }
-
-    /// [`FlatHeads::get`], to keep field prefixes in.
+    /// sequence reset `resets` times (mutable: field prefixes are kept in
+    /// it).
     #[inline(always)]
     pub(super) fn get_mut(&mut self, kind: u8, site: usize, resets: u64) -> Option<&mut FlatHead> {
         let e = &mut self.slots[Self::slot(site)];
         e.is(kind, site, resets).then_some(e)
     }
 
-    /// Makes the entry of an event (as [`FlatHeads::get`] takes it) whose
+    /// Makes the entry of an event (as [`FlatHeads::get_mut`] takes it) whose
     /// category, name and head annotation name have the ids `cat`, `iid`
-    /// and `head_iid`, whose head annotation's value is `head`, and whose
-    /// later annotations' names have the ids of `names`; nothing if its
-    /// head does not fit an entry.
-    #[allow(clippy::too_many_arguments)]
+    /// and `head_iid`, and whose head annotation's value is `head`;
+    /// nothing if its head does not fit an entry.
     pub(super) fn insert(
         &mut self,
         kind: u8,
@@ -317,32 +329,24 @@ impl FlatHeads {
         iid: u64,
         (head, head_iid): (&'static str, u64),
         cat: u64,
-        names: &[(&'static str, u64)],
         resets: u64,
-    ) {
+    ) -> Option<&mut FlatHead> {
         let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
         put_event_ids(&mut c, kind, cat, iid);
         put_flat_annotation(&mut c, head_iid, encode::ArgValue::Str(head));
         let len = c.finish();
-        let Some(head) = Words::new(&buf, len) else {
-            return;
-        };
-        let mut keyed = [((0, 0), Prefix::default()); NAMES];
-        for (out, &(n, id)) in keyed.iter_mut().zip(names) {
-            let prefix = Prefix::new(id);
-            if prefix.len != 0 {
-                *out = (key(n), prefix);
-            }
-        }
-        self.slots[Self::slot(site)] = FlatHead {
+        let head = Words::new(&buf, len)?;
+        let slot = &mut self.slots[Self::slot(site)];
+        *slot = FlatHead {
             key: Key { kind, site },
             resets,
             head,
-            names: keyed,
-            fields: [Prefix::default(); NAMES],
+            fields: [Prefix::default(); FIELDS],
             literal: Literal::default(),
+            long_literal: NO_LITERAL,
         };
+        Some(slot)
     }
 }
 
@@ -373,10 +377,9 @@ mod tests {
                     iid,
                     (value, head_iid),
                     cat,
-                    &[],
                     0,
                 );
-                let entry = heads.get(EventType::Instant as u8, site, 0);
+                let entry = heads.get_mut(EventType::Instant as u8, site, 0);
                 let Some(entry) = entry else {
                     assert!(want_len > WORDS * 8, "a head of {want_len} B fits");
                     continue;

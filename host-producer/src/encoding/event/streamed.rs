@@ -33,7 +33,8 @@
 use std::fmt;
 
 use super::fast::{
-    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_STRING,
+    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_BOOL,
+    TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING, TAG_ARG_UINT,
 };
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
@@ -191,11 +192,15 @@ impl<T: Target> InPlace<'_, T> {
 
 impl<T: Target> InPlace<'_, T> {
     /// [`FlatOut::literal`] for a literal not kept: kept if its field has
-    /// a kept prefix and the annotation fits the head, else written as
-    /// any text value.
+    /// a kept prefix and the annotation fits the head (not tried again
+    /// for the literal last found too long), else written as any text
+    /// value.
     #[inline(never)]
     fn literal_out_of_line(&mut self, field: impl FieldKey, text: &'static str) {
         let index = field.index();
+        if self.head.is_long_literal(index, text) {
+            return self.value_out_of_line(field, text);
+        }
         if let Some(prefix) = self.head.field_prefix(index) {
             if let Some(bytes) = self.head.keep_literal(index, prefix, text) {
                 return bytes.put(self.f);
@@ -213,6 +218,41 @@ impl<T: Target> InPlace<'_, T> {
             let a = start.put(f);
             put_arg_value(f, value.into().arg());
             end_inner(f, a);
+        }
+    }
+}
+
+/// A field's annotation after its kept `prefix`, for a
+/// [short](FieldValue::is_short) value: the bytes of
+/// [`put_arg_value`] after the prefix and its back-filled length, the
+/// length known before any byte is stored (the value's size), so that
+/// the prefix is stored with it and nothing is back-filled.
+#[inline(always)]
+fn put_short_annotation<T: Target>(f: &mut Cursor<T>, prefix: Prefix, value: FieldValue<'_>) {
+    /// A varint value (below 2^28: short) after its tag.
+    #[inline(always)]
+    fn varint<T: Target>(f: &mut Cursor<T>, prefix: Prefix, tag: u8, v: u64) {
+        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
+        prefix.put_sized(f, 1 + n);
+        f.word(u64::from(tag) | u64::from(word) << 8, 1 + n);
+    }
+    match value {
+        FieldValue::Int(v) => varint(f, prefix, TAG_ARG_INT, v as u64),
+        FieldValue::Uint(v) => varint(f, prefix, TAG_ARG_UINT, v),
+        FieldValue::Bool(b) => {
+            prefix.put_sized(f, 2);
+            f.word(u64::from(TAG_ARG_BOOL) | u64::from(b) << 8, 2);
+        }
+        FieldValue::Double(d) => {
+            prefix.put_sized(f, 9);
+            f.byte(TAG_ARG_DOUBLE);
+            f.word(d.to_bits(), 8);
+        }
+        FieldValue::Str(s) => {
+            // At most 16 bytes: a one-byte length.
+            prefix.put_sized(f, 2 + s.len());
+            f.word(u64::from(TAG_ARG_STRING) | (s.len() as u64) << 8, 2);
+            put_short_bytes(f, s.as_bytes());
         }
     }
 }
@@ -245,11 +285,7 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         let value = value.into();
         self.f.local(
             #[inline(always)]
-            |f| {
-                let a = prefix.put(f);
-                put_arg_value(f, value.arg());
-                end_inner(f, a);
-            },
+            |f| put_short_annotation(f, prefix, value),
         );
     }
 
@@ -373,7 +409,8 @@ impl SequenceState {
             }
             return self.write_flat_streamed_copied::<KIND, W, F>(w, site, fields, delta, ns);
         }
-        self.written_flat::<KIND>(ns)
+        self.written_flat::<KIND>(ns);
+        Streamed::Written
     }
 
     /// [`SequenceState::write_flat_streamed`] where the writer takes no
@@ -408,16 +445,7 @@ impl SequenceState {
             }
             return Streamed::Dropped;
         }
-        self.written_flat::<KIND>(ns)
-    }
-
-    /// Notes a streamed event of `KIND` stamped `ns` written.
-    #[inline(always)]
-    fn written_flat<const KIND: u8>(&mut self, ns: u64) -> Streamed {
-        self.clock_base = ns;
-        if KIND == EventType::SliceBegin as u8 {
-            self.slices.push(true);
-        }
+        self.written_flat::<KIND>(ns);
         Streamed::Written
     }
 }

@@ -1387,8 +1387,9 @@ impl FlatFields for TestFields<'_> {
 
 /// The names of [`TestFields`]' fields, as one trace point declares them:
 /// a field's index is its name's place here, whichever fields an event
-/// hands over and in whichever order (the ninth and later: past the
-/// prefixes a pre-encoded head keeps).
+/// hands over and in whichever order, except that the ninth and later
+/// come after the indices whose prefixes a pre-encoded head keeps (a trace
+/// point of more fields than that).
 #[cfg(feature = "tracing")]
 const FIELD_NAMES: [&str; 14] = [
     "message", "count", "label", "b", "d", "pieces", "text", "big", "failing", "empty", "z",
@@ -1402,24 +1403,34 @@ struct TestKey(&'static str);
 
 #[cfg(feature = "tracing")]
 impl FieldKey for TestKey {
-    /// As a trace point gives them: one index per name (that in
+    /// As a trace point gives them: one index per name (by its place in
     /// [`FIELD_NAMES`], else one after those, the thread's first use).
     fn index(self) -> usize {
+        // The ninth name and later: past the kept prefixes.
+        let spread = |i: usize| {
+            if i < 8 {
+                i
+            } else {
+                super::flat_heads::FIELDS + i - 8
+            }
+        };
         thread_local! {
             static MORE: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        FIELD_NAMES
-            .iter()
-            .position(|&n| n == self.0)
-            .unwrap_or_else(|| {
-                MORE.with_borrow_mut(|more| {
-                    let i = more.iter().position(|&n| n == self.0).unwrap_or_else(|| {
-                        more.push(self.0);
-                        more.len() - 1
-                    });
-                    FIELD_NAMES.len() + i
-                })
-            })
+        spread(
+            FIELD_NAMES
+                .iter()
+                .position(|&n| n == self.0)
+                .unwrap_or_else(|| {
+                    MORE.with_borrow_mut(|more| {
+                        let i = more.iter().position(|&n| n == self.0).unwrap_or_else(|| {
+                            more.push(self.0);
+                            more.len() - 1
+                        });
+                        FIELD_NAMES.len() + i
+                    })
+                }),
+        )
     }
     fn name(self) -> &'static str {
         self.0
@@ -1467,6 +1478,60 @@ impl std::fmt::Debug for Failing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("part")?;
         Err(std::fmt::Error)
+    }
+}
+
+/// [`least_flat_len`](super::fast::least_flat_len) is at most the size of
+/// the TrackEvent the in-place encoders write for the same flat event,
+/// and that size for ids and integers below 128 (so that skipping the
+/// in-place encoders when it is 128 or more changes nothing but the work).
+#[cfg(feature = "tracing")]
+#[test]
+fn least_flat_len_bounds_the_track_event() {
+    use super::fast::{flat_value, least_flat_len, put_event_ids, put_flat_annotation};
+    use crate::encoding::annotation::{FieldId, FlatArgs, FlatValue};
+    let text = "x".repeat(100);
+    for n in 0..24 {
+        for len in [0, 1, 5, 16, 17, 40, 100] {
+            for (iid, small) in [(1, true), (300, false)] {
+                let values: Vec<_> = (0..n)
+                    .map(|i| {
+                        let value = match i % 5 {
+                            0 => FlatValue::Text(0, len),
+                            1 => FlatValue::Uint(if small { 5 } else { 1 << 20 }),
+                            2 => FlatValue::Int(if small { 1 } else { -1 }),
+                            3 => FlatValue::Bool(true),
+                            _ => FlatValue::Double(0.5),
+                        };
+                        (
+                            FieldId {
+                                index: i,
+                                name: "f",
+                            },
+                            value,
+                        )
+                    })
+                    .collect();
+                let args = FlatArgs {
+                    head: ("level", "INFO"),
+                    values: &values,
+                    text: &text,
+                };
+                let mut buf = [0u8; 4096 + TARGET_SLACK];
+                let mut c = Cursor::new(&mut buf);
+                put_event_ids(&mut c, EventType::Instant as u8, iid, iid);
+                put_flat_annotation(&mut c, iid, encode::ArgValue::Str(args.head.1));
+                for (_, value) in args.fields() {
+                    put_flat_annotation(&mut c, iid, flat_value(&value).unwrap());
+                }
+                let got = c.finish().unwrap();
+                let least = least_flat_len(&args);
+                assert!(least <= got, "{n} fields, {len} B texts, id {iid}");
+                if small {
+                    assert_eq!(least, got, "{n} fields, {len} B texts");
+                }
+            }
+        }
     }
 }
 

@@ -301,9 +301,9 @@ impl GivenFields {
     /// Appends the annotations of the fields that `recorded` has no value
     /// for (a value recorded since replaces the given one) to `out`.
     pub(super) fn push_args<'a>(&'a self, recorded: Option<&SpanFields>, out: &mut Args<'a>) {
-        for (name, value) in self.args(("", "")).fields() {
-            if !recorded.is_some_and(|r| r.has(name)) {
-                let _ = out.push(Arg::new(name, value));
+        for (field, value) in self.args(("", "")).fields() {
+            if !recorded.is_some_and(|r| r.has(field.name)) {
+                let _ = out.push(Arg::new(field.name, value));
             }
         }
     }
