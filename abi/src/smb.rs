@@ -693,6 +693,13 @@ impl WritableChunk<'_> {
         self.payload.set_window_limit(end);
     }
 
+    /// Where the windows [`limited_window`](Self::limited_window) hands
+    /// out must end (see [`set_window_limit`](Self::set_window_limit)).
+    #[inline]
+    pub fn window_limit(&self) -> usize {
+        self.payload.window_limit()
+    }
+
     /// A [`Window`] over the [`WINDOW_LEN`] (+ [`WINDOW_SLACK`]) payload
     /// bytes at `offset`, if they end at or before the window limit
     /// ([`set_window_limit`](Self::set_window_limit)).

@@ -367,6 +367,12 @@ impl PayloadMut<'_> {
         self.limit = limit.min(self.len()) as u16;
     }
 
+    /// Where windows from [`PayloadMut::limited_window`] must end.
+    #[inline]
+    pub(crate) fn window_limit(&self) -> usize {
+        usize::from(self.limit)
+    }
+
     /// The [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes at `offset`, if they end
     /// at or before the window limit: one compare, as the limit is within
     /// the payload.
