@@ -693,6 +693,15 @@ impl WritableChunk<'_> {
         self.payload.set_window_limit(end);
     }
 
+    /// Where the windows [`limited_window`](Self::limited_window) hands
+    /// out must end: the limit [`set_window_limit`](Self::set_window_limit)
+    /// set (capped at the capacity), or 0 if that was too short for a
+    /// window.
+    #[inline]
+    pub fn window_limit(&self) -> usize {
+        self.payload.window_limit()
+    }
+
     /// A [`Window`] over the [`WINDOW_LEN`] (+ [`WINDOW_SLACK`]) payload
     /// bytes at `offset`, if they end at or before the window limit
     /// ([`set_window_limit`](Self::set_window_limit)).
@@ -935,6 +944,34 @@ mod tests {
                 page_size: big
             })
         );
+    }
+
+    #[test]
+    fn limited_windows_end_at_the_limit() {
+        let mut st = storage::<4096>();
+        let smb = Smb::new(&mut *st, PAGE).unwrap();
+        let mut c = smb
+            .try_acquire_any_chunk_for_writing(0, PageLayout::Div1, header(1, 0, 0, 0))
+            .unwrap();
+        let len = WINDOW_LEN + WINDOW_SLACK;
+        assert!(c.limited_window(0).is_none(), "a new chunk's limit is 0");
+        // Too short for a window: none, and read back as 0.
+        c.set_window_limit(len - 1);
+        assert!(c.limited_window(0).is_none());
+        assert_eq!(c.window_limit(), 0);
+        c.set_window_limit(len + 5);
+        assert_eq!(c.window_limit(), len + 5);
+        assert!(c.limited_window(5).is_some());
+        assert!(c.limited_window(6).is_none());
+        assert!(c.limited_window(usize::MAX).is_none());
+        // Capped at the payload.
+        let cap = c.capacity();
+        c.set_window_limit(usize::MAX);
+        assert_eq!(c.window_limit(), cap);
+        assert!(c.limited_window(cap - len).is_some());
+        assert!(c.limited_window(cap - len + 1).is_none());
+        c.set_window_limit(0);
+        assert!(c.limited_window(0).is_none());
     }
 
     #[test]

@@ -326,9 +326,9 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// into free payload bytes, and returns `false` to give up. Returns
     /// `true` if the packet was written (one byte of size, the fields, one
     /// atomic store); `false` if this path was not available (the chunk is
-    /// nearly full, loss must be marked first, or the packet is longer than
-    /// 127 bytes): nothing was committed and the caller writes the packet
-    /// another way.
+    /// new or nearly full, loss or the sequence's first packet must be
+    /// marked first, or the packet is longer than 127 bytes): nothing was
+    /// committed and the caller writes the packet another way.
     #[inline]
     pub fn write_small_packet_in_place(
         &mut self,

@@ -17,7 +17,8 @@
 //!   whose (unsafe) constructors require the caller to hold the chunk under
 //!   the state machine; their methods bounds-check every access against
 //!   the chunk, which was itself checked against the region.
-//! * A [`PayloadMut`]'s window limit never exceeds its length.
+//! * A [`PayloadMut`]'s window limit never exceeds its length; it is kept
+//!   as the number of offsets a window within it may start at.
 //! * A [`Window`] is `len` + [`WINDOW_SLACK`] bytes of a [`PayloadMut`]
 //!   (`len` a power of two, at most [`WINDOW_LEN`]), checked against the
 //!   payload when it is made and borrowing it mutably; its byte and 8-byte
@@ -279,7 +280,7 @@ impl<'m> Region<'m> {
                 // Lossless: a chunk is at most a page (64 KiB) less its
                 // page header.
                 len: (size - CHUNK_HEADER_SIZE) as u16,
-                limit: 0,
+                window_starts: 0,
                 _chunk: PhantomData,
             },
         )
@@ -321,9 +322,10 @@ pub(crate) struct PayloadMut<'a> {
     ptr: NonNull<u8>,
     /// 16 bits: a chunk payload is shorter than 64 KiB (the largest page).
     len: u16,
-    /// Where windows from [`PayloadMut::limited_window`] must end (at most
-    /// `len`).
-    limit: u16,
+    /// Offsets below this are where windows from
+    /// [`PayloadMut::limited_window`] may start: the window limit (at most
+    /// `len`) less [`WINDOW_LEN`] + [`WINDOW_SLACK`] - 1, or 0 (none).
+    window_starts: u16,
     _chunk: PhantomData<&'a ()>,
 }
 
@@ -364,21 +366,32 @@ impl PayloadMut<'_> {
     #[inline]
     pub(crate) fn set_window_limit(&mut self, limit: usize) {
         // At most `len`, so it fits 16 bits.
-        self.limit = limit.min(self.len()) as u16;
+        let limit = limit.min(self.len());
+        self.window_starts = (limit + 1).saturating_sub(WINDOW_LEN + WINDOW_SLACK) as u16;
+    }
+
+    /// Where windows from [`PayloadMut::limited_window`] must end: the
+    /// limit set, or 0 if it was too short for a window.
+    #[inline]
+    pub(crate) fn window_limit(&self) -> usize {
+        match usize::from(self.window_starts) {
+            0 => 0,
+            starts => starts + WINDOW_LEN + WINDOW_SLACK - 1,
+        }
     }
 
     /// The [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes at `offset`, if they end
     /// at or before the window limit: one compare, as the limit is within
-    /// the payload.
+    /// the payload and kept as the offsets a window may start at.
     #[inline(always)]
     pub(crate) fn limited_window(&mut self, offset: usize) -> Option<Window<'_>> {
-        match offset.checked_add(WINDOW_LEN + WINDOW_SLACK) {
-            Some(end) if end <= usize::from(self.limit) => {}
-            _ => return None,
+        if offset >= usize::from(self.window_starts) {
+            return None;
         }
-        // SAFETY: `offset + WINDOW_LEN + WINDOW_SLACK <= limit <= len`
-        // (checked; the limit never exceeds the length, module invariants),
-        // so the result points inside the payload and is not null.
+        // SAFETY: `offset < window_starts` (checked), so
+        // `offset + WINDOW_LEN + WINDOW_SLACK <= limit <= len` (the limit
+        // never exceeds the length, module invariants), so the result
+        // points inside the payload and is not null.
         let ptr = unsafe { self.ptr.add(offset) };
         Some(Window {
             ptr,

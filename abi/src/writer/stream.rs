@@ -20,13 +20,29 @@
 //!   mid-way has the drop sentinel in the size field of its last fragment,
 //!   and the chunk holding it is released at once (a v1 service ignores the
 //!   rest of a chunk after a sentinel).
+//! * The held chunk's window limit
+//!   ([`WritableChunk::set_window_limit`]) is 0 unless the count is
+//!   inflated, no packet is open, nothing must be put in front of the next
+//!   packet (no loss to mark, not the sequence's first packet) and no patch
+//!   waits for delivery; then it also ends where the count could pass
+//!   [`MAX_FRAGMENTS_PER_CHUNK`] (every packet takes at least its size
+//!   byte, so the count grows no faster than `cursor`). So
+//!   [`ChunkStream::write_small_packet_in_place`] checks one bound: a
+//!   window at `cursor` within the limit; it publishes a packet with the
+//!   count's one store and delivers no patches (there are none). The
+//!   limit is worked out in one place ([`ChunkStream::open_fast_path`]),
+//!   from the state alone: after each packet the general paths write, and
+//!   when the fast path finds the count's budget spent (a limit short of
+//!   the chunk's end but not 0). A new chunk starts with a limit of 0, and
+//!   everything else that puts something in front of the next packet (a
+//!   packet begun, a loss) sets it to 0.
 
 use crate::layout::{ChunkFlags, ChunkHeaderRepr, Packets, MAX_PACKET_COUNT};
 use crate::proto::wire::{
     redundant_varint4, DROP_SENTINEL_BYTES, MAX_ONE_BYTE_LEN, SIZE_FIELD_LEN,
 };
 use crate::proto::{Cursor, Sink, SMALL_WRITE_LEN};
-use crate::smb::{OutOfBounds, Window, WritableChunk};
+use crate::smb::{OutOfBounds, Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
 
 use super::arbiter::{BufferId, ChunkArbiter};
 use super::patches::PatchFifo;
@@ -302,11 +318,17 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
                     return false;
                 }
             }
-        } else if self.inflated {
-            self.inflated = false;
         } else {
-            self.count += 1;
-            self.publish_packets();
+            // A packet is open: the fast path refuses (invariants).
+            if let Some(chunk) = &mut self.chunk {
+                chunk.set_window_limit(0);
+            }
+            if self.inflated {
+                self.inflated = false;
+            } else {
+                self.count += 1;
+                self.publish_packets();
+            }
         }
         self.frag_header = self.cursor;
         self.cursor += SIZE_FIELD_LEN;
@@ -400,7 +422,46 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         self.stats.packets_written += 1;
         self.seal_packet(count);
         self.deliver_patches();
+        self.open_fast_path();
         true
+    }
+
+    /// Sets the held chunk's window limit (module invariants): where the
+    /// count could pass [`MAX_FRAGMENTS_PER_CHUNK`] if the fast path may
+    /// take the next packet, else 0. The one place that works it out, after
+    /// each packet a general path writes (and its patches offered).
+    fn open_fast_path(&mut self) {
+        let open = self.inflated
+            && !self.in_packet
+            && !self.first_packet
+            && self.pending_loss == 0
+            && self.patches.is_empty()
+            && self.count <= MAX_FRAGMENTS_PER_CHUNK;
+        let limit = if open {
+            self.cursor
+                + WINDOW_LEN
+                + WINDOW_SLACK
+                + usize::from(MAX_FRAGMENTS_PER_CHUNK - self.count)
+        } else {
+            0
+        };
+        if let Some(chunk) = &mut self.chunk {
+            chunk.set_window_limit(limit);
+        }
+    }
+
+    /// Works the window limit out again when the fast path found none
+    /// within it although the limit is neither 0 nor the chunk's end: the
+    /// count's budget ran out, and the packets written since may leave it
+    /// more. `true` if a window at the cursor is within the new limit.
+    #[cold]
+    #[inline(never)]
+    fn reopen_fast_path(&mut self) -> bool {
+        self.open_fast_path();
+        let at = self.cursor;
+        self.chunk
+            .as_mut()
+            .is_some_and(|chunk| chunk.limited_window(at).is_some())
     }
 
     /// Encodes a packet of at most 127 bytes in place, behind a 1-byte
@@ -409,8 +470,10 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// cursor starts at 1) and returns `false` to give up. `false` (nothing
     /// committed; the window's bytes lie in free payload space that later
     /// writes overwrite and readers never parse) if the packet cannot take
-    /// this path: a packet is open, loss must be marked first, it is the
-    /// sequence's first packet, the chunk lacks a whole window, or the
+    /// this path: the window at the cursor passes the chunk's window limit
+    /// (a packet is open, loss must be marked first, it is the sequence's
+    /// first packet or its chunk's first, a patch waits, the chunk lacks a
+    /// whole window or the count its room: module invariants), or the
     /// packet is longer than 127 bytes. Packets it declines go the general
     /// way, whose rules split packets at the same places.
     #[inline(always)]
@@ -418,22 +481,31 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         &mut self,
         encode: impl FnOnce(&mut Cursor<Window<'_>>) -> bool,
     ) -> bool {
-        if self.in_packet | self.first_packet | (self.pending_loss != 0) {
-            return false;
-        }
-        let count = self.count + u16::from(!self.inflated);
-        if count > MAX_FRAGMENTS_PER_CHUNK {
-            return false;
-        }
         let at = self.cursor;
-        let Some(chunk) = self.chunk.as_mut() else {
+        let Some(mut chunk) = self.chunk.as_mut() else {
             return false;
         };
-        // The size byte, up to 127 bytes of packet, the slack: all in the
-        // payload, so the general path's rule (room for a 4-byte size and
-        // the packet) holds too.
-        let Some(window) = chunk.window(at) else {
-            return false;
+        // Within the limit: the count is inflated, it has room, nothing goes
+        // first and no patch waits (invariants). The size byte, up to 127
+        // bytes of packet, the slack: all in the payload, so the general
+        // path's rule (room for a 4-byte size and the packet) holds too.
+        let window = match chunk.limited_window(at) {
+            Some(window) => window,
+            None => {
+                // Out of count budget rather than room: the limit again.
+                let limit = chunk.window_limit();
+                if limit == 0 || limit == self.capacity || !self.reopen_fast_path() {
+                    return false;
+                }
+                let Some(again) = self.chunk.as_mut() else {
+                    return false;
+                };
+                chunk = again;
+                let Some(window) = chunk.limited_window(at) else {
+                    return false;
+                };
+                window
+            }
         };
         let mut c = Cursor::new_at(window, 1);
         if !encode(&mut c) {
@@ -443,29 +515,25 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             return false;
         };
         c.put_at(0, (end - 1) as u8);
-        self.publish_in_place(at + end, count);
-        true
-    }
-
-    /// Publishes a packet encoded in place whose last byte is before `end`
-    /// (its size byte written): `count` fragments with it, inflated for
-    /// scrapers (a window always leaves a byte free), one release store.
-    #[inline(always)]
-    fn publish_in_place(&mut self, end: usize, count: u16) {
-        if let Some(chunk) = &self.chunk {
-            chunk.set_packets(Packets::masked(count + 1, self.flags));
-        }
-        self.cursor = end;
-        self.count = count + 1;
-        self.inflated = true;
+        // The packet took the inflated slot; the count grows by one more for
+        // the next packet (a window always leaves a byte free), one release
+        // store. The limit stays: it already allows for this packet.
+        let next = self.count + 1;
+        chunk.set_packets(Packets::masked(next, self.flags));
+        self.count = next;
+        self.cursor = at + end;
         self.stats.packets_written += 1;
-        self.deliver_patches();
+        true
     }
 
     /// Counts a packet dropped before any of it was written and marks the
     /// loss on the next one.
     pub(crate) fn drop_unwritten(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
+        // The loss goes in front of the next packet (invariants).
+        if let Some(chunk) = &mut self.chunk {
+            chunk.set_window_limit(0);
+        }
         match reason {
             DropReason::SmbFull => self.stats.packets_dropped_smb_full += 1,
             DropReason::PatchStorageFull => self.stats.packets_dropped_patch_storage += 1,
@@ -571,6 +639,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         self.pending_loss = 0;
         self.first_packet = false;
         self.deliver_patches();
+        self.open_fast_path();
         true
     }
 

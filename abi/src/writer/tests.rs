@@ -872,6 +872,78 @@ proptest::proptest! {
 }
 
 #[test]
+fn in_place_packets_wait_for_a_general_one_and_stop_at_1022_fragments() {
+    let mut storage = Box::new(RegionStorage::<8192, 16>::new());
+    let handles = storage.init(&config()).unwrap();
+    let mut rx = RegionReader::attach(&handles).unwrap();
+    let arbiter = RegionArbiter::new(&handles, PageLayout::Div1).unwrap();
+    let mut w: TraceWriter<_> = TraceWriter::new(arbiter, 1, 1).unwrap();
+    fn fast<'a>(w: &mut TraceWriter<'a, RegionArbiter<'a>>, v: u8) -> bool {
+        w.write_small_packet_in_place(|c| {
+            c.byte(0x40);
+            c.byte(v);
+            true
+        })
+    }
+    fn general<'a>(w: &mut TraceWriter<'a, RegionArbiter<'a>>, v: u8) {
+        assert_eq!(w.write_encoded_packet(&[0x40, v]), PacketOutcome::Written);
+    }
+    // No chunk yet, then the sequence's first packet goes first.
+    assert!(!fast(&mut w, 0));
+    general(&mut w, 0);
+    assert!(fast(&mut w, 1));
+    // A packet left open (a leaked handle) is finished by the next general
+    // packet: refused until then.
+    core::mem::forget(w.new_packet());
+    assert!(!fast(&mut w, 2));
+    general(&mut w, 2);
+    assert!(fast(&mut w, 3));
+    // A loss goes on the next packet: refused until a general one took it.
+    assert_eq!(
+        w.write_encoded_packet_in(&[0x40], 2),
+        PacketOutcome::Dropped(DropReason::PacketTooLong)
+    );
+    assert!(!fast(&mut w, 4));
+    general(&mut w, 4);
+    // 3-byte fragments: the count's budget (about a kilobyte) is spent and
+    // worked out again a few times; the chunk's 1022nd fragment is the
+    // last one the fast path writes.
+    let mut written = 0;
+    while fast(&mut w, 5) {
+        written += 1;
+    }
+    assert_eq!(written, 1022 - 6);
+    general(&mut w, 6);
+    assert!(fast(&mut w, 7));
+    w.flush();
+    let stats = w.stats();
+    assert_eq!((stats.packets_written, stats.packets_dropped()), (1024, 1));
+    let ev = drain(&mut rx);
+    assert_eq!(ev.len(), 2);
+    let (h0, p0) = chunk(&ev[0]);
+    assert_eq!(h0.packets, packets(1023, 0));
+    // 1022 fragments and the pad; the leaked packet's is empty, which
+    // readers skip as padding.
+    let f0 = data_fragments(p0, h0.packets);
+    assert_eq!(f0.len(), 1021);
+    assert_eq!(
+        f0[..6],
+        [
+            [&FIRST[..], &[0x40, 0]].concat(),
+            std::vec![0x40, 1],
+            std::vec![0x40, 2],
+            std::vec![0x40, 3],
+            std::vec![0xD0, 0x02, 0x01, 0x40, 4],
+            std::vec![0x40, 5],
+        ]
+    );
+    assert!(f0[5..].iter().all(|f| f[..] == [0x40, 5]));
+    let (h1, p1) = chunk(&ev[1]);
+    assert_eq!(h1.packets, packets(3, 0));
+    assert_eq!(data_fragments(p1, h1.packets), [[0x40, 6], [0x40, 7]]);
+}
+
+#[test]
 fn in_place_writer_counts_the_packets_of_committed_chunks() {
     let mut storage = Box::new(RegionStorage::<8192, 16>::new());
     let handles = storage.init(&config()).unwrap();
