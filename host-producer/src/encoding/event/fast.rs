@@ -95,6 +95,14 @@ fn put_plain_head<T: Target>(
 /// tag and reserved one-byte length. Returns the TrackEvent's start.
 #[inline(always)]
 pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usize {
+    put_packet_head(f, delta);
+    f.begin_short()
+}
+
+/// The packet's time as a delta, `sequence_flags`, and the TrackEvent's
+/// tag (its length is the caller's to reserve).
+#[inline(always)]
+pub(super) fn put_packet_head<T: Target>(f: &mut Cursor<T>, delta: u64) {
     f.byte(TAG_TIMESTAMP);
     put_varint(f, delta);
     f.word(
@@ -110,7 +118,6 @@ pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usiz
         ]),
         3,
     );
-    f.begin_short()
 }
 
 /// The TrackEvent's type, category id and name id.
@@ -179,6 +186,20 @@ pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValu
             f.byte(TAG_ARG_POINTER);
             put_varint(f, p);
         }
+    }
+}
+
+/// Bytes [`put_arg_value`] appends for `value`.
+#[cfg(feature = "tracing")]
+#[inline(always)]
+pub(super) fn arg_value_len(value: encode::ArgValue<'_>) -> usize {
+    use encode::ArgValue as A;
+    1 + match value {
+        A::Bool(_) => 1,
+        A::Uint(v) | A::Pointer(v) => usize::from(varint_len(v)),
+        A::Int(v) => usize::from(varint_len(v as u64)),
+        A::Double(_) => 8,
+        A::Str(s) => usize::from(varint_len(s.len() as u64)) + s.len(),
     }
 }
 
@@ -638,7 +659,10 @@ impl SequenceState {
     /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
     /// annotations of `args`: encoded in place like
     /// [`SequenceState::write_plain_args`] when every name is interned and
-    /// the packet fits a window, else through the general path. Returns
+    /// the packet fits a window, else (a packet too long for one, or no
+    /// window) after the trace point's pre-encoded head into the scratch
+    /// buffer as [`SequenceState::write_flat_streamed`] encodes it there
+    /// (the same bytes), else through the general path. Returns
     /// `false` if any packet was dropped, like
     /// [`SequenceState::write_event`]. `site` identifies the trace point:
     /// every event given the same site has the same `category`, `name` and
@@ -655,7 +679,59 @@ impl SequenceState {
         ns: u64,
     ) -> bool {
         self.try_write_flat::<KIND, W>(w, site, category, name, args, ns)
-            || self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+            || self.write_flat_copied_or_general::<KIND, W>(w, site, category, name, args, ns)
+    }
+
+    /// What [`SequenceState::try_write_flat`] did not write in place:
+    /// after the trace point's pre-encoded head (made here if the names
+    /// are interned) into the scratch buffer, else the general way.
+    #[inline(never)]
+    fn write_flat_copied_or_general<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        site: usize,
+        category: &'static Category,
+        name: &'static str,
+        args: &crate::encoding::annotation::FlatArgs<'_>,
+        ns: u64,
+    ) -> bool {
+        if let Some(delta) = self.flat_delta(category, ns) {
+            if self.flat_head::<KIND>(site, category, name, args.head) {
+                match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
+                    Streamed::Written => return true,
+                    Streamed::Dropped => return false,
+                    Streamed::Declined => {}
+                }
+            }
+        }
+        self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+    }
+
+    /// Whether the trace point `site` (see [`SequenceState::write_flat`])
+    /// has a pre-encoded head for events of `KIND`: a recent one, else one
+    /// made now if its strings are interned and its head fits.
+    fn flat_head<const KIND: u8>(
+        &mut self,
+        site: usize,
+        category: &'static Category,
+        name: &'static str,
+        head: (&'static str, &'static str),
+    ) -> bool {
+        let resets = self.resets;
+        if self.flat_heads.get_mut(KIND, site, resets).is_some() {
+            return true;
+        }
+        let interned = &self.interned;
+        let (Some(cat), Some(name_iid), Some(head_iid)) = (
+            interned.categories.lookup(category.name()),
+            interned.names.lookup(name),
+            interned.arg_names.lookup(head.0),
+        ) else {
+            return false;
+        };
+        (self.flat_heads)
+            .insert(KIND, site, name_iid, (head.1, head_iid), cat, resets)
+            .is_some()
     }
 
     /// [`SequenceState::write_flat`] through [`EventData`].

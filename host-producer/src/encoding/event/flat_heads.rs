@@ -33,9 +33,16 @@
 //!   is copied in word stores ([`FlatHead::literal`]); another text or
 //!   field replaces it. The last such annotation too long to keep is
 //!   remembered too, so that it is not tried again at every event.
+//! * An entry also notes whether its trace point's last event was too
+//!   long to be written in place ([`FlatHead::set_long`]), so that the
+//!   next one goes into the scratch buffer at once: a hint, which changes
+//!   the work and never the bytes.
 //! * An empty entry has kind 0, which no event written here has.
 
-use super::fast::{put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation};
+use super::fast::{
+    put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation, put_varint,
+    TAG_DEBUG_ANNOTATIONS,
+};
 use super::*;
 
 /// Entries (a power of two), direct-mapped by the trace point's site.
@@ -55,11 +62,18 @@ fn key(s: &'static str) -> StrKey {
 }
 
 /// What an entry was made for: an event kind and a trace point's site.
+/// The kind's top bit ([`LONG`]) marks the trace point's last event too
+/// long to be written in place, so that the in-place encoder's lookup
+/// (for the kind alone) misses it at no cost of its own.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Key {
     kind: u8,
     site: usize,
 }
+
+/// The bit of [`Key::kind`] marking a trace point whose last event was
+/// too long to be written in place.
+const LONG: u8 = 0x80;
 
 /// The start of a flat debug annotation, pre-encoded in one word: its
 /// tag, its one-byte length, and its name's id, the length holding the
@@ -115,6 +129,21 @@ impl Prefix {
     #[inline(always)]
     pub(super) fn put_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
         f.word(self.0 + ((value as u64) << 8), self.len());
+    }
+
+    /// [`Prefix::put_sized`] for a value of any size: a body of 128 bytes
+    /// or more takes its length as a varint (the prefix's tag, the
+    /// varint, then the prefix's name bytes).
+    #[inline(always)]
+    pub(super) fn put_any_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
+        let name = self.len() - 2;
+        let body = name + value;
+        if body < 0x80 {
+            return self.put_sized(f, value);
+        }
+        f.byte(TAG_DEBUG_ANNOTATIONS);
+        put_varint(f, body as u64);
+        f.word(self.0 >> 16, name);
     }
 }
 
@@ -222,8 +251,18 @@ impl FlatHead {
         self.head.put(f);
     }
 
+    /// Notes whether the trace point's last event took a packet too long
+    /// to be written in place (more than 127 bytes): then
+    /// [`FlatHeads::get_short_mut`] misses the entry, so that the next
+    /// event is encoded into the scratch buffer at once.
+    #[inline(always)]
+    pub(super) fn set_long(&mut self, long: bool) {
+        self.key.kind = self.key.kind & !LONG | if long { LONG } else { 0 };
+    }
+
     /// Whether this is the entry of an event of `kind` from the trace
-    /// point `site`, on a sequence reset `resets` times.
+    /// point `site`, on a sequence reset `resets` times, its last event
+    /// too long to be written in place (`kind` with [`LONG`]) or not.
     #[inline(always)]
     fn is(&self, kind: u8, site: usize, resets: u64) -> bool {
         self.key == (Key { kind, site }) && self.resets == resets
@@ -314,6 +353,19 @@ impl FlatHeads {
     /// it).
     #[inline(always)]
     pub(super) fn get_mut(&mut self, kind: u8, site: usize, resets: u64) -> Option<&mut FlatHead> {
+        let e = &mut self.slots[Self::slot(site)];
+        (e.is(kind, site, resets) || e.is(kind | LONG, site, resets)).then_some(e)
+    }
+
+    /// [`FlatHeads::get_mut`] for a trace point whose last event was not
+    /// too long to be written in place (see [`FlatHead::set_long`]).
+    #[inline(always)]
+    pub(super) fn get_short_mut(
+        &mut self,
+        kind: u8,
+        site: usize,
+        resets: u64,
+    ) -> Option<&mut FlatHead> {
         let e = &mut self.slots[Self::slot(site)];
         e.is(kind, site, resets).then_some(e)
     }
