@@ -330,20 +330,15 @@ fn write_plain_args<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
     });
 }
 
-/// Whether `args` suit [`write_plain_args`]: a few annotations, each with a
+/// Whether `args` suit [`write_plain_args`]: annotations each with a
 /// static name and a flat value.
 #[inline]
 fn plain_args(args: &[Arg<'_>]) -> bool {
-    args.len() <= PLAIN_ARGS_MAX
-        && args.iter().all(|a| {
-            matches!(a.name, ArgName::Static(_))
-                && !matches!(a.value, DebugValue::Dict(_) | DebugValue::Array(_))
-        })
+    args.iter().all(|a| {
+        matches!(a.name, ArgName::Static(_))
+            && !matches!(a.value, DebugValue::Dict(_) | DebugValue::Array(_))
+    })
 }
-
-/// At most this many annotations take [`write_plain_args`] (more would not
-/// fit the 127 bytes of an in-place packet anyway).
-const PLAIN_ARGS_MAX: usize = 8;
 
 /// Counts a packet the instance's writer dropped.
 fn count_drop(instance: &crate::data_source::Instance) {

@@ -43,9 +43,9 @@
 use std::fmt;
 
 use super::fast::{
-    arg_value_len, put_annotation_start, put_arg_value, put_packet_head, put_short_bytes,
-    put_varint, varint_len, TAG_ANNOTATION_NAME_IID, TAG_ARG_BOOL, TAG_ARG_DOUBLE, TAG_ARG_INT,
-    TAG_ARG_STRING, TAG_ARG_UINT, TAG_DEBUG_ANNOTATIONS,
+    arg_value_len, long_packet, put_annotation_start, put_annotation_start_sized, put_arg_value,
+    put_packet_head, put_short_bytes, TAG_ARG_BOOL, TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING,
+    TAG_ARG_UINT,
 };
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
@@ -178,12 +178,7 @@ impl Start {
     fn put_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
         match self {
             Start::Prefix(prefix) => prefix.put_any_sized(f, value),
-            Start::Iid(iid) => {
-                f.byte(TAG_DEBUG_ANNOTATIONS);
-                put_varint(f, 1 + u64::from(varint_len(iid)) + value as u64);
-                f.byte(TAG_ANNOTATION_NAME_IID);
-                put_varint(f, iid);
-            }
+            Start::Iid(iid) => put_annotation_start_sized(f, iid, value),
         }
     }
 }
@@ -415,29 +410,6 @@ fn encode_streamed<T: Target, F: FlatFields, const LONG: bool>(
 /// takes more than the one byte a packet written in place has).
 const MAX_IN_PLACE: usize = 127;
 
-// A TrackEvent in the scratch buffer has a size a two-byte varint says.
-const _: () = assert!(FAST_CAP < 1 << 14);
-
-/// The packet `encode_streamed` encoded with `LONG` into `buf[..len]`,
-/// its TrackEvent's body starting at `te`, with the TrackEvent's length as
-/// short as it goes: the two bytes reserved if it takes two (the whole
-/// packet then takes more than 127 bytes), else the packet's fields
-/// before the TrackEvent's length moved one byte further on and a
-/// one-byte length: the bytes the encoder without `LONG` writes. Returns
-/// where the packet starts in `buf`.
-#[inline(always)]
-fn long_packet(buf: &mut Scratch, te: usize, len: usize) -> usize {
-    let size = len - te;
-    if size >= 0x80 {
-        return 0;
-    }
-    // `te` is past the packet's time, flags and TrackEvent tag (at most
-    // 14 bytes) and the two bytes reserved.
-    buf.copy_within(..te - 2, 1);
-    buf[te - 1] = size as u8;
-    1
-}
-
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
     /// `u8`) of the trace point `site` (in `category`: see
@@ -511,17 +483,10 @@ impl SequenceState {
         };
         let start = long_packet(scratch, te, len);
         entry.set_long(len - start > MAX_IN_PLACE);
-        if !w.write_encoded_packet_in(&scratch[start..], len - start) {
-            // As `write_event` after a lost packet (a lost begin's end is
-            // then not written either).
-            self.needs_reset = true;
-            self.lost_before_start |= !self.started;
-            if KIND == EventType::SliceBegin as u8 {
-                self.slices.push(false);
-            }
-            return Streamed::Dropped;
+        let written = w.write_encoded_packet_in(&scratch[start..], len - start);
+        match self.copied::<KIND>(written, ns) {
+            true => Streamed::Written,
+            false => Streamed::Dropped,
         }
-        self.written_flat::<KIND>(ns);
-        Streamed::Written
     }
 }

@@ -436,6 +436,157 @@ fn flat_annotations_take_the_dedicated_encoder() {
     assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
 }
 
+/// Plain events with flat annotations (`write_plain_args`) of any size
+/// (up to 8 annotations tried in place, more encoded into the scratch
+/// buffer at once; texts of 128 bytes or more; names whose front-cache
+/// slots other names hold) are the same bytes whether written in place or
+/// through the scratch buffer, every length as short as it goes, and
+/// decode as the general path's packets.
+#[test]
+fn wide_plain_events_match_in_place_and_copied() {
+    // Three annotation names of one pair of front-cache slots (two ways):
+    // one of them is never found there.
+    let mut by_pair: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
+    let colliding = loop {
+        let s: &'static str = Box::leak(format!("c{}", by_pair.len()).into_boxed_str());
+        let pair = by_pair
+            .entry(crate::encoding::intern::cache_slot(s) & !1)
+            .or_default();
+        pair.push(s);
+        if pair.len() == 3 {
+            break [pair[0], pair[1], pair[2]];
+        }
+    };
+    let long = "x".repeat(150);
+    let wide = [
+        Arg::new("level", "INFO"),
+        Arg::new("message", "a literal message of forty-three bytes here"),
+        Arg::new("count", 7u64),
+        Arg::new("label", "value"),
+        Arg::new("index", 300u64),
+        Arg::new("kind", "wide"),
+        Arg::new("ok", true),
+        Arg::new("total", 1u64 << 40),
+        Arg::new("ratio", 0.5f64),
+        Arg::new("delta", -10i64),
+        Arg {
+            name: ArgName::Static("p"),
+            value: DebugValue::Pointer(0xdead_beef),
+        },
+        Arg::new(colliding[0], 1u64),
+        Arg::new(colliding[1], 2u64),
+        Arg::new(colliding[2], 3u64),
+    ];
+    let long_text = [Arg::new("count", 1u64), Arg::new("text", long.as_str())];
+    let few = [Arg::new("count", 2u64), Arg::new("label", "value")];
+    // Messages of 20 to 68 bytes and back: packets across 128 bytes.
+    let message = "a literal message of forty-three bytes here and then some more text";
+    let sweep: Vec<[Arg<'_>; 6]> = (20..=message.len())
+        .chain((20..message.len()).rev())
+        .map(|n| {
+            [
+                Arg::new("level", "INFO"),
+                Arg::new("message", &message[..n]),
+                Arg::new("count", 5u64),
+                Arg::new("label", "sixteen bytes..."),
+                Arg::new("kind", "sixteen bytes..."),
+                Arg::new("ratio", 1.5f64),
+            ]
+        })
+        .collect();
+    let mut shapes: Vec<&[Arg<'_>]> = vec![&wide, &long_text, &few];
+    shapes.extend(sweep.iter().map(|a| &a[..]));
+    let (mut in_place, mut copied, mut general) = (seq(), seq(), seq());
+    let (mut a, mut b, mut c) = (
+        VecWriter::in_place(),
+        VecWriter::default(),
+        VecWriter::default(),
+    );
+    let mut ns = 1_000;
+    for round in 0..3 {
+        for (i, args) in shapes.iter().enumerate() {
+            // Deltas of one, two and three bytes.
+            ns += [100, 1_000, 20_000][round];
+            let e = PlainEvent {
+                kind: if i % 2 == 0 {
+                    EventType::Instant
+                } else {
+                    EventType::SliceBegin
+                },
+                category: &CAT,
+                name: "event",
+                args,
+                track: None,
+                value: 0,
+                ns,
+            };
+            let (ok_a, ok_b) = match e.kind {
+                EventType::Instant => (
+                    in_place.write_plain_args::<3, _>(&mut a, &e),
+                    copied.write_plain_args::<3, _>(&mut b, &e),
+                ),
+                _ => (
+                    in_place.write_plain_args::<1, _>(&mut a, &e),
+                    copied.write_plain_args::<1, _>(&mut b, &e),
+                ),
+            };
+            assert!(ok_a && ok_b);
+            assert!(general.write_event(&mut c, &e.data(), None));
+            if e.kind == EventType::SliceBegin {
+                ns += 1;
+                let mut end = ev(EventType::SliceEnd, EventName::None);
+                end.timestamp = Timestamp::boottime(ns);
+                for (s, w) in [
+                    (&mut in_place, &mut a),
+                    (&mut copied, &mut b),
+                    (&mut general, &mut c),
+                ] {
+                    assert!(s.write_event(w, &end, None));
+                }
+            }
+        }
+    }
+    // (The slice ends, which the general path writes, take a two-byte
+    // length where they are not written in place.)
+    let not_ends = |w: &VecWriter| -> Vec<Vec<u8>> {
+        w.packets
+            .iter()
+            .zip(w.decoded())
+            .filter(|(_, d)| {
+                d.track_event.as_ref().and_then(|t| t.r#type) != Some(EventType::SliceEnd as i32)
+            })
+            .map(|(p, _)| p.clone())
+            .collect()
+    };
+    let (x, y) = (not_ends(&a), not_ends(&b));
+    assert_eq!(x.len(), y.len());
+    if let Some(i) = (0..x.len()).find(|&i| x[i] != y[i]) {
+        panic!("packet {i}: {:?} in place, {:?} copied", x[i], y[i]);
+    }
+    assert_eq!(a.decoded(), c.decoded());
+    // Every event's lengths as short as they go (but the first uses of
+    // names, which the general path writes): some of 128 bytes or more,
+    // some shorter in a packet longer than 127 bytes; short ones in place.
+    let (mut long, mut band) = (0, 0);
+    for (p, d) in a.packets.iter().zip(a.decoded()) {
+        let Some((len, bytes)) = track_event_len(p).filter(|_| d.interned_data.is_none()) else {
+            continue;
+        };
+        assert_eq!(bytes, if len < 128 { 1 } else { 2 }, "{p:?}");
+        long += usize::from(len >= 128);
+        band += usize::from(len < 128 && p.len() > 127);
+    }
+    assert!(
+        long >= 3 * 20 && band >= 3,
+        "{long} long, {band} in between"
+    );
+    assert!(
+        a.in_place_packets >= 3 * 40,
+        "{} in place",
+        a.in_place_packets
+    );
+}
+
 #[test]
 fn timestamps_are_deltas_on_clock_64() {
     let mut w = VecWriter::default();
@@ -1819,7 +1970,6 @@ fn streamed_events_match_the_flat_path() {
 /// The length of the TrackEvent of an event packet of the flat encoders
 /// (its time, flags, then the TrackEvent) and the bytes that length
 /// takes; `None` for another packet.
-#[cfg(feature = "tracing")]
 fn track_event_len(p: &[u8]) -> Option<(usize, usize)> {
     fn varint(b: &[u8]) -> Option<(u64, usize)> {
         let mut v = 0;
