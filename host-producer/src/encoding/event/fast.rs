@@ -128,6 +128,17 @@ pub(super) fn put_annotation_start_sized<T: Target>(
     name_iid: u64,
     value: usize,
 ) {
+    // Most: a one-byte id and length, four bytes in one store.
+    if name_iid < 0x80 && value < 0x80 - 2 {
+        let start = [
+            TAG_DEBUG_ANNOTATIONS,
+            2 + value as u8,
+            TAG_ANNOTATION_NAME_IID,
+            name_iid as u8,
+        ];
+        f.word32(u32::from_le_bytes(start), 4);
+        return;
+    }
     f.byte(TAG_DEBUG_ANNOTATIONS);
     put_varint(f, 1 + u64::from(varint_len(name_iid)) + value as u64);
     f.byte(TAG_ANNOTATION_NAME_IID);
