@@ -477,6 +477,7 @@ impl SequenceState {
     }
 
     /// What [`SequenceState::write_plain_args`] did not write in place.
+    #[cold]
     #[inline(never)]
     fn write_plain_args_copied_or_general<const KIND: u8, W: PacketWriter>(
         &mut self,

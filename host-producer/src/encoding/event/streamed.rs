@@ -462,6 +462,7 @@ impl SequenceState {
     /// packet short enough), and handed to the writer to copy. Notes in
     /// the trace point's head whether the packet was too long to be
     /// written in place. Out of line: the hot path keeps its registers.
+    #[cold]
     #[inline(never)]
     pub(super) fn write_flat_copied<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
