@@ -28,9 +28,13 @@ fn inlined_writers_match_the_cursors() {
         buf[..n].to_vec()
     }
     use encode::ArgValue as A;
-    let mut values = vec![0u64, u64::MAX];
+    let mut values = vec![0u64, u64::MAX, -10i64 as u64, 0x8123_4567_89AB_CDEF];
     for shift in 0..64 {
-        values.extend([(1u64 << shift) - 1, 1u64 << shift]);
+        values.extend([
+            (1u64 << shift) - 1,
+            1u64 << shift,
+            0x5555_5555_5555_5555 >> shift,
+        ]);
     }
     for v in values {
         assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
