@@ -147,21 +147,36 @@ impl Prefix {
     }
 }
 
-/// Up to [`WORDS`] words of pre-encoded bytes, put with word stores.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Words {
-    words: [u64; WORDS],
-    /// Bytes in `words` (1 to 32; 0 in an empty entry).
+/// Words of pre-encoded bytes a literal annotation is kept in (64
+/// bytes: a message of up to about 58; [`Words::put_long`] puts 8).
+const LITERAL_WORDS: usize = 8;
+
+/// Up to `N` words of pre-encoded bytes, put with word stores.
+#[derive(Clone, Copy)]
+pub(super) struct Words<const N: usize = WORDS> {
+    words: [u64; N],
+    /// Bytes in `words` (1 to `8 * N`; 0 in an empty entry).
     len: usize,
     /// Bytes of the last word used (`len` less the whole words before it).
     last: usize,
 }
 
-impl Words {
-    /// The first `len` bytes of `buf` (at most `WORDS * 8`), if `len` is.
-    fn new(buf: &[u8; WORDS * 8 + TARGET_SLACK], len: Option<usize>) -> Option<Self> {
-        let len = len.filter(|&n| n <= WORDS * 8)?;
-        let mut words = [0u64; WORDS];
+impl<const N: usize> Default for Words<N> {
+    fn default() -> Self {
+        Words {
+            words: [0; N],
+            len: 0,
+            last: 0,
+        }
+    }
+}
+
+impl<const N: usize> Words<N> {
+    /// The first `len` bytes of `buf` (at most `N * 8`; `buf` has as
+    /// many), if `len` is.
+    fn new(buf: &[u8], len: Option<usize>) -> Option<Self> {
+        let len = len.filter(|&n| n <= N * 8)?;
+        let mut words = [0u64; N];
         for (w, bytes) in words.iter_mut().zip(buf.chunks_exact(8)) {
             let mut b = [0u8; 8];
             b.copy_from_slice(bytes);
@@ -174,12 +189,47 @@ impl Words {
         })
     }
 
+    /// [`Words::put`] for more than [`WORDS`] words, of
+    /// [`LITERAL_WORDS`]: the first four whole, then the rest as `put`
+    /// does (out of line, so that the common case stays a few stores that
+    /// call nothing).
+    #[inline(never)]
+    fn put_long<T: Target>(&self, f: &mut Cursor<T>) {
+        let &[a, b, c, d, e, g, h, i] = &self.words[..] else {
+            return;
+        };
+        f.word(a, 8);
+        f.word(b, 8);
+        f.word(c, 8);
+        f.word(d, 8);
+        let last = self.last;
+        match self.len {
+            ..=40 => f.word(e, last),
+            41..=48 => {
+                f.word(e, 8);
+                f.word(g, last);
+            }
+            49..=56 => {
+                f.word(e, 8);
+                f.word(g, 8);
+                f.word(h, last);
+            }
+            _ => {
+                f.word(e, 8);
+                f.word(g, 8);
+                f.word(h, 8);
+                f.word(i, last);
+            }
+        }
+    }
+
     /// Appends the bytes.
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
         // Whole words, then the last one's bytes (`last`, worked out when
-        // the entry was made): no count kept per word.
-        let [a, b, c, d] = self.words;
+        // the entry was made): no count kept per word. (Past four words,
+        // which only a literal has, out of line.)
+        let (a, b, c, d) = (self.words[0], self.words[1], self.words[2], self.words[3]);
         let last = self.last;
         match self.len {
             0..=8 => f.word(a, last),
@@ -192,6 +242,7 @@ impl Words {
                 f.word(b, 8);
                 f.word(c, last);
             }
+            n if N > WORDS && n > WORDS * 8 => self.put_long(f),
             _ => {
                 f.word(a, 8);
                 f.word(b, 8);
@@ -210,7 +261,7 @@ struct Literal {
     index: usize,
     /// The text, by address and length.
     text: StrKey,
-    bytes: Words,
+    bytes: Words<LITERAL_WORDS>,
 }
 
 /// No field's literal.
@@ -290,7 +341,11 @@ impl FlatHead {
     /// the literal text `text` (the same text: the same address and
     /// length), if kept.
     #[inline(always)]
-    pub(super) fn literal(&self, index: usize, text: &'static str) -> Option<&Words> {
+    pub(super) fn literal(
+        &self,
+        index: usize,
+        text: &'static str,
+    ) -> Option<&Words<LITERAL_WORDS>> {
         let l = &self.literal;
         (l.index == index && l.text == key(text)).then_some(&l.bytes)
     }
@@ -305,14 +360,14 @@ impl FlatHead {
     /// Keeps the annotation of the trace point's field `index`, which
     /// starts with `prefix` (its kept start), with the literal text
     /// `text`, in place of the one kept before, and returns it; `None` if
-    /// it takes more than [`WORDS`] words (then remembered as too long).
+    /// it takes more than [`LITERAL_WORDS`] words (then remembered as too long).
     pub(super) fn keep_literal(
         &mut self,
         index: usize,
         prefix: Prefix,
         text: &'static str,
-    ) -> Option<&Words> {
-        let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
+    ) -> Option<&Words<LITERAL_WORDS>> {
+        let mut buf = [0u8; LITERAL_WORDS * 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
         let a = prefix.put(&mut c);
         put_arg_value(&mut c, encode::ArgValue::Str(text));

@@ -1837,7 +1837,10 @@ fn streamed_events_match_the_flat_path() {
     let too_long = [D("message", long)];
     // A literal too long for a head to keep.
     let long_literal = [
-        L("message", "a literal message of more than thirty bytes"),
+        L(
+            "message",
+            "a literal message of more than sixty-four bytes, longer than a head keeps",
+        ),
         V("count", FieldValue::Uint(2)),
     ];
     let fresh = [V("fresh", FieldValue::Uint(1)), D("message", &"x")];
