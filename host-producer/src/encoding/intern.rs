@@ -135,7 +135,7 @@ impl Table {
 }
 
 /// Slots of a [`StrInterner`]'s direct-mapped front cache.
-const CACHE_SLOTS: usize = 32;
+const CACHE_SLOTS: usize = 64;
 
 /// A front-cache entry: a string's address and length, and its id (an
 /// empty entry has address 0, which no string has).
@@ -162,7 +162,7 @@ pub struct StrInterner {
 /// The front-cache slot of `s`.
 #[inline(always)]
 pub(crate) fn cache_slot(s: &str) -> usize {
-    ((s.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize
+    ((s.as_ptr() as usize as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
         & (CACHE_SLOTS - 1)
 }
 
