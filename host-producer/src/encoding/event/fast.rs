@@ -458,9 +458,10 @@ impl SequenceState {
     }
 
     /// [`SequenceState::write_plain`] for a slice begin or an instant
-    /// (`KIND`) with debug annotations: each has a static name and a flat
-    /// value (not a dict or an array). Its own function, so that the
-    /// encoder of events without annotations stays as small as it is.
+    /// (`KIND`) with debug annotations: its encoders take those with a
+    /// static name and a flat value (not a dict or an array), the general
+    /// path the others. Its own function, so that the encoder of events
+    /// without annotations stays as small as it is.
     /// Up to [`PLAIN_ARGS_IN_PLACE`] annotations, tried in place first;
     /// then (more annotations, a packet too long for a window, no window)
     /// the same encoder into the scratch buffer

@@ -431,13 +431,37 @@ fn flat_annotations_take_the_dedicated_encoder() {
         ]
     );
     assert_eq!(p.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
-    // A nested annotation is not flat: the general path writes it.
-    let nested = [Arg::new("d", DebugValue::Dict(&[]))];
-    let e = PlainEvent {
-        args: &nested,
-        ..event(1_020)
+    // A nested annotation is not flat, nor is a name made at run time
+    // interned: the general path writes them (write_plain_args hands
+    // them over).
+    let entries = [("x", DebugValue::Uint(1))];
+    let nested = [
+        Arg::new("count", 1u64),
+        Arg::new("d", DebugValue::Dict(&entries)),
+    ];
+    let dynamic = [
+        Arg::new("count", 2u64),
+        Arg {
+            name: ArgName::Dynamic("made"),
+            value: DebugValue::Uint(3),
+        },
+    ];
+    for (args, ns) in [(&nested, 1_020), (&dynamic, 1_030)] {
+        let e = PlainEvent { args, ..event(ns) };
+        assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
+        assert!(s.write_plain_args::<1, _>(&mut w, &e));
+    }
+    let p = w.decoded();
+    let [.., nested, dynamic] = &p[..] else {
+        panic!("{p:?}")
     };
-    assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
+    let nested = &nested.track_event.as_ref().unwrap().debug_annotations;
+    assert_eq!(nested[0].uint_value, Some(1));
+    assert_eq!(nested[1].dict_entries[0].uint_value, Some(1));
+    let dynamic = &dynamic.track_event.as_ref().unwrap().debug_annotations;
+    assert_eq!(dynamic[0].uint_value, Some(2));
+    assert_eq!(dynamic[1].name.as_deref(), Some("made"));
+    assert_eq!(dynamic[1].uint_value, Some(3));
 }
 
 /// Plain events with flat annotations (`write_plain_args`) of any size
