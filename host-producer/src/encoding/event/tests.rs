@@ -180,6 +180,18 @@ impl VecWriter {
         }
     }
 
+    /// The decoded packets: how many track descriptors (which a flat
+    /// encoder and the general path may write in another order), and the
+    /// others.
+    #[cfg(feature = "tracing")]
+    fn decoded_apart(&self) -> (usize, Vec<ts::TracePacket>) {
+        let (d, rest): (Vec<_>, Vec<_>) = self
+            .decoded()
+            .into_iter()
+            .partition(|p| p.track_descriptor.is_some());
+        (d.len(), rest)
+    }
+
     fn decoded(&self) -> Vec<ts::TracePacket> {
         self.packets
             .iter()
@@ -464,6 +476,26 @@ fn flat_annotations_take_the_dedicated_encoder() {
     assert_eq!(dynamic[1].uint_value, Some(3));
 }
 
+/// `N` names made for a test (`prefix` and a number, at addresses of
+/// their own) whose front-cache slots `group` maps to one value.
+fn names_sharing<const N: usize>(
+    prefix: &str,
+    group: impl Fn(usize) -> usize,
+) -> [&'static str; N] {
+    let mut by_group: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
+    for i in 0.. {
+        let s: &'static str = Box::leak(format!("{prefix}{i}").into_boxed_str());
+        let names = by_group
+            .entry(group(crate::encoding::intern::cache_slot(s)))
+            .or_default();
+        names.push(s);
+        if let Ok(names) = <[&'static str; N]>::try_from(names.as_slice()) {
+            return names;
+        }
+    }
+    unreachable!("names without end")
+}
+
 /// Plain events with flat annotations (`write_plain_args`) of any size
 /// (up to 8 annotations tried in place, more encoded into the scratch
 /// buffer at once; texts of 128 bytes or more; names whose front-cache
@@ -474,17 +506,7 @@ fn flat_annotations_take_the_dedicated_encoder() {
 fn wide_plain_events_match_in_place_and_copied() {
     // Three annotation names of one pair of front-cache slots (two ways):
     // one of them is never found there.
-    let mut by_pair: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
-    let colliding = loop {
-        let s: &'static str = Box::leak(format!("c{}", by_pair.len()).into_boxed_str());
-        let pair = by_pair
-            .entry(crate::encoding::intern::cache_slot(s) & !1)
-            .or_default();
-        pair.push(s);
-        if pair.len() == 3 {
-            break [pair[0], pair[1], pair[2]];
-        }
-    };
+    let colliding: [_; 3] = names_sharing("c", |slot| slot & !1);
     let long = "x".repeat(150);
     let wide = [
         Arg::new("level", "INFO"),
@@ -595,15 +617,7 @@ fn wide_plain_events_match_in_place_and_copied() {
     // Every event's lengths as short as they go (but the first uses of
     // names, which the general path writes): some of 128 bytes or more,
     // some shorter in a packet longer than 127 bytes; short ones in place.
-    let (mut long, mut band) = (0, 0);
-    for (p, d) in a.packets.iter().zip(a.decoded()) {
-        let Some((len, bytes)) = track_event_len(p).filter(|_| d.interned_data.is_none()) else {
-            continue;
-        };
-        assert_eq!(bytes, if len < 128 { 1 } else { 2 }, "{p:?}");
-        long += usize::from(len >= 128);
-        band += usize::from(len < 128 && p.len() > 127);
-    }
+    let (long, band) = lengths_as_short_as_they_go(&a);
     assert!(
         long >= 3 * 20 && band >= 3,
         "{long} long, {band} in between"
@@ -1412,17 +1426,7 @@ fn site(name: &'static str, head: (&'static str, &'static str)) -> usize {
 fn flat_events_match_the_general_path() {
     use crate::encoding::annotation::{FlatArgs, FlatValue};
     // Annotation names that share one front-cache slot.
-    let mut by_slot: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
-    let colliding = loop {
-        let s: &'static str = Box::leak(format!("f{}", by_slot.len()).into_boxed_str());
-        let slot = by_slot
-            .entry(crate::encoding::intern::cache_slot(s))
-            .or_default();
-        slot.push(s);
-        if slot.len() == 2 {
-            break [slot[0], slot[1]];
-        }
-    };
+    let colliding: [_; 2] = names_sharing("f", |slot| slot);
     let long = "x".repeat(150);
     let text = format!("valuemessage{long}");
     let values = [
@@ -1521,14 +1525,7 @@ fn flat_events_match_the_general_path() {
             }
         }
     }
-    let split = |w: &VecWriter| {
-        let (d, rest): (Vec<_>, Vec<_>) = w
-            .decoded()
-            .into_iter()
-            .partition(|p| p.track_descriptor.is_some());
-        (d.len(), rest)
-    };
-    assert_eq!(split(&a), split(&b));
+    assert_eq!(a.decoded_apart(), b.decoded_apart());
     // Everything but first uses, the long text and the lost one: in place.
     assert!(
         a.in_place_packets >= events / 2,
@@ -2021,6 +2018,24 @@ fn track_event_len(p: &[u8]) -> Option<(usize, usize)> {
     Some((len as usize, bytes))
 }
 
+/// Checks that the TrackEvent length of every event packet `w` wrote
+/// (but those carrying interned data, which the general path writes) is
+/// as short as it goes, and returns how many TrackEvents took 128 bytes
+/// or more and how many shorter ones were in a packet longer than 127
+/// bytes.
+fn lengths_as_short_as_they_go(w: &VecWriter) -> (usize, usize) {
+    let (mut long, mut band) = (0, 0);
+    for (p, d) in w.packets.iter().zip(w.decoded()) {
+        let Some((len, bytes)) = track_event_len(p).filter(|_| d.interned_data.is_none()) else {
+            continue;
+        };
+        assert_eq!(bytes, if len < 128 { 1 } else { 2 }, "{p:?}");
+        long += usize::from(len >= 128);
+        band += usize::from(len < 128 && p.len() > 127);
+    }
+    (long, band)
+}
+
 /// Wide events (packets of more than 127 bytes: many fields, long texts,
 /// a `Debug` text too long for a one-byte length) are streamed through
 /// the scratch buffer with every length as short as it goes (a
@@ -2135,26 +2150,11 @@ fn wide_events_match_the_flat_path() {
         }
     }
     assert_eq!(a.packets, b.packets);
-    let split = |w: &VecWriter| {
-        let (d, rest): (Vec<_>, Vec<_>) = w
-            .decoded()
-            .into_iter()
-            .partition(|p| p.track_descriptor.is_some());
-        (d.len(), rest)
-    };
-    assert_eq!(split(&a), split(&c));
-    // Every TrackEvent's length as short as it goes; some of 128 bytes or
-    // more, some shorter in a packet longer than 127 bytes.
-    let mut long = 0;
-    let mut band = 0;
-    for p in &a.packets {
-        let Some((len, bytes)) = track_event_len(p) else {
-            continue;
-        };
-        assert_eq!(bytes, if len < 128 { 1 } else { 2 }, "{p:?}");
-        long += usize::from(len >= 128);
-        band += usize::from(len < 128 && p.len() > 127);
-    }
+    assert_eq!(a.decoded_apart(), c.decoded_apart());
+    // Every TrackEvent's length as short as it goes (but the first event's,
+    // which the general path writes); some of 128 bytes or more, some
+    // shorter in a packet longer than 127 bytes.
+    let (long, band) = lengths_as_short_as_they_go(&a);
     assert!(
         long >= 3 * 20 && band >= 3,
         "{long} long, {band} in between"
