@@ -291,9 +291,10 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// Writes one whole, already-encoded TracePacket (its fields, without a
     /// size prefix). Same result and loss semantics as
     /// `write_packet(|p| p.raw(packet))` (fields 42/87 prepended when due,
-    /// fragmented across chunks when needed), but a packet of at most 127
-    /// bytes that fits the current chunk costs one copy and one atomic
-    /// store: no size reservation, no compaction.
+    /// fragmented across chunks when needed), but a packet that fits the
+    /// current chunk costs one copy and one atomic store: no size
+    /// reservation, no compaction (a 1-byte size for at most 127 bytes, the
+    /// general path's 4-byte one past that).
     #[inline]
     pub fn write_encoded_packet(&mut self, packet: &[u8]) -> PacketOutcome {
         self.write_encoded_packet_in(packet, packet.len())

@@ -33,7 +33,7 @@ pub(crate) mod track;
 
 pub use data_source::{add_session_observer, remove_session_observer, TrackEventSessionObserver};
 
-use crate::encoding::annotation::{Arg, ArgName, DebugValue};
+use crate::encoding::annotation::Arg;
 use crate::encoding::event::{
     CounterValue, EventContext, EventData, EventName, EventType, ExtraFields, PlainEvent,
 };
@@ -319,8 +319,8 @@ fn write_plain<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
     });
 }
 
-/// [`write_plain`] for a slice begin or an instant with flat debug
-/// annotations ([`plain_args`]).
+/// [`write_plain`] for a slice begin or an instant with debug annotations
+/// (those with a dynamic name, a dict or an array go the general way).
 #[inline(never)]
 fn write_plain_args<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
     track_event_type().with_writers(mask, |inner, instance| {
@@ -329,21 +329,6 @@ fn write_plain_args<const KIND: u8>(ev: &PlainEvent<'_>, mask: u8) {
         }
     });
 }
-
-/// Whether `args` suit [`write_plain_args`]: a few annotations, each with a
-/// static name and a flat value.
-#[inline]
-fn plain_args(args: &[Arg<'_>]) -> bool {
-    args.len() <= PLAIN_ARGS_MAX
-        && args.iter().all(|a| {
-            matches!(a.name, ArgName::Static(_))
-                && !matches!(a.value, DebugValue::Dict(_) | DebugValue::Array(_))
-        })
-}
-
-/// At most this many annotations take [`write_plain_args`] (more would not
-/// fit the 127 bytes of an in-place packet anyway).
-const PLAIN_ARGS_MAX: usize = 8;
 
 /// Counts a packet the instance's writer dropped.
 fn count_drop(instance: &crate::data_source::Instance) {
@@ -452,7 +437,7 @@ pub fn __scoped_slice<'a>(
                 mask,
             );
         }
-        EventName::Static(n) if plain_args(args) => {
+        EventName::Static(n) => {
             write_plain_args::<{ EventType::SliceBegin as u8 }>(
                 &PlainEvent {
                     args,
@@ -590,14 +575,14 @@ fn event_at(
         (EventType::SliceBegin, EventName::Static(n)) if args.is_empty() => {
             write_plain::<{ EventType::SliceBegin as u8 }>(&plain(kind, cat, n), mask);
         }
-        (EventType::Instant, EventName::Static(n)) if plain_args(args) => {
+        (EventType::Instant, EventName::Static(n)) => {
             let ev = PlainEvent {
                 args,
                 ..plain(kind, cat, n)
             };
             write_plain_args::<{ EventType::Instant as u8 }>(&ev, mask);
         }
-        (EventType::SliceBegin, EventName::Static(n)) if plain_args(args) => {
+        (EventType::SliceBegin, EventName::Static(n)) => {
             let ev = PlainEvent {
                 args,
                 ..plain(kind, cat, n)

@@ -2,7 +2,8 @@
 //! `tracing-program` binary (see its docs for the workload: nested spans,
 //! fields of every type, events, a span recorded into, spans exited out of
 //! order, `follows_from`, an instrumented task polled on three threads,
-//! `log` records, and a target the session disables) is recorded by the
+//! `log` records, a target the session disables, and wide events: packets
+//! of more than 127 bytes) is recorded by the
 //! stock Perfetto service (`real-service`) and by `shmtrace serve`, through
 //! the real consumer, with `enabled_categories: ["*"]` and
 //! `disabled_categories: ["noisy"]`.
@@ -39,25 +40,27 @@ const MAIN: &str = "tracing-program";
 /// the span) and one on its own track; instants: the two events in
 /// `root`, `follows_from`, two `log` records, three `step` events; one
 /// flow id at each end of the `follows_from` flow. Every begin and instant
-/// but `follows_from` has a `level` string (17).
+/// but `follows_from` has a `level` string (17). Then the three wide
+/// events: instants with 3 uint, an int, a bool, a double and 5 string
+/// fields, a message and a level each.
 fn expected_counts() -> EventCounts {
     EventCounts {
         slice_begin: 10,
         slice_end: 10,
-        instant: 8,
+        instant: 8 + 3,
         flow_begin: 2,
         // int -5, code 42.
-        arg_int: 2,
+        arg_int: 2 + 3,
         // uint 7, pending 99 (on root's end), rows 3, id 1 (first poll and
         // the task's own track), step 0, 1, 2.
-        arg_uint: 8,
+        arg_uint: 8 + 3 * 3,
         // flag, ok.
-        arg_bool: 2,
+        arg_bool: 2 + 3,
         // ratio.
-        arg_double: 1,
+        arg_double: 1 + 3,
         // 17 levels, text, debug, table, the event's message, two log
-        // messages.
-        arg_string: 23,
+        // messages; the wide events' levels, messages and 5 strings.
+        arg_string: 23 + 3 * 7,
         ..Default::default()
     }
 }
@@ -211,7 +214,7 @@ fn tracing_program_is_recorded(service: ServiceImpl) {
     assert_eq!(
         nesting(&main),
         "root{ query{ event } event follows_from a{ b{ } } log log } \
-         task{ event } task{ } task{ }",
+         task{ event } task{ } task{ } event event event",
         "{main:#?}"
     );
     // Categories are targets.
@@ -224,7 +227,7 @@ fn tracing_program_is_recorded(service: ServiceImpl) {
         categories,
         [
             &app, &db, &db, &none, &app, &app, &app, &app, &none, &none, &log, &log, &none, &app,
-            &app, &none, &app, &none, &app, &none,
+            &app, &none, &app, &none, &app, &none, &app, &app, &app,
         ],
         "{main:#?}"
     );
@@ -298,6 +301,38 @@ fn tracing_program_is_recorded(service: ServiceImpl) {
         args(main[16]),
         BTreeMap::from([("level".into(), string("INFO"))])
     );
+
+    // The wide events: the first written the general way (its names
+    // interned), the second after the callsite's head made for it, the
+    // third streamed; every field typed, the long text whole.
+    // The dump's form of a text over 64 bytes: its length and the first
+    // 12 hex digits of its SHA-1 (the program's 150-byte `BODY`).
+    let body = "<150 bytes, sha1 e2d9975818eb>";
+    for (i, e) in main[20..].iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(
+            args(e),
+            BTreeMap::from([
+                ("level".into(), string("INFO")),
+                (
+                    "message".into(),
+                    string("a literal message of forty-three bytes here")
+                ),
+                ("i".into(), json!(["uint", i])),
+                ("big".into(), json!(["uint", 1u64 << 40])),
+                ("neg".into(), json!(["int", -10])),
+                ("flag".into(), json!(["bool", true])),
+                ("ratio".into(), json!(["double", 0.5])),
+                ("text".into(), string("wide")),
+                ("unit".into(), string("bytes")),
+                ("source".into(), string("tracing-program")),
+                ("dbg".into(), string("[1, 2, 3]")),
+                ("body".into(), string(body)),
+                ("seq".into(), json!(["uint", i * 3])),
+            ]),
+            "{e:#?}"
+        );
+    }
 
     // The middle polls, on their threads.
     for (thread, step) in [("poll-b", 1), ("poll-c", 2)] {

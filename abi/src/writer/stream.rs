@@ -362,8 +362,9 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         }
     }
 
-    /// Writes a whole, already-encoded packet of at most 127 bytes into the
-    /// current chunk with a 1-byte size, if it fits there and nothing
+    /// Writes a whole, already-encoded packet into the current chunk with a
+    /// 1-byte size (at most 127 bytes) or else the general path's 4-byte
+    /// one, if it fits there and nothing
     /// else must be prepended (no pending loss, not the sequence's first
     /// packet, no packet open). The bytes and the chunk state end up exactly
     /// as [`begin_packet`](Self::begin_packet) + writing + [`finish_packet`](Self::finish_packet)
@@ -381,11 +382,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
         let Some(packet) = buf.get(..len) else {
             return false;
         };
-        if self.in_packet
-            || self.first_packet
-            || self.pending_loss != 0
-            || len > MAX_ONE_BYTE_LEN as usize
-        {
+        if self.in_packet || self.first_packet || self.pending_loss != 0 {
             return false;
         }
         let Some(chunk) = &mut self.chunk else {
@@ -406,18 +403,29 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             return false;
         }
         let at = self.cursor;
-        let padded: Option<&[u8; PADDED_COPY_LEN]> = buf
-            .get(..PADDED_COPY_LEN)
-            .and_then(|b| b.try_into().ok())
-            .filter(|_| len <= PADDED_COPY_LEN && room > PADDED_COPY_LEN);
-        let copied = match padded {
-            Some(block) => chunk.write(at + 1, block),
-            None => write_unpadded(chunk, at + 1, packet),
-        };
-        if copied.is_err() || chunk.write_u8(at, len as u8).is_err() {
-            return false;
+        if len > MAX_ONE_BYTE_LEN as usize {
+            // As `finish_packet` leaves a packet too long to compact.
+            let size = redundant_varint4(len as u32);
+            if chunk.write(at, &size).is_err()
+                || write_unpadded(chunk, at + SIZE_FIELD_LEN, packet).is_err()
+            {
+                return false;
+            }
+            self.cursor = at + SIZE_FIELD_LEN + len;
+        } else {
+            let padded: Option<&[u8; PADDED_COPY_LEN]> = buf
+                .get(..PADDED_COPY_LEN)
+                .and_then(|b| b.try_into().ok())
+                .filter(|_| len <= PADDED_COPY_LEN && room > PADDED_COPY_LEN);
+            let copied = match padded {
+                Some(block) => chunk.write(at + 1, block),
+                None => write_unpadded(chunk, at + 1, packet),
+            };
+            if copied.is_err() || chunk.write_u8(at, len as u8).is_err() {
+                return false;
+            }
+            self.cursor = at + 1 + len;
         }
-        self.cursor = at + 1 + len;
         self.inflated = false;
         self.stats.packets_written += 1;
         self.seal_packet(count);

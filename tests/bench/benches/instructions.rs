@@ -52,6 +52,29 @@ fn phase_layer_event(n: u64) {
     }
 }
 
+/// A wide event: the event's 2 fields, 9 more and a 43-byte literal
+/// message, a packet of more than 127 bytes (its nested lengths do not fit
+/// one byte).
+#[inline(never)]
+fn phase_layer_event_wide(n: u64) {
+    for i in 0..n {
+        tracing::info!(
+            count = i,
+            label = "value",
+            index = i + 1,
+            kind = "wide",
+            ok = true,
+            total = i * 3,
+            unit = "bytes",
+            ratio = 0.5,
+            seq = i,
+            source = "bench",
+            delta = -10i64,
+            "a literal message of forty-three bytes here"
+        );
+    }
+}
+
 #[inline(never)]
 fn phase_layer_span(n: u64) {
     for _ in 0..n {
@@ -122,6 +145,30 @@ fn phase_native_instant(n: u64) {
     }
 }
 
+/// What the layer writes for the wide event, through the native API.
+#[inline(never)]
+fn phase_native_instant_wide(n: u64) {
+    for i in 0..n {
+        trace_instant!(
+            RS_ON,
+            "event",
+            "level" => "INFO",
+            "message" => "a literal message of forty-three bytes here",
+            "count" => i,
+            "label" => "value",
+            "index" => i + 1,
+            "kind" => "wide",
+            "ok" => true,
+            "total" => i * 3,
+            "unit" => "bytes",
+            "ratio" => 0.5,
+            "seq" => i,
+            "source" => "bench",
+            "delta" => -10i64
+        );
+    }
+}
+
 /// A native scoped slice (begin + end).
 #[inline(never)]
 fn phase_native_slice(n: u64) {
@@ -146,7 +193,7 @@ fn run(name: &str, n: u64, dispatch: Option<&Dispatch>, phase: fn(u64)) {
         Some(d) => tracing::dispatcher::with_default(d, timed),
         None => timed(),
     };
-    println!("{name:<16} {ns:>8.1} ns");
+    println!("{name:<20} {ns:>8.1} ns");
 }
 
 fn main() {
@@ -177,6 +224,7 @@ fn main() {
     let ours = Dispatch::new(tracing_subscriber::registry().with(TracingLayer::new()));
     let bare = Dispatch::new(tracing_subscriber::registry());
     run("layer event", n, Some(&ours), phase_layer_event);
+    run("layer event wide", n, Some(&ours), phase_layer_event_wide);
     run("layer span", n, Some(&ours), phase_layer_span);
     run("layer span2", n, Some(&ours), phase_layer_span2);
     run("bare event", n, Some(&bare), phase_bare_event);
@@ -186,6 +234,7 @@ fn main() {
     run("floor event", n, Some(&floor), phase_floor_event);
     run("floor span", n, Some(&floor), phase_floor_span);
     run("native instant", n, None, phase_native_instant);
+    run("native instant wide", n, None, phase_native_instant_wide);
     run("native slice", n, None, phase_native_slice);
     common::stop_session(session);
     let stats = shmtrace_producer::stats();

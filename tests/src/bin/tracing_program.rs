@@ -27,6 +27,9 @@
 //!   with a yield between: polled on the main thread, then on thread
 //!   `poll-b`, then `poll-c`, then the main thread again, which completes
 //!   it and drops it (closing `task`).
+//! * Then, on the main thread, three wide events (in `app`), packets of
+//!   more than 127 bytes: [`wide`]'s 11 fields (one a text of 150 bytes)
+//!   and a 43-byte literal message, `i` 0, 1, 2.
 
 use std::future::Future;
 use std::io::Write as _;
@@ -87,6 +90,29 @@ fn poll_on(name: &str, mut task: Task) -> Task {
         .expect("the polling thread")
 }
 
+/// The text of the wide events' `body` field.
+const BODY: &str = "a text of one hundred and fifty bytes, longer than a one-byte length can say, \
+                    written by the wide events of the tracing program: ...................**";
+
+/// The wide event (see the module docs), its fields' values made of `i`.
+fn wide(i: u64) {
+    tracing::info!(
+        target: "app",
+        i,
+        big = 1u64 << 40,
+        neg = -10i64,
+        flag = true,
+        ratio = 0.5f64,
+        text = "wide",
+        unit = "bytes",
+        source = "tracing-program",
+        dbg = ?[1u8, 2, 3],
+        body = BODY,
+        seq = i * 3,
+        "a literal message of forty-three bytes here"
+    );
+}
+
 fn workload() {
     let root = tracing::info_span!(
         target: "app",
@@ -125,6 +151,9 @@ fn workload() {
     let mut task = poll_on("poll-c", task);
     assert!(poll(&mut task), "the task is done after its fourth poll");
     drop(task);
+    for i in 0..3 {
+        wide(i);
+    }
 }
 
 fn main() {

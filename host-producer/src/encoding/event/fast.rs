@@ -74,27 +74,10 @@ pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
     }
 }
 
-/// The start of a plain event packet written in place: its time as a
-/// delta, `sequence_flags`, and the open TrackEvent (one-byte length) with
-/// its type, category and name ids. Returns the TrackEvent's start, for
-/// `end_short` once its annotations are written.
-#[inline(always)]
-fn put_plain_head<T: Target>(
-    f: &mut Cursor<T>,
-    delta: u64,
-    kind: u8,
-    cat: u64,
-    name: u64,
-) -> usize {
-    let te = put_packet_start(f, delta);
-    put_event_ids(f, kind, cat, name);
-    te
-}
-
 /// The packet's time as a delta, `sequence_flags`, and the TrackEvent's
-/// tag and reserved one-byte length. Returns the TrackEvent's start.
+/// tag (its length is the caller's to reserve).
 #[inline(always)]
-pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usize {
+pub(super) fn put_packet_head<T: Target>(f: &mut Cursor<T>, delta: u64) {
     f.byte(TAG_TIMESTAMP);
     put_varint(f, delta);
     f.word(
@@ -110,7 +93,6 @@ pub(super) fn put_packet_start<T: Target>(f: &mut Cursor<T>, delta: u64) -> usiz
         ]),
         3,
     );
-    f.begin_short()
 }
 
 /// The TrackEvent's type, category id and name id.
@@ -134,6 +116,33 @@ pub(super) fn put_flat_annotation<T: Target>(
     let a = put_annotation_start(f, name_iid);
     put_arg_value(f, value);
     f.end_short(a);
+}
+
+/// The start of a flat debug annotation whose name has the interned id
+/// `name_iid` and whose value (its tag included) takes `value` bytes, its
+/// length complete and as short as it goes (one byte below 128, else a
+/// varint).
+#[inline(always)]
+pub(super) fn put_annotation_start_sized<T: Target>(
+    f: &mut Cursor<T>,
+    name_iid: u64,
+    value: usize,
+) {
+    // Most: a one-byte id and length, four bytes in one store.
+    if name_iid < 0x80 && value < 0x80 - 2 {
+        let start = [
+            TAG_DEBUG_ANNOTATIONS,
+            2 + value as u8,
+            TAG_ANNOTATION_NAME_IID,
+            name_iid as u8,
+        ];
+        f.word32(u32::from_le_bytes(start), 4);
+        return;
+    }
+    f.byte(TAG_DEBUG_ANNOTATIONS);
+    put_varint(f, 1 + u64::from(varint_len(name_iid)) + value as u64);
+    f.byte(TAG_ANNOTATION_NAME_IID);
+    put_varint(f, name_iid);
 }
 
 /// The start of a flat debug annotation (one-byte length) whose name has
@@ -179,6 +188,19 @@ pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValu
             f.byte(TAG_ARG_POINTER);
             put_varint(f, p);
         }
+    }
+}
+
+/// Bytes [`put_arg_value`] appends for `value`.
+#[inline(always)]
+pub(super) fn arg_value_len(value: encode::ArgValue<'_>) -> usize {
+    use encode::ArgValue as A;
+    1 + match value {
+        A::Bool(_) => 1,
+        A::Uint(v) | A::Pointer(v) => usize::from(varint_len(v)),
+        A::Int(v) => usize::from(varint_len(v as u64)),
+        A::Double(_) => 8,
+        A::Str(s) => usize::from(varint_len(s.len() as u64)) + s.len(),
     }
 }
 
@@ -436,9 +458,14 @@ impl SequenceState {
     }
 
     /// [`SequenceState::write_plain`] for a slice begin or an instant
-    /// (`KIND`) with debug annotations: each has a static name and a flat
-    /// value (not a dict or an array). Its own function, so that the
-    /// encoder of events without annotations stays as small as it is.
+    /// (`KIND`) with debug annotations: its encoders take those with a
+    /// static name and a flat value (not a dict or an array), the general
+    /// path the others. Its own function, so that the encoder of events
+    /// without annotations stays as small as it is.
+    /// Up to [`PLAIN_ARGS_IN_PLACE`] annotations, tried in place first;
+    /// then (more annotations, a packet too long for a window, no window)
+    /// the same encoder into the scratch buffer
+    /// ([`SequenceState::write_plain_args_copied`]), else the general path.
     #[inline(never)]
     pub(crate) fn write_plain_args<const KIND: u8, W: PacketWriter>(
         &mut self,
@@ -446,11 +473,38 @@ impl SequenceState {
         ev: &PlainEvent<'_>,
     ) -> bool {
         debug_assert_eq!(ev.kind as u8, KIND);
-        self.try_write_plain_args::<KIND, W>(w, ev) || self.write_event(w, &ev.data(), None)
+        (ev.args.len() <= PLAIN_ARGS_IN_PLACE && self.try_write_plain_args::<KIND, W>(w, ev))
+            || self.write_plain_args_copied_or_general::<KIND, W>(w, ev)
+    }
+
+    /// What [`SequenceState::write_plain_args`] did not write in place.
+    #[cold]
+    #[inline(never)]
+    fn write_plain_args_copied_or_general<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> bool {
+        match self.write_plain_args_copied::<KIND, W>(w, ev) {
+            Some(written) => written,
+            None => self.write_event(w, &ev.data(), None),
+        }
+    }
+
+    /// The time of a plain event with annotations at `ns` as a delta after
+    /// the sequence's previous event, if its dedicated encoders may write
+    /// it now: no reset due, time not gone backwards, a category that is
+    /// not a group.
+    #[inline(always)]
+    fn plain_args_delta(&self, ev: &PlainEvent<'_>) -> Option<u64> {
+        if self.needs_reset || ev.ns < self.clock_base || ev.category.is_group() {
+            return None;
+        }
+        Some(ev.ns - self.clock_base)
     }
 
     /// The dedicated encoder of [`SequenceState::write_plain_args`], into
-    /// the chunk in place; `false` (nothing changed) where the general path
+    /// the chunk in place; `false` (nothing changed) where another way
     /// must do the work: a reset is due, a name is not in its front cache
     /// (the general path interns it), the time went backwards, an
     /// annotation is not flat, or the packet does not fit a window. The
@@ -463,32 +517,12 @@ impl SequenceState {
         ev: &PlainEvent<'_>,
     ) -> bool {
         const BEGIN: u8 = EventType::SliceBegin as u8;
-        if self.needs_reset || ev.ns < self.clock_base || ev.category.is_group() {
+        let Some(delta) = self.plain_args_delta(ev) else {
             return false;
-        }
-        let delta = ev.ns - self.clock_base;
+        };
         let interned = &self.interned;
         let written = w.write_in_place(|f| {
-            let (Some(cat), Some(name)) = (
-                interned.categories.cached(ev.category.name()),
-                interned.names.cached(ev.name),
-            ) else {
-                return false;
-            };
-            let te = put_plain_head(f, delta, KIND, cat, name);
-            for arg in ev.args {
-                let ArgName::Static(n) = arg.name else {
-                    return false;
-                };
-                let (Some(iid), Some(value)) =
-                    (interned.arg_names.cached(n), flat_value(&arg.value))
-                else {
-                    return false;
-                };
-                put_flat_annotation(f, iid, value);
-            }
-            f.end_short(te);
-            true
+            encode_plain_args::<_, KIND, false>(f, interned, delta, ev).is_some()
         });
         if written {
             self.clock_base = ev.ns;
@@ -498,6 +532,132 @@ impl SequenceState {
         }
         written
     }
+
+    /// [`SequenceState::try_write_plain_args`] into the scratch buffer,
+    /// for any number of annotations (names found past the front cache
+    /// too), the TrackEvent's length as short as it goes
+    /// ([`long_packet`]: the bytes written in place for a packet short
+    /// enough), handed to the writer to copy: `Some(false)` if it dropped
+    /// it (see [`SequenceState::copied`]), `None` (nothing changed) where
+    /// the general path must do the work.
+    #[inline(never)]
+    pub(super) fn write_plain_args_copied<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        ev: &PlainEvent<'_>,
+    ) -> Option<bool> {
+        let delta = self.plain_args_delta(ev)?;
+        let scratch = &mut *self.scratch;
+        let mut c = Cursor::new(&mut *scratch);
+        let te = encode_plain_args::<_, KIND, true>(&mut c, &self.interned, delta, ev)?;
+        let len = c.finish()?;
+        let start = long_packet(scratch, te, len);
+        let written = w.write_encoded_packet_in(&scratch[start..], len - start);
+        Some(self.copied::<KIND>(written, ev.ns))
+    }
+
+    /// Notes a slice begin or an instant (`KIND`) stamped `ns` that a
+    /// dedicated encoder handed to the writer to copy: `written`, or
+    /// dropped (then, as `write_event` after a lost packet, the sequence
+    /// is reset before its next event, and a lost begin's end is not
+    /// written either). Returns `written`.
+    pub(super) fn copied<const KIND: u8>(&mut self, written: bool, ns: u64) -> bool {
+        if written {
+            self.clock_base = ns;
+        } else {
+            self.needs_reset = true;
+            self.lost_before_start |= !self.started;
+        }
+        if KIND == EventType::SliceBegin as u8 {
+            self.slices.push(written);
+        }
+        written
+    }
+}
+
+/// Most annotations of an event [`SequenceState::write_plain_args`] tries
+/// in place: most events with more take 128 bytes or more (an annotation
+/// takes at least 6, a text's bytes more), which the in-place encoder
+/// would find only once it encoded them; one with more that is short
+/// enough is encoded into the scratch buffer, the same bytes, and copied.
+const PLAIN_ARGS_IN_PLACE: usize = 8;
+
+/// The packet of a slice begin or an instant (`KIND`) with flat
+/// annotations ([`SequenceState::write_plain_args`]), its time `delta`
+/// after the sequence's previous event: the TrackEvent's length reserved
+/// as one byte if `LONG` is `false` (the packet must be shorter than 128
+/// bytes: a longer one fails the encoding), else two (see [`long_packet`]),
+/// every annotation's length as short as it goes. Names are taken from
+/// the interning tables' front caches, and past them if `LONG`. Returns
+/// where the TrackEvent's body starts; `None` for a name not interned or
+/// a value that is not flat.
+#[inline(always)]
+fn encode_plain_args<T: Target, const KIND: u8, const LONG: bool>(
+    f: &mut Cursor<T>,
+    interned: &Interned,
+    delta: u64,
+    ev: &PlainEvent<'_>,
+) -> Option<usize> {
+    let find = |table: &StrInterner, s| {
+        if LONG {
+            table.lookup(s)
+        } else {
+            table.cached(s)
+        }
+    };
+    let cat = find(&interned.categories, ev.category.name())?;
+    let name = find(&interned.names, ev.name)?;
+    put_packet_head(f, delta);
+    let te = if LONG {
+        f.begin_nested()
+    } else {
+        f.begin_short()
+    };
+    put_event_ids(f, KIND, cat, name);
+    for arg in ev.args {
+        let ArgName::Static(n) = arg.name else {
+            return None;
+        };
+        let (Some(iid), Some(value)) = (find(&interned.arg_names, n), flat_value(&arg.value))
+        else {
+            return None;
+        };
+        if LONG {
+            put_annotation_start_sized(f, iid, arg_value_len(value));
+            put_arg_value(f, value);
+        } else {
+            put_flat_annotation(f, iid, value);
+        }
+    }
+    if LONG {
+        f.end_nested(te);
+    } else {
+        f.end_short(te);
+    }
+    Some(te)
+}
+
+// A TrackEvent in the scratch buffer has a size a two-byte varint says.
+const _: () = assert!(FAST_CAP < 1 << 14);
+
+/// A packet of a dedicated encoder encoded into `buf[..len]` with its
+/// TrackEvent's length reserved as two bytes, the TrackEvent's body
+/// starting at `te`, with that length as short as it goes: the two bytes
+/// if it takes two (the whole packet then takes more than 127 bytes),
+/// else the packet's fields before the length moved one byte further on
+/// and a one-byte length, the bytes the same encoder writes in place.
+/// Returns where the packet starts in `buf`.
+#[inline(always)]
+pub(super) fn long_packet(buf: &mut Scratch, te: usize, len: usize) -> usize {
+    let size = len - te;
+    if size >= 0x80 {
+        return 0;
+    }
+    // `te` is past the packet's time, flags and TrackEvent tag (at most
+    // 14 bytes) and the two bytes reserved.
+    buf.copy_within(..te - 2, 1);
+    buf[te - 1] = size as u8;
+    1
 }
 
 impl Interned {
@@ -638,7 +798,10 @@ impl SequenceState {
     /// `u8`) named `name` in `category`, stamped `ns` (BOOTTIME), with the
     /// annotations of `args`: encoded in place like
     /// [`SequenceState::write_plain_args`] when every name is interned and
-    /// the packet fits a window, else through the general path. Returns
+    /// the packet fits a window, else (a packet too long for one, or no
+    /// window) after the trace point's pre-encoded head into the scratch
+    /// buffer as [`SequenceState::write_flat_streamed`] encodes it there
+    /// (the same bytes), else through the general path. Returns
     /// `false` if any packet was dropped, like
     /// [`SequenceState::write_event`]. `site` identifies the trace point:
     /// every event given the same site has the same `category`, `name` and
@@ -655,7 +818,59 @@ impl SequenceState {
         ns: u64,
     ) -> bool {
         self.try_write_flat::<KIND, W>(w, site, category, name, args, ns)
-            || self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+            || self.write_flat_copied_or_general::<KIND, W>(w, site, category, name, args, ns)
+    }
+
+    /// What [`SequenceState::try_write_flat`] did not write in place:
+    /// after the trace point's pre-encoded head (made here if the names
+    /// are interned) into the scratch buffer, else the general way.
+    #[inline(never)]
+    fn write_flat_copied_or_general<const KIND: u8, W: PacketWriter>(
+        &mut self,
+        w: &mut W,
+        site: usize,
+        category: &'static Category,
+        name: &'static str,
+        args: &crate::encoding::annotation::FlatArgs<'_>,
+        ns: u64,
+    ) -> bool {
+        if let Some(delta) = self.flat_delta(category, ns) {
+            if self.flat_head::<KIND>(site, category, name, args.head) {
+                match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
+                    Streamed::Written => return true,
+                    Streamed::Dropped => return false,
+                    Streamed::Declined => {}
+                }
+            }
+        }
+        self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+    }
+
+    /// Whether the trace point `site` (see [`SequenceState::write_flat`])
+    /// has a pre-encoded head for events of `KIND`: a recent one, else one
+    /// made now if its strings are interned and its head fits.
+    fn flat_head<const KIND: u8>(
+        &mut self,
+        site: usize,
+        category: &'static Category,
+        name: &'static str,
+        head: (&'static str, &'static str),
+    ) -> bool {
+        let resets = self.resets;
+        if self.flat_heads.get_mut(KIND, site, resets).is_some() {
+            return true;
+        }
+        let interned = &self.interned;
+        let (Some(cat), Some(name_iid), Some(head_iid)) = (
+            interned.categories.lookup(category.name()),
+            interned.names.lookup(name),
+            interned.arg_names.lookup(head.0),
+        ) else {
+            return false;
+        };
+        (self.flat_heads)
+            .insert(KIND, site, name_iid, (head.1, head_iid), cat, resets)
+            .is_some()
     }
 
     /// [`SequenceState::write_flat`] through [`EventData`].
@@ -741,7 +956,8 @@ impl SequenceState {
             // A recent trace point: its head copied, its fields' starts
             // taken by index.
             let written = w.write_in_place(|f| {
-                let te = put_packet_start(f, delta);
+                put_packet_head(f, delta);
+                let te = f.begin_short();
                 head.put(f);
                 for (field, value) in args.fields() {
                     let Some(value) = flat_value(&value) else {
@@ -784,7 +1000,9 @@ impl SequenceState {
                 return false;
             };
             ids = (cat, name_iid, head_iid);
-            let te = put_plain_head(f, delta, KIND, cat, name_iid);
+            put_packet_head(f, delta);
+            let te = f.begin_short();
+            put_event_ids(f, KIND, cat, name_iid);
             put_flat_annotation(f, head_iid, encode::ArgValue::Str(args.head.1));
             for (field, value) in args.fields() {
                 let (Some(iid), Some(value)) =

@@ -33,9 +33,16 @@
 //!   is copied in word stores ([`FlatHead::literal`]); another text or
 //!   field replaces it. The last such annotation too long to keep is
 //!   remembered too, so that it is not tried again at every event.
+//! * An entry also notes whether its trace point's last event was too
+//!   long to be written in place ([`FlatHead::set_long`]), so that the
+//!   next one goes into the scratch buffer at once: a hint, which changes
+//!   the work and never the bytes.
 //! * An empty entry has kind 0, which no event written here has.
 
-use super::fast::{put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation};
+use super::fast::{
+    put_annotation_start, put_arg_value, put_event_ids, put_flat_annotation, put_varint,
+    TAG_DEBUG_ANNOTATIONS,
+};
 use super::*;
 
 /// Entries (a power of two), direct-mapped by the trace point's site.
@@ -55,11 +62,18 @@ fn key(s: &'static str) -> StrKey {
 }
 
 /// What an entry was made for: an event kind and a trace point's site.
+/// The kind's top bit ([`LONG`]) marks the trace point's last event too
+/// long to be written in place, so that the in-place encoder's lookup
+/// (for the kind alone) misses it at no cost of its own.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Key {
     kind: u8,
     site: usize,
 }
+
+/// The bit of [`Key::kind`] marking a trace point whose last event was
+/// too long to be written in place.
+const LONG: u8 = 0x80;
 
 /// The start of a flat debug annotation, pre-encoded in one word: its
 /// tag, its one-byte length, and its name's id, the length holding the
@@ -116,23 +130,53 @@ impl Prefix {
     pub(super) fn put_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
         f.word(self.0 + ((value as u64) << 8), self.len());
     }
+
+    /// [`Prefix::put_sized`] for a value of any size: a body of 128 bytes
+    /// or more takes its length as a varint (the prefix's tag, the
+    /// varint, then the prefix's name bytes).
+    #[inline(always)]
+    pub(super) fn put_any_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
+        let name = self.len() - 2;
+        let body = name + value;
+        if body < 0x80 {
+            return self.put_sized(f, value);
+        }
+        f.byte(TAG_DEBUG_ANNOTATIONS);
+        put_varint(f, body as u64);
+        f.word(self.0 >> 16, name);
+    }
 }
 
-/// Up to [`WORDS`] words of pre-encoded bytes, put with word stores.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Words {
-    words: [u64; WORDS],
-    /// Bytes in `words` (1 to 32; 0 in an empty entry).
+/// Words of pre-encoded bytes a literal annotation is kept in (64
+/// bytes: a message of up to about 58; [`Words::put_long`] puts 8).
+const LITERAL_WORDS: usize = 8;
+
+/// Up to `N` words of pre-encoded bytes, put with word stores.
+#[derive(Clone, Copy)]
+pub(super) struct Words<const N: usize = WORDS> {
+    words: [u64; N],
+    /// Bytes in `words` (1 to `8 * N`; 0 in an empty entry).
     len: usize,
     /// Bytes of the last word used (`len` less the whole words before it).
     last: usize,
 }
 
-impl Words {
-    /// The first `len` bytes of `buf` (at most `WORDS * 8`), if `len` is.
-    fn new(buf: &[u8; WORDS * 8 + TARGET_SLACK], len: Option<usize>) -> Option<Self> {
-        let len = len.filter(|&n| n <= WORDS * 8)?;
-        let mut words = [0u64; WORDS];
+impl<const N: usize> Default for Words<N> {
+    fn default() -> Self {
+        Words {
+            words: [0; N],
+            len: 0,
+            last: 0,
+        }
+    }
+}
+
+impl<const N: usize> Words<N> {
+    /// The first `len` bytes of `buf` (at most `N * 8`; `buf` has as
+    /// many), if `len` is.
+    fn new(buf: &[u8], len: Option<usize>) -> Option<Self> {
+        let len = len.filter(|&n| n <= N * 8)?;
+        let mut words = [0u64; N];
         for (w, bytes) in words.iter_mut().zip(buf.chunks_exact(8)) {
             let mut b = [0u8; 8];
             b.copy_from_slice(bytes);
@@ -145,12 +189,47 @@ impl Words {
         })
     }
 
+    /// [`Words::put`] for more than [`WORDS`] words, of
+    /// [`LITERAL_WORDS`]: the first four whole, then the rest as `put`
+    /// does (out of line, so that the common case stays a few stores that
+    /// call nothing).
+    #[inline(never)]
+    fn put_long<T: Target>(&self, f: &mut Cursor<T>) {
+        let &[a, b, c, d, e, g, h, i] = &self.words[..] else {
+            return;
+        };
+        f.word(a, 8);
+        f.word(b, 8);
+        f.word(c, 8);
+        f.word(d, 8);
+        let last = self.last;
+        match self.len {
+            ..=40 => f.word(e, last),
+            41..=48 => {
+                f.word(e, 8);
+                f.word(g, last);
+            }
+            49..=56 => {
+                f.word(e, 8);
+                f.word(g, 8);
+                f.word(h, last);
+            }
+            _ => {
+                f.word(e, 8);
+                f.word(g, 8);
+                f.word(h, 8);
+                f.word(i, last);
+            }
+        }
+    }
+
     /// Appends the bytes.
     #[inline(always)]
     pub(super) fn put<T: Target>(&self, f: &mut Cursor<T>) {
         // Whole words, then the last one's bytes (`last`, worked out when
-        // the entry was made): no count kept per word.
-        let [a, b, c, d] = self.words;
+        // the entry was made): no count kept per word. (Past four words,
+        // which only a literal has, out of line.)
+        let (a, b, c, d) = (self.words[0], self.words[1], self.words[2], self.words[3]);
         let last = self.last;
         match self.len {
             0..=8 => f.word(a, last),
@@ -163,6 +242,7 @@ impl Words {
                 f.word(b, 8);
                 f.word(c, last);
             }
+            n if N > WORDS && n > WORDS * 8 => self.put_long(f),
             _ => {
                 f.word(a, 8);
                 f.word(b, 8);
@@ -181,7 +261,7 @@ struct Literal {
     index: usize,
     /// The text, by address and length.
     text: StrKey,
-    bytes: Words,
+    bytes: Words<LITERAL_WORDS>,
 }
 
 /// No field's literal.
@@ -222,8 +302,18 @@ impl FlatHead {
         self.head.put(f);
     }
 
+    /// Notes whether the trace point's last event took a packet too long
+    /// to be written in place (more than 127 bytes): then
+    /// [`FlatHeads::get_short_mut`] misses the entry, so that the next
+    /// event is encoded into the scratch buffer at once.
+    #[inline(always)]
+    pub(super) fn set_long(&mut self, long: bool) {
+        self.key.kind = self.key.kind & !LONG | if long { LONG } else { 0 };
+    }
+
     /// Whether this is the entry of an event of `kind` from the trace
-    /// point `site`, on a sequence reset `resets` times.
+    /// point `site`, on a sequence reset `resets` times, its last event
+    /// too long to be written in place (`kind` with [`LONG`]) or not.
     #[inline(always)]
     fn is(&self, kind: u8, site: usize, resets: u64) -> bool {
         self.key == (Key { kind, site }) && self.resets == resets
@@ -251,7 +341,11 @@ impl FlatHead {
     /// the literal text `text` (the same text: the same address and
     /// length), if kept.
     #[inline(always)]
-    pub(super) fn literal(&self, index: usize, text: &'static str) -> Option<&Words> {
+    pub(super) fn literal(
+        &self,
+        index: usize,
+        text: &'static str,
+    ) -> Option<&Words<LITERAL_WORDS>> {
         let l = &self.literal;
         (l.index == index && l.text == key(text)).then_some(&l.bytes)
     }
@@ -266,14 +360,14 @@ impl FlatHead {
     /// Keeps the annotation of the trace point's field `index`, which
     /// starts with `prefix` (its kept start), with the literal text
     /// `text`, in place of the one kept before, and returns it; `None` if
-    /// it takes more than [`WORDS`] words (then remembered as too long).
+    /// it takes more than [`LITERAL_WORDS`] words (then remembered as too long).
     pub(super) fn keep_literal(
         &mut self,
         index: usize,
         prefix: Prefix,
         text: &'static str,
-    ) -> Option<&Words> {
-        let mut buf = [0u8; WORDS * 8 + TARGET_SLACK];
+    ) -> Option<&Words<LITERAL_WORDS>> {
+        let mut buf = [0u8; LITERAL_WORDS * 8 + TARGET_SLACK];
         let mut c = Cursor::new(&mut buf);
         let a = prefix.put(&mut c);
         put_arg_value(&mut c, encode::ArgValue::Str(text));
@@ -314,6 +408,19 @@ impl FlatHeads {
     /// it).
     #[inline(always)]
     pub(super) fn get_mut(&mut self, kind: u8, site: usize, resets: u64) -> Option<&mut FlatHead> {
+        let e = &mut self.slots[Self::slot(site)];
+        (e.is(kind, site, resets) || e.is(kind | LONG, site, resets)).then_some(e)
+    }
+
+    /// [`FlatHeads::get_mut`] for a trace point whose last event was not
+    /// too long to be written in place (see [`FlatHead::set_long`]).
+    #[inline(always)]
+    pub(super) fn get_short_mut(
+        &mut self,
+        kind: u8,
+        site: usize,
+        resets: u64,
+    ) -> Option<&mut FlatHead> {
         let e = &mut self.slots[Self::slot(site)];
         e.is(kind, site, resets).then_some(e)
     }

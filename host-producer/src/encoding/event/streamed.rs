@@ -6,35 +6,46 @@
 //!
 //! # Invariants
 //!
-//! * The bytes are those of [`SequenceState::write_flat`]'s in-place
-//!   encoder for the same fields: the packet's start, the trace point's
-//!   pre-encoded head ([`flat_heads`]), then each field as
-//!   [`put_flat_annotation`](super::fast::put_flat_annotation) writes it
-//!   (its start pre-encoded where the head keeps it by the field's index,
-//!   a literal's whole annotation where the head keeps that). A text
-//!   value's length is reserved as one byte: the whole packet is shorter
-//!   than 128 bytes (else the encoding fails), so its varint has that one
-//!   byte.
+//! * The bytes are those of [`SequenceState::write_flat`] for the same
+//!   fields, with every length as short as it goes: the packet's start,
+//!   the trace point's pre-encoded head ([`flat_heads`]), then each field
+//!   as [`put_flat_annotation`](super::fast::put_flat_annotation) writes
+//!   it (its start pre-encoded where the head keeps it by the field's
+//!   index, a literal's whole annotation where the head keeps that).
+//! * In place, the TrackEvent's length is reserved as one byte: the whole
+//!   packet is shorter than 128 bytes (else the encoding fails), so its
+//!   varint has that one byte, and so has every annotation's.
 //! * Where the writer takes no packet in place (the last bytes of a
-//!   chunk, no chunk, a loss to mark first), that packet is encoded into
-//!   the sequence's scratch buffer and copied by the writer, which splits
-//!   it across chunks where its general path would. (`write_flat` there
-//!   goes the general way, whose nested lengths take two bytes: the same
-//!   event, decoded.)
+//!   chunk, no chunk, a loss to mark first) or the packet is too long for
+//!   that, it is encoded into the sequence's scratch buffer with the
+//!   TrackEvent's length reserved as two bytes, taken back to one where
+//!   that is enough (`long_packet`), and copied by the writer, which
+//!   splits it across chunks where its general path would. A value whose
+//!   annotation takes 128 bytes or more has its lengths as two-byte
+//!   varints, known before it is written (text), except a `Debug` value's,
+//!   reserved as one byte: there the encoding declines. `write_flat`
+//!   writes such packets the same way (by this encoder: its collected
+//!   fields are [`FlatFields`] too).
+//! * A trace point whose last event was too long to be written in place
+//!   has its next one encoded into the scratch buffer at once (see
+//!   [`flat_heads`]); otherwise a packet that turns out too long for its
+//!   window has its fields visited again, into the scratch buffer.
 //! * It declines (returns [`Streamed::Declined`] with nothing written and
 //!   the sequence unchanged but for what its head keeps, which stays
-//!   valid) whenever `write_flat` would not take its own in-place encoder
-//!   from a pre-encoded head: no recent head for the trace point, a field
-//!   name not interned, a reset due, a packet of 128 bytes or more, or the
-//!   fields' source asking for it ([`FlatFields::each`] returning
-//!   `false`). The caller then collects the fields and calls `write_flat`,
-//!   which visits them again (a `Debug` value is formatted twice then).
+//!   valid) whenever `write_flat` would not take a pre-encoded head: no
+//!   recent head for the trace point, a field name not interned, a reset
+//!   due, a packet longer than the scratch buffer, a `Debug` value's
+//!   annotation of 128 bytes or more, or the fields' source asking for it
+//!   ([`FlatFields::each`] returning `false`). The caller then collects
+//!   the fields and calls `write_flat`, which visits them again (a `Debug`
+//!   value is formatted twice then).
 
 use std::fmt;
 
 use super::fast::{
-    put_annotation_start, put_arg_value, put_packet_start, put_short_bytes, TAG_ARG_BOOL,
-    TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING, TAG_ARG_UINT,
+    arg_value_len, long_packet, put_annotation_start, put_annotation_start_sized, put_arg_value,
+    put_packet_head, put_short_bytes, TAG_ARG_BOOL, TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING,
+    TAG_ARG_UINT,
 };
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
@@ -150,12 +161,24 @@ enum Start {
 }
 
 impl Start {
-    /// Writes the start and returns where the annotation's body starts.
+    /// Writes the start and returns where the annotation's body starts
+    /// (its one-byte length left to back-fill).
     #[inline(always)]
     fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
         match self {
             Start::Prefix(prefix) => prefix.put(f),
             Start::Iid(iid) => put_annotation_start(f, iid),
+        }
+    }
+
+    /// Writes the start of an annotation whose value (its tag included)
+    /// takes `value` bytes, its length complete and as short as it goes
+    /// (one byte below 128, else a varint).
+    #[inline(always)]
+    fn put_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
+        match self {
+            Start::Prefix(prefix) => prefix.put_any_sized(f, value),
+            Start::Iid(iid) => put_annotation_start_sized(f, iid, value),
         }
     }
 }
@@ -210,14 +233,15 @@ impl<T: Target> InPlace<'_, T> {
     }
 
     /// [`FlatOut::value`] for a field without a kept prefix, or a value
-    /// that is not [short](FieldValue::is_short).
+    /// that is not [short](FieldValue::is_short) (a text of 128 bytes or
+    /// more included: its lengths are varints of two bytes).
     #[inline(never)]
     fn value_out_of_line<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>>) {
         if let Some(start) = self.start(field) {
             let f = &mut *self.f;
-            let a = start.put(f);
-            put_arg_value(f, value.into().arg());
-            end_inner(f, a);
+            let value = value.into().arg();
+            start.put_sized(f, arg_value_len(value));
+            put_arg_value(f, value);
         }
     }
 }
@@ -258,9 +282,8 @@ fn put_short_annotation<T: Target>(f: &mut Cursor<T>, prefix: Prefix, value: Fie
 }
 
 /// Back-fills the one-byte length of a field's annotation (or of its
-/// text) whose body started at `start`, unchecked: it is nested in the
-/// packet's TrackEvent, whose own one-byte length `encode_streamed`
-/// checks, so a body of 128 bytes or more fails the encoding there.
+/// text) whose body started at `start`, unchecked (the caller checks that
+/// the body is shorter than 128 bytes).
 #[inline(always)]
 fn end_inner<T: Target>(f: &mut Cursor<T>, start: usize) {
     f.put_at(start.wrapping_sub(1), f.len().wrapping_sub(start) as u8);
@@ -313,7 +336,10 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
         end_inner(f, s);
         end_inner(f, a);
-        self.ok &= f.finish().is_some();
+        // Lengths reserved as one byte: an annotation of 128 bytes or
+        // more (text of about 120) declines (`write_flat` writes it with
+        // its lengths known).
+        self.ok &= f.len().wrapping_sub(a) < 0x80 && f.finish().is_some();
     }
 }
 
@@ -345,16 +371,24 @@ pub(crate) enum Streamed {
 }
 
 /// The packet of a streamed event: its start, the trace point's head
-/// `entry`, then `fields`; `false` if a field declined.
+/// `entry`, then `fields`; `false` if a field declined. The TrackEvent's
+/// length takes one byte if `LONG` is `false` (a TrackEvent of 128 bytes or
+/// more fails the encoding), else two (a redundant varint, see
+/// [`long_packet`]). Returns where the TrackEvent's body starts.
 #[inline(always)]
-fn encode_streamed<T: Target, F: FlatFields>(
+fn encode_streamed<T: Target, F: FlatFields, const LONG: bool>(
     f: &mut Cursor<T>,
     delta: u64,
     entry: &mut FlatHead,
     arg_names: &StrInterner,
     fields: &F,
-) -> bool {
-    let te = put_packet_start(f, delta);
+) -> (usize, bool) {
+    put_packet_head(f, delta);
+    let te = if LONG {
+        f.begin_nested()
+    } else {
+        f.begin_short()
+    };
     entry.put(f);
     let mut out = InPlace {
         f,
@@ -364,9 +398,17 @@ fn encode_streamed<T: Target, F: FlatFields>(
     };
     let complete = fields.each(&mut out);
     let ok = out.ok && complete;
-    f.end_short(te);
-    ok
+    if LONG {
+        f.end_nested(te);
+    } else {
+        f.end_short(te);
+    }
+    (te, ok)
 }
+
+/// Packets of more bytes than this are not written in place (their size
+/// takes more than the one byte a packet written in place has).
+const MAX_IN_PLACE: usize = 127;
 
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
@@ -376,9 +418,11 @@ impl SequenceState {
     /// declines) and then `fields`, encoded into the chunk as
     /// `fields` hands them over (see the module docs). Where the writer
     /// takes no packet in place (the last bytes of a chunk, no chunk, a
-    /// loss to mark first) the same packet is encoded into the scratch
-    /// buffer and handed to the writer to copy, split across chunks where
-    /// its general path splits packets: the fields are still visited once.
+    /// loss to mark first) or the packet is too long for that, the packet
+    /// is encoded into the scratch buffer and handed to the writer to
+    /// copy, split across chunks where its general path splits packets
+    /// (at once for a trace point whose last event was too long, its
+    /// fields visited once; else they are visited again).
     #[inline(always)]
     pub(crate) fn write_flat_streamed<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
@@ -394,32 +438,33 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return Streamed::Declined;
         };
-        let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
-            return Streamed::Declined;
+        // No recent head for the trace point (then declined there), or
+        // its last event was too long to be written in place.
+        let Some(entry) = self.flat_heads.get_short_mut(KIND, site, self.resets) else {
+            return self.write_flat_copied::<KIND, W, F>(w, site, fields, delta, ns);
         };
         let arg_names = &self.interned.arg_names;
-        let mut tried = false;
         let written = w.write_in_place(|f| {
-            tried = true;
-            encode_streamed(f, delta, entry, arg_names, fields)
+            encode_streamed::<_, _, false>(f, delta, entry, arg_names, fields).1
         });
         if !written {
-            if tried {
-                return Streamed::Declined;
-            }
-            return self.write_flat_streamed_copied::<KIND, W, F>(w, site, fields, delta, ns);
+            // No packet in place, the packet too long for one, or a field
+            // declined (then declined again there: rare).
+            return self.write_flat_copied::<KIND, W, F>(w, site, fields, delta, ns);
         }
         self.written_flat::<KIND>(ns);
         Streamed::Written
     }
 
-    /// [`SequenceState::write_flat_streamed`] where the writer takes no
-    /// packet in place: the packet encoded into the scratch buffer and
-    /// handed to the writer to copy (out of line: the hot path keeps its
-    /// registers).
+    /// [`SequenceState::write_flat_streamed`] through the scratch buffer:
+    /// the packet encoded there with a two-byte TrackEvent length, made as
+    /// short as it goes ([`long_packet`]: the bytes written in place for a
+    /// packet short enough), and handed to the writer to copy. Notes in
+    /// the trace point's head whether the packet was too long to be
+    /// written in place. Out of line: the hot path keeps its registers.
     #[cold]
     #[inline(never)]
-    fn write_flat_streamed_copied<const KIND: u8, W: PacketWriter, F: FlatFields>(
+    pub(super) fn write_flat_copied<const KIND: u8, W: PacketWriter, F: FlatFields>(
         &mut self,
         w: &mut W,
         site: usize,
@@ -430,22 +475,19 @@ impl SequenceState {
         let Some(entry) = self.flat_heads.get_mut(KIND, site, self.resets) else {
             return Streamed::Declined;
         };
-        let mut c = Cursor::new(&mut *self.scratch);
-        let encoded = encode_streamed(&mut c, delta, entry, &self.interned.arg_names, fields);
-        let Some(n) = c.finish().filter(|_| encoded) else {
+        let scratch = &mut *self.scratch;
+        let mut c = Cursor::new(&mut *scratch);
+        let (te, ok) =
+            encode_streamed::<_, _, true>(&mut c, delta, entry, &self.interned.arg_names, fields);
+        let Some(len) = c.finish().filter(|_| ok) else {
             return Streamed::Declined;
         };
-        if !w.write_encoded_packet_in(&self.scratch[..], n) {
-            // As `write_event` after a lost packet (a lost begin's end is
-            // then not written either).
-            self.needs_reset = true;
-            self.lost_before_start |= !self.started;
-            if KIND == EventType::SliceBegin as u8 {
-                self.slices.push(false);
-            }
-            return Streamed::Dropped;
+        let start = long_packet(scratch, te, len);
+        entry.set_long(len - start > MAX_IN_PLACE);
+        let written = w.write_encoded_packet_in(&scratch[start..], len - start);
+        match self.copied::<KIND>(written, ns) {
+            true => Streamed::Written,
+            false => Streamed::Dropped,
         }
-        self.written_flat::<KIND>(ns);
-        Streamed::Written
     }
 }

@@ -28,9 +28,13 @@ fn inlined_writers_match_the_cursors() {
         buf[..n].to_vec()
     }
     use encode::ArgValue as A;
-    let mut values = vec![0u64, u64::MAX];
+    let mut values = vec![0u64, u64::MAX, -10i64 as u64, 0x8123_4567_89AB_CDEF];
     for shift in 0..64 {
-        values.extend([(1u64 << shift) - 1, 1u64 << shift]);
+        values.extend([
+            (1u64 << shift) - 1,
+            1u64 << shift,
+            0x5555_5555_5555_5555 >> shift,
+        ]);
     }
     for v in values {
         assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
@@ -87,6 +91,8 @@ pub(crate) struct VecWriter {
     in_place: bool,
     /// Packets that were.
     pub(crate) in_place_packets: usize,
+    /// Packets encoded in place (written or not).
+    in_place_tries: usize,
     /// Lose the next packet (as a full SMB would: no room in place,
     /// dropped by the general path).
     lose_next: bool,
@@ -133,6 +139,7 @@ impl PacketWriter for VecWriter {
         }
         let mut window = [0u8; FAST_CAP + TARGET_SLACK];
         let mut c = Cursor::new(&mut window);
+        self.in_place_tries += 1;
         if !encode(&mut c) {
             return false;
         }
@@ -171,6 +178,18 @@ impl VecWriter {
             in_place: true,
             ..Default::default()
         }
+    }
+
+    /// The decoded packets: how many track descriptors (which a flat
+    /// encoder and the general path may write in another order), and the
+    /// others.
+    #[cfg(feature = "tracing")]
+    fn decoded_apart(&self) -> (usize, Vec<ts::TracePacket>) {
+        let (d, rest): (Vec<_>, Vec<_>) = self
+            .decoded()
+            .into_iter()
+            .partition(|p| p.track_descriptor.is_some());
+        (d.len(), rest)
     }
 
     fn decoded(&self) -> Vec<ts::TracePacket> {
@@ -424,13 +443,190 @@ fn flat_annotations_take_the_dedicated_encoder() {
         ]
     );
     assert_eq!(p.sequence_flags, Some(SEQ_NEEDS_INCREMENTAL_STATE));
-    // A nested annotation is not flat: the general path writes it.
-    let nested = [Arg::new("d", DebugValue::Dict(&[]))];
-    let e = PlainEvent {
-        args: &nested,
-        ..event(1_020)
+    // A nested annotation is not flat, nor is a name made at run time
+    // interned: the general path writes them (write_plain_args hands
+    // them over).
+    let entries = [("x", DebugValue::Uint(1))];
+    let nested = [
+        Arg::new("count", 1u64),
+        Arg::new("d", DebugValue::Dict(&entries)),
+    ];
+    let dynamic = [
+        Arg::new("count", 2u64),
+        Arg {
+            name: ArgName::Dynamic("made"),
+            value: DebugValue::Uint(3),
+        },
+    ];
+    for (args, ns) in [(&nested, 1_020), (&dynamic, 1_030)] {
+        let e = PlainEvent { args, ..event(ns) };
+        assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
+        assert!(s.write_plain_args::<1, _>(&mut w, &e));
+    }
+    let p = w.decoded();
+    let [.., nested, dynamic] = &p[..] else {
+        panic!("{p:?}")
     };
-    assert!(!s.try_write_plain_args::<1, _>(&mut w, &e));
+    let nested = &nested.track_event.as_ref().unwrap().debug_annotations;
+    assert_eq!(nested[0].uint_value, Some(1));
+    assert_eq!(nested[1].dict_entries[0].uint_value, Some(1));
+    let dynamic = &dynamic.track_event.as_ref().unwrap().debug_annotations;
+    assert_eq!(dynamic[0].uint_value, Some(2));
+    assert_eq!(dynamic[1].name.as_deref(), Some("made"));
+    assert_eq!(dynamic[1].uint_value, Some(3));
+}
+
+/// `N` names made for a test (`prefix` and a number, at addresses of
+/// their own) whose front-cache slots `group` maps to one value.
+fn names_sharing<const N: usize>(
+    prefix: &str,
+    group: impl Fn(usize) -> usize,
+) -> [&'static str; N] {
+    let mut by_group: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
+    for i in 0.. {
+        let s: &'static str = Box::leak(format!("{prefix}{i}").into_boxed_str());
+        let names = by_group
+            .entry(group(crate::encoding::intern::cache_slot(s)))
+            .or_default();
+        names.push(s);
+        if let Ok(names) = <[&'static str; N]>::try_from(names.as_slice()) {
+            return names;
+        }
+    }
+    unreachable!("names without end")
+}
+
+/// Plain events with flat annotations (`write_plain_args`) of any size
+/// (up to 8 annotations tried in place, more encoded into the scratch
+/// buffer at once; texts of 128 bytes or more; names whose front-cache
+/// slots other names hold) are the same bytes whether written in place or
+/// through the scratch buffer, every length as short as it goes, and
+/// decode as the general path's packets.
+#[test]
+fn wide_plain_events_match_in_place_and_copied() {
+    // Three annotation names of one pair of front-cache slots (two ways):
+    // one of them is never found there.
+    let colliding: [_; 3] = names_sharing("c", |slot| slot & !1);
+    let long = "x".repeat(150);
+    let wide = [
+        Arg::new("level", "INFO"),
+        Arg::new("message", "a literal message of forty-three bytes here"),
+        Arg::new("count", 7u64),
+        Arg::new("label", "value"),
+        Arg::new("index", 300u64),
+        Arg::new("kind", "wide"),
+        Arg::new("ok", true),
+        Arg::new("total", 1u64 << 40),
+        Arg::new("ratio", 0.5f64),
+        Arg::new("delta", -10i64),
+        Arg {
+            name: ArgName::Static("p"),
+            value: DebugValue::Pointer(0xdead_beef),
+        },
+        Arg::new(colliding[0], 1u64),
+        Arg::new(colliding[1], 2u64),
+        Arg::new(colliding[2], 3u64),
+    ];
+    let long_text = [Arg::new("count", 1u64), Arg::new("text", long.as_str())];
+    let few = [Arg::new("count", 2u64), Arg::new("label", "value")];
+    // Messages of 20 to 68 bytes and back: packets across 128 bytes.
+    let message = "a literal message of forty-three bytes here and then some more text";
+    let sweep: Vec<[Arg<'_>; 6]> = (20..=message.len())
+        .chain((20..message.len()).rev())
+        .map(|n| {
+            [
+                Arg::new("level", "INFO"),
+                Arg::new("message", &message[..n]),
+                Arg::new("count", 5u64),
+                Arg::new("label", "sixteen bytes..."),
+                Arg::new("kind", "sixteen bytes..."),
+                Arg::new("ratio", 1.5f64),
+            ]
+        })
+        .collect();
+    let mut shapes: Vec<&[Arg<'_>]> = vec![&wide, &long_text, &few];
+    shapes.extend(sweep.iter().map(|a| &a[..]));
+    let (mut in_place, mut copied, mut general) = (seq(), seq(), seq());
+    let (mut a, mut b, mut c) = (
+        VecWriter::in_place(),
+        VecWriter::default(),
+        VecWriter::default(),
+    );
+    let mut ns = 1_000;
+    for round in 0..3 {
+        for (i, args) in shapes.iter().enumerate() {
+            // Deltas of one, two and three bytes.
+            ns += [100, 1_000, 20_000][round];
+            let e = PlainEvent {
+                kind: if i % 2 == 0 {
+                    EventType::Instant
+                } else {
+                    EventType::SliceBegin
+                },
+                category: &CAT,
+                name: "event",
+                args,
+                track: None,
+                value: 0,
+                ns,
+            };
+            let (ok_a, ok_b) = match e.kind {
+                EventType::Instant => (
+                    in_place.write_plain_args::<3, _>(&mut a, &e),
+                    copied.write_plain_args::<3, _>(&mut b, &e),
+                ),
+                _ => (
+                    in_place.write_plain_args::<1, _>(&mut a, &e),
+                    copied.write_plain_args::<1, _>(&mut b, &e),
+                ),
+            };
+            assert!(ok_a && ok_b);
+            assert!(general.write_event(&mut c, &e.data(), None));
+            if e.kind == EventType::SliceBegin {
+                ns += 1;
+                let mut end = ev(EventType::SliceEnd, EventName::None);
+                end.timestamp = Timestamp::boottime(ns);
+                for (s, w) in [
+                    (&mut in_place, &mut a),
+                    (&mut copied, &mut b),
+                    (&mut general, &mut c),
+                ] {
+                    assert!(s.write_event(w, &end, None));
+                }
+            }
+        }
+    }
+    // (The slice ends, which the general path writes, take a two-byte
+    // length where they are not written in place.)
+    let not_ends = |w: &VecWriter| -> Vec<Vec<u8>> {
+        w.packets
+            .iter()
+            .zip(w.decoded())
+            .filter(|(_, d)| {
+                d.track_event.as_ref().and_then(|t| t.r#type) != Some(EventType::SliceEnd as i32)
+            })
+            .map(|(p, _)| p.clone())
+            .collect()
+    };
+    let (x, y) = (not_ends(&a), not_ends(&b));
+    assert_eq!(x.len(), y.len());
+    if let Some(i) = (0..x.len()).find(|&i| x[i] != y[i]) {
+        panic!("packet {i}: {:?} in place, {:?} copied", x[i], y[i]);
+    }
+    assert_eq!(a.decoded(), c.decoded());
+    // Every event's lengths as short as they go (but the first uses of
+    // names, which the general path writes): some of 128 bytes or more,
+    // some shorter in a packet longer than 127 bytes; short ones in place.
+    let (long, band) = lengths_as_short_as_they_go(&a);
+    assert!(
+        long >= 3 * 20 && band >= 3,
+        "{long} long, {band} in between"
+    );
+    assert!(
+        a.in_place_packets >= 3 * 40,
+        "{} in place",
+        a.in_place_packets
+    );
 }
 
 #[test]
@@ -1230,17 +1426,7 @@ fn site(name: &'static str, head: (&'static str, &'static str)) -> usize {
 fn flat_events_match_the_general_path() {
     use crate::encoding::annotation::{FlatArgs, FlatValue};
     // Annotation names that share one front-cache slot.
-    let mut by_slot: std::collections::HashMap<usize, Vec<&'static str>> = Default::default();
-    let colliding = loop {
-        let s: &'static str = Box::leak(format!("f{}", by_slot.len()).into_boxed_str());
-        let slot = by_slot
-            .entry(crate::encoding::intern::cache_slot(s))
-            .or_default();
-        slot.push(s);
-        if slot.len() == 2 {
-            break [slot[0], slot[1]];
-        }
-    };
+    let colliding: [_; 2] = names_sharing("f", |slot| slot);
     let long = "x".repeat(150);
     let text = format!("valuemessage{long}");
     let values = [
@@ -1339,14 +1525,7 @@ fn flat_events_match_the_general_path() {
             }
         }
     }
-    let split = |w: &VecWriter| {
-        let (d, rest): (Vec<_>, Vec<_>) = w
-            .decoded()
-            .into_iter()
-            .partition(|p| p.track_descriptor.is_some());
-        (d.len(), rest)
-    };
-    assert_eq!(split(&a), split(&b));
+    assert_eq!(a.decoded_apart(), b.decoded_apart());
     // Everything but first uses, the long text and the lost one: in place.
     assert!(
         a.in_place_packets >= events / 2,
@@ -1456,6 +1635,47 @@ fn field_ids(
         .collect()
 }
 
+/// What the layer collects of `fields` for the flat path: each name with
+/// its field's id and its value, texts (a `Debug` value formatted) in one
+/// string.
+#[cfg(feature = "tracing")]
+fn collected(
+    fields: &[TestField],
+) -> (
+    Vec<(
+        crate::encoding::annotation::FieldId,
+        crate::encoding::annotation::FlatValue,
+    )>,
+    String,
+) {
+    use crate::encoding::annotation::FlatValue;
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    let mut values = Vec::new();
+    for f in fields {
+        let value = match *f {
+            TestField::Value(_, FieldValue::Int(v)) => FlatValue::Int(v),
+            TestField::Value(_, FieldValue::Uint(v)) => FlatValue::Uint(v),
+            TestField::Value(_, FieldValue::Bool(v)) => FlatValue::Bool(v),
+            TestField::Value(_, FieldValue::Double(v)) => FlatValue::Double(v),
+            TestField::Value(_, FieldValue::Str(s)) | TestField::Literal(_, s) => {
+                let start = text.len();
+                text.push_str(s);
+                FlatValue::Text(start, text.len())
+            }
+            TestField::Debug(_, d) => {
+                let start = text.len();
+                let _ = write!(text, "{d:?}");
+                FlatValue::Text(start, text.len())
+            }
+        };
+        let (TestField::Value(name, _) | TestField::Debug(name, _) | TestField::Literal(name, _)) =
+            *f;
+        values.push((name, value));
+    }
+    (field_ids(&values), text)
+}
+
 /// `Debug` in several pieces.
 #[cfg(feature = "tracing")]
 struct Pieces;
@@ -1538,8 +1758,7 @@ fn least_flat_len_bounds_the_track_event() {
 /// Collected annotations streamed after a pre-encoded head (the `tracing`
 /// layer's slice begins: `FlatArgs` as [`FlatFields`]) are the bytes
 /// `write_flat` writes for them, values of every kind, in place and
-/// through the scratch buffer (decoded there: the flat path's general
-/// encoder writes two-byte nested lengths).
+/// through the scratch buffer.
 #[cfg(feature = "tracing")]
 #[test]
 fn streamed_flat_args_match_the_flat_path() {
@@ -1558,10 +1777,8 @@ fn streamed_flat_args_match_the_flat_path() {
     let (mut streamed, mut flat) = (seq(), seq());
     let (mut a, mut b) = (VecWriter::in_place(), VecWriter::in_place());
     let mut ns = 1_000;
-    let mut in_place_packets = 0;
     for round in 0..4 {
         if round == 2 {
-            in_place_packets = a.packets.len();
             (a.in_place, b.in_place) = (false, false);
         }
         // Fields on the first begin of each round, the head alone after.
@@ -1588,7 +1805,7 @@ fn streamed_flat_args_match_the_flat_path() {
             assert!(flat.write_event(&mut b, &end, None));
         }
     }
-    assert_eq!(a.packets[..in_place_packets], b.packets[..in_place_packets]);
+    assert_eq!(a.packets, b.packets);
     assert_eq!(a.decoded(), b.decoded());
 }
 
@@ -1602,8 +1819,7 @@ fn streamed_flat_args_match_the_flat_path() {
 #[cfg(feature = "tracing")]
 #[test]
 fn streamed_events_match_the_flat_path() {
-    use crate::encoding::annotation::{FlatArgs, FlatValue};
-    use std::fmt::Write as _;
+    use crate::encoding::annotation::FlatArgs;
     static LONG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "y".repeat(200));
     let long: &'static dyn std::fmt::Debug = &*LONG;
     use TestField::{Debug as D, Literal as L, Value as V};
@@ -1642,7 +1858,10 @@ fn streamed_events_match_the_flat_path() {
     let too_long = [D("message", long)];
     // A literal too long for a head to keep.
     let long_literal = [
-        L("message", "a literal message of more than thirty bytes"),
+        L(
+            "message",
+            "a literal message of more than sixty-four bytes, longer than a head keeps",
+        ),
         V("count", FieldValue::Uint(2)),
     ];
     let fresh = [V("fresh", FieldValue::Uint(1)), D("message", &"x")];
@@ -1659,46 +1878,18 @@ fn streamed_events_match_the_flat_path() {
         (&bench, false),
         (&[], true),
     ];
-    // What the layer collects for the flat path.
-    let collect = |fields: &[TestField]| {
-        let mut text = String::new();
-        let mut values = Vec::new();
-        for f in fields {
-            let value = match *f {
-                TestField::Value(_, FieldValue::Int(v)) => FlatValue::Int(v),
-                TestField::Value(_, FieldValue::Uint(v)) => FlatValue::Uint(v),
-                TestField::Value(_, FieldValue::Bool(v)) => FlatValue::Bool(v),
-                TestField::Value(_, FieldValue::Double(v)) => FlatValue::Double(v),
-                TestField::Value(_, FieldValue::Str(s)) | TestField::Literal(_, s) => {
-                    let start = text.len();
-                    text.push_str(s);
-                    FlatValue::Text(start, text.len())
-                }
-                TestField::Debug(_, d) => {
-                    let start = text.len();
-                    let _ = write!(text, "{d:?}");
-                    FlatValue::Text(start, text.len())
-                }
-            };
-            let (TestField::Value(name, _)
-            | TestField::Debug(name, _)
-            | TestField::Literal(name, _)) = *f;
-            values.push((name, value));
-        }
-        (field_ids(&values), text)
-    };
     let mut streamed = seq();
     let mut flat = seq();
     let mut a = VecWriter::in_place();
     let mut b = VecWriter::in_place();
     let mut ns = 1_000;
-    let mut taken = 0;
+    // Events streamed, by round.
+    let mut taken = Vec::new();
     let mut events = 0;
     // Rounds 0 to 5 with room in place, then 6 and 7 without.
-    let mut in_place_packets = 0;
     let mut lost_begin = false;
-    let mut scratch_taken = 0;
     for round in 0..8 {
+        taken.push(0);
         if round == 3 {
             streamed.invalidate();
             flat.invalidate();
@@ -1708,9 +1899,7 @@ fn streamed_events_match_the_flat_path() {
             b.lose_next = true;
         }
         if round == 6 {
-            in_place_packets = a.packets.len();
             (a.in_place, b.in_place) = (false, false);
-            scratch_taken = taken;
         }
         // Round 7 inside a slice of its own (the slice whose begin is lost
         // below must not end it).
@@ -1734,7 +1923,7 @@ fn streamed_events_match_the_flat_path() {
             let head = ("level", if round == 1 { "WARN" } else { "INFO" });
             let at = site("event", head);
             let source = TestFields { fields, complete };
-            let (values, text) = collect(fields);
+            let (values, text) = collected(fields);
             let args = FlatArgs {
                 head,
                 values: &values,
@@ -1750,7 +1939,7 @@ fn streamed_events_match_the_flat_path() {
             let (ok_a, ok_b) = match kind {
                 EventType::Instant => {
                     let s = streamed.write_flat_streamed::<I, _, _>(&mut a, at, &CAT, &source, ns);
-                    taken += usize::from(s == Streamed::Written);
+                    *taken.last_mut().unwrap() += usize::from(s == Streamed::Written);
                     (
                         match s {
                             Streamed::Declined => {
@@ -1763,7 +1952,7 @@ fn streamed_events_match_the_flat_path() {
                 }
                 _ => {
                     let s = streamed.write_flat_streamed::<B, _, _>(&mut a, at, &CAT, &source, ns);
-                    taken += usize::from(s == Streamed::Written);
+                    *taken.last_mut().unwrap() += usize::from(s == Streamed::Written);
                     (
                         match s {
                             Streamed::Declined => {
@@ -1792,24 +1981,187 @@ fn streamed_events_match_the_flat_path() {
             assert!(flat.write_event(&mut b, &end, None));
         }
     }
-    // With room in place, the same bytes.
-    assert_eq!(a.packets[..in_place_packets], b.packets[..in_place_packets]);
-    // Without, the flat path's general encoder writes nested lengths in two
-    // bytes, the streamed packets keep one: the same packets, decoded.
-    assert_eq!(a.packets.len(), b.packets.len());
-    assert_eq!(
-        a.decoded()[in_place_packets..],
-        b.decoded()[in_place_packets..]
+    // With room in place and without, the same bytes.
+    assert_eq!(a.packets, b.packets);
+    assert_eq!(a.decoded(), b.decoded());
+    // Streamed: all but the long text, the declining source, the first
+    // event of each kind in a round (the two kinds share the trace point's
+    // slot), the first use of a name and the lost ones; without room in
+    // place as many as with room (round 6 as round 5, which neither a
+    // reset nor a loss disturbs), through the scratch buffer.
+    let all: usize = taken.iter().sum();
+    assert!(all >= events / 2, "{all} of {events} streamed");
+    assert_eq!(taken[6], taken[5], "streamed without room in place");
+    assert_eq!(taken[5], 14, "streamed in a round");
+}
+
+/// The length of the TrackEvent of an event packet of the flat encoders
+/// (its time, flags, then the TrackEvent) and the bytes that length
+/// takes; `None` for another packet.
+fn track_event_len(p: &[u8]) -> Option<(usize, usize)> {
+    fn varint(b: &[u8]) -> Option<(u64, usize)> {
+        let mut v = 0;
+        for (i, &x) in b.iter().enumerate().take(10) {
+            v |= u64::from(x & 0x7F) << (7 * i);
+            if x < 0x80 {
+                return Some((v, i + 1));
+            }
+        }
+        None
+    }
+    let (_, n) = varint(p.get(1..)?).filter(|_| p[0] == 0x40)?;
+    let rest = p.get(1 + n..)?;
+    if rest.get(..3)? != [0x68, 2, 0x5A] {
+        return None;
+    }
+    let (len, bytes) = varint(&rest[3..])?;
+    Some((len as usize, bytes))
+}
+
+/// Checks that the TrackEvent length of every event packet `w` wrote
+/// (but those carrying interned data, which the general path writes) is
+/// as short as it goes, and returns how many TrackEvents took 128 bytes
+/// or more and how many shorter ones were in a packet longer than 127
+/// bytes.
+fn lengths_as_short_as_they_go(w: &VecWriter) -> (usize, usize) {
+    let (mut long, mut band) = (0, 0);
+    for (p, d) in w.packets.iter().zip(w.decoded()) {
+        let Some((len, bytes)) = track_event_len(p).filter(|_| d.interned_data.is_none()) else {
+            continue;
+        };
+        assert_eq!(bytes, if len < 128 { 1 } else { 2 }, "{p:?}");
+        long += usize::from(len >= 128);
+        band += usize::from(len < 128 && p.len() > 127);
+    }
+    (long, band)
+}
+
+/// Wide events (packets of more than 127 bytes: many fields, long texts,
+/// a `Debug` text too long for a one-byte length) are streamed through
+/// the scratch buffer with every length as short as it goes (a
+/// TrackEvent of 128 bytes or more: two bytes), byte for byte what
+/// `write_flat` writes for the same fields, and decode as the general
+/// path's packets. Events of a trace point growing across 128 bytes and
+/// back (a TrackEvent shorter than 128 bytes in a packet longer than 127
+/// included): after one too long for a window, the next is encoded into
+/// the scratch buffer at once (not tried in place), and one short enough
+/// there is the packet written in place.
+#[cfg(feature = "tracing")]
+#[test]
+fn wide_events_match_the_flat_path() {
+    use crate::encoding::annotation::FlatArgs;
+    use TestField::{Debug as D, Literal as L, Value as V};
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "z".repeat(150));
+    static DEBUG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "y".repeat(126));
+    const MESSAGE: &str = "a literal message of forty-three bytes here and then some more text";
+    let text: &'static str = &TEXT;
+    let debug: &'static dyn std::fmt::Debug = &*DEBUG;
+    // The layer's wide event: 11 fields and a 43-byte literal message.
+    let wide = [
+        L("message", &MESSAGE[..43]),
+        V("count", FieldValue::Uint(7)),
+        V("label", FieldValue::Str("value")),
+        V("b", FieldValue::Bool(true)),
+        V("d", FieldValue::Double(0.5)),
+        V("big", FieldValue::Uint(1 << 40)),
+        V("neg", FieldValue::Int(-10)),
+        V("text", FieldValue::Str("seventeen bytes..")),
+        V("empty", FieldValue::Str("")),
+        V("z", FieldValue::Bool(false)),
+        V("fresh", FieldValue::Uint(3)),
+        V("pieces", FieldValue::Uint(300)),
+    ];
+    let long_text = [
+        V("text", FieldValue::Str(text)),
+        V("count", FieldValue::Uint(1)),
+    ];
+    // A `Debug` text whose annotation takes 128 bytes or more (declined
+    // streamed: written by `write_flat`).
+    let long_debug = [D("pieces", debug), V("count", FieldValue::Uint(2))];
+    let mut shapes: Vec<Vec<TestField>> = vec![wide.to_vec(), long_text.to_vec()];
+    // The message growing a byte at a time, then shrinking.
+    let tail = [
+        V("count", FieldValue::Uint(5)),
+        V("label", FieldValue::Str("sixteen bytes...")),
+        V("text", FieldValue::Str("sixteen bytes...")),
+        V("d", FieldValue::Double(1.5)),
+        V("big", FieldValue::Uint(1 << 20)),
+    ];
+    let sweep: Vec<usize> = (20..=MESSAGE.len())
+        .chain((20..MESSAGE.len()).rev())
+        .collect();
+    for &n in &sweep {
+        let mut fields = vec![L("message", &MESSAGE[..n])];
+        fields.extend_from_slice(&tail);
+        shapes.push(fields);
+    }
+    shapes.push(long_debug.to_vec());
+    shapes.push(wide.to_vec());
+    let (mut streamed, mut flat, mut general) = (seq(), seq(), seq());
+    let (mut a, mut b, mut c) = (
+        VecWriter::in_place(),
+        VecWriter::in_place(),
+        VecWriter::default(),
     );
-    assert_ne!(a.packets[in_place_packets..], b.packets[in_place_packets..]);
-    // Streamed: all but the long text, the declining source, each round's
-    // first event (its head annotation's value changes every round, so the
-    // trace point's pre-encoded head is made again), the first use of a
-    // name and the lost ones; without room in place too, through the
-    // scratch buffer (the slice begins of round 6: the instants find no
-    // recent head, as the two kinds share the trace point's slot and only
-    // an event written in place makes a head; in round 7 the sequence is
-    // reset after the lost begin, and no head is made again).
-    assert!(taken >= events / 3, "{taken} of {events} streamed");
-    assert_eq!(taken - scratch_taken, 8, "streamed without room in place");
+    let head = ("level", "INFO");
+    let at = site("event", head);
+    let mut ns = 1_000;
+    // Streamed events, those not tried in place first, and the size of
+    // the last packet.
+    let (mut taken, mut at_once, mut last) = (0, 0, 0);
+    for round in 0..3 {
+        if round == 2 {
+            (a.in_place, b.in_place) = (false, false);
+        }
+        for fields in &shapes {
+            // Deltas of one, two and three bytes.
+            ns += [100, 1_000, 20_000][round];
+            let (values, text) = collected(fields);
+            let args = FlatArgs {
+                head,
+                values: &values,
+                text: &text,
+            };
+            const I: u8 = EventType::Instant as u8;
+            let source = TestFields {
+                fields,
+                complete: true,
+            };
+            let tries = a.in_place_tries;
+            let s = streamed.write_flat_streamed::<I, _, _>(&mut a, at, &CAT, &source, ns);
+            if s == Streamed::Written {
+                taken += 1;
+                // Tried in place unless the last packet was too long for
+                // that (or there is no room in place).
+                let tried = a.in_place_tries > tries;
+                assert_eq!(tried, a.in_place && last <= 127, "round {round}");
+                at_once += usize::from(!tried);
+            }
+            if s == Streamed::Declined {
+                assert!(streamed.write_flat::<I, _>(&mut a, at, &CAT, "event", &args, ns));
+            }
+            assert!(flat.write_flat::<I, _>(&mut b, at, &CAT, "event", &args, ns));
+            let list: Vec<Arg<'_>> = args.iter().map(|(n, v)| Arg::new(n, v)).collect();
+            let mut data = ev(EventType::Instant, EventName::Static("event"));
+            data.timestamp = Timestamp::boottime(ns);
+            data.args = &list;
+            assert!(general.write_event(&mut c, &data, None));
+            last = a.packets.last().map_or(0, Vec::len);
+        }
+    }
+    assert_eq!(a.packets, b.packets);
+    assert_eq!(a.decoded_apart(), c.decoded_apart());
+    // Every TrackEvent's length as short as it goes (but the first event's,
+    // which the general path writes); some of 128 bytes or more, some
+    // shorter in a packet longer than 127 bytes.
+    let (long, band) = lengths_as_short_as_they_go(&a);
+    assert!(
+        long >= 3 * 20 && band >= 3,
+        "{long} long, {band} in between"
+    );
+    // All but the first two events (the first interns the names, the
+    // second makes the trace point's head) and the long `Debug` texts.
+    let events = 3 * shapes.len();
+    assert_eq!(taken, events - 2 - 3, "{taken} of {events} streamed");
+    assert!(at_once >= long, "{at_once} of {taken} not tried in place");
 }
