@@ -675,14 +675,6 @@ impl WritableChunk<'_> {
         self.payload.write(offset, bytes)
     }
 
-    /// A [`Window`] over the [`WINDOW_LEN`] (+ [`WINDOW_SLACK`]) payload
-    /// bytes at `offset`, to encode a packet in place; `None` if they are
-    /// not all in the payload.
-    #[inline]
-    pub fn window(&mut self, offset: usize) -> Option<Window<'_>> {
-        self.payload.window(offset)
-    }
-
     /// Sets where the windows [`limited_window`](Self::limited_window)
     /// hands out must end (capped at the capacity; 0, the initial value,
     /// refuses every one): a writer that keeps its own limits (room, a

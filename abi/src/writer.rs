@@ -309,7 +309,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// is dropped as too long (counted, and marked on the next packet).
     #[inline]
     pub fn write_encoded_packet_in(&mut self, buf: &[u8], len: usize) -> PacketOutcome {
-        if self.enc.sink_and_slots().0.try_write_small_packet(buf, len) {
+        if self.enc.sink_and_slots().0.try_copy_whole_packet(buf, len) {
             return PacketOutcome::Written;
         }
         match buf.get(..len) {
@@ -326,9 +326,10 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> TraceWriter<'s, A, P> {
     /// writes the packet's fields (no size prefix) through a [`Cursor`]
     /// into free payload bytes, and returns `false` to give up. Returns
     /// `true` if the packet was written (one byte of size, the fields, one
-    /// atomic store); `false` if this path was not available (the chunk is
-    /// new or nearly full, loss or the sequence's first packet must be
-    /// marked first, or the packet is longer than 127 bytes): nothing was
+    /// atomic store); `false` if this path was not available (no chunk or
+    /// a new one, too little room or count left in it, a packet open, a
+    /// patch waiting for delivery, a loss or the sequence's first packet
+    /// to mark first, or the packet is longer than 127 bytes): nothing was
     /// committed and the caller writes the packet another way.
     #[inline]
     pub fn write_small_packet_in_place(

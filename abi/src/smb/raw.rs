@@ -354,13 +354,6 @@ impl PayloadMut<'_> {
         Ok(())
     }
 
-    /// The [`WINDOW_LEN`] + [`WINDOW_SLACK`] bytes at `offset`, if they are
-    /// all in the payload.
-    #[inline]
-    pub(crate) fn window(&mut self, offset: usize) -> Option<Window<'_>> {
-        self.window_of(offset, WINDOW_LEN)
-    }
-
     /// Sets where windows from [`PayloadMut::limited_window`] must end
     /// (capped at the length).
     #[inline]

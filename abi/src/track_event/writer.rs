@@ -11,7 +11,7 @@
 //!   out-of-line [`TrackEventWriter::fast`]: the clock, the checks of the
 //!   sequence state, the packet stored straight into the chunk by
 //!   [`InPlaceWriter::write_fast_sized`], one release store. It counts
-//!   nothing: its packets are the chunk writer's fast packets
+//!   no written event: its packets are the chunk writer's fast packets
 //!   ([`InPlaceWriter::fast_packets`]), all events.
 //! * Slow, for the same events ([`TrackEventWriter::slow`]): whatever the
 //!   fast path could not do (a reset, a string to intern, a descriptor, a
@@ -196,7 +196,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         let mut out = out;
         // The sequence starts with its reset packet (a reset is due while
         // the fast path is held), which reads the consumer's
-        // `clear_request` into `clear_epoch` (no event compares it before).
+        // `clear_request` into `clear_epoch` (the fast path, held, writes
+        // nothing before).
         out.hold_fast_path(true);
         Self {
             out,
@@ -497,8 +498,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// The fast path of every kind of event ([`Self::named_fast`],
     /// [`Self::sample`]): the event whose `track_event` holds the bytes
     /// `rest` and `a` describe (see [`Rest`]; a slice's `rest` is a
-    /// constant, an integer sample's its track's), written right here when tracing is
-    /// on, the sequence is set up, the delta is below 2^28 ns and the
+    /// constant, a sample's its track's), written right here when tracing
+    /// is on, the sequence is set up, the delta is below 2^28 ns and the
     /// chunk has room. Otherwise, or for [`Rest::SLOW`] (the caller
     /// cannot write the event this way), [`Fast::Slow`], the time left in
     /// `missed_at`: the caller writes it with [`Self::missed`]. One copy
@@ -632,7 +633,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             self.stats.events_dropped += 1;
             return false;
         }
-        self.stats.events += 1;
+        self.stats.events = self.stats.events.wrapping_add(1);
         if skip & DELTA != 0 {
             self.base = now;
         }
@@ -742,7 +743,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
                 return self.lost();
             }
         }
-        self.stats.events += 1;
+        self.stats.events = self.stats.events.wrapping_add(1);
         if let Time::Delta(_) = time {
             self.base = now;
         }
@@ -931,7 +932,7 @@ const NAME_IID: u8 = tag1(track_event::NAME_IID, WireType::Varint);
 
 /// Writes the event [`TrackEventWriter::fast`] writes: its 1-byte size,
 /// its timestamp `delta` (below 2^28) after the previous event,
-/// `sequence_flags` and the `track_event` of `te`'s bytes; what
+/// `sequence_flags` and the `track_event` `rest` and `a` describe; what
 /// [`encode::event`] writes for the same event (see the tests). A few word
 /// stores: each word is stored whole, and the bytes past the packet lie in
 /// the window, where the next packet overwrites them.

@@ -55,11 +55,11 @@
 use crate::layout::{ChunkHeaderRepr, Packets, MAX_WRITER_ID};
 use crate::proto::wire::WireType;
 use crate::proto::Cursor;
-use crate::smb::{Window, WritableChunk, WINDOW_LEN, WINDOW_SLACK};
+use crate::smb::{Window, WritableChunk, WINDOW_LEN};
 use crate::trace::{tag2, trace_packet};
 
 use super::arbiter::{BufferId, ChunkArbiter};
-use super::stream::MAX_FRAGMENTS_PER_CHUNK;
+use super::stream::{fast_path_limit, MAX_FRAGMENTS_PER_CHUNK};
 use super::{DropReason, PacketOutcome, WriterError, WriterStats};
 
 /// The two bytes of the tag of `first_packet_on_sequence` (varint), as a
@@ -149,9 +149,8 @@ pub fn packet<F: FnMut(&mut Cursor<Window<'_>>)>(f: &mut F) -> &mut dyn EncodePa
 /// ```
 // `repr(C)`: what the fast path and the other paths touch most (the flags,
 // cursor and count, the chunk's payload and count word) first, within reach
-// of the Cortex-M short loads (bytes to 31, halfwords to 62, words to 124
-// bytes past the writer, or past the `TrackEventWriter` that holds it
-// after its site cache). The fields a new writer sets to 0 are one run
+// of the Cortex-M short loads from the writer (bytes to 31, halfwords to
+// 62, words to 124). The fields a new writer sets to 0 are one run
 // (from `pending_loss` to `stats`) at a 4-byte boundary, cleared with one
 // aligned call; the arbiter last.
 #[repr(C)]
@@ -355,10 +354,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
                         && !self.held
                         && next <= MAX_FRAGMENTS_PER_CHUNK
                     {
-                        usize::from(self.cursor)
-                            + WINDOW_LEN
-                            + WINDOW_SLACK
-                            + usize::from(MAX_FRAGMENTS_PER_CHUNK - next)
+                        fast_path_limit(usize::from(self.cursor), next)
                     } else {
                         0
                     };
@@ -448,7 +444,10 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     fn return_chunk(&mut self) {
         // Counted while the chunk is still held: `packets_in_chunk` is 0
         // without one.
-        self.stats.packets_returned += self.packets_in_chunk();
+        self.stats.packets_returned = self
+            .stats
+            .packets_returned
+            .wrapping_add(self.packets_in_chunk());
         let Some(mut chunk) = self.chunk.take() else {
             return;
         };
@@ -534,7 +533,7 @@ impl<'s, A: ChunkArbiter<'s>> InPlaceWriter<'s, A> {
     pub fn stats(&self) -> WriterStats {
         let s = self.stats;
         WriterStats {
-            packets_written: u64::from(s.packets_returned + self.packets_in_chunk()),
+            packets_written: u64::from(s.packets_returned.wrapping_add(self.packets_in_chunk())),
             packets_dropped_smb_full: u64::from(s.dropped_smb_full),
             packets_dropped_patch_storage: u64::from(s.dropped_patch_storage),
             packets_dropped_too_long: u64::from(s.dropped_too_long),

@@ -56,7 +56,7 @@ pub const MIN_PACKET_ROOM: usize = SIZE_FIELD_LEN + 8;
 /// caller's scratch buffer when the packet is no longer.
 pub const PADDED_COPY_LEN: usize = 64;
 
-/// The variable-length copy of [`ChunkStream::try_write_small_packet`],
+/// The variable-length copy of [`ChunkStream::try_copy_whole_packet`],
 /// kept out of line: merged with the fixed-size one, both would become a
 /// `memcpy` call.
 #[inline(never)]
@@ -71,6 +71,17 @@ fn write_unpadded(
 /// Most fragments a writer puts in one chunk: one below the 10-bit maximum,
 /// so the count can always be inflated once more for a scraper.
 pub const MAX_FRAGMENTS_PER_CHUNK: u16 = MAX_PACKET_COUNT - 1;
+
+/// The window limit of a chunk whose fast path may take the next packet at
+/// `cursor`, `count` (at most [`MAX_FRAGMENTS_PER_CHUNK`]) fragments in:
+/// a window's end, plus a byte for each fragment the count has left. Every
+/// packet takes at least its size byte, so the count cannot pass
+/// [`MAX_FRAGMENTS_PER_CHUNK`] before the cursor passes the limit. The
+/// in-place writers' one bound ([`crate::smb::WritableChunk::set_window_limit`]).
+#[inline(always)]
+pub(super) const fn fast_path_limit(cursor: usize, count: u16) -> usize {
+    cursor + WINDOW_LEN + WINDOW_SLACK + (MAX_FRAGMENTS_PER_CHUNK - count) as usize
+}
 
 /// Where the size field of an open nested message lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,9 +331,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             }
         } else {
             // A packet is open: the fast path refuses (invariants).
-            if let Some(chunk) = &mut self.chunk {
-                chunk.set_window_limit(0);
-            }
+            self.refuse_fast_path();
             if self.inflated {
                 self.inflated = false;
             } else {
@@ -378,7 +387,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     /// free payload space, beyond the last fragment, that later writes
     /// overwrite and readers never parse.
     #[inline]
-    pub(crate) fn try_write_small_packet(&mut self, buf: &[u8], len: usize) -> bool {
+    pub(crate) fn try_copy_whole_packet(&mut self, buf: &[u8], len: usize) -> bool {
         let Some(packet) = buf.get(..len) else {
             return false;
         };
@@ -446,15 +455,20 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
             && self.patches.is_empty()
             && self.count <= MAX_FRAGMENTS_PER_CHUNK;
         let limit = if open {
-            self.cursor
-                + WINDOW_LEN
-                + WINDOW_SLACK
-                + usize::from(MAX_FRAGMENTS_PER_CHUNK - self.count)
+            fast_path_limit(self.cursor, self.count)
         } else {
             0
         };
         if let Some(chunk) = &mut self.chunk {
             chunk.set_window_limit(limit);
+        }
+    }
+
+    /// Refuses the fast path (a window limit of 0) until
+    /// [`Self::open_fast_path`] works the limit out again.
+    fn refuse_fast_path(&mut self) {
+        if let Some(chunk) = &mut self.chunk {
+            chunk.set_window_limit(0);
         }
     }
 
@@ -539,9 +553,7 @@ impl<'s, A: ChunkArbiter<'s>, const P: usize> ChunkStream<'s, A, P> {
     pub(crate) fn drop_unwritten(&mut self, reason: DropReason) {
         self.pending_loss |= reason.loss_bits();
         // The loss goes in front of the next packet (invariants).
-        if let Some(chunk) = &mut self.chunk {
-            chunk.set_window_limit(0);
-        }
+        self.refuse_fast_path();
         match reason {
             DropReason::SmbFull => self.stats.packets_dropped_smb_full += 1,
             DropReason::PatchStorageFull => self.stats.packets_dropped_patch_storage += 1,

@@ -1005,4 +1005,6 @@ fn in_place_fast_path_waits_for_a_packet_after_a_hold_or_a_loss() {
     assert!(!w.loss_pending());
     assert!(fast(&mut w));
     assert_eq!(w.stats().packets_written, 6);
+    // Three by the fast path, three by `write_dyn`.
+    assert_eq!(w.fast_packets(), 3);
 }
