@@ -186,18 +186,9 @@ impl Qemu {
     /// returns: a port taken by another process between its pick and
     /// QEMU's bind is picked anew (a few times).
     pub fn start_serving(elf_dir: &Path, bin: &str, dir: &Path) -> Result<(Self, u16)> {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let port = scenario::free_tcp_port()?;
-            match Qemu::start(elf_dir, bin, dir, Uart::TcpServer(port)) {
-                Ok(qemu) => return Ok((qemu, port)),
-                Err(e) if attempts < scenario::TCP_START_ATTEMPTS => {
-                    eprintln!("QEMU's start failed; again with a new port: {e}");
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        scenario::with_free_port("QEMU", |port| {
+            Qemu::start(elf_dir, bin, dir, Uart::TcpServer(port))
+        })
     }
 
     /// Waits until QEMU says it waits for a connection on `port`.

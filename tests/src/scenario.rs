@@ -1079,13 +1079,32 @@ fn emitted_field(event: &Value, who: &ChildProcess) -> Result<EventCounts> {
 }
 
 /// Starts of a process on a TCP port tried, each with a port picked anew
-/// (see [`free_tcp_port`]).
-pub const TCP_START_ATTEMPTS: u32 = 3;
+/// (see `with_free_port`).
+const TCP_START_ATTEMPTS: u32 = 3;
+
+/// Starts something with `start` on a free TCP port ([`free_tcp_port`]),
+/// which it returns with what `start` returned; a failed start is tried
+/// again with a new port (another process may have taken the port between
+/// its pick and the bind), up to `TCP_START_ATTEMPTS` (3) times. `what`
+/// names it in the log line of a retry.
+pub fn with_free_port<T>(what: &str, mut start: impl FnMut(u16) -> Result<T>) -> Result<(T, u16)> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let port = free_tcp_port()?;
+        match start(port) {
+            Ok(started) => return Ok((started, port)),
+            Err(e) if attempts < TCP_START_ATTEMPTS => {
+                eprintln!("{what}'s start failed; again with a new port: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick
 /// for port 0; another process could take it before ours binds it, which
-/// our process's start then reports: try again with a new port, up to
-/// [`TCP_START_ATTEMPTS`] times).
+/// our process's start then reports: [`with_free_port`] tries again).
 pub fn free_tcp_port() -> Result<u16> {
     let io = |source| HarnessError::Io {
         action: "picking a free TCP port on",
@@ -1612,15 +1631,9 @@ fn run_in(
     // A TCP port is free when picked, but another process may take it
     // before the service binds it (then the service exits at start): a
     // start is tried again with a new port, a few times.
-    let mut attempts = 0;
-    let (mut service, port, producer_socket) = loop {
-        attempts += 1;
-        let port = match scenario.producer_socket {
-            ProducerSocket::Unix => None,
-            ProducerSocket::Tcp | ProducerSocket::Relayed => Some(free_tcp_port()?),
-        };
+    let start = |port: Option<u16>| {
         let producer_socket = socket_for(port);
-        match start_service_with(
+        start_service_with(
             cell.service,
             bins,
             dir.dir.path(),
@@ -1628,12 +1641,18 @@ fn run_in(
             &consumer_socket,
             relayed,
             !networks.is_empty(),
-        ) {
-            Ok(service) => break (service, port, producer_socket),
-            Err(e) if port.is_some() && attempts < TCP_START_ATTEMPTS => {
-                eprintln!("the service's start failed; again with a new port: {e}");
-            }
-            Err(e) => return Err(e),
+        )
+        .map(|service| (service, producer_socket))
+    };
+    let (mut service, port, producer_socket) = match scenario.producer_socket {
+        ProducerSocket::Unix => {
+            let (service, producer_socket) = start(None)?;
+            (service, None, producer_socket)
+        }
+        ProducerSocket::Tcp | ProducerSocket::Relayed => {
+            let ((service, producer_socket), port) =
+                with_free_port("the service", |port| start(Some(port)))?;
+            (service, Some(port), producer_socket)
         }
     };
     // Relayed machines: one relay each, in a directory of its own.

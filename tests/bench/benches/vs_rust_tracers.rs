@@ -75,6 +75,9 @@ impl Reporter for Discard {
     }
 }
 
+/// Index of the [`Floor`] layer in [`layers`]' list (after the bare
+/// registry).
+const FLOOR: usize = 1;
 /// Index of our layer in [`layers`]' list (the other layers follow it).
 const OURS: usize = 2;
 
@@ -308,7 +311,7 @@ fn main() {
         println!(
             "{label:<28} {:>17.3} {:>17.3}",
             added(OURS) / cheapest,
-            added(1) / cheapest
+            added(FLOOR) / cheapest
         );
     }
     println!(

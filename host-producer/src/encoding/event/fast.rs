@@ -491,23 +491,33 @@ impl SequenceState {
         }
     }
 
-    /// The time of a plain event with annotations at `ns` as a delta after
-    /// the sequence's previous event, if its dedicated encoders may write
-    /// it now: no reset due, time not gone backwards, a category that is
-    /// not a group.
+    /// The time of a flat or plain event at `ns` as a delta after the
+    /// sequence's previous event, if the dedicated encoders may write it
+    /// now: no reset due, time not gone backwards, a category that is not
+    /// a group.
     #[inline(always)]
-    fn plain_args_delta(&self, ev: &PlainEvent<'_>) -> Option<u64> {
-        if self.needs_reset || ev.ns < self.clock_base || ev.category.is_group() {
+    pub(super) fn flat_delta(&self, category: &Category, ns: u64) -> Option<u64> {
+        if self.needs_reset || ns < self.clock_base || category.is_group() {
             return None;
         }
-        Some(ev.ns - self.clock_base)
+        Some(ns - self.clock_base)
+    }
+
+    /// Notes a flat or plain event of `KIND` stamped `ns` written.
+    #[inline(always)]
+    pub(super) fn written_flat<const KIND: u8>(&mut self, ns: u64) {
+        self.clock_base = ns;
+        if KIND == EventType::SliceBegin as u8 {
+            self.slices.push(true);
+        }
     }
 
     /// The dedicated encoder of [`SequenceState::write_plain_args`], into
     /// the chunk in place; `false` (nothing changed) where another way
     /// must do the work: a reset is due, a name is not in its front cache
-    /// (the general path interns it), the time went backwards, an
-    /// annotation is not flat, or the packet does not fit a window. The
+    /// (the scratch-buffer way looks past it, the general path interns
+    /// it), the time went backwards, an annotation is not flat, or the
+    /// packet does not fit a window. The
     /// packet (at most 127 bytes) gives every nested message a one-byte
     /// length.
     #[inline(always)]
@@ -516,8 +526,7 @@ impl SequenceState {
         w: &mut W,
         ev: &PlainEvent<'_>,
     ) -> bool {
-        const BEGIN: u8 = EventType::SliceBegin as u8;
-        let Some(delta) = self.plain_args_delta(ev) else {
+        let Some(delta) = self.flat_delta(ev.category, ev.ns) else {
             return false;
         };
         let interned = &self.interned;
@@ -525,10 +534,7 @@ impl SequenceState {
             encode_plain_args::<_, KIND, false>(f, interned, delta, ev).is_some()
         });
         if written {
-            self.clock_base = ev.ns;
-            if KIND == BEGIN {
-                self.slices.push(true);
-            }
+            self.written_flat::<KIND>(ev.ns);
         }
         written
     }
@@ -546,7 +552,7 @@ impl SequenceState {
         w: &mut W,
         ev: &PlainEvent<'_>,
     ) -> Option<bool> {
-        let delta = self.plain_args_delta(ev)?;
+        let delta = self.flat_delta(ev.category, ev.ns)?;
         let scratch = &mut *self.scratch;
         let mut c = Cursor::new(&mut *scratch);
         let te = encode_plain_args::<_, KIND, true>(&mut c, &self.interned, delta, ev)?;
@@ -900,35 +906,16 @@ impl SequenceState {
         let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
-        if least_flat_len(args) > 127 {
+        if least_flat_len(args) > streamed::MAX_IN_PLACE {
             return self.write_long_event(w, &data);
         }
         self.write_event(w, &data, None)
     }
 
-    /// The time of a flat event at `ns` as a delta after the sequence's
-    /// previous event, if the flat encoders may write it now: no reset
-    /// due, time not gone backwards, a category that is not a group.
-    #[inline(always)]
-    pub(super) fn flat_delta(&self, category: &Category, ns: u64) -> Option<u64> {
-        if self.needs_reset || ns < self.clock_base || category.is_group() {
-            return None;
-        }
-        Some(ns - self.clock_base)
-    }
-
-    /// Notes a flat event of `KIND` stamped `ns` written.
-    #[inline(always)]
-    pub(super) fn written_flat<const KIND: u8>(&mut self, ns: u64) {
-        self.clock_base = ns;
-        if KIND == EventType::SliceBegin as u8 {
-            self.slices.push(true);
-        }
-    }
-
     /// The in-place encoder of [`SequenceState::write_flat`] (the bytes
     /// of [`SequenceState::try_write_plain_args`] for the same event);
-    /// `false` (nothing changed) where the general path must do the work.
+    /// `false` (nothing changed) where another way must do the work (the
+    /// scratch buffer's, else the general path).
     #[inline(always)]
     fn try_write_flat<const KIND: u8, W: PacketWriter>(
         &mut self,
@@ -947,7 +934,7 @@ impl SequenceState {
         };
         // Surely 128 bytes or more: the one-byte lengths would find it
         // only once most of it is encoded.
-        if least_flat_len(args) > 127 {
+        if least_flat_len(args) > streamed::MAX_IN_PLACE {
             return false;
         }
         let interned = &self.interned;

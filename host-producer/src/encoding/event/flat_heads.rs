@@ -150,6 +150,8 @@ impl Prefix {
 /// Words of pre-encoded bytes a literal annotation is kept in (64
 /// bytes: a message of up to about 58; [`Words::put_long`] puts 8).
 const LITERAL_WORDS: usize = 8;
+// `Words::put_long` writes a literal's words as eight named ones.
+const _: () = assert!(LITERAL_WORDS == 8 && WORDS == 4);
 
 /// Up to `N` words of pre-encoded bytes, put with word stores.
 #[derive(Clone, Copy)]
@@ -190,9 +192,9 @@ impl<const N: usize> Words<N> {
     }
 
     /// [`Words::put`] for more than [`WORDS`] words, of
-    /// [`LITERAL_WORDS`]: the first four whole, then the rest as `put`
-    /// does (out of line, so that the common case stays a few stores that
-    /// call nothing).
+    /// [`LITERAL_WORDS`] (the only `N` that calls it): the first four
+    /// whole, then the rest as `put` does (out of line, so that the common
+    /// case stays a few stores that call nothing).
     #[inline(never)]
     fn put_long<T: Target>(&self, f: &mut Cursor<T>) {
         let &[a, b, c, d, e, g, h, i] = &self.words[..] else {
@@ -242,7 +244,7 @@ impl<const N: usize> Words<N> {
                 f.word(b, 8);
                 f.word(c, last);
             }
-            n if N > WORDS && n > WORDS * 8 => self.put_long(f),
+            n if N == LITERAL_WORDS && n > WORDS * 8 => self.put_long(f),
             _ => {
                 f.word(a, 8);
                 f.word(b, 8);

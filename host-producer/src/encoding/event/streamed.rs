@@ -406,9 +406,10 @@ fn encode_streamed<T: Target, F: FlatFields, const LONG: bool>(
     (te, ok)
 }
 
-/// Packets of more bytes than this are not written in place (their size
-/// takes more than the one byte a packet written in place has).
-const MAX_IN_PLACE: usize = 127;
+/// Packets (and TrackEvents) of more bytes than this are not written in
+/// place (their size takes more than the one byte a packet written in
+/// place has).
+pub(super) const MAX_IN_PLACE: usize = shmtrace_abi::proto::wire::MAX_ONE_BYTE_LEN as usize;
 
 impl SequenceState {
     /// Writes an instant or a slice begin (`KIND`, an [`EventType`] as
