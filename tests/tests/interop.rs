@@ -269,7 +269,14 @@ fn packets_spanning_many_chunks(cell: Cell) {
     // dozens of chunks whose nested size fields were patched afterwards.
     assert_eq!(report.totals.large, 6);
     assert_eq!(report.totals.large_bytes, 6 * u64::from(LARGE_KB) * 1024);
-    assert_stat_at_least(report, "patches_succeeded", 1);
+    // Our producer sends a patch for every chunk committed before its
+    // packet ended; the real SDK patches a chunk still waiting in its
+    // pending CommitData itself (direct SMB patching), so its count
+    // depends on when its IPC thread sent the first chunks. The exact
+    // large bytes above check every size field either way.
+    if cell.producer == ProducerImpl::Ours {
+        assert_stat_at_least(report, "patches_succeeded", 1);
+    }
     assert_stat_at_least(report, "readaheads_succeeded", 6);
     assert_eq!(report.buffer_stat("patches_failed"), 0);
     assert!(outcome.trace_bytes > 6 * u64::from(LARGE_KB) * 1024);

@@ -4,7 +4,7 @@
 //! chunks inline in `CommitData`. The same scenario runs against the real
 //! service (the reference) and ours, recorded by the real consumer and by
 //! `shmtrace record`; the checker counts every event, the large packets
-//! (patched after their first chunks went) and the mid-session flush.
+//! (patched after their first chunks were written) and the mid-session flush.
 //!
 //! What the real SDK (v59) does under emulation, and the real service shows
 //! the same way: it sends a chunk only once the chunk is complete, and does
@@ -24,7 +24,7 @@
 use shmtrace_tests::checker::TraceReport;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
-    self, BetweenPhases, Cell, Outcome, ProducerSocket, ProducerSpec, Scenario,
+    self, BetweenPhases, Cell, Outcome, ProducerImpl, ProducerSocket, ProducerSpec, Scenario,
 };
 
 const LARGE_KB: u32 = 64;
@@ -61,11 +61,11 @@ fn run(cell: Cell) -> Outcome {
     outcome
         .report
         .assert_ok(&format!("tcp in cell {}", cell.name()));
-    check(&outcome, &outcome.report);
+    check(cell, &outcome, &outcome.report);
     outcome
 }
 
-fn check(outcome: &Outcome, report: &TraceReport) {
+fn check(cell: Cell, outcome: &Outcome, report: &TraceReport) {
     let emitted = outcome.emitted();
     // 2 threads x 200 iterations x 2 phases, all of them in the trace.
     assert_eq!(emitted.slice_begin, 2 * 200 * 2 * 2);
@@ -78,10 +78,20 @@ fn check(outcome: &Outcome, report: &TraceReport) {
     assert_eq!(report.totals.track_events(), emitted.track_events());
     assert_eq!(report.totals.slice_begin, emitted.slice_begin);
     // A 64 KiB packet every 40th iteration: 10 per thread, each spread
-    // over 17 inline chunks whose size fields were patched.
+    // over 17 inline chunks whose size fields were patched, by the
+    // service or (the real SDK) by the producer before the chunk went.
     assert_eq!(report.totals.large, 20);
     assert_eq!(report.totals.large_bytes, 20 * u64::from(LARGE_KB) * 1024);
-    assert!(report.buffer_stat("patches_succeeded") >= 1);
+    // Our producer sends a patch for every chunk that went before its
+    // packet ended. The real SDK patches a chunk itself while the chunk
+    // still waits in its pending CommitData (both services advertise
+    // `direct_smb_patching_supported`), so its count depends on whether its
+    // IPC thread sent the first chunks before the writer finished the
+    // packet: CI has seen 0. The exact large bytes above are the check
+    // that every size field was right.
+    if cell.producer == ProducerImpl::Ours {
+        assert!(report.buffer_stat("patches_succeeded") >= 1);
+    }
     assert_eq!(report.buffer_stat("patches_failed"), 0);
     assert_eq!(report.buffer_stat("chunks_overwritten"), 0);
 }
