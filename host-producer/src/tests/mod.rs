@@ -7,6 +7,8 @@ mod alloc;
 mod descriptor;
 mod forward;
 mod hostile;
+#[cfg(feature = "log")]
+mod logger;
 mod loopback;
 mod names;
 mod perf;
