@@ -8,6 +8,7 @@
 //! event) whenever an event needs more than it handles.
 
 use super::*;
+use shmtrace_abi::proto::wire::{self, MAX_ONE_BYTE_LEN, MAX_ONE_BYTE_VARINT};
 
 /// Constant tags of the fast path, from the trace vocabulary.
 const TAG_TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
@@ -39,7 +40,7 @@ const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Vari
 /// Bytes of `v` as a varint.
 #[inline(always)]
 pub(super) fn varint_len(v: u64) -> u8 {
-    shmtrace_abi::proto::wire::varint_len(v) as u8
+    wire::varint_len(v) as u8
 }
 
 /// Appends varint `v` through `f`, keeping the cursor in registers.
@@ -57,20 +58,24 @@ pub(super) fn varint_len(v: u64) -> u8 {
 #[inline(always)]
 pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
     if v < 1 << 28 {
-        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
+        let (word, n) = wire::varint_word(v as u32);
         f.word32(word, n);
         return;
     }
     match u32::try_from(v) {
         Ok(v) => f.varint32(v),
-        Err(_) => {
-            let (low, high) = crate::encoding::intern::varint_words(v);
-            let n = usize::from(varint_len(v));
-            f.word(low, n.min(8));
-            if n > 8 {
-                f.word(u64::from(high), n - 8);
-            }
-        }
+        Err(_) => put_varint_words(f, wire::varint_words(v), varint_len(v)),
+    }
+}
+
+/// Appends a varint of `n` bytes held in two words (`words`, as
+/// [`wire::varint_words`] makes them): two stores at most.
+#[inline(always)]
+fn put_varint_words<T: Target>(f: &mut Cursor<T>, (low, high): (u64, u16), n: u8) {
+    let n = usize::from(n);
+    f.word(low, n.min(8));
+    if n > 8 {
+        f.word(u64::from(high), n - 8);
     }
 }
 
@@ -129,7 +134,7 @@ pub(super) fn put_annotation_start_sized<T: Target>(
     value: usize,
 ) {
     // Most: a one-byte id and length, four bytes in one store.
-    if name_iid < 0x80 && value < 0x80 - 2 {
+    if name_iid <= MAX_ONE_BYTE_VARINT && value <= MAX_ONE_BYTE_LEN as usize - 2 {
         let start = [
             TAG_DEBUG_ANNOTATIONS,
             2 + value as u8,
@@ -400,7 +405,7 @@ impl SequenceState {
                 TAG_TYPE,
                 KIND,
             ];
-            if delta < 0x80 {
+            if delta <= MAX_ONE_BYTE_VARINT {
                 let [h0, h1, h2, h3, h4, h5] = head;
                 f.word(
                     u64::from_le_bytes([TAG_TIMESTAMP, delta as u8, h0, h1, h2, h3, h4, h5]),
@@ -416,18 +421,13 @@ impl SequenceState {
                 // The value first, as `encode::event` orders them.
                 f.byte2(TAG_COUNTER_VALUE);
                 put_varint(f, b);
-                let n = usize::from(varint_len(a));
-                let (low, high) = uuid_varint;
                 f.byte(TAG_TRACK_UUID);
-                f.word(low, n.min(8));
-                if n > 8 {
-                    f.word(u64::from(high), n - 8);
-                }
+                put_varint_words(f, uuid_varint, varint_len(a));
                 return true;
             }
             // Two one-byte tags with one-byte values (category and name
             // ids): one store.
-            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) < 0x80 {
+            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) <= MAX_ONE_BYTE_VARINT {
                 f.word(
                     u64::from_le_bytes([tag_a[0], a as u8, tag_b[0], b as u8, 0, 0, 0, 0]),
                     4,
@@ -656,7 +656,7 @@ const _: () = assert!(FAST_CAP < 1 << 14);
 #[inline(always)]
 pub(super) fn long_packet(buf: &mut Scratch, te: usize, len: usize) -> usize {
     let size = len - te;
-    if size >= 0x80 {
+    if size > MAX_ONE_BYTE_LEN as usize {
         return 0;
     }
     // `te` is past the packet's time, flags and TrackEvent tag (at most

@@ -2007,22 +2007,16 @@ fn streamed_events_match_the_flat_path() {
 /// (its time, flags, then the TrackEvent) and the bytes that length
 /// takes; `None` for another packet.
 fn track_event_len(p: &[u8]) -> Option<(usize, usize)> {
-    fn varint(b: &[u8]) -> Option<(u64, usize)> {
-        let mut v = 0;
-        for (i, &x) in b.iter().enumerate().take(10) {
-            v |= u64::from(x & 0x7F) << (7 * i);
-            if x < 0x80 {
-                return Some((v, i + 1));
-            }
-        }
-        None
-    }
-    let (_, n) = varint(p.get(1..)?).filter(|_| p[0] == 0x40)?;
+    use shmtrace_abi::proto::wire::read_varint;
+    let time = tag1(trace_packet::TIMESTAMP, WireType::Varint);
+    let flags = tag1(trace_packet::SEQUENCE_FLAGS, WireType::Varint);
+    let track_event = tag1(trace_packet::TRACK_EVENT, WireType::LengthDelimited);
+    let (_, n) = read_varint(p.get(1..)?).ok().filter(|_| p[0] == time)?;
     let rest = p.get(1 + n..)?;
-    if rest.get(..3)? != [0x68, 2, 0x5A] {
+    if rest.get(..3)? != [flags, SEQ_NEEDS_INCREMENTAL_STATE as u8, track_event] {
         return None;
     }
-    let (len, bytes) = varint(&rest[3..])?;
+    let (len, bytes) = read_varint(&rest[3..]).ok()?;
     Some((len as usize, bytes))
 }
 
