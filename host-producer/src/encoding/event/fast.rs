@@ -162,51 +162,127 @@ pub(super) fn put_annotation_start<T: Target>(f: &mut Cursor<T>, name_iid: u64) 
     a
 }
 
-/// Appends a flat debug annotation value (its tag and contents) with the
-/// cursor's inlined byte writers only. [`encode::arg_value`] writes the
-/// same bytes through the cursor's field writers, which the compiler may
-/// leave out of line; a call that takes the cursor by reference keeps the
-/// cursor in memory for the whole inlined encoder (see [`put_varint`]).
-#[inline(always)]
-pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
-    use encode::ArgValue as A;
-    match value {
-        A::Bool(b) => f.byte2([TAG_ARG_BOOL, u8::from(b)]),
-        A::Uint(u) => {
-            f.byte(TAG_ARG_UINT);
-            put_varint(f, u);
+/// A flat debug annotation value's bytes ([`ArgBytes::with`]): its first
+/// `head_len` bytes (at most 8: its tag and its varint, or the start of
+/// either) in `head`, then `tail`. The one definition of how a flat value
+/// is encoded: [`ArgBytes::put`] writes these bytes and [`ArgBytes::len`]
+/// counts them, so the size an annotation's start says is the size of
+/// what follows it.
+#[derive(Clone, Copy)]
+pub(super) struct ArgBytes<'a> {
+    head: u64,
+    head_len: usize,
+    tail: Tail<'a>,
+}
+
+/// What follows an [`ArgBytes`]' head.
+#[derive(Clone, Copy)]
+enum Tail<'a> {
+    None,
+    /// The low bytes of a word (a double; a long varint's last bytes).
+    Word(u64, usize),
+    /// A string's bytes.
+    Text(&'a [u8]),
+}
+
+impl<'a> ArgBytes<'a> {
+    /// Hands the bytes of `value` to `f` and returns what it returns: as
+    /// [`encode::arg_value`] writes the value (its tag, then a varint, a
+    /// double's 8 bytes, or a string's length and bytes). `f` is inlined
+    /// where each shape of bytes is made, so that what it does with them
+    /// (its stores) takes no second dispatch on their shape. `SHORT`: the
+    /// caller knows that a varint value (an integer, a string's length)
+    /// is below 2^28 (the longer form's code is left out).
+    #[inline(always)]
+    pub(super) fn with<const SHORT: bool, R>(
+        value: encode::ArgValue<'a>,
+        f: impl FnOnce(Self) -> R,
+    ) -> R {
+        use encode::ArgValue as A;
+        match value {
+            A::Bool(b) => Self::varint::<SHORT, R>(TAG_ARG_BOOL, u64::from(b), f),
+            A::Uint(u) => Self::varint::<SHORT, R>(TAG_ARG_UINT, u, f),
+            A::Int(i) => Self::varint::<SHORT, R>(TAG_ARG_INT, i as u64, f),
+            A::Double(d) => f(ArgBytes {
+                head: u64::from(TAG_ARG_DOUBLE),
+                head_len: 1,
+                tail: Tail::Word(d.to_bits(), 8),
+            }),
+            A::Str(s) => Self::varint::<SHORT, R>(
+                TAG_ARG_STRING,
+                s.len() as u64,
+                #[inline(always)]
+                |b| {
+                    f(ArgBytes {
+                        tail: Tail::Text(s.as_bytes()),
+                        ..b
+                    })
+                },
+            ),
+            A::Pointer(p) => Self::varint::<SHORT, R>(TAG_ARG_POINTER, p, f),
         }
-        A::Int(i) => {
-            f.byte(TAG_ARG_INT);
-            put_varint(f, i as u64);
+    }
+
+    /// [`ArgBytes::with`] for the one-byte tag `tag` and the varint `v`:
+    /// in the head below 2^28 (`varint_word`), else its first 7 bytes
+    /// there and the rest (up to 3) in the tail (`varint_words`).
+    #[inline(always)]
+    fn varint<const SHORT: bool, R>(tag: u8, v: u64, f: impl FnOnce(Self) -> R) -> R {
+        let tag = u64::from(tag);
+        debug_assert!(!SHORT || v < 1 << 28);
+        if SHORT || v < 1 << 28 {
+            let (word, n) = wire::varint_word(v as u32);
+            return f(ArgBytes {
+                head: tag | u64::from(word) << 8,
+                head_len: 1 + n,
+                tail: Tail::None,
+            });
         }
-        A::Double(d) => {
-            f.byte(TAG_ARG_DOUBLE);
-            f.word(d.to_bits(), 8);
-        }
-        A::Str(s) => {
-            f.byte(TAG_ARG_STRING);
-            put_varint(f, s.len() as u64);
-            put_short_bytes(f, s.as_bytes());
-        }
-        A::Pointer(p) => {
-            f.byte(TAG_ARG_POINTER);
-            put_varint(f, p);
+        let (low, high) = wire::varint_words(v);
+        let len = 1 + usize::from(varint_len(v));
+        f(ArgBytes {
+            head: tag | low << 8,
+            head_len: len.min(8),
+            tail: Tail::Word(low >> 56 | u64::from(high) << 8, len.saturating_sub(8)),
+        })
+    }
+
+    /// Bytes [`ArgBytes::put`] appends.
+    #[inline(always)]
+    pub(super) fn len(self) -> usize {
+        self.head_len
+            + match self.tail {
+                Tail::None => 0,
+                Tail::Word(_, n) => n,
+                Tail::Text(s) => s.len(),
+            }
+    }
+
+    /// Appends the bytes with the cursor's inlined byte writers only (a
+    /// call that takes the cursor by reference keeps the cursor in memory
+    /// for the whole inlined encoder: see [`put_varint`]): a word store or
+    /// two for most values.
+    #[inline(always)]
+    pub(super) fn put<T: Target>(self, f: &mut Cursor<T>) {
+        f.word(self.head, self.head_len);
+        match self.tail {
+            Tail::None => {}
+            Tail::Word(word, n) => f.word(word, n),
+            Tail::Text(s) => put_short_bytes(f, s),
         }
     }
 }
 
-/// Bytes [`put_arg_value`] appends for `value`.
+/// Appends a flat debug annotation value (its tag and contents):
+/// [`ArgBytes::put`]. [`encode::arg_value`] writes the same bytes through
+/// the cursor's field writers, which the compiler may leave out of line.
 #[inline(always)]
-pub(super) fn arg_value_len(value: encode::ArgValue<'_>) -> usize {
-    use encode::ArgValue as A;
-    1 + match value {
-        A::Bool(_) => 1,
-        A::Uint(v) | A::Pointer(v) => usize::from(varint_len(v)),
-        A::Int(v) => usize::from(varint_len(v as u64)),
-        A::Double(_) => 8,
-        A::Str(s) => usize::from(varint_len(s.len() as u64)) + s.len(),
-    }
+pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
+    ArgBytes::with::<false, _>(
+        value,
+        #[inline(always)]
+        |bytes| bytes.put(f),
+    );
 }
 
 /// Appends `s` with at most two word stores when it has at most 16 bytes
@@ -629,8 +705,14 @@ fn encode_plain_args<T: Target, const KIND: u8, const LONG: bool>(
             return None;
         };
         if LONG {
-            put_annotation_start_sized(f, iid, arg_value_len(value));
-            put_arg_value(f, value);
+            ArgBytes::with::<false, _>(
+                value,
+                #[inline(always)]
+                |value| {
+                    put_annotation_start_sized(f, iid, value.len());
+                    value.put(f);
+                },
+            );
         } else {
             put_flat_annotation(f, iid, value);
         }

@@ -39,10 +39,7 @@
 //!   asking for it ([`FlatFields::each`] returning `false`). The caller
 //!   then collects the fields and calls `write_flat`.
 
-use super::fast::{
-    arg_value_len, long_packet, put_annotation_start_sized, put_arg_value, put_packet_head,
-    put_short_bytes, TAG_ARG_BOOL, TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING, TAG_ARG_UINT,
-};
+use super::fast::{long_packet, put_annotation_start_sized, put_packet_head, ArgBytes};
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
 
@@ -225,46 +222,33 @@ impl<T: Target> InPlace<'_, T> {
     fn value_out_of_line<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>>) {
         if let Some(start) = self.start(field) {
             let f = &mut *self.f;
-            let value = value.into().arg();
-            start.put_sized(f, arg_value_len(value));
-            put_arg_value(f, value);
+            ArgBytes::with::<false, _>(
+                value.into().arg(),
+                #[inline(always)]
+                |value| {
+                    start.put_sized(f, value.len());
+                    value.put(f);
+                },
+            );
         }
     }
 }
 
 /// A field's annotation after its kept `prefix`, for a
-/// [short](FieldValue::is_short) value: the bytes of
-/// [`put_arg_value`] after the prefix and its back-filled length, the
-/// length known before any byte is stored (the value's size), so that
-/// the prefix is stored with it and nothing is back-filled.
+/// [short](FieldValue::is_short) value: the prefix with the annotation's
+/// length complete (the value's size), then the value's bytes; the length
+/// known before any byte is stored, so that the prefix is stored with it
+/// and nothing is back-filled.
 #[inline(always)]
 fn put_short_annotation<T: Target>(f: &mut Cursor<T>, prefix: Prefix, value: FieldValue<'_>) {
-    /// A varint value (below 2^28: short) after its tag.
-    #[inline(always)]
-    fn varint<T: Target>(f: &mut Cursor<T>, prefix: Prefix, tag: u8, v: u64) {
-        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
-        prefix.put_sized(f, 1 + n);
-        f.word(u64::from(tag) | u64::from(word) << 8, 1 + n);
-    }
-    match value {
-        FieldValue::Int(v) => varint(f, prefix, TAG_ARG_INT, v as u64),
-        FieldValue::Uint(v) => varint(f, prefix, TAG_ARG_UINT, v),
-        FieldValue::Bool(b) => {
-            prefix.put_sized(f, 2);
-            f.word(u64::from(TAG_ARG_BOOL) | u64::from(b) << 8, 2);
-        }
-        FieldValue::Double(d) => {
-            prefix.put_sized(f, 9);
-            f.byte(TAG_ARG_DOUBLE);
-            f.word(d.to_bits(), 8);
-        }
-        FieldValue::Str(s) => {
-            // At most 16 bytes: a one-byte length.
-            prefix.put_sized(f, 2 + s.len());
-            f.word(u64::from(TAG_ARG_STRING) | (s.len() as u64) << 8, 2);
-            put_short_bytes(f, s.as_bytes());
-        }
-    }
+    ArgBytes::with::<true, _>(
+        value.arg(),
+        #[inline(always)]
+        |value| {
+            prefix.put_sized(f, value.len());
+            value.put(f);
+        },
+    );
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {

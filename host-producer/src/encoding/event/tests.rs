@@ -2,7 +2,7 @@
 //! general path and the workspace's encoder, and the sequence's
 //! incremental state.
 
-use super::fast::{put_arg_value, put_varint};
+use super::fast::{put_arg_value, put_varint, ArgBytes};
 #[cfg(feature = "tracing")]
 use super::streamed::{FieldKey, FieldValue, FlatFields, FlatOut};
 use super::*;
@@ -17,7 +17,8 @@ use shmtrace_abi::proto::Encoder;
 
 /// The fast path's varint and debug annotation writers produce the
 /// bytes of the cursor's own `varint` and of `encode::arg_value`, at
-/// every varint length and every string length up to 52.
+/// every varint length and every string length up to 52, and an
+/// annotation value's size ([`ArgBytes::len`]) is what its writer wrote.
 #[test]
 fn inlined_writers_match_the_cursors() {
     fn bytes(f: impl FnOnce(&mut Cursor<&mut Scratch>)) -> Vec<u8> {
@@ -39,9 +40,11 @@ fn inlined_writers_match_the_cursors() {
     for v in values {
         assert_eq!(bytes(|c| put_varint(c, v)), bytes(|c| c.varint(v)), "{v}");
         for arg in [A::Uint(v), A::Int(v as i64), A::Pointer(v)] {
+            let got = bytes(|c| put_arg_value(c, arg));
+            assert_eq!(got, bytes(|c| encode::arg_value(c, arg)), "{arg:?}");
             assert_eq!(
-                bytes(|c| put_arg_value(c, arg)),
-                bytes(|c| encode::arg_value(c, arg)),
+                ArgBytes::with::<false, _>(arg, ArgBytes::len),
+                got.len(),
                 "{arg:?}"
             );
         }
@@ -55,9 +58,11 @@ fn inlined_writers_match_the_cursors() {
         A::Str("value"),
         A::Str(&long),
     ] {
+        let got = bytes(|c| put_arg_value(c, arg));
+        assert_eq!(got, bytes(|c| encode::arg_value(c, arg)), "{arg:?}");
         assert_eq!(
-            bytes(|c| put_arg_value(c, arg)),
-            bytes(|c| encode::arg_value(c, arg)),
+            ArgBytes::with::<false, _>(arg, ArgBytes::len),
+            got.len(),
             "{arg:?}"
         );
     }
@@ -66,6 +71,11 @@ fn inlined_writers_match_the_cursors() {
     let text: String = ('a'..='z').chain('A'..='Z').collect();
     for n in 0..=text.len() {
         let arg = A::Str(&text[..n]);
+        assert_eq!(
+            ArgBytes::with::<false, _>(arg, ArgBytes::len),
+            2 + n,
+            "{n} bytes"
+        );
         assert_eq!(
             bytes(|c| {
                 c.byte(0xEE);
