@@ -905,15 +905,26 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        self.try_write_flat::<KIND, W>(w, site, category, name, args, ns)
-            || self.write_flat_copied_or_general::<KIND, W>(w, site, category, name, args, ns)
+        // Surely 128 bytes or more: not tried in place (the one-byte
+        // lengths would find it only once most of it is encoded), and a
+        // long event for the general path.
+        let long = least_flat_len(args) > streamed::MAX_IN_PLACE;
+        if !long && self.try_write_flat::<KIND, W>(w, site, category, name, args, ns) {
+            return true;
+        }
+        match self.write_flat_copied_after_head::<KIND, W>(w, site, category, name, args, ns) {
+            Some(written) => written,
+            None => self.write_flat_general::<KIND, W>(w, category, name, args, ns, long),
+        }
     }
 
-    /// What [`SequenceState::try_write_flat`] did not write in place:
+    /// What [`SequenceState::try_write_flat`] did not write in place,
     /// after the trace point's pre-encoded head (made here if the names
-    /// are interned) into the scratch buffer, else the general way.
+    /// are interned) into the scratch buffer: `Some(false)` if the writer
+    /// dropped it (see [`SequenceState::copied`]), `None` (nothing
+    /// changed) where the general path must do the work.
     #[inline(never)]
-    fn write_flat_copied_or_general<const KIND: u8, W: PacketWriter>(
+    fn write_flat_copied_after_head<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         site: usize,
@@ -921,17 +932,16 @@ impl SequenceState {
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
-    ) -> bool {
-        if let Some(delta) = self.flat_delta(category, ns) {
-            if self.flat_head::<KIND>(site, category, name, args.head) {
-                match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
-                    Streamed::Written => return true,
-                    Streamed::Dropped => return false,
-                    Streamed::Declined => {}
-                }
-            }
+    ) -> Option<bool> {
+        let delta = self.flat_delta(category, ns)?;
+        if !self.flat_head::<KIND>(site, category, name, args.head) {
+            return None;
         }
-        self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+        match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
+            Streamed::Written => Some(true),
+            Streamed::Dropped => Some(false),
+            Streamed::Declined => None,
+        }
     }
 
     /// Whether the trace point `site` (see [`SequenceState::write_flat`])
@@ -961,7 +971,8 @@ impl SequenceState {
             .is_some()
     }
 
-    /// [`SequenceState::write_flat`] through [`EventData`].
+    /// [`SequenceState::write_flat`] through [`EventData`] (`long`: not
+    /// tried in place, see [`SequenceState::write_long_event`]).
     #[cold]
     #[inline(never)]
     fn write_flat_general<const KIND: u8, W: PacketWriter>(
@@ -971,6 +982,7 @@ impl SequenceState {
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
+        long: bool,
     ) -> bool {
         // Pushed in place (`collect` would build the array and then move
         // all of its capacity).
@@ -988,7 +1000,7 @@ impl SequenceState {
         let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
-        if least_flat_len(args) > streamed::MAX_IN_PLACE {
+        if long {
             return self.write_long_event(w, &data);
         }
         self.write_event(w, &data, None)
@@ -1014,11 +1026,6 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return false;
         };
-        // Surely 128 bytes or more: the one-byte lengths would find it
-        // only once most of it is encoded.
-        if least_flat_len(args) > streamed::MAX_IN_PLACE {
-            return false;
-        }
         let interned = &self.interned;
         let resets = self.resets;
         if let Some(head) = self.flat_heads.get_mut(KIND, site, resets) {
