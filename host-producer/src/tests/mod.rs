@@ -4,6 +4,8 @@
 
 mod abi_parity;
 mod alloc;
+#[cfg(any(feature = "tracing", feature = "log"))]
+mod changing;
 mod descriptor;
 mod forward;
 mod hostile;

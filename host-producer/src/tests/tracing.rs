@@ -8,6 +8,7 @@ use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt as _;
 
 use super::alloc::allocations;
+use super::changing::{texts_in, Changing};
 use super::loopback::{serial, Loopback};
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
@@ -543,74 +544,6 @@ fn an_event_from_a_field_s_debug_is_recorded() {
         "{kinds:#?}"
     );
     lb.shutdown();
-}
-
-/// A `Debug` impl whose every call writes another text, of another
-/// length, and counts its calls: its call `n` writes `LENGTHS[n % 5]`
-/// copies of the letter `n` (from `a`), in two pieces. The lengths cross
-/// what fits a packet written in place (a packet of at most 127 bytes)
-/// and a one-byte length, both ways.
-struct Changing {
-    calls: std::cell::Cell<usize>,
-}
-
-/// The lengths of [`Changing`]'s texts, call by call.
-const LENGTHS: [usize; 5] = [150, 3, 300, 20, 120];
-
-impl Changing {
-    /// A value whose first call is call `n`.
-    fn from_call(n: usize) -> Self {
-        Changing {
-            calls: std::cell::Cell::new(n),
-        }
-    }
-
-    /// The text of call `n`.
-    fn text(n: usize) -> String {
-        char::from(b'a' + (n % 26) as u8)
-            .to_string()
-            .repeat(LENGTHS[n % LENGTHS.len()])
-    }
-}
-
-impl std::fmt::Debug for Changing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.calls.get();
-        self.calls.set(n + 1);
-        let text = Changing::text(n);
-        let (a, b) = text.split_at(text.len() / 2);
-        f.write_str(a)?;
-        f.write_str(b)
-    }
-}
-
-/// The text annotations named `name` of the track events in `category`,
-/// sequence by sequence, in order.
-fn texts_in(lb: &Loopback, category: &str, name: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for seq in lb.sequences().values() {
-        let mut interned = Interned::default();
-        let mut texts = Vec::new();
-        for bytes in &seq.packets {
-            let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
-            interned.update(&p);
-            let Some(te) = &p.track_event else { continue };
-            if te.r#type != Some(crate::EventType::SliceEnd as i32)
-                && interned.event_categories(te) != [category]
-            {
-                continue;
-            }
-            for a in &te.debug_annotations {
-                if interned.arg_name(a).as_deref() == Some(name) {
-                    texts.push(a.string_value.clone().expect("a text value"));
-                }
-            }
-        }
-        if !texts.is_empty() {
-            out.push(texts);
-        }
-    }
-    out
 }
 
 /// An event field's `Debug` runs once per event, however the event is
