@@ -45,16 +45,27 @@
 //!   owner writes its word, with a load and a store: a span entered on the
 //!   thread that made it (most spans) costs no read-modify-write, which
 //!   costs more than the rest of the count. Other threads add to theirs.
-//!   An enter is the span's first if both words were 0 before it; when
-//!   the owner and another thread first enter the span at the same moment
-//!   both may see the other's word still 0, and then both slices carry the
-//!   span's given fields (each keeps its own first time, and the span's
-//!   life starts at the earlier one): the one way two slices of a span
-//!   both carry them. Every other order (any enter after another, with the
-//!   span handed between the threads in between) finds the earlier one.
-//!   A thread-local's address is reused only by a thread started after
-//!   its owner exited (its memory freed and handed out again in between),
-//!   so two threads never count in the owner's word at once.
+//!   An enter reads the other word before it counts itself in its own,
+//!   and is the span's first if both were 0. Only the owner's first enter
+//!   and the first of the other threads' (whose add returns 0) can be, and
+//!   the earlier of their two reads comes before either count, so at least
+//!   one is. When the owner and another thread first enter the span at the
+//!   same moment both may read the other's word still 0, and then both
+//!   slices carry the span's given fields (each keeps its own first time,
+//!   and the span's life starts at the earlier one): the one way two
+//!   slices of a span both carry them. Every other order (any enter after
+//!   another, with the span handed between the threads in between) finds
+//!   the earlier one. The others' add is a release and the owner's read of
+//!   their word an acquire, so an owner's read that finds another thread's
+//!   count comes after that thread's read of the owner's word, which then
+//!   found 0 (relaxed, each read could in theory find the other's later
+//!   count). (Counting first and reading after, as this table once did,
+//!   let two such enters each find the other's count and neither be the
+//!   first: the span's given fields on no slice and its whole life
+//!   starting at time 0. The loom model, `loom_model`, found it.) A
+//!   thread-local's address is reused only by a thread started after its
+//!   owner exited (its memory freed and handed out again in between), so
+//!   two threads never count in the owner's word at once.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
 
@@ -183,13 +194,17 @@ impl Slot {
     /// ([`Slot::first_ns`]).
     #[inline]
     pub(super) fn enter(&self) -> Option<&AtomicU64> {
+        // Each reads the other word before counting itself (module docs).
         if self.owner.load(Ordering::Relaxed) == this_thread() {
             let n = self.own_enters.load(Ordering::Relaxed);
+            // Acquire: pairs with the others' release (module docs).
+            let first = n == 0 && self.other_enters.load(Ordering::Acquire) == 0;
             self.own_enters.store(n.wrapping_add(1), Ordering::Relaxed);
-            (n == 0 && self.other_enters.load(Ordering::Relaxed) == 0).then_some(&self.own_first_ns)
+            first.then_some(&self.own_first_ns)
         } else {
-            let n = self.other_enters.fetch_add(1, Ordering::Relaxed);
-            (n == 0 && self.own_enters.load(Ordering::Relaxed) == 0).then_some(&self.other_first_ns)
+            let own = self.own_enters.load(Ordering::Relaxed);
+            let n = self.other_enters.fetch_add(1, Ordering::Release);
+            (n == 0 && own == 0).then_some(&self.other_first_ns)
         }
     }
 
