@@ -68,14 +68,26 @@
 //!   two threads never count in the owner's word at once.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
+//!
+//! The atomics, cell, lock and thread-locals are those of [`sync`]: `std`'s,
+//! or `loom`'s under `RUSTFLAGS="--cfg loom"`, where `loom_model` checks
+//! the protocol above (claims and releases of lane and shared keys, a
+//! lane's hand-over, a span made on one thread and entered on another,
+//! first enters, closes and the reuse of a key) on this code.
 
 // `unsafe`: the lock-free access to a slot's given fields (see the
 // invariants above); two blocks, in `Slot::start` and `Slot::given`.
 #![allow(unsafe_code)]
 
-use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+mod sync;
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+
+use sync::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, UnsafeCell,
+};
 
 use tracing_core::span::Attributes;
 use tracing_core::Metadata;
@@ -167,16 +179,19 @@ impl Slot {
         self.given_carried.store(false, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
-        // SAFETY: the caller makes the span, so no other thread can reach
-        // the slot yet, and every use of its previous span happened before
-        // (module docs): this is the only reference to `given`.
-        let given = unsafe { &mut *self.given.get() };
-        given.clear();
-        // (A callsite without fields has no values: no visit of the
-        // value set to find out.)
-        if !meta.fields().is_empty() && !attrs.values().is_empty() {
-            attrs.record(&mut Visitor(&mut Collect(given)));
-        }
+        self.given.with_mut(|given| {
+            // SAFETY: the caller makes the span, so no other thread can
+            // reach the slot yet, and every use of its previous span
+            // happened before (module docs): this is the only reference to
+            // `given`.
+            let given = unsafe { &mut *given };
+            given.clear();
+            // (A callsite without fields has no values: no visit of the
+            // value set to find out.)
+            if !meta.fields().is_empty() && !attrs.values().is_empty() {
+                attrs.record(&mut Visitor(&mut Collect(given)));
+            }
+        });
         if callsite.is_none() {
             let mut rest = self.rest();
             rest.fields.clear();
@@ -234,7 +249,7 @@ impl Slot {
         // reached, and a slot is reached only through a live span (module
         // docs), whose start happened before: nothing writes it while this
         // borrow (bounded by the caller's use of the span) lives.
-        unsafe { &*self.given.get() }
+        self.given.with(|given| unsafe { &*given })
     }
 
     /// The span's metadata and category.
@@ -342,7 +357,7 @@ impl Drop for Closing<'_> {
     }
 }
 
-thread_local! {
+sync::thread_local! {
     /// A byte whose address tells the thread ([`this_thread`]).
     static THREAD: u8 = const { 0 };
 }
@@ -355,7 +370,15 @@ fn this_thread() -> usize {
 }
 
 /// Lanes held by live threads, one bit each (module docs).
+#[cfg(not(loom))]
 static LANES_HELD: AtomicU8 = AtomicU8::new(0);
+#[cfg(loom)]
+loom::lazy_static! {
+    /// Lanes held by live threads: one set per execution of a model,
+    /// leaked (loom drops its statics before the thread-locals of a
+    /// model's main thread, whose lane goes back after).
+    static ref LANES_HELD: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+}
 /// [`Lane`] of a thread holding none.
 const NO_LANE: u8 = u8::MAX;
 
@@ -423,7 +446,7 @@ impl Drop for Lane {
     }
 }
 
-thread_local! {
+sync::thread_local! {
     /// The calling thread's lane.
     static LANE: Lane = const { Lane::new(&LANES_HELD) };
 }
@@ -519,7 +542,10 @@ impl SpanTable {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, loom))]
+mod loom_model;
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
