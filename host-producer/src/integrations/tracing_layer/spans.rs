@@ -540,6 +540,15 @@ impl SpanTable {
             k.store(0, Ordering::Release);
         }
     }
+
+    /// How many keys hold a span (none once every span closed).
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.keys
+            .iter()
+            .filter(|k| k.load(Ordering::Relaxed) != 0)
+            .count()
+    }
 }
 
 #[cfg(all(test, loom))]
