@@ -206,6 +206,12 @@ impl ChildProcess {
         }
     }
 
+    /// Whether the process's stderr, all of it, holds `needle`.
+    pub fn stderr_contains(&self, needle: &str) -> bool {
+        std::fs::read(&self.stderr_log)
+            .is_ok_and(|log| String::from_utf8_lossy(&log).contains(needle))
+    }
+
     /// The last few KiB of the process's stderr.
     pub fn stderr_tail(&self) -> String {
         let Ok(mut file) = File::open(&self.stderr_log) else {

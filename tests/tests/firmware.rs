@@ -625,7 +625,6 @@ fn firmware_readme_walkthrough() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let port = scenario::free_tcp_port().expect("a free port");
     let psram = root.join("fw-ram");
     let record = root.join("project");
 
@@ -658,9 +657,49 @@ fn firmware_readme_walkthrough() {
                 std::fs::write(&file, patched).expect("write");
             }
             walkthrough::Step::Commands { group, script } => {
-                let script = script
-                    .replace("/dev/shm/fw-ram", &psram.display().to_string())
-                    .replace("127.0.0.1:4444", &format!("127.0.0.1:{port}"));
+                let script = script.replace("/dev/shm/fw-ram", &psram.display().to_string());
+                let cwd = project.clone().unwrap_or_else(|| root.clone());
+                let run = |port: u16| -> shmtrace_tests::Result<()> {
+                    let script = script.replace("127.0.0.1:4444", &format!("127.0.0.1:{port}"));
+                    // All output to the log; background jobs stopped at the
+                    // end, also when a command fails; the directory the
+                    // commands end in is the project (`cd` in the first
+                    // group).
+                    let full = format!(
+                        "exec 1>&2\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n{script}\
+                         pwd > '{}'\n",
+                        record.display()
+                    );
+                    let mut command = Command::new("bash");
+                    command
+                        .args(["-e", "-c", &full])
+                        .current_dir(&cwd)
+                        .env("PATH", &path)
+                        .env("PERFETTO_PRODUCER_SOCK_NAME", root.join("producer.sock"))
+                        .env("PERFETTO_CONSUMER_SOCK_NAME", root.join("consumer.sock"))
+                        .env_remove("RUSTFLAGS")
+                        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                        .env_remove("CARGO_BUILD_TARGET")
+                        .env_remove("CARGO_TARGET_DIR");
+                    let mut run = ChildProcess::spawn(&format!("commands {group}"), command, &root)
+                        .expect("bash");
+                    match run.expect_success(WALKTHROUGH_TIMEOUT) {
+                        // QEMU lost the port to another process between its
+                        // pick and QEMU's bind: with_free_port tries again.
+                        Err(e) if run.stderr_contains("Address already in use") => Err(e),
+                        result => {
+                            result
+                                .unwrap_or_else(|e| panic!("the README's `{group}` commands: {e}"));
+                            Ok(())
+                        }
+                    }
+                };
+                if script.contains("127.0.0.1:4444") {
+                    scenario::with_free_port(&format!("the README's `{group}` commands"), run)
+                        .unwrap_or_else(|e| panic!("the README's `{group}` commands: {e}"));
+                } else {
+                    run(0).expect("commands without a port");
+                }
                 let words: Vec<&str> = script.split_whitespace().collect();
                 traces.extend(
                     words
@@ -668,30 +707,6 @@ fn firmware_readme_walkthrough() {
                         .filter(|w| w[0] == "-o")
                         .map(|w| w[1].to_owned()),
                 );
-                let cwd = project.clone().unwrap_or_else(|| root.clone());
-                // All output to the log; background jobs stopped at the end,
-                // also when a command fails; the directory the commands
-                // end in is the project (`cd` in the first group).
-                let full = format!(
-                    "exec 1>&2\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT\n{script}\
-                     pwd > '{}'\n",
-                    record.display()
-                );
-                let mut command = Command::new("bash");
-                command
-                    .args(["-e", "-c", &full])
-                    .current_dir(&cwd)
-                    .env("PATH", &path)
-                    .env("PERFETTO_PRODUCER_SOCK_NAME", root.join("producer.sock"))
-                    .env("PERFETTO_CONSUMER_SOCK_NAME", root.join("consumer.sock"))
-                    .env_remove("RUSTFLAGS")
-                    .env_remove("CARGO_ENCODED_RUSTFLAGS")
-                    .env_remove("CARGO_BUILD_TARGET")
-                    .env_remove("CARGO_TARGET_DIR");
-                let mut run = ChildProcess::spawn(&format!("commands {group}"), command, &root)
-                    .expect("bash");
-                run.expect_success(WALKTHROUGH_TIMEOUT)
-                    .unwrap_or_else(|e| panic!("the README's `{group}` commands: {e}"));
                 if project.is_none() {
                     let made = PathBuf::from(
                         std::fs::read_to_string(&record)

@@ -176,6 +176,14 @@ where
     }
 }
 
+#[cfg(test)]
+impl<S> TracingLayer<S> {
+    /// How many keys of its span table hold a span.
+    pub(crate) fn spans_held(&self) -> usize {
+        self.inner.inner().spans.held()
+    }
+}
+
 impl<S> Default for TracingLayer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,

@@ -619,3 +619,271 @@ fn a_span_field_s_debug_runs_once() {
     );
     lb.shutdown();
 }
+
+/// What the trace holds of one span of [`spans_crossing_threads`].
+#[derive(Default, Debug)]
+struct SpanSeen {
+    /// Its slices on threads' tracks.
+    slices: Vec<Slice>,
+    /// Its whole-life slices: (`k`, `r`, begin time).
+    whole: Vec<(Option<u64>, Option<u64>, u64)>,
+}
+
+/// A span's slice on a thread's track.
+#[derive(Debug)]
+struct Slice {
+    /// Who entered (the `step` of the `inside` instant in it).
+    step: u64,
+    /// Whether its begin carried the span's given field `k`.
+    given: bool,
+    /// Its begin's time (BOOTTIME ns).
+    begin_ns: u64,
+    /// Its end's `r`.
+    end_r: Option<u64>,
+}
+
+/// The slice begun on a thread's track and not ended yet.
+struct Open {
+    /// Its begin's `k`.
+    k: Option<u64>,
+    begin_ns: u64,
+    /// The span and step of the `inside` instant in it.
+    inside: Option<(u64, u64)>,
+}
+
+/// Spans made, handed between threads, entered, recorded into and closed
+/// on more threads than the span table has lanes (so threads without one,
+/// and shared keys), in two waves: the second's threads take the lanes the
+/// first's gave back while spans the first made still hold keys, and
+/// enter those. Span `k` is entered by the thread that made it not at all
+/// (`k % 3 == 0`), before it hands it on (`1`) or while the next thread
+/// may be entering it too (`2`); the next thread enters it, records `r`
+/// into it and drops it; every fourth of the first wave is entered again
+/// by a thread of the second. Every span's slices nest on their thread's
+/// track (an `inside` instant in each names it); its given field rides on
+/// its first slice (on the first two with `k % 3 == 2`, when both first
+/// enters find the other's count still 0), `r` on the end of the slice it
+/// was recorded in, or, entered more than once, both on its whole-life
+/// slice, which starts when its first slice does; no span, slice or
+/// packet is lost, and every key of the table is free after.
+#[test]
+fn spans_crossing_threads() {
+    use std::sync::mpsc::{channel, Receiver, Sender};
+    use tracing::field::Empty;
+    /// More than the table's lanes (4).
+    const THREADS: u64 = 8;
+    const SPANS: u64 = 300;
+    const WAVE: u64 = THREADS * SPANS;
+    type Handed = (u64, tracing::Span);
+    let _s = serial();
+    let lb = Loopback::new(8 << 20, PageLayout::Div1, false);
+    let dispatch = tracing::Dispatch::new(subscriber());
+    lb.start_track_event(431, 1, TrackEventConfig::default());
+    let dropped = crate::stats().packets_dropped;
+    fn inside(k: u64, step: u64) {
+        tracing::info!(target: "tl.stress", inside = k, step);
+    }
+    fn received((k, span): (u64, tracing::Span)) {
+        let _in = span.enter();
+        span.record("r", k);
+        inside(k, 1);
+    }
+    // One thread of a wave: makes its spans and hands them to `next`,
+    // enters what `rx` brings, then `parked` (first-wave spans).
+    let worker = |wave: u64,
+                  i: u64,
+                  next: Sender<Handed>,
+                  rx: Receiver<Handed>,
+                  park: Option<Sender<Handed>>,
+                  parked: Vec<Handed>| {
+        let dispatch = dispatch.clone();
+        std::thread::spawn(move || {
+            tracing::dispatcher::with_default(&dispatch, || {
+                for j in 0..SPANS {
+                    let k = wave * WAVE + i * SPANS + j;
+                    let span = tracing::info_span!(target: "tl.stress", "stress", k, r = Empty);
+                    if k % 3 == 1 {
+                        let _in = span.enter();
+                        inside(k, 0);
+                    }
+                    if let Some(park) = park.as_ref().filter(|_| k % 4 == 0) {
+                        park.send((k, span.clone())).expect("main parks it");
+                    }
+                    let again = (k % 3 == 2).then(|| span.clone());
+                    next.send((k, span)).expect("the next thread");
+                    if let Some(span) = again {
+                        let _in = span.enter();
+                        inside(k, 0);
+                    }
+                    while let Ok(handed) = rx.try_recv() {
+                        received(handed);
+                    }
+                }
+                drop(next);
+                rx.into_iter().for_each(received);
+                for (k, span) in parked {
+                    let _in = span.enter();
+                    inside(k, 2);
+                }
+            })
+        })
+    };
+    // First-wave spans for the second (the first wave's threads hold the
+    // senders).
+    let (park, parked) = channel();
+    let mut park = Some(park);
+    for wave in 0..2 {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| channel()).unzip();
+        let mut shares: Vec<Vec<Handed>> = (0..THREADS).map(|_| Vec::new()).collect();
+        if wave == 1 {
+            for (n, handed) in parked.try_iter().enumerate() {
+                shares[n % THREADS as usize].push(handed);
+            }
+        }
+        let mut receivers: Vec<Option<Receiver<Handed>>> =
+            receivers.into_iter().map(Some).collect();
+        let threads: Vec<_> = (0..THREADS)
+            .zip(shares)
+            .map(|(i, share)| {
+                let next = senders[((i + 1) % THREADS) as usize].clone();
+                let rx = receivers[i as usize].take().expect("one receiver each");
+                worker(wave, i, next, rx, park.clone(), share)
+            })
+            .collect();
+        drop(senders);
+        park = None;
+        for t in threads {
+            t.join().expect("a worker");
+        }
+    }
+    let layer = dispatch
+        .downcast_ref::<TracingLayer<tracing_subscriber::Registry>>()
+        .expect("the layer");
+    assert_eq!(layer.spans_held(), 0, "table keys still held");
+    runtime().stop_data_source(431);
+    assert_eq!(crate::stats().packets_dropped, dropped, "packets dropped");
+
+    use crate::EventType as T;
+    let (begin, end, instant) = (T::SliceBegin as i32, T::SliceEnd as i32, T::Instant as i32);
+    let mut spans: std::collections::BTreeMap<u64, SpanSeen> = Default::default();
+    let mut close_instants = 0;
+    let sequences = lb.sequences();
+    for seq in sequences.values() {
+        assert_eq!((seq.dropped, seq.gaps), (0, 0), "packets lost");
+        let mut interned = Interned::default();
+        let mut open: Vec<Open> = Vec::new();
+        let mut whole_open = std::collections::HashMap::new();
+        // The sequence's clock 64 (`encoding::event`): BOOTTIME at the
+        // last reset's snapshot, plus the deltas of the events since.
+        let mut clock = 0;
+        for bytes in &seq.packets {
+            let p = ts::TracePacket::decode(&bytes[..]).expect("valid TracePacket");
+            interned.update(&p);
+            if let Some(snapshot) = &p.clock_snapshot {
+                let c64 = snapshot.clocks.iter().find(|c| c.clock_id == Some(64));
+                clock = c64.and_then(|c| c.timestamp).expect("clock 64's base");
+            }
+            let Some(te) = &p.track_event else { continue };
+            let ns = match p.timestamp_clock_id {
+                Some(id) if id != 64 => p.timestamp.expect("a time"),
+                _ => {
+                    clock += p.timestamp.expect("a time");
+                    clock
+                }
+            };
+            let arg = |name: &str| {
+                te.debug_annotations
+                    .iter()
+                    .find(|a| interned.arg_name(a).as_deref() == Some(name))
+                    .and_then(|a| a.uint_value)
+            };
+            let kind = te.r#type.unwrap_or(0);
+            if let Some(track) = te.track_uuid {
+                // A whole-life slice on a track of its own.
+                let depth = whole_open.entry(track).or_insert(0);
+                if kind == begin {
+                    assert_eq!(*depth, 0, "two whole-life slices on one track");
+                    *depth += 1;
+                    let k = arg("k").expect("a whole-life slice carries k");
+                    let whole = (arg("k"), arg("r"), ns);
+                    spans.entry(k).or_default().whole.push(whole);
+                } else {
+                    assert_eq!((kind, *depth), (end, 1), "unbalanced whole-life track");
+                    *depth -= 1;
+                }
+                continue;
+            }
+            if kind == begin {
+                open.push(Open {
+                    k: arg("k"),
+                    begin_ns: ns,
+                    inside: None,
+                });
+            } else if kind == instant {
+                if let Some(k) = arg("inside") {
+                    let top = open.last_mut().expect("an inside instant in no slice");
+                    assert!(top.inside.is_none(), "two spans in one slice");
+                    top.inside = Some((k, arg("step").expect("a step")));
+                } else {
+                    close_instants += 1;
+                }
+            } else if kind == end {
+                let slice = open.pop().expect("an end without a begin");
+                let (k, step) = slice.inside.expect("a slice without its inside instant");
+                spans.entry(k).or_default().slices.push(Slice {
+                    step,
+                    given: slice.k == Some(k),
+                    begin_ns: slice.begin_ns,
+                    end_r: arg("r"),
+                });
+            }
+        }
+        assert!(open.is_empty(), "slices never ended");
+        assert!(
+            whole_open.values().all(|&d| d == 0),
+            "whole-life slices never ended"
+        );
+    }
+    assert_eq!(close_instants, 0, "instants at close");
+    assert_eq!(spans.len() as u64, 2 * WAVE, "spans lost");
+    for (&k, seen) in &spans {
+        let parked = k < WAVE && k % 4 == 0;
+        let mut steps: Vec<u64> = seen.slices.iter().map(|s| s.step).collect();
+        steps.sort_unstable();
+        let mut want = if k % 3 == 0 { vec![1] } else { vec![0, 1] };
+        if parked {
+            want.push(2);
+        }
+        assert_eq!(steps, want, "span {k}'s slices: {seen:?}");
+        let firsts: Vec<&Slice> = seen.slices.iter().filter(|s| s.given).collect();
+        let first_steps: Vec<u64> = firsts.iter().map(|s| s.step).collect();
+        match k % 3 {
+            // Entered in turn: only the first slice carries k.
+            0 => assert_eq!(first_steps, [1], "span {k}: {seen:?}"),
+            1 => assert_eq!(first_steps, [0], "span {k}: {seen:?}"),
+            // Maybe at once: either first, or both.
+            _ => assert!(
+                (1..=2).contains(&first_steps.len()) && first_steps.iter().all(|&s| s < 2),
+                "span {k}: {seen:?}"
+            ),
+        }
+        if k % 3 != 2 {
+            // `r` on the end of the slice it was recorded in.
+            let ends_r: Vec<_> = seen
+                .slices
+                .iter()
+                .filter(|s| s.step == 1)
+                .map(|s| s.end_r)
+                .collect();
+            assert_eq!(ends_r, [Some(k)], "span {k}: {seen:?}");
+        }
+        let whole = if want.len() > 1 {
+            let start = firsts.iter().map(|s| s.begin_ns).min();
+            vec![(Some(k), Some(k), start.expect("a first slice"))]
+        } else {
+            vec![]
+        };
+        assert_eq!(seen.whole, whole, "span {k}'s whole-life slices");
+    }
+    lb.shutdown();
+}

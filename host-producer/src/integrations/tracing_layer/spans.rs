@@ -45,26 +45,49 @@
 //!   owner writes its word, with a load and a store: a span entered on the
 //!   thread that made it (most spans) costs no read-modify-write, which
 //!   costs more than the rest of the count. Other threads add to theirs.
-//!   An enter is the span's first if both words were 0 before it; when
-//!   the owner and another thread first enter the span at the same moment
-//!   both may see the other's word still 0, and then both slices carry the
-//!   span's given fields (each keeps its own first time, and the span's
-//!   life starts at the earlier one): the one way two slices of a span
-//!   both carry them. Every other order (any enter after another, with the
-//!   span handed between the threads in between) finds the earlier one.
-//!   A thread-local's address is reused only by a thread started after
-//!   its owner exited (its memory freed and handed out again in between),
-//!   so two threads never count in the owner's word at once.
+//!   An enter reads the other word before it counts itself in its own,
+//!   and is the span's first if both were 0. Only the owner's first enter
+//!   and the first of the other threads' (whose add returns 0) can be, and
+//!   the earlier of their two reads comes before either count, so at least
+//!   one is. When the owner and another thread first enter the span at the
+//!   same moment both may read the other's word still 0, and then both
+//!   slices carry the span's given fields (each keeps its own first time,
+//!   and the span's life starts at the earlier one): the one way two
+//!   slices of a span both carry them. Every other order (any enter after
+//!   another, with the span handed between the threads in between) finds
+//!   the earlier one. The others' add is a release and the owner's read of
+//!   their word an acquire, so an owner's read that finds another thread's
+//!   count comes after that thread's read of the owner's word, which then
+//!   found 0 (relaxed, each read could in theory find the other's later
+//!   count). (Counting first and reading after, as this table once did,
+//!   let two such enters each find the other's count and neither be the
+//!   first: the span's given fields on no slice and its whole life
+//!   starting at time 0. The loom model, `loom_model`, found it.) A
+//!   thread-local's address is reused only by a thread started after its
+//!   owner exited (its memory freed and handed out again in between), so
+//!   two threads never count in the owner's word at once.
 //! * A span whose group is full has no key: the layer keeps its [`Slot`]
 //!   in the registry's extensions instead (slower, same behaviour).
+//!
+//! The atomics, cell, lock and thread-locals are those of [`sync`]: `std`'s,
+//! or `loom`'s under `RUSTFLAGS="--cfg loom"`, where `loom_model` checks
+//! the protocol above (claims and releases of lane and shared keys, a
+//! lane's hand-over, a span made on one thread and entered on another,
+//! first enters, closes and the reuse of a key) on this code.
 
 // `unsafe`: the lock-free access to a slot's given fields (see the
 // invariants above); two blocks, in `Slot::start` and `Slot::given`.
 #![allow(unsafe_code)]
 
-use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+mod sync;
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+
+use sync::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, UnsafeCell,
+};
 
 use tracing_core::span::Attributes;
 use tracing_core::Metadata;
@@ -156,16 +179,19 @@ impl Slot {
         self.given_carried.store(false, Ordering::Relaxed);
         self.callsite
             .store(callsite.unwrap_or(NO_CALLSITE), Ordering::Relaxed);
-        // SAFETY: the caller makes the span, so no other thread can reach
-        // the slot yet, and every use of its previous span happened before
-        // (module docs): this is the only reference to `given`.
-        let given = unsafe { &mut *self.given.get() };
-        given.clear();
-        // (A callsite without fields has no values: no visit of the
-        // value set to find out.)
-        if !meta.fields().is_empty() && !attrs.values().is_empty() {
-            attrs.record(&mut Visitor(Collect(given)));
-        }
+        self.given.with_mut(|given| {
+            // SAFETY: the caller makes the span, so no other thread can
+            // reach the slot yet, and every use of its previous span
+            // happened before (module docs): this is the only reference to
+            // `given`.
+            let given = unsafe { &mut *given };
+            given.clear();
+            // (A callsite without fields has no values: no visit of the
+            // value set to find out.)
+            if !meta.fields().is_empty() && !attrs.values().is_empty() {
+                attrs.record(&mut Visitor(Collect(given)));
+            }
+        });
         if callsite.is_none() {
             let mut rest = self.rest();
             rest.fields.clear();
@@ -183,13 +209,17 @@ impl Slot {
     /// ([`Slot::first_ns`]).
     #[inline]
     pub(super) fn enter(&self) -> Option<&AtomicU64> {
+        // Each reads the other word before counting itself (module docs).
         if self.owner.load(Ordering::Relaxed) == this_thread() {
             let n = self.own_enters.load(Ordering::Relaxed);
+            // Acquire: pairs with the others' release (module docs).
+            let first = n == 0 && self.other_enters.load(Ordering::Acquire) == 0;
             self.own_enters.store(n.wrapping_add(1), Ordering::Relaxed);
-            (n == 0 && self.other_enters.load(Ordering::Relaxed) == 0).then_some(&self.own_first_ns)
+            first.then_some(&self.own_first_ns)
         } else {
-            let n = self.other_enters.fetch_add(1, Ordering::Relaxed);
-            (n == 0 && self.own_enters.load(Ordering::Relaxed) == 0).then_some(&self.other_first_ns)
+            let own = self.own_enters.load(Ordering::Relaxed);
+            let n = self.other_enters.fetch_add(1, Ordering::Release);
+            (n == 0 && own == 0).then_some(&self.other_first_ns)
         }
     }
 
@@ -219,7 +249,7 @@ impl Slot {
         // reached, and a slot is reached only through a live span (module
         // docs), whose start happened before: nothing writes it while this
         // borrow (bounded by the caller's use of the span) lives.
-        unsafe { &*self.given.get() }
+        self.given.with(|given| unsafe { &*given })
     }
 
     /// The span's metadata and category.
@@ -327,7 +357,7 @@ impl Drop for Closing<'_> {
     }
 }
 
-thread_local! {
+sync::thread_local! {
     /// A byte whose address tells the thread ([`this_thread`]).
     static THREAD: u8 = const { 0 };
 }
@@ -340,7 +370,15 @@ fn this_thread() -> usize {
 }
 
 /// Lanes held by live threads, one bit each (module docs).
+#[cfg(not(loom))]
 static LANES_HELD: AtomicU8 = AtomicU8::new(0);
+#[cfg(loom)]
+loom::lazy_static! {
+    /// Lanes held by live threads: one set per execution of a model,
+    /// leaked (loom drops its statics before the thread-locals of a
+    /// model's main thread, whose lane goes back after).
+    static ref LANES_HELD: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+}
 /// [`Lane`] of a thread holding none.
 const NO_LANE: u8 = u8::MAX;
 
@@ -408,7 +446,7 @@ impl Drop for Lane {
     }
 }
 
-thread_local! {
+sync::thread_local! {
     /// The calling thread's lane.
     static LANE: Lane = const { Lane::new(&LANES_HELD) };
 }
@@ -502,9 +540,21 @@ impl SpanTable {
             k.store(0, Ordering::Release);
         }
     }
+
+    /// How many keys hold a span (none once every span closed).
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.keys
+            .iter()
+            .filter(|k| k.load(Ordering::Relaxed) != 0)
+            .count()
+    }
 }
 
-#[cfg(test)]
+#[cfg(all(test, loom))]
+mod loom_model;
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
