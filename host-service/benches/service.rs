@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, Packets, PageLayout, PageSize};
+use shmtrace_abi::proto::wire::WireType;
+use shmtrace_abi::trace::{tag2, trace_packet};
 use shmtrace_service::ipc::shm::{Adoption, SharedMemory};
 use shmtrace_service::ipc::{Call, PeerCredentials};
 use shmtrace_service::protos::commit_data_request::ChunksToMove;
@@ -43,7 +45,8 @@ fn payload() -> (Vec<u8>, u16) {
     while p.len() + 1 + PACKET <= PAYLOAD {
         p.push(PACKET as u8);
         // A valid TracePacket: field 900 (bytes) with 117 bytes.
-        p.extend_from_slice(&[0xA2, 0x38, 117]);
+        p.extend_from_slice(&tag2(trace_packet::FOR_TESTING, WireType::LengthDelimited));
+        p.push(117);
         p.extend((0..117).map(|i| i as u8));
         count += 1;
     }

@@ -21,9 +21,12 @@ pub const SIZE_FIELD_LEN: usize = 4;
 /// drop sentinel (`kPacketSizeDropPacket`).
 pub const MAX_MESSAGE_LEN: u32 = 0x0FFF_FFFF;
 
+/// Largest value whose varint takes a single byte (`0x7F`).
+pub const MAX_ONE_BYTE_VARINT: u64 = 0x7F;
+
 /// Longest body whose size fits a single byte; nested messages and root
 /// fragments up to this length may be compacted to a 1-byte size.
-pub const MAX_ONE_BYTE_LEN: u32 = 127;
+pub const MAX_ONE_BYTE_LEN: u32 = MAX_ONE_BYTE_VARINT as u32;
 
 /// Largest valid protobuf field number (`2^29 - 1`).
 pub const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
@@ -96,6 +99,39 @@ pub const fn varint_word(value: u32) -> (u32, usize) {
 #[inline(always)]
 pub const fn varint_groups(value: u32) -> u32 {
     (value & 0x7F) | (value << 1 & 0x7F00) | (value << 2 & 0x7F_0000) | (value << 3 & 0x7F00_0000)
+}
+
+/// The minimal varint encoding of `value` (any `u64`), little-endian, in
+/// two words: bytes 0-7 and bytes 8-9, the bytes past the varint's last 0
+/// (it takes [`varint_len`] bytes). An encoder stores the low word's first
+/// `min(len, 8)` bytes, then, for a varint of 9 or 10 bytes, the high
+/// word's first `len - 8`: two stores at most, where [`put_varint`] stores
+/// a byte at a time.
+///
+/// No loop: the seven-bit groups of bits 0-55 are spread one per byte by
+/// three shift-and-mask steps (28, 14, then 7 bits apart), every byte
+/// before the varint's last gets its continuation bit, and bits 56-63 go
+/// to bytes 8 and 9. Out of line and cold: encoders come here for values
+/// above 32 bits (a negative `int64`, a uuid), which are rare.
+#[cold]
+#[inline(never)]
+pub const fn varint_words(value: u64) -> (u64, u16) {
+    let n = varint_len(value);
+    // Bits 0-55, seven to a byte.
+    let x = value & ((1 << 56) - 1);
+    let x = (x & 0x0FFF_FFFF) | (x & 0x00FF_FFFF_F000_0000) << 4;
+    let x = (x & 0x0000_3FFF_0000_3FFF) | (x & 0x0FFF_C000_0FFF_C000) << 2;
+    let x = (x & 0x007F_007F_007F_007F) | (x & 0x3F80_3F80_3F80_3F80) << 1;
+    // Continuation bits on the bytes before the last (of the first 8).
+    let more = match n {
+        9.. => 0x8080_8080_8080_8080,
+        n => 0x8080_8080_8080_8080u64 >> 8 >> (8 * (8 - n)),
+    };
+    // Bits 56-62 in byte 8, with its continuation bit if byte 9 follows
+    // (bit 63, the tenth byte's only one).
+    let high = (value >> 56) as u16;
+    let high = (high & 0x7F) | (high & 0x80) << 1 | if n == 10 { 0x80 } else { 0 };
+    (x | more, high)
 }
 
 /// Writes the minimal varint encoding of `value` at the start of `out` and
@@ -234,7 +270,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn varint_words_are_varints() {
+    fn varint_word_is_the_varint() {
         for v in [
             0u32,
             1,
@@ -264,6 +300,39 @@ mod tests {
         b[..n].to_vec()
     }
 
+    /// [`varint_words`]'s two words as ten bytes.
+    fn words(v: u64) -> [u8; MAX_VARINT_LEN] {
+        let (low, high) = varint_words(v);
+        let mut b = [0u8; MAX_VARINT_LEN];
+        b[..8].copy_from_slice(&low.to_le_bytes());
+        b[8..].copy_from_slice(&high.to_le_bytes());
+        b
+    }
+
+    /// The two words hold [`put_varint`]'s bytes and zeros past them, at
+    /// every length's edges (0, 2^7 - 1, 2^7, ..., 2^63, `u64::MAX`) and
+    /// at every bit; usable in constants.
+    #[test]
+    fn varint_words_are_the_varint() {
+        let mut values = std::vec![0u64, u64::MAX, -10i64 as u64];
+        for k in 1..=9 {
+            values.extend([(1u64 << (7 * k)) - 1, 1u64 << (7 * k)]);
+        }
+        for shift in 0..64 {
+            let bit = 1u64 << shift;
+            values.extend([bit - 1, bit, !bit, 0x5555_5555_5555_5555 >> shift]);
+        }
+        for v in values {
+            let mut want = [0u8; MAX_VARINT_LEN];
+            put_varint(v, &mut want);
+            assert_eq!(words(v), want, "{v:#x}");
+        }
+        const LOW: (u64, u16) = varint_words(300);
+        assert_eq!(LOW, (0x02AC, 0));
+        const MAX: (u64, u16) = varint_words(u64::MAX);
+        assert_eq!(MAX, (u64::MAX, 0x01FF));
+    }
+
     #[test]
     fn varints_match_the_protobuf_spec() {
         assert_eq!(enc(0), [0x00]);
@@ -278,6 +347,13 @@ mod tests {
         );
         // int32 -1 is sign-extended to 64 bits: ten bytes.
         assert_eq!(enc(-1i64 as u64).len(), 10);
+    }
+
+    #[test]
+    fn one_byte_varints_end_at_their_maximum() {
+        assert_eq!(varint_len(MAX_ONE_BYTE_VARINT), 1);
+        assert_eq!(varint_len(MAX_ONE_BYTE_VARINT + 1), 2);
+        assert_eq!(u64::from(MAX_ONE_BYTE_LEN), MAX_ONE_BYTE_VARINT);
     }
 
     #[test]
@@ -391,6 +467,20 @@ mod tests {
             failure_persistence: None,
             ..Default::default()
         })]
+
+        /// [`varint_words`] writes [`put_varint`]'s bytes (and zeros past
+        /// them) for values of every width.
+        #[test]
+        fn varint_words_match_put_varint(bits in 0u32..=64, seed in proptest::num::u64::ANY) {
+            let v = match bits {
+                0 => 0,
+                64 => seed | 1 << 63,
+                b => (seed & ((1u64 << b) - 1)) | 1 << (b - 1),
+            };
+            let mut want = [0u8; MAX_VARINT_LEN];
+            put_varint(v, &mut want);
+            proptest::prop_assert_eq!(words(v), want, "{:#x}", v);
+        }
 
         /// Both decoders agree on any input, and a value decoded from
         /// fewer than ten bytes re-encodes to those bytes when they were

@@ -7,7 +7,7 @@
 //! name (so the same firmware keeps its tracks across resets), or one the
 //! program picks.
 
-use crate::proto::wire::{varint_len, WireType};
+use crate::proto::wire::{varint_len, varint_words, WireType};
 use crate::proto::{Args, Cursor, Target};
 use crate::trace::counter_descriptor::Unit;
 use crate::trace::trace_packet;
@@ -199,15 +199,10 @@ impl Rest {
             };
             return [slow; 6];
         }
-        let mut uuid_field = tag1(track_event::TRACK_UUID, WireType::Varint) as u64;
-        let mut i = 0;
-        let mut v = uuid;
-        while i < len {
-            let more = if i + 1 < len { 0x80 } else { 0 };
-            uuid_field |= ((v & 0x7F) | more) << (8 * (1 + i));
-            v >>= 7;
-            i += 1;
-        }
+        // The tag, then the varint (at most 5 bytes here: the bytes of
+        // its word past them are 0).
+        let uuid_field =
+            tag1(track_event::TRACK_UUID, WireType::Varint) as u64 | varint_words(uuid).0 << 8;
         let field = (uuid_field, (1 + len) as u32);
         let int = Rest::sample_head(tag2(track_event::COUNTER_VALUE, WireType::Varint));
         let dbl = Rest::sample_head(tag2(track_event::DOUBLE_COUNTER_VALUE, WireType::Fixed64));

@@ -722,8 +722,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             })) {
                 Ok(whole) => whole,
                 Err(_) => {
-                    // As `put` does for a drop.
-                    self.out.hold_fast_path(true);
+                    self.dropped();
                     return self.lost();
                 }
             };
@@ -751,8 +750,8 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     }
 
     /// Counts an event lost with one of its packets; `false`. The packet's
-    /// drop held the fast path (in [`Self::put`], or by the caller that
-    /// wrote it), so the sequence restarts with the next event.
+    /// drop held the fast path ([`Self::dropped`]), so the sequence
+    /// restarts with the next event.
     #[cold]
     fn lost(&mut self) -> bool {
         self.stats.events_dropped += 1;
@@ -771,6 +770,14 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
             Ok(false) => self.out.count_dropped(DropReason::PacketTooLong),
             Err(_) => {}
         }
+        self.dropped()
+    }
+
+    /// A packet was dropped (by [`Self::put`], or by a caller that wrote
+    /// it): holds the fast path, so that the sequence restarts with the
+    /// next event; `false`.
+    #[inline(always)]
+    fn dropped(&mut self) -> bool {
         self.out.hold_fast_path(true);
         false
     }

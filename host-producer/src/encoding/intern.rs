@@ -286,32 +286,6 @@ pub struct TrackSet {
     recent_varint: (u64, u16),
 }
 
-/// `v` as a varint, little-endian, in two words: bytes 0-7 and 8-9 (the
-/// bytes past the varint's last are 0). Its seven-bit groups are spread
-/// into bytes by three shift-and-mask steps (28, 14, then 7 bits apart),
-/// and every byte before the last gets its continuation bit: no loop.
-/// (Cold: the encoders' values above 32 bits are rare.)
-#[cold]
-#[inline(never)]
-pub(crate) fn varint_words(v: u64) -> (u64, u16) {
-    let n = shmtrace_abi::proto::wire::varint_len(v);
-    // Bits 0-55, seven to a byte.
-    let x = v & ((1 << 56) - 1);
-    let x = (x & 0x0FFF_FFFF) | (x & 0x00FF_FFFF_F000_0000) << 4;
-    let x = (x & 0x0000_3FFF_0000_3FFF) | (x & 0x0FFF_C000_0FFF_C000) << 2;
-    let x = (x & 0x007F_007F_007F_007F) | (x & 0x3F80_3F80_3F80_3F80) << 1;
-    // Continuation bits on the bytes before the last (of the first 8).
-    let more = match n {
-        9.. => 0x8080_8080_8080_8080,
-        n => 0x8080_8080_8080_8080u64 >> 8 >> (8 * (8 - n)),
-    };
-    // Bits 56-62 and 63, in bytes 8 and 9 (a byte 8 before a byte 9 has
-    // its continuation bit).
-    let high = (v >> 56) as u16;
-    let high = (high & 0x7F) | (high & 0x80) << 1 | if n == 10 { 0x80 } else { 0 };
-    (x | more, high)
-}
-
 impl Default for TrackSet {
     fn default() -> Self {
         Self::new()
@@ -342,7 +316,7 @@ impl TrackSet {
         // Cache only what the table holds (a full table adds nothing).
         self.recent = uuid;
         self.recent_valid = found.is_some();
-        self.recent_varint = varint_words(uuid);
+        self.recent_varint = shmtrace_abi::proto::wire::varint_words(uuid);
         found.is_none_or(|(_, inserted)| inserted)
     }
 
@@ -370,26 +344,6 @@ impl TrackSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The two words hold the varint's bytes, and zeros past them, for
-    /// every length and bit pattern.
-    #[test]
-    fn varint_words_are_the_varint() {
-        let mut values = vec![0u64, u64::MAX, -10i64 as u64];
-        for shift in 0..64 {
-            let bit = 1u64 << shift;
-            values.extend([bit - 1, bit, 0x5555_5555_5555_5555 >> shift, !bit]);
-        }
-        for v in values {
-            let mut want = [0u8; shmtrace_abi::proto::wire::MAX_VARINT_LEN];
-            shmtrace_abi::proto::wire::put_varint(v, &mut want);
-            let (low, high) = varint_words(v);
-            let mut got = [0u8; 10];
-            got[..8].copy_from_slice(&low.to_le_bytes());
-            got[8..].copy_from_slice(&high.to_le_bytes());
-            assert_eq!(got, want, "{v:#x}");
-        }
-    }
 
     #[test]
     fn ids_start_at_one_and_are_stable() {

@@ -89,25 +89,33 @@
 //!   written as its id.
 //! * **No allocation per event** for events whose fields are primitive
 //!   values: an event of a recent trace point is encoded into the chunk as
-//!   `tracing` hands its fields over (a `Debug` value formatted straight
-//!   into it, a message without arguments copied unformatted); otherwise (a first event, a packet too long for the
-//!   chunk's window, ...) fields go to an array on the stack, text to a
-//!   per-thread buffer reused from event to event, and the fields are
-//!   visited again for that (a `Debug` impl then runs once more per
-//!   session instance that declined). An event emitted from a field's
-//!   `Debug` while the outer event is being encoded is not written then:
-//!   the outer event goes the collecting way instead, whose visit emits
-//!   the inner event again, when it can be written (other layers see it
-//!   once per visit). A span entered or exited from a field's `Debug`
-//!   while the outer event is being encoded finds the thread's writer
-//!   taken: that slice begin or end is dropped and counted
-//!   (`ProducerStats::reentrant_drops`). A span's state is a slot of the
-//!   layer's own table (`spans`), found by span id without the registry:
-//!   making, entering, exiting and closing a span allocate nothing once
-//!   the slot's buffers have grown (fields, text values, flows; beyond
-//!   the per-thread stack's growth to its deepest nesting). A span whose
-//!   table group is full keeps its state in the registry's extensions
-//!   instead (one allocation when made).
+//!   `tracing` hands its fields over (a message without arguments copied
+//!   unformatted, a `Debug` value formatted into a per-thread buffer
+//!   reused from event to event, then copied); otherwise (a first event,
+//!   a packet too long for the chunk's window, ...) fields go to an array
+//!   on the stack, text to that buffer, and the fields are visited again
+//!   for that. A span's state is a slot of the layer's own table
+//!   (`spans`), found by span id without the registry: making, entering,
+//!   exiting and closing a span allocate nothing once the slot's buffers
+//!   have grown (fields, text values, flows; beyond the per-thread stack's
+//!   growth to its deepest nesting). A span whose table group is full
+//!   keeps its state in the registry's extensions instead (one allocation
+//!   when made).
+//! * **A field's `Debug` runs once** per event, span or `record` call,
+//!   however many times its fields are visited (one visit per session
+//!   instance, another for a packet that did not fit in place, another to
+//!   collect them for the instances that declined): the first visit's
+//!   text is kept and handed over by the others (`fields`). So a `Debug`
+//!   impl whose output changes from call to call shows its first call's
+//!   output in every session's packet.
+//! * **Re-entry.** An event emitted from a field's `Debug` while the outer
+//!   event is being encoded (the thread's writer taken) is collected then
+//!   (its own fields formatted once) and written right after the outer
+//!   one, which is written the collecting way (its texts as first
+//!   formatted). A span entered or exited from a field's `Debug` while the
+//!   outer event is being encoded finds the thread's writer taken: that
+//!   slice begin or end is dropped and counted
+//!   (`ProducerStats::reentrant_drops`).
 
 mod callsites;
 mod fields;
@@ -130,7 +138,7 @@ use crate::integrations::target_category;
 use crate::track_event::{__event, __event_at, __flat_event_in, __slice_end, __streamed_event};
 use crate::{Arg, Category, EventName, EventType, Flow, Timestamp, Track};
 
-use fields::{Args, Collect, EventFields, EventVisit, Visitor};
+use fields::{Args, EventVisit};
 use spans::{Slot, SpanTable};
 
 /// A [`tracing_subscriber::Layer`] writing `tracing` spans and events as
@@ -614,7 +622,7 @@ where
             return;
         }
         if EventVisit::reentered() {
-            return;
+            return fields::defer(event, meta, category);
         }
         const INSTANT: u8 = EventType::Instant as u8;
         let ns = crate::clock::now_ns();
@@ -623,10 +631,12 @@ where
         let declined = __streamed_event::<INSTANT, _>(category, mask, site, &visit, ns);
         if declined != 0 {
             let head = ("level", meta.level().as_str());
-            let mut fields = EventFields::new();
-            event.record(&mut Visitor(&mut Collect(&mut fields)));
+            let fields = visit.collect();
             let args = fields.args(head);
             __flat_event_in::<INSTANT>(category, declined, site, meta.name(), &args, ns);
+            drop(fields);
+            // Events from its fields' `Debug` (they made it decline).
+            fields::write_deferred();
         }
     }
 

@@ -4,9 +4,13 @@
 
 mod abi_parity;
 mod alloc;
+#[cfg(any(feature = "tracing", feature = "log"))]
+mod changing;
 mod descriptor;
 mod forward;
 mod hostile;
+#[cfg(feature = "log")]
+mod logger;
 mod loopback;
 mod names;
 mod perf;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use prost::Message as _;
 use shmtrace_abi::layout::PageLayout;
-use shmtrace_abi::trace::trace_packet;
+use shmtrace_abi::proto::wire::WireType;
+use shmtrace_abi::trace::{tag1, tag2, trace_packet};
 
 use super::loopback::{serial, Loopback, Sequence};
 use crate::connection::outbox::Outgoing;
@@ -935,7 +936,9 @@ fn custom_data_source_callbacks_config_and_raw_packets() {
             assert_eq!(ctx.config().raw, [1, 2, 3]);
             assert_eq!(ctx.take_incremental_state_cleared(), i == 0);
             // TracePacket { timestamp = i, for_testing = "r" } as raw bytes.
-            assert!(ctx.raw_packet(&[0x40, i as u8, 0xA2, 0x38, 0x01, b'r']));
+            let [t0, t1] = tag2(trace_packet::FOR_TESTING, WireType::LengthDelimited);
+            let time = tag1(trace_packet::TIMESTAMP, WireType::Varint);
+            assert!(ctx.raw_packet(&[time, i as u8, t0, t1, 0x01, b'r']));
             seen.fetch_add(1, Ordering::Relaxed);
         });
     }

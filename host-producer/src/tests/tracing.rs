@@ -8,6 +8,7 @@ use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt as _;
 
 use super::alloc::allocations;
+use super::changing::{texts_in, Changing};
 use super::loopback::{serial, Loopback};
 use crate::runtime::runtime;
 use crate::test_schema::{self as ts, Interned};
@@ -421,9 +422,15 @@ thread_local! {
 /// inner event).
 struct Emits(bool);
 
+thread_local! {
+    /// Calls of [`Emits`]' `Debug` on this thread.
+    static EMITS_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl std::fmt::Debug for Emits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use tracing::callsite::Callsite as _;
+        EMITS_CALLS.with(|c| c.set(c.get() + 1));
         let callsite = tracing::callsite!(
             name: "inner",
             kind: tracing::metadata::Kind::EVENT,
@@ -460,7 +467,8 @@ impl std::fmt::Debug for Panics {
 /// A field's `Debug` that panics while its event is streamed into the
 /// chunk (its trace point made recent by the events before it), the panic
 /// caught as a runtime would, costs that event only: the thread's later
-/// events are written, none taken for a re-entered one.
+/// events are written, none taken for a re-entered one, each with the
+/// text its own `Debug` wrote (not the one formatted before the panic).
 #[test]
 fn a_panicking_field_costs_its_own_event_only() {
     let _s = serial();
@@ -469,13 +477,16 @@ fn a_panicking_field_costs_its_own_event_only() {
     tracing::dispatcher::with_default(&dispatch, || {
         lb.start_track_event(425, 1, TrackEventConfig::default());
         let before = crate::stats().reentrant_drops;
-        let event = |panics: bool| tracing::info!(target: "tl.panics", v = ?Panics(panics));
-        event(false);
-        event(false);
-        let caught = std::panic::catch_unwind(|| event(true));
+        let event = |n: usize, panics: bool| {
+            let text = Changing::from_call(n);
+            tracing::info!(target: "tl.panics", text = ?text, v = ?Panics(panics));
+        };
+        event(0, false);
+        event(1, false);
+        let caught = std::panic::catch_unwind(|| event(2, true));
         assert!(caught.is_err(), "the field's Debug did not panic");
-        event(false);
-        event(false);
+        event(3, false);
+        event(4, false);
         assert_eq!(
             crate::stats().reentrant_drops,
             before,
@@ -483,27 +494,24 @@ fn a_panicking_field_costs_its_own_event_only() {
         );
         runtime().stop_data_source(425);
     });
-    let values: Vec<Vec<String>> = events_in(&lb, "tl.panics")
-        .into_iter()
-        .map(|(_, _, a)| a)
-        .collect();
-    assert_eq!(values.len(), 4, "{values:#?}");
+    let want: Vec<String> = [0, 1, 3, 4].into_iter().map(Changing::text).collect();
+    assert_eq!(texts_in(&lb, "tl.panics", "text"), [want]);
     lb.shutdown();
 }
 
-/// An event emitted by a field's `Debug` while the layer writes the
-/// outer event is recorded once, before the outer one: the outer event's
-/// fields would be streamed into the chunk (its trace point's first two
-/// events, whose field emits nothing, made it recent), so the stream
-/// declines, and the fields are collected after all, outside the writer;
-/// and again when they are collected in the first place (the outer event
-/// then stamped before the inner one, so written by the general path).
+/// An event emitted by a field's `Debug` while the layer writes the outer
+/// event is recorded once, after the outer one: the outer event's fields
+/// are streamed into the chunk (its trace point's first two events, whose
+/// field emits nothing, made it recent) with the thread's writer taken, so
+/// the inner event is collected then and written once the outer one is.
+/// The outer field's `Debug` runs once per event.
 #[test]
 fn an_event_from_a_field_s_debug_is_recorded() {
     let _s = serial();
     let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
     let dispatch = tracing::Dispatch::new(subscriber());
     INNER.with(|d| *d.borrow_mut() = Some(dispatch.clone()));
+    let calls = EMITS_CALLS.with(|c| c.get());
     tracing::dispatcher::with_default(&dispatch, || {
         lb.start_track_event(424, 1, TrackEventConfig::default());
         let before = crate::stats().reentrant_drops;
@@ -518,6 +526,7 @@ fn an_event_from_a_field_s_debug_is_recorded() {
         runtime().stop_data_source(424);
     });
     INNER.with(|d| d.borrow_mut().take());
+    assert_eq!(EMITS_CALLS.with(|c| c.get()) - calls, 4, "`Debug` calls");
     let events = events_in(&lb, "tl.reenter");
     let i = crate::EventType::Instant as i32;
     let kinds: Vec<(i32, Vec<String>)> = events.into_iter().map(|(k, _, a)| (k, a)).collect();
@@ -527,12 +536,86 @@ fn an_event_from_a_field_s_debug_is_recorded() {
         [
             one("outer"),
             one("outer"),
-            one("inner"),
             one("outer"),
             one("inner"),
-            one("outer")
+            one("outer"),
+            one("inner")
         ],
         "{kinds:#?}"
+    );
+    lb.shutdown();
+}
+
+/// An event field's `Debug` runs once per event, however the event is
+/// written: in place, through the scratch buffer after its text turned out
+/// too long for a window, collected for the general path (the trace
+/// point's first events, a field whose name was not interned yet), into
+/// each of two sessions. Each packet decodes, with the text of the call.
+#[test]
+fn an_event_field_s_debug_runs_once() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        lb.start_track_event(428, 1, TrackEventConfig::default());
+        lb.start_track_event(429, 2, TrackEventConfig::default());
+        for i in 0..20 {
+            let value = Changing::from_call(i);
+            // A field given from the eighth event on: its name is not
+            // interned when the trace point's head is recent.
+            let late = (i >= 8).then_some(i as u64);
+            tracing::info!(target: "tl.once", count = i as u64, v = ?value, late, "event");
+            assert_eq!(value.calls.get(), i + 1, "`Debug` calls of event {i}");
+        }
+        runtime().stop_data_source(428);
+        runtime().stop_data_source(429);
+    });
+    let want: Vec<String> = (0..20).map(Changing::text).collect();
+    assert_eq!(texts_in(&lb, "tl.once", "v"), [want.clone(), want]);
+    lb.shutdown();
+}
+
+/// A span field's `Debug` runs once when the span is made and once per
+/// `record`, however many slices carry the value (a span entered twice:
+/// its first slice, and its whole-life slice at close; a recorded value
+/// on the end of the slice it was recorded in, and on the whole-life
+/// slice), into each of two sessions.
+#[test]
+fn a_span_field_s_debug_runs_once() {
+    let _s = serial();
+    let lb = Loopback::new(1 << 20, PageLayout::Div1, false);
+    tracing::subscriber::with_default(subscriber(), || {
+        lb.start_track_event(430, 1, TrackEventConfig::default());
+        lb.start_track_event(431, 2, TrackEventConfig::default());
+        for i in 0..5 {
+            let given = Changing::from_call(i);
+            let recorded = Changing::from_call(i + 10);
+            let span = tracing::info_span!(target: "tl.span_once", "s", g = ?given, r = tracing::field::Empty);
+            assert_eq!(given.calls.get(), i + 1, "`Debug` calls of span {i}");
+            {
+                let _entered = span.enter();
+                span.record("r", tracing::field::debug(&recorded));
+            }
+            drop(span.enter());
+            drop(span);
+            assert_eq!(given.calls.get(), i + 1, "`Debug` calls of span {i}");
+            assert_eq!(recorded.calls.get(), i + 11, "`Debug` calls of span {i}");
+        }
+        runtime().stop_data_source(430);
+        runtime().stop_data_source(431);
+    });
+    // Each span: its given value on its first slice and its whole-life
+    // slice, the recorded one on its first slice's end and the whole-life
+    // slice.
+    let given: Vec<String> = (0..5)
+        .flat_map(|i| std::iter::repeat_n(Changing::text(i), 2))
+        .collect();
+    let recorded: Vec<String> = (0..5)
+        .flat_map(|i| std::iter::repeat_n(Changing::text(i + 10), 2))
+        .collect();
+    assert_eq!(texts_in(&lb, "tl.span_once", "g"), [given.clone(), given]);
+    assert_eq!(
+        texts_in(&lb, "tl.span_once", "r"),
+        [recorded.clone(), recorded]
     );
     lb.shutdown();
 }

@@ -40,7 +40,8 @@ use crate::protos::{
     InitializeConnectionRequest, ReadBuffersResponse, RegisterDataSourceRequest,
     RegisterTraceWriterRequest, TraceConfig,
 };
-use shmtrace_abi::proto::wire::{read_varint, VarintError};
+use shmtrace_abi::proto::wire::{read_varint, VarintError, WireType};
+use shmtrace_abi::trace::tag2;
 
 /// A byte reader that never fails (zeros once exhausted).
 struct Input<'a>(&'a [u8]);
@@ -309,6 +310,13 @@ pub fn packet_validator(data: &[u8]) {
     }
 }
 
+/// The tag of the one field (bytes) of the honest SMB producer's packets
+/// in [`smb_commit`]: a field no schema names, which the validator lets
+/// through.
+const SMB_PACKET_TAG: [u8; 2] = tag2(905, WireType::LengthDelimited);
+/// [`SMB_PACKET_TAG`] for the honest emulated producer's packets.
+const INLINE_PACKET_TAG: [u8; 2] = tag2(906, WireType::LengthDelimited);
+
 /// See the module docs.
 pub fn smb_commit(data: &[u8]) {
     let mut input = Input(data);
@@ -323,10 +331,11 @@ pub fn smb_commit(data: &[u8]) {
                 // The honest producer commits a chunk with one packet.
                 let n = usize::from(input.u8() % 60) + 1;
                 let packet = input.bytes(n);
-                let mut payload = vec![packet.len() as u8 + 3, 0xCA, 0x38];
+                let [t0, t1] = SMB_PACKET_TAG;
+                let mut payload = vec![packet.len() as u8 + 3, t0, t1];
                 payload.push(packet.len() as u8);
                 payload.extend_from_slice(&packet);
-                let mut whole = vec![0xCA, 0x38, packet.len() as u8];
+                let mut whole = vec![t0, t1, packet.len() as u8];
                 whole.extend_from_slice(&packet);
                 if w.honest_commit(next_chunk, &payload) {
                     expected.push(whole);
@@ -377,10 +386,11 @@ pub fn smb_commit(data: &[u8]) {
                 let n = usize::from(input.u8() % 60) + 1;
                 let packet = input.bytes(n);
                 let mut chunk = one_fragment_header(next_remote_chunk).to_vec();
-                chunk.extend_from_slice(&[packet.len() as u8 + 3, 0xD2, 0x38]);
+                let [t0, t1] = INLINE_PACKET_TAG;
+                chunk.extend_from_slice(&[packet.len() as u8 + 3, t0, t1]);
                 chunk.push(packet.len() as u8);
                 chunk.extend_from_slice(&packet);
-                let mut whole = vec![0xD2, 0x38, packet.len() as u8];
+                let mut whole = vec![t0, t1, packet.len() as u8];
                 whole.extend_from_slice(&packet);
                 expected_remote.push(whole);
                 next_remote_chunk += 1;

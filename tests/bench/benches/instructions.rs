@@ -75,6 +75,15 @@ fn phase_layer_event_wide(n: u64) {
     }
 }
 
+/// An event whose message has an argument: a `Debug` value (the
+/// message's `fmt::Arguments`) formatted into the packet.
+#[inline(never)]
+fn phase_layer_event_fmt(n: u64) {
+    for i in 0..n {
+        tracing::info!(count = i, label = "value", "event {i}");
+    }
+}
+
 #[inline(never)]
 fn phase_layer_span(n: u64) {
     for _ in 0..n {
@@ -225,6 +234,7 @@ fn main() {
     let bare = Dispatch::new(tracing_subscriber::registry());
     run("layer event", n, Some(&ours), phase_layer_event);
     run("layer event wide", n, Some(&ours), phase_layer_event_wide);
+    run("layer event fmt", n, Some(&ours), phase_layer_event_fmt);
     run("layer span", n, Some(&ours), phase_layer_span);
     run("layer span2", n, Some(&ours), phase_layer_span2);
     run("bare event", n, Some(&bare), phase_bare_event);

@@ -8,6 +8,7 @@
 //! event) whenever an event needs more than it handles.
 
 use super::*;
+use shmtrace_abi::proto::wire::{self, MAX_ONE_BYTE_LEN, MAX_ONE_BYTE_VARINT};
 
 /// Constant tags of the fast path, from the trace vocabulary.
 const TAG_TIMESTAMP: u8 = tag1(trace_packet::TIMESTAMP, WireType::Varint);
@@ -39,7 +40,7 @@ const TAG_ARG_POINTER: u8 = tag1(debug_annotation::POINTER_VALUE, WireType::Vari
 /// Bytes of `v` as a varint.
 #[inline(always)]
 pub(super) fn varint_len(v: u64) -> u8 {
-    shmtrace_abi::proto::wire::varint_len(v) as u8
+    wire::varint_len(v) as u8
 }
 
 /// Appends varint `v` through `f`, keeping the cursor in registers.
@@ -57,20 +58,24 @@ pub(super) fn varint_len(v: u64) -> u8 {
 #[inline(always)]
 pub(super) fn put_varint<T: Target>(f: &mut Cursor<T>, v: u64) {
     if v < 1 << 28 {
-        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
+        let (word, n) = wire::varint_word(v as u32);
         f.word32(word, n);
         return;
     }
     match u32::try_from(v) {
         Ok(v) => f.varint32(v),
-        Err(_) => {
-            let (low, high) = crate::encoding::intern::varint_words(v);
-            let n = usize::from(varint_len(v));
-            f.word(low, n.min(8));
-            if n > 8 {
-                f.word(u64::from(high), n - 8);
-            }
-        }
+        Err(_) => put_varint_words(f, wire::varint_words(v), varint_len(v)),
+    }
+}
+
+/// Appends a varint of `n` bytes held in two words (`words`, as
+/// [`wire::varint_words`] makes them): two stores at most.
+#[inline(always)]
+fn put_varint_words<T: Target>(f: &mut Cursor<T>, (low, high): (u64, u16), n: u8) {
+    let n = usize::from(n);
+    f.word(low, n.min(8));
+    if n > 8 {
+        f.word(u64::from(high), n - 8);
     }
 }
 
@@ -129,7 +134,7 @@ pub(super) fn put_annotation_start_sized<T: Target>(
     value: usize,
 ) {
     // Most: a one-byte id and length, four bytes in one store.
-    if name_iid < 0x80 && value < 0x80 - 2 {
+    if name_iid <= MAX_ONE_BYTE_VARINT && value <= MAX_ONE_BYTE_LEN as usize - 2 {
         let start = [
             TAG_DEBUG_ANNOTATIONS,
             2 + value as u8,
@@ -157,51 +162,127 @@ pub(super) fn put_annotation_start<T: Target>(f: &mut Cursor<T>, name_iid: u64) 
     a
 }
 
-/// Appends a flat debug annotation value (its tag and contents) with the
-/// cursor's inlined byte writers only. [`encode::arg_value`] writes the
-/// same bytes through the cursor's field writers, which the compiler may
-/// leave out of line; a call that takes the cursor by reference keeps the
-/// cursor in memory for the whole inlined encoder (see [`put_varint`]).
-#[inline(always)]
-pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
-    use encode::ArgValue as A;
-    match value {
-        A::Bool(b) => f.byte2([TAG_ARG_BOOL, u8::from(b)]),
-        A::Uint(u) => {
-            f.byte(TAG_ARG_UINT);
-            put_varint(f, u);
+/// A flat debug annotation value's bytes ([`ArgBytes::with`]): its first
+/// `head_len` bytes (at most 8: its tag and its varint, or the start of
+/// either) in `head`, then `tail`. The one definition of how a flat value
+/// is encoded: [`ArgBytes::put`] writes these bytes and [`ArgBytes::len`]
+/// counts them, so the size an annotation's start says is the size of
+/// what follows it.
+#[derive(Clone, Copy)]
+pub(super) struct ArgBytes<'a> {
+    head: u64,
+    head_len: usize,
+    tail: Tail<'a>,
+}
+
+/// What follows an [`ArgBytes`]' head.
+#[derive(Clone, Copy)]
+enum Tail<'a> {
+    None,
+    /// The low bytes of a word (a double; a long varint's last bytes).
+    Word(u64, usize),
+    /// A string's bytes.
+    Text(&'a [u8]),
+}
+
+impl<'a> ArgBytes<'a> {
+    /// Hands the bytes of `value` to `f` and returns what it returns: as
+    /// [`encode::arg_value`] writes the value (its tag, then a varint, a
+    /// double's 8 bytes, or a string's length and bytes). `f` is inlined
+    /// where each shape of bytes is made, so that what it does with them
+    /// (its stores) takes no second dispatch on their shape. `SHORT`: the
+    /// caller knows that a varint value (an integer, a string's length)
+    /// is below 2^28 (the longer form's code is left out).
+    #[inline(always)]
+    pub(super) fn with<const SHORT: bool, R>(
+        value: encode::ArgValue<'a>,
+        f: impl FnOnce(Self) -> R,
+    ) -> R {
+        use encode::ArgValue as A;
+        match value {
+            A::Bool(b) => Self::varint::<SHORT, R>(TAG_ARG_BOOL, u64::from(b), f),
+            A::Uint(u) => Self::varint::<SHORT, R>(TAG_ARG_UINT, u, f),
+            A::Int(i) => Self::varint::<SHORT, R>(TAG_ARG_INT, i as u64, f),
+            A::Double(d) => f(ArgBytes {
+                head: u64::from(TAG_ARG_DOUBLE),
+                head_len: 1,
+                tail: Tail::Word(d.to_bits(), 8),
+            }),
+            A::Str(s) => Self::varint::<SHORT, R>(
+                TAG_ARG_STRING,
+                s.len() as u64,
+                #[inline(always)]
+                |b| {
+                    f(ArgBytes {
+                        tail: Tail::Text(s.as_bytes()),
+                        ..b
+                    })
+                },
+            ),
+            A::Pointer(p) => Self::varint::<SHORT, R>(TAG_ARG_POINTER, p, f),
         }
-        A::Int(i) => {
-            f.byte(TAG_ARG_INT);
-            put_varint(f, i as u64);
+    }
+
+    /// [`ArgBytes::with`] for the one-byte tag `tag` and the varint `v`:
+    /// in the head below 2^28 (`varint_word`), else its first 7 bytes
+    /// there and the rest (up to 3) in the tail (`varint_words`).
+    #[inline(always)]
+    fn varint<const SHORT: bool, R>(tag: u8, v: u64, f: impl FnOnce(Self) -> R) -> R {
+        let tag = u64::from(tag);
+        debug_assert!(!SHORT || v < 1 << 28);
+        if SHORT || v < 1 << 28 {
+            let (word, n) = wire::varint_word(v as u32);
+            return f(ArgBytes {
+                head: tag | u64::from(word) << 8,
+                head_len: 1 + n,
+                tail: Tail::None,
+            });
         }
-        A::Double(d) => {
-            f.byte(TAG_ARG_DOUBLE);
-            f.word(d.to_bits(), 8);
-        }
-        A::Str(s) => {
-            f.byte(TAG_ARG_STRING);
-            put_varint(f, s.len() as u64);
-            put_short_bytes(f, s.as_bytes());
-        }
-        A::Pointer(p) => {
-            f.byte(TAG_ARG_POINTER);
-            put_varint(f, p);
+        let (low, high) = wire::varint_words(v);
+        let len = 1 + usize::from(varint_len(v));
+        f(ArgBytes {
+            head: tag | low << 8,
+            head_len: len.min(8),
+            tail: Tail::Word(low >> 56 | u64::from(high) << 8, len.saturating_sub(8)),
+        })
+    }
+
+    /// Bytes [`ArgBytes::put`] appends.
+    #[inline(always)]
+    pub(super) fn len(self) -> usize {
+        self.head_len
+            + match self.tail {
+                Tail::None => 0,
+                Tail::Word(_, n) => n,
+                Tail::Text(s) => s.len(),
+            }
+    }
+
+    /// Appends the bytes with the cursor's inlined byte writers only (a
+    /// call that takes the cursor by reference keeps the cursor in memory
+    /// for the whole inlined encoder: see [`put_varint`]): a word store or
+    /// two for most values.
+    #[inline(always)]
+    pub(super) fn put<T: Target>(self, f: &mut Cursor<T>) {
+        f.word(self.head, self.head_len);
+        match self.tail {
+            Tail::None => {}
+            Tail::Word(word, n) => f.word(word, n),
+            Tail::Text(s) => put_short_bytes(f, s),
         }
     }
 }
 
-/// Bytes [`put_arg_value`] appends for `value`.
+/// Appends a flat debug annotation value (its tag and contents):
+/// [`ArgBytes::put`]. [`encode::arg_value`] writes the same bytes through
+/// the cursor's field writers, which the compiler may leave out of line.
 #[inline(always)]
-pub(super) fn arg_value_len(value: encode::ArgValue<'_>) -> usize {
-    use encode::ArgValue as A;
-    1 + match value {
-        A::Bool(_) => 1,
-        A::Uint(v) | A::Pointer(v) => usize::from(varint_len(v)),
-        A::Int(v) => usize::from(varint_len(v as u64)),
-        A::Double(_) => 8,
-        A::Str(s) => usize::from(varint_len(s.len() as u64)) + s.len(),
-    }
+pub(super) fn put_arg_value<T: Target>(f: &mut Cursor<T>, value: encode::ArgValue<'_>) {
+    ArgBytes::with::<false, _>(
+        value,
+        #[inline(always)]
+        |bytes| bytes.put(f),
+    );
 }
 
 /// Appends `s` with at most two word stores when it has at most 16 bytes
@@ -400,7 +481,7 @@ impl SequenceState {
                 TAG_TYPE,
                 KIND,
             ];
-            if delta < 0x80 {
+            if delta <= MAX_ONE_BYTE_VARINT {
                 let [h0, h1, h2, h3, h4, h5] = head;
                 f.word(
                     u64::from_le_bytes([TAG_TIMESTAMP, delta as u8, h0, h1, h2, h3, h4, h5]),
@@ -416,18 +497,13 @@ impl SequenceState {
                 // The value first, as `encode::event` orders them.
                 f.byte2(TAG_COUNTER_VALUE);
                 put_varint(f, b);
-                let n = usize::from(varint_len(a));
-                let (low, high) = uuid_varint;
                 f.byte(TAG_TRACK_UUID);
-                f.word(low, n.min(8));
-                if n > 8 {
-                    f.word(u64::from(high), n - 8);
-                }
+                put_varint_words(f, uuid_varint, varint_len(a));
                 return true;
             }
             // Two one-byte tags with one-byte values (category and name
             // ids): one store.
-            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) < 0x80 {
+            if tag_a[1] == 0 && tag_b[1] == 0 && tag_a[0] != 0 && (a | b) <= MAX_ONE_BYTE_VARINT {
                 f.word(
                     u64::from_le_bytes([tag_a[0], a as u8, tag_b[0], b as u8, 0, 0, 0, 0]),
                     4,
@@ -629,8 +705,14 @@ fn encode_plain_args<T: Target, const KIND: u8, const LONG: bool>(
             return None;
         };
         if LONG {
-            put_annotation_start_sized(f, iid, arg_value_len(value));
-            put_arg_value(f, value);
+            ArgBytes::with::<false, _>(
+                value,
+                #[inline(always)]
+                |value| {
+                    put_annotation_start_sized(f, iid, value.len());
+                    value.put(f);
+                },
+            );
         } else {
             put_flat_annotation(f, iid, value);
         }
@@ -656,7 +738,7 @@ const _: () = assert!(FAST_CAP < 1 << 14);
 #[inline(always)]
 pub(super) fn long_packet(buf: &mut Scratch, te: usize, len: usize) -> usize {
     let size = len - te;
-    if size >= 0x80 {
+    if size > MAX_ONE_BYTE_LEN as usize {
         return 0;
     }
     // `te` is past the packet's time, flags and TrackEvent tag (at most
@@ -823,15 +905,26 @@ impl SequenceState {
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
     ) -> bool {
-        self.try_write_flat::<KIND, W>(w, site, category, name, args, ns)
-            || self.write_flat_copied_or_general::<KIND, W>(w, site, category, name, args, ns)
+        // Surely 128 bytes or more: not tried in place (the one-byte
+        // lengths would find it only once most of it is encoded), and a
+        // long event for the general path.
+        let long = least_flat_len(args) > streamed::MAX_IN_PLACE;
+        if !long && self.try_write_flat::<KIND, W>(w, site, category, name, args, ns) {
+            return true;
+        }
+        match self.write_flat_copied_after_head::<KIND, W>(w, site, category, name, args, ns) {
+            Some(written) => written,
+            None => self.write_flat_general::<KIND, W>(w, category, name, args, ns, long),
+        }
     }
 
-    /// What [`SequenceState::try_write_flat`] did not write in place:
+    /// What [`SequenceState::try_write_flat`] did not write in place,
     /// after the trace point's pre-encoded head (made here if the names
-    /// are interned) into the scratch buffer, else the general way.
+    /// are interned) into the scratch buffer: `Some(false)` if the writer
+    /// dropped it (see [`SequenceState::copied`]), `None` (nothing
+    /// changed) where the general path must do the work.
     #[inline(never)]
-    fn write_flat_copied_or_general<const KIND: u8, W: PacketWriter>(
+    fn write_flat_copied_after_head<const KIND: u8, W: PacketWriter>(
         &mut self,
         w: &mut W,
         site: usize,
@@ -839,17 +932,16 @@ impl SequenceState {
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
-    ) -> bool {
-        if let Some(delta) = self.flat_delta(category, ns) {
-            if self.flat_head::<KIND>(site, category, name, args.head) {
-                match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
-                    Streamed::Written => return true,
-                    Streamed::Dropped => return false,
-                    Streamed::Declined => {}
-                }
-            }
+    ) -> Option<bool> {
+        let delta = self.flat_delta(category, ns)?;
+        if !self.flat_head::<KIND>(site, category, name, args.head) {
+            return None;
         }
-        self.write_flat_general::<KIND, W>(w, category, name, args, ns)
+        match self.write_flat_copied::<KIND, W, _>(w, site, args, delta, ns) {
+            Streamed::Written => Some(true),
+            Streamed::Dropped => Some(false),
+            Streamed::Declined => None,
+        }
     }
 
     /// Whether the trace point `site` (see [`SequenceState::write_flat`])
@@ -879,7 +971,8 @@ impl SequenceState {
             .is_some()
     }
 
-    /// [`SequenceState::write_flat`] through [`EventData`].
+    /// [`SequenceState::write_flat`] through [`EventData`] (`long`: not
+    /// tried in place, see [`SequenceState::write_long_event`]).
     #[cold]
     #[inline(never)]
     fn write_flat_general<const KIND: u8, W: PacketWriter>(
@@ -889,6 +982,7 @@ impl SequenceState {
         name: &'static str,
         args: &crate::encoding::annotation::FlatArgs<'_>,
         ns: u64,
+        long: bool,
     ) -> bool {
         // Pushed in place (`collect` would build the array and then move
         // all of its capacity).
@@ -906,7 +1000,7 @@ impl SequenceState {
         let mut data = EventData::new(kind, Some(category), Timestamp::boottime(ns));
         data.name = EventName::Static(name);
         data.args = &list;
-        if least_flat_len(args) > streamed::MAX_IN_PLACE {
+        if long {
             return self.write_long_event(w, &data);
         }
         self.write_event(w, &data, None)
@@ -932,11 +1026,6 @@ impl SequenceState {
         let Some(delta) = self.flat_delta(category, ns) else {
             return false;
         };
-        // Surely 128 bytes or more: the one-byte lengths would find it
-        // only once most of it is encoded.
-        if least_flat_len(args) > streamed::MAX_IN_PLACE {
-            return false;
-        }
         let interned = &self.interned;
         let resets = self.resets;
         if let Some(head) = self.flat_heads.get_mut(KIND, site, resets) {

@@ -138,7 +138,7 @@ impl Prefix {
     pub(super) fn put_any_sized<T: Target>(self, f: &mut Cursor<T>, value: usize) {
         let name = self.len() - 2;
         let body = name + value;
-        if body < 0x80 {
+        if body <= shmtrace_abi::proto::wire::MAX_ONE_BYTE_LEN as usize {
             return self.put_sized(f, value);
         }
         f.byte(TAG_DEBUG_ANNOTATIONS);

@@ -1,8 +1,8 @@
 //! Flat events encoded as their fields are handed over
 //! ([`SequenceState::write_flat_streamed`]): the `tracing` layer's
 //! instants, whose fields a visitor yields one at a time, go straight into
-//! the chunk's window, a `Debug` value formatted into it, without first
-//! being collected (and their text copied) into a buffer.
+//! the chunk's window without first being collected (and their text
+//! copied) into a buffer.
 //!
 //! # Invariants
 //!
@@ -20,38 +20,31 @@
 //!   that, it is encoded into the sequence's scratch buffer with the
 //!   TrackEvent's length reserved as two bytes, taken back to one where
 //!   that is enough (`long_packet`), and copied by the writer, which
-//!   splits it across chunks where its general path would. A value whose
-//!   annotation takes 128 bytes or more has its lengths as two-byte
-//!   varints, known before it is written (text), except a `Debug` value's,
-//!   reserved as one byte: there the encoding declines. `write_flat`
-//!   writes such packets the same way (by this encoder: its collected
-//!   fields are [`FlatFields`] too).
+//!   splits it across chunks where its general path would. Every value is
+//!   handed over whole (a `Debug` value as its text, which the source
+//!   formats once per event however often it hands it over: the layer's
+//!   `EventVisit`), so an annotation's lengths are known before it is
+//!   written, two-byte varints for one of 128 bytes or more.
+//!   `write_flat` writes such packets the same way (by this encoder: its
+//!   collected fields are [`FlatFields`] too).
 //! * A trace point whose last event was too long to be written in place
 //!   has its next one encoded into the scratch buffer at once (see
 //!   [`flat_heads`]); otherwise a packet that turns out too long for its
-//!   window has its fields visited again, into the scratch buffer.
+//!   window has its fields handed over again, into the scratch buffer.
 //! * It declines (returns [`Streamed::Declined`] with nothing written and
 //!   the sequence unchanged but for what its head keeps, which stays
 //!   valid) whenever `write_flat` would not take a pre-encoded head: no
 //!   recent head for the trace point, a field name not interned, a reset
-//!   due, a packet longer than the scratch buffer, a `Debug` value's
-//!   annotation of 128 bytes or more, or the fields' source asking for it
-//!   ([`FlatFields::each`] returning `false`). The caller then collects
-//!   the fields and calls `write_flat`, which visits them again (a `Debug`
-//!   value is formatted twice then).
+//!   due, a packet longer than the scratch buffer, or the fields' source
+//!   asking for it ([`FlatFields::each`] returning `false`). The caller
+//!   then collects the fields and calls `write_flat`.
 
-use std::fmt;
-
-use super::fast::{
-    arg_value_len, long_packet, put_annotation_start, put_annotation_start_sized, put_arg_value,
-    put_packet_head, put_short_bytes, TAG_ARG_BOOL, TAG_ARG_DOUBLE, TAG_ARG_INT, TAG_ARG_STRING,
-    TAG_ARG_UINT,
-};
+use super::fast::{long_packet, put_annotation_start_sized, put_packet_head, ArgBytes};
 use super::flat_heads::{FlatHead, Prefix};
 use super::*;
 
 /// A field value as a [`FlatFields`] source hands it over (a `Debug` value
-/// goes to [`FlatOut::debug`] instead).
+/// as its text).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FieldValue<'a> {
     Int(i64),
@@ -124,8 +117,6 @@ pub(crate) trait FlatOut {
     /// A field with a value at hand (a [`FieldValue`], or what makes one:
     /// a typed value the encoder's rare paths take by value).
     fn value<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>> + Copy);
-    /// A field whose value is text `value` formats (`{:?}`).
-    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug);
     /// A field whose value is the literal `text`: text the program holds
     /// for good (a `tracing` event's message without arguments), the same
     /// at every event of the trace point, which an encoder may keep
@@ -136,7 +127,9 @@ pub(crate) trait FlatOut {
     }
 }
 
-/// Fields of one event, handed over one by one.
+/// Fields of one event, handed over one by one, the same values at every
+/// call of [`FlatFields::each`] (a `Debug` value formatted once, at the
+/// first, and its text kept for the others).
 pub(crate) trait FlatFields {
     /// Hands every field to `out`, in order; `false` if what was handed
     /// over must not be written (the caller then goes the other way).
@@ -161,16 +154,6 @@ enum Start {
 }
 
 impl Start {
-    /// Writes the start and returns where the annotation's body starts
-    /// (its one-byte length left to back-fill).
-    #[inline(always)]
-    fn put<T: Target>(self, f: &mut Cursor<T>) -> usize {
-        match self {
-            Start::Prefix(prefix) => prefix.put(f),
-            Start::Iid(iid) => put_annotation_start(f, iid),
-        }
-    }
-
     /// Writes the start of an annotation whose value (its tag included)
     /// takes `value` bytes, its length complete and as short as it goes
     /// (one byte below 128, else a varint).
@@ -239,54 +222,33 @@ impl<T: Target> InPlace<'_, T> {
     fn value_out_of_line<'v>(&mut self, field: impl FieldKey, value: impl Into<FieldValue<'v>>) {
         if let Some(start) = self.start(field) {
             let f = &mut *self.f;
-            let value = value.into().arg();
-            start.put_sized(f, arg_value_len(value));
-            put_arg_value(f, value);
+            ArgBytes::with::<false, _>(
+                value.into().arg(),
+                #[inline(always)]
+                |value| {
+                    start.put_sized(f, value.len());
+                    value.put(f);
+                },
+            );
         }
     }
 }
 
 /// A field's annotation after its kept `prefix`, for a
-/// [short](FieldValue::is_short) value: the bytes of
-/// [`put_arg_value`] after the prefix and its back-filled length, the
-/// length known before any byte is stored (the value's size), so that
-/// the prefix is stored with it and nothing is back-filled.
+/// [short](FieldValue::is_short) value: the prefix with the annotation's
+/// length complete (the value's size), then the value's bytes; the length
+/// known before any byte is stored, so that the prefix is stored with it
+/// and nothing is back-filled.
 #[inline(always)]
 fn put_short_annotation<T: Target>(f: &mut Cursor<T>, prefix: Prefix, value: FieldValue<'_>) {
-    /// A varint value (below 2^28: short) after its tag.
-    #[inline(always)]
-    fn varint<T: Target>(f: &mut Cursor<T>, prefix: Prefix, tag: u8, v: u64) {
-        let (word, n) = shmtrace_abi::proto::wire::varint_word(v as u32);
-        prefix.put_sized(f, 1 + n);
-        f.word(u64::from(tag) | u64::from(word) << 8, 1 + n);
-    }
-    match value {
-        FieldValue::Int(v) => varint(f, prefix, TAG_ARG_INT, v as u64),
-        FieldValue::Uint(v) => varint(f, prefix, TAG_ARG_UINT, v),
-        FieldValue::Bool(b) => {
-            prefix.put_sized(f, 2);
-            f.word(u64::from(TAG_ARG_BOOL) | u64::from(b) << 8, 2);
-        }
-        FieldValue::Double(d) => {
-            prefix.put_sized(f, 9);
-            f.byte(TAG_ARG_DOUBLE);
-            f.word(d.to_bits(), 8);
-        }
-        FieldValue::Str(s) => {
-            // At most 16 bytes: a one-byte length.
-            prefix.put_sized(f, 2 + s.len());
-            f.word(u64::from(TAG_ARG_STRING) | (s.len() as u64) << 8, 2);
-            put_short_bytes(f, s.as_bytes());
-        }
-    }
-}
-
-/// Back-fills the one-byte length of a field's annotation (or of its
-/// text) whose body started at `start`, unchecked (the caller checks that
-/// the body is shorter than 128 bytes).
-#[inline(always)]
-fn end_inner<T: Target>(f: &mut Cursor<T>, start: usize) {
-    f.put_at(start.wrapping_sub(1), f.len().wrapping_sub(start) as u8);
+    ArgBytes::with::<true, _>(
+        value.arg(),
+        #[inline(always)]
+        |value| {
+            prefix.put_sized(f, value.len());
+            value.put(f);
+        },
+    );
 }
 
 impl<T: Target> FlatOut for InPlace<'_, T> {
@@ -319,40 +281,6 @@ impl<T: Target> FlatOut for InPlace<'_, T> {
         match self.head.literal(field.index(), text) {
             Some(bytes) => bytes.put(self.f),
             None => self.literal_out_of_line(field, text),
-        }
-    }
-
-    #[inline(never)]
-    fn debug(&mut self, field: impl FieldKey, value: &dyn fmt::Debug) {
-        let Some(start) = self.start(field) else {
-            return;
-        };
-        let f = &mut *self.f;
-        let a = start.put(f);
-        f.byte(TAG_ARG_STRING);
-        let s = f.begin_short();
-        // A `Debug` impl that fails leaves what it wrote, as when collected;
-        // one that overflows the window stops at the error `Text` returns.
-        let _ = fmt::write(&mut Text(f), format_args!("{value:?}"));
-        end_inner(f, s);
-        end_inner(f, a);
-        // Lengths reserved as one byte: an annotation of 128 bytes or
-        // more (text of about 120) declines (`write_flat` writes it with
-        // its lengths known).
-        self.ok &= f.len().wrapping_sub(a) < 0x80 && f.finish().is_some();
-    }
-}
-
-/// Text written into a window; an error once it overflowed.
-struct Text<'a, T: Target>(&'a mut Cursor<T>);
-
-impl<T: Target> fmt::Write for Text<'_, T> {
-    #[inline]
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        put_short_bytes(self.0, s.as_bytes());
-        match self.0.finish() {
-            Some(_) => Ok(()),
-            None => Err(fmt::Error),
         }
     }
 }

@@ -189,7 +189,7 @@ impl Slot {
             // (A callsite without fields has no values: no visit of the
             // value set to find out.)
             if !meta.fields().is_empty() && !attrs.values().is_empty() {
-                attrs.record(&mut Visitor(&mut Collect(given)));
+                attrs.record(&mut Visitor(Collect(given)));
             }
         });
         if callsite.is_none() {

@@ -4,6 +4,8 @@
 use super::*;
 use crate::service::core::MAX_EMULATED_CHUNK;
 use shmtrace_abi::layout::{ChunkFlags, Packets, CHUNK_HEADER_SIZE};
+use shmtrace_abi::proto::wire::WireType;
+use shmtrace_abi::trace::{tag2, trace_packet};
 
 /// The bytes of a chunk header.
 fn header_bytes(chunk_id: u32, writer_id: u16, count: u16) -> [u8; CHUNK_HEADER_SIZE] {
@@ -20,7 +22,8 @@ fn one_packet_chunk(chunk_id: u32, writer_id: u16, payload: &[u8]) -> Vec<u8> {
     assert!(payload.len() < 120);
     let mut chunk = header_bytes(chunk_id, writer_id, 1).to_vec();
     chunk.push(payload.len() as u8 + 3);
-    chunk.extend_from_slice(&[0xA2, 0x38, payload.len() as u8]);
+    chunk.extend_from_slice(&tag2(trace_packet::FOR_TESTING, WireType::LengthDelimited));
+    chunk.push(payload.len() as u8);
     chunk.extend_from_slice(payload);
     chunk
 }
