@@ -1,0 +1,215 @@
+//! The synchronization types of the crate's hand-written cross-thread
+//! protocols: `std`'s normally, `loom`'s under `RUSTFLAGS="--cfg loom"` (as
+//! `shmtrace_abi::sync::atomic` does), so that the loom models next to
+//! those protocols (`loom_model` modules: the `tracing` layer's span table,
+//! the writer cell's lock) run their own code.
+//!
+//! [`UnsafeCell`] is `loom`'s interface over `std`'s cell: a closure gets
+//! the pointer, so loom sees each access (and reports two threads' accesses
+//! that no synchronization orders). `thread_local!` takes `std`'s `const`
+//! form; loom's thread-locals are made on first use.
+//!
+//! What loom cannot run goes through a seam here that costs nothing
+//! outside `cfg(loom)`:
+//!
+//! * [`seq_cst_store_load`]: loom runs `SeqCst` loads, stores and
+//!   read-modify-writes as `AcqRel` (loom's README, "Unsupported
+//!   features"), so a Dekker pair made of them (a `SeqCst` store then a
+//!   `SeqCst` load of another flag, on both sides) would fail its model
+//!   although C11's single total order of `SeqCst` operations makes it
+//!   correct. Code calls this between such a store and load; it is
+//!   nothing normally and `fence(SeqCst)` under loom, which gives loom the
+//!   store-then-load order the two `SeqCst` accesses have.
+//! * The asymmetric fence (`membarrier(2)`): [`light_fence`] and
+//!   [`light_point`] on the owner's side, `heavy_fence_model` (under
+//!   loom only) standing for the taker's syscall; see `membarrier` (its
+//!   model, under loom only).
+//! * [`spin_loop`] and [`yield_now`] are loom's under loom, which then
+//!   schedules another thread (a spin loop on `std`'s would never end).
+
+#[cfg(loom)]
+#[cfg_attr(not(feature = "tracing"), allow(unused_imports))]
+pub(crate) use loom::{
+    cell::UnsafeCell,
+    hint::spin_loop,
+    sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize},
+    sync::{Mutex, MutexGuard},
+    thread::yield_now,
+};
+#[cfg(not(loom))]
+#[cfg_attr(not(feature = "tracing"), allow(unused_imports))]
+pub(crate) use std::{
+    hint::spin_loop,
+    sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize},
+    sync::{Mutex, MutexGuard},
+    thread::yield_now,
+    thread_local,
+};
+
+/// `loom::thread_local!` for a `std` declaration with a `const` value.
+#[cfg(loom)]
+#[cfg_attr(not(feature = "tracing"), allow(unused_macros))]
+macro_rules! loom_thread_local {
+    ($(#[$attr:meta])* static $name:ident: $t:ty = const { $init:expr };) => {
+        loom::thread_local!($(#[$attr])* static $name: $t = $init;);
+    };
+}
+#[cfg(loom)]
+#[cfg_attr(not(feature = "tracing"), allow(unused_imports))]
+pub(crate) use loom_thread_local as thread_local;
+
+/// `std`'s `UnsafeCell` with `loom`'s interface (see the module docs).
+#[cfg(not(loom))]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+#[derive(Default)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+impl<T> UnsafeCell<T> {
+    /// Calls `f` with a pointer to the value, for reading.
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Calls `f` with a pointer to the value, for writing.
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// Between a `SeqCst` store (or read-modify-write) and a `SeqCst` load of
+/// a Dekker pair: nothing, or `fence(SeqCst)` under loom (module docs).
+#[inline(always)]
+pub(crate) fn seq_cst_store_load() {
+    #[cfg(loom)]
+    loom::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Points of the light side's program where the heavy side's barrier may
+/// land (see the module docs); [`light_point`] marks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LightPoint {
+    /// Before the light side's flag store.
+    BeforeStore,
+    /// Its [`light_fence`], between its store and its load (named under
+    /// loom only).
+    #[cfg_attr(not(loom), allow(dead_code))]
+    Fence,
+    /// After its load of the heavy side's flag.
+    AfterLoad,
+    /// A wait for the heavy side to let go.
+    Waiting,
+}
+
+/// The light side of an asymmetric fence, between its store and its load:
+/// a compiler fence (the CPU's order is the heavy side's job), a landing
+/// point of the heavy side's barrier under loom.
+#[inline(always)]
+pub(crate) fn light_fence() {
+    #[cfg(not(loom))]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    #[cfg(loom)]
+    membarrier::land(LightPoint::Fence);
+}
+
+/// Another point of the light side's program where the heavy side's
+/// barrier may land: nothing, except under loom.
+#[inline(always)]
+pub(crate) fn light_point(point: LightPoint) {
+    #[cfg(loom)]
+    membarrier::land(point);
+    #[cfg(not(loom))]
+    let _ = point;
+}
+
+#[cfg(loom)]
+pub(crate) use membarrier::heavy as heavy_fence_model;
+
+/// The loom model of `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`.
+///
+/// The syscall's guarantee (membarrier(2)): on return, every other running
+/// thread of the process has passed through a state where its memory
+/// accesses match program order between the call's entry and its return
+/// (the kernel runs `smp_mb()` there, by IPI; a thread not running is in
+/// that state already, its last context switch being a full barrier). So
+/// for the one light-side thread a model has (a writer cell's owner) it is:
+/// a `fence(SeqCst)` at *some* point of the owner's program order,
+/// executed after the caller's entry `fence(SeqCst)` and before its return
+/// `fence(SeqCst)` (the kernel's barriers at entry and exit), in the single
+/// order of `SeqCst` fences (loom runs them in the order it executes them,
+/// joining each thread's causality with the fences' before it).
+///
+/// Which point is not the caller's choice, so a model sets one with
+/// [`membarrier::place`] and runs once per [`LightPoint`] of interest: the caller's
+/// [`membarrier::heavy`] enters (fence), asks, and waits; the owner's fence runs the
+/// first time, after the request, that it reaches the placed point, or a
+/// [`LightPoint::Waiting`] point (it cannot go on until the caller is
+/// done, so the barrier falls there), or its end ([`membarrier::owner_exit`]: the
+/// context switch of a thread no longer running, after which the call no
+/// longer waits). Requiring the owner's fence to come after the caller's
+/// entry is what makes the encoding faithful: a fence at the owner's
+/// point placed anywhere in the fences' order (e.g. before the caller's
+/// store) lets both sides of a correct Dekker pair pass, which the
+/// syscall rules out.
+#[cfg(loom)]
+pub(crate) mod membarrier {
+    use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+    use loom::sync::atomic::{fence, AtomicBool, AtomicU8};
+
+    use super::LightPoint;
+
+    /// One execution's state (loom statics are made per execution).
+    struct State {
+        /// The placed [`LightPoint`], as its index.
+        placed: AtomicU8,
+        /// A call waits for the owner's fence.
+        requested: AtomicBool,
+        /// The owner thread ended.
+        gone: AtomicBool,
+    }
+
+    loom::lazy_static! {
+        static ref STATE: State = State {
+            placed: AtomicU8::new(LightPoint::Fence as u8),
+            requested: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+        };
+    }
+
+    /// Where the owner's fence lands this execution (module docs); set
+    /// before spawning the threads.
+    pub(crate) fn place(point: LightPoint) {
+        STATE.placed.store(point as u8, Relaxed);
+    }
+
+    /// The owner reached `point`: its fence, if a call waits for it and
+    /// the point is the placed one (or a wait).
+    pub(crate) fn land(point: LightPoint) {
+        let here = point == LightPoint::Waiting || STATE.placed.load(Relaxed) == point as u8;
+        if here && STATE.requested.load(Relaxed) {
+            fence(SeqCst);
+            STATE.requested.store(false, Relaxed);
+        }
+    }
+
+    /// The owner thread's end: its last fence (a thread not running).
+    pub(crate) fn owner_exit() {
+        fence(SeqCst);
+        STATE.gone.store(true, Relaxed);
+    }
+
+    /// The caller's `membarrier(PRIVATE_EXPEDITED)` (one call at a time).
+    pub(crate) fn heavy() {
+        fence(SeqCst);
+        STATE.requested.store(true, Relaxed);
+        while STATE.requested.load(Relaxed) && !STATE.gone.load(Relaxed) {
+            loom::thread::yield_now();
+        }
+        STATE.requested.store(false, Relaxed);
+        fence(SeqCst);
+    }
+}
