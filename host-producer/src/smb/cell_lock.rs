@@ -51,9 +51,9 @@
 //! marked with [`sync::light_point`] are where its barrier may land; they
 //! cost nothing outside loom).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
-use crate::sync::{self, AtomicBool, LightPoint};
+use crate::sync::{self, AtomicBool, AtomicU8, LightPoint};
 
 /// How the owner and takers of a cell order their flags (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ const MODE_ASYMMETRIC: u8 = 1;
 const MODE_SYMMETRIC: u8 = 2;
 /// `std`'s atomic even under loom: the models make their locks with a
 /// mode of their own (`loom_model`).
-static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(MODE_UNKNOWN);
 
 /// The process's lock mode, chosen (and membarrier registered) on first
 /// call. Called before any cell exists, so no cell ever sees it change.
@@ -262,12 +262,15 @@ impl CellLock {
     }
 
     /// Lets go of the lock (`owner`: held through `in_use`, else through
-    /// `taker`). A load that follows it is ordered after the release as
-    /// the lock's own load is (the cell's deferred-work check).
+    /// `taker`), then loads `work` (the cell's deferred-work flags): the
+    /// load is ordered after the release as the lock's own load is after
+    /// its store, so a requester that set `work` (`SeqCst`) before its
+    /// claim and found the lock held is seen here.
     #[inline]
-    pub(crate) fn release(&self, owner: bool) {
+    pub(crate) fn release(&self, owner: bool, work: &AtomicU8) -> u8 {
         if !owner {
             self.taker.store(false, Ordering::SeqCst);
+            sync::seq_cst_store_load();
         } else {
             match self.mode {
                 LockMode::Asymmetric => {
@@ -282,6 +285,7 @@ impl CellLock {
                 }
             }
         }
+        work.load(Ordering::SeqCst)
     }
 
     /// Takes the lock back after [`CellLock::release`]: the owner always

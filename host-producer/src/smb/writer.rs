@@ -41,7 +41,7 @@
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,7 @@ use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 use crate::encoding::event::{PacketWriter, SequenceState};
 use crate::smb::arbiter::{Arbiter, WriterArbiter};
 use crate::smb::cell_lock::{lock_mode, taker_fence, CellLock, LockMode};
+use crate::sync::AtomicU8;
 
 /// Flag: flush at the next opportunity (a flusher could not get the lock).
 pub(crate) const FLAG_FLUSH: u8 = 1;
@@ -257,8 +258,7 @@ impl WriterCell {
     /// after the release: module docs).
     #[inline]
     fn release(&self, owner: bool) -> bool {
-        self.lock.release(owner);
-        self.flags.load(Ordering::SeqCst) & DEFERRED != 0
+        self.lock.release(owner, &self.flags) & DEFERRED != 0
     }
 
     /// Takes the cell back after [`WriterCell::release`] found work: the

@@ -7,15 +7,21 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-producer --features tracing --release --lib --target-dir target/loom loom_model`.
 //!
 //! Each model races the owner's event (its attempt, its wait for a taker
-//! and retry, one write to the guarded cell, its release) with one taker's
-//! claim, fence and confirm (a write to the cell if it got the lock, then
-//! its release). loom fails a model where both write the cell without one
-//! ordered before the other, i.e. both held the lock. The models assert
-//! too:
+//! and retry, one write to the guarded cell, its release and look for
+//! deferred work) with one taker, which requests work first (a flush, as
+//! `writer::request_all` does: a `SeqCst` read-modify-write of the flags
+//! before the claim), then claims, fences and confirms, and with the lock
+//! does the work, writes the cell and lets go. Whoever lets go takes the
+//! lock back while work is pending and does it (`writer::CellGuard`'s
+//! drop). loom fails a model where two write the cell without one ordered
+//! before the other, i.e. both held the lock. The models assert too:
 //!
 //! * the owner always gets the lock (waiting out the taker: its retry
-//!   succeeds once the taker let go), and both writes made under the lock
-//!   are there after;
+//!   succeeds once the taker let go), and every write made under the lock
+//!   is there after;
+//! * the requested work is done exactly once: by the taker if it got the
+//!   lock, else by the owner, whose look after its release sees the
+//!   request (never left behind, never done twice);
 //! * the taker both gets it and is refused in some executions, and the
 //!   owner's first attempt both succeeds and backs off;
 //! * once the race is over nobody holds the lock: a taker's claim and
@@ -32,8 +38,10 @@
 //! waits for the taker, or at its end, if it never reaches the point
 //! during the call): the barrier's place in the owner's program is the
 //! kernel's choice, so the lock must hold for each. Later points of the
-//! attempt (its write, its release) order the store and the load as the
-//! point after the load does.
+//! attempt (its write) order the store and the load as the point after
+//! the load does; the release's own compiler fence is a landing point too
+//! (the "fence" models), between its `in_use` store and its look at the
+//! flags.
 //!
 //! Dropping the taker's `membarrier` (a plain compiler fence, as the
 //! owner's), or the `SeqCst` order between the symmetric sides' store and
@@ -43,20 +51,26 @@
 #![allow(unsafe_code)]
 
 use std::sync::atomic::AtomicBool as Seen;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed, SeqCst};
 
 use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
-use crate::sync::{membarrier, UnsafeCell};
+use crate::sync::{membarrier, AtomicU8, UnsafeCell};
 
-/// A lock and the data it guards.
+/// A lock, the data it guards and deferred-work flags, as a writer cell
+/// has them (`crate::smb::writer`).
 struct Guarded {
     lock: CellLock,
     /// Owner's writes count 1, the taker's 10.
     data: UnsafeCell<u32>,
+    /// [`WORK`] while requested work is not done.
+    flags: AtomicU8,
 }
+
+/// The one deferred-work flag of the models (a flush, say).
+const WORK: u8 = 1;
 
 impl Guarded {
     fn add(&self, n: u32) {
@@ -70,16 +84,50 @@ impl Guarded {
         self.data.with(|p| unsafe { *p })
     }
 
-    /// A taker's whole attempt; `true` if it got the lock (and wrote).
-    fn taker(&self) -> bool {
+    /// Does the requested work, if any, under the lock: 1 if it did.
+    fn run_deferred(&self) -> u32 {
+        let work = self.flags.fetch_and(!WORK, AcqRel) & WORK;
+        if work != 0 {
+            self.add(100);
+        }
+        u32::from(work)
+    }
+
+    /// Lets go as a writer cell's guard does: release, look for work,
+    /// take the lock back and do it while there is some. Returns the work
+    /// done.
+    fn let_go(&self, owner: bool) -> u32 {
+        let mut done = 0;
+        while self.lock.release(owner, &self.flags) & WORK != 0 && self.lock.reacquire(owner) {
+            done += self.run_deferred();
+        }
+        done
+    }
+
+    /// The owner's event: lock (waiting out a taker), write, let go.
+    /// Returns whether its first attempt got the lock, and the work done.
+    fn owner_event(&self) -> (bool, u32) {
+        let first = self.lock.owner_enter();
+        if !first {
+            self.lock.owner_enter_slow();
+        }
+        self.add(1);
+        (first, self.let_go(true))
+    }
+
+    /// A taker as `request_all`: requests the work, then claims, fences
+    /// and confirms; with the lock, does the work, writes and lets go.
+    /// Returns whether it got the lock, and the work done.
+    fn taker(&self) -> (bool, u32) {
+        self.flags.fetch_or(WORK, SeqCst);
         assert!(self.lock.claim(), "the only taker");
         taker_fence(self.lock.mode());
         if !self.lock.confirm() {
-            return false;
+            return (false, 0);
         }
+        let done = self.run_deferred();
         self.add(10);
-        self.lock.release(false);
-        true
+        (true, done + self.let_go(false))
     }
 }
 
@@ -107,24 +155,21 @@ fn race(mode: LockMode, point: LightPoint) {
         let cell = Arc::new(Guarded {
             lock: CellLock::new(mode),
             data: UnsafeCell::new(0),
+            flags: AtomicU8::new(0),
         });
         let taker = {
             let cell = cell.clone();
             thread::spawn(move || cell.taker())
         };
-
-        // The owner (this thread): its event, as `WriterCell::lock_owner`
-        // and the guard's drop run it.
-        let first = cell.lock.owner_enter();
-        if !first {
-            cell.lock.owner_enter_slow();
-        }
-        cell.add(1);
-        cell.lock.release(true);
+        // The owner is this thread.
+        let (first, owner_did) = cell.owner_event();
         membarrier::owner_exit();
+        let (took, taker_did) = taker.join().expect("taker");
 
-        let took = taker.join().expect("taker");
-        assert_eq!(cell.total(), if took { 11 } else { 1 });
+        // The work was done once, by the taker or by the owner when it let
+        // go, and every write made under the lock is there.
+        assert_eq!(owner_did + taker_did, 1, "requested work done once");
+        assert_eq!(cell.total(), 101 + if took { 10 } else { 0 });
         [
             (&seen.took, took),
             (&seen.refused, !took),
@@ -136,9 +181,12 @@ fn race(mode: LockMode, point: LightPoint) {
         .for_each(|(s, _)| s.store(true, Relaxed));
 
         // Nobody holds it now: a taker gets it, then the owner at once.
-        assert!(cell.taker(), "a taker refused by a free lock");
-        assert!(cell.lock.owner_enter(), "an owner refused by a free lock");
-        cell.lock.release(true);
+        assert_eq!(cell.taker(), (true, 1), "a taker refused by a free lock");
+        assert_eq!(
+            cell.owner_event(),
+            (true, 0),
+            "an owner refused by a free lock"
+        );
     });
     for (what, s) in [
         ("taker took", &seen.took),
