@@ -67,6 +67,12 @@ pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 #[cfg(not(loom))]
 #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 impl<T> UnsafeCell<T> {
+    /// A cell holding `value`.
+    #[inline(always)]
+    pub(crate) const fn new(value: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
     /// Calls `f` with a pointer to the value, for reading.
     #[inline(always)]
     pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
@@ -164,6 +170,8 @@ pub(crate) mod membarrier {
 
     /// One execution's state (loom statics are made per execution).
     struct State {
+        /// The process has the syscall (else its lock mode is symmetric).
+        offered: AtomicBool,
         /// The placed [`LightPoint`], as its index.
         placed: AtomicU8,
         /// A call waits for the owner's fence.
@@ -174,6 +182,7 @@ pub(crate) mod membarrier {
 
     loom::lazy_static! {
         static ref STATE: State = State {
+            offered: AtomicBool::new(true),
             placed: AtomicU8::new(LightPoint::Fence as u8),
             requested: AtomicBool::new(false),
             gone: AtomicBool::new(false),
@@ -184,6 +193,17 @@ pub(crate) mod membarrier {
     /// before spawning the threads.
     pub(crate) fn place(point: LightPoint) {
         STATE.placed.store(point as u8, Relaxed);
+    }
+
+    /// This execution's process has no membarrier: its lock mode is
+    /// symmetric (`cell_lock::lock_mode`); set before spawning the threads.
+    pub(crate) fn withhold() {
+        STATE.offered.store(false, Relaxed);
+    }
+
+    /// Whether this execution's process has the syscall.
+    pub(crate) fn offered() -> bool {
+        STATE.offered.load(Relaxed)
     }
 
     /// The owner reached `point`: its fence, if a call waits for it and

@@ -64,15 +64,18 @@ pub(crate) enum LockMode {
     Symmetric,
 }
 
+#[cfg(not(loom))]
 const MODE_UNKNOWN: u8 = 0;
+#[cfg(not(loom))]
 const MODE_ASYMMETRIC: u8 = 1;
+#[cfg(not(loom))]
 const MODE_SYMMETRIC: u8 = 2;
-/// `std`'s atomic even under loom: the models make their locks with a
-/// mode of their own (`loom_model`).
+#[cfg(not(loom))]
 static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(MODE_UNKNOWN);
 
 /// The process's lock mode, chosen (and membarrier registered) on first
 /// call. Called before any cell exists, so no cell ever sees it change.
+#[cfg(not(loom))]
 pub(crate) fn lock_mode() -> LockMode {
     match MODE.load(Ordering::Acquire) {
         MODE_ASYMMETRIC => LockMode::Asymmetric,
@@ -104,7 +107,7 @@ pub(crate) fn lock_mode() -> LockMode {
 
 /// Registers this process for private expedited membarriers; `false` if
 /// the kernel (or a seccomp filter) does not offer them.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+#[cfg(all(any(target_os = "linux", target_os = "android"), not(loom)))]
 fn register_membarrier() -> bool {
     use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
     let supported = membarrier_query();
@@ -115,9 +118,20 @@ fn register_membarrier() -> bool {
         && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[cfg(all(not(any(target_os = "linux", target_os = "android")), not(loom)))]
 fn register_membarrier() -> bool {
     false
+}
+
+/// Under loom: asymmetric unless the model withholds the syscall
+/// (`crate::sync::membarrier`), whatever the host offers.
+#[cfg(loom)]
+pub(crate) fn lock_mode() -> LockMode {
+    if sync::membarrier::offered() {
+        LockMode::Asymmetric
+    } else {
+        LockMode::Symmetric
+    }
 }
 
 /// The fence a taker runs between [`CellLock::claim`] and

@@ -37,10 +37,14 @@
 //! pairing as the lock: a requester that finds a cell held is sure its
 //! holder's load after releasing sees the request. Taking a flag with
 //! `fetch_and` makes each request run exactly once.
+//!
+//! The cell's lock, flags and `inner` are [`crate::sync`]'s: under
+//! `RUSTFLAGS="--cfg loom"`, `loom_model` races an owner's event with a
+//! flush request on this code (and `cell_lock::loom_model` the lock with
+//! deferred work in both modes).
 // `unsafe` here: the writer cell's `UnsafeCell` (its lock and `Sync`).
 #![allow(unsafe_code)]
 
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,7 +54,7 @@ use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 use crate::encoding::event::{PacketWriter, SequenceState};
 use crate::smb::arbiter::{Arbiter, WriterArbiter};
 use crate::smb::cell_lock::{lock_mode, taker_fence, CellLock, LockMode};
-use crate::sync::AtomicU8;
+use crate::sync::{AtomicU8, UnsafeCell};
 
 /// Flag: flush at the next opportunity (a flusher could not get the lock).
 pub(crate) const FLAG_FLUSH: u8 = 1;
@@ -290,7 +294,7 @@ impl CellGuard<'_> {
         // SAFETY: a guard exists only while this thread holds the cell
         // (module docs: owner/taker exclusion), so no other reference to `inner` exists; the
         // returned borrow is tied to `&mut self`.
-        unsafe { &mut *self.cell.inner.get() }
+        self.cell.inner.with_mut(|inner| unsafe { &mut *inner })
     }
 
     /// Pending flags (acquire: pairs with `request`).
@@ -870,3 +874,6 @@ mod deferred_tests {
         requests_race_the_owner(LockMode::Symmetric);
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_model;

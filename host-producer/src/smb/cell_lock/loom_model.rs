@@ -142,7 +142,7 @@ struct Seens {
 
 fn builder() -> loom::model::Builder {
     let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
+    b.preemption_bound = Some(5);
     b
 }
 
@@ -152,6 +152,9 @@ fn race(mode: LockMode, point: LightPoint) {
     let seen: &'static Seens = Box::leak(Box::default());
     builder().check(move || {
         membarrier::place(point);
+        if mode == LockMode::Symmetric {
+            membarrier::withhold();
+        }
         let cell = Arc::new(Guarded {
             lock: CellLock::new(mode),
             data: UnsafeCell::new(0),
