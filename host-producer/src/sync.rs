@@ -6,8 +6,8 @@
 //!
 //! [`UnsafeCell`] is `loom`'s interface over `std`'s cell: a closure gets
 //! the pointer, so loom sees each access (and reports two threads' accesses
-//! that no synchronization orders). `thread_local!` takes `std`'s `const`
-//! form; loom's thread-locals are made on first use.
+//! that no synchronization orders). `thread_local!` takes `std`'s forms
+//! (`const` or not); loom's thread-locals are made on first use.
 //!
 //! What loom cannot run goes through a seam here that costs nothing
 //! outside `cfg(loom)`:
@@ -46,11 +46,14 @@ pub(crate) use std::{
     thread_local,
 };
 
-/// `loom::thread_local!` for a `std` declaration with a `const` value.
+/// `loom::thread_local!` for a `std` declaration.
 #[cfg(loom)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_macros))]
 macro_rules! loom_thread_local {
     ($(#[$attr:meta])* static $name:ident: $t:ty = const { $init:expr };) => {
+        loom::thread_local!($(#[$attr])* static $name: $t = $init;);
+    };
+    ($(#[$attr:meta])* static $name:ident: $t:ty = $init:expr;) => {
         loom::thread_local!($(#[$attr])* static $name: $t = $init;);
     };
 }
@@ -168,7 +171,7 @@ pub(crate) mod membarrier {
 
     use super::LightPoint;
 
-    /// One execution's state (loom statics are made per execution).
+    /// One execution's state.
     struct State {
         /// The process has the syscall (else its lock mode is symmetric).
         offered: AtomicBool,
@@ -180,56 +183,70 @@ pub(crate) mod membarrier {
         gone: AtomicBool,
     }
 
-    loom::lazy_static! {
-        static ref STATE: State = State {
-            offered: AtomicBool::new(true),
-            placed: AtomicU8::new(LightPoint::Fence as u8),
-            requested: AtomicBool::new(false),
-            gone: AtomicBool::new(false),
-        };
+    std::thread_local! {
+        /// The running execution's state: loom runs an execution's threads
+        /// on the test's one OS thread, and [`place`] makes a new one (leaked:
+        /// loom drops its statics before the thread-locals of an
+        /// execution's threads, whose writers' retirement calls [`heavy`]).
+        static STATE: std::cell::Cell<Option<&'static State>> = const { std::cell::Cell::new(None) };
     }
 
-    /// Where the owner's fence lands this execution (module docs); set
-    /// before spawning the threads.
+    /// This execution's state; `None` before [`place`].
+    fn state() -> Option<&'static State> {
+        STATE.with(std::cell::Cell::get)
+    }
+
+    /// Starts an execution's model of the syscall, its owner's fence landing
+    /// at `point` (module docs); called before spawning the threads.
     pub(crate) fn place(point: LightPoint) {
-        STATE.placed.store(point as u8, Relaxed);
+        let state = Box::leak(Box::new(State {
+            offered: AtomicBool::new(true),
+            placed: AtomicU8::new(point as u8),
+            requested: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+        }));
+        STATE.with(|s| s.set(Some(state)));
     }
 
     /// This execution's process has no membarrier: its lock mode is
-    /// symmetric (`cell_lock::lock_mode`); set before spawning the threads.
+    /// symmetric (`cell_lock::lock_mode`); called after [`place`].
     pub(crate) fn withhold() {
-        STATE.offered.store(false, Relaxed);
+        let state = state().expect("membarrier::place first");
+        state.offered.store(false, Relaxed);
     }
 
     /// Whether this execution's process has the syscall.
     pub(crate) fn offered() -> bool {
-        STATE.offered.load(Relaxed)
+        state().is_none_or(|s| s.offered.load(Relaxed))
     }
 
     /// The owner reached `point`: its fence, if a call waits for it and
-    /// the point is the placed one (or a wait).
+    /// the point is the placed one (or a wait). Nothing without a model.
     pub(crate) fn land(point: LightPoint) {
-        let here = point == LightPoint::Waiting || STATE.placed.load(Relaxed) == point as u8;
-        if here && STATE.requested.load(Relaxed) {
+        let Some(state) = state() else { return };
+        let here = point == LightPoint::Waiting || state.placed.load(Relaxed) == point as u8;
+        if here && state.requested.load(Relaxed) {
             fence(SeqCst);
-            STATE.requested.store(false, Relaxed);
+            state.requested.store(false, Relaxed);
         }
     }
 
     /// The owner thread's end: its last fence (a thread not running).
     pub(crate) fn owner_exit() {
+        let state = state().expect("membarrier::place first");
         fence(SeqCst);
-        STATE.gone.store(true, Relaxed);
+        state.gone.store(true, Relaxed);
     }
 
     /// The caller's `membarrier(PRIVATE_EXPEDITED)` (one call at a time).
     pub(crate) fn heavy() {
+        let state = state().expect("membarrier::place first");
         fence(SeqCst);
-        STATE.requested.store(true, Relaxed);
-        while STATE.requested.load(Relaxed) && !STATE.gone.load(Relaxed) {
+        state.requested.store(true, Relaxed);
+        while state.requested.load(Relaxed) && !state.gone.load(Relaxed) {
             loom::thread::yield_now();
         }
-        STATE.requested.store(false, Relaxed);
+        state.requested.store(false, Relaxed);
         fence(SeqCst);
     }
 }
