@@ -137,6 +137,18 @@ pub(crate) fn light_point(point: LightPoint) {
 #[cfg(loom)]
 pub(crate) use membarrier::heavy as heavy_fence_model;
 
+/// Spawns `f` on a loom thread with a 1 MiB stack: models that set up an
+/// SMB and write packets need more than loom's threads have.
+#[cfg(all(test, loom))]
+pub(crate) fn spawn_big<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> loom::thread::JoinHandle<T> {
+    loom::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(f)
+        .expect("spawn")
+}
+
 /// The loom model of `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`.
 ///
 /// The syscall's guarantee (membarrier(2)): on return, every other running

@@ -32,7 +32,6 @@
 use std::sync::atomic::AtomicBool as Seen;
 use std::sync::atomic::Ordering::Relaxed;
 
-use loom::thread;
 use shmtrace_abi::layout::{PageLayout, PageSize};
 use shmtrace_abi::trace::trace_packet;
 use shmtrace_ipc::shm::SharedMemory;
@@ -40,11 +39,7 @@ use shmtrace_ipc::shm::SharedMemory;
 use super::*;
 use crate::connection::outbox::Outbox;
 use crate::encoding::event::PacketWriter;
-use crate::sync::{membarrier, LightPoint};
-
-/// The model threads' stacks (the SMB's set-up and the writers'
-/// encoders want more than loom's threads have).
-const STACK: usize = 1 << 20;
+use crate::sync::{membarrier, spawn_big, LightPoint};
 
 fn builder() -> loom::model::Builder {
     let mut b = loom::model::Builder::new();
@@ -97,21 +92,18 @@ fn one(seen: &'static Seens) {
 
     let event = {
         let (ty, bits) = (ty.clone(), bits.clone());
-        thread::Builder::new()
-            .stack_size(STACK)
-            .spawn(move || {
-                let mask = bits.load(Relaxed);
-                let mut to = Vec::new();
-                ty.with_writers(mask, |inner, inst| {
-                    assert!(inner
-                        .out
-                        .write_packet(|p| p.uint64(trace_packet::TIMESTAMP, 1)));
-                    to.push(inst.slot);
-                });
-                membarrier::owner_exit();
-                (mask, to)
-            })
-            .expect("spawn")
+        spawn_big(move || {
+            let mask = bits.load(Relaxed);
+            let mut to = Vec::new();
+            ty.with_writers(mask, |inner, inst| {
+                assert!(inner
+                    .out
+                    .write_packet(|p| p.uint64(trace_packet::TIMESTAMP, 1)));
+                to.push(inst.slot);
+            });
+            membarrier::owner_exit();
+            (mask, to)
+        })
     };
     let session_slot = session.slot;
     ty.start_replacing(&session, &startup, || {
@@ -140,12 +132,7 @@ fn an_event_racing_the_adoption_goes_to_one_instance() {
     let seen: &'static Seens = Box::leak(Box::default());
     builder().check(move || {
         membarrier::place(LightPoint::Fence);
-        thread::Builder::new()
-            .stack_size(STACK)
-            .spawn(move || one(seen))
-            .expect("spawn")
-            .join()
-            .expect("model");
+        spawn_big(move || one(seen)).join().expect("model");
     });
     for (what, s) in [
         ("startup", &seen.startup),

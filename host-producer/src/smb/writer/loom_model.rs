@@ -26,17 +26,13 @@
 use std::sync::atomic::AtomicBool as Seen;
 use std::sync::atomic::Ordering::Relaxed;
 
-use loom::thread;
 use shmtrace_abi::trace::trace_packet;
 
 use super::tests::cell_and_arbiter;
 use super::*;
 use crate::connection::outbox::Outgoing;
 use crate::encoding::event::PacketWriter;
-use crate::sync::{membarrier, LightPoint};
-
-/// The model threads' stacks.
-const STACK: usize = 1 << 20;
+use crate::sync::{membarrier, spawn_big, LightPoint};
 
 fn builder() -> loom::model::Builder {
     let mut b = loom::model::Builder::new();
@@ -60,10 +56,7 @@ fn race(mode: LockMode, point: LightPoint) {
     builder().check(move || {
         // The model runs on a thread of its own: the SMB's set-up and the
         // writer's encoders want more stack than loom's threads have.
-        thread::Builder::new()
-            .stack_size(STACK)
-            .spawn(move || one(mode, point, seen))
-            .expect("spawn")
+        spawn_big(move || one(mode, point, seen))
             .join()
             .expect("model");
     });
@@ -85,19 +78,13 @@ fn one(mode: LockMode, point: LightPoint, seen: &'static Seens) {
     }
 
     let (cell, arbiter) = cell_and_arbiter(mode);
-    let spawn = |f: Box<dyn FnOnce() -> usize + Send>| {
-        thread::Builder::new()
-            .stack_size(STACK)
-            .spawn(f)
-            .expect("spawn")
-    };
     let requester = {
         let cell = cell.clone();
-        spawn(Box::new(move || request_all(&[cell], FLAG_FLUSH)))
+        spawn_big(move || request_all(&[cell], FLAG_FLUSH))
     };
     let owner = {
         let cell = cell.clone();
-        spawn(Box::new(move || {
+        spawn_big(move || {
             let mut g = cell.lock_owner();
             assert!(g
                 .inner()
@@ -105,8 +92,7 @@ fn one(mode: LockMode, point: LightPoint, seen: &'static Seens) {
                 .write_packet(|p| p.uint64(trace_packet::TIMESTAMP, 1)));
             drop(g);
             membarrier::owner_exit();
-            0
-        }))
+        })
     };
     owner.join().expect("owner");
     let at_once = requester.join().expect("requester");
