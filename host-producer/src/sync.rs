@@ -2,7 +2,8 @@
 //! protocols: `std`'s normally, `loom`'s under `RUSTFLAGS="--cfg loom"` (as
 //! `shmtrace_abi::sync::atomic` does), so that the loom models next to
 //! those protocols (`loom_model` modules: the `tracing` layer's span table,
-//! the writer cell's lock) run their own code.
+//! the writer cell's lock and deferred work, the startup hand-over in
+//! `data_source`) run their own code.
 //!
 //! [`UnsafeCell`] is `loom`'s interface over `std`'s cell: a closure gets
 //! the pointer, so loom sees each access (and reports two threads' accesses
@@ -26,6 +27,12 @@
 //!   model, under loom only).
 //! * [`spin_loop`] and [`yield_now`] are loom's under loom, which then
 //!   schedules another thread (a spin loop on `std`'s would never end).
+//!
+//! Elsewhere, under `cfg(loom)` only: `writer::wait_deferred` waits until
+//! done, yielding, instead of sleeping up to a deadline (loom cannot
+//! replay real time), and the process-wide track event data source type
+//! is never made (`track_event::data_source::advertise`: its loom atomics
+//! would live outside any model).
 
 #[cfg(loom)]
 #[cfg_attr(not(feature = "tracing"), allow(unused_imports))]
