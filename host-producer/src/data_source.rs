@@ -26,13 +26,18 @@
 //! * Events emitted from inside an event callback on the same thread
 //!   (re-entrancy) are dropped rather than deadlocking on the thread's own
 //!   writer lock.
+//!
+//! The slot mask, generations, hand-over word, locks and the threads'
+//! writers are [`crate::sync`]'s: under `RUSTFLAGS="--cfg loom"`,
+//! `loom_model` races an event with a startup adoption
+//! ([`DataSourceType::start_replacing`]) on this code.
 
 pub(crate) mod forward;
 pub(crate) mod registry;
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use shmtrace_abi::proto::Message;
@@ -45,6 +50,7 @@ use crate::smb::writer::{
     request_all, wait_deferred, ProducerSink, WriterCell, WriterInner, FLAG_CLEAR, FLAG_DEAD,
     FLAG_FLUSH, FLAG_RETIRE,
 };
+use crate::sync::{self, AtomicU32, AtomicU64, AtomicU8, Mutex, MutexGuard};
 use crate::track_event::category::MAX_INSTANCES;
 use crate::track_event::filter::TrackEventConfig;
 
@@ -261,7 +267,7 @@ pub(crate) struct DataSourceType {
     /// Events dropped because they were emitted re-entrantly: the
     /// process-wide counter reported as
     /// [`ProducerStats::reentrant_drops`](crate::ProducerStats::reentrant_drops).
-    pub reentrant_drops: &'static AtomicU64,
+    pub reentrant_drops: &'static std::sync::atomic::AtomicU64,
     /// The last startup hand-over ([`DataSourceType::start_replacing`]),
     /// packed by [`pack_handover`]; 0 for none. An event that read its
     /// category's bits before the hand-over and finds the startup
@@ -770,7 +776,7 @@ impl Drop for ThreadWriters {
     }
 }
 
-thread_local! {
+sync::thread_local! {
     static THREAD_WRITERS: ThreadWriters = ThreadWriters::default();
 }
 
@@ -950,3 +956,6 @@ mod tests {
         assert_eq!(closed.policy_for(&stall), BufferExhaustedPolicy::Drop);
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_model;

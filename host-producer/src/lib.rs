@@ -64,6 +64,7 @@ mod integrations;
 mod runtime;
 mod smb;
 mod stats;
+mod sync;
 mod sys;
 pub mod track_event;
 

@@ -43,8 +43,17 @@
 //!
 //! The lock guards nothing itself: [`CellLock`] only decides who holds
 //! it; the cell keeps the data and hands it out to the holder.
+//!
+//! Its flags are those of [`crate::sync`]: `std`'s, or `loom`'s under
+//! `RUSTFLAGS="--cfg loom"`, where `loom_model` runs this code in both
+//! modes, the taker's `membarrier` being the model of
+//! `crate::sync::membarrier` (the owner's compiler fence and the points
+//! marked with [`sync::light_point`] are where its barrier may land; they
+//! cost nothing outside loom).
 
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::sync::{self, AtomicBool, AtomicU8, LightPoint};
 
 /// How the owner and takers of a cell order their flags (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,13 +64,18 @@ pub(crate) enum LockMode {
     Symmetric,
 }
 
+#[cfg(not(loom))]
 const MODE_UNKNOWN: u8 = 0;
+#[cfg(not(loom))]
 const MODE_ASYMMETRIC: u8 = 1;
+#[cfg(not(loom))]
 const MODE_SYMMETRIC: u8 = 2;
-static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+#[cfg(not(loom))]
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(MODE_UNKNOWN);
 
 /// The process's lock mode, chosen (and membarrier registered) on first
 /// call. Called before any cell exists, so no cell ever sees it change.
+#[cfg(not(loom))]
 pub(crate) fn lock_mode() -> LockMode {
     match MODE.load(Ordering::Acquire) {
         MODE_ASYMMETRIC => LockMode::Asymmetric,
@@ -93,7 +107,7 @@ pub(crate) fn lock_mode() -> LockMode {
 
 /// Registers this process for private expedited membarriers; `false` if
 /// the kernel (or a seccomp filter) does not offer them.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+#[cfg(all(any(target_os = "linux", target_os = "android"), not(loom)))]
 fn register_membarrier() -> bool {
     use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
     let supported = membarrier_query();
@@ -104,9 +118,20 @@ fn register_membarrier() -> bool {
         && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[cfg(all(not(any(target_os = "linux", target_os = "android")), not(loom)))]
 fn register_membarrier() -> bool {
     false
+}
+
+/// Under loom: asymmetric unless the model withholds the syscall
+/// (`crate::sync::membarrier`), whatever the host offers.
+#[cfg(loom)]
+pub(crate) fn lock_mode() -> LockMode {
+    if sync::membarrier::offered() {
+        LockMode::Asymmetric
+    } else {
+        LockMode::Symmetric
+    }
 }
 
 /// The fence a taker runs between [`CellLock::claim`] and
@@ -115,12 +140,12 @@ pub(crate) fn taker_fence(mode: LockMode) {
     match mode {
         LockMode::Asymmetric => heavy_barrier(),
         // The claim and the confirm are sequentially consistent already.
-        LockMode::Symmetric => {}
+        LockMode::Symmetric => sync::seq_cst_store_load(),
     }
 }
 
 /// The taker's heavy side of the asymmetric fence.
-#[cfg(any(target_os = "linux", target_os = "android"))]
+#[cfg(all(any(target_os = "linux", target_os = "android"), not(loom)))]
 fn heavy_barrier() {
     use rustix::thread::{membarrier, MembarrierCommand};
     // Registration succeeded and ran this command once, so it cannot fail
@@ -130,15 +155,23 @@ fn heavy_barrier() {
     }
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[cfg(all(not(any(target_os = "linux", target_os = "android")), not(loom)))]
 fn heavy_barrier() {
     unreachable_membarrier_failure();
+}
+
+/// The taker's heavy side under loom: the model of the syscall
+/// (`crate::sync::membarrier`).
+#[cfg(loom)]
+fn heavy_barrier() {
+    sync::heavy_fence_model();
 }
 
 /// Asymmetric mode is only chosen after `PrivateExpedited` worked once;
 /// the kernel does not revoke a registration. Aborting is the only sound
 /// answer if it ever did (owners rely on the barrier for exclusion).
 #[cold]
+#[cfg(not(loom))]
 fn unreachable_membarrier_failure() -> ! {
     log::error!("membarrier(PRIVATE_EXPEDITED) failed after registration; aborting");
     std::process::abort()
@@ -191,16 +224,20 @@ impl CellLock {
     pub(crate) fn owner_enter(&self) -> bool {
         match self.mode {
             LockMode::Asymmetric => {
+                sync::light_point(LightPoint::BeforeStore);
                 self.in_use.store(true, Ordering::Relaxed);
                 // Keeps the compiler from moving the load above the store;
                 // the CPU's store-load order is the taker's membarrier's job.
-                compiler_fence(Ordering::SeqCst);
+                sync::light_fence();
             }
             LockMode::Symmetric => {
                 self.in_use.swap(true, Ordering::SeqCst);
+                sync::seq_cst_store_load();
             }
         }
-        if self.taker.load(Ordering::SeqCst) {
+        let taken = self.taker.load(Ordering::SeqCst);
+        sync::light_point(LightPoint::AfterLoad);
+        if taken {
             self.in_use.store(false, Ordering::Release);
             false
         } else {
@@ -225,10 +262,11 @@ impl CellLock {
         loop {
             while self.taker.load(Ordering::Acquire) {
                 spins += 1;
+                sync::light_point(LightPoint::Waiting);
                 if spins < 64 {
-                    std::hint::spin_loop();
+                    sync::spin_loop();
                 } else {
-                    std::thread::yield_now();
+                    sync::yield_now();
                 }
             }
             if self.owner_enter() {
@@ -238,25 +276,30 @@ impl CellLock {
     }
 
     /// Lets go of the lock (`owner`: held through `in_use`, else through
-    /// `taker`). A load that follows it is ordered after the release as
-    /// the lock's own load is (the cell's deferred-work check).
+    /// `taker`), then loads `work` (the cell's deferred-work flags): the
+    /// load is ordered after the release as the lock's own load is after
+    /// its store, so a requester that set `work` (`SeqCst`) before its
+    /// claim and found the lock held is seen here.
     #[inline]
-    pub(crate) fn release(&self, owner: bool) {
+    pub(crate) fn release(&self, owner: bool, work: &AtomicU8) -> u8 {
         if !owner {
             self.taker.store(false, Ordering::SeqCst);
+            sync::seq_cst_store_load();
         } else {
             match self.mode {
                 LockMode::Asymmetric => {
                     self.in_use.store(false, Ordering::Release);
                     // Store, then load: the requester's membarrier orders
                     // them on the CPU, as for the lock.
-                    compiler_fence(Ordering::SeqCst);
+                    sync::light_fence();
                 }
                 LockMode::Symmetric => {
                     self.in_use.swap(false, Ordering::SeqCst);
+                    sync::seq_cst_store_load();
                 }
             }
         }
+        work.load(Ordering::SeqCst)
     }
 
     /// Takes the lock back after [`CellLock::release`]: the owner always
@@ -274,3 +317,6 @@ impl CellLock {
         self.confirm()
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_model;

@@ -37,11 +37,15 @@
 //! pairing as the lock: a requester that finds a cell held is sure its
 //! holder's load after releasing sees the request. Taking a flag with
 //! `fetch_and` makes each request run exactly once.
+//!
+//! The cell's lock, flags and `inner` are [`crate::sync`]'s: under
+//! `RUSTFLAGS="--cfg loom"`, `loom_model` races an owner's event with a
+//! flush request on this code (and `cell_lock::loom_model` the lock with
+//! deferred work in both modes).
 // `unsafe` here: the writer cell's `UnsafeCell` (its lock and `Sync`).
 #![allow(unsafe_code)]
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,7 @@ use shmtrace_abi::writer::{PacketOutcome, TraceWriter};
 use crate::encoding::event::{PacketWriter, SequenceState};
 use crate::smb::arbiter::{Arbiter, WriterArbiter};
 use crate::smb::cell_lock::{lock_mode, taker_fence, CellLock, LockMode};
+use crate::sync::{AtomicU8, UnsafeCell};
 
 /// Flag: flush at the next opportunity (a flusher could not get the lock).
 pub(crate) const FLAG_FLUSH: u8 = 1;
@@ -257,8 +262,7 @@ impl WriterCell {
     /// after the release: module docs).
     #[inline]
     fn release(&self, owner: bool) -> bool {
-        self.lock.release(owner);
-        self.flags.load(Ordering::SeqCst) & DEFERRED != 0
+        self.lock.release(owner, &self.flags) & DEFERRED != 0
     }
 
     /// Takes the cell back after [`WriterCell::release`] found work: the
@@ -290,7 +294,7 @@ impl CellGuard<'_> {
         // SAFETY: a guard exists only while this thread holds the cell
         // (module docs: owner/taker exclusion), so no other reference to `inner` exists; the
         // returned borrow is tied to `&mut self`.
-        unsafe { &mut *self.cell.inner.get() }
+        self.cell.inner.with_mut(|inner| unsafe { &mut *inner })
     }
 
     /// Pending flags (acquire: pairs with `request`).
@@ -382,8 +386,14 @@ pub(crate) fn wait_deferred(cells: &[Arc<WriterCell>], work: u8, deadline: Insta
     loop {
         let pending = cells.iter().filter(|c| c.has_flags(work)).count();
         let now = Instant::now();
-        if pending == 0 || now >= deadline {
+        if pending == 0 || (now >= deadline && !cfg!(loom)) {
             return pending;
+        }
+        if cfg!(loom) {
+            // loom replays executions, real time it cannot: under loom the
+            // wait lasts until the work is done, yielding to its holder.
+            crate::sync::yield_now();
+            continue;
         }
         std::thread::sleep(sleep.min(deadline - now));
         sleep = (sleep * 2).min(Duration::from_millis(2));
@@ -870,3 +880,6 @@ mod deferred_tests {
         requests_race_the_owner(LockMode::Symmetric);
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_model;

@@ -141,6 +141,12 @@ pub(crate) fn track_event_type() -> &'static Arc<DataSourceType> {
 /// program registered a data source named `track_event` of its own: that
 /// one is the process's `track_event` then (logged once).
 pub(crate) fn advertise(changed: bool) {
+    // A data source type's atomics are loom's under loom, which exist only
+    // inside a model: there the process-wide type is never made (models
+    // make the types they race; `data_source::loom_model`).
+    if cfg!(loom) {
+        return;
+    }
     if types().advertise(track_event_type(), changed) == Advertised::NameTaken {
         static LOGGED: AtomicBool = AtomicBool::new(false);
         if !LOGGED.swap(true, Ordering::Relaxed) {

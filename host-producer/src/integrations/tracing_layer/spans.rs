@@ -79,14 +79,12 @@
 // invariants above); two blocks, in `Slot::start` and `Slot::given`.
 #![allow(unsafe_code)]
 
-mod sync;
-
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
-use sync::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, UnsafeCell,
+use crate::sync::{
+    self, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, MutexGuard, UnsafeCell,
 };
 
 use tracing_core::span::Attributes;

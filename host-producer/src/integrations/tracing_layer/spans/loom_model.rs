@@ -1,7 +1,7 @@
 //! loom models of the span table's protocol (the module docs of
 //! [`super`]), run on the table's own code: its atomics, lock,
 //! thread-locals and the cell of a slot's given fields are loom's here
-//! ([`super::sync`]).
+//! ([`crate::sync`]).
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p shmtrace-producer --features tracing --release --lib --target-dir target/loom loom_model`.
