@@ -425,17 +425,18 @@ impl DataSourceType {
     /// `from`: `move_enablement` moves what selects events for `from` over
     /// to `inst` (track events: the categories' bits, one store each), and
     /// this type's slot mask moves in one store, so every event goes to
-    /// exactly one of them.
+    /// exactly one of them. Returns `from`'s writers still busy in an event
+    /// ([`Self::stop`]).
     pub(crate) fn start_replacing(
         &self,
         inst: &Instance,
         from: &Arc<Instance>,
         move_enablement: impl FnOnce(),
-    ) {
+    ) -> Vec<Arc<WriterCell>> {
         {
             let mut st = inst.state();
             if st.started || st.stopped {
-                return;
+                return Vec::new();
             }
             st.started = true;
         }
@@ -452,12 +453,13 @@ impl DataSourceType {
                 Some((m & !off) | on)
             });
         self.handler.on_start(&inst.args());
-        self.stop(from);
+        self.stop(from)
     }
 
     /// Stops `inst`: calls `on_stop`, disables its slot, flushes and
-    /// retires its writers, frees the slot.
-    pub(crate) fn stop(&self, inst: &Arc<Instance>) {
+    /// retires its writers, frees the slot. Returns the writers still busy
+    /// in an event ([`retire_all`]).
+    pub(crate) fn stop(&self, inst: &Arc<Instance>) -> Vec<Arc<WriterCell>> {
         let was_started = inst.state().started;
         if was_started {
             self.handler.on_stop(&inst.args());
@@ -470,11 +472,12 @@ impl DataSourceType {
             st.stopped = true;
             std::mem::take(&mut st.cells)
         };
-        retire_all(&cells, &inst.arbiter);
+        let busy = retire_all(&cells, &inst.arbiter);
         let mut current = slot.current();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, inst)) {
             *current = None;
         }
+        busy
     }
 
     /// Runs the flush callback of `inst` and asks its writers to flush:
@@ -687,7 +690,7 @@ pub(crate) fn wait_for_flushes(busy: &[Arc<WriterCell>]) {
 
 /// Flushes a writer and takes it out of service ([`retire_all`]).
 pub(crate) fn retire(cell: &Arc<WriterCell>, arbiter: &Arbiter) {
-    retire_all(std::slice::from_ref(cell), arbiter);
+    let _ = retire_all(std::slice::from_ref(cell), arbiter);
 }
 
 /// Takes writers out of service: marks them dead, removes them from the
@@ -699,10 +702,11 @@ pub(crate) fn retire(cell: &Arc<WriterCell>, arbiter: &Arbiter) {
 /// stalling for a chunk). Upstream notifies without flushing its
 /// thread-local writers at all; their chunks come when the thread next
 /// writes or exits, or through the service's SMB scraping.
-pub(crate) fn retire_all(cells: &[Arc<WriterCell>], arbiter: &Arbiter) {
-    if cells.is_empty() {
-        return;
-    }
+///
+/// Returns the writers still busy after the wait: their last chunks are
+/// committed when their events end, for whoever reads `arbiter` to pick up
+/// (startup tracing's hand-over waits for them).
+pub(crate) fn retire_all(cells: &[Arc<WriterCell>], arbiter: &Arbiter) -> Vec<Arc<WriterCell>> {
     for cell in cells {
         arbiter.remove_cell(cell);
     }
@@ -710,6 +714,16 @@ pub(crate) fn retire_all(cells: &[Arc<WriterCell>], arbiter: &Arbiter) {
     if done < cells.len() && !arbiter.is_closed() {
         wait_deferred(cells, FLAG_RETIRE, Instant::now() + HOUSEKEEPING_WAIT);
     }
+    busy_with(cells, FLAG_RETIRE)
+}
+
+/// The cells of `cells` whose deferred `work` is still pending.
+pub(crate) fn busy_with(cells: &[Arc<WriterCell>], work: u8) -> Vec<Arc<WriterCell>> {
+    cells
+        .iter()
+        .filter(|c| c.has_flags(work))
+        .cloned()
+        .collect()
 }
 
 struct TlsEntry {

@@ -490,6 +490,58 @@ impl Lane {
         }
         self.recent.push_back(m);
     }
+
+    /// Commits `patches` (offset into the source chunk's payload, bytes)
+    /// for the source chunk `source_chunk` onto the lane's copy of it;
+    /// how many went out, or `None` if the lane did not copy that chunk
+    /// (or no longer remembers it). A patch whose bytes the lane stripped
+    /// is dropped and counted.
+    fn forward_patches(
+        &self,
+        source_chunk: u32,
+        patches: impl Iterator<Item = (u32, [u8; 4])>,
+        has_more: bool,
+        c: &Counters,
+    ) -> Option<usize> {
+        let m = *self
+            .recent
+            .iter()
+            .rev()
+            .find(|m| m.source_chunk == source_chunk)?;
+        let mut group = ChunkToPatch {
+            target_buffer: self.instance.config.target_buffer,
+            writer_id: u32::from(m.writer_id),
+            chunk_id: m.chunk_id,
+            patches: heapless::Vec::new(),
+            has_more_patches: has_more,
+        };
+        let outbox = self.instance.arbiter.outbox();
+        let mut sent = 0;
+        for (offset, data) in patches {
+            let Some(offset) = offset
+                .checked_sub(m.stripped)
+                .and_then(|o| o.checked_add(m.inserted))
+            else {
+                bump(&c.patches_dropped);
+                continue;
+            };
+            let entry = PatchEntry { offset, data };
+            if let Err(entry) = group.patches.push(entry) {
+                let full = ChunkToPatch {
+                    patches: std::mem::take(&mut group.patches),
+                    has_more_patches: true,
+                    ..group.clone()
+                };
+                outbox.commit_patches(full);
+                let _ = group.patches.push(entry);
+            }
+            sent += 1;
+        }
+        if !group.patches.is_empty() {
+            outbox.commit_patches(group);
+        }
+        Some(sent)
+    }
 }
 
 /// A parsed source chunk.
@@ -667,50 +719,10 @@ impl ForwardedSequence {
         let mut matched = false;
         let mut all = self.shared.lanes();
         for lane in all.get_mut(&self.id).into_iter().flatten() {
-            let Some(m) = lane
-                .recent
-                .iter()
-                .rev()
-                .find(|m| m.source_chunk == source_chunk_id)
-                .copied()
-            else {
-                continue;
-            };
-            matched = true;
-            let mut group = ChunkToPatch {
-                target_buffer: lane.instance.config.target_buffer,
-                writer_id: u32::from(m.writer_id),
-                chunk_id: m.chunk_id,
-                patches: heapless::Vec::new(),
-                has_more_patches: has_more,
-            };
-            let outbox = lane.instance.arbiter.outbox();
-            for p in patches {
-                let Some(offset) = p
-                    .offset
-                    .checked_sub(m.stripped)
-                    .and_then(|o| o.checked_add(m.inserted))
-                else {
-                    bump(&c.patches_dropped);
-                    continue;
-                };
-                let entry = PatchEntry {
-                    offset,
-                    data: p.data,
-                };
-                if let Err(entry) = group.patches.push(entry) {
-                    let full = ChunkToPatch {
-                        patches: std::mem::take(&mut group.patches),
-                        has_more_patches: true,
-                        ..group.clone()
-                    };
-                    outbox.commit_patches(full);
-                    let _ = group.patches.push(entry);
-                }
-                sent += 1;
-            }
-            if !group.patches.is_empty() {
-                outbox.commit_patches(group);
+            let patches = patches.iter().map(|p| (p.offset, p.data));
+            if let Some(n) = lane.forward_patches(source_chunk_id, patches, has_more, c) {
+                matched = true;
+                sent += n;
             }
         }
         if !matched {
@@ -788,31 +800,63 @@ enum Outcome {
     Skipped,
 }
 
-/// Copies one whole sequence of chunks (in order, as its writer committed
-/// them) into `instance` as a lane of its own, then unregisters the lane's
-/// writer: startup tracing's hand-over. Whether each chunk was copied
-/// (waiting for a free chunk as `policy` allows); a chunk that does not
-/// parse is not.
-pub(crate) fn copy_sequence<'a>(
-    instance: &Arc<Instance>,
-    chunks: impl IntoIterator<Item = &'a [u8]>,
-    policy: BufferExhaustedPolicy,
-) -> Vec<bool> {
-    let counters = Counters::default();
-    let mut lane = Lane::new(instance.clone(), false);
-    let copied = chunks
-        .into_iter()
-        .map(|chunk| {
-            Parsed::parse(chunk).is_ok_and(|parsed| {
-                !matches!(
-                    forward_into(&mut lane, &parsed, None, policy, &counters),
-                    Outcome::Dropped
-                )
+/// One sequence of chunks copied into an instance as a lane of its own,
+/// in order, as its writer committed them, over as many calls as the
+/// chunks take to arrive: startup tracing's hand-over. The lane's writer
+/// is unregistered when this drops.
+pub(crate) struct SequenceCopy {
+    lane: Lane,
+    counters: Counters,
+}
+
+impl SequenceCopy {
+    pub(crate) fn new(instance: &Arc<Instance>) -> Self {
+        SequenceCopy {
+            lane: Lane::new(instance.clone(), false),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Copies the next `chunks` of the sequence: whether each was (waiting
+    /// for a free chunk as `policy` allows); a chunk that does not parse
+    /// is not.
+    pub(crate) fn copy<'a>(
+        &mut self,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+        policy: BufferExhaustedPolicy,
+    ) -> Vec<bool> {
+        chunks
+            .into_iter()
+            .map(|chunk| {
+                Parsed::parse(chunk).is_ok_and(|parsed| {
+                    !matches!(
+                        forward_into(&mut self.lane, &parsed, None, policy, &self.counters),
+                        Outcome::Dropped
+                    )
+                })
             })
-        })
-        .collect();
-    lane.release();
-    copied
+            .collect()
+    }
+
+    /// Patches a chunk copied by an earlier [`Self::copy`] (its source
+    /// chunk id); `false` if this copy does not know it.
+    pub(crate) fn patch(&self, group: &ChunkToPatch) -> bool {
+        let patches = group.patches.iter().map(|p| (p.offset, p.data));
+        self.lane
+            .forward_patches(
+                group.chunk_id,
+                patches,
+                group.has_more_patches,
+                &self.counters,
+            )
+            .is_some()
+    }
+}
+
+impl Drop for SequenceCopy {
+    fn drop(&mut self) {
+        self.lane.release();
+    }
 }
 
 /// The bytes of one fragment holding `packet`.

@@ -1807,6 +1807,106 @@ fn a_startup_trace_no_session_adopts_is_dropped_and_counted() {
     lb.shutdown();
 }
 
+/// The `"blob"` annotation of the `"slow"` event: more than a 4 KiB
+/// chunk, so that the packet spans chunks and its first chunk waits for a
+/// patch.
+const SLOW_BLOB: usize = 6000;
+
+/// A thread in the middle of a `t.early` instant `"slow"` (into the
+/// startup instance) that has written its [`SLOW_BLOB`]; the event ends
+/// once the sender is sent to.
+fn slow_startup_event() -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+    let (started, in_event) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let slow = std::thread::spawn(move || {
+        let blob = "b".repeat(SLOW_BLOB);
+        T_EARLY.instant("slow").emit_with(|ctx| {
+            ctx.add_arg(&Arg::new("blob", DebugValue::from(blob.as_str())));
+            let _ = started.send(());
+            let _ = released.recv_timeout(Duration::from_secs(30));
+        });
+    });
+    in_event.recv().expect("the event started");
+    (slow, release)
+}
+
+#[test]
+fn a_startup_event_outlasting_the_hand_over_reaches_the_session() {
+    let _s = serial();
+    let before = crate::stats();
+    begin_startup(Duration::from_secs(30));
+    trace_instant!(T_EARLY, "quick");
+    let (slow, release) = slow_startup_event();
+    let lb = Loopback::new(256 * 1024, PageLayout::Div1, false);
+    lb.start_track_event(45, 1, TrackEventConfig::default());
+    crate::track_event::startup::wait_handed_over(Duration::from_secs(5));
+    let names = |lb: &Loopback| -> Vec<String> {
+        all_events(lb)
+            .into_iter()
+            .filter_map(|(_, n, ..)| n)
+            .collect()
+    };
+    runtime().flush(&[45], 1);
+    assert_eq!(
+        names(&lb),
+        ["quick"],
+        "copied without waiting for the slow one"
+    );
+    release.send(()).unwrap();
+    slow.join().unwrap();
+    // The startup thread copies the slow event's chunk once it ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut flush = 2;
+    while !names(&lb).iter().any(|n| n == "slow") {
+        assert!(std::time::Instant::now() < deadline, "{:?}", crate::stats());
+        std::thread::sleep(Duration::from_millis(5));
+        runtime().flush(&[45], flush);
+        flush += 1;
+    }
+    runtime().stop_data_source(45);
+    let mut got = names(&lb);
+    got.sort();
+    assert_eq!(got, ["quick", "slow"]);
+    // Its first chunk, copied before the event ended, got its patch.
+    let slow = all_events(&lb)
+        .into_iter()
+        .find(|e| e.1.as_deref() == Some("slow"))
+        .unwrap();
+    let blob = &slow.3.track_event.unwrap().debug_annotations[0];
+    assert_eq!(blob.string_value.as_deref(), Some(&*"b".repeat(SLOW_BLOB)));
+    let after = crate::stats();
+    assert_eq!(
+        after.startup_packets_dropped,
+        before.startup_packets_dropped
+    );
+    lb.shutdown();
+}
+
+#[test]
+fn a_startup_event_outlasting_the_timeout_is_counted_when_it_ends() {
+    let _s = serial();
+    let before = crate::stats();
+    begin_startup(Duration::from_secs(1));
+    let (slow, release) = slow_startup_event();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while T_EARLY.is_enabled() {
+        assert!(std::time::Instant::now() < deadline, "never timed out");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Past the stop's wait for busy writers: the chunks the thread had
+    // committed are counted, not the one it writes in.
+    std::thread::sleep(Duration::from_millis(300));
+    let at_stop = crate::stats().startup_packets_dropped;
+    assert!(at_stop > before.startup_packets_dropped);
+    release.send(()).unwrap();
+    slow.join().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::stats().startup_packets_dropped == at_stop {
+        assert!(std::time::Instant::now() < deadline, "never counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn an_event_racing_the_hand_over_reaches_the_adopting_session() {
     let _s = serial();

@@ -39,9 +39,16 @@
 //! [`crate::flush_all`] and the service's flushes wait (bounded) for a
 //! hand-over in progress, so its chunks precede the acknowledgement.
 //!
+//! A stop waits only so long for a writer busy in an event. The startup
+//! thread therefore waits on, without a deadline, for every writer still
+//! busy when its instance stopped. When their events end, it copies their
+//! last chunks into their sequences, and forwards the patches of chunks
+//! it copied before. Packets are never left in the private buffer unseen.
+//!
 //! When no session adopts the buffer within [`StartupTracing::timeout`],
 //! the startup instance stops and its packets are dropped and counted
-//! ([`ProducerStats::startup_packets_dropped`](crate::ProducerStats::startup_packets_dropped)).
+//! ([`ProducerStats::startup_packets_dropped`](crate::ProducerStats::startup_packets_dropped));
+//! a busy writer's, when its event ends.
 //!
 //! # Invariants
 //!
@@ -52,6 +59,7 @@
 //!   ([`STARTUP_INSTANCE_ID`]) is skipped by the runtime's lookups, and a
 //!   disconnection does not stop it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -62,9 +70,13 @@ use shmtrace_abi::layout::{
 use shmtrace_ipc::shm::SharedMemory;
 
 use crate::connection::outbox::{ChunkToPatch, Outbox, Outgoing};
-use crate::data_source::{DataSourceConfig, DataSourceType, Instance, STARTUP_INSTANCE_ID};
+use crate::data_source::forward::SequenceCopy;
+use crate::data_source::{
+    busy_with, DataSourceConfig, DataSourceType, Instance, STARTUP_INSTANCE_ID,
+};
 use crate::error::ConnectError;
 use crate::smb::arbiter::{Arbiter, BufferExhaustedPolicy};
+use crate::smb::writer::{wait_deferred, WriterCell, FLAG_RETIRE};
 use crate::stats::COUNTERS;
 use crate::track_event::data_source::track_event_type;
 use crate::track_event::filter::TrackEventConfig;
@@ -74,6 +86,10 @@ const COPY_STALL: Duration = Duration::from_secs(1);
 
 /// The page size of the startup buffer.
 const PAGE: PageSize = PageSize::DEFAULT;
+
+/// How often the startup thread looks at writers still busy in an event
+/// after its instance stopped.
+const STRAGGLER_POLL: Duration = Duration::from_millis(10);
 
 /// How tracing starts before a session reaches the program (see the module
 /// docs). Set [`ProducerConfig::startup_tracing`](crate::ProducerConfig::startup_tracing)
@@ -103,6 +119,16 @@ impl Default for StartupTracing {
     }
 }
 
+/// An adopted startup instance.
+struct Handover {
+    /// The startup instance, stopped.
+    from: Arc<Instance>,
+    /// The session's instance.
+    to: Arc<Instance>,
+    /// `from`'s writers busy in an event when it stopped.
+    busy: Vec<Arc<WriterCell>>,
+}
+
 /// The startup instance waiting for a session.
 struct Pending {
     instance: Arc<Instance>,
@@ -113,9 +139,8 @@ struct Pending {
 #[derive(Default)]
 struct State {
     pending: Option<Pending>,
-    /// Adopted: the startup instance (stopped) and the session's instance,
-    /// for the startup thread to copy.
-    handover: Option<(Arc<Instance>, Arc<Instance>)>,
+    /// Adopted, for the startup thread to copy.
+    handover: Option<Handover>,
     /// A hand-over is being copied (or waits to be).
     copying: bool,
 }
@@ -171,7 +196,8 @@ pub(crate) fn begin(
         .spawn(run)
         .is_err()
     {
-        ty.stop(&instance);
+        // Nothing was written yet: the instance never started.
+        let _ = ty.stop(&instance);
         return Err(ConnectError::Thread);
     }
     ty.start(&instance);
@@ -203,7 +229,7 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
     };
     st.copying = true;
     drop(st);
-    ty.start_replacing(inst, &pending.instance, || {
+    let busy = ty.start_replacing(inst, &pending.instance, || {
         crate::track_event::category::registry().move_filter(
             pending.instance.slot,
             inst.slot,
@@ -214,7 +240,11 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
         "shmtrace-producer: the session of data source instance {} adopts the startup trace",
         inst.id
     );
-    state().handover = Some((pending.instance, inst.clone()));
+    state().handover = Some(Handover {
+        from: pending.instance,
+        to: inst.clone(),
+        busy,
+    });
     STATE.changed.notify_all();
     true
 }
@@ -237,22 +267,30 @@ pub(crate) fn wait_handed_over(timeout: Duration) {
 }
 
 /// The startup thread: copies a hand-over, or drops the buffer at its
-/// deadline; ends when neither is left to do.
+/// deadline; then waits for the writers that were busy in an event when
+/// the startup instance stopped, and copies or drops their last chunks
+/// too; ends when nothing is left to do.
 fn run() {
     loop {
         let mut st = state();
-        if let Some((from, to)) = st.handover.take() {
+        if let Some(Handover { from, to, busy }) = st.handover.take() {
             drop(st);
-            let (copied, dropped) = hand_over(&from, &to);
-            COUNTERS
-                .startup_packets_adopted
-                .fetch_add(copied, Ordering::Relaxed);
-            count_dropped(dropped);
+            let mut copy = HandOver::new(&to);
+            let (copied, dropped) = copy.chunks(&from.arbiter);
+            count(copied, dropped);
             log::info!(
                 "shmtrace-producer: startup trace handed over: {copied} packet(s), {dropped} dropped"
             );
             state().copying = false;
             STATE.changed.notify_all();
+            if wait_for_stragglers(&busy) {
+                let (copied, dropped) = copy.chunks(&from.arbiter);
+                count(copied, dropped);
+                log::info!(
+                    "shmtrace-producer: startup trace: {copied} more packet(s) handed over once \
+                     the events in progress ended, {dropped} dropped"
+                );
+            }
             return;
         }
         let Some(deadline) = st.pending.as_ref().map(|p| p.deadline) else {
@@ -269,26 +307,56 @@ fn run() {
                 continue;
             };
             drop(st);
-            let ty = track_event_type();
-            ty.stop(&pending.instance);
-            let (packets, _) = drain(&pending.instance.arbiter);
-            count_dropped(packets.iter().map(|c| c.packets).sum());
+            let busy = track_event_type().stop(&pending.instance);
+            let dropped = drop_committed(&pending.instance.arbiter);
             log::info!(
-                "shmtrace-producer: no session took the startup trace within its timeout: {} \
-                 packet(s) dropped",
-                packets.iter().map(|c| c.packets).sum::<u64>()
+                "shmtrace-producer: no session took the startup trace within its timeout: \
+                 {dropped} packet(s) dropped"
             );
             STATE.changed.notify_all();
+            if wait_for_stragglers(&busy) {
+                drop_committed(&pending.instance.arbiter);
+            }
             return;
         }
         let _ = STATE.changed.wait_timeout(st, left);
     }
 }
 
-fn count_dropped(n: u64) {
+/// Waits, without a deadline, until every writer of `busy` (busy in an
+/// event when its instance stopped) has ended its event and committed its
+/// last chunk; `false` if there were none.
+fn wait_for_stragglers(busy: &[Arc<WriterCell>]) -> bool {
+    if busy.is_empty() {
+        return false;
+    }
+    // Most events end soon: look often at first, then every poll.
+    if wait_deferred(busy, FLAG_RETIRE, Instant::now() + STRAGGLER_POLL) > 0 {
+        let mut left = busy_with(busy, FLAG_RETIRE);
+        while !left.is_empty() {
+            std::thread::sleep(STRAGGLER_POLL);
+            left = busy_with(&left, FLAG_RETIRE);
+        }
+    }
+    true
+}
+
+/// Counts the packets committed to the startup buffer `arbiter` (since
+/// the last look) as dropped; how many.
+fn drop_committed(arbiter: &Arbiter) -> u64 {
+    let (chunks, _) = drain(arbiter);
+    let dropped = chunks.iter().map(|c| c.packets).sum();
+    count(0, dropped);
+    dropped
+}
+
+fn count(adopted: u64, dropped: u64) {
+    COUNTERS
+        .startup_packets_adopted
+        .fetch_add(adopted, Ordering::Relaxed);
     COUNTERS
         .startup_packets_dropped
-        .fetch_add(n, Ordering::Relaxed);
+        .fetch_add(dropped, Ordering::Relaxed);
 }
 
 /// One chunk read out of the startup buffer.
@@ -360,34 +428,63 @@ fn apply_patches(chunks: &mut [Chunk], group: &ChunkToPatch) -> bool {
     true
 }
 
-/// Copies what the stopped startup instance `from` wrote into `to`'s SMB,
-/// one sequence per writer; (packets copied, packets dropped).
-fn hand_over(from: &Instance, to: &Arc<Instance>) -> (u64, u64) {
-    let (chunks, _) = drain(&from.arbiter);
-    let mut writers: Vec<u16> = chunks.iter().map(|c| c.header.writer_id).collect();
-    writers.sort_unstable();
-    writers.dedup();
-    let (mut copied, mut dropped) = (0, 0);
-    for writer in writers {
-        let sequence: Vec<&Chunk> = chunks
-            .iter()
-            .filter(|c| c.header.writer_id == writer)
-            .collect();
-        let outcome = crate::data_source::forward::copy_sequence(
-            to,
-            sequence.iter().map(|c| c.bytes.as_slice()),
-            BufferExhaustedPolicy::StallThenDrop(COPY_STALL),
-        );
-        for (chunk, ok) in sequence.iter().zip(outcome) {
-            if ok {
-                copied += chunk.packets;
-            } else {
-                dropped += chunk.packets;
-            }
+/// The copy of a stopped startup instance's chunks into the adopting
+/// session's SMB: one sequence per writer, kept for the chunks and patches
+/// of writers that were busy at the stop.
+struct HandOver {
+    to: Arc<Instance>,
+    sequences: BTreeMap<u16, SequenceCopy>,
+}
+
+impl HandOver {
+    fn new(to: &Arc<Instance>) -> Self {
+        HandOver {
+            to: to.clone(),
+            sequences: BTreeMap::new(),
         }
     }
-    to.arbiter.outbox().kick();
-    (copied, dropped)
+
+    /// Copies what the startup buffer `from` committed since the last
+    /// call, and forwards the patches of chunks copied before; (packets
+    /// copied, packets dropped).
+    fn chunks(&mut self, from: &Arbiter) -> (u64, u64) {
+        let (chunks, patches) = drain(from);
+        let (mut copied, mut dropped) = (0, 0);
+        let mut writers: Vec<u16> = chunks.iter().map(|c| c.header.writer_id).collect();
+        writers.sort_unstable();
+        writers.dedup();
+        for writer in writers {
+            let sequence: Vec<&Chunk> = chunks
+                .iter()
+                .filter(|c| c.header.writer_id == writer)
+                .collect();
+            let outcome = self
+                .sequences
+                .entry(writer)
+                .or_insert_with(|| SequenceCopy::new(&self.to))
+                .copy(
+                    sequence.iter().map(|c| c.bytes.as_slice()),
+                    BufferExhaustedPolicy::StallThenDrop(COPY_STALL),
+                );
+            for (chunk, ok) in sequence.iter().zip(outcome) {
+                if ok {
+                    copied += chunk.packets;
+                } else {
+                    dropped += chunk.packets;
+                }
+            }
+        }
+        for group in &patches {
+            if let Some(sequence) = u16::try_from(group.writer_id)
+                .ok()
+                .and_then(|w| self.sequences.get(&w))
+            {
+                sequence.patch(group);
+            }
+        }
+        self.to.arbiter.outbox().kick();
+        (copied, dropped)
+    }
 }
 
 #[cfg(test)]
