@@ -275,7 +275,7 @@ fn run() {
         let mut st = state();
         if let Some(Handover { from, to, busy }) = st.handover.take() {
             drop(st);
-            let mut copy = HandOver::new(&to);
+            let mut copy = SessionCopy::new(&to);
             let (copied, dropped) = copy.chunks(&from.arbiter);
             count(copied, dropped);
             log::info!(
@@ -431,14 +431,14 @@ fn apply_patches(chunks: &mut [Chunk], group: &ChunkToPatch) -> bool {
 /// The copy of a stopped startup instance's chunks into the adopting
 /// session's SMB: one sequence per writer, kept for the chunks and patches
 /// of writers that were busy at the stop.
-struct HandOver {
+struct SessionCopy {
     to: Arc<Instance>,
     sequences: BTreeMap<u16, SequenceCopy>,
 }
 
-impl HandOver {
+impl SessionCopy {
     fn new(to: &Arc<Instance>) -> Self {
-        HandOver {
+        SessionCopy {
             to: to.clone(),
             sequences: BTreeMap::new(),
         }
