@@ -594,6 +594,38 @@ fn a_firmware_clock_related_by_the_bridge_resolves_in_two_hops() {
     assert_eq!(a["clocks"]["last_ns"], golden["clocks"]["last_ns"]);
 }
 
+/// A ring wrap that overwrote a firmware sequence's start and the
+/// bridge's first snapshot relating its clock to BOOTTIME: the events
+/// before the next surviving snapshot cannot be placed in time. They are
+/// counted as unresolvable after ring wrap, not failed; the same trace
+/// without the wrap fails (see `unresolvable_timestamps`).
+#[test]
+fn ring_wrap_excuses_firmware_times_before_the_surviving_snapshot() {
+    let dir = TempDir::new("wrap-clock");
+    let mut t = firmware_sequence(Some(Bridge::AfterEvents));
+    let reset = t.sequence(3)[0];
+    // The first surviving packet is a periodic clear, not the start.
+    t.clear(reset, "first_packet_on_sequence");
+    check_fails_with(&t, &dir, "unmarked_loss", "sequence 3");
+    let bridge = t
+        .sequence(3)
+        .into_iter()
+        .find(|&i| i != reset && t.packets[i].to_text_format().contains("clock_snapshot"))
+        .expect("the bridge's snapshot");
+    let unplaced = t
+        .sequence(3)
+        .into_iter()
+        .filter(|&i| i > reset && i < bridge && t.packets[i].has_field_by_name("timestamp"))
+        .count() as u64;
+    assert!(unplaced >= 3, "{unplaced}");
+    t.set_buffer_stat("write_wrap_count", 1);
+    let a = check_passes(&t, &dir);
+    let seq3 = sequence_info(&a, 3);
+    assert_eq!(seq3["start_lost"], true);
+    assert_eq!(seq3["unresolvable_after_wrap"], unplaced);
+    assert_eq!(a["loss"]["unresolvable_after_wrap"], unplaced);
+}
+
 /// An event at an absolute time earlier than the latest one of its
 /// sequence is legal (a trace processor sorts by time; the SDK writes an
 /// explicit earlier time so): counted, not a problem. The deltas after it

@@ -43,9 +43,11 @@
 //!   trace does not say which one the sequence wrote to).
 //! * If the sequence's buffer wrapped (`chunks_overwritten` or
 //!   `write_wrap_count` > 0), a RING buffer overwrote the sequence's oldest
-//!   chunks, with its incremental-state clear: the packets that need
-//!   incremental state before the sequence's first surviving clear are
-//!   counted as *unresolvable after ring wrap*, not as problems.
+//!   chunks, with its incremental-state clear and clock snapshots: the
+//!   packets that need incremental state before the sequence's first
+//!   surviving clear, and those stamped on a sequence-scoped clock before
+//!   a surviving snapshot relates it to the trace clock, are counted as
+//!   *unresolvable after ring wrap*, not as problems.
 //! * Either way, only the consequences of the lost start are excused: slice
 //!   ends whose begin was lost, and anything that fails before the
 //!   sequence's first clear. An interned id that does not resolve after
@@ -409,7 +411,9 @@ pub struct SequenceInfo {
     /// valid (those counted in `unresolvable_after_wrap` excepted).
     pub skipped_packets: u64,
     /// Packets that need incremental state before the sequence's first
-    /// clear, on a sequence whose start a ring buffer overwrote.
+    /// clear, or stamped on a sequence-scoped clock before a snapshot
+    /// related it to the trace clock, on a sequence whose start a ring
+    /// buffer overwrote.
     pub unresolvable_after_wrap: u64,
     /// SLICE_END events with no open slice, after a loss.
     pub unmatched_ends_after_loss: u64,
@@ -452,8 +456,8 @@ pub struct LossInfo {
     /// Packets skipped for lack of incremental state (those counted in
     /// `unresolvable_after_wrap` excepted).
     pub skipped_packets: u64,
-    /// Packets that need incremental state whose clear a ring buffer
-    /// overwrote, all sequences.
+    /// Packets that need incremental state (or a clock snapshot) that a
+    /// ring buffer overwrote, all sequences.
     pub unresolvable_after_wrap: u64,
     /// Non-zero loss statistics (`buffer N: name` / `service: name`), with
     /// their value and meaning.
@@ -512,8 +516,10 @@ impl Table {
 struct Evidence {
     kind: ProblemKind,
     message: String,
-    /// Found before the sequence's first incremental-state clear.
-    before_clear: bool,
+    /// What a lost start explains: found before the sequence's first
+    /// incremental-state clear, or a time on a sequence-scoped clock that
+    /// the sequence had not related to the trace clock yet.
+    lost_with_start: bool,
 }
 
 #[derive(Debug, Default)]
@@ -527,6 +533,9 @@ struct Sequence {
     ever_valid: bool,
     /// Packets skipped before the first clear and before any loss mark.
     skipped_before_clear: u64,
+    /// Times on a sequence-scoped clock no snapshot had related to the
+    /// trace clock yet, before any loss mark.
+    unrelated_times: u64,
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
     /// The time of the last packet with a resolved timestamp.
@@ -927,7 +936,7 @@ impl Analyzer {
                 };
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
-                    before_clear: !seq.ever_valid,
+                    lost_with_start: !seq.ever_valid,
                     message,
                 });
             }
@@ -1021,7 +1030,7 @@ impl Analyzer {
                 if !seq.marked {
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Timestamps,
-                        before_clear: !seq.ever_valid,
+                        lost_with_start: !seq.ever_valid,
                         message: format!(
                             "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
                              {seq_id} does not define"
@@ -1039,7 +1048,8 @@ impl Analyzer {
                 return;
             }
             Err(ConvertError::UnknownTarget | ConvertError::NoPath) => {
-                let clock = if clock_id >= clocks::FIRST_SEQUENCE_SCOPED {
+                let sequence_scoped = clock_id >= clocks::FIRST_SEQUENCE_SCOPED;
+                let clock = if sequence_scoped {
                     format!("clock {clock_id} of sequence {seq_id}")
                 } else {
                     clock_name(clock_id)
@@ -1049,7 +1059,18 @@ impl Analyzer {
                      snapshots relates them",
                     clock_name(target)
                 );
-                self.problem(ProblemKind::Timestamps, message);
+                if !sequence_scoped {
+                    self.problem(ProblemKind::Timestamps, message);
+                } else if !seq.marked {
+                    // The snapshot relating it may have gone with the
+                    // sequence's start (a ring buffer overwrote it).
+                    seq.unrelated_times += 1;
+                    seq.evidence.push(Evidence {
+                        kind: ProblemKind::Timestamps,
+                        lost_with_start: true,
+                        message,
+                    });
+                }
                 return;
             }
         };
@@ -1134,7 +1155,7 @@ impl Analyzer {
             if !seq.marked {
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
-                    before_clear: !seq.ever_valid,
+                    lost_with_start: !seq.ever_valid,
                     message,
                 });
             }
@@ -1296,7 +1317,7 @@ impl Analyzer {
                     let file = self.out.files.get(mark.file).cloned().unwrap_or_default();
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Nesting,
-                        before_clear: false,
+                        lost_with_start: false,
                         message: format!(
                             "{file} packet #{}: SLICE_END with no open slice on track {track}",
                             mark.packet
@@ -1412,7 +1433,7 @@ impl Analyzer {
             seq.info.start_lost =
                 !seq.first_flagged && (any_first_flag || !seq.first_cleared || wrapped);
             if seq.info.start_lost && wrapped {
-                seq.info.unresolvable_after_wrap = seq.skipped_before_clear;
+                seq.info.unresolvable_after_wrap = seq.skipped_before_clear + seq.unrelated_times;
                 seq.info.skipped_packets -= seq.skipped_before_clear;
             }
             let loss = &mut self.out.loss;
@@ -1429,7 +1450,7 @@ impl Analyzer {
                     // What the lost start explains: slices begun before it,
                     // and whatever failed before the first clear.
                     for e in evidence {
-                        if e.kind != ProblemKind::Nesting && !e.before_clear {
+                        if e.kind != ProblemKind::Nesting && !e.lost_with_start {
                             self.problem(e.kind, e.message);
                         }
                     }
@@ -1518,7 +1539,7 @@ fn intern(seq: &mut Sequence, data: InternedData, at: &str) {
             if old != value && !seq.marked {
                 seq.evidence.push(Evidence {
                     kind: ProblemKind::Interning,
-                    before_clear: !seq.ever_valid,
+                    lost_with_start: !seq.ever_valid,
                     message: format!(
                         "{at}: {} iid {iid} redefined from {old:?} to {value:?} without an \
                          incremental-state clear",

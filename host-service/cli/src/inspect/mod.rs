@@ -33,7 +33,8 @@ pub struct InspectArgs {
     /// Exit with status 1 if the trace has problems: unresolved interned
     /// data, lost data that nothing records, malformed packets, bad
     /// counters or timestamps. (Packets that a RING buffer's wrap left
-    /// without their sequence's incremental-state clear are counted as
+    /// without their sequence's incremental-state clear, or without the
+    /// clock snapshot relating their sequence's clock, are counted as
     /// "unresolvable after ring wrap", not failed.) Broken slice nesting and
     /// unpaired flows are reported but fail only with --strict: a session
     /// that starts or stops while a program runs cuts slices and flows.

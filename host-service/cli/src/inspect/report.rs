@@ -345,8 +345,8 @@ fn loss(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
     if l.unresolvable_after_wrap > 0 {
         writeln!(
             out,
-            "  {} packet(s) unresolvable after ring wrap: they need incremental state whose \
-             clear the ring buffer overwrote",
+            "  {} packet(s) unresolvable after ring wrap: they need incremental state, or a \
+             clock snapshot of their sequence, that the ring buffer overwrote",
             l.unresolvable_after_wrap
         )?;
     }
