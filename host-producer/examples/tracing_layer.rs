@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use shmtrace_producer::{track_event, ProducerConfig, TracingLayer};
 use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 #[tracing::instrument(target = "example::render")]
 fn draw_player(number: u32) {
@@ -25,9 +24,11 @@ fn main() {
     shmtrace_producer::init(ProducerConfig::default()).expect("start the producer");
     // Every span and event of every target (each target is a category
     // sessions can enable or disable).
-    tracing_subscriber::registry()
-        .with(TracingLayer::new())
-        .init();
+    // `set_global_default`: `SubscriberInitExt::init` with
+    // tracing-subscriber's default features would also take the `log`
+    // logger (for `tracing-log`), and `logger::init` would then fail.
+    let subscriber = tracing_subscriber::registry().with(TracingLayer::new());
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     // `log` records too (the category is the record's target).
     shmtrace_producer::logger::init(log::LevelFilter::Info).expect("the only logger");
 

@@ -10,11 +10,15 @@
 //! startup buffer), then handed to the session. Before that, run with no
 //! session, it must report that the service confirmed there is none.
 //! Against our service and the real one.
+//!
+//! The README's `tracing` and `log` section is built the same way, from
+//! its TOML and its code block (see its test).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use shmtrace_tests::checker;
 use shmtrace_tests::process::ChildProcess;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{self, ServiceImpl};
@@ -27,11 +31,17 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The first ```rust block of `readme`, its list indentation removed.
 fn first_rust_block(readme: &str) -> String {
+    first_block(readme, "rust")
+}
+
+/// The first ```<lang> block of `readme`, its list indentation removed.
+fn first_block(readme: &str, lang: &str) -> String {
+    let fence = format!("```{lang}");
     let mut lines = readme.lines();
     let open = lines
         .by_ref()
-        .find(|l| l.trim_start() == "```rust")
-        .expect("a ```rust block in README.md");
+        .find(|l| l.trim_start() == fence)
+        .unwrap_or_else(|| panic!("a {fence} block in README.md"));
     let indent = open.len() - open.trim_start().len();
     let mut code = String::new();
     for line in lines {
@@ -41,24 +51,34 @@ fn first_rust_block(readme: &str) -> String {
         code.push_str(line.get(indent..).unwrap_or(line.trim_start()));
         code.push('\n');
     }
-    panic!("the README's first ```rust block never ends");
+    panic!("the README's first {fence} block never ends");
 }
 
 /// Makes the crate in `dir` and builds it: the path of its binary.
 fn build_snippet(repo: &Path, dir: &Path) -> PathBuf {
     let code = first_rust_block(&std::fs::read_to_string(repo.join("README.md")).unwrap());
     assert!(code.contains("fn main()"), "{code}");
+    let dependencies = format!(
+        "shmtrace-producer = {{ path = \"{}\" }}\n",
+        repo.join("host-producer").display()
+    );
+    build_crate(repo, dir, &dependencies, &code)
+}
+
+/// Makes a crate `readme-snippet` in `dir` with `dependencies` (the lines
+/// of its `[dependencies]` table) and `main_rs`, and builds it: the path
+/// of its binary.
+fn build_crate(repo: &Path, dir: &Path, dependencies: &str, main_rs: &str) -> PathBuf {
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::write(
         dir.join("Cargo.toml"),
         format!(
             "[package]\nname = \"readme-snippet\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
-             [dependencies]\nshmtrace-producer = {{ path = \"{}\" }}\n\n[workspace]\n",
-            repo.join("host-producer").display()
+             [dependencies]\n{dependencies}\n[workspace]\n"
         ),
     )
     .unwrap();
-    std::fs::write(dir.join("src/main.rs"), code).unwrap();
+    std::fs::write(dir.join("src/main.rs"), main_rs).unwrap();
     // The workspace's crate versions; a target directory kept between runs.
     std::fs::copy(repo.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     let target = repo.join("target").join("readme-snippet");
@@ -80,6 +100,16 @@ fn build_snippet(repo: &Path, dir: &Path) -> PathBuf {
 /// Starts `shmtrace record` as the README's tour has it (`-t`, `-b`,
 /// `--app-categories rendering`, `-o`) on `consumer_socket`.
 fn start_record(consumer_socket: &Path, out: &Path, log_dir: &Path) -> ChildProcess {
+    start_record_of(consumer_socket, out, log_dir, "rendering")
+}
+
+/// `shmtrace record` of the categories `categories` (`--app-categories`).
+fn start_record_of(
+    consumer_socket: &Path,
+    out: &Path,
+    log_dir: &Path,
+    categories: &str,
+) -> ChildProcess {
     let mut command = Command::new(scenario::shmtrace_binary().unwrap());
     command
         .args([
@@ -89,7 +119,7 @@ fn start_record(consumer_socket: &Path, out: &Path, log_dir: &Path) -> ChildProc
             "-b",
             "32mb",
             "--app-categories",
-            "rendering",
+            categories,
         ])
         .arg("--socket")
         .arg(consumer_socket)
@@ -179,5 +209,90 @@ fn the_readme_snippet_lands_its_events_in_a_shmtrace_record_session() {
         );
         record.expect_success(TIMEOUT).unwrap();
         check_trace(&trace);
+    }
+}
+
+/// The README's section on `tracing` and `log`: its `[dependencies]` and
+/// its code, copied as they are into a new crate (with tracing-subscriber's
+/// default features, as the README's TOML has it), then a few lines of the
+/// test's own: wait for the session, one span, one `tracing` event and
+/// one `log` record of the target `readme`. All three land, with their
+/// annotations, and the trace passes the check.
+#[test]
+fn the_readme_tracing_and_log_snippet_records_both() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap();
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Programs traced with `tracing` or `log`")
+        .nth(1)
+        .expect("the README's tracing section");
+    let toml = first_block(section, "toml");
+    let dependencies = toml
+        .split_once("[dependencies]\n")
+        .expect("a [dependencies] table")
+        .1
+        .replace(
+            "…/host-producer",
+            &repo.join("host-producer").display().to_string(),
+        );
+    let code = first_rust_block(section);
+    assert!(code.contains("logger::init"), "{code}");
+    let main_rs = format!(
+        "fn main() {{\n{code}\n\
+         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);\n\
+         while !shmtrace_producer::track_event::is_enabled() {{\n\
+             assert!(std::time::Instant::now() < deadline, \"no session\");\n\
+             std::thread::sleep(std::time::Duration::from_millis(10));\n\
+         }}\n\
+         {{\n\
+             let _span = tracing::info_span!(target: \"readme\", \"work\", items = 3).entered();\n\
+             tracing::info!(target: \"readme\", answer = 42, \"from tracing\");\n\
+         }}\n\
+         log::warn!(target: \"readme\", \"from log\");\n\
+         shmtrace_producer::flush_all();\n\
+         }}\n"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("shmtrace-readme-tracing-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let bin = build_crate(&repo, &dir.path().join("app"), &dependencies, &main_rs);
+    let bins = real_binaries!();
+    let producer_socket = dir.path().join("p.sock");
+    let consumer_socket = dir.path().join("c.sock");
+    let _service = scenario::start_service(
+        ServiceImpl::Ours,
+        &bins,
+        dir.path(),
+        &producer_socket,
+        &consumer_socket,
+    )
+    .unwrap();
+    let trace = dir.path().join("tracing.pftrace");
+    let mut record = start_record_of(&consumer_socket, &trace, dir.path(), "readme");
+    wait_for_session(&consumer_socket);
+    run_snippet(&bin, &producer_socket);
+    record.expect_success(TIMEOUT).unwrap();
+    let verdict = scenario::inspect(&[trace.clone()]).expect("inspect runs");
+    assert!(
+        verdict.ok,
+        "inspect --check: {}",
+        verdict.analysis["problems"]
+    );
+    let events = &verdict.analysis["track_events"];
+    assert_eq!(events["by_name"]["work"], 1, "{events}");
+    assert_eq!(events["by_name"]["log"], 1, "{events}");
+    assert_eq!(events["slice_begin"], 1, "{events}");
+    assert_eq!(events["slice_end"], 1, "{events}");
+    assert_eq!(events["instant"], 2, "{events}");
+    checker::ensure_environment().expect("the checker's python environment");
+    let dump = checker::semantic_dump(&trace)
+        .expect("the semantic dump")
+        .to_string();
+    for text in ["from tracing", "from log", "answer", "items", "WARN"] {
+        assert!(dump.contains(text), "{text:?} missing from:\n{dump}");
     }
 }

@@ -52,7 +52,11 @@ impl std::fmt::Debug for TraceLogger {
 }
 
 /// Installs a [`TraceLogger`] recording records up to `level` as the
-/// program's logger, and sets `log`'s maximum level to `level`.
+/// program's logger, and sets `log`'s maximum level to `level`. Fails if
+/// the program has a logger already: note that tracing-subscriber's
+/// `SubscriberInitExt::init`, with its default features, installs
+/// `tracing-log`'s (install the subscriber with
+/// `tracing::subscriber::set_global_default` instead).
 pub fn init(level: LevelFilter) -> Result<(), SetLoggerError> {
     TraceLogger::new(level).install()
 }

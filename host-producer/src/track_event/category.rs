@@ -287,15 +287,17 @@ impl Registry {
         }
     }
 
-    /// Whether `filter` enables every category that the instance in slot
-    /// `slot` has enabled.
-    pub(crate) fn covers(&self, slot: usize, filter: &TrackEventConfig) -> bool {
+    /// The categories that the instance in slot `slot` has enabled and
+    /// `filter` does not enable (none: `filter` covers the instance).
+    pub(crate) fn not_covered(&self, slot: usize, filter: &TrackEventConfig) -> Vec<&'static str> {
         let inner = self.lock();
-        let covered = inner
+        let missing = inner
             .all()
             .filter(|c| c.enabled_instances() & (1 << slot) != 0)
-            .all(|c| filter.is_enabled(c.name, |m| inner.tags_of(m)));
-        covered
+            .filter(|c| !filter.is_enabled(c.name, |m| inner.tags_of(m)))
+            .map(|c| c.name)
+            .collect();
+        missing
     }
 
     /// The static categories (name, description, tags) to advertise.

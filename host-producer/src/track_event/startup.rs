@@ -105,7 +105,9 @@ pub struct StartupTracing {
     pub timeout: Duration,
     /// The categories traced meanwhile (by default those a session with an
     /// empty track event config enables: all but the ones tagged `slow` or
-    /// `debug`). Only a session enabling all of them adopts the buffer.
+    /// `debug`; `tracing` targets and `log` targets are categories too).
+    /// Only a session enabling all of them adopts the buffer; one that does
+    /// not is logged with the categories it leaves out.
     pub categories: TrackEventConfig,
 }
 
@@ -221,7 +223,19 @@ pub(crate) fn adopt(ty: &DataSourceType, inst: &Arc<Instance>) -> bool {
         return false;
     };
     let filter = inst.config.track_event_config.clone().unwrap_or_default();
-    if !crate::track_event::category::registry().covers(pending.instance.slot, &filter) {
+    let missing =
+        crate::track_event::category::registry().not_covered(pending.instance.slot, &filter);
+    if !missing.is_empty() {
+        log::warn!(
+            "shmtrace-producer: the session of data source instance {} does not take the startup \
+             trace: it does not enable {} of the categories the startup trace records ({}{}); \
+             the startup trace waits for another session, then is dropped and counted at its \
+             timeout (set StartupTracing::categories to what your sessions enable)",
+            inst.id,
+            missing.len(),
+            missing[..missing.len().min(5)].join(", "),
+            if missing.len() > 5 { ", …" } else { "" }
+        );
         return false;
     }
     let Some(pending) = st.pending.take() else {
