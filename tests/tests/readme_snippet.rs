@@ -276,7 +276,7 @@ fn the_readme_tracing_and_log_snippet_records_both() {
     wait_for_session(&consumer_socket);
     run_snippet(&bin, &producer_socket);
     record.expect_success(TIMEOUT).unwrap();
-    let verdict = scenario::inspect(&[trace.clone()]).expect("inspect runs");
+    let verdict = scenario::inspect(std::slice::from_ref(&trace)).expect("inspect runs");
     assert!(
         verdict.ok,
         "inspect --check: {}",

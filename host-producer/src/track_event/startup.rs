@@ -459,10 +459,19 @@ impl SessionCopy {
     }
 
     /// Copies what the startup buffer `from` committed since the last
-    /// call, and forwards the patches of chunks copied before; (packets
-    /// copied, packets dropped).
+    /// call, after forwarding the patches of chunks copied before (as
+    /// their writer sent them: before its next chunks); (packets copied,
+    /// packets dropped).
     fn chunks(&mut self, from: &Arbiter) -> (u64, u64) {
         let (chunks, patches) = drain(from);
+        for group in &patches {
+            if let Some(sequence) = u16::try_from(group.writer_id)
+                .ok()
+                .and_then(|w| self.sequences.get(&w))
+            {
+                sequence.patch(group);
+            }
+        }
         let (mut copied, mut dropped) = (0, 0);
         let mut writers: Vec<u16> = chunks.iter().map(|c| c.header.writer_id).collect();
         writers.sort_unstable();
@@ -486,14 +495,6 @@ impl SessionCopy {
                 } else {
                     dropped += chunk.packets;
                 }
-            }
-        }
-        for group in &patches {
-            if let Some(sequence) = u16::try_from(group.writer_id)
-                .ok()
-                .and_then(|w| self.sequences.get(&w))
-            {
-                sequence.patch(group);
             }
         }
         self.to.arbiter.outbox().kick();
