@@ -42,6 +42,12 @@ pub struct ProducerStats {
     /// the begin is): an emitted slice that is missing from a trace shows
     /// up here and in `packets_dropped`, once each.
     pub orphan_ends_suppressed: u64,
+    /// Slice ends lost (the buffer was full) after their begin was
+    /// written, and not written later either: a sequence keeps up to 16
+    /// such ends and writes them, at their own times, before its next
+    /// event; these came when 16 were kept already. Each leaves its slice
+    /// open in the trace. Also in [`Self::packets_dropped`].
+    pub slice_ends_lost: u64,
     /// Events and packets not written because they were emitted from
     /// inside another event or packet callback on the same thread (e.g. a
     /// `Debug` impl that traces): writing them would need the writer the
@@ -75,6 +81,7 @@ pub struct ProducerStats {
 #[derive(Debug)]
 pub(crate) struct Counters {
     pub orphan_ends_suppressed: AtomicU64,
+    pub slice_ends_lost: AtomicU64,
     pub reentrant_drops: AtomicU64,
     pub writerless_drops: AtomicU64,
     pub triggers_expired: AtomicU64,
@@ -86,6 +93,7 @@ pub(crate) struct Counters {
 /// This process's counters.
 pub(crate) static COUNTERS: Counters = Counters {
     orphan_ends_suppressed: AtomicU64::new(0),
+    slice_ends_lost: AtomicU64::new(0),
     reentrant_drops: AtomicU64::new(0),
     writerless_drops: AtomicU64::new(0),
     triggers_expired: AtomicU64::new(0),
@@ -98,6 +106,7 @@ impl Counters {
     /// Copies these counters into `stats`.
     pub(crate) fn read_into(&self, stats: &mut ProducerStats) {
         stats.orphan_ends_suppressed = self.orphan_ends_suppressed.load(Ordering::Relaxed);
+        stats.slice_ends_lost = self.slice_ends_lost.load(Ordering::Relaxed);
         stats.reentrant_drops = self.reentrant_drops.load(Ordering::Relaxed);
         stats.writerless_drops = self.writerless_drops.load(Ordering::Relaxed);
         stats.triggers_expired = self.triggers_expired.load(Ordering::Relaxed);
@@ -114,6 +123,12 @@ pub(crate) fn note_orphan_end() {
     COUNTERS
         .orphan_ends_suppressed
         .fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a slice end lost for good (see
+/// [`ProducerStats::slice_ends_lost`]).
+pub(crate) fn note_slice_end_lost() {
+    COUNTERS.slice_ends_lost.fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]

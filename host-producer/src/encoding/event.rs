@@ -38,6 +38,13 @@
 //!   to a base it did not see, and losing packets never shifts later ones.
 //! * The writer's clock-64 base only moves forward, so deltas are never
 //!   negative.
+//! * A slice end on the thread track that is lost while its begin was
+//!   written is *owed*: the reset before the sequence's next event writes
+//!   it, at its own (absolute) time, ahead of that event. So a full buffer
+//!   loses events but never leaves a slice open under which every later
+//!   one would nest. (An end whose begin was lost is not written at all.)
+//!   At most [`OWED_ENDS`] wait; an end beyond them is counted in
+//!   `ProducerStats::slice_ends_lost`.
 
 use shmtrace_abi::proto::wire::WireType;
 use shmtrace_abi::proto::{Cursor, Message, Sink, Target, TARGET_SLACK};
@@ -256,6 +263,9 @@ pub(crate) struct SequenceState {
     slices: SliceStack,
     /// Slice ends not written because their begin was not.
     pub(crate) orphan_ends_suppressed: u64,
+    /// The times of thread-track slice ends lost while their begins were
+    /// written, oldest first: the next reset writes them (module docs).
+    owed_ends: heapless::Vec<Timestamp, OWED_ENDS>,
     /// A packet was written on this sequence.
     started: bool,
     /// Packets were lost before the first one was written.
@@ -267,6 +277,9 @@ pub(crate) struct SequenceState {
     #[cfg(feature = "tracing")]
     flat_heads: flat_heads::FlatHeads,
 }
+
+/// Slice ends a sequence keeps for its next reset (module docs).
+pub(crate) const OWED_ENDS: usize = 16;
 
 /// Which of the slices open on a thread track had their begin written,
 /// innermost last; deeper than 64 levels the answer is "written".
@@ -331,6 +344,7 @@ impl SequenceState {
             resets: 0,
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
+            owed_ends: heapless::Vec::new(),
             started: false,
             lost_before_start: false,
             clock_base: 0,
@@ -402,7 +416,40 @@ impl SequenceState {
         }
         let process = crate::track_event::track::ProcessTrack::current();
         let thread = self.thread_track;
-        ok && self.emit_descriptor(w, &thread, now) && self.emit_descriptor(w, &process, now)
+        ok && self.emit_descriptor(w, &thread, now)
+            && self.emit_descriptor(w, &process, now)
+            && self.pay_owed_ends(w)
+    }
+
+    /// Writes the slice ends owed since a loss (module docs), each at its
+    /// own time; `false` if one was lost again (it and those after it stay
+    /// owed).
+    fn pay_owed_ends<W: PacketWriter>(&mut self, w: &mut W) -> bool {
+        let mut paid = 0;
+        while let Some(&ts) = self.owed_ends.get(paid) {
+            let end = EventData::new(EventType::SliceEnd, None, ts);
+            // Absolute: the reset just set clock 64 to a later time.
+            let stamp = Stamp {
+                value: ts.ns,
+                clock: ts.clock.id(),
+            };
+            if !w.write_packet(|p| self.write_event_fields(p, &end, stamp, None)) {
+                break;
+            }
+            paid += 1;
+        }
+        let all = paid == self.owed_ends.len();
+        self.owed_ends = self.owed_ends.iter().skip(paid).copied().collect();
+        all
+    }
+
+    /// A slice end on the thread track whose begin was written was lost:
+    /// owed to the next reset, or counted if too many are owed already.
+    #[cold]
+    fn owe_end(&mut self, ts: Timestamp) {
+        if self.owed_ends.push(ts).is_err() {
+            crate::stats::note_slice_end_lost();
+        }
     }
 
     #[cold]
@@ -518,8 +565,12 @@ impl SequenceState {
             return true;
         }
         let ok = self.write_event_now::<W, SHORT_FIRST>(w, ev, extra);
-        if on_thread_track && ev.kind == EventType::SliceBegin {
-            self.slices.push(ok);
+        if on_thread_track {
+            match ev.kind {
+                EventType::SliceBegin => self.slices.push(ok),
+                EventType::SliceEnd if !ok => self.owe_end(ev.timestamp),
+                _ => {}
+            }
         }
         ok
     }

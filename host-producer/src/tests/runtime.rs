@@ -532,6 +532,56 @@ fn stall_reaches_its_bound_then_drops_and_marks() {
     lb.shutdown();
 }
 
+/// Slices on a buffer that keeps filling up: packets are lost, begins and
+/// ends among them, yet every slice whose begin landed ends (the lost ends
+/// are written before the thread's next event), no slice ends twice, and
+/// nothing nests deeper than the program did.
+#[test]
+fn lost_slice_ends_do_not_leave_slices_open() {
+    let _s = serial();
+    register();
+    // 4 chunks of 4 KiB, freed only between rounds.
+    let lb = Loopback::manual(16 * 1024, PageLayout::Div1);
+    lb.start_track_event(164, 1, only("t.main"));
+    lb.drain();
+    let before = crate::stats();
+    for round in 0..20u64 {
+        for i in 0..300u64 {
+            let _outer = trace_event!(T_MAIN, "outer", "i" => i);
+            let _inner = trace_event!(T_MAIN, "inner", "round" => round);
+            trace_instant!(T_MAIN, "tick");
+        }
+        lb.drain();
+    }
+    // Room now: the next event pays what is owed.
+    trace_instant!(T_MAIN, "last");
+    runtime().flush(&[164], 1);
+    runtime().stop_data_source(164);
+    let after = crate::stats();
+    assert!(after.packets_dropped > before.packets_dropped + 100);
+    assert_eq!(after.slice_ends_lost, before.slice_ends_lost);
+    let mut depth = 0i64;
+    let (mut max, mut begins, mut ends) = (0, 0, 0);
+    for (kind, ..) in all_events(&lb) {
+        match kind {
+            1 => {
+                begins += 1;
+                depth += 1;
+                max = max.max(depth);
+            }
+            2 => {
+                ends += 1;
+                depth -= 1;
+                assert!(depth >= 0, "an end with nothing open");
+            }
+            _ => {}
+        }
+    }
+    assert!(begins > 0 && ends == begins, "{begins} begins, {ends} ends");
+    assert!(max <= 2, "nested {max} deep");
+    lb.shutdown();
+}
+
 /// Threads that each write one packet of a data source and stay inside
 /// its callback, holding their writer and its chunk, until released.
 struct ChunkHolders {

@@ -957,6 +957,88 @@ fn ends_of_lost_or_unknown_slices_are_not_written() {
     assert_eq!(s.orphan_ends_suppressed, 2);
 }
 
+/// A slice end lost while its begin was written is owed: the reset before
+/// the next event writes it at its own time (absolute, on BOOTTIME), ahead
+/// of that event, so the next slice does not nest under it.
+#[test]
+fn a_lost_end_is_written_before_the_next_event() {
+    // Packet 5 (the end of "a", after 0..=3 and a's begin) is lost.
+    let mut w = VecWriter {
+        drop: vec![5],
+        ..Default::default()
+    };
+    let mut s = seq();
+    let at = |kind, name: &'static str, ns| {
+        let mut e = EventData::new(kind, Some(&CAT), Timestamp::boottime(ns));
+        e.name = name.into();
+        e
+    };
+    assert!(s.write_event(&mut w, &at(EventType::SliceBegin, "x", 1000), None)); // 0..=3
+    assert!(s.write_event(&mut w, &at(EventType::SliceBegin, "a", 2000), None)); // 4
+    assert!(!s.write_event(&mut w, &at(EventType::SliceEnd, "", 3000), None)); // 5: lost
+    assert!(s.write_event(&mut w, &at(EventType::SliceBegin, "b", 4000), None));
+    assert!(s.write_event(&mut w, &at(EventType::SliceEnd, "", 5000), None));
+    assert!(s.write_event(&mut w, &at(EventType::SliceEnd, "", 6000), None));
+    let p = w.decoded();
+    // After the lost end: a reset, 2 descriptors, a's end, b's begin and
+    // end, x's end.
+    assert_eq!(
+        p[5].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    let owed = &p[8];
+    assert_eq!(
+        owed.track_event.as_ref().and_then(|t| t.r#type),
+        Some(EventType::SliceEnd as i32)
+    );
+    assert_eq!(
+        (owed.timestamp, owed.timestamp_clock_id),
+        (Some(3000), Some(6))
+    );
+    let types: Vec<i32> = p
+        .iter()
+        .filter_map(|p| p.track_event.as_ref()?.r#type)
+        .collect();
+    let (b, e) = (EventType::SliceBegin as i32, EventType::SliceEnd as i32);
+    assert_eq!(types, [b, b, e, b, e, e]);
+    assert_eq!(s.orphan_ends_suppressed, 0);
+}
+
+/// Owed ends wait while the buffer stays full, are written in order once
+/// it has room, and those beyond [`OWED_ENDS`] are counted as lost.
+#[test]
+fn owed_ends_wait_for_room_and_overflow_is_counted() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let at = |kind, ns| EventData::new(kind, Some(&CAT), Timestamp::boottime(ns));
+    let depth = OWED_ENDS as u64 + 3;
+    for i in 0..depth {
+        assert!(s.write_event(&mut w, &at(EventType::SliceBegin, 100 + i), None));
+    }
+    let lost_before = crate::stats().slice_ends_lost;
+    w.full = true;
+    w.lose_next = true;
+    for i in 0..depth {
+        assert!(!s.write_event(&mut w, &at(EventType::SliceEnd, 1000 + i), None));
+    }
+    // Three ends over the limit: lost, and counted (other tests may count
+    // too: at least ours).
+    assert!(crate::stats().slice_ends_lost >= lost_before + 3);
+    w.full = false;
+    let before = w.packets.len();
+    assert!(s.write_event(&mut w, &at(EventType::Instant, 5000), None));
+    let p = w.decoded();
+    let ends: Vec<Option<u64>> = p[before..]
+        .iter()
+        .filter(|p| {
+            p.track_event.as_ref().and_then(|t| t.r#type) == Some(EventType::SliceEnd as i32)
+        })
+        .map(|p| p.timestamp)
+        .collect();
+    let expected: Vec<Option<u64>> = (0..OWED_ENDS as u64).map(|i| Some(1000 + i)).collect();
+    assert_eq!(ends, expected, "the first ones owed, in order");
+}
+
 #[test]
 fn slice_stack_deeper_than_64() {
     let mut st = SliceStack::default();
