@@ -256,8 +256,8 @@ impl Status {
     /// Logs, counts and keeps why a connection ended or could not start.
     fn record(&self, address: &SocketAddress, error: ConnectError) {
         match &error {
-            ConnectError::Unreachable(_) => {
-                log::debug!("shmtrace-producer: cannot connect to {address}: {error}")
+            ConnectError::Unreachable { .. } => {
+                log::debug!("shmtrace-producer: {error}")
             }
             e if e.is_ordinary() => {
                 log::info!("shmtrace-producer: disconnected from {address}: {error}")
@@ -740,8 +740,12 @@ impl Session {
         limits: Limits,
         status: &Arc<Status>,
     ) -> Result<Self, ConnectError> {
-        let stream =
-            shmtrace_ipc::socket::connect_stream(address).map_err(ConnectError::Unreachable)?;
+        let stream = shmtrace_ipc::socket::connect_stream(address).map_err(|source| {
+            ConnectError::Unreachable {
+                address: address.to_string(),
+                source,
+            }
+        })?;
         // A socket that cannot carry the SMB's descriptor (TCP, vsock) means
         // shmem emulation, whatever the service answers.
         let passes_fds = stream.passes_fds();

@@ -46,8 +46,17 @@ pub enum ConnectError {
     SetupTracingTwice,
     /// No service listens at the socket (the usual case when tracing is
     /// not in use): retried in the background.
-    #[error("cannot connect: {0}")]
-    Unreachable(#[source] io::Error),
+    #[error(
+        "cannot connect to the tracing service at {address}: {source} (is it running? the \
+         socket comes from ProducerConfig::socket, else PERFETTO_PRODUCER_SOCK_NAME)"
+    )]
+    Unreachable {
+        /// The producer socket tried.
+        address: String,
+        /// Why the connection failed.
+        #[source]
+        source: io::Error,
+    },
     /// The service accepted the connection but did not complete the
     /// handshake (bind, `InitializeConnection`, `GetAsyncCommand`) in time.
     #[error("the service did not complete the handshake within {0:?}")]
@@ -80,7 +89,7 @@ impl ConnectError {
     pub fn is_ordinary(&self) -> bool {
         matches!(
             self,
-            ConnectError::Unreachable(_)
+            ConnectError::Unreachable { .. }
                 | ConnectError::CommandStreamEnded
                 | ConnectError::Ipc(ClientError::Disconnected)
         )

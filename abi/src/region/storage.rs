@@ -122,6 +122,12 @@ static TAKEN: AtomicU32 = AtomicU32::new(0);
 /// A region in firmware memory: a 256-byte header, `SLOTS` ring slots and an
 /// SMB of `SMB_BYTES`, 8-aligned, with no gap between them.
 ///
+/// `SMB_BYTES` must be a non-zero multiple of the config's page size (4 KiB
+/// by default) of at most 65536 pages, and `SLOTS` a power of two in
+/// 2..=65536; [`take`](Self::take) refuses other sizes
+/// ([`TakeError::Invalid`]). To have them checked at build time, make the
+/// header in a `const` and assert it ([`RegionHeader`]).
+///
 /// A zero-filled storage is a valid "not yet initialized" region, so it
 /// can live in `.bss`; it may also be placed (with `#[link_section]`) in RAM
 /// that is not cleared at reset, where the previous boot's header survives
@@ -345,12 +351,24 @@ const REGION_SIZE_WORD: usize = 0x0C / 4;
 /// const HEADER: Result<RegionHeader<8192, 16>, TakeError> =
 ///     RegionHeader::new(&RegionConfig::new("fw.track_event"));
 ///
+/// // A config that does not fit the storage fails the build here.
+/// const _: () = assert!(HEADER.is_ok(), "the region's config does not fit its storage");
+///
 /// let handles = match &HEADER {
 ///     Ok(header) => REGION.take_header(header),
 ///     Err(e) => Err(*e),
 /// };
 /// let handles = handles.unwrap();
 /// assert_eq!(handles.header.data_source.as_str(), "fw.track_event");
+/// ```
+///
+/// ```compile_fail
+/// use shmtrace_abi::region::{RegionConfig, RegionHeader, TakeError};
+///
+/// // 1 KiB: less than a page.
+/// const HEADER: Result<RegionHeader<1024, 16>, TakeError> =
+///     RegionHeader::new(&RegionConfig::new("fw.track_event"));
+/// const _: () = assert!(HEADER.is_ok(), "the region's config does not fit its storage");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionHeader<const SMB_BYTES: usize, const SLOTS: usize> {

@@ -237,10 +237,13 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         self.site_named(Type::Instant as u32, Some(site))
     }
 
-    /// Ends the innermost slice open on the default track. An end whose
-    /// begin was not written is not written either (counted in
+    /// Ends the innermost slice open on the default track, however it
+    /// began ([`Self::slice_begin`], [`Self::slice_begin_at`], or
+    /// [`Self::event`] with [`Type::SliceBegin`] on the default track). An
+    /// end whose begin was not written is not written either (counted in
     /// [`TrackEventStats::ends_suppressed`]), so it cannot close another
-    /// slice.
+    /// slice. An end that is lost itself (no room) leaves its slice open
+    /// in the trace; the loss is marked.
     #[inline]
     pub fn slice_end(&mut self) -> bool {
         self.site_named(Type::SliceEnd as u32, None)

@@ -142,7 +142,7 @@ fn human_report() {
             "counter",
             "oracle.counter.t0",
             "Data loss: none recorded",
-            "buffer 0: 12.0 KiB of 16.0 MiB, 3 chunks written",
+            "buffer 0 (16.0 MiB): 12.0 KiB written in all, 3 chunks written",
             "Check: OK",
         ],
     );

@@ -368,10 +368,10 @@ fn stats(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
     for (i, b) in s.buffers.iter().enumerate() {
         writeln!(
             out,
-            "  buffer {i}: {} of {}, {} chunks written, {} read, {} overwritten, {} discarded, \
-             {} patches ({} failed)",
-            Bytes(get(b, "bytes_written")),
+            "  buffer {i} ({}): {} written in all, {} chunks written, {} read, {} overwritten, \
+             {} discarded, {} patches ({} failed)",
             Bytes(get(b, "buffer_size")),
+            Bytes(get(b, "bytes_written")),
             get(b, "chunks_written"),
             get(b, "chunks_read"),
             get(b, "chunks_overwritten"),
