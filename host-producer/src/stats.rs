@@ -74,6 +74,9 @@ pub struct ProducerStats {
     /// within its timeout, or that the adopting session's shared memory
     /// had no room for. (Packets the startup buffer itself had no room
     /// for count in [`Self::packets_dropped`], as for any full buffer.)
+    /// The startup buffer records until a session adopts it, also while a
+    /// session that did not adopt it runs: events both enable reach that
+    /// session too, and their startup copies count here as well.
     pub startup_packets_dropped: u64,
 }
 
