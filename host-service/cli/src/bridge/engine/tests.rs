@@ -634,7 +634,7 @@ fn kib_chunk(writer: u16, id: u32) -> FirmwareEvent {
 
 /// The clocks `(id, timestamp)` of an injected packet, decoded as a
 /// TracePacket.
-fn snapshot_clocks(packet: &[u8]) -> Vec<(u32, u64)> {
+fn snapshot_clocks(packet: &[u8]) -> Clocks {
     use prost::Message as _;
     use shmtrace_ipc::protos::trace_packet::Data;
     let packet = shmtrace_ipc::protos::TracePacket::decode(packet).unwrap();
@@ -647,11 +647,14 @@ fn snapshot_clocks(packet: &[u8]) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The clocks `(id, timestamp)` of a snapshot.
+type Clocks = Vec<(u32, u64)>;
+
 /// Where each sequence got a snapshot: `(sequence, chunk id of the chunk
 /// it precedes, its clocks)`.
-fn injections(calls: &[Call]) -> Vec<(u32, u32, Vec<(u32, u64)>)> {
+fn injections(calls: &[Call]) -> Vec<(u32, u32, Clocks)> {
     let mut out = Vec::new();
-    let mut pending: Vec<(u32, Vec<(u32, u64)>)> = Vec::new();
+    let mut pending: Vec<(u32, Clocks)> = Vec::new();
     for c in calls {
         match c {
             Call::Inject(seq, p) => pending.push((*seq, snapshot_clocks(p))),
