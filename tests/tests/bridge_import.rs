@@ -177,26 +177,23 @@ fn import_of_a_full_region_marks_the_firmware_losses() {
     );
 }
 
+/// The simulated firmware's frame stream with `extra` flags, captured in
+/// `uart.log`: its path and the firmware's `done` report.
+fn capture_frames(env: &Env, extra: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
+    let capture = env.path("uart.log");
+    let mut a = vec!["stream", "--out", capture.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    a.push("--exit-when-done");
+    let done = run_firmware(env, "stream", &a);
+    (capture, done)
+}
+
 /// A captured frame stream, with and without a clock offset: the same
 /// events, every one of them the offset later.
 #[test]
 fn import_of_a_frame_capture() {
     let env = Env::new("shmtrace-import-frames-");
-    let capture = env.path("uart.log");
-    let done = run_firmware(
-        &env,
-        "stream",
-        &[
-            "stream",
-            "--out",
-            capture.to_str().unwrap(),
-            "--iterations",
-            "300",
-            "--large-every",
-            "60",
-            "--exit-when-done",
-        ],
-    );
+    let (capture, done) = capture_frames(&env, &["--iterations", "300", "--large-every", "60"]);
     let mut spans = Vec::new();
     for (name, offset) in [("plain", "0"), ("shifted", "5000000000")] {
         let out = env.path(&format!("{name}.pftrace"));
@@ -262,17 +259,12 @@ struct SnapshotClock {
 #[test]
 fn a_wrapped_ring_keeps_the_firmware_clock_related() {
     let env = Env::new("shmtrace-import-ring-");
-    let capture = env.path("uart.log");
     // Paced so that the firmware drops nothing; writer 2's packets (on
     // the firmware clock 65) fit a chunk, so the bridge's snapshot finds
     // a packet boundary at a chunk's start or end.
-    let done = run_firmware(
+    let (capture, done) = capture_frames(
         &env,
-        "stream",
         &[
-            "stream",
-            "--out",
-            capture.to_str().unwrap(),
             "--iterations",
             "3200",
             "--large-every",
@@ -281,7 +273,6 @@ fn a_wrapped_ring_keeps_the_firmware_clock_related() {
             "200",
             "--rate",
             "20000",
-            "--exit-when-done",
         ],
     );
     assert_eq!(done["dropped"], 0, "{done}");
