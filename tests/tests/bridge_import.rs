@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use shmtrace_tests::checker::Loss;
-use shmtrace_tests::scenario;
+use shmtrace_tests::{scenario, trace_file};
 use sim_bridge::*;
 
 fn import(env: &Env, what: &[&str], out: &Path) -> std::process::Output {
@@ -177,26 +177,23 @@ fn import_of_a_full_region_marks_the_firmware_losses() {
     );
 }
 
+/// The simulated firmware's frame stream with `extra` flags, captured in
+/// `uart.log`: its path and the firmware's `done` report.
+fn capture_frames(env: &Env, extra: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
+    let capture = env.path("uart.log");
+    let mut a = vec!["stream", "--out", capture.to_str().unwrap()];
+    a.extend_from_slice(extra);
+    a.push("--exit-when-done");
+    let done = run_firmware(env, "stream", &a);
+    (capture, done)
+}
+
 /// A captured frame stream, with and without a clock offset: the same
 /// events, every one of them the offset later.
 #[test]
 fn import_of_a_frame_capture() {
     let env = Env::new("shmtrace-import-frames-");
-    let capture = env.path("uart.log");
-    let done = run_firmware(
-        &env,
-        "stream",
-        &[
-            "stream",
-            "--out",
-            capture.to_str().unwrap(),
-            "--iterations",
-            "300",
-            "--large-every",
-            "60",
-            "--exit-when-done",
-        ],
-    );
+    let (capture, done) = capture_frames(&env, &["--iterations", "300", "--large-every", "60"]);
     let mut spans = Vec::new();
     for (name, offset) in [("plain", "0"), ("shifted", "5000000000")] {
         let out = env.path(&format!("{name}.pftrace"));
@@ -224,4 +221,105 @@ fn import_of_a_frame_capture() {
     }
     assert!(spans[0] < 10_000_000_000, "{spans:?}");
     assert_eq!(spans[1] - spans[0], 5_000_000_000);
+}
+
+/// `TracePacket`: its sequence, whether it is a track event, its clock
+/// snapshot.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Packet {
+    #[prost(message, optional, tag = "6")]
+    clock_snapshot: Option<Snapshot>,
+    #[prost(uint32, optional, tag = "10")]
+    trusted_packet_sequence_id: Option<u32>,
+    #[prost(bytes = "vec", optional, tag = "11")]
+    track_event: Option<Vec<u8>>,
+}
+
+/// `ClockSnapshot`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Snapshot {
+    #[prost(message, repeated, tag = "1")]
+    clocks: Vec<SnapshotClock>,
+}
+
+/// `ClockSnapshot.Clock`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SnapshotClock {
+    #[prost(uint32, optional, tag = "1")]
+    clock_id: Option<u32>,
+}
+
+/// A capture twice the size of a small RING buffer, imported into it: the
+/// buffer wraps and overwrites the firmware sequences' starts with the
+/// clock snapshot the bridge put there. The bridge states the relation
+/// again every 16 KiB it forwards, so each firmware sequence still holds
+/// one near its oldest packet: few of its packets precede it (about 16 of
+/// 256 KiB; without the restatements every one did, and no time on the
+/// firmware's clock could be placed).
+#[test]
+fn a_wrapped_ring_keeps_the_firmware_clock_related() {
+    let env = Env::new("shmtrace-import-ring-");
+    // Paced so that the firmware drops nothing; writer 2's packets (on
+    // the firmware clock 65) fit a chunk, so the bridge's snapshot finds
+    // a packet boundary at a chunk's start or end.
+    let (capture, done) = capture_frames(
+        &env,
+        &[
+            "--iterations",
+            "3200",
+            "--large-every",
+            "2",
+            "--large-bytes",
+            "200",
+            "--rate",
+            "20000",
+        ],
+    );
+    assert_eq!(done["dropped"], 0, "{done}");
+    let size = std::fs::metadata(&capture).expect("capture").len();
+    assert!(size > 2 * 256 * 1024, "{size} bytes");
+    let out = env.path("ring.pftrace");
+    let output = import(
+        &env,
+        &["--frames", capture.to_str().unwrap(), "--buffer-kb", "256"],
+        &out,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let analysis = inspect_passes(&out);
+    assert!(
+        analysis["stats"].to_string().contains("chunks_overwritten"),
+        "the ring wrapped: {}",
+        analysis["stats"]
+    );
+    // Per sequence with track events (the firmware's): its packets, and
+    // those before its first snapshot relating clock 65 to BOOTTIME.
+    let mut sequences = std::collections::BTreeMap::<u32, (u64, u64, bool)>::new();
+    let mut firmware = std::collections::BTreeSet::new();
+    for p in trace_file::packets::<Packet>(&out).expect("the trace") {
+        let Some(seq) = p.trusted_packet_sequence_id else {
+            continue;
+        };
+        let ids: Vec<_> = p
+            .clock_snapshot
+            .iter()
+            .flat_map(|s| s.clocks.iter().filter_map(|c| c.clock_id))
+            .collect();
+        if p.track_event.is_some() {
+            firmware.insert(seq);
+        }
+        let (packets, unrelated, related) = sequences.entry(seq).or_default();
+        *related |= ids.contains(&65) && ids.contains(&6);
+        *packets += 1;
+        *unrelated += u64::from(!*related);
+    }
+    let (packets, unrelated) = firmware
+        .iter()
+        .map(|s| sequences[s])
+        .fold((0, 0), |(p, u), (sp, su, _)| (p + sp, u + su));
+    assert_eq!(firmware.len(), 2, "{sequences:?}");
+    assert!(
+        packets > 1000 && unrelated * 10 <= packets,
+        "{unrelated} of {packets} packets before a relating snapshot: {sequences:?}\n{stderr}"
+    );
 }

@@ -28,7 +28,11 @@
 //! sample of the window ([`WINDOW`] samples) with the smallest bound so
 //! grown. A fresh clock snapshot is due ([`ClockSync::due`]) when
 //! none was given yet, every [`SNAPSHOT_PERIOD_NS`], and when the estimate
-//! moved by more than its bound. The bridge's engine keeps stating the
+//! moved by more than its bound; between those the engine puts the
+//! snapshot stated last into a sequence again after every
+//! [`SNAPSHOT_PERIOD_BYTES`](super::engine::SNAPSHOT_PERIOD_BYTES) of
+//! forwarded data (the same relation: a ring buffer overwrites the old
+//! one). The bridge's engine keeps stating the
 //! offset it stated before as long as it lies within the current
 //! estimate's bound (a change of offset is a step in the mapping, and a
 //! step back reorders events around it), so the relation a trace holds is

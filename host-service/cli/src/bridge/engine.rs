@@ -20,7 +20,22 @@
 //!   session: until the first clock sample of a boot, its chunks and
 //!   patches wait (at most [`HOLD_EVENTS`] of them, at most [`HOLD_NS`]);
 //!   past that they go without one (counted, and logged by the shell).
-//!   After that snapshots are re-injected whenever due.
+//!   After that a snapshot goes into every sequence whenever one is due
+//!   ([`ClockSync::due`]: every
+//!   [`SNAPSHOT_PERIOD_NS`](super::clock::SNAPSHOT_PERIOD_NS), or when the
+//!   estimate moved).
+//! * **A relation survives a ring buffer.** A session recording into a
+//!   ring buffer overwrites its oldest chunks, and with them the snapshot
+//!   its surviving packets need: so the relation stated last (the same
+//!   packet, the same readings: not a new relation, not a step) is put
+//!   into a sequence again before its next chunk once the boot forwarded
+//!   [`SNAPSHOT_PERIOD_BYTES`] since the chunk of that sequence that
+//!   carried its last snapshot (counted over the boot's sequences, not
+//!   the one: the ring overwrites
+//!   in commit order, whichever sequence wrote; a sequence that writes
+//!   rarely still gets one near its chunks). What a wrapped ring loses
+//!   then is at most the data of a sequence up to its first surviving
+//!   snapshot: about [`SNAPSHOT_PERIOD_BYTES`] of the boot's.
 //! * **Every loss is counted** ([`EngineStats`]); the firmware's own
 //!   counters and the source's transport losses are kept for the summary.
 //! * **Trailing losses are marked.** A firmware writer marks its drops on
@@ -51,6 +66,16 @@ use super::{FirmwareEvent, Hello, PatchGroup, Request};
 pub const HOLD_EVENTS: usize = 4096;
 /// How long a boot's chunks wait at most for its first clock sample.
 pub const HOLD_NS: u64 = 2_000_000_000;
+/// Bytes a boot forwards at most before a sequence gets the relation
+/// stated last again (module docs). A snapshot packet is at most 48
+/// bytes: at most 48 / 16384 = 0.29% more per sequence, and a ring
+/// buffer of 64 KiB (the smallest sensible) still holds about four of a
+/// sequence's snapshots, one of 256 KiB sixteen, leaving at most
+/// 16 KiB / 64 KiB = 25% (6.25%) of its data before its first surviving
+/// snapshot. Counted in bytes of firmware chunks as received (a copy in
+/// the ring may take more: the smallest chunk of the SMB's page layouts
+/// that holds it), so a ring holds fewer than that, not more.
+pub const SNAPSHOT_PERIOD_BYTES: u64 = 16 * 1024;
 /// How often a two-way source is asked for the firmware's time.
 pub const SYNC_PERIOD_NS: u64 = 1_000_000_000;
 /// First sequence-scoped clock id; ids from 128 are reserved.
@@ -94,6 +119,10 @@ pub struct EngineStats {
     pub clock_samples: u64,
     /// Clock snapshots injected (each into every sequence of the boot).
     pub snapshots: u64,
+    /// Snapshots of the relation stated last injected again into one
+    /// sequence after [`SNAPSHOT_PERIOD_BYTES`] (module docs): the same
+    /// relation, not counted in `snapshots`.
+    pub snapshots_reinjected: u64,
     /// Snapshots put off because one of their clocks would have gone back
     /// from the previous one (a trace processor refuses a snapshot that
     /// moves the trace clock back, and stops converting from a clock that
@@ -107,10 +136,21 @@ pub struct EngineStats {
     pub trailing_losses_marked: u64,
 }
 
+/// One forwarded sequence of a boot.
+struct Sequence<S> {
+    out: S,
+    /// The boot's `forwarded` before the first chunk forwarded after this
+    /// sequence's last snapshot (the chunk carrying it); `None` while that
+    /// chunk is still to come.
+    snapshot_at: Option<u64>,
+}
+
 /// One firmware boot.
 struct Boot<S> {
     hello: Hello,
-    sequences: HashMap<u16, S>,
+    sequences: HashMap<u16, Sequence<S>>,
+    /// Bytes of chunks forwarded (received, into at least one session).
+    forwarded: u64,
     clock: ClockSync,
     /// The clock must be related to BOOTTIME (a sequence-scoped clock).
     needs_clock: bool,
@@ -288,7 +328,7 @@ impl<O: Output> Engine<O> {
             *mark = loss;
             let mut n = 0u64;
             for seq in b.sequences.values_mut() {
-                n += self.out.mark_loss(seq, Some(id)) as u64;
+                n += self.out.mark_loss(&mut seq.out, Some(id)) as u64;
             }
             self.stats.trailing_losses_marked += n;
         }
@@ -414,6 +454,7 @@ impl<O: Output> Engine<O> {
             needs_clock: h.clock_id >= FIRST_SEQUENCE_CLOCK,
             hello: h,
             sequences: HashMap::new(),
+            forwarded: 0,
             clock,
             snapshot: None,
             injected: None,
@@ -493,7 +534,8 @@ impl<O: Output> Engine<O> {
         b.injected = Some((firmware_ns, boot_ns));
         let packet = snapshot_packet(b.hello.clock_id, firmware_ns, boot_ns);
         for seq in b.sequences.values_mut() {
-            self.out.set_injected_packet(seq, &packet);
+            self.out.set_injected_packet(&mut seq.out, &packet);
+            seq.snapshot_at = None;
         }
         b.snapshot = Some(packet);
         self.stats.snapshots += 1;
@@ -521,21 +563,36 @@ impl<O: Output> Engine<O> {
                 let seq = match b.sequences.entry(header.writer_id) {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
-                        let Some(mut seq) = self.out.new_sequence(&b.hello.data_source) else {
+                        let Some(mut out) = self.out.new_sequence(&b.hello.data_source) else {
                             self.stats.chunks_dropped += 1;
                             return;
                         };
                         if let Some(p) = &b.snapshot {
-                            self.out.set_injected_packet(&mut seq, p);
+                            self.out.set_injected_packet(&mut out, p);
                         }
-                        v.insert(seq)
+                        v.insert(Sequence {
+                            out,
+                            snapshot_at: None,
+                        })
                     }
                 };
-                if b.needs_clock && b.snapshot.is_none() {
-                    self.stats.chunks_without_clock += 1;
+                match (&b.snapshot, seq.snapshot_at) {
+                    // The relation stated last, again (module docs).
+                    (Some(p), Some(at)) if b.forwarded - at >= SNAPSHOT_PERIOD_BYTES => {
+                        self.out.set_injected_packet(&mut seq.out, p);
+                        seq.snapshot_at = None;
+                        self.stats.snapshots_reinjected += 1;
+                    }
+                    (Some(_), _) => {}
+                    (None, _) if b.needs_clock => self.stats.chunks_without_clock += 1,
+                    (None, _) => {}
                 }
-                match self.out.forward_chunk(seq, &bytes) {
-                    Ok(f) if f.copies > 0 => self.stats.chunks_forwarded += 1,
+                match self.out.forward_chunk(&mut seq.out, &bytes) {
+                    Ok(f) if f.copies > 0 => {
+                        self.stats.chunks_forwarded += 1;
+                        seq.snapshot_at.get_or_insert(b.forwarded);
+                        b.forwarded += bytes.len() as u64;
+                    }
                     Ok(f) if f.dropped > 0 => self.stats.chunks_dropped += 1,
                     // Nothing of it belonged in the sessions (an orphan
                     // piece of a packet begun before they started).
@@ -555,7 +612,11 @@ impl<O: Output> Engine<O> {
                     self.stats.patch_groups_dropped += 1;
                     return;
                 };
-                if self.out.forward_patches(seq, chunk_id, &patches, has_more) == 0 {
+                if self
+                    .out
+                    .forward_patches(&mut seq.out, chunk_id, &patches, has_more)
+                    == 0
+                {
                     self.stats.patch_groups_dropped += 1;
                 }
             }

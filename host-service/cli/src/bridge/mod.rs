@@ -8,7 +8,9 @@
 //!   restart is never mixed with the old run); chunks validated and
 //!   forwarded per firmware writer; a clock snapshot relating the
 //!   firmware's clock to BOOTTIME injected into every sequence before its
-//!   first packet in a session and whenever due; every loss counted.
+//!   first packet in a session and whenever due, and stated again every
+//!   [`SNAPSHOT_PERIOD_BYTES`](engine::SNAPSHOT_PERIOD_BYTES) forwarded (a
+//!   ring buffer keeps one near its oldest data); every loss counted.
 //! * [`clock`]: the clock relation, from two-way or one-way samples, with
 //!   its error bound.
 //! * [`output`]: what the engine drives: the forwarding API of the producer

@@ -237,10 +237,11 @@ impl fmt::Display for Summary {
             }) => writeln!(
                 out,
                 "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s (given, not measured; {} \
-                 snapshots injected)",
+                 snapshots injected, {} again into one sequence)",
                 if est.offset_ns < 0 { "-" } else { "+" },
                 est.offset_ns.unsigned_abs() as f64 / 1e9,
-                e.snapshots
+                e.snapshots,
+                e.snapshots_reinjected
             )?,
             Some(ClockStatus {
                 clock_id,
@@ -251,7 +252,8 @@ impl fmt::Display for Summary {
             }) => writeln!(
                 out,
                 "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s, error within {:.3} ms \
-                 ({}, {samples} samples, {rejected} refused; {} snapshots injected)",
+                 ({}, {samples} samples, {rejected} refused; {} snapshots injected, {} again \
+                 into one sequence)",
                 if est.offset_ns < 0 { "-" } else { "+" },
                 est.offset_ns.unsigned_abs() as f64 / 1e9,
                 est.bound_ns as f64 / 1e6,
@@ -260,7 +262,8 @@ impl fmt::Display for Summary {
                 } else {
                     "one-way, plus the link's fixed latency"
                 },
-                e.snapshots
+                e.snapshots,
+                e.snapshots_reinjected
             )?,
             Some(ClockStatus { clock_id, .. }) if *clock_id >= 64 => writeln!(
                 out,

@@ -614,3 +614,128 @@ fn drops_that_end_a_boot_are_marked_before_its_sequences_go() {
     e.session_ending(5);
     assert_eq!(take(&log), []);
 }
+
+/// A chunk of `writer` with id `id`, [`SNAPSHOT_PERIOD_BYTES`] / 16 bytes
+/// long (header included), holding one packet.
+fn kib_chunk(writer: u16, id: u32) -> FirmwareEvent {
+    let header = ChunkHeaderRepr {
+        chunk_id: id,
+        writer_id: writer,
+        packets: Packets::new(1, ChunkFlags::EMPTY).unwrap(),
+    };
+    let len = SNAPSHOT_PERIOD_BYTES as usize / 16;
+    let mut bytes = header.to_bytes().to_vec();
+    // A fragment of len - 8 - 2 bytes: its length is a 2-byte varint.
+    let body = len - bytes.len() - 2;
+    bytes.extend_from_slice(&[(body as u8) | 0x80, (body >> 7) as u8]);
+    bytes.resize(len, 0x40);
+    FirmwareEvent::Chunk(bytes)
+}
+
+/// The clocks `(id, timestamp)` of an injected packet, decoded as a
+/// TracePacket.
+fn snapshot_clocks(packet: &[u8]) -> Clocks {
+    use prost::Message as _;
+    use shmtrace_ipc::protos::trace_packet::Data;
+    let packet = shmtrace_ipc::protos::TracePacket::decode(packet).unwrap();
+    let Some(Data::ClockSnapshot(s)) = packet.data else {
+        panic!("not a clock snapshot: {packet:?}")
+    };
+    s.clocks
+        .iter()
+        .map(|c| (c.clock_id.unwrap(), c.timestamp.unwrap()))
+        .collect()
+}
+
+/// The clocks `(id, timestamp)` of a snapshot.
+type Clocks = Vec<(u32, u64)>;
+
+/// Where each sequence got a snapshot: `(sequence, chunk id of the chunk
+/// it precedes, its clocks)`.
+fn injections(calls: &[Call]) -> Vec<(u32, u32, Clocks)> {
+    let mut out = Vec::new();
+    let mut pending: Vec<(u32, Clocks)> = Vec::new();
+    for c in calls {
+        match c {
+            Call::Inject(seq, p) => pending.push((*seq, snapshot_clocks(p))),
+            Call::Chunk(seq, id) => {
+                if let Some(i) = pending.iter().position(|(s, _)| s == seq) {
+                    let (_, clocks) = pending.remove(i);
+                    out.push((*seq, *id, clocks));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(pending.is_empty(), "{pending:?}");
+    out
+}
+
+/// Without a new relation, every sequence gets the one stated last again
+/// (the same readings) before its first chunk after the boot forwarded
+/// [`SNAPSHOT_PERIOD_BYTES`] since its last snapshot, so a ring buffer
+/// that overwrote the first still holds one; a re-injection is not a new
+/// relation, and a new relation restarts the count.
+#[test]
+fn the_relation_is_stated_again_every_period_of_bytes() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 65), 1000 * MS);
+    let [Request::Sync(nonce)] = e.tick(1000 * MS, true)[..] else {
+        panic!("no sync")
+    };
+    e.handle(
+        FirmwareEvent::Clock(ClockSample {
+            firmware_ns: 50 * MS,
+            nonce: Some(nonce),
+            transfer_ns: 0,
+        }),
+        1002 * MS,
+    );
+    let first = vec![(65, 51 * MS), (BOOTTIME, 1002 * MS)];
+    // Writer 1 writes 1/16 of the period per chunk; writer 2 once at the
+    // start and once after 40 of writer 1's chunks. The host clock does
+    // not reach the next periodic snapshot.
+    e.handle(kib_chunk(2, 0), 1003 * MS);
+    for id in 0..60 {
+        e.handle(kib_chunk(1, id), 1003 * MS + u64::from(id));
+        if id == 40 {
+            e.handle(kib_chunk(2, 1), 1003 * MS + u64::from(id));
+        }
+    }
+    let calls = take(&log);
+    let got = injections(&calls);
+    // Writer 1 (sequence 2): at its start, then every 16 chunks of the
+    // boot: before its chunks 16, 32 and (writer 2's second chunk among
+    // them) 47. Writer 2 (sequence 1): at its start, and before its
+    // second chunk (42 chunks of the boot since).
+    let expected: Vec<_> = [(1, 0), (2, 0), (2, 16), (2, 32), (1, 1), (2, 47)]
+        .into_iter()
+        .map(|(s, id)| (s, id, first.clone()))
+        .collect();
+    assert_eq!(got, expected);
+    let s = e.stats();
+    assert_eq!((s.snapshots, s.snapshots_reinjected), (1, 4));
+    assert_eq!(s.chunks_forwarded, 62);
+
+    // A second later a new relation goes into every sequence at once and
+    // restarts the count: writer 1 gets it again 16 chunks later.
+    // Writer 2 carries it in its next chunk, 20 chunks of the boot later:
+    // the count starts there, not at the statement.
+    e.tick(2003 * MS, false);
+    for id in 60..80 {
+        e.handle(kib_chunk(1, id), 2004 * MS);
+    }
+    e.handle(kib_chunk(2, 2), 2004 * MS);
+    let calls = take(&log);
+    let second = vec![(65, 1052 * MS), (BOOTTIME, 2003 * MS)];
+    assert_eq!(
+        injections(&calls),
+        [
+            (2, 60, second.clone()),
+            (2, 76, second.clone()),
+            (1, 2, second)
+        ]
+    );
+    let s = e.stats();
+    assert_eq!((s.snapshots, s.snapshots_reinjected), (2, 5));
+}
