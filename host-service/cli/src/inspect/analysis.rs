@@ -46,8 +46,8 @@
 //!   chunks, with its incremental-state clear and clock snapshots: the
 //!   packets that need incremental state before the sequence's first
 //!   surviving clear, and those stamped on a sequence-scoped clock before
-//!   a surviving snapshot relates it to the trace clock, are counted as
-//!   *unresolvable after ring wrap*, not as problems.
+//!   a surviving snapshot defines it or relates it to the trace clock, are
+//!   counted as *unresolvable after ring wrap*, not as problems.
 //! * Either way, only the consequences of the lost start are excused: slice
 //!   ends whose begin was lost, and anything that fails before the
 //!   sequence's first clear. An interned id that does not resolve after
@@ -518,7 +518,7 @@ struct Evidence {
     message: String,
     /// What a lost start explains: found before the sequence's first
     /// incremental-state clear, or a time on a sequence-scoped clock that
-    /// the sequence had not related to the trace clock yet.
+    /// the sequence had not defined or related to the trace clock yet.
     lost_with_start: bool,
 }
 
@@ -533,8 +533,9 @@ struct Sequence {
     ever_valid: bool,
     /// Packets skipped before the first clear and before any loss mark.
     skipped_before_clear: u64,
-    /// Times on a sequence-scoped clock no snapshot had related to the
-    /// trace clock yet, before any loss mark.
+    /// Times on a sequence-scoped clock that no snapshot of the sequence
+    /// had defined, or related to the trace clock, yet (before any loss
+    /// mark).
     unrelated_times: u64,
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
@@ -1027,10 +1028,13 @@ impl Analyzer {
         let boot = match self.clock_graph.convert(seq_id, clock_id, ts, target) {
             Ok(t) => t as u64,
             Err(ConvertError::UnknownSource) if clock_id >= clocks::FIRST_SEQUENCE_SCOPED => {
+                // The snapshot defining it may have gone with the
+                // sequence's start (a ring buffer overwrote it).
                 if !seq.marked {
+                    seq.unrelated_times += 1;
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Timestamps,
-                        lost_with_start: !seq.ever_valid,
+                        lost_with_start: true,
                         message: format!(
                             "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
                              {seq_id} does not define"
