@@ -163,6 +163,11 @@ impl ChildProcess {
         }
     }
 
+    /// Waits for the process to exit by itself: its exit status.
+    pub fn expect_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        self.wait(timeout)
+    }
+
     /// Kills the process with SIGKILL, as a crash or the OOM killer would
     /// (no handler runs, nothing is flushed), and reaps it: its exit
     /// status, which says whether it had already exited by itself.

@@ -8,6 +8,7 @@
 mod sim_bridge;
 
 use shmtrace_tests::checker::Loss;
+use shmtrace_tests::process::ChildProcess;
 use shmtrace_tests::scenario::ServiceImpl;
 use sim_bridge::*;
 
@@ -26,6 +27,27 @@ fn region_firmware(file: &std::path::Path, extra: &[&str]) -> Vec<String> {
     ]);
     a.extend(args(extra));
     a
+}
+
+/// `sim-firmware region` at OFFSET of `file`: 300 iterations at 3000/s, a
+/// large event every 30; returns once it is ready.
+fn short_firmware(env: &Env, file: &std::path::Path) -> ChildProcess {
+    let mut firmware = env.firmware(
+        "region",
+        &region_firmware(
+            file,
+            &[
+                "--iterations",
+                "300",
+                "--large-every",
+                "30",
+                "--rate",
+                "3000",
+            ],
+        ),
+    );
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    firmware
 }
 
 /// `serve --attach` started before the region file exists (QEMU not
@@ -82,21 +104,7 @@ fn serve_attach_records_a_region_across_firmware_resets() {
 fn bridge_region_into_the_real_service() {
     let env = Env::with_service("shmtrace-region-real-", ServiceImpl::Real);
     let ram = env.path("guest-ram");
-    let mut firmware = env.firmware(
-        "region",
-        &region_firmware(
-            &ram,
-            &[
-                "--iterations",
-                "300",
-                "--large-every",
-                "30",
-                "--rate",
-                "3000",
-            ],
-        ),
-    );
-    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    let mut firmware = short_firmware(&env, &ram);
     let bridge = env.bridge(&format!("region:{}@{OFFSET}", ram.display()), &[]);
     env.wait_registered();
     let consumer = env.start_consumer();
@@ -118,6 +126,46 @@ fn bridge_region_into_the_real_service() {
         offset.abs_diff(truth) <= clock["bound_ns"].as_u64().expect("bound"),
         "{summary}, true offset {truth}"
     );
+}
+
+/// A second reader of a region `serve --attach` reads (a user's `bridge
+/// --input region:` of the same region) would take the first one's
+/// records and control words: it is refused at once, naming the holder,
+/// exit status 4, and the service records every event as if it had not
+/// been there.
+#[test]
+fn a_second_reader_of_an_attached_region_is_refused() {
+    let mut env = Env::new("shmtrace-attach-twice-");
+    let ram = env.path("guest-ram");
+    let region = format!("{}@{OFFSET}", ram.display());
+    env.start_our_service(&args(&["--attach", &region]));
+    let mut firmware = short_firmware(&env, &ram);
+    env.wait_registered();
+    let mut second = env.bridge(&format!("region:{region}"), &[]);
+    let status = second
+        .expect_exit(TIMEOUT)
+        .expect("the second reader exits");
+    assert_eq!(status.code(), Some(4), "{}", second.stderr_tail());
+    assert!(
+        second.stderr_contains(&format!(
+            "shmtrace: error: cannot attach region:{}@0x10000: the region is already being \
+             read by another reader (pid ",
+            ram.display()
+        )),
+        "{}",
+        second.stderr_tail()
+    );
+    let consumer = env.start_consumer();
+    firmware.expect_event("enabled", TIMEOUT).expect("enabled");
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    let trace = env.stop_consumer(consumer);
+    firmware.close_stdin();
+    let report = check(&env, &trace, emitted(&done), Loss::None, "attach-twice");
+    report.assert_ok("attach-twice");
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), 2, "two writers, one boot: {sequences:?}");
+    let log = std::fs::read_to_string(env.path("service.stderr")).expect("service log");
+    assert!(!log.contains("the firmware restarted"), "{log}");
 }
 
 /// Two regions attached: one whose header is of an unknown version (a

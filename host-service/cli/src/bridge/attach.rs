@@ -11,6 +11,10 @@
 //! never the service or the other regions. A child is also its own line in
 //! `top`: the CPU a firmware producer costs is measured per process.
 //!
+//! A region has one reader: a child whose region another reader holds
+//! exits saying so (status 4) and is restarted like any other, so it takes
+//! the region over once the other reader is gone.
+//!
 //! Children stop when the service does: their stdin is a pipe from the
 //! service (`--exit-on-stdin-eof`), closed at shutdown or when the service
 //! dies; one that does not stop within [`STOP_WAIT`] is killed.
@@ -96,8 +100,21 @@ impl std::fmt::Debug for Attachments {
 }
 
 impl Attachments {
-    /// Starts one supervised child per region.
+    /// Starts one supervised child per region. A region named twice is
+    /// refused (`InvalidInput`): a region has one reader, the second child
+    /// would be refused on every restart.
     pub fn start(specs: &[AttachSpec], options: &AttachOptions) -> io::Result<Self> {
+        for (k, spec) in specs.iter().enumerate() {
+            if specs[..k]
+                .iter()
+                .any(|s| s.path == spec.path && s.offset == spec.offset)
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{spec} is given twice (a region has one reader)"),
+                ));
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for spec in specs {
@@ -227,5 +244,25 @@ mod tests {
             .contains("8-aligned"));
         assert!("ram@x".parse::<AttachSpec>().is_err());
         assert!("".parse::<AttachSpec>().is_err());
+    }
+
+    #[test]
+    fn a_region_attached_twice_is_refused_before_any_child_starts() {
+        let specs: Vec<AttachSpec> = ["ram@0x100", "ram@0", "ram@256"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let options = AttachOptions {
+            program: PathBuf::from("/nonexistent/shmtrace"),
+            socket: "p.sock".into(),
+            log_level: log::LevelFilter::Off,
+            poll_interval_us: 1000,
+        };
+        let e = Attachments::start(&specs, &options).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            e.to_string(),
+            "ram@0x100 is given twice (a region has one reader)"
+        );
     }
 }

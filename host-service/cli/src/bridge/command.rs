@@ -5,8 +5,9 @@
 //! connection) or on SIGINT/SIGTERM (or, with `--exit-on-stdin-eof`, when
 //! stdin closes), after printing its summary; 2 for bad flags; 3 if the
 //! service's producer socket cannot be reached; 4 if the input cannot be
-//! opened (a missing device, a refused connection; a region file that does
-//! not exist yet is waited for); 5 if the input fails while being read.
+//! opened (a missing device, a refused connection, a region another reader
+//! holds; a region file that does not exist yet is waited for); 5 if the
+//! input fails while being read.
 //! `import` exits as `record` does (0 written, 4 file errors, 5 the session
 //! failed), and 5 if the input holds no firmware hello or no region.
 
@@ -19,9 +20,9 @@ use super::dump::DumpSource;
 use super::frames::FrameStreamDecoder;
 use super::import::{import, ImportOptions};
 use super::input::{ByteStream, InputSpec, StreamSource};
-use super::region::{RegionSource, DEFAULT_POLL_INTERVAL};
+use super::region::{region_name, RegionSource, DEFAULT_POLL_INTERVAL};
 use super::run::{run, BridgeOptions};
-use super::FirmwareSource;
+use super::{FirmwareSource, SourceError};
 use crate::record::{Progress, ProgressMode};
 use crate::units::parse_duration;
 use crate::{exit, CliError};
@@ -107,8 +108,10 @@ pub fn open_source(
 ) -> Result<Box<dyn FirmwareSource>, CliError> {
     match input {
         InputSpec::Region { path, offset } => Ok(Box::new(
-            RegionSource::new(path, *offset, poll_interval)
-                .map_err(|e| CliError::Usage(e.to_string()))?,
+            RegionSource::new(path, *offset, poll_interval).map_err(|e| match e {
+                SourceError::Busy(_) => e.into_cli(region_name(path, *offset)),
+                e => CliError::Usage(e.to_string()),
+            })?,
         )),
         stream => {
             let s = ByteStream::open_with(stream, baud).map_err(|source| CliError::Io {

@@ -46,6 +46,8 @@ use std::time::Duration;
 
 pub use shmtrace_producer::ForwardPatch;
 
+use crate::CliError;
+
 /// What a firmware says when it (re)starts or a transport (re)attaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -132,6 +134,27 @@ pub enum SourceError {
     /// The source cannot go on.
     #[error("{0}")]
     Failed(String),
+    /// Another reader holds the input (a region has one reader): it cannot
+    /// be opened.
+    #[error("{0}")]
+    Busy(String),
+}
+
+impl SourceError {
+    /// The command's error for this failure of the input `input` (a
+    /// source's [`describe`](FirmwareSource::describe)): one another reader
+    /// holds could not be opened (exit status 4); any other failed while
+    /// read (5).
+    pub fn into_cli(self, input: String) -> CliError {
+        match self {
+            SourceError::Busy(why) => CliError::Io {
+                action: "attach",
+                path: input.into(),
+                source: std::io::Error::new(std::io::ErrorKind::ResourceBusy, why),
+            },
+            e => CliError::Bridge(format!("{input}: {e}")),
+        }
+    }
 }
 
 /// Where firmware events come from: a decoder over a transport.

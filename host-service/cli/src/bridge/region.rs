@@ -15,6 +15,12 @@
 //!   restarted) is let go and attached again. Only the host's own
 //!   failures (the file cannot be opened for writing or mapped) end the
 //!   source.
+//! * **One reader.** A region has one reader: the source claims it (a lock
+//!   over its header's bytes, see `map`) when it is created if the file is
+//!   there, else once it appears, and holds the claim while the file stays
+//!   the same (across detaches and firmware restarts). A region another
+//!   reader holds, in this process or another, ends the source with
+//!   [`SourceError::Busy`] before it touches the region.
 //! * **Records.** The header's identity is the hello; each chunk is copied
 //!   out; patch slots are grouped per chunk ([`PatchGrouper`]); the
 //!   firmware's counters are reported when they change; a firmware reset
@@ -40,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use shmtrace_abi::region::{HeaderError, ReaderError, ReaderStats, Record};
 
-use self::map::{MapError, MappedRegion};
+use self::map::{MapError, MappedRegion, RegionFile};
 use super::patches::PatchGrouper;
 use super::{ClockSample, FirmwareEvent, FirmwareSource, Hello, Request, SourceError};
 
@@ -84,6 +90,8 @@ pub struct RegionSource {
     path: PathBuf,
     offset: u64,
     poll_interval: Duration,
+    /// The file, with this source's claim on the region.
+    file: Option<RegionFile>,
     region: Option<MappedRegion>,
     buf: Vec<u8>,
     events: VecDeque<FirmwareEvent>,
@@ -135,6 +143,25 @@ fn hello(h: &shmtrace_abi::region::HeaderRepr) -> FirmwareEvent {
     })
 }
 
+/// How the region at `offset` of `path` is named in messages
+/// (`region:FILE@0xOFFSET`, as `--input` takes it).
+pub fn region_name(path: &Path, offset: u64) -> String {
+    format!("region:{}@{offset:#x}", path.display())
+}
+
+/// The error for a region another reader holds (`who`: see
+/// [`MapError::Busy`]).
+fn busy(who: &str) -> SourceError {
+    let who = if who.is_empty() {
+        String::new()
+    } else {
+        format!(" ({who})")
+    };
+    SourceError::Busy(format!(
+        "the region is already being read by another reader{who}; a region has one reader"
+    ))
+}
+
 /// Whether a reader error means "not initialized (yet, or again)": the
 /// magic is not there.
 fn not_initialized(e: &ReaderError) -> bool {
@@ -144,18 +171,26 @@ fn not_initialized(e: &ReaderError) -> bool {
 impl RegionSource {
     /// A source for the region at `offset` of `path`, sleeping
     /// `poll_interval` while its ring is empty. Fails at once only if the
-    /// offset cannot be a region's (not 8-aligned).
+    /// offset cannot be a region's (not 8-aligned), or if another reader
+    /// holds the region ([`SourceError::Busy`]).
     pub fn new(path: &Path, offset: u64, poll_interval: Duration) -> Result<Self, SourceError> {
         if offset % 8 != 0 {
             return Err(SourceError::Failed(format!(
                 "region offset {offset:#x} is not 8-aligned"
             )));
         }
+        let file = match RegionFile::claim(path, offset) {
+            Ok(f) => Some(f),
+            Err(MapError::Busy(who)) => return Err(busy(&who)),
+            // The rest is polling's to wait for or report.
+            Err(_) => None,
+        };
         let now = Instant::now();
         Ok(RegionSource {
             path: path.to_owned(),
             offset,
             poll_interval,
+            file,
             region: None,
             buf: Vec::new(),
             events: VecDeque::new(),
@@ -216,7 +251,22 @@ impl RegionSource {
     }
 
     fn try_attach(&mut self) -> Result<(), SourceError> {
-        match MappedRegion::open(&self.path, self.offset) {
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| !f.is_current(&self.path))
+        {
+            // Replaced or removed: the claim went with the old file.
+            self.file = None;
+        }
+        let opened = match &self.file {
+            Some(file) => MappedRegion::open(file, self.offset),
+            None => RegionFile::claim(&self.path, self.offset).and_then(|file| {
+                let file = self.file.insert(file);
+                MappedRegion::open(file, self.offset)
+            }),
+        };
+        match opened {
             Ok(region) => {
                 if let Some(h) = region.header() {
                     log::info!(
@@ -259,6 +309,7 @@ impl RegionSource {
                 self.refuse(&e);
                 Ok(())
             }
+            Err(MapError::Busy(who)) => Err(busy(&who)),
             Err(MapError::Io(e)) => Err(SourceError::Failed(format!(
                 "{}: cannot map: {e}",
                 self.path.display()
@@ -507,6 +558,6 @@ impl FirmwareSource for RegionSource {
     }
 
     fn describe(&self) -> String {
-        format!("region:{}@{:#x}", self.path.display(), self.offset)
+        region_name(&self.path, self.offset)
     }
 }

@@ -479,7 +479,7 @@ pub fn run(
             }
             Err(SourceError::Ended) => break,
             Err(e) => {
-                result = Err(CliError::Bridge(format!("{}: {e}", source.describe())));
+                result = Err(e.into_cli(source.describe()));
                 break;
             }
         }

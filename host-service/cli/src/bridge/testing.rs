@@ -17,21 +17,30 @@ pub type Storage = RegionStorage<SMB, SLOTS>;
 /// Where the region starts in its file.
 pub const OFFSET: u64 = 0x2000;
 
-/// The firmware's view: the file mapped, the storage at `OFFSET` in it.
+/// The firmware's view: the file mapped, the storage at an offset in it
+/// (`OFFSET` unless told otherwise).
 pub struct Firmware {
     base: NonNull<u8>,
     len: usize,
+    offset: usize,
 }
 
 impl Firmware {
     /// Maps `path` (created by [`create`]).
     pub fn map(path: &Path) -> Self {
+        Self::map_at(path, OFFSET)
+    }
+
+    /// Maps `path`, the storage at `offset` (page aligned) in it.
+    pub fn map_at(path: &Path, offset: u64) -> Self {
+        assert_eq!(offset % 4096, 0);
+        let offset = offset as usize;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
             .unwrap();
-        let len = OFFSET as usize + std::mem::size_of::<Storage>();
+        let len = offset + std::mem::size_of::<Storage>();
         assert!(file.metadata().unwrap().len() >= len as u64);
         // SAFETY: a fresh shared mapping chosen by the kernel.
         let ptr = unsafe {
@@ -48,17 +57,18 @@ impl Firmware {
         Firmware {
             base: NonNull::new(ptr.cast()).unwrap(),
             len,
+            offset,
         }
     }
 
     /// The storage, as a firmware's RAM holds it.
     pub fn storage(&mut self) -> &mut Storage {
-        // SAFETY: the mapping holds a `Storage` at `OFFSET` (page aligned,
+        // SAFETY: the mapping holds a `Storage` at `offset` (page aligned,
         // so 8-aligned), every byte pattern is valid for it (byte arrays
         // and a `MaybeUninit`), and the exclusive borrow of `self` makes
         // this the only reference this test makes into it. The source under
         // test maps the file separately and never makes references.
-        unsafe { &mut *self.base.as_ptr().add(OFFSET as usize).cast::<Storage>() }
+        unsafe { &mut *self.base.as_ptr().add(self.offset).cast::<Storage>() }
     }
 
     /// Initializes the region (a boot).
@@ -71,7 +81,7 @@ impl Firmware {
         assert!(at < std::mem::size_of::<Storage>());
         // SAFETY: inside the mapping; a plain byte load from shared memory
         // (no reference is held over it).
-        unsafe { self.base.as_ptr().add(OFFSET as usize + at).read_volatile() }
+        unsafe { self.base.as_ptr().add(self.offset + at).read_volatile() }
     }
 
     /// A byte of the region (as a probe scribbling would write it).
@@ -82,7 +92,7 @@ impl Firmware {
         unsafe {
             self.base
                 .as_ptr()
-                .add(OFFSET as usize + at)
+                .add(self.offset + at)
                 .write_volatile(value)
         };
     }

@@ -7,7 +7,7 @@ use shmtrace_abi::region::{RegionArbiter, RegionConfig, HEADER_SIZE};
 use shmtrace_abi::writer::TraceWriter;
 
 use super::*;
-use crate::bridge::testing::{create, file, Firmware, OFFSET};
+use crate::bridge::testing::{create, file, Firmware, Storage, OFFSET};
 
 fn config() -> RegionConfig<'static> {
     let mut c = RegionConfig::new("fw.region");
@@ -256,4 +256,107 @@ fn a_stream_mode_region_is_refused_and_a_misaligned_offset_at_once() {
     assert_eq!(count(&source.transport_loss(), "regions_refused"), 0);
     std::fs::remove_file(&path).unwrap();
     std::fs::remove_file(&short).unwrap();
+}
+
+/// Two readers of one region would take each other's records and control
+/// words: the second is refused before it touches the region (in this
+/// process as in another: the claim is per open file, not per process),
+/// naming the holder, as an input that cannot be opened; the first reads
+/// on untouched. Another region of the same file (a second core's) is
+/// read beside it. A claim taken while the file has no region yet holds;
+/// one let go (the reader dropped) can be taken.
+#[test]
+fn a_region_has_one_reader_and_other_regions_of_the_file_are_read_beside_it() {
+    let path = file("claimed");
+    create(&path);
+    let size = std::mem::size_of::<Storage>() as u64;
+    let second = (OFFSET + size).next_multiple_of(4096);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(second + size).unwrap();
+    let mut fw = Firmware::map(&path);
+    let handles = fw.boot(&config());
+    let mut core1 = Firmware::map_at(&path, second);
+    let mut c = config();
+    c.data_source = "fw.core1";
+    c.boot_id = 7;
+    let _core1_handles = core1.boot(&c);
+
+    let mut first = RegionSource::new(&path, OFFSET, Duration::from_millis(1)).unwrap();
+    assert!(matches!(&take(&mut first, 1)[..], [FirmwareEvent::Hello(h)] if h.boot_id == 40));
+    assert!(first.request(Request::Enable(true)));
+    let header = || {
+        let at = OFFSET as usize;
+        std::fs::read(&path).unwrap()[at..at + HEADER_SIZE].to_vec()
+    };
+    let before = header();
+
+    let refused = RegionSource::new(&path, OFFSET, Duration::from_millis(1)).unwrap_err();
+    let why = format!(
+        "the region is already being read by another reader (pid {}: this process); \
+         a region has one reader",
+        std::process::id()
+    );
+    assert!(
+        matches!(&refused, SourceError::Busy(w) if *w == why),
+        "{refused:?}"
+    );
+    let name = region_name(&path, OFFSET);
+    let error = refused.into_cli(name.clone());
+    assert_eq!(error.exit_code(), crate::exit::IO);
+    assert_eq!(error.to_string(), format!("cannot attach {name}: {why}"));
+
+    // The other core's region: claimed and read beside the first.
+    let mut other = RegionSource::new(&path, second, Duration::from_millis(1)).unwrap();
+    assert_eq!(
+        take(&mut other, 1),
+        [FirmwareEvent::Hello(Hello {
+            boot_id: 7,
+            data_source: "fw.core1".into(),
+            producer: "mcu".into(),
+            clock_id: 65,
+        })]
+    );
+
+    // The first reader's region was not touched, and it reads on.
+    assert_eq!(header(), before);
+    assert!(handles.control.trace_enabled());
+    let mut writer: TraceWriter<_> = TraceWriter::new(
+        RegionArbiter::new(&handles, PageLayout::Div4).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    let _ = writer.write_packet(|p| p.bytes(4, b"still mine"));
+    writer.flush();
+    let events = take(&mut first, 1);
+    assert!(
+        matches!(&events[..], [FirmwareEvent::Chunk(c)] if c.windows(10).any(|w| w == b"still mine")),
+        "{events:?}"
+    );
+    assert_eq!(count(&first.counters(), "resets"), 0);
+    assert_eq!(count(&first.counters(), "attaches"), 1);
+    assert_eq!(count(&first.counters(), "detaches"), 0);
+
+    // Let go, the region can be taken.
+    drop(first);
+    let mut next = RegionSource::new(&path, OFFSET, Duration::from_millis(1)).unwrap();
+    assert!(matches!(&take(&mut next, 1)[..], [FirmwareEvent::Hello(h)] if h.boot_id == 40));
+    drop(writer);
+    std::fs::remove_file(&path).unwrap();
+
+    // Two readers waiting for a file: the first to see it claims it and
+    // holds it while the firmware is not there yet; the other is refused
+    // once it sees the file.
+    let late = file("late");
+    let _ = std::fs::remove_file(&late);
+    let mut a = RegionSource::new(&late, OFFSET, Duration::from_millis(1)).unwrap();
+    let mut b = RegionSource::new(&late, OFFSET, Duration::from_millis(1)).unwrap();
+    create(&late);
+    assert_eq!(a.poll(Duration::from_millis(150)).unwrap(), None);
+    let refused = b.poll(Duration::from_millis(150)).unwrap_err();
+    assert!(
+        matches!(&refused, SourceError::Busy(w) if *w == why),
+        "{refused:?}"
+    );
+    std::fs::remove_file(&late).unwrap();
 }
