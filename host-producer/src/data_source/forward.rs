@@ -58,7 +58,10 @@
 //!   that chunk then shift by the inserted length), else appended after
 //!   its last fragment when that one is a whole packet (no
 //!   `LastPacketContinuesOnNextChunk`, no `ChunkNeedsPatching`, no drop
-//!   sentinel), else in the next chunk. Before rather than after: a clock
+//!   sentinel), else inserted after the first fragment when a packet
+//!   starts after it (the patches of the bytes after it shift), else in
+//!   the next chunk (one fragment that both continues and goes on).
+//!   Before rather than after: a clock
 //!   snapshot stated at time T must come before the packets stamped after
 //!   T, and the chunk that follows its statement may hold some (a reader
 //!   converts a time through the latest snapshot at or before it, among
@@ -404,6 +407,27 @@ struct Mapped {
     stripped: u32,
     /// Bytes inserted at the start of the payload (a prepended packet).
     inserted: u32,
+    /// Bytes inserted after the first fragment (at `middle_at` of the
+    /// source payload): an injected packet.
+    middle: u32,
+    /// Where in the source payload `middle` went (the first fragment's end).
+    middle_at: u32,
+}
+
+impl Mapped {
+    /// Where the byte at `offset` of the source chunk's payload is in the
+    /// copy; `None` if it was stripped.
+    fn offset(&self, offset: u32) -> Option<u32> {
+        let shift = if offset >= self.middle_at {
+            self.middle
+        } else {
+            0
+        };
+        offset
+            .checked_sub(self.stripped)?
+            .checked_add(self.inserted)?
+            .checked_add(shift)
+    }
 }
 
 /// One sequence copied into one instance. See the module docs.
@@ -518,10 +542,7 @@ impl Lane {
         let outbox = self.instance.arbiter.outbox();
         let mut sent = 0;
         for (offset, data) in patches {
-            let Some(offset) = offset
-                .checked_sub(m.stripped)
-                .and_then(|o| o.checked_add(m.inserted))
-            else {
+            let Some(offset) = m.offset(offset) else {
                 bump(&c.patches_dropped);
                 continue;
             };
@@ -942,6 +963,7 @@ fn forward_into(
     let due = if lane.inject_due { inject } else { None };
     let (mut with_inject, mut with_loss) = (false, false);
     let mut pre: Vec<Vec<u8>> = Vec::new();
+    let mut middle = None;
     let mut post = None;
     if first_starts {
         if !lane.started {
@@ -962,6 +984,11 @@ fn forward_into(
         } else if whole_last {
             post = Some(fragment(packet));
             with_inject = true;
+        } else if count >= 2 {
+            // A packet starts after the first fragment (which ends the
+            // one continued from the previous chunk).
+            middle = Some(fragment(packet));
+            with_inject = true;
         }
     }
     let arbiter = lane.instance.arbiter.clone();
@@ -971,8 +998,8 @@ fn forward_into(
         lane.broken = true;
         return Outcome::Dropped;
     }
-    let extra_len: usize = pre.iter().chain(post.iter()).map(Vec::len).sum();
-    let extra_count = pre.len() + usize::from(post.is_some());
+    let extra_len: usize = pre.iter().chain(&middle).chain(&post).map(Vec::len).sum();
+    let extra_count = pre.len() + usize::from(middle.is_some()) + usize::from(post.is_some());
     let fits = usize::from(count) + extra_count <= usize::from(MAX_PACKET_COUNT)
         && arbiter.layout_for(base + extra_len).is_some();
     if !fits {
@@ -982,6 +1009,7 @@ fn forward_into(
             bump(&c.start_packets_missed);
         }
         pre.clear();
+        middle = None;
         post = None;
         with_inject = false;
         with_loss = false;
@@ -992,8 +1020,14 @@ fn forward_into(
         return Outcome::Dropped;
     }
     let inserted: usize = pre.iter().map(Vec::len).sum();
-    let added = pre.len() + usize::from(post.is_some());
-    let total = base + inserted + post.as_ref().map_or(0, Vec::len);
+    let added = pre.len() + usize::from(middle.is_some()) + usize::from(post.is_some());
+    let total = base
+        + pre
+            .iter()
+            .chain(&middle)
+            .chain(&post)
+            .map(Vec::len)
+            .sum::<usize>();
     let Some(packets) = u16::try_from(added)
         .ok()
         .and_then(|a| Packets::new(count + a, flags))
@@ -1012,11 +1046,19 @@ fn forward_into(
         lane.broken = true;
         return Outcome::Dropped;
     };
+    // `middle` goes after the first fragment (no bytes were stripped
+    // then: the first fragment continues a packet this lane has open).
+    let (head, tail) = match &middle {
+        Some(_) => body.split_at(chunk.first_end),
+        None => (body, &[][..]),
+    };
     let mut at = 0;
     for part in pre
         .iter()
         .map(Vec::as_slice)
-        .chain([body])
+        .chain([head])
+        .chain(middle.as_deref())
+        .chain([tail])
         .chain(post.as_deref())
     {
         let _ = out.write(at, part);
@@ -1042,6 +1084,8 @@ fn forward_into(
         chunk_id: lane.next_chunk_id,
         stripped,
         inserted: inserted as u32,
+        middle: middle.as_ref().map_or(0, |m| m.len() as u32),
+        middle_at: chunk.first_end as u32,
     });
     lane.next_chunk_id = lane.next_chunk_id.wrapping_add(1);
     lane.started = true;

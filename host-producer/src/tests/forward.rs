@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 
 use prost::Message as _;
-use shmtrace_abi::layout::{ChunkHeaderRepr, PageLayout, PageSize};
+use shmtrace_abi::layout::{ChunkFlags, ChunkHeaderRepr, PageLayout, PageSize};
 use shmtrace_abi::proto::{encode_to_slice, Message, Sink};
 use shmtrace_abi::smb::{Smb, SmbStorage, WritableChunk};
 use shmtrace_abi::writer::{BufferId, ChunkArbiter, PatchGroup, PatchesDeferred, TraceWriter};
@@ -532,6 +532,80 @@ fn injections_are_appended_or_prepended_with_patches_shifted() {
     assert_eq!(stats.patches_dropped, 0);
     assert!(lb.received().patches_applied >= 1);
     runtime().stop_data_source(304);
+    lb.shutdown();
+}
+
+/// An injection due before a chunk that continues a packet and leaves
+/// another open goes between its first fragment and the packet after it,
+/// with the patches of the bytes after it shifted: a sequence whose
+/// packets always span chunks still gets it.
+#[test]
+fn an_injection_goes_after_the_first_fragment_of_a_chunk_open_at_both_ends() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let fw = ChunkForwarder::register("test.fw.middle", DataSourceOptions::default(), NoopHandler)
+        .unwrap();
+    start(309, "test.fw.middle", 4);
+    // 584-byte chunks. A: the start of the 800-byte packet 0. B: its end,
+    // packet 1, the start of the 1500-byte packet 2 (its nested size field
+    // left for a patch). C, D: the rest of packet 2 and packet 3.
+    let source = source_events(4096, PageLayout::Div7, |w| {
+        for (i, len) in [(0, 800), (1, 0), (2, 1500), (3, 0)] {
+            let _ = w.write_packet(|p| write_packet(p, i, len));
+        }
+    });
+    let mut seq = fw.new_sequence();
+    let mut chunk = 0;
+    for e in &source {
+        if let SourceEvent::Chunk(c) = e {
+            if chunk == 1 {
+                let header = ChunkHeaderRepr::from_bytes(c[..8].try_into().unwrap());
+                let flags = header.packets.flags();
+                assert!(
+                    flags.contains(ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK)
+                        && flags.contains(ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK)
+                        && header.packets.count() == 3,
+                    "chunk B: {header:?}"
+                );
+                seq.set_injected_packet(&snapshot(11)).unwrap();
+            }
+            chunk += 1;
+        }
+        forward_all(&mut seq, std::slice::from_ref(e));
+    }
+    lb.drain();
+    let seqs = decoded(&lb);
+    let (_, packets) = &seqs[0];
+    let kinds: Vec<String> = packets
+        .iter()
+        .map(|p| match (&p.clock_snapshot, p.timestamp) {
+            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
+            (None, Some(t)) => format!("data {t}"),
+            _ => "?".into(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["?", "data 0", "snap 11", "data 1", "data 2", "data 3"],
+        "{packets:?}"
+    );
+    // Packets 0 and 2 whole: B's patch for packet 2 went past the snapshot.
+    assert_eq!(
+        packets[1].for_testing.as_deref(),
+        Some(&nested_body(0, 800)[..])
+    );
+    assert_eq!(
+        packets[4].for_testing.as_deref(),
+        Some(&nested_body(2, 1500)[..])
+    );
+    let stats = fw.stats();
+    assert_eq!(
+        stats.packets_injected, 2,
+        "the start packet and the snapshot"
+    );
+    assert!(stats.patches_forwarded >= 1);
+    assert_eq!(stats.patches_dropped, 0);
+    runtime().stop_data_source(309);
     lb.shutdown();
 }
 
