@@ -984,7 +984,7 @@ fn forward_into(
         } else if whole_last {
             post = Some(fragment(packet));
             with_inject = true;
-        } else if count >= 2 {
+        } else if count >= 2 && !chunk.sentinel {
             // A packet starts after the first fragment (which ends the
             // one continued from the previous chunk).
             middle = Some(fragment(packet));
