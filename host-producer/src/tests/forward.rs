@@ -191,6 +191,19 @@ fn snapshot(fw: u64) -> Vec<u8> {
     buf[..n].to_vec()
 }
 
+/// Each packet as `snap <firmware time>` (a [`snapshot`]), `data <i>` (a
+/// [`write_packet`]) or `?` (the start packet).
+fn kinds(packets: &[ts::TracePacket]) -> Vec<String> {
+    packets
+        .iter()
+        .map(|p| match (&p.clock_snapshot, p.timestamp) {
+            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
+            (None, Some(t)) => format!("data {t}"),
+            _ => "?".into(),
+        })
+        .collect()
+}
+
 fn registered_writers(lb: &Loopback) -> Vec<(u32, u32)> {
     lb.received()
         .messages
@@ -508,14 +521,7 @@ fn injections_are_appended_or_prepended_with_patches_shifted() {
     lb.drain();
     let seqs = decoded(&lb);
     let (_, packets) = &seqs[0];
-    let kinds: Vec<String> = packets
-        .iter()
-        .map(|p| match (&p.clock_snapshot, p.timestamp) {
-            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
-            (None, Some(t)) => format!("data {t}"),
-            _ => "?".into(),
-        })
-        .collect();
+    let kinds = kinds(packets);
     assert_eq!(
         kinds,
         ["?", "data 0", "snap 8", "data 1", "data 2", "data 3", "snap 9"],
@@ -545,7 +551,7 @@ fn an_injection_goes_after_the_first_fragment_of_a_chunk_open_at_both_ends() {
     let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
     let fw = ChunkForwarder::register("test.fw.middle", DataSourceOptions::default(), NoopHandler)
         .unwrap();
-    start(309, "test.fw.middle", 4);
+    start(310, "test.fw.middle", 4);
     // 584-byte chunks. A: the start of the 800-byte packet 0. B: its end,
     // packet 1, the start of the 1500-byte packet 2 (its nested size field
     // left for a patch). C, D: the rest of packet 2 and packet 3.
@@ -576,14 +582,7 @@ fn an_injection_goes_after_the_first_fragment_of_a_chunk_open_at_both_ends() {
     lb.drain();
     let seqs = decoded(&lb);
     let (_, packets) = &seqs[0];
-    let kinds: Vec<String> = packets
-        .iter()
-        .map(|p| match (&p.clock_snapshot, p.timestamp) {
-            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
-            (None, Some(t)) => format!("data {t}"),
-            _ => "?".into(),
-        })
-        .collect();
+    let kinds = kinds(packets);
     assert_eq!(
         kinds,
         ["?", "data 0", "snap 11", "data 1", "data 2", "data 3"],
@@ -605,7 +604,7 @@ fn an_injection_goes_after_the_first_fragment_of_a_chunk_open_at_both_ends() {
     );
     assert!(stats.patches_forwarded >= 1);
     assert_eq!(stats.patches_dropped, 0);
-    runtime().stop_data_source(309);
+    runtime().stop_data_source(310);
     lb.shutdown();
 }
 
@@ -640,14 +639,7 @@ fn an_injection_goes_before_a_chunk_of_whole_packets() {
     lb.drain();
     let seqs = decoded(&lb);
     let (_, packets) = &seqs[0];
-    let kinds: Vec<String> = packets
-        .iter()
-        .map(|p| match (&p.clock_snapshot, p.timestamp) {
-            (Some(s), _) => format!("snap {}", s.clocks[0].timestamp.unwrap()),
-            (None, Some(t)) => format!("data {t}"),
-            _ => "?".into(),
-        })
-        .collect();
+    let kinds = kinds(packets);
     assert_eq!(
         kinds,
         ["?", "data 0", "snap 5", "data 1", "data 2"],
