@@ -655,7 +655,7 @@ fn continue_adopted_slices(entries: &mut [Option<TlsEntry>; MAX_INSTANCES], slot
     else {
         return;
     };
-    let open = old.cell.lock_owner().inner().seq.open_slices();
+    let open = old.cell.lock_owner().inner().seq.take_open_slices();
     if let Some(new) = &entries[slot] {
         new.cell.lock_owner().inner().seq.continue_slices(open);
     }

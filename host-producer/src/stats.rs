@@ -43,10 +43,11 @@ pub struct ProducerStats {
     /// up here and in `packets_dropped`, once each.
     pub orphan_ends_suppressed: u64,
     /// Slice ends lost (the buffer was full) after their begin was
-    /// written, and not written later either: a sequence keeps up to 16
-    /// such ends and writes them, at their own times, before its next
-    /// event; these came when 16 were kept already. Each leaves its slice
-    /// open in the trace. Also in [`Self::packets_dropped`].
+    /// written, and never written later: a sequence writes such ends, at
+    /// their times, before its next event; these were still owed when the
+    /// sequence ended (its session stopped, or its thread exited, before
+    /// the thread wrote again). Each leaves its slice open in the trace.
+    /// Also in [`Self::packets_dropped`].
     pub slice_ends_lost: u64,
     /// Events and packets not written because they were emitted from
     /// inside another event or packet callback on the same thread (e.g. a
@@ -128,10 +129,10 @@ pub(crate) fn note_orphan_end() {
         .fetch_add(1, Ordering::Relaxed);
 }
 
-/// Counts a slice end lost for good (see
+/// Counts `n` slice ends lost for good (see
 /// [`ProducerStats::slice_ends_lost`]).
-pub(crate) fn note_slice_end_lost() {
-    COUNTERS.slice_ends_lost.fetch_add(1, Ordering::Relaxed);
+pub(crate) fn note_slice_ends_lost(n: u64) {
+    COUNTERS.slice_ends_lost.fetch_add(n, Ordering::Relaxed);
 }
 
 #[cfg(test)]

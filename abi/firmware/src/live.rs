@@ -274,6 +274,8 @@ type LiveHeader = Result<RegionHeader<LIVE_SMB, LIVE_SLOTS>, TakeError>;
 const ATTACH_HEADER: LiveHeader = RegionHeader::new(&region_config(false));
 /// [`LiveHeader`] of a session in stream mode.
 const STREAM_HEADER: LiveHeader = RegionHeader::new(&region_config(true));
+// A config that does not fit the storage fails the build.
+const _: () = assert!(ATTACH_HEADER.is_ok() && STREAM_HEADER.is_ok());
 
 /// Sets up the writers over `handles`: the main one returned, the
 /// interrupt's in [`IRQ_WRITER`].

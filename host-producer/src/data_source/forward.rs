@@ -60,7 +60,8 @@
 //!   `LastPacketContinuesOnNextChunk`, no `ChunkNeedsPatching`, no drop
 //!   sentinel), else inserted after the first fragment when a packet
 //!   starts after it (the patches of the bytes after it shift), else in
-//!   the next chunk (one fragment that both continues and goes on).
+//!   the next chunk (a chunk of one fragment that continues a packet and
+//!   does not end as a whole packet).
 //!   Before rather than after: a clock
 //!   snapshot stated at time T must come before the packets stamped after
 //!   T, and the chunk that follows its statement may hold some (a reader

@@ -43,8 +43,11 @@
 //!   it, at its own (absolute) time, ahead of that event. So a full buffer
 //!   loses events but never leaves a slice open under which every later
 //!   one would nest. (An end whose begin was lost is not written at all.)
-//!   At most [`OWED_ENDS`] wait; an end beyond them is counted in
-//!   `ProducerStats::slice_ends_lost`.
+//!   [`OWED_ENDS`] times are kept; more ends take the latest time (they
+//!   close outer slices, later than they ended but in order). Ends still
+//!   owed when the sequence ends (its writer retires) are counted in
+//!   `ProducerStats::slice_ends_lost`; at the startup trace's hand-over
+//!   they go on to the session's sequence with the open slices.
 
 use shmtrace_abi::proto::wire::WireType;
 use shmtrace_abi::proto::{Cursor, Message, Sink, Target, TARGET_SLACK};
@@ -263,9 +266,9 @@ pub(crate) struct SequenceState {
     slices: SliceStack,
     /// Slice ends not written because their begin was not.
     pub(crate) orphan_ends_suppressed: u64,
-    /// The times of thread-track slice ends lost while their begins were
-    /// written, oldest first: the next reset writes them (module docs).
-    owed_ends: heapless::Vec<Timestamp, OWED_ENDS>,
+    /// Thread-track slice ends lost while their begins were written: the
+    /// next reset writes them (module docs).
+    owed_ends: OwedEnds,
     /// A packet was written on this sequence.
     started: bool,
     /// Packets were lost before the first one was written.
@@ -278,8 +281,56 @@ pub(crate) struct SequenceState {
     flat_heads: flat_heads::FlatHeads,
 }
 
-/// Slice ends a sequence keeps for its next reset (module docs).
+/// Times of owed slice ends a sequence keeps (module docs).
 pub(crate) const OWED_ENDS: usize = 16;
+
+/// Slice ends owed to a sequence's next reset, oldest first: each time with
+/// how many ends fall on it (more than one only in the last, once
+/// [`OWED_ENDS`] times are kept).
+#[derive(Debug, Default)]
+pub(crate) struct OwedEnds(heapless::Vec<(Timestamp, u32), OWED_ENDS>);
+
+impl OwedEnds {
+    /// Owes an end at `ts`: a time of its own, or, with every time taken,
+    /// the last one moved to `ts`.
+    fn push(&mut self, ts: Timestamp) {
+        if let Err(end) = self.0.push((ts, 1)) {
+            if let Some(last) = self.0.last_mut() {
+                *last = (end.0, last.1 + 1);
+            }
+        }
+    }
+
+    /// How many ends are owed.
+    fn count(&self) -> u64 {
+        self.0.iter().map(|&(_, n)| u64::from(n)).sum()
+    }
+
+    /// Owes `other`'s ends after these.
+    fn append(&mut self, other: OwedEnds) {
+        for (ts, n) in other.0 {
+            for _ in 0..n {
+                self.push(ts);
+            }
+        }
+    }
+}
+
+/// What a sequence leaves open on its thread track for the next one of the
+/// thread ([`SequenceState::continue_slices`]).
+pub(crate) struct OpenSlices {
+    slices: SliceStack,
+    owed: OwedEnds,
+}
+
+impl Drop for SequenceState {
+    fn drop(&mut self) {
+        let lost = self.owed_ends.count();
+        if lost > 0 {
+            crate::stats::note_slice_ends_lost(lost);
+        }
+    }
+}
 
 /// Which of the slices open on a thread track had their begin written,
 /// innermost last; deeper than 64 levels the answer is "written".
@@ -344,7 +395,7 @@ impl SequenceState {
             resets: 0,
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
-            owed_ends: heapless::Vec::new(),
+            owed_ends: OwedEnds::default(),
             started: false,
             lost_before_start: false,
             clock_base: 0,
@@ -353,18 +404,26 @@ impl SequenceState {
         }
     }
 
-    /// The slices open on the thread track.
-    pub(crate) fn open_slices(&self) -> SliceStack {
-        self.slices
+    /// Hands over the slices open on the thread track and the ends owed
+    /// there: this sequence writes no more of them.
+    pub(crate) fn take_open_slices(&mut self) -> OpenSlices {
+        OpenSlices {
+            slices: std::mem::take(&mut self.slices),
+            owed: std::mem::take(&mut self.owed_ends),
+        }
     }
 
-    /// Continues `slices`, open on another sequence of this thread (the
+    /// Continues `open`, left by another sequence of this thread (the
     /// startup trace a session adopted: its slices end on the session's
     /// sequence, on the same thread track), before this sequence's first
-    /// event.
-    pub(crate) fn continue_slices(&mut self, slices: SliceStack) {
+    /// event; its owed ends are written by this sequence's first reset.
+    pub(crate) fn continue_slices(&mut self, open: OpenSlices) {
         if self.slices.depth == 0 {
-            self.slices = slices;
+            self.slices = open.slices;
+        }
+        self.owed_ends.append(open.owed);
+        if self.owed_ends.count() > 0 {
+            self.needs_reset = true;
         }
     }
 
@@ -425,8 +484,7 @@ impl SequenceState {
     /// own time; `false` if one was lost again (it and those after it stay
     /// owed).
     fn pay_owed_ends<W: PacketWriter>(&mut self, w: &mut W) -> bool {
-        let mut paid = 0;
-        while let Some(&ts) = self.owed_ends.get(paid) {
+        while let Some(&(ts, n)) = self.owed_ends.0.first() {
             let end = EventData::new(EventType::SliceEnd, None, ts);
             // Absolute: the reset just set clock 64 to a later time.
             let stamp = Stamp {
@@ -434,22 +492,22 @@ impl SequenceState {
                 clock: ts.clock.id(),
             };
             if !w.write_packet(|p| self.write_event_fields(p, &end, stamp, None)) {
-                break;
+                return false;
             }
-            paid += 1;
+            if n > 1 {
+                self.owed_ends.0[0].1 = n - 1;
+            } else {
+                self.owed_ends.0.remove(0);
+            }
         }
-        let all = paid == self.owed_ends.len();
-        self.owed_ends = self.owed_ends.iter().skip(paid).copied().collect();
-        all
+        true
     }
 
     /// A slice end on the thread track whose begin was written was lost:
-    /// owed to the next reset, or counted if too many are owed already.
+    /// owed to the next reset.
     #[cold]
     fn owe_end(&mut self, ts: Timestamp) {
-        if self.owed_ends.push(ts).is_err() {
-            crate::stats::note_slice_end_lost();
-        }
+        self.owed_ends.push(ts);
     }
 
     #[cold]

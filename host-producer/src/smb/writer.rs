@@ -35,8 +35,12 @@
 //! does the work) and does it. Requests are `SeqCst` read-modify-writes
 //! made before the requester's claim and fence, so this is the same Dekker
 //! pairing as the lock: a requester that finds a cell held is sure its
-//! holder's load after releasing sees the request. Taking a flag with
-//! `fetch_and` makes each request run exactly once.
+//! holder's load after releasing sees the request. The holder clears the
+//! flags of the work it did with `fetch_and` *after* doing it, while still
+//! holding the cell: each request runs once (a repeat made meanwhile is
+//! served by that run, as nothing was written since it began), and a
+//! waiter that sees a flag clear sees its work done (the chunk committed,
+//! the writer unregistered).
 //!
 //! The cell's lock, flags and `inner` are [`crate::sync`]'s: under
 //! `RUSTFLAGS="--cfg loom"`, `loom_model` races an owner's event with a
@@ -320,9 +324,13 @@ impl CellGuard<'_> {
 
 impl CellGuard<'_> {
     /// Does the work requested with [`FLAG_FLUSH`] and [`FLAG_RETIRE`], if
-    /// any (each request once, whoever holds the cell).
+    /// any (each request once, whoever holds the cell), then clears its
+    /// flags: a waiter ([`wait_deferred`]) that sees them clear sees the
+    /// work done (the chunk committed, the writer unregistered). A request
+    /// for the same work made meanwhile is served by this run: nothing was
+    /// written since it began (the cell is held).
     pub(crate) fn run_deferred(&mut self) {
-        let work = self.cell.flags.fetch_and(!DEFERRED, Ordering::AcqRel) & DEFERRED;
+        let work = self.flags() & DEFERRED;
         if work == 0 {
             return;
         }
@@ -339,6 +347,7 @@ impl CellGuard<'_> {
             );
             inner.arbiter.free_writer_id(writer_id);
         }
+        self.cell.flags.fetch_and(!work, Ordering::AcqRel);
     }
 }
 

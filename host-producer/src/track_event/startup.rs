@@ -43,7 +43,10 @@
 //! thread therefore waits on, without a deadline, for every writer still
 //! busy when its instance stopped. When their events end, it copies their
 //! last chunks into their sequences, and forwards the patches of chunks
-//! it copied before. Packets are never left in the private buffer unseen.
+//! it copied before (flushes do not wait for that: a flush acknowledged
+//! meanwhile does not cover those chunks); if the session stopped first,
+//! they are dropped and counted. Packets are never left in the private
+//! buffer unseen.
 //!
 //! When no session adopts the buffer within [`StartupTracing::timeout`],
 //! the startup instance stops and its packets are dropped and counted
@@ -464,6 +467,12 @@ impl SessionCopy {
     /// packets dropped).
     fn chunks(&mut self, from: &Arbiter) -> (u64, u64) {
         let (chunks, patches) = drain(from);
+        if self.to.state().stopped {
+            // The session is gone (its buffer id may be another's by now):
+            // nothing more goes there.
+            self.sequences.clear();
+            return (0, chunks.iter().map(|c| c.packets).sum());
+        }
         for group in &patches {
             if let Some(sequence) = u16::try_from(group.writer_id)
                 .ok()

@@ -100,14 +100,18 @@ impl std::fmt::Debug for Attachments {
 }
 
 impl Attachments {
-    /// Starts one supervised child per region. A region named twice is
-    /// refused (`InvalidInput`): a region has one reader, the second child
-    /// would be refused on every restart.
+    /// Starts one supervised child per region. A region named twice
+    /// (the same file, by any path, and offset) is refused
+    /// (`InvalidInput`): a region has one reader, the second child would be
+    /// refused on every restart.
     pub fn start(specs: &[AttachSpec], options: &AttachOptions) -> io::Result<Self> {
+        // A file that does not exist yet is compared by the path given.
+        let file =
+            |s: &AttachSpec| std::fs::canonicalize(&s.path).unwrap_or_else(|_| s.path.clone());
         for (k, spec) in specs.iter().enumerate() {
             if specs[..k]
                 .iter()
-                .any(|s| s.path == spec.path && s.offset == spec.offset)
+                .any(|s| file(s) == file(spec) && s.offset == spec.offset)
             {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -264,5 +268,20 @@ mod tests {
             e.to_string(),
             "ram@0x100 is given twice (a region has one reader)"
         );
+        // The same file by another path.
+        let dir = std::env::temp_dir();
+        let file = dir.join(format!("shmtrace-attach-twice-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let name = file.file_name().unwrap().to_string_lossy();
+        let specs: Vec<AttachSpec> = [
+            format!("{}@0", file.display()),
+            format!("{}/./{name}@0", dir.display()),
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let e = Attachments::start(&specs, &options).unwrap_err();
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     }
 }

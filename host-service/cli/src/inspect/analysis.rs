@@ -517,9 +517,21 @@ struct Evidence {
     kind: ProblemKind,
     message: String,
     /// What a lost start explains: found before the sequence's first
-    /// incremental-state clear, or a time on a sequence-scoped clock that
-    /// the sequence had not defined or related to the trace clock yet.
+    /// incremental-state clear.
     lost_with_start: bool,
+    /// A time on this sequence-scoped clock that no snapshot had defined
+    /// or related to the trace clock yet: excused at the end if a later
+    /// snapshot did, after a loss mark or a ring wrap that took the
+    /// sequence's start (the snapshot that did may be gone with either).
+    clock: Option<UnplacedTime>,
+}
+
+/// See [`Evidence::clock`].
+#[derive(Debug, Clone, Copy)]
+struct UnplacedTime {
+    clock: u32,
+    /// After a loss mark of its sequence.
+    after_mark: bool,
 }
 
 #[derive(Debug, Default)]
@@ -533,10 +545,6 @@ struct Sequence {
     ever_valid: bool,
     /// Packets skipped before the first clear and before any loss mark.
     skipped_before_clear: u64,
-    /// Times on a sequence-scoped clock that no snapshot of the sequence
-    /// had defined, or related to the trace clock, yet (before any loss
-    /// mark).
-    unrelated_times: u64,
     interned: HashMap<(Table, u64), String>,
     defaults: Option<TracePacketDefaults>,
     /// The time of the last packet with a resolved timestamp.
@@ -936,6 +944,7 @@ impl Analyzer {
                     )
                 };
                 seq.evidence.push(Evidence {
+                    clock: None,
                     kind: ProblemKind::Interning,
                     lost_with_start: !seq.ever_valid,
                     message,
@@ -1028,13 +1037,14 @@ impl Analyzer {
         let boot = match self.clock_graph.convert(seq_id, clock_id, ts, target) {
             Ok(t) => t as u64,
             Err(ConvertError::UnknownSource) if clock_id >= clocks::FIRST_SEQUENCE_SCOPED => {
-                // The snapshot defining it may have gone with the
-                // sequence's start (a ring buffer overwrote it).
                 if !seq.marked {
-                    seq.unrelated_times += 1;
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Timestamps,
-                        lost_with_start: true,
+                        lost_with_start: !seq.ever_valid,
+                        clock: Some(UnplacedTime {
+                            clock: clock_id,
+                            after_mark: false,
+                        }),
                         message: format!(
                             "{at}: timestamp on sequence-scoped clock {clock_id}, which sequence \
                              {seq_id} does not define"
@@ -1063,17 +1073,18 @@ impl Analyzer {
                      snapshots relates them",
                     clock_name(target)
                 );
-                if !sequence_scoped {
-                    self.problem(ProblemKind::Timestamps, message);
-                } else if !seq.marked {
-                    // The snapshot relating it may have gone with the
-                    // sequence's start (a ring buffer overwrote it).
-                    seq.unrelated_times += 1;
+                if sequence_scoped {
                     seq.evidence.push(Evidence {
                         kind: ProblemKind::Timestamps,
-                        lost_with_start: true,
+                        lost_with_start: false,
+                        clock: Some(UnplacedTime {
+                            clock: clock_id,
+                            after_mark: seq.marked,
+                        }),
                         message,
                     });
+                } else {
+                    self.problem(ProblemKind::Timestamps, message);
                 }
                 return;
             }
@@ -1158,6 +1169,7 @@ impl Analyzer {
             );
             if !seq.marked {
                 seq.evidence.push(Evidence {
+                    clock: None,
                     kind: ProblemKind::Interning,
                     lost_with_start: !seq.ever_valid,
                     message,
@@ -1320,6 +1332,7 @@ impl Analyzer {
                 } else {
                     let file = self.out.files.get(mark.file).cloned().unwrap_or_default();
                     seq.evidence.push(Evidence {
+                        clock: None,
                         kind: ProblemKind::Nesting,
                         lost_with_start: false,
                         message: format!(
@@ -1436,8 +1449,26 @@ impl Analyzer {
             // periodic one, after the overwritten start.
             seq.info.start_lost =
                 !seq.first_flagged && (any_first_flag || !seq.first_cleared || wrapped);
+            let mut evidence = std::mem::take(&mut seq.evidence);
+            // Times on a clock a later snapshot related: the earlier
+            // snapshot that did may have gone with a marked loss, or with
+            // a start a ring buffer overwrote (those are counted).
+            let target = self.trace_clock.unwrap_or(BOOTTIME);
+            let mut unplaced_after_wrap = 0;
+            evidence.retain(|e| {
+                let Some(t) = e.clock else { return true };
+                if !self.clock_graph.relates(seq.info.id, t.clock, target) {
+                    return true;
+                }
+                if t.after_mark {
+                    return false;
+                }
+                let counted = seq.info.start_lost && wrapped;
+                unplaced_after_wrap += u64::from(counted);
+                !counted
+            });
             if seq.info.start_lost && wrapped {
-                seq.info.unresolvable_after_wrap = seq.skipped_before_clear + seq.unrelated_times;
+                seq.info.unresolvable_after_wrap = seq.skipped_before_clear + unplaced_after_wrap;
                 seq.info.skipped_packets -= seq.skipped_before_clear;
             }
             let loss = &mut self.out.loss;
@@ -1448,7 +1479,6 @@ impl Analyzer {
                 loss.sequences_start_lost += 1;
             }
             any_loss |= seq.marked || seq.info.start_lost || seq.info.skipped_packets > 0;
-            let evidence = std::mem::take(&mut seq.evidence);
             if seq.info.start_lost {
                 if recorded || wrapped {
                     // What the lost start explains: slices begun before it,
@@ -1542,6 +1572,7 @@ fn intern(seq: &mut Sequence, data: InternedData, at: &str) {
         if let Some(old) = seq.interned.insert((table, iid), value.clone()) {
             if old != value && !seq.marked {
                 seq.evidence.push(Evidence {
+                    clock: None,
                     kind: ProblemKind::Interning,
                     lost_with_start: !seq.ever_valid,
                     message: format!(

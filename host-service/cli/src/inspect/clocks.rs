@@ -251,6 +251,16 @@ impl Clocks {
         Ok(())
     }
 
+    /// Whether the snapshots read so far relate clock `id` of sequence
+    /// `seq` to clock `target` (a global clock).
+    pub fn relates(&self, seq: u32, id: u32, target: u32) -> bool {
+        let (src, dst) = (ClockKey::new(seq, id), ClockKey::new(0, target));
+        src == dst
+            || (self.domains.contains_key(&src)
+                && self.domains.contains_key(&dst)
+                && self.find_path(src, dst).is_some())
+    }
+
     /// Converts `timestamp` on clock `id` of sequence `seq` to clock
     /// `target` (a global clock).
     pub fn convert(
