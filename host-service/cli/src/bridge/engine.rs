@@ -78,6 +78,15 @@ pub const HOLD_NS: u64 = 2_000_000_000;
 pub const SNAPSHOT_PERIOD_BYTES: u64 = 16 * 1024;
 /// How often a two-way source is asked for the firmware's time.
 pub const SYNC_PERIOD_NS: u64 = 1_000_000_000;
+/// How often it is asked at the start of a boot, until [`START_SYNCS`]
+/// requests went out: the first relation rests on one exchange, whose
+/// bound (half its round trip) is widest while the link is busiest, so a
+/// few more soon after let the estimate narrow within tens of
+/// milliseconds rather than a second.
+pub const START_SYNC_PERIOD_NS: u64 = 10_000_000;
+/// Requests asked at [`START_SYNC_PERIOD_NS`] (a window's worth of
+/// samples, [`clock::WINDOW`](super::clock::WINDOW) at most).
+pub const START_SYNCS: u32 = 8;
 /// First sequence-scoped clock id; ids from 128 are reserved.
 const FIRST_SEQUENCE_CLOCK: u32 = 64;
 const FIRST_RESERVED_CLOCK: u32 = 128;
@@ -164,6 +173,8 @@ struct Boot<S> {
     /// Holding gave up: later chunks go as they come.
     hold_expired: bool,
     last_sync: Option<u64>,
+    /// Sync requests asked in this boot.
+    syncs: u32,
     firmware: Vec<(String, u64)>,
 }
 
@@ -388,7 +399,8 @@ impl<O: Output> Engine<O> {
 
     /// Periodic work at host BOOTTIME `now`: held events that waited too
     /// long go, snapshots due are injected, and (if the source can answer,
-    /// `can_sync`) a sync request is due every [`SYNC_PERIOD_NS`]. Returns
+    /// `can_sync`) a sync request is due every [`SYNC_PERIOD_NS`] (every
+    /// [`START_SYNC_PERIOD_NS`] for a boot's first [`START_SYNCS`]). Returns
     /// what to ask the firmware.
     pub fn tick(&mut self, now: u64, can_sync: bool) -> Vec<Request> {
         let mut requests = Vec::new();
@@ -402,11 +414,15 @@ impl<O: Output> Engine<O> {
         }
         self.refresh_clock(now);
         if let Some(b) = &mut self.boot {
-            let due = b
-                .last_sync
-                .is_none_or(|t| now.saturating_sub(t) >= SYNC_PERIOD_NS);
+            let period = if b.syncs < START_SYNCS {
+                START_SYNC_PERIOD_NS
+            } else {
+                SYNC_PERIOD_NS
+            };
+            let due = b.last_sync.is_none_or(|t| now.saturating_sub(t) >= period);
             if can_sync && b.needs_clock && self.fixed_offset.is_none() && due {
                 b.last_sync = Some(now);
+                b.syncs += 1;
                 requests.push(Request::Sync(b.clock.request(now)));
                 self.stats.sync_requests += 1;
             }
@@ -462,6 +478,7 @@ impl<O: Output> Engine<O> {
             held_since: None,
             hold_expired: false,
             last_sync: None,
+            syncs: 0,
             firmware: Vec::new(),
         });
         self.refresh_clock(now);

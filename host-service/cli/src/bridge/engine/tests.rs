@@ -739,3 +739,28 @@ fn the_relation_is_stated_again_every_period_of_bytes() {
     let s = e.stats();
     assert_eq!((s.snapshots, s.snapshots_reinjected), (2, 5));
 }
+
+/// A boot's first sync requests go every 10 ms, then one a second: the
+/// estimate narrows soon after the first, wide relation.
+#[test]
+fn syncs_are_frequent_at_the_start_of_a_boot_then_once_a_second() {
+    let (mut e, _log) = engine();
+    e.handle(hello(1, 65), 0);
+    e.handle(chunk(1, 0), 0);
+    let mut asked = Vec::new();
+    // Ticks every millisecond for two and a half seconds; nobody answers.
+    for ms in 0..2_500 {
+        if let [Request::Sync(_)] = e.tick(ms * MS, true)[..] {
+            asked.push(ms);
+        }
+    }
+    let start: Vec<u64> = (0..u64::from(START_SYNCS)).map(|i| i * 10).collect();
+    let last = start[start.len() - 1];
+    let mut expected = start.clone();
+    expected.extend([last + 1_000, last + 2_000]);
+    assert_eq!(asked, expected);
+    // A new boot starts over.
+    e.handle(hello(2, 65), 3_000 * MS);
+    assert!(matches!(e.tick(3_000 * MS, true)[..], [Request::Sync(_)]));
+    assert!(matches!(e.tick(3_010 * MS, true)[..], [Request::Sync(_)]));
+}
