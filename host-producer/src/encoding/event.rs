@@ -44,8 +44,9 @@
 //!   loses events but never leaves a slice open under which every later
 //!   one would nest. (An end whose begin was lost is not written at all.)
 //!   [`OWED_ENDS`] times are kept; more ends take the latest time (they
-//!   close outer slices, later than they ended but in order). Ends still
-//!   owed when the sequence ends (its writer retires) are counted in
+//!   close outer slices, later than they ended but in order). A flush
+//!   (and so a stop) writes them too, if there is room. Ends still owed
+//!   when the sequence ends (its writer retires) are counted in
 //!   `ProducerStats::slice_ends_lost`; at the startup trace's hand-over
 //!   they go on to the session's sequence with the open slices.
 
@@ -501,6 +502,17 @@ impl SequenceState {
             }
         }
         true
+    }
+
+    /// Writes the slice ends owed since a loss now (after the reset they
+    /// need), if the writer has room: for a flush or a stop, which may come
+    /// before the thread's next event.
+    pub(crate) fn pay_owed_ends_now<W: PacketWriter>(&mut self, w: &mut W) {
+        if self.owed_ends.count() > 0 {
+            // The reset writes them (a loss left one due already).
+            self.needs_reset = true;
+            let _ = self.prepare(w, None, crate::clock::now_ns());
+        }
     }
 
     /// A slice end on the thread track whose begin was written was lost:

@@ -152,8 +152,11 @@ pub(crate) struct WriterInner {
 }
 
 impl WriterInner {
-    /// Flushes the writer if it wrote anything since the last flush.
+    /// Writes the slice ends the sequence owes, if it has room, then
+    /// flushes the writer if it wrote anything since the last flush (a
+    /// flush or a stop may come before the thread writes again).
     pub(crate) fn flush(&mut self) {
+        self.seq.pay_owed_ends_now(&mut self.out);
         self.out.flush();
     }
 

@@ -1004,6 +1004,38 @@ fn a_lost_end_is_written_before_the_next_event() {
     assert_eq!(s.orphan_ends_suppressed, 0);
 }
 
+/// A flush writes the ends still owed (after the reset they need) when
+/// no event comes to do it.
+#[test]
+fn a_flush_pays_owed_ends() {
+    let mut w = VecWriter::default();
+    let mut s = seq();
+    let at = |kind, ns| EventData::new(kind, Some(&CAT), Timestamp::boottime(ns));
+    assert!(s.write_event(&mut w, &at(EventType::SliceBegin, 100), None));
+    w.lose_next = true;
+    assert!(!s.write_event(&mut w, &at(EventType::SliceEnd, 200), None));
+    let before = w.packets.len();
+    s.pay_owed_ends_now(&mut w);
+    let p = w.decoded();
+    let last = p.last().unwrap();
+    assert_eq!(
+        last.track_event.as_ref().and_then(|t| t.r#type),
+        Some(EventType::SliceEnd as i32)
+    );
+    assert_eq!(
+        (last.timestamp, last.timestamp_clock_id),
+        (Some(200), Some(6))
+    );
+    assert_eq!(
+        p[before].sequence_flags,
+        Some(sequence_flags::SEQ_INCREMENTAL_STATE_CLEARED)
+    );
+    // Nothing owed: nothing written.
+    let n = w.packets.len();
+    s.pay_owed_ends_now(&mut w);
+    assert_eq!(w.packets.len(), n);
+}
+
 /// Owed ends wait while the buffer stays full and are written in order
 /// once it has room; beyond [`OWED_ENDS`] times, the newest ends (of the
 /// outer slices) share the latest time, so none is left open. Ends still
