@@ -44,10 +44,10 @@ pub struct ProducerStats {
     pub orphan_ends_suppressed: u64,
     /// Slice ends lost (the buffer was full) after their begin was
     /// written, and never written later: a sequence writes such ends, at
-    /// their times, before its next event; these were still owed when the
-    /// sequence ended (its session stopped, or its thread exited, before
-    /// the thread wrote again). Each leaves its slice open in the trace.
-    /// Also in [`Self::packets_dropped`].
+    /// their times, before its next event or at a flush; these were still
+    /// owed when the sequence ended (its session stopped, or its thread
+    /// exited) with no room left to write them. Each leaves its slice open
+    /// in the trace. Also in [`Self::packets_dropped`].
     pub slice_ends_lost: u64,
     /// Events and packets not written because they were emitted from
     /// inside another event or packet callback on the same thread (e.g. a
