@@ -479,8 +479,22 @@ fn preamble(
     let mut out = Vec::new();
     let builtin = s.builtin();
     let primary = builtin.primary_trace_clock;
-    if let Some(snap) = s.initial_snapshot.take() {
-        out.push(packets::clock_snapshot(uid, &snap, primary));
+    // In time order: a trace processor refuses a snapshot whose trace
+    // clock goes back, and the one a START_TRACING trigger took comes
+    // before the start's.
+    let first_read = s.initial_snapshot.is_some();
+    let mut snapshots: Vec<Vec<(u32, u64)>> = s
+        .initial_snapshot
+        .take()
+        .into_iter()
+        .chain(std::mem::take(&mut s.snapshots))
+        .collect();
+    snapshots.sort_by_key(|snap| snap.first().map_or(0, |&(_, t)| t));
+    let mut snapshots = snapshots.into_iter();
+    if first_read {
+        if let Some(snap) = snapshots.next() {
+            out.push(packets::clock_snapshot(uid, &snap, primary));
+        }
     }
     if !s.preamble_done && !builtin.disable_trace_config.unwrap_or(false) {
         out.push(packets::trace_config(uid, &s.raw_config));
@@ -488,7 +502,7 @@ fn preamble(
     if !s.preamble_done {
         out.push(packets::trace_uuid(uid, s.uuid));
     }
-    for snap in std::mem::take(&mut s.snapshots) {
+    for snap in snapshots {
         out.push(packets::clock_snapshot(uid, &snap, primary));
     }
     if s.sync_due || !s.preamble_done {
