@@ -329,8 +329,10 @@ mod relay {
         #[arg(long, value_name = "ADDRESS")]
         listen: Option<String>,
         /// What identifies this machine to the central service, which
-        /// derives the machine id from it [default: the kernel's boot id].
-        /// Relays of different machines must give different hints.
+        /// derives the machine id from it [default: the kernel's boot id,
+        /// with --machine-name appended when that is given, so relays of
+        /// several named guests on one host are told apart]. Relays of
+        /// different machines must give different hints.
         #[arg(long, value_name = "TEXT")]
         machine_id_hint: Option<String>,
         /// This machine's name, which data sources' machine_name_filter
@@ -352,6 +354,17 @@ mod relay {
         log_level: log::LevelFilter,
     }
 
+    /// The machine id hint without `--machine-id-hint`: the boot id, and
+    /// the machine's name if one was given (two relays on one kernel, e.g.
+    /// for containers, otherwise share the id, and the service takes them
+    /// for one machine).
+    fn default_machine_id_hint(boot_id: String, machine_name: Option<&str>) -> String {
+        match machine_name {
+            Some(name) => format!("{boot_id}/{name}"),
+            None => boot_id,
+        }
+    }
+
     /// Runs the relay until SIGINT or SIGTERM.
     pub fn run(args: &RelayArgs) -> Result<u8, CliError> {
         daemon::init_logging(args.log_level);
@@ -362,7 +375,9 @@ mod relay {
         let cfg = RelayConfig {
             listen,
             central: SocketAddress::parse(&args.to)?,
-            machine_id_hint: args.machine_id_hint.clone().unwrap_or_else(boot_id),
+            machine_id_hint: args.machine_id_hint.clone().unwrap_or_else(|| {
+                default_machine_id_hint(boot_id(), args.machine_name.as_deref())
+            }),
             machine_name: args
                 .machine_name
                 .clone()
@@ -409,6 +424,21 @@ mod relay {
                 log::error!("{e}");
                 Ok(exit::NO_SERVICE)
             }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::default_machine_id_hint;
+
+        #[test]
+        fn named_relays_on_one_kernel_get_different_hints() {
+            let boot = || "b0".to_string();
+            assert_eq!(default_machine_id_hint(boot(), None), "b0");
+            assert_ne!(
+                default_machine_id_hint(boot(), Some("vm-1")),
+                default_machine_id_hint(boot(), Some("vm-2"))
+            );
         }
     }
 }
