@@ -252,11 +252,67 @@ impl OutputFile {
                 path: path.to_path_buf(),
                 source,
             })?;
+        Self::claimed(path.to_path_buf(), file, created)
+    }
+
+    /// Creates a new file named after the time (`shmtrace-<time>.pftrace`,
+    /// with `-2`, `-3`, … if that exists: two records started in the same
+    /// second get a file each).
+    pub fn create_default() -> Result<Self, CliError> {
+        Self::create_default_in(Path::new(""))
+    }
+
+    /// [`Self::create_default`] in directory `dir`.
+    fn create_default_in(dir: &Path) -> Result<Self, CliError> {
+        let stem = format!("shmtrace-{}", UtcTime::now().compact());
+        let mut n = 1u32;
+        loop {
+            let path = dir.join(if n == 1 {
+                format!("{stem}.pftrace")
+            } else {
+                format!("{stem}-{n}.pftrace")
+            });
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => return Self::claimed(path, file, true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(source) => {
+                    return Err(CliError::Io {
+                        action: "create",
+                        path,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Takes an exclusive lock on `file` (at `path`): a second `shmtrace
+    /// record` writing the same file is refused, not left to interleave
+    /// its trace with this one. The lock goes with the file.
+    fn claimed(path: PathBuf, file: File, created: bool) -> Result<Self, CliError> {
+        use rustix::fs::{flock, FlockOperation};
+        if let Err(e) = flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            if created {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(if e == rustix::io::Errno::WOULDBLOCK {
+                CliError::Usage(format!(
+                    "{} is being written by another shmtrace record; choose another -o",
+                    path.display()
+                ))
+            } else {
+                CliError::Io {
+                    action: "lock",
+                    path,
+                    source: e.into(),
+                }
+            });
+        }
         if created {
-            signals::arm(path);
+            signals::arm(&path);
         }
         Ok(OutputFile {
-            path: path.to_path_buf(),
+            path,
             file,
             created,
             stdout: false,
@@ -358,10 +414,12 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             (None, PathBuf::new())
         }
         None => {
-            let path = args.out.clone().unwrap_or_else(|| {
-                PathBuf::from(format!("shmtrace-{}.pftrace", UtcTime::now().compact()))
-            });
-            (Some(OutputFile::open(&path)?), path)
+            let output = match &args.out {
+                Some(path) => OutputFile::open(path)?,
+                None => OutputFile::create_default()?,
+            };
+            let path = output.path.clone();
+            (Some(output), path)
         }
     };
 
@@ -467,11 +525,11 @@ fn detach(
 fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, CliError> {
     // The output file is checked before attaching: once attached, a
     // failure here would end the session with this process.
-    let path = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("shmtrace-{}.pftrace", UtcTime::now().compact())));
-    let output = OutputFile::open(&path)?;
+    let output = match &args.out {
+        Some(path) => OutputFile::open(path)?,
+        None => OutputFile::create_default()?,
+    };
+    let path = output.path.clone();
     let stop = stop_signals()?;
     let consumer = match Consumer::connect(args.socket.as_deref()) {
         Ok(c) => c,
@@ -655,5 +713,51 @@ pub fn record_session(
             trace_path.display()
         ))),
         _ => Ok(exit::OK),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of its own under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("shmtrace-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn default_outputs_of_one_second_are_distinct_files() {
+        let dir = scratch("default-out");
+        let a = OutputFile::create_default_in(&dir).unwrap();
+        let b = OutputFile::create_default_in(&dir).unwrap();
+        assert_ne!(a.path, b.path);
+        assert!(a.path.exists() && b.path.exists());
+        a.discard();
+        b.discard();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_being_written_by_another_record_is_refused() {
+        let dir = scratch("locked-out");
+        let path = dir.join("same.pftrace");
+        let first = OutputFile::open(&path).unwrap();
+        let Err(e) = OutputFile::open(&path) else {
+            panic!("a second writer of {path:?} was let in");
+        };
+        assert_eq!(e.exit_code(), exit::USAGE);
+        assert!(
+            e.to_string()
+                .contains("is being written by another shmtrace record"),
+            "{e}"
+        );
+        assert!(path.exists(), "the first one's file stays");
+        drop(first);
+        let again = OutputFile::open(&path).unwrap();
+        again.discard();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
