@@ -77,6 +77,9 @@ pub struct SessionReport {
     pub started: BTreeSet<(String, String)>,
     /// Whether ObserveEvents worked (else `started` is empty).
     pub observed: bool,
+    /// This consumer attached to a running session: which producers
+    /// registered and started its data sources before was not seen.
+    pub attached: bool,
     /// Data source names registered with the service at the end.
     pub registered: BTreeSet<String>,
     /// The last statistics the service gave.
@@ -219,6 +222,7 @@ pub fn run(
         started: BTreeSet::new(),
         // Attached: the data sources started before this consumer came.
         observed: observe.is_some() && begin == Begin::Enable,
+        attached: begin == Begin::Attached,
         registered: BTreeSet::new(),
         stats: None,
     };

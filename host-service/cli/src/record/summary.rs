@@ -100,7 +100,17 @@ impl Summary {
                 let registered = report.registered.contains(&name) || !producers.is_empty();
                 let nothing_recorded =
                     name == TRACK_EVENT && analysis.is_some_and(|a| a.track_events.total == 0);
-                let status = if !producers.is_empty() && nothing_recorded {
+                let events_recorded =
+                    name == TRACK_EVENT && analysis.is_some_and(|a| a.track_events.total > 0);
+                let status = if producers.is_empty() && events_recorded {
+                    // Its producers were not seen (attached, or not
+                    // observed), but what they wrote is there.
+                    "recorded".to_owned()
+                } else if producers.is_empty() && report.attached && !registered {
+                    "no producer has it now (this record attached to the running session: \
+                     earlier ones were not seen)"
+                        .to_owned()
+                } else if !producers.is_empty() && nothing_recorded {
                     format!(
                         "started on {}, but no track events were recorded (are the \
                          categories enabled?)",
