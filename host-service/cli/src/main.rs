@@ -251,7 +251,27 @@ mod serve {
         }
         let shell = match shell::Shell::bind(&cfg) {
             Ok(s) => s,
-            Err(e) => return failed(readiness, e.to_string()),
+            Err(e) => {
+                let message = match &e {
+                    shell::ShellError::Bind { address, source }
+                        if address.starts_with("vsock://")
+                            && source.kind() == std::io::ErrorKind::AddrNotAvailable =>
+                    {
+                        format!(
+                            "{e} (no vsock transport here serves that CID: vsock://1 needs \
+                             the kernel's vsock_loopback, a guest's CID its \
+                             virtio-vsock device)"
+                        )
+                    }
+                    _ => e.to_string(),
+                };
+                let config_error = matches!(
+                    e,
+                    shell::ShellError::NotLoopback(_) | shell::ShellError::ConsumerNotUnix(_)
+                );
+                let code = failed(readiness, message);
+                return if config_error { Ok(exit::USAGE) } else { code };
+            }
         };
         log::info!(
             "listening: producers on {}, consumers on {}",

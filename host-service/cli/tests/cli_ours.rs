@@ -414,3 +414,24 @@ fn a_second_ctrl_c_aborts_and_removes_the_incomplete_trace() {
     );
     assert!(!out.exists(), "the incomplete trace was left behind");
 }
+
+/// A producer socket other machines could reach, without --listen-any, is
+/// a config error (exit 2), said before anything listens.
+#[test]
+fn serve_refuses_a_reachable_socket_as_a_config_error() {
+    let dir = TempDir::new("listenany");
+    let out = shmtrace()
+        .args(["serve", "--log-level", "warn", "--producer-socket"])
+        .arg("0.0.0.0:0")
+        .arg("--consumer-socket")
+        .arg(dir.path("c.sock"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run shmtrace serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("reachable from other machines") && stderr.contains("--listen-any"),
+        "{stderr}"
+    );
+}
