@@ -55,7 +55,7 @@ enum SyncError {
     Frame(#[from] FrameError),
     #[error(transparent)]
     TooLarge(#[from] FrameTooLarge),
-    #[error("the service does not expose RelayPort (serve --enable-relay-endpoint): {0}")]
+    #[error("{0} (shmtrace serve exposes it with --enable-relay-endpoint)")]
     Bind(#[from] BindError),
     #[error(transparent)]
     UnknownMethod(#[from] UnknownMethod),

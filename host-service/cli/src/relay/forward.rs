@@ -42,10 +42,19 @@ pub fn spawn(local: UnixStream, central: SocketAddress, identity: PeerIdentity) 
 /// Connects to `central`, announces `identity`, and copies until either
 /// side closes.
 fn forward(local: OwnedFd, central: &SocketAddress, identity: &PeerIdentity) -> io::Result<()> {
-    let central = OwnedFd::from(socket::connect_stream(central).map_err(|e| {
-        let _ = rustix::net::shutdown(&local, Shutdown::Both);
-        io::Error::new(e.kind(), format!("cannot connect to {central}: {e}"))
-    })?);
+    let central = match socket::connect_stream(central) {
+        Ok(stream) => OwnedFd::from(stream),
+        Err(e) => {
+            // Not an ordinary end: every producer of this machine is cut
+            // off from tracing while it lasts.
+            let _ = rustix::net::shutdown(&local, Shutdown::Both);
+            log::warn!(
+                "producer pid {}: cannot connect to the central service at {central}: {e}",
+                identity.pid
+            );
+            return Ok(());
+        }
+    };
     log::debug!(
         "forwarding producer pid {} uid {}",
         identity.pid,
