@@ -330,6 +330,19 @@ pub fn inspect(traces: &[PathBuf]) -> Result<InspectVerdict> {
     }
 }
 
+/// Runs `shmtrace inspect --check --json` on `trace` and panics with its
+/// problems unless the check passes: the analysis.
+pub fn inspect_passes(trace: &Path) -> Value {
+    let verdict = inspect(&[trace.to_path_buf()]).expect("shmtrace inspect runs");
+    assert!(
+        verdict.ok,
+        "inspect --check {}: {}",
+        trace.display(),
+        verdict.analysis["problems"]
+    );
+    verdict.analysis
+}
+
 /// One finished run of the `shmtrace` CLI.
 struct CliRun {
     /// Which command it was ("shmtrace inspect"), for errors.
