@@ -62,18 +62,21 @@ fn build_snippet(repo: &Path, dir: &Path) -> PathBuf {
         "shmtrace-producer = {{ path = \"{}\" }}\n",
         repo.join("host-producer").display()
     );
-    build_crate(repo, dir, &dependencies, &code)
+    build_crate(repo, dir, "readme-snippet", &dependencies, &code)
 }
 
-/// Makes a crate `readme-snippet` in `dir` with `dependencies` (the lines
+/// Makes a crate `name` in `dir` with `dependencies` (the lines
 /// of its `[dependencies]` table) and `main_rs`, and builds it: the path
 /// of its binary.
-fn build_crate(repo: &Path, dir: &Path, dependencies: &str, main_rs: &str) -> PathBuf {
+///
+/// The crates share a target directory, so each test's crate has a name
+/// (and a binary) of its own: the tests run at the same time.
+fn build_crate(repo: &Path, dir: &Path, name: &str, dependencies: &str, main_rs: &str) -> PathBuf {
     std::fs::create_dir_all(dir.join("src")).unwrap();
     std::fs::write(
         dir.join("Cargo.toml"),
         format!(
-            "[package]\nname = \"readme-snippet\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
              [dependencies]\n{dependencies}\n[workspace]\n"
         ),
     )
@@ -94,7 +97,7 @@ fn build_crate(repo: &Path, dir: &Path, dependencies: &str, main_rs: &str) -> Pa
     build
         .expect_success(BUILD_TIMEOUT)
         .unwrap_or_else(|e| panic!("the README's snippet does not build: {e}"));
-    target.join("debug").join("readme-snippet")
+    target.join("debug").join(name)
 }
 
 /// Starts `shmtrace record` as the README's tour has it (`-t`, `-b`,
@@ -259,7 +262,13 @@ fn the_readme_tracing_and_log_snippet_records_both() {
         .prefix("shmtrace-readme-tracing-")
         .tempdir_in("/tmp")
         .unwrap();
-    let bin = build_crate(&repo, &dir.path().join("app"), &dependencies, &main_rs);
+    let bin = build_crate(
+        &repo,
+        &dir.path().join("app"),
+        "readme-tracing",
+        &dependencies,
+        &main_rs,
+    );
     let bins = real_binaries!();
     let producer_socket = dir.path().join("p.sock");
     let consumer_socket = dir.path().join("c.sock");
