@@ -255,10 +255,20 @@ pub fn connections_to(port: u16) -> Result<Vec<TcpConnection>> {
         path: path.into(),
         source,
     })?;
-    Ok(parse_tcp_table(&text)
+    let mut connections: Vec<TcpConnection> = parse_tcp_table(&text)
         .into_iter()
         .filter(|c| c.local.port() == port)
-        .collect())
+        .collect();
+    // The kernel prints the table a page at a time: a connection opened or
+    // closed meanwhile can make it print another one twice. A connection
+    // is its two endpoints, so a repeat is that, not a second connection.
+    let mut seen = Vec::new();
+    connections.retain(|c| {
+        let new = !seen.contains(c);
+        seen.push(*c);
+        new
+    });
+    Ok(connections)
 }
 
 /// The established connections of a `/proc/net/tcp` table: each line's
