@@ -33,8 +33,9 @@
 //! producer's [`stats()`](shmtrace_producer::stats) once emission ended
 //! (every loss it counted: what reaches the trace is what was emitted less
 //! `packets_dropped`, `orphan_ends_suppressed`, `reentrant_drops` and
-//! `writerless_drops`), then `{"event":"stopped","stats":{…}}` once the
-//! session stopped.
+//! `writerless_drops`, plus `slice_ends_written_late`, lost ends written
+//! after all), then `{"event":"stopped","stats":{…}}` once the session
+//! stopped.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
@@ -294,7 +295,8 @@ fn stats_json(s: &ProducerStats) -> String {
     format!(
         "{{\"chunks_committed\":{},\"chunks_lost\":{},\"acquire_failures\":{},\"stalls\":{},\
          \"stalls_given_up\":{},\"chunks_reclaimed\":{},\"packets_dropped\":{},\
-         \"orphan_ends_suppressed\":{},\"reentrant_drops\":{},\"writerless_drops\":{}}}",
+         \"orphan_ends_suppressed\":{},\"slice_ends_written_late\":{},\"reentrant_drops\":{},\
+         \"writerless_drops\":{}}}",
         s.chunks_committed,
         s.chunks_lost,
         s.acquire_failures,
@@ -303,6 +305,7 @@ fn stats_json(s: &ProducerStats) -> String {
         s.chunks_reclaimed,
         s.packets_dropped,
         s.orphan_ends_suppressed,
+        s.slice_ends_written_late,
         s.reentrant_drops,
         s.writerless_drops
     )

@@ -49,6 +49,13 @@ pub struct ProducerStats {
     /// exited) with no room left to write them. Each leaves its slice open
     /// in the trace. Also in [`Self::packets_dropped`].
     pub slice_ends_lost: u64,
+    /// Slice ends counted in [`Self::packets_dropped`] when the buffer was
+    /// full, then written later all the same (at their own times, before
+    /// the sequence's next event or at a flush): the trace holds them. So
+    /// a trace holds the events emitted less `packets_dropped`,
+    /// [`Self::orphan_ends_suppressed`], [`Self::reentrant_drops`] and
+    /// [`Self::writerless_drops`], plus these.
+    pub slice_ends_written_late: u64,
     /// Events and packets not written because they were emitted from
     /// inside another event or packet callback on the same thread (e.g. a
     /// `Debug` impl that traces): writing them would need the writer the
@@ -86,6 +93,7 @@ pub struct ProducerStats {
 pub(crate) struct Counters {
     pub orphan_ends_suppressed: AtomicU64,
     pub slice_ends_lost: AtomicU64,
+    pub slice_ends_written_late: AtomicU64,
     pub reentrant_drops: AtomicU64,
     pub writerless_drops: AtomicU64,
     pub triggers_expired: AtomicU64,
@@ -98,6 +106,7 @@ pub(crate) struct Counters {
 pub(crate) static COUNTERS: Counters = Counters {
     orphan_ends_suppressed: AtomicU64::new(0),
     slice_ends_lost: AtomicU64::new(0),
+    slice_ends_written_late: AtomicU64::new(0),
     reentrant_drops: AtomicU64::new(0),
     writerless_drops: AtomicU64::new(0),
     triggers_expired: AtomicU64::new(0),
@@ -111,6 +120,7 @@ impl Counters {
     pub(crate) fn read_into(&self, stats: &mut ProducerStats) {
         stats.orphan_ends_suppressed = self.orphan_ends_suppressed.load(Ordering::Relaxed);
         stats.slice_ends_lost = self.slice_ends_lost.load(Ordering::Relaxed);
+        stats.slice_ends_written_late = self.slice_ends_written_late.load(Ordering::Relaxed);
         stats.reentrant_drops = self.reentrant_drops.load(Ordering::Relaxed);
         stats.writerless_drops = self.writerless_drops.load(Ordering::Relaxed);
         stats.triggers_expired = self.triggers_expired.load(Ordering::Relaxed);
@@ -133,6 +143,14 @@ pub(crate) fn note_orphan_end() {
 /// [`ProducerStats::slice_ends_lost`]).
 pub(crate) fn note_slice_ends_lost(n: u64) {
     COUNTERS.slice_ends_lost.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Counts a lost slice end written late after all (see
+/// [`ProducerStats::slice_ends_written_late`]).
+pub(crate) fn note_slice_end_written_late() {
+    COUNTERS
+        .slice_ends_written_late
+        .fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]

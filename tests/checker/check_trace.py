@@ -24,7 +24,7 @@ no trusted_pid (then `pid` must be null). The keys of
 `emitted` are EMITTED_KEYS below (those the producer driver reports).
 `counted_lost` (optional) is how many of the emitted track events the
 producer itself counts as lost (dropped, or left out for a dropped one's
-sake): the trace must then hold exactly the emitted track events less these
+sake, less those it wrote late after all): the trace must then hold exactly the emitted track events less these
 (all types together), and a shortfall they account for needs no loss
 indicator in the trace (a thread that never got a chunk of shared memory
 has no sequence in the trace to carry a loss mark).

@@ -48,7 +48,9 @@
 //!   (and so a stop) writes them too, if there is room. Ends still owed
 //!   when the sequence ends (its writer retires) are counted in
 //!   `ProducerStats::slice_ends_lost`; at the startup trace's hand-over
-//!   they go on to the session's sequence with the open slices.
+//!   they go on to the session's sequence with the open slices. A lost
+//!   end counts in `packets_dropped` when it is lost and, once written,
+//!   in `ProducerStats::slice_ends_written_late`.
 
 use shmtrace_abi::proto::wire::WireType;
 use shmtrace_abi::proto::{Cursor, Message, Sink, Target, TARGET_SLACK};
@@ -495,6 +497,7 @@ impl SequenceState {
             if !w.write_packet(|p| self.write_event_fields(p, &end, stamp, None)) {
                 return false;
             }
+            crate::stats::note_slice_end_written_late();
             if n > 1 {
                 self.owed_ends.0[0].1 = n - 1;
             } else {
