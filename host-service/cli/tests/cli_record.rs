@@ -195,6 +195,12 @@ fn session_ended_by_the_service() {
         stderr.contains("ended by the service after the configured 400 ms"),
         "{stderr}"
     );
+    // Where the trace goes, once the service took the session.
+    let recording = stderr.find("recording into").expect("recording into");
+    assert!(
+        stderr[recording..].contains("tracing for 400 ms; press Ctrl-C to stop"),
+        "{stderr}"
+    );
     let calls = bench.fake.calls();
     assert!(
         !calls.iter().any(|c| c == "Flush" || c == "DisableTracing"),
@@ -367,7 +373,8 @@ fn refused_session() {
         &stderr,
         &["the service refused the session: Too many concurrent tracing sesions (5)"],
     );
-    // Refused before "tracing" is printed.
+    // Refused before "recording into" and "tracing" are printed.
+    assert!(!stderr.contains("recording into"), "{stderr}");
     assert!(!stderr.contains("press Ctrl-C"), "{stderr}");
     assert!(!bench.out_path.exists());
 }

@@ -568,6 +568,7 @@ fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, C
             &config,
             Begin::Attached,
             Output::ByService,
+            None,
             &stop,
             progress,
         )?;
@@ -650,12 +651,20 @@ pub fn record_session(
         }
         None => Output::ByService,
     };
-    progress.note(&format!(
+    let announce = format!(
         "recording into {} (config: {})",
         trace_path.display(),
         config.origin()
-    ));
-    let mut report = match session::run(consumer, config, begin, session_output, stop, progress) {
+    );
+    let mut report = match session::run(
+        consumer,
+        config,
+        begin,
+        session_output,
+        Some(&announce),
+        stop,
+        progress,
+    ) {
         Ok(report) => report,
         Err(e) => {
             return Err(match output {

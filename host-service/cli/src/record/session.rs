@@ -140,12 +140,15 @@ fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
     out
 }
 
-/// Runs the session until it ends; writes the trace.
+/// Runs the session until it ends; writes the trace. `announce`, if
+/// given, is noted once the service has not refused the session (where
+/// the trace goes, say), before "tracing".
 pub fn run(
     consumer: &Consumer,
     config: &Config,
     begin: Begin,
     output: Output<'_>,
+    announce: Option<&str>,
     stop: &AtomicBool,
     progress: &mut Progress,
 ) -> Result<SessionReport, CliError> {
@@ -190,6 +193,9 @@ pub fn run(
         .filter(|e| !e.is_empty())
     {
         return Err(CliError::Session(format!("refused the session: {error}")));
+    }
+    if let Some(announce) = announce {
+        progress.note(announce);
     }
     let started_at = Instant::now();
     progress.event(json!({"event": "tracing"}));
