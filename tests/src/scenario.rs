@@ -926,6 +926,10 @@ pub struct Outcome {
     /// Under [`MachineNetworks::OwnNamespaces`]: each relayed machine's
     /// link.
     pub machine_links: BTreeMap<u32, MachineLink>,
+    /// Under [`ProducerSocket::Relayed`]: the central service's state
+    /// (`shmtrace query --json`) once every producer had started its data
+    /// source, with each producer's machine.
+    pub service_state: Option<Value>,
 }
 
 /// A relayed machine's network namespace and its link to the central
@@ -1766,6 +1770,14 @@ fn run_in(
         Some(port) => crate::netns::connections_to(port)?,
         None => Vec::new(),
     };
+    // Every producer is connected: what the service says of them (the
+    // consumer socket is a UNIX one: no connection to the port counted
+    // above).
+    let service_state = if relayed {
+        Some(query(&consumer_socket)?)
+    } else {
+        None
+    };
     if killed {
         await_listed(&producers, &consumer_socket)?;
     }
@@ -1980,6 +1992,7 @@ fn run_in(
                 (machine, link)
             })
             .collect(),
+        service_state,
     })
 }
 

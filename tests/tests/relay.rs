@@ -39,8 +39,16 @@
 //! the events of a machine with clocks of its own would lie hours after
 //! the session ended (asserted too).
 //!
+//! The user's views of the machines: `shmtrace inspect` lists each
+//! machine (its name, as its relay gave it in its description, and its
+//! clock exchanges) with the packets, sequences and track events the
+//! checker finds of it, and labels each sequence with its machine; and
+//! `shmtrace query`, while the producers run, gives each producer its
+//! machine's id and name, as each central service reports them.
+//!
 //! Not here: vsock (this machine has no vsock loopback transport).
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -114,6 +122,7 @@ fn run(cell: Cell, machines: u32, setting: Machines) -> Outcome {
         .report
         .assert_ok(&format!("relay in cell {}", cell.name()));
     check(&outcome, &scenario, machines);
+    check_views(&outcome, &scenario, machines);
     check_clocks(&outcome, &scenario, clocks);
     check_network(&outcome, machines, networks);
     outcome
@@ -179,6 +188,105 @@ fn check(outcome: &Outcome, scenario: &Scenario, machines: u32) {
         assert_eq!(times.machine, id_of(spec.machine), "{who}'s machine id");
     }
     assert_eq!(report.machines.len() as u32, machines);
+}
+
+/// What `shmtrace inspect` and `shmtrace query` say of each machine: its
+/// packets, sequences and track events as the checker finds them, its
+/// name and clock exchanges; each sequence's machine; and each producer's
+/// machine, by its pid, in the service's state.
+fn check_views(outcome: &Outcome, scenario: &Scenario, machines: u32) {
+    let report = &outcome.report;
+    let analysis = &outcome.inspect.analysis;
+    let listed = analysis["machines"]
+        .as_array()
+        .expect("inspect --json lists machines");
+    assert_eq!(
+        listed.len() as u32,
+        machines + 1,
+        "inspect's machines: the host and each relayed one: {listed:?}"
+    );
+    let host = &listed[0];
+    assert_eq!(host["id"], 0, "the host first: {host}");
+    assert_eq!(host["described"], true, "{host}");
+    // Every producer is relayed: the host wrote only the service's packets.
+    assert_eq!(
+        (&host["sequences"], &host["packets"], &host["track_events"]),
+        (&0.into(), &0.into(), &0.into()),
+        "{host}"
+    );
+    let sequence_machines: Vec<(u64, u64)> = analysis["sequences"]
+        .as_array()
+        .expect("inspect's sequences")
+        .iter()
+        .map(|s| (s["id"].as_u64().unwrap(), s["machine_id"].as_u64().unwrap()))
+        .collect();
+    for machine in 0..machines {
+        let id = id_of(machine);
+        let listing = listed
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("inspect lists no machine {id}: {listed:?}"));
+        let checked = &report.machines[&id.to_string()];
+        assert_eq!(listing["packets"], checked.packets, "machine {machine}");
+        assert_eq!(
+            listing["track_events"],
+            checked.totals.track_events(),
+            "machine {machine}"
+        );
+        assert_eq!(listing["name"], machine_name(machine), "machine {machine}");
+        assert_eq!(listing["described"], true, "machine {machine}");
+        assert_eq!(
+            listing["clock_exchanges"],
+            report.remote_clock_syncs[&id.to_string()],
+            "machine {machine}"
+        );
+        // Its sequences: those the checker found of its producers' pids.
+        let pids: BTreeSet<u32> = outcome
+            .producers
+            .iter()
+            .zip(&scenario.producers)
+            .filter(|(_, spec)| spec.machine == machine)
+            .map(|(run, _)| run.pid)
+            .collect();
+        let checked_sequences: Vec<u64> = report
+            .sequences
+            .iter()
+            .filter(|s| !s.pids.is_empty() && s.pids.iter().all(|p| pids.contains(p)))
+            .map(|s| u64::from(s.id))
+            .collect();
+        let labelled: Vec<u64> = sequence_machines
+            .iter()
+            .filter(|&&(_, m)| m == u64::from(id))
+            .map(|&(s, _)| s)
+            .collect();
+        assert!(!labelled.is_empty(), "machine {machine} has sequences");
+        assert_eq!(labelled, checked_sequences, "machine {machine}'s sequences");
+        assert_eq!(
+            listing["sequences"],
+            checked_sequences.len(),
+            "machine {machine}"
+        );
+    }
+    let state = outcome
+        .service_state
+        .as_ref()
+        .expect("the service's state while the producers ran");
+    let listed = state["producers"].as_array().expect("query's producers");
+    for (run, spec) in outcome.producers.iter().zip(&scenario.producers) {
+        let who = who(spec);
+        let producer = listed
+            .iter()
+            .find(|p| p["pid"] == run.pid)
+            .unwrap_or_else(|| panic!("query lists no {who} (pid {}): {state}", run.pid));
+        assert_eq!(
+            (&producer["machine_id"], &producer["machine_name"]),
+            (
+                &id_of(spec.machine).into(),
+                &machine_name(spec.machine).into()
+            ),
+            "{who} in query: {producer}"
+        );
+    }
 }
 
 /// Which producer `spec` is, for messages.

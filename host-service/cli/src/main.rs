@@ -24,9 +24,11 @@ enum Command {
     /// (-t, -b, --app-categories, --fill). Ctrl-C stops the session and
     /// keeps the data.
     Record(cli::record::RecordArgs),
-    /// Show the service's producers, data sources, sessions and buffers.
+    /// Show the service's producers (with their machines, behind relays),
+    /// data sources, sessions and buffers.
     Query(cli::query::QueryArgs),
-    /// Show what a trace file holds; --check tests whether it is sound.
+    /// Show what a trace file holds (per machine, in a trace of several);
+    /// --check tests whether it is sound.
     Inspect(cli::inspect::InspectArgs),
     /// Activate triggers (like `perfetto --trigger`): connect to the
     /// service as a producer and send ActivateTriggers; exits 0 once the

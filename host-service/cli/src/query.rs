@@ -1,7 +1,12 @@
 //! `shmtrace query`: the service's state (QueryServiceState) as tables:
 //! producers, data sources, tracing sessions and their buffers; or as JSON.
+//!
+//! A producer a relay forwards has its machine's id and name
+//! (`ProducerInfo` fields 7 and 8, Perfetto since v56); the producers
+//! table gets a MACHINE column only when one does, `host` for the
+//! service's own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::Duration;
 
@@ -61,6 +66,23 @@ pub struct Producer {
     pub sdk_version: Option<String>,
     /// A frozen Android app.
     pub frozen: bool,
+    /// The machine it connected from through a relay (`None`: the
+    /// service's own machine).
+    pub machine_id: Option<u32>,
+    /// That machine's name, as its relay announced it.
+    pub machine_name: Option<String>,
+}
+
+impl Producer {
+    /// Its machine for the tables: `host` (the service's own), else the
+    /// relayed machine's name and id, or its id alone.
+    pub fn machine_label(&self) -> String {
+        match (self.machine_id, &self.machine_name) {
+            (None, _) => "host".to_owned(),
+            (Some(id), Some(name)) => format!("{name} ({id})"),
+            (Some(id), None) => id.to_string(),
+        }
+    }
 }
 
 /// A registered data source.
@@ -110,6 +132,12 @@ impl ServiceState {
                 uid: p.uid.unwrap_or(0),
                 sdk_version: p.sdk_version.filter(|v| !v.is_empty()),
                 frozen: p.frozen.unwrap_or(false),
+                // 0 is the service's own machine, as unset (upstream's
+                // protos/perfetto/common/tracing_service_state.proto).
+                machine_id: p.machine_id.filter(|&m| m != 0),
+                machine_name: p
+                    .machine_name
+                    .filter(|n| !n.is_empty() && p.machine_id.unwrap_or(0) != 0),
             })
             .collect();
         let data_sources = state
@@ -185,9 +213,18 @@ impl ServiceState {
             (Some(n), None) => format!("{n} tracing session(s)"),
             _ => "sessions not reported".to_owned(),
         };
+        // Machines only where a relay forwards producers: the service's
+        // own machine alone needs no column.
+        let relayed = self.producers.iter().any(|p| p.machine_id.is_some());
+        let machines = if relayed {
+            let ids: BTreeSet<Option<u32>> = self.producers.iter().map(|p| p.machine_id).collect();
+            format!(" on {} machine(s)", ids.len())
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "  {} producer(s), {} data source(s), {sessions}",
+            "  {} producer(s){machines}, {} data source(s), {sessions}",
             self.producers.len(),
             self.data_sources.len()
         )?;
@@ -196,15 +233,26 @@ impl ServiceState {
         if self.producers.is_empty() {
             writeln!(out, "  (none connected)")?;
         } else {
+            let machine_column = |label: &str| {
+                if relayed {
+                    format!("{label:<24} ")
+                } else {
+                    String::new()
+                }
+            };
             writeln!(
                 out,
-                "  {:>5}  {:<28} {:>8} {:>7}  SDK",
-                "ID", "NAME", "PID", "UID"
+                "  {:>5}  {:<28} {:>8} {:>7}  {}SDK",
+                "ID",
+                "NAME",
+                "PID",
+                "UID",
+                machine_column("MACHINE")
             )?;
             for p in &self.producers {
                 writeln!(
                     out,
-                    "  {:>5}  {:<28} {:>8} {:>7}  {}{}",
+                    "  {:>5}  {:<28} {:>8} {:>7}  {}{}{}",
                     p.id,
                     p.name,
                     if p.pid > 0 {
@@ -213,6 +261,7 @@ impl ServiceState {
                         "?".into()
                     },
                     p.uid,
+                    machine_column(&p.machine_label()),
                     p.sdk_version.as_deref().unwrap_or("-"),
                     if p.frozen { " (frozen)" } else { "" }
                 )?;
@@ -312,4 +361,87 @@ pub fn run(args: &QueryArgs, out: &mut impl Write) -> Result<u8, CliError> {
         state.render(out)?;
     }
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shmtrace_ipc::protos::tracing_service_state::Producer as ProducerProto;
+
+    fn producer(id: i32, name: &str, machine: Option<(u32, &str)>) -> ProducerProto {
+        ProducerProto {
+            id: Some(id),
+            name: Some(name.into()),
+            pid: Some(100 + id),
+            uid: Some(1000),
+            machine_id: machine.map(|(m, _)| m),
+            machine_name: machine.map(|(_, n)| n.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    fn rendered(producers: Vec<ProducerProto>) -> (ServiceState, String) {
+        let proto = TracingServiceState {
+            producers,
+            ..Default::default()
+        };
+        let state = ServiceState::from_proto("sock".into(), proto);
+        let mut out = Vec::new();
+        state.render(&mut out).unwrap();
+        (state, String::from_utf8(out).unwrap())
+    }
+
+    /// The service's own producers only: no machine column, no machine
+    /// count, and machine 0 (as some services send for "this one") is none.
+    #[test]
+    fn one_machine_shows_no_machines() {
+        let (state, text) = rendered(vec![
+            producer(1, "app", None),
+            producer(2, "other", Some((0, ""))),
+        ]);
+        assert_eq!(state.producers[1].machine_id, None);
+        assert!(text.contains("  2 producer(s), 0 data source(s)"), "{text}");
+        assert!(!text.contains("MACHINE"), "{text}");
+        assert!(!text.contains("machine"), "{text}");
+        let header = text.lines().find(|l| l.contains("NAME")).unwrap();
+        assert_eq!(header.split_whitespace().last(), Some("SDK"));
+    }
+
+    /// Relayed producers: each with its machine's name and id, the
+    /// service's own as host, and the machines counted.
+    #[test]
+    fn relayed_producers_show_their_machines() {
+        let (state, text) = rendered(vec![
+            producer(1, "local", None),
+            producer(2, "remote-a", Some((77, "vm-1"))),
+            producer(3, "remote-b", Some((77, "vm-1"))),
+            producer(4, "unnamed", Some((9, ""))),
+        ]);
+        assert_eq!(state.producers[1].machine_id, Some(77));
+        assert_eq!(state.producers[1].machine_name.as_deref(), Some("vm-1"));
+        assert_eq!(state.producers[3].machine_name, None);
+        assert!(
+            text.contains("  4 producer(s) on 3 machine(s), 0 data source(s)"),
+            "{text}"
+        );
+        let row = |name: &str| -> Vec<String> {
+            let line = text
+                .lines()
+                .find(|l| l.contains(name))
+                .unwrap_or_else(|| panic!("{name} in {text}"));
+            line.split_whitespace().map(str::to_owned).collect()
+        };
+        let header = row("NAME");
+        assert_eq!(header, ["ID", "NAME", "PID", "UID", "MACHINE", "SDK"]);
+        assert_eq!(row("local"), ["1", "local", "101", "1000", "host", "-"]);
+        assert_eq!(
+            row("remote-a"),
+            ["2", "remote-a", "102", "1000", "vm-1", "(77)", "-"]
+        );
+        assert_eq!(row("unnamed"), ["4", "unnamed", "104", "1000", "9", "-"]);
+        let json = serde_json::to_value(&state).unwrap();
+        assert_eq!(json["producers"][1]["machine_id"], 77);
+        assert_eq!(json["producers"][1]["machine_name"], "vm-1");
+        assert!(json["producers"][0]["machine_id"].is_null());
+    }
 }

@@ -1032,3 +1032,148 @@ fn files_that_are_no_trace_fail_with_a_reason() {
         }
     }
 }
+
+/// The golden trace as if sequence 4's producer ran on a relayed machine 7
+/// (named vm-1 by its relay): its packets carry the machine's id, and the
+/// service's sequence describes the machine (`system_info` with its id,
+/// after the host's) and holds its clock exchanges.
+fn golden_with_a_relayed_machine() -> EditTrace {
+    let mut t = EditTrace::golden();
+    for i in t.sequence(4) {
+        t.edit(i, "machine_id: 7");
+    }
+    let host_info = t.find("tracing_service_version");
+    let mut info = t.packets[host_info].clone();
+    let mut one = EditTrace {
+        packets: vec![info.clone()],
+    };
+    one.edit(
+        0,
+        r#"machine_id: 7
+           system_info { machine_name: "vm-1" tracing_service_version: "relay 1.0"
+                         utsname { sysname: "GuestOS" release: "1.2" machine: "riscv64" } }"#,
+    );
+    info = one.packets.remove(0);
+    t.packets.insert(host_info + 1, info);
+    let mut sync = EditTrace {
+        packets: vec![t.packets[host_info].clone()],
+    };
+    sync.clear(0, "system_info")
+        .clear(0, "trusted_packet_sequence_id")
+        .edit(
+            0,
+            r#"machine_id: 7
+               remote_clock_sync {
+                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 10 } }
+                                 host_clocks { clocks { clock_id: 6 timestamp: 20 } } }
+                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 30 } }
+                                 host_clocks { clocks { clock_id: 6 timestamp: 40 } } } }"#,
+        );
+    t.packets.insert(host_info + 2, sync.packets.remove(0));
+    t
+}
+
+#[test]
+fn machines_of_a_relayed_trace() {
+    let dir = TempDir::new("machines");
+    let t = golden_with_a_relayed_machine();
+    let relayed = t.sequence(4);
+    let relayed_events = relayed
+        .iter()
+        .filter(|&&i| t.event_type(i).is_some())
+        .count();
+    let a = check_passes(&t, &dir);
+    // The session is the host's: the relayed machine's description does not
+    // replace it.
+    assert!(a["session"]["service_version"]
+        .as_str()
+        .unwrap()
+        .starts_with("Perfetto v59.0"));
+    assert!(!a["session"]["system"].as_str().unwrap().contains("GuestOS"));
+    let machines = a["machines"].as_array().unwrap();
+    assert_eq!(machines.len(), 2, "{machines:?}");
+    let (host, vm) = (&machines[0], &machines[1]);
+    assert_eq!(host["id"], 0);
+    assert_eq!(host["described"], true);
+    assert!(host["name"].is_null());
+    assert_eq!(host["sequences"], 2);
+    assert_eq!(host["clock_exchanges"], 0);
+    assert_eq!(vm["id"], 7);
+    assert_eq!(vm["name"], "vm-1");
+    assert_eq!(vm["system"], "GuestOS 1.2 riscv64");
+    assert_eq!(vm["described"], true);
+    assert_eq!(vm["clock_exchanges"], 2);
+    assert_eq!(vm["sequences"], 1);
+    assert_eq!(vm["packets"], relayed.len() as u64);
+    assert_eq!(vm["track_events"], relayed_events as u64);
+    // Every producer packet and event is on one machine or the other.
+    let sum = |field: &str| host[field].as_u64().unwrap() + vm[field].as_u64().unwrap();
+    assert_eq!(
+        sum("track_events"),
+        a["track_events"]["total"].as_u64().unwrap()
+    );
+    let sequence_packets: u64 = a["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["packets"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum("packets"), sequence_packets);
+    assert_eq!(sequence_info(&a, 4)["machine_id"], 7);
+    assert_eq!(sequence_info(&a, 3)["machine_id"], 0);
+
+    let text = passing_report(&dir.path("ok.pftrace"));
+    assert_contains_all(&text, &["Machines: 2 (the host and 1 relayed)"]);
+    let row = |prefix: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in {text}"));
+        line.split_whitespace().map(str::to_owned).collect()
+    };
+    let vm_row = row("7  vm-1");
+    assert_eq!(
+        vm_row[..6],
+        [
+            "7".to_owned(),
+            "vm-1".into(),
+            "1".into(),
+            relayed.len().to_string(),
+            relayed_events.to_string(),
+            "2".into()
+        ]
+    );
+    assert_eq!(vm_row[6..], ["GuestOS", "1.2", "riscv64"]);
+    assert_eq!(row("0  host")[5], "-", "the host exchanges no clocks");
+    // Sequences name their machine.
+    assert_eq!(row("4 vm-1")[0..2], ["4", "vm-1"]);
+    assert_eq!(row("3 host")[0..2], ["3", "host"]);
+}
+
+/// A single-machine trace says nothing of machines.
+#[test]
+fn one_machine_has_no_machine_section() {
+    let (_, a) = inspect(&[Path::new(GOLDEN)]);
+    assert_eq!(a["machines"].as_array().unwrap().len(), 0);
+    assert_eq!(sequence_info(&a, 3)["machine_id"], 0);
+    let text = passing_report(Path::new(GOLDEN));
+    assert!(!text.contains("Machines:"), "{text}");
+    let header = text.lines().find(|l| l.contains("after-wrap")).unwrap();
+    assert!(!header.contains("machine"), "{header}");
+}
+
+/// A sequence is one writer on one machine: a packet of it with another
+/// machine's id is no packet a service writes.
+#[test]
+fn a_sequence_on_two_machines_is_a_trusted_fields_problem() {
+    let dir = TempDir::new("twomachines");
+    let mut t = EditTrace::golden();
+    let last = *t.sequence(4).last().unwrap();
+    t.edit(last, "machine_id: 7");
+    check_fails_with(
+        &t,
+        &dir,
+        "trusted_fields",
+        "sequence 4 of machine 0 has a packet of machine 7",
+    );
+}

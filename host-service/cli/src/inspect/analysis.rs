@@ -19,6 +19,17 @@
 //!   start, unless no sequence of the trace sets that flag (SDKs before v29)
 //!   and the first packet clears the incremental state.
 //!
+//! Machines (a trace of producers behind relays): a packet's `machine_id`
+//! names the machine it came from; absent or 0 is the service's own
+//! machine, the host (upstream's protos/perfetto/trace/trace_packet.proto;
+//! a trace processor reads each other machine's packets apart,
+//! src/trace_processor/importers/proto/proto_trace_reader.cc). A
+//! sequence is one writer, so of one machine: a packet of it with another
+//! machine's id is a trusted-fields problem. The service describes each
+//! relayed machine in a `system_info` packet with its id (its name in
+//! `machine_name`, when the relay gave one), and the host in one without;
+//! only the latter describes the session's machine.
+//!
 //! Problems are only the ones no recorded loss explains: a SLICE_END with
 //! nothing open, an interned id that does not resolve, a flow that is never
 //! continued or terminates nothing, a counter on a track that is not a
@@ -237,6 +248,10 @@ pub struct Analysis {
     pub tracks: Vec<TrackInfo>,
     /// Packet sequences (writers).
     pub sequences: Vec<SequenceInfo>,
+    /// The machines of a trace with packets of other machines than the
+    /// service's own (relayed producers): the host (id 0) first, then by
+    /// id. Empty for a trace of one machine.
+    pub machines: Vec<MachineInfo>,
     /// Clocks and the time span of the trace.
     pub clocks: ClockInfo,
     /// `compressed_packets` batches (their packets are analyzed and
@@ -283,6 +298,40 @@ pub struct CompressionInfo {
     pub inflated_bytes: u64,
     /// The packets they held.
     pub packets: u64,
+}
+
+/// One machine of a multi-machine trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MachineInfo {
+    /// `machine_id` (0: the service's own machine, the host).
+    pub id: u32,
+    /// `SystemInfo.machine_name` of its description (a relayed machine's,
+    /// if its relay named it).
+    pub name: Option<String>,
+    /// `uname` from its description (sysname, release, machine).
+    pub system: Option<String>,
+    /// A `system_info` packet describes it.
+    pub described: bool,
+    /// Clock exchanges in its `remote_clock_sync` packets (a relayed
+    /// machine's clocks are related to the host's through them).
+    pub clock_exchanges: u64,
+    /// Producer packets with its id.
+    pub packets: u64,
+    /// Producer sequences of its packets.
+    pub sequences: u64,
+    /// Track events among its packets.
+    pub track_events: u64,
+}
+
+impl MachineInfo {
+    /// How reports name it: `host`, else its name, else its id.
+    pub fn label(&self) -> String {
+        match (&self.name, self.id) {
+            (_, 0) => "host".to_owned(),
+            (Some(name), _) => name.clone(),
+            (None, id) => id.to_string(),
+        }
+    }
 }
 
 /// Packets and bytes of one kind.
@@ -391,6 +440,8 @@ pub struct TrackInfo {
 pub struct SequenceInfo {
     /// `trusted_packet_sequence_id`.
     pub id: u32,
+    /// `machine_id` of its packets (0: the service's own machine).
+    pub machine_id: u32,
     /// `trusted_pid`s seen.
     pub pids: Vec<i32>,
     /// `trusted_uid`s seen.
@@ -600,6 +651,9 @@ pub struct Analyzer {
     /// clock, else BOOTTIME).
     trace_clock: Option<u32>,
     last_stats: Option<TraceStats>,
+    /// Per machine id, what the service's packets say of it (the counts
+    /// come from the sequences at the end).
+    machines: BTreeMap<u32, MachineInfo>,
     /// Inside a `compressed_packets` batch.
     inflating: bool,
 }
@@ -698,14 +752,20 @@ impl Analyzer {
                 return;
             }
         };
+        let machine_id = packet.machine_id.unwrap_or(0);
+        if machine_id != 0 {
+            self.machine(machine_id);
+        }
         // A relayed machine's clock exchanges: the service writes them with
         // the machine's id and its uid, on no sequence (as upstream's does).
-        if matches!(packet.data, Some(Data::RemoteClockSync(_))) {
-            if packet.machine_id.is_none() || packet.optional_trusted_uid.is_none() {
+        if let Some(Data::RemoteClockSync(sync)) = &packet.data {
+            if machine_id == 0 || packet.optional_trusted_uid.is_none() {
                 self.problem(
                     ProblemKind::TrustedFields,
                     format!("{at}: remote_clock_sync without machine_id or trusted_uid"),
                 );
+            } else {
+                self.machine(machine_id).clock_exchanges += sync.synced_clocks.len() as u64;
             }
             return;
         }
@@ -728,7 +788,7 @@ impl Analyzer {
             );
         }
         if seq_id == SERVICE_SEQUENCE_ID {
-            self.service_packet(packet);
+            self.service_packet(machine_id, packet);
         } else {
             self.producer_packet(seq_id, uid, packet, at, index);
         }
@@ -774,7 +834,17 @@ impl Analyzer {
         self.inflating = false;
     }
 
-    fn service_packet(&mut self, packet: TracePacket) {
+    /// What the trace says of machine `id` so far.
+    fn machine(&mut self, id: u32) -> &mut MachineInfo {
+        self.machines.entry(id).or_insert_with(|| MachineInfo {
+            id,
+            ..Default::default()
+        })
+    }
+
+    /// A packet of the service's own sequence; `machine_id` is the
+    /// machine it is about (0: the host).
+    fn service_packet(&mut self, machine_id: u32, packet: TracePacket) {
         if let Some(ts) = packet.timestamp {
             if packet.timestamp_clock_id.unwrap_or(BOOTTIME) == BOOTTIME {
                 self.span(ts);
@@ -806,13 +876,22 @@ impl Analyzer {
                 self.last_stats = Some(stats);
             }
             Data::SystemInfo(info) => {
-                self.out.session.service_version = info.tracing_service_version;
-                if let Some(u) = info.utsname {
+                let system = info.utsname.map(|u| {
                     let parts: Vec<String> = [u.sysname, u.release, u.machine]
                         .into_iter()
                         .flatten()
                         .collect();
-                    self.out.session.system = Some(parts.join(" "));
+                    parts.join(" ")
+                });
+                // A relayed machine's description says nothing of the
+                // service (its version is its relay's).
+                let machine = self.machine(machine_id);
+                machine.described = true;
+                machine.name = info.machine_name.filter(|n| !n.is_empty());
+                machine.system = system.clone();
+                if machine_id == 0 {
+                    self.out.session.service_version = info.tracing_service_version;
+                    self.out.session.system = system;
                 }
             }
             Data::TraceUuid(uuid) => {
@@ -891,9 +970,22 @@ impl Analyzer {
         at: &str,
         index: u64,
     ) {
+        let machine_id = packet.machine_id.unwrap_or(0);
+        let known = self.sequences.get(&seq_id).map(|s| s.info.machine_id);
+        if let Some(first) = known.filter(|&m| m != machine_id) {
+            self.problem(
+                ProblemKind::TrustedFields,
+                format!(
+                    "{at}: sequence {seq_id} of machine {first} has a packet of machine \
+                     {machine_id}"
+                ),
+            );
+            return;
+        }
         let seq = self.sequences.entry(seq_id).or_insert_with(|| Sequence {
             info: SequenceInfo {
                 id: seq_id,
+                machine_id,
                 ..Default::default()
             },
             ..Default::default()
@@ -1544,12 +1636,32 @@ impl Analyzer {
             }
         }
         self.out.sequences = sequences.into_values().map(|s| s.info).collect();
+        self.out.machines = machines(std::mem::take(&mut self.machines), &self.out.sequences);
         let mut tracks: Vec<TrackInfo> = self.tracks.into_values().collect();
         tracks.sort_by_key(|t| (t.pid, t.tid, t.kind != "process", t.uuid));
         self.out.tracks = tracks;
         self.out.problems.sort_by_key(|p| p.kind);
         self.out
     }
+}
+
+/// The machines of a trace whose packets name machines other than the
+/// host (none otherwise), with the counts of their `sequences`.
+fn machines(mut seen: BTreeMap<u32, MachineInfo>, sequences: &[SequenceInfo]) -> Vec<MachineInfo> {
+    for s in sequences {
+        let m = seen.entry(s.machine_id).or_insert_with(|| MachineInfo {
+            id: s.machine_id,
+            ..Default::default()
+        });
+        m.sequences += 1;
+        m.packets += s.packets;
+        m.track_events += s.track_events;
+    }
+    if seen.keys().all(|&id| id == 0) {
+        return Vec::new();
+    }
+    seen.entry(0).or_default();
+    seen.into_values().collect()
 }
 
 /// Whether a buffer statistic of `buffers` concerns a sequence that wrote

@@ -16,8 +16,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 pub use analysis::{
-    config_info, stats_info, Analysis, Analyzer, CompressionInfo, ConfigInfo, Problem, ProblemKind,
-    SequenceInfo, BUFFER_LOSS_STATS, RING_WRAP_STATS, SERVICE_LOSS_STATS,
+    config_info, stats_info, Analysis, Analyzer, CompressionInfo, ConfigInfo, MachineInfo, Problem,
+    ProblemKind, SequenceInfo, BUFFER_LOSS_STATS, RING_WRAP_STATS, SERVICE_LOSS_STATS,
 };
 pub use report::render;
 

@@ -29,6 +29,7 @@ pub fn render(
     packets(analysis, out)?;
     track_events(analysis, top, out)?;
     tracks(analysis, top.max(MAX_TRACKS), out)?;
+    machines(analysis, out)?;
     sequences(analysis, out)?;
     clocks(analysis, out)?;
     loss(analysis, out)?;
@@ -247,22 +248,79 @@ fn tracks(a: &Analysis, max: usize, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
+/// The machines of a multi-machine trace (nothing for one machine).
+fn machines(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
+    if a.machines.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nMachines: {} (the host and {} relayed)",
+        a.machines.len(),
+        a.machines.iter().filter(|m| m.id != 0).count()
+    )?;
+    writeln!(
+        out,
+        "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6}  system",
+        "id", "name", "sequences", "packets", "events", "clocks"
+    )?;
+    for m in &a.machines {
+        let system = match (&m.system, m.described) {
+            (Some(system), _) => system.clone(),
+            (None, true) => "(described, no uname)".to_owned(),
+            (None, false) => "(not described)".to_owned(),
+        };
+        // The host's clocks are the trace's: it exchanges none.
+        let clocks = if m.id == 0 {
+            "-".to_owned()
+        } else {
+            m.clock_exchanges.to_string()
+        };
+        writeln!(
+            out,
+            "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6}  {system}",
+            m.id,
+            m.label(),
+            m.sequences,
+            m.packets,
+            m.track_events,
+            clocks
+        )?;
+    }
+    Ok(())
+}
+
 fn sequences(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
     if a.sequences.is_empty() {
         return writeln!(out, "\nSequences: none from producers");
     }
+    // Each sequence's machine, where the trace has more than one.
+    let names: BTreeMap<u32, String> = a.machines.iter().map(|m| (m.id, m.label())).collect();
+    let machine = |id: u32| -> String {
+        if names.is_empty() {
+            return String::new();
+        }
+        let label = names.get(&id).cloned().unwrap_or_else(|| id.to_string());
+        format!(" {label:<16}")
+    };
+    let machine_header = if names.is_empty() {
+        String::new()
+    } else {
+        format!(" {:<16}", "machine")
+    };
     writeln!(out, "\nSequences: {} from producers", a.sequences.len())?;
     writeln!(
         out,
-        "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  start",
+        "  {:>6}{machine_header} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  start",
         "id", "pid", "buffer", "packets", "events", "clears", "marks", "skipped", "after-wrap"
     )?;
     for s in &a.sequences {
         let pids: Vec<String> = s.pids.iter().map(i32::to_string).collect();
         writeln!(
             out,
-            "  {:>6} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  {}",
+            "  {:>6}{} {:>8} {:>6} {:>9} {:>8} {:>7} {:>6} {:>8} {:>10}  {}",
             s.id,
+            machine(s.machine_id),
             pids.join(","),
             s.buffer.map_or("-".to_owned(), |b| b.to_string()),
             s.packets,
@@ -427,4 +485,97 @@ fn problems(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
 
 fn kind_tag(kind: super::ProblemKind) -> &'static str {
     kind.label()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::{MachineInfo, SequenceInfo};
+
+    fn rendered(a: &Analysis, section: fn(&Analysis, &mut Vec<u8>) -> io::Result<()>) -> String {
+        let mut out = Vec::new();
+        section(a, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    fn sequence(id: u32, machine_id: u32, pid: i32) -> SequenceInfo {
+        SequenceInfo {
+            id,
+            machine_id,
+            pids: vec![pid],
+            packets: 10,
+            track_events: 8,
+            cleared: 1,
+            ..Default::default()
+        }
+    }
+
+    fn machines(sequences: Vec<SequenceInfo>, machines: Vec<MachineInfo>) -> Analysis {
+        Analysis {
+            sequences,
+            machines,
+            ..Default::default()
+        }
+    }
+
+    /// One machine: no machine section, no machine column.
+    #[test]
+    fn one_machine_shows_no_machines() {
+        let a = machines(vec![sequence(2, 0, 40)], Vec::new());
+        assert_eq!(rendered(&a, super::machines), "");
+        assert_eq!(
+            rendered(&a, sequences),
+            "\nSequences: 1 from producers\n\
+             \x20     id      pid buffer   packets   events  clears  marks  skipped after-wrap  start\n\
+             \x20      2       40      -        10        8       1      0        0          0  ok\n"
+        );
+    }
+
+    /// Several: each machine by id and label, with its counts and system;
+    /// each sequence with its machine's label.
+    #[test]
+    fn machines_and_their_sequences() {
+        let vm = MachineInfo {
+            id: 1_154_022_635,
+            name: Some("vm-1".into()),
+            system: Some("Linux 6.8.0 aarch64".into()),
+            described: true,
+            clock_exchanges: 2,
+            packets: 10,
+            sequences: 1,
+            track_events: 8,
+        };
+        let unnamed = MachineInfo {
+            id: 77,
+            name: None,
+            system: None,
+            described: false,
+            ..vm.clone()
+        };
+        let host = MachineInfo {
+            id: 0,
+            system: Some("Linux 6.8.0 x86_64".into()),
+            described: true,
+            ..Default::default()
+        };
+        let a = machines(
+            vec![sequence(2, 77, 40), sequence(3, 1_154_022_635, 41)],
+            vec![host, unnamed, vm],
+        );
+        assert_eq!(
+            rendered(&a, super::machines),
+            "\nMachines: 3 (the host and 2 relayed)\n\
+             \x20         id  name             sequences   packets   events clocks  system\n\
+             \x20          0  host                     0         0        0      -  Linux 6.8.0 x86_64\n\
+             \x20         77  77                       1        10        8      2  (not described)\n\
+             \x20 1154022635  vm-1                     1        10        8      2  Linux 6.8.0 aarch64\n"
+        );
+        assert_eq!(
+            rendered(&a, sequences),
+            "\nSequences: 2 from producers\n\
+             \x20     id machine               pid buffer   packets   events  clears  marks  skipped after-wrap  start\n\
+             \x20      2 77                     40      -        10        8       1      0        0          0  ok\n\
+             \x20      3 vm-1                   41      -        10        8       1      0        0          0  ok\n"
+        );
+    }
 }

@@ -22,7 +22,7 @@ use thiserror::Error;
 use shmtrace_ipc::client::{BindError, Incoming, RpcError, UnknownMethod};
 use shmtrace_ipc::frame::{set_peer_identity_frame, FrameError, FrameTooLarge};
 use shmtrace_ipc::protos::sync_clock_request::{Clock, Phase};
-use shmtrace_ipc::protos::{canonical, InitRelayRequest, IpcFrame, SyncClockRequest};
+use shmtrace_ipc::protos::{canonical, InitRelayRequest, IpcFrame, SyncClockRequest, SystemInfo};
 use shmtrace_ipc::socket::{self, Received, RecvError, Stream};
 use shmtrace_ipc::{
     ClientCore, FrameDecoder, OutQueue, PeerIdentity, ServiceBinding, SocketAddress,
@@ -122,7 +122,7 @@ fn sync_forever(
         _ => return Err(SyncError::Closed),
     };
     let init = InitRelayRequest {
-        system_info: Some(system_service_config().system_info),
+        system_info: Some(machine_system_info(identity)),
     };
     conn.call(&binding, "InitRelay", canonical::encode(&init))?;
     log::info!("connected to {central}'s relay port");
@@ -145,6 +145,18 @@ fn sync_forever(
         *synced = true;
         std::thread::sleep(interval);
     }
+}
+
+/// This machine's `SystemInfo` for `InitRelay`, named: `machine_name`
+/// (field 17, upstream's protos/perfetto/common/system_info.proto) is the
+/// label a trace processor gives the machine (and `shmtrace inspect`
+/// shows); the central service writes the description into its traces
+/// as it came. Upstream's relay (src/traced_relay/relay_service.cc) sends
+/// no name, so its machines are "machine <id>" there.
+fn machine_system_info(identity: &PeerIdentity) -> SystemInfo {
+    let mut info = system_service_config().system_info;
+    info.machine_name = Some(identity.machine_name.clone()).filter(|n| !n.is_empty());
+    info
 }
 
 struct Conn {
@@ -200,5 +212,26 @@ impl Conn {
                 .map_err(|source| SyncError::Refused { method, source }),
             _ => Err(SyncError::Closed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The description names the machine as the relay was told to, and
+    /// an unnamed relay's names none (rather than an empty name).
+    #[test]
+    fn the_machine_description_carries_its_name() {
+        let identity = |name: &str| PeerIdentity {
+            pid: 0,
+            uid: 0,
+            machine_id_hint: "hint".into(),
+            machine_name: name.into(),
+        };
+        let named = machine_system_info(&identity("vm-1"));
+        assert_eq!(named.machine_name.as_deref(), Some("vm-1"));
+        assert!(named.utsname.is_some_and(|u| u.sysname.is_some()));
+        assert_eq!(machine_system_info(&identity("")).machine_name, None);
     }
 }

@@ -395,6 +395,12 @@ impl TracingService {
                     pid: Some(p.pid),
                     uid: Some(p.uid as i32),
                     sdk_version: Some(p.sdk_version.clone()).filter(|v| !v.is_empty()),
+                    // A relayed producer's machine, as a relay announced
+                    // it; none for this machine's (upstream since v56,
+                    // src/tracing/service/tracing_service_endpoints_impl.cc).
+                    machine_id: Some(p.machine.id).filter(|&m| m != 0),
+                    machine_name: Some(p.machine.name.clone())
+                        .filter(|n| p.machine.id != 0 && !n.is_empty()),
                     ..tss::Producer::default()
                 });
                 for d in &p.data_sources {

@@ -160,6 +160,37 @@ fn relayed_packets_carry_their_machine_and_the_trace_its_description_and_clocks(
     assert!(sim.svc.relays.contains_key(&relay));
 }
 
+/// QueryServiceState gives a relayed producer its machine's id and name,
+/// and a producer of this machine neither (as upstream's since v56).
+#[test]
+fn query_lists_a_relayed_producer_with_its_machine() {
+    let mut sim = Sim::new();
+    let _remote = connect_relayed(&mut sim, "remote", identity(55, 1000));
+    let _local = TestProducer::connect(&mut sim, "local", &[descriptor("ds", false, false)]);
+    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::QueryServiceState(Default::default()),
+    );
+    let resp: crate::protos::QueryServiceStateResponse = sim.reply_ok(c.conn, id);
+    let producers = resp.service_state.unwrap().producers;
+    let by_name = |name: &str| {
+        producers
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in {producers:?}"))
+    };
+    let remote = by_name("remote");
+    assert_eq!(remote.machine_id, Some(MACHINE));
+    assert_eq!(remote.machine_name.as_deref(), Some("vm-1"));
+    assert_eq!(remote.pid, Some(55));
+    let local = by_name("local");
+    assert_eq!(
+        (local.machine_id, local.machine_name.as_deref()),
+        (None, None)
+    );
+}
+
 #[test]
 fn relayed_producers_are_traced_only_when_the_config_says_so() {
     for (tweak, traced) in [
