@@ -38,9 +38,15 @@ struct Running {
 
 impl Running {
     fn start(cfg: ShellConfig) -> Self {
+        Self::start_with(cfg, shell::ConnectionLimits::for_this_process())
+    }
+
+    fn start_with(cfg: ShellConfig, limits: shell::ConnectionLimits) -> Self {
         let (stop_read, stop) = UnixStream::pair().unwrap();
         let (producer, consumer) = (cfg.producer_sockets[0].clone(), cfg.consumer_socket.clone());
-        let bound = shell::Shell::bind(&cfg).expect("bind");
+        let bound = shell::Shell::bind(&cfg)
+            .expect("bind")
+            .with_connection_limits(limits);
         let thread = std::thread::spawn(move || {
             let core = shmtrace_service::service::core::TracingService::new(
                 shell::system_service_config(),
@@ -57,16 +63,23 @@ impl Running {
     }
 
     fn abstract_sockets() -> Self {
+        Self::abstract_sockets_with(shell::ConnectionLimits::for_this_process())
+    }
+
+    fn abstract_sockets_with(limits: shell::ConnectionLimits) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let id = format!("shmtrace-test-{}-{n}", std::process::id());
-        Self::start(ShellConfig {
-            producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
-            consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
-            consumer_group: None,
-            listen_any: false,
-            relay_endpoint: false,
-        })
+        Self::start_with(
+            ShellConfig {
+                producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
+                consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
+                consumer_group: None,
+                listen_any: false,
+                relay_endpoint: false,
+            },
+            limits,
+        )
     }
 
     fn stop(mut self) {
@@ -495,4 +508,125 @@ fn relays_find_the_relay_port_on_tcp_only_when_it_is_enabled() {
         drop((producer_port, relay, client));
         running.stop();
     }
+}
+
+/// A raw connection to `address` (abstract UNIX socket), with a timeout.
+fn raw_connect(address: &SocketAddress) -> UnixStream {
+    let SocketAddress::Abstract(name) = address else {
+        panic!("abstract socket expected: {address}");
+    };
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+    let s = UnixStream::connect_addr(&addr).unwrap();
+    s.set_read_timeout(WAIT).unwrap();
+    s
+}
+
+/// One frame's payload read from `s` (`None`: end of file).
+fn read_frame(s: &mut UnixStream) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut header = [0; 4];
+    match s.read(&mut header[..1]) {
+        Ok(0) => return None,
+        Ok(_) => {}
+        Err(e) => panic!("read: {e}"),
+    }
+    s.read_exact(&mut header[1..]).unwrap();
+    let mut payload = vec![0; u32::from_le_bytes(header) as usize];
+    s.read_exact(&mut payload).unwrap();
+    Some(payload)
+}
+
+fn frame_bytes(frame: &protos::IpcFrame) -> Vec<u8> {
+    let mut out = Vec::new();
+    shmtrace_service::ipc::frame::encode_frame(frame, &mut out).unwrap();
+    out
+}
+
+/// Binds `service` on a raw connection and waits for the reply.
+fn raw_bind(address: &SocketAddress, service: &str) -> UnixStream {
+    use std::io::Write;
+    let mut s = raw_connect(address);
+    s.write_all(&frame_bytes(
+        &shmtrace_service::ipc::frame::bind_service_frame(1, service),
+    ))
+    .unwrap();
+    assert!(read_frame(&mut s).is_some(), "bind reply");
+    s
+}
+
+#[test]
+fn connections_over_the_limit_are_closed_and_consumers_keep_their_own() {
+    let running = Running::abstract_sockets_with(shell::ConnectionLimits {
+        producers: 3,
+        consumers: 2,
+    });
+    let producers: Vec<UnixStream> = (0..3)
+        .map(|_| raw_bind(&running.producer, "ProducerPort"))
+        .collect();
+    // The fourth producer is accepted and closed: it reads end of file
+    // (it used to wait in the listen queue for ever).
+    let mut extra = raw_connect(&running.producer);
+    assert_eq!(read_frame(&mut extra), None);
+    // Consumers have places of their own.
+    let consumer = Client::connect(&running.consumer).unwrap();
+    let port = consumer.bind::<ConsumerPort>().unwrap();
+    let state = port
+        .call::<consumer_port::QueryServiceState>(&Default::default())
+        .expect("query");
+    assert!(state.service_state.is_some());
+    let _second = raw_bind(&running.consumer, "ConsumerPort");
+    let mut third = raw_connect(&running.consumer);
+    assert_eq!(read_frame(&mut third), None);
+    // A place freed is a place for the next producer.
+    drop(producers);
+    let _again = raw_bind(&running.producer, "ProducerPort");
+    running.stop();
+}
+
+#[test]
+fn a_consumer_that_never_reads_its_replies_is_not_read_either() {
+    use std::io::{ErrorKind, Write};
+    let running = Running::abstract_sockets();
+    let mut s = raw_bind(&running.consumer, "ConsumerPort");
+    // QueryCapabilities (method 13), 10 000 calls per write.
+    let call = frame_bytes(&shmtrace_service::ipc::frame::invoke_method_frame(
+        2,
+        1,
+        13,
+        Bytes::new(),
+        false,
+    ));
+    let batch = call.repeat(10_000);
+    s.set_nonblocking(true).unwrap();
+    let (mut sent, mut calls) = (0usize, 0usize);
+    let mut stalled_since = std::time::Instant::now();
+    // The service used to read (and queue the replies to) all of them.
+    while sent < (64 << 20) && stalled_since.elapsed() < Duration::from_secs(2) {
+        match s.write(&batch[sent % batch.len()..]) {
+            Ok(n) => {
+                sent += n;
+                calls = sent / call.len();
+                stalled_since = std::time::Instant::now();
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    assert!(
+        sent < 16 << 20,
+        "the service took {sent} bytes of calls without their replies being read"
+    );
+    // Once the consumer reads, every call is answered.
+    s.set_nonblocking(false).unwrap();
+    if sent % call.len() != 0 {
+        s.write_all(&call[sent % call.len()..]).unwrap();
+        calls += 1;
+    }
+    for i in 0..calls {
+        assert!(read_frame(&mut s).is_some(), "reply {i} of {calls}");
+    }
+    running.stop();
 }

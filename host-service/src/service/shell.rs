@@ -32,6 +32,38 @@
 //! producer that stops reading its socket while the service queues commands
 //! for it (upstream disconnects after a 10 ms send timeout) is disconnected
 //! once [`MAX_PRODUCER_BACKLOG`] bytes are queued.
+//!
+//! # Limits on peers
+//!
+//! A broken or hostile peer costs the service a bounded amount and never
+//! stalls the other peers:
+//!
+//! * Fairness: each readiness event of a connection reads at most one
+//!   receive window (at most
+//!   [`MAX_FRAME_LEN`](crate::ipc::MAX_FRAME_LEN) bytes) and dispatches the calls in
+//!   it; epoll is level-triggered, so the rest waits for the next turn of
+//!   the loop, after every other ready connection got its turn. (Upstream's
+//!   `HostImpl::OnDataAvailable`, src/ipc/host_impl.cc, reads until the
+//!   socket is empty: a peer that writes faster than the service handles
+//!   its calls held the loop for as long as it kept writing.) Once the peer
+//!   has shut down its end, what it sent is read at once: it cannot grow.
+//! * Replies: while [`THROTTLE_BACKLOG`] bytes or more are queued for a
+//!   connection, the service stops reading its calls (the peer's own sends
+//!   then block) until it reads its replies. Upstream sends with a timeout
+//!   and drops the connection when it expires (`HostImpl::SendFrame`,
+//!   src/ipc/host_impl.cc); here a peer that sends calls and never reads the
+//!   replies holds at most this backlog plus the replies to one call.
+//! * Connections: at most [`ConnectionLimits`] producer and consumer
+//!   connections at once, derived from the process's `RLIMIT_NOFILE`, in
+//!   separate budgets, so that producers (anyone may connect) cannot take
+//!   the consumers' places. A connection over its budget is accepted and
+//!   closed at once (the peer reads end of file), with one log line per
+//!   burst. If descriptors run out all the same (`EMFILE`, `ENFILE`), the
+//!   listeners rest for [`ACCEPT_PAUSE_NS`] instead of waking the loop for
+//!   a connection it cannot accept. Upstream has no such limit (the TODO
+//!   about connection limits, b/69093705, in src/ipc/host_impl.cc); a
+//!   service at its descriptor limit spun on its listening sockets and
+//!   logged a line per turn.
 
 use std::collections::HashMap;
 use std::io;
@@ -61,6 +93,22 @@ pub const MAX_PRODUCER_BACKLOG: usize = 8 * 1024 * 1024;
 /// A consumer's `ReadBuffers` stream is refilled while less than this is
 /// queued for it.
 pub const READ_WINDOW: usize = 512 * 1024;
+/// While this many bytes or more are queued for a connection, its calls
+/// are not read (above a full [`READ_WINDOW`] and one reply, so that a
+/// `ReadBuffers` stream alone never holds back its consumer's calls).
+pub const THROTTLE_BACKLOG: usize = 2 * READ_WINDOW;
+/// Descriptors kept out of the connection budgets: listeners, epoll,
+/// standard streams, trace files, bridge children.
+const RESERVED_FDS: u64 = 64;
+/// Descriptors budgeted per connection: its socket and the SMB of a
+/// producer or the trace file of a consumer.
+const FDS_PER_CONNECTION: u64 = 2;
+/// Most producer connections at once, whatever the descriptor limit.
+pub const MAX_PRODUCER_CONNECTIONS: usize = 1024;
+/// Most consumer connections at once, whatever the descriptor limit.
+pub const MAX_CONSUMER_CONNECTIONS: usize = 64;
+/// How long the listeners rest after `accept` ran out of descriptors.
+pub const ACCEPT_PAUSE_NS: u64 = 100_000_000;
 
 const TOKEN_STOP: u64 = 0;
 const TOKEN_LISTENER: u64 = 1;
@@ -168,7 +216,56 @@ pub struct ShellConfig {
     pub relay_endpoint: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// How many connections of each side the shell keeps open at once (see
+/// the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Producer connections (all producer sockets together).
+    pub producers: usize,
+    /// Consumer connections.
+    pub consumers: usize,
+}
+
+impl ConnectionLimits {
+    /// The limits for a process that may open `nofile` descriptors: after
+    /// 64 kept for listeners, epoll, trace files and bridge children, two
+    /// descriptors per connection, an eighth of them for consumers (at most
+    /// [`MAX_CONSUMER_CONNECTIONS`]), the rest for producers (at most
+    /// [`MAX_PRODUCER_CONNECTIONS`]); at least one each.
+    pub fn for_fd_limit(nofile: u64) -> Self {
+        let connections = nofile.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION;
+        let consumers = (connections / 8).clamp(1, MAX_CONSUMER_CONNECTIONS as u64);
+        let producers =
+            (connections.saturating_sub(consumers)).clamp(1, MAX_PRODUCER_CONNECTIONS as u64);
+        Self {
+            producers: producers as usize,
+            consumers: consumers as usize,
+        }
+    }
+
+    /// The limits for this process's `RLIMIT_NOFILE` (its soft limit).
+    pub fn for_this_process() -> Self {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        Self::for_fd_limit(limit.current.unwrap_or(u64::MAX))
+    }
+
+    fn of(&self, side: Side) -> usize {
+        match side {
+            Side::Producer => self.producers,
+            Side::Consumer => self.consumers,
+        }
+    }
+}
+
+/// Connections of one side: how many are open, and how many were refused
+/// since the last one was accepted (for one log line per burst).
+#[derive(Debug, Default, Clone, Copy)]
+struct SideCount {
+    open: usize,
+    refused: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Producer,
     Consumer,
@@ -206,11 +303,30 @@ impl Host {
 struct Conn {
     socket: Stream,
     host: Host,
+    side: Side,
     /// The peer's address without port (TCP), for the machine id of a
     /// relayed peer that gives no hint.
     peer_host: Option<String>,
-    /// Registered for writability.
-    wants_out: bool,
+    /// Its calls are not read: [`THROTTLE_BACKLOG`] bytes are queued.
+    throttled: bool,
+    /// The epoll interest registered for it.
+    interest: epoll::EventFlags,
+}
+
+impl Conn {
+    /// The epoll interest it needs: readability unless throttled,
+    /// writability while something is queued, and always the peer's
+    /// shutdown.
+    fn wanted_interest(&mut self) -> epoll::EventFlags {
+        let mut flags = epoll::EventFlags::RDHUP;
+        if !self.throttled {
+            flags |= epoll::EventFlags::IN;
+        }
+        if !self.host.out().is_empty() {
+            flags |= epoll::EventFlags::OUT;
+        }
+        flags
+    }
 }
 
 /// The bound sockets, ready to run.
@@ -220,6 +336,14 @@ pub struct Shell {
     conns: HashMap<ConnId, Conn>,
     producer_table: Arc<ServiceTable<ProducerSide>>,
     consumer_table: Arc<ServiceTable<consumer_port::Request>>,
+    limits: ConnectionLimits,
+    producers: SideCount,
+    consumers: SideCount,
+    /// The listeners rest (out of descriptors) until this time.
+    accept_paused_until: Option<u64>,
+    /// `accept` ran out of descriptors and has not accepted since (one log
+    /// line per shortage).
+    out_of_fds: bool,
 }
 
 impl std::fmt::Debug for Shell {
@@ -234,6 +358,7 @@ impl std::fmt::Debug for Shell {
                     .collect::<Vec<_>>(),
             )
             .field("connections", &self.conns.len())
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -313,7 +438,26 @@ impl Shell {
                 ServiceTable::new().expose::<ProducerPort>(ProducerSide::Producer)
             }),
             consumer_table: Arc::new(ServiceTable::from(ConsumerPort)),
+            limits: ConnectionLimits::for_this_process(),
+            producers: SideCount::default(),
+            consumers: SideCount::default(),
+            accept_paused_until: None,
+            out_of_fds: false,
         })
+    }
+
+    /// Replaces the connection limits (by default
+    /// [`ConnectionLimits::for_this_process`]).
+    pub fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn count(&mut self, side: Side) -> &mut SideCount {
+        match side {
+            Side::Producer => &mut self.producers,
+            Side::Consumer => &mut self.consumers,
+        }
     }
 
     /// Runs `core` until `stop` becomes readable (or forever without one).
@@ -335,7 +479,11 @@ impl Shell {
         let clock = SystemEnvironment;
         let mut events = Vec::with_capacity(256);
         let result = loop {
-            let timeout = core.poll_timeout().map(|deadline| {
+            let deadline = match (core.poll_timeout(), self.accept_paused_until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let timeout = deadline.map(|deadline| {
                 let ns = deadline.saturating_sub(clock.now());
                 rustix::time::Timespec {
                     tv_sec: (ns / 1_000_000_000) as i64,
@@ -373,6 +521,12 @@ impl Shell {
                 log::info!("stopping");
                 break Ok(());
             }
+            if self
+                .accept_paused_until
+                .is_some_and(|until| clock.now() >= until)
+            {
+                self.resume_accepting();
+            }
             core.on_timeout();
             self.flush_outputs(&mut core);
             turn.finish(&clock, events.len());
@@ -386,19 +540,52 @@ impl Shell {
     }
 
     fn accept(&mut self, core: &mut TracingService, index: usize) {
-        let Some((listener, side)) = self.listeners.get(index) else {
+        let Some(&(_, side)) = self.listeners.get(index) else {
             return;
         };
-        let side = *side;
         loop {
+            let Some((listener, _)) = self.listeners.get(index) else {
+                return;
+            };
             let socket = match listener.accept_stream() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    self.pause_accepting(&e);
+                    return;
+                }
                 Err(e) => {
                     log::warn!("accept on {} failed: {e}", listener.address());
                     return;
                 }
             };
+            if std::mem::take(&mut self.out_of_fds) {
+                log::info!("accepting connections again");
+            }
+            let limit = self.limits.of(side);
+            let count = self.count(side);
+            if count.open >= limit {
+                // Accepted only to be closed: the peer reads end of file
+                // rather than waiting in the listen queue.
+                count.refused += 1;
+                if count.refused == 1 {
+                    log::warn!(
+                        "refusing {side:?} connections: {limit} are open, the most this \
+                         service keeps (RLIMIT_NOFILE {}); closing new ones until one closes",
+                        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                            .current
+                            .map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+                    );
+                }
+                continue;
+            }
+            if count.refused > 0 {
+                log::info!(
+                    "accepting {side:?} connections again ({} refused)",
+                    count.refused
+                );
+                count.refused = 0;
+            }
             let creds = match socket.peer_credentials() {
                 Some(Ok(c)) => c,
                 Some(Err(e)) => {
@@ -447,38 +634,88 @@ impl Shell {
                 creds.uid
             );
             let peer_host = socket.peer_host();
+            self.count(side).open += 1;
             self.conns.insert(
                 conn,
                 Conn {
                     socket,
                     host,
-                    wants_out: false,
+                    side,
+                    throttled: false,
+                    interest: flags,
                     peer_host,
                 },
             );
         }
     }
 
+    /// `accept` ran out of descriptors: the listeners rest for
+    /// [`ACCEPT_PAUSE_NS`] (or until a connection closes) rather than wake
+    /// the loop again at once for a connection that cannot be accepted.
+    fn pause_accepting(&mut self, e: &io::Error) {
+        if self.accept_paused_until.is_some() {
+            return;
+        }
+        if !self.out_of_fds {
+            self.out_of_fds = true;
+            log::warn!(
+                "cannot accept connections: {e}; retrying every {} ms and when a \
+                 connection closes",
+                ACCEPT_PAUSE_NS / 1_000_000
+            );
+        }
+        for (i, (l, _)) in self.listeners.iter().enumerate() {
+            let _ = epoll::modify(
+                &self.epoll,
+                l,
+                epoll::EventData::new_u64(TOKEN_LISTENER + i as u64),
+                epoll::EventFlags::empty(),
+            );
+        }
+        self.accept_paused_until = Some(SystemEnvironment.now() + ACCEPT_PAUSE_NS);
+    }
+
+    fn resume_accepting(&mut self) {
+        if self.accept_paused_until.take().is_none() {
+            return;
+        }
+        for (i, (l, _)) in self.listeners.iter().enumerate() {
+            if let Err(e) = epoll::modify(
+                &self.epoll,
+                l,
+                epoll::EventData::new_u64(TOKEN_LISTENER + i as u64),
+                epoll::EventFlags::IN,
+            ) {
+                log::error!("cannot listen on {} again: {e}", l.address());
+            }
+        }
+    }
+
     fn on_conn_event(&mut self, core: &mut TracingService, conn: ConnId, flags: epoll::EventFlags) {
-        if flags.intersects(
-            epoll::EventFlags::IN
-                | epoll::EventFlags::HUP
-                | epoll::EventFlags::RDHUP
-                | epoll::EventFlags::ERR,
-        ) {
-            self.receive(core, conn);
+        let hangup = epoll::EventFlags::HUP | epoll::EventFlags::RDHUP | epoll::EventFlags::ERR;
+        if flags.intersects(epoll::EventFlags::IN | hangup) {
+            self.receive(core, conn, flags.intersects(hangup));
         }
         if flags.contains(epoll::EventFlags::OUT) {
             self.send(core, conn);
         }
     }
 
-    /// Reads everything available and dispatches the calls.
-    fn receive(&mut self, core: &mut TracingService, conn: ConnId) {
+    /// Dispatches the calls already received, then receives once (one
+    /// receive window) and dispatches what arrived. Once the peer has shut
+    /// down its end (`hangup`), everything it sent is read and handled now,
+    /// throttled or not: it can send no more, and nobody reads the replies.
+    fn receive(&mut self, core: &mut TracingService, conn: ConnId, hangup: bool) {
+        if !self.dispatch(core, conn, hangup) {
+            return;
+        }
         loop {
             let Some(c) = self.conns.get_mut(&conn) else {
                 return;
             };
+            if c.throttled && !hangup {
+                return;
+            }
             let received = socket::recv_into(&c.socket, c.host.decoder());
             let closed = match received {
                 Ok(Received::Data(_)) => false,
@@ -490,51 +727,99 @@ impl Shell {
                 }
             };
             // Dispatch whatever complete frames arrived (also before a close).
-            loop {
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return;
-                };
-                let dispatched = match &mut c.host {
-                    Host::Producer(h) => h.poll_call().map(|call| {
-                        if let Some(identity) = h.take_peer_identity() {
-                            let peer_host = c.peer_host.as_deref().unwrap_or("");
-                            core.set_peer_identity(
-                                conn,
-                                RemoteIdentity {
-                                    pid: identity.pid,
-                                    uid: identity.uid as u32,
-                                    machine_id: machine_id(&identity.machine_id_hint, peer_host),
-                                    machine_name: identity.machine_name,
-                                },
-                            );
-                        }
-                        call.map(|call| dispatch_producer_side(core, conn, call))
-                    }),
-                    Host::Consumer(h) => h
-                        .poll_call()
-                        .map(|call| call.map(|call| core.on_consumer_call(conn, call))),
-                };
-                match dispatched {
-                    Ok(Some(())) => self.route_outputs(core),
-                    Ok(None) => break,
-                    Err(e) => {
-                        log::info!("connection {}: {e}; closing it", conn.0);
-                        self.close(core, conn);
-                        return;
-                    }
-                }
+            if !self.dispatch(core, conn, hangup) {
+                return;
             }
             if closed {
                 self.close(core, conn);
                 return;
             }
+            if !hangup {
+                // Level-triggered: the rest of what it sent is read on the
+                // next turn, after the other ready connections.
+                return;
+            }
+        }
+    }
+
+    /// Dispatches the complete calls received, until none is left or the
+    /// connection's replies reach [`THROTTLE_BACKLOG`] (then it stops
+    /// reading it; `ignore_backlog`: the peer is gone, dispatch them all).
+    /// Whether the connection is still open.
+    fn dispatch(&mut self, core: &mut TracingService, conn: ConnId, ignore_backlog: bool) -> bool {
+        loop {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return false;
+            };
+            let backlog = c.host.out().len();
+            if backlog >= THROTTLE_BACKLOG && !ignore_backlog {
+                if !c.throttled {
+                    c.throttled = true;
+                    log::debug!(
+                        "connection {}: {backlog} bytes of replies queued, not reading its calls \
+                         until it reads them",
+                        conn.0
+                    );
+                    self.update_interest(conn);
+                }
+                return true;
+            }
+            let dispatched = match &mut c.host {
+                Host::Producer(h) => h.poll_call().map(|call| {
+                    if let Some(identity) = h.take_peer_identity() {
+                        let peer_host = c.peer_host.as_deref().unwrap_or("");
+                        core.set_peer_identity(
+                            conn,
+                            RemoteIdentity {
+                                pid: identity.pid,
+                                uid: identity.uid as u32,
+                                machine_id: machine_id(&identity.machine_id_hint, peer_host),
+                                machine_name: identity.machine_name,
+                            },
+                        );
+                    }
+                    call.map(|call| dispatch_producer_side(core, conn, call))
+                }),
+                Host::Consumer(h) => h
+                    .poll_call()
+                    .map(|call| call.map(|call| core.on_consumer_call(conn, call))),
+            };
+            match dispatched {
+                Ok(Some(())) => self.route_outputs(core),
+                Ok(None) => return true,
+                Err(e) => {
+                    log::info!("connection {}: {e}; closing it", conn.0);
+                    self.close(core, conn);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Registers the epoll interest the connection needs now.
+    fn update_interest(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let wanted = c.wanted_interest();
+        if wanted == c.interest {
+            return;
+        }
+        let token = epoll::EventData::new_u64(TOKEN_CONN + conn.0);
+        match epoll::modify(&self.epoll, &c.socket, token, wanted) {
+            Ok(()) => c.interest = wanted,
+            Err(e) => log::error!("connection {}: epoll_ctl failed: {e}", conn.0),
         }
     }
 
     fn close(&mut self, core: &mut TracingService, conn: ConnId) {
         if let Some(c) = self.conns.remove(&conn) {
             let _ = epoll::delete(&self.epoll, &c.socket);
+            let count = self.count(c.side);
+            count.open = count.open.saturating_sub(1);
             log::debug!("connection {} closed", conn.0);
+            // A descriptor was freed: try accepting again.
+            self.resume_accepting();
         }
         core.disconnect(conn);
     }
@@ -608,7 +893,7 @@ impl Shell {
                 .filter_map(|(&id, c)| (!c.host.out().is_empty()).then_some(id))
                 .collect();
             for conn in pending {
-                self.send(core, conn);
+                produced |= self.send(core, conn);
             }
             if !produced {
                 return;
@@ -617,35 +902,38 @@ impl Shell {
     }
 
     /// Sends what is queued; asks for writability if the socket is full.
-    fn send(&mut self, core: &mut TracingService, conn: ConnId) {
+    /// A connection whose backlog fell below [`THROTTLE_BACKLOG`] is read
+    /// again, starting with the calls already received: whether any was
+    /// dispatched (its replies are queued, to send).
+    fn send(&mut self, core: &mut TracingService, conn: ConnId) -> bool {
         let Some(c) = self.conns.get_mut(&conn) else {
-            return;
+            return false;
         };
         if let Err(e) = socket::send_queued(&c.socket, c.host.out()) {
             log::info!("connection {}: send failed: {e}", conn.0);
             self.close(core, conn);
-            return;
+            return false;
         }
         let backlog = c.host.out().len();
-        if matches!(c.host, Host::Producer(_)) && backlog > MAX_PRODUCER_BACKLOG {
+        if c.side == Side::Producer && backlog > MAX_PRODUCER_BACKLOG {
             log::warn!(
                 "connection {}: producer is not reading its socket ({backlog} bytes queued)",
                 conn.0
             );
             self.close(core, conn);
-            return;
+            return false;
         }
-        let wants_out = backlog > 0;
-        if wants_out != c.wants_out {
-            let mut flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
-            if wants_out {
-                flags |= epoll::EventFlags::OUT;
-            }
-            let token = epoll::EventData::new_u64(TOKEN_CONN + conn.0);
-            if epoll::modify(&self.epoll, &c.socket, token, flags).is_ok() {
-                c.wants_out = wants_out;
+        let mut dispatched = false;
+        if c.throttled && backlog < THROTTLE_BACKLOG {
+            c.throttled = false;
+            let buffered = c.host.decoder().buffered();
+            if buffered > 0 {
+                self.dispatch(core, conn, false);
+                dispatched = true;
             }
         }
+        self.update_interest(conn);
+        dispatched
     }
 }
 
@@ -716,4 +1004,93 @@ pub fn serve(cfg: &ShellConfig, stop: Option<BorrowedFd<'_>>) -> Result<(), Shel
     let shell = Shell::bind(cfg)?;
     let core = TracingService::new(system_service_config(), Box::new(SystemEnvironment));
     shell.run(core, stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipc::frame::{bind_service_frame, encode_frame, invoke_method_frame};
+    use crate::ipc::MAX_FRAME_LEN;
+    use std::io::Write;
+
+    #[test]
+    fn connection_limits_follow_the_descriptor_limit() {
+        // 1024 (a common soft limit): 480 connections, 60 of them consumers.
+        assert_eq!(
+            ConnectionLimits::for_fd_limit(1024),
+            ConnectionLimits {
+                producers: 420,
+                consumers: 60
+            }
+        );
+        assert_eq!(
+            ConnectionLimits::for_fd_limit(1 << 20),
+            ConnectionLimits {
+                producers: MAX_PRODUCER_CONNECTIONS,
+                consumers: MAX_CONSUMER_CONNECTIONS
+            }
+        );
+        assert_eq!(
+            ConnectionLimits::for_fd_limit(10),
+            ConnectionLimits {
+                producers: 1,
+                consumers: 1
+            }
+        );
+    }
+
+    #[test]
+    fn one_event_of_a_flooding_connection_reads_one_window() {
+        let id = format!("shmtrace-shell-unit-{}", std::process::id());
+        let cfg = ShellConfig {
+            producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
+            consumer_socket: SocketAddress::parse(&format!("@{id}-c")).unwrap(),
+            consumer_group: None,
+            listen_any: false,
+            relay_endpoint: false,
+        };
+        let mut shell = Shell::bind(&cfg).unwrap();
+        let mut core = TracingService::new(
+            crate::service::core::ServiceConfig::new(0),
+            Box::new(SystemEnvironment),
+        );
+        let SocketAddress::Abstract(name) = &cfg.consumer_socket else {
+            unreachable!()
+        };
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+        let mut client = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+        // Fill the socket with QueryCapabilities calls (method 13).
+        let mut calls = Vec::new();
+        encode_frame(&bind_service_frame(1, "ConsumerPort"), &mut calls).unwrap();
+        let mut call = Vec::new();
+        encode_frame(
+            &invoke_method_frame(2, 1, 13, bytes::Bytes::new(), false),
+            &mut call,
+        )
+        .unwrap();
+        calls.extend(call.repeat(50_000));
+        client.set_nonblocking(true).unwrap();
+        let mut sent = 0;
+        while let Ok(n) = client.write(&calls[sent..]) {
+            sent += n;
+        }
+        assert!(sent > MAX_FRAME_LEN, "only {sent} bytes fit the socket");
+        let consumer_listener = shell.listeners.len() - 1;
+        shell.accept(&mut core, consumer_listener);
+        let conn = *shell.conns.keys().next().expect("accepted");
+        shell.receive(&mut core, conn, false);
+        // One receive window at most: the rest waits for the next event
+        // (it used to be read until the socket was empty).
+        let c = shell.conns.get_mut(&conn).expect("open");
+        let replies = c.host.out().len();
+        assert!(replies > 0, "the calls of the window were answered");
+        let mut peek = [0u8; 1];
+        let left = rustix::net::recv(&c.socket, &mut peek, rustix::net::RecvFlags::PEEK);
+        assert_eq!(
+            left.map(|(n, _)| n),
+            Ok(1),
+            "the rest is still in the socket"
+        );
+    }
 }

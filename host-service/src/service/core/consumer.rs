@@ -436,8 +436,10 @@ impl TracingService {
         }
         // Split the data sources over several replies if the whole state
         // would not fit one; the client concatenates the replies.
+        // (A queue: taking from the front of a Vec would be quadratic in
+        // the number of data sources, which hostile producers choose.)
         let mut replies = Vec::new();
-        let mut rest = std::mem::take(&mut state.data_sources);
+        let mut rest = std::collections::VecDeque::from(std::mem::take(&mut state.data_sources));
         loop {
             let mut part = TracingServiceState {
                 data_sources: Vec::new(),
@@ -451,13 +453,13 @@ impl TracingService {
             })
             .len();
             let mut size = base;
-            while let Some(d) = rest.first() {
+            while let Some(d) = rest.front() {
                 let len = crate::protos::to_raw(d).len() + 8;
                 if size + len > QUERY_STATE_CHUNK && !part.data_sources.is_empty() {
                     break;
                 }
                 size += len;
-                part.data_sources.push(rest.remove(0));
+                part.data_sources.extend(rest.pop_front());
             }
             replies.push(part);
             if rest.is_empty() {

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 
 use bytes::Bytes;
+use prost::Message;
 
 use super::{BufferId, ConnId, Endpoint, PeerFault, ProducerId, TracingService};
 use crate::ipc::{Call, PendingReply};
@@ -30,6 +31,22 @@ const PROTOCOL_ABI_V1: u32 = 1;
 /// Commands queued for a producer that has not asked for them yet, beyond
 /// which it is disconnected (it is not reading its command stream).
 const MAX_QUEUED_COMMANDS: usize = 4096;
+
+/// Most data sources one producer may have registered at once. Upstream
+/// keeps every registration (`TracingServiceImpl::RegisterDataSource`,
+/// src/tracing/service/tracing_service_impl.cc, with no limit); here a
+/// producer that registers without end would cost the service memory and,
+/// as every registration is checked against the producer's others and
+/// every session's data sources, CPU time for all its peers. Real
+/// producers register a few dozen.
+pub const MAX_DATA_SOURCES_PER_PRODUCER: usize = 1024;
+
+/// Most bytes the descriptors one producer has registered may take
+/// together (as encoded): one descriptor may fill an IPC frame (128 KiB),
+/// and with [`MAX_DATA_SOURCES_PER_PRODUCER`] alone a producer could hold
+/// 128 MiB. With the shell's producer connection limit, all producers hold
+/// at most 256 MiB of descriptors.
+pub const MAX_DESCRIPTOR_BYTES_PER_PRODUCER: usize = 256 * 1024;
 
 /// A connected, initialized producer.
 #[derive(Debug)]
@@ -65,13 +82,31 @@ pub struct Producer {
     commands: Option<PendingReply>,
     /// Commands generated before the stream was opened.
     queued: VecDeque<(Bytes, Option<OwnedFd>)>,
-    /// Registered data sources.
+    /// Registered data sources (at most [`MAX_DATA_SOURCES_PER_PRODUCER`]).
     pub data_sources: Vec<DataSourceDescriptor>,
+    /// Encoded bytes of `data_sources` (at most
+    /// [`MAX_DESCRIPTOR_BYTES_PER_PRODUCER`]).
+    descriptor_bytes: usize,
+    /// A registration was refused over the limits since the last
+    /// unregistration (one log line each time).
+    over_data_source_limit: bool,
     /// Registered writers and their target buffers.
     pub writers: HashMap<WriterId, BufferId>,
     /// Buffers it may write into (buffers of sessions where it has an
     /// instance).
     pub allowed_buffers: HashSet<BufferId>,
+}
+
+/// Longest name (of a producer, a data source) a log line shows.
+const SHOWN_NAME_CHARS: usize = 80;
+
+/// `name` for a log line: names are the producer's choice and may fill an
+/// IPC frame, so at most [`SHOWN_NAME_CHARS`] characters of it, then `…`.
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.char_indices().nth(SHOWN_NAME_CHARS) {
+        Some((end, _)) => format!("{}…", name.get(..end).unwrap_or_default()).into(),
+        None => name.into(),
+    }
 }
 
 impl TracingService {
@@ -113,21 +148,20 @@ impl TracingService {
         match request {
             Request::InitializeConnection(_) => {}
             Request::RegisterDataSource(req) => {
-                if let Some(d) = req.data_source_descriptor {
-                    self.register_data_source(producer, d);
-                }
-                self.reply(
-                    conn,
-                    &to,
-                    &RegisterDataSourceResponse { error: None },
-                    false,
-                );
+                let error = req
+                    .data_source_descriptor
+                    .and_then(|d| self.register_data_source(producer, d).err());
+                self.reply(conn, &to, &RegisterDataSourceResponse { error }, false);
             }
             Request::UpdateDataSource(req) => {
-                if let Some(d) = req.data_source_descriptor {
-                    self.update_data_source(producer, d);
+                let updated = match req.data_source_descriptor {
+                    Some(d) => self.update_data_source(producer, d),
+                    None => Ok(()),
+                };
+                match updated {
+                    Ok(()) => self.reply(conn, &to, &UpdateDataSourceResponse {}, false),
+                    Err(()) => self.reject(conn, &to),
                 }
-                self.reply(conn, &to, &UpdateDataSourceResponse {}, false);
             }
             Request::UnregisterDataSource(req) => {
                 self.unregister_data_source(producer, req.data_source_name.unwrap_or_default());
@@ -266,18 +300,20 @@ impl TracingService {
             commands: None,
             queued: VecDeque::new(),
             data_sources: Vec::new(),
+            descriptor_bytes: 0,
+            over_data_source_limit: false,
             writers: HashMap::new(),
             allowed_buffers: HashSet::new(),
         };
         log::info!(
             "producer {id} {:?} connected (pid {}, uid {}{}{})",
-            producer.name,
+            shown(&producer.name),
             creds.pid,
             creds.uid,
             if emulated { ", shmem emulation" } else { "" },
             match producer.machine.id {
                 0 => String::new(),
-                m => format!(", machine {m} {:?}", producer.machine.name),
+                m => format!(", machine {m} {:?}", shown(&producer.machine.name)),
             }
         );
         self.producers.insert(id, producer);
@@ -311,22 +347,58 @@ impl TracingService {
         }
     }
 
-    fn register_data_source(&mut self, producer: ProducerId, d: DataSourceDescriptor) {
+    /// Registers a data source; `Err` is the error the response carries
+    /// when the producer is over its limits. A descriptor without a name or
+    /// with a duplicate id is ignored without an error, as upstream does.
+    fn register_data_source(
+        &mut self,
+        producer: ProducerId,
+        d: DataSourceDescriptor,
+    ) -> Result<(), String> {
         let Some(p) = self.producers.get_mut(&producer) else {
-            return;
+            return Ok(());
         };
         let name = d.name.clone().unwrap_or_default();
         if name.is_empty() {
             log::info!("producer {producer}: ignoring a data source without a name");
-            return;
+            return Ok(());
         }
         let id = d.id.unwrap_or(0);
         if id != 0 && p.data_sources.iter().any(|x| x.id == Some(id)) {
             log::info!(
-                "producer {producer}: ignoring data source {name:?} with a duplicate id {id}"
+                "producer {producer}: ignoring data source {:?} with a duplicate id {id}",
+                shown(&name)
             );
-            return;
+            return Ok(());
         }
+        let len = d.encoded_len();
+        let error = if p.data_sources.len() >= MAX_DATA_SOURCES_PER_PRODUCER {
+            Some(format!(
+                "too many data sources: a producer may register at most \
+                 {MAX_DATA_SOURCES_PER_PRODUCER}"
+            ))
+        } else if p.descriptor_bytes + len > MAX_DESCRIPTOR_BYTES_PER_PRODUCER {
+            Some(format!(
+                "data source descriptors too large: this one takes {len} B and the producer's \
+                 others {} B, over the limit of {MAX_DESCRIPTOR_BYTES_PER_PRODUCER} B per producer",
+                p.descriptor_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(error) = error {
+            // Once per producer: a hostile one may keep trying.
+            if !p.over_data_source_limit {
+                p.over_data_source_limit = true;
+                log::warn!(
+                    "producer {producer} {:?}: refusing data source {:?}: {error}",
+                    shown(&p.name),
+                    shown(&name)
+                );
+            }
+            return Err(error);
+        }
+        p.descriptor_bytes += len;
         p.data_sources.push(d.clone());
         self.stats.data_sources_seen += 1;
         // Sessions running or set up that want it get it now.
@@ -352,24 +424,44 @@ impl TracingService {
         for (sid, index) in wanting {
             self.maybe_setup_instance(sid, index, producer, &d);
         }
+        Ok(())
     }
 
-    fn update_data_source(&mut self, producer: ProducerId, d: DataSourceDescriptor) {
+    /// Replaces a registered descriptor; `Err` if the new one would take
+    /// the producer over [`MAX_DESCRIPTOR_BYTES_PER_PRODUCER`] (the old one
+    /// stays).
+    fn update_data_source(
+        &mut self,
+        producer: ProducerId,
+        d: DataSourceDescriptor,
+    ) -> Result<(), ()> {
         let Some(p) = self.producers.get_mut(&producer) else {
-            return;
+            return Ok(());
         };
         let id = d.id.unwrap_or(0);
-        match p
+        let Some(slot) = p
             .data_sources
             .iter_mut()
             .find(|x| id != 0 && x.id == Some(id) && x.name == d.name)
-        {
-            Some(slot) => *slot = d,
-            None => log::info!(
+        else {
+            log::info!(
                 "producer {producer}: UpdateDataSource for an unknown data source {:?}/{id}",
-                d.name
-            ),
+                shown(d.name.as_deref().unwrap_or_default())
+            );
+            return Ok(());
+        };
+        let bytes = p.descriptor_bytes - slot.encoded_len() + d.encoded_len();
+        if bytes > MAX_DESCRIPTOR_BYTES_PER_PRODUCER {
+            log::warn!(
+                "producer {producer}: refusing UpdateDataSource of {:?}: its descriptors would \
+                 take {bytes} B, over the limit of {MAX_DESCRIPTOR_BYTES_PER_PRODUCER} B",
+                shown(d.name.as_deref().unwrap_or_default())
+            );
+            return Err(());
         }
+        *slot = d;
+        p.descriptor_bytes = bytes;
+        Ok(())
     }
 
     fn unregister_data_source(&mut self, producer: ProducerId, name: String) {
@@ -381,10 +473,15 @@ impl TracingService {
             .iter()
             .position(|d| d.name.as_deref() == Some(name.as_str()))
         else {
-            log::info!("producer {producer}: UnregisterDataSource of unknown {name:?}");
+            log::info!(
+                "producer {producer}: UnregisterDataSource of unknown {:?}",
+                shown(&name)
+            );
             return;
         };
-        p.data_sources.remove(pos);
+        let removed = p.data_sources.remove(pos);
+        p.descriptor_bytes -= removed.encoded_len();
+        p.over_data_source_limit = false;
         let still_registered = p
             .data_sources
             .iter()
@@ -492,7 +589,7 @@ impl TracingService {
             self.notify_instance_state(sid, producer, &name, false);
         }
         if let Some(p) = self.producers.remove(&producer) {
-            log::info!("producer {producer} {:?} disconnected", p.name);
+            log::info!("producer {producer} {:?} disconnected", shown(&p.name));
         }
         for (sid, flushes) in touched {
             for f in flushes {

@@ -1762,3 +1762,76 @@ fn a_producer_that_never_opens_its_command_stream_is_disconnected() {
         "{fault:?}"
     );
 }
+
+/// Registers `d` for `p`: the error of the response.
+fn register(sim: &mut Sim, p: &TestProducer, d: DataSourceDescriptor) -> Option<String> {
+    let req = crate::protos::RegisterDataSourceRequest {
+        data_source_descriptor: Some(d),
+    };
+    let id = sim.producer_call(
+        p.conn,
+        producer_port::Request::RegisterDataSource(req),
+        None,
+    );
+    let resp: crate::protos::RegisterDataSourceResponse = sim.reply_ok(p.conn, id);
+    resp.error
+}
+
+#[test]
+fn a_producer_registers_a_bounded_number_and_size_of_data_sources() {
+    use super::producer::{MAX_DATA_SOURCES_PER_PRODUCER, MAX_DESCRIPTOR_BYTES_PER_PRODUCER};
+    let mut sim = Sim::new();
+    let many = TestProducer::connect(&mut sim, "many", &[]);
+    for i in 0..MAX_DATA_SOURCES_PER_PRODUCER {
+        let d = descriptor(&format!("ds.{i}"), false, false);
+        assert_eq!(register(&mut sim, &many, d), None, "{i}");
+    }
+    let error = register(&mut sim, &many, descriptor("one.more", false, false));
+    assert_eq!(
+        error.as_deref(),
+        Some("too many data sources: a producer may register at most 1024")
+    );
+    // Unregistering makes room again.
+    let req = crate::protos::UnregisterDataSourceRequest {
+        data_source_name: Some("ds.0".into()),
+    };
+    let id = sim.producer_call(
+        many.conn,
+        producer_port::Request::UnregisterDataSource(req),
+        None,
+    );
+    let _: crate::protos::UnregisterDataSourceResponse = sim.reply_ok(many.conn, id);
+    assert_eq!(
+        register(&mut sim, &many, descriptor("one.more", false, false)),
+        None
+    );
+
+    // Large descriptors: two of 100 000-byte names fit, the third does not;
+    // another producer is not affected.
+    let large = TestProducer::connect(&mut sim, "large", &[]);
+    let big = |c: char| descriptor(&c.to_string().repeat(100_000), false, false);
+    assert_eq!(register(&mut sim, &large, big('a')), None);
+    assert_eq!(register(&mut sim, &large, big('b')), None);
+    let error = register(&mut sim, &large, big('c')).expect("refused");
+    assert!(
+        error.contains(&format!(
+            "over the limit of {MAX_DESCRIPTOR_BYTES_PER_PRODUCER} B per producer"
+        )),
+        "{error}"
+    );
+    let other = TestProducer::connect(&mut sim, "other", &[]);
+    assert_eq!(register(&mut sim, &other, big('c')), None);
+
+    // What was refused is not registered.
+    let c = TestConsumer::enable(&mut sim, config("ds.1", 64, |_| {}));
+    let id = c.call(
+        &mut sim,
+        consumer_port::Request::GetTraceStats(Default::default()),
+    );
+    let resp: crate::protos::GetTraceStatsResponse = sim.reply_ok(c.conn, id);
+    let stats = resp.trace_stats.unwrap();
+    assert_eq!(
+        stats.data_sources_registered,
+        Some(MAX_DATA_SOURCES_PER_PRODUCER as u32 + 2 + 1)
+    );
+}
