@@ -54,9 +54,10 @@
 //!   src/ipc/host_impl.cc); here a peer that sends calls and never reads the
 //!   replies holds at most this backlog plus the replies to one call.
 //! * Connections: at most [`ConnectionLimits`] producer and consumer
-//!   connections at once, derived from the process's `RLIMIT_NOFILE`, in
-//!   separate budgets, so that producers (anyone may connect) cannot take
-//!   the consumers' places. A connection over its budget is accepted and
+//!   connections at once, derived from the process's `RLIMIT_NOFILE` (its
+//!   soft limit raised first, as the hard one allows), in separate
+//!   budgets, so that producers (anyone may connect) cannot take the
+//!   consumers' places. A connection over its budget is accepted and
 //!   closed at once (the peer reads end of file), with one log line per
 //!   burst. If descriptors run out all the same (`EMFILE`, `ENFILE`), the
 //!   listeners rest for [`ACCEPT_PAUSE_NS`] instead of waking the loop for
@@ -243,10 +244,36 @@ impl ConnectionLimits {
         }
     }
 
-    /// The limits for this process's `RLIMIT_NOFILE` (its soft limit).
+    /// Descriptors the largest limits need: [`MAX_PRODUCER_CONNECTIONS`]
+    /// and [`MAX_CONSUMER_CONNECTIONS`] with the reserve.
+    pub const FULL_FD_LIMIT: u64 = RESERVED_FDS
+        + FDS_PER_CONNECTION * (MAX_PRODUCER_CONNECTIONS + MAX_CONSUMER_CONNECTIONS) as u64;
+
+    /// The limits for this process's `RLIMIT_NOFILE`, having first raised
+    /// its soft limit, if lower, towards [`Self::FULL_FD_LIMIT`] as far as
+    /// the hard limit allows (the shell polls with epoll, so no `select`
+    /// bound applies; a usual soft limit of 1024 would allow only 420
+    /// producers).
     pub fn for_this_process() -> Self {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-        Self::for_fd_limit(limit.current.unwrap_or(u64::MAX))
+        use rustix::process::{getrlimit, setrlimit, Resource};
+        let limit = getrlimit(Resource::Nofile);
+        let soft = limit.current.unwrap_or(u64::MAX);
+        let hard = limit.maximum.unwrap_or(u64::MAX);
+        let wanted = Self::FULL_FD_LIMIT.min(hard);
+        if soft >= wanted {
+            return Self::for_fd_limit(soft);
+        }
+        let raised = rustix::process::Rlimit {
+            current: Some(wanted),
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => Self::for_fd_limit(wanted),
+            Err(e) => {
+                log::warn!("cannot raise RLIMIT_NOFILE from {soft} to {wanted}: {e}");
+                Self::for_fd_limit(soft)
+            }
+        }
     }
 
     fn of(&self, side: Side) -> usize {
@@ -1037,6 +1064,34 @@ mod tests {
                 consumers: 1
             }
         );
+    }
+
+    #[test]
+    fn the_service_raises_a_low_soft_descriptor_limit() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let before = getrlimit(Resource::Nofile);
+        let hard = before.maximum.unwrap_or(u64::MAX);
+        let low = Rlimit {
+            current: Some(hard.min(1024)),
+            maximum: before.maximum,
+        };
+        setrlimit(Resource::Nofile, low).unwrap();
+        let limits = ConnectionLimits::for_this_process();
+        let raised = getrlimit(Resource::Nofile).current;
+        setrlimit(Resource::Nofile, before).unwrap();
+        // As far as the hard limit allows.
+        let expected = ConnectionLimits::FULL_FD_LIMIT.min(hard);
+        assert_eq!(raised, Some(expected));
+        assert_eq!(limits, ConnectionLimits::for_fd_limit(expected));
+        if hard >= ConnectionLimits::FULL_FD_LIMIT {
+            assert_eq!(
+                limits,
+                ConnectionLimits {
+                    producers: MAX_PRODUCER_CONNECTIONS,
+                    consumers: MAX_CONSUMER_CONNECTIONS
+                }
+            );
+        }
     }
 
     #[test]
