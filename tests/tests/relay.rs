@@ -240,6 +240,13 @@ fn check_views(outcome: &Outcome, scenario: &Scenario, machines: u32) {
             report.remote_clock_syncs[&id.to_string()],
             "machine {machine}"
         );
+        // Its offset, computed from the same exchanges as a trace
+        // processor does, as the checker computes it.
+        assert_eq!(
+            listing["clock_offset_ns"],
+            report.remote_clock_offsets[&id.to_string()].offsets[&BOOTTIME.to_string()],
+            "machine {machine}"
+        );
         // Its sequences: those the checker found of its producers' pids.
         let pids: BTreeSet<u32> = outcome
             .producers
@@ -267,6 +274,13 @@ fn check_views(outcome: &Outcome, scenario: &Scenario, machines: u32) {
             "machine {machine}"
         );
     }
+    // The span is on the central clock, every machine's times shifted by
+    // its offset: seconds, where machines whose clocks run hours ahead
+    // (OwnNamespaces) spanned hours when read as the central machine's.
+    let clocks = &analysis["clocks"];
+    assert_eq!(clocks["unplaced_machines"], serde_json::json!([]));
+    let span = clocks["last_ns"].as_u64().unwrap() - clocks["first_ns"].as_u64().unwrap();
+    assert!(span < 60_000_000_000, "inspect's span: {span} ns");
     let state = outcome
         .service_state
         .as_ref()

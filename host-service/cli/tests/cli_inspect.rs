@@ -1064,9 +1064,9 @@ fn golden_with_a_relayed_machine() -> EditTrace {
             0,
             r#"machine_id: 7
                remote_clock_sync {
-                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 10 } }
+                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 1000010 } }
                                  host_clocks { clocks { clock_id: 6 timestamp: 20 } } }
-                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 30 } }
+                 synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 1000030 } }
                                  host_clocks { clocks { clock_id: 6 timestamp: 40 } } } }"#,
         );
     t.packets.insert(host_info + 2, sync.packets.remove(0));
@@ -1103,6 +1103,10 @@ fn machines_of_a_relayed_trace() {
     assert_eq!(vm["system"], "GuestOS 1.2 riscv64");
     assert_eq!(vm["described"], true);
     assert_eq!(vm["clock_exchanges"], 2);
+    // (1000010 + 1000030) / 2 - 20 and 1000030 - (20 + 40) / 2: 1 ms ahead.
+    assert_eq!(vm["clock_offset_ns"], 1_000_000);
+    assert!(host["clock_offset_ns"].is_null());
+    assert_eq!(a["clocks"]["unplaced_machines"], serde_json::json!([]));
     assert_eq!(vm["sequences"], 1);
     assert_eq!(vm["packets"], relayed.len() as u64);
     assert_eq!(vm["track_events"], relayed_events as u64);
@@ -1143,11 +1147,36 @@ fn machines_of_a_relayed_trace() {
             "2".into()
         ]
     );
-    assert_eq!(vm_row[6..], ["GuestOS", "1.2", "riscv64"]);
-    assert_eq!(row("0  host")[5], "-", "the host exchanges no clocks");
+    assert_eq!(vm_row[6..], ["+1", "ms", "GuestOS", "1.2", "riscv64"]);
+    assert_eq!(
+        row("0  host")[5..7],
+        ["-", "-"],
+        "the host exchanges no clocks"
+    );
     // Sequences name their machine.
     assert_eq!(row("4 vm-1")[0..2], ["4", "vm-1"]);
     assert_eq!(row("3 host")[0..2], ["3", "host"]);
+}
+
+/// A relayed machine without clock exchanges has no offset, and the span
+/// leaves its times out, saying so.
+#[test]
+fn a_machine_without_clock_exchanges_is_left_out_of_the_span() {
+    let dir = TempDir::new("unsynced");
+    let mut t = golden_with_a_relayed_machine();
+    let sync = t.find("remote_clock_sync");
+    t.remove(sync);
+    let path = t.write(&dir.path("unsynced.pftrace"));
+    let (_, a) = inspect(&[&path]);
+    let vm = &a["machines"][1];
+    assert_eq!(vm["id"], 7);
+    assert!(vm["clock_offset_ns"].is_null(), "{vm}");
+    assert_eq!(a["clocks"]["unplaced_machines"], serde_json::json!([7]));
+    let text = String::from_utf8(run(&["inspect", path.to_str().unwrap()]).stdout).unwrap();
+    assert!(
+        text.contains("(leaving out machine(s) 7: no clock exchanges relate their clocks"),
+        "{text}"
+    );
 }
 
 /// A single-machine trace says nothing of machines.

@@ -97,6 +97,7 @@ use prost_reflect::{DynamicMessage, Value as ReflectValue};
 use serde::Serialize;
 
 use super::clocks::{self, Clocks, ConvertError, SnapshotClock};
+use super::remote_clocks::{self, Exchange};
 use super::{compressed, kinds};
 use crate::schema;
 use crate::trace_file::PacketReader;
@@ -315,6 +316,10 @@ pub struct MachineInfo {
     /// Clock exchanges in its `remote_clock_sync` packets (a relayed
     /// machine's clocks are related to the host's through them).
     pub clock_exchanges: u64,
+    /// How far its trace clock runs ahead of the host's (ns), from those
+    /// exchanges as a trace processor computes it; `None` for the host, or
+    /// without a round of exchanges.
+    pub clock_offset_ns: Option<i64>,
     /// Producer packets with its id.
     pub packets: u64,
     /// Producer sequences of its packets.
@@ -485,10 +490,14 @@ pub struct ClockInfo {
     /// Sequence-scoped clock ids defined by producers, and on how many
     /// sequences.
     pub sequence_scoped: BTreeMap<u32, u64>,
-    /// Earliest timestamp (producer or service packet), BOOTTIME ns.
+    /// Earliest timestamp (producer or service packet), on the host's
+    /// trace clock (a relayed machine's shifted by its clock offset), ns.
     pub first_ns: Option<u64>,
-    /// Latest timestamp (producer or service packet), BOOTTIME ns.
+    /// Latest timestamp (producer or service packet), as `first_ns`.
     pub last_ns: Option<u64>,
+    /// Relayed machines whose times are left out of `first_ns`/`last_ns`:
+    /// no round of clock exchanges relates their clocks to the host's.
+    pub unplaced_machines: Vec<u32>,
     /// Producer packets with an absolute timestamp earlier than the latest
     /// one before them on their sequence, all sequences (legal: a trace
     /// processor sorts events by time).
@@ -654,6 +663,12 @@ pub struct Analyzer {
     /// Per machine id, what the service's packets say of it (the counts
     /// come from the sequences at the end).
     machines: BTreeMap<u32, MachineInfo>,
+    /// Per machine id, the clock exchanges of its `remote_clock_sync`
+    /// packets.
+    exchanges: BTreeMap<u32, Vec<Exchange>>,
+    /// Per machine id (0: the host), the earliest and latest times of its
+    /// packets, on its own clocks.
+    spans: BTreeMap<u32, (u64, u64)>,
     /// Inside a `compressed_packets` batch.
     inflating: bool,
 }
@@ -766,6 +781,18 @@ impl Analyzer {
                 );
             } else {
                 self.machine(machine_id).clock_exchanges += sync.synced_clocks.len() as u64;
+                let readings = |snapshot: &Option<ClockSnapshot>| -> BTreeMap<u32, u64> {
+                    snapshot
+                        .iter()
+                        .flat_map(|s| &s.clocks)
+                        .filter_map(|c| Some((c.clock_id?, c.timestamp?)))
+                        .collect()
+                };
+                let exchanges = self.exchanges.entry(machine_id).or_default();
+                exchanges.extend(sync.synced_clocks.iter().map(|e| Exchange {
+                    host: readings(&e.host_clocks),
+                    client: readings(&e.client_clocks),
+                }));
             }
             return;
         }
@@ -847,7 +874,7 @@ impl Analyzer {
     fn service_packet(&mut self, machine_id: u32, packet: TracePacket) {
         if let Some(ts) = packet.timestamp {
             if packet.timestamp_clock_id.unwrap_or(BOOTTIME) == BOOTTIME {
-                self.span(ts);
+                self.span(machine_id, ts);
             }
         }
         let Some(data) = packet.data else { return };
@@ -1196,14 +1223,45 @@ impl Analyzer {
             seq.latest_boot_ts = Some(seq.latest_boot_ts.map_or(boot, |l| l.max(boot)));
         }
         seq.last_boot_ts = Some(boot);
-        self.span(boot);
+        let machine = seq.info.machine_id;
+        self.span(machine, boot);
     }
 
-    /// Widens the time span of the trace to include `boot_ns`.
-    fn span(&mut self, boot_ns: u64) {
+    /// Widens the time span of `machine`'s packets (on its own clocks) to
+    /// include `ns`.
+    fn span(&mut self, machine: u32, ns: u64) {
+        let span = self.spans.entry(machine).or_insert((ns, ns));
+        *span = (span.0.min(ns), span.1.max(ns));
+    }
+
+    /// The trace's time span on the host's trace clock: the host's packets
+    /// and each relayed machine's, shifted by its clock offset (its
+    /// exchanges'); a machine without one is left out, and listed.
+    fn place_spans(&mut self) {
+        let target = self.trace_clock.unwrap_or(BOOTTIME);
+        for (&id, exchanges) in &self.exchanges {
+            let offset = remote_clocks::offset(exchanges, target);
+            if let Some(m) = self.machines.get_mut(&id) {
+                m.clock_offset_ns = offset;
+            }
+        }
         let clocks = &mut self.out.clocks;
-        clocks.first_ns = Some(clocks.first_ns.map_or(boot_ns, |f| f.min(boot_ns)));
-        clocks.last_ns = Some(clocks.last_ns.map_or(boot_ns, |l| l.max(boot_ns)));
+        for (&id, &(first, last)) in &self.spans {
+            let offset = match id {
+                0 => Some(0),
+                id => self.machines.get(&id).and_then(|m| m.clock_offset_ns),
+            };
+            let Some(offset) = offset else {
+                clocks.unplaced_machines.push(id);
+                continue;
+            };
+            let shift = |ns: u64| {
+                u64::try_from((i128::from(ns) - i128::from(offset)).max(0)).unwrap_or(u64::MAX)
+            };
+            let (first, last) = (shift(first), shift(last));
+            clocks.first_ns = Some(clocks.first_ns.map_or(first, |f| f.min(first)));
+            clocks.last_ns = Some(clocks.last_ns.map_or(last, |l| l.max(last)));
+        }
     }
 
     fn track_descriptor(&mut self, desc: TrackDescriptor) {
@@ -1486,6 +1544,7 @@ impl Analyzer {
 
     /// Ends the analysis.
     pub fn finish(mut self) -> Analysis {
+        self.place_spans();
         // Lifecycle events and statistics.
         self.out.session.service_events = std::mem::take(&mut self.service_events);
         self.out.clocks.builtin = self.builtin_clocks.iter().map(|&c| clock_name(c)).collect();

@@ -9,6 +9,7 @@ mod analysis;
 mod clocks;
 mod compressed;
 mod kinds;
+mod remote_clocks;
 mod report;
 
 use std::fs::File;

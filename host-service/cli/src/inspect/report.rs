@@ -44,6 +44,17 @@ fn header(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
         }
         _ => String::new(),
     };
+    let unplaced = &a.clocks.unplaced_machines;
+    let span = if unplaced.is_empty() {
+        span
+    } else {
+        let ids: Vec<String> = unplaced.iter().map(u32::to_string).collect();
+        format!(
+            "{span} (leaving out machine(s) {}: no clock exchanges relate their clocks to the \
+             host's)",
+            ids.join(", ")
+        )
+    };
     writeln!(
         out,
         "{}: {} packets, {}{span}",
@@ -261,8 +272,8 @@ fn machines(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6}  system",
-        "id", "name", "sequences", "packets", "events", "clocks"
+        "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6} {:>9}  system",
+        "id", "name", "sequences", "packets", "events", "clocks", "ahead"
     )?;
     for m in &a.machines {
         let system = match (&m.system, m.described) {
@@ -271,23 +282,38 @@ fn machines(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
             (None, false) => "(not described)".to_owned(),
         };
         // The host's clocks are the trace's: it exchanges none.
-        let clocks = if m.id == 0 {
-            "-".to_owned()
-        } else {
-            m.clock_exchanges.to_string()
+        let (clocks, ahead) = match (m.id, m.clock_offset_ns) {
+            (0, _) => ("-".to_owned(), "-".to_owned()),
+            (_, offset) => (
+                m.clock_exchanges.to_string(),
+                offset.map_or_else(|| "?".to_owned(), signed_offset),
+            ),
         };
         writeln!(
             out,
-            "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6}  {system}",
+            "  {:>10}  {:<16} {:>9} {:>9} {:>8} {:>6} {:>9}  {system}",
             m.id,
             m.label(),
             m.sequences,
             m.packets,
             m.track_events,
-            clocks
+            clocks,
+            ahead
         )?;
     }
     Ok(())
+}
+
+/// A clock offset, signed: microseconds below a millisecond, else as an
+/// elapsed time.
+fn signed_offset(ns: i64) -> String {
+    let sign = if ns < 0 { "-" } else { "+" };
+    let abs = ns.unsigned_abs();
+    if abs < 1_000_000 {
+        format!("{sign}{} us", abs / 1_000)
+    } else {
+        format!("{sign}{}", Elapsed(Duration::from_nanos(abs)))
+    }
 }
 
 fn sequences(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
@@ -541,6 +567,7 @@ mod tests {
             system: Some("Linux 6.8.0 aarch64".into()),
             described: true,
             clock_exchanges: 2,
+            clock_offset_ns: Some(3 * 3_600_000_000_000 + 42),
             packets: 10,
             sequences: 1,
             track_events: 8,
@@ -550,6 +577,7 @@ mod tests {
             name: None,
             system: None,
             described: false,
+            clock_offset_ns: None,
             ..vm.clone()
         };
         let host = MachineInfo {
@@ -565,10 +593,10 @@ mod tests {
         assert_eq!(
             rendered(&a, super::machines),
             "\nMachines: 3 (the host and 2 relayed)\n\
-             \x20         id  name             sequences   packets   events clocks  system\n\
-             \x20          0  host                     0         0        0      -  Linux 6.8.0 x86_64\n\
-             \x20         77  77                       1        10        8      2  (not described)\n\
-             \x20 1154022635  vm-1                     1        10        8      2  Linux 6.8.0 aarch64\n"
+             \x20         id  name             sequences   packets   events clocks     ahead  system\n\
+             \x20          0  host                     0         0        0      -         -  Linux 6.8.0 x86_64\n\
+             \x20         77  77                       1        10        8      2         ?  (not described)\n\
+             \x20 1154022635  vm-1                     1        10        8      2    +3h00m  Linux 6.8.0 aarch64\n"
         );
         assert_eq!(
             rendered(&a, sequences),
@@ -576,6 +604,33 @@ mod tests {
              \x20     id machine               pid buffer   packets   events  clears  marks  skipped after-wrap  start\n\
              \x20      2 77                     40      -        10        8       1      0        0          0  ok\n\
              \x20      3 vm-1                   41      -        10        8       1      0        0          0  ok\n"
+        );
+    }
+
+    #[test]
+    fn offsets_are_signed_and_small_ones_in_microseconds() {
+        assert_eq!(signed_offset(12_345), "+12 us");
+        assert_eq!(signed_offset(-999_999), "-999 us");
+        assert_eq!(signed_offset(-2_500_000), "-2 ms");
+        assert_eq!(signed_offset(3 * 3_600_000_000_000), "+3h00m");
+    }
+
+    /// A machine no exchanges place is named in the header, its times left
+    /// out of the span.
+    #[test]
+    fn the_header_names_machines_left_out_of_the_span() {
+        let mut a = machines(Vec::new(), Vec::new());
+        a.files = vec!["t.pftrace".into()];
+        a.clocks.first_ns = Some(1_000_000_000);
+        a.clocks.last_ns = Some(3_000_000_000);
+        a.clocks.unplaced_machines = vec![77];
+        let text = rendered(&a, header);
+        assert!(
+            text.starts_with(
+                "t.pftrace: 0 packets, 0 B, spanning 2.0 s (leaving out machine(s) 77: no clock \
+                 exchanges relate their clocks to the host's)\n"
+            ),
+            "{text}"
         );
     }
 }
