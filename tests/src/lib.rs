@@ -16,6 +16,8 @@
 //!   source, decoded from a trace.
 //! * [`trace_file`]: a trace file's packets, decoded with prost.
 //! * [`walkthrough`]: the README's walk-through blocks as steps a test runs.
+//! * [`workload`]: one producer workload through one service, its CPU,
+//!   peak memory and events kept measured (the service benchmarks).
 
 pub mod checker;
 pub mod config;
@@ -28,5 +30,6 @@ pub mod scenario;
 pub mod test_events;
 pub mod trace_file;
 pub mod walkthrough;
+pub mod workload;
 
 pub use error::{HarnessError, Result};

@@ -268,6 +268,33 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / hz
 }
 
+/// CPU time of the live threads of process `pid` so far, in seconds, to
+/// the nanosecond: the sum of each thread's run time (the first field of
+/// `/proc/PID/task/TID/schedstat`). Unlike [`cpu_seconds`] (clock ticks,
+/// 10 ms) it does not count threads that have exited.
+pub fn live_threads_cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// The peak resident set of process `pid`, KiB (`VmHWM` in
+/// `/proc/PID/status`); 0 if it cannot be read.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `command` run by `wrapper` (a program and its leading arguments, such
 /// as `unshare --time --`): `wrapper` followed by `command`'s program and
 /// arguments, with `command`'s environment changes and working directory.

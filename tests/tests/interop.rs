@@ -956,6 +956,44 @@ fn a_million_events_through_our_service_lose_nothing() {
     }
 }
 
+/// The service benchmarks' run (`workload::run`: `smb-bench`,
+/// shmtrace-bench's `service_vs_perfetto`) counts what each service kept
+/// and measures it: 9,000 track events from each producer driver through
+/// both services, recorded by `shmtrace record` (the comparison's
+/// consumer) and once by the real consumer (`smb-bench`'s); every trace
+/// holds exactly what was emitted, and the service's peak RSS was read.
+#[test]
+fn the_service_benchmark_workload_runs_through_both_services() {
+    use shmtrace_tests::workload::{self, Workload};
+    let spec = ProducerSpec {
+        threads: 2,
+        iterations: 500,
+        shmem_kb: 4096,
+        ..Default::default()
+    };
+    let cases = [
+        (ProducerImpl::Real, ConsumerImpl::OurCli),
+        (ProducerImpl::Ours, ConsumerImpl::OurCli),
+        (ProducerImpl::Real, ConsumerImpl::Real),
+    ];
+    for (producer, consumer) in cases {
+        for service in [ServiceImpl::Real, ServiceImpl::Ours] {
+            let work = Workload {
+                producer,
+                spec,
+                consumer,
+                buffer_kb: 16 * 1024,
+            };
+            let run = workload::run(&real_binaries!(), service, &work)
+                .unwrap_or_else(|e| panic!("{producer:?} {service:?} {consumer:?}: {e}"));
+            let what = format!("{producer:?} producer, {service:?} service, {consumer:?}");
+            assert_eq!(run.emitted, 9_000, "{what}");
+            assert_eq!(run.kept, 9_000, "{what}");
+            assert!(run.service_peak_rss_kib > 0, "{what}: no VmHWM");
+        }
+    }
+}
+
 /// Issue 18 item 1: a chunk the service scraped while the real SDK was
 /// still writing it, whose copy the periodic write already put in the file
 /// and the buffer then wrapped over, is committed later with more packets.

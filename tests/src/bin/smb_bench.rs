@@ -18,18 +18,12 @@
 //! binaries next to itself (build them all in the same profile: the real
 //! Perfetto is only optimized in release builds).
 
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
-use shmtrace_tests::process::{cpu_seconds, ChildProcess};
 use shmtrace_tests::scenario::{
-    self, sibling_binary, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, Scenario,
-    ServiceImpl,
+    sibling_binary, ConsumerImpl, ProducerImpl, ProducerSpec, RealBinaries, ServiceImpl,
 };
+use shmtrace_tests::workload::{self, Workload};
 
 const EVENTS_PER_ITERATION: u64 = ProducerSpec::TRACK_EVENTS_PER_ITERATION;
-const TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Command-line arguments.
 #[derive(Debug, clap::Parser)]
@@ -65,7 +59,19 @@ fn main() {
         shmem_kb: shmem_kb as u32,
         ..Default::default()
     };
-    let bench = Bench::new();
+    let find = |name: &str| sibling_binary(name).unwrap_or_else(|e| panic!("{e}"));
+    find("shmtrace");
+    let bins = RealBinaries {
+        service: find("real-service"),
+        producer: find("real-producer"),
+        consumer: find("real-consumer"),
+    };
+    let workload = Workload {
+        producer: ProducerImpl::Real,
+        spec,
+        consumer: ConsumerImpl::Real,
+        buffer_kb: 128 * 1024,
+    };
     println!(
         "smb bench: {} events per run ({threads} real SDK threads x {iterations} iterations), \
          SMB {}, {pairs} pairs",
@@ -85,7 +91,7 @@ fn main() {
         };
         let mut kept = [0u64; 2];
         for service in order {
-            let run = bench.run(service, &spec);
+            let run = workload::run(&bins, service, &workload).unwrap_or_else(|e| panic!("{e}"));
             let slot = usize::from(service == ServiceImpl::Ours);
             kept[slot] = run.kept;
             totals[slot] += run.kept;
@@ -97,7 +103,7 @@ fn main() {
                 run.kept,
                 run.emitted,
                 100.0 * run.kept as f64 / run.emitted.max(1) as f64,
-                run.service_cpu,
+                run.service_cpu_startup + run.service_cpu(),
                 run.producer_wall.as_secs_f64(),
             );
         }
@@ -113,130 +119,4 @@ fn main() {
         totals[1],
         totals[1] as f64 / totals[0].max(1) as f64
     );
-}
-
-/// One run of the workload against one service.
-struct Run {
-    /// Track events the producer emitted while the session was on.
-    emitted: u64,
-    /// Track events in the trace.
-    kept: u64,
-    /// CPU (user + system) the service spent, from its start to the end of
-    /// the session.
-    service_cpu: f64,
-    /// From the session's start to the producer's report.
-    producer_wall: Duration,
-}
-
-struct Bench {
-    bins: RealBinaries,
-}
-
-impl Bench {
-    fn new() -> Self {
-        let find = |name: &str| sibling_binary(name).unwrap_or_else(|e| panic!("{e}"));
-        find("shmtrace");
-        Bench {
-            bins: RealBinaries {
-                service: find("real-service"),
-                producer: find("real-producer"),
-                consumer: find("real-consumer"),
-            },
-        }
-    }
-
-    fn run(&self, which: ServiceImpl, spec: &ProducerSpec) -> Run {
-        let dir = tempfile::Builder::new()
-            .prefix("shmtrace-smb-bench-")
-            .tempdir_in("/tmp")
-            .expect("a temporary directory");
-        let path = |name: &str| dir.path().join(name);
-        let (producer_socket, consumer_socket) = (path("producer.sock"), path("consumer.sock"));
-        let mut service = scenario::start_service(
-            which,
-            &self.bins,
-            dir.path(),
-            &producer_socket,
-            &consumer_socket,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let mut producer = scenario::start_producer(
-            ProducerImpl::Real,
-            &self.bins,
-            dir.path(),
-            0,
-            spec,
-            &producer_socket,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let config_path = path("config.pb");
-        let trace = path("trace.pftrace");
-        let config = TraceConfig::track_event(
-            128 * 1024,
-            FillPolicy::RingBuffer,
-            &["interop", "interop.*"],
-        );
-        std::fs::write(&config_path, config::encode(&config)).expect("write the config");
-        let mut consumer = scenario::start_consumer(
-            ConsumerImpl::Real,
-            &self.bins,
-            dir.path(),
-            0,
-            &consumer_socket,
-            &config_path,
-            &trace,
-            &Scenario::new("smb-bench", vec![*spec]),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let step = |p: &mut ChildProcess, event: &str| {
-            p.expect_event(event, TIMEOUT)
-                .unwrap_or_else(|e| panic!("{e}"))
-        };
-        step(&mut consumer, "connected");
-        step(&mut producer, "enabled");
-        let started = Instant::now();
-        let phase = step(&mut producer, "phase");
-        let producer_wall = started.elapsed();
-        let emitted = [
-            "slice_begin",
-            "slice_end",
-            "instant",
-            "counter_int",
-            "counter_double",
-        ]
-        .iter()
-        .map(|k| phase["emitted"][k].as_u64().unwrap_or(0))
-        .sum();
-        consumer.send_line("stop").expect("stop the session");
-        step(&mut consumer, "done");
-        let service_cpu = cpu_seconds(service.pid());
-        step(&mut producer, "stopped");
-        consumer.close_stdin();
-        service.close_stdin();
-        for p in [&mut consumer, &mut producer, &mut service] {
-            p.expect_success(TIMEOUT).unwrap_or_else(|e| panic!("{e}"));
-        }
-        Run {
-            emitted,
-            kept: track_events(&trace),
-            service_cpu,
-            producer_wall,
-        }
-    }
-}
-
-/// `TracePacket` with only `track_event` (field 11).
-#[derive(Clone, PartialEq, prost::Message)]
-struct Packet {
-    #[prost(bytes = "vec", optional, tag = "11")]
-    track_event: Option<Vec<u8>>,
-}
-
-/// Track event packets in the trace at `path`.
-fn track_events(path: &Path) -> u64 {
-    shmtrace_tests::trace_file::packets::<Packet>(path)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .iter()
-        .filter(|p| p.track_event.is_some())
-        .count() as u64
 }

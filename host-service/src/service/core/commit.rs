@@ -273,11 +273,29 @@ impl TracingService {
     /// Scrapes `producer`'s SMB (if it asked for scraping): copies every
     /// chunk being written or complete-but-uncommitted into the buffer its
     /// writer registered — of session `only` if given.
+    ///
+    /// Without a registered writer whose buffer would take its chunks (its
+    /// threads have exited, or it writes into no buffer of `only`), nothing
+    /// can be copied, so the SMB is not read at all: reading every page's
+    /// header would map, and for pages the producer never used allocate,
+    /// the whole SMB in the service (32 MiB for upstream's largest).
+    /// Upstream returns early alike when the producer has no writers or no
+    /// buffer in the session (`ScrapeSharedMemoryBuffers`,
+    /// src/tracing/service/tracing_service_impl.cc).
     pub(super) fn scrape_producer(&mut self, producer: ProducerId, only: Option<SessionId>) {
         let Some(p) = self.producers.get_mut(&producer) else {
             return;
         };
         if !p.scraping {
+            return;
+        }
+        let buffers = &self.buffers;
+        let takes_chunks = |b: &BufferId| {
+            buffers
+                .get(b)
+                .is_some_and(|(sid, _)| only.is_none_or(|s| s == *sid))
+        };
+        if !p.writers.values().any(takes_chunks) {
             return;
         }
         let Some(shm) = p.smb.as_mut() else { return };

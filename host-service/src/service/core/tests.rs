@@ -157,6 +157,10 @@ struct TestProducer {
     smb: Option<RefCell<SharedMemory>>,
     /// Connected with shmem emulation: commits chunk bytes inline.
     emulated: bool,
+    /// How it maps the SMB: as our producer does (`ByProducer`: every
+    /// page allocated and its header written), or as the service maps a
+    /// producer's (`ByService`: pages allocated only as they are touched).
+    adoption: Adoption,
 }
 
 impl TestProducer {
@@ -201,6 +205,7 @@ impl TestProducer {
             commands,
             smb: None,
             emulated: false,
+            adoption: Adoption::ByProducer,
         }
     }
 
@@ -252,6 +257,7 @@ impl TestProducer {
             commands,
             smb: None,
             emulated: true,
+            adoption: Adoption::ByProducer,
         }
     }
 
@@ -278,7 +284,7 @@ impl TestProducer {
                 } else {
                     let fd = got.fd.expect("SetupTracing carries the SMB");
                     let page = PageSize::new(page as usize).unwrap();
-                    SharedMemory::adopt(fd, page, Adoption::ByProducer).expect("the SMB maps")
+                    SharedMemory::adopt(fd, page, self.adoption).expect("the SMB maps")
                 };
                 self.smb = Some(RefCell::new(shm));
             } else {
@@ -1340,6 +1346,59 @@ fn recommit_after_scrape_on_flush() {
     let (packets, stats) = c.stop_and_read(&mut sim);
     assert_eq!(payloads(&packets), [b"after".to_vec()]);
     assert_eq!(stats.buffer_stats[0].chunks_rewritten, Some(1));
+}
+
+/// A flush scrapes a producer's SMB only while one of its registered
+/// writers could have chunks copied: once its writers are gone (its threads
+/// exited and unregistered them), the SMB is left unread, so the pages the
+/// producer never used stay unallocated (reading every page's header would
+/// allocate them all; upstream returns early alike). With the writer still
+/// registered, the same flush reads every page and takes the open chunk.
+#[test]
+fn a_flush_leaves_the_smb_of_a_producer_without_writers_unread() {
+    for registered in [true, false] {
+        let mut sim = Sim::new();
+        let mut p = TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
+        // Mapped without touching it (the SDK's producer touches pages as
+        // its writers take chunks in them).
+        p.adoption = Adoption::ByService;
+        let c = TestConsumer::enable(&mut sim, config("ds", 256, |_| {}));
+        let buffer = setup_tracing_buffer(&p.commands(&mut sim));
+        p.register_writer(&mut sim, 1, buffer);
+        let shm = p.smb.take().unwrap().into_inner();
+        // An open chunk in the first page, never committed.
+        let (mut w, _log) = Arbiter::writer(shm.smb(), 1, buffer, false);
+        let _ = w.write_packet(|m| m.bytes(900, b"open"));
+        if !registered {
+            let req = crate::protos::UnregisterTraceWriterRequest {
+                trace_writer_id: Some(1),
+            };
+            let id = p.call(&mut sim, producer_port::Request::UnregisterTraceWriter(req));
+            let _: crate::protos::UnregisterTraceWriterResponse = sim.reply_ok(p.conn, id);
+        }
+        c.call(
+            &mut sim,
+            consumer_port::Request::Flush(crate::protos::FlushRequest {
+                timeout_ms: Some(100),
+                flags: None,
+            }),
+        );
+        sim.advance(100);
+        let fd = shm.fd().expect("a memfd");
+        let size = rustix::fs::fstat(fd).unwrap().st_size as u64;
+        let page = shm.page_size().get() as u64;
+        assert!(size >= 4 * page, "{size}");
+        let first_hole = rustix::fs::seek(fd, rustix::fs::SeekFrom::Hole(0)).unwrap();
+        let read = payloads(&c.read(&mut sim));
+        if registered {
+            assert_eq!(read, [b"open".to_vec()]);
+            assert_eq!(first_hole, size, "every page header was read");
+        } else {
+            assert!(read.is_empty(), "{read:?}");
+            assert_eq!(first_hole, page, "only the written page exists");
+        }
+        drop(w);
+    }
 }
 
 #[test]

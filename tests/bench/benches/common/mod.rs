@@ -241,8 +241,15 @@ pub fn measure<const N: usize>(mut row: [Sampler<'_>; N]) -> [f64; N] {
     })
 }
 
-/// Whether cargo runs the benchmark as a test (`cargo test --benches`
-/// passes `--test`): it then only checks that it starts.
+/// Whether cargo runs the benchmark as a test: it then only checks that it
+/// starts. `cargo bench` passes `--bench`; `cargo test --benches` passes no
+/// argument to a benchmark without libtest's harness, but runs it, as every
+/// cargo command that runs a program does, with `$CARGO_MANIFEST_DIR` set.
+/// A benchmark run by hand (say, under valgrind) has neither, and runs;
+/// libtest's `--test` and `--list` also mean test mode.
 pub fn test_mode() -> bool {
-    std::env::args().any(|a| a == "--test" || a == "--list")
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let by_cargo = std::env::var_os("CARGO_MANIFEST_DIR").is_some();
+    args.iter().any(|a| a == "--test" || a == "--list")
+        || (by_cargo && !args.iter().any(|a| a == "--bench"))
 }
