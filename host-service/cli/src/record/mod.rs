@@ -32,7 +32,7 @@ use serde_json::json;
 use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRequest};
 
 pub use progress::{Progress, ProgressMode, Snapshot};
-pub use session::{Begin, Ended, Output, SessionReport};
+pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport};
 pub use signals::stop_signals;
 pub use summary::Summary;
 

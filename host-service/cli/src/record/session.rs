@@ -84,6 +84,46 @@ pub struct SessionReport {
     pub registered: BTreeSet<String>,
     /// The last statistics the service gave.
     pub stats: Option<TraceStats>,
+    /// The service-wide counters of the statistics as the session started
+    /// ([`ServiceCounters`]): what they held then was lost before this
+    /// session, by other sessions.
+    pub service_at_start: ServiceCounters,
+}
+
+/// `TraceStats` counters that are the service's since it started, over all
+/// its sessions, not the session's: upstream's `TracingServiceImpl` keeps
+/// `chunks_discarded` and `patches_discarded` service-wide (and Perfetto's
+/// trace processor files them as info, not loss). A session's share is
+/// what they grew by while it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceCounters {
+    /// `TraceStats.chunks_discarded`.
+    pub chunks_discarded: u64,
+    /// `TraceStats.patches_discarded`.
+    pub patches_discarded: u64,
+}
+
+impl ServiceCounters {
+    /// The names of the service-wide counters, as `TraceStats` spells them.
+    pub const NAMES: [&str; 2] = ["chunks_discarded", "patches_discarded"];
+
+    /// The service-wide counters of `stats`.
+    pub fn of(stats: &TraceStats) -> Self {
+        ServiceCounters {
+            chunks_discarded: stats.chunks_discarded.unwrap_or(0),
+            patches_discarded: stats.patches_discarded.unwrap_or(0),
+        }
+    }
+
+    /// The counter named `name` (a [`NAMES`](Self::NAMES) entry), 0 for
+    /// any other name.
+    pub fn get(&self, name: &str) -> u64 {
+        match name {
+            "chunks_discarded" => self.chunks_discarded,
+            "patches_discarded" => self.patches_discarded,
+            _ => 0,
+        }
+    }
 }
 
 /// How this consumer came to the session.
@@ -115,8 +155,8 @@ pub enum Output<'a> {
 }
 
 /// Short names of the loss counters (the ones `inspect` explains), for the
-/// status line.
-fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
+/// status line; the service-wide ones less what they held at `start`.
+fn loss_counters(stats: &TraceStats, start: ServiceCounters) -> Vec<(&'static str, u64)> {
     let mut out: Vec<(&'static str, u64)> = Vec::new();
     let mut add = |name: &'static str, v: Option<u64>| {
         let v = v.unwrap_or(0);
@@ -134,8 +174,15 @@ fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
         add("malformed", b.abi_violations);
         add("failed patches", b.patches_failed);
     }
-    add("refused chunks", stats.chunks_discarded);
-    add("refused patches", stats.patches_discarded);
+    let during = |v: Option<u64>, before: u64| v.map(|v| v.saturating_sub(before));
+    add(
+        "refused chunks",
+        during(stats.chunks_discarded, start.chunks_discarded),
+    );
+    add(
+        "refused patches",
+        during(stats.patches_discarded, start.patches_discarded),
+    );
     add("invalid packets", stats.invalid_packets);
     out
 }
@@ -184,8 +231,14 @@ pub fn run(
         consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
     // A service refuses a session in its reply to EnableTracing, before it
     // answers the next call on this connection: one round trip tells a
-    // refusal (over a limit, say) before "tracing" is printed.
-    let _ = consumer.trace_stats();
+    // refusal (over a limit, say) before "tracing" is printed. Its
+    // statistics are the service-wide counters' baseline.
+    let service_at_start = consumer
+        .trace_stats()
+        .ok()
+        .flatten()
+        .map(|s| ServiceCounters::of(&s))
+        .unwrap_or_default();
     let mut early = session_reply(&mut enable, Duration::ZERO)?;
     if let Some(error) = early
         .as_ref()
@@ -231,6 +284,7 @@ pub fn run(
         attached: begin == Begin::Attached,
         registered: BTreeSet::new(),
         stats: None,
+        service_at_start,
     };
     let mut all_started_reported = false;
     let hint = "Ctrl-C to stop";
@@ -379,7 +433,9 @@ fn snapshot(started_at: Instant, stats: Option<&TraceStats>, report: &SessionRep
         }),
         producers: producers.len(),
         data_sources: report.started.len(),
-        losses: stats.map(loss_counters).unwrap_or_default(),
+        losses: stats
+            .map(|s| loss_counters(s, report.service_at_start))
+            .unwrap_or_default(),
     }
 }
 

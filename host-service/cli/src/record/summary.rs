@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::session::{Ended, SessionReport};
+use super::session::{Ended, ServiceCounters, SessionReport};
 use crate::config::{Config, TRACK_EVENT};
 use crate::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
 use crate::units::{Bytes, Elapsed};
@@ -41,6 +41,17 @@ pub struct Summary {
     pub losses: Vec<String>,
     /// Problems `inspect --check` would report.
     pub problems: u64,
+}
+
+/// For a loss statistic `what` (as `inspect` names it: `service: NAME`)
+/// that the service counts over all its sessions: how much of `value` came
+/// while this session ran, `start` being the counters as it started; `None`
+/// for a statistic of the session's own.
+fn service_wide(what: &str, value: u64, start: ServiceCounters) -> Option<u64> {
+    let name = what.strip_prefix("service: ")?;
+    ServiceCounters::NAMES
+        .contains(&name)
+        .then(|| value.saturating_sub(start.get(name)))
 }
 
 /// What happened to one data source of the config.
@@ -137,7 +148,14 @@ impl Summary {
         match analysis {
             Some(a) => {
                 for (what, value, meaning) in &a.loss.stats {
-                    losses.push(format!("{what} = {value}: {meaning}"));
+                    match service_wide(what, *value, report.service_at_start) {
+                        Some(0) => {}
+                        Some(during) => losses.push(format!(
+                            "{what} = {during} during this session ({value} since the service \
+                             started): {meaning}"
+                        )),
+                        None => losses.push(format!("{what} = {value}: {meaning}")),
+                    }
                 }
                 let l = &a.loss;
                 if l.loss_marks > 0 {
@@ -180,8 +198,17 @@ impl Summary {
                         }
                     }
                     for &(name, meaning) in SERVICE_LOSS_STATS {
-                        if let Some(v) = info.service.get(name) {
-                            losses.push(format!("service: {name} = {v}: {meaning}"));
+                        let Some(&v) = info.service.get(name) else {
+                            continue;
+                        };
+                        let what = format!("service: {name}");
+                        match service_wide(&what, v, report.service_at_start) {
+                            Some(0) => {}
+                            Some(during) => losses.push(format!(
+                                "{what} = {during} during this session ({v} since the service \
+                                 started): {meaning}"
+                            )),
+                            None => losses.push(format!("{what} = {v}: {meaning}")),
                         }
                     }
                 }
