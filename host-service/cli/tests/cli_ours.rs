@@ -540,3 +540,36 @@ fn service_wide_refusals_before_the_session_are_not_its_loss() {
         "{stderr}"
     );
 }
+
+/// The consumer commands pointed at the producer socket (and `trigger` at
+/// the consumer socket) fail with exit 3 saying a service listens there,
+/// on its other socket, not asking whether the service runs.
+#[test]
+fn the_wrong_socket_of_a_running_service_is_named_as_such() {
+    let dir = TempDir::new("wrong-socket");
+    let (_serve, consumer) = Serve::start(&dir);
+    let producer = dir.path("p.sock").display().to_string();
+    for args in [
+        vec!["query", "--socket", &producer],
+        vec!["record", "-t", "1s", "-o", "-", "--socket", &producer],
+    ] {
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(
+                "A service listens there, but not for consumers: is it its producer socket?"
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Is the service running"), "{stderr}");
+    }
+    let out = run(&["trigger", "x", "--socket", &consumer]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr
+            .contains("A service listens there, but not for producers: is it its consumer socket?"),
+        "{stderr}"
+    );
+}
