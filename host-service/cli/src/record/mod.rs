@@ -653,7 +653,11 @@ pub fn record_session(
     };
     let announce = format!(
         "recording into {} (config: {})",
-        trace_path.display(),
+        if is_stdout(&trace_path) {
+            "standard output".to_owned()
+        } else {
+            trace_path.display().to_string()
+        },
         config.origin()
     );
     let mut report = match session::run(

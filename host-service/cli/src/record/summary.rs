@@ -25,10 +25,12 @@ pub struct Summary {
     pub file_bytes: u64,
     /// Packets in it.
     pub packets: u64,
-    /// Track events in it.
-    pub track_events: u64,
-    /// Producer packet sequences (writers) in it.
-    pub sequences: usize,
+    /// Track events in it (`None`: not counted, the trace went to
+    /// standard output, which cannot be read back).
+    pub track_events: Option<u64>,
+    /// Producer packet sequences (writers) in it (`None` as for
+    /// `track_events`).
+    pub sequences: Option<usize>,
     /// Producer processes in it.
     pub producer_pids: Vec<i32>,
     /// How long the session ran.
@@ -235,8 +237,8 @@ impl Summary {
             to_stdout: super::is_stdout(path),
             file_bytes,
             packets: analysis.map_or(report.packets_written, |a| a.packets),
-            track_events: analysis.map_or(0, |a| a.track_events.total),
-            sequences: analysis.map_or(0, |a| a.sequences.len()),
+            track_events: analysis.map(|a| a.track_events.total),
+            sequences: analysis.map(|a| a.sequences.len()),
             producer_pids: pids.into_iter().collect(),
             duration_ms: report.elapsed.as_millis() as u64,
             ended,
@@ -258,17 +260,22 @@ impl Summary {
             self.ended
         )?;
         let pids: Vec<String> = self.producer_pids.iter().map(i32::to_string).collect();
-        writeln!(
-            out,
-            "  track events  {} on {} sequence(s){}",
-            self.track_events,
-            self.sequences,
-            if pids.is_empty() {
-                String::new()
-            } else {
-                format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
-            }
-        )?;
+        match (self.track_events, self.sequences) {
+            (Some(events), Some(sequences)) => writeln!(
+                out,
+                "  track events  {events} on {sequences} sequence(s){}",
+                if pids.is_empty() {
+                    String::new()
+                } else {
+                    format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
+                }
+            )?,
+            _ => writeln!(
+                out,
+                "  track events  not counted: the trace went to standard output (`shmtrace \
+                 inspect` counts them in a saved copy)"
+            )?,
+        }
         for (i, ds) in self.data_sources.iter().enumerate() {
             let label = if i == 0 { "data sources" } else { "" };
             writeln!(out, "  {label:<12}  {}: {}", ds.name, ds.status)?;
