@@ -428,6 +428,30 @@ fn perfetto_habits_get_a_hint_before_connecting() {
     assert!(!bench.out_path.exists());
 }
 
+/// Flags that only mean something beside another (`--txt` with `-c`,
+/// `--stop` with `--attach`) are refused without it, with the quick flags
+/// too (clap's `requires` alone let `--txt -t 1s` through).
+#[test]
+fn flags_without_the_flag_they_qualify_are_refused() {
+    let bench = Bench::start("qualify", ending_after(200));
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--txt", "-t", "1s"],
+            "--txt says the config file (-c FILE) is in text format",
+        ),
+        (
+            &["--stop", "-t", "1s"],
+            "--stop stops the session taken back with --attach KEY",
+        ),
+        (&["--txt"], "--config <FILE>"),
+        (&["--stop"], "--attach <KEY>"),
+    ];
+    for (args, expected) in cases {
+        assert_contains_all(&bench.record(args, 2), &[expected]);
+    }
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
+}
+
 #[test]
 fn bad_configs_are_rejected_before_connecting() {
     let bench = Bench::start("badcfg", golden_script());

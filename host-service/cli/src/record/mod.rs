@@ -378,6 +378,22 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
     if let Some(hint) = perfetto_habit(args) {
         return Err(CliError::Usage(hint));
     }
+    // clap's `requires` holds only while no flag conflicting with the
+    // required one is given: `--txt -t 1s` and `--stop -t 1s` got past it.
+    if args.txt && args.config.is_none() {
+        return Err(CliError::Usage(
+            "--txt says the config file (-c FILE) is in text format, and there is none: \
+             pass -c FILE, or drop --txt to use the quick flags"
+                .into(),
+        ));
+    }
+    if args.stop && args.attach.is_none() {
+        return Err(CliError::Usage(
+            "--stop stops the session taken back with --attach KEY; a session this record \
+             starts stops after -t, or on Ctrl-C"
+                .into(),
+        ));
+    }
     if let Some(key) = &args.attach {
         return attach(args, key, progress);
     }
