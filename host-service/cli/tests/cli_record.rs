@@ -177,6 +177,8 @@ fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
     assert_contains_all(
         &stderr,
         &[
+            "stopping: flushing the producers' data (at most 5.0 s; Ctrl-C again aborts \
+             without a trace)",
             "stopped on request (flushed)",
             "228 packets",
             "track events  202 on 3 sequence(s)",

@@ -320,12 +320,18 @@ pub fn run(
     let reply = match reply {
         Some(reply) => reply,
         None => {
-            progress.note("stopping: flushing the producers' data");
-            progress.event(json!({"event": "stopping"}));
             let flush_ms = view
                 .flush_timeout_ms
                 .filter(|&t| t > 0)
                 .unwrap_or(DEFAULT_SERVICE_TIMEOUT_MS);
+            // A producer that does not answer holds the flush for its
+            // whole timeout: say how long, and how not to wait.
+            progress.note(&format!(
+                "stopping: flushing the producers' data (at most {}; Ctrl-C again aborts \
+                 without a trace)",
+                crate::units::Elapsed(Duration::from_millis(flush_ms.into()))
+            ));
+            progress.event(json!({"event": "stopping"}));
             let flushed = consumer
                 .call::<consumer_port::Flush>(
                     "Flush",
