@@ -544,14 +544,36 @@ fn started_data_source_that_recorded_nothing_is_called_out() {
         packets: vec![],
         ..ending_after(300)
     };
-    let stderr = Bench::start("empty", script).record(&[], 0);
+    let bench = Bench::start("empty", script);
+    let stderr = bench.record(&[], 0);
     assert!(
         stderr.contains(
             "track_event: started on real-producer, but no track events were recorded \
-             (are the categories enabled?)"
+             (it enables gfx, net of the categories its producers registered: did they emit \
+             events in them?)"
         ),
         "{stderr}"
     );
+    // A mistyped category: the summary names the registered ones, none of
+    // which the session enables (by the SDK's matching: `n*` matches
+    // net).
+    for (categories, expected) in [
+        ("gxf", "only gxf"),
+        ("gxf,ner", "only gxf, ner"),
+        ("n*", "it enables net of the categories"),
+    ] {
+        let stderr = bench.record(&["--app-categories", categories], 0);
+        let expected = if expected.starts_with("only") {
+            format!(
+                "track_event: started on real-producer, but no track events were recorded \
+                 (it enables none of the categories its producers registered (gfx, net), \
+                 {expected})"
+            )
+        } else {
+            expected.to_owned()
+        };
+        assert!(stderr.contains(&expected), "{categories}: {stderr}");
+    }
 }
 
 /// The summary counts what a ring buffer's wrap left unresolvable, with

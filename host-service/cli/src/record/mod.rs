@@ -19,7 +19,7 @@ mod session;
 mod signals;
 mod summary;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -39,6 +39,7 @@ pub use summary::Summary;
 use super::config::{Config, Fill, QuickConfig};
 use super::consumer::{next, Consumer, CALL_TIMEOUT};
 use super::inspect;
+use super::query::track_event_categories;
 use super::units::{parse_duration, parse_size_kb, UtcTime};
 use super::{exit, CliError};
 
@@ -628,14 +629,17 @@ pub fn record_session(
     progress.event(json!({"event": "connected", "socket": consumer.address().to_string()}));
     let wanted = config.data_source_names();
     let mut registered: BTreeSet<String> = BTreeSet::new();
+    let mut categories: BTreeMap<String, Vec<String>> = BTreeMap::new();
     match consumer.service_state(false) {
         Ok(state) => {
-            registered.extend(
-                state
-                    .data_sources
-                    .into_iter()
-                    .filter_map(|d| d.ds_descriptor.and_then(|d| d.name)),
-            );
+            for d in state
+                .data_sources
+                .into_iter()
+                .filter_map(|d| d.ds_descriptor)
+            {
+                categories.extend(track_event_categories(&d));
+                registered.extend(d.name);
+            }
             for name in wanted.iter().filter(|n| !registered.contains(*n)) {
                 progress.warn(&format!(
                     "no producer has registered the data source {name:?} (yet); the session \
@@ -698,6 +702,8 @@ pub fn record_session(
     }
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
+    categories.append(&mut report.categories);
+    report.categories = categories;
 
     // 5. The summary, from the file itself (standard output cannot be read
     // back: from what was written).

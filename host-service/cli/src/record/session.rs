@@ -14,7 +14,7 @@
 //!    `0x0A varint(len)` (unless the service wrote the file itself), the
 //!    final statistics, FreeBuffers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -27,6 +27,7 @@ use serde_json::json;
 use super::progress::{Progress, Snapshot};
 use crate::config::Config;
 use crate::consumer::{next, Consumer, CALL_TIMEOUT};
+use crate::query::track_event_categories;
 use crate::{trace_file, CliError};
 use shmtrace_ipc::protos::observable_events::{DataSourceInstanceState, Type as ObservableType};
 use shmtrace_ipc::protos::{
@@ -82,6 +83,10 @@ pub struct SessionReport {
     pub attached: bool,
     /// Data source names registered with the service at the end.
     pub registered: BTreeSet<String>,
+    /// Track event categories (with their tags) the producers registered
+    /// with the service, as seen at the end (and, by `record`, at the
+    /// start): a program that came and went in between is not seen.
+    pub categories: BTreeMap<String, Vec<String>>,
     /// The last statistics the service gave.
     pub stats: Option<TraceStats>,
     /// The service-wide counters of the statistics as the session started
@@ -283,6 +288,7 @@ pub fn run(
         observed: observe.is_some() && begin == Begin::Enable,
         attached: begin == Begin::Attached,
         registered: BTreeSet::new(),
+        categories: BTreeMap::new(),
         stats: None,
         service_at_start,
     };
@@ -401,11 +407,14 @@ pub fn run(
         CALL_TIMEOUT,
     );
     if let Ok(state) = consumer.service_state(false) {
-        report.registered = state
+        let descriptors = state
             .data_sources
             .into_iter()
-            .filter_map(|d| d.ds_descriptor.and_then(|d| d.name))
-            .collect();
+            .filter_map(|d| d.ds_descriptor);
+        for d in descriptors {
+            report.categories.extend(track_event_categories(&d));
+            report.registered.extend(d.name);
+        }
     }
     Ok(report)
 }

@@ -1,7 +1,7 @@
 //! The end-of-session summary: what was written, what each data source
 //! contributed, what was lost and why, and how to open the file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
@@ -12,6 +12,8 @@ use super::session::{Ended, ServiceCounters, SessionReport};
 use crate::config::{Config, TRACK_EVENT};
 use crate::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
 use crate::units::{Bytes, Elapsed};
+use shmtrace_ipc::protos::{self, TrackEventConfig};
+use shmtrace_producer::filter;
 
 /// The summary of one `record`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -43,6 +45,57 @@ pub struct Summary {
     pub losses: Vec<String>,
     /// Problems `inspect --check` would report.
     pub problems: u64,
+}
+
+/// Why a track_event data source that started recorded nothing, as far as
+/// its categories tell: which of the `registered` ones (name, tags) the
+/// config's `TrackEventConfig` enables, by the SDK's matching rules
+/// (`shmtrace_producer::filter`), and which ones it names.
+fn categories_hint(config: &Config, registered: &BTreeMap<String, Vec<String>>) -> String {
+    let te = config
+        .data_sources()
+        .into_iter()
+        .flatten()
+        .find(|d| d.name.as_deref() == Some(TRACK_EVENT))
+        .and_then(|d| protos::from_raw::<TrackEventConfig>(d.track_event_config.as_ref()).ok())
+        .unwrap_or_default();
+    let named = te.enabled_categories.join(", ");
+    let filter = filter::TrackEventConfig {
+        disabled_categories: te.disabled_categories,
+        enabled_categories: te.enabled_categories,
+        disabled_tags: te.disabled_tags,
+        enabled_tags: te.enabled_tags,
+    };
+    let enabled: Vec<&str> = registered
+        .iter()
+        .filter(|(name, tags)| {
+            let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+            filter.decide(name, &tags).enables()
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let all: Vec<&str> = registered.keys().map(String::as_str).collect();
+    match (all.is_empty(), enabled.is_empty(), named.is_empty()) {
+        (true, _, true) => "are the categories enabled?".to_owned(),
+        (true, _, false) => format!(
+            "it enables the categories {named}: are they the program's? `shmtrace query` \
+             lists those of running programs"
+        ),
+        (false, true, _) => format!(
+            "it enables none of the categories its producers registered ({}){}",
+            all.join(", "),
+            if named.is_empty() {
+                String::new()
+            } else {
+                format!(", only {named}")
+            }
+        ),
+        (false, false, _) => format!(
+            "it enables {} of the categories its producers registered: did they emit \
+             events in them?",
+            enabled.join(", ")
+        ),
+    }
 }
 
 /// For a loss statistic `what` (as `inspect` names it: `service: NAME`)
@@ -125,9 +178,9 @@ impl Summary {
                         .to_owned()
                 } else if !producers.is_empty() && nothing_recorded {
                     format!(
-                        "started on {}, but no track events were recorded (are the \
-                         categories enabled?)",
-                        producers.join(", ")
+                        "started on {}, but no track events were recorded ({})",
+                        producers.join(", "),
+                        categories_hint(config, &report.categories)
                     )
                 } else if !producers.is_empty() {
                     format!("recorded from {}", producers.join(", "))
