@@ -86,9 +86,8 @@ pub enum CliError {
     Address(#[from] AddressError),
     /// The service is not there.
     #[error(
-        "cannot connect to the tracing service at {address}: {source}\n\
-         Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
-         Pass --socket, or set PERFETTO_CONSUMER_SOCK_NAME."
+        "cannot connect to the tracing service at {address}: {source}\n{}",
+        hint(.source, "consumer", "CONSUMER")
     )]
     Connect {
         /// The address tried.
@@ -98,9 +97,8 @@ pub enum CliError {
     },
     /// The service's producer socket is not there.
     #[error(
-        "cannot connect to the tracing service's producer socket at {address}: {source}\n\
-         Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
-         Pass --socket, or set PERFETTO_PRODUCER_SOCK_NAME."
+        "cannot connect to the tracing service's producer socket at {address}: {source}\n{}",
+        hint(.source, "producer", "PRODUCER")
     )]
     ConnectProducer {
         /// The address tried.
@@ -158,6 +156,28 @@ pub enum CliError {
     /// Writing to the terminal or a pipe failed.
     #[error("output error: {0}")]
     Output(#[from] std::io::Error),
+}
+
+/// What to try when connecting to the service's `kind` socket
+/// (`consumer`, `producer`; `KIND` as in `PERFETTO_KIND_SOCK_NAME`) failed
+/// with `source`: a socket where a service listens but does not offer the
+/// port asked for is its other socket (or another service's).
+fn hint(source: &ClientError, kind: &str, kind_upper: &str) -> String {
+    let unlike = if kind == "consumer" {
+        "producer"
+    } else {
+        "consumer"
+    };
+    match source {
+        ClientError::Bind(shmtrace_ipc::client::BindError::UnknownService(_)) => format!(
+            "A service listens there, but not for {kind}s: is it its {unlike} socket? \
+             Pass the {kind} socket with --socket, or set PERFETTO_{kind_upper}_SOCK_NAME."
+        ),
+        _ => format!(
+            "Is the service running (`shmtrace serve`, or Perfetto's `traced`)? \
+             Pass --socket, or set PERFETTO_{kind_upper}_SOCK_NAME."
+        ),
+    }
 }
 
 impl CliError {

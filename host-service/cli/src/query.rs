@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::consumer::Consumer;
 use super::units::{Bytes, Elapsed, UtcTime};
 use super::{exit, CliError};
-use shmtrace_ipc::protos::{self, TracingServiceState, TrackEventDescriptor};
+use shmtrace_ipc::protos::{self, DataSourceDescriptor, TracingServiceState, TrackEventDescriptor};
 
 /// Arguments of `shmtrace query`.
 #[derive(Debug, Clone, clap::Args)]
@@ -119,6 +119,20 @@ pub struct Session {
     pub start_realtime_ns: Option<i64>,
 }
 
+/// The track event categories a data source's descriptor advertises
+/// (its `TrackEventDescriptor`), each with its tags; none for another data
+/// source, or a descriptor that does not decode.
+pub fn track_event_categories(desc: &DataSourceDescriptor) -> Vec<(String, Vec<String>)> {
+    protos::from_raw::<TrackEventDescriptor>(desc.track_event_descriptor.as_ref())
+        .map(|t| {
+            t.available_categories
+                .into_iter()
+                .filter_map(|c| Some((c.name?, c.tags)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl ServiceState {
     /// Converts the protocol message.
     pub fn from_proto(socket: String, state: TracingServiceState) -> Self {
@@ -145,15 +159,10 @@ impl ServiceState {
             .into_iter()
             .map(|d| {
                 let desc = d.ds_descriptor.unwrap_or_default();
-                let categories =
-                    protos::from_raw::<TrackEventDescriptor>(desc.track_event_descriptor.as_ref())
-                        .map(|t| {
-                            t.available_categories
-                                .into_iter()
-                                .filter_map(|c| c.name)
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                let categories = track_event_categories(&desc)
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .collect();
                 let flags = [
                     (desc.will_notify_on_start, "notifies start"),
                     (desc.will_notify_on_stop, "notifies stop"),

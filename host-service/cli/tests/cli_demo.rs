@@ -118,3 +118,43 @@ fn demo_refuses_an_unwritable_output() {
     assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot create"));
 }
+
+/// Ctrl-C ends the demo early, and its last line gives the time the app
+/// ran, not the `-t` it was asked for.
+#[test]
+fn ctrl_c_ends_the_demo_and_it_says_how_long_the_app_ran() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = TempDir::new("demo-ctrl-c");
+    let out_path = dir.path("demo.pftrace");
+    let mut child = shmtrace()
+        .args(["demo", "-t", "60s", "--progress", "plain", "-o"])
+        .arg(&out_path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    while !text.contains("press Ctrl-C to stop") {
+        assert_ne!(stderr.read_line(&mut text).unwrap(), 0, "{text}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{text}{rest}");
+    let last = rest.lines().last().unwrap_or_default();
+    assert!(last.starts_with("The example app rendered "), "{rest}");
+    let time = last.rsplit(" in ").next().unwrap_or_default();
+    let seconds = |suffix: &str, scale: f64| {
+        time.strip_suffix(suffix)
+            .and_then(|t| t.parse::<f64>().ok())
+            .map(|t| t * scale)
+    };
+    let ran = seconds(" s.", 1.0)
+        .or_else(|| seconds(" ms.", 1e-3))
+        .unwrap_or_else(|| panic!("no time in {last:?}"));
+    assert!((0.3..30.0).contains(&ran), "{last}");
+}

@@ -1007,7 +1007,11 @@ fn files_that_are_no_trace_fail_with_a_reason() {
     let garbage = dir.path("garbage.bin");
     std::fs::write(&garbage, [0x84u8, 0x12, 0xff, 0x00, 0x33].repeat(100)).unwrap();
     let cases = [
-        (empty.clone(), "the file is empty (0 packets)"),
+        (
+            empty.clone(),
+            "the file is empty (0 packets: a `shmtrace record` or `perfetto` still recording \
+             into it may not have written it yet)",
+        ),
         (dir.path(""), "it is a directory"),
         (
             garbage.clone(),

@@ -435,3 +435,141 @@ fn serve_refuses_a_reachable_socket_as_a_config_error() {
         "{stderr}"
     );
 }
+
+/// A producer of `serve` at `producer_socket` commits a chunk the service
+/// refuses (4 bytes inline: shorter than a chunk header), which raises the
+/// service-wide `chunks_discarded` by 1; returns once the service
+/// acknowledged it.
+fn commit_a_refused_chunk(producer_socket: &Path) {
+    use shmtrace_cli::consumer::{bind, next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::commit_data_request::ChunksToMove;
+    use shmtrace_ipc::protos::{
+        producer_port, CommitDataRequest, InitializeConnectionRequest, ProducerPort,
+    };
+    use shmtrace_ipc::socket::SocketAddress;
+
+    let address = SocketAddress::Path(producer_socket.to_path_buf());
+    let (_client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
+    let mut init = port
+        .start::<producer_port::InitializeConnection>(
+            &InitializeConnectionRequest {
+                producer_name: Some("refused".into()),
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+    next(&mut init, Some(CALL_TIMEOUT)).unwrap();
+    let mut commit = port
+        .start::<producer_port::CommitData>(
+            &CommitDataRequest {
+                chunks_to_move: vec![ChunksToMove {
+                    data: Some(vec![0; 4].into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+    next(&mut commit, Some(CALL_TIMEOUT)).unwrap();
+}
+
+/// `chunks_discarded` is the service's since it started, over every
+/// session (as upstream's): a record whose session lost nothing says "no
+/// loss" even after an earlier producer had a chunk refused, and counts
+/// only what was refused while it ran; `inspect` shows the trace's
+/// statistic and says whose count it is.
+#[test]
+fn service_wide_refusals_before_the_session_are_not_its_loss() {
+    let dir = TempDir::new("service-wide");
+    let (_serve, socket) = Serve::start(&dir);
+    commit_a_refused_chunk(&dir.path("p.sock"));
+    let trace = dir.path("t.pftrace");
+    let out = shmtrace()
+        .args([
+            "record",
+            "--socket",
+            &socket,
+            "--progress",
+            "json",
+            "-t",
+            "300ms",
+            "-o",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let done = events.last().unwrap();
+    assert_eq!(done["event"], "done", "{events:?}");
+    assert_eq!(done["summary"]["losses"], serde_json::json!([]), "{done}");
+    for progress in events.iter().filter(|e| e["event"] == "progress") {
+        assert_eq!(progress["losses"], serde_json::json!({}), "{progress}");
+    }
+    let (code, analysis) = inspect(&[&trace]);
+    assert_eq!(code, 0);
+    let stats = analysis["loss"]["stats"].to_string();
+    assert!(
+        stats.contains("service: chunks_discarded") && stats.contains("since it started"),
+        "{stats}"
+    );
+
+    // One refused while the next session runs is its loss.
+    let record = start_record(&socket, &trace);
+    wait_until_tracing(&trace);
+    commit_a_refused_chunk(&dir.path("p.sock"));
+    signal(&record, rustix::process::Signal::INT);
+    let result = record.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "data loss     service: chunks_discarded = 1 during this session (2 since the \
+             service started)"
+        ),
+        "{stderr}"
+    );
+}
+
+/// The consumer commands pointed at the producer socket (and `trigger` at
+/// the consumer socket) fail with exit 3 saying a service listens there,
+/// on its other socket, not asking whether the service runs.
+#[test]
+fn the_wrong_socket_of_a_running_service_is_named_as_such() {
+    let dir = TempDir::new("wrong-socket");
+    let (_serve, consumer) = Serve::start(&dir);
+    let producer = dir.path("p.sock").display().to_string();
+    for args in [
+        vec!["query", "--socket", &producer],
+        vec!["record", "-t", "1s", "-o", "-", "--socket", &producer],
+    ] {
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(
+                "A service listens there, but not for consumers: is it its producer socket?"
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Is the service running"), "{stderr}");
+    }
+    let out = run(&["trigger", "x", "--socket", &consumer]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr
+            .contains("A service listens there, but not for producers: is it its consumer socket?"),
+        "{stderr}"
+    );
+}

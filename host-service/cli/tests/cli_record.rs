@@ -177,6 +177,8 @@ fn ctrl_c_flushes_stops_reads_and_writes_the_trace_byte_for_byte() {
     assert_contains_all(
         &stderr,
         &[
+            "stopping: flushing the producers' data (at most 5.0 s; Ctrl-C again aborts \
+             without a trace)",
             "stopped on request (flushed)",
             "228 packets",
             "track events  202 on 3 sequence(s)",
@@ -382,12 +384,23 @@ fn refused_session() {
 #[test]
 fn dash_o_dash_writes_the_trace_to_standard_output() {
     let bench = Bench::start("stdout", ending_after(200));
-    let child = spawn_record(&bench.fake.socket, &["-o", "-", "--progress", "none"]);
+    let child = spawn_record(&bench.fake.socket, &["-o", "-", "--progress", "plain"]);
     let out = finish(child);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(out.stdout, std::fs::read(GOLDEN).unwrap());
-    assert_contains_all(&stderr, &["Wrote standard output: ", "228 packets"]);
+    // What standard output holds cannot be read back: the summary does not
+    // claim 0 track events.
+    assert_contains_all(
+        &stderr,
+        &[
+            "recording into standard output (config: the command line)",
+            "Wrote standard output: ",
+            "228 packets",
+            "track events  not counted: the trace went to standard output",
+        ],
+    );
+    assert!(!stderr.contains("track events  0"), "{stderr}");
     assert!(!bench.dir.path("-").exists());
 }
 
@@ -415,6 +428,30 @@ fn perfetto_habits_get_a_hint_before_connecting() {
     }
     assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
     assert!(!bench.out_path.exists());
+}
+
+/// Flags that only mean something beside another (`--txt` with `-c`,
+/// `--stop` with `--attach`) are refused without it, with the quick flags
+/// too (clap's `requires` alone let `--txt -t 1s` through).
+#[test]
+fn flags_without_the_flag_they_qualify_are_refused() {
+    let bench = Bench::start("qualify", ending_after(200));
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--txt", "-t", "1s"],
+            "--txt says the config file (-c FILE) is in text format",
+        ),
+        (
+            &["--stop", "-t", "1s"],
+            "--stop stops the session taken back with --attach KEY",
+        ),
+        (&["--txt"], "--config <FILE>"),
+        (&["--stop"], "--attach <KEY>"),
+    ];
+    for (args, expected) in cases {
+        assert_contains_all(&bench.record(args, 2), &[expected]);
+    }
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 0);
 }
 
 #[test]
@@ -507,14 +544,36 @@ fn started_data_source_that_recorded_nothing_is_called_out() {
         packets: vec![],
         ..ending_after(300)
     };
-    let stderr = Bench::start("empty", script).record(&[], 0);
+    let bench = Bench::start("empty", script);
+    let stderr = bench.record(&[], 0);
     assert!(
         stderr.contains(
             "track_event: started on real-producer, but no track events were recorded \
-             (are the categories enabled?)"
+             (it enables gfx, net of the categories its producers registered: did they emit \
+             events in them?)"
         ),
         "{stderr}"
     );
+    // A mistyped category: the summary names the registered ones, none of
+    // which the session enables (by the SDK's matching: `n*` matches
+    // net).
+    for (categories, expected) in [
+        ("gxf", "only gxf"),
+        ("gxf,ner", "only gxf, ner"),
+        ("n*", "it enables net of the categories"),
+    ] {
+        let stderr = bench.record(&["--app-categories", categories], 0);
+        let expected = if expected.starts_with("only") {
+            format!(
+                "track_event: started on real-producer, but no track events were recorded \
+                 (it enables none of the categories its producers registered (gfx, net), \
+                 {expected})"
+            )
+        } else {
+            expected.to_owned()
+        };
+        assert!(stderr.contains(&expected), "{categories}: {stderr}");
+    }
 }
 
 /// The summary counts what a ring buffer's wrap left unresolvable, with

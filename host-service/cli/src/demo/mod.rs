@@ -158,10 +158,13 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
                     }
                 };
                 wait(&|| app::FRAME.is_enabled(), STARTUP_TIMEOUT);
+                // The app renders from here until stopped: `time`, unless
+                // Ctrl-C or the session's end comes first.
+                let rendering = Instant::now();
                 wait(&|| false, time);
                 let stats = app.stop();
                 session_stop.store(true, Ordering::Relaxed);
-                stats
+                (stats, rendering.elapsed())
             })
             .map_err(CliError::Output)?
     };
@@ -175,7 +178,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
         &mut progress,
     );
     session_stop.store(true, Ordering::Relaxed);
-    let stats = controller.join().unwrap_or_default();
+    let (stats, ran) = controller.join().unwrap_or_default();
     producer.shutdown();
     drop(consumer);
     drop(service);
@@ -185,7 +188,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
         "The example app rendered {} frames and ran {} jobs in {}.",
         stats.frames,
         stats.jobs,
-        Elapsed(time)
+        Elapsed(ran)
     );
     Ok(status)
 }

@@ -149,15 +149,21 @@ pub const BUFFER_LOSS_STATS: &[(&str, &str)] = &[
 /// with the incremental-state clears in them, may be gone.
 pub const RING_WRAP_STATS: &[&str] = &["chunks_overwritten", "write_wrap_count"];
 
-/// Service-wide statistics that mean data was lost.
+/// Service-wide statistics that mean data was lost. `chunks_discarded`
+/// and `patches_discarded` are the service's since it started, over all
+/// its sessions (upstream's `TracingServiceImpl` keeps them so): the trace
+/// alone cannot tell whether they are its own; `record` counts what they
+/// grew by during its session.
 pub const SERVICE_LOSS_STATS: &[(&str, &str)] = &[
     (
         "chunks_discarded",
-        "producers committed chunks to buffers they may not write to",
+        "producers committed chunks to buffers they may not write to (the service's count \
+         since it started, over all its sessions)",
     ),
     (
         "patches_discarded",
-        "producers sent patches for buffers they may not write to",
+        "producers sent patches for buffers they may not write to (the service's count since \
+         it started, over all its sessions)",
     ),
     (
         "invalid_packets",

@@ -94,7 +94,11 @@ pub fn analyze_files(files: &[PathBuf]) -> Result<Analysis, CliError> {
             }
         }
         if packets == 0 {
-            return Err(not_a_trace("the file is empty (0 packets)".into()));
+            return Err(not_a_trace(
+                "the file is empty (0 packets: a `shmtrace record` or `perfetto` still recording \
+                 into it may not have written it yet)"
+                    .into(),
+            ));
         }
     }
     Ok(analyzer.finish())

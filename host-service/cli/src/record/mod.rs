@@ -19,7 +19,7 @@ mod session;
 mod signals;
 mod summary;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,13 +32,14 @@ use serde_json::json;
 use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRequest};
 
 pub use progress::{Progress, ProgressMode, Snapshot};
-pub use session::{Begin, Ended, Output, SessionReport};
+pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport};
 pub use signals::stop_signals;
 pub use summary::Summary;
 
 use super::config::{Config, Fill, QuickConfig};
 use super::consumer::{next, Consumer, CALL_TIMEOUT};
 use super::inspect;
+use super::query::track_event_categories;
 use super::units::{parse_duration, parse_size_kb, UtcTime};
 use super::{exit, CliError};
 
@@ -378,6 +379,22 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
     if let Some(hint) = perfetto_habit(args) {
         return Err(CliError::Usage(hint));
     }
+    // clap's `requires` holds only while no flag conflicting with the
+    // required one is given: `--txt -t 1s` and `--stop -t 1s` got past it.
+    if args.txt && args.config.is_none() {
+        return Err(CliError::Usage(
+            "--txt says the config file (-c FILE) is in text format, and there is none: \
+             pass -c FILE, or drop --txt to use the quick flags"
+                .into(),
+        ));
+    }
+    if args.stop && args.attach.is_none() {
+        return Err(CliError::Usage(
+            "--stop stops the session taken back with --attach KEY; a session this record \
+             starts stops after -t, or on Ctrl-C"
+                .into(),
+        ));
+    }
     if let Some(key) = &args.attach {
         return attach(args, key, progress);
     }
@@ -612,14 +629,17 @@ pub fn record_session(
     progress.event(json!({"event": "connected", "socket": consumer.address().to_string()}));
     let wanted = config.data_source_names();
     let mut registered: BTreeSet<String> = BTreeSet::new();
+    let mut categories: BTreeMap<String, Vec<String>> = BTreeMap::new();
     match consumer.service_state(false) {
         Ok(state) => {
-            registered.extend(
-                state
-                    .data_sources
-                    .into_iter()
-                    .filter_map(|d| d.ds_descriptor.and_then(|d| d.name)),
-            );
+            for d in state
+                .data_sources
+                .into_iter()
+                .filter_map(|d| d.ds_descriptor)
+            {
+                categories.extend(track_event_categories(&d));
+                registered.extend(d.name);
+            }
             for name in wanted.iter().filter(|n| !registered.contains(*n)) {
                 progress.warn(&format!(
                     "no producer has registered the data source {name:?} (yet); the session \
@@ -653,7 +673,11 @@ pub fn record_session(
     };
     let announce = format!(
         "recording into {} (config: {})",
-        trace_path.display(),
+        if is_stdout(&trace_path) {
+            "standard output".to_owned()
+        } else {
+            trace_path.display().to_string()
+        },
         config.origin()
     );
     let mut report = match session::run(
@@ -678,6 +702,8 @@ pub fn record_session(
     }
     registered.extend(std::mem::take(&mut report.registered));
     report.registered = registered;
+    categories.append(&mut report.categories);
+    report.categories = categories;
 
     // 5. The summary, from the file itself (standard output cannot be read
     // back: from what was written).

@@ -14,7 +14,7 @@
 //!    `0x0A varint(len)` (unless the service wrote the file itself), the
 //!    final statistics, FreeBuffers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -27,6 +27,7 @@ use serde_json::json;
 use super::progress::{Progress, Snapshot};
 use crate::config::Config;
 use crate::consumer::{next, Consumer, CALL_TIMEOUT};
+use crate::query::track_event_categories;
 use crate::{trace_file, CliError};
 use shmtrace_ipc::protos::observable_events::{DataSourceInstanceState, Type as ObservableType};
 use shmtrace_ipc::protos::{
@@ -82,8 +83,52 @@ pub struct SessionReport {
     pub attached: bool,
     /// Data source names registered with the service at the end.
     pub registered: BTreeSet<String>,
+    /// Track event categories (with their tags) the producers registered
+    /// with the service, as seen at the end (and, by `record`, at the
+    /// start): a program that came and went in between is not seen.
+    pub categories: BTreeMap<String, Vec<String>>,
     /// The last statistics the service gave.
     pub stats: Option<TraceStats>,
+    /// The service-wide counters of the statistics as the session started
+    /// ([`ServiceCounters`]): what they held then was lost before this
+    /// session, by other sessions.
+    pub service_at_start: ServiceCounters,
+}
+
+/// `TraceStats` counters that are the service's since it started, over all
+/// its sessions, not the session's: upstream's `TracingServiceImpl` keeps
+/// `chunks_discarded` and `patches_discarded` service-wide (and Perfetto's
+/// trace processor files them as info, not loss). A session's share is
+/// what they grew by while it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceCounters {
+    /// `TraceStats.chunks_discarded`.
+    pub chunks_discarded: u64,
+    /// `TraceStats.patches_discarded`.
+    pub patches_discarded: u64,
+}
+
+impl ServiceCounters {
+    /// The names of the service-wide counters, as `TraceStats` spells them.
+    pub const NAMES: [&str; 2] = ["chunks_discarded", "patches_discarded"];
+
+    /// The service-wide counters of `stats`.
+    pub fn of(stats: &TraceStats) -> Self {
+        ServiceCounters {
+            chunks_discarded: stats.chunks_discarded.unwrap_or(0),
+            patches_discarded: stats.patches_discarded.unwrap_or(0),
+        }
+    }
+
+    /// The counter named `name` (a [`NAMES`](Self::NAMES) entry), 0 for
+    /// any other name.
+    pub fn get(&self, name: &str) -> u64 {
+        match name {
+            "chunks_discarded" => self.chunks_discarded,
+            "patches_discarded" => self.patches_discarded,
+            _ => 0,
+        }
+    }
 }
 
 /// How this consumer came to the session.
@@ -115,8 +160,8 @@ pub enum Output<'a> {
 }
 
 /// Short names of the loss counters (the ones `inspect` explains), for the
-/// status line.
-fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
+/// status line; the service-wide ones less what they held at `start`.
+fn loss_counters(stats: &TraceStats, start: ServiceCounters) -> Vec<(&'static str, u64)> {
     let mut out: Vec<(&'static str, u64)> = Vec::new();
     let mut add = |name: &'static str, v: Option<u64>| {
         let v = v.unwrap_or(0);
@@ -134,8 +179,15 @@ fn loss_counters(stats: &TraceStats) -> Vec<(&'static str, u64)> {
         add("malformed", b.abi_violations);
         add("failed patches", b.patches_failed);
     }
-    add("refused chunks", stats.chunks_discarded);
-    add("refused patches", stats.patches_discarded);
+    let during = |v: Option<u64>, before: u64| v.map(|v| v.saturating_sub(before));
+    add(
+        "refused chunks",
+        during(stats.chunks_discarded, start.chunks_discarded),
+    );
+    add(
+        "refused patches",
+        during(stats.patches_discarded, start.patches_discarded),
+    );
     add("invalid packets", stats.invalid_packets);
     out
 }
@@ -184,8 +236,14 @@ pub fn run(
         consumer.start::<consumer_port::EnableTracing>("EnableTracing", &request, fd)?;
     // A service refuses a session in its reply to EnableTracing, before it
     // answers the next call on this connection: one round trip tells a
-    // refusal (over a limit, say) before "tracing" is printed.
-    let _ = consumer.trace_stats();
+    // refusal (over a limit, say) before "tracing" is printed. Its
+    // statistics are the service-wide counters' baseline.
+    let service_at_start = consumer
+        .trace_stats()
+        .ok()
+        .flatten()
+        .map(|s| ServiceCounters::of(&s))
+        .unwrap_or_default();
     let mut early = session_reply(&mut enable, Duration::ZERO)?;
     if let Some(error) = early
         .as_ref()
@@ -230,7 +288,9 @@ pub fn run(
         observed: observe.is_some() && begin == Begin::Enable,
         attached: begin == Begin::Attached,
         registered: BTreeSet::new(),
+        categories: BTreeMap::new(),
         stats: None,
+        service_at_start,
     };
     let mut all_started_reported = false;
     let hint = "Ctrl-C to stop";
@@ -266,12 +326,18 @@ pub fn run(
     let reply = match reply {
         Some(reply) => reply,
         None => {
-            progress.note("stopping: flushing the producers' data");
-            progress.event(json!({"event": "stopping"}));
             let flush_ms = view
                 .flush_timeout_ms
                 .filter(|&t| t > 0)
                 .unwrap_or(DEFAULT_SERVICE_TIMEOUT_MS);
+            // A producer that does not answer holds the flush for its
+            // whole timeout: say how long, and how not to wait.
+            progress.note(&format!(
+                "stopping: flushing the producers' data (at most {}; Ctrl-C again aborts \
+                 without a trace)",
+                crate::units::Elapsed(Duration::from_millis(flush_ms.into()))
+            ));
+            progress.event(json!({"event": "stopping"}));
             let flushed = consumer
                 .call::<consumer_port::Flush>(
                     "Flush",
@@ -341,11 +407,14 @@ pub fn run(
         CALL_TIMEOUT,
     );
     if let Ok(state) = consumer.service_state(false) {
-        report.registered = state
+        let descriptors = state
             .data_sources
             .into_iter()
-            .filter_map(|d| d.ds_descriptor.and_then(|d| d.name))
-            .collect();
+            .filter_map(|d| d.ds_descriptor);
+        for d in descriptors {
+            report.categories.extend(track_event_categories(&d));
+            report.registered.extend(d.name);
+        }
     }
     Ok(report)
 }
@@ -379,7 +448,9 @@ fn snapshot(started_at: Instant, stats: Option<&TraceStats>, report: &SessionRep
         }),
         producers: producers.len(),
         data_sources: report.started.len(),
-        losses: stats.map(loss_counters).unwrap_or_default(),
+        losses: stats
+            .map(|s| loss_counters(s, report.service_at_start))
+            .unwrap_or_default(),
     }
 }
 

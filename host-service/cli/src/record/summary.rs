@@ -1,17 +1,19 @@
 //! The end-of-session summary: what was written, what each data source
 //! contributed, what was lost and why, and how to open the file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::session::{Ended, SessionReport};
+use super::session::{Ended, ServiceCounters, SessionReport};
 use crate::config::{Config, TRACK_EVENT};
 use crate::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
 use crate::units::{Bytes, Elapsed};
+use shmtrace_ipc::protos::{self, TrackEventConfig};
+use shmtrace_producer::filter;
 
 /// The summary of one `record`.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -25,10 +27,12 @@ pub struct Summary {
     pub file_bytes: u64,
     /// Packets in it.
     pub packets: u64,
-    /// Track events in it.
-    pub track_events: u64,
-    /// Producer packet sequences (writers) in it.
-    pub sequences: usize,
+    /// Track events in it (`None`: not counted, the trace went to
+    /// standard output, which cannot be read back).
+    pub track_events: Option<u64>,
+    /// Producer packet sequences (writers) in it (`None` as for
+    /// `track_events`).
+    pub sequences: Option<usize>,
     /// Producer processes in it.
     pub producer_pids: Vec<i32>,
     /// How long the session ran.
@@ -41,6 +45,68 @@ pub struct Summary {
     pub losses: Vec<String>,
     /// Problems `inspect --check` would report.
     pub problems: u64,
+}
+
+/// Why a track_event data source that started recorded nothing, as far as
+/// its categories tell: which of the `registered` ones (name, tags) the
+/// config's `TrackEventConfig` enables, by the SDK's matching rules
+/// (`shmtrace_producer::filter`), and which ones it names.
+fn categories_hint(config: &Config, registered: &BTreeMap<String, Vec<String>>) -> String {
+    let te = config
+        .data_sources()
+        .into_iter()
+        .flatten()
+        .find(|d| d.name.as_deref() == Some(TRACK_EVENT))
+        .and_then(|d| protos::from_raw::<TrackEventConfig>(d.track_event_config.as_ref()).ok())
+        .unwrap_or_default();
+    let named = te.enabled_categories.join(", ");
+    let filter = filter::TrackEventConfig {
+        disabled_categories: te.disabled_categories,
+        enabled_categories: te.enabled_categories,
+        disabled_tags: te.disabled_tags,
+        enabled_tags: te.enabled_tags,
+    };
+    let enabled: Vec<&str> = registered
+        .iter()
+        .filter(|(name, tags)| {
+            let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+            filter.decide(name, &tags).enables()
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let all: Vec<&str> = registered.keys().map(String::as_str).collect();
+    match (all.is_empty(), enabled.is_empty(), named.is_empty()) {
+        (true, _, true) => "are the categories enabled?".to_owned(),
+        (true, _, false) => format!(
+            "it enables the categories {named}: are they the program's? `shmtrace query` \
+             lists those of running programs"
+        ),
+        (false, true, _) => format!(
+            "it enables none of the categories its producers registered ({}){}",
+            all.join(", "),
+            if named.is_empty() {
+                String::new()
+            } else {
+                format!(", only {named}")
+            }
+        ),
+        (false, false, _) => format!(
+            "it enables {} of the categories its producers registered: did they emit \
+             events in them?",
+            enabled.join(", ")
+        ),
+    }
+}
+
+/// For a loss statistic `what` (as `inspect` names it: `service: NAME`)
+/// that the service counts over all its sessions: how much of `value` came
+/// while this session ran, `start` being the counters as it started; `None`
+/// for a statistic of the session's own.
+fn service_wide(what: &str, value: u64, start: ServiceCounters) -> Option<u64> {
+    let name = what.strip_prefix("service: ")?;
+    ServiceCounters::NAMES
+        .contains(&name)
+        .then(|| value.saturating_sub(start.get(name)))
 }
 
 /// What happened to one data source of the config.
@@ -112,9 +178,9 @@ impl Summary {
                         .to_owned()
                 } else if !producers.is_empty() && nothing_recorded {
                     format!(
-                        "started on {}, but no track events were recorded (are the \
-                         categories enabled?)",
-                        producers.join(", ")
+                        "started on {}, but no track events were recorded ({})",
+                        producers.join(", "),
+                        categories_hint(config, &report.categories)
                     )
                 } else if !producers.is_empty() {
                     format!("recorded from {}", producers.join(", "))
@@ -137,7 +203,14 @@ impl Summary {
         match analysis {
             Some(a) => {
                 for (what, value, meaning) in &a.loss.stats {
-                    losses.push(format!("{what} = {value}: {meaning}"));
+                    match service_wide(what, *value, report.service_at_start) {
+                        Some(0) => {}
+                        Some(during) => losses.push(format!(
+                            "{what} = {during} during this session ({value} since the service \
+                             started): {meaning}"
+                        )),
+                        None => losses.push(format!("{what} = {value}: {meaning}")),
+                    }
                 }
                 let l = &a.loss;
                 if l.loss_marks > 0 {
@@ -180,8 +253,17 @@ impl Summary {
                         }
                     }
                     for &(name, meaning) in SERVICE_LOSS_STATS {
-                        if let Some(v) = info.service.get(name) {
-                            losses.push(format!("service: {name} = {v}: {meaning}"));
+                        let Some(&v) = info.service.get(name) else {
+                            continue;
+                        };
+                        let what = format!("service: {name}");
+                        match service_wide(&what, v, report.service_at_start) {
+                            Some(0) => {}
+                            Some(during) => losses.push(format!(
+                                "{what} = {during} during this session ({v} since the service \
+                                 started): {meaning}"
+                            )),
+                            None => losses.push(format!("{what} = {v}: {meaning}")),
                         }
                     }
                 }
@@ -208,8 +290,8 @@ impl Summary {
             to_stdout: super::is_stdout(path),
             file_bytes,
             packets: analysis.map_or(report.packets_written, |a| a.packets),
-            track_events: analysis.map_or(0, |a| a.track_events.total),
-            sequences: analysis.map_or(0, |a| a.sequences.len()),
+            track_events: analysis.map(|a| a.track_events.total),
+            sequences: analysis.map(|a| a.sequences.len()),
             producer_pids: pids.into_iter().collect(),
             duration_ms: report.elapsed.as_millis() as u64,
             ended,
@@ -231,17 +313,22 @@ impl Summary {
             self.ended
         )?;
         let pids: Vec<String> = self.producer_pids.iter().map(i32::to_string).collect();
-        writeln!(
-            out,
-            "  track events  {} on {} sequence(s){}",
-            self.track_events,
-            self.sequences,
-            if pids.is_empty() {
-                String::new()
-            } else {
-                format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
-            }
-        )?;
+        match (self.track_events, self.sequences) {
+            (Some(events), Some(sequences)) => writeln!(
+                out,
+                "  track events  {events} on {sequences} sequence(s){}",
+                if pids.is_empty() {
+                    String::new()
+                } else {
+                    format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
+                }
+            )?,
+            _ => writeln!(
+                out,
+                "  track events  not counted: the trace went to standard output (`shmtrace \
+                 inspect` counts them in a saved copy)"
+            )?,
+        }
         for (i, ds) in self.data_sources.iter().enumerate() {
             let label = if i == 0 { "data sources" } else { "" };
             writeln!(out, "  {label:<12}  {}: {}", ds.name, ds.status)?;
