@@ -117,7 +117,12 @@ fn library_trigger(which: ServiceImpl, producer: &Path) {
 /// Runs the trigger flow against `which`, the triggers activated by
 /// `trigger`; the trace's trigger packets.
 fn triggered_session(which: ServiceImpl, trigger: fn(ServiceImpl, &Path)) -> Vec<Trigger> {
-    let (trace, _dir) = triggered_trace(which, trigger, CONFIG);
+    let (trace, _dir, stderr) = triggered_trace(which, trigger, CONFIG);
+    // The summary says what ended the session.
+    assert!(
+        stderr.contains("ended by the service after the STOP_TRACING trigger \"go\""),
+        "{which:?}: {stderr}"
+    );
     trace
         .packet
         .iter()
@@ -133,12 +138,13 @@ fn triggered_session(which: ServiceImpl, trigger: fn(ServiceImpl, &Path)) -> Vec
 }
 
 /// Records a session of `config` against `which`, the triggers activated
-/// by `trigger`: the trace, and the directory holding it (`trace.pftrace`).
+/// by `trigger`: the trace, the directory holding it (`trace.pftrace`),
+/// and what `record` printed on stderr (its summary).
 fn triggered_trace(
     which: ServiceImpl,
     trigger: fn(ServiceImpl, &Path),
     config: &str,
-) -> (Trace, tempfile::TempDir) {
+) -> (Trace, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
     let (producer, consumer) = (path("p.sock"), path("c.sock"));
@@ -167,7 +173,7 @@ fn triggered_trace(
     trigger(which, &producer);
 
     let out = record.wait_with_output().expect("record ends");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{which:?}: {stderr}");
     assert!(
         started.elapsed() < Duration::from_millis(TIMEOUT_MS / 2),
@@ -175,7 +181,7 @@ fn triggered_trace(
     );
     let bytes = std::fs::read(path("trace.pftrace")).expect("read trace");
     let trace = <Trace as prost::Message>::decode(bytes.as_slice()).expect("decode trace");
-    (trace, dir)
+    (trace, dir, stderr)
 }
 
 /// Runs the trigger flow with `trigger` against both services: the real
@@ -224,7 +230,14 @@ fn activate_triggers_of_our_producer_stops_a_session_of_either_service() {
 #[test]
 fn a_session_started_by_a_trigger_passes_the_check_on_our_service() {
     for which in [ServiceImpl::Real, ServiceImpl::Ours] {
-        let (trace, dir) = triggered_trace(which, cli_trigger, START_CONFIG);
+        let (trace, dir, stderr) = triggered_trace(which, cli_trigger, START_CONFIG);
+        assert!(
+            stderr.contains(
+                "ended by the service: the START_TRACING trigger \"go\" started it, and its \
+                 stop delay ended it"
+            ),
+            "{which:?}: {stderr}"
+        );
         assert!(
             trace.packet.iter().any(|p| p
                 .trigger

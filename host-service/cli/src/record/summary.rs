@@ -122,6 +122,40 @@ pub struct DataSourceOutcome {
     pub status: String,
 }
 
+/// How the service ended a session without a configured duration: by its
+/// triggers, if its config has some and the trace was read back (the
+/// first trigger in it, or none within the trigger timeout), else just by
+/// the service.
+fn ended_by_triggers(config: &Config, analysis: Option<&Analysis>) -> String {
+    use protos::trace_config::trigger_config::TriggerMode;
+    let (Some(triggers), Some(analysis)) = (config.view().trigger_config.as_ref(), analysis) else {
+        return "ended by the service".to_owned();
+    };
+    let mode = match triggers
+        .trigger_mode
+        .and_then(|m| TriggerMode::try_from(m).ok())
+    {
+        Some(TriggerMode::StartTracing) => "START_TRACING",
+        Some(TriggerMode::StopTracing) => "STOP_TRACING",
+        Some(TriggerMode::CloneSnapshot) => "CLONE_SNAPSHOT",
+        _ => return "ended by the service".to_owned(),
+    };
+    let fired = analysis.session.triggers.first();
+    match fired {
+        Some(name) if mode == "START_TRACING" => format!(
+            "ended by the service: the START_TRACING trigger {name:?} started it, and its stop \
+             delay ended it"
+        ),
+        Some(name) => format!("ended by the service after the {mode} trigger {name:?}"),
+        None => format!(
+            "ended by the service: no {mode} trigger came within trigger_timeout_ms ({})",
+            Elapsed(Duration::from_millis(u64::from(
+                triggers.trigger_timeout_ms.unwrap_or(0)
+            )))
+        ),
+    }
+}
+
 impl Summary {
     /// Puts the summary together.
     pub fn new(
@@ -148,7 +182,7 @@ impl Summary {
                     Elapsed(duration)
                 )
             }
-            Ended::ByService => "ended by the service".to_owned(),
+            Ended::ByService => ended_by_triggers(config, analysis),
             Ended::Failed(error) => format!("failed: {error}"),
         };
         let data_sources = config
@@ -356,5 +390,57 @@ impl Summary {
              `shmtrace inspect {}`.",
             self.file
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+    use protos::trace_config::trigger_config::TriggerMode;
+    use protos::trace_config::TriggerConfig;
+
+    fn config(mode: TriggerMode) -> Config {
+        let view = protos::TraceConfig {
+            trigger_config: Some(TriggerConfig {
+                trigger_mode: Some(mode as i32),
+                trigger_timeout_ms: Some(10_000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Config::from_binary(view.encode_to_vec(), "test").unwrap()
+    }
+
+    fn fired(names: &[&str]) -> Analysis {
+        let mut a = Analysis::default();
+        a.session.triggers = names.iter().map(|&n| n.to_owned()).collect();
+        a
+    }
+
+    #[test]
+    fn a_session_ended_by_the_service_names_its_trigger_or_its_timeout() {
+        let stop = config(TriggerMode::StopTracing);
+        assert_eq!(
+            ended_by_triggers(&stop, Some(&fired(&["go", "later"]))),
+            "ended by the service after the STOP_TRACING trigger \"go\""
+        );
+        assert_eq!(
+            ended_by_triggers(&stop, Some(&fired(&[]))),
+            "ended by the service: no STOP_TRACING trigger came within trigger_timeout_ms \
+             (10.0 s)"
+        );
+        assert_eq!(
+            ended_by_triggers(&config(TriggerMode::StartTracing), Some(&fired(&["go"]))),
+            "ended by the service: the START_TRACING trigger \"go\" started it, and its stop \
+             delay ended it"
+        );
+        // Written to standard output: not read back, so not known.
+        assert_eq!(ended_by_triggers(&stop, None), "ended by the service");
+        let plain = Config::from_binary(Vec::new(), "test").unwrap();
+        assert_eq!(
+            ended_by_triggers(&plain, Some(&fired(&["go"]))),
+            "ended by the service"
+        );
     }
 }
