@@ -46,7 +46,9 @@
 //!   `HostImpl::OnDataAvailable`, src/ipc/host_impl.cc, reads until the
 //!   socket is empty: a peer that writes faster than the service handles
 //!   its calls held the loop for as long as it kept writing.) Once the peer
-//!   has shut down its end, what it sent is read at once: it cannot grow.
+//!   has shut down its end, what it sent is read and handled at once (it
+//!   cannot grow), and the replies dropped: the connection then closes.
+//!   Likewise a listener's event accepts at most 64 connections.
 //! * Replies: while [`THROTTLE_BACKLOG`] bytes or more are queued for a
 //!   connection, the service stops reading its calls (the peer's own sends
 //!   then block) until it reads its replies. Upstream sends with a timeout
@@ -110,6 +112,8 @@ pub const MAX_PRODUCER_CONNECTIONS: usize = 1024;
 pub const MAX_CONSUMER_CONNECTIONS: usize = 64;
 /// How long the listeners rest after `accept` ran out of descriptors.
 pub const ACCEPT_PAUSE_NS: u64 = 100_000_000;
+/// Most connections one readiness event of a listener accepts.
+const ACCEPTS_PER_EVENT: usize = 64;
 
 const TOKEN_STOP: u64 = 0;
 const TOKEN_LISTENER: u64 = 1;
@@ -570,7 +574,10 @@ impl Shell {
         let Some(&(_, side)) = self.listeners.get(index) else {
             return;
         };
-        loop {
+        // Level-triggered: what is left waits for the next turn, after the
+        // connections that are ready (a flood of connections that are
+        // closed at once must not hold the loop).
+        for _ in 0..ACCEPTS_PER_EVENT {
             let Some((listener, _)) = self.listeners.get(index) else {
                 return;
             };
@@ -691,14 +698,7 @@ impl Shell {
                 ACCEPT_PAUSE_NS / 1_000_000
             );
         }
-        for (i, (l, _)) in self.listeners.iter().enumerate() {
-            let _ = epoll::modify(
-                &self.epoll,
-                l,
-                epoll::EventData::new_u64(TOKEN_LISTENER + i as u64),
-                epoll::EventFlags::empty(),
-            );
-        }
+        self.set_listener_interest(epoll::EventFlags::empty());
         self.accept_paused_until = Some(SystemEnvironment.now() + ACCEPT_PAUSE_NS);
     }
 
@@ -706,14 +706,15 @@ impl Shell {
         if self.accept_paused_until.take().is_none() {
             return;
         }
+        self.set_listener_interest(epoll::EventFlags::IN);
+    }
+
+    /// Registers `flags` as every listener's epoll interest.
+    fn set_listener_interest(&self, flags: epoll::EventFlags) {
         for (i, (l, _)) in self.listeners.iter().enumerate() {
-            if let Err(e) = epoll::modify(
-                &self.epoll,
-                l,
-                epoll::EventData::new_u64(TOKEN_LISTENER + i as u64),
-                epoll::EventFlags::IN,
-            ) {
-                log::error!("cannot listen on {} again: {e}", l.address());
+            let token = epoll::EventData::new_u64(TOKEN_LISTENER + i as u64);
+            if let Err(e) = epoll::modify(&self.epoll, l, token, flags) {
+                log::error!("cannot set the epoll interest of {}: {e}", l.address());
             }
         }
     }
@@ -771,7 +772,8 @@ impl Shell {
 
     /// Dispatches the complete calls received, until none is left or the
     /// connection's replies reach [`THROTTLE_BACKLOG`] (then it stops
-    /// reading it; `ignore_backlog`: the peer is gone, dispatch them all).
+    /// reading it; `ignore_backlog`: the peer is gone, dispatch them all
+    /// and drop their replies).
     /// Whether the connection is still open.
     fn dispatch(&mut self, core: &mut TracingService, conn: ConnId, ignore_backlog: bool) -> bool {
         loop {
@@ -812,7 +814,17 @@ impl Shell {
                     .map(|call| call.map(|call| core.on_consumer_call(conn, call))),
             };
             match dispatched {
-                Ok(Some(())) => self.route_outputs(core),
+                Ok(Some(())) => {
+                    self.route_outputs(core);
+                    if ignore_backlog {
+                        // The peer is gone and the connection closes once
+                        // its calls are handled: its replies would never be
+                        // sent, and must not pile up meanwhile.
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            *c.host.out() = crate::ipc::OutQueue::new();
+                        }
+                    }
+                }
                 Ok(None) => return true,
                 Err(e) => {
                     log::info!("connection {}: {e}; closing it", conn.0);
@@ -1095,7 +1107,7 @@ mod tests {
     }
 
     #[test]
-    fn one_event_of_a_flooding_connection_reads_one_window() {
+    fn a_flooding_connection_is_read_a_window_at_a_time_and_not_answered_once_gone() {
         let id = format!("shmtrace-shell-unit-{}", std::process::id());
         let cfg = ShellConfig {
             producer_sockets: vec![SocketAddress::parse(&format!("@{id}-p")).unwrap()],
@@ -1147,5 +1159,12 @@ mod tests {
             Ok(1),
             "the rest is still in the socket"
         );
+        // Once the peer has hung up, its calls are still handled, but
+        // their replies, which would never be sent, are dropped: nothing
+        // holds them back any more (the throttle is off).
+        socket::recv_into(&c.socket, c.host.decoder()).expect("the next window");
+        assert!(shell.dispatch(&mut core, conn, true), "still open");
+        let c = shell.conns.get_mut(&conn).expect("open");
+        assert_eq!(c.host.out().len(), 0, "replies queued for a peer gone");
     }
 }
