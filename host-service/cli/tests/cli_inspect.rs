@@ -1162,6 +1162,34 @@ fn machines_of_a_relayed_trace() {
     assert_eq!(row("3 host")[0..2], ["3", "host"]);
 }
 
+/// A machine's latest `remote_clock_sync` packet sets its offset, on its
+/// own exchanges (as a trace processor's last one wins).
+#[test]
+fn the_latest_clock_exchanges_of_a_machine_set_its_offset() {
+    let dir = TempDir::new("resynced");
+    let mut t = golden_with_a_relayed_machine();
+    let sync = t.find("remote_clock_sync");
+    let mut later = EditTrace {
+        packets: vec![t.packets[sync].clone()],
+    };
+    later.clear(0, "remote_clock_sync").edit(
+        0,
+        r#"remote_clock_sync {
+             synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 2000050 } }
+                             host_clocks { clocks { clock_id: 6 timestamp: 60 } } }
+             synced_clocks { client_clocks { clocks { clock_id: 6 timestamp: 2000070 } }
+                             host_clocks { clocks { clock_id: 6 timestamp: 80 } } } }"#,
+    );
+    t.packets.insert(sync + 1, later.packets.remove(0));
+    let path = t.write(&dir.path("resynced.pftrace"));
+    let (_, a) = inspect(&[&path]);
+    let vm = &a["machines"][1];
+    assert_eq!(vm["clock_exchanges"], 4, "{vm}");
+    // 2 ms from the later packet alone; the earlier one's 1 ms, or a round
+    // across the two packets, would move it.
+    assert_eq!(vm["clock_offset_ns"], 2_000_000, "{vm}");
+}
+
 /// A relayed machine without clock exchanges has no offset, and the span
 /// leaves its times out, saying so.
 #[test]

@@ -669,8 +669,8 @@ pub struct Analyzer {
     /// Per machine id, what the service's packets say of it (the counts
     /// come from the sequences at the end).
     machines: BTreeMap<u32, MachineInfo>,
-    /// Per machine id, the clock exchanges of its `remote_clock_sync`
-    /// packets.
+    /// Per machine id, the clock exchanges of its latest `remote_clock_sync`
+    /// packet.
     exchanges: BTreeMap<u32, Vec<Exchange>>,
     /// Per machine id (0: the host), the earliest and latest times of its
     /// packets, on its own clocks.
@@ -794,11 +794,18 @@ impl Analyzer {
                         .filter_map(|c| Some((c.clock_id?, c.timestamp?)))
                         .collect()
                 };
-                let exchanges = self.exchanges.entry(machine_id).or_default();
-                exchanges.extend(sync.synced_clocks.iter().map(|e| Exchange {
-                    host: readings(&e.host_clocks),
-                    client: readings(&e.client_clocks),
-                }));
+                // Each packet's exchanges give the offset on their own; a
+                // later packet's replaces an earlier one's, as in a trace
+                // processor (`SetRemoteClockOffset`).
+                let exchanges = sync
+                    .synced_clocks
+                    .iter()
+                    .map(|e| Exchange {
+                        host: readings(&e.host_clocks),
+                        client: readings(&e.client_clocks),
+                    })
+                    .collect();
+                self.exchanges.insert(machine_id, exchanges);
             }
             return;
         }

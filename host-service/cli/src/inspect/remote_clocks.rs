@@ -12,6 +12,8 @@
 //!   the machine's second less the midpoint of the service's two.
 //! * The offset is the mean of every estimate of every round, each
 //!   division truncated towards zero (C++ integer division).
+//! * Each packet gives an offset on its own exchanges; a machine's latest
+//!   packet sets its offset (`SetRemoteClockOffset`: the last one wins).
 
 use std::collections::BTreeMap;
 
