@@ -635,6 +635,27 @@ fn edit_distance(a: &str, b: &str) -> usize {
 mod tests {
     use super::*;
 
+    /// The README's sample text config is the one the quick flags of the
+    /// same step make.
+    #[test]
+    fn the_readme_sample_config_is_what_the_quick_flags_make() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("`config.pbtxt` is, say,")
+            .expect("the README's sample config");
+        let block = &readme[start..];
+        let open = block.find("```text").expect("its block") + "```text".len();
+        let close = open + block[open..].find("```").expect("its end");
+        let sample = Config::from_text(&block[open..close], "the README").unwrap();
+        let quick = Config::from_quick(&QuickConfig {
+            duration: Some(Duration::from_secs(10)),
+            buffer_kb: 32 * 1024,
+            categories: vec!["rendering".to_owned()],
+            fill: Fill::Ring,
+        });
+        assert_eq!(sample.view(), quick.view());
+    }
+
     fn text_error(source: &str) -> TextError {
         match Config::from_text(source, "cfg.txt") {
             Err(ConfigError::Text(e)) => *e,

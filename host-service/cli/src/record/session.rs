@@ -89,9 +89,9 @@ pub struct SessionReport {
     pub categories: BTreeMap<String, Vec<String>>,
     /// The last statistics the service gave.
     pub stats: Option<TraceStats>,
-    /// The service-wide counters of the statistics as the session started
-    /// ([`ServiceCounters`]): what they held then was lost before this
-    /// session, by other sessions.
+    /// The service-wide counters of the statistics as the session started,
+    /// or as this consumer attached to it ([`ServiceCounters`]): what they
+    /// held then was lost before, by other sessions (or while detached).
     pub service_at_start: ServiceCounters,
 }
 

@@ -28,7 +28,8 @@ pub struct Summary {
     /// Packets in it.
     pub packets: u64,
     /// Track events in it (`None`: not counted, the trace went to
-    /// standard output, which cannot be read back).
+    /// standard output, which cannot be read back, or the file could not
+    /// be read back).
     pub track_events: Option<u64>,
     /// Producer packet sequences (writers) in it (`None` as for
     /// `track_events`).
@@ -107,6 +108,33 @@ fn service_wide(what: &str, value: u64, start: ServiceCounters) -> Option<u64> {
     ServiceCounters::NAMES
         .contains(&name)
         .then(|| value.saturating_sub(start.get(name)))
+}
+
+/// The loss line of the statistic `what` = `value`: a service-wide
+/// counter as what it grew by since `start`, its value as the session
+/// started (or as `record` `attached` to it; nothing if it did not grow),
+/// any other as it is.
+fn loss_line(
+    what: &str,
+    value: u64,
+    meaning: &str,
+    start: ServiceCounters,
+    attached: bool,
+) -> Option<String> {
+    match service_wide(what, value, start) {
+        Some(0) => None,
+        Some(grown) => {
+            let since = if attached {
+                "since this record attached"
+            } else {
+                "during this session"
+            };
+            Some(format!(
+                "{what} = {grown} {since} ({value} since the service started): {meaning}"
+            ))
+        }
+        None => Some(format!("{what} = {value}: {meaning}")),
+    }
 }
 
 /// What happened to one data source of the config.
@@ -237,14 +265,13 @@ impl Summary {
         match analysis {
             Some(a) => {
                 for (what, value, meaning) in &a.loss.stats {
-                    match service_wide(what, *value, report.service_at_start) {
-                        Some(0) => {}
-                        Some(during) => losses.push(format!(
-                            "{what} = {during} during this session ({value} since the service \
-                             started): {meaning}"
-                        )),
-                        None => losses.push(format!("{what} = {value}: {meaning}")),
-                    }
+                    losses.extend(loss_line(
+                        what,
+                        *value,
+                        meaning,
+                        report.service_at_start,
+                        report.attached,
+                    ));
                 }
                 let l = &a.loss;
                 if l.loss_marks > 0 {
@@ -291,14 +318,13 @@ impl Summary {
                             continue;
                         };
                         let what = format!("service: {name}");
-                        match service_wide(&what, v, report.service_at_start) {
-                            Some(0) => {}
-                            Some(during) => losses.push(format!(
-                                "{what} = {during} during this session ({v} since the service \
-                                 started): {meaning}"
-                            )),
-                            None => losses.push(format!("{what} = {v}: {meaning}")),
-                        }
+                        losses.extend(loss_line(
+                            &what,
+                            v,
+                            meaning,
+                            report.service_at_start,
+                            report.attached,
+                        ));
                     }
                 }
             }
@@ -357,10 +383,16 @@ impl Summary {
                     format!(" from {} process(es) (pid {})", pids.len(), pids.join(", "))
                 }
             )?,
-            _ => writeln!(
+            _ if self.to_stdout => writeln!(
                 out,
                 "  track events  not counted: the trace went to standard output (`shmtrace \
                  inspect` counts them in a saved copy)"
+            )?,
+            _ => writeln!(
+                out,
+                "  track events  not counted: the file could not be read back (`shmtrace \
+                 inspect {}` says why)",
+                self.file
             )?,
         }
         for (i, ds) in self.data_sources.iter().enumerate() {
@@ -441,6 +473,68 @@ mod tests {
         assert_eq!(
             ended_by_triggers(&plain, Some(&fired(&["go"]))),
             "ended by the service"
+        );
+    }
+
+    #[test]
+    fn uncounted_events_say_why() {
+        let mut summary = Summary {
+            file: "standard output".into(),
+            to_stdout: true,
+            ..Default::default()
+        };
+        let text = |s: &Summary| {
+            let mut out = Vec::new();
+            s.render(&mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(text(&summary).contains("not counted: the trace went to standard output"));
+        // A file that could not be read back is not standard output.
+        summary.file = "gone.pftrace".into();
+        summary.to_stdout = false;
+        let file = text(&summary);
+        assert!(
+            file.contains(
+                "not counted: the file could not be read back (`shmtrace inspect \
+                 gone.pftrace` says why)"
+            ),
+            "{file}"
+        );
+    }
+
+    #[test]
+    fn service_wide_counters_count_from_the_start_or_the_attach() {
+        let start = ServiceCounters {
+            chunks_discarded: 2,
+            patches_discarded: 0,
+        };
+        let line = |value, attached| {
+            loss_line(
+                "service: chunks_discarded",
+                value,
+                "refused",
+                start,
+                attached,
+            )
+        };
+        assert_eq!(line(2, false), None);
+        assert_eq!(
+            line(5, false).as_deref(),
+            Some(
+                "service: chunks_discarded = 3 during this session (5 since the service \
+                 started): refused"
+            )
+        );
+        assert_eq!(
+            line(5, true).as_deref(),
+            Some(
+                "service: chunks_discarded = 3 since this record attached (5 since the service \
+                 started): refused"
+            )
+        );
+        assert_eq!(
+            loss_line("buffer 0: chunks_overwritten", 4, "ring", start, true).as_deref(),
+            Some("buffer 0: chunks_overwritten = 4: ring")
         );
     }
 }
