@@ -288,10 +288,17 @@ pub fn live_threads_cpu_seconds(pid: u32) -> f64 {
 /// `/proc/PID/status`); 0 if it cannot be read.
 pub fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status_field(&status, "VmHWM:")
+}
+
+/// The number after `name` (e.g. `"VmRSS:"`, a size in KiB, or
+/// `"Threads:"`) in the text of a `/proc/PID/status`; 0 if it is missing.
+pub fn status_field(status: &str, name: &str) -> u64 {
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 
@@ -310,4 +317,18 @@ pub fn wrapped(mut wrapper: Command, command: &Command) -> Command {
         wrapper.current_dir(dir);
     }
     wrapper
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_field;
+
+    #[test]
+    fn status_fields_are_read_by_name() {
+        let status = "Name:\tshmtrace\nVmHWM:\t   55312 kB\nVmRSS:\t   41000 kB\nThreads:\t3\n";
+        assert_eq!(status_field(status, "VmHWM:"), 55_312);
+        assert_eq!(status_field(status, "VmRSS:"), 41_000);
+        assert_eq!(status_field(status, "Threads:"), 3);
+        assert_eq!(status_field(status, "VmSwap:"), 0);
+    }
 }

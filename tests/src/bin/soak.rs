@@ -62,7 +62,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use shmtrace_cli::consumer::Consumer;
 use shmtrace_tests::config::{self, FillPolicy, TraceConfig};
-use shmtrace_tests::process::{cpu_seconds, ChildProcess};
+use shmtrace_tests::process::{cpu_seconds, status_field, ChildProcess};
 use shmtrace_tests::scenario::{self, sibling_binary};
 
 /// The categories every producer here registers between them.
@@ -289,14 +289,7 @@ struct Sample {
 impl Sample {
     fn take(pid: u32, started: Instant, producers: usize, sessions: usize) -> Self {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        let field = |name: &str| status_field(&status, name);
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
         Sample {
             at_s: started.elapsed().as_secs_f64(),
