@@ -70,6 +70,11 @@ fn import_of_a_region_dump() {
         );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{stderr}");
+        // The import stops itself once the dump is read: not "on request".
+        assert!(
+            stderr.contains("stopped at the end of the input (flushed)"),
+            "{stderr}"
+        );
         let report = check(&env, &out, emitted(&done), Loss::None, name);
         report.assert_ok(name);
         assert_eq!(report.totals.large, 6);

@@ -210,7 +210,7 @@ fn a_simulated_firmware_is_recorded_through_the_bridge() {
         Begin::Enable,
         Some(OutputFile::open(&trace).unwrap()),
         trace.clone(),
-        &stop,
+        record::Stop::on_request(&stop),
         &mut Progress::new(ProgressMode::None),
     )
     .unwrap();

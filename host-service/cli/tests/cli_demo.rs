@@ -27,7 +27,8 @@ fn demo_records_a_sound_trace_of_the_example_app() {
         &stderr,
         &[
             "tracing service running in this process on",
-            "stopped on request (flushed)",
+            // It stops itself: not "on request", which is Ctrl-C's.
+            "stopped after the demo's 1.0 s (flushed)",
             "track_event: recorded from shmtrace-demo",
             "data loss     none",
             "https://ui.perfetto.dev",

@@ -151,7 +151,7 @@ fn detach_then_attach_and_stop() {
     assert_contains_all(
         &stderr,
         &[
-            "stopped on request (flushed)",
+            "stopped by --stop (flushed)",
             "Wrote ",
             "attached.pftrace",
             // Producers before the attach were not seen: no claim that

@@ -223,7 +223,10 @@ fn import_into(
         Begin::Enable,
         output.take(),
         out.to_path_buf(),
-        &stop,
+        record::Stop {
+            flag: &stop,
+            why: &|| "at the end of the input".to_owned(),
+        },
         progress,
     );
     abort.store(true, Ordering::Relaxed);

@@ -174,7 +174,16 @@ pub fn run(args: &DemoArgs) -> Result<u8, CliError> {
         record::Begin::Enable,
         Some(output),
         args.out.clone(),
-        &session_stop,
+        record::Stop {
+            flag: &session_stop,
+            why: &|| {
+                if signals.load(Ordering::Relaxed) {
+                    "on request".to_owned()
+                } else {
+                    format!("after the demo's {}", Elapsed(time))
+                }
+            },
+        },
         &mut progress,
     );
     session_stop.store(true, Ordering::Relaxed);

@@ -24,7 +24,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
@@ -32,7 +32,7 @@ use serde_json::json;
 use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRequest};
 
 pub use progress::{Progress, ProgressMode, Snapshot};
-pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport};
+pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport, Stop};
 pub use signals::stop_signals;
 pub use summary::Summary;
 
@@ -461,7 +461,7 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             Begin::Enable,
             output,
             trace_path,
-            &stop,
+            Stop::on_request(&stop),
             progress,
         ),
     }
@@ -576,6 +576,11 @@ fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, C
     if args.stop {
         stop.store(true, Ordering::Relaxed);
     }
+    let why_stopped = || if args.stop { "by --stop" } else { "on request" }.to_owned();
+    let stop = Stop {
+        flag: &stop,
+        why: &why_stopped,
+    };
     progress.event(json!({"event": "attached", "key": key}));
     if config.view().write_into_file == Some(true) {
         // The service writes this session into the file given at --detach.
@@ -586,7 +591,7 @@ fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, C
             Begin::Attached,
             Output::ByService,
             None,
-            &stop,
+            stop,
             progress,
         )?;
         progress.done();
@@ -608,7 +613,7 @@ fn attach(args: &RecordArgs, key: &str, progress: &mut Progress) -> Result<u8, C
         Begin::Attached,
         Some(output),
         path,
-        &stop,
+        stop,
         progress,
     )
 }
@@ -622,7 +627,7 @@ pub fn record_session(
     begin: Begin,
     output: Option<OutputFile>,
     trace_path: PathBuf,
-    stop: &AtomicBool,
+    stop: Stop<'_>,
     progress: &mut Progress,
 ) -> Result<u8, CliError> {
     let view = config.view();

@@ -45,12 +45,35 @@ const DEFAULT_SERVICE_TIMEOUT_MS: u32 = 5000;
 /// How long one ReadBuffers reply may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What stops a session from this side: a flag its caller sets, and what
+/// setting it meant, for the summary.
+#[derive(Clone, Copy)]
+pub struct Stop<'a> {
+    /// Set to flush and stop the session.
+    pub flag: &'a AtomicBool,
+    /// Why the flag was set, asked once the session has stopped: "on
+    /// request" (Ctrl-C, SIGTERM), "at the end of the input", ...
+    pub why: &'a dyn Fn() -> String,
+}
+
+impl<'a> Stop<'a> {
+    /// A flag that Ctrl-C or SIGTERM sets ([`stop_signals`](super::stop_signals)).
+    pub fn on_request(flag: &'a AtomicBool) -> Self {
+        Self {
+            flag,
+            why: &|| "on request".to_owned(),
+        }
+    }
+}
+
 /// Why the session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
-    /// Stopped by a signal (Ctrl-C, SIGTERM); `flushed` says whether the
+    /// Stopped from this side ([`Stop`]); `flushed` says whether the
     /// flush before stopping succeeded.
     Stopped {
+        /// Why, as [`Stop::why`] said it.
+        why: String,
         /// The flush succeeded.
         flushed: bool,
     },
@@ -201,7 +224,7 @@ pub fn run(
     begin: Begin,
     output: Output<'_>,
     announce: Option<&str>,
-    stop: &AtomicBool,
+    stop: Stop<'_>,
     progress: &mut Progress,
 ) -> Result<SessionReport, CliError> {
     let view = config.view();
@@ -300,7 +323,7 @@ pub fn run(
         if let Some(reply) = early.take() {
             break Some(reply);
         }
-        if stop.load(Ordering::Relaxed) {
+        if stop.flag.load(Ordering::Relaxed) {
             break None;
         }
         if let Some(reply) = session_reply(&mut enable, POLL)? {
@@ -371,7 +394,10 @@ pub fn run(
                 what: "waiting for the session to stop",
                 source,
             })?;
-            report.ended = Ended::Stopped { flushed };
+            report.ended = Ended::Stopped {
+                why: (stop.why)(),
+                flushed,
+            };
             reply.message
         }
     };

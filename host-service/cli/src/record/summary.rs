@@ -195,12 +195,14 @@ impl Summary {
     ) -> Self {
         let duration = Duration::from_millis(u64::from(config.view().duration_ms.unwrap_or(0)));
         let ended = match &report.ended {
-            Ended::Stopped { flushed: true } => "stopped on request (flushed)".to_owned(),
-            Ended::Stopped { flushed: false } => {
-                "stopped on request (the flush did not complete: data still in the producers' \
+            Ended::Stopped { why, flushed: true } => format!("stopped {why} (flushed)"),
+            Ended::Stopped {
+                why,
+                flushed: false,
+            } => format!(
+                "stopped {why} (the flush did not complete: data still in the producers' \
                  buffers may be missing)"
-                    .to_owned()
-            }
+            ),
             Ended::ByService
                 if !duration.is_zero()
                     && report.elapsed + Duration::from_millis(500) >= duration =>
