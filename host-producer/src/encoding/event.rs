@@ -272,6 +272,8 @@ pub(crate) struct SequenceState {
     /// Thread-track slice ends lost while their begins were written: the
     /// next reset writes them (module docs).
     owed_ends: OwedEnds,
+    /// Owed slice ends written late.
+    pub(crate) slice_ends_written_late: u64,
     /// A packet was written on this sequence.
     started: bool,
     /// Packets were lost before the first one was written.
@@ -399,6 +401,7 @@ impl SequenceState {
             slices: SliceStack::default(),
             orphan_ends_suppressed: 0,
             owed_ends: OwedEnds::default(),
+            slice_ends_written_late: 0,
             started: false,
             lost_before_start: false,
             clock_base: 0,
@@ -497,6 +500,7 @@ impl SequenceState {
             if !w.write_packet(|p| self.write_event_fields(p, &end, stamp, None)) {
                 return false;
             }
+            self.slice_ends_written_late += 1;
             crate::stats::note_slice_end_written_late();
             if n > 1 {
                 self.owed_ends.0[0].1 = n - 1;

@@ -1002,6 +1002,7 @@ fn a_lost_end_is_written_before_the_next_event() {
     let (b, e) = (EventType::SliceBegin as i32, EventType::SliceEnd as i32);
     assert_eq!(types, [b, b, e, b, e, e]);
     assert_eq!(s.orphan_ends_suppressed, 0);
+    assert_eq!(s.slice_ends_written_late, 1);
 }
 
 /// A flush writes the ends still owed (after the reset they need) when
@@ -1016,8 +1017,11 @@ fn a_flush_pays_owed_ends() {
     assert!(!s.write_event(&mut w, &at(EventType::SliceEnd, 200), None));
     let before = w.packets.len();
     let late_before = crate::stats().slice_ends_written_late;
+    assert_eq!(s.slice_ends_written_late, 0);
     s.pay_owed_ends_now(&mut w);
-    // Counted as written late (other tests may count too: at least 1).
+    // Counted as written late: exactly once on the sequence, and in the
+    // process-wide stats (which other tests may add to as well).
+    assert_eq!(s.slice_ends_written_late, 1);
     assert!(crate::stats().slice_ends_written_late > late_before);
     let p = w.decoded();
     let last = p.last().unwrap();
