@@ -1081,6 +1081,25 @@ mod tests {
     #[test]
     fn the_service_raises_a_low_soft_descriptor_limit() {
         use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        // The limit is the process's: lowering it here would cap the
+        // descriptors of every test running alongside. Run in a child.
+        const CHILD: &str = "SHMTRACE_RLIMIT_TEST_CHILD";
+        if std::env::var_os(CHILD).is_none() {
+            let (_crate, module) = module_path!().split_once("::").unwrap();
+            let name = format!("{module}::the_service_raises_a_low_soft_descriptor_limit");
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", &name, "--test-threads", "1"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
         let before = getrlimit(Resource::Nofile);
         let hard = before.maximum.unwrap_or(u64::MAX);
         let low = Rlimit {
@@ -1090,7 +1109,6 @@ mod tests {
         setrlimit(Resource::Nofile, low).unwrap();
         let limits = ConnectionLimits::for_this_process();
         let raised = getrlimit(Resource::Nofile).current;
-        setrlimit(Resource::Nofile, before).unwrap();
         // As far as the hard limit allows.
         let expected = ConnectionLimits::FULL_FD_LIMIT.min(hard);
         assert_eq!(raised, Some(expected));
