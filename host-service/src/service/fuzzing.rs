@@ -19,6 +19,12 @@
 //! * [`packet_validator`]: the streaming validator against a plain
 //!   reference parser, over arbitrary slicings; an accepted packet with the
 //!   trusted appendix reads back the appended values.
+//! * [`session_calls`]: consumers, producers and relays making arbitrary
+//!   calls on one service core (raw request bytes for every method, and
+//!   generated configs and requests that name each other's sessions,
+//!   instances, flushes and triggers), time passing and connections closing
+//!   at any point. Invariants: nothing panics, nothing is sent to a closed
+//!   connection, ReadBuffers replies decode.
 
 use prost::Message;
 use shmtrace_abi::layout::{
@@ -30,6 +36,7 @@ use super::core::{ConnId, Output, ReplyBody, ServiceConfig, TracingService, MAX_
 use super::env::FakeEnvironment;
 use super::trusted::TrustedFields;
 use super::validator::{validate, InvalidPacket, RESERVED_FIELDS};
+use crate::ipc::rpc::ServiceRequest;
 use crate::ipc::shm::{Adoption, SharedMemory};
 use crate::ipc::{Call, PeerCredentials};
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
@@ -64,6 +71,11 @@ impl Input<'_> {
         let (a, b) = self.0.split_at(n);
         self.0 = b;
         a.to_vec()
+    }
+    /// Up to `max - 1` bytes, as many as the next byte says.
+    fn sized(&mut self, max: u8) -> Vec<u8> {
+        let n = usize::from(self.u8() % max);
+        self.bytes(n)
     }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -788,6 +800,607 @@ enum CallKind {
     Consumer(consumer_port::Request),
 }
 
+/// The peers of [`session_calls`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Consumer,
+    Producer,
+    Relay,
+}
+
+/// Names the generated configs, triggers and producers choose from, so
+/// that they meet.
+const NAMES: [&str; 4] = ["ds", "track_event", "t1", "p0"];
+
+/// An [`Environment`](super::env::Environment) on the fake clock whose
+/// trace files are memory, failing after a set number of bytes: the input
+/// must not create files on the fuzzing machine.
+#[derive(Clone)]
+struct FuzzEnv {
+    clock: FakeEnvironment,
+    file_room: usize,
+}
+
+/// A trace file in memory that takes `room` bytes, then fails.
+#[derive(Debug)]
+struct MemoryFile {
+    room: usize,
+}
+
+impl std::io::Write for MemoryFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.room == 0 {
+            return Err(std::io::Error::other("the fuzzed disk is full"));
+        }
+        let n = buf.len().min(self.room);
+        self.room -= n;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl super::env::TraceFile for MemoryFile {
+    fn start_sync(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl super::env::Environment for FuzzEnv {
+    fn now(&self) -> super::env::Nanos {
+        self.clock.now()
+    }
+    fn clock_snapshot(&self) -> Vec<(u32, u64)> {
+        self.clock.clock_snapshot()
+    }
+    fn random_u64(&self) -> u64 {
+        self.clock.random_u64()
+    }
+    fn open_trace_file(
+        &self,
+        _target: super::env::FileTarget<'_>,
+    ) -> std::io::Result<Box<dyn super::env::TraceFile>> {
+        Ok(Box::new(MemoryFile {
+            room: self.file_room,
+        }))
+    }
+}
+
+/// Consumers (of three uids), producers and relays making arbitrary calls:
+/// raw request bytes for any method id, generated configs and requests
+/// that name each other's sessions, data sources, instances, flushes and
+/// triggers, acknowledgements (or not) of what the service asked, time
+/// passing, and connections closing at any point.
+///
+/// Invariants: nothing panics; nothing is sent to a connection after it
+/// closed; every ReadBuffers reply and every producer command decodes; the
+/// service's timer never asks to be woken in the past twice in a row.
+pub fn session_calls(data: &[u8]) {
+    session_calls_reached(data);
+}
+
+/// How deep a [`session_calls`] run went: producer commands seen, and
+/// producers' packets read back.
+#[derive(Debug, Default, Clone, Copy)]
+struct Reached {
+    instances: u64,
+    flushes: u64,
+    packets_read: u64,
+}
+
+fn session_calls_reached(data: &[u8]) -> Reached {
+    let mut input = Input(data);
+    let mut w = CallWorld::new(usize::from(input.u16()));
+    while !input.is_empty() {
+        w.step(&mut input);
+    }
+    // Wind down: time passes until every timer has fired, then everyone
+    // leaves.
+    for _ in 0..64 {
+        w.env.clock.advance_ms(60_000);
+        w.fire_timers();
+    }
+    while let Some((conn, _)) = w.live.pop() {
+        w.svc.disconnect(conn);
+        w.drain();
+    }
+    w.env.clock.advance_ms(3_600_000);
+    w.fire_timers();
+    assert!(
+        w.svc.poll_output().is_none(),
+        "output for connections that are all gone"
+    );
+    w.reached
+}
+
+/// The service and its peers, for [`session_calls`].
+struct CallWorld {
+    svc: TracingService,
+    env: FuzzEnv,
+    live: Vec<(ConnId, Peer)>,
+    next_request: u64,
+    /// Instance ids and flush request ids the service sent producers.
+    instances: Vec<u64>,
+    flushes: Vec<u64>,
+    /// Buffer ids the service told producers to write to.
+    buffers: Vec<u32>,
+    reached: Reached,
+}
+
+impl CallWorld {
+    fn new(file_room: usize) -> Self {
+        let env = FuzzEnv {
+            clock: FakeEnvironment::new(1_000_000_000),
+            file_room,
+        };
+        let cfg = ServiceConfig {
+            max_buffer_bytes: 4 << 20,
+            ..ServiceConfig::new(0)
+        };
+        Self {
+            svc: TracingService::new(cfg, Box::new(env.clone())),
+            env,
+            live: Vec::new(),
+            next_request: 1,
+            instances: Vec::new(),
+            flushes: Vec::new(),
+            buffers: Vec::new(),
+            reached: Reached::default(),
+        }
+    }
+
+    fn pick(&self, input: &mut Input<'_>, kind: Peer) -> Option<ConnId> {
+        let of_kind: Vec<ConnId> = self
+            .live
+            .iter()
+            .filter(|(_, k)| *k == kind)
+            .map(|&(c, _)| c)
+            .collect();
+        (!of_kind.is_empty()).then(|| of_kind[usize::from(input.u8()) % of_kind.len()])
+    }
+
+    fn step(&mut self, input: &mut Input<'_>) {
+        match input.u8() % 12 {
+            0 if self.live.len() < 8 => self.connect(input),
+            1 if !self.live.is_empty() => {
+                let (conn, _) = self.live.remove(usize::from(input.u8()) % self.live.len());
+                self.svc.disconnect(conn);
+            }
+            2 => {
+                if let Some(c) = self.pick(input, Peer::Consumer) {
+                    let method = u32::from(input.u8() % 17);
+                    let args = input.sized(64).into();
+                    if let Ok(r) = <consumer_port::Request as ServiceRequest>::decode(method, args)
+                    {
+                        self.consumer_call(c, r, None);
+                    }
+                }
+            }
+            3 => {
+                if let Some(c) = self.pick(input, Peer::Producer) {
+                    let method = u32::from(input.u8() % 13);
+                    let args = input.sized(64).into();
+                    if let Ok(r) = <producer_port::Request as ServiceRequest>::decode(method, args)
+                    {
+                        self.producer_call(c, r);
+                    }
+                }
+            }
+            4 => {
+                if let Some(c) = self.pick(input, Peer::Relay) {
+                    let method = u32::from(input.u8() % 4);
+                    let args = input.sized(64).into();
+                    if let Ok(r) =
+                        <protos::relay_port::Request as ServiceRequest>::decode(method, args)
+                    {
+                        let id = self.request_id();
+                        self.svc.on_relay_call(c, Call::new(r, 1, id, None));
+                    }
+                }
+            }
+            5 => {
+                if let Some(c) = self.pick(input, Peer::Consumer) {
+                    let cfg = generated_config(input);
+                    let fd = (input.u8() % 4 == 0).then(|| {
+                        rustix::fs::memfd_create("fuzz", rustix::fs::MemfdFlags::CLOEXEC)
+                            .expect("memfd")
+                    });
+                    let r = consumer_port::Request::EnableTracing(EnableTracingRequest {
+                        trace_config: Some(protos::to_raw(&cfg)),
+                        attach_notification_only: (input.u8() % 8 == 0).then_some(true),
+                    });
+                    self.consumer_call(c, r, fd);
+                }
+            }
+            6 => {
+                if let Some(c) = self.pick(input, Peer::Consumer) {
+                    let r = consumer_request(input);
+                    self.consumer_call(c, r, None);
+                }
+            }
+            7 | 8 => {
+                if let Some(c) = self.pick(input, Peer::Producer) {
+                    let r = self.producer_request(input);
+                    self.producer_call(c, r);
+                }
+            }
+            9 => {
+                let ms = match input.u8() % 4 {
+                    0 => u64::from(input.u16()),
+                    _ => u64::from(input.u8()),
+                };
+                self.env.clock.advance_ms(ms);
+                self.fire_timers();
+            }
+            10 => {
+                // A consumer reads (or, mostly, the ones already reading
+                // pull their next replies).
+                if input.u8() % 2 == 0 {
+                    if let Some(c) = self.pick(input, Peer::Consumer) {
+                        let r = consumer_port::Request::ReadBuffers(Default::default());
+                        self.consumer_call(c, r, None);
+                        self.drain();
+                    }
+                }
+                for conn in self.svc.pending_reads() {
+                    for _ in 0..usize::from(input.u8() % 4) {
+                        let Some(o) = self.svc.poll_read_reply(conn) else {
+                            break;
+                        };
+                        if let Output::Reply {
+                            body: ReplyBody::Ok(b),
+                            ..
+                        } = &o
+                        {
+                            let resp = ReadBuffersResponse::decode(b.clone())
+                                .expect("a ReadBuffers reply decodes");
+                            let tag = INLINE_PACKET_TAG;
+                            self.reached.packets_read += resp
+                                .slices
+                                .iter()
+                                .filter(|s| s.data.as_deref().is_some_and(|d| d.starts_with(&tag)))
+                                .count()
+                                as u64;
+                        }
+                        self.check(o);
+                    }
+                }
+            }
+            _ => self.fire_timers(),
+        }
+        self.drain();
+    }
+
+    fn connect(&mut self, input: &mut Input<'_>) {
+        let uid = u32::from(input.u8() % 3);
+        let creds = PeerCredentials {
+            pid: 100 + uid as i32,
+            uid,
+            gid: uid,
+        };
+        let (conn, peer) = match input.u8() % 4 {
+            0 => (self.svc.connect_consumer(creds), Peer::Consumer),
+            1 => (self.svc.connect_producer(creds), Peer::Producer),
+            2 => (self.svc.connect_emulated_producer(creds), Peer::Producer),
+            _ => {
+                let conn = self.svc.connect_producer(creds);
+                self.svc.set_peer_identity(
+                    conn,
+                    super::core::RemoteIdentity {
+                        pid: 7,
+                        uid,
+                        machine_id: u32::from(input.u8() % 3),
+                        machine_name: NAMES[usize::from(input.u8()) % NAMES.len()].into(),
+                    },
+                );
+                let peer = if input.u8() % 2 == 0 {
+                    Peer::Relay
+                } else {
+                    Peer::Producer
+                };
+                (conn, peer)
+            }
+        };
+        self.live.push((conn, peer));
+        if peer == Peer::Producer && input.u8() % 4 != 0 {
+            // Most producers set up as SDKs do; the raw calls cover the
+            // rest.
+            let name = NAMES[usize::from(input.u8()) % NAMES.len()];
+            self.producer_call(
+                conn,
+                producer_port::Request::InitializeConnection(InitializeConnectionRequest {
+                    producer_name: Some(name.into()),
+                    ..Default::default()
+                }),
+            );
+            self.producer_call(
+                conn,
+                producer_port::Request::GetAsyncCommand(Default::default()),
+            );
+            self.producer_call(
+                conn,
+                producer_port::Request::RegisterDataSource(RegisterDataSourceRequest {
+                    data_source_descriptor: Some(DataSourceDescriptor {
+                        name: Some(NAMES[usize::from(input.u8() % 2)].into()),
+                        ..Default::default()
+                    }),
+                }),
+            );
+        }
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    fn consumer_call(
+        &mut self,
+        conn: ConnId,
+        r: consumer_port::Request,
+        fd: Option<std::os::fd::OwnedFd>,
+    ) {
+        let id = self.request_id();
+        self.svc.on_consumer_call(conn, Call::new(r, 1, id, fd));
+    }
+
+    fn producer_call(&mut self, conn: ConnId, r: producer_port::Request) {
+        let id = self.request_id();
+        self.svc.on_producer_call(conn, Call::new(r, 1, id, None));
+    }
+
+    /// A producer request that names what the service sent, mostly.
+    fn producer_request(&self, input: &mut Input<'_>) -> producer_port::Request {
+        use crate::protos::{
+            ActivateTriggersRequest, NotifyDataSourceStartedRequest,
+            NotifyDataSourceStoppedRequest, UnregisterDataSourceRequest,
+        };
+        let name = NAMES[usize::from(input.u8()) % NAMES.len()].to_owned();
+        let seen = |list: &[u64], input: &mut Input<'_>| match list.len() {
+            0 => u64::from(input.u8()),
+            n => list[usize::from(input.u8()) % n],
+        };
+        match input.u8() % 9 {
+            0 => producer_port::Request::InitializeConnection(InitializeConnectionRequest {
+                producer_name: Some(name),
+                shared_memory_size_hint_bytes: Some(u32::from(input.u8()) * 4096),
+                shared_memory_page_size_hint_bytes: Some(4096 << (input.u8() % 3)),
+                smb_scraping_mode: Some(i32::from(input.u8() % 3)),
+                ..Default::default()
+            }),
+            1 => producer_port::Request::GetAsyncCommand(Default::default()),
+            2 => producer_port::Request::RegisterDataSource(RegisterDataSourceRequest {
+                data_source_descriptor: Some(DataSourceDescriptor {
+                    name: Some(name),
+                    will_notify_on_start: Some(input.u8() % 2 == 0),
+                    will_notify_on_stop: Some(input.u8() % 2 == 0),
+                    handles_incremental_state_clear: Some(input.u8() % 2 == 0),
+                    ..Default::default()
+                }),
+            }),
+            3 => producer_port::Request::UnregisterDataSource(UnregisterDataSourceRequest {
+                data_source_name: Some(name),
+            }),
+            4 => producer_port::Request::NotifyDataSourceStarted(NotifyDataSourceStartedRequest {
+                data_source_id: Some(seen(&self.instances, input)),
+            }),
+            5 => producer_port::Request::NotifyDataSourceStopped(NotifyDataSourceStoppedRequest {
+                data_source_id: Some(seen(&self.instances, input)),
+            }),
+            6 => producer_port::Request::CommitData(CommitDataRequest {
+                flush_request_id: Some(seen(&self.flushes, input)),
+                ..Default::default()
+            }),
+            7 => producer_port::Request::ActivateTriggers(ActivateTriggersRequest {
+                trigger_names: vec![name],
+            }),
+            _ => {
+                // An inline chunk (taken from producers on shmem
+                // emulation) of one packet, to buffer 0..=3.
+                let packet = input.sized(40);
+                let mut chunk = one_fragment_header(u32::from(input.u8())).to_vec();
+                let [t0, t1] = INLINE_PACKET_TAG;
+                chunk.extend_from_slice(&[packet.len() as u8 + 3, t0, t1, packet.len() as u8]);
+                chunk.extend_from_slice(&packet);
+                producer_port::Request::CommitData(CommitDataRequest {
+                    chunks_to_move: vec![ChunksToMove {
+                        target_buffer: Some(match self.buffers.len() {
+                            0 => u32::from(input.u8() % 4),
+                            n => self.buffers[usize::from(input.u8()) % n],
+                        }),
+                        data: Some(chunk.into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+            }
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let mut last = None;
+        while let Some(due) = self.svc.poll_timeout() {
+            if due > self.env.now_ns() {
+                break;
+            }
+            assert_ne!(last, Some(due), "a timer fired and asked for the same time");
+            last = Some(due);
+            self.svc.on_timeout();
+            self.drain();
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.svc.poll_output() {
+            self.check(o);
+        }
+    }
+
+    fn check(&mut self, o: Output) {
+        let (conn, disconnect) = match &o {
+            Output::Reply { conn, .. } => (*conn, false),
+            Output::Disconnect { conn, .. } => (*conn, true),
+        };
+        let Some(index) = self.live.iter().position(|&(c, _)| c == conn) else {
+            panic!("output for connection {} after it closed: {o:?}", conn.0);
+        };
+        if disconnect {
+            self.live.remove(index);
+            self.svc.disconnect(conn);
+            return;
+        }
+        let Output::Reply {
+            body: ReplyBody::Ok(body),
+            ..
+        } = o
+        else {
+            return;
+        };
+        if self.live[index].1 == Peer::Consumer {
+            return;
+        }
+        if let Ok(resp) = GetAsyncCommandResponse::decode(body) {
+            match resp.cmd {
+                Some(Cmd::SetupDataSource(s)) => {
+                    self.instances.extend(s.new_instance_id);
+                    let cfg = s.config.map(DataSourceConfig::decode);
+                    if let Some(Ok(cfg)) = cfg {
+                        self.buffers.extend(cfg.target_buffer);
+                    }
+                }
+                Some(Cmd::StartDataSource(s)) => {
+                    self.reached.instances += 1;
+                    self.instances.extend(s.new_instance_id);
+                }
+                Some(Cmd::Flush(f)) => {
+                    self.reached.flushes += 1;
+                    self.flushes.extend(f.request_id);
+                }
+                _ => {}
+            }
+            self.instances.truncate(64);
+            self.flushes.truncate(64);
+            self.buffers.truncate(64);
+        }
+    }
+}
+
+impl FuzzEnv {
+    fn now_ns(&self) -> super::env::Nanos {
+        super::env::Environment::now(&self.clock)
+    }
+}
+
+/// A consumer request other than EnableTracing, with names and ids from
+/// small sets so that they meet the sessions.
+fn consumer_request(input: &mut Input<'_>) -> consumer_port::Request {
+    use crate::protos::{
+        clone_session_request::Selector, AttachRequest, ChangeTraceConfigRequest,
+        CloneSessionRequest, DetachRequest, ObserveEventsRequest,
+    };
+    let key = NAMES[usize::from(input.u8()) % NAMES.len()].to_owned();
+    match input.u8() % 11 {
+        0 => consumer_port::Request::DisableTracing(Default::default()),
+        1 => consumer_port::Request::ReadBuffers(Default::default()),
+        2 => consumer_port::Request::FreeBuffers(Default::default()),
+        3 => consumer_port::Request::Flush(FlushRequest {
+            timeout_ms: Some(u32::from(input.u8())),
+            flags: Some(u64::from(input.u16())),
+        }),
+        4 => consumer_port::Request::StartTracing(Default::default()),
+        5 => consumer_port::Request::Detach(DetachRequest { key: Some(key) }),
+        6 => consumer_port::Request::Attach(AttachRequest { key: Some(key) }),
+        7 => consumer_port::Request::ObserveEvents(ObserveEventsRequest {
+            events_to_observe: (0..input.u8() % 4)
+                .map(|_| i32::from(input.u8() % 6))
+                .collect(),
+        }),
+        8 => consumer_port::Request::ChangeTraceConfig(ChangeTraceConfigRequest {
+            trace_config: Some(protos::to_raw(&generated_config(input))),
+        }),
+        9 => consumer_port::Request::CloneSession(CloneSessionRequest {
+            selector: Some(if input.u8() % 2 == 0 {
+                Selector::SessionId(u64::from(input.u8() % 4))
+            } else {
+                Selector::UniqueSessionName(key)
+            }),
+            ..Default::default()
+        }),
+        _ => consumer_port::Request::QueryServiceState(Default::default()),
+    }
+}
+
+/// A TraceConfig from small sets of values: sizes, policies, names that
+/// the producers register, durations and trigger setups that end within
+/// the run.
+fn generated_config(input: &mut Input<'_>) -> TraceConfig {
+    let name = |input: &mut Input<'_>| NAMES[usize::from(input.u8()) % NAMES.len()].to_owned();
+    let small = |input: &mut Input<'_>| [0, 1, 10, 100, 5_000][usize::from(input.u8() % 5)];
+    let buffers = (0..(input.u8() % 8).min(3).max(u8::from(input.u8() % 16 != 0)))
+        .map(|_| trace_config::BufferConfig {
+            size_kb: Some([4, 16, 64, 4, 16, 64, 0, 8192][usize::from(input.u8() % 8)]),
+            fill_policy: Some(i32::from(input.u8() % 3)),
+            transfer_on_clone: Some(input.u8() % 4 == 0),
+            clear_before_clone: Some(input.u8() % 4 == 0),
+            ..Default::default()
+        })
+        .collect();
+    let data_sources = (0..input.u8() % 3 + 1)
+        .map(|_| {
+            let dsc = DataSourceConfig {
+                name: Some(NAMES[usize::from(input.u8() % 8).min(3) % 3].to_owned()),
+                target_buffer: Some(u32::from(input.u8() % 8).min(3) % 3),
+                ..Default::default()
+            };
+            trace_config::DataSource {
+                config: Some(protos::to_raw(&dsc)),
+                producer_name_filter: (input.u8() % 4 == 0)
+                    .then(|| name(input))
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let trigger_config = (input.u8() % 4 == 0).then(|| trace_config::TriggerConfig {
+        trigger_mode: Some(i32::from(input.u8() % 8).min(5) % 5),
+        use_clone_snapshot_if_available: Some(input.u8() % 8 == 0),
+        triggers: (0..input.u8() % 3)
+            .map(|_| trace_config::trigger_config::Trigger {
+                name: Some(name(input)),
+                producer_name_regex: (input.u8() % 3 == 0)
+                    .then(|| ["p.*", "(", ""][usize::from(input.u8() % 3)].to_owned()),
+                stop_delay_ms: Some(small(input)),
+                max_per_24_h: Some(u32::from(input.u8() % 3)),
+                skip_probability: Some(f64::from(input.u8() % 3) / 2.0),
+            })
+            .collect(),
+        trigger_timeout_ms: Some(small(input)),
+    });
+    TraceConfig {
+        buffers,
+        data_sources,
+        duration_ms: Some(small(input)),
+        write_into_file: Some(input.u8() % 8 == 0),
+        file_write_period_ms: Some(small(input)),
+        max_file_size_bytes: Some(u64::from(input.u16())),
+        deferred_start: Some(input.u8() % 4 == 0),
+        flush_period_ms: Some(small(input)),
+        flush_timeout_ms: Some(small(input)),
+        data_source_stop_timeout_ms: Some(small(input)),
+        bugreport_score: Some(i32::from(input.u8() % 3)),
+        unique_session_name: (input.u8() % 2 == 0).then(|| name(input)),
+        trigger_config,
+        activate_triggers: (input.u8() % 8 == 0)
+            .then(|| name(input))
+            .into_iter()
+            .collect(),
+        lockdown_mode: Some(i32::from(input.u8() % 3)),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,6 +1444,33 @@ mod tests {
             trace_buffer_ops(&data);
             packet_validator(&data);
             smb_commit(&data);
+            session_calls(&data);
         }
+    }
+
+    /// The generated calls reach deep states: over random inputs, sessions
+    /// start, producers are told to start data sources, and packets
+    /// producers committed are read back.
+    #[test]
+    fn session_calls_reach_sessions_that_record() {
+        let mut seed = 0x9E37_79B9u32;
+        let mut reached = Reached::default();
+        for _ in 0..300 {
+            let data: Vec<u8> = (0..1500)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    seed as u8
+                })
+                .collect();
+            let r = session_calls_reached(&data);
+            reached.instances += r.instances;
+            reached.flushes += r.flushes;
+            reached.packets_read += r.packets_read;
+        }
+        assert!(reached.instances > 0, "{reached:?}");
+        assert!(reached.flushes > 0, "{reached:?}");
+        assert!(reached.packets_read > 0, "{reached:?}");
     }
 }

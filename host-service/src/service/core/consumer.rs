@@ -574,7 +574,15 @@ impl TracingService {
     }
 
     /// A consumer connection closed: its session is freed unless detached.
-    pub(super) fn consumer_gone(&mut self, c: ConsumerConn) {
+    pub(super) fn consumer_gone(&mut self, conn: ConnId, c: ConsumerConn) {
+        // A flush it asked for before it detached answers nobody now.
+        for s in self.sessions.values_mut() {
+            for f in s.flushes.values_mut() {
+                if f.reply.as_ref().is_some_and(|&(c, _)| c == conn) {
+                    f.reply = None;
+                }
+            }
+        }
         if let Some(sid) = c.session {
             let attached = self
                 .sessions

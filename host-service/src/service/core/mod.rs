@@ -330,7 +330,7 @@ impl TracingService {
         self.relays.remove(&conn);
         match self.conns.remove(&conn) {
             Some(Endpoint::Producer { id: Some(id), .. }) => self.producer_gone(id),
-            Some(Endpoint::Consumer(c)) => self.consumer_gone(c),
+            Some(Endpoint::Consumer(c)) => self.consumer_gone(conn, c),
             _ => {}
         }
         self.out.retain(|o| match o {

@@ -1284,6 +1284,38 @@ fn detach_and_attach() {
     assert_eq!(sim.replies(other, id)[0].body, ReplyBody::Err);
 }
 
+/// A flush asked, then the session detached and the consumer gone: when
+/// the flush times out there is nobody to answer (found by the
+/// `service_session_calls` fuzz target: the core sent the reply to the
+/// closed connection).
+#[test]
+fn a_flush_pending_when_its_consumer_detaches_and_leaves_answers_nobody() {
+    let (mut sim, mut p, c, _) =
+        session_with(descriptor("ds", false, false), config("ds", 64, |_| {}));
+    let req = crate::protos::FlushRequest {
+        timeout_ms: Some(1000),
+        flags: None,
+    };
+    c.call(&mut sim, consumer_port::Request::Flush(req));
+    assert!(matches!(p.commands(&mut sim)[..], [Cmd::Flush(_)]));
+    let req = crate::protos::DetachRequest {
+        key: Some("k".into()),
+    };
+    let id = c.call(&mut sim, consumer_port::Request::Detach(req));
+    let _: crate::protos::DetachResponse = sim.reply_ok(c.conn, id);
+    sim.svc.disconnect(c.conn);
+    sim.advance(1000);
+    let to_gone: Vec<_> = sim
+        .sent
+        .iter()
+        .filter(|o| matches!(o, Output::Reply { conn, .. } if *conn == c.conn))
+        .collect();
+    assert!(to_gone.is_empty(), "{to_gone:?}");
+    // The flush did end (it failed: no ack), and the session lives on.
+    let stats = sim.svc.session_states();
+    assert_eq!(stats.len(), 1, "a detached session survives its consumer");
+}
+
 #[test]
 fn query_service_state_lists_producers_and_sessions() {
     let mut sim = Sim::new();
