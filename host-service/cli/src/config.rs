@@ -635,6 +635,59 @@ fn edit_distance(a: &str, b: &str) -> usize {
 mod tests {
     use super::*;
 
+    /// Any text, made of config words, punctuation and stray (multi-byte)
+    /// characters, parses or names where it fails: never a panic, and the
+    /// error renders with its caret inside the line it shows.
+    #[test]
+    fn any_text_config_parses_or_says_where_it_fails() {
+        use proptest::prelude::*;
+        let token = prop_oneof![
+            Just("buffers".to_owned()),
+            Just("data_sources".to_owned()),
+            Just("config".to_owned()),
+            Just("name".to_owned()),
+            Just("size_kb".to_owned()),
+            Just("fill_policy".to_owned()),
+            Just("RING_BUFFER".to_owned()),
+            Just("track_event_config".to_owned()),
+            Just("enabled_categories".to_owned()),
+            Just("\"x\"".to_owned()),
+            Just("{".to_owned()),
+            Just("}".to_owned()),
+            Just("[".to_owned()),
+            Just("]".to_owned()),
+            Just(":".to_owned()),
+            Just(",".to_owned()),
+            Just("#".to_owned()),
+            Just("\n".to_owned()),
+            Just("\r\n".to_owned()),
+            Just(" ".to_owned()),
+            Just("\"".to_owned()),
+            Just("é".to_owned()),
+            Just("🦀".to_owned()),
+            Just("-1".to_owned()),
+            Just("4294967296".to_owned()),
+            any::<char>().prop_map(String::from),
+        ];
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 500,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&proptest::collection::vec(token, 0..40), |tokens| {
+                let text = tokens.concat();
+                if let Err(ConfigError::Text(e)) = Config::from_text(&text, "fuzz") {
+                    let rendered = e.to_string();
+                    prop_assert!(rendered.starts_with("fuzz:"), "{rendered}");
+                    prop_assert!(e.line >= 1 && e.column >= 1);
+                    prop_assert!(e.snippet.contains('^'), "{}", e.snippet);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
     /// The README's sample text config is the one the quick flags of the
     /// same step make.
     #[test]
