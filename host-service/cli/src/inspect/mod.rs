@@ -138,3 +138,57 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<u8, CliError> {
         exit::OK
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real service's trace with its packets damaged (bytes changed, cut
+    /// out or put in) is analyzed, rendered and written as JSON: the
+    /// damage shows as problems, never as a panic.
+    #[test]
+    fn damaged_packets_are_analyzed_without_a_panic() {
+        use proptest::prelude::*;
+        let trace = include_bytes!("../../tests/data/real_ring_wrap.perfetto-trace");
+        let packets: Vec<Vec<u8>> = PacketReader::new(&trace[..])
+            .map(|p| p.expect("the golden trace reads").bytes)
+            .collect();
+        let damage = (
+            any::<prop::sample::Index>(),
+            0u8..3,
+            any::<prop::sample::Index>(),
+            any::<u8>(),
+        );
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 200,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&proptest::collection::vec(damage, 1..12), |damages| {
+                let mut packets = packets.clone();
+                for (which, kind, at, byte) in damages {
+                    let n = packets.len();
+                    let p = &mut packets[which.index(n)];
+                    let at = at.index(p.len() + 1);
+                    match kind {
+                        0 if at < p.len() => p[at] = byte,
+                        1 => p.truncate(at),
+                        _ => p.insert(at, byte),
+                    }
+                }
+                let mut analyzer = Analyzer::new();
+                analyzer.file("damaged");
+                for (i, p) in packets.iter().enumerate() {
+                    analyzer.packet(i as u64, p);
+                }
+                let analysis = analyzer.finish();
+                let mut out = Vec::new();
+                render(&analysis, 10, true, &mut out).expect("renders");
+                prop_assert!(!out.is_empty());
+                prop_assert!(serde_json::to_string(&analysis).is_ok());
+                Ok(())
+            })
+            .unwrap();
+    }
+}
