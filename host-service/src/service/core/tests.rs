@@ -24,6 +24,7 @@ use crate::protos::{
 };
 use crate::service::env::FakeEnvironment;
 
+mod clone;
 mod emulation;
 mod relay;
 mod triggers;
@@ -906,23 +907,20 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
         matches!(&error, ConfigError::SessionNameTaken(name) if name == "x"),
         "{error:?}"
     );
-    // CloneSession says why it fails.
+    // CloneSession without a session to clone says why it fails.
     let id = first.call(
         &mut sim,
         consumer_port::Request::CloneSession(Default::default()),
     );
     let resp: crate::protos::CloneSessionResponse = sim.reply_ok(first.conn, id);
     assert_eq!(resp.success, Some(false));
-    assert_eq!(
-        resp.error.as_deref(),
-        Some("CloneSession is not supported by the shmtrace service")
-    );
+    assert_eq!(resp.error.as_deref(), Some("Tracing session not found"));
     let id = first.call(
         &mut sim,
         consumer_port::Request::QueryCapabilities(Default::default()),
     );
     let caps: crate::protos::QueryCapabilitiesResponse = sim.reply_ok(first.conn, id);
-    assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(false));
+    assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(true));
 }
 
 #[test]

@@ -21,9 +21,10 @@
 //!   `trigger` packet (field 46; unless `disable_trace_config`). A session
 //!   that lists triggers returns no data at all — neither `ReadBuffers` nor
 //!   `write_into_file` — until one matched.
-//! * CLONE_SNAPSHOT (and `use_clone_snapshot_if_available`) needs
-//!   CloneSession, which this service does not implement: such configs are
-//!   refused at `EnableTracing` with an error saying so.
+//! * CLONE_SNAPSHOT (and `use_clone_snapshot_if_available`) is not
+//!   implemented (`CloneSession` itself is, [`super::clone`]): such configs
+//!   are refused at `EnableTracing` with an error saying so. Cloned sessions
+//!   never match triggers.
 //!
 //! Memory: a session keeps at most [`MAX_PENDING_TRIGGERS`] triggers not yet
 //! emitted, and the 24-hour history at most [`MAX_HISTORY`] entries (the
@@ -271,7 +272,11 @@ impl TracingService {
         producer_name: &str,
         fired: usize,
     ) -> Option<u32> {
-        let s = self.sessions.get(&sid)?;
+        // A clone is a snapshot: triggers are for the session it came from.
+        let s = self
+            .sessions
+            .get(&sid)
+            .filter(|s| s.state != SessionState::ClonedReadOnly)?;
         let t = s.config.trigger_config.as_ref()?;
         let index = t
             .triggers
@@ -395,7 +400,7 @@ impl TracingService {
         match self.sessions.get(&sid).map(|s| s.state) {
             Some(SessionState::Started) => {
                 let flags = flush_flags::REASON_TRACE_STOP | flush_flags::INITIATOR_TRACED;
-                self.flush(sid, 0, flags, None, true);
+                self.flush(sid, 0, flags, super::session::FlushThen::Disable);
             }
             Some(SessionState::Configured) => self.disable_tracing(sid, false),
             _ => {}
