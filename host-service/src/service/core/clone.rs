@@ -442,6 +442,7 @@ impl TracingService {
             received: src.triggers.pending.len() as u64,
             pending: std::mem::take(&mut src.triggers.pending),
             not_emitted: std::mem::take(&mut src.triggers.not_emitted),
+            clone_hits: Vec::new(),
         };
         let mut events: Vec<(Nanos, Lifecycle, bool)> = src
             .events

@@ -4,8 +4,8 @@
 //! src/tracing/service/tracing_service_endpoints_impl.cc).
 //!
 //! `CloneSession` is [`super::clone`]'s. What this service does not
-//! implement (CLONE_SNAPSHOT triggers, trace filters, compression,
-//! `SaveTraceForBugreport`) is refused explicitly:
+//! implement (trace filters, compression, `SaveTraceForBugreport`) is
+//! refused explicitly:
 //! an `EnableTracing` with such a config is answered with an error string,
 //! and calls that only exist for them fail or say so in their response.
 //! `ChangeTraceConfig` applies producer name filters only, like upstream,
@@ -169,6 +169,7 @@ impl TracingService {
                     observable_events: vec![
                         EventType::DataSourcesInstances as i32,
                         EventType::AllDataSourcesStarted as i32,
+                        EventType::CloneTriggerHit as i32,
                     ],
                     has_trace_config_output_path: Some(true),
                     has_clone_session: Some(true),
@@ -297,7 +298,7 @@ impl TracingService {
         }
     }
 
-    fn send_event(&mut self, conn: ConnId, kind: EventType, events: ObservableEvents) {
+    pub(super) fn send_event(&mut self, conn: ConnId, kind: EventType, events: ObservableEvents) {
         let Some((to, mask)) = self.consumer(conn).and_then(|c| c.observer.clone()) else {
             return;
         };

@@ -139,13 +139,10 @@ pub enum ConfigError {
     /// The descriptor passed for `write_into_file` cannot be written.
     #[error("cannot write the trace file descriptor: {0}")]
     OutputDescriptor(#[source] std::io::Error),
-    /// A clone-snapshot trigger mode (not implemented; `CloneSession` is).
-    #[error(
-        "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) are not supported by \
-         the shmtrace service; snapshot a running session with CloneSession instead \
-         (shmtrace record --clone ID, perfetto --clone ID)"
-    )]
-    CloneSnapshotTriggers,
+    /// `use_clone_snapshot_if_available` with a mode other than
+    /// STOP_TRACING.
+    #[error("trigger_mode must be STOP_TRACING when use_clone_snapshot_if_available=true")]
+    CloneSnapshotIfAvailable,
     /// An unknown `trigger_mode`.
     #[error("invalid trigger_mode {0}")]
     TriggerMode(i32),
@@ -158,9 +155,9 @@ pub enum ConfigError {
          stop_delay_ms bound it)"
     )]
     DurationWithTriggers,
-    /// `STOP_TRACING` triggers into a file.
-    #[error("trigger mode STOP_TRACING and write_into_file together are unsupported")]
-    StopTriggersIntoFile,
+    /// `STOP_TRACING` or `CLONE_SNAPSHOT` triggers into a file.
+    #[error("trigger mode {0} and write_into_file together are unsupported")]
+    StopTriggersIntoFile(&'static str),
     /// Two triggers have the same name.
     #[error("duplicate trigger name {0:?}")]
     DuplicateTrigger(String),

@@ -21,10 +21,15 @@
 //!   `trigger` packet (field 46; unless `disable_trace_config`). A session
 //!   that lists triggers returns no data at all — neither `ReadBuffers` nor
 //!   `write_into_file` — until one matched.
-//! * CLONE_SNAPSHOT (and `use_clone_snapshot_if_available`) is not
-//!   implemented (`CloneSession` itself is, [`super::clone`]): such configs
-//!   are refused at `EnableTracing` with an error saying so. Cloned sessions
-//!   never match triggers.
+//! * **CLONE_SNAPSHOT** (or STOP_TRACING with
+//!   `use_clone_snapshot_if_available`): the session starts at once with
+//!   `duration_ms = trigger_timeout_ms` and is only ever read through clones
+//!   (`ReadBuffers` and files get nothing). Each matching trigger, after its
+//!   `stop_delay_ms`, is reported to the session's consumer as a
+//!   `clone_trigger_hit` ObservableEvent (if it observes CLONE_TRIGGER_HIT);
+//!   the consumer then clones the session ([`super::clone`]), naming the
+//!   trigger, which the clone's trace records as `clone_snapshot_trigger`.
+//!   The session runs on. Cloned sessions never match triggers.
 //!
 //! Memory: a session keeps at most [`MAX_PENDING_TRIGGERS`] triggers not yet
 //! emitted, and the 24-hour history at most [`MAX_HISTORY`] entries (the
@@ -62,6 +67,8 @@ pub enum TriggerMode {
     StartTracing,
     /// A trigger stops the session.
     StopTracing,
+    /// A trigger asks the consumer to clone the session.
+    CloneSnapshot,
 }
 
 /// A session's trigger setup, validated at `EnableTracing`.
@@ -102,12 +109,17 @@ pub struct SessionTriggers {
     /// Triggers not kept for emission (more than [`MAX_PENDING_TRIGGERS`]
     /// pending).
     pub not_emitted: u64,
+    /// CLONE_SNAPSHOT triggers to report to the consumer, each when due (at
+    /// most [`MAX_PENDING_TRIGGERS`]).
+    pub clone_hits: Vec<(Nanos, ReceivedTrigger)>,
 }
 
 impl SessionTriggers {
-    /// The session lists triggers and none matched yet: it yields no data.
+    /// The session yields no data: it lists triggers and none matched yet,
+    /// or it is a CLONE_SNAPSHOT session (read only through clones).
     pub fn waiting(&self) -> bool {
-        !self.setup.regexes.is_empty() && self.received == 0
+        (!self.setup.regexes.is_empty() && self.received == 0)
+            || self.setup.mode == TriggerMode::CloneSnapshot
     }
 }
 
@@ -123,13 +135,14 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
         });
     };
     let raw_mode = t.trigger_mode.unwrap_or(0);
-    let clone = raw_mode == ProtoMode::CloneSnapshot as i32
-        || t.use_clone_snapshot_if_available.unwrap_or(false);
+    let if_available = t.use_clone_snapshot_if_available.unwrap_or(false);
     let mode = match ProtoMode::try_from(raw_mode) {
-        _ if clone => return Err(ConfigError::CloneSnapshotTriggers),
+        Ok(ProtoMode::StopTracing) if if_available => TriggerMode::CloneSnapshot,
+        _ if if_available => return Err(ConfigError::CloneSnapshotIfAvailable),
         Ok(ProtoMode::Unspecified) => TriggerMode::Unspecified,
         Ok(ProtoMode::StartTracing) => TriggerMode::StartTracing,
         Ok(ProtoMode::StopTracing) => TriggerMode::StopTracing,
+        Ok(ProtoMode::CloneSnapshot) => TriggerMode::CloneSnapshot,
         _ => return Err(ConfigError::TriggerMode(raw_mode)),
     };
     let timeout_ms = t.trigger_timeout_ms.unwrap_or(0);
@@ -141,8 +154,16 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
             return Err(ConfigError::DurationWithTriggers);
         }
     }
-    if mode == TriggerMode::StopTracing && config.write_into_file.unwrap_or(false) {
-        return Err(ConfigError::StopTriggersIntoFile);
+    if config.write_into_file.unwrap_or(false) {
+        match mode {
+            TriggerMode::StopTracing => {
+                return Err(ConfigError::StopTriggersIntoFile("STOP_TRACING"))
+            }
+            TriggerMode::CloneSnapshot => {
+                return Err(ConfigError::StopTriggersIntoFile("CLONE_SNAPSHOT"))
+            }
+            _ => {}
+        }
     }
     let mut names = std::collections::BTreeSet::new();
     let mut regexes = Vec::new();
@@ -319,6 +340,7 @@ impl TracingService {
         let first = s.triggers.received == 0;
         s.triggers.received += 1;
         let delay_ms = trigger.stop_delay_ms;
+        let hit = (s.triggers.setup.mode == TriggerMode::CloneSnapshot).then(|| trigger.clone());
         // A producer may send triggers at any rate: only the first of a
         // session is worth an info line.
         let level = if first {
@@ -354,7 +376,52 @@ impl TracingService {
                     Timer::TriggerStop { session: sid },
                 );
             }
+            TriggerMode::CloneSnapshot => {
+                let due = now + u64::from(delay_ms) * 1_000_000;
+                if let Some(hit) =
+                    hit.filter(|_| s.triggers.clone_hits.len() < MAX_PENDING_TRIGGERS)
+                {
+                    s.triggers.clone_hits.push((due, hit));
+                    self.timers
+                        .arm(due, Timer::CloneTriggerHit { session: sid });
+                }
+            }
             _ => {}
+        }
+    }
+
+    /// `Timer::CloneTriggerHit`: tells the consumer of CLONE_SNAPSHOT
+    /// session `sid` about the triggers whose `stop_delay_ms` passed
+    /// (upstream: `ConsumerEndpointImpl::NotifyCloneSnapshotTrigger`).
+    pub(super) fn clone_trigger_hits(&mut self, sid: SessionId) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut s.triggers.clone_hits)
+            .into_iter()
+            .partition(|&(t, _)| t <= now);
+        s.triggers.clone_hits = later;
+        let Some(conn) = s.consumer else {
+            return;
+        };
+        for (_, t) in due {
+            let hit = crate::protos::observable_events::CloneTriggerHit {
+                tracing_session_id: Some(sid as i64),
+                trigger_name: Some(t.name),
+                producer_name: Some(t.producer_name),
+                producer_uid: Some(t.producer_uid),
+                boot_time_ns: Some(t.time),
+                trigger_delay_ms: Some(u64::from(t.stop_delay_ms)),
+            };
+            self.send_event(
+                conn,
+                crate::protos::observable_events::Type::CloneTriggerHit,
+                crate::protos::ObservableEvents {
+                    clone_trigger_hit: Some(hit),
+                    ..Default::default()
+                },
+            );
         }
     }
 
@@ -375,7 +442,7 @@ impl TracingService {
                 );
                 true
             }
-            TriggerMode::StopTracing => {
+            TriggerMode::StopTracing | TriggerMode::CloneSnapshot => {
                 // Without a trigger, the session ends at the timeout.
                 s.set_duration_ms(timeout_ms);
                 false

@@ -157,6 +157,7 @@ impl TracingService {
                 pending: Vec::new(),
                 received: 0,
                 not_emitted: 0,
+                clone_hits: Vec::new(),
             },
             machines_described: BTreeSet::new(),
             machines_synced: BTreeSet::new(),
@@ -833,6 +834,7 @@ impl TracingService {
             }
             Timer::TriggerTimeout { session } => self.start_trigger_timeout(session),
             Timer::TriggerStop { session } => self.trigger_stop(session),
+            Timer::CloneTriggerHit { session } => self.clone_trigger_hits(session),
             Timer::Snapshot { session } => {
                 let snapshot = self.env.clock_snapshot();
                 let Some(s) = self.sessions.get_mut(&session) else {
