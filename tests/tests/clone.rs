@@ -1,0 +1,428 @@
+//! CloneSession against the real Perfetto service and against `shmtrace
+//! serve`: a ring-buffer session named "flight" (recorded by `shmtrace
+//! record --txt`) runs while a producer writes into it — our producer
+//! library's `hello` example, or the real SDK's producer driver — and is
+//! snapshotted twice while it runs: by `shmtrace record --clone-by-name`
+//! and by the real Perfetto consumer client (`real-consumer --clone-name`,
+//! ConsumerEndpoint::CloneSession, OnSessionCloned, ReadBuffers). Both
+//! snapshots hold what the producer wrote and the clone's lifecycle events
+//! and pass `inspect --check`; the session runs on and its final trace
+//! holds everything too. A clone of a session that does not exist fails
+//! with the same error on both services. What ours writes is compared with
+//! what the real one writes.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shmtrace_tests::real_binaries;
+use shmtrace_tests::scenario::{
+    inspect_passes, producer_example, shmtrace_binary, start_service, ServiceImpl,
+};
+
+/// The session: a 4 MiB ring buffer of track events (every category),
+/// found by its name.
+const CONFIG: &str = "buffers { size_kb: 4096 fill_policy: RING_BUFFER }
+data_sources {
+  config {
+    name: \"track_event\"
+    track_event_config { enabled_categories: \"*\" }
+  }
+}
+unique_session_name: \"flight\"
+";
+
+/// Who writes into the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Producer {
+    /// Our library's `hello` example: 3 `DrawPlayer` slices and 3
+    /// `PlayerDrawn` instants, then it exits.
+    Ours,
+    /// The real SDK (`real-producer --iterations 5`): 5 `outer` slices,
+    /// then it waits for the session to stop.
+    Real,
+}
+
+fn shmtrace() -> Command {
+    Command::new(shmtrace_binary().expect("shmtrace binary"))
+}
+
+fn output(command: &mut Command) -> (Output, String) {
+    let out = command.output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
+}
+
+/// The sessions `shmtrace query` lists: `(id, state)`.
+fn sessions(consumer: &Path) -> Vec<(u64, String)> {
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["query", "--json", "--socket"])
+            .arg(consumer),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let state: Value = serde_json::from_slice(&out.stdout).expect("json");
+    state["sessions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    (
+                        s["id"].as_u64().unwrap_or(0),
+                        s["state"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Starts the producer `which` on `socket`; the real one is returned
+/// running, once it has emitted its events.
+fn run_producer(which: Producer, socket: &Path) -> Option<Child> {
+    match which {
+        Producer::Ours => {
+            let hello = Command::new(producer_example("hello").expect("the hello example"))
+                .env("PERFETTO_PRODUCER_SOCK_NAME", socket)
+                .output()
+                .expect("run hello");
+            assert!(
+                hello.status.success(),
+                "hello: {}",
+                String::from_utf8_lossy(&hello.stderr)
+            );
+            None
+        }
+        Producer::Real => {
+            let mut child = Command::new(real_binaries!().producer)
+                .args(["--iterations", "5", "--socket"])
+                .arg(socket)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn real-producer");
+            let stdout = child.stdout.take().expect("stdout");
+            let mut lines = BufReader::new(stdout).lines();
+            loop {
+                let line = lines
+                    .next()
+                    .expect("real-producer reports its phase")
+                    .expect("read real-producer");
+                if line.contains("\"event\":\"phase\"") {
+                    break;
+                }
+            }
+            Some(child)
+        }
+    }
+}
+
+/// What one service did.
+#[derive(Debug)]
+struct Run {
+    /// Track events by name: the CLI's snapshot, the real consumer's
+    /// snapshot, the session's own trace.
+    events: [Value; 3],
+    /// Service events by name, same order.
+    service_events: [Vec<String>; 3],
+    /// The errors of clones of a session that does not exist: the CLI's
+    /// stderr, the real consumer's `cloned` line.
+    missing: (String, Value),
+}
+
+fn service_event_names(analysis: &Value) -> Vec<String> {
+    analysis["session"]["service_events"]
+        .as_array()
+        .expect("service_events")
+        .iter()
+        .map(|e| e[0].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// The real consumer's `cloned` line, and how it exited.
+fn real_clone(consumer: &Path, selector: [&str; 2], out: &Path) -> (Value, Option<i32>) {
+    let run = Command::new(real_binaries!().consumer)
+        .args(selector)
+        .arg("--out")
+        .arg(out)
+        .arg("--socket")
+        .arg(consumer)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run real-consumer");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let cloned = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "cloned")
+        .unwrap_or_else(|| {
+            panic!(
+                "real-consumer said no \"cloned\": {stdout} {}",
+                String::from_utf8_lossy(&run.stderr)
+            )
+        });
+    (cloned, run.status.code())
+}
+
+fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
+    let _service = start_service(
+        service,
+        &real_binaries!(),
+        dir.path(),
+        &producer_sock,
+        &consumer,
+    )
+    .expect("service starts");
+    std::fs::write(path("config.txtpb"), CONFIG).expect("write config");
+    let record = shmtrace()
+        .args(["record", "--progress", "none", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("full.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let started = Instant::now();
+    while sessions(&consumer).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the session did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = sessions(&consumer)[0].0;
+    let running = run_producer(producer, &producer_sock);
+
+    // The CLI's snapshot, by name.
+    let snap_cli = path("snap-cli.pftrace");
+    let (out, stderr) = output(
+        shmtrace()
+            .args([
+                "record",
+                "--progress",
+                "none",
+                "--clone-by-name",
+                "flight",
+                "-o",
+            ])
+            .arg(&snap_cli)
+            .arg("--socket")
+            .arg(&consumer),
+    );
+    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    assert!(
+        stderr.contains("a snapshot of the running session, which runs on (flushed)"),
+        "{service:?}: {stderr}"
+    );
+    // The real consumer's, by id.
+    let snap_real = path("snap-real.pftrace");
+    let id_arg = id.to_string();
+    let (cloned, code) = real_clone(&consumer, ["--clone-id", &id_arg], &snap_real);
+    assert_eq!(code, Some(0), "{service:?}: {cloned}");
+    assert_eq!(cloned["success"], true);
+    assert_eq!(cloned["was_write_into_file"], false);
+    // The clones are gone with their consumers; the session runs on.
+    assert_eq!(sessions(&consumer), [(id, "STARTED".to_owned())]);
+
+    // Clones of a session that does not exist.
+    let (out, cli_error) = output(
+        shmtrace()
+            .args(["record", "--progress", "none", "--clone", "999", "-o"])
+            .arg(path("none.pftrace"))
+            .arg("--socket")
+            .arg(&consumer),
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!path("none.pftrace").exists(), "no empty file left behind");
+    let (missing, code) = real_clone(&consumer, ["--clone-name", "nope"], &path("nope.pftrace"));
+    assert_eq!(code, Some(2));
+
+    // Stop the session: its trace has everything.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&record),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT record");
+    let done = record.wait_with_output().expect("record ends");
+    assert!(
+        done.status.success(),
+        "{service:?}: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    if let Some(mut child) = running {
+        assert!(child.wait().expect("real-producer ends").success());
+    }
+    let traces = [snap_cli, snap_real, path("full.pftrace")];
+    let analyses = traces.clone().map(|t| inspect_passes(&t));
+    Run {
+        events: analyses
+            .clone()
+            .map(|a| a["track_events"]["by_name"].clone()),
+        service_events: analyses.map(|a| service_event_names(&a)),
+        missing: (cli_error, missing),
+    }
+}
+
+fn both_services_clone(producer: Producer) {
+    let real = clone_flow(ServiceImpl::Real, producer);
+    let ours = clone_flow(ServiceImpl::Ours, producer);
+    for run in [&real, &ours] {
+        let expected = match producer {
+            Producer::Ours => [("DrawPlayer", 3), ("PlayerDrawn", 3)],
+            Producer::Real => [("outer", 5), ("inner", 5)],
+        };
+        for events in &run.events {
+            for (name, count) in expected {
+                assert_eq!(events[name], count, "{name}: {events}");
+            }
+        }
+        for snapshot in &run.service_events[..2] {
+            for kind in ["clone_started", "buffer_cloned", "tracing_disabled"] {
+                assert!(snapshot.iter().any(|e| e == kind), "{kind}: {snapshot:?}");
+            }
+        }
+        assert!(
+            !run.service_events[2].iter().any(|e| e == "clone_started"),
+            "{:?}",
+            run.service_events[2]
+        );
+        assert!(
+            run.missing
+                .0
+                .contains("could not clone the session 999: Tracing session not found"),
+            "{}",
+            run.missing.0
+        );
+        assert_eq!(run.missing.1["success"], false);
+    }
+    assert_eq!(ours.events, real.events, "the same track events");
+    assert_eq!(
+        ours.missing.1["error"], real.missing.1["error"],
+        "the same error"
+    );
+    let kinds = |run: &Run, i: usize| -> Vec<String> {
+        let mut k = run.service_events[i].clone();
+        k.sort();
+        k.dedup();
+        k
+    };
+    for i in 0..3 {
+        assert_eq!(
+            kinds(&ours, i),
+            kinds(&real, i),
+            "service events of trace {i}"
+        );
+    }
+}
+
+#[test]
+fn our_producer_s_session_clones_alike_on_either_service() {
+    both_services_clone(Producer::Ours);
+}
+
+#[test]
+fn a_real_sdk_producer_s_session_clones_alike_on_either_service() {
+    both_services_clone(Producer::Real);
+}
+
+/// A CLONE_SNAPSHOT session: a trigger makes the service tell `record`,
+/// which clones the session into `<out>.0` (as perfetto_cmd does); the
+/// snapshot holds what the producer wrote, the trigger that asked for it
+/// (`clone_snapshot_trigger`) and passes the check; the session runs on,
+/// and its own file stays empty (it is read only through clones).
+fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
+    let _service = start_service(
+        service,
+        &real_binaries!(),
+        dir.path(),
+        &producer_sock,
+        &consumer,
+    )
+    .expect("service starts");
+    let config = format!(
+        "{CONFIG}trigger_config {{
+  trigger_mode: CLONE_SNAPSHOT
+  trigger_timeout_ms: 60000
+  triggers {{ name: \"snap\" stop_delay_ms: 0 }}
+}}
+"
+    );
+    std::fs::write(path("config.txtpb"), config).expect("write config");
+    let mut record = shmtrace()
+        .args(["record", "--progress", "json", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("full.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let mut events = BufReader::new(record.stdout.take().expect("stdout")).lines();
+    let mut wait_for = |event: &str| loop {
+        let line = events
+            .next()
+            .unwrap_or_else(|| panic!("{service:?}: record ended before {event:?}"))
+            .expect("read record");
+        let v: Value = serde_json::from_str(&line).expect("a JSON event");
+        if v["event"] == event {
+            break v;
+        }
+    };
+    wait_for("tracing");
+    run_producer(Producer::Ours, &producer_sock);
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["trigger", "snap", "--socket"])
+            .arg(&producer_sock),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let snap = wait_for("snapshot");
+    assert_eq!(snap["trigger"], "snap");
+    let snapshot = path("full.pftrace.0");
+    assert_eq!(snap["path"], snapshot.display().to_string());
+    assert_eq!(sessions(&consumer).len(), 1, "the session runs on");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&record),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT record");
+    let done = record.wait_with_output().expect("record ends");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{service:?}: {stderr}");
+    assert!(stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"), "{stderr}");
+    let full = std::fs::metadata(path("full.pftrace")).expect("the session's file");
+    assert_eq!(full.len(), 0, "{service:?}: read only through clones");
+    let analysis = inspect_passes(&snapshot);
+    let kinds: Vec<String> = analysis["packets_by_kind"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    (analysis["track_events"]["by_name"].clone(), kinds)
+}
+
+#[test]
+fn a_clone_snapshot_trigger_makes_record_write_a_snapshot_on_either_service() {
+    let real = clone_snapshot_flow(ServiceImpl::Real);
+    let ours = clone_snapshot_flow(ServiceImpl::Ours);
+    for (events, kinds) in [&real, &ours] {
+        assert_eq!(events["DrawPlayer"], 3, "{events}");
+        assert!(
+            kinds.iter().any(|k| k == "clone_snapshot_trigger"),
+            "{kinds:?}"
+        );
+    }
+    assert_eq!(ours.0, real.0, "the same track events");
+}
