@@ -3,13 +3,17 @@
 //! record --txt`) runs while a producer writes into it — our producer
 //! library's `hello` example, or the real SDK's producer driver — and is
 //! snapshotted twice while it runs: by `shmtrace record --clone-by-name`
-//! and by the real Perfetto consumer client (`real-consumer --clone-name`,
+//! and by the real Perfetto consumer client (`real-consumer --clone-id`,
 //! ConsumerEndpoint::CloneSession, OnSessionCloned, ReadBuffers). Both
 //! snapshots hold what the producer wrote and the clone's lifecycle events
 //! and pass `inspect --check`; the session runs on and its final trace
 //! holds everything too. A clone of a session that does not exist fails
-//! with the same error on both services. What ours writes is compared with
-//! what the real one writes.
+//! with the same error on both services. The shared checker
+//! (`checker/semantic_dump.py`, which needs the official protos:
+//! `SHMTRACE_PYTHON`) reads the same in each snapshot as in the session's
+//! own trace, and, for the real SDK's producer, the same in ours as in the
+//! real service's. And a CLONE_SNAPSHOT session: a trigger makes `record`
+//! write a snapshot on either service.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -17,6 +21,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use shmtrace_tests::checker::semantic_diff;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
     inspect_passes, producer_example, shmtrace_binary, start_service, ServiceImpl,
@@ -96,9 +101,11 @@ fn run_producer(which: Producer, socket: &Path) -> Option<Child> {
             None
         }
         Producer::Real => {
+            // The socket in the environment: the process's arguments are in
+            // the trace, and must not differ between runs.
             let mut child = Command::new(real_binaries!().producer)
-                .args(["--iterations", "5", "--socket"])
-                .arg(socket)
+                .args(["--iterations", "5"])
+                .env("PERFETTO_PRODUCER_SOCK_NAME", socket)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -123,6 +130,11 @@ fn run_producer(which: Producer, socket: &Path) -> Option<Child> {
 /// What one service did.
 #[derive(Debug)]
 struct Run {
+    /// The directory holding the traces (kept until the comparison).
+    _dir: tempfile::TempDir,
+    /// The CLI's snapshot, the real consumer's snapshot, the session's own
+    /// trace.
+    traces: [PathBuf; 3],
     /// Track events by name: the CLI's snapshot, the real consumer's
     /// snapshot, the session's own trace.
     events: [Value; 3],
@@ -262,7 +274,15 @@ fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
     }
     let traces = [snap_cli, snap_real, path("full.pftrace")];
     let analyses = traces.clone().map(|t| inspect_passes(&t));
+    // The producer wrote everything before the clones: a trace processor
+    // reads the same in each snapshot as in the session's own trace.
+    for snapshot in &traces[..2] {
+        let diff = semantic_diff(snapshot, &traces[2]).expect("the checker runs");
+        assert!(diff.is_none(), "{service:?}: {}", diff.unwrap_or_default());
+    }
     Run {
+        _dir: dir,
+        traces,
         events: analyses
             .clone()
             .map(|a| a["track_events"]["by_name"].clone()),
@@ -320,6 +340,15 @@ fn both_services_clone(producer: Producer) {
             kinds(&real, i),
             "service events of trace {i}"
         );
+        // The real SDK's producer writes deterministically: what a trace
+        // processor reads in the traces of either service is the same
+        // (tests/checker/semantic_dump.py). (Our `hello` hands its startup
+        // buffer over as timing decides, which may split its events over
+        // two sequences on either service.)
+        if producer == Producer::Real {
+            let diff = semantic_diff(&real.traces[i], &ours.traces[i]).expect("the checker runs");
+            assert!(diff.is_none(), "trace {i}: {}", diff.unwrap_or_default());
+        }
     }
 }
 
@@ -402,7 +431,10 @@ fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>) {
     let done = record.wait_with_output().expect("record ends");
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "{service:?}: {stderr}");
-    assert!(stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"), "{stderr}");
+    assert!(
+        stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"),
+        "{stderr}"
+    );
     let full = std::fs::metadata(path("full.pftrace")).expect("the session's file");
     assert_eq!(full.len(), 0, "{service:?}: read only through clones");
     let analysis = inspect_passes(&snapshot);

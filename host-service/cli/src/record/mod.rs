@@ -16,7 +16,7 @@
 //!
 //! As `perfetto --clone ID` / `--clone-by-name NAME`: `--clone` and
 //! `--clone-by-name` write a snapshot of a running session, which runs on
-//! (ConsumerPort CloneSession, [`clone`]).
+//! (ConsumerPort CloneSession; the `clone` module).
 
 mod clone;
 mod progress;
