@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shmtrace_tests::checker::semantic_diff;
+use shmtrace_tests::process::ChildProcess;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{
     inspect_passes, producer_example, shmtrace_binary, start_service, ServiceImpl,
@@ -179,18 +180,25 @@ fn real_clone(consumer: &Path, selector: [&str; 2], out: &Path) -> (Value, Optio
     (cloned, run.status.code())
 }
 
-fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
+/// `service` started in a new directory, on its sockets `p.sock` (producers)
+/// and `c.sock` (consumers).
+fn started(service: ServiceImpl) -> (tempfile::TempDir, ChildProcess) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
-    let _service = start_service(
+    let child = start_service(
         service,
         &real_binaries!(),
         dir.path(),
-        &producer_sock,
-        &consumer,
+        &dir.path().join("p.sock"),
+        &dir.path().join("c.sock"),
     )
     .expect("service starts");
+    (dir, child)
+}
+
+fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
+    let (dir, _service) = started(service);
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
     std::fs::write(path("config.txtpb"), CONFIG).expect("write config");
     let record = shmtrace()
         .args(["record", "--progress", "none", "--txt", "-c"])
@@ -368,17 +376,9 @@ fn a_real_sdk_producer_s_session_clones_alike_on_either_service() {
 /// (`clone_snapshot_trigger`) and passes the check; the session runs on,
 /// and its own file stays empty (it is read only through clones).
 fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (dir, _service) = started(service);
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
     let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
-    let _service = start_service(
-        service,
-        &real_binaries!(),
-        dir.path(),
-        &producer_sock,
-        &consumer,
-    )
-    .expect("service starts");
     let config = format!(
         "{CONFIG}trigger_config {{
   trigger_mode: CLONE_SNAPSHOT

@@ -625,6 +625,16 @@ fn field(packet: &[u8], number: u32) -> Option<Result<u64, Vec<u8>>> {
         .map(|(_, v)| v)
 }
 
+/// The config of a read's `trace_config` packet (field 33).
+fn trace_config_in(packets: &[Vec<u8>]) -> TraceConfig {
+    let raw = packets
+        .iter()
+        .find_map(|p| field(p, 33))
+        .expect("a trace_config packet")
+        .unwrap_err();
+    TraceConfig::decode(&raw[..]).expect("the config decodes")
+}
+
 /// The producer packets (those with the test payload field 900).
 fn payloads(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
     packets

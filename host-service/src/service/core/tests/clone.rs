@@ -153,15 +153,7 @@ fn a_clone_by_id_snapshots_the_session_which_runs_on() {
     );
     let uuid = uuid_of(&cloned);
     assert_eq!((resp.uuid_msb, resp.uuid_lsb), (Some(uuid.0), Some(uuid.1)));
-    let config_packet = cloned
-        .iter()
-        .find_map(|p| field(p, 33))
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        TraceConfig::decode(&config_packet[..]).unwrap().buffers[0].size_kb,
-        Some(256)
-    );
+    assert_eq!(trace_config_in(&cloned).buffers[0].size_kb, Some(256));
     use crate::protos::tracing_service_event::EventType as E;
     let events = service_events(&cloned);
     for e in [
@@ -321,15 +313,7 @@ fn the_bugreport_id_clones_the_highest_scored_started_session() {
     ack(&mut sim, &p, fl[0].request_id);
     assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
     let packets = c.read(&mut sim);
-    let raw = packets
-        .iter()
-        .find_map(|p| field(p, 33))
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        TraceConfig::decode(&raw[..]).unwrap().bugreport_score,
-        Some(9)
-    );
+    assert_eq!(trace_config_in(&packets).bugreport_score, Some(9));
 }
 
 #[test]

@@ -118,15 +118,7 @@ fn a_start_trigger_starts_the_session_and_its_stop_delay_ends_it() {
         )]
     );
     // The emitted config shows the duration the service applied.
-    let raw = packets
-        .iter()
-        .find_map(|p| field(p, 33))
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        TraceConfig::decode(&raw[..]).unwrap().duration_ms,
-        Some(1000)
-    );
+    assert_eq!(trace_config_in(&packets).duration_ms, Some(1000));
     // Triggers are emitted once.
     assert!(triggers_in(&c.read(&mut sim)).is_empty());
 }
