@@ -458,3 +458,81 @@ fn a_clone_snapshot_trigger_makes_record_write_a_snapshot_on_either_service() {
     }
     assert_eq!(ours.0, real.0, "the same track events");
 }
+
+/// A `write_into_file` session (its file written every 100 ms): the
+/// service copies the file so far into the snapshot's, then writes what its
+/// buffers still hold after it (`was_write_into_file`), on either service;
+/// the snapshot starts with the session's file as it was and holds what
+/// the producer wrote.
+fn write_into_file_clone(service: ServiceImpl) -> Value {
+    let (dir, _service) = started(service);
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
+    let config = format!("{CONFIG}write_into_file: true\nfile_write_period_ms: 100\n");
+    std::fs::write(path("config.txtpb"), config).expect("write config");
+    let record = shmtrace()
+        .args(["record", "--progress", "none", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("full.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let started_at = Instant::now();
+    while sessions(&consumer).is_empty() {
+        assert!(started_at.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_producer(Producer::Ours, &producer_sock);
+    // A periodic write has put something into the file.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = std::fs::read(path("full.pftrace")).expect("the session's file");
+    assert!(!before.is_empty(), "{service:?}: written every 100 ms");
+    let snap = path("snap.pftrace");
+    let (out, stderr) = output(
+        shmtrace()
+            .args([
+                "record",
+                "--progress",
+                "none",
+                "--clone-by-name",
+                "flight",
+                "-o",
+            ])
+            .arg(&snap)
+            .arg("--socket")
+            .arg(&consumer),
+    );
+    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    assert!(
+        stderr.contains("the service wrote it (write_into_file)"),
+        "{service:?}: {stderr}"
+    );
+    let bytes = std::fs::read(&snap).expect("the snapshot");
+    assert!(
+        bytes.len() > before.len() && bytes.starts_with(&before[..before.len().min(64)]),
+        "{service:?}: the session's file first"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&record),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT record");
+    let done = record.wait_with_output().expect("record ends");
+    assert!(
+        done.status.success(),
+        "{service:?}: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    inspect_passes(&snap)["track_events"]["by_name"].clone()
+}
+
+#[test]
+fn a_write_into_file_session_clones_into_the_callers_file_on_either_service() {
+    let real = write_into_file_clone(ServiceImpl::Real);
+    let ours = write_into_file_clone(ServiceImpl::Ours);
+    assert_eq!(real["DrawPlayer"], 3, "{real}");
+    assert_eq!(ours, real);
+}

@@ -267,7 +267,10 @@ impl OutputFile {
             });
         }
         let created = !path.exists();
+        // Readable too: the service copies a write_into_file session's file
+        // so far into a clone's (CloneSession), as from perfetto_cmd's.
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .create(true)
             .truncate(false)
@@ -297,7 +300,12 @@ impl OutputFile {
             } else {
                 format!("{stem}-{n}.pftrace")
             });
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
                 Ok(file) => return Self::claimed(path, file, true),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
                 Err(source) => {
