@@ -141,6 +141,9 @@ struct Run {
     events: [Value; 3],
     /// Service events by name, same order.
     service_events: [Vec<String>; 3],
+    /// Each trace's service events with their counts, in order, and its
+    /// session's statistics (`inspect --json`).
+    service_view: [(Value, Value); 3],
     /// The errors of clones of a session that does not exist: the CLI's
     /// stderr, the real consumer's `cloned` line.
     missing: (String, Value),
@@ -294,7 +297,23 @@ fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
         events: analyses
             .clone()
             .map(|a| a["track_events"]["by_name"].clone()),
-        service_events: analyses.map(|a| service_event_names(&a)),
+        service_events: analyses.clone().map(|a| service_event_names(&a)),
+        service_view: analyses.map(|a| {
+            // The session's counters; those of producers come and go as
+            // the producers' processes do.
+            let stats: serde_json::Map<String, Value> = a["stats"]["service"]
+                .as_object()
+                .expect("statistics")
+                .iter()
+                .filter(|(k, _)| {
+                    k.starts_with("flushes_")
+                        || ["final_flush_outcome", "total_buffers", "tracing_sessions"]
+                            .contains(&k.as_str())
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (a["session"]["service_events"].clone(), Value::Object(stats))
+        }),
         missing: (cli_error, missing),
     }
 }
@@ -353,6 +372,11 @@ fn both_services_clone(producer: Producer) {
         // (tests/checker/semantic_dump.py). (Our `hello` hands its startup
         // buffer over as timing decides, which may split its events over
         // two sequences on either service.)
+        // The service's own packets say the same: lifecycle events (the
+        // clone's flush, clone_started, buffer_cloned, tracing_disabled)
+        // in the same order and numbers, and the same statistics (flushes,
+        // final_flush_outcome, sessions, buffers).
+        assert_eq!(ours.service_view[i], real.service_view[i], "trace {i}");
         if producer == Producer::Real {
             let diff = semantic_diff(&real.traces[i], &ours.traces[i]).expect("the checker runs");
             assert!(diff.is_none(), "trace {i}: {}", diff.unwrap_or_default());
