@@ -399,7 +399,9 @@ fn a_real_sdk_producer_s_session_clones_alike_on_either_service() {
 /// snapshot holds what the producer wrote, the trigger that asked for it
 /// (`clone_snapshot_trigger`) and passes the check; the session runs on,
 /// and its own file stays empty (it is read only through clones).
-fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>) {
+/// Its track events by name, packet kinds, and the triggers and service
+/// events the snapshot records.
+fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>, (Value, Value)) {
     let (dir, _service) = started(service);
     let path = |name: &str| -> PathBuf { dir.path().join(name) };
     let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
@@ -466,14 +468,18 @@ fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>) {
         .as_object()
         .map(|o| o.keys().cloned().collect())
         .unwrap_or_default();
-    (analysis["track_events"]["by_name"].clone(), kinds)
+    let said = (
+        analysis["session"]["triggers"].clone(),
+        analysis["session"]["service_events"].clone(),
+    );
+    (analysis["track_events"]["by_name"].clone(), kinds, said)
 }
 
 #[test]
 fn a_clone_snapshot_trigger_makes_record_write_a_snapshot_on_either_service() {
     let real = clone_snapshot_flow(ServiceImpl::Real);
     let ours = clone_snapshot_flow(ServiceImpl::Ours);
-    for (events, kinds) in [&real, &ours] {
+    for (events, kinds, _) in [&real, &ours] {
         assert_eq!(events["DrawPlayer"], 3, "{events}");
         assert!(
             kinds.iter().any(|k| k == "clone_snapshot_trigger"),
@@ -481,6 +487,10 @@ fn a_clone_snapshot_trigger_makes_record_write_a_snapshot_on_either_service() {
         );
     }
     assert_eq!(ours.0, real.0, "the same track events");
+    // The same triggers ("snap" twice: as clone_snapshot_trigger and as
+    // the trigger received) and lifecycle events.
+    assert_eq!(real.2 .0, serde_json::json!(["snap", "snap"]));
+    assert_eq!(ours.2, real.2);
 }
 
 /// A `write_into_file` session (its file written every 100 ms): the
