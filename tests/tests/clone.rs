@@ -570,3 +570,81 @@ fn a_write_into_file_session_clones_into_the_callers_file_on_either_service() {
     assert_eq!(real["DrawPlayer"], 3, "{real}");
     assert_eq!(ours, real);
 }
+
+/// A STOP_TRACING session whose trigger came is cloned before the trigger's
+/// stop delay ends it: the clone takes the triggers received (its trace
+/// records "go"), and the session, left with none, then reads as one that
+/// is still waiting for its trigger. What its own trace holds, and the
+/// snapshot's triggers, on `service`.
+fn triggered_then_cloned(service: ServiceImpl) -> (u64, Value, Value) {
+    let (dir, _service) = started(service);
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
+    let config = format!(
+        "{CONFIG}trigger_config {{
+  trigger_mode: STOP_TRACING
+  trigger_timeout_ms: 60000
+  triggers {{ name: \"go\" stop_delay_ms: 1500 }}
+}}
+"
+    );
+    std::fs::write(path("config.txtpb"), config).expect("write config");
+    let record = shmtrace()
+        .args(["record", "--progress", "none", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("full.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let started_at = Instant::now();
+    while sessions(&consumer).is_empty() {
+        assert!(started_at.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_producer(Producer::Ours, &producer_sock);
+    let (out, stderr) = output(
+        shmtrace()
+            .args(["trigger", "go", "--socket"])
+            .arg(&producer_sock),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let snap = path("snap.pftrace");
+    let (out, stderr) = output(
+        shmtrace()
+            .args([
+                "record",
+                "--progress",
+                "none",
+                "--clone-by-name",
+                "flight",
+                "-o",
+            ])
+            .arg(&snap)
+            .arg("--socket")
+            .arg(&consumer),
+    );
+    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    let done = record.wait_with_output().expect("record ends");
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(done.status.success(), "{service:?}: {stderr}");
+    let full = std::fs::metadata(path("full.pftrace")).expect("the session's file");
+    let analysis = inspect_passes(&snap);
+    (
+        full.len(),
+        analysis["session"]["triggers"].clone(),
+        analysis["track_events"]["by_name"].clone(),
+    )
+}
+
+#[test]
+fn a_clone_takes_the_triggers_received_on_either_service() {
+    let real = triggered_then_cloned(ServiceImpl::Real);
+    let ours = triggered_then_cloned(ServiceImpl::Ours);
+    assert_eq!(real.1, serde_json::json!(["go"]));
+    assert_eq!(real.2["DrawPlayer"], 3);
+    assert_eq!(real.0, 0, "the session's own trace is empty");
+    assert_eq!(ours, real);
+}

@@ -22,16 +22,17 @@
 //!    makes the clone's `final_flush_outcome` FAILED; the clone goes on.
 //! 4. With both groups copied, the copies become a new session in state
 //!    `CLONED_READ_ONLY` owned by the caller: the source's config, stats,
-//!    unemitted lifecycle events and clock snapshots, its pending triggers
-//!    (moved: the source will not emit them again), the CLONE_SNAPSHOT
-//!    trigger that asked for the clone, and a new UUID keeping the source's
-//!    lsb. Its trace adds `clone_started`, one `buffer_cloned` per buffer and
+//!    unemitted lifecycle events and clock snapshots, the triggers it
+//!    received (moved: the source is left with none, and a source whose
+//!    triggers gate its data then reads as waiting for one, as upstream's),
+//!    the CLONE_SNAPSHOT trigger that asked for the clone, and a new UUID
+//!    keeping the source's lsb. Its trace adds `clone_started`, one `buffer_cloned` per buffer and
 //!    `tracing_disabled`. A clone of a `write_into_file` session is written
 //!    to the caller's descriptor at once.
 //! 5. The deferred `CloneSessionResponse` answers the call.
 //!
-//! The source keeps running untouched, except for what the flushes, the
-//! moved buffers and the moved triggers change.
+//! The source keeps running, changed only by the flushes, the moved
+//! buffers and the moved triggers.
 //!
 //! # Hostile or vanishing peers
 //!
@@ -58,7 +59,7 @@ use super::session::{
     flush_flags, FileSink, FlushThen, Lifecycle, Session, SessionState, MAX_SESSIONS,
     MAX_SESSIONS_PER_UID,
 };
-use super::triggers::{ReceivedTrigger, SessionTriggers, TriggerMode, TriggerSetup};
+use super::triggers::ReceivedTrigger;
 use super::{BufferId, CloneError, ConnId, SessionId, TracingService};
 use crate::ipc::PendingReply;
 use crate::protos::trace_stats::FinalFlushOutcome;
@@ -431,19 +432,7 @@ impl TracingService {
             .ok_or(CloneError::SourceEnded)?;
         self.last_session_id += 1;
         let id = self.last_session_id;
-        // Triggers not emitted yet go with the clone (upstream moves them so
-        // a long CLONE_SNAPSHOT session does not emit old ones again).
-        let triggers = SessionTriggers {
-            setup: TriggerSetup {
-                mode: TriggerMode::Unspecified,
-                timeout_ms: 0,
-                regexes: Vec::new(),
-            },
-            received: src.triggers.pending.len() as u64,
-            pending: std::mem::take(&mut src.triggers.pending),
-            not_emitted: std::mem::take(&mut src.triggers.not_emitted),
-            clone_hits: Vec::new(),
-        };
+        let triggers = src.triggers.take_for_clone();
         let mut events: Vec<(Nanos, Lifecycle, bool)> = src
             .events
             .iter()

@@ -523,6 +523,7 @@ fn preamble(
     if !builtin.disable_trace_config.unwrap_or(false) {
         out.extend(triggers.iter().map(|t| packets::trigger(uid, t)));
     }
+    s.triggers.mark_emitted(triggers);
     if !s.preamble_done {
         // Every writer with data in the buffers so far (upstream lists the
         // writers of its chunk histograms); each gets its sequence id now.

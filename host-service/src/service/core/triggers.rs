@@ -104,6 +104,10 @@ pub struct SessionTriggers {
     pub setup: TriggerSetup,
     /// Triggers received and not yet emitted as packets.
     pub pending: Vec<ReceivedTrigger>,
+    /// Triggers received and emitted already (the newest
+    /// [`MAX_PENDING_TRIGGERS`]): a clone takes them with the pending ones
+    /// and emits them all into its own trace.
+    pub emitted: Vec<ReceivedTrigger>,
     /// Triggers received so far (emitted, pending or not kept).
     pub received: u64,
     /// Triggers not kept for emission (more than [`MAX_PENDING_TRIGGERS`]
@@ -115,6 +119,38 @@ pub struct SessionTriggers {
 }
 
 impl SessionTriggers {
+    /// `triggers` were emitted into the trace: kept for a clone.
+    pub fn mark_emitted(&mut self, triggers: Vec<ReceivedTrigger>) {
+        self.emitted.extend(triggers);
+        let over = self.emitted.len().saturating_sub(MAX_PENDING_TRIGGERS);
+        self.emitted.drain(..over);
+    }
+
+    /// What a clone of the session gets (upstream:
+    /// `TracingServiceImpl::FinishCloneSession` moves `received_triggers`):
+    /// every trigger received, to emit again, and the count of those not
+    /// kept. The session is left with none, so that a long CLONE_SNAPSHOT
+    /// session does not emit old triggers into every snapshot; like
+    /// upstream's, a session whose triggers gate its data then reads as
+    /// one still waiting for a trigger.
+    pub fn take_for_clone(&mut self) -> SessionTriggers {
+        let mut pending = std::mem::take(&mut self.emitted);
+        pending.append(&mut self.pending);
+        self.received = 0;
+        SessionTriggers {
+            setup: TriggerSetup {
+                mode: TriggerMode::Unspecified,
+                timeout_ms: 0,
+                regexes: Vec::new(),
+            },
+            received: pending.len() as u64,
+            pending,
+            emitted: Vec::new(),
+            not_emitted: std::mem::take(&mut self.not_emitted),
+            clone_hits: Vec::new(),
+        }
+    }
+
     /// The session yields no data: it lists triggers and none matched yet,
     /// or it is a CLONE_SNAPSHOT session (read only through clones).
     pub fn waiting(&self) -> bool {

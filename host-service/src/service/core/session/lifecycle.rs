@@ -156,6 +156,7 @@ impl TracingService {
                 setup: v.triggers,
                 pending: Vec::new(),
                 received: 0,
+                emitted: Vec::new(),
                 not_emitted: 0,
                 clone_hits: Vec::new(),
             },

@@ -658,8 +658,28 @@ fn a_clone_carries_its_trigger_and_the_triggers_received() {
     let moved: Vec<&Vec<u8>> = cloned.iter().filter(|p| field(p, 46).is_some()).collect();
     assert_eq!(moved.len(), 1, "the received trigger went with the clone");
     assert_eq!(payloads(&cloned), [b"a".to_vec()]);
-    // The source does not emit it again.
+    // The source is left without triggers: like upstream's, it reads as
+    // still waiting for one (no data at all) until another comes.
+    assert!(source.read(&mut sim).is_empty());
+    let aid = p.call(
+        &mut sim,
+        producer_port::Request::ActivateTriggers(crate::protos::ActivateTriggersRequest {
+            trigger_names: vec!["seen".into()],
+        }),
+    );
+    let _: crate::protos::ActivateTriggersResponse = sim.reply_ok(p.conn, aid);
     let packets = source.read(&mut sim);
-    assert!(packets.iter().all(|p| field(p, 46).is_none()));
+    assert_eq!(packets.iter().filter(|p| field(p, 46).is_some()).count(), 1);
     assert!(packets.iter().all(|p| field(p, 113).is_none()));
+    // A trigger the source had emitted goes with the next clone too.
+    let (c, id) = ask_clone(&mut sim, 2000, Selector::SessionId(1));
+    let fl = flushes(&p.commands(&mut sim))[0].request_id;
+    ack(&mut sim, &p, fl);
+    assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    let cloned = c.read(&mut sim);
+    assert_eq!(cloned.iter().filter(|p| field(p, 46).is_some()).count(), 1);
+    assert!(
+        cloned.iter().all(|p| field(p, 113).is_none()),
+        "no clone trigger asked"
+    );
 }
