@@ -13,7 +13,9 @@
 //! `SHMTRACE_PYTHON`) reads the same in each snapshot as in the session's
 //! own trace, and, for the real SDK's producer, the same in ours as in the
 //! real service's. And a CLONE_SNAPSHOT session: a trigger makes `record`
-//! write a snapshot on either service.
+//! write a snapshot on either service. And `transfer_on_clone`,
+//! `clear_before_clone`, `write_into_file` sessions and a clone that takes
+//! a STOP_TRACING session's trigger, each alike on both services.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -647,4 +649,84 @@ fn a_clone_takes_the_triggers_received_on_either_service() {
     assert_eq!(real.2["DrawPlayer"], 3);
     assert_eq!(real.0, 0, "the session's own trace is empty");
     assert_eq!(ours, real);
+}
+
+/// The session's buffer set `option: true` (`transfer_on_clone` or
+/// `clear_before_clone`); `hello` writes, then two snapshots are taken and
+/// the session stops: the track events by name of the two snapshots and of
+/// the session's own trace, on `service`.
+fn buffer_option_flow(service: ServiceImpl, option: &str) -> [Value; 3] {
+    let (dir, _service) = started(service);
+    let path = |name: &str| -> PathBuf { dir.path().join(name) };
+    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
+    let config = CONFIG.replace(
+        "fill_policy: RING_BUFFER }",
+        &format!("fill_policy: RING_BUFFER {option}: true }}"),
+    );
+    assert_ne!(config, CONFIG);
+    std::fs::write(path("config.txtpb"), config).expect("write config");
+    let record = shmtrace()
+        .args(["record", "--progress", "none", "--txt", "-c"])
+        .arg(path("config.txtpb"))
+        .arg("-o")
+        .arg(path("full.pftrace"))
+        .arg("--socket")
+        .arg(&consumer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shmtrace record");
+    let started_at = Instant::now();
+    while sessions(&consumer).is_empty() {
+        assert!(started_at.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_producer(Producer::Ours, &producer_sock);
+    let snaps = [path("snap0.pftrace"), path("snap1.pftrace")];
+    for snap in &snaps {
+        let (out, stderr) = output(
+            shmtrace()
+                .args([
+                    "record",
+                    "--progress",
+                    "none",
+                    "--clone-by-name",
+                    "flight",
+                    "-o",
+                ])
+                .arg(snap)
+                .arg("--socket")
+                .arg(&consumer),
+        );
+        assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&record),
+        rustix::process::Signal::INT,
+    )
+    .expect("SIGINT record");
+    let done = record.wait_with_output().expect("record ends");
+    assert!(
+        done.status.success(),
+        "{service:?}: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    [&snaps[0], &snaps[1], &path("full.pftrace")]
+        .map(|t| inspect_passes(t)["track_events"]["by_name"].clone())
+}
+
+#[test]
+fn transfer_on_clone_and_clear_before_clone_act_alike_on_either_service() {
+    for option in ["transfer_on_clone", "clear_before_clone"] {
+        let real = buffer_option_flow(ServiceImpl::Real, option);
+        let ours = buffer_option_flow(ServiceImpl::Ours, option);
+        // transfer_on_clone: the first snapshot takes the buffer away;
+        // clear_before_clone: the buffer is emptied before each snapshot.
+        let first = match option {
+            "transfer_on_clone" => serde_json::json!({"DrawPlayer": 3, "PlayerDrawn": 3}),
+            _ => serde_json::json!({}),
+        };
+        let empty = serde_json::json!({});
+        assert_eq!(real, [first, empty.clone(), empty], "{option}");
+        assert_eq!(ours, real, "{option}");
+    }
 }
