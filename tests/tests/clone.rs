@@ -42,6 +42,19 @@ data_sources {
 unique_session_name: \"flight\"
 ";
 
+/// [`CONFIG`] with a trigger config of `mode`: trigger `name` with
+/// `stop_delay_ms`, a 60 s trigger timeout.
+fn with_trigger(mode: &str, name: &str, stop_delay_ms: u32) -> String {
+    format!(
+        "{CONFIG}trigger_config {{
+  trigger_mode: {mode}
+  trigger_timeout_ms: 60000
+  triggers {{ name: \"{name}\" stop_delay_ms: {stop_delay_ms} }}
+}}
+"
+    )
+}
+
 /// Who writes into the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Producer {
@@ -134,7 +147,7 @@ fn run_producer(which: Producer, socket: &Path) -> Option<Child> {
 #[derive(Debug)]
 struct Run {
     /// The directory holding the traces (kept until the comparison).
-    _dir: tempfile::TempDir,
+    _recording: Recording,
     /// The CLI's snapshot, the real consumer's snapshot, the session's own
     /// trace.
     traces: [PathBuf; 3],
@@ -185,70 +198,141 @@ fn real_clone(consumer: &Path, selector: [&str; 2], out: &Path) -> (Value, Optio
     (cloned, run.status.code())
 }
 
-/// `service` started in a new directory, on its sockets `p.sock` (producers)
-/// and `c.sock` (consumers).
-fn started(service: ServiceImpl) -> (tempfile::TempDir, ChildProcess) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let child = start_service(
-        service,
-        &real_binaries!(),
-        dir.path(),
-        &dir.path().join("p.sock"),
-        &dir.path().join("c.sock"),
-    )
-    .expect("service starts");
-    (dir, child)
+/// `service`, started in a new directory on its sockets `p.sock`
+/// (producers) and `c.sock` (consumers), with `shmtrace record` running a
+/// session of a text config into `full.pftrace` there.
+#[derive(Debug)]
+struct Recording {
+    service: ServiceImpl,
+    dir: tempfile::TempDir,
+    _process: ChildProcess,
+    record: Child,
+}
+
+impl Recording {
+    /// Starts `service` and `record` with `config` (`--progress` as
+    /// `progress`: with `json` its events are on its stdout); returns once
+    /// the session is listed.
+    fn start(service: ServiceImpl, config: &str, progress: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let process = start_service(
+            service,
+            &real_binaries!(),
+            dir.path(),
+            &dir.path().join("p.sock"),
+            &dir.path().join("c.sock"),
+        )
+        .expect("service starts");
+        std::fs::write(dir.path().join("config.txtpb"), config).expect("write config");
+        let record = shmtrace()
+            .args(["record", "--progress", progress, "--txt", "-c"])
+            .arg(dir.path().join("config.txtpb"))
+            .arg("-o")
+            .arg(dir.path().join("full.pftrace"))
+            .arg("--socket")
+            .arg(dir.path().join("c.sock"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shmtrace record");
+        let recording = Recording {
+            service,
+            dir,
+            _process: process,
+            record,
+        };
+        let started = Instant::now();
+        while sessions(&recording.consumer()).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{service:?}: the session did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        recording
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn producer(&self) -> PathBuf {
+        self.path("p.sock")
+    }
+
+    fn consumer(&self) -> PathBuf {
+        self.path("c.sock")
+    }
+
+    /// `shmtrace record --clone-by-name flight -o out`, which must succeed;
+    /// what it printed on stderr.
+    fn clone_into(&self, out: &Path) -> String {
+        let (status, stderr) = output(
+            shmtrace()
+                .args([
+                    "record",
+                    "--progress",
+                    "none",
+                    "--clone-by-name",
+                    "flight",
+                    "-o",
+                ])
+                .arg(out)
+                .arg("--socket")
+                .arg(self.consumer()),
+        );
+        assert_eq!(
+            status.status.code(),
+            Some(0),
+            "{:?}: {stderr}",
+            self.service
+        );
+        stderr
+    }
+
+    /// Activates trigger `name` with `shmtrace trigger`.
+    fn trigger(&self, name: &str) {
+        let (out, stderr) = output(
+            shmtrace()
+                .args(["trigger", name, "--socket"])
+                .arg(self.producer()),
+        );
+        assert!(out.status.success(), "{:?}: {stderr}", self.service);
+    }
+
+    /// Stops the session as Ctrl-C does and waits for `record`, which must
+    /// succeed; what it printed on stderr.
+    fn stop(&mut self) -> String {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.record),
+            rustix::process::Signal::INT,
+        )
+        .expect("SIGINT record");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.record.stderr.take() {
+            std::io::Read::read_to_string(&mut pipe, &mut stderr).expect("record's stderr");
+        }
+        let status = self.record.wait().expect("record ends");
+        assert!(status.success(), "{:?}: {stderr}", self.service);
+        stderr
+    }
 }
 
 fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
-    let (dir, _service) = started(service);
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
-    std::fs::write(path("config.txtpb"), CONFIG).expect("write config");
-    let record = shmtrace()
-        .args(["record", "--progress", "none", "--txt", "-c"])
-        .arg(path("config.txtpb"))
-        .arg("-o")
-        .arg(path("full.pftrace"))
-        .arg("--socket")
-        .arg(&consumer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmtrace record");
-    let started = Instant::now();
-    while sessions(&consumer).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the session did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut rec = Recording::start(service, CONFIG, "none");
+    let consumer = rec.consumer();
     let id = sessions(&consumer)[0].0;
-    let running = run_producer(producer, &producer_sock);
+    let running = run_producer(producer, &rec.producer());
 
     // The CLI's snapshot, by name.
-    let snap_cli = path("snap-cli.pftrace");
-    let (out, stderr) = output(
-        shmtrace()
-            .args([
-                "record",
-                "--progress",
-                "none",
-                "--clone-by-name",
-                "flight",
-                "-o",
-            ])
-            .arg(&snap_cli)
-            .arg("--socket")
-            .arg(&consumer),
-    );
-    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    let snap_cli = rec.path("snap-cli.pftrace");
+    let stderr = rec.clone_into(&snap_cli);
     assert!(
         stderr.contains("a snapshot of the running session, which runs on (flushed)"),
         "{service:?}: {stderr}"
     );
     // The real consumer's, by id.
-    let snap_real = path("snap-real.pftrace");
+    let snap_real = rec.path("snap-real.pftrace");
     let id_arg = id.to_string();
     let (cloned, code) = real_clone(&consumer, ["--clone-id", &id_arg], &snap_real);
     assert_eq!(code, Some(0), "{service:?}: {cloned}");
@@ -258,34 +342,29 @@ fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
     assert_eq!(sessions(&consumer), [(id, "STARTED".to_owned())]);
 
     // Clones of a session that does not exist.
+    let none = rec.path("none.pftrace");
     let (out, cli_error) = output(
         shmtrace()
             .args(["record", "--progress", "none", "--clone", "999", "-o"])
-            .arg(path("none.pftrace"))
+            .arg(&none)
             .arg("--socket")
             .arg(&consumer),
     );
     assert_ne!(out.status.code(), Some(0));
-    assert!(!path("none.pftrace").exists(), "no empty file left behind");
-    let (missing, code) = real_clone(&consumer, ["--clone-name", "nope"], &path("nope.pftrace"));
+    assert!(!none.exists(), "no empty file left behind");
+    let (missing, code) = real_clone(
+        &consumer,
+        ["--clone-name", "nope"],
+        &rec.path("nope.pftrace"),
+    );
     assert_eq!(code, Some(2));
 
     // Stop the session: its trace has everything.
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&record),
-        rustix::process::Signal::INT,
-    )
-    .expect("SIGINT record");
-    let done = record.wait_with_output().expect("record ends");
-    assert!(
-        done.status.success(),
-        "{service:?}: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
+    rec.stop();
     if let Some(mut child) = running {
         assert!(child.wait().expect("real-producer ends").success());
     }
-    let traces = [snap_cli, snap_real, path("full.pftrace")];
+    let traces = [snap_cli, snap_real, rec.path("full.pftrace")];
     let analyses = traces.clone().map(|t| inspect_passes(&t));
     // The producer wrote everything before the clones: a trace processor
     // reads the same in each snapshot as in the session's own trace.
@@ -294,7 +373,7 @@ fn clone_flow(service: ServiceImpl, producer: Producer) -> Run {
         assert!(diff.is_none(), "{service:?}: {}", diff.unwrap_or_default());
     }
     Run {
-        _dir: dir,
+        _recording: rec,
         traces,
         events: analyses
             .clone()
@@ -404,30 +483,9 @@ fn a_real_sdk_producer_s_session_clones_alike_on_either_service() {
 /// Its track events by name, packet kinds, and the triggers and service
 /// events the snapshot records.
 fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>, (Value, Value)) {
-    let (dir, _service) = started(service);
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
-    let config = format!(
-        "{CONFIG}trigger_config {{
-  trigger_mode: CLONE_SNAPSHOT
-  trigger_timeout_ms: 60000
-  triggers {{ name: \"snap\" stop_delay_ms: 0 }}
-}}
-"
-    );
-    std::fs::write(path("config.txtpb"), config).expect("write config");
-    let mut record = shmtrace()
-        .args(["record", "--progress", "json", "--txt", "-c"])
-        .arg(path("config.txtpb"))
-        .arg("-o")
-        .arg(path("full.pftrace"))
-        .arg("--socket")
-        .arg(&consumer)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmtrace record");
-    let mut events = BufReader::new(record.stdout.take().expect("stdout")).lines();
+    let config = with_trigger("CLONE_SNAPSHOT", "snap", 0);
+    let mut rec = Recording::start(service, &config, "json");
+    let mut events = BufReader::new(rec.record.stdout.take().expect("stdout")).lines();
     let mut wait_for = |event: &str| loop {
         let line = events
             .next()
@@ -439,31 +497,19 @@ fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>, (Value, Val
         }
     };
     wait_for("tracing");
-    run_producer(Producer::Ours, &producer_sock);
-    let (out, stderr) = output(
-        shmtrace()
-            .args(["trigger", "snap", "--socket"])
-            .arg(&producer_sock),
-    );
-    assert!(out.status.success(), "{stderr}");
+    run_producer(Producer::Ours, &rec.producer());
+    rec.trigger("snap");
     let snap = wait_for("snapshot");
     assert_eq!(snap["trigger"], "snap");
-    let snapshot = path("full.pftrace.0");
+    let snapshot = rec.path("full.pftrace.0");
     assert_eq!(snap["path"], snapshot.display().to_string());
-    assert_eq!(sessions(&consumer).len(), 1, "the session runs on");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&record),
-        rustix::process::Signal::INT,
-    )
-    .expect("SIGINT record");
-    let done = record.wait_with_output().expect("record ends");
-    let stderr = String::from_utf8_lossy(&done.stderr);
-    assert!(done.status.success(), "{service:?}: {stderr}");
+    assert_eq!(sessions(&rec.consumer()).len(), 1, "the session runs on");
+    let stderr = rec.stop();
     assert!(
         stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"),
         "{stderr}"
     );
-    let full = std::fs::metadata(path("full.pftrace")).expect("the session's file");
+    let full = std::fs::metadata(rec.path("full.pftrace")).expect("the session's file");
     assert_eq!(full.len(), 0, "{service:?}: read only through clones");
     let analysis = inspect_passes(&snapshot);
     let kinds: Vec<String> = analysis["packets_by_kind"]
@@ -501,47 +547,15 @@ fn a_clone_snapshot_trigger_makes_record_write_a_snapshot_on_either_service() {
 /// the snapshot starts with the session's file as it was and holds what
 /// the producer wrote.
 fn write_into_file_clone(service: ServiceImpl) -> Value {
-    let (dir, _service) = started(service);
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
     let config = format!("{CONFIG}write_into_file: true\nfile_write_period_ms: 100\n");
-    std::fs::write(path("config.txtpb"), config).expect("write config");
-    let record = shmtrace()
-        .args(["record", "--progress", "none", "--txt", "-c"])
-        .arg(path("config.txtpb"))
-        .arg("-o")
-        .arg(path("full.pftrace"))
-        .arg("--socket")
-        .arg(&consumer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmtrace record");
-    let started_at = Instant::now();
-    while sessions(&consumer).is_empty() {
-        assert!(started_at.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run_producer(Producer::Ours, &producer_sock);
+    let mut rec = Recording::start(service, &config, "none");
+    run_producer(Producer::Ours, &rec.producer());
     // A periodic write has put something into the file.
     std::thread::sleep(Duration::from_millis(300));
-    let before = std::fs::read(path("full.pftrace")).expect("the session's file");
+    let before = std::fs::read(rec.path("full.pftrace")).expect("the session's file");
     assert!(!before.is_empty(), "{service:?}: written every 100 ms");
-    let snap = path("snap.pftrace");
-    let (out, stderr) = output(
-        shmtrace()
-            .args([
-                "record",
-                "--progress",
-                "none",
-                "--clone-by-name",
-                "flight",
-                "-o",
-            ])
-            .arg(&snap)
-            .arg("--socket")
-            .arg(&consumer),
-    );
-    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+    let snap = rec.path("snap.pftrace");
+    let stderr = rec.clone_into(&snap);
     assert!(
         stderr.contains("the service wrote it (write_into_file)"),
         "{service:?}: {stderr}"
@@ -551,17 +565,7 @@ fn write_into_file_clone(service: ServiceImpl) -> Value {
         bytes.len() > before.len() && bytes.starts_with(&before[..before.len().min(64)]),
         "{service:?}: the session's file first"
     );
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&record),
-        rustix::process::Signal::INT,
-    )
-    .expect("SIGINT record");
-    let done = record.wait_with_output().expect("record ends");
-    assert!(
-        done.status.success(),
-        "{service:?}: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
+    rec.stop();
     inspect_passes(&snap)["track_events"]["by_name"].clone()
 }
 
@@ -579,60 +583,15 @@ fn a_write_into_file_session_clones_into_the_callers_file_on_either_service() {
 /// is still waiting for its trigger. What its own trace holds, and the
 /// snapshot's triggers, on `service`.
 fn triggered_then_cloned(service: ServiceImpl) -> (u64, Value, Value) {
-    let (dir, _service) = started(service);
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
-    let config = format!(
-        "{CONFIG}trigger_config {{
-  trigger_mode: STOP_TRACING
-  trigger_timeout_ms: 60000
-  triggers {{ name: \"go\" stop_delay_ms: 1500 }}
-}}
-"
-    );
-    std::fs::write(path("config.txtpb"), config).expect("write config");
-    let record = shmtrace()
-        .args(["record", "--progress", "none", "--txt", "-c"])
-        .arg(path("config.txtpb"))
-        .arg("-o")
-        .arg(path("full.pftrace"))
-        .arg("--socket")
-        .arg(&consumer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmtrace record");
-    let started_at = Instant::now();
-    while sessions(&consumer).is_empty() {
-        assert!(started_at.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run_producer(Producer::Ours, &producer_sock);
-    let (out, stderr) = output(
-        shmtrace()
-            .args(["trigger", "go", "--socket"])
-            .arg(&producer_sock),
-    );
-    assert!(out.status.success(), "{stderr}");
-    let snap = path("snap.pftrace");
-    let (out, stderr) = output(
-        shmtrace()
-            .args([
-                "record",
-                "--progress",
-                "none",
-                "--clone-by-name",
-                "flight",
-                "-o",
-            ])
-            .arg(&snap)
-            .arg("--socket")
-            .arg(&consumer),
-    );
-    assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
-    let done = record.wait_with_output().expect("record ends");
-    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
-    assert!(done.status.success(), "{service:?}: {stderr}");
-    let full = std::fs::metadata(path("full.pftrace")).expect("the session's file");
+    let config = with_trigger("STOP_TRACING", "go", 1500);
+    let mut rec = Recording::start(service, &config, "none");
+    run_producer(Producer::Ours, &rec.producer());
+    rec.trigger("go");
+    let snap = rec.path("snap.pftrace");
+    rec.clone_into(&snap);
+    // The trigger's stop delay ends the session.
+    rec.stop();
+    let full = std::fs::metadata(rec.path("full.pftrace")).expect("the session's file");
     let analysis = inspect_passes(&snap);
     (
         full.len(),
@@ -656,61 +615,19 @@ fn a_clone_takes_the_triggers_received_on_either_service() {
 /// the session stops: the track events by name of the two snapshots and of
 /// the session's own trace, on `service`.
 fn buffer_option_flow(service: ServiceImpl, option: &str) -> [Value; 3] {
-    let (dir, _service) = started(service);
-    let path = |name: &str| -> PathBuf { dir.path().join(name) };
-    let (producer_sock, consumer) = (path("p.sock"), path("c.sock"));
     let config = CONFIG.replace(
         "fill_policy: RING_BUFFER }",
         &format!("fill_policy: RING_BUFFER {option}: true }}"),
     );
     assert_ne!(config, CONFIG);
-    std::fs::write(path("config.txtpb"), config).expect("write config");
-    let record = shmtrace()
-        .args(["record", "--progress", "none", "--txt", "-c"])
-        .arg(path("config.txtpb"))
-        .arg("-o")
-        .arg(path("full.pftrace"))
-        .arg("--socket")
-        .arg(&consumer)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn shmtrace record");
-    let started_at = Instant::now();
-    while sessions(&consumer).is_empty() {
-        assert!(started_at.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    run_producer(Producer::Ours, &producer_sock);
-    let snaps = [path("snap0.pftrace"), path("snap1.pftrace")];
+    let mut rec = Recording::start(service, &config, "none");
+    run_producer(Producer::Ours, &rec.producer());
+    let snaps = [rec.path("snap0.pftrace"), rec.path("snap1.pftrace")];
     for snap in &snaps {
-        let (out, stderr) = output(
-            shmtrace()
-                .args([
-                    "record",
-                    "--progress",
-                    "none",
-                    "--clone-by-name",
-                    "flight",
-                    "-o",
-                ])
-                .arg(snap)
-                .arg("--socket")
-                .arg(&consumer),
-        );
-        assert_eq!(out.status.code(), Some(0), "{service:?}: {stderr}");
+        rec.clone_into(snap);
     }
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&record),
-        rustix::process::Signal::INT,
-    )
-    .expect("SIGINT record");
-    let done = record.wait_with_output().expect("record ends");
-    assert!(
-        done.status.success(),
-        "{service:?}: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    [&snaps[0], &snaps[1], &path("full.pftrace")]
+    rec.stop();
+    [&snaps[0], &snaps[1], &rec.path("full.pftrace")]
         .map(|t| inspect_passes(t)["track_events"]["by_name"].clone())
 }
 

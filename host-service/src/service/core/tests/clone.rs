@@ -277,16 +277,12 @@ fn clones_by_name_and_their_refusals() {
     let renamed = TestConsumer::enable(&mut sim, config("ds", 64, named));
     assert!(renamed.enabled_reply(&mut sim).is_none(), "running");
     assert_eq!(
-        sim.svc
-            .session_states()
-            .values()
-            .copied()
-            .collect::<Vec<_>>(),
-        [
-            SessionState::ClonedReadOnly,
-            SessionState::ClonedReadOnly,
-            SessionState::Started
-        ]
+        sim.svc.session_states(),
+        std::collections::BTreeMap::from([
+            (2, SessionState::ClonedReadOnly),
+            (3, SessionState::ClonedReadOnly),
+            (4, SessionState::Started)
+        ])
     );
 }
 
