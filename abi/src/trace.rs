@@ -66,6 +66,9 @@ pub mod trace_packet {
     pub const SYSTEM_INFO: u32 = 45;
     /// `trigger` ([`Trigger`](super::trigger), written by the service only).
     pub const TRIGGER: u32 = 46;
+    /// `clone_snapshot_trigger` ([`Trigger`](super::trigger), written by
+    /// the service only, in a session cloned for a CLONE_SNAPSHOT trigger).
+    pub const CLONE_SNAPSHOT_TRIGGER: u32 = 113;
     /// `compressed_packets` (bytes, written by the service only).
     pub const COMPRESSED_PACKETS: u32 = 50;
     /// `timestamp_clock_id` (uint32).

@@ -17,6 +17,15 @@
 // End of stdin means "stop". Progress is reported as JSON lines on stdout:
 // connected, started (all data sources started), flush, read, done, error.
 // Exit status: 0 done, 2 usage or session error, 3 timeout.
+//
+//   real-consumer --clone-id N | --clone-name NAME --out PATH [--socket PATH]
+//
+// instead snapshots a running session with CloneSession (by id or by
+// unique_session_name), passing --out as the output descriptor (as
+// perfetto_cmd does), and reports {"event":"cloned","success":...,"error":...,
+// "uuid_lsb":...,"was_write_into_file":...}; then, unless the service wrote
+// the snapshot into --out itself, ReadBuffers into --out and "done". A failed
+// clone exits 2 after its "cloned" line.
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -86,6 +95,13 @@ class Session : public perfetto::Consumer {
         write_into_file_(write_into_file),
         flush_timeout_ms_(flush_timeout_ms) {}
 
+  // Clone mode: snapshot session `tsid` (if not 0) or `name` instead.
+  void SetClone(uint64_t tsid, std::string name) {
+    cloning_ = true;
+    clone_tsid_ = tsid;
+    clone_name_ = std::move(name);
+  }
+
   void Connect(const std::string& socket) {
     endpoint_ =
         perfetto::ConsumerIPCClient::Connect(socket.c_str(), this, task_runner_);
@@ -116,6 +132,8 @@ class Session : public perfetto::Consumer {
   void OnConnect() override {
     connected_ = true;
     EmitLine("{\"event\":\"connected\"}");
+    if (cloning_)
+      return StartClone();
     endpoint_->ObserveEvents(
         perfetto::ObservableEvents::TYPE_ALL_DATA_SOURCES_STARTED);
     if (write_into_file_) {
@@ -176,6 +194,24 @@ class Session : public perfetto::Consumer {
     RunPendingCommands();
   }
 
+  void OnSessionCloned(const OnSessionClonedArgs& args) override {
+    EmitLine(std::string("{\"event\":\"cloned\",\"success\":") +
+             (args.success ? "true" : "false") + ",\"error\":\"" +
+             JsonEscape(args.error) + "\",\"uuid_lsb\":" +
+             std::to_string(args.uuid.lsb()) + ",\"was_write_into_file\":" +
+             (args.was_write_into_file ? "true" : "false") + "}");
+    if (!args.success)
+      return Fail("CloneSession failed: " + args.error, 2);
+    if (args.was_write_into_file) {
+      struct stat st {};
+      uint64_t size =
+          stat(out_path_.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size)
+                                            : 0;
+      return Finish(size);
+    }
+    StartFinalRead();
+  }
+
   void OnDetach(bool) override {}
   void OnAttach(bool, const perfetto::TraceConfig&) override {}
   void OnTraceStats(bool, const perfetto::TraceStats&) override {}
@@ -224,6 +260,18 @@ class Session : public perfetto::Consumer {
     }
   }
 
+  void StartClone() {
+    int fd =
+        open(out_path_.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+    if (fd < 0)
+      return Fail("cannot create " + out_path_, 2);
+    perfetto::ConsumerEndpoint::CloneSessionArgs args;
+    args.tsid = clone_tsid_;
+    args.unique_session_name = clone_name_;
+    args.output_file_fd = perfetto::base::ScopedFile(fd);
+    endpoint_->CloneSession(std::move(args));
+  }
+
   void StartRead(const std::string& path) {
     reading_ = true;
     read_path_ = path;
@@ -263,6 +311,9 @@ class Session : public perfetto::Consumer {
   bool disabled_ = false;
   bool final_read_ = false;
   bool finished_ = false;
+  bool cloning_ = false;
+  uint64_t clone_tsid_ = 0;
+  std::string clone_name_;
   int exit_code_ = 2;
 };
 
@@ -305,37 +356,47 @@ class StdinReader {
 
 extern "C" int shmtrace_real_consumer_main(int argc, char** argv) {
   Flags flags(argc, argv,
-              {"config", "out", "socket", "timeout-ms", "flush-timeout-ms"},
+              {"config", "out", "socket", "timeout-ms", "flush-timeout-ms",
+               "clone-id", "clone-name"},
               {"write-into-file"});
   uint64_t timeout_ms = flags.U64("timeout-ms", 60000);
   uint64_t flush_timeout_ms = flags.U64("flush-timeout-ms", 10000);
+  uint64_t clone_id = flags.U64("clone-id", 0);
   if (!flags.ok())
     return FailWith(kDriver, flags.error());
   const char* env_socket = getenv("PERFETTO_CONSUMER_SOCK_NAME");
   std::string socket = flags.Str("socket", env_socket ? env_socket : "");
   std::string config_path = flags.Str("config", "");
   std::string out_path = flags.Str("out", "");
-  if (socket.empty() || config_path.empty() || out_path.empty()) {
+  std::string clone_name = flags.Str("clone-name", "");
+  bool cloning = clone_id != 0 || !clone_name.empty();
+  if (socket.empty() || out_path.empty() || config_path.empty() == !cloning ||
+      (clone_id != 0 && !clone_name.empty())) {
     return FailWith(kDriver,
-                    "--config, --out and a socket (--socket or "
-                    "PERFETTO_CONSUMER_SOCK_NAME) are required");
+                    "--out, a socket (--socket or PERFETTO_CONSUMER_SOCK_NAME) "
+                    "and one of --config, --clone-id and --clone-name are "
+                    "required");
   }
-  std::string config_bytes;
-  if (!ReadWholeFile(config_path, &config_bytes))
-    return FailWith(kDriver, "cannot read " + config_path);
   perfetto::TraceConfig config;
-  if (!config.ParseFromArray(config_bytes.data(), config_bytes.size()))
-    return FailWith(kDriver, config_path + " is not a valid TraceConfig");
   bool write_into_file = flags.Has("write-into-file");
-  if (write_into_file != config.write_into_file()) {
-    return FailWith(kDriver,
-                    "--write-into-file and the config's write_into_file "
-                    "must agree");
+  if (!cloning) {
+    std::string config_bytes;
+    if (!ReadWholeFile(config_path, &config_bytes))
+      return FailWith(kDriver, "cannot read " + config_path);
+    if (!config.ParseFromArray(config_bytes.data(), config_bytes.size()))
+      return FailWith(kDriver, config_path + " is not a valid TraceConfig");
+    if (write_into_file != config.write_into_file()) {
+      return FailWith(kDriver,
+                      "--write-into-file and the config's write_into_file "
+                      "must agree");
+    }
   }
 
   perfetto::base::UnixTaskRunner task_runner;
   Session session(&task_runner, std::move(config), out_path, write_into_file,
                   static_cast<uint32_t>(flush_timeout_ms));
+  if (cloning)
+    session.SetClone(clone_id, clone_name);
   StdinReader stdin_reader(&task_runner, &session);
   stdin_reader.Start();
   session.Connect(socket);

@@ -204,6 +204,17 @@ impl Config {
             .collect()
     }
 
+    /// Whether its triggers ask for snapshots (CLONE_SNAPSHOT, or
+    /// STOP_TRACING with `use_clone_snapshot_if_available`): the session is
+    /// read only through clones, one per trigger.
+    pub fn clone_snapshots(&self) -> bool {
+        use protos::trace_config::trigger_config::TriggerMode;
+        self.view.trigger_config.as_ref().is_some_and(|t| {
+            t.trigger_mode == Some(TriggerMode::CloneSnapshot as i32)
+                || t.use_clone_snapshot_if_available == Some(true)
+        })
+    }
+
     /// The distinct data source names, in config order.
     pub fn data_source_names(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();

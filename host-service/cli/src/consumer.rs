@@ -34,7 +34,16 @@ impl Consumer {
     /// `/tmp/perfetto-consumer`), and binds `ConsumerPort`.
     pub fn connect(socket: Option<&str>) -> Result<Self, CliError> {
         let name = socket.map_or_else(consumer_socket_name, str::to_owned);
-        let address = SocketAddress::parse(&name)?;
+        Self::connect_to(SocketAddress::parse(&name)?)
+    }
+
+    /// Another connection to the same service (a consumer has one session
+    /// at most: a clone of the session needs a connection of its own).
+    pub fn another(&self) -> Result<Self, CliError> {
+        Self::connect_to(self.address.clone())
+    }
+
+    fn connect_to(address: SocketAddress) -> Result<Self, CliError> {
         let (client, port) = bind::<ConsumerPort>(&address, |address, source| CliError::Connect {
             address,
             source,

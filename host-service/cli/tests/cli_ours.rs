@@ -179,6 +179,63 @@ fn detach_then_attach_and_stop() {
     assert!(!again.exists());
 }
 
+/// `--clone ID` and `--clone-by-name NAME` write a snapshot of a running
+/// session (detached here), which runs on; a session that does not exist
+/// or a conflicting flag is refused, leaving no file.
+#[test]
+fn clone_snapshots_a_running_session() {
+    let dir = TempDir::new("clone");
+    let (_serve, socket) = Serve::start(&dir);
+    let (code, stderr) = record(&socket, &["-t", "60s", "--detach", "flight"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let id = sessions(&socket)[0]["id"].as_u64().unwrap();
+
+    let snap = dir.path("snap.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &["--clone", &id.to_string(), "-o", snap.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &[
+            "a snapshot of the running session, which runs on (flushed)",
+            "Wrote ",
+            "snap.pftrace",
+        ],
+    );
+    let (code, a) = inspect(&[&snap]);
+    assert_eq!(code, 0, "{}", problems(&a));
+    assert_eq!(a["session"]["config"]["duration_ms"], 60_000);
+    let events = a["session"]["service_events"].to_string();
+    assert!(
+        events.contains("clone_started") && events.contains("buffer_cloned"),
+        "{events}"
+    );
+    // The session runs on; the snapshot was freed.
+    let listed = sessions(&socket);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "STARTED");
+
+    let missing = dir.path("missing.pftrace");
+    let (code, stderr) = record(
+        &socket,
+        &["--clone-by-name", "flight", "-o", missing.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(
+        stderr.contains(
+            "could not clone the session named \"flight\": Tracing session not found \
+             (`shmtrace query` lists the sessions)"
+        ),
+        "{stderr}"
+    );
+    assert!(!missing.exists(), "no file left behind");
+    let (code, stderr) = record(&socket, &["--clone", "1", "-t", "1s"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
 /// Without --stop, `--attach` waits for the session to end on its own.
 /// With --write-into-file the service writes the file given at --detach.
 #[test]

@@ -66,7 +66,9 @@ pub trait Environment {
     fn open_trace_file(&self, target: FileTarget<'_>) -> std::io::Result<Box<dyn TraceFile>> {
         let file = match target {
             FileTarget::Fd(fd) => File::from(fd),
+            // Readable too: a clone of the session copies it.
             FileTarget::Path(path) => std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .open(path)?,
@@ -99,6 +101,13 @@ pub trait TraceFile: Write + std::fmt::Debug {
     /// (`fdatasync`), at the end of the session. It may return before the
     /// data is on the device: what was written is already readable.
     fn start_sync(&mut self) -> std::io::Result<()>;
+    /// Copies everything written to this file so far, from its start, to
+    /// the end of `dst`; the number of bytes copied (a clone of a
+    /// `write_into_file` session starts its file with the source's,
+    /// upstream's `base::CopyFileContents` in `FlushAndCloneSession`,
+    /// src/tracing/service/tracing_service_impl.cc). Fails if this file
+    /// cannot be read.
+    fn copy_to(&mut self, dst: &mut dyn TraceFile) -> std::io::Result<u64>;
 }
 
 /// See [`trace_file_write_ns`].
@@ -154,6 +163,21 @@ impl TraceFile for TimedFile {
                 }
             })?;
         Ok(())
+    }
+
+    fn copy_to(&mut self, dst: &mut dyn TraceFile) -> std::io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        self.flush()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut offset = 0u64;
+        loop {
+            let n = self.timed(|f| f.read_at(&mut buf, offset))?;
+            if n == 0 {
+                return Ok(offset);
+            }
+            dst.write_all(&buf[..n])?;
+            offset += n as u64;
+        }
     }
 }
 

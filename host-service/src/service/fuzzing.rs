@@ -825,6 +825,7 @@ struct FuzzEnv {
 #[derive(Debug)]
 struct MemoryFile {
     room: usize,
+    written: Vec<u8>,
 }
 
 impl std::io::Write for MemoryFile {
@@ -834,6 +835,7 @@ impl std::io::Write for MemoryFile {
         }
         let n = buf.len().min(self.room);
         self.room -= n;
+        self.written.extend_from_slice(&buf[..n]);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -844,6 +846,10 @@ impl std::io::Write for MemoryFile {
 impl super::env::TraceFile for MemoryFile {
     fn start_sync(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+    fn copy_to(&mut self, dst: &mut dyn super::env::TraceFile) -> std::io::Result<u64> {
+        dst.write_all(&self.written)?;
+        Ok(self.written.len() as u64)
     }
 }
 
@@ -863,6 +869,7 @@ impl super::env::Environment for FuzzEnv {
     ) -> std::io::Result<Box<dyn super::env::TraceFile>> {
         Ok(Box::new(MemoryFile {
             room: self.file_room,
+            written: Vec::new(),
         }))
     }
 }

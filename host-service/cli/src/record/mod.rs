@@ -13,7 +13,12 @@
 //! leaves it running in the service under KEY (ConsumerPort Detach);
 //! `--attach KEY` takes it back (Attach), waits for it to end or, with
 //! `--stop`, stops it, then reads it like any session.
+//!
+//! As `perfetto --clone ID` / `--clone-by-name NAME`: `--clone` and
+//! `--clone-by-name` write a snapshot of a running session, which runs on
+//! (ConsumerPort CloneSession; the `clone` module).
 
+mod clone;
 mod progress;
 mod session;
 mod signals;
@@ -29,6 +34,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use shmtrace_ipc::protos::clone_session_request::Selector;
 use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTracingRequest};
 
 pub use progress::{Progress, ProgressMode, Snapshot};
@@ -110,6 +116,24 @@ pub struct RecordArgs {
     /// of waiting for it to end.
     #[arg(long, requires = "attach")]
     pub stop: bool,
+    /// Write a snapshot of the running session with this id into -o: the
+    /// service flushes it and copies its buffers; it runs on (as `perfetto
+    /// --clone`). `shmtrace query` lists the sessions and their ids.
+    #[arg(
+        long,
+        value_name = "ID",
+        conflicts_with_all = ["detach", "attach", "config", "time", "buffer_kb", "app_categories", "fill", "write_into_file"]
+    )]
+    pub clone: Option<u64>,
+    /// As --clone, for the session whose config sets this
+    /// unique_session_name (as `perfetto --clone-by-name`).
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_parser = non_empty_key,
+        conflicts_with_all = ["clone", "detach", "attach", "config", "time", "buffer_kb", "app_categories", "fill", "write_into_file"]
+    )]
+    pub clone_by_name: Option<String>,
     /// Perfetto's positional atrace categories: refused with a hint.
     #[arg(hide = true, value_name = "CATEGORY")]
     pub atrace_categories: Vec<String>,
@@ -243,7 +267,10 @@ impl OutputFile {
             });
         }
         let created = !path.exists();
+        // Readable too: the service copies a write_into_file session's file
+        // so far into a clone's (CloneSession), as from perfetto_cmd's.
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .create(true)
             .truncate(false)
@@ -273,7 +300,12 @@ impl OutputFile {
             } else {
                 format!("{stem}-{n}.pftrace")
             });
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
                 Ok(file) => return Self::claimed(path, file, true),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
                 Err(source) => {
@@ -397,6 +429,12 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
     }
     if let Some(key) = &args.attach {
         return attach(args, key, progress);
+    }
+    if let Some(id) = args.clone {
+        return clone::clone(args, Selector::SessionId(id), progress);
+    }
+    if let Some(name) = &args.clone_by_name {
+        return clone::clone(args, Selector::UniqueSessionName(name.clone()), progress);
     }
     // 1. Everything that can be checked before tracing.
     let mut config = load_config(args)?;

@@ -18,21 +18,27 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::clone::{self, SnapshotError};
 use super::progress::{Progress, Snapshot};
+use super::OutputFile;
 use crate::config::Config;
 use crate::consumer::{next, Consumer, CALL_TIMEOUT};
 use crate::query::track_event_categories;
 use crate::{trace_file, CliError};
-use shmtrace_ipc::protos::observable_events::{DataSourceInstanceState, Type as ObservableType};
+use shmtrace_ipc::protos::clone_session_request::Selector;
+use shmtrace_ipc::protos::observable_events::{
+    CloneTriggerHit, DataSourceInstanceState, Type as ObservableType,
+};
 use shmtrace_ipc::protos::{
-    consumer_port, DisableTracingRequest, EnableTracingRequest, EnableTracingResponse,
-    FlushRequest, FreeBuffersRequest, ObserveEventsRequest, ReadBuffersRequest, TraceStats,
+    consumer_port, CloneSessionRequest, DisableTracingRequest, EnableTracingRequest,
+    EnableTracingResponse, FlushRequest, FreeBuffersRequest, ObserveEventsRequest,
+    ReadBuffersRequest, TraceStats,
 };
 use shmtrace_ipc::{ClientError, PendingCall};
 
@@ -81,6 +87,15 @@ pub enum Ended {
     ByService,
     /// The service refused or aborted it.
     Failed(String),
+    /// Not ended: a snapshot of it was cloned (`record --clone`), and it
+    /// runs on.
+    Cloned {
+        /// The flush before the snapshot succeeded.
+        flushed: bool,
+        /// The service wrote the snapshot into the file itself (a
+        /// `write_into_file` session's).
+        into_file: bool,
+    },
 }
 
 /// What happened.
@@ -116,6 +131,9 @@ pub struct SessionReport {
     /// or as this consumer attached to it ([`ServiceCounters`]): what they
     /// held then was lost before, by other sessions (or while detached).
     pub service_at_start: ServiceCounters,
+    /// Snapshots written for CLONE_SNAPSHOT triggers: `<output>.<n>`, as
+    /// perfetto_cmd names them.
+    pub snapshots: Vec<PathBuf>,
 }
 
 /// `TraceStats` counters that are the service's since it started, over all
@@ -228,15 +246,17 @@ pub fn run(
     progress: &mut Progress,
 ) -> Result<SessionReport, CliError> {
     let view = config.view();
+    let mut events_to_observe = vec![
+        ObservableType::DataSourcesInstances as i32,
+        ObservableType::AllDataSourcesStarted as i32,
+    ];
+    if config.clone_snapshots() {
+        events_to_observe.push(ObservableType::CloneTriggerHit as i32);
+    }
     let mut observe = consumer
         .start::<consumer_port::ObserveEvents>(
             "ObserveEvents",
-            &ObserveEventsRequest {
-                events_to_observe: vec![
-                    ObservableType::DataSourcesInstances as i32,
-                    ObservableType::AllDataSourcesStarted as i32,
-                ],
-            },
+            &ObserveEventsRequest { events_to_observe },
             None,
         )
         .ok();
@@ -314,8 +334,10 @@ pub fn run(
         categories: BTreeMap::new(),
         stats: None,
         service_at_start,
+        snapshots: Vec::new(),
     };
     let mut all_started_reported = false;
+    let mut hits = Vec::new();
     let hint = "Ctrl-C to stop";
 
     // 1. Until the service ends the session or we are told to stop.
@@ -334,7 +356,12 @@ pub fn run(
             &mut report,
             progress,
             &mut all_started_reported,
+            &mut hits,
         );
+        for hit in hits.drain(..) {
+            let base = read_into.as_ref().map(|(_, path)| *path);
+            clone_snapshot(consumer, hit, base, &mut report, progress);
+        }
         if progress.due() {
             let stats = consumer.trace_stats().ok().flatten();
             let snapshot = snapshot(started_at, stats.as_ref(), &report);
@@ -410,7 +437,14 @@ pub fn run(
         &mut report,
         progress,
         &mut all_started_reported,
+        &mut hits,
     );
+    if !hits.is_empty() {
+        progress.warn(&format!(
+            "{} CLONE_SNAPSHOT trigger(s) came as the session ended: no snapshot of them",
+            hits.len()
+        ));
+    }
 
     // 3. Read what the buffers hold.
     if let Some((writer, path)) = read_into.as_mut() {
@@ -443,6 +477,73 @@ pub fn run(
         }
     }
     Ok(report)
+}
+
+/// A CLONE_SNAPSHOT trigger fired: clones the session on a connection of
+/// its own into `<base>.<n>`, the trigger recorded in the snapshot
+/// (perfetto_cmd's `OnCloneSnapshotTriggerReceived`,
+/// src/perfetto_cmd/perfetto_cmd.cc). A snapshot that fails is reported,
+/// and the session goes on.
+fn clone_snapshot(
+    consumer: &Consumer,
+    hit: CloneTriggerHit,
+    base: Option<&Path>,
+    report: &mut SessionReport,
+    progress: &mut Progress,
+) {
+    let name = hit.trigger_name.clone().unwrap_or_default();
+    let Some(base) = base.filter(|b| !super::is_stdout(b)) else {
+        progress.warn(&format!(
+            "the CLONE_SNAPSHOT trigger {name:?} fired, but this record writes no file of its \
+             own to name a snapshot after: none taken"
+        ));
+        return;
+    };
+    let path = PathBuf::from(format!("{}.{}", base.display(), report.snapshots.len()));
+    let request = CloneSessionRequest {
+        selector: Some(Selector::SessionId(
+            hit.tracing_session_id.unwrap_or(0) as u64
+        )),
+        clone_trigger_name: hit.trigger_name,
+        clone_trigger_producer_name: hit.producer_name,
+        clone_trigger_trusted_producer_uid: hit.producer_uid.map(|u| u as i32),
+        clone_trigger_boot_time_ns: hit.boot_time_ns,
+        clone_trigger_delay_ms: hit.trigger_delay_ms,
+        ..Default::default()
+    };
+    let output = match OutputFile::open(&path) {
+        Ok(o) => o,
+        Err(e) => return progress.warn(&format!("no snapshot for the trigger {name:?}: {e}")),
+    };
+    let taken = consumer
+        .another()
+        .map_err(SnapshotError::Failed)
+        .and_then(|c| clone::snapshot(&c, request, &output, progress));
+    match taken {
+        Ok(snap) => {
+            progress.note(&format!(
+                "the CLONE_SNAPSHOT trigger {name:?} fired: wrote a snapshot into {} ({} packets)",
+                path.display(),
+                snap.packets_written
+            ));
+            progress.event(json!({
+                "event": "snapshot",
+                "trigger": name,
+                "path": path.display().to_string(),
+            }));
+            report.snapshots.push(path);
+        }
+        Err(e) => {
+            let why = match e {
+                SnapshotError::Refused(error) => error,
+                SnapshotError::Failed(e) => e.to_string(),
+            };
+            output.discard();
+            progress.warn(&format!(
+                "the CLONE_SNAPSHOT trigger {name:?} fired, and cloning the session failed: {why}"
+            ));
+        }
+    }
 }
 
 /// The EnableTracing reply (the session's end) if it comes within `wait`.
@@ -485,6 +586,7 @@ fn drain_observed(
     report: &mut SessionReport,
     progress: &mut Progress,
     all_started_reported: &mut bool,
+    hits: &mut Vec<CloneTriggerHit>,
 ) {
     let Some(call) = observe else { return };
     loop {
@@ -505,6 +607,7 @@ fn drain_observed(
                         report.started.insert(key);
                     }
                 }
+                hits.extend(events.clone_trigger_hit);
                 if events.all_data_sources_started == Some(true) && !*all_started_reported {
                     *all_started_reported = true;
                     progress.event(json!({"event": "started"}));
@@ -524,7 +627,7 @@ fn drain_observed(
     }
 }
 
-fn read_buffers(
+pub(super) fn read_buffers(
     consumer: &Consumer,
     writer: &mut impl Write,
     path: &Path,

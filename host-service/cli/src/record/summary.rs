@@ -46,6 +46,8 @@ pub struct Summary {
     pub losses: Vec<String>,
     /// Problems `inspect --check` would report.
     pub problems: u64,
+    /// Snapshots written for CLONE_SNAPSHOT triggers.
+    pub snapshots: Vec<String>,
 }
 
 /// Why a track_event data source that started recorded nothing, as far as
@@ -159,13 +161,21 @@ fn ended_by_triggers(config: &Config, analysis: Option<&Analysis>) -> String {
     let (Some(triggers), Some(analysis)) = (config.view().trigger_config.as_ref(), analysis) else {
         return "ended by the service".to_owned();
     };
+    if config.clone_snapshots() {
+        return format!(
+            "ended by the service at its trigger_timeout_ms ({}); a CLONE_SNAPSHOT session is \
+             read only through the snapshots its triggers take",
+            Elapsed(Duration::from_millis(u64::from(
+                triggers.trigger_timeout_ms.unwrap_or(0)
+            )))
+        );
+    }
     let mode = match triggers
         .trigger_mode
         .and_then(|m| TriggerMode::try_from(m).ok())
     {
         Some(TriggerMode::StartTracing) => "START_TRACING",
         Some(TriggerMode::StopTracing) => "STOP_TRACING",
-        Some(TriggerMode::CloneSnapshot) => "CLONE_SNAPSHOT",
         _ => return "ended by the service".to_owned(),
     };
     let fired = analysis.session.triggers.first();
@@ -214,6 +224,20 @@ impl Summary {
             }
             Ended::ByService => ended_by_triggers(config, analysis),
             Ended::Failed(error) => format!("failed: {error}"),
+            Ended::Cloned { flushed, into_file } => format!(
+                "a snapshot of the running session, which runs on{}{}",
+                if *flushed {
+                    " (flushed)"
+                } else {
+                    " (the flush did not complete: data still in the producers' buffers may be \
+                     missing)"
+                },
+                if *into_file {
+                    "; the service wrote it (write_into_file)"
+                } else {
+                    ""
+                }
+            ),
         };
         let data_sources = config
             .data_source_names()
@@ -360,6 +384,11 @@ impl Summary {
             data_sources,
             losses,
             problems: analysis.map_or(0, Analysis::problem_total),
+            snapshots: report
+                .snapshots
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
         }
     }
 
@@ -413,6 +442,13 @@ impl Summary {
                 out,
                 "  check         {} problem(s); see `shmtrace inspect --check {}`",
                 self.problems, self.file
+            )?;
+        }
+        for (i, snapshot) in self.snapshots.iter().enumerate() {
+            let label = if i == 0 { "snapshots" } else { "" };
+            writeln!(
+                out,
+                "  {label:<12}  {snapshot} (a CLONE_SNAPSHOT trigger's)"
             )?;
         }
         if self.to_stdout {

@@ -198,6 +198,9 @@ pub enum Refusal {
     /// complete copy into an incomplete one (ABI violation).
     #[error("invalid re-commit of a stored chunk")]
     InvalidRecommit,
+    /// The buffer is a read-only snapshot of a cloned session.
+    #[error("the buffer is read-only (a cloned session's)")]
+    ReadOnly,
 }
 
 /// What [`TraceBuffer::patch`] did with one `ChunkToPatch`.
@@ -279,6 +282,10 @@ pub struct TraceBuffer {
     read: read::ReadState,
     /// Private copy of a reserved chunk that turned out not to be new.
     scratch: Vec<u8>,
+    /// A snapshot ([`TraceBuffer::clone_read_only`],
+    /// [`TraceBuffer::set_read_only`]): commits, reservations and patches
+    /// are refused; only reads change it.
+    read_only: bool,
 }
 
 impl std::fmt::Debug for TraceBuffer {
@@ -316,7 +323,38 @@ impl TraceBuffer {
             writers: WriterStats::default(),
             read: read::ReadState::default(),
             scratch: Vec::new(),
+            read_only: false,
         })
+    }
+
+    /// A read-only copy, for a cloned session (upstream:
+    /// `TraceBuffer::CloneReadOnly`, src/tracing/service/trace_buffer.h):
+    /// the same bytes, sequences, read position, stats and writer
+    /// histograms, so reading the copy yields exactly what reading this
+    /// buffer would yield now. This buffer is left as it was.
+    pub fn clone_read_only(&self) -> Self {
+        Self {
+            ring: self.ring.clone(),
+            seqs: self.seqs.clone(),
+            policy: self.policy,
+            discard_latched: self.discard_latched,
+            stats: self.stats,
+            writers: self.writers.clone(),
+            read: self.read.clone(),
+            scratch: Vec::new(),
+            read_only: true,
+        }
+    }
+
+    /// Makes this buffer read-only (a buffer moved into a cloned session
+    /// by `transfer_on_clone`).
+    pub fn set_read_only(&mut self) {
+        self.read_only = true;
+    }
+
+    /// Whether any chunk was ever stored (upstream: `TraceBuffer::has_data`).
+    pub fn has_data(&self) -> bool {
+        self.stats.chunks_written > 0
     }
 
     /// The counters.
@@ -360,6 +398,9 @@ impl TraceBuffer {
             c.packets.flags().bits(),
             c.complete
         );
+        if self.read_only {
+            return CommitOutcome::Refused(Refusal::ReadOnly);
+        }
         let footprint = ring::footprint(parsed.len);
         if footprint > self.ring.capacity() {
             self.stats.abi_violations += 1;
@@ -451,6 +492,9 @@ impl TraceBuffer {
     /// (or a wrap padding) is in the way. Then copy the chunk privately and
     /// [`commit`](Self::commit) it, which decides exactly.
     pub fn reserve(&mut self, chunk_size: usize) -> Option<Reservation<'_>> {
+        if self.read_only {
+            return None;
+        }
         let payload = chunk_size.checked_sub(CHUNK_HEADER_SIZE)?;
         let footprint = ring::footprint(payload);
         if footprint > self.ring.capacity() {
@@ -687,6 +731,9 @@ impl TraceBuffer {
         patches: &[(u32, &[u8])],
         has_more: bool,
     ) -> PatchResult {
+        if self.read_only {
+            return PatchResult::ChunkNotFound;
+        }
         let slot = self.seqs.current(producer, writer).and_then(|idx| {
             let seq = self.seqs.get_mut(idx)?;
             let ext = seq.ext_of(chunk_id);

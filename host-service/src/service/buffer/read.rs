@@ -83,7 +83,7 @@ impl<'a> Packet<'a> {
 }
 
 /// Read-pass state kept in the buffer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct ReadState {
     pass: u64,
     pos: u64,

@@ -71,6 +71,7 @@ pub struct Plan {
 }
 
 /// The ring.
+#[derive(Clone)]
 pub struct Ring {
     data: Box<[u8]>,
     wr: usize,

@@ -90,7 +90,7 @@ impl Slot {
 }
 
 /// One writer's chunks in one buffer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Sequence {
     /// Producer of the writer (trusted: from the connection).
     pub producer: ProducerId,
@@ -192,7 +192,7 @@ impl Sequence {
 /// get no more chunks: the reader never waits for them, and they are freed
 /// once empty. Empty current sequences
 /// are kept (for gap detection) up to [`MAX_EMPTY_SEQUENCES`].
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Sequences {
     slab: Vec<Option<Sequence>>,
     free: Vec<SeqIdx>,

@@ -827,3 +827,51 @@ fn zero_length_fragments_are_skipped() {
 }
 
 mod props;
+
+#[test]
+fn a_read_only_clone_reads_what_the_source_would_and_takes_no_writes() {
+    // A wrapped ring, read in part, with a packet spanning into a chunk not
+    // yet committed and a patch still due: the clone carries all of it.
+    let mut buf = buffer(8192);
+    let data: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1000]).collect();
+    for (i, d) in data.iter().enumerate() {
+        chunk(i as u32, &[d], 0).commit(&mut buf);
+    }
+    let mut first = Vec::new();
+    buf.begin_read(ReadMode::Live);
+    buf.read(1, |p| first.push(p.to_vec()));
+    assert_eq!(first, vec![data[2].clone()]);
+    let other = chunk(0, &[b"head"], 0x02).writer(P, 2);
+    other.commit(&mut buf);
+    let before = *buf.stats();
+
+    let mut copy = buf.clone_read_only();
+    assert_eq!(*copy.stats(), before);
+    assert_eq!(copy.writers_seen(), buf.writers_seen());
+    // Writes to the copy are refused and change nothing.
+    assert_eq!(
+        chunk(10, &[&data[0]], 0).commit(&mut copy),
+        CommitOutcome::Refused(Refusal::ReadOnly)
+    );
+    assert!(copy.reserve(4096).is_none());
+    assert_eq!(
+        copy.patch(P, 2, 0, &[(0, &[1, 2, 3, 4])], false),
+        PatchResult::ChunkNotFound
+    );
+    assert_eq!(*copy.stats(), before);
+
+    let from_copy = read_all(&mut copy, ReadMode::Live);
+    let from_source = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(from_copy, from_source);
+    assert_eq!(datas(&from_copy), data[3..].to_vec());
+    assert_eq!(copy.stats(), buf.stats());
+    // The source still takes writes; the copy does not see them.
+    assert_eq!(
+        chunk(10, &[&data[0]], 0).commit(&mut buf),
+        CommitOutcome::Stored
+    );
+    assert!(read_all(&mut copy, ReadMode::Drain)
+        .iter()
+        .all(|r| r.writer == 2));
+    assert!(copy.has_data() && buf.has_data() && !buffer(8192).has_data());
+}

@@ -50,7 +50,7 @@ impl ChunkHistogram {
 }
 
 /// The histograms of a buffer's writers.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct WriterStats {
     writers: BTreeMap<(ProducerId, WriterId), ChunkHistogram>,
     /// Chunks read of writers not tracked (beyond `MAX_WRITERS`).

@@ -3,15 +3,16 @@
 //! src/tracing/ipc/service/consumer_ipc_service.cc and
 //! src/tracing/service/tracing_service_endpoints_impl.cc).
 //!
-//! What this service does not implement (CLONE_SNAPSHOT triggers, trace
-//! filters, compression, session cloning, bugreports) is refused explicitly:
+//! `CloneSession` is [`super::clone`]'s. What this service does not
+//! implement (trace filters, compression, `SaveTraceForBugreport`) is
+//! refused explicitly:
 //! an `EnableTracing` with such a config is answered with an error string,
 //! and calls that only exist for them fail or say so in their response.
 //! `ChangeTraceConfig` applies producer name filters only, like upstream,
 //! and logs what else it ignores ([`super::reconfigure`]).
 
 use super::readback::ReadStream;
-use super::session::{Session, SessionState};
+use super::session::{FlushThen, Session, SessionState};
 use super::{ConnId, Endpoint, ProducerId, SessionId, TracingService};
 use crate::ipc::{Call, PeerCredentials, PendingReply};
 use crate::protos::consumer_port::Request;
@@ -20,11 +21,10 @@ use crate::protos::observable_events::{
 };
 use crate::protos::tracing_service_state as tss;
 use crate::protos::{
-    AttachResponse, ChangeTraceConfigResponse, CloneSessionResponse, DetachResponse,
-    DisableTracingResponse, FreeBuffersResponse, GetTraceStatsResponse, ObservableEvents,
-    ObserveEventsResponse, QueryCapabilitiesResponse, QueryServiceStateResponse,
-    SaveTraceForBugreportResponse, StartTracingResponse, TracingServiceCapabilities,
-    TracingServiceState,
+    AttachResponse, ChangeTraceConfigResponse, DetachResponse, DisableTracingResponse,
+    FreeBuffersResponse, GetTraceStatsResponse, ObservableEvents, ObserveEventsResponse,
+    QueryCapabilitiesResponse, QueryServiceStateResponse, SaveTraceForBugreportResponse,
+    StartTracingResponse, TracingServiceCapabilities, TracingServiceState,
 };
 use crate::service::buffer::BUCKET_BOUNDS;
 
@@ -122,8 +122,7 @@ impl TracingService {
                     sid,
                     req.timeout_ms.unwrap_or(0),
                     req.flags.unwrap_or(0),
-                    Some((conn, to)),
-                    false,
+                    FlushThen::Reply(conn, to),
                 ),
                 None => self.reject(conn, &to),
             },
@@ -170,9 +169,10 @@ impl TracingService {
                     observable_events: vec![
                         EventType::DataSourcesInstances as i32,
                         EventType::AllDataSourcesStarted as i32,
+                        EventType::CloneTriggerHit as i32,
                     ],
                     has_trace_config_output_path: Some(true),
-                    has_clone_session: Some(false),
+                    has_clone_session: Some(true),
                 };
                 self.reply(
                     conn,
@@ -192,14 +192,7 @@ impl TracingService {
                 };
                 self.reply(conn, &to, &resp, false);
             }
-            Request::CloneSession(_) => {
-                let resp = CloneSessionResponse {
-                    success: Some(false),
-                    error: Some("CloneSession is not supported by the shmtrace service".into()),
-                    ..CloneSessionResponse::default()
-                };
-                self.reply(conn, &to, &resp, false);
-            }
+            Request::CloneSession(req) => self.clone_session(conn, to, req, call.fd),
         }
     }
 
@@ -305,7 +298,7 @@ impl TracingService {
         }
     }
 
-    fn send_event(&mut self, conn: ConnId, kind: EventType, events: ObservableEvents) {
+    pub(super) fn send_event(&mut self, conn: ConnId, kind: EventType, events: ObservableEvents) {
         let Some((to, mask)) = self.consumer(conn).and_then(|c| c.observer.clone()) else {
             return;
         };
@@ -578,8 +571,8 @@ impl TracingService {
         // A flush it asked for before it detached answers nobody now.
         for s in self.sessions.values_mut() {
             for f in s.flushes.values_mut() {
-                if f.reply.as_ref().is_some_and(|&(c, _)| c == conn) {
-                    f.reply = None;
+                if matches!(f.then, FlushThen::Reply(c, _) if c == conn) {
+                    f.then = FlushThen::Nothing;
                 }
             }
         }

@@ -4,6 +4,9 @@
 //!   `ChangeTraceConfig`) refuses. Its message is what the consumer reads in
 //!   `EnableTracingResponse.error`, so each variant's text is written for a
 //!   user who sent the config.
+//! * [`CloneError`]: why a `CloneSession` failed, the text of
+//!   `CloneSessionResponse.error` (upstream's wording where upstream has the
+//!   case).
 //! * [`CommitError`]: a `CommitData` fault that costs the producer its
 //!   connection (where upstream would abort on a `CHECK`).
 //! * [`PeerFault`]: why [`Output::Disconnect`](super::Output::Disconnect)
@@ -136,12 +139,10 @@ pub enum ConfigError {
     /// The descriptor passed for `write_into_file` cannot be written.
     #[error("cannot write the trace file descriptor: {0}")]
     OutputDescriptor(#[source] std::io::Error),
-    /// A clone-snapshot trigger mode (needs `CloneSession`).
-    #[error(
-        "CLONE_SNAPSHOT triggers (and use_clone_snapshot_if_available) need CloneSession, \
-         which the shmtrace service does not support"
-    )]
-    CloneSnapshotTriggers,
+    /// `use_clone_snapshot_if_available` with a mode other than
+    /// STOP_TRACING.
+    #[error("trigger_mode must be STOP_TRACING when use_clone_snapshot_if_available=true")]
+    CloneSnapshotIfAvailable,
     /// An unknown `trigger_mode`.
     #[error("invalid trigger_mode {0}")]
     TriggerMode(i32),
@@ -154,9 +155,9 @@ pub enum ConfigError {
          stop_delay_ms bound it)"
     )]
     DurationWithTriggers,
-    /// `STOP_TRACING` triggers into a file.
-    #[error("trigger mode STOP_TRACING and write_into_file together are unsupported")]
-    StopTriggersIntoFile,
+    /// `STOP_TRACING` or `CLONE_SNAPSHOT` triggers into a file.
+    #[error("trigger mode {0} and write_into_file together are unsupported")]
+    StopTriggersIntoFile(&'static str),
     /// Two triggers have the same name.
     #[error("duplicate trigger name {0:?}")]
     DuplicateTrigger(String),
@@ -170,6 +171,66 @@ pub enum ConfigError {
         /// Why.
         source: regex::Error,
     },
+}
+
+/// Why a `CloneSession` failed (upstream: the errors of
+/// `TracingServiceImpl::FlushAndCloneSession` and `FinishCloneSession`,
+/// src/tracing/service/tracing_service_impl.cc).
+#[derive(Debug, Error)]
+pub enum CloneError {
+    /// No session with that id or unique name (cloned sessions have no
+    /// name to be found by).
+    #[error("Tracing session not found")]
+    NotFound,
+    /// Session id `u64::MAX` and no started session has a
+    /// `bugreport_score` above 0.
+    #[error("No tracing sessions eligible for bugreport found")]
+    NoBugreportSession,
+    /// The session belongs to another uid and the caller is not root.
+    #[error("Not allowed to clone a session from another UID")]
+    NotAllowed,
+    /// A `write_into_file` session and no descriptor to copy its file to.
+    #[error(
+        "Failed to clone 'write_into_file' session: a file descriptor is required to copy \
+         existing file"
+    )]
+    NoOutputDescriptor,
+    /// The session's file could not be copied to the descriptor sent.
+    #[error("Failed to clone 'write_into_file' session: failed to copy existing file: {0}")]
+    CopyFile(#[source] std::io::Error),
+    /// The copies would take the service over its buffer memory limit.
+    #[error(
+        "cloning needs {asked} B of trace buffers and {held} B are held: over the \
+         service's limit of {limit} B for all trace buffers (shmtrace serve \
+         --max-buffer-memory)"
+    )]
+    BufferMemory {
+        /// Bytes the copies (or the fresh buffers that replace moved ones)
+        /// take.
+        asked: u64,
+        /// Bytes the sessions and pending clones hold.
+        held: u64,
+        /// The service's limit.
+        limit: u64,
+    },
+    /// `MAX_SESSIONS` sessions (counting clones in progress) exist.
+    #[error("too many concurrent tracing sessions ({MAX_SESSIONS}), counting clones in progress")]
+    TooManySessions,
+    /// The caller's uid has `MAX_SESSIONS_PER_UID` sessions.
+    #[error(
+        "too many concurrent tracing sessions for uid {0} ({MAX_SESSIONS_PER_UID}), counting \
+         clones in progress"
+    )]
+    TooManySessionsForUid(u32),
+    /// The calling consumer has a session already (it can have one).
+    #[error("The consumer is already attached to another tracing session")]
+    AlreadyAttached,
+    /// The session was freed before the clone was done.
+    #[error("Original session ended")]
+    SourceEnded,
+    /// The service has no buffer ids left.
+    #[error("Buffer id allocation failed")]
+    NoBufferIds,
 }
 
 /// A `CommitData` fault: the producer loses its connection.

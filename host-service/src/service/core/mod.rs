@@ -34,6 +34,7 @@
 //! producer wrote into its SMB), its connection
 //! ([`Output::Disconnect`]) — never the service or another peer's data.
 
+mod clone;
 mod commit;
 mod consumer;
 mod error;
@@ -65,8 +66,9 @@ use producer::Producer;
 use session::Session;
 use timers::Timers;
 
+pub use clone::BUGREPORT_SESSION_ID;
 pub use commit::MAX_EMULATED_CHUNK;
-pub use error::{CommitError, ConfigError, PeerFault};
+pub use error::{CloneError, CommitError, ConfigError, PeerFault};
 pub use readback::READ_REPLY_LIMIT;
 pub use relay::{RemoteIdentity, MAX_CLOCKS_PER_SYNC, MAX_SYNCED_CLOCKS};
 
@@ -227,6 +229,7 @@ pub struct TracingService {
     last_buffer_id: BufferId,
     last_instance_id: u64,
     last_flush_id: u64,
+    last_clone_id: u64,
     lockdown: bool,
     timers: Timers,
     out: VecDeque<Output>,
@@ -266,6 +269,7 @@ impl TracingService {
             last_buffer_id: 0,
             last_instance_id: 0,
             last_flush_id: 0,
+            last_clone_id: 0,
             lockdown: false,
             timers: Timers::default(),
             out: VecDeque::new(),
@@ -330,7 +334,10 @@ impl TracingService {
         self.relays.remove(&conn);
         match self.conns.remove(&conn) {
             Some(Endpoint::Producer { id: Some(id), .. }) => self.producer_gone(id),
-            Some(Endpoint::Consumer(c)) => self.consumer_gone(conn, c),
+            Some(Endpoint::Consumer(c)) => {
+                self.drop_clones_of(conn);
+                self.consumer_gone(conn, c);
+            }
             _ => {}
         }
         self.out.retain(|o| match o {

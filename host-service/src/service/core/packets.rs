@@ -106,8 +106,21 @@ pub fn trace_uuid(uid: u32, (msb, lsb): (i64, i64)) -> Vec<u8> {
 /// A `trigger` packet: a trigger a session received, stamped with the time
 /// it was received.
 pub fn trigger(uid: u32, t: &ReceivedTrigger) -> Vec<u8> {
+    trigger_in(uid, tp::TRIGGER, t)
+}
+
+/// The `clone_snapshot_trigger` packet of a session cloned for a
+/// CLONE_SNAPSHOT trigger (upstream: `MaybeEmitCloneTrigger`): the trigger,
+/// stamped with the time it was received.
+pub fn clone_snapshot_trigger(uid: u32, t: &ReceivedTrigger) -> Vec<u8> {
+    trigger_in(uid, tp::CLONE_SNAPSHOT_TRIGGER, t)
+}
+
+/// A `Trigger` message in packet field `field`, then the timestamp and the
+/// header.
+fn trigger_in(uid: u32, field: u32, t: &ReceivedTrigger) -> Vec<u8> {
     packet(|p| {
-        p.nested(tp::TRIGGER, |b| {
+        p.nested(field, |b| {
             b.string(trigger_field::TRIGGER_NAME, &t.name);
             b.string(trigger_field::PRODUCER_NAME, &t.producer_name);
             b.int32(trigger_field::TRUSTED_PRODUCER_UID, t.producer_uid as i32);
@@ -203,6 +216,8 @@ pub fn service_event(uid: u32, ts: u64, event: Lifecycle) -> Vec<u8> {
         Lifecycle::AllDataSourcesFlushed => E::AllDataSourcesFlushed(true),
         Lifecycle::ReadTracingBuffersCompleted => E::ReadTracingBuffersCompleted(true),
         Lifecycle::TracingDisabled => E::TracingDisabled(true),
+        Lifecycle::CloneStarted => E::CloneStarted(true),
+        Lifecycle::BufferCloned(index) => E::BufferCloned(index),
     };
     packet(|p| {
         p.uint64(tp::TIMESTAMP, ts);

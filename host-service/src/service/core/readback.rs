@@ -157,7 +157,12 @@ impl TracingService {
         let Some(s) = self.sessions.get(&sid) else {
             return;
         };
-        let mode = if s.state == SessionState::Disabled {
+        // A clone's buffers get nothing more: read them out like a stopped
+        // session's.
+        let mode = if matches!(
+            s.state,
+            SessionState::Disabled | SessionState::ClonedReadOnly
+        ) {
             ReadMode::Drain
         } else {
             ReadMode::Live
@@ -500,6 +505,11 @@ fn preamble(
         out.push(packets::trace_config(uid, &s.raw_config));
     }
     if !s.preamble_done {
+        if let Some(t) = &s.clone_trigger {
+            out.push(packets::clone_snapshot_trigger(uid, t));
+        }
+    }
+    if !s.preamble_done {
         out.push(packets::trace_uuid(uid, s.uuid));
     }
     for snap in snapshots {
@@ -513,6 +523,7 @@ fn preamble(
     if !builtin.disable_trace_config.unwrap_or(false) {
         out.extend(triggers.iter().map(|t| packets::trigger(uid, t)));
     }
+    s.triggers.mark_emitted(triggers);
     if !s.preamble_done {
         // Every writer with data in the buffers so far (upstream lists the
         // writers of its chunk histograms); each gets its sequence id now.
@@ -572,7 +583,12 @@ fn trailer(s: &mut Session, uid: u32, now: u64, stats: &crate::protos::TraceStat
             Lifecycle::ReadTracingBuffersCompleted,
         ));
     }
-    if s.stats_due || s.state == SessionState::Disabled {
+    if s.stats_due
+        || matches!(
+            s.state,
+            SessionState::Disabled | SessionState::ClonedReadOnly
+        )
+    {
         s.stats_due = false;
         out.push(packets::trace_stats(uid, stats));
     }

@@ -24,6 +24,7 @@ use crate::protos::{
 };
 use crate::service::env::FakeEnvironment;
 
+mod clone;
 mod emulation;
 mod relay;
 mod triggers;
@@ -624,6 +625,16 @@ fn field(packet: &[u8], number: u32) -> Option<Result<u64, Vec<u8>>> {
         .map(|(_, v)| v)
 }
 
+/// The config of a read's `trace_config` packet (field 33).
+fn trace_config_in(packets: &[Vec<u8>]) -> TraceConfig {
+    let raw = packets
+        .iter()
+        .find_map(|p| field(p, 33))
+        .expect("a trace_config packet")
+        .unwrap_err();
+    TraceConfig::decode(&raw[..]).expect("the config decodes")
+}
+
 /// The producer packets (those with the test payload field 900).
 fn payloads(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
     packets
@@ -876,18 +887,6 @@ fn duration_flushes_then_stops() {
 #[test]
 fn unsupported_configs_and_calls_answer_with_clear_errors() {
     let mut sim = Sim::new();
-    let cfg = config("ds", 64, |cfg| {
-        cfg.trigger_config = Some(trace_config::TriggerConfig {
-            trigger_mode: Some(4),
-            trigger_timeout_ms: Some(1000),
-            ..Default::default()
-        })
-    });
-    let error = TestConsumer::refused(&mut sim, cfg);
-    assert!(
-        matches!(error, ConfigError::CloneSnapshotTriggers),
-        "{error:?}"
-    );
     // Bad buffer index.
     let error = TestConsumer::refused(&mut sim, config("ds", 64, |cfg| cfg.buffers.clear()));
     assert!(
@@ -906,23 +905,20 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
         matches!(&error, ConfigError::SessionNameTaken(name) if name == "x"),
         "{error:?}"
     );
-    // CloneSession says why it fails.
+    // CloneSession without a session to clone says why it fails.
     let id = first.call(
         &mut sim,
         consumer_port::Request::CloneSession(Default::default()),
     );
     let resp: crate::protos::CloneSessionResponse = sim.reply_ok(first.conn, id);
     assert_eq!(resp.success, Some(false));
-    assert_eq!(
-        resp.error.as_deref(),
-        Some("CloneSession is not supported by the shmtrace service")
-    );
+    assert_eq!(resp.error.as_deref(), Some("Tracing session not found"));
     let id = first.call(
         &mut sim,
         consumer_port::Request::QueryCapabilities(Default::default()),
     );
     let caps: crate::protos::QueryCapabilitiesResponse = sim.reply_ok(first.conn, id);
-    assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(false));
+    assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(true));
 }
 
 #[test]

@@ -30,6 +30,8 @@ pub enum Timer {
     TriggerTimeout { session: SessionId },
     /// `stop_delay_ms` after a STOP_TRACING trigger elapsed.
     TriggerStop { session: SessionId },
+    /// `stop_delay_ms` after a CLONE_SNAPSHOT trigger elapsed.
+    CloneTriggerHit { session: SessionId },
 }
 
 /// Pending timers by deadline (ties in arming order).
@@ -77,7 +79,8 @@ impl Timer {
             | Timer::WriteIntoFile { session }
             | Timer::Snapshot { session }
             | Timer::TriggerTimeout { session }
-            | Timer::TriggerStop { session } => session,
+            | Timer::TriggerStop { session }
+            | Timer::CloneTriggerHit { session } => session,
         }
     }
 }

@@ -21,9 +21,15 @@
 //!   `trigger` packet (field 46; unless `disable_trace_config`). A session
 //!   that lists triggers returns no data at all — neither `ReadBuffers` nor
 //!   `write_into_file` — until one matched.
-//! * CLONE_SNAPSHOT (and `use_clone_snapshot_if_available`) needs
-//!   CloneSession, which this service does not implement: such configs are
-//!   refused at `EnableTracing` with an error saying so.
+//! * **CLONE_SNAPSHOT** (or STOP_TRACING with
+//!   `use_clone_snapshot_if_available`): the session starts at once with
+//!   `duration_ms = trigger_timeout_ms` and is only ever read through clones
+//!   (`ReadBuffers` and files get nothing). Each matching trigger, after its
+//!   `stop_delay_ms`, is reported to the session's consumer as a
+//!   `clone_trigger_hit` ObservableEvent (if it observes CLONE_TRIGGER_HIT);
+//!   the consumer then clones the session ([`super::clone`]), naming the
+//!   trigger, which the clone's trace records as `clone_snapshot_trigger`.
+//!   The session runs on. Cloned sessions never match triggers.
 //!
 //! Memory: a session keeps at most [`MAX_PENDING_TRIGGERS`] triggers not yet
 //! emitted, and the 24-hour history at most [`MAX_HISTORY`] entries (the
@@ -61,6 +67,8 @@ pub enum TriggerMode {
     StartTracing,
     /// A trigger stops the session.
     StopTracing,
+    /// A trigger asks the consumer to clone the session.
+    CloneSnapshot,
 }
 
 /// A session's trigger setup, validated at `EnableTracing`.
@@ -96,17 +104,58 @@ pub struct SessionTriggers {
     pub setup: TriggerSetup,
     /// Triggers received and not yet emitted as packets.
     pub pending: Vec<ReceivedTrigger>,
+    /// Triggers received and emitted already (the newest
+    /// [`MAX_PENDING_TRIGGERS`]): a clone takes them with the pending ones
+    /// and emits them all into its own trace.
+    pub emitted: Vec<ReceivedTrigger>,
     /// Triggers received so far (emitted, pending or not kept).
     pub received: u64,
     /// Triggers not kept for emission (more than [`MAX_PENDING_TRIGGERS`]
     /// pending).
     pub not_emitted: u64,
+    /// CLONE_SNAPSHOT triggers to report to the consumer, each when due (at
+    /// most [`MAX_PENDING_TRIGGERS`]).
+    pub clone_hits: Vec<(Nanos, ReceivedTrigger)>,
 }
 
 impl SessionTriggers {
-    /// The session lists triggers and none matched yet: it yields no data.
+    /// `triggers` were emitted into the trace: kept for a clone.
+    pub fn mark_emitted(&mut self, triggers: Vec<ReceivedTrigger>) {
+        self.emitted.extend(triggers);
+        let over = self.emitted.len().saturating_sub(MAX_PENDING_TRIGGERS);
+        self.emitted.drain(..over);
+    }
+
+    /// What a clone of the session gets (upstream:
+    /// `TracingServiceImpl::FinishCloneSession` moves `received_triggers`):
+    /// every trigger received, to emit again, and the count of those not
+    /// kept. The session is left with none, so that a long CLONE_SNAPSHOT
+    /// session does not emit old triggers into every snapshot; like
+    /// upstream's, a session whose triggers gate its data then reads as
+    /// one still waiting for a trigger.
+    pub fn take_for_clone(&mut self) -> SessionTriggers {
+        let mut pending = std::mem::take(&mut self.emitted);
+        pending.append(&mut self.pending);
+        self.received = 0;
+        SessionTriggers {
+            setup: TriggerSetup {
+                mode: TriggerMode::Unspecified,
+                timeout_ms: 0,
+                regexes: Vec::new(),
+            },
+            received: pending.len() as u64,
+            pending,
+            emitted: Vec::new(),
+            not_emitted: std::mem::take(&mut self.not_emitted),
+            clone_hits: Vec::new(),
+        }
+    }
+
+    /// The session yields no data: it lists triggers and none matched yet,
+    /// or it is a CLONE_SNAPSHOT session (read only through clones).
     pub fn waiting(&self) -> bool {
-        !self.setup.regexes.is_empty() && self.received == 0
+        (!self.setup.regexes.is_empty() && self.received == 0)
+            || self.setup.mode == TriggerMode::CloneSnapshot
     }
 }
 
@@ -122,13 +171,14 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
         });
     };
     let raw_mode = t.trigger_mode.unwrap_or(0);
-    let clone = raw_mode == ProtoMode::CloneSnapshot as i32
-        || t.use_clone_snapshot_if_available.unwrap_or(false);
+    let if_available = t.use_clone_snapshot_if_available.unwrap_or(false);
     let mode = match ProtoMode::try_from(raw_mode) {
-        _ if clone => return Err(ConfigError::CloneSnapshotTriggers),
+        Ok(ProtoMode::StopTracing) if if_available => TriggerMode::CloneSnapshot,
+        _ if if_available => return Err(ConfigError::CloneSnapshotIfAvailable),
         Ok(ProtoMode::Unspecified) => TriggerMode::Unspecified,
         Ok(ProtoMode::StartTracing) => TriggerMode::StartTracing,
         Ok(ProtoMode::StopTracing) => TriggerMode::StopTracing,
+        Ok(ProtoMode::CloneSnapshot) => TriggerMode::CloneSnapshot,
         _ => return Err(ConfigError::TriggerMode(raw_mode)),
     };
     let timeout_ms = t.trigger_timeout_ms.unwrap_or(0);
@@ -140,8 +190,16 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
             return Err(ConfigError::DurationWithTriggers);
         }
     }
-    if mode == TriggerMode::StopTracing && config.write_into_file.unwrap_or(false) {
-        return Err(ConfigError::StopTriggersIntoFile);
+    if config.write_into_file.unwrap_or(false) {
+        match mode {
+            TriggerMode::StopTracing => {
+                return Err(ConfigError::StopTriggersIntoFile("STOP_TRACING"))
+            }
+            TriggerMode::CloneSnapshot => {
+                return Err(ConfigError::StopTriggersIntoFile("CLONE_SNAPSHOT"))
+            }
+            _ => {}
+        }
     }
     let mut names = std::collections::BTreeSet::new();
     let mut regexes = Vec::new();
@@ -271,7 +329,11 @@ impl TracingService {
         producer_name: &str,
         fired: usize,
     ) -> Option<u32> {
-        let s = self.sessions.get(&sid)?;
+        // A clone is a snapshot: triggers are for the session it came from.
+        let s = self
+            .sessions
+            .get(&sid)
+            .filter(|s| s.state != SessionState::ClonedReadOnly)?;
         let t = s.config.trigger_config.as_ref()?;
         let index = t
             .triggers
@@ -314,6 +376,7 @@ impl TracingService {
         let first = s.triggers.received == 0;
         s.triggers.received += 1;
         let delay_ms = trigger.stop_delay_ms;
+        let hit = (s.triggers.setup.mode == TriggerMode::CloneSnapshot).then(|| trigger.clone());
         // A producer may send triggers at any rate: only the first of a
         // session is worth an info line.
         let level = if first {
@@ -349,7 +412,52 @@ impl TracingService {
                     Timer::TriggerStop { session: sid },
                 );
             }
+            TriggerMode::CloneSnapshot => {
+                let due = now + u64::from(delay_ms) * 1_000_000;
+                if let Some(hit) =
+                    hit.filter(|_| s.triggers.clone_hits.len() < MAX_PENDING_TRIGGERS)
+                {
+                    s.triggers.clone_hits.push((due, hit));
+                    self.timers
+                        .arm(due, Timer::CloneTriggerHit { session: sid });
+                }
+            }
             _ => {}
+        }
+    }
+
+    /// `Timer::CloneTriggerHit`: tells the consumer of CLONE_SNAPSHOT
+    /// session `sid` about the triggers whose `stop_delay_ms` passed
+    /// (upstream: `ConsumerEndpointImpl::NotifyCloneSnapshotTrigger`).
+    pub(super) fn clone_trigger_hits(&mut self, sid: SessionId) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut s.triggers.clone_hits)
+            .into_iter()
+            .partition(|&(t, _)| t <= now);
+        s.triggers.clone_hits = later;
+        let Some(conn) = s.consumer else {
+            return;
+        };
+        for (_, t) in due {
+            let hit = crate::protos::observable_events::CloneTriggerHit {
+                tracing_session_id: Some(sid as i64),
+                trigger_name: Some(t.name),
+                producer_name: Some(t.producer_name),
+                producer_uid: Some(t.producer_uid),
+                boot_time_ns: Some(t.time),
+                trigger_delay_ms: Some(u64::from(t.stop_delay_ms)),
+            };
+            self.send_event(
+                conn,
+                crate::protos::observable_events::Type::CloneTriggerHit,
+                crate::protos::ObservableEvents {
+                    clone_trigger_hit: Some(hit),
+                    ..Default::default()
+                },
+            );
         }
     }
 
@@ -370,7 +478,7 @@ impl TracingService {
                 );
                 true
             }
-            TriggerMode::StopTracing => {
+            TriggerMode::StopTracing | TriggerMode::CloneSnapshot => {
                 // Without a trigger, the session ends at the timeout.
                 s.set_duration_ms(timeout_ms);
                 false
@@ -395,7 +503,7 @@ impl TracingService {
         match self.sessions.get(&sid).map(|s| s.state) {
             Some(SessionState::Started) => {
                 let flags = flush_flags::REASON_TRACE_STOP | flush_flags::INITIATOR_TRACED;
-                self.flush(sid, 0, flags, None, true);
+                self.flush(sid, 0, flags, super::session::FlushThen::Disable);
             }
             Some(SessionState::Configured) => self.disable_tracing(sid, false),
             _ => {}

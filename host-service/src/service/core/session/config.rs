@@ -84,11 +84,7 @@ impl TracingService {
                 }
             }
         }
-        let held: u64 = self
-            .buffers
-            .values()
-            .map(|(_, b)| b.stats().buffer_size)
-            .sum();
+        let held = self.buffer_bytes_held();
         if held + asked > self.cfg.max_buffer_bytes {
             return Err(ConfigError::BufferMemory {
                 asked,
@@ -145,6 +141,7 @@ impl TracingService {
             if self
                 .sessions
                 .values()
+                .filter(|s| s.state != super::SessionState::ClonedReadOnly)
                 .any(|s| s.config.unique_session_name.as_deref() == Some(name))
             {
                 return Err(ConfigError::SessionNameTaken(name.to_owned()));

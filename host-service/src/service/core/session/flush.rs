@@ -3,43 +3,32 @@
 
 use std::collections::BTreeMap;
 
-use super::{InstanceState, Lifecycle, PendingFlush, SessionState, MAX_PENDING_FLUSHES};
-use crate::ipc::PendingReply;
+use super::{FlushThen, InstanceState, Lifecycle, PendingFlush, SessionState, MAX_PENDING_FLUSHES};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::protos::FlushResponse;
 use crate::service::core::timers::Timer;
-use crate::service::core::{ConnId, ProducerId, SessionId, TracingService};
+use crate::service::core::{BufferId, ProducerId, SessionId, TracingService};
 
 impl TracingService {
-    /// Starts a flush (upstream: `TracingServiceImpl::Flush`,
-    /// src/tracing/service/tracing_service_impl.cc).
+    /// Starts a flush of every instance of the session (upstream:
+    /// `TracingServiceImpl::Flush`, src/tracing/service/tracing_service_impl.cc).
     pub(in crate::service::core) fn flush(
         &mut self,
         sid: SessionId,
         timeout_ms: u32,
         flags: u64,
-        reply: Option<(ConnId, PendingReply)>,
-        disable_after: bool,
+        then: FlushThen,
     ) {
         let now = self.now();
         let Some(s) = self.sessions.get_mut(&sid) else {
-            if let Some((conn, to)) = reply {
+            if let FlushThen::Reply(conn, to) = then {
                 self.reject(conn, &to);
             }
             return;
         };
-        if s.state != SessionState::Started || s.flushes.len() >= MAX_PENDING_FLUSHES {
-            s.flushes_failed += 1;
-            if let Some((conn, to)) = reply {
-                self.reject(conn, &to);
-            }
-            if disable_after {
-                self.disable_tracing(sid, false);
-            }
-            return;
+        if s.state == SessionState::Started && s.flushes.len() < MAX_PENDING_FLUSHES {
+            s.event(now, Lifecycle::FlushStarted);
         }
-        self.last_flush_id += 1;
-        let flush_id = self.last_flush_id;
         let mut per_producer: BTreeMap<ProducerId, Vec<u64>> = BTreeMap::new();
         for inst in s
             .instances
@@ -61,19 +50,78 @@ impl TracingService {
                 .get(p)
                 .is_some_and(|p| !ids.is_empty() || (p.emulated && p.scraping))
         });
+        self.flush_instances(sid, timeout_ms, flags, per_producer, then);
+    }
+
+    /// Starts a flush of the instances that write into `buffers`, for a
+    /// clone (upstream: `GetFlushableDataSourceInstancesForBuffers`,
+    /// src/tracing/service/tracing_service_impl.cc); `then` is the clone's
+    /// [`FlushThen::Clone`].
+    pub(in crate::service::core) fn flush_buffers(
+        &mut self,
+        sid: SessionId,
+        buffers: &[BufferId],
+        flags: u64,
+        then: FlushThen,
+    ) {
+        let mut per_producer: BTreeMap<ProducerId, Vec<u64>> = BTreeMap::new();
+        if let Some(s) = self.sessions.get(&sid) {
+            for inst in s.instances.iter().filter(|i| {
+                i.state != InstanceState::Stopped && !i.no_flush && buffers.contains(&i.buffer)
+            }) {
+                per_producer.entry(inst.producer).or_default().push(inst.id);
+            }
+        }
+        per_producer.retain(|p, _| self.producers.contains_key(p));
+        self.flush_instances(sid, 0, flags, per_producer, then);
+    }
+
+    /// Sends `Flush` to each producer of `per_producer` and arms the
+    /// timeout (upstream: `TracingServiceImpl::FlushDataSourceInstances`,
+    /// src/tracing/service/tracing_service_impl.cc). A session not started
+    /// (or with too many flushes pending) fails the flush at once.
+    fn flush_instances(
+        &mut self,
+        sid: SessionId,
+        timeout_ms: u32,
+        flags: u64,
+        per_producer: BTreeMap<ProducerId, Vec<u64>>,
+        then: FlushThen,
+    ) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if s.state != SessionState::Started || s.flushes.len() >= MAX_PENDING_FLUSHES {
+            match then {
+                FlushThen::Nothing => s.flushes_failed += 1,
+                FlushThen::Reply(conn, to) => {
+                    s.flushes_failed += 1;
+                    self.reject(conn, &to);
+                }
+                FlushThen::Disable => {
+                    s.flushes_failed += 1;
+                    self.disable_tracing(sid, false);
+                }
+                FlushThen::Clone { clone, group } => {
+                    self.clone_flush_done(sid, clone, group, false);
+                }
+            }
+            return;
+        }
+        self.last_flush_id += 1;
+        let flush_id = self.last_flush_id;
         let timeout = if timeout_ms > 0 {
             u64::from(timeout_ms)
         } else {
             s.flush_timeout_ms()
         };
         s.flushes_requested += 1;
-        s.event(now, Lifecycle::FlushStarted);
         s.flushes.insert(
             flush_id,
             PendingFlush {
                 pending: per_producer.keys().copied().collect(),
-                reply,
-                disable_after,
+                then,
             },
         );
         let empty = per_producer.is_empty();
@@ -135,7 +183,8 @@ impl TracingService {
         } else {
             s.flushes_failed += 1;
         }
-        if f.disable_after {
+        let disable_after = matches!(f.then, FlushThen::Disable);
+        if disable_after {
             use crate::protos::trace_stats::FinalFlushOutcome;
             let outcome = if success {
                 FinalFlushOutcome::FinalFlushSucceeded
@@ -155,15 +204,14 @@ impl TracingService {
         if !s.builtin().disable_clock_snapshotting.unwrap_or(false) {
             s.add_snapshot(snapshot);
         }
-        if let Some((conn, to)) = f.reply {
-            if success {
-                self.reply(conn, &to, &FlushResponse {}, false);
-            } else {
-                self.reject(conn, &to);
+        match f.then {
+            FlushThen::Nothing => {}
+            FlushThen::Reply(conn, to) if success => {
+                self.reply(conn, &to, &FlushResponse {}, false)
             }
-        }
-        if f.disable_after {
-            self.disable_tracing(sid, false);
+            FlushThen::Reply(conn, to) => self.reject(conn, &to),
+            FlushThen::Disable => self.disable_tracing(sid, false),
+            FlushThen::Clone { clone, group } => self.clone_flush_done(sid, clone, group, success),
         }
     }
 

@@ -21,12 +21,12 @@ use crate::service::shm::ensure_valid_sizes;
 
 use super::config::buffer_capacity;
 use super::{
-    flush_flags, FileSink, Instance, InstanceState, Lifecycle, ProducerIdentity, Session,
-    SessionState,
+    flush_flags, FileSink, FlushThen, Instance, InstanceState, Lifecycle, ProducerIdentity,
+    Session, SessionState,
 };
 
 impl TracingService {
-    fn alloc_buffer_id(&mut self) -> BufferId {
+    pub(in crate::service::core) fn alloc_buffer_id(&mut self) -> BufferId {
         loop {
             self.last_buffer_id = self.last_buffer_id.wrapping_add(1);
             if self.last_buffer_id != 0 && !self.buffers.contains_key(&self.last_buffer_id) {
@@ -156,10 +156,14 @@ impl TracingService {
                 setup: v.triggers,
                 pending: Vec::new(),
                 received: 0,
+                emitted: Vec::new(),
                 not_emitted: 0,
+                clone_hits: Vec::new(),
             },
             machines_described: BTreeSet::new(),
             machines_synced: BTreeSet::new(),
+            pending_clones: BTreeMap::new(),
+            clone_trigger: None,
         };
         self.sessions.insert(id, session);
         if let Some(c) = self.consumer_mut(conn) {
@@ -312,6 +316,7 @@ impl TracingService {
             notify_on_stop: desc.will_notify_on_stop.unwrap_or(false),
             handles_incremental_state_clear: desc.handles_incremental_state_clear.unwrap_or(false),
             no_flush: desc.no_flush.unwrap_or(false),
+            buffer,
             config: config.clone(),
         };
         let instance_id = instance.id;
@@ -547,7 +552,7 @@ impl TracingService {
             return;
         };
         match s.state {
-            SessionState::Disabled => return,
+            SessionState::Disabled | SessionState::ClonedReadOnly => return,
             SessionState::Stopping if !immediately => return,
             _ => {}
         }
@@ -721,10 +726,11 @@ impl TracingService {
             }
         }
         for (_, f) in s.flushes {
-            if let Some((conn, to)) = f.reply {
+            if let FlushThen::Reply(conn, to) = f.then {
                 self.reject(conn, &to);
             }
         }
+        self.abort_clones(s.pending_clones);
     }
 
     /// Fires a timer.
@@ -774,7 +780,7 @@ impl TracingService {
                             && s.triggers.received > 0)
                 }) {
                     let flags = flush_flags::REASON_TRACE_STOP | flush_flags::INITIATOR_TRACED;
-                    self.flush(session, 0, flags, None, true);
+                    self.flush(session, 0, flags, FlushThen::Disable);
                 }
             }
             Timer::PeriodicFlush { session } => {
@@ -790,7 +796,7 @@ impl TracingService {
                     Timer::PeriodicFlush { session },
                 );
                 let flags = flush_flags::REASON_PERIODIC | flush_flags::INITIATOR_TRACED;
-                self.flush(session, 0, flags, None, false);
+                self.flush(session, 0, flags, FlushThen::Nothing);
             }
             Timer::ClearIncrementalState { session } => {
                 let Some(s) = self.sessions.get(&session) else {
@@ -829,6 +835,7 @@ impl TracingService {
             }
             Timer::TriggerTimeout { session } => self.start_trigger_timeout(session),
             Timer::TriggerStop { session } => self.trigger_stop(session),
+            Timer::CloneTriggerHit { session } => self.clone_trigger_hits(session),
             Timer::Snapshot { session } => {
                 let snapshot = self.env.clock_snapshot();
                 let Some(s) = self.sessions.get_mut(&session) else {

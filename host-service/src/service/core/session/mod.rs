@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytes::Bytes;
 use regex::Regex;
 
-use super::triggers::SessionTriggers;
+use super::triggers::{ReceivedTrigger, SessionTriggers};
 use super::{BufferId, ConnId, ProducerId, SessionId};
 use crate::ipc::PendingReply;
 use crate::protos::trace_config::{self};
@@ -74,8 +74,12 @@ pub mod flush_flags {
     pub const REASON_PERIODIC: u64 = 1;
     /// Reason: the trace is stopping.
     pub const REASON_TRACE_STOP: u64 = 2;
+    /// Reason: a clone of the session.
+    pub const REASON_TRACE_CLONE: u64 = 3;
     /// Initiator: the tracing service.
     pub const INITIATOR_TRACED: u64 = 1 << 4;
+    /// Clone target: a bugreport.
+    pub const CLONE_TARGET_BUGREPORT: u64 = 1 << 8;
 }
 
 /// State of a session.
@@ -89,6 +93,9 @@ pub enum SessionState {
     Stopping,
     /// Stopped; buffers readable until freed.
     Disabled,
+    /// A snapshot of another session ([`super::clone`]): buffers readable
+    /// until freed, nothing runs.
+    ClonedReadOnly,
 }
 
 impl SessionState {
@@ -99,6 +106,7 @@ impl SessionState {
             SessionState::Started => "STARTED",
             SessionState::Stopping => "STOP_WAIT",
             SessionState::Disabled => "DISABLED",
+            SessionState::ClonedReadOnly => "CLONED_READ_ONLY",
         }
     }
 }
@@ -138,6 +146,8 @@ pub struct Instance {
     pub handles_incremental_state_clear: bool,
     /// The descriptor's flags.
     pub no_flush: bool,
+    /// The buffer it writes into.
+    pub buffer: BufferId,
     /// The config sent to the producer (service fields rewritten).
     pub config: Bytes,
 }
@@ -147,10 +157,27 @@ pub struct Instance {
 pub struct PendingFlush {
     /// Producers that have not acknowledged yet.
     pub pending: BTreeSet<ProducerId>,
-    /// The consumer call to answer.
-    pub reply: Option<(ConnId, PendingReply)>,
-    /// Stop the session once the flush is over (duration end).
-    pub disable_after: bool,
+    /// What to do when it is over.
+    pub then: FlushThen,
+}
+
+/// What a flush does when it is over.
+#[derive(Debug)]
+pub enum FlushThen {
+    /// Nothing more (the service's periodic flushes).
+    Nothing,
+    /// Answer a consumer's `Flush`.
+    Reply(ConnId, PendingReply),
+    /// Stop the session (duration end, STOP_TRACING trigger).
+    Disable,
+    /// Copy buffer group `group` of pending clone `clone`
+    /// ([`super::clone`]).
+    Clone {
+        /// The pending clone.
+        clone: u64,
+        /// The buffer group.
+        group: usize,
+    },
 }
 
 /// Lifecycle events recorded as `service_event` packets.
@@ -168,6 +195,12 @@ pub enum Lifecycle {
     ReadTracingBuffersCompleted,
     /// `tracing_disabled` (field 5).
     TracingDisabled,
+    /// `clone_started` (field 10): in a cloned session, when the clone
+    /// began.
+    CloneStarted,
+    /// `buffer_cloned` (field 11): in a cloned session, when buffer `n`
+    /// (index in the session) was copied.
+    BufferCloned(u32),
 }
 
 /// Who a producer was, for packets read after it left.
@@ -269,6 +302,11 @@ pub struct Session {
     pub machines_described: BTreeSet<u32>,
     /// Relayed machines whose `remote_clock_sync` was written.
     pub machines_synced: BTreeSet<u32>,
+    /// Clones of this session waiting for their flushes.
+    pub pending_clones: BTreeMap<u64, super::clone::PendingClone>,
+    /// In a cloned session: the CLONE_SNAPSHOT trigger that asked for it,
+    /// emitted once as `clone_snapshot_trigger`.
+    pub clone_trigger: Option<ReceivedTrigger>,
 }
 
 impl Session {

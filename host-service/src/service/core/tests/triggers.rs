@@ -26,6 +26,7 @@ fn trigger_config(mode: i32, timeout_ms: u32, triggers: Vec<Trigger>) -> Bytes {
 
 const START: i32 = 1;
 const STOP: i32 = 2;
+const CLONE: i32 = 4;
 
 fn activate(sim: &mut Sim, p: &TestProducer, names: &[&str]) {
     let req = crate::protos::ActivateTriggersRequest {
@@ -117,15 +118,7 @@ fn a_start_trigger_starts_the_session_and_its_stop_delay_ends_it() {
         )]
     );
     // The emitted config shows the duration the service applied.
-    let raw = packets
-        .iter()
-        .find_map(|p| field(p, 33))
-        .unwrap()
-        .unwrap_err();
-    assert_eq!(
-        TraceConfig::decode(&raw[..]).unwrap().duration_ms,
-        Some(1000)
-    );
+    assert_eq!(trace_config_in(&packets).duration_ms, Some(1000));
     // Triggers are emitted once.
     assert!(triggers_in(&c.read(&mut sim)).is_empty());
 }
@@ -255,19 +248,28 @@ type Expected = fn(&ConfigError) -> bool;
 fn invalid_trigger_configs_are_refused_with_clear_errors() {
     let mut sim = Sim::new();
     let cases: Vec<(Bytes, Expected)> = vec![
-        (trigger_config(4, 1000, vec![trigger("t", 0)]), |e| {
-            matches!(e, ConfigError::CloneSnapshotTriggers)
-        }),
         (
             config("ds", 64, |cfg| {
                 cfg.trigger_config = Some(trace_config::TriggerConfig {
-                    trigger_mode: Some(STOP),
+                    trigger_mode: Some(START),
                     use_clone_snapshot_if_available: Some(true),
                     trigger_timeout_ms: Some(1000),
                     ..Default::default()
                 })
             }),
-            |e| matches!(e, ConfigError::CloneSnapshotTriggers),
+            |e| matches!(e, ConfigError::CloneSnapshotIfAvailable),
+        ),
+        (
+            config("ds", 64, |cfg| {
+                cfg.write_into_file = Some(true);
+                cfg.output_path = Some("/nonexistent/x".into());
+                cfg.trigger_config = Some(trace_config::TriggerConfig {
+                    trigger_mode: Some(CLONE),
+                    trigger_timeout_ms: Some(1000),
+                    ..Default::default()
+                })
+            }),
+            |e| matches!(e, ConfigError::StopTriggersIntoFile("CLONE_SNAPSHOT")),
         ),
         (trigger_config(START, 0, vec![trigger("t", 0)]), |e| {
             matches!(e, ConfigError::TriggerTimeout(0))
@@ -314,7 +316,7 @@ fn invalid_trigger_configs_are_refused_with_clear_errors() {
                     ..Default::default()
                 })
             }),
-            |e| matches!(e, ConfigError::StopTriggersIntoFile),
+            |e| matches!(e, ConfigError::StopTriggersIntoFile("STOP_TRACING")),
         ),
     ];
     for (cfg, expected) in cases {
@@ -371,4 +373,97 @@ fn skip_probability_outside_0_1_is_accepted_like_upstream() {
         2,
         "below 0 and NaN: never skipped"
     );
+}
+
+/// CLONE_SNAPSHOT: the session starts at once and yields nothing to
+/// ReadBuffers; each trigger, after its stop delay, is reported to the
+/// consumer as a CLONE_TRIGGER_HIT event; a clone naming the trigger holds
+/// the data and the `clone_snapshot_trigger` packet; the session runs on
+/// until its trigger timeout.
+#[test]
+fn clone_snapshot_triggers_notify_the_consumer_which_clones() {
+    use crate::protos::clone_session_request::Selector;
+    use crate::protos::observable_events::Type;
+    for use_if_available in [false, true] {
+        let cfg = config("ds", 64, |cfg| {
+            cfg.trigger_config = Some(trace_config::TriggerConfig {
+                trigger_mode: Some(if use_if_available { STOP } else { CLONE }),
+                use_clone_snapshot_if_available: Some(use_if_available),
+                trigger_timeout_ms: Some(60_000),
+                triggers: vec![trigger("snap", 200)],
+            })
+        });
+        let (mut sim, mut p, c, cmds) = session_with(descriptor("ds", false, false), cfg);
+        assert!(cmds.iter().any(|c| matches!(c, Cmd::StartDataSource(_))));
+        let observe = c.call(
+            &mut sim,
+            consumer_port::Request::ObserveEvents(crate::protos::ObserveEventsRequest {
+                events_to_observe: vec![Type::CloneTriggerHit as i32],
+            }),
+        );
+        let req = p.write(1, 1, &[b"before"], true);
+        p.commit(&mut sim, req);
+        assert!(
+            payloads(&c.read(&mut sim)).is_empty(),
+            "read only by clones"
+        );
+        activate(&mut sim, &p, &["snap"]);
+        let t_snap = sim.env.now();
+        sim.advance(199);
+        assert!(sim.replies(c.conn, observe).is_empty());
+        sim.advance(1);
+        let got = sim.replies(c.conn, observe);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].has_more);
+        let ReplyBody::Ok(b) = &got[0].body else {
+            panic!("failed")
+        };
+        let hit = crate::protos::ObserveEventsResponse::decode(b.clone())
+            .unwrap()
+            .events
+            .unwrap()
+            .clone_trigger_hit
+            .expect("a clone_trigger_hit");
+        assert_eq!(hit.tracing_session_id, Some(1));
+        assert_eq!(hit.trigger_name.as_deref(), Some("snap"));
+        assert_eq!(hit.producer_name.as_deref(), Some("prod"));
+        assert_eq!(hit.producer_uid, Some(PRODUCER_UID));
+        assert_eq!(hit.boot_time_ns, Some(t_snap));
+        assert_eq!(hit.trigger_delay_ms, Some(200));
+        // The consumer clones on another connection, as perfetto_cmd does.
+        let cloner = sim.svc.connect_consumer(creds(2000, 78));
+        let req = crate::protos::CloneSessionRequest {
+            selector: Some(Selector::SessionId(1)),
+            clone_trigger_name: hit.trigger_name.clone(),
+            clone_trigger_producer_name: hit.producer_name.clone(),
+            clone_trigger_trusted_producer_uid: hit.producer_uid.map(|u| u as i32),
+            clone_trigger_boot_time_ns: hit.boot_time_ns,
+            clone_trigger_delay_ms: hit.trigger_delay_ms,
+            ..Default::default()
+        };
+        let id = sim.consumer_call(cloner, consumer_port::Request::CloneSession(req), None);
+        let cmds = p.commands(&mut sim);
+        ack_flush(&mut sim, &p, &cmds);
+        let resp: crate::protos::CloneSessionResponse = sim.reply_ok(cloner, id);
+        assert_eq!(resp.success, Some(true), "{resp:?}");
+        let clone = TestConsumer {
+            conn: cloner,
+            enable: 0,
+        };
+        let packets = clone.read(&mut sim);
+        assert_eq!(payloads(&packets), [b"before".to_vec()]);
+        let snap = packets
+            .iter()
+            .find_map(|p| field(p, 113))
+            .expect("clone_snapshot_trigger")
+            .unwrap_err();
+        assert_eq!(field(&snap, 1), Some(Err(b"snap".to_vec())));
+        assert_eq!(triggers_in(&packets).len(), 1, "the trigger received");
+        // The session runs on until its trigger timeout.
+        assert!(c.enabled_reply(&mut sim).is_none());
+        sim.advance(60_000);
+        let cmds = p.commands(&mut sim);
+        ack_flush(&mut sim, &p, &cmds);
+        assert!(c.enabled_reply(&mut sim).is_some(), "ended at the timeout");
+    }
 }
