@@ -57,7 +57,7 @@ use std::collections::{HashMap, VecDeque};
 use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE};
 use shmtrace_producer::ForwardError;
 
-use super::clock::{snapshot_packet, ClockSync, Estimate};
+use super::clock::{snapshot_packet, ClockSync, Estimate, Rate, MAX_DRIFT_PPM};
 use super::output::Output;
 use super::{FirmwareEvent, Hello, PatchGroup, Request};
 
@@ -176,6 +176,8 @@ struct Boot<S> {
     /// Sync requests asked in this boot.
     syncs: u32,
     firmware: Vec<(String, u64)>,
+    /// The user was told that the firmware clock's rate is not the host's.
+    rate_noted: bool,
 }
 
 /// The latest clock relation, for reports.
@@ -191,6 +193,25 @@ pub struct ClockStatus {
     pub rejected: u64,
     /// The relation was given, not measured.
     pub fixed: bool,
+    /// The firmware clock's rate against the host's, if measured.
+    pub rate: Option<Rate>,
+}
+
+/// What the user is told when a boot's clock does not run at the host's
+/// rate ([`Rate::beyond_drift`]).
+fn rate_note(hello: &Hello, rate: &Rate) -> String {
+    format!(
+        "the firmware's clock {} (boot {:#x}) runs at {:.4}x the host's ({:.3} s of it in {:.3} s), \
+         beyond the {MAX_DRIFT_PPM} ppm of drift the clock relation allows for: its events are \
+         placed on the host's timeline only near each clock snapshot, and the error bound does \
+         not hold. Is the clock hook's tick rate right? (Under QEMU's -icount the guest's \
+         clocks run on virtual time.)",
+        hello.clock_id,
+        hello.boot_id,
+        rate.ratio(),
+        rate.firmware_span_ns as f64 / 1e9,
+        rate.host_span_ns as f64 / 1e9,
+    )
 }
 
 /// A pair of readings `(firmware, boot)` stating `est`: for a measured
@@ -292,6 +313,7 @@ impl<O: Output> Engine<O> {
             samples: b.clock.samples(),
             rejected: b.clock.rejected,
             fixed: self.fixed_offset.is_some(),
+            rate: b.needs_clock.then(|| b.clock.rate()).flatten(),
         })
     }
 
@@ -362,6 +384,13 @@ impl<O: Output> Engine<O> {
                 self.stats.clock_samples += 1;
                 if let Some(b) = &mut self.boot {
                     b.clock.sample(c.firmware_ns, c.nonce, now, c.transfer_ns);
+                    match b.clock.rate() {
+                        Some(r) if r.beyond_drift && b.needs_clock && !b.rate_noted => {
+                            b.rate_noted = true;
+                            self.notes.push(rate_note(&b.hello, &r));
+                        }
+                        _ => {}
+                    }
                 }
                 self.refresh_clock(now);
             }
@@ -479,6 +508,7 @@ impl<O: Output> Engine<O> {
             hold_expired: false,
             last_sync: None,
             syncs: 0,
+            rate_noted: false,
             firmware: Vec::new(),
         });
         self.refresh_clock(now);

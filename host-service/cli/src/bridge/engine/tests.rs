@@ -505,6 +505,50 @@ fn the_stated_offset_stays_while_measurements_agree_with_it() {
     );
 }
 
+/// A firmware clock that does not run at the host's rate (here an eighth
+/// of it, as a guest's SysTick under QEMU's `-icount` measured): the user
+/// is told once per boot, and the status says so; one at the host's rate
+/// raises nothing.
+#[test]
+fn a_firmware_clock_at_another_rate_is_told_once_per_boot() {
+    let run = |boot: u32, fw: fn(u64) -> u64| {
+        let (mut e, _log) = engine();
+        e.handle(hello(boot, 65), 0);
+        e.handle(chunk(1, 0), 0);
+        let mut notes = Vec::new();
+        for i in 0..8 {
+            let asked = 1000 * MS + i * 1000 * MS;
+            let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+                panic!("no sync asked at {asked}")
+            };
+            e.handle(
+                FirmwareEvent::Clock(ClockSample {
+                    firmware_ns: fw(asked + 100_000),
+                    nonce: Some(nonce),
+                    transfer_ns: 0,
+                }),
+                asked + 200_000,
+            );
+            notes.extend(e.take_notes());
+        }
+        (notes, e.clock(9000 * MS).and_then(|c| c.rate))
+    };
+    let (notes, rate) = run(7, |t| t / 8);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("the firmware's clock 65 (boot 0x7) runs at 0.1250x the host's"),
+        "{}",
+        notes[0]
+    );
+    let rate = rate.expect("measured");
+    assert!(rate.beyond_drift);
+    assert_eq!(rate.host_span_ns, 7000 * MS);
+    assert_eq!(rate.firmware_span_ns, 7000 * MS / 8);
+    let (notes, rate) = run(8, |t| 3 * MS + t);
+    assert_eq!(notes, Vec::<String>::new());
+    assert!(!rate.expect("measured").beyond_drift);
+}
+
 #[test]
 fn firmware_counters_add_up_across_boots() {
     let (mut e, _log) = engine();
