@@ -45,7 +45,14 @@
 //! and the sequence restarts (a reset packet, descriptors and names
 //! again). Text longer than that (a log line, a buffer's dump) goes in a
 //! packet of a [`TraceWriter`](crate::writer::TraceWriter) on a writer id of
-//! its own: its packets have no size limit and continue across chunks.
+//! its own: its packets have no size limit and continue across chunks. It
+//! writes the packets it is given and nothing else: the program checks the
+//! host's `trace_enabled` itself ([`Control::trace_enabled`]), stamps the
+//! packets on its absolute clock (`timestamp_clock_id`, 65 by default), and
+//! writes the `TrackDescriptor` of the track they name again whenever
+//! tracing turns on, since a session holds only what was written during it.
+//!
+//! [`Control::trace_enabled`]: crate::region::Control::trace_enabled
 //!
 //! ```
 //! use shmtrace_abi::layout::{PageLayout, PageSize};
