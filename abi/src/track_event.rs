@@ -153,7 +153,9 @@
 //! # Clocks
 //!
 //! See [`Clock`]: the program supplies nanoseconds on its own time base;
-//! [`TickClock`] and [`Extend32`] turn a SysTick or cycle counter into one.
+//! [`TickClock`] turns a tick count into one and [`Extend32`] widens a
+//! wrapping 32-bit cycle counter for it ([`clock`] also says how to count
+//! SysTick, which wraps too often for that).
 //!
 //! # Several contexts
 //!
