@@ -69,7 +69,12 @@ pub struct SequenceConfig {
     /// packet and its descriptors are stamped on, and the one clock 64 is
     /// defined against. On firmware a sequence-scoped id in 65..=127
     /// ([`FIRMWARE_CLOCK_ID`] by default), which the host relates to its
-    /// own clocks; on a host, BOOTTIME (6).
+    /// own clocks; on a host, BOOTTIME (6). A firmware's writers use its
+    /// region's clock id ([`RegionConfig::clock_id`], the same default):
+    /// the host relates that one clock only, and packets stamped on
+    /// another cannot be placed (`shmtrace inspect --check` fails them).
+    ///
+    /// [`RegionConfig::clock_id`]: crate::region::RegionConfig::clock_id
     pub clock_id: u32,
     /// The track events go on unless they name another (their
     /// `TrackEventDefaults.track_uuid`), described at every reset.

@@ -152,6 +152,31 @@ struct Sequence<S> {
     /// sequence's last snapshot (the chunk carrying it); `None` while that
     /// chunk is still to come.
     snapshot_at: Option<u64>,
+    /// Chunks still to look into for the absolute clock its packets name
+    /// ([`stamped_clock`]), until one names it.
+    clock_checks_left: u8,
+}
+
+/// How many of a sequence's first chunks are looked into for the clock
+/// its packets are stamped on.
+const CLOCK_CHECKS: u8 = 4;
+
+/// The absolute clock the first whole packet of `chunk` that names one
+/// (`timestamp_clock_id`) is stamped on, if any: a track event writer's
+/// first packet (its reset) and descriptors name theirs.
+fn stamped_clock(chunk: &[u8]) -> Option<u32> {
+    use prost::Message as _;
+    let (_, fragments) = shmtrace_abi::reader::Fragments::from_chunk(chunk).ok()?;
+    fragments
+        .filter_map(|f| match f {
+            Ok(shmtrace_abi::reader::FragmentEvent::Data(f)) if f.is_whole_packet() => Some(f.data),
+            _ => None,
+        })
+        .find_map(|data| {
+            shmtrace_ipc::protos::TracePacket::decode(data)
+                .ok()?
+                .timestamp_clock_id
+        })
 }
 
 /// One firmware boot.
@@ -178,6 +203,9 @@ struct Boot<S> {
     firmware: Vec<(String, u64)>,
     /// The user was told that the firmware clock's rate is not the host's.
     rate_noted: bool,
+    /// The user was told that a writer stamps a clock the host does not
+    /// relate.
+    clock_id_noted: bool,
 }
 
 /// The latest clock relation, for reports.
@@ -509,6 +537,7 @@ impl<O: Output> Engine<O> {
             last_sync: None,
             syncs: 0,
             rate_noted: false,
+            clock_id_noted: false,
             firmware: Vec::new(),
         });
         self.refresh_clock(now);
@@ -620,9 +649,31 @@ impl<O: Output> Engine<O> {
                         v.insert(Sequence {
                             out,
                             snapshot_at: None,
+                            clock_checks_left: CLOCK_CHECKS,
                         })
                     }
                 };
+                if b.needs_clock && seq.clock_checks_left > 0 {
+                    seq.clock_checks_left -= 1;
+                    if let Some(id) = stamped_clock(&bytes) {
+                        seq.clock_checks_left = 0;
+                        if id != b.hello.clock_id && !b.clock_id_noted {
+                            b.clock_id_noted = true;
+                            self.notes.push(format!(
+                                "writer {} of the firmware (boot {:#x}) stamps its packets on \
+                                 clock {id}, but its region says its clock is {}: the host \
+                                 relates only clock {} to its own, so those packets cannot be \
+                                 placed on the timeline. Give the writer's SequenceConfig \
+                                 .with_clock_id({}), or the region the writers' clock id.",
+                                header.writer_id,
+                                b.hello.boot_id,
+                                b.hello.clock_id,
+                                b.hello.clock_id,
+                                b.hello.clock_id
+                            ));
+                        }
+                    }
+                }
                 match (&b.snapshot, seq.snapshot_at) {
                     // The relation stated last, again (module docs).
                     (Some(p), Some(at)) if b.forwarded - at >= SNAPSHOT_PERIOD_BYTES => {

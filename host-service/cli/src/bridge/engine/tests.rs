@@ -549,6 +549,61 @@ fn a_firmware_clock_at_another_rate_is_told_once_per_boot() {
     assert!(!rate.expect("measured").beyond_drift);
 }
 
+/// A chunk of `writer` whose one packet is stamped on clock `clock_id`
+/// (`timestamp = 5`, `timestamp_clock_id`).
+fn stamped_chunk(writer: u16, id: u32, clock_id: u8) -> FirmwareEvent {
+    let header = ChunkHeaderRepr {
+        chunk_id: id,
+        writer_id: writer,
+        packets: Packets::new(1, ChunkFlags::EMPTY).unwrap(),
+    };
+    let mut bytes = header.to_bytes().to_vec();
+    // Field 8 (varint) 5, field 58 (varint, tag 0xD0 0x03) the clock.
+    bytes.extend_from_slice(&[5, 0x40, 5, 0xD0, 0x03, clock_id]);
+    FirmwareEvent::Chunk(bytes)
+}
+
+/// A writer that stamps a clock other than the one its region names (the
+/// region set to clock 100, the writers left on the default 65): its
+/// packets cannot be placed, and the user is told once per boot which
+/// writer and what to change; writers on the region's clock, and packets
+/// naming none, raise nothing.
+#[test]
+fn a_writer_on_another_clock_than_its_regions_is_told() {
+    let (mut e, _log) = engine();
+    e.handle(hello(3, 100), 0);
+    let sync = |e: &mut Engine<Fake>, at: u64| {
+        let [Request::Sync(nonce)] = e.tick(at, true)[..] else {
+            panic!("no sync asked at {at}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: 1_000,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            at + 1_000,
+        );
+    };
+    sync(&mut e, 1000 * MS);
+    e.handle(chunk(1, 0), 1001 * MS);
+    e.handle(stamped_chunk(2, 0, 100), 1001 * MS);
+    assert_eq!(e.take_notes(), Vec::<String>::new());
+    e.handle(stamped_chunk(3, 0, 65), 1001 * MS);
+    e.handle(stamped_chunk(4, 0, 65), 1001 * MS);
+    assert_eq!(
+        e.take_notes(),
+        [
+            "writer 3 of the firmware (boot 0x3) stamps its packets on clock 65, but its region \
+          says its clock is 100: the host relates only clock 100 to its own, so those packets \
+          cannot be placed on the timeline. Give the writer's SequenceConfig \
+          .with_clock_id(100), or the region the writers' clock id."
+        ]
+    );
+    // The chunks went on all the same.
+    assert_eq!(e.stats().chunks_forwarded, 4);
+}
+
 #[test]
 fn firmware_counters_add_up_across_boots() {
     let (mut e, _log) = engine();
