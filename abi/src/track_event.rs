@@ -35,6 +35,25 @@
 //! strings into packets of their own; if it still does not fit, it is
 //! dropped and counted.
 //!
+//! So strings have limits (see "Costs and limits" below for the numbers):
+//! a category, event or annotation name of at most [`MAX_NAME_LEN`] (107)
+//! bytes is interned while the interning table has room, and the event
+//! carries its id; a longer one (or any name once the table is full) goes
+//! inline, and string annotation *values* always do. An event whose inline
+//! strings make it longer than its packet is dropped whole: counted in
+//! [`TrackEventStats::events_dropped`], marked `previous_packet_dropped`,
+//! and the sequence restarts (a reset packet, descriptors and names
+//! again). Text longer than that (a log line, a buffer's dump) goes in a
+//! packet of a [`TraceWriter`](crate::writer::TraceWriter) on a writer id of
+//! its own: its packets have no size limit and continue across chunks. It
+//! writes the packets it is given and nothing else: the program checks the
+//! host's `trace_enabled` itself ([`Control::trace_enabled`]), stamps the
+//! packets on its absolute clock (`timestamp_clock_id`, 65 by default), and
+//! writes the `TrackDescriptor` of the track they name again whenever
+//! tracing turns on, since a session holds only what was written during it.
+//!
+//! [`Control::trace_enabled`]: crate::region::Control::trace_enabled
+//!
 //! ```
 //! use shmtrace_abi::layout::{PageLayout, PageSize};
 //! use shmtrace_abi::smb::{Smb, SmbStorage};
@@ -120,13 +139,23 @@
 //! the reset packet and descriptors and interns its strings: about ten
 //! times as many instructions.
 //!
+//! Strings: a name of at most [`MAX_NAME_LEN`] (107) bytes always fits
+//! (interned, while the table has room); a longer one goes inline, and one
+//! of more than about 110 bytes drops its event. String annotation values are written inline, and the event with
+//! all of its fields must fit 119 bytes (a packet's 127 less 8 kept for a
+//! loss mark): one value of up to 80 bytes always fits an event with a
+//! category, a name, one annotation, a flow id and a track of its own;
+//! several values share that room.
+//!
 //! Nothing blocks: a full SMB drops the event (counted, and marked on the
 //! next packet as `previous_packet_dropped`), and the sequence restarts.
 //!
 //! # Clocks
 //!
 //! See [`Clock`]: the program supplies nanoseconds on its own time base;
-//! [`TickClock`] and [`Extend32`] turn a SysTick or cycle counter into one.
+//! [`TickClock`] turns a tick count into one and [`Extend32`] widens a
+//! wrapping 32-bit cycle counter for it ([`clock`] also says how to count
+//! SysTick, which wraps too often for that).
 //!
 //! # Several contexts
 //!
@@ -148,5 +177,5 @@ pub use site::EventSite;
 pub use track::{name_uuid, CounterTrack, Track};
 pub use writer::{
     EventBuilder, SequenceConfig, TrackEventStats, TrackEventWriter, FIRMWARE_CLOCK_ID, MAX_ARGS,
-    MAX_FLOWS,
+    MAX_FLOWS, MAX_NAME_LEN,
 };

@@ -13,7 +13,7 @@ use shmtrace_abi::trace::counter_descriptor::Unit;
 use shmtrace_abi::trace::track_event::Type;
 use shmtrace_abi::track_event::{
     ClockValue, CounterTrack, CounterValue as Sample, EventSite, SequenceConfig, Track, WriterCell,
-    FIRMWARE_CLOCK_ID,
+    FIRMWARE_CLOCK_ID, MAX_NAME_LEN,
 };
 use support::sequence::{
     read_back, smb, storage, writer, ArgValue, CounterValue, Interning, ManualClock, Sequence,
@@ -796,6 +796,49 @@ fn an_event_too_long_for_a_packet_is_dropped_and_counted() {
             (1, "after")
         ]
     );
+}
+
+/// The limits the module docs state: a name of [`MAX_NAME_LEN`] bytes is
+/// interned and its event written, one a few bytes longer goes inline and
+/// drops its event; a string
+/// annotation value of 80 bytes fits an event with a category, a name, a
+/// flow id and a track of its own, whether stamped as a delta or (time
+/// gone backwards) absolute.
+#[test]
+fn the_documented_string_limits_hold() {
+    let mut storage = storage();
+    let smb = smb(&mut storage);
+    let clock = ManualClock::at(1_000_000_000);
+    let mut w: Writer = writer(&smb, &clock, config());
+    let name: &'static str = Box::leak("n".repeat(MAX_NAME_LEN).into_boxed_str());
+    let longer: &'static str = Box::leak("m".repeat(MAX_NAME_LEN + 8).into_boxed_str());
+    assert!(w.instant("c", name));
+    assert!(!w.instant("c", longer));
+    assert_eq!(w.stats().events_dropped, 1);
+    assert_eq!(w.stats().strings_inline, 1);
+    let value = "v".repeat(80);
+    let event = |w: &mut Writer| {
+        w.event(Type::Instant, "c", "with a value")
+            .on(&OTHER)
+            .flow(u64::MAX)
+            .arg("text", value.as_str())
+            .emit()
+    };
+    clock.advance(200_000_000); // a 4-byte delta
+    assert!(event(&mut w));
+    clock.set(1); // before the previous event: an absolute time
+    assert!(event(&mut w));
+    let seq = read(&mut w);
+    assert_eq!(
+        names(&seq),
+        [
+            (Some(name), vec!["c"]),
+            (Some("with a value"), vec!["c"]),
+            (Some("with a value"), vec!["c"])
+        ]
+    );
+    assert!(!seq.events[1].absolute);
+    assert!(seq.events[2].absolute);
 }
 
 #[test]

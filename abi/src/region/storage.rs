@@ -46,7 +46,14 @@ pub struct RegionConfig<'a> {
     pub producer: &'a str,
     /// SMB page size (`SMB_BYTES` must be a multiple of it).
     pub page_size: PageSize,
-    /// The firmware's absolute clock id (1..=127).
+    /// The firmware's absolute clock id (1..=127): the clock the host
+    /// relates to its own. Its writers stamp their packets on it, so a
+    /// track event writer's [`SequenceConfig`] says the same id
+    /// ([`SequenceConfig::new`] uses [`DEFAULT_CLOCK_ID`], this field's
+    /// default; with another, `.with_clock_id(config.clock_id)`).
+    ///
+    /// [`SequenceConfig`]: crate::track_event::SequenceConfig
+    /// [`SequenceConfig::new`]: crate::track_event::SequenceConfig::new
     pub clock_id: u32,
     /// `boot_id` to use when the memory holds no valid header of a previous
     /// boot (with one, its `boot_id + 1` is used instead).

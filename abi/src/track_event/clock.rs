@@ -28,6 +28,16 @@
 //! assert!((999..=1_000).contains(&(t1 - t0))); // each reading truncated to 1 ns
 //! ```
 //!
+//! SysTick is no such counter: 24 bits that count down from its reload
+//! value and wraps every `reload + 1` ticks, far too often for
+//! [`Extend32`]. Count its wraps in its interrupt handler (first thing),
+//! and read `wraps * (reload + 1) + (reload - current)` with interrupts
+//! masked; if SysTick's pending bit (`ICSR.PENDSTSET`) is set, it wrapped
+//! and its handler has not run yet: read `current` again and count one more
+//! wrap. Under QEMU, SysTick's current value reads 0 unless `-icount` is
+//! on, and then it counts the guest's virtual time, which does not keep the
+//! host's pace (the host tools warn about a clock that does not).
+//!
 //! # Invariants
 //!
 //! * [`TickClock::now_ns`] is `ticks * 10^9 / hz` within one part in 2^31

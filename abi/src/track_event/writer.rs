@@ -52,6 +52,12 @@ pub const MAX_FLOWS: usize = 2;
 
 /// Longest packet written in place (1-byte size).
 const MAX_PACKET: usize = 127;
+/// Longest category, event or annotation name (bytes) that is interned
+/// (its entry fits a packet of its own), so that any event can carry it.
+/// A longer one goes inline, and a few bytes more make the event longer
+/// than its packet: it is dropped (counted in
+/// [`TrackEventStats::events_dropped`]). See the module docs' limits.
+pub const MAX_NAME_LEN: usize = MAX_PACKET - PREFIX_ROOM - 12;
 /// Room kept for `previous_packet_dropped` and `first_packet_on_sequence`,
 /// which the writer may put in front of a packet.
 const PREFIX_ROOM: usize = 8;
@@ -63,7 +69,12 @@ pub struct SequenceConfig {
     /// packet and its descriptors are stamped on, and the one clock 64 is
     /// defined against. On firmware a sequence-scoped id in 65..=127
     /// ([`FIRMWARE_CLOCK_ID`] by default), which the host relates to its
-    /// own clocks; on a host, BOOTTIME (6).
+    /// own clocks; on a host, BOOTTIME (6). A firmware's writers use its
+    /// region's clock id ([`RegionConfig::clock_id`], the same default):
+    /// the host relates that one clock only, and packets stamped on
+    /// another cannot be placed (`shmtrace inspect --check` fails them).
+    ///
+    /// [`RegionConfig::clock_id`]: crate::region::RegionConfig::clock_id
     pub clock_id: u32,
     /// The track events go on unless they name another (their
     /// `TrackEventDefaults.track_uuid`), described at every reset.
@@ -648,7 +659,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
     /// intern (counted in [`TrackEventStats::strings_inline`]). `None` if
     /// that packet was lost.
     fn intern_alone(&mut self, s: &'static str, kind: Kind) -> Option<u32> {
-        let interned = if s.len() <= MAX_INTERNED_LEN {
+        let interned = if s.len() <= MAX_NAME_LEN {
             self.interned.intern(s, kind)
         } else {
             Interned::Full
@@ -905,7 +916,7 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         kind: Kind,
         new: &mut NewStrings<M>,
     ) -> Str<'static> {
-        if s.len() <= MAX_INTERNED_LEN {
+        if s.len() <= MAX_NAME_LEN {
             match self.interned.intern(s, kind) {
                 Interned::Known(iid) => return Str::Iid(u64::from(iid)),
                 Interned::New(iid) => {
@@ -925,9 +936,6 @@ impl<'s, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, const S:
         Str::Inline(s)
     }
 }
-
-/// Longest string interned: its entry must fit a packet of its own.
-const MAX_INTERNED_LEN: usize = MAX_PACKET - PREFIX_ROOM - 12;
 
 /// The strings one event interns (category, name, annotation names): at
 /// most `M` (a vector: nothing to initialize until used).
@@ -1277,7 +1285,11 @@ impl<'w, 's, A: ChunkArbiter<'s>, C: Clock, const N: usize, const T: usize, cons
         self
     }
 
-    /// Adds a flow id: the event is a step of flow `id`.
+    /// Adds a flow id: the event is a step of flow `id`. Flow ids are
+    /// trace-wide (`TrackEvent.flow_ids`): every writer, and every boot of
+    /// the firmware, that uses an id takes part in one flow, so ids counted
+    /// from 0 at each boot link two boots' events in one trace (give them
+    /// high bits that differ between boots).
     #[inline(always)]
     pub fn flow(mut self, id: u64) -> Self {
         if self.flows.push(id).is_err() {

@@ -37,6 +37,14 @@
 //! estimate's bound (a change of offset is a step in the mapping, and a
 //! step back reorders events around it), so the relation a trace holds is
 //! within twice the bound.
+//!
+//! All of that holds only for a firmware clock that runs at the host's
+//! rate within [`MAX_DRIFT_PPM`]. One that does not (a clock hook whose
+//! tick rate is wrong, a guest's clock on an emulator's virtual time, as
+//! QEMU's `-icount`) moves the offset between samples by more than their
+//! bounds: [`ClockSync::rate`] measures the firmware clock's rate over the
+//! window's two-way samples and says when it lies outside what the bounds
+//! and the drift allow, so the bridge can say that its bounds do not hold.
 
 use std::collections::VecDeque;
 
@@ -73,6 +81,27 @@ impl Estimate {
     pub fn boot_ns(&self, firmware_ns: u64) -> u64 {
         let boot = i128::from(firmware_ns) + i128::from(self.offset_ns);
         u64::try_from(boot.max(0)).unwrap_or(u64::MAX)
+    }
+}
+
+/// The firmware clock's rate against the host's, over the window's
+/// two-way samples ([`ClockSync::rate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Host time between the oldest and the newest sample (midpoints).
+    pub host_span_ns: u64,
+    /// Firmware time between them.
+    pub firmware_span_ns: u64,
+    /// The offsets of the two differ by more than their bounds and
+    /// [`MAX_DRIFT_PPM`] of the span allow: the firmware clock does not
+    /// run at the host's rate, and the estimate's bound does not hold.
+    pub beyond_drift: bool,
+}
+
+impl Rate {
+    /// Firmware seconds per host second.
+    pub fn ratio(&self) -> f64 {
+        self.firmware_span_ns as f64 / self.host_span_ns.max(1) as f64
     }
 }
 
@@ -230,6 +259,33 @@ impl ClockSync {
         })
     }
 
+    /// The firmware clock's rate over the two-way samples of the window
+    /// (the oldest and the newest; one-way samples carry no bound to tell
+    /// a rate from a varying delay): `None` with fewer than two, or for a
+    /// relation given rather than measured.
+    pub fn rate(&self) -> Option<Rate> {
+        if self.fixed.is_some() {
+            return None;
+        }
+        let mut two_way = self.samples.iter().filter(|s| s.two_way);
+        let first = two_way.next()?;
+        let last = two_way.next_back()?;
+        // The host time the firmware read its clock at: `firmware + offset`.
+        let host = |s: &Sample| i128::from(s.firmware_ns) + i128::from(s.offset_ns);
+        let host_span = u64::try_from(host(last) - host(first)).ok()?;
+        let firmware_span = last.firmware_ns.checked_sub(first.firmware_ns)?;
+        let moved = last.offset_ns.abs_diff(first.offset_ns);
+        let allowed = first
+            .bound_ns
+            .saturating_add(last.bound_ns)
+            .saturating_add(host_span / 1_000_000 * MAX_DRIFT_PPM);
+        Some(Rate {
+            host_span_ns: host_span,
+            firmware_span_ns: firmware_span,
+            beyond_drift: moved > allowed,
+        })
+    }
+
     /// The estimate to inject, if a snapshot is due at host time `now`
     /// (module docs); [`injected`](Self::injected) says it went out.
     pub fn due(&self, now: u64) -> Option<Estimate> {
@@ -318,6 +374,46 @@ mod tests {
         let e = c.estimate(10_000 * MS + 100_000).unwrap();
         assert_eq!(e.bound_ns, 50_000);
         assert_eq!(e.firmware_ns, 10_000 * MS);
+    }
+
+    /// Two-way samples every `period` host ns with a round trip of
+    /// `rtt`, the firmware clock reading `fw(host)`.
+    fn sampled(fw: impl Fn(u64) -> u64, period: u64, rtt: u64, n: u64) -> ClockSync {
+        let mut c = ClockSync::new();
+        for i in 0..n {
+            let t0 = 1_000 * MS + i * period;
+            let nonce = c.request(t0);
+            c.sample(fw(t0 + rtt / 2), Some(nonce), t0 + rtt, 0);
+        }
+        c
+    }
+
+    #[test]
+    fn a_firmware_clock_at_the_hosts_rate_is_within_the_drift() {
+        // 150 ppm fast: within the 200 the relation allows for.
+        let c = sampled(|t| 5 * MS + t + t / 1_000_000 * 150, 250 * MS, 200_000, 12);
+        let r = c.rate().unwrap();
+        assert_eq!(r.host_span_ns, 11 * 250 * MS);
+        assert!(!r.beyond_drift, "{r:?}");
+        assert!((r.ratio() - 1.000_15).abs() < 1e-6, "{}", r.ratio());
+    }
+
+    #[test]
+    fn a_firmware_clock_at_another_rate_is_told() {
+        // A clock hook that counts at an eighth of the rate it declares
+        // (or a guest on virtual time): its offsets run away from their
+        // bounds of 0.1 ms within a few samples.
+        let c = sampled(|t| t / 8, 250 * MS, 200_000, 4);
+        let r = c.rate().unwrap();
+        assert!(r.beyond_drift, "{r:?}");
+        assert!((r.ratio() - 0.125).abs() < 1e-3, "{}", r.ratio());
+        // Twice as fast: the same.
+        let c = sampled(|t| 2 * t, 250 * MS, 200_000, 4);
+        assert!(c.rate().unwrap().beyond_drift);
+        assert!((c.rate().unwrap().ratio() - 2.0).abs() < 1e-3);
+        // One sample, or a relation given: nothing to measure.
+        assert_eq!(sampled(|t| t / 8, 250 * MS, 200_000, 1).rate(), None);
+        assert_eq!(ClockSync::fixed(0).rate(), None);
     }
 
     #[test]

@@ -57,7 +57,7 @@ use std::collections::{HashMap, VecDeque};
 use shmtrace_abi::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE};
 use shmtrace_producer::ForwardError;
 
-use super::clock::{snapshot_packet, ClockSync, Estimate};
+use super::clock::{snapshot_packet, ClockSync, Estimate, Rate, MAX_DRIFT_PPM};
 use super::output::Output;
 use super::{FirmwareEvent, Hello, PatchGroup, Request};
 
@@ -152,6 +152,31 @@ struct Sequence<S> {
     /// sequence's last snapshot (the chunk carrying it); `None` while that
     /// chunk is still to come.
     snapshot_at: Option<u64>,
+    /// Chunks still to look into for the absolute clock its packets name
+    /// ([`stamped_clock`]), until one names it.
+    clock_checks_left: u8,
+}
+
+/// How many of a sequence's first chunks are looked into for the clock
+/// its packets are stamped on.
+const CLOCK_CHECKS: u8 = 4;
+
+/// The absolute clock the first whole packet of `chunk` that names one
+/// (`timestamp_clock_id`) is stamped on, if any: a track event writer's
+/// first packet (its reset) and descriptors name theirs.
+fn stamped_clock(chunk: &[u8]) -> Option<u32> {
+    use prost::Message as _;
+    let (_, fragments) = shmtrace_abi::reader::Fragments::from_chunk(chunk).ok()?;
+    fragments
+        .filter_map(|f| match f {
+            Ok(shmtrace_abi::reader::FragmentEvent::Data(f)) if f.is_whole_packet() => Some(f.data),
+            _ => None,
+        })
+        .find_map(|data| {
+            shmtrace_ipc::protos::TracePacket::decode(data)
+                .ok()?
+                .timestamp_clock_id
+        })
 }
 
 /// One firmware boot.
@@ -176,6 +201,11 @@ struct Boot<S> {
     /// Sync requests asked in this boot.
     syncs: u32,
     firmware: Vec<(String, u64)>,
+    /// The user was told that the firmware clock's rate is not the host's.
+    rate_noted: bool,
+    /// The user was told that a writer stamps a clock the host does not
+    /// relate.
+    clock_id_noted: bool,
 }
 
 /// The latest clock relation, for reports.
@@ -191,6 +221,25 @@ pub struct ClockStatus {
     pub rejected: u64,
     /// The relation was given, not measured.
     pub fixed: bool,
+    /// The firmware clock's rate against the host's, if measured.
+    pub rate: Option<Rate>,
+}
+
+/// What the user is told when a boot's clock does not run at the host's
+/// rate ([`Rate::beyond_drift`]).
+fn rate_note(hello: &Hello, rate: &Rate) -> String {
+    format!(
+        "the firmware's clock {} (boot {:#x}) runs at {:.4}x the host's ({:.3} s of it in {:.3} s), \
+         beyond the {MAX_DRIFT_PPM} ppm of drift the clock relation allows for: its events are \
+         placed on the host's timeline only near each clock snapshot, and the error bound does \
+         not hold. Is the clock hook's tick rate right? (Under QEMU's -icount the guest's \
+         clocks run on virtual time.)",
+        hello.clock_id,
+        hello.boot_id,
+        rate.ratio(),
+        rate.firmware_span_ns as f64 / 1e9,
+        rate.host_span_ns as f64 / 1e9,
+    )
 }
 
 /// A pair of readings `(firmware, boot)` stating `est`: for a measured
@@ -292,6 +341,7 @@ impl<O: Output> Engine<O> {
             samples: b.clock.samples(),
             rejected: b.clock.rejected,
             fixed: self.fixed_offset.is_some(),
+            rate: b.needs_clock.then(|| b.clock.rate()).flatten(),
         })
     }
 
@@ -362,6 +412,13 @@ impl<O: Output> Engine<O> {
                 self.stats.clock_samples += 1;
                 if let Some(b) = &mut self.boot {
                     b.clock.sample(c.firmware_ns, c.nonce, now, c.transfer_ns);
+                    match b.clock.rate() {
+                        Some(r) if r.beyond_drift && b.needs_clock && !b.rate_noted => {
+                            b.rate_noted = true;
+                            self.notes.push(rate_note(&b.hello, &r));
+                        }
+                        _ => {}
+                    }
                 }
                 self.refresh_clock(now);
             }
@@ -479,6 +536,8 @@ impl<O: Output> Engine<O> {
             hold_expired: false,
             last_sync: None,
             syncs: 0,
+            rate_noted: false,
+            clock_id_noted: false,
             firmware: Vec::new(),
         });
         self.refresh_clock(now);
@@ -590,9 +649,31 @@ impl<O: Output> Engine<O> {
                         v.insert(Sequence {
                             out,
                             snapshot_at: None,
+                            clock_checks_left: CLOCK_CHECKS,
                         })
                     }
                 };
+                if b.needs_clock && seq.clock_checks_left > 0 {
+                    seq.clock_checks_left -= 1;
+                    if let Some(id) = stamped_clock(&bytes) {
+                        seq.clock_checks_left = 0;
+                        if id != b.hello.clock_id && !b.clock_id_noted {
+                            b.clock_id_noted = true;
+                            self.notes.push(format!(
+                                "writer {} of the firmware (boot {:#x}) stamps its packets on \
+                                 clock {id}, but its region says its clock is {}: the host \
+                                 relates only clock {} to its own, so those packets cannot be \
+                                 placed on the timeline. Give the writer's SequenceConfig \
+                                 .with_clock_id({}), or the region the writers' clock id.",
+                                header.writer_id,
+                                b.hello.boot_id,
+                                b.hello.clock_id,
+                                b.hello.clock_id,
+                                b.hello.clock_id
+                            ));
+                        }
+                    }
+                }
                 match (&b.snapshot, seq.snapshot_at) {
                     // The relation stated last, again (module docs).
                     (Some(p), Some(at)) if b.forwarded - at >= SNAPSHOT_PERIOD_BYTES => {

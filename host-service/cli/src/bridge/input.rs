@@ -297,6 +297,10 @@ pub trait StreamDecoder: Send {
 /// How long a stream's flush waits for the firmware to show it done.
 pub const FLUSH_DONE_WAIT: Duration = Duration::from_millis(400);
 
+/// How long a stream may say nothing a firmware sends before the user is
+/// told what to check.
+pub const SILENCE_HINT_AFTER: Duration = Duration::from_secs(5);
+
 /// A [`FirmwareSource`] over a [`ByteStream`] and a [`StreamDecoder`].
 pub struct StreamSource<D> {
     stream: ByteStream,
@@ -307,6 +311,11 @@ pub struct StreamSource<D> {
     flush_deadline: Option<Instant>,
     /// Requests whose frame could not be sent.
     pub requests_failed: u64,
+    /// When the stream was opened, until its first event (then `None`),
+    /// or until the user was told about the silence.
+    silent_since: Option<Instant>,
+    /// Bytes read.
+    bytes: u64,
 }
 
 impl<D: StreamDecoder> StreamSource<D> {
@@ -319,7 +328,31 @@ impl<D: StreamDecoder> StreamSource<D> {
             ended: false,
             flush_deadline: None,
             requests_failed: 0,
+            silent_since: Some(Instant::now()),
+            bytes: 0,
         }
+    }
+
+    /// What to tell the user once, at `now`, when the stream has given no
+    /// event since it was opened [`SILENCE_HINT_AFTER`] ago: nothing that
+    /// is a firmware's (no byte, or bytes that are no frame).
+    pub fn silence_hint(&mut self, now: Instant) -> Option<String> {
+        let since = self.silent_since?;
+        if now.saturating_duration_since(since) < SILENCE_HINT_AFTER {
+            return None;
+        }
+        self.silent_since = None;
+        let heard = match self.bytes {
+            0 => "no byte yet".to_owned(),
+            n => format!("{n} bytes read, none of them a frame"),
+        };
+        Some(format!(
+            "{}: nothing from a firmware after {} s ({heard}): is it running, with its region \
+             taken in stream mode and a StreamService sending on this line at this baud rate? \
+             (A firmware for shared RAM sends nothing here: `shmtrace serve --attach` reads it.)",
+            self.stream.name(),
+            SILENCE_HINT_AFTER.as_secs()
+        ))
     }
 
     /// The decoder.
@@ -331,6 +364,7 @@ impl<D: StreamDecoder> StreamSource<D> {
 impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
     fn poll(&mut self, timeout: Duration) -> Result<Option<FirmwareEvent>, SourceError> {
         if let Some(e) = self.decoder.next_event() {
+            self.silent_since = None;
             return Ok(Some(e));
         }
         if self.ended {
@@ -338,10 +372,22 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
         }
         match self.stream.read_timeout(&mut self.buf, timeout) {
             Ok(ReadOutcome::Data(n)) => {
+                self.bytes += n as u64;
                 self.decoder.push(&self.buf[..n]);
-                Ok(self.decoder.next_event())
+                let event = self.decoder.next_event();
+                if event.is_some() {
+                    self.silent_since = None;
+                } else if let Some(hint) = self.silence_hint(Instant::now()) {
+                    log::info!("{hint}");
+                }
+                Ok(event)
             }
-            Ok(ReadOutcome::Nothing) => Ok(None),
+            Ok(ReadOutcome::Nothing) => {
+                if let Some(hint) = self.silence_hint(Instant::now()) {
+                    log::info!("{hint}");
+                }
+                Ok(None)
+            }
             Ok(ReadOutcome::End) => {
                 self.ended = true;
                 self.decoder.finish();
@@ -548,6 +594,59 @@ mod tests {
         assert!(ended);
         assert_eq!(events.len(), 2);
         assert_eq!(events[1], FirmwareEvent::Chunk(b"chunk".to_vec()));
+    }
+
+    /// A line that carries nothing a firmware sends (a firmware built for
+    /// shared RAM, the wrong port or baud rate) is told once, after
+    /// [`SILENCE_HINT_AFTER`]; one that spoke is never told.
+    #[test]
+    fn a_silent_stream_is_told_once_what_to_check() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let spec: InputSpec = format!("tcp:127.0.0.1:{port}").parse().unwrap();
+        let mut source = StreamSource::new(ByteStream::open(&spec).unwrap(), Lines::default());
+        let (firmware, _) = listener.accept().unwrap();
+        let opened = Instant::now();
+        assert_eq!(source.poll(Duration::from_millis(5)).unwrap(), None);
+        assert_eq!(source.silence_hint(opened), None, "too early");
+        let later = opened + SILENCE_HINT_AFTER + Duration::from_millis(1);
+        assert_eq!(
+            source.silence_hint(later).as_deref(),
+            Some(
+                format!(
+                    "tcp:127.0.0.1:{port}: nothing from a firmware after 5 s (no byte yet): is it \
+                     running, with its region taken in stream mode and a StreamService sending \
+                     on this line at this baud rate? (A firmware for shared RAM sends nothing \
+                     here: `shmtrace serve --attach` reads it.)"
+                )
+                .as_str()
+            )
+        );
+        assert_eq!(source.silence_hint(later), None, "told once");
+        // Bytes that make no event are counted in what it says.
+        let mut source = StreamSource::new(ByteStream::open(&spec).unwrap(), Lines::default());
+        let (mut other, _) = listener.accept().unwrap();
+        other.write_all(b"no newline").unwrap();
+        while source.bytes < 10 {
+            assert_eq!(source.poll(Duration::from_millis(20)).unwrap(), None);
+        }
+        let hint = source
+            .silence_hint(Instant::now() + SILENCE_HINT_AFTER)
+            .unwrap();
+        assert!(
+            hint.contains("(10 bytes read, none of them a frame)"),
+            "{hint}"
+        );
+        // A stream that gave an event is never told.
+        let mut source = StreamSource::new(ByteStream::open(&spec).unwrap(), Lines::default());
+        let (mut third, _) = listener.accept().unwrap();
+        third.write_all(b"hello fw\n").unwrap();
+        while source.poll(Duration::from_millis(20)).unwrap().is_none() {}
+        assert_eq!(
+            source.silence_hint(Instant::now() + 2 * SILENCE_HINT_AFTER),
+            None
+        );
+        drop((firmware, other));
     }
 
     #[test]

@@ -229,8 +229,9 @@ impl RegionSource {
     fn refuse(&mut self, e: &ReaderError) {
         self.totals.refused += 1;
         log::error!(
-            "{}: region refused: {e}; trying again in {} s",
+            "{}: region refused: {}; trying again in {} s",
             self.describe(),
+            refusal(e),
             self.backoff.as_secs_f32()
         );
         self.next_attach = Instant::now() + self.backoff;
@@ -559,5 +560,17 @@ impl FirmwareSource for RegionSource {
 
     fn describe(&self) -> String {
         region_name(&self.path, self.offset)
+    }
+}
+
+/// Why a region was refused, for the user: the reader's reason, and for a
+/// stream-mode region where its data goes instead.
+fn refusal(e: &ReaderError) -> String {
+    match e {
+        ReaderError::StreamMode => format!(
+            "{e} (its region was taken in stream mode: it sends its chunks as frames over its \
+             byte stream, a UART say, for `shmtrace bridge --input` to read)"
+        ),
+        e => e.to_string(),
     }
 }

@@ -121,6 +121,8 @@ impl Summary {
                 "offset_ns": c.estimate.map(|e| e.offset_ns),
                 "bound_ns": c.estimate.map(|e| e.bound_ns),
                 "two_way": c.estimate.map(|e| e.two_way),
+                "rate": c.rate.map(|r| r.ratio()),
+                "rate_beyond_drift": c.rate.map(|r| r.beyond_drift),
             })
         });
         serde_json::json!({
@@ -249,6 +251,7 @@ impl fmt::Display for Summary {
                 samples,
                 rejected,
                 fixed: false,
+                ..
             }) => writeln!(
                 out,
                 "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s, error within {:.3} ms \
@@ -270,6 +273,23 @@ impl fmt::Display for Summary {
                 "  clock {clock_id}: not measured (no sample from the firmware)"
             )?,
             _ => {}
+        }
+        if let Some(ClockStatus {
+            clock_id,
+            rate: Some(rate),
+            ..
+        }) = &self.clock
+        {
+            if rate.beyond_drift {
+                writeln!(
+                    out,
+                    "  clock {clock_id}: runs at {:.4}x the host's rate (over {:.3} s), beyond the \
+                     drift allowed for: the error bound does not hold; is the clock hook's tick \
+                     rate right?",
+                    rate.ratio(),
+                    rate.host_span_ns as f64 / 1e9
+                )?;
+            }
         }
         writeln!(out, "  firmware counters: {}", list(&self.firmware))?;
         writeln!(out, "  transport losses: {}", list(&self.transport))?;

@@ -73,7 +73,9 @@ pub struct RecordArgs {
     pub buffer_kb: Option<u32>,
     /// Quick config: record only these track_event categories
     /// (comma-separated; patterns such as `net.*` work) [default: every
-    /// category the producers enable by default].
+    /// category the producers enable by default]. A firmware behind
+    /// `shmtrace bridge` or `serve --attach` does not see the session's
+    /// config: all of its categories are recorded.
     #[arg(
         long,
         value_name = "CATEGORIES",

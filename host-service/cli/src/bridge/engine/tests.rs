@@ -505,6 +505,105 @@ fn the_stated_offset_stays_while_measurements_agree_with_it() {
     );
 }
 
+/// A firmware clock that does not run at the host's rate (here an eighth
+/// of it, as a guest's SysTick under QEMU's `-icount` measured): the user
+/// is told once per boot, and the status says so; one at the host's rate
+/// raises nothing.
+#[test]
+fn a_firmware_clock_at_another_rate_is_told_once_per_boot() {
+    let run = |boot: u32, fw: fn(u64) -> u64| {
+        let (mut e, _log) = engine();
+        e.handle(hello(boot, 65), 0);
+        e.handle(chunk(1, 0), 0);
+        let mut notes = Vec::new();
+        for i in 0..8 {
+            let asked = 1000 * MS + i * 1000 * MS;
+            let [Request::Sync(nonce)] = e.tick(asked, true)[..] else {
+                panic!("no sync asked at {asked}")
+            };
+            e.handle(
+                FirmwareEvent::Clock(ClockSample {
+                    firmware_ns: fw(asked + 100_000),
+                    nonce: Some(nonce),
+                    transfer_ns: 0,
+                }),
+                asked + 200_000,
+            );
+            notes.extend(e.take_notes());
+        }
+        (notes, e.clock(9000 * MS).and_then(|c| c.rate))
+    };
+    let (notes, rate) = run(7, |t| t / 8);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("the firmware's clock 65 (boot 0x7) runs at 0.1250x the host's"),
+        "{}",
+        notes[0]
+    );
+    let rate = rate.expect("measured");
+    assert!(rate.beyond_drift);
+    assert_eq!(rate.host_span_ns, 7000 * MS);
+    assert_eq!(rate.firmware_span_ns, 7000 * MS / 8);
+    let (notes, rate) = run(8, |t| 3 * MS + t);
+    assert_eq!(notes, Vec::<String>::new());
+    assert!(!rate.expect("measured").beyond_drift);
+}
+
+/// A chunk of `writer` whose one packet is stamped on clock `clock_id`
+/// (`timestamp = 5`, `timestamp_clock_id`).
+fn stamped_chunk(writer: u16, id: u32, clock_id: u8) -> FirmwareEvent {
+    let header = ChunkHeaderRepr {
+        chunk_id: id,
+        writer_id: writer,
+        packets: Packets::new(1, ChunkFlags::EMPTY).unwrap(),
+    };
+    let mut bytes = header.to_bytes().to_vec();
+    // Field 8 (varint) 5, field 58 (varint, tag 0xD0 0x03) the clock.
+    bytes.extend_from_slice(&[5, 0x40, 5, 0xD0, 0x03, clock_id]);
+    FirmwareEvent::Chunk(bytes)
+}
+
+/// A writer that stamps a clock other than the one its region names (the
+/// region set to clock 100, the writers left on the default 65): its
+/// packets cannot be placed, and the user is told once per boot which
+/// writer and what to change; writers on the region's clock, and packets
+/// naming none, raise nothing.
+#[test]
+fn a_writer_on_another_clock_than_its_regions_is_told() {
+    let (mut e, _log) = engine();
+    e.handle(hello(3, 100), 0);
+    let sync = |e: &mut Engine<Fake>, at: u64| {
+        let [Request::Sync(nonce)] = e.tick(at, true)[..] else {
+            panic!("no sync asked at {at}")
+        };
+        e.handle(
+            FirmwareEvent::Clock(ClockSample {
+                firmware_ns: 1_000,
+                nonce: Some(nonce),
+                transfer_ns: 0,
+            }),
+            at + 1_000,
+        );
+    };
+    sync(&mut e, 1000 * MS);
+    e.handle(chunk(1, 0), 1001 * MS);
+    e.handle(stamped_chunk(2, 0, 100), 1001 * MS);
+    assert_eq!(e.take_notes(), Vec::<String>::new());
+    e.handle(stamped_chunk(3, 0, 65), 1001 * MS);
+    e.handle(stamped_chunk(4, 0, 65), 1001 * MS);
+    assert_eq!(
+        e.take_notes(),
+        [
+            "writer 3 of the firmware (boot 0x3) stamps its packets on clock 65, but its region \
+          says its clock is 100: the host relates only clock 100 to its own, so those packets \
+          cannot be placed on the timeline. Give the writer's SequenceConfig \
+          .with_clock_id(100), or the region the writers' clock id."
+        ]
+    );
+    // The chunks went on all the same.
+    assert_eq!(e.stats().chunks_forwarded, 4);
+}
+
 #[test]
 fn firmware_counters_add_up_across_boots() {
     let (mut e, _log) = engine();

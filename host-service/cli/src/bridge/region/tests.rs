@@ -360,3 +360,20 @@ fn a_region_has_one_reader_and_other_regions_of_the_file_are_read_beside_it() {
     );
     std::fs::remove_file(&late).unwrap();
 }
+
+/// A stream-mode region is refused with a word on where its data goes (a
+/// firmware built for the UART run under `serve --attach`).
+#[test]
+fn a_stream_mode_region_is_refused_with_where_its_data_goes() {
+    assert_eq!(
+        super::refusal(&ReaderError::StreamMode),
+        "the firmware consumes this region's ring itself (its region was taken in stream \
+         mode: it sends its chunks as frames over its byte stream, a UART say, for `shmtrace \
+         bridge --input` to read)"
+    );
+    let small = ReaderError::BufferTooSmall {
+        needed: 4088,
+        got: 8,
+    };
+    assert_eq!(super::refusal(&small), small.to_string());
+}
