@@ -1436,18 +1436,23 @@ mod tests {
         smb_commit(&data);
     }
 
+    /// `len` bytes of a xorshift32 stream from `seed`.
+    fn random_bytes(seed: &mut u32, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 17;
+                *seed ^= *seed << 5;
+                *seed as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn entry_points_survive_simple_inputs() {
         let mut seed = 0x1234_5678u32;
         for len in [0usize, 1, 7, 64, 300, 2000] {
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 17;
-                    seed ^= seed << 5;
-                    seed as u8
-                })
-                .collect();
+            let data = random_bytes(&mut seed, len);
             trace_buffer_ops(&data);
             packet_validator(&data);
             smb_commit(&data);
@@ -1463,15 +1468,7 @@ mod tests {
         let mut seed = 0x9E37_79B9u32;
         let mut reached = Reached::default();
         for _ in 0..300 {
-            let data: Vec<u8> = (0..1500)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 17;
-                    seed ^= seed << 5;
-                    seed as u8
-                })
-                .collect();
-            let r = session_calls_reached(&data);
+            let r = session_calls_reached(&random_bytes(&mut seed, 1500));
             reached.instances += r.instances;
             reached.flushes += r.flushes;
             reached.packets_read += r.packets_read;
