@@ -329,16 +329,18 @@ impl TraceBuffer {
 
     /// A read-only copy, for a cloned session (upstream:
     /// `TraceBuffer::CloneReadOnly`, src/tracing/service/trace_buffer.h):
-    /// the same bytes, sequences, read position, stats and writer
+    /// the same bytes, sequences, read position, write stats and writer
     /// histograms, so reading the copy yields exactly what reading this
-    /// buffer would yield now. This buffer is left as it was.
+    /// buffer would yield now. Its read counters (bytes and chunks read,
+    /// readaheads) start from zero, as upstream's: they count the copy's
+    /// own reads. This buffer is left as it was.
     pub fn clone_read_only(&self) -> Self {
         Self {
             ring: self.ring.clone(),
             seqs: self.seqs.clone(),
             policy: self.policy,
             discard_latched: self.discard_latched,
-            stats: self.stats,
+            stats: self.stats.without_reads(),
             writers: self.writers.clone(),
             read: self.read.clone(),
             scratch: Vec::new(),

@@ -62,3 +62,17 @@ pub struct BufferStats {
     /// Drop sentinels seen (packets the writer abandoned).
     pub trace_writer_packet_loss: u64,
 }
+
+impl BufferStats {
+    /// These counters with the read ones (bytes and chunks read,
+    /// readaheads) at zero: a cloned buffer's start.
+    pub fn without_reads(self) -> Self {
+        Self {
+            bytes_read: 0,
+            chunks_read: 0,
+            readaheads_succeeded: 0,
+            readaheads_failed: 0,
+            ..self
+        }
+    }
+}
