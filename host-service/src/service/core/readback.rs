@@ -505,11 +505,6 @@ fn preamble(
         out.push(packets::trace_config(uid, &s.raw_config));
     }
     if !s.preamble_done {
-        if let Some(t) = &s.clone_trigger {
-            out.push(packets::clone_snapshot_trigger(uid, t));
-        }
-    }
-    if !s.preamble_done {
         out.push(packets::trace_uuid(uid, s.uuid));
     }
     for snap in snapshots {
@@ -521,6 +516,12 @@ fn preamble(
     }
     let triggers = std::mem::take(&mut s.triggers.pending);
     if !builtin.disable_trace_config.unwrap_or(false) {
+        // The trigger that made this clone, then those received
+        // (upstream: MaybeEmitCloneTrigger, then MaybeEmitReceivedTriggers,
+        // both under disable_trace_config).
+        if let Some(t) = s.clone_trigger.as_ref().filter(|_| !s.preamble_done) {
+            out.push(packets::clone_snapshot_trigger(uid, t));
+        }
         out.extend(triggers.iter().map(|t| packets::trigger(uid, t)));
     }
     s.triggers.mark_emitted(triggers);

@@ -653,6 +653,10 @@ fn a_clone_carries_its_trigger_and_the_triggers_received() {
     );
     let moved: Vec<&Vec<u8>> = cloned.iter().filter(|p| field(p, 46).is_some()).collect();
     assert_eq!(moved.len(), 1, "the received trigger went with the clone");
+    // As upstream orders them: the clone's trigger right before those
+    // received.
+    let at = |n: u32| cloned.iter().position(|p| field(p, n).is_some());
+    assert_eq!(at(113).map(|i| i + 1), at(46));
     assert_eq!(payloads(&cloned), [b"a".to_vec()]);
     // The source is left without triggers: like upstream's, it reads as
     // still waiting for one (no data at all) until another comes.
@@ -678,4 +682,36 @@ fn a_clone_carries_its_trigger_and_the_triggers_received() {
         cloned.iter().all(|p| field(p, 113).is_none()),
         "no clone trigger asked"
     );
+}
+
+/// `disable_trace_config` leaves the clone's trigger out, as it does the
+/// triggers received (upstream emits both only without it).
+#[test]
+fn disable_trace_config_leaves_the_clone_trigger_out() {
+    let (mut sim, mut p, _source, cmds) = session_with(
+        descriptor("ds", false, false),
+        config("ds", 64, |cfg| {
+            cfg.builtin_data_sources = Some(trace_config::BuiltinDataSource {
+                disable_trace_config: Some(true),
+                ..Default::default()
+            });
+        }),
+    );
+    let buffer = setup_tracing_buffer(&cmds);
+    let req = p.write(1, buffer, &[b"a"], true);
+    p.commit(&mut sim, req);
+    let req = CloneSessionRequest {
+        selector: Some(Selector::SessionId(1)),
+        clone_trigger_name: Some("snap-now".into()),
+        ..Default::default()
+    };
+    let (c, id) = ask_clone_with(&mut sim, 2000, req, None);
+    let fl = flushes(&p.commands(&mut sim))[0].request_id;
+    ack(&mut sim, &p, fl);
+    assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    let cloned = c.read(&mut sim);
+    assert_eq!(payloads(&cloned), [b"a".to_vec()]);
+    for n in [33, 113] {
+        assert!(cloned.iter().all(|p| field(p, n).is_none()), "field {n}");
+    }
 }
