@@ -630,3 +630,36 @@ fn the_wrong_socket_of_a_running_service_is_named_as_such() {
         "{stderr}"
     );
 }
+
+/// Standard output is no place for what the service writes itself (a
+/// write_into_file trace: a pipe whose reader stops would stop the
+/// service) nor for a snapshot: both are usage errors, said before
+/// connecting.
+#[test]
+fn write_into_file_and_snapshots_refuse_standard_output() {
+    for (args, said) in [
+        (
+            &["record", "--write-into-file", "-t", "1s", "-o", "-"][..],
+            "write_into_file needs a file",
+        ),
+        (
+            &["record", "--clone", "1", "-o", "-"][..],
+            "a snapshot goes into a file",
+        ),
+        (
+            &["record", "--clone-by-name", "flight", "-o", "-"][..],
+            "a snapshot goes into a file",
+        ),
+    ] {
+        let out = shmtrace()
+            .args(args)
+            .args(["--socket", "/nonexistent/shmtrace-consumer.sock"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run shmtrace record");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: wrote a trace");
+    }
+}

@@ -62,10 +62,22 @@ pub trait Environment {
 
     /// The file a `write_into_file` session writes: the descriptor the
     /// consumer sent, or `output_path` created anew (never an existing
-    /// file).
+    /// file). A descriptor must be a regular file: the service writes on
+    /// its one thread, and a pipe or socket whose reader stops would stop
+    /// it for every peer.
     fn open_trace_file(&self, target: FileTarget<'_>) -> std::io::Result<Box<dyn TraceFile>> {
         let file = match target {
-            FileTarget::Fd(fd) => File::from(fd),
+            FileTarget::Fd(fd) => {
+                let file = File::from(fd);
+                if !file.metadata()?.file_type().is_file() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "not a regular file (a pipe, socket or device, which the service \
+                         could block on); pass a file",
+                    ));
+                }
+                file
+            }
             // Readable too: a clone of the session copies it.
             FileTarget::Path(path) => std::fs::OpenOptions::new()
                 .read(true)
@@ -168,16 +180,21 @@ impl TraceFile for TimedFile {
     fn copy_to(&mut self, dst: &mut dyn TraceFile) -> std::io::Result<u64> {
         use std::os::unix::fs::FileExt;
         self.flush()?;
+        // What was written so far, and no more: `dst` may be this very
+        // file, growing as it is copied.
+        let len = self.0.metadata()?.len();
         let mut buf = vec![0u8; 1 << 20];
         let mut offset = 0u64;
-        loop {
-            let n = self.timed(|f| f.read_at(&mut buf, offset))?;
+        while offset < len {
+            let want = usize::try_from(len - offset).map_or(buf.len(), |n| n.min(buf.len()));
+            let n = self.timed(|f| f.read_at(&mut buf[..want], offset))?;
             if n == 0 {
-                return Ok(offset);
+                break;
             }
             dst.write_all(&buf[..n])?;
             offset += n as u64;
         }
+        Ok(offset)
     }
 }
 
@@ -347,6 +364,49 @@ mod tests {
         assert_eq!(written.len(), 64 * 1024);
         assert!(written.iter().all(|&b| b == 7));
         assert!(timed > 0, "the write was timed");
+    }
+
+    /// A pipe (or socket) would block the service once its reader stops:
+    /// refused, saying why.
+    #[test]
+    fn a_trace_file_descriptor_must_be_a_regular_file() {
+        let (read, write) = std::io::pipe().expect("pipe");
+        let err = SystemEnvironment
+            .open_trace_file(FileTarget::Fd(write.into()))
+            .expect_err("a pipe is refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        drop(read);
+    }
+
+    /// Copying a file into itself (a clone given the source's own file)
+    /// copies what was there, once, and ends.
+    #[test]
+    fn a_file_copied_into_itself_doubles_once() {
+        let path = std::env::temp_dir().join(format!(
+            "shmtrace-env-copy-{}-{}.pftrace",
+            std::process::id(),
+            SystemEnvironment.random_u64()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("creates");
+        let again = file.try_clone().expect("dup");
+        let mut src = SystemEnvironment
+            .open_trace_file(FileTarget::Fd(file.into()))
+            .expect("opens");
+        let mut dst = SystemEnvironment
+            .open_trace_file(FileTarget::Fd(again.into()))
+            .expect("opens");
+        src.write_all(b"abc").expect("writes");
+        assert_eq!(src.copy_to(&mut *dst).expect("copies"), 3);
+        dst.flush().expect("flushes");
+        let written = std::fs::read(&path).expect("reads");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(written, b"abcabc");
     }
 
     #[test]

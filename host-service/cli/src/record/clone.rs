@@ -51,6 +51,13 @@ pub fn clone(
     progress: &mut Progress,
 ) -> Result<u8, CliError> {
     let what = describe(&selector);
+    if args.out.as_deref().is_some_and(super::is_stdout) {
+        return Err(CliError::Usage(
+            "a snapshot goes into a file (the service may write it itself, and record reads \
+             it back for its summary): use -o FILE, not -o -"
+                .into(),
+        ));
+    }
     let output = match &args.out {
         Some(path) => OutputFile::open(path)?,
         None => OutputFile::create_default()?,

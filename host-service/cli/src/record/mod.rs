@@ -470,6 +470,16 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
             }
             (None, PathBuf::new())
         }
+        None if view.write_into_file == Some(true)
+            && args.out.as_deref().is_some_and(is_stdout) =>
+        {
+            return Err(CliError::Usage(
+                "write_into_file needs a file: the service writes it, and a pipe whose \
+                 reader stops would stop the service; use -o FILE, or drop write_into_file \
+                 (--write-into-file) to stream the trace to standard output"
+                    .into(),
+            ))
+        }
         None => {
             let output = match &args.out {
                 Some(path) => OutputFile::open(path)?,
