@@ -115,6 +115,29 @@ pub(super) fn uuid_v4_msb(random: u64) -> i64 {
 }
 
 impl TracingService {
+    /// Sessions, and clones in progress (each becomes one), held in all
+    /// and by `uid`: what `MAX_SESSIONS` and `MAX_SESSIONS_PER_UID` bound,
+    /// for EnableTracing as for CloneSession.
+    pub(super) fn sessions_held(&self, uid: u32) -> (usize, usize) {
+        let pending = self
+            .sessions
+            .values()
+            .flat_map(|s| s.pending_clones.values());
+        let all = self.sessions.len() + pending.clone().count();
+        let of_uid = self
+            .sessions
+            .values()
+            .filter(|s| s.consumer_uid == uid)
+            .count()
+            + pending
+                .filter(|p| {
+                    self.consumer(p.consumer)
+                        .is_some_and(|c| c.creds.uid == uid)
+                })
+                .count();
+        (all, of_uid)
+    }
+
     /// `ConsumerPort.CloneSession`; answered once the clone is done (or at
     /// once if it cannot start).
     pub(super) fn clone_session(
@@ -164,26 +187,10 @@ impl TracingService {
         if uid != 0 && uid != src.consumer_uid {
             return Err(CloneError::NotAllowed);
         }
-        let pending: Vec<&PendingClone> = self
-            .sessions
-            .values()
-            .flat_map(|s| s.pending_clones.values())
-            .collect();
-        if self.sessions.len() + pending.len() >= MAX_SESSIONS {
+        let (all, of_uid) = self.sessions_held(uid);
+        if all >= MAX_SESSIONS {
             return Err(CloneError::TooManySessions);
         }
-        let of_uid = self
-            .sessions
-            .values()
-            .filter(|s| s.consumer_uid == uid)
-            .count()
-            + pending
-                .iter()
-                .filter(|p| {
-                    self.consumer(p.consumer)
-                        .is_some_and(|c| c.creds.uid == uid)
-                })
-                .count();
         if of_uid >= MAX_SESSIONS_PER_UID {
             return Err(CloneError::TooManySessionsForUid(uid));
         }

@@ -147,16 +147,12 @@ impl TracingService {
                 return Err(ConfigError::SessionNameTaken(name.to_owned()));
             }
         }
-        if self.sessions.len() >= MAX_SESSIONS {
+        // Clones in progress hold a session each.
+        let (all, of_uid) = self.sessions_held(uid);
+        if all >= MAX_SESSIONS {
             return Err(ConfigError::TooManySessions);
         }
-        if self
-            .sessions
-            .values()
-            .filter(|s| s.consumer_uid == uid)
-            .count()
-            >= MAX_SESSIONS_PER_UID
-        {
+        if of_uid >= MAX_SESSIONS_PER_UID {
             return Err(ConfigError::TooManySessionsForUid(uid));
         }
         if config.write_into_file.unwrap_or(false) {

@@ -2,7 +2,7 @@
 //! copies (ring buffers, `transfer_on_clone`, `clear_before_clone`,
 //! `write_into_file`) and callers or sources that go away mid-clone.
 
-use super::super::session::SessionState;
+use super::super::session::{SessionState, MAX_SESSIONS_PER_UID};
 use super::*;
 use crate::protos::clone_session_request::Selector;
 use crate::protos::{CloneSessionRequest, CloneSessionResponse};
@@ -714,4 +714,33 @@ fn disable_trace_config_leaves_the_clone_trigger_out() {
     for n in [33, 113] {
         assert!(cloned.iter().all(|p| field(p, n).is_none()), "field {n}");
     }
+}
+
+/// A clone in progress holds its session's place: EnableTracing counts it
+/// (the per-uid limit here), so clones finishing later cannot take the
+/// service over its limits.
+#[test]
+fn clones_in_progress_count_against_new_sessions() {
+    let (mut sim, mut p, _source, _) = running(config("ds", 64, |_| {}));
+    let mut pending = Vec::new();
+    for _ in 0..MAX_SESSIONS_PER_UID - 1 {
+        let (c, id) = ask_clone(&mut sim, 2000, Selector::SessionId(1));
+        let fl = flushes(&p.commands(&mut sim))[0].request_id;
+        pending.push((c, id, fl));
+    }
+    assert_eq!(
+        sim.svc.sessions.len(),
+        1,
+        "the clones are still in progress"
+    );
+    let refused = TestConsumer::enable_with(&mut sim, config("ds", 64, |_| {}), None, 2000);
+    assert_eq!(
+        refused.enabled_reply(&mut sim).and_then(|r| r.error),
+        Some(ConfigError::TooManySessionsForUid(2000).to_string())
+    );
+    for (c, id, fl) in pending {
+        ack(&mut sim, &p, fl);
+        assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    }
+    assert_eq!(sim.svc.sessions.len(), MAX_SESSIONS_PER_UID);
 }
