@@ -57,6 +57,15 @@ pub const BOOTTIME: u32 = 6;
 pub const MAX_DRIFT_PPM: u64 = 200;
 /// Samples kept.
 pub const WINDOW: usize = 16;
+/// Shortest span of samples a rate is judged over: a clock's readings are
+/// up to a tick late, so over a short span a coarse clock (a 1 kHz SysTick,
+/// a 100 Hz RTOS tick) at the right rate would look off.
+pub const MIN_RATE_SPAN_NS: u64 = 4_000_000_000;
+/// How far off a rate must be to be told, in parts per million (2 %:
+/// a wrong tick rate, 32 000 for 32 768 Hz say, or a guest on virtual
+/// time; a 100 Hz tick's two readings move the rate by at most 0.5 % over
+/// [`MIN_RATE_SPAN_NS`]).
+pub const RATE_TOLERANCE_PPM: u64 = 20_000;
 /// Largest gap between two clock snapshots injected into a sequence.
 pub const SNAPSHOT_PERIOD_NS: u64 = 1_000_000_000;
 /// Sync requests kept waiting for their answer.
@@ -92,9 +101,11 @@ pub struct Rate {
     pub host_span_ns: u64,
     /// Firmware time between them.
     pub firmware_span_ns: u64,
-    /// The offsets of the two differ by more than their bounds and
-    /// [`MAX_DRIFT_PPM`] of the span allow: the firmware clock does not
-    /// run at the host's rate, and the estimate's bound does not hold.
+    /// Over at least [`MIN_RATE_SPAN_NS`], the offsets of the two differ
+    /// by more than their bounds and [`MAX_DRIFT_PPM`] of the span allow,
+    /// and by more than [`RATE_TOLERANCE_PPM`] of it: the firmware clock
+    /// does not run at the host's rate, and the estimate's bound does not
+    /// hold.
     pub beyond_drift: bool,
 }
 
@@ -279,10 +290,14 @@ impl ClockSync {
             .bound_ns
             .saturating_add(last.bound_ns)
             .saturating_add(host_span / 1_000_000 * MAX_DRIFT_PPM);
+        let off = host_span >= MIN_RATE_SPAN_NS
+            && moved > allowed
+            && u128::from(moved) * 1_000_000
+                > u128::from(host_span) * u128::from(RATE_TOLERANCE_PPM);
         Some(Rate {
             host_span_ns: host_span,
             firmware_span_ns: firmware_span,
-            beyond_drift: moved > allowed,
+            beyond_drift: off,
         })
     }
 
@@ -388,6 +403,26 @@ mod tests {
         c
     }
 
+    /// A coarse clock at the right rate (a 100 Hz tick: readings up to
+    /// 10 ms late), sampled as a boot is (eight syncs 10 ms apart, then
+    /// one a second) with round trips of 50 µs to 1 ms: never told.
+    #[test]
+    fn a_coarse_clock_at_the_hosts_rate_is_not_told() {
+        let tick = 10 * MS;
+        let mut c = ClockSync::new();
+        let mut t0 = 1_000 * MS;
+        for i in 0..24u64 {
+            // At every phase of the tick.
+            t0 += if i < 8 { 10 * MS } else { 1_000 * MS } + i * 3_700_000 % tick;
+            let rtt = 50_000 + (i * 7919 % 20) * 50_000;
+            let nonce = c.request(t0);
+            let read = t0 + rtt * (i % 3) / 2;
+            c.sample(read / tick * tick, Some(nonce), t0 + rtt, 0);
+            let r = c.rate();
+            assert!(r.is_none_or(|r| !r.beyond_drift), "sample {i}: {r:?}");
+        }
+    }
+
     #[test]
     fn a_firmware_clock_at_the_hosts_rate_is_within_the_drift() {
         // 150 ppm fast: within the 200 the relation allows for.
@@ -402,15 +437,23 @@ mod tests {
     fn a_firmware_clock_at_another_rate_is_told() {
         // A clock hook that counts at an eighth of the rate it declares
         // (or a guest on virtual time): its offsets run away from their
-        // bounds of 0.1 ms within a few samples.
-        let c = sampled(|t| t / 8, 250 * MS, 200_000, 4);
+        // bounds of 0.1 ms; told once the samples span 4 s.
+        let c = sampled(|t| t / 8, 250 * MS, 200_000, 16);
+        let r = c.rate().unwrap();
+        assert!(!r.beyond_drift, "under {MIN_RATE_SPAN_NS} ns: {r:?}");
+        let c = sampled(|t| t / 8, 500 * MS, 200_000, 9);
         let r = c.rate().unwrap();
         assert!(r.beyond_drift, "{r:?}");
         assert!((r.ratio() - 0.125).abs() < 1e-3, "{}", r.ratio());
         // Twice as fast: the same.
-        let c = sampled(|t| 2 * t, 250 * MS, 200_000, 4);
+        let c = sampled(|t| 2 * t, 500 * MS, 200_000, 9);
         assert!(c.rate().unwrap().beyond_drift);
         assert!((c.rate().unwrap().ratio() - 2.0).abs() < 1e-3);
+        // 3 % slow (a tick rate a little wrong) is told; 1 % is not.
+        let c = sampled(|t| t / 100 * 97, 1000 * MS, 200_000, 6);
+        assert!(c.rate().unwrap().beyond_drift);
+        let c = sampled(|t| t / 100 * 99, 1000 * MS, 200_000, 6);
+        assert!(!c.rate().unwrap().beyond_drift);
         // One sample, or a relation given: nothing to measure.
         assert_eq!(sampled(|t| t / 8, 250 * MS, 200_000, 1).rate(), None);
         assert_eq!(ClockSync::fixed(0).rate(), None);
