@@ -272,6 +272,12 @@ impl TracingService {
             flags |= flush_flags::CLONE_TARGET_BUGREPORT;
         }
         for (group, ids) in groups.iter().enumerate() {
+            // A group's flush may end at once and its copy fail the clone:
+            // then no flush for the next group.
+            let pending = self.sessions.get(&sid);
+            if !pending.is_some_and(|s| s.pending_clones.contains_key(&clone)) {
+                break;
+            }
             self.flush_buffers(sid, ids, flags, FlushThen::Clone { clone, group });
         }
         Ok(())
@@ -495,7 +501,9 @@ impl TracingService {
             flushes_failed: src.flushes_failed,
             final_flush_outcome: Some(outcome as i32),
             all_started_reported: false,
-            start_realtime_ns: None,
+            // Its source's start (upstream derives it from the copied
+            // initial clock snapshot).
+            start_realtime_ns: src.start_realtime_ns,
             regexes: Vec::new(),
             triggers,
             machines_described: BTreeSet::new(),

@@ -423,6 +423,10 @@ impl TracingService {
                 duration_ms: s.config.duration_ms,
                 num_data_sources: Some(s.instances.len() as u32),
                 start_realtime_ns: s.start_realtime_ns,
+                // For `perfetto --clone-all-for-bugreport`, which clones the
+                // sessions with a score above 0.
+                bugreport_score: s.config.bugreport_score,
+                bugreport_filename: s.config.bugreport_filename.clone(),
                 is_started: Some(s.state == SessionState::Started),
                 ..tss::TracingSession::default()
             });

@@ -156,8 +156,11 @@ pub enum ConfigError {
     )]
     DurationWithTriggers,
     /// `STOP_TRACING` or `CLONE_SNAPSHOT` triggers into a file.
-    #[error("trigger mode {0} and write_into_file together are unsupported")]
-    StopTriggersIntoFile(&'static str),
+    #[error(
+        "Specifying trigger mode STOP_TRACING/CLONE_SNAPSHOT and write_into_file together is \
+         unsupported"
+    )]
+    TriggersIntoFile(&'static str),
     /// Two triggers have the same name.
     #[error("duplicate trigger name {0:?}")]
     DuplicateTrigger(String),

@@ -1316,13 +1316,28 @@ fn a_flush_pending_when_its_consumer_detaches_and_leaves_answers_nobody() {
 fn query_service_state_lists_producers_and_sessions() {
     let mut sim = Sim::new();
     TestProducer::connect(&mut sim, "prod", &[descriptor("ds", false, false)]);
-    let c = TestConsumer::enable(&mut sim, config("ds", 64, |_| {}));
+    let c = TestConsumer::enable(
+        &mut sim,
+        config("ds", 64, |cfg| {
+            cfg.bugreport_score = Some(10);
+            cfg.bugreport_filename = Some("app".into());
+        }),
+    );
     let id = c.call(
         &mut sim,
         consumer_port::Request::QueryServiceState(Default::default()),
     );
     let resp: crate::protos::QueryServiceStateResponse = sim.reply_ok(c.conn, id);
     let state = resp.service_state.unwrap();
+    // What `perfetto --clone-all-for-bugreport` picks sessions by.
+    let session = &state.tracing_sessions[0];
+    assert_eq!(
+        (
+            session.bugreport_score,
+            session.bugreport_filename.as_deref()
+        ),
+        (Some(10), Some("app"))
+    );
     assert_eq!(state.producers[0].name.as_deref(), Some("prod"));
     assert_eq!(state.producers[0].uid, Some(PRODUCER_UID as i32));
     assert_eq!(

@@ -192,11 +192,9 @@ pub fn validate(config: &TraceConfig) -> Result<TriggerSetup, ConfigError> {
     }
     if config.write_into_file.unwrap_or(false) {
         match mode {
-            TriggerMode::StopTracing => {
-                return Err(ConfigError::StopTriggersIntoFile("STOP_TRACING"))
-            }
+            TriggerMode::StopTracing => return Err(ConfigError::TriggersIntoFile("STOP_TRACING")),
             TriggerMode::CloneSnapshot => {
-                return Err(ConfigError::StopTriggersIntoFile("CLONE_SNAPSHOT"))
+                return Err(ConfigError::TriggersIntoFile("CLONE_SNAPSHOT"))
             }
             _ => {}
         }

@@ -114,9 +114,9 @@ impl TracingService {
             (Some(m), Some(l)) if m != 0 || l != 0 => (m, l),
             _ => {
                 // A random version 4 UUID.
-                let msb = (self.env.random_u64() & !0xF000) | 0x4000;
+                let msb = super::super::clone::uuid_v4_msb(self.env.random_u64());
                 let lsb = (self.env.random_u64() & !(0xC0 << 56)) | (0x80 << 56);
-                (msb as i64, lsb as i64)
+                (msb, lsb as i64)
             }
         };
         let session = Session {

@@ -142,6 +142,21 @@ fn a_clone_by_id_snapshots_the_session_which_runs_on() {
         session_states(&mut sim, &cloner),
         [(1, "STARTED".into()), (2, "CLONED_READ_ONLY".into())]
     );
+    // The clone started when its source did.
+    let q = cloner.call(
+        &mut sim,
+        consumer_port::Request::QueryServiceState(Default::default()),
+    );
+    let state: crate::protos::QueryServiceStateResponse = sim.reply_ok(cloner.conn, q);
+    let starts: Vec<Option<i64>> = state
+        .service_state
+        .unwrap()
+        .tracing_sessions
+        .iter()
+        .map(|s| s.start_realtime_ns)
+        .collect();
+    assert!(starts[0].is_some());
+    assert_eq!(starts[0], starts[1]);
 
     // The source goes on: a packet written after the clone is its alone.
     let req = p.write(3, buffer, &[b"after"], true);

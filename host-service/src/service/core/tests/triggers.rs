@@ -269,7 +269,7 @@ fn invalid_trigger_configs_are_refused_with_clear_errors() {
                     ..Default::default()
                 })
             }),
-            |e| matches!(e, ConfigError::StopTriggersIntoFile("CLONE_SNAPSHOT")),
+            |e| matches!(e, ConfigError::TriggersIntoFile("CLONE_SNAPSHOT")),
         ),
         (trigger_config(START, 0, vec![trigger("t", 0)]), |e| {
             matches!(e, ConfigError::TriggerTimeout(0))
@@ -316,7 +316,7 @@ fn invalid_trigger_configs_are_refused_with_clear_errors() {
                     ..Default::default()
                 })
             }),
-            |e| matches!(e, ConfigError::StopTriggersIntoFile("STOP_TRACING")),
+            |e| matches!(e, ConfigError::TriggersIntoFile("STOP_TRACING")),
         ),
     ];
     for (cfg, expected) in cases {
