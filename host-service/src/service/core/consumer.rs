@@ -428,7 +428,6 @@ impl TracingService {
                 bugreport_score: s.config.bugreport_score,
                 bugreport_filename: s.config.bugreport_filename.clone(),
                 is_started: Some(s.state == SessionState::Started),
-                ..tss::TracingSession::default()
             });
         }
         // Split the data sources over several replies if the whole state
