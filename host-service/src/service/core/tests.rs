@@ -25,6 +25,7 @@ use crate::protos::{
 use crate::service::env::FakeEnvironment;
 
 mod clone;
+mod compress;
 mod emulation;
 mod relay;
 mod triggers;
