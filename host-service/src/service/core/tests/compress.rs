@@ -68,6 +68,15 @@ fn assert_same_packets(compressed: &[Vec<u8>], plain: &[Vec<u8>]) {
     assert_eq!(configs, 1);
 }
 
+/// Stops `c`'s session, which must end at once.
+fn stop(sim: &mut Sim, c: &TestConsumer) {
+    c.call(
+        sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    assert!(c.enabled_reply(sim).is_some());
+}
+
 /// Producer "prod" writing into a session of `cfg` tweaked by `tweak`:
 /// small packets, a 10 KB one spanning chunks, a random one on a second
 /// writer; then the stop.
@@ -82,11 +91,7 @@ fn run_read_session(tweak: impl FnOnce(&mut TraceConfig)) -> Vec<Vec<u8>> {
     let req = p.write(2, buffer, &[&noise], true);
     p.commit(&mut sim, req);
     sim.advance(10);
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    assert!(c.enabled_reply(&mut sim).is_some());
+    stop(&mut sim, &c);
     c.read(&mut sim)
 }
 
@@ -119,21 +124,8 @@ fn run_file_session(tweak: impl FnOnce(&mut TraceConfig)) -> Vec<Vec<u8>> {
     sim.advance(100);
     let req = p.write(2, buffer, &[b"late"], true);
     p.commit(&mut sim, req);
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    assert!(c.enabled_reply(&mut sim).is_some());
-    let (bytes, trace) = written_trace(&file);
-    let raw: Vec<Vec<u8>> = fields(&bytes)
-        .into_iter()
-        .map(|(f, v)| {
-            assert_eq!(f, 1);
-            v.unwrap_err()
-        })
-        .collect();
-    assert_eq!(raw.len(), trace.packet.len());
-    raw
+    stop(&mut sim, &c);
+    written_packets(&file)
 }
 
 #[test]
@@ -186,11 +178,7 @@ fn a_compressed_batch_larger_than_a_slice_is_cut_into_slices() {
         let req = p.write(i as u16 + 1, buffer, &[n], true);
         p.commit(&mut sim, req);
     }
-    c.call(
-        &mut sim,
-        consumer_port::Request::DisableTracing(Default::default()),
-    );
-    assert!(c.enabled_reply(&mut sim).is_some());
+    stop(&mut sim, &c);
     let id = c.call(
         &mut sim,
         consumer_port::Request::ReadBuffers(Default::default()),
