@@ -250,3 +250,30 @@ fn zstd_is_refused_naming_what_is_supported() {
         );
     }
 }
+
+#[test]
+fn a_clone_of_a_deflating_session_reads_deflated() {
+    let (mut sim, mut p, source, cmds) =
+        session_with(descriptor("ds", false, false), config("ds", 64, DEFLATE[0]));
+    let buffer = setup_tracing_buffer(&cmds);
+    let req = p.write(1, buffer, &[b"a", b"b"], true);
+    p.commit(&mut sim, req);
+    stop(&mut sim, &source);
+    p.commands(&mut sim);
+    let cloner = TestConsumer {
+        conn: sim.svc.connect_consumer(creds(2000, 78)),
+        enable: 0,
+    };
+    let req = crate::protos::CloneSessionRequest {
+        selector: Some(crate::protos::clone_session_request::Selector::SessionId(1)),
+        ..Default::default()
+    };
+    let id = cloner.call(&mut sim, consumer_port::Request::CloneSession(req));
+    let resp: crate::protos::CloneSessionResponse = sim.reply_ok(cloner.conn, id);
+    assert_eq!(resp.success, Some(true));
+    // The clone keeps the source's config, compression included (upstream
+    // copies it in `TracingServiceImpl::FinishCloneSession`,
+    // src/tracing/service/tracing_service_impl.cc).
+    let cloned = inflate_all(&cloner.read(&mut sim));
+    assert_eq!(payloads(&cloned), [b"a".to_vec(), b"b".to_vec()]);
+}
