@@ -12,6 +12,11 @@
 //! stream is produced one reply (at most [`READ_REPLY_LIMIT`] bytes) at a
 //! time, when the shell asks for it, and a file is written in
 //! [`FILE_BATCH`]-byte batches.
+//!
+//! When the config asks for deflate, each batch — [`COMPRESS_BATCH`] bytes
+//! of a stream, or one [`FILE_BATCH`] of a file — is sent or written as one
+//! `compressed_packets` packet instead (see the compress module); the
+//! packets inside are the same bytes in the same order.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
