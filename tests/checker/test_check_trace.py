@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -101,6 +102,20 @@ class CheckerTest(unittest.TestCase):
         self.assertEqual(status, 0)
         with open(out) as f:
             self.assertTrue(json.load(f)["ok"])
+
+    def test_compressed_batches_check_as_their_packets(self):
+        # The golden trace as a deflating service writes it: two
+        # compressed_packets batches, each a zlib stream of a Trace.
+        half = len(self.trace.packet) // 2
+        compressed = pb.Trace()
+        for part in (self.trace.packet[:half], self.trace.packet[half:]):
+            batch = pb.Trace()
+            batch.packet.extend(part)
+            compressed.packet.add().compressed_packets = zlib.compress(
+                batch.SerializeToString(), 6)
+        report = self.check(compressed)
+        self.assertTrue(report["ok"], report["violations"])
+        self.assertEqual(report, self.check())
 
     def test_count_mismatch(self):
         expect = copy.deepcopy(self.expect)

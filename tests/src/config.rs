@@ -40,6 +40,10 @@ pub struct TraceConfig {
     /// How long the service waits for data sources to stop (field 23).
     #[prost(uint32, optional, tag = "23")]
     pub data_source_stop_timeout_ms: Option<u32>,
+    /// `CompressionType` (field 24, deprecated; 1 = `COMPRESSION_TYPE_DEFLATE`):
+    /// the service deflates each batch into one `compressed_packets`.
+    #[prost(int32, optional, tag = "24")]
+    pub compression_type: Option<i32>,
     /// Set data sources up on relayed machines' producers too (field 43;
     /// since v54 the service's default is this machine's only).
     #[prost(bool, optional, tag = "43")]

@@ -549,6 +549,9 @@ pub struct Scenario {
     /// central service on this machine's loopback or each over a network
     /// link of its own.
     pub machine_networks: MachineNetworks,
+    /// Ask the service to deflate the trace
+    /// (`compression_type: COMPRESSION_TYPE_DEFLATE`).
+    pub deflate: bool,
 }
 
 /// The producer socket of a run.
@@ -739,6 +742,7 @@ impl Scenario {
             producer_socket: ProducerSocket::Unix,
             machine_clocks: MachineClocks::Shared,
             machine_networks: MachineNetworks::Loopback,
+            deflate: false,
         }
     }
 
@@ -805,6 +809,9 @@ impl Scenario {
         }
         if self.producer_socket == ProducerSocket::Relayed {
             config.trace_all_machines = Some(true);
+        }
+        if self.deflate {
+            config.compression_type = Some(1);
         }
         config
     }

@@ -1408,6 +1408,20 @@ fn generated_config(input: &mut Input<'_>) -> TraceConfig {
     }
 }
 
+/// `len` bytes of a xorshift32 stream from `seed`: the tests' random (and
+/// incompressible) inputs.
+#[cfg(test)]
+pub(crate) fn random_bytes(seed: &mut u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 17;
+            *seed ^= *seed << 5;
+            *seed as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1434,18 +1448,6 @@ mod tests {
         data.extend_from_slice(&[6, 1, 0, 1, 2, 0, 1, 1, 2, 1]);
         data.push(7);
         smb_commit(&data);
-    }
-
-    /// `len` bytes of a xorshift32 stream from `seed`.
-    fn random_bytes(seed: &mut u32, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 17;
-                *seed ^= *seed << 5;
-                *seed as u8
-            })
-            .collect()
     }
 
     #[test]

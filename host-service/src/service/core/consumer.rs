@@ -4,7 +4,7 @@
 //! src/tracing/service/tracing_service_endpoints_impl.cc).
 //!
 //! `CloneSession` is [`super::clone`]'s. What this service does not
-//! implement (trace filters, compression, `SaveTraceForBugreport`) is
+//! implement (trace filters, zstd compression, `SaveTraceForBugreport`) is
 //! refused explicitly:
 //! an `EnableTracing` with such a config is answered with an error string,
 //! and calls that only exist for them fail or say so in their response.

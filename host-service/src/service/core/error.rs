@@ -43,9 +43,12 @@ pub enum ConfigError {
     /// `trace_filter` is set.
     #[error("trace_filter is not supported by the shmtrace service")]
     TraceFilter,
-    /// Compression is asked for.
-    #[error("trace compression is not supported by the shmtrace service")]
-    Compression,
+    /// zstd compression is asked for (`compression { zstd {} }`).
+    #[error(
+        "zstd trace compression is not supported by the shmtrace service; it compresses with \
+         deflate: `compression {{ deflate {{}} }}` or `compression_type: COMPRESSION_TYPE_DEFLATE`"
+    )]
+    ZstdCompression,
     /// `session_semaphores` are set.
     #[error("session_semaphores are not supported by the shmtrace service")]
     SessionSemaphores,

@@ -36,6 +36,7 @@
 
 mod clone;
 mod commit;
+mod compress;
 mod consumer;
 mod error;
 mod packets;

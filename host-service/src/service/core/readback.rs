@@ -12,6 +12,11 @@
 //! stream is produced one reply (at most [`READ_REPLY_LIMIT`] bytes) at a
 //! time, when the shell asks for it, and a file is written in
 //! [`FILE_BATCH`]-byte batches.
+//!
+//! When the config asks for deflate, each batch — [`COMPRESS_BATCH`] bytes
+//! of a stream, or one [`FILE_BATCH`] of a file — is sent or written as one
+//! `compressed_packets` packet instead (see the compress module); the
+//! packets inside are the same bytes in the same order.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
@@ -20,6 +25,7 @@ use bytes::Bytes;
 use shmtrace_abi::proto::wire::{tag, varint_len, WireType, MAX_VARINT_LEN};
 use shmtrace_abi::trace::{tag1, trace_packet};
 
+use super::compress::{self, Deflater, COMPRESS_SLICE_SIZE};
 use super::packets;
 use super::relay::{self, RelayClient};
 use super::session::{Lifecycle, ProducerIdentity, Session, SessionState};
@@ -38,8 +44,17 @@ use crate::service::validator::validate;
 pub const READ_REPLY_LIMIT: usize = 128 * 1024 - 64;
 const SLICE_OVERHEAD: usize = 16;
 
-/// Bytes written to a `write_into_file` file at once.
+/// Bytes written to a `write_into_file` file at once (upstream's
+/// `kWriteIntoFileChunkSize`, src/tracing/service/tracing_service_impl.h);
+/// with compression, the uncompressed bytes of each compressed packet
+/// written.
 pub const FILE_BATCH: usize = 1024 * 1024;
+
+/// With compression, the uncompressed bytes each compressed packet of a
+/// `ReadBuffers` stream holds (at least; the read stops after the packet
+/// that reaches it): one reply's worth, the batch an uncompressed read
+/// reads at once.
+pub const COMPRESS_BATCH: usize = READ_REPLY_LIMIT;
 
 /// Where a read is in a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,18 +74,51 @@ enum Stage {
 pub struct ReadStream {
     to: PendingReply,
     stage: Stage,
-    /// Bytes of the slices read but not yet sent.
+    /// The slices read but not yet sent.
+    batch: Batch,
+}
+
+/// Packet slices read, in order.
+#[derive(Debug, Default)]
+struct Batch {
+    /// Bytes of the slices.
     arena: Vec<u8>,
-    /// Those slices: `(start, end)` in `arena`, and whether each is the
-    /// last slice of its packet.
+    /// The slices: `(start, end)` in `arena`, and whether each is the last
+    /// slice of its packet.
     pending: VecDeque<(usize, usize, bool)>,
 }
 
-impl ReadStream {
+impl Batch {
     fn push(&mut self, bytes: &[u8], last: bool) {
         let start = self.arena.len();
         self.arena.extend_from_slice(bytes);
         self.pending.push_back((start, self.arena.len(), last));
+    }
+
+    /// Compresses the whole batch into `to`'s slices: one
+    /// `compressed_packets` packet, its preamble a slice of its own and its
+    /// data cut into [`COMPRESS_SLICE_SIZE`] slices (as upstream's
+    /// `ZlibPacketCompressor::Finish`, src/tracing/service/zlib_compressor.cc).
+    fn deflate_into(self, to: &mut Batch) {
+        let mut deflater = Deflater::new();
+        let mut first = 0;
+        let mut len = 0;
+        for (i, &(start, end, last)) in self.pending.iter().enumerate() {
+            len += end - start;
+            if last {
+                let slices = self.pending.range(first..=i);
+                let bytes = slices.map(|&(s, e, _)| self.arena.get(s..e).unwrap_or(&[]));
+                deflater.packet(bytes, len);
+                first = i + 1;
+                len = 0;
+            }
+        }
+        let packet = deflater.finish();
+        to.push(&packet.preamble, false);
+        let mut chunks = packet.data.chunks(COMPRESS_SLICE_SIZE).peekable();
+        while let Some(chunk) = chunks.next() {
+            to.push(chunk, chunks.peek().is_none());
+        }
     }
 }
 
@@ -126,8 +174,7 @@ impl TracingService {
             if let Some(old) = c.read.replace(ReadStream {
                 to,
                 stage: Stage::Preamble,
-                arena: Vec::new(),
-                pending: VecDeque::new(),
+                batch: Batch::default(),
             }) {
                 // A new ReadBuffers ends the previous stream.
                 self.out.push_back(Output::Reply {
@@ -179,31 +226,41 @@ impl TracingService {
     pub fn poll_read_reply(&mut self, conn: ConnId) -> Option<Output> {
         let mut stream = self.consumer_mut(conn)?.read.take()?;
         let sid = self.consumer(conn).and_then(|c| c.session);
+        let deflate = sid
+            .and_then(|s| self.sessions.get(&s))
+            .is_some_and(|s| compress::wants_deflate(&s.config));
         let mut out = Vec::with_capacity(READ_REPLY_LIMIT.min(64 * 1024));
         loop {
-            while let Some(&(start, end, last)) = stream.pending.front() {
+            let batch = &mut stream.batch;
+            while let Some(&(start, end, last)) = batch.pending.front() {
                 if out.len() + (end - start) + SLICE_OVERHEAD > READ_REPLY_LIMIT && !out.is_empty()
                 {
                     break;
                 }
-                stream.pending.pop_front();
-                encode_slice(&mut out, stream.arena.get(start..end).unwrap_or(&[]), last);
+                batch.pending.pop_front();
+                encode_slice(&mut out, batch.arena.get(start..end).unwrap_or(&[]), last);
             }
-            if stream.pending.is_empty() {
-                stream.arena.clear();
+            if batch.pending.is_empty() {
+                batch.arena.clear();
             }
             if out.len() >= READ_REPLY_LIMIT / 2
-                || !stream.pending.is_empty()
+                || !batch.pending.is_empty()
                 || stream.stage == Stage::Done
             {
                 break;
             }
             match sid {
-                Some(sid) => self.read_more(sid, &mut stream, READ_REPLY_LIMIT - out.len()),
+                Some(sid) if deflate => self.read_compressed(sid, &mut stream),
+                Some(sid) => self.read_more(
+                    sid,
+                    &mut stream.stage,
+                    &mut stream.batch,
+                    READ_REPLY_LIMIT - out.len(),
+                ),
                 None => stream.stage = Stage::Done,
             }
         }
-        let has_more = stream.stage != Stage::Done || !stream.pending.is_empty();
+        let has_more = stream.stage != Stage::Done || !stream.batch.pending.is_empty();
         let body = ReplyBody::Ok(Bytes::from(out));
         let to = stream.to.clone();
         if has_more {
@@ -227,45 +284,60 @@ impl TracingService {
         })
     }
 
-    /// Reads about `budget` more bytes of `sid` into the stream.
-    fn read_more(&mut self, sid: SessionId, stream: &mut ReadStream, budget: usize) {
+    /// Reads a batch of about [`COMPRESS_BATCH`] bytes of `sid` and adds
+    /// it to the stream as one compressed packet (none if the batch is
+    /// empty).
+    fn read_compressed(&mut self, sid: SessionId, stream: &mut ReadStream) {
+        let mut plain = Batch::default();
+        while plain.arena.len() < COMPRESS_BATCH && stream.stage != Stage::Done {
+            let budget = COMPRESS_BATCH - plain.arena.len();
+            self.read_more(sid, &mut stream.stage, &mut plain, budget);
+        }
+        if !plain.pending.is_empty() {
+            plain.deflate_into(&mut stream.batch);
+        }
+    }
+
+    /// Reads about `budget` more bytes of `sid` into `batch`, moving
+    /// `stage` on.
+    fn read_more(&mut self, sid: SessionId, stage: &mut Stage, batch: &mut Batch, budget: usize) {
         let uid = self.cfg.uid;
-        match stream.stage {
+        match *stage {
             Stage::Preamble => {
                 let now = self.now();
                 let info = self.cfg.system_info.clone();
                 let Some(s) = self.sessions.get_mut(&sid) else {
-                    stream.stage = Stage::Done;
+                    *stage = Stage::Done;
                     return;
                 };
                 for p in preamble(s, &self.buffers, &self.relays, uid, now, &info) {
-                    stream.push(&p, true);
+                    batch.push(&p, true);
                 }
-                stream.stage = Stage::Buffer(0);
+                *stage = Stage::Buffer(0);
             }
             Stage::Buffer(i) => {
                 let Some(s) = self.sessions.get_mut(&sid) else {
-                    stream.stage = Stage::Done;
+                    *stage = Stage::Done;
                     return;
                 };
                 let Some(&id) = s.buffers.get(i) else {
-                    stream.stage = Stage::Trailer;
+                    *stage = Stage::Trailer;
                     return;
                 };
                 let Some((_, buf)) = self.buffers.get_mut(&id) else {
-                    stream.stage = Stage::Buffer(i + 1);
+                    *stage = Stage::Buffer(i + 1);
                     return;
                 };
                 let status = buf.read(budget, |p| {
                     if let Some(appendix) = admit(s, p) {
                         for slice in p.slices() {
-                            stream.push(slice, false);
+                            batch.push(slice, false);
                         }
-                        stream.push(appendix.as_bytes(), true);
+                        batch.push(appendix.as_bytes(), true);
                     }
                 });
                 if status == ReadStatus::Done {
-                    stream.stage = Stage::Buffer(i + 1);
+                    *stage = Stage::Buffer(i + 1);
                 }
             }
             Stage::Trailer => {
@@ -273,10 +345,10 @@ impl TracingService {
                 let stats = self.trace_stats(sid);
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     for p in trailer(s, uid, now, &stats) {
-                        stream.push(&p, true);
+                        batch.push(&p, true);
                     }
                 }
-                stream.stage = Stage::Done;
+                *stage = Stage::Done;
             }
             Stage::Done => {}
         }
@@ -307,9 +379,11 @@ impl TracingService {
         } else {
             ReadMode::Live
         };
+        let deflate = compress::wants_deflate(&s.config);
         let mut w = FileWriter {
             sink: &mut sink,
             batch: Vec::with_capacity(FILE_BATCH),
+            deflater: deflate.then(Deflater::new),
             full: false,
             error: None,
         };
@@ -329,7 +403,9 @@ impl TracingService {
                         w.packet(p.slices().chain(std::iter::once(a)), p.len() + a.len());
                     }
                 });
-                w.write_batch();
+                // `packet` writes each full batch: one compressed packet
+                // holds what one write reads, service packets included,
+                // like upstream's `ReadBuffers` batches.
                 if w.stopped() || status == ReadStatus::Done {
                     break;
                 }
@@ -372,8 +448,9 @@ impl TracingService {
     }
 }
 
-/// The tag of `Trace.packet`, which precedes each packet in a file.
-const PACKET_TAG: u8 = tag1(
+/// The tag of `Trace.packet`, which precedes each packet in a file (and in
+/// a compressed batch).
+pub(super) const PACKET_TAG: u8 = tag1(
     trace_packet::TRACE_PACKET_IN_TRACE,
     WireType::LengthDelimited,
 );
@@ -382,6 +459,9 @@ const PACKET_TAG: u8 = tag1(
 struct FileWriter<'a> {
     sink: &'a mut super::session::FileSink,
     batch: Vec<u8>,
+    /// With compression: the batch's packets, compressed as they come
+    /// (`batch` then only stages the compressed packet).
+    deflater: Option<Deflater>,
     /// `max_file_size_bytes` was reached: nothing more is written.
     full: bool,
     error: Option<std::io::Error>,
@@ -394,8 +474,17 @@ impl FileWriter<'_> {
 
     /// Adds one packet of `len` bytes as `0x0A varint(len) bytes`, unless
     /// it would cross the size limit.
+    /// With compression the packet goes into the compressed batch, and the
+    /// size limit is checked on the compressed packet.
     fn packet<'b>(&mut self, slices: impl Iterator<Item = &'b [u8]>, len: usize) {
         if self.stopped() {
+            return;
+        }
+        if let Some(d) = &mut self.deflater {
+            d.packet(slices, len);
+            if d.input() >= FILE_BATCH {
+                self.write_batch();
+            }
             return;
         }
         let mut len_varint = [0u8; MAX_VARINT_LEN];
@@ -417,8 +506,30 @@ impl FileWriter<'_> {
         }
     }
 
+    /// Writes the batch. With compression, the packets so far become one
+    /// compressed packet, dropped (and the file full) if it would cross the
+    /// size limit, as upstream's `TracingServiceImpl::WriteIntoFile` drops
+    /// the packet that would (src/tracing/service/tracing_service_impl.cc).
     fn write_batch(&mut self) {
-        if self.batch.is_empty() || self.error.is_some() {
+        if self.error.is_some() {
+            return;
+        }
+        if let Some(d) = self.deflater.take_if(|d| d.input() > 0) {
+            let packet = d.finish();
+            self.deflater = Some(Deflater::new());
+            let mut len_varint = [0u8; MAX_VARINT_LEN];
+            let n = shmtrace_abi::proto::wire::put_varint(packet.len() as u64, &mut len_varint);
+            let total = (1 + n + packet.len()) as u64;
+            if self.sink.max_size > 0 && self.sink.written + total > self.sink.max_size {
+                self.full = true;
+                return;
+            }
+            self.batch.push(PACKET_TAG);
+            self.batch.extend_from_slice(&len_varint[..n]);
+            self.batch.extend_from_slice(&packet.preamble);
+            self.batch.extend_from_slice(&packet.data);
+        }
+        if self.batch.is_empty() {
             return;
         }
         match self.sink.file.write_all(&self.batch) {

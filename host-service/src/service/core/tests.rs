@@ -25,6 +25,7 @@ use crate::protos::{
 use crate::service::env::FakeEnvironment;
 
 mod clone;
+mod compress;
 mod emulation;
 mod relay;
 mod triggers;
@@ -1070,15 +1071,7 @@ fn write_into_file_streams_a_valid_trace() {
         consumer_port::Request::DisableTracing(Default::default()),
     );
     assert!(c.enabled_reply(&mut sim).is_some());
-    let (bytes, trace) = written_trace(&file);
-    let raw: Vec<Vec<u8>> = fields(&bytes)
-        .into_iter()
-        .map(|(f, v)| {
-            assert_eq!(f, 1);
-            v.unwrap_err()
-        })
-        .collect();
-    assert_eq!(raw.len(), trace.packet.len());
+    let raw = written_packets(&file);
     assert_eq!(payloads(&raw), [b"early".to_vec(), b"late".to_vec()]);
     assert!(field(raw.last().unwrap(), 35).is_some(), "stats at the end");
 }
@@ -1089,6 +1082,21 @@ fn written_trace(file: &impl std::os::fd::AsRawFd) -> (Vec<u8>, crate::protos::T
     let bytes = std::fs::read(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
     let trace = crate::protos::Trace::decode(&bytes[..]).expect("a valid Trace");
     (bytes, trace)
+}
+
+/// The packets of what the service wrote into `file`, which must be a
+/// valid `Trace` of `Trace.packet` records only.
+fn written_packets(file: &impl std::os::fd::AsRawFd) -> Vec<Vec<u8>> {
+    let (bytes, trace) = written_trace(file);
+    let raw: Vec<Vec<u8>> = fields(&bytes)
+        .into_iter()
+        .map(|(f, v)| {
+            assert_eq!(f, 1);
+            v.unwrap_err()
+        })
+        .collect();
+    assert_eq!(raw.len(), trace.packet.len());
+    raw
 }
 
 /// Upstream's periodic writes: each one reads the buffers to their end and

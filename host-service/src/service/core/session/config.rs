@@ -58,8 +58,14 @@ impl TracingService {
         if config.trace_filter.is_some() {
             return Err(ConfigError::TraceFilter);
         }
-        if config.compression.is_some() || config.compression_type.unwrap_or(0) != 0 {
-            return Err(ConfigError::Compression);
+        // Deflate is done (see the compress module); zstd, which upstream
+        // prefers when both are asked, is not.
+        if config
+            .compression
+            .as_ref()
+            .is_some_and(|c| c.zstd.is_some())
+        {
+            return Err(ConfigError::ZstdCompression);
         }
         if !config.session_semaphores.is_empty() {
             return Err(ConfigError::SessionSemaphores);
