@@ -1404,6 +1404,7 @@ fn generated_config(input: &mut Input<'_>) -> TraceConfig {
             .into_iter()
             .collect(),
         lockdown_mode: Some(i32::from(input.u8() % 3)),
+        compression_type: Some(i32::from(input.u8() % 4 == 0)),
         ..Default::default()
     }
 }
