@@ -134,6 +134,9 @@ pub struct SessionReport {
     /// Snapshots written for CLONE_SNAPSHOT triggers: `<output>.<n>`, as
     /// perfetto_cmd names them.
     pub snapshots: Vec<PathBuf>,
+    /// CLONE_SNAPSHOT triggers that fired: the `n` of the next snapshot (a
+    /// failed one keeps its number, as perfetto_cmd's count does).
+    pub snapshot_triggers: u64,
 }
 
 /// `TraceStats` counters that are the service's since it started, over all
@@ -335,6 +338,7 @@ pub fn run(
         stats: None,
         service_at_start,
         snapshots: Vec::new(),
+        snapshot_triggers: 0,
     };
     let mut all_started_reported = false;
     let mut hits = Vec::new();
@@ -499,7 +503,8 @@ fn clone_snapshot(
         ));
         return;
     };
-    let path = PathBuf::from(format!("{}.{}", base.display(), report.snapshots.len()));
+    let path = PathBuf::from(format!("{}.{}", base.display(), report.snapshot_triggers));
+    report.snapshot_triggers += 1;
     let request = CloneSessionRequest {
         selector: Some(Selector::SessionId(
             hit.tracing_session_id.unwrap_or(0) as u64
