@@ -510,6 +510,8 @@ impl TracingService {
             machines_synced: BTreeSet::new(),
             pending_clones: BTreeMap::new(),
             clone_trigger: op.trigger,
+            slow_start: src.slow_start.clone(),
+            last_flush_slow: src.last_flush_slow.clone(),
         };
         session.event(now, Lifecycle::TracingDisabled);
         if !session

@@ -19,7 +19,7 @@ use crate::protos::{
 };
 use crate::service::env::clock_id;
 
-use super::session::Lifecycle;
+use super::session::{Lifecycle, SlowDataSources};
 use super::triggers::ReceivedTrigger;
 
 /// The sync marker's 16 bytes (UUID `82477a76-b28d-42ba-81dc-33326d57a079`).
@@ -206,6 +206,29 @@ pub fn remote_clock_sync<'a>(
     })
 }
 
+/// A `service_event` packet naming data sources:
+/// `last_flush_slow_data_sources` (8) if `last_flush`, else
+/// `slow_starting_data_sources` (7).
+pub fn slow_data_sources(uid: u32, event: &SlowDataSources, last_flush: bool) -> Vec<u8> {
+    use protos::tracing_service_event::{data_sources::DataSource, DataSources, EventType as E};
+    let list = DataSources {
+        data_source: event
+            .sources
+            .iter()
+            .map(|(producer, name)| DataSource {
+                producer_name: Some(producer.clone()),
+                data_source_name: Some(name.clone()),
+            })
+            .collect(),
+    };
+    let e = if last_flush {
+        E::LastFlushSlowDataSources(list)
+    } else {
+        E::SlowStartingDataSources(list)
+    };
+    service_event_packet(uid, event.at, e)
+}
+
 /// A lifecycle `service_event` packet.
 pub fn service_event(uid: u32, ts: u64, event: Lifecycle) -> Vec<u8> {
     use protos::tracing_service_event::EventType as E;
@@ -219,6 +242,10 @@ pub fn service_event(uid: u32, ts: u64, event: Lifecycle) -> Vec<u8> {
         Lifecycle::CloneStarted => E::CloneStarted(true),
         Lifecycle::BufferCloned(index) => E::BufferCloned(index),
     };
+    service_event_packet(uid, ts, e)
+}
+
+fn service_event_packet(uid: u32, ts: u64, e: protos::tracing_service_event::EventType) -> Vec<u8> {
     packet(|p| {
         p.uint64(tp::TIMESTAMP, ts);
         header(p, uid);

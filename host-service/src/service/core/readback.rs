@@ -668,20 +668,25 @@ fn preamble(
         }
     }
     if !builtin.disable_service_events.unwrap_or(false) {
-        let mut events: Vec<(u64, Lifecycle)> = s
+        // Lifecycle events, and the slow data sources noted, in time order
+        // (upstream: EmitLifecycleEvents).
+        let mut events: Vec<(u64, Vec<u8>)> = s
             .events
             .iter()
             .filter(|(_, _, emitted)| !emitted)
-            .map(|&(t, e, _)| (t, e))
+            .map(|&(t, e, _)| (t, packets::service_event(uid, t, e)))
             .collect();
+        let slow = s.slow_start.iter().map(|e| (e, false));
+        let slow = slow.chain(s.last_flush_slow.iter().map(|e| (e, true)));
+        events.extend(slow.map(|(e, last)| (e.at, packets::slow_data_sources(uid, e, last))));
         events.sort_by_key(|&(t, _)| t);
-        for (t, e) in events {
-            out.push(packets::service_event(uid, t, e));
-        }
+        out.extend(events.into_iter().map(|(_, packet)| packet));
     }
     for e in &mut s.events {
         e.2 = true;
     }
+    s.slow_start = None;
+    s.last_flush_slow.clear();
     out
 }
 

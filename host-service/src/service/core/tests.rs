@@ -885,6 +885,91 @@ fn duration_flushes_then_stops() {
     assert!(c.enabled_reply(&mut sim).is_some());
 }
 
+/// The `service_event` packets of `packets` that name data sources:
+/// `(field, [(producer, data source)])`, field 7 for slow starts and 8 for
+/// slow last flushes.
+fn slow_data_source_events(packets: &[Vec<u8>]) -> Vec<(u32, Vec<(String, String)>)> {
+    use crate::protos::trace_packet::Data;
+    use crate::protos::tracing_service_event::EventType as E;
+    packets
+        .iter()
+        .filter_map(
+            |p| match crate::protos::TracePacket::decode(&p[..]).ok()?.data? {
+                Data::ServiceEvent(e) => Some(e),
+                _ => None,
+            },
+        )
+        .filter_map(|e| match e.event_type? {
+            E::SlowStartingDataSources(d) => Some((7, d)),
+            E::LastFlushSlowDataSources(d) => Some((8, d)),
+            _ => None,
+        })
+        .map(|(field, d)| {
+            let names = d.data_source.into_iter();
+            let names = names.map(|s| (s.producer_name.unwrap(), s.data_source_name.unwrap()));
+            (field, names.collect())
+        })
+        .collect()
+}
+
+/// A stop's flush that times out names the data sources it waited for
+/// (`last_flush_slow_data_sources`), as upstream's `OnFlushTimeout`; a
+/// consumer's flush that times out does not.
+#[test]
+fn a_stop_flush_that_times_out_names_the_slow_data_sources() {
+    let (mut sim, mut p, c, _) = session_with(
+        descriptor("ds", false, false),
+        config("ds", 64, |cfg| {
+            cfg.duration_ms = Some(2000);
+            cfg.flush_timeout_ms = Some(500);
+        }),
+    );
+    let req = crate::protos::FlushRequest {
+        timeout_ms: Some(100),
+        flags: None,
+    };
+    c.call(&mut sim, consumer_port::Request::Flush(req));
+    sim.advance(100);
+    sim.advance(1900);
+    assert!(matches!(
+        p.commands(&mut sim)[..],
+        [Cmd::Flush(_), Cmd::Flush(_)]
+    ));
+    sim.advance(499);
+    assert!(c.enabled_reply(&mut sim).is_none());
+    sim.advance(1);
+    assert!(
+        c.enabled_reply(&mut sim).is_some(),
+        "stopped after the timeout"
+    );
+    let packets = c.read(&mut sim);
+    assert_eq!(
+        slow_data_source_events(&packets),
+        [(8, vec![("prod".to_owned(), "ds".to_owned())])]
+    );
+    // Emitted once.
+    assert!(slow_data_source_events(&c.read(&mut sim)).is_empty());
+}
+
+/// A data source not started 20 s after the start is named in a
+/// `slow_starting_data_sources` event (upstream's
+/// `OnAllDataSourceStartedTimeout`); once all started, none.
+#[test]
+fn data_sources_slow_to_start_are_named() {
+    let (mut sim, _p, c, _) = session_with(descriptor("ds", true, false), config("ds", 64, |_| {}));
+    sim.advance(19_999);
+    assert!(slow_data_source_events(&c.read(&mut sim)).is_empty());
+    sim.advance(1);
+    assert_eq!(
+        slow_data_source_events(&c.read(&mut sim)),
+        [(7, vec![("prod".to_owned(), "ds".to_owned())])]
+    );
+    let (mut sim, _p, c, _) =
+        session_with(descriptor("ds", false, false), config("ds", 64, |_| {}));
+    sim.advance(20_000);
+    assert!(slow_data_source_events(&c.read(&mut sim)).is_empty());
+}
+
 #[test]
 fn unsupported_configs_and_calls_answer_with_clear_errors() {
     let mut sim = Sim::new();

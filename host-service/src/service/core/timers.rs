@@ -32,6 +32,8 @@ pub enum Timer {
     TriggerStop { session: SessionId },
     /// `stop_delay_ms` after a CLONE_SNAPSHOT trigger elapsed.
     CloneTriggerHit { session: SessionId },
+    /// The data sources had their time to start.
+    SlowStart { session: SessionId },
 }
 
 /// Pending timers by deadline (ties in arming order).
@@ -80,7 +82,8 @@ impl Timer {
             | Timer::Snapshot { session }
             | Timer::TriggerTimeout { session }
             | Timer::TriggerStop { session }
-            | Timer::CloneTriggerHit { session } => session,
+            | Timer::CloneTriggerHit { session }
+            | Timer::SlowStart { session } => session,
         }
     }
 }

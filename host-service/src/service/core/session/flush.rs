@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{FlushThen, InstanceState, Lifecycle, PendingFlush, SessionState, MAX_PENDING_FLUSHES};
+use super::{
+    flush_flags, FlushThen, InstanceState, Lifecycle, PendingFlush, SessionState, SlowDataSources,
+    MAX_LISTED_DATA_SOURCES, MAX_PENDING_FLUSHES,
+};
 use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::protos::FlushResponse;
 use crate::service::core::timers::Timer;
@@ -117,10 +120,12 @@ impl TracingService {
             s.flush_timeout_ms()
         };
         s.flushes_requested += 1;
+        s.last_flush_slow.clear();
         s.flushes.insert(
             flush_id,
             PendingFlush {
                 pending: per_producer.keys().copied().collect(),
+                flags,
                 then,
             },
         );
@@ -213,6 +218,44 @@ impl TracingService {
             FlushThen::Disable => self.disable_tracing(sid, false),
             FlushThen::Clone { clone, group } => self.clone_flush_done(sid, clone, group, success),
         }
+    }
+
+    /// A stop's or a clone's flush timed out: notes a
+    /// `last_flush_slow_data_sources` event naming the data sources of the
+    /// producers it waited for (upstream: `OnFlushTimeout`, which counts a
+    /// producer and each of its data sources against
+    /// [`MAX_LISTED_DATA_SOURCES`]).
+    pub(in crate::service::core) fn note_slow_flush(&mut self, sid: SessionId, flush_id: u64) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let Some(f) = s.flushes.get(&flush_id) else {
+            return;
+        };
+        let reason = f.flags & 0xF;
+        if reason != flush_flags::REASON_TRACE_STOP && reason != flush_flags::REASON_TRACE_CLONE {
+            return;
+        }
+        let mut sources = Vec::new();
+        let mut listed = 0;
+        'producers: for p in &f.pending {
+            let Some(producer) = self.producers.get(p) else {
+                continue;
+            };
+            listed += 1;
+            if listed > MAX_LISTED_DATA_SOURCES {
+                break;
+            }
+            for i in s.instances.iter().filter(|i| i.producer == *p) {
+                sources.push((producer.name.clone(), i.name.clone()));
+                listed += 1;
+                if listed > MAX_LISTED_DATA_SOURCES {
+                    break 'producers;
+                }
+            }
+        }
+        s.last_flush_slow.push(SlowDataSources { at: now, sources });
     }
 
     /// Sends `ClearIncrementalState` for the instances that handle it.

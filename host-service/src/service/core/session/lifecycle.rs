@@ -22,7 +22,7 @@ use crate::service::shm::ensure_valid_sizes;
 use super::config::buffer_capacity;
 use super::{
     flush_flags, FileSink, FlushThen, Instance, InstanceState, Lifecycle, ProducerIdentity,
-    Session, SessionState,
+    Session, SessionState, SlowDataSources, MAX_LISTED_DATA_SOURCES, SLOW_START_TIMEOUT_MS,
 };
 
 impl TracingService {
@@ -164,6 +164,8 @@ impl TracingService {
             machines_synced: BTreeSet::new(),
             pending_clones: BTreeMap::new(),
             clone_trigger: None,
+            slow_start: None,
+            last_flush_slow: Vec::new(),
         };
         self.sessions.insert(id, session);
         if let Some(c) = self.consumer_mut(conn) {
@@ -427,6 +429,12 @@ impl TracingService {
             .map(|i| i.id)
             .collect();
         self.timers.arm(now, Timer::Snapshot { session: sid });
+        if s.consumer.is_some() {
+            self.timers.arm(
+                now + SLOW_START_TIMEOUT_MS * 1_000_000,
+                Timer::SlowStart { session: sid },
+            );
+        }
         if duration > 0 {
             self.timers.arm(
                 now + u64::from(duration) * 1_000_000,
@@ -528,6 +536,37 @@ impl TracingService {
             self.notify_instance_state(sid, producer, &name, true);
             self.check_all_started(sid);
         }
+    }
+
+    /// [`SLOW_START_TIMEOUT_MS`] after the start: unless all data sources
+    /// were reported started (to an attached consumer), notes a
+    /// `slow_starting_data_sources` event naming those not started
+    /// (upstream: `OnAllDataSourceStartedTimeout`).
+    fn note_slow_start(&mut self, sid: SessionId) {
+        let now = self.now();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if s.consumer.is_none() || s.all_started_reported {
+            return;
+        }
+        let sources: Vec<(String, String)> = s
+            .instances
+            .iter()
+            .filter(|i| i.state != InstanceState::Started)
+            .filter_map(|i| {
+                Some((
+                    self.producers.get(&i.producer)?.name.clone(),
+                    i.name.clone(),
+                ))
+            })
+            .take(MAX_LISTED_DATA_SOURCES)
+            .collect();
+        log::info!(
+            "session {sid}: {} data sources did not start within {SLOW_START_TIMEOUT_MS} ms",
+            sources.len()
+        );
+        s.slow_start = Some(SlowDataSources { at: now, sources });
     }
 
     fn check_all_started(&mut self, sid: SessionId) {
@@ -744,9 +783,11 @@ impl TracingService {
                     .is_some_and(|s| s.flushes.contains_key(&flush))
                 {
                     log::info!("flush {flush} of session {session} timed out");
+                    self.note_slow_flush(session, flush);
                     self.complete_flush(session, flush, false);
                 }
             }
+            Timer::SlowStart { session } => self.note_slow_start(session),
             Timer::StopTimeout { session, epoch } => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return;

@@ -152,11 +152,33 @@ pub struct Instance {
     pub config: Bytes,
 }
 
+/// Most data sources a `slow_starting_data_sources` or
+/// `last_flush_slow_data_sources` event lists (upstream:
+/// `kMaxLifecycleEventsListedDataSources`).
+pub const MAX_LISTED_DATA_SOURCES: usize = 32;
+
+/// How long after the start a session's data sources may take to start
+/// before a `slow_starting_data_sources` event names the late ones
+/// (upstream: `kAllDataSourceStartedTimeout`).
+pub const SLOW_START_TIMEOUT_MS: u64 = 20_000;
+
+/// A service event naming data sources, `(producer, data source)`:
+/// `slow_starting_data_sources` or `last_flush_slow_data_sources`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlowDataSources {
+    /// When it was noted.
+    pub at: Nanos,
+    /// The data sources, at most [`MAX_LISTED_DATA_SOURCES`].
+    pub sources: Vec<(String, String)>,
+}
+
 /// A flush waiting for producers' acknowledgements.
 #[derive(Debug)]
 pub struct PendingFlush {
     /// Producers that have not acknowledged yet.
     pub pending: BTreeSet<ProducerId>,
+    /// Its `FlushFlags` ([`flush_flags`]).
+    pub flags: u64,
     /// What to do when it is over.
     pub then: FlushThen,
 }
@@ -307,6 +329,13 @@ pub struct Session {
     /// In a cloned session: the CLONE_SNAPSHOT trigger that asked for it,
     /// emitted once as `clone_snapshot_trigger`.
     pub clone_trigger: Option<ReceivedTrigger>,
+    /// The data sources not started [`SLOW_START_TIMEOUT_MS`] after the
+    /// start, until a read emits them.
+    pub slow_start: Option<SlowDataSources>,
+    /// The data sources a stop's or a clone's flush timed out waiting for
+    /// (the last flush's only: each flush clears it), until a read emits
+    /// them.
+    pub last_flush_slow: Vec<SlowDataSources>,
 }
 
 impl Session {
