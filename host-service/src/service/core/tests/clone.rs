@@ -39,6 +39,16 @@ fn clone_reply(sim: &mut Sim, c: &TestConsumer, id: u64) -> CloneSessionResponse
     sim.reply_ok(c.conn, id)
 }
 
+/// Clones with `req` (as uid 2000), acknowledges the clone's flush, and
+/// reads the clone.
+fn flushed_clone(sim: &mut Sim, p: &mut TestProducer, req: CloneSessionRequest) -> Vec<Vec<u8>> {
+    let (c, id) = ask_clone_with(sim, 2000, req, None);
+    let fl = flushes(&p.commands(sim))[0].request_id;
+    ack(sim, p, fl);
+    assert_eq!(clone_reply(sim, &c, id).success, Some(true));
+    c.read(sim)
+}
+
 fn flushes(cmds: &[Cmd]) -> Vec<&crate::protos::get_async_command_response::Flush> {
     cmds.iter()
         .filter_map(|c| match c {
@@ -639,11 +649,7 @@ fn a_clone_carries_its_trigger_and_the_triggers_received() {
         clone_trigger_delay_ms: Some(5),
         ..Default::default()
     };
-    let (c, id) = ask_clone_with(&mut sim, 2000, req, None);
-    let fl = flushes(&p.commands(&mut sim))[0].request_id;
-    ack(&mut sim, &p, fl);
-    assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
-    let cloned = c.read(&mut sim);
+    let cloned = flushed_clone(&mut sim, &mut p, req);
     let snap: Vec<crate::protos::TracePacket> = cloned
         .iter()
         .filter(|p| field(p, 113).is_some())
@@ -720,11 +726,7 @@ fn disable_trace_config_leaves_the_clone_trigger_out() {
         clone_trigger_name: Some("snap-now".into()),
         ..Default::default()
     };
-    let (c, id) = ask_clone_with(&mut sim, 2000, req, None);
-    let fl = flushes(&p.commands(&mut sim))[0].request_id;
-    ack(&mut sim, &p, fl);
-    assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
-    let cloned = c.read(&mut sim);
+    let cloned = flushed_clone(&mut sim, &mut p, req);
     assert_eq!(payloads(&cloned), [b"a".to_vec()]);
     for n in [33, 113] {
         assert!(cloned.iter().all(|p| field(p, n).is_none()), "field {n}");
