@@ -55,6 +55,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 
+use super::filter::SessionFilter;
 use super::session::{
     flush_flags, FileSink, FlushThen, Lifecycle, Session, SessionState, MAX_SESSIONS,
     MAX_SESSIONS_PER_UID,
@@ -96,6 +97,9 @@ pub struct PendingClone {
     /// Where a clone of a `write_into_file` session goes (the source's file
     /// so far is in it already).
     file: Option<Box<dyn TraceFile>>,
+    /// The clone reads unfiltered (`skip_trace_filter`, or a clone of
+    /// the bugreport session by its magic id).
+    skip_trace_filter: bool,
 }
 
 impl PendingClone {
@@ -165,9 +169,11 @@ impl TracingService {
             return Ok(());
         };
         let mut for_bugreport = req.for_bugreport.unwrap_or(false);
+        let mut skip_trace_filter = req.skip_trace_filter.unwrap_or(false);
         let sid = match req.selector {
             Some(Selector::SessionId(BUGREPORT_SESSION_ID)) => {
                 for_bugreport = true;
+                skip_trace_filter = true;
                 self.max_bugreport_session()
                     .ok_or(CloneError::NoBugreportSession)?
             }
@@ -265,6 +271,7 @@ impl TracingService {
                 started_at: now,
                 trigger,
                 file,
+                skip_trace_filter,
             },
         );
         let mut flags = flush_flags::INITIATOR_TRACED | flush_flags::REASON_TRACE_CLONE;
@@ -505,6 +512,13 @@ impl TracingService {
             // initial clock snapshot).
             start_realtime_ns: src.start_realtime_ns,
             regexes: Vec::new(),
+            // Upstream's clone for a bugreport skips the filter
+            // (`skip_trace_filter`); the filter counts anew.
+            filter: src
+                .filter
+                .as_ref()
+                .filter(|_| !op.skip_trace_filter)
+                .map(|f| SessionFilter::new(f.shared())),
             triggers,
             machines_described: BTreeSet::new(),
             machines_synced: BTreeSet::new(),

@@ -4,8 +4,8 @@
 //! src/tracing/service/tracing_service_endpoints_impl.cc).
 //!
 //! `CloneSession` is [`super::clone`]'s. What this service does not
-//! implement (trace filters, zstd compression, `SaveTraceForBugreport`) is
-//! refused explicitly:
+//! implement (zstd compression, `SaveTraceForBugreport`) is refused
+//! explicitly:
 //! an `EnableTracing` with such a config is answered with an error string,
 //! and calls that only exist for them fail or say so in their response.
 //! `ChangeTraceConfig` applies producer name filters only, like upstream,
@@ -540,7 +540,7 @@ impl TracingService {
             flushes_succeeded: Some(s.flushes_succeeded),
             flushes_failed: Some(s.flushes_failed),
             final_flush_outcome: s.final_flush_outcome,
-            ..Default::default()
+            filter_stats: s.filter.as_ref().map(|f| f.stats().to_proto()),
         }
     }
 

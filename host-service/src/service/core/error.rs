@@ -40,9 +40,9 @@ pub enum ConfigError {
     /// `duration_ms` is over `MAX_DURATION_MS`.
     #[error("duration_ms exceeds the maximum of {MAX_DURATION_MS} ms")]
     DurationTooLong,
-    /// `trace_filter` is set.
-    #[error("trace_filter is not supported by the shmtrace service")]
-    TraceFilter,
+    /// The `trace_filter` does not load.
+    #[error(transparent)]
+    TraceFilter(#[from] super::filter::FilterError),
     /// zstd compression is asked for (`compression { zstd {} }`).
     #[error(
         "zstd trace compression is not supported by the shmtrace service; it compresses with \

@@ -39,6 +39,7 @@ mod commit;
 mod compress;
 mod consumer;
 mod error;
+pub(crate) mod filter;
 mod packets;
 mod producer;
 mod readback;

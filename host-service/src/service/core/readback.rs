@@ -26,6 +26,7 @@ use shmtrace_abi::proto::wire::{tag, varint_len, WireType, MAX_VARINT_LEN};
 use shmtrace_abi::trace::{tag1, trace_packet};
 
 use super::compress::{self, Deflater, COMPRESS_SLICE_SIZE};
+use super::filter::SessionFilter;
 use super::packets;
 use super::relay::{self, RelayClient};
 use super::session::{Lifecycle, ProducerIdentity, Session, SessionState};
@@ -34,6 +35,7 @@ use crate::ipc::PendingReply;
 use crate::protos::wire::{put_tag, put_varint, WireType as Wt};
 use crate::protos::ReadBuffersResponse;
 use crate::service::buffer::{Packet, ReadMode, ReadStatus, TraceBuffer};
+use crate::service::env::Environment;
 use crate::service::trusted::TrustedFields;
 use crate::service::validator::validate;
 
@@ -93,6 +95,31 @@ impl Batch {
         let start = self.arena.len();
         self.arena.extend_from_slice(bytes);
         self.pending.push_back((start, self.arena.len(), last));
+    }
+
+    /// Adds the packet made of `slices` (from the session's buffer
+    /// `buffer`, or the service's own): as it is, or as `filter` leaves it
+    /// (nothing if the filter found it malformed, as upstream sends a
+    /// packet with no slices).
+    fn packet<'a>(
+        &mut self,
+        filter: Option<(&mut SessionFilter, &dyn Environment)>,
+        slices: impl Iterator<Item = &'a [u8]>,
+        buffer: Option<usize>,
+    ) {
+        match filter {
+            None => {
+                let mut slices = slices.peekable();
+                while let Some(s) = slices.next() {
+                    self.push(s, slices.peek().is_none());
+                }
+            }
+            Some((f, clock)) => {
+                if let Some(out) = f.packet(slices, buffer, clock) {
+                    self.push(out, true);
+                }
+            }
+        }
     }
 
     /// Compresses the whole batch into `to`'s slices: one
@@ -302,6 +329,7 @@ impl TracingService {
     /// `stage` on.
     fn read_more(&mut self, sid: SessionId, stage: &mut Stage, batch: &mut Batch, budget: usize) {
         let uid = self.cfg.uid;
+        let env = &*self.env;
         match *stage {
             Stage::Preamble => {
                 let now = self.now();
@@ -311,7 +339,11 @@ impl TracingService {
                     return;
                 };
                 for p in preamble(s, &self.buffers, &self.relays, uid, now, &info) {
-                    batch.push(&p, true);
+                    batch.packet(
+                        s.filter.as_mut().map(|f| (f, env)),
+                        std::iter::once(&p[..]),
+                        None,
+                    );
                 }
                 *stage = Stage::Buffer(0);
             }
@@ -330,10 +362,8 @@ impl TracingService {
                 };
                 let status = buf.read(budget, |p| {
                     if let Some(appendix) = admit(s, p) {
-                        for slice in p.slices() {
-                            batch.push(slice, false);
-                        }
-                        batch.push(appendix.as_bytes(), true);
+                        let slices = p.slices().chain(std::iter::once(appendix.as_bytes()));
+                        batch.packet(s.filter.as_mut().map(|f| (f, env)), slices, Some(i));
                     }
                 });
                 if status == ReadStatus::Done {
@@ -342,11 +372,17 @@ impl TracingService {
             }
             Stage::Trailer => {
                 let now = self.now();
-                let stats = self.trace_stats(sid);
                 if let Some(s) = self.sessions.get_mut(&sid) {
-                    for p in trailer(s, uid, now, &stats) {
-                        batch.push(&p, true);
+                    if let Some(p) = read_completed(s, uid, now) {
+                        batch.packet(
+                            s.filter.as_mut().map(|f| (f, env)),
+                            std::iter::once(&p[..]),
+                            None,
+                        );
                     }
+                }
+                if let Some(p) = self.stats_if_due(sid) {
+                    batch.push(&p, true);
                 }
                 *stage = Stage::Done;
             }
@@ -360,7 +396,7 @@ impl TracingService {
         let uid = self.cfg.uid;
         let now = self.now();
         let info = self.cfg.system_info.clone();
-        let stats = self.trace_stats(sid);
+        let env = &*self.env;
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -388,10 +424,15 @@ impl TracingService {
             error: None,
         };
         for p in preamble(s, &self.buffers, &self.relays, uid, now, &info) {
-            w.packet(std::iter::once(&p[..]), p.len());
+            w.filtered(
+                s.filter.as_mut().map(|f| (f, env)),
+                std::iter::once(&p[..]),
+                p.len(),
+                None,
+            );
         }
         let buffers = s.buffers.clone();
-        for id in &buffers {
+        for (i, id) in buffers.iter().enumerate() {
             let Some((_, buf)) = self.buffers.get_mut(id) else {
                 continue;
             };
@@ -400,7 +441,13 @@ impl TracingService {
                 let status = buf.read(FILE_BATCH, |p| {
                     if let Some(appendix) = admit(s, p) {
                         let a = appendix.as_bytes();
-                        w.packet(p.slices().chain(std::iter::once(a)), p.len() + a.len());
+                        let slices = p.slices().chain(std::iter::once(a));
+                        w.filtered(
+                            s.filter.as_mut().map(|f| (f, env)),
+                            slices,
+                            p.len() + a.len(),
+                            Some(i),
+                        );
                     }
                 });
                 // `packet` writes each full batch: one compressed packet
@@ -418,11 +465,23 @@ impl TracingService {
         // closes with `read_tracing_buffers_completed` (and the stats when
         // due): the trace processor's safe points for sorting.
         if !w.stopped() {
-            for p in trailer(s, uid, now, &stats) {
+            if let Some(p) = read_completed(s, uid, now) {
+                w.filtered(
+                    s.filter.as_mut().map(|f| (f, env)),
+                    std::iter::once(&p[..]),
+                    p.len(),
+                    None,
+                );
+            }
+            // The stats last, counting what the filter did so far.
+            if let Some(p) = self.stats_if_due(sid) {
                 w.packet(std::iter::once(&p[..]), p.len());
             }
         }
         w.write_batch();
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
         let (full, error) = (w.full, w.error.take());
         if let Some(e) = &error {
             log::warn!("session {sid}: writing the trace file failed: {e}");
@@ -470,6 +529,29 @@ struct FileWriter<'a> {
 impl FileWriter<'_> {
     fn stopped(&self) -> bool {
         self.full || self.error.is_some()
+    }
+
+    /// Adds the packet made of `slices` (`len` bytes, from the session's
+    /// buffer `buffer` or the service's own) as it is, or as `filter`
+    /// leaves it: an empty packet if the filter found it malformed, as
+    /// upstream's `WriteIntoFile` writes a packet with no slices.
+    fn filtered<'b>(
+        &mut self,
+        filter: Option<(&mut SessionFilter, &dyn Environment)>,
+        slices: impl Iterator<Item = &'b [u8]>,
+        len: usize,
+        buffer: Option<usize>,
+    ) {
+        if self.stopped() {
+            return;
+        }
+        match filter {
+            None => self.packet(slices, len),
+            Some((f, clock)) => {
+                let out = f.packet(slices, buffer, clock).unwrap_or_default();
+                self.packet(std::iter::once(out), out.len());
+            }
+        }
     }
 
     /// Adds one packet of `len` bytes as `0x0A varint(len) bytes`, unless
@@ -690,24 +772,34 @@ fn preamble(
     out
 }
 
-/// The service packets after everything was read.
-fn trailer(s: &mut Session, uid: u32, now: u64, stats: &crate::protos::TraceStats) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    if !s.builtin().disable_service_events.unwrap_or(false) {
-        out.push(packets::service_event(
-            uid,
-            now,
-            Lifecycle::ReadTracingBuffersCompleted,
-        ));
-    }
-    if s.stats_due
-        || matches!(
+/// The first service packet after everything was read:
+/// `read_tracing_buffers_completed`, unless service events are off.
+fn read_completed(s: &Session, uid: u32, now: u64) -> Option<Vec<u8>> {
+    let off = s.builtin().disable_service_events.unwrap_or(false);
+    (!off).then(|| packets::service_event(uid, now, Lifecycle::ReadTracingBuffersCompleted))
+}
+
+impl TracingService {
+    /// The last service packet of a read that read everything: the
+    /// `trace_stats`, when due (asked for, or the session is over). It does
+    /// not go through the filter, which counts it as passed (upstream's
+    /// `ReadBuffers`, src/tracing/service/tracing_service_impl.cc).
+    fn stats_if_due(&mut self, sid: SessionId) -> Option<Vec<u8>> {
+        let s = self.sessions.get(&sid)?;
+        let over = matches!(
             s.state,
             SessionState::Disabled | SessionState::ClonedReadOnly
-        )
-    {
+        );
+        if !s.stats_due && !over {
+            return None;
+        }
+        let stats = self.trace_stats(sid);
+        let s = self.sessions.get_mut(&sid)?;
         s.stats_due = false;
-        out.push(packets::trace_stats(uid, stats));
+        let p = packets::trace_stats(self.cfg.uid, &stats);
+        if let Some(f) = &mut s.filter {
+            f.passed(p.len());
+        }
+        Some(p)
     }
-    out
 }

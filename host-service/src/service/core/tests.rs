@@ -27,6 +27,7 @@ use crate::service::env::FakeEnvironment;
 mod clone;
 mod compress;
 mod emulation;
+mod filter;
 mod relay;
 mod triggers;
 

@@ -3,6 +3,7 @@
 //! and what an accepted config resolves to.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
@@ -12,6 +13,7 @@ use super::{MAX_BUFFERS_PER_SESSION, MAX_DURATION_MS, MAX_SESSIONS, MAX_SESSIONS
 use crate::protos::trace_config::{self};
 use crate::protos::{DataSourceConfig, TraceConfig};
 use crate::service::buffer::TraceBuffer;
+use crate::service::core::filter::TraceFilter;
 use crate::service::core::triggers::{self, TriggerSetup};
 use crate::service::core::{ConfigError, ConnId, TracingService};
 
@@ -25,6 +27,8 @@ pub(in crate::service::core) struct Validated {
     pub(super) regexes: Vec<Vec<Regex>>,
     /// Its triggers.
     pub(super) triggers: TriggerSetup,
+    /// Its compiled `trace_filter`.
+    pub(super) filter: Option<Arc<TraceFilter>>,
 }
 
 impl TracingService {
@@ -55,9 +59,12 @@ impl TracingService {
             return Err(ConfigError::DurationTooLong);
         }
         let triggers = triggers::validate(&config)?;
-        if config.trace_filter.is_some() {
-            return Err(ConfigError::TraceFilter);
-        }
+        // Upstream refuses a session whose filter does not load rather
+        // than run it unfiltered.
+        let filter = match &config.trace_filter {
+            Some(f) => Some(Arc::new(TraceFilter::new(f)?)),
+            None => None,
+        };
         // Deflate is done (see the compress module); zstd, which upstream
         // prefers when both are asked, is not.
         if config
@@ -176,6 +183,7 @@ impl TracingService {
             data_sources,
             regexes,
             triggers,
+            filter,
         })
     }
 }

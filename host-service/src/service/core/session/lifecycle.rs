@@ -13,6 +13,7 @@ use crate::protos::get_async_command_response::{self as cmd, Cmd};
 use crate::protos::trace_config::buffer_config::FillPolicy as ProtoFillPolicy;
 use crate::protos::{DataSourceConfig, DataSourceDescriptor, EnableTracingResponse};
 use crate::service::buffer::{FillPolicy, TraceBuffer};
+use crate::service::core::filter::SessionFilter;
 use crate::service::core::timers::{aligned_delay_ns, Timer};
 use crate::service::core::triggers::{self, SessionTriggers};
 use crate::service::core::{BufferId, ConfigError, ConnId, ProducerId, SessionId, TracingService};
@@ -152,6 +153,7 @@ impl TracingService {
             all_started_reported: false,
             start_realtime_ns: None,
             regexes: v.regexes,
+            filter: v.filter.map(SessionFilter::new),
             triggers: SessionTriggers {
                 setup: v.triggers,
                 pending: Vec::new(),

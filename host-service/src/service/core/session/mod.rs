@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytes::Bytes;
 use regex::Regex;
 
+use super::filter::SessionFilter;
 use super::triggers::{ReceivedTrigger, SessionTriggers};
 use super::{BufferId, ConnId, ProducerId, SessionId};
 use crate::ipc::PendingReply;
@@ -318,6 +319,8 @@ pub struct Session {
     pub start_realtime_ns: Option<i64>,
     /// Compiled producer name regexes, per config data source.
     pub regexes: Vec<Vec<Regex>>,
+    /// The `trace_filter` reads go through, and what it did.
+    pub filter: Option<SessionFilter>,
     /// Trigger setup and the triggers received.
     pub triggers: SessionTriggers,
     /// Relayed machines whose `system_info` was written.
