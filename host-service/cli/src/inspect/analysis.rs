@@ -169,6 +169,10 @@ pub const SERVICE_LOSS_STATS: &[(&str, &str)] = &[
         "invalid_packets",
         "the service rejected packets that set fields only it may set",
     ),
+    (
+        "filter_stats.errors",
+        "the session's trace filter dropped packets whole because they did not decode",
+    ),
 ];
 
 /// What kind of problem.
@@ -1840,7 +1844,8 @@ pub fn config_info(bytes: &[u8]) -> ConfigInfo {
 }
 
 /// The counters of a TraceStats, by field name (only integer fields that
-/// are set and non-zero, plus `buffer_size`).
+/// are set and non-zero, plus `buffer_size`); the service's include its
+/// `filter_stats` counters as `filter_stats.NAME`.
 pub fn stats_info(stats: &TraceStats) -> StatsInfo {
     let counters = |message: DynamicMessage| -> BTreeMap<String, u64> {
         message
@@ -1868,6 +1873,14 @@ pub fn stats_info(stats: &TraceStats) -> StatsInfo {
             .iter()
             .map(|b| counters(decode("TraceStats.BufferStats", b.encode_to_vec())))
             .collect(),
-        service: counters(decode("TraceStats", stats.encode_to_vec())),
+        service: counters(decode("TraceStats", stats.encode_to_vec()))
+            .into_iter()
+            .chain(stats.filter_stats.iter().flat_map(|f| {
+                let filter = counters(decode("TraceStats.FilterStats", f.encode_to_vec()));
+                filter
+                    .into_iter()
+                    .map(|(name, v)| (format!("filter_stats.{name}"), v))
+            }))
+            .collect(),
     }
 }

@@ -143,6 +143,56 @@ pub fn run(args: &InspectArgs, out: &mut impl Write) -> Result<u8, CliError> {
 mod tests {
     use super::*;
 
+    /// A trace whose session had a trace filter: its `filter_stats` show in
+    /// the statistics, and packets the filter dropped as malformed are a
+    /// recorded loss.
+    #[test]
+    fn filter_stats_are_shown_and_filter_errors_are_a_loss() {
+        use prost::Message as _;
+        use shmtrace_ipc::protos::trace_packet::{Data, OptionalTrustedPacketSequenceId};
+        use shmtrace_ipc::protos::trace_stats::FilterStats;
+        use shmtrace_ipc::protos::{TracePacket, TraceStats};
+        let stats = TracePacket {
+            data: Some(Data::TraceStats(TraceStats {
+                filter_stats: Some(FilterStats {
+                    input_packets: Some(10),
+                    input_bytes: Some(4096),
+                    output_bytes: Some(1024),
+                    errors: Some(2),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+            optional_trusted_packet_sequence_id: Some(
+                OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(1),
+            ),
+            ..Default::default()
+        };
+        let mut analyzer = Analyzer::new();
+        analyzer.file("filtered");
+        analyzer.packet(0, &stats.encode_to_vec());
+        let analysis = analyzer.finish();
+        let service = &analysis.stats.as_ref().expect("stats").service;
+        assert_eq!(service.get("filter_stats.errors"), Some(&2));
+        assert_eq!(service.get("filter_stats.input_packets"), Some(&10));
+        let loss: Vec<_> = analysis
+            .loss
+            .stats
+            .iter()
+            .map(|(n, v, _)| (n.as_str(), *v))
+            .collect();
+        assert_eq!(loss, [("service: filter_stats.errors", 2)]);
+        let mut out = Vec::new();
+        render(&analysis, 10, false, &mut out).expect("renders");
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(
+                "trace filter: 10 packet(s), 4.0 KiB in, 1.0 KiB out, 2 dropped as malformed"
+            ),
+            "{text}"
+        );
+    }
+
     /// A real service's trace with its packets damaged (bytes changed, cut
     /// out or put in) is analyzed, rendered and written as JSON: the
     /// damage shows as problems, never as a panic.

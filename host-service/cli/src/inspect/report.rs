@@ -474,7 +474,18 @@ fn stats(a: &Analysis, out: &mut impl Write) -> io::Result<()> {
         get(v, "flushes_requested"),
         get(v, "flushes_succeeded"),
         get(v, "flushes_failed"),
-    )
+    )?;
+    if v.keys().any(|k| k.starts_with("filter_stats.")) {
+        writeln!(
+            out,
+            "  trace filter: {} packet(s), {} in, {} out, {} dropped as malformed",
+            get(v, "filter_stats.input_packets"),
+            Bytes(get(v, "filter_stats.input_bytes")),
+            Bytes(get(v, "filter_stats.output_bytes")),
+            get(v, "filter_stats.errors"),
+        )?;
+    }
+    Ok(())
 }
 
 fn problems(a: &Analysis, out: &mut impl Write) -> io::Result<()> {

@@ -233,6 +233,10 @@ fn loss_counters(stats: &TraceStats, start: ServiceCounters) -> Vec<(&'static st
         during(stats.patches_discarded, start.patches_discarded),
     );
     add("invalid packets", stats.invalid_packets);
+    add(
+        "packets the trace filter found malformed",
+        stats.filter_stats.as_ref().and_then(|f| f.errors),
+    );
     out
 }
 
