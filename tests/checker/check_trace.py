@@ -970,6 +970,10 @@ class Checker:
             totals.update(c)
         service = scalar_fields(self.trace_stats) \
             if self.trace_stats is not None else None
+        filter_stats = None
+        if self.trace_stats is not None and \
+                self.trace_stats.HasField("filter_stats"):
+            filter_stats = scalar_fields(self.trace_stats.filter_stats)
         return {
             "ok": not self.violations,
             "violations": self.violations,
@@ -1013,6 +1017,7 @@ class Checker:
                             for pid, t in sorted(self.event_times.items())},
             "service_event_times": dict(self.service_event_times),
             "trace_stats": service,
+            "filter_stats": filter_stats,
             "buffer_stats": self.buffer_stats(),
         }
 

@@ -168,6 +168,10 @@ pub struct TraceReport {
     /// Scalar fields of `TraceStats` (the last `trace_stats` packet).
     #[serde(default)]
     pub trace_stats: Option<BTreeMap<String, serde_json::Value>>,
+    /// Scalar fields of its `filter_stats`, if the session had a trace
+    /// filter.
+    #[serde(default)]
+    pub filter_stats: Option<BTreeMap<String, serde_json::Value>>,
     /// The service's packets (trusted sequence 1), by kind (`trace_stats`,
     /// `service_event`...).
     #[serde(default)]

@@ -44,6 +44,9 @@ pub struct TraceConfig {
     /// the service deflates each batch into one `compressed_packets`.
     #[prost(int32, optional, tag = "24")]
     pub compression_type: Option<i32>,
+    /// What every packet read keeps (field 33).
+    #[prost(message, optional, tag = "33")]
+    pub trace_filter: Option<TraceFilter>,
     /// Set data sources up on relayed machines' producers too (field 43;
     /// since v54 the service's default is this machine's only).
     #[prost(bool, optional, tag = "43")]
@@ -122,6 +125,37 @@ pub struct ProducerConfig {
     /// Shared memory page size in KiB (field 3).
     #[prost(uint32, optional, tag = "3")]
     pub page_size_kb: Option<u32>,
+}
+
+/// `TraceConfig.TraceFilter` (selected fields).
+#[derive(Clone, PartialEq, Message)]
+pub struct TraceFilter {
+    /// Filter bytecode, as Perfetto's `proto_filter` writes it (field 1).
+    #[prost(bytes = "vec", optional, tag = "1")]
+    pub bytecode: Option<Vec<u8>>,
+    /// Rules for the string fields the bytecode marks for filtering
+    /// (field 3).
+    #[prost(message, optional, tag = "3")]
+    pub string_filter_chain: Option<StringFilterChain>,
+}
+
+/// `TraceConfig.TraceFilter.StringFilterChain`.
+#[derive(Clone, PartialEq, Message)]
+pub struct StringFilterChain {
+    /// The rules, in order (field 1).
+    #[prost(message, repeated, tag = "1")]
+    pub rules: Vec<StringFilterRule>,
+}
+
+/// `TraceConfig.TraceFilter.StringFilterRule` (selected fields).
+#[derive(Clone, PartialEq, Message)]
+pub struct StringFilterRule {
+    /// `StringFilterPolicy` (field 1; 1 = `SFP_MATCH_REDACT_GROUPS`).
+    #[prost(int32, optional, tag = "1")]
+    pub policy: Option<i32>,
+    /// The pattern (field 2).
+    #[prost(string, optional, tag = "2")]
+    pub regex_pattern: Option<String>,
 }
 
 /// `TraceConfig.IncrementalStateConfig`.

@@ -552,6 +552,8 @@ pub struct Scenario {
     /// Ask the service to deflate the trace
     /// (`compression_type: COMPRESSION_TYPE_DEFLATE`).
     pub deflate: bool,
+    /// `TraceConfig.trace_filter`.
+    pub trace_filter: Option<config::TraceFilter>,
 }
 
 /// The producer socket of a run.
@@ -743,6 +745,7 @@ impl Scenario {
             machine_clocks: MachineClocks::Shared,
             machine_networks: MachineNetworks::Loopback,
             deflate: false,
+            trace_filter: None,
         }
     }
 
@@ -813,6 +816,7 @@ impl Scenario {
         if self.deflate {
             config.compression_type = Some(1);
         }
+        config.trace_filter.clone_from(&self.trace_filter);
         config
     }
 

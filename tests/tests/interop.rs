@@ -75,6 +75,8 @@ matrix!(
     producer_config_sizes_the_smb,
     deflate_read,
     deflate_write_into_file,
+    trace_filter,
+    trace_filter_redacts_event_names,
 );
 
 /// Scenarios only our producer plays (the real producer driver has no
@@ -603,6 +605,167 @@ fn deflate_write_into_file(cell: Cell) {
         "{sizes:?}"
     );
     assert_deflated(cell, &outcome, 3);
+}
+
+/// A session whose `trace_filter` keeps everything but the track events'
+/// debug annotations (bytecode written as Perfetto's `proto_filter` writes
+/// it): every event is there, no annotation is, and the stats say what the
+/// filter did, under both services.
+fn trace_filter(cell: Cell) {
+    let scenario = Scenario {
+        trace_filter: Some(shmtrace_tests::config::TraceFilter {
+            bytecode: Some(filter_bytecode(NO_DEBUG_ANNOTATIONS)),
+            string_filter_chain: None,
+        }),
+        ..Scenario::new(
+            "trace-filter",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 500,
+                ..Default::default()
+            }],
+        )
+    };
+    let outcome = scenario::run(cell, &real_binaries!(), &scenario)
+        .unwrap_or_else(|e| panic!("trace_filter in cell {}: {e}", cell.name()));
+    let report = &outcome.report;
+    let emitted = outcome.emitted();
+    // The events, without a single annotation.
+    assert_eq!(report.totals.slice_begin, emitted.slice_begin);
+    assert_eq!(report.totals.track_events(), emitted.track_events());
+    assert!(emitted.arg_int > 0 && emitted.arg_string > 0);
+    let args = &report.totals;
+    assert_eq!(
+        [
+            args.arg_int,
+            args.arg_uint,
+            args.arg_double,
+            args.arg_bool,
+            args.arg_string,
+            args.arg_pointer
+        ],
+        [0; 6]
+    );
+    let f = report.filter_stats.as_ref().expect("filter_stats");
+    assert_eq!(f.get("errors").and_then(Value::as_u64), Some(0), "{f:?}");
+    // Every packet but the stats went through the filter (the stats count
+    // themselves after they were written).
+    assert_eq!(
+        f["input_packets"].as_u64(),
+        Some(report.packets - 1),
+        "{f:?}"
+    );
+    let (input, output) = (
+        f["input_bytes"].as_u64().unwrap(),
+        f["output_bytes"].as_u64().unwrap(),
+    );
+    assert!(output < input, "{f:?}");
+}
+
+/// A session whose filter marks event names — `TrackEvent.name` and the
+/// interned `EventName.name` — as strings to filter, with one rule that
+/// redacts every name whole: every event is there, each under a redacted
+/// name (`P60REDACTED` cut to the name's length, or padded with `-`),
+/// under both services.
+fn trace_filter_redacts_event_names(cell: Cell) {
+    use shmtrace_tests::config::{StringFilterChain, StringFilterRule, TraceFilter};
+    let scenario = Scenario {
+        trace_filter: Some(TraceFilter {
+            bytecode: Some(filter_bytecode(REDACT_EVENT_NAMES)),
+            string_filter_chain: Some(StringFilterChain {
+                rules: vec![StringFilterRule {
+                    policy: Some(1),
+                    regex_pattern: Some("(.*)".into()),
+                }],
+            }),
+        }),
+        ..Scenario::new(
+            "trace-filter-names",
+            vec![ProducerSpec {
+                threads: 2,
+                iterations: 200,
+                ..Default::default()
+            }],
+        )
+    };
+    let outcome = scenario::run(cell, &real_binaries!(), &scenario).unwrap_or_else(|e| {
+        panic!(
+            "trace_filter_redacts_event_names in cell {}: {e}",
+            cell.name()
+        )
+    });
+    let report = &outcome.report;
+    assert_eq!(
+        report.totals.track_events(),
+        outcome.emitted().track_events()
+    );
+    let redacted = |name: &str| {
+        let cut = name.len().min(11);
+        name[..cut] == "P60REDACTED"[..cut] && name[cut..].bytes().all(|b| b == b'-')
+    };
+    assert!(!report.events_by_name.is_empty());
+    for name in report.events_by_name.keys().filter(|n| !n.is_empty()) {
+        assert!(redacted(name), "{name:?} in {:?}", report.events_by_name);
+    }
+    let f = report.filter_stats.as_ref().expect("filter_stats");
+    assert_eq!(f.get("errors").and_then(Value::as_u64), Some(0), "{f:?}");
+}
+
+/// Every field id from 1 on.
+const ALL_FIELDS: u32 = (1 << 29) - 1;
+
+/// Filter bytecode words, one list per message (the end-of-message word
+/// left out); each word `field << 3 | opcode`: 1 simple, 2 a range whose
+/// length follows, 3 a message whose index follows, 4 a string to filter.
+/// `Trace.packet` is message 1, which keeps every field, and `track_event`
+/// (11) as message 2, which keeps every field but `debug_annotations` (4).
+const NO_DEBUG_ANNOTATIONS: &[&[u32]] = &[
+    &[1 << 3 | 3, 1],
+    &[1 << 3 | 2, 10, 11 << 3 | 3, 2, 12 << 3 | 2, ALL_FIELDS - 12],
+    &[1 << 3 | 2, 3, 5 << 3 | 2, ALL_FIELDS - 5],
+];
+
+/// Every field kept, but `TrackEvent.name` (23) a string to filter, and
+/// `interned_data` (12, message 3) keeping `event_names` (2) as message 4,
+/// whose `name` (2) is a string to filter.
+const REDACT_EVENT_NAMES: &[&[u32]] = &[
+    &[1 << 3 | 3, 1],
+    &[
+        1 << 3 | 2,
+        10,
+        11 << 3 | 3,
+        2,
+        12 << 3 | 3,
+        3,
+        13 << 3 | 2,
+        ALL_FIELDS - 13,
+    ],
+    &[1 << 3 | 2, 22, 23 << 3 | 4, 24 << 3 | 2, ALL_FIELDS - 24],
+    &[1 << 3 | 1, 2 << 3 | 3, 4, 3 << 3 | 2, ALL_FIELDS - 3],
+    &[1 << 3 | 1, 2 << 3 | 4, 3 << 3 | 2, ALL_FIELDS - 3],
+];
+
+/// `messages` as bytecode: their words as varints, each message ended by
+/// word 0, then the checksum, the low 32 bits of the FNV-1a 64 hash of the
+/// words' little-endian bytes (src/protozero/filtering/filter_bytecode_parser.cc).
+fn filter_bytecode(messages: &[&[u32]]) -> Vec<u8> {
+    let words: Vec<u32> = messages
+        .iter()
+        .flat_map(|m| m.iter().copied().chain([0]))
+        .collect();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in words.iter().flat_map(|w| w.to_le_bytes()) {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut out = Vec::new();
+    for mut w in words.into_iter().chain([hash as u32]) {
+        while w >= 0x80 {
+            out.push(w as u8 | 0x80);
+            w >>= 7;
+        }
+        out.push(w as u8);
+    }
+    out
 }
 
 /// Under our service, every packet of the trace came in one of at least
