@@ -25,6 +25,11 @@
 //!   instances, flushes and triggers), time passing and connections closing
 //!   at any point. Invariants: nothing panics, nothing is sent to a closed
 //!   connection, ReadBuffers replies decode.
+//! * [`trace_filter`]: a trace filter built from arbitrary bytecode words
+//!   (checksummed, so most load), overlay and string rules, run on an
+//!   arbitrary packet. Invariants: nothing panics; a filtered packet is no
+//!   longer than the input, parses, and holds only fields the filter
+//!   keeps; a malformed one leaves nothing.
 
 use prost::Message;
 use shmtrace_abi::layout::{
@@ -41,6 +46,7 @@ use crate::ipc::shm::{Adoption, SharedMemory};
 use crate::ipc::{Call, PeerCredentials};
 use crate::protos::commit_data_request::{chunk_to_patch, ChunkToPatch, ChunksToMove};
 use crate::protos::get_async_command_response::Cmd;
+use crate::protos::wire::put_varint;
 use crate::protos::{
     self, consumer_port, producer_port, trace_config, CommitDataRequest, DataSourceConfig,
     DataSourceDescriptor, EnableTracingRequest, FlushRequest, GetAsyncCommandResponse,
@@ -79,6 +85,10 @@ impl Input<'_> {
     }
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+    /// A number below `n` (`n` > 0).
+    fn u32_below(&mut self, n: u32) -> u32 {
+        u32::from(self.u8()) % n
     }
 }
 
@@ -887,6 +897,137 @@ pub fn session_calls(data: &[u8]) {
     session_calls_reached(data);
 }
 
+/// Patterns the [`trace_filter`] target's string rules draw from.
+const FILTER_PATTERNS: [&str; 6] = [
+    "(.*)",
+    r"B\|\d+\|(\w+)=(.*)",
+    "(a*)*(b)?",
+    r"id=(\d+)",
+    "",
+    "x(",
+];
+
+/// See the module docs.
+pub fn trace_filter(data: &[u8]) {
+    trace_filter_kept(data);
+}
+
+/// [`trace_filter`]: `None` if the filter did not load, else the bytes of
+/// the packet it kept (`None` if the packet was malformed).
+fn trace_filter_kept(data: &[u8]) -> Option<Option<usize>> {
+    use super::core::filter::{bytecode, TraceFilter};
+    use crate::protos::trace_config::trace_filter::{StringFilterChain, StringFilterRule};
+    let mut input = Input(data);
+    // Raw words (one time in eight: the parser's refusals), or messages of
+    // rules on small field ids, message 0 keeping `Trace.packet` (1) as a
+    // message.
+    let raw = |input: &mut Input<'_>, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| u32::from(input.u16()) << 16 | u32::from(input.u16()))
+            .collect()
+    };
+    let code = if input.u8() % 8 == 0 {
+        let n = usize::from(input.u8() % 48);
+        raw(&mut input, n)
+    } else {
+        let messages = u32::from(input.u8() % 4) + 1;
+        let mut words = vec![1 << 3 | 3, input.u32_below(messages), 0];
+        for _ in 1..messages {
+            for _ in 0..input.u8() % 6 {
+                let field = u32::from(input.u8() % 40) + 1;
+                match input.u8() % 5 {
+                    0 => words.push(field << 3 | 1),
+                    1 => words.extend([field << 3 | 2, u32::from(input.u8() % 8)]),
+                    2 => words.extend([field << 3 | 3, input.u32_below(messages)]),
+                    3 => words.push(field << 3 | 4),
+                    _ => words.extend([field << 3 | 5, u32::from(input.u8() % 4)]),
+                }
+            }
+            words.push(0);
+        }
+        words
+    };
+    let code = bytecode::encode(&code);
+    // An overlay of one entry for message 0, or garbage, or none.
+    let overlay = match input.u8() % 8 {
+        0 => {
+            let field = u32::from(input.u8() % 40) + 2;
+            let op = [1, 4, 5][usize::from(input.u8() % 3)];
+            bytecode::encode(&[0, field << 3 | op, u32::from(input.u8() % 4)])
+        }
+        1 => input.sized(16),
+        _ => Vec::new(),
+    };
+    let rules = (0..input.u8() % 3)
+        .map(|_| StringFilterRule {
+            // Policies 1..=5, and the invalid 0 and 6 now and then.
+            policy: Some(match input.u8() % 16 {
+                0 => 0,
+                1 => 6,
+                p => i32::from(p % 5) + 1,
+            }),
+            regex_pattern: Some(FILTER_PATTERNS[usize::from(input.u8()) % 6].to_owned()),
+            atrace_payload_starts_with: Some(if input.u8() % 2 == 0 { "" } else { "a" }.into()),
+            name: None,
+            semantic_type: vec![i32::from(input.u8() % 3)],
+        })
+        .collect();
+    let config = trace_config::TraceFilter {
+        bytecode: Some(code.into()),
+        bytecode_overlay_v54: Some(overlay.into()),
+        string_filter_chain: Some(StringFilterChain { rules }),
+        ..Default::default()
+    };
+    let filter = TraceFilter::new(&config).ok()?;
+    // The packet: the rest of the input one time in four, else fields on
+    // small ids (varints, fixed32s, and bytes that may or may not parse as
+    // a message), wrapped in a message one time in four.
+    let mut packet = Vec::new();
+    if input.u8() % 4 == 0 {
+        packet = input.0.to_vec();
+    } else {
+        for _ in 0..input.u8() % 8 {
+            let field = u64::from(input.u8() % 40) + 1;
+            match input.u8() % 3 {
+                0 => {
+                    put_varint(&mut packet, field << 3);
+                    put_varint(&mut packet, u64::from(input.u16()));
+                }
+                1 => {
+                    put_varint(&mut packet, field << 3 | 5);
+                    let mut word = input.bytes(4);
+                    word.resize(4, 0);
+                    packet.extend(word);
+                }
+                _ => {
+                    let mut bytes = input.sized(12);
+                    if input.u8() % 4 == 0 {
+                        let mut wrapped = vec![0x0a];
+                        put_varint(&mut wrapped, bytes.len() as u64);
+                        wrapped.append(&mut bytes);
+                        bytes = wrapped;
+                    }
+                    put_varint(&mut packet, field << 3 | 2);
+                    put_varint(&mut packet, bytes.len() as u64);
+                    packet.extend(bytes);
+                }
+            }
+        }
+    }
+    let packet = &packet[..];
+    let mut out = vec![0xEE];
+    if filter.filter(packet, &mut out).is_err() {
+        assert!(out.is_empty(), "a malformed packet left output");
+        return Some(None);
+    }
+    assert!(out.len() <= packet.len(), "the output grew");
+    let fields = reference(&out, false).expect("the filtered packet parses");
+    for (field, _) in fields {
+        assert!(filter.keeps_packet_field(field), "field {field} kept");
+    }
+    Some(Some(out.len()))
+}
+
 /// How deep a [`session_calls`] run went: producer commands seen, and
 /// producers' packets read back.
 #[derive(Debug, Default, Clone, Copy)]
@@ -1405,6 +1546,24 @@ fn generated_config(input: &mut Input<'_>) -> TraceConfig {
             .collect(),
         lockdown_mode: Some(i32::from(input.u8() % 3)),
         compression_type: Some(i32::from(input.u8() % 4 == 0)),
+        // Last, so that the choices before it read the same bytes as
+        // before filters were supported: a filter that drops timestamps.
+        trace_filter: (input.u8() % 4 == 0).then(|| trace_config::TraceFilter {
+            bytecode: Some(
+                super::core::filter::bytecode::encode(&[
+                    1 << 3 | 3,
+                    1,
+                    0,
+                    1 << 3 | 2,
+                    7,
+                    9 << 3 | 2,
+                    (1 << 29) - 10,
+                    0,
+                ])
+                .into(),
+            ),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -1460,7 +1619,26 @@ mod tests {
             packet_validator(&data);
             smb_commit(&data);
             session_calls(&data);
+            trace_filter(&data);
         }
+    }
+
+    /// Random inputs make filters that load and packets they keep bytes of
+    /// (the generated bytecode is checksummed; a packet `[0x08, n]` is
+    /// field 1, which a filter of random words often keeps).
+    #[test]
+    fn trace_filter_inputs_load_and_keep_fields() {
+        let mut seed = 0x0BAD_F00Du32;
+        let (mut loaded, mut kept) = (0, 0);
+        for _ in 0..3000 {
+            let len = 1 + (random_bytes(&mut seed, 1)[0] as usize) % 120;
+            if let Some(packet) = trace_filter_kept(&random_bytes(&mut seed, len)) {
+                loaded += 1;
+                kept += usize::from(packet.is_some_and(|n| n > 0));
+            }
+        }
+        assert!(loaded > 1000, "{loaded} filters loaded");
+        assert!(kept > 5, "{kept} packets kept something");
     }
 
     /// The generated calls reach deep states: over random inputs, sessions
