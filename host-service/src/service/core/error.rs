@@ -49,9 +49,22 @@ pub enum ConfigError {
          deflate: `compression {{ deflate {{}} }}` or `compression_type: COMPRESSION_TYPE_DEFLATE`"
     )]
     ZstdCompression,
-    /// `session_semaphores` are set.
-    #[error("session_semaphores are not supported by the shmtrace service")]
-    SessionSemaphores,
+    /// A semaphore of `session_semaphores` is held by more running
+    /// sessions than it or they allow (upstream's wording).
+    #[error(
+        "Semaphore \"{name}\" exceeds maximum allowed other session count ({holders} > \
+         min({mine}, {smallest}))"
+    )]
+    SemaphoreTaken {
+        /// The semaphore.
+        name: String,
+        /// Running sessions that hold it.
+        holders: u64,
+        /// The new config's `max_other_session_count`.
+        mine: u64,
+        /// The smallest `max_other_session_count` of the holders.
+        smallest: u64,
+    },
     /// More than `MAX_BUFFERS_PER_SESSION` buffers.
     #[error("too many buffers: {0} (the maximum is {MAX_BUFFERS_PER_SESSION})")]
     TooManyBuffers(usize),

@@ -1008,6 +1008,52 @@ fn unsupported_configs_and_calls_answer_with_clear_errors() {
     assert_eq!(caps.capabilities.unwrap().has_clone_session, Some(true));
 }
 
+/// `session_semaphores`: a session is refused while more running sessions
+/// hold one of its semaphores than the smallest `max_other_session_count`
+/// allows; stopped sessions and other names do not count.
+#[test]
+fn session_semaphores_limit_concurrent_sessions() {
+    use crate::protos::trace_config::SessionSemaphore;
+    let with = |sems: &[(&str, u64)]| {
+        let sems: Vec<SessionSemaphore> = sems
+            .iter()
+            .map(|&(name, max)| SessionSemaphore {
+                name: Some(name.into()),
+                max_other_session_count: Some(max),
+            })
+            .collect();
+        config("ds", 64, move |cfg| cfg.session_semaphores = sems)
+    };
+    let mut sim = Sim::new();
+    // "a" allows one other session; "b" none.
+    let first = TestConsumer::enable(&mut sim, with(&[("a", 1), ("b", 0)]));
+    assert!(first.enabled_reply(&mut sim).is_none());
+    let second = TestConsumer::enable(&mut sim, with(&[("a", 5)]));
+    assert!(second.enabled_reply(&mut sim).is_none());
+    // Two hold "a" now, over the holders' smallest limit (1).
+    let error = TestConsumer::refused(&mut sim, with(&[("a", 5)]));
+    assert_eq!(
+        error.to_string(),
+        "Semaphore \"a\" exceeds maximum allowed other session count (2 > min(5, 1))"
+    );
+    let error = TestConsumer::refused(&mut sim, with(&[("b", 3)]));
+    assert!(
+        matches!(&error, ConfigError::SemaphoreTaken { name, holders: 1, mine: 3, smallest: 0 } if name == "b"),
+        "{error:?}"
+    );
+    // Another name, or none, is free.
+    let other = TestConsumer::enable(&mut sim, with(&[("c", 0)]));
+    assert!(other.enabled_reply(&mut sim).is_none());
+    // A stopped session holds nothing.
+    first.call(
+        &mut sim,
+        consumer_port::Request::DisableTracing(Default::default()),
+    );
+    assert!(first.enabled_reply(&mut sim).is_some());
+    let again = TestConsumer::enable(&mut sim, with(&[("b", 0), ("a", 1)]));
+    assert!(again.enabled_reply(&mut sim).is_none());
+}
+
 #[test]
 fn lockdown_refuses_other_uids() {
     let mut sim = Sim::new();

@@ -74,9 +74,6 @@ impl TracingService {
         {
             return Err(ConfigError::ZstdCompression);
         }
-        if !config.session_semaphores.is_empty() {
-            return Err(ConfigError::SessionSemaphores);
-        }
         if config.buffers.len() > MAX_BUFFERS_PER_SESSION {
             return Err(ConfigError::TooManyBuffers(config.buffers.len()));
         }
@@ -160,6 +157,7 @@ impl TracingService {
                 return Err(ConfigError::SessionNameTaken(name.to_owned()));
             }
         }
+        self.check_semaphores(&config)?;
         // Clones in progress hold a session each.
         let (all, of_uid) = self.sessions_held(uid);
         if all >= MAX_SESSIONS {
@@ -185,6 +183,45 @@ impl TracingService {
             triggers,
             filter,
         })
+    }
+}
+
+impl TracingService {
+    /// `session_semaphores` (upstream's check in
+    /// `TracingServiceImpl::EnableTracing`): for each semaphore `config`
+    /// declares, the running sessions (not stopped, not clones) that
+    /// declare it must number at most the smallest `max_other_session_count`
+    /// of all of them and of `config`'s.
+    fn check_semaphores(&self, config: &TraceConfig) -> Result<(), ConfigError> {
+        for sem in &config.session_semaphores {
+            let name = sem.name.as_deref().unwrap_or_default();
+            let holders: Vec<u64> = self
+                .sessions
+                .values()
+                .filter(|s| {
+                    !matches!(
+                        s.state,
+                        super::SessionState::Disabled | super::SessionState::ClonedReadOnly
+                    )
+                })
+                .flat_map(|s| &s.config.session_semaphores)
+                .filter(|h| h.name.as_deref().unwrap_or_default() == name)
+                .map(|h| h.max_other_session_count.unwrap_or(0))
+                .collect();
+            let Some(&smallest) = holders.iter().min() else {
+                continue;
+            };
+            let mine = sem.max_other_session_count.unwrap_or(0);
+            if holders.len() as u64 > mine.min(smallest) {
+                return Err(ConfigError::SemaphoreTaken {
+                    name: name.to_owned(),
+                    holders: holders.len() as u64,
+                    mine,
+                    smallest,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
