@@ -31,6 +31,10 @@ const SEMANTIC_TYPES: usize = 128;
 /// Largest compiled size of one pattern: a consumer's rules cannot take
 /// more than this much of the service's memory each.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Most rules a filter may have. Each marked string runs through every
+/// rule, on the service's one thread; upstream has no limit (a config of
+/// 128 KiB could hold ~20,000 rules).
+pub const MAX_RULES: usize = 1024;
 
 /// Why a string filter chain is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +45,12 @@ pub enum RulesError {
     /// A semantic type outside 0..128 (upstream's wording).
     #[error("Trace filter has invalid semantic types in string filtering rules")]
     SemanticType,
+    /// More than [`MAX_RULES`] rules.
+    #[error(
+        "Trace filter has {0} string filtering rules; the shmtrace service takes at most \
+         {MAX_RULES}"
+    )]
+    TooMany(usize),
     /// A pattern that does not compile.
     #[error("Trace filter string rule {rule:?} has a pattern that does not compile: {why}")]
     Pattern {
@@ -87,7 +97,10 @@ impl StringFilter {
         chain_v54: impl IntoIterator<Item = &'a StringFilterRule>,
     ) -> Result<Self, RulesError> {
         let mut filter = Self::default();
-        for r in chain.into_iter().chain(chain_v54) {
+        for (i, r) in chain.into_iter().chain(chain_v54).enumerate() {
+            if i >= MAX_RULES {
+                return Err(RulesError::TooMany(i + 1));
+            }
             let rule = compile(r)?;
             match filter
                 .rules
@@ -364,6 +377,12 @@ mod tests {
             StringFilter::new(&[bad_type], &[]).unwrap_err(),
             RulesError::SemanticType
         );
+        let many = vec![rule(StringFilterPolicy::SfpMatchBreak, "x", ""); MAX_RULES + 1];
+        assert_eq!(
+            StringFilter::new(&many, &[]).unwrap_err(),
+            RulesError::TooMany(MAX_RULES + 1)
+        );
+        assert!(StringFilter::new(&many[1..], &[]).is_ok());
         for p in ["a)|(b", "(?=x)", r"(a)\1", "(unclosed"] {
             let err = StringFilter::new(&[rule(StringFilterPolicy::SfpMatchBreak, p, "")], &[])
                 .unwrap_err();
