@@ -49,10 +49,42 @@
 //!   party touching the SMB runs on that core, such as firmware that writes
 //!   chunks and drains them itself through a [`region::RegionReader`]. The
 //!   shared words then come from `portable-atomic` (and `heapless`'s queues
-//!   use it too); the firmware build picks its fallback, e.g.
-//!   `RUSTFLAGS="--cfg portable_atomic_unsafe_assume_single_core"` or
-//!   `portable-atomic/critical-section`. On targets with native atomics the
-//!   feature changes nothing: `portable-atomic` runs the same instructions.
+//!   use it too); the firmware build picks its fallback, see below. On
+//!   targets with native atomics the feature changes nothing:
+//!   `portable-atomic` runs the same instructions.
+//!
+//! ## Cortex-M0/M0+ (`thumbv6m-none-eabi`) and other chips without CAS
+//!
+//! * Enable the `portable-atomic` feature and pick one fallback for
+//!   `portable-atomic`'s read-modify-writes (without one the build fails in
+//!   `heapless` with "`compare_exchange_weak` requires atomic CAS but not
+//!   available on this target by default"):
+//!   * the cfg `portable_atomic_unsafe_assume_single_core` (interrupts
+//!     masked around each one). Put it in `.cargo/config.toml` next to the
+//!     linker script flag, `rustflags = ["-C", "link-arg=-Tlink.x", "--cfg",
+//!     "portable_atomic_unsafe_assume_single_core"]`: a `RUSTFLAGS`
+//!     variable replaces the config's `rustflags` instead of adding to them,
+//!     and cortex-m-rt's `-Tlink.x` is lost with them;
+//!   * or a dependency `portable-atomic = { version = "1", features =
+//!     ["critical-section"] }` and a `critical-section` implementation
+//!     (cortex-m's `critical-section-single-core` feature): about 1.4 KiB
+//!     more `.text` on a Cortex-M0.
+//! * Every party touching the SMB runs on that core: take the region in
+//!   stream mode and send it over a byte stream ([`link::StreamService`]:
+//!   `shmtrace bridge`, or a capture `shmtrace import --frames` reads),
+//!   or leave it to a RAM dump taken while the core is halted
+//!   (`shmtrace import --region-dump`). A host reading the RAM while the
+//!   firmware runs (`shmtrace serve --attach`, `bridge --input region:`)
+//!   takes chunks with a compare-and-swap that the firmware's masked
+//!   read-modify-writes are not atomic with.
+//! * RAM: a region with one 4 KiB page and 16 ring slots is 4864 bytes, a
+//!   [`link::StreamService`]'s chunk buffer a page less 8 bytes (keep it
+//!   in a `static`, e.g. `cortex_m::singleton!`, and hand the service a
+//!   `&mut [u8]`: an array passed by value is copied on the way, and
+//!   `main`'s frame then holds several copies), a track event writer with
+//!   its chunk writer and arbiter about 370 bytes with the default tables.
+//!   A 16 KiB part fits all of it with room for the stack.
+//!   `abi/firmware/m0` is a whole Cortex-M0 firmware (QEMU `microbit`).
 //! * Payload bytes are copied in and out with `ptr::copy_nonoverlapping`;
 //!   no Rust reference ever covers memory the peer can change, and anything
 //!   read from it is validated from a private copy.

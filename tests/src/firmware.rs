@@ -1,10 +1,12 @@
 //! The Cortex-M4 firmware example (`abi/firmware`, its `attach` and `stream`
-//! binaries) under QEMU (`mps2-an386`), as the `firmware_*` tests run it.
+//! binaries) under QEMU (`mps2-an386`), as the `firmware_*` tests run it,
+//! and the Cortex-M0 firmware (`abi/firmware/m0`, QEMU `microbit`).
 //!
 //! * [`build`] builds the firmware once per test process (`cargo build
 //!   --release` in `abi/firmware`, its own workspace and target dir) and
 //!   fails with what to install when the `thumbv7em-none-eabihf` target or
-//!   `qemu-system-arm` is missing: no test is skipped silently.
+//!   `qemu-system-arm` is missing: no test is skipped silently. [`build_m0`]
+//!   does the same for `abi/firmware/m0` (`thumbv6m-none-eabi`).
 //! * [`Qemu`] runs one binary with its PSRAM backed by a file in the test's
 //!   directory (`-object memory-backend-file,share=on`: the firmware's region
 //!   and mailbox are visible in it) and its semihosting output as the
@@ -62,44 +64,63 @@ fn firmware_dir() -> PathBuf {
 pub fn build() -> Result<PathBuf> {
     static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BUILT
+        .get_or_init(|| build_workspace(&firmware_dir(), TARGET))
+        .clone()
+        .map_err(HarnessError::Scenario)
+}
+
+/// The Cortex-M0 firmware's target (`abi/firmware/m0`).
+pub const M0_TARGET: &str = "thumbv6m-none-eabi";
+
+/// Builds the Cortex-M0 firmware (`abi/firmware/m0`, release) once per
+/// process; returns its ELF file. Errors say what is missing.
+pub fn build_m0() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
         .get_or_init(|| {
-            check_qemu()?;
-            let dir = firmware_dir();
-            let target_dir = dir.join("target");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            // The firmware's own workspace: its .cargo/config.toml sets the
-            // target and the linker script flag, which RUSTFLAGS from the
-            // environment would replace.
-            let output = Command::new(&cargo)
-                .args(["build", "--release", "--bins"])
-                .current_dir(&dir)
-                .env("CARGO_TARGET_DIR", &target_dir)
-                .env_remove("RUSTFLAGS")
-                .env_remove("CARGO_ENCODED_RUSTFLAGS")
-                .env_remove("CARGO_BUILD_TARGET")
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", Path::new(&cargo).display()))?;
-            if !output.status.success() {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                let hint = if stderr.contains("target may not be installed")
-                    || stderr.contains("can't find crate for `core`")
-                {
-                    format!(
-                        "\nthe {TARGET} target is missing: `rustup target add {TARGET}` \
-                         (.ci/run installs it)"
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(format!(
-                    "building the firmware (cargo build --release in {}) failed:{hint}\n{stderr}",
-                    dir.display()
-                ));
-            }
-            Ok(target_dir.join(TARGET).join("release"))
+            build_workspace(&firmware_dir().join("m0"), M0_TARGET).map(|dir| dir.join("m0-stream"))
         })
         .clone()
         .map_err(HarnessError::Scenario)
+}
+
+/// `cargo build --release --bins` in the firmware workspace `dir` (its own
+/// target dir), whose .cargo/config.toml builds for `target`; the
+/// directory holding the ELF files.
+fn build_workspace(dir: &Path, target: &str) -> std::result::Result<PathBuf, String> {
+    check_qemu()?;
+    let target_dir = dir.join("target");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // The firmware's own workspace: its .cargo/config.toml sets the
+    // target and the linker script flag, which RUSTFLAGS from the
+    // environment would replace.
+    let output = Command::new(&cargo)
+        .args(["build", "--release", "--bins"])
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", Path::new(&cargo).display()))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let hint = if stderr.contains("target may not be installed")
+            || stderr.contains("can't find crate for `core`")
+        {
+            format!(
+                "\nthe {target} target is missing: `rustup target add {target}` \
+                 (.ci/run installs it)"
+            )
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "building the firmware (cargo build --release in {}) failed:{hint}\n{stderr}",
+            dir.display()
+        ));
+    }
+    Ok(target_dir.join(target).join("release"))
 }
 
 /// Fails with what to install if `qemu-system-arm` cannot run.

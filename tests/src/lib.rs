@@ -9,8 +9,8 @@
 //! * [`checker`]: the shared trace checker (`checker/check_trace.py`, official
 //!   Perfetto protos) and its report.
 //! * [`config`]: the TraceConfig messages the scenarios send.
-//! * [`firmware`]: the Cortex-M4 firmware example under QEMU, for the
-//!   `firmware_*` tests.
+//! * [`firmware`]: the Cortex-M4 firmware example and the Cortex-M0
+//!   firmware under QEMU, for the `firmware_*` tests.
 //! * [`netns`]: network namespaces and veth links for relayed "machines".
 //! * [`test_events`]: the packets of the producer driver's custom data
 //!   source, decoded from a trace.

@@ -119,8 +119,8 @@ impl TickRate {
     /// `ticks` in nanoseconds.
     #[inline(always)]
     pub fn ns(self, ticks: u64) -> u64 {
-        let lo = u64::from(ticks as u32) * u64::from(self.mult);
-        let hi = u64::from((ticks >> 32) as u32) * u64::from(self.mult);
+        let lo = mul_wide(ticks as u32, self.mult);
+        let hi = mul_wide((ticks >> 32) as u32, self.mult);
         // (hi * 2^32 + lo) >> shift, with shift <= 32.
         let hi_part = if self.shift == 32 {
             hi
@@ -134,6 +134,35 @@ impl TickRate {
         };
         hi_part.wrapping_add(lo_part)
     }
+}
+
+/// `a * b`, all 64 bits of it. ARMv6-M (Cortex-M0/M0+, `thumbv6m`: the ARM
+/// target without compare-and-swap) has no 32x32->64-bit multiply
+/// (`UMULL`), so the compiler calls its 64x64-bit routine
+/// (`__aeabi_lmul`, 37 instructions with the call) for `u64::from(a) *
+/// u64::from(b)`; four 16x16-bit products inline are about half of that.
+/// Elsewhere the product is one instruction.
+#[inline(always)]
+fn mul_wide(a: u32, b: u32) -> u64 {
+    #[cfg(all(target_arch = "arm", not(target_has_atomic = "32")))]
+    let product = mul_wide_halves(a, b);
+    #[cfg(not(all(target_arch = "arm", not(target_has_atomic = "32"))))]
+    let product = u64::from(a) * u64::from(b);
+    product
+}
+
+/// `a * b` from the four products of their 16-bit halves, each of which
+/// fits 32 bits: `a1*b1 << 32 + (a0*b1 + a1*b0) << 16 + a0*b0`.
+#[cfg(any(test, all(target_arch = "arm", not(target_has_atomic = "32"))))]
+#[inline(always)]
+fn mul_wide_halves(a: u32, b: u32) -> u64 {
+    let (a0, a1) = (a & 0xFFFF, a >> 16);
+    let (b0, b1) = (b & 0xFFFF, b >> 16);
+    // The middle sum may carry into bit 32 (2^48 of the product).
+    let (middle, middle_carry) = (a0 * b1).overflowing_add(a1 * b0);
+    let (low, low_carry) = (a0 * b0).overflowing_add(middle << 16);
+    let high = a1 * b1 + (middle >> 16) + (u32::from(middle_carry) << 16) + u32::from(low_carry);
+    (u64::from(high) << 32) | u64::from(low)
 }
 
 /// A [`Clock`] over a 64-bit tick source of known frequency.
@@ -189,6 +218,41 @@ mod tests {
                     "hz {hz} ticks {ticks}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn products_of_halves_are_the_full_products() {
+        let edges = [
+            0,
+            1,
+            0xFFFF,
+            0x1_0000,
+            0xFFFF_FFFF,
+            0x8000_0000,
+            0xFFFF_0001,
+        ];
+        for a in edges {
+            for b in edges {
+                assert_eq!(
+                    mul_wide_halves(a, b),
+                    u64::from(a) * u64::from(b),
+                    "{a:#x} * {b:#x}"
+                );
+            }
+        }
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (a, b) = (x as u32, (x >> 32) as u32);
+            assert_eq!(
+                mul_wide_halves(a, b),
+                u64::from(a) * u64::from(b),
+                "{a:#x} * {b:#x}"
+            );
+            assert_eq!(mul_wide(a, b), u64::from(a) * u64::from(b));
         }
     }
 
