@@ -12,10 +12,11 @@
 //! (`checker/semantic_dump.py`, which needs the official protos:
 //! `SHMTRACE_PYTHON`) reads the same in each snapshot as in the session's
 //! own trace, and, for the real SDK's producer, the same in ours as in the
-//! real service's. And a CLONE_SNAPSHOT session: a trigger makes `record`
-//! write a snapshot on either service. And `transfer_on_clone`,
-//! `clear_before_clone`, `write_into_file` sessions and a clone that takes
-//! a STOP_TRACING session's trigger, each alike on both services.
+//! real service's. And a CLONE_SNAPSHOT session: each trigger makes
+//! `record` write a snapshot (`OUT.0`, `OUT.1`) on either service. And
+//! `transfer_on_clone`, `clear_before_clone`, `write_into_file` sessions
+//! and a clone that takes a STOP_TRACING session's trigger, each alike on
+//! both services.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -504,9 +505,17 @@ fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>, (Value, Val
     let snapshot = rec.path("full.pftrace.0");
     assert_eq!(snap["path"], snapshot.display().to_string());
     assert_eq!(sessions(&rec.consumer()).len(), 1, "the session runs on");
+    // A second trigger: the next number.
+    rec.trigger("snap");
+    let second = wait_for("snapshot");
+    assert_eq!(
+        second["path"],
+        rec.path("full.pftrace.1").display().to_string()
+    );
     let stderr = rec.stop();
     assert!(
-        stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"),
+        stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)")
+            && stderr.contains("full.pftrace.1"),
         "{stderr}"
     );
     let full = std::fs::metadata(rec.path("full.pftrace")).expect("the session's file");

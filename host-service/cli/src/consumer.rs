@@ -43,7 +43,8 @@ impl Consumer {
         Self::connect_to(self.address.clone())
     }
 
-    fn connect_to(address: SocketAddress) -> Result<Self, CliError> {
+    /// Connects to the consumer socket at `address` and binds `ConsumerPort`.
+    pub(crate) fn connect_to(address: SocketAddress) -> Result<Self, CliError> {
         let (client, port) = bind::<ConsumerPort>(&address, |address, source| CliError::Connect {
             address,
             source,

@@ -187,7 +187,7 @@ pub(super) fn snapshot(
         stats: None,
         service_at_start: Default::default(),
         snapshots: Vec::new(),
-        snapshot_triggers: 0,
+        failed_snapshots: Vec::new(),
     };
     if !into_file {
         read_snapshot(consumer, output, &mut report, progress)?;

@@ -16,12 +16,15 @@
 //!
 //! As `perfetto --clone ID` / `--clone-by-name NAME`: `--clone` and
 //! `--clone-by-name` write a snapshot of a running session, which runs on
-//! (ConsumerPort CloneSession; the `clone` module).
+//! (ConsumerPort CloneSession; the `clone` module). A CLONE_SNAPSHOT
+//! session's triggers have snapshots taken beside it (the `snapshots`
+//! module).
 
 mod clone;
 mod progress;
 mod session;
 mod signals;
+mod snapshots;
 mod summary;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,6 +43,7 @@ use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTr
 pub use progress::{Progress, ProgressMode, Snapshot};
 pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport, Stop};
 pub use signals::stop_signals;
+pub use snapshots::FailedSnapshot;
 pub use summary::Summary;
 
 use super::config::{Config, Fill, QuickConfig};
