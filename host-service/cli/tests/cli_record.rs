@@ -782,3 +782,72 @@ fn a_refused_snapshot_keeps_its_number_and_is_in_the_summary() {
         ],
     );
 }
+
+/// `--clone -o FILE` where FILE is one the service holds open (the file a
+/// `write_into_file` session writes; here the scripted service's process
+/// holds it) is refused before anything is asked or truncated, and the
+/// file is left as it was. A service that refuses such a clone itself (as
+/// ours does, for the session's own file) gets the same error.
+#[test]
+fn a_clone_into_the_file_the_service_writes_is_refused_and_leaves_it_alone() {
+    use shmtrace_service::service::core::CloneError;
+    let script = Script {
+        clone_errors: vec![CloneError::OutputIsSessionFile.to_string()],
+        ..golden_script()
+    };
+    let bench = Bench::start("liveout", script);
+    let live = bench.dir.path("live.pftrace");
+    std::fs::copy(GOLDEN, &live).unwrap();
+    let clone_into_live = || {
+        expect_status(
+            finish(spawn_record(
+                &bench.fake.socket,
+                &[
+                    "--progress",
+                    "none",
+                    "--clone",
+                    "7",
+                    "-o",
+                    live.to_str().unwrap(),
+                ],
+            )),
+            2,
+        )
+    };
+    let held = std::fs::File::open(&live).unwrap();
+    let stderr = clone_into_live();
+    let refused = format!(
+        "{} is the file a running session writes its trace into",
+        live.display()
+    );
+    assert_contains_all(
+        &stderr,
+        &[
+            &refused,
+            &format!(
+                "(the tracing service, pid {}, has it open)",
+                std::process::id()
+            ),
+            "so it was left alone; clone into another file (-o)",
+        ],
+    );
+    assert!(
+        !bench.fake.calls().iter().any(|c| c == "CloneSession"),
+        "{:?}",
+        bench.fake.calls()
+    );
+    assert_eq!(
+        std::fs::read(&live).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+    drop(held);
+    let stderr = clone_into_live();
+    assert_contains_all(
+        &stderr,
+        &[&refused, "(the service said so, and refused the clone)"],
+    );
+    assert_eq!(
+        std::fs::read(&live).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+}

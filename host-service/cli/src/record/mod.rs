@@ -363,9 +363,29 @@ impl OutputFile {
         if self.stdout {
             return Ok(());
         }
-        signals::arm(&self.path);
+        self.arm();
         self.file
             .set_len(0)
+            .map_err(io_error("truncate", &self.path))
+    }
+
+    /// An abort from now on removes the file (it is being written).
+    fn arm(&self) {
+        if !self.stdout {
+            signals::arm(&self.path);
+        }
+    }
+
+    /// Cuts the file where its descriptor's offset is: what a service
+    /// wrote through it (from the start) stays, whatever an older file held
+    /// past that goes.
+    fn cut_at_position(&self) -> Result<(), CliError> {
+        use std::io::Seek;
+        let end = (&self.file)
+            .stream_position()
+            .map_err(io_error("seek", &self.path))?;
+        self.file
+            .set_len(end)
             .map_err(io_error("truncate", &self.path))
     }
 
