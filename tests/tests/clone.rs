@@ -16,8 +16,9 @@
 //! `record` write a snapshot (`OUT.0`, `OUT.1`) on either service. And
 //! `transfer_on_clone`, `clear_before_clone`, `write_into_file` sessions
 //! (cloned over an older, longer file, and refused into the session's own
-//! live file, which is left whole), and a clone that takes a STOP_TRACING
-//! session's trigger, each alike on both services.
+//! live file, which is left whole), `--clone-for-bugreport`, and a clone
+//! that takes a STOP_TRACING session's trigger, each alike on both
+//! services.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -663,6 +664,31 @@ fn a_clone_into_the_live_file_is_refused_and_leaves_it_whole_on_either_service()
     let ours = clone_into_the_live_file(ServiceImpl::Ours);
     assert_eq!(real.0["DrawPlayer"], 3, "{}", real.0);
     assert_eq!(real.1["DrawPlayer"], 3, "{}", real.1);
+    assert_eq!(ours, real);
+}
+
+/// `--clone-for-bugreport` (CloneSessionRequest `for_bugreport` and
+/// `skip_trace_filter`, as perfetto_cmd sends them) is taken by either
+/// service: the snapshot holds what the producer wrote, as a plain one.
+fn bugreport_clone(service: ServiceImpl) -> Value {
+    let rec = Recording::start(service, CONFIG, "none");
+    run_producer(Producer::Ours, &rec.producer());
+    let snap = rec.path("bugreport.pftrace");
+    let stderr = rec.clone_with(&snap, &["--clone-for-bugreport"], 0);
+    assert!(
+        stderr.contains("a snapshot of the running session, which runs on (flushed)"),
+        "{service:?}: {stderr}"
+    );
+    let mut rec = rec;
+    rec.stop();
+    inspect_passes(&snap)["track_events"]["by_name"].clone()
+}
+
+#[test]
+fn a_clone_for_bugreport_is_taken_on_either_service() {
+    let real = bugreport_clone(ServiceImpl::Real);
+    let ours = bugreport_clone(ServiceImpl::Ours);
+    assert_eq!(real["DrawPlayer"], 3, "{real}");
     assert_eq!(ours, real);
 }
 

@@ -783,6 +783,52 @@ fn a_refused_snapshot_keeps_its_number_and_is_in_the_summary() {
     );
 }
 
+/// `--clone-for-bugreport` asks for a bugreport clone as perfetto_cmd
+/// does: `CloneSessionRequest.for_bugreport` and `skip_trace_filter` both
+/// set; a plain `--clone` sets neither. Without --clone or
+/// --clone-by-name it is refused before connecting.
+#[test]
+fn clone_for_bugreport_sets_the_request_s_bugreport_fields() {
+    use protos::clone_session_request::Selector;
+    let bench = Bench::start("bugreport", golden_script());
+    bench.record(
+        &[
+            "--progress",
+            "none",
+            "--clone",
+            "7",
+            "--clone-for-bugreport",
+        ],
+        0,
+    );
+    bench.record(&["--progress", "none", "--clone-by-name", "flight"], 0);
+    {
+        let seen = bench.fake.seen.lock().unwrap();
+        let asked: Vec<_> = seen
+            .clones
+            .iter()
+            .map(|c| (c.selector.clone(), c.for_bugreport, c.skip_trace_filter))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (Some(Selector::SessionId(7)), Some(true), Some(true)),
+                (
+                    Some(Selector::UniqueSessionName("flight".into())),
+                    None,
+                    None
+                ),
+            ]
+        );
+    }
+    let stderr = bench.record(&["--clone-for-bugreport", "-t", "1s"], 2);
+    assert!(
+        stderr.contains("--clone-for-bugreport qualifies a snapshot taken with --clone ID"),
+        "{stderr}"
+    );
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 2);
+}
+
 /// `--clone -o FILE` where FILE is one the service holds open (the file a
 /// `write_into_file` session writes; here the scripted service's process
 /// holds it) is refused before anything is asked or truncated, and the

@@ -13,7 +13,8 @@
 //! is not emptied before the service has answered, and a file the service
 //! holds open (a running `write_into_file` session's) is refused first
 //! ([`CliError::LiveOutput`]): emptying or writing it would destroy the
-//! trace being written.
+//! trace being written. `--clone-for-bugreport` sets the request's
+//! `for_bugreport` and `skip_trace_filter`, as perfetto_cmd's does.
 
 use std::io::{BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -87,8 +88,14 @@ pub fn clone(
         "cloning the {what} into {} (the service flushes it first)",
         path.display()
     ));
+    // perfetto_cmd's --clone-for-bugreport sets both (perfetto_cmd.cc,
+    // ConnectToServiceAndRun): the service's flush names the bugreport as
+    // the clone's target, and the session's trace_filter is not applied.
+    let for_bugreport = args.clone_for_bugreport.then_some(true);
     let request = CloneSessionRequest {
         selector: Some(selector),
+        for_bugreport,
+        skip_trace_filter: for_bugreport,
         ..Default::default()
     };
     let mut report = match snapshot(&consumer, request, &output, progress) {

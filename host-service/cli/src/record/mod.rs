@@ -16,9 +16,9 @@
 //!
 //! As `perfetto --clone ID` / `--clone-by-name NAME`: `--clone` and
 //! `--clone-by-name` write a snapshot of a running session, which runs on
-//! (ConsumerPort CloneSession; the `clone` module). A CLONE_SNAPSHOT
-//! session's triggers have snapshots taken beside it (the `snapshots`
-//! module).
+//! (ConsumerPort CloneSession; the `clone` module), for a bug report with
+//! `--clone-for-bugreport`. A CLONE_SNAPSHOT session's triggers have
+//! snapshots taken beside it (the `snapshots` module).
 
 mod clone;
 mod progress;
@@ -140,6 +140,12 @@ pub struct RecordArgs {
         conflicts_with_all = ["clone", "detach", "attach", "config", "time", "buffer_kb", "app_categories", "fill", "write_into_file"]
     )]
     pub clone_by_name: Option<String>,
+    /// With --clone or --clone-by-name: a snapshot for a bug report (as
+    /// `perfetto --clone-for-bugreport`): the service's flush tells the
+    /// producers the clone is for a bug report, and the session's
+    /// trace_filter is not applied to the snapshot.
+    #[arg(long)]
+    pub clone_for_bugreport: bool,
     /// Perfetto's positional atrace categories: refused with a hint.
     #[arg(hide = true, value_name = "CATEGORY")]
     pub atrace_categories: Vec<String>,
@@ -450,6 +456,13 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
         return Err(CliError::Usage(
             "--stop stops the session taken back with --attach KEY; a session this record \
              starts stops after -t, or on Ctrl-C"
+                .into(),
+        ));
+    }
+    if args.clone_for_bugreport && args.clone.is_none() && args.clone_by_name.is_none() {
+        return Err(CliError::Usage(
+            "--clone-for-bugreport qualifies a snapshot taken with --clone ID or \
+             --clone-by-name NAME (as perfetto's): add one of them"
                 .into(),
         ));
     }

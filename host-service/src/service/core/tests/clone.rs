@@ -311,6 +311,29 @@ fn clones_by_name_and_their_refusals() {
     );
 }
 
+/// `for_bugreport` on a clone by id (`record --clone ID
+/// --clone-for-bugreport`, as perfetto_cmd's) makes the clone's flush name
+/// the bugreport as its target; without it the flush names none.
+#[test]
+fn for_bugreport_makes_the_clone_s_flush_target_the_bugreport() {
+    let (mut sim, mut p, _c, _) = running(config("ds", 64, |_| {}));
+    for (for_bugreport, flags) in [(Some(true), CLONE_FLAGS | 0x100), (None, CLONE_FLAGS)] {
+        let req = CloneSessionRequest {
+            selector: Some(Selector::SessionId(1)),
+            for_bugreport,
+            skip_trace_filter: for_bugreport,
+            ..Default::default()
+        };
+        let (c, id) = ask_clone_with(&mut sim, 2000, req, None);
+        let cmds = p.commands(&mut sim);
+        let fl = flushes(&cmds);
+        assert_eq!(fl.len(), 1);
+        assert_eq!(fl[0].flags, Some(flags), "{for_bugreport:?}");
+        ack(&mut sim, &p, fl[0].request_id);
+        assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    }
+}
+
 #[test]
 fn the_bugreport_id_clones_the_highest_scored_started_session() {
     let mut sim = Sim::new();
