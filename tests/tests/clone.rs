@@ -671,7 +671,7 @@ fn a_clone_into_the_live_file_is_refused_and_leaves_it_whole_on_either_service()
 /// `skip_trace_filter`, as perfetto_cmd sends them) is taken by either
 /// service: the snapshot holds what the producer wrote, as a plain one.
 fn bugreport_clone(service: ServiceImpl) -> Value {
-    let rec = Recording::start(service, CONFIG, "none");
+    let mut rec = Recording::start(service, CONFIG, "none");
     run_producer(Producer::Ours, &rec.producer());
     let snap = rec.path("bugreport.pftrace");
     let stderr = rec.clone_with(&snap, &["--clone-for-bugreport"], 0);
@@ -679,7 +679,6 @@ fn bugreport_clone(service: ServiceImpl) -> Value {
         stderr.contains("a snapshot of the running session, which runs on (flushed)"),
         "{service:?}: {stderr}"
     );
-    let mut rec = rec;
     rec.stop();
     inspect_passes(&snap)["track_events"]["by_name"].clone()
 }

@@ -613,11 +613,18 @@ trigger_config {
 ";
 
 impl Bench {
-    /// [`CLONE_SNAPSHOT_CONFIG`] in the bench's directory.
-    fn clone_snapshot_config(&self) -> PathBuf {
-        let path = self.dir.path("snapshots.txtpb");
-        std::fs::write(&path, CLONE_SNAPSHOT_CONFIG).unwrap();
-        path
+    /// `shmtrace record --progress PROGRESS` of [`CLONE_SNAPSHOT_CONFIG`]
+    /// (written into the bench's directory), started.
+    fn spawn_clone_snapshot_session(&self, progress: &str) -> Child {
+        let config = self.dir.path("snapshots.txtpb");
+        std::fs::write(&config, CLONE_SNAPSHOT_CONFIG).unwrap();
+        self.spawn(&[
+            "--progress",
+            progress,
+            "--txt",
+            "-c",
+            config.to_str().unwrap(),
+        ])
     }
 
     /// Snapshot `n` of the session (`OUT.n`).
@@ -667,14 +674,7 @@ fn ctrl_c_stops_the_session_while_a_slow_snapshot_is_taken() {
         ..golden_script()
     };
     let bench = Bench::start("slowclone", script);
-    let config = bench.clone_snapshot_config();
-    let child = bench.spawn(&[
-        "--progress",
-        "json",
-        "--txt",
-        "-c",
-        config.to_str().unwrap(),
-    ]);
+    let child = bench.spawn_clone_snapshot_session("json");
     bench.fake.wait_for("CloneSession");
     interrupt(&child);
     let out = finish(child);
@@ -743,14 +743,7 @@ fn a_refused_snapshot_keeps_its_number_and_is_in_the_summary() {
         ..golden_script()
     };
     let bench = Bench::start("refusedclone", script);
-    let config = bench.clone_snapshot_config();
-    let child = bench.spawn(&[
-        "--progress",
-        "none",
-        "--txt",
-        "-c",
-        config.to_str().unwrap(),
-    ]);
+    let child = bench.spawn_clone_snapshot_session("none");
     bench.wait_for_calls(fake::CLONE_ANSWERED, 2);
     // The second snapshot is read and written after its answer.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

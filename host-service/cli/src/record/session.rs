@@ -258,34 +258,6 @@ pub fn run(
         Output::IntoFile { .. } | Output::ByService => None,
     };
     let mut snapshots = Snapshots::new(consumer.address().clone(), base);
-    let result = drive(
-        consumer,
-        config,
-        begin,
-        output,
-        announce,
-        stop,
-        &mut snapshots,
-        progress,
-    );
-    if result.is_err() {
-        snapshots.finish(progress);
-    }
-    result
-}
-
-/// [`run`], its snapshots taken by `snapshots`.
-#[allow(clippy::too_many_arguments)]
-fn drive(
-    consumer: &Consumer,
-    config: &Config,
-    begin: Begin,
-    output: Output<'_>,
-    announce: Option<&str>,
-    stop: Stop<'_>,
-    snapshots: &mut Snapshots,
-    progress: &mut Progress,
-) -> Result<SessionReport, CliError> {
     let view = config.view();
     let mut events_to_observe = vec![
         ObservableType::DataSourcesInstances as i32,
@@ -390,7 +362,9 @@ fn drive(
         if stop.flag.load(Ordering::Relaxed) {
             break None;
         }
-        if let Some(reply) = session_reply(&mut enable, POLL)? {
+        let reply =
+            session_reply(&mut enable, POLL).map_err(|e| abandon(e, &mut snapshots, progress))?;
+        if let Some(reply) = reply {
             break Some(reply);
         }
         drain_observed(
@@ -450,11 +424,13 @@ fn drive(
                      buffers may be missing",
                 );
             }
-            consumer.call::<consumer_port::DisableTracing>(
-                "DisableTracing",
-                &DisableTracingRequest {},
-                CALL_TIMEOUT,
-            )?;
+            consumer
+                .call::<consumer_port::DisableTracing>(
+                    "DisableTracing",
+                    &DisableTracingRequest {},
+                    CALL_TIMEOUT,
+                )
+                .map_err(|e| abandon(e, &mut snapshots, progress))?;
             let stop_ms = view
                 .data_source_stop_timeout_ms
                 .filter(|&t| t > 0)
@@ -463,9 +439,12 @@ fn drive(
                 &mut enable,
                 Some(Duration::from_millis(stop_ms.into()) + MARGIN),
             )
-            .map_err(|source| CliError::Ipc {
-                what: "waiting for the session to stop",
-                source,
+            .map_err(|source| {
+                let e = CliError::Ipc {
+                    what: "waiting for the session to stop",
+                    source,
+                };
+                abandon(e, &mut snapshots, progress)
             })?;
             report.ended = Ended::Stopped {
                 why: (stop.why)(),
@@ -526,6 +505,14 @@ fn drive(
         }
     }
     Ok(report)
+}
+
+/// The session failed with `error` while snapshots may be in progress:
+/// each is accounted for ([`Snapshots::finish`]) before the error is
+/// returned.
+fn abandon(error: CliError, snapshots: &mut Snapshots, progress: &mut Progress) -> CliError {
+    snapshots.finish(progress);
+    error
 }
 
 /// The EnableTracing reply (the session's end) if it comes within `wait`.

@@ -241,14 +241,7 @@ impl Connection {
                 }),
                 ..Default::default()
             };
-            let _ = conn.reply(
-                observe,
-                Ok(&ObserveEventsResponse {
-                    events: Some(events),
-                }),
-                true,
-                None,
-            );
+            send_events(conn, observe, events);
             self.hits_sent += 1;
         }
     }
@@ -315,14 +308,7 @@ impl Connection {
                         all_data_sources_started: Some(true),
                         clone_trigger_hit: None,
                     };
-                    let _ = conn.reply(
-                        observe,
-                        Ok(&ObserveEventsResponse {
-                            events: Some(events),
-                        }),
-                        true,
-                        None,
-                    );
+                    send_events(conn, observe, events);
                 }
             }
             Request::ObserveEvents(req) => {
@@ -493,6 +479,22 @@ impl Connection {
             _ => conn.reject(call.reply),
         }
     }
+}
+
+/// Sends `events` on the ObserveEvents stream `observe`.
+fn send_events(
+    conn: &mut HostConnection<Request>,
+    observe: &PendingReply,
+    events: ObservableEvents,
+) {
+    let _ = conn.reply(
+        observe,
+        Ok(&ObserveEventsResponse {
+            events: Some(events),
+        }),
+        true,
+        None,
+    );
 }
 
 /// A session entry for [`Script::sessions`].
