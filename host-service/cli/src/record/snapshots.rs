@@ -216,7 +216,8 @@ impl Snapshots {
         if self.in_flight > 0 {
             progress.note(&format!(
                 "waiting for the snapshot being taken ({} snapshot(s) not done; those not \
-                 begun are not taken, the session has ended)",
+                 begun are not taken, the session has ended; Ctrl-C again aborts, removing \
+                 the incomplete one)",
                 self.in_flight
             ));
         }
