@@ -12,10 +12,13 @@
 //! (`checker/semantic_dump.py`, which needs the official protos:
 //! `SHMTRACE_PYTHON`) reads the same in each snapshot as in the session's
 //! own trace, and, for the real SDK's producer, the same in ours as in the
-//! real service's. And a CLONE_SNAPSHOT session: a trigger makes `record`
-//! write a snapshot on either service. And `transfer_on_clone`,
-//! `clear_before_clone`, `write_into_file` sessions and a clone that takes
-//! a STOP_TRACING session's trigger, each alike on both services.
+//! real service's. And a CLONE_SNAPSHOT session: each trigger makes
+//! `record` write a snapshot (`OUT.0`, `OUT.1`) on either service. And
+//! `transfer_on_clone`, `clear_before_clone`, `write_into_file` sessions
+//! (cloned over an older, longer file, and refused into the session's own
+//! live file, which is left whole), `--clone-for-bugreport`, and a clone
+//! that takes a STOP_TRACING session's trigger, each alike on both
+//! services.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -214,7 +217,15 @@ impl Recording {
     /// `progress`: with `json` its events are on its stdout); returns once
     /// the session is listed.
     fn start(service: ServiceImpl, config: &str, progress: &str) -> Self {
+        Self::start_with(service, config, progress, true)
+    }
+
+    /// [`Self::start`]; `$DIR` in `config` is the directory, and without
+    /// `own_output` record gets no `-o` (the config's `output_path` names
+    /// the file, which the service creates).
+    fn start_with(service: ServiceImpl, config: &str, progress: &str, own_output: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let config = config.replace("$DIR", &dir.path().display().to_string());
         let process = start_service(
             service,
             &real_binaries!(),
@@ -224,11 +235,14 @@ impl Recording {
         )
         .expect("service starts");
         std::fs::write(dir.path().join("config.txtpb"), config).expect("write config");
-        let record = shmtrace()
+        let mut record = shmtrace();
+        record
             .args(["record", "--progress", progress, "--txt", "-c"])
-            .arg(dir.path().join("config.txtpb"))
-            .arg("-o")
-            .arg(dir.path().join("full.pftrace"))
+            .arg(dir.path().join("config.txtpb"));
+        if own_output {
+            record.arg("-o").arg(dir.path().join("full.pftrace"));
+        }
+        let record = record
             .arg("--socket")
             .arg(dir.path().join("c.sock"))
             .stdout(Stdio::piped())
@@ -267,7 +281,14 @@ impl Recording {
     /// `shmtrace record --clone-by-name flight -o out`, which must succeed;
     /// what it printed on stderr.
     fn clone_into(&self, out: &Path) -> String {
-        let (status, stderr) = output(
+        self.clone_with(out, &[], 0)
+    }
+
+    /// `shmtrace record --clone-by-name flight -o out` with `extra`
+    /// arguments, which must exit with `status`; what it printed on
+    /// stderr.
+    fn clone_with(&self, out: &Path, extra: &[&str], status: i32) -> String {
+        let (run, stderr) = output(
             shmtrace()
                 .args([
                     "record",
@@ -278,12 +299,13 @@ impl Recording {
                     "-o",
                 ])
                 .arg(out)
+                .args(extra)
                 .arg("--socket")
                 .arg(self.consumer()),
         );
         assert_eq!(
-            status.status.code(),
-            Some(0),
+            run.status.code(),
+            Some(status),
             "{:?}: {stderr}",
             self.service
         );
@@ -504,9 +526,17 @@ fn clone_snapshot_flow(service: ServiceImpl) -> (Value, Vec<String>, (Value, Val
     let snapshot = rec.path("full.pftrace.0");
     assert_eq!(snap["path"], snapshot.display().to_string());
     assert_eq!(sessions(&rec.consumer()).len(), 1, "the session runs on");
+    // A second trigger: the next number.
+    rec.trigger("snap");
+    let second = wait_for("snapshot");
+    assert_eq!(
+        second["path"],
+        rec.path("full.pftrace.1").display().to_string()
+    );
     let stderr = rec.stop();
     assert!(
-        stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)"),
+        stderr.contains("full.pftrace.0 (a CLONE_SNAPSHOT trigger's)")
+            && stderr.contains("full.pftrace.1"),
         "{stderr}"
     );
     let full = std::fs::metadata(rec.path("full.pftrace")).expect("the session's file");
@@ -554,13 +584,21 @@ fn write_into_file_clone(service: ServiceImpl) -> Value {
     std::thread::sleep(Duration::from_millis(300));
     let before = std::fs::read(rec.path("full.pftrace")).expect("the session's file");
     assert!(!before.is_empty(), "{service:?}: written every 100 ms");
+    // An older, longer file where the snapshot goes: the service writes
+    // the snapshot from its start, and what is left past its end is cut.
     let snap = rec.path("snap.pftrace");
+    std::fs::write(&snap, vec![0xEE; 4 << 20]).expect("an older file");
     let stderr = rec.clone_into(&snap);
     assert!(
         stderr.contains("the service wrote it (write_into_file)"),
         "{service:?}: {stderr}"
     );
     let bytes = std::fs::read(&snap).expect("the snapshot");
+    assert!(
+        bytes.len() < 4 << 20 && !bytes.ends_with(&[0xEE; 64]),
+        "{service:?}: the older file's rest is gone ({} B)",
+        bytes.len()
+    );
     assert!(
         bytes.len() > before.len() && bytes.starts_with(&before[..before.len().min(64)]),
         "{service:?}: the session's file first"
@@ -573,6 +611,82 @@ fn write_into_file_clone(service: ServiceImpl) -> Value {
 fn a_write_into_file_session_clones_into_the_callers_file_on_either_service() {
     let real = write_into_file_clone(ServiceImpl::Real);
     let ours = write_into_file_clone(ServiceImpl::Ours);
+    assert_eq!(real["DrawPlayer"], 3, "{real}");
+    assert_eq!(ours, real);
+}
+
+/// A `write_into_file` session writing `live.pftrace` (its config's
+/// `output_path`: the service created the file, and no record holds it):
+/// `record --clone -o live.pftrace` is refused with an error that says so,
+/// and the live file is left alone (it used to be emptied before the
+/// clone); the session writes on into it, and its trace ends whole. A
+/// clone into another file still works. What the live trace and the
+/// snapshot hold, on `service`.
+fn clone_into_the_live_file(service: ServiceImpl) -> (Value, Value) {
+    let config = format!(
+        "{CONFIG}write_into_file: true\nfile_write_period_ms: 100\noutput_path: \"$DIR/live.pftrace\"\n"
+    );
+    let mut rec = Recording::start_with(service, &config, "none", false);
+    run_producer(Producer::Ours, &rec.producer());
+    std::thread::sleep(Duration::from_millis(300));
+    let live = rec.path("live.pftrace");
+    let before = std::fs::read(&live).expect("the session's file");
+    assert!(!before.is_empty(), "{service:?}: written every 100 ms");
+    let stderr = rec.clone_with(&live, &[], 2);
+    assert!(
+        stderr.contains(&format!(
+            "{} is the file a running session writes its trace into",
+            live.display()
+        )) && stderr.contains("clone into another file (-o)"),
+        "{service:?}: {stderr}"
+    );
+    let after = std::fs::read(&live).expect("the session's file");
+    assert!(
+        after.starts_with(&before),
+        "{service:?}: the live file was changed ({} B, then {} B)",
+        before.len(),
+        after.len()
+    );
+    let snap = rec.path("snap.pftrace");
+    rec.clone_into(&snap);
+    rec.stop();
+    let full = std::fs::read(&live).expect("the session's trace");
+    assert!(full.starts_with(&before), "{service:?}");
+    (
+        inspect_passes(&live)["track_events"]["by_name"].clone(),
+        inspect_passes(&snap)["track_events"]["by_name"].clone(),
+    )
+}
+
+#[test]
+fn a_clone_into_the_live_file_is_refused_and_leaves_it_whole_on_either_service() {
+    let real = clone_into_the_live_file(ServiceImpl::Real);
+    let ours = clone_into_the_live_file(ServiceImpl::Ours);
+    assert_eq!(real.0["DrawPlayer"], 3, "{}", real.0);
+    assert_eq!(real.1["DrawPlayer"], 3, "{}", real.1);
+    assert_eq!(ours, real);
+}
+
+/// `--clone-for-bugreport` (CloneSessionRequest `for_bugreport` and
+/// `skip_trace_filter`, as perfetto_cmd sends them) is taken by either
+/// service: the snapshot holds what the producer wrote, as a plain one.
+fn bugreport_clone(service: ServiceImpl) -> Value {
+    let mut rec = Recording::start(service, CONFIG, "none");
+    run_producer(Producer::Ours, &rec.producer());
+    let snap = rec.path("bugreport.pftrace");
+    let stderr = rec.clone_with(&snap, &["--clone-for-bugreport"], 0);
+    assert!(
+        stderr.contains("a snapshot of the running session, which runs on (flushed)"),
+        "{service:?}: {stderr}"
+    );
+    rec.stop();
+    inspect_passes(&snap)["track_events"]["by_name"].clone()
+}
+
+#[test]
+fn a_clone_for_bugreport_is_taken_on_either_service() {
+    let real = bugreport_clone(ServiceImpl::Real);
+    let ours = bugreport_clone(ServiceImpl::Ours);
     assert_eq!(real["DrawPlayer"], 3, "{real}");
     assert_eq!(ours, real);
 }

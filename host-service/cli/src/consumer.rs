@@ -24,7 +24,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Consumer {
     // Declared before `client`: dropped first, while the connection lives.
     port: Binding<ConsumerPort>,
-    _client: Client,
+    client: Client,
     address: SocketAddress,
 }
 
@@ -43,16 +43,26 @@ impl Consumer {
         Self::connect_to(self.address.clone())
     }
 
-    fn connect_to(address: SocketAddress) -> Result<Self, CliError> {
+    /// Connects to the consumer socket at `address` and binds `ConsumerPort`.
+    pub(crate) fn connect_to(address: SocketAddress) -> Result<Self, CliError> {
         let (client, port) = bind::<ConsumerPort>(&address, |address, source| CliError::Connect {
             address,
             source,
         })?;
         Ok(Consumer {
             port,
-            _client: client,
+            client,
             address,
         })
+    }
+
+    /// The service's process id, if the kernel can tell it (a UNIX socket
+    /// whose peer is in a pid namespace this process sees).
+    pub fn service_pid(&self) -> Option<i32> {
+        match self.client.peer_credentials() {
+            Some(Ok(cred)) if cred.pid > 0 => Some(cred.pid),
+            _ => None,
+        }
     }
 
     /// The address connected to.

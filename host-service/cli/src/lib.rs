@@ -127,6 +127,20 @@ pub enum CliError {
         /// Why it failed.
         source: std::io::Error,
     },
+    /// The output file is one a running session writes its trace into
+    /// (`write_into_file`): a snapshot written there would overwrite it.
+    #[error(
+        "{} is the file a running session writes its trace into ({how}): a snapshot \
+         written there would overwrite that trace, so it was left alone; clone into \
+         another file (-o)",
+        path.display()
+    )]
+    LiveOutput {
+        /// The file.
+        path: PathBuf,
+        /// How that is known.
+        how: String,
+    },
     /// A file given as a trace is none.
     #[error("{} is not a Perfetto trace: {reason}", path.display())]
     NotATrace {
@@ -184,7 +198,9 @@ impl CliError {
     /// The exit status for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::Config(_) | Self::Address(_) => exit::USAGE,
+            Self::Usage(_) | Self::Config(_) | Self::Address(_) | Self::LiveOutput { .. } => {
+                exit::USAGE
+            }
             Self::Connect { .. }
             | Self::ConnectProducer { .. }
             | Self::ProducerUnreachable { .. } => exit::NO_SERVICE,

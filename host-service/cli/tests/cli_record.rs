@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
-use cli_common::fake::{FakeService, Script};
+use cli_common::fake::{self, FakeService, Script};
 use cli_common::*;
 use prost::Message;
 use shmtrace_service::protos::{self, DataSourceConfig, TraceConfig, TrackEventConfig};
@@ -598,5 +598,295 @@ fn summary_names_packets_a_ring_wrap_left_unresolvable() {
              incremental-state clear they need",
             "chunks_overwritten = 1",
         ],
+    );
+}
+
+/// A CLONE_SNAPSHOT config whose triggers are the scripted service's.
+const CLONE_SNAPSHOT_CONFIG: &str = "buffers { size_kb: 1024 }
+data_sources { config { name: \"track_event\" } }
+trigger_config {
+  trigger_mode: CLONE_SNAPSHOT
+  trigger_timeout_ms: 60000
+  triggers { name: \"snap0\" }
+  triggers { name: \"snap1\" }
+}
+";
+
+impl Bench {
+    /// `shmtrace record --progress PROGRESS` of [`CLONE_SNAPSHOT_CONFIG`]
+    /// (written into the bench's directory), started.
+    fn spawn_clone_snapshot_session(&self, progress: &str) -> Child {
+        let config = self.dir.path("snapshots.txtpb");
+        std::fs::write(&config, CLONE_SNAPSHOT_CONFIG).unwrap();
+        self.spawn(&[
+            "--progress",
+            progress,
+            "--txt",
+            "-c",
+            config.to_str().unwrap(),
+        ])
+    }
+
+    /// Snapshot `n` of the session (`OUT.n`).
+    fn snapshot(&self, n: u32) -> String {
+        format!("{}.{n}", self.out_path.display())
+    }
+
+    /// Waits until `method` was called `times` times (up to 20 s).
+    fn wait_for_calls(&self, method: &str, times: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let calls = self.fake.calls();
+            if calls.iter().filter(|c| *c == method).count() >= times {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{method} not {times} times in {calls:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The `done` event's summary among `record --progress json`'s events.
+fn done_summary(stdout: &[u8]) -> serde_json::Value {
+    text(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["event"] == "done")
+        .expect("a done event")["summary"]
+        .clone()
+}
+
+/// A CLONE_SNAPSHOT trigger's snapshot is taken beside the session's
+/// loop, as perfetto_cmd takes it on a thread of its own: Ctrl-C while a
+/// slow clone (3 s) is in progress stops the session at once (its
+/// DisableTracing comes before the clone is answered); the snapshot in
+/// progress is still finished and written; the one asked for after it,
+/// not begun when the session stopped, keeps its number and is reported
+/// as not taken, in the summary too.
+#[test]
+fn ctrl_c_stops_the_session_while_a_slow_snapshot_is_taken() {
+    let script = Script {
+        clone_triggers: vec![Duration::ZERO, Duration::ZERO],
+        clone_delay: Duration::from_secs(3),
+        ..golden_script()
+    };
+    let bench = Bench::start("slowclone", script);
+    let child = bench.spawn_clone_snapshot_session("json");
+    bench.fake.wait_for("CloneSession");
+    interrupt(&child);
+    let out = finish(child);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let calls = bench.fake.calls();
+    let at = |name: &str| {
+        calls
+            .iter()
+            .position(|c| c == name)
+            .unwrap_or_else(|| panic!("no {name} in {calls:?}"))
+    };
+    assert!(
+        at("DisableTracing") < at(fake::CLONE_ANSWERED),
+        "the stop waited for the snapshot: {calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| *c == "CloneSession").count(),
+        1,
+        "{calls:?}"
+    );
+    {
+        let seen = bench.fake.seen.lock().unwrap();
+        let request = &seen.clones[0];
+        assert_eq!(
+            request.selector,
+            Some(protos::clone_session_request::Selector::SessionId(
+                fake::SESSION_ID
+            ))
+        );
+        assert_eq!(request.clone_trigger_name.as_deref(), Some("snap0"));
+        assert_eq!(
+            request.clone_trigger_producer_name.as_deref(),
+            Some("fake-producer")
+        );
+        assert_eq!(request.clone_trigger_boot_time_ns, Some(123));
+    }
+    let (snap0, snap1) = (bench.snapshot(0), bench.snapshot(1));
+    assert!(Path::new(&snap0).exists(), "{stderr}");
+    assert!(!Path::new(&snap1).exists(), "{stderr}");
+    let not_taken = "not taken: the session had ended before its turn came";
+    assert_contains_all(
+        &stderr,
+        &[
+            &format!("snapshots     {snap0} (a CLONE_SNAPSHOT trigger's)"),
+            &format!("no snapshot   {snap1} (the CLONE_SNAPSHOT trigger \"snap1\"'s): {not_taken}"),
+        ],
+    );
+    let summary = done_summary(&out.stdout);
+    assert_eq!(summary["snapshots"], serde_json::json!([snap0]));
+    assert_eq!(
+        summary["failed_snapshots"],
+        serde_json::json!([{"path": snap1, "trigger": "snap1", "error": not_taken}])
+    );
+    // The session's own trace is read as ever.
+    bench.assert_golden_written();
+}
+
+/// A snapshot the service refuses keeps its number: the next trigger's
+/// goes into `OUT.1`, and the summary names both.
+#[test]
+fn a_refused_snapshot_keeps_its_number_and_is_in_the_summary() {
+    let script = Script {
+        clone_triggers: vec![Duration::ZERO, Duration::from_millis(500)],
+        clone_errors: vec!["no room for a clone".into()],
+        ..golden_script()
+    };
+    let bench = Bench::start("refusedclone", script);
+    let child = bench.spawn_clone_snapshot_session("none");
+    bench.wait_for_calls(fake::CLONE_ANSWERED, 2);
+    // The second snapshot is read and written after its answer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !bench.fake.calls().iter().any(|c| c == "FreeBuffers") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            bench.fake.calls()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    interrupt(&child);
+    let stderr = expect_status(finish(child), 0);
+    let (snap0, snap1) = (bench.snapshot(0), bench.snapshot(1));
+    assert!(!Path::new(&snap0).exists(), "{stderr}");
+    assert!(Path::new(&snap1).exists(), "{stderr}");
+    assert_contains_all(
+        &stderr,
+        &[
+            &format!(
+                "the CLONE_SNAPSHOT trigger \"snap0\" fired, and no snapshot went into {snap0}: \
+                 the service refused: no room for a clone"
+            ),
+            &format!("snapshots     {snap1} (a CLONE_SNAPSHOT trigger's)"),
+            &format!(
+                "no snapshot   {snap0} (the CLONE_SNAPSHOT trigger \"snap0\"'s): the service \
+                 refused: no room for a clone"
+            ),
+        ],
+    );
+}
+
+/// `--clone-for-bugreport` asks for a bugreport clone as perfetto_cmd
+/// does: `CloneSessionRequest.for_bugreport` and `skip_trace_filter` both
+/// set; a plain `--clone` sets neither. Without --clone or
+/// --clone-by-name it is refused before connecting.
+#[test]
+fn clone_for_bugreport_sets_the_request_s_bugreport_fields() {
+    use protos::clone_session_request::Selector;
+    let bench = Bench::start("bugreport", golden_script());
+    bench.record(
+        &[
+            "--progress",
+            "none",
+            "--clone",
+            "7",
+            "--clone-for-bugreport",
+        ],
+        0,
+    );
+    bench.record(&["--progress", "none", "--clone-by-name", "flight"], 0);
+    {
+        let seen = bench.fake.seen.lock().unwrap();
+        let asked: Vec<_> = seen
+            .clones
+            .iter()
+            .map(|c| (c.selector.clone(), c.for_bugreport, c.skip_trace_filter))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (Some(Selector::SessionId(7)), Some(true), Some(true)),
+                (
+                    Some(Selector::UniqueSessionName("flight".into())),
+                    None,
+                    None
+                ),
+            ]
+        );
+    }
+    let stderr = bench.record(&["--clone-for-bugreport", "-t", "1s"], 2);
+    assert!(
+        stderr.contains("--clone-for-bugreport qualifies a snapshot taken with --clone ID"),
+        "{stderr}"
+    );
+    assert_eq!(bench.fake.seen.lock().unwrap().connections, 2);
+}
+
+/// `--clone -o FILE` where FILE is one the service holds open (the file a
+/// `write_into_file` session writes; here the scripted service's process
+/// holds it) is refused before anything is asked or truncated, and the
+/// file is left as it was. A service that refuses such a clone itself (as
+/// ours does, for the session's own file) gets the same error.
+#[test]
+fn a_clone_into_the_file_the_service_writes_is_refused_and_leaves_it_alone() {
+    use shmtrace_service::service::core::CloneError;
+    let script = Script {
+        clone_errors: vec![CloneError::OutputIsSessionFile.to_string()],
+        ..golden_script()
+    };
+    let bench = Bench::start("liveout", script);
+    let live = bench.dir.path("live.pftrace");
+    std::fs::copy(GOLDEN, &live).unwrap();
+    let clone_into_live = || {
+        expect_status(
+            finish(spawn_record(
+                &bench.fake.socket,
+                &[
+                    "--progress",
+                    "none",
+                    "--clone",
+                    "7",
+                    "-o",
+                    live.to_str().unwrap(),
+                ],
+            )),
+            2,
+        )
+    };
+    let held = std::fs::File::open(&live).unwrap();
+    let stderr = clone_into_live();
+    let refused = format!(
+        "{} is the file a running session writes its trace into",
+        live.display()
+    );
+    assert_contains_all(
+        &stderr,
+        &[
+            &refused,
+            &format!(
+                "(the tracing service, pid {}, has it open)",
+                std::process::id()
+            ),
+            "so it was left alone; clone into another file (-o)",
+        ],
+    );
+    assert!(
+        !bench.fake.calls().iter().any(|c| c == "CloneSession"),
+        "{:?}",
+        bench.fake.calls()
+    );
+    assert_eq!(
+        std::fs::read(&live).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
+    );
+    drop(held);
+    let stderr = clone_into_live();
+    assert_contains_all(
+        &stderr,
+        &[&refused, "(the service said so, and refused the clone)"],
+    );
+    assert_eq!(
+        std::fs::read(&live).unwrap(),
+        std::fs::read(GOLDEN).unwrap()
     );
 }

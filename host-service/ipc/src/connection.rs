@@ -528,6 +528,13 @@ impl Client {
         })
     }
 
+    /// The credentials of the process at the other end (the service), as
+    /// the kernel recorded them at `connect`; `None` on a socket that is not
+    /// a UNIX one ([`Stream::peer_credentials`]).
+    pub fn peer_credentials(&self) -> Option<std::io::Result<socket::PeerCredentials>> {
+        self.shared.socket.peer_credentials()
+    }
+
     /// Binds service `S` (blocking until the service answers).
     pub fn bind<S: Service>(&self) -> Result<Binding<S>, ClientError> {
         let binding = self.bind_by_name(S::NAME)?;

@@ -120,6 +120,10 @@ pub trait TraceFile: Write + std::fmt::Debug {
     /// src/tracing/service/tracing_service_impl.cc). Fails if this file
     /// cannot be read.
     fn copy_to(&mut self, dst: &mut dyn TraceFile) -> std::io::Result<u64>;
+    /// Whether `fd` is this very file (same device and inode): a clone
+    /// asked into the session's own file would overwrite the trace being
+    /// written (upstream does not check).
+    fn is_same_file(&self, fd: &OwnedFd) -> bool;
 }
 
 /// See [`trace_file_write_ns`].
@@ -175,6 +179,13 @@ impl TraceFile for TimedFile {
                 }
             })?;
         Ok(())
+    }
+
+    fn is_same_file(&self, fd: &OwnedFd) -> bool {
+        match (rustix::fs::fstat(&self.0), rustix::fs::fstat(fd)) {
+            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+            _ => false,
+        }
     }
 
     fn copy_to(&mut self, dst: &mut dyn TraceFile) -> std::io::Result<u64> {

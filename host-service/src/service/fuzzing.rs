@@ -861,6 +861,11 @@ impl super::env::TraceFile for MemoryFile {
         dst.write_all(&self.written)?;
         Ok(self.written.len() as u64)
     }
+
+    /// No descriptor names a file in memory.
+    fn is_same_file(&self, _fd: &std::os::fd::OwnedFd) -> bool {
+        false
+    }
 }
 
 impl super::env::Environment for FuzzEnv {

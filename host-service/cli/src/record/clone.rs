@@ -8,6 +8,13 @@
 //! `was_write_into_file`. Any other snapshot is read like a session's
 //! buffers (ReadBuffers), then freed. The summary is `record`'s, from the
 //! file; its config is the one in the snapshot.
+//!
+//! Unlike perfetto_cmd, which opens `-o` with `O_TRUNC`, the output file
+//! is not emptied before the service has answered, and a file the service
+//! holds open (a running `write_into_file` session's) is refused first
+//! ([`CliError::LiveOutput`]): emptying or writing it would destroy the
+//! trace being written. `--clone-for-bugreport` sets the request's
+//! `for_bugreport` and `skip_trace_filter`, as perfetto_cmd's does.
 
 use std::io::{BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -19,6 +26,7 @@ use shmtrace_abi::trace::trace_packet as tp;
 use shmtrace_ipc::protos::clone_session_request::Selector;
 use shmtrace_ipc::protos::wire::{Fields, Value};
 use shmtrace_ipc::protos::{consumer_port, CloneSessionRequest, FreeBuffersRequest};
+use shmtrace_service::service::core::CloneError;
 
 use super::session::{self, Ended, SessionReport};
 use super::{io_error, OutputFile, Progress, RecordArgs, Summary};
@@ -32,6 +40,11 @@ use crate::{exit, CliError};
 /// How long the service may take to clone: it flushes the session first,
 /// for at most its `flush_timeout_ms` (5 s unless configured), then copies.
 const CLONE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What our service answers a clone into the session's own file
+/// (`CloneError::OutputIsSessionFile`).
+static LIVE_OUTPUT_REFUSAL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| CloneError::OutputIsSessionFile.to_string());
 
 /// `TraceStats.FinalFlushOutcome.FINAL_FLUSH_FAILED`.
 const FINAL_FLUSH_FAILED: i32 = 2;
@@ -75,8 +88,14 @@ pub fn clone(
         "cloning the {what} into {} (the service flushes it first)",
         path.display()
     ));
+    // perfetto_cmd's --clone-for-bugreport sets both (perfetto_cmd.cc,
+    // ConnectToServiceAndRun): the service's flush names the bugreport as
+    // the clone's target, and the session's trace_filter is not applied.
+    let for_bugreport = args.clone_for_bugreport.then_some(true);
     let request = CloneSessionRequest {
         selector: Some(selector),
+        for_bugreport,
+        skip_trace_filter: for_bugreport,
         ..Default::default()
     };
     let mut report = match snapshot(&consumer, request, &output, progress) {
@@ -91,6 +110,11 @@ pub fn clone(
                     ""
                 }
             )));
+        }
+        // The file is a live session's: left as it is, however short.
+        Err(Failed(e @ CliError::LiveOutput { .. })) => {
+            output.discard();
+            return Err(e);
         }
         Err(Failed(e)) => return Err(output.fail(e)),
     };
@@ -139,16 +163,25 @@ impl From<CliError> for SnapshotError {
 }
 
 /// Clones a session as `request` says on `consumer` (which must have no
-/// session) into `output`, which it empties first: the service writes a
-/// `write_into_file` session's snapshot itself, any other is read here;
-/// then frees the clone. What was written, as a session's report.
+/// session) into `output`: the service writes a `write_into_file`
+/// session's snapshot itself, any other is read here; then frees the
+/// clone. What was written, as a session's report.
+///
+/// `output` is not emptied before the service has answered: it may be the
+/// session's own `write_into_file` file (see [`check_not_live`]), which the
+/// service refuses to clone into, and which must then be left alone. Once
+/// the service has written a snapshot into it, whatever an older file had
+/// past the snapshot's end is cut off; a snapshot read here empties it
+/// first.
 pub(super) fn snapshot(
     consumer: &Consumer,
     request: CloneSessionRequest,
     output: &OutputFile,
     progress: &mut Progress,
 ) -> Result<SessionReport, SnapshotError> {
-    output.truncate()?;
+    check_not_live(consumer, output)?;
+    // From here the service may write into it.
+    output.arm();
     let fd: OwnedFd = output
         .file
         .try_clone()
@@ -163,6 +196,12 @@ pub(super) fn snapshot(
         })?
         .message;
     if reply.success != Some(true) {
+        if reply.error.as_deref() == Some(LIVE_OUTPUT_REFUSAL.as_str()) {
+            return Err(Failed(live_output(
+                output,
+                "the service said so, and refused the clone".into(),
+            )));
+        }
         return Err(Refused(
             reply.error.filter(|e| !e.is_empty()).unwrap_or_else(|| {
                 "no reason given (a service without CloneSession answers so)".into()
@@ -187,9 +226,12 @@ pub(super) fn snapshot(
         stats: None,
         service_at_start: Default::default(),
         snapshots: Vec::new(),
-        snapshot_triggers: 0,
+        failed_snapshots: Vec::new(),
     };
-    if !into_file {
+    if into_file {
+        output.cut_at_position()?;
+    } else {
+        output.truncate()?;
         read_snapshot(consumer, output, &mut report, progress)?;
     }
     output.keep();
@@ -210,6 +252,43 @@ pub(super) fn snapshot(
         CALL_TIMEOUT,
     );
     Ok(report)
+}
+
+/// Refuses `output` if the service holds it open, which makes it the file
+/// a `write_into_file` session is writing (or another clone's): the
+/// service would write the snapshot over it. Looked up in the service's
+/// open files (`/proc/PID/fd`, the pid from the socket's peer
+/// credentials); where they cannot be read (a service of another user),
+/// our service still refuses it itself (the real one does not check).
+fn check_not_live(consumer: &Consumer, output: &OutputFile) -> Result<(), CliError> {
+    let Some(pid) = consumer.service_pid() else {
+        return Ok(());
+    };
+    let Ok(ours) = rustix::fs::fstat(&output.file) else {
+        return Ok(());
+    };
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Ok(());
+    };
+    let held = fds.filter_map(Result::ok).any(|fd| {
+        rustix::fs::stat(fd.path())
+            .is_ok_and(|st| st.st_dev == ours.st_dev && st.st_ino == ours.st_ino)
+    });
+    if held {
+        return Err(live_output(
+            output,
+            format!("the tracing service, pid {pid}, has it open"),
+        ));
+    }
+    Ok(())
+}
+
+/// [`CliError::LiveOutput`] for `output`.
+fn live_output(output: &OutputFile, how: String) -> CliError {
+    CliError::LiveOutput {
+        path: output.path.clone(),
+        how,
+    }
 }
 
 /// Reads the cloned session's buffers into the output file.

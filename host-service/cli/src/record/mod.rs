@@ -16,12 +16,15 @@
 //!
 //! As `perfetto --clone ID` / `--clone-by-name NAME`: `--clone` and
 //! `--clone-by-name` write a snapshot of a running session, which runs on
-//! (ConsumerPort CloneSession; the `clone` module).
+//! (ConsumerPort CloneSession; the `clone` module), for a bug report with
+//! `--clone-for-bugreport`. A CLONE_SNAPSHOT session's triggers have
+//! snapshots taken beside it (the `snapshots` module).
 
 mod clone;
 mod progress;
 mod session;
 mod signals;
+mod snapshots;
 mod summary;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,6 +43,7 @@ use shmtrace_ipc::protos::{consumer_port, AttachRequest, DetachRequest, EnableTr
 pub use progress::{Progress, ProgressMode, Snapshot};
 pub use session::{Begin, Ended, Output, ServiceCounters, SessionReport, Stop};
 pub use signals::stop_signals;
+pub use snapshots::FailedSnapshot;
 pub use summary::Summary;
 
 use super::config::{Config, Fill, QuickConfig};
@@ -136,6 +140,12 @@ pub struct RecordArgs {
         conflicts_with_all = ["clone", "detach", "attach", "config", "time", "buffer_kb", "app_categories", "fill", "write_into_file"]
     )]
     pub clone_by_name: Option<String>,
+    /// With --clone or --clone-by-name: a snapshot for a bug report (as
+    /// `perfetto --clone-for-bugreport`): the service's flush tells the
+    /// producers the clone is for a bug report, and the session's
+    /// trace_filter is not applied to the snapshot.
+    #[arg(long)]
+    pub clone_for_bugreport: bool,
     /// Perfetto's positional atrace categories: refused with a hint.
     #[arg(hide = true, value_name = "CATEGORY")]
     pub atrace_categories: Vec<String>,
@@ -359,9 +369,29 @@ impl OutputFile {
         if self.stdout {
             return Ok(());
         }
-        signals::arm(&self.path);
+        self.arm();
         self.file
             .set_len(0)
+            .map_err(io_error("truncate", &self.path))
+    }
+
+    /// An abort from now on removes the file (it is being written).
+    fn arm(&self) {
+        if !self.stdout {
+            signals::arm(&self.path);
+        }
+    }
+
+    /// Cuts the file where its descriptor's offset is: what a service
+    /// wrote through it (from the start) stays, whatever an older file held
+    /// past that goes.
+    fn cut_at_position(&self) -> Result<(), CliError> {
+        use std::io::Seek;
+        let end = (&self.file)
+            .stream_position()
+            .map_err(io_error("seek", &self.path))?;
+        self.file
+            .set_len(end)
             .map_err(io_error("truncate", &self.path))
     }
 
@@ -426,6 +456,13 @@ fn record(args: &RecordArgs, progress: &mut Progress) -> Result<u8, CliError> {
         return Err(CliError::Usage(
             "--stop stops the session taken back with --attach KEY; a session this record \
              starts stops after -t, or on Ctrl-C"
+                .into(),
+        ));
+    }
+    if args.clone_for_bugreport && args.clone.is_none() && args.clone_by_name.is_none() {
+        return Err(CliError::Usage(
+            "--clone-for-bugreport qualifies a snapshot taken with --clone ID or \
+             --clone-by-name NAME (as perfetto's): add one of them"
                 .into(),
         ));
     }

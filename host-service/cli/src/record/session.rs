@@ -13,6 +13,12 @@
 //! 4. ReadBuffers into the file, each packet's slices preceded by
 //!    `0x0A varint(len)` (unless the service wrote the file itself), the
 //!    final statistics, FreeBuffers.
+//!
+//! A CLONE_SNAPSHOT session's snapshots are taken beside this loop (the
+//! `snapshots` module): the loop only hands each trigger over and reports
+//! what came of it. Once the session has stopped, and before it is freed
+//! (a clone in progress needs its source), the snapshot being taken is
+//! waited for and every other one asked for is accounted for.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -24,21 +30,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::clone::{self, SnapshotError};
 use super::progress::{Progress, Snapshot};
-use super::OutputFile;
+use super::snapshots::{FailedSnapshot, Snapshots};
 use crate::config::Config;
 use crate::consumer::{next, Consumer, CALL_TIMEOUT};
 use crate::query::track_event_categories;
 use crate::{trace_file, CliError};
-use shmtrace_ipc::protos::clone_session_request::Selector;
 use shmtrace_ipc::protos::observable_events::{
     CloneTriggerHit, DataSourceInstanceState, Type as ObservableType,
 };
 use shmtrace_ipc::protos::{
-    consumer_port, CloneSessionRequest, DisableTracingRequest, EnableTracingRequest,
-    EnableTracingResponse, FlushRequest, FreeBuffersRequest, ObserveEventsRequest,
-    ReadBuffersRequest, TraceStats,
+    consumer_port, DisableTracingRequest, EnableTracingRequest, EnableTracingResponse,
+    FlushRequest, FreeBuffersRequest, ObserveEventsRequest, ReadBuffersRequest, TraceStats,
 };
 use shmtrace_ipc::{ClientError, PendingCall};
 
@@ -132,11 +135,11 @@ pub struct SessionReport {
     /// held then was lost before, by other sessions (or while detached).
     pub service_at_start: ServiceCounters,
     /// Snapshots written for CLONE_SNAPSHOT triggers: `<output>.<n>`, as
-    /// perfetto_cmd names them.
+    /// perfetto_cmd names them (n counts the triggers fired).
     pub snapshots: Vec<PathBuf>,
-    /// CLONE_SNAPSHOT triggers that fired: the `n` of the next snapshot (a
-    /// failed one keeps its number, as perfetto_cmd's count does).
-    pub snapshot_triggers: u64,
+    /// Snapshots CLONE_SNAPSHOT triggers asked for and that were not
+    /// written, each with its number kept.
+    pub failed_snapshots: Vec<FailedSnapshot>,
 }
 
 /// `TraceStats` counters that are the service's since it started, over all
@@ -242,7 +245,9 @@ fn loss_counters(stats: &TraceStats, start: ServiceCounters) -> Vec<(&'static st
 
 /// Runs the session until it ends; writes the trace. `announce`, if
 /// given, is noted once the service has not refused the session (where
-/// the trace goes, say), before "tracing".
+/// the trace goes, say), before "tracing". The snapshots its
+/// CLONE_SNAPSHOT triggers ask for are taken beside it (`snapshots`
+/// module) and all accounted for before it returns, even with an error.
 pub fn run(
     consumer: &Consumer,
     config: &Config,
@@ -252,6 +257,11 @@ pub fn run(
     stop: Stop<'_>,
     progress: &mut Progress,
 ) -> Result<SessionReport, CliError> {
+    let base = match &output {
+        Output::Read { path, .. } => Some(*path),
+        Output::IntoFile { .. } | Output::ByService => None,
+    };
+    let mut snapshots = Snapshots::new(consumer.address().clone(), base);
     let view = config.view();
     let mut events_to_observe = vec![
         ObservableType::DataSourcesInstances as i32,
@@ -342,7 +352,7 @@ pub fn run(
         stats: None,
         service_at_start,
         snapshots: Vec::new(),
-        snapshot_triggers: 0,
+        failed_snapshots: Vec::new(),
     };
     let mut all_started_reported = false;
     let mut hits = Vec::new();
@@ -356,7 +366,9 @@ pub fn run(
         if stop.flag.load(Ordering::Relaxed) {
             break None;
         }
-        if let Some(reply) = session_reply(&mut enable, POLL)? {
+        let reply =
+            session_reply(&mut enable, POLL).map_err(|e| abandon(e, &mut snapshots, progress))?;
+        if let Some(reply) = reply {
             break Some(reply);
         }
         drain_observed(
@@ -367,9 +379,9 @@ pub fn run(
             &mut hits,
         );
         for hit in hits.drain(..) {
-            let base = read_into.as_ref().map(|(_, path)| *path);
-            clone_snapshot(consumer, hit, base, &mut report, progress);
+            snapshots.start(hit, progress);
         }
+        snapshots.poll(progress);
         if progress.due() {
             let stats = consumer.trace_stats().ok().flatten();
             let snapshot = snapshot(started_at, stats.as_ref(), &report);
@@ -379,6 +391,10 @@ pub fn run(
             progress.update(&snapshot, hint);
         }
     };
+
+    // Snapshots asked for and not begun yet are not taken now; the one
+    // being taken goes on beside the stop.
+    snapshots.end();
 
     // 2. Stop, if the person asked.
     let reply = match reply {
@@ -412,11 +428,13 @@ pub fn run(
                      buffers may be missing",
                 );
             }
-            consumer.call::<consumer_port::DisableTracing>(
-                "DisableTracing",
-                &DisableTracingRequest {},
-                CALL_TIMEOUT,
-            )?;
+            consumer
+                .call::<consumer_port::DisableTracing>(
+                    "DisableTracing",
+                    &DisableTracingRequest {},
+                    CALL_TIMEOUT,
+                )
+                .map_err(|e| abandon(e, &mut snapshots, progress))?;
             let stop_ms = view
                 .data_source_stop_timeout_ms
                 .filter(|&t| t > 0)
@@ -425,9 +443,12 @@ pub fn run(
                 &mut enable,
                 Some(Duration::from_millis(stop_ms.into()) + MARGIN),
             )
-            .map_err(|source| CliError::Ipc {
-                what: "waiting for the session to stop",
-                source,
+            .map_err(|source| {
+                let e = CliError::Ipc {
+                    what: "waiting for the session to stop",
+                    source,
+                };
+                abandon(e, &mut snapshots, progress)
             })?;
             report.ended = Ended::Stopped {
                 why: (stop.why)(),
@@ -447,12 +468,15 @@ pub fn run(
         &mut all_started_reported,
         &mut hits,
     );
-    if !hits.is_empty() {
-        progress.warn(&format!(
-            "{} CLONE_SNAPSHOT trigger(s) came as the session ended: no snapshot of them",
-            hits.len()
-        ));
+    // Triggers that came as the session ended keep their numbers, and are
+    // reported as not taken.
+    for hit in hits.drain(..) {
+        snapshots.start(hit, progress);
     }
+    // Before the session is freed: a clone in progress needs its source.
+    snapshots.finish(progress);
+    report.snapshots = std::mem::take(&mut snapshots.written);
+    report.failed_snapshots = std::mem::take(&mut snapshots.failed);
 
     // 3. Read what the buffers hold.
     if let Some((writer, path)) = read_into.as_mut() {
@@ -487,72 +511,12 @@ pub fn run(
     Ok(report)
 }
 
-/// A CLONE_SNAPSHOT trigger fired: clones the session on a connection of
-/// its own into `<base>.<n>`, the trigger recorded in the snapshot
-/// (perfetto_cmd's `OnCloneSnapshotTriggerReceived`,
-/// src/perfetto_cmd/perfetto_cmd.cc). A snapshot that fails is reported,
-/// and the session goes on.
-fn clone_snapshot(
-    consumer: &Consumer,
-    hit: CloneTriggerHit,
-    base: Option<&Path>,
-    report: &mut SessionReport,
-    progress: &mut Progress,
-) {
-    let name = hit.trigger_name.clone().unwrap_or_default();
-    let Some(base) = base.filter(|b| !super::is_stdout(b)) else {
-        progress.warn(&format!(
-            "the CLONE_SNAPSHOT trigger {name:?} fired, but this record writes no file of its \
-             own to name a snapshot after: none taken"
-        ));
-        return;
-    };
-    let path = PathBuf::from(format!("{}.{}", base.display(), report.snapshot_triggers));
-    report.snapshot_triggers += 1;
-    let request = CloneSessionRequest {
-        selector: Some(Selector::SessionId(
-            hit.tracing_session_id.unwrap_or(0) as u64
-        )),
-        clone_trigger_name: hit.trigger_name,
-        clone_trigger_producer_name: hit.producer_name,
-        clone_trigger_trusted_producer_uid: hit.producer_uid.map(|u| u as i32),
-        clone_trigger_boot_time_ns: hit.boot_time_ns,
-        clone_trigger_delay_ms: hit.trigger_delay_ms,
-        ..Default::default()
-    };
-    let output = match OutputFile::open(&path) {
-        Ok(o) => o,
-        Err(e) => return progress.warn(&format!("no snapshot for the trigger {name:?}: {e}")),
-    };
-    let taken = consumer
-        .another()
-        .map_err(SnapshotError::Failed)
-        .and_then(|c| clone::snapshot(&c, request, &output, progress));
-    match taken {
-        Ok(snap) => {
-            progress.note(&format!(
-                "the CLONE_SNAPSHOT trigger {name:?} fired: wrote a snapshot into {} ({} packets)",
-                path.display(),
-                snap.packets_written
-            ));
-            progress.event(json!({
-                "event": "snapshot",
-                "trigger": name,
-                "path": path.display().to_string(),
-            }));
-            report.snapshots.push(path);
-        }
-        Err(e) => {
-            let why = match e {
-                SnapshotError::Refused(error) => error,
-                SnapshotError::Failed(e) => e.to_string(),
-            };
-            output.discard();
-            progress.warn(&format!(
-                "the CLONE_SNAPSHOT trigger {name:?} fired, and cloning the session failed: {why}"
-            ));
-        }
-    }
+/// The session failed with `error` while snapshots may be in progress:
+/// each is accounted for ([`Snapshots::finish`]) before the error is
+/// returned.
+fn abandon(error: CliError, snapshots: &mut Snapshots, progress: &mut Progress) -> CliError {
+    snapshots.finish(progress);
+    error
 }
 
 /// The EnableTracing reply (the session's end) if it comes within `wait`.

@@ -1,10 +1,11 @@
 //! Ctrl-C and SIGTERM: the first stops the session cleanly, the second
 //! aborts the process with [`exit::ABORTED`].
 //!
-//! An abort must not leave a file that looks like a trace: the trace file
-//! being written (armed with [`arm`] once this run created or truncated it,
-//! disarmed with [`disarm`] once it is complete or handed back) is removed
-//! first. The signals are taken on a thread of their own (signal-hook's
+//! An abort must not leave a file that looks like a trace: the trace files
+//! being written (each armed with [`arm`] once this run created or
+//! truncated it, disarmed with [`disarm`] once it is complete or handed
+//! back) are removed first. Several can be armed at once: the session's
+//! own file and a CLONE_SNAPSHOT snapshot being taken beside it. The signals are taken on a thread of their own (signal-hook's
 //! iterator), so the removal runs outside a signal handler.
 
 use std::path::{Path, PathBuf};
@@ -16,24 +17,27 @@ use signal_hook::iterator::Signals;
 
 use crate::{exit, CliError};
 
-/// The incomplete trace file an abort removes, if any.
-static INCOMPLETE: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// The incomplete trace files an abort removes.
+static INCOMPLETE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// An abort from now on removes `path`.
+/// An abort from now on removes `path` (too).
 pub fn arm(path: &Path) {
-    *INCOMPLETE.lock().unwrap_or_else(PoisonError::into_inner) = Some(path.to_path_buf());
-}
-
-/// An abort no longer removes `path` (if it was the armed file).
-pub fn disarm(path: &Path) {
     let mut armed = INCOMPLETE.lock().unwrap_or_else(PoisonError::into_inner);
-    if armed.as_deref() == Some(path) {
-        *armed = None;
+    if !armed.iter().any(|p| p == path) {
+        armed.push(path.to_path_buf());
     }
 }
 
+/// An abort no longer removes `path`.
+pub fn disarm(path: &Path) {
+    INCOMPLETE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|p| p != path);
+}
+
 /// Starts taking Ctrl-C and SIGTERM: the returned flag is set by the first
-/// (the session then stops cleanly); the second removes the armed file and
+/// (the session then stops cleanly); the second removes the armed files and
 /// exits with [`exit::ABORTED`].
 pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -46,12 +50,13 @@ pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
                 if !flag.swap(true, Ordering::Relaxed) {
                     continue;
                 }
-                let armed = INCOMPLETE
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                match armed {
-                    Some(path) => match std::fs::remove_file(&path) {
+                let armed =
+                    std::mem::take(&mut *INCOMPLETE.lock().unwrap_or_else(PoisonError::into_inner));
+                if armed.is_empty() {
+                    eprintln!("shmtrace: aborted");
+                }
+                for path in armed {
+                    match std::fs::remove_file(&path) {
                         Ok(()) => eprintln!(
                             "shmtrace: aborted; removed the incomplete trace {}",
                             path.display()
@@ -60,8 +65,7 @@ pub fn stop_signals() -> Result<Arc<AtomicBool>, CliError> {
                             "shmtrace: aborted; the incomplete trace {} could not be removed: {e}",
                             path.display()
                         ),
-                    },
-                    None => eprintln!("shmtrace: aborted"),
+                    }
                 }
                 std::process::exit(i32::from(exit::ABORTED));
             }

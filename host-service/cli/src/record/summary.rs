@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::session::{Ended, ServiceCounters, SessionReport};
+use super::snapshots::FailedSnapshot;
 use crate::config::{Config, TRACK_EVENT};
 use crate::inspect::{stats_info, Analysis, BUFFER_LOSS_STATS, SERVICE_LOSS_STATS};
 use crate::units::{Bytes, Elapsed};
@@ -48,6 +49,9 @@ pub struct Summary {
     pub problems: u64,
     /// Snapshots written for CLONE_SNAPSHOT triggers.
     pub snapshots: Vec<String>,
+    /// Snapshots CLONE_SNAPSHOT triggers asked for and that were not
+    /// written, and why.
+    pub failed_snapshots: Vec<FailedSnapshot>,
 }
 
 /// Why a track_event data source that started recorded nothing, as far as
@@ -389,6 +393,7 @@ impl Summary {
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect(),
+            failed_snapshots: report.failed_snapshots.clone(),
         }
     }
 
@@ -449,6 +454,14 @@ impl Summary {
             writeln!(
                 out,
                 "  {label:<12}  {snapshot} (a CLONE_SNAPSHOT trigger's)"
+            )?;
+        }
+        for (i, f) in self.failed_snapshots.iter().enumerate() {
+            let label = if i == 0 { "no snapshot" } else { "" };
+            writeln!(
+                out,
+                "  {label:<12}  {} (the CLONE_SNAPSHOT trigger {:?}'s): {}",
+                f.path, f.trigger, f.error
             )?;
         }
         if self.to_stdout {

@@ -19,7 +19,9 @@ use bytes::Bytes;
 use shmtrace_service::ipc::host::{Call, HostConnection, PendingReply, ServiceTable};
 use shmtrace_service::ipc::socket::{self, Listener, Received, SocketAddress};
 use shmtrace_service::protos::consumer_port::Request;
-use shmtrace_service::protos::observable_events::{DataSourceInstanceStateChange, Type};
+use shmtrace_service::protos::observable_events::{
+    CloneTriggerHit, DataSourceInstanceStateChange, Type,
+};
 use shmtrace_service::protos::read_buffers_response::Slice;
 use shmtrace_service::protos::trace_stats::BufferStats;
 use shmtrace_service::protos::tracing_service_state::{self, DataSource, Producer, TracingSession};
@@ -49,7 +51,20 @@ pub struct Script {
     pub fail_flush: bool,
     /// Sessions listed by QueryServiceState.
     pub sessions: Vec<TracingSession>,
+    /// A CLONE_SNAPSHOT trigger (`snap0`, `snap1`, ...) is announced
+    /// through ObserveEvents this long after EnableTracing, one for each.
+    pub clone_triggers: Vec<Duration>,
+    /// CloneSession is answered this long after it came.
+    pub clone_delay: Duration,
+    /// The first CloneSession calls are refused, with these errors.
+    pub clone_errors: Vec<String>,
 }
+
+/// The session id the fake gives its session (in CLONE_SNAPSHOT hits).
+pub const SESSION_ID: u64 = 7;
+
+/// The pseudo-call logged when a CloneSession is answered.
+pub const CLONE_ANSWERED: &str = "CloneSession answered";
 
 /// What the fake saw.
 #[derive(Debug, Default)]
@@ -62,6 +77,8 @@ pub struct Seen {
     pub got_fd: bool,
     /// Connections accepted.
     pub connections: usize,
+    /// The CloneSession requests, in order.
+    pub clones: Vec<protos::CloneSessionRequest>,
 }
 
 /// A running fake service. Stops when dropped.
@@ -146,6 +163,10 @@ struct Connection {
     fd: Option<OwnedFd>,
     observe: Option<PendingReply>,
     disabled: bool,
+    /// CLONE_SNAPSHOT hits announced so far.
+    hits_sent: usize,
+    /// A CloneSession to answer at a time, and with what.
+    clone: Option<(Instant, PendingReply, protos::CloneSessionResponse)>,
 }
 
 impl Connection {
@@ -158,6 +179,8 @@ impl Connection {
             fd: None,
             observe: None,
             disabled: false,
+            hits_sent: 0,
+            clone: None,
         }
     }
 
@@ -175,6 +198,16 @@ impl Connection {
             while let Ok(Some(call)) = conn.poll_call() {
                 self.handle(&mut conn, call);
             }
+            self.announce_clone_triggers(&mut conn);
+            if self
+                .clone
+                .as_ref()
+                .is_some_and(|(at, _, _)| Instant::now() >= *at)
+            {
+                let (_, reply, response) = self.clone.take().unwrap();
+                let _ = conn.resolve(reply, &response);
+                self.seen.lock().unwrap().calls.push(CLONE_ANSWERED.into());
+            }
             if let (Some(after), Some(at)) = (self.script.end_after, self.enabled_at) {
                 if at.elapsed() >= after && !self.disabled {
                     self.stop_session(&mut conn);
@@ -185,6 +218,31 @@ impl Connection {
                     return;
                 }
             }
+        }
+    }
+
+    /// Sends the CLONE_SNAPSHOT hits that are due.
+    fn announce_clone_triggers(&mut self, conn: &mut HostConnection<Request>) {
+        let (Some(at), Some(observe)) = (self.enabled_at, &self.observe) else {
+            return;
+        };
+        while self.hits_sent < self.script.clone_triggers.len()
+            && !self.disabled
+            && at.elapsed() >= self.script.clone_triggers[self.hits_sent]
+        {
+            let events = ObservableEvents {
+                clone_trigger_hit: Some(CloneTriggerHit {
+                    tracing_session_id: Some(SESSION_ID as i64),
+                    trigger_name: Some(format!("snap{}", self.hits_sent)),
+                    producer_name: Some("fake-producer".into()),
+                    producer_uid: Some(1000),
+                    boot_time_ns: Some(123),
+                    trigger_delay_ms: Some(0),
+                }),
+                ..Default::default()
+            };
+            send_events(conn, observe, events);
+            self.hits_sent += 1;
         }
     }
 
@@ -250,14 +308,7 @@ impl Connection {
                         all_data_sources_started: Some(true),
                         clone_trigger_hit: None,
                     };
-                    let _ = conn.reply(
-                        observe,
-                        Ok(&ObserveEventsResponse {
-                            events: Some(events),
-                        }),
-                        true,
-                        None,
-                    );
+                    send_events(conn, observe, events);
                 }
             }
             Request::ObserveEvents(req) => {
@@ -327,6 +378,30 @@ impl Connection {
                 for (i, r) in replies.iter().enumerate() {
                     conn.reply(&call.reply, Ok(r), i + 1 < n, None).unwrap();
                 }
+            }
+            Request::CloneSession(req) => {
+                let n = {
+                    let mut seen = self.seen.lock().unwrap();
+                    seen.clones.push(req);
+                    seen.clones.len() - 1
+                };
+                let response = match self.script.clone_errors.get(n) {
+                    Some(error) => protos::CloneSessionResponse {
+                        success: Some(false),
+                        error: Some(error.clone()),
+                        ..Default::default()
+                    },
+                    None => protos::CloneSessionResponse {
+                        success: Some(true),
+                        was_write_into_file: Some(false),
+                        ..Default::default()
+                    },
+                };
+                self.clone = Some((
+                    Instant::now() + self.script.clone_delay,
+                    call.reply,
+                    response,
+                ));
             }
             Request::FreeBuffers(_) => {
                 let _ = conn.resolve(call.reply, &FreeBuffersResponse {});
@@ -404,6 +479,22 @@ impl Connection {
             _ => conn.reject(call.reply),
         }
     }
+}
+
+/// Sends `events` on the ObserveEvents stream `observe`.
+fn send_events(
+    conn: &mut HostConnection<Request>,
+    observe: &PendingReply,
+    events: ObservableEvents,
+) {
+    let _ = conn.reply(
+        observe,
+        Ok(&ObserveEventsResponse {
+            events: Some(events),
+        }),
+        true,
+        None,
+    );
 }
 
 /// A session entry for [`Script::sessions`].

@@ -10,7 +10,10 @@
 //!
 //! 1. Buffers with `clear_before_clone` that ever held data are replaced by
 //!    empty ones; a `write_into_file` session's file so far is copied to the
-//!    descriptor the request carried (any other session ignores it).
+//!    descriptor the request carried (any other session ignores it), unless
+//!    that descriptor is the session's own file (same device and inode):
+//!    that is refused, as the snapshot would overwrite the trace being
+//!    written (upstream does not check).
 //! 2. The source records `flush_started` (with a clock snapshot) and two
 //!    flushes go out, reason `TraceClone` (clone target bugreport if asked):
 //!    one for the instances writing into `transfer_on_clone` buffers, one for
@@ -209,6 +212,10 @@ impl TracingService {
             _ if !writes_file => None,
             None => return Err(CloneError::NoOutputDescriptor),
             Some(fd) => {
+                let own = self.sessions.get(&sid).and_then(|s| s.file.as_ref());
+                if own.is_some_and(|sink| sink.file.is_same_file(&fd)) {
+                    return Err(CloneError::OutputIsSessionFile);
+                }
                 let mut out = self
                     .env
                     .open_trace_file(FileTarget::Fd(fd))

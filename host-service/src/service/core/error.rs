@@ -214,6 +214,14 @@ pub enum CloneError {
          existing file"
     )]
     NoOutputDescriptor,
+    /// The descriptor sent is the session's own `write_into_file` file:
+    /// the snapshot would overwrite the trace being written (upstream does
+    /// not check, and appends the snapshot to the live file).
+    #[error(
+        "the output file is the session's own write_into_file output: a snapshot written \
+         into it would overwrite the trace being written; clone into another file"
+    )]
+    OutputIsSessionFile,
     /// The session's file could not be copied to the descriptor sent.
     #[error("Failed to clone 'write_into_file' session: failed to copy existing file: {0}")]
     CopyFile(#[source] std::io::Error),

@@ -311,6 +311,29 @@ fn clones_by_name_and_their_refusals() {
     );
 }
 
+/// `for_bugreport` on a clone by id (`record --clone ID
+/// --clone-for-bugreport`, as perfetto_cmd's) makes the clone's flush name
+/// the bugreport as its target; without it the flush names none.
+#[test]
+fn for_bugreport_makes_the_clone_s_flush_target_the_bugreport() {
+    let (mut sim, mut p, _c, _) = running(config("ds", 64, |_| {}));
+    for (for_bugreport, flags) in [(Some(true), CLONE_FLAGS | 0x100), (None, CLONE_FLAGS)] {
+        let req = CloneSessionRequest {
+            selector: Some(Selector::SessionId(1)),
+            for_bugreport,
+            skip_trace_filter: for_bugreport,
+            ..Default::default()
+        };
+        let (c, id) = ask_clone_with(&mut sim, 2000, req, None);
+        let cmds = p.commands(&mut sim);
+        let fl = flushes(&cmds);
+        assert_eq!(fl.len(), 1);
+        assert_eq!(fl[0].flags, Some(flags), "{for_bugreport:?}");
+        ack(&mut sim, &p, fl[0].request_id);
+        assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    }
+}
+
 #[test]
 fn the_bugreport_id_clones_the_highest_scored_started_session() {
     let mut sim = Sim::new();
@@ -613,6 +636,55 @@ fn a_write_into_file_clone_copies_the_file_then_writes_the_rest() {
     assert_eq!(payloads(&raw), [b"early".to_vec(), b"late".to_vec()]);
     // ReadBuffers of a clone written to a file: one empty reply.
     assert!(c.read(&mut sim).is_empty());
+}
+
+/// A clone asked into the session's own file (another descriptor of the
+/// same file, as `record --clone -o` that file sends) is refused before
+/// anything is written: the file holds what it held, and the session
+/// writes on into it. A clone into another file still works after it.
+#[test]
+fn a_clone_into_the_sessions_own_file_is_refused_and_leaves_it_alone() {
+    let (mut sim, mut p, _c, file, buffer) = file_session(|_| {});
+    let req = p.write(1, buffer, &[b"early"], true);
+    p.commit(&mut sim, req);
+    sim.advance(100);
+    let (before, _) = written_trace(&file);
+    assert!(!before.is_empty());
+    let req = CloneSessionRequest {
+        selector: Some(Selector::SessionId(1)),
+        ..Default::default()
+    };
+    // The same file, opened anew: the same device and inode.
+    let same: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        ))
+        .unwrap()
+        .into();
+    let (c, id) = ask_clone_with(&mut sim, 2000, req.clone(), Some(same));
+    assert_eq!(
+        clone_reply(&mut sim, &c, id).error.as_deref(),
+        Some(CloneError::OutputIsSessionFile.to_string().as_str())
+    );
+    assert!(flushes(&p.commands(&mut sim)).is_empty(), "no clone began");
+    assert_eq!(written_trace(&file).0, before, "the file is as it was");
+    let req2 = p.write(2, buffer, &[b"late"], true);
+    p.commit(&mut sim, req2);
+    sim.advance(100);
+    let (after, _) = written_trace(&file);
+    assert!(
+        after.len() > before.len() && after.starts_with(&before),
+        "the session writes on"
+    );
+    let out = rustix::fs::memfd_create("clone", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let (c, id) = ask_clone_with(&mut sim, 2000, req, Some(out.try_clone().unwrap()));
+    let fl = flushes(&p.commands(&mut sim))[0].request_id;
+    ack(&mut sim, &p, fl);
+    assert_eq!(clone_reply(&mut sim, &c, id).success, Some(true));
+    assert!(written_trace(&out).0.starts_with(&after));
 }
 
 #[test]
