@@ -627,6 +627,17 @@ fn field(packet: &[u8], number: u32) -> Option<Result<u64, Vec<u8>>> {
         .map(|(_, v)| v)
 }
 
+/// The last `trace_stats` of a read.
+fn stats_of(packets: &[Vec<u8>]) -> crate::protos::TraceStats {
+    let raw = packets
+        .iter()
+        .rev()
+        .find_map(|p| field(p, 35))
+        .expect("trace_stats")
+        .unwrap_err();
+    crate::protos::TraceStats::decode(&raw[..]).unwrap()
+}
+
 /// The config of a read's `trace_config` packet (field 33).
 fn trace_config_in(packets: &[Vec<u8>]) -> TraceConfig {
     let raw = packets

@@ -93,17 +93,6 @@ fn service_events(packets: &[Vec<u8>]) -> Vec<crate::protos::tracing_service_eve
         .collect()
 }
 
-/// The last `trace_stats` of a read.
-fn stats_of(packets: &[Vec<u8>]) -> crate::protos::TraceStats {
-    let raw = packets
-        .iter()
-        .rev()
-        .find_map(|p| field(p, 35))
-        .expect("trace_stats")
-        .unwrap_err();
-    crate::protos::TraceStats::decode(&raw[..]).unwrap()
-}
-
 fn session_states(sim: &mut Sim, c: &TestConsumer) -> Vec<(u64, String)> {
     let id = c.call(
         sim,

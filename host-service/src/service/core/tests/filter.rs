@@ -10,7 +10,7 @@ use crate::protos::trace_config::trace_filter::{
     StringFilterChain, StringFilterPolicy, StringFilterRule,
 };
 use crate::protos::trace_config::TraceFilter;
-use crate::protos::{CloneSessionRequest, CloneSessionResponse, TraceStats};
+use crate::protos::{CloneSessionRequest, CloneSessionResponse};
 
 /// Fields a filtered packet may keep: trusted_uid (3),
 /// trusted_packet_sequence_id (10), the test payload (900).
@@ -35,17 +35,6 @@ fn plain_filter() -> TraceFilter {
         bytecode: Some(bytecode(&[simple(900)]).into()),
         ..Default::default()
     }
-}
-
-/// The last `trace_stats` of a read.
-fn stats_of(packets: &[Vec<u8>]) -> TraceStats {
-    let raw = packets
-        .iter()
-        .rev()
-        .find_map(|p| field(p, 35))
-        .expect("trace_stats")
-        .unwrap_err();
-    TraceStats::decode(&raw[..]).unwrap()
 }
 
 /// Producer "prod" writes `payloads` (writer 1) into a session of `cfg`,
