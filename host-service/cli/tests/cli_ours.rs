@@ -493,6 +493,24 @@ fn serve_refuses_a_reachable_socket_as_a_config_error() {
     );
 }
 
+/// A relay listening on TCP is a usage error (exit 2), as serve's
+/// non-UNIX consumer socket is, not an unreachable service (3).
+#[test]
+fn relay_refuses_a_tcp_listen_socket_as_a_usage_error() {
+    let out = shmtrace()
+        .args(["relay", "--log-level", "warn", "--to", "127.0.0.1:9"])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run shmtrace relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("on a UNIX socket (a path or @name), not 127.0.0.1:0"),
+        "{stderr}"
+    );
+}
+
 /// A producer of `serve` at `producer_socket` commits a chunk the service
 /// refuses (4 bytes inline: shorter than a chunk header), which raises the
 /// service-wide `chunks_discarded` by 1; returns once the service
