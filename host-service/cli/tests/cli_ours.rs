@@ -260,6 +260,25 @@ fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
         stderr.contains("the service writes the trace into"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains(&format!(
+            "Take it back with `shmtrace record --attach k` (add --stop to end it at once; no \
+             -o: the trace stays in {})",
+            streamed.display()
+        )),
+        "{stderr}"
+    );
+    // The service holds the file it writes: attaching into it is refused,
+    // saying who writes it.
+    let (code, stderr) = record(
+        &socket,
+        &["--attach", "k", "-o", streamed.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("or by the service for a session started with --write-into-file"),
+        "{stderr}"
+    );
     let ignored = dir.path("ignored.pftrace");
     let (code, stderr) = record(&socket, &["--attach", "k", "-o", ignored.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stderr}");
