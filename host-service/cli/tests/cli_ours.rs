@@ -381,6 +381,87 @@ fn trigger_stops_a_stop_tracing_session() {
     );
 }
 
+/// A START_TRACING session says it waits for its trigger, not that it
+/// traces; if none comes, the summary says the registered data source did
+/// not start for that reason, not for a producer name filter.
+#[test]
+fn a_start_tracing_session_without_its_trigger_says_so() {
+    use shmtrace_cli::consumer::{bind, next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::{
+        producer_port, DataSourceDescriptor, InitializeConnectionRequest, ProducerPort,
+        RegisterDataSourceRequest,
+    };
+    use shmtrace_ipc::socket::SocketAddress;
+
+    let dir = TempDir::new("starttrigger");
+    let (_serve, socket) = Serve::start(&dir);
+    // A producer with track_event, connected while the session runs.
+    let address = SocketAddress::Path(dir.path("p.sock"));
+    let (_client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
+    let mut init = port
+        .start::<producer_port::InitializeConnection>(
+            &InitializeConnectionRequest {
+                producer_name: Some("app".into()),
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+    next(&mut init, Some(CALL_TIMEOUT)).unwrap();
+    let mut register = port
+        .start::<producer_port::RegisterDataSource>(
+            &RegisterDataSourceRequest {
+                data_source_descriptor: Some(DataSourceDescriptor {
+                    name: Some("track_event".into()),
+                    ..Default::default()
+                }),
+            },
+            None,
+        )
+        .unwrap();
+    next(&mut register, Some(CALL_TIMEOUT)).unwrap();
+
+    let config = dir.path("start.pbtxt");
+    std::fs::write(
+        &config,
+        "buffers { size_kb: 1024 }\n\
+         data_sources { config { name: \"track_event\" } }\n\
+         trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: 300 \
+         triggers { name: \"go\" } }\n",
+    )
+    .unwrap();
+    let trace = dir.path("t.pftrace");
+    let out = shmtrace()
+        .args([
+            "record",
+            "--socket",
+            &socket,
+            "--progress",
+            "plain",
+            "--txt",
+        ])
+        .arg("-c")
+        .arg(&config)
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("shmtrace: waiting for a START_TRACING trigger; press Ctrl-C to stop"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("no START_TRACING trigger came within trigger_timeout_ms"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("track_event: registered; not started, as no START_TRACING trigger came"),
+        "{stderr}"
+    );
+}
+
 /// Without a service, `shmtrace trigger` says so and exits with 3.
 #[test]
 fn trigger_without_a_service_fails_clearly() {

@@ -128,6 +128,12 @@ fn nothing_recorded_status(
     )
 }
 
+/// Whether the session waited for a START_TRACING trigger that, as the
+/// trace read back says, never came.
+fn no_start_trigger(config: &Config, analysis: Option<&Analysis>) -> bool {
+    config.waits_for_start_trigger() && analysis.is_some_and(|a| a.session.triggers.is_empty())
+}
+
 /// For a loss statistic `what` (as `inspect` names it: `service: NAME`)
 /// that the service counts over all its sessions: how much of `value` came
 /// while this session ran, `start` being the counters as it started; `None`
@@ -297,6 +303,8 @@ impl Summary {
                     format!("recorded from {}", producers.join(", "))
                 } else if !registered {
                     "no producer registered it; nothing was recorded from it".to_owned()
+                } else if report.observed && no_start_trigger(config, analysis) {
+                    "registered; not started, as no START_TRACING trigger came".to_owned()
                 } else if report.observed {
                     "registered, but no instance started (producer name filters?)".to_owned()
                 } else {
@@ -544,6 +552,19 @@ mod tests {
             ended_by_triggers(&plain, Some(&fired(&["go"]))),
             "ended by the service"
         );
+    }
+
+    #[test]
+    fn a_start_trigger_that_never_came_is_told_as_such() {
+        let start = config(TriggerMode::StartTracing);
+        assert!(no_start_trigger(&start, Some(&fired(&[]))));
+        assert!(!no_start_trigger(&start, Some(&fired(&["go"]))));
+        // Not read back (standard output): not known.
+        assert!(!no_start_trigger(&start, None));
+        assert!(!no_start_trigger(
+            &config(TriggerMode::StopTracing),
+            Some(&fired(&[]))
+        ));
     }
 
     #[test]
