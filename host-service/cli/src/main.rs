@@ -425,9 +425,9 @@ mod relay {
         }
         let relay = match Relay::bind(cfg.clone()) {
             Ok(r) => r,
-            // A TCP or vsock --listen is a usage error, as serve's
-            // non-UNIX consumer socket is.
-            Err(e @ RelayError::NotUnix(_)) => {
+            // A TCP or vsock --listen, or a UNIX --to, is a usage error,
+            // as serve's non-UNIX consumer socket is.
+            Err(e @ (RelayError::NotUnix(_) | RelayError::CentralUnix(_))) => {
                 log::error!("{e}");
                 return Ok(exit::USAGE);
             }

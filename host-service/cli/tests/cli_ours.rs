@@ -594,21 +594,46 @@ fn serve_refuses_a_reachable_socket_as_a_config_error() {
 }
 
 /// A relay listening on TCP is a usage error (exit 2), as serve's
-/// non-UNIX consumer socket is, not an unreachable service (3).
+/// non-UNIX consumer socket is, not an unreachable service (3); so is one
+/// forwarding to a UNIX socket, over which no service takes a machine's
+/// identity (its producers would pass for the central machine's).
 #[test]
-fn relay_refuses_a_tcp_listen_socket_as_a_usage_error() {
-    let out = shmtrace()
-        .args(["relay", "--log-level", "warn", "--to", "127.0.0.1:9"])
-        .args(["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run shmtrace relay");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("on a UNIX socket (a path or @name), not 127.0.0.1:0"),
-        "{stderr}"
-    );
+fn relay_refuses_a_tcp_listen_socket_and_a_unix_central_one_as_usage_errors() {
+    let dir = TempDir::new("relaysockets");
+    let listen = dir.path("relay.sock").display().to_string();
+    for (to, listen, said) in [
+        (
+            "127.0.0.1:9",
+            "127.0.0.1:0",
+            "on a UNIX socket (a path or @name), not 127.0.0.1:0",
+        ),
+        (
+            "/run/central.sock",
+            listen.as_str(),
+            "TCP or vsock producer socket (HOST:PORT, [IPV6]:PORT or vsock://CID:PORT), not \
+             /run/central.sock",
+        ),
+    ] {
+        let out = shmtrace()
+            .args([
+                "relay",
+                "--log-level",
+                "warn",
+                "--to",
+                to,
+                "--listen",
+                listen,
+                // One let through stops at once, not holding up the test.
+                "--exit-on-stdin-eof",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run shmtrace relay");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+    }
+    assert!(!dir.path("relay.sock").exists(), "nothing listened");
 }
 
 /// A producer of `serve` at `producer_socket` commits a chunk the service
