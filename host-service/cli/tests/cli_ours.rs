@@ -97,8 +97,13 @@ fn query_and_record_against_our_service() {
 /// `shmtrace record` against `socket` with `args`; the exit status and
 /// what it printed on stderr.
 fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
+    record_showing("none", socket, args)
+}
+
+/// [`record`] with `--progress progress`.
+fn record_showing(progress: &str, socket: &str, args: &[&str]) -> (Option<i32>, String) {
     let out = shmtrace()
-        .args(["record", "--socket", socket, "--progress", "none"])
+        .args(["record", "--socket", socket, "--progress", progress])
         .args(args)
         .output()
         .expect("run shmtrace record");
@@ -106,6 +111,14 @@ fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `shmtrace record` against `socket` with `args` exits with `code`,
+/// saying `said` on stderr.
+fn record_says(socket: &str, args: &[&str], code: i32, said: &str) {
+    let (got, stderr) = record(socket, args);
+    assert_eq!(got, Some(code), "{stderr}");
+    assert!(stderr.contains(said), "{stderr}");
 }
 
 /// The sessions `shmtrace query --json` lists.
@@ -167,14 +180,11 @@ fn detach_then_attach_and_stop() {
 
     // Nothing is detached under the key any more: no file is left behind.
     let again = dir.path("again.pftrace");
-    let (code, stderr) = record(
+    record_says(
         &socket,
         &["--attach", "nightly", "-o", again.to_str().unwrap()],
-    );
-    assert_eq!(code, Some(5), "{stderr}");
-    assert!(
-        stderr.contains("no session of yours detached under the key \"nightly\""),
-        "{stderr}"
+        5,
+        "no session of yours detached under the key \"nightly\"",
     );
     assert!(!again.exists());
 }
@@ -270,14 +280,11 @@ fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
     );
     // The service holds the file it writes: attaching into it is refused,
     // saying who writes it.
-    let (code, stderr) = record(
+    record_says(
         &socket,
         &["--attach", "k", "-o", streamed.to_str().unwrap()],
-    );
-    assert_eq!(code, Some(2), "{stderr}");
-    assert!(
-        stderr.contains("or by the service for a session started with --write-into-file"),
-        "{stderr}"
+        2,
+        "or by the service for a session started with --write-into-file",
     );
     let ignored = dir.path("ignored.pftrace");
     let (code, stderr) = record(&socket, &["--attach", "k", "-o", ignored.to_str().unwrap()]);
@@ -386,28 +393,13 @@ fn trigger_stops_a_stop_tracing_session() {
 /// not start for that reason, not for a producer name filter.
 #[test]
 fn a_start_tracing_session_without_its_trigger_says_so() {
-    use shmtrace_cli::consumer::{bind, next, CALL_TIMEOUT};
-    use shmtrace_ipc::protos::{
-        producer_port, DataSourceDescriptor, InitializeConnectionRequest, ProducerPort,
-        RegisterDataSourceRequest,
-    };
-    use shmtrace_ipc::socket::SocketAddress;
+    use shmtrace_cli::consumer::{next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::{producer_port, DataSourceDescriptor, RegisterDataSourceRequest};
 
     let dir = TempDir::new("starttrigger");
     let (_serve, socket) = Serve::start(&dir);
     // A producer with track_event, connected while the session runs.
-    let address = SocketAddress::Path(dir.path("p.sock"));
-    let (_client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
-    let mut init = port
-        .start::<producer_port::InitializeConnection>(
-            &InitializeConnectionRequest {
-                producer_name: Some("app".into()),
-                ..Default::default()
-            },
-            None,
-        )
-        .unwrap();
-    next(&mut init, Some(CALL_TIMEOUT)).unwrap();
+    let (_client, port) = connect_producer(&dir.path("p.sock"), "app");
     let mut register = port
         .start::<producer_port::RegisterDataSource>(
             &RegisterDataSourceRequest {
@@ -430,36 +422,17 @@ fn a_start_tracing_session_without_its_trigger_says_so() {
          triggers { name: \"go\" } }\n",
     )
     .unwrap();
-    let trace = dir.path("t.pftrace");
-    let out = shmtrace()
-        .args([
-            "record",
-            "--socket",
-            &socket,
-            "--progress",
-            "plain",
-            "--txt",
-        ])
-        .arg("-c")
-        .arg(&config)
-        .arg("-o")
-        .arg(&trace)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(
-        stderr.contains("shmtrace: waiting for a START_TRACING trigger; press Ctrl-C to stop"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("no START_TRACING trigger came within trigger_timeout_ms"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("track_event: registered; not started, as no START_TRACING trigger came"),
-        "{stderr}"
-    );
+    let trace = dir.path("t.pftrace").display().to_string();
+    let config = config.display().to_string();
+    let (code, stderr) = record_showing("plain", &socket, &["--txt", "-c", &config, "-o", &trace]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for said in [
+        "shmtrace: waiting for a START_TRACING trigger; press Ctrl-C to stop",
+        "no START_TRACING trigger came within trigger_timeout_ms",
+        "track_event: registered; not started, as no START_TRACING trigger came",
+    ] {
+        assert!(stderr.contains(said), "{said:?}: {stderr}");
+    }
 }
 
 /// Without a service, `shmtrace trigger` says so and exits with 3.
@@ -636,30 +609,45 @@ fn relay_refuses_a_tcp_listen_socket_and_a_unix_central_one_as_usage_errors() {
     assert!(!dir.path("relay.sock").exists(), "nothing listened");
 }
 
-/// A producer of `serve` at `producer_socket` commits a chunk the service
-/// refuses (4 bytes inline: shorter than a chunk header), which raises the
-/// service-wide `chunks_discarded` by 1; returns once the service
-/// acknowledged it.
-fn commit_a_refused_chunk(producer_socket: &Path) {
+/// A producer named `name` connected to `producer_socket`, its
+/// `InitializeConnection` answered: the client (which holds the connection)
+/// and its `ProducerPort`.
+fn connect_producer(
+    producer_socket: &Path,
+    name: &str,
+) -> (
+    shmtrace_ipc::Client,
+    shmtrace_ipc::Binding<shmtrace_ipc::protos::ProducerPort>,
+) {
     use shmtrace_cli::consumer::{bind, next, CALL_TIMEOUT};
-    use shmtrace_ipc::protos::commit_data_request::ChunksToMove;
-    use shmtrace_ipc::protos::{
-        producer_port, CommitDataRequest, InitializeConnectionRequest, ProducerPort,
-    };
+    use shmtrace_ipc::protos::{producer_port, InitializeConnectionRequest, ProducerPort};
     use shmtrace_ipc::socket::SocketAddress;
 
     let address = SocketAddress::Path(producer_socket.to_path_buf());
-    let (_client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
+    let (client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
     let mut init = port
         .start::<producer_port::InitializeConnection>(
             &InitializeConnectionRequest {
-                producer_name: Some("refused".into()),
+                producer_name: Some(name.into()),
                 ..Default::default()
             },
             None,
         )
         .unwrap();
     next(&mut init, Some(CALL_TIMEOUT)).unwrap();
+    (client, port)
+}
+
+/// A producer of `serve` at `producer_socket` commits a chunk the service
+/// refuses (4 bytes inline: shorter than a chunk header), which raises the
+/// service-wide `chunks_discarded` by 1; returns once the service
+/// acknowledged it.
+fn commit_a_refused_chunk(producer_socket: &Path) {
+    use shmtrace_cli::consumer::{next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::commit_data_request::ChunksToMove;
+    use shmtrace_ipc::protos::{producer_port, CommitDataRequest};
+
+    let (_client, port) = connect_producer(producer_socket, "refused");
     let mut commit = port
         .start::<producer_port::CommitData>(
             &CommitDataRequest {
