@@ -215,6 +215,15 @@ impl Config {
         })
     }
 
+    /// Whether its data sources start only on a START_TRACING trigger.
+    pub fn waits_for_start_trigger(&self) -> bool {
+        use protos::trace_config::trigger_config::TriggerMode;
+        self.view
+            .trigger_config
+            .as_ref()
+            .is_some_and(|t| t.trigger_mode == Some(TriggerMode::StartTracing as i32))
+    }
+
     /// The distinct data source names, in config order.
     pub fn data_source_names(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();

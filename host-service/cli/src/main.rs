@@ -333,7 +333,7 @@ mod relay {
     use std::os::unix::net::UnixStream;
     use std::time::Duration;
 
-    use shmtrace_cli::relay::{boot_id, clock, Relay, RelayConfig};
+    use shmtrace_cli::relay::{boot_id, clock, Relay, RelayConfig, RelayError};
     use shmtrace_cli::{exit, CliError};
     use shmtrace_service::ipc::{socket, SocketAddress};
     use shmtrace_service::service::{daemon, shell};
@@ -425,6 +425,12 @@ mod relay {
         }
         let relay = match Relay::bind(cfg.clone()) {
             Ok(r) => r,
+            // A TCP or vsock --listen, or a UNIX --to, is a usage error,
+            // as serve's non-UNIX consumer socket is.
+            Err(e @ (RelayError::NotUnix(_) | RelayError::CentralUnix(_))) => {
+                log::error!("{e}");
+                return Ok(exit::USAGE);
+            }
             Err(e) => {
                 log::error!("{e}");
                 return Ok(exit::NO_SERVICE);

@@ -41,6 +41,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
             .parse()
             .map_err(|_| err("number too large"))?;
         rest = &rest[digits..];
+        if rest.starts_with(['.', ',']) {
+            return Err(err("whole numbers only: 1500ms, not 1.5s"));
+        }
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let factor_ms = match &rest[..unit_len] {
             "ms" => 1,
@@ -76,6 +79,9 @@ pub fn parse_size_kb(input: &str) -> Result<u32, UnitError> {
     let value: u64 = text[..digits]
         .parse()
         .map_err(|_| err("number too large"))?;
+    if text[digits..].starts_with(['.', ',']) {
+        return Err(err("whole numbers only: 1536mb, not 1.5gb"));
+    }
     let factor = match text[digits..].trim() {
         "" | "k" | "kb" | "kib" => 1,
         "m" | "mb" | "mib" => 1024,
@@ -211,6 +217,8 @@ mod tests {
         }
         let e = parse_duration("10x").unwrap_err().to_string();
         assert!(e.contains("\"10x\"") && e.contains("unknown unit"), "{e}");
+        let e = parse_duration("0.5s").unwrap_err().to_string();
+        assert!(e.contains("whole numbers only: 1500ms, not 1.5s"), "{e}");
     }
 
     #[test]
@@ -223,6 +231,8 @@ mod tests {
         for bad in ["", "mb", "0", "3tb", "-1mb", "5000000gb"] {
             assert!(parse_size_kb(bad).is_err(), "{bad:?}");
         }
+        let e = parse_size_kb("1.5gb").unwrap_err().to_string();
+        assert!(e.contains("whole numbers only: 1536mb, not 1.5gb"), "{e}");
     }
 
     #[test]

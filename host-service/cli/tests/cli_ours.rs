@@ -97,8 +97,13 @@ fn query_and_record_against_our_service() {
 /// `shmtrace record` against `socket` with `args`; the exit status and
 /// what it printed on stderr.
 fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
+    record_showing("none", socket, args)
+}
+
+/// [`record`] with `--progress progress`.
+fn record_showing(progress: &str, socket: &str, args: &[&str]) -> (Option<i32>, String) {
     let out = shmtrace()
-        .args(["record", "--socket", socket, "--progress", "none"])
+        .args(["record", "--socket", socket, "--progress", progress])
         .args(args)
         .output()
         .expect("run shmtrace record");
@@ -106,6 +111,14 @@ fn record(socket: &str, args: &[&str]) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `shmtrace record` against `socket` with `args` exits with `code`,
+/// saying `said` on stderr.
+fn record_says(socket: &str, args: &[&str], code: i32, said: &str) {
+    let (got, stderr) = record(socket, args);
+    assert_eq!(got, Some(code), "{stderr}");
+    assert!(stderr.contains(said), "{stderr}");
 }
 
 /// The sessions `shmtrace query --json` lists.
@@ -167,14 +180,11 @@ fn detach_then_attach_and_stop() {
 
     // Nothing is detached under the key any more: no file is left behind.
     let again = dir.path("again.pftrace");
-    let (code, stderr) = record(
+    record_says(
         &socket,
         &["--attach", "nightly", "-o", again.to_str().unwrap()],
-    );
-    assert_eq!(code, Some(5), "{stderr}");
-    assert!(
-        stderr.contains("no session of yours detached under the key \"nightly\""),
-        "{stderr}"
+        5,
+        "no session of yours detached under the key \"nightly\"",
     );
     assert!(!again.exists());
 }
@@ -259,6 +269,22 @@ fn attach_waits_for_the_end_and_write_into_file_goes_to_the_detach_file() {
     assert!(
         stderr.contains("the service writes the trace into"),
         "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "Take it back with `shmtrace record --attach k` (add --stop to end it at once; no \
+             -o: the trace stays in {})",
+            streamed.display()
+        )),
+        "{stderr}"
+    );
+    // The service holds the file it writes: attaching into it is refused,
+    // saying who writes it.
+    record_says(
+        &socket,
+        &["--attach", "k", "-o", streamed.to_str().unwrap()],
+        2,
+        "or by the service for a session started with --write-into-file",
     );
     let ignored = dir.path("ignored.pftrace");
     let (code, stderr) = record(&socket, &["--attach", "k", "-o", ignored.to_str().unwrap()]);
@@ -360,6 +386,53 @@ fn trigger_stops_a_stop_tracing_session() {
         trigger.trusted_producer_uid,
         Some(rustix::process::getuid().as_raw() as i32)
     );
+}
+
+/// A START_TRACING session says it waits for its trigger, not that it
+/// traces; if none comes, the summary says the registered data source did
+/// not start for that reason, not for a producer name filter.
+#[test]
+fn a_start_tracing_session_without_its_trigger_says_so() {
+    use shmtrace_cli::consumer::{next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::{producer_port, DataSourceDescriptor, RegisterDataSourceRequest};
+
+    let dir = TempDir::new("starttrigger");
+    let (_serve, socket) = Serve::start(&dir);
+    // A producer with track_event, connected while the session runs.
+    let (_client, port) = connect_producer(&dir.path("p.sock"), "app");
+    let mut register = port
+        .start::<producer_port::RegisterDataSource>(
+            &RegisterDataSourceRequest {
+                data_source_descriptor: Some(DataSourceDescriptor {
+                    name: Some("track_event".into()),
+                    ..Default::default()
+                }),
+            },
+            None,
+        )
+        .unwrap();
+    next(&mut register, Some(CALL_TIMEOUT)).unwrap();
+
+    let config = dir.path("start.pbtxt");
+    std::fs::write(
+        &config,
+        "buffers { size_kb: 1024 }\n\
+         data_sources { config { name: \"track_event\" } }\n\
+         trigger_config { trigger_mode: START_TRACING trigger_timeout_ms: 300 \
+         triggers { name: \"go\" } }\n",
+    )
+    .unwrap();
+    let trace = dir.path("t.pftrace").display().to_string();
+    let config = config.display().to_string();
+    let (code, stderr) = record_showing("plain", &socket, &["--txt", "-c", &config, "-o", &trace]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for said in [
+        "shmtrace: waiting for a START_TRACING trigger; press Ctrl-C to stop",
+        "no START_TRACING trigger came within trigger_timeout_ms",
+        "track_event: registered; not started, as no START_TRACING trigger came",
+    ] {
+        assert!(stderr.contains(said), "{said:?}: {stderr}");
+    }
 }
 
 /// Without a service, `shmtrace trigger` says so and exits with 3.
@@ -493,30 +566,88 @@ fn serve_refuses_a_reachable_socket_as_a_config_error() {
     );
 }
 
-/// A producer of `serve` at `producer_socket` commits a chunk the service
-/// refuses (4 bytes inline: shorter than a chunk header), which raises the
-/// service-wide `chunks_discarded` by 1; returns once the service
-/// acknowledged it.
-fn commit_a_refused_chunk(producer_socket: &Path) {
+/// A relay listening on TCP is a usage error (exit 2), as serve's
+/// non-UNIX consumer socket is, not an unreachable service (3); so is one
+/// forwarding to a UNIX socket, over which no service takes a machine's
+/// identity (its producers would pass for the central machine's).
+#[test]
+fn relay_refuses_a_tcp_listen_socket_and_a_unix_central_one_as_usage_errors() {
+    let dir = TempDir::new("relaysockets");
+    let listen = dir.path("relay.sock").display().to_string();
+    for (to, listen, said) in [
+        (
+            "127.0.0.1:9",
+            "127.0.0.1:0",
+            "on a UNIX socket (a path or @name), not 127.0.0.1:0",
+        ),
+        (
+            "/run/central.sock",
+            listen.as_str(),
+            "TCP or vsock producer socket (HOST:PORT, [IPV6]:PORT or vsock://CID:PORT), not \
+             /run/central.sock",
+        ),
+    ] {
+        let out = shmtrace()
+            .args([
+                "relay",
+                "--log-level",
+                "warn",
+                "--to",
+                to,
+                "--listen",
+                listen,
+                // One let through stops at once, not holding up the test.
+                "--exit-on-stdin-eof",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run shmtrace relay");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+    }
+    assert!(!dir.path("relay.sock").exists(), "nothing listened");
+}
+
+/// A producer named `name` connected to `producer_socket`, its
+/// `InitializeConnection` answered: the client (which holds the connection)
+/// and its `ProducerPort`.
+fn connect_producer(
+    producer_socket: &Path,
+    name: &str,
+) -> (
+    shmtrace_ipc::Client,
+    shmtrace_ipc::Binding<shmtrace_ipc::protos::ProducerPort>,
+) {
     use shmtrace_cli::consumer::{bind, next, CALL_TIMEOUT};
-    use shmtrace_ipc::protos::commit_data_request::ChunksToMove;
-    use shmtrace_ipc::protos::{
-        producer_port, CommitDataRequest, InitializeConnectionRequest, ProducerPort,
-    };
+    use shmtrace_ipc::protos::{producer_port, InitializeConnectionRequest, ProducerPort};
     use shmtrace_ipc::socket::SocketAddress;
 
     let address = SocketAddress::Path(producer_socket.to_path_buf());
-    let (_client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
+    let (client, port) = bind::<ProducerPort>(&address, |a, e| panic!("{a}: {e}")).unwrap();
     let mut init = port
         .start::<producer_port::InitializeConnection>(
             &InitializeConnectionRequest {
-                producer_name: Some("refused".into()),
+                producer_name: Some(name.into()),
                 ..Default::default()
             },
             None,
         )
         .unwrap();
     next(&mut init, Some(CALL_TIMEOUT)).unwrap();
+    (client, port)
+}
+
+/// A producer of `serve` at `producer_socket` commits a chunk the service
+/// refuses (4 bytes inline: shorter than a chunk header), which raises the
+/// service-wide `chunks_discarded` by 1; returns once the service
+/// acknowledged it.
+fn commit_a_refused_chunk(producer_socket: &Path) {
+    use shmtrace_cli::consumer::{next, CALL_TIMEOUT};
+    use shmtrace_ipc::protos::commit_data_request::ChunksToMove;
+    use shmtrace_ipc::protos::{producer_port, CommitDataRequest};
+
+    let (_client, port) = connect_producer(producer_socket, "refused");
     let mut commit = port
         .start::<producer_port::CommitData>(
             &CommitDataRequest {

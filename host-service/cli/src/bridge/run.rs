@@ -36,7 +36,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use shmtrace_producer::{DataSourceHandler, ForwardStats, InstanceArgs, ProducerConfig};
+use shmtrace_producer::{
+    ConnectError, DataSourceHandler, ForwardStats, InstanceArgs, ProducerConfig,
+};
 
 use super::engine::{ClockStatus, Engine, EngineStats};
 use super::output::ProducerOutput;
@@ -581,10 +583,45 @@ fn connect(
     if !producer.wait_connected(CONNECT_TIMEOUT) {
         return Err(CliError::ProducerUnreachable {
             address,
-            detail: producer
-                .last_error()
-                .map_or_else(|| "no connection".into(), |e| e.to_string()),
+            detail: unreachable_detail(producer.last_error().as_deref()),
         });
     }
     Ok(producer)
+}
+
+/// Why the producer could not connect, after [`CliError::ProducerUnreachable`]'s
+/// address: for a socket nobody listens on, the system's reason alone (the
+/// library's own message repeats the address and points at
+/// `ProducerConfig::socket`, where a bridge user has `--socket`).
+fn unreachable_detail(error: Option<&ConnectError>) -> String {
+    match error {
+        Some(ConnectError::Unreachable { source, .. }) => source.to_string(),
+        Some(e) => e.to_string(),
+        None => "no connection".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_service_is_said_once_with_the_flag_to_pass() {
+        let error = ConnectError::Unreachable {
+            address: "/run/p.sock".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        let message = CliError::ProducerUnreachable {
+            address: "/run/p.sock".into(),
+            detail: unreachable_detail(Some(&error)),
+        }
+        .to_string();
+        assert_eq!(
+            message,
+            "cannot connect to the tracing service's producer socket at /run/p.sock: entity \
+             not found\nIs the service running (`shmtrace serve`, or Perfetto's `traced`)? \
+             Pass --socket, or set PERFETTO_PRODUCER_SOCK_NAME."
+        );
+        assert_eq!(unreachable_detail(None), "no connection");
+    }
 }

@@ -342,7 +342,8 @@ impl OutputFile {
             }
             return Err(if e == rustix::io::Errno::WOULDBLOCK {
                 CliError::Usage(format!(
-                    "{} is being written by another shmtrace record; choose another -o",
+                    "{} is being written by another shmtrace record, or by the service for a \
+                     session started with --write-into-file; choose another -o",
                     path.display()
                 ))
             } else {
@@ -616,10 +617,21 @@ fn detach(
     } else {
         String::new()
     };
+    // A write_into_file session's trace stays in the file the service
+    // writes (which it holds locked): --attach needs no -o for it.
+    let take_back = if into_file {
+        format!(
+            "`shmtrace record --attach {key}` (add --stop to end it at once; no -o: the trace \
+             stays in {})",
+            trace_path.display()
+        )
+    } else {
+        format!("`shmtrace record --attach {key} -o FILE` (add --stop to end it at once)")
+    };
     eprintln!(
         "Detached: the session runs on in the service under the key {key:?}{into}.\n\
-         Take it back with `shmtrace record --attach {key} -o FILE` (add --stop to end it \
-         at once) before it ends: a detached session that ends on its own is freed."
+         Take it back with {take_back} before it ends: a detached session that ends on its \
+         own is freed."
     );
     Ok(exit::OK)
 }

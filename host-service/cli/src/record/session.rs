@@ -320,6 +320,9 @@ pub fn run(
     progress.note(&format!(
         "{}{}; press Ctrl-C to stop",
         match begin {
+            Begin::Enable if config.waits_for_start_trigger() => {
+                "waiting for a START_TRACING trigger"
+            }
             Begin::Enable => "tracing",
             Begin::Attached => "attached to the session",
         },

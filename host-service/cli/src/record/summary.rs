@@ -105,6 +105,35 @@ fn categories_hint(config: &Config, registered: &BTreeMap<String, Vec<String>>) 
     }
 }
 
+/// The status of a track_event data source that started on `producers`
+/// and left no track event in the file: a CLONE_SNAPSHOT session's file
+/// holds none by design (its events go into the snapshots), any other's
+/// gets the categories' hint.
+fn nothing_recorded_status(
+    config: &Config,
+    producers: &[String],
+    registered: &BTreeMap<String, Vec<String>>,
+) -> String {
+    if config.clone_snapshots() {
+        return format!(
+            "started on {}; a CLONE_SNAPSHOT session's events are in the snapshots its \
+             triggers take, not in this file",
+            producers.join(", ")
+        );
+    }
+    format!(
+        "started on {}, but no track events were recorded ({})",
+        producers.join(", "),
+        categories_hint(config, registered)
+    )
+}
+
+/// Whether the session waited for a START_TRACING trigger that, as the
+/// trace read back says, never came.
+fn no_start_trigger(config: &Config, analysis: Option<&Analysis>) -> bool {
+    config.waits_for_start_trigger() && analysis.is_some_and(|a| a.session.triggers.is_empty())
+}
+
 /// For a loss statistic `what` (as `inspect` names it: `service: NAME`)
 /// that the service counts over all its sessions: how much of `value` came
 /// while this session ran, `start` being the counters as it started; `None`
@@ -269,15 +298,13 @@ impl Summary {
                      earlier ones were not seen)"
                         .to_owned()
                 } else if !producers.is_empty() && nothing_recorded {
-                    format!(
-                        "started on {}, but no track events were recorded ({})",
-                        producers.join(", "),
-                        categories_hint(config, &report.categories)
-                    )
+                    nothing_recorded_status(config, &producers, &report.categories)
                 } else if !producers.is_empty() {
                     format!("recorded from {}", producers.join(", "))
                 } else if !registered {
                     "no producer registered it; nothing was recorded from it".to_owned()
+                } else if report.observed && no_start_trigger(config, analysis) {
+                    "registered; not started, as no START_TRACING trigger came".to_owned()
                 } else if report.observed {
                     "registered, but no instance started (producer name filters?)".to_owned()
                 } else {
@@ -524,6 +551,35 @@ mod tests {
         assert_eq!(
             ended_by_triggers(&plain, Some(&fired(&["go"]))),
             "ended by the service"
+        );
+    }
+
+    #[test]
+    fn a_start_trigger_that_never_came_is_told_as_such() {
+        let start = config(TriggerMode::StartTracing);
+        assert!(no_start_trigger(&start, Some(&fired(&[]))));
+        assert!(!no_start_trigger(&start, Some(&fired(&["go"]))));
+        // Not read back (standard output): not known.
+        assert!(!no_start_trigger(&start, None));
+        assert!(!no_start_trigger(
+            &config(TriggerMode::StopTracing),
+            Some(&fired(&[]))
+        ));
+    }
+
+    #[test]
+    fn a_clone_snapshot_file_without_events_points_at_the_snapshots() {
+        let producers = ["app".to_owned()];
+        let registered = BTreeMap::from([("gfx".to_owned(), Vec::new())]);
+        assert_eq!(
+            nothing_recorded_status(&config(TriggerMode::CloneSnapshot), &producers, &registered),
+            "started on app; a CLONE_SNAPSHOT session's events are in the snapshots its \
+             triggers take, not in this file"
+        );
+        assert_eq!(
+            nothing_recorded_status(&config(TriggerMode::StopTracing), &producers, &registered),
+            "started on app, but no track events were recorded (it enables gfx of the \
+             categories its producers registered: did they emit events in them?)"
         );
     }
 

@@ -45,8 +45,8 @@ use shmtrace_ipc::{Listener, PeerIdentity, SocketAddress};
 pub struct RelayConfig {
     /// The local producer socket (UNIX).
     pub listen: SocketAddress,
-    /// The central service's producer socket (TCP or vsock; a UNIX socket
-    /// works too, but the service then ignores the machine's identity).
+    /// The central service's producer socket (TCP or vsock: a service
+    /// takes a peer's machine identity on those only, as upstream's).
     pub central: SocketAddress,
     /// What identifies this machine (upstream: the kernel's boot id).
     pub machine_id_hint: String,
@@ -65,6 +65,17 @@ pub enum RelayError {
         "the relay listens for this machine's producers on a UNIX socket (a path or @name), not {0}"
     )]
     NotUnix(String),
+    /// The central socket must be TCP or vsock: a service ignores the
+    /// `SetPeerIdentity` of a UNIX socket's peer (upstream's
+    /// `HostImpl::OnSetPeerIdentity`, src/ipc/host_impl.cc) and refuses its
+    /// `RelayPort` calls, so its producers would pass for the central
+    /// machine's own.
+    #[error(
+        "the relay forwards to the central service's TCP or vsock producer socket \
+         (HOST:PORT, [IPV6]:PORT or vsock://CID:PORT), not {0}: a service takes no machine \
+         identity over a UNIX socket"
+    )]
+    CentralUnix(String),
     /// The local socket could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -100,6 +111,9 @@ impl Relay {
     pub fn bind(cfg: RelayConfig) -> Result<Self, RelayError> {
         if cfg.listen.family() != Family::Unix {
             return Err(RelayError::NotUnix(cfg.listen.to_string()));
+        }
+        if cfg.central.family() == Family::Unix {
+            return Err(RelayError::CentralUnix(cfg.central.to_string()));
         }
         let err = |source: io::Error| RelayError::Listen {
             address: cfg.listen.to_string(),
