@@ -30,7 +30,9 @@ fn main() {
     let subscriber = tracing_subscriber::registry().with(TracingLayer::new());
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     // `log` records too (the category is the record's target).
-    shmtrace_producer::logger::init(log::LevelFilter::Info).expect("the only logger");
+    shmtrace_producer::logger::init(log::LevelFilter::Info).expect(
+        "no other log logger: SubscriberInitExt::init would install one; use set_global_default",
+    );
 
     // Tracing is off until a session enables track events; the program
     // runs either way.
