@@ -312,14 +312,69 @@ impl Config {
     }
 }
 
-/// A serialized `TraceConfig` in text format; bytes that do not decode are
-/// shown as such.
+/// A serialized `TraceConfig` in text format, as Perfetto's own text
+/// configs are written (and `perfetto --txt` reads them: its parser,
+/// src/protozero/text_to_proto/text_to_proto.cc, has no `[...]` lists): one
+/// line, or block, per value of a repeated field, enums by name. Bytes that
+/// do not decode are shown as such; fields the schema does not know are
+/// counted in a comment.
 pub fn to_text(bytes: &[u8]) -> String {
     match DynamicMessage::decode(schema::trace_config(), bytes) {
-        Ok(message) => message.to_text_format_with_options(
-            &prost_reflect::text_format::FormatOptions::new().pretty(true),
-        ),
+        Ok(message) => {
+            let mut out = String::new();
+            write_text(&mut out, &message, 0);
+            out
+        }
         Err(e) => format!("# not a valid TraceConfig: {e}"),
+    }
+}
+
+/// Writes `message`'s fields at indentation `depth`.
+fn write_text(out: &mut String, message: &DynamicMessage, depth: usize) {
+    use prost_reflect::Value;
+    use std::fmt::Write as _;
+    let indent = "  ".repeat(depth);
+    let one = |out: &mut String, field: &prost_reflect::FieldDescriptor, value: &Value| {
+        let name = field.name();
+        match value {
+            Value::Message(m) => {
+                let _ = writeln!(out, "{indent}{name} {{");
+                write_text(out, m, depth + 1);
+                let _ = writeln!(out, "{indent}}}");
+            }
+            Value::EnumNumber(n) => {
+                let by_name = field.kind().as_enum().and_then(|e| e.get_value(*n));
+                match by_name {
+                    Some(v) => writeln!(out, "{indent}{name}: {}", v.name()),
+                    None => writeln!(out, "{indent}{name}: {n}"),
+                }
+                .unwrap_or(());
+            }
+            // Scalars as prost-reflect writes them in text format
+            // (strings and bytes quoted and escaped).
+            v => writeln!(out, "{indent}{name}: {v}").unwrap_or(()),
+        }
+    };
+    for (field, value) in message.fields() {
+        match value {
+            Value::List(items) => items.iter().for_each(|v| one(out, &field, v)),
+            // (No TraceConfig field is a map; written as its entries.)
+            Value::Map(map) => {
+                for (key, v) in map {
+                    let key = Value::from(key.clone());
+                    let name = field.name();
+                    let _ = writeln!(out, "{indent}{name} {{ key: {key} value: {v} }}");
+                }
+            }
+            v => one(out, &field, v),
+        }
+    }
+    let unknown = message.unknown_fields().count();
+    if unknown > 0 {
+        let _ = writeln!(
+            out,
+            "{indent}# {unknown} field(s) this schema does not know, not shown"
+        );
     }
 }
 

@@ -124,10 +124,11 @@ fn text_format_spellings() {
     let te: TrackEventConfig =
         protos::from_raw(data_source(v, 0).track_event_config.as_ref()).unwrap();
     assert_eq!(te.enabled_categories, ["a", "b"]);
-    // And back to text.
+    // And back to text, a line per value, as Perfetto's parser reads it.
     let text = config.to_text();
     assert!(
-        text.contains("enabled_categories: [\"a\", \"b\"]"),
+        text.contains("enabled_categories: \"a\"\n")
+            && text.contains("enabled_categories: \"b\"\n"),
         "{text}"
     );
 }
@@ -377,17 +378,22 @@ fn system_trace_config_encodes_as_upstream() {
         protos::from_raw(data_source(v, 4).track_event_config.as_ref()).unwrap();
     assert_eq!(te.enabled_categories, ["rendering", "audio.*"]);
     assert_eq!(te.disabled_tags, ["debug"]);
-    // Printed back with the data-source configs decoded.
+    // Printed back with the data-source configs decoded, without the
+    // `[...]` lists Perfetto's own text parser does not read, and read back
+    // to the same bytes.
     let text = config.to_text();
     for needle in [
-        "ftrace_events: [\"sched/sched_switch\"",
-        "atrace_apps: [\"com.example.app\"]",
+        "ftrace_events: \"sched/sched_switch\"",
+        "atrace_apps: \"com.example.app\"",
         "scan_all_processes_on_start: true",
-        "meminfo_counters: [MEMINFO_MEM_TOTAL, MEMINFO_MEM_FREE]",
+        "meminfo_counters: MEMINFO_MEM_TOTAL\n",
+        "meminfo_counters: MEMINFO_MEM_FREE\n",
         "min_prio: PRIO_INFO",
     ] {
         assert!(text.contains(needle), "{needle} not in\n{text}");
     }
+    assert!(!text.contains('['), "{text}");
+    assert_eq!(hex(parse(&text).bytes()), SYSTEM_TRACE_BYTES.concat());
     // And the text parses to the same bytes again.
     let again = Config::from_text(&text, "printed").unwrap();
     assert_eq!(again.bytes(), config.bytes());

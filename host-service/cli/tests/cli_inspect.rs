@@ -136,7 +136,7 @@ fn human_report() {
             "228 packets",
             "Perfetto v59.0",
             "track_event (enabled: *)",
-            "enabled_categories: [\"*\"]",
+            "enabled_categories: \"*\"\n",
             "Track events: 202 (50 slices begun, 50 ended, 77 instants, 25 counters)",
             "flow_in 25",
             "counter",
