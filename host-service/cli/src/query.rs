@@ -133,6 +133,13 @@ pub fn track_event_categories(desc: &DataSourceDescriptor) -> Vec<(String, Vec<S
         .unwrap_or_default()
 }
 
+/// The width of a text column: at least `min`, else its longest entry's
+/// (so that a long name shifts the columns after it, the same on every
+/// row).
+fn column<'a>(min: usize, entries: impl Iterator<Item = &'a str>) -> usize {
+    entries.map(|e| e.chars().count()).fold(min, usize::max)
+}
+
 impl ServiceState {
     /// Converts the protocol message.
     pub fn from_proto(socket: String, state: TracingServiceState) -> Self {
@@ -242,26 +249,29 @@ impl ServiceState {
         if self.producers.is_empty() {
             writeln!(out, "  (none connected)")?;
         } else {
+            let labels: Vec<String> = self.producers.iter().map(|p| p.machine_label()).collect();
+            let mw = column(24, labels.iter().map(String::as_str));
             let machine_column = |label: &str| {
                 if relayed {
-                    format!("{label:<24} ")
+                    format!("{label:<mw$} ")
                 } else {
                     String::new()
                 }
             };
+            let nw = column(28, self.producers.iter().map(|p| p.name.as_str()));
             writeln!(
                 out,
-                "  {:>5}  {:<28} {:>8} {:>7}  {}SDK",
+                "  {:>5}  {:<nw$} {:>8} {:>7}  {}SDK",
                 "ID",
                 "NAME",
                 "PID",
                 "UID",
                 machine_column("MACHINE")
             )?;
-            for p in &self.producers {
+            for (p, label) in self.producers.iter().zip(&labels) {
                 writeln!(
                     out,
-                    "  {:>5}  {:<28} {:>8} {:>7}  {}{}{}",
+                    "  {:>5}  {:<nw$} {:>8} {:>7}  {}{}{}",
                     p.id,
                     p.name,
                     if p.pid > 0 {
@@ -270,7 +280,7 @@ impl ServiceState {
                         "?".into()
                     },
                     p.uid,
-                    machine_column(&p.machine_label()),
+                    machine_column(label),
                     p.sdk_version.as_deref().unwrap_or("-"),
                     if p.frozen { " (frozen)" } else { "" }
                 )?;
@@ -286,13 +296,18 @@ impl ServiceState {
                 .iter()
                 .map(|p| (p.id, p.name.as_str()))
                 .collect();
-            writeln!(out, "  {:<34} {:<24} DETAILS", "PRODUCER", "NAME")?;
-            for d in &self.data_sources {
-                let producer = format!(
-                    "{} {}",
-                    d.producer_id,
-                    names.get(&d.producer_id).copied().unwrap_or("?")
-                );
+            let producers: Vec<String> = self
+                .data_sources
+                .iter()
+                .map(|d| {
+                    let name = names.get(&d.producer_id).copied().unwrap_or("?");
+                    format!("{} {name}", d.producer_id)
+                })
+                .collect();
+            let pw = column(34, producers.iter().map(String::as_str));
+            let nw = column(24, self.data_sources.iter().map(|d| d.name.as_str()));
+            writeln!(out, "  {:<pw$} {:<nw$} DETAILS", "PRODUCER", "NAME")?;
+            for (d, producer) in self.data_sources.iter().zip(&producers) {
                 let mut details = Vec::new();
                 if !d.categories.is_empty() {
                     const SHOWN: usize = 8;
@@ -305,7 +320,7 @@ impl ServiceState {
                 details.extend(d.flags.iter().map(|f| (*f).to_owned()));
                 writeln!(
                     out,
-                    "  {producer:<34} {:<24} {}",
+                    "  {producer:<pw$} {:<nw$} {}",
                     d.name,
                     details.join("; ")
                 )?;
@@ -318,17 +333,25 @@ impl ServiceState {
         } else if self.sessions.is_empty() {
             writeln!(out, "  (none visible to this user)")?;
         } else {
+            let buffers: Vec<String> = self
+                .sessions
+                .iter()
+                .map(|s| {
+                    let sizes: Vec<String> = s
+                        .buffer_size_kb
+                        .iter()
+                        .map(|kb| Bytes(u64::from(*kb) * 1024).to_string())
+                        .collect();
+                    sizes.join(", ")
+                })
+                .collect();
+            let bw = column(24, buffers.iter().map(String::as_str));
             writeln!(
                 out,
-                "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {:<24} STARTED",
+                "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {:<bw$} STARTED",
                 "ID", "STATE", "UID", "SOURCES", "DURATION", "BUFFERS"
             )?;
-            for s in &self.sessions {
-                let buffers: Vec<String> = s
-                    .buffer_size_kb
-                    .iter()
-                    .map(|kb| Bytes(u64::from(*kb) * 1024).to_string())
-                    .collect();
+            for (s, buffers) in self.sessions.iter().zip(&buffers) {
                 let duration = if s.duration_ms == 0 {
                     "-".to_owned()
                 } else {
@@ -344,13 +367,8 @@ impl ServiceState {
                     .unwrap_or_default();
                 writeln!(
                     out,
-                    "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {:<24} {started}{name}",
-                    s.id,
-                    s.state,
-                    s.consumer_uid,
-                    s.num_data_sources,
-                    duration,
-                    buffers.join(", ")
+                    "  {:>6}  {:<12} {:>7} {:>8} {:>9}  {buffers:<bw$} {started}{name}",
+                    s.id, s.state, s.consumer_uid, s.num_data_sources, duration,
                 )?;
             }
         }
@@ -414,6 +432,23 @@ mod tests {
         assert!(!text.contains("machine"), "{text}");
         let header = text.lines().find(|l| l.contains("NAME")).unwrap();
         assert_eq!(header.split_whitespace().last(), Some("SDK"));
+    }
+
+    /// A name longer than its column widens it: every row's last column
+    /// still starts under its header.
+    #[test]
+    fn long_names_keep_the_columns_aligned() {
+        let long = "/work/build/target/debug/examples/custom_data_source";
+        let (_, text) = rendered(vec![producer(1, "app", None), producer(2, long, None)]);
+        let lines: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("NAME"))
+            .take(3)
+            .collect();
+        let sdk = lines[0].find("SDK").unwrap();
+        for row in &lines[1..] {
+            assert_eq!(row.rfind(" -").map(|i| i + 1), Some(sdk), "{text}");
+        }
     }
 
     /// Relayed producers: each with its machine's name and id, the
