@@ -98,6 +98,10 @@ impl TraceFilter {
     }
 }
 
+/// Scratch bytes a session's filter keeps between packets (a bigger
+/// packet's are freed at the next one).
+const SCRATCH_KEPT: usize = 1 << 20;
+
 /// A session's filter and what it did (`TraceStats.filter_stats`).
 #[derive(Debug)]
 pub struct SessionFilter {
@@ -172,6 +176,11 @@ impl SessionFilter {
         clock: &dyn Environment,
     ) -> Option<&[u8]> {
         let started = clock.now();
+        // A big packet's scratch space is not kept for the small ones.
+        if self.input.capacity() > SCRATCH_KEPT {
+            self.input = Vec::new();
+            self.output = Vec::new();
+        }
         self.input.clear();
         for s in slices {
             self.input.extend_from_slice(s);
