@@ -9,9 +9,9 @@
 //! bytecode's root is `perfetto.protos.Trace`; packets are filtered from
 //! its `packet` field's message, which the bytecode must keep as a message.
 //! A packet whose fields are all dropped is sent empty; a malformed one is
-//! counted in `filter_stats.errors` and sent as nothing (a file gets an
-//! empty packet, as upstream's `WriteIntoFile`; so does a compressed
-//! `ReadBuffers` batch upstream, where this service leaves it out).
+//! counted in `filter_stats.errors` and sent as nothing, as upstream sends
+//! it with no slices (a file, and a compressed batch, get an empty packet,
+//! as upstream's `WriteIntoFile` and compressor write it).
 //!
 //! * [`bytecode`]: the bytecode (and its v54 overlay).
 //! * [`strings`]: the string filter chains.

@@ -88,6 +88,11 @@ struct Batch {
     /// The slices: `(start, end)` in `arena`, and whether each is the last
     /// slice of its packet.
     pending: VecDeque<(usize, usize, bool)>,
+    /// A packet the filter found malformed is kept as an empty packet (in
+    /// a batch to compress, as upstream's compressor writes the packet it
+    /// has no slices of), not left out (a `ReadBuffers` reply sends no
+    /// slice of it).
+    keep_failed: bool,
 }
 
 impl Batch {
@@ -99,8 +104,8 @@ impl Batch {
 
     /// Adds the packet made of `slices` (from the session's buffer
     /// `buffer`, or the service's own): as it is, or as `filter` leaves it
-    /// (nothing if the filter found it malformed, as upstream sends a
-    /// packet with no slices).
+    /// (if the filter found it malformed: nothing, as upstream sends a
+    /// packet with no slices, or an empty packet with `keep_failed`).
     fn packet<'a>(
         &mut self,
         filter: Option<(&mut SessionFilter, &dyn Environment)>,
@@ -114,11 +119,11 @@ impl Batch {
                     self.push(s, slices.peek().is_none());
                 }
             }
-            Some((f, clock)) => {
-                if let Some(out) = f.packet(slices, buffer, clock) {
-                    self.push(out, true);
-                }
-            }
+            Some((f, clock)) => match f.packet(slices, buffer, clock) {
+                Some(out) => self.push(out, true),
+                None if self.keep_failed => self.push(&[], true),
+                None => {}
+            },
         }
     }
 
@@ -315,7 +320,10 @@ impl TracingService {
     /// it to the stream as one compressed packet (none if the batch is
     /// empty).
     fn read_compressed(&mut self, sid: SessionId, stream: &mut ReadStream) {
-        let mut plain = Batch::default();
+        let mut plain = Batch {
+            keep_failed: true,
+            ..Batch::default()
+        };
         while plain.arena.len() < COMPRESS_BATCH && stream.stage != Stage::Done {
             let budget = COMPRESS_BATCH - plain.arena.len();
             self.read_more(sid, &mut stream.stage, &mut plain, budget);

@@ -26,7 +26,7 @@ const DEFLATE: [fn(&mut TraceConfig); 2] = [
 /// The packets inside `packets`, each of which must be a lone
 /// `compressed_packets` (no trusted field of its own) holding a zlib
 /// stream of `Trace.packet` records.
-fn inflate_all(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
+pub(super) fn inflate_all(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for p in packets {
         let f = fields(p);

@@ -9,7 +9,7 @@ use crate::protos::clone_session_request::Selector;
 use crate::protos::trace_config::trace_filter::{
     StringFilterChain, StringFilterPolicy, StringFilterRule,
 };
-use crate::protos::trace_config::TraceFilter;
+use crate::protos::trace_config::{CompressionType, TraceFilter};
 use crate::protos::{CloneSessionRequest, CloneSessionResponse};
 
 /// Fields a filtered packet may keep: trusted_uid (3),
@@ -137,6 +137,17 @@ fn malformed_packets_are_counted_and_dropped_whole() {
     let per_buffer = f.bytes_discarded_per_buffer;
     assert_eq!(per_buffer.len(), 1);
     assert!(per_buffer[0] > 4, "{per_buffer:?}");
+
+    // A compressed batch keeps an empty packet in its place, as upstream's
+    // compressor writes the packet with no slices.
+    let deflated = config("ds", 256, |cfg| {
+        cfg.trace_filter = Some(filter.clone());
+        cfg.compression_type = Some(CompressionType::Deflate as i32);
+    });
+    let inflated = super::compress::inflate_all(&read_session(deflated, &[good, &[0x0b], good]));
+    assert_eq!(inflated.len(), packets.len() + 1);
+    assert_eq!(inflated.iter().filter(|p| p.is_empty()).count(), 1);
+    assert_eq!(payloads(&inflated), [vec![0x08, 0x05], vec![0x08, 0x05]]);
 
     // A file gets an empty packet in its place.
     let (mut sim, p, c, file, buffer) = file_session(with_filter(filter));
