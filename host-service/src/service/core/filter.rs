@@ -89,7 +89,12 @@ impl TraceFilter {
     /// Filters one `TracePacket`, `input`, into `out` (cleared first;
     /// left empty if the packet is malformed).
     pub fn filter(&self, input: &[u8], out: &mut Vec<u8>) -> Result<(), message::Malformed> {
-        message::filter(&self.bytecode, &self.strings, self.root, input, out)
+        out.clear();
+        let result = message::filter(&self.bytecode, &self.strings, self.root, input, out);
+        if result.is_err() {
+            out.clear();
+        }
+        result
     }
 
     /// What `TracePacket` fields the filter keeps: whether it keeps field

@@ -43,24 +43,10 @@ struct Frame {
     len_width: usize,
 }
 
-/// Filters the message `input` (bytecode message `root`) into `out`
-/// (cleared first). On error `out` is left empty.
+/// Filters the message `input` (bytecode message `root`), appending the
+/// result to `out`; on error, what `out` got is not a message
+/// ([`TraceFilter::filter`](super::TraceFilter::filter) empties it).
 pub fn filter(
-    bytecode: &Bytecode,
-    strings: &StringFilter,
-    root: u32,
-    input: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<(), Malformed> {
-    out.clear();
-    let result = filter_into(bytecode, strings, root, input, out);
-    if result.is_err() {
-        out.clear();
-    }
-    result
-}
-
-fn filter_into(
     bytecode: &Bytecode,
     strings: &StringFilter,
     root: u32,
@@ -185,9 +171,9 @@ mod tests {
     use super::super::testing::{encode, filter_string as string, nested, simple, END as EOM};
     use super::*;
 
-    /// Message 0: 1 simple, 2 nested (1), 3 string to filter.
-    /// Message 1: 1 simple, 5 nested (1, recursive).
-    fn bytecode() -> Bytecode {
+    /// Message 0 (the root here): 1 simple, 2 nested (1), 3 string to
+    /// filter. Message 1: 1 simple, 5 nested (1, recursive).
+    fn trace_filter() -> super::super::TraceFilter {
         let words = [
             simple(1),
             nested(2),
@@ -199,13 +185,16 @@ mod tests {
             1,
             EOM,
         ];
-        Bytecode::load(&encode(&words), &[]).unwrap()
+        super::super::TraceFilter {
+            bytecode: Bytecode::load(&encode(&words), &[]).unwrap(),
+            strings: StringFilter::default(),
+            root: 0,
+        }
     }
 
     fn run(input: &[u8]) -> Result<Vec<u8>, Malformed> {
         let mut out = vec![0xEE];
-        let r = filter(&bytecode(), &StringFilter::default(), 0, input, &mut out);
-        r.map(|()| out)
+        trace_filter().filter(input, &mut out).map(|()| out)
     }
 
     #[test]
@@ -270,7 +259,7 @@ mod tests {
             ],
         ] {
             let mut out = vec![1, 2, 3];
-            let r = filter(&bytecode(), &StringFilter::default(), 0, bad, &mut out);
+            let r = trace_filter().filter(bad, &mut out);
             assert!(r.is_err(), "{bad:02x?}");
             assert!(out.is_empty());
         }
