@@ -48,7 +48,11 @@
 //!   never continued) is marked: a packet `previous_packet_dropped = 1` is
 //!   prepended to the lane's next chunk, as a producer marks its own drops
 //!   (readers then know the sequence's incremental state is gone until
-//!   the source resets it). If the loss left a packet open (its chunk said
+//!   the source resets it). A lane's start counts as such a loss when the
+//!   first packet it forwards that sets `sequence_flags` needs the
+//!   incremental state instead of clearing it: the source wrote it before
+//!   it saw the session's clear, with interned data the lane never had.
+//!   If the loss left a packet open (its chunk said
 //!   it goes on), the lane gets a new writer (the old one unregistered)
 //!   whose start packet is followed by the loss mark: Perfetto's buffer
 //!   would wait for that packet's continuation forever.
@@ -447,6 +451,9 @@ struct Lane {
     broken: bool,
     /// A loss is to be marked before the next packet.
     loss_pending: bool,
+    /// No packet forwarded yet said how it uses the sequence's incremental
+    /// state (see [`state_use`]).
+    awaiting_state: bool,
     /// The sequence's injected packet is due in this lane.
     inject_due: bool,
     recent: VecDeque<Mapped>,
@@ -463,6 +470,7 @@ impl Lane {
             started: false,
             broken: false,
             loss_pending: false,
+            awaiting_state: true,
             inject_due,
             recent: VecDeque::new(),
         }
@@ -564,6 +572,71 @@ impl Lane {
         }
         Some(sent)
     }
+}
+
+/// How a packet uses its sequence's incremental state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StateUse {
+    /// It clears it (`SEQ_INCREMENTAL_STATE_CLEARED`).
+    Clears,
+    /// It needs it (`SEQ_NEEDS_INCREMENTAL_STATE`) without clearing it.
+    Needs,
+}
+
+/// How the first packet that begins in `body` (`count` fragments, chunk
+/// flags `flags`) and says anything of the incremental state uses it;
+/// `None` if none says.
+fn state_use(body: &[u8], count: u16, flags: ChunkFlags) -> Option<StateUse> {
+    use shmtrace_abi::trace::sequence_flags::{
+        SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,
+    };
+    let packets = Packets::new(count, flags)?;
+    for event in Fragments::new(body, packets) {
+        let FragmentEvent::Data(f) = event.ok()? else {
+            return None;
+        };
+        if f.continues_from_prev {
+            continue;
+        }
+        let bits = packet_sequence_flags(f.data).unwrap_or(0);
+        if bits & u64::from(SEQ_INCREMENTAL_STATE_CLEARED) != 0 {
+            return Some(StateUse::Clears);
+        }
+        if bits & u64::from(SEQ_NEEDS_INCREMENTAL_STATE) != 0 {
+            return Some(StateUse::Needs);
+        }
+    }
+    None
+}
+
+/// `TracePacket.sequence_flags` of the packet that starts with `data` (as
+/// far as its top-level fields read; `None` if it has none there).
+fn packet_sequence_flags(data: &[u8]) -> Option<u64> {
+    use shmtrace_abi::proto::wire::read_varint;
+    let mut rest = data;
+    let mut found = None;
+    while !rest.is_empty() {
+        let (key, n) = read_varint(rest).ok()?;
+        rest = &rest[n..];
+        let skip = match key & 7 {
+            0 => {
+                let (v, n) = read_varint(rest).ok()?;
+                if key >> 3 == u64::from(trace_packet::SEQUENCE_FLAGS) {
+                    found = Some(v);
+                }
+                n
+            }
+            1 => 8,
+            5 => 4,
+            2 => {
+                let (len, n) = read_varint(rest).ok()?;
+                n.checked_add(usize::try_from(len).ok()?)?
+            }
+            _ => return found,
+        };
+        rest = rest.get(skip..).unwrap_or_default();
+    }
+    found
 }
 
 /// A parsed source chunk.
@@ -949,6 +1022,22 @@ fn forward_into(
         if count == 0 {
             bump(&c.chunks_skipped);
             return Outcome::Skipped;
+        }
+    }
+    // A lane starts in the middle of the source's sequence: if the first
+    // packet that says how it uses the incremental state needs it rather
+    // than clearing it (written before the source saw the session's clear),
+    // its state is lost to this lane until the source clears it: marked.
+    if lane.awaiting_state {
+        match state_use(body, count, flags) {
+            _ if lane.loss_pending => lane.awaiting_state = false,
+            Some(StateUse::Needs) => {
+                lane.awaiting_state = false;
+                lane.loss_pending = true;
+                bump(&c.losses_marked);
+            }
+            Some(StateUse::Clears) => lane.awaiting_state = false,
+            None => {}
         }
     }
     let first_starts = !flags.contains(ChunkFlags::FIRST_PACKET_CONTINUES_FROM_PREV_CHUNK);

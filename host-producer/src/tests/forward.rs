@@ -392,6 +392,63 @@ fn a_lost_chunk_is_marked_on_the_next_packet_of_the_same_lane() {
     lb.shutdown();
 }
 
+/// A lane that starts with packets needing incremental state the source
+/// set before the session (it saw the session's clear late) marks a loss
+/// before them; one that starts at the source's clear marks none.
+#[test]
+fn a_lane_starting_before_the_sources_clear_marks_a_loss() {
+    let _s = serial();
+    let lb = Loopback::new(64 * 1024, PageLayout::Div1, false);
+    let fw = ChunkForwarder::register("test.fw.state", DataSourceOptions::default(), NoopHandler)
+        .unwrap();
+    start(306, "test.fw.state", 3);
+    // Packet 0 needs the incremental state, packet 1 clears it, packet 2
+    // needs it: one per chunk.
+    const CLEARED: u64 = 1;
+    const NEEDS: u64 = 2;
+    let source = source_events(4096, PageLayout::Div7, |w| {
+        for (i, flags) in [(0, NEEDS), (1, CLEARED), (2, NEEDS)] {
+            let _ = w.write_packet(|p| {
+                write_packet(p, i, 0);
+                p.uint64(13, flags);
+            });
+            w.flush();
+        }
+    });
+    let chunks: Vec<_> = source
+        .iter()
+        .map(|e| match e {
+            SourceEvent::Chunk(c) => c.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // From the packet that needs the state: a loss before it.
+    let mut seq = fw.new_sequence();
+    for c in &chunks {
+        seq.forward_chunk(c).unwrap();
+    }
+    // From the clear: no loss.
+    let mut from_clear = fw.new_sequence();
+    for c in &chunks[1..] {
+        from_clear.forward_chunk(c).unwrap();
+    }
+    lb.drain();
+    let seqs = decoded(&lb);
+    assert_eq!(seqs.len(), 2);
+    let marks = |packets: &[ts::TracePacket]| -> Vec<Option<u64>> {
+        packets.iter().map(|p| p.timestamp).collect()
+    };
+    let (first, second) = (&seqs[0].1, &seqs[1].1);
+    // Start packet, the loss mark, then packets 0, 1, 2.
+    assert_eq!(marks(first), [None, None, Some(0), Some(1), Some(2)]);
+    assert_eq!(first[1].previous_packet_dropped, Some(1));
+    assert_eq!(marks(second), [None, Some(1), Some(2)]);
+    assert!(second.iter().all(|p| p.previous_packet_dropped.is_none()));
+    assert_eq!(fw.stats().losses_marked, 1);
+    runtime().stop_data_source(306);
+    lb.shutdown();
+}
+
 #[test]
 fn a_loss_marked_at_the_end_is_one_more_chunk_of_the_same_lane() {
     let _s = serial();
