@@ -140,6 +140,17 @@ fn start(id: u64, name: &str, buffer: u32) {
     runtime().start_data_source(id);
 }
 
+/// The chunks of `source`, which must hold nothing else (no patches).
+fn chunks_only(source: &[SourceEvent]) -> Vec<Vec<u8>> {
+    source
+        .iter()
+        .map(|e| match e {
+            SourceEvent::Chunk(c) => c.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
 fn forward_all(seq: &mut crate::ForwardedSequence, events: &[SourceEvent]) {
     for e in events {
         match e {
@@ -361,13 +372,7 @@ fn a_lost_chunk_is_marked_on_the_next_packet_of_the_same_lane() {
             w.flush();
         }
     });
-    let chunks: Vec<_> = source
-        .iter()
-        .map(|e| match e {
-            SourceEvent::Chunk(c) => c.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let chunks = chunks_only(&source);
     let mut seq = fw.new_sequence();
     seq.set_injected_packet(&snapshot(5)).unwrap();
     for (i, c) in chunks.iter().enumerate() {
@@ -415,13 +420,7 @@ fn a_lane_starting_before_the_sources_clear_marks_a_loss() {
             w.flush();
         }
     });
-    let chunks: Vec<_> = source
-        .iter()
-        .map(|e| match e {
-            SourceEvent::Chunk(c) => c.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let chunks = chunks_only(&source);
     // From the packet that needs the state: a loss before it.
     let mut seq = fw.new_sequence();
     for c in &chunks {
