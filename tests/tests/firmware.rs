@@ -37,7 +37,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use shmtrace_tests::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation};
@@ -598,7 +598,9 @@ const WALKTHROUGH_TIMEOUT: Duration = Duration::from_secs(900);
 /// firmware example's `Cargo.lock` (its crate versions, no registry
 /// update) and builds into a target dir kept between runs. Every trace
 /// the commands write passes `inspect --check` (they run it as well) and
-/// holds the firmware's slices, every interned name resolved.
+/// holds the firmware's slices, every interned name resolved. Then the
+/// firmware it built reaches `main` at once under `-icount`
+/// ([`readme_firmware_starts_at_once`]).
 #[test]
 fn firmware_readme_walkthrough() {
     firmware::check_qemu().unwrap_or_else(|e| panic!("{e}"));
@@ -744,4 +746,73 @@ fn firmware_readme_walkthrough() {
         );
         assert_eq!(events["interned_unresolved"], 0, "{trace}: {events}");
     }
+    readme_firmware_starts_at_once(&project, &root);
+}
+
+/// Instructions (nanoseconds under `-icount shift=0`) from reset to the
+/// README firmware's first event, at most: its `.bss` and region set up,
+/// about 0.3 million. A region section inserted after `.bss` made
+/// cortex-m-rt's reset handler zero everything up to it, 16 MiB from RAM
+/// through the hole to PSRAM: 17.2 million, the first byte on UART0 11.7 s
+/// late under `-singlestep -d exec` logging.
+const README_FIRST_EVENT_NS: u64 = 5_000_000;
+
+/// The README firmware the walk-through built in `project`, run under
+/// `-icount shift=0` (one instruction per virtual nanosecond, the FPGA
+/// counter its clock hook reads at 25 MHz of them) with UART0 into a file
+/// until 8 KiB of frames are there, then imported (the firmware's clock
+/// taken as BOOTTIME, so the trace's earliest timestamp is the firmware's
+/// first): its first event lies within [`README_FIRST_EVENT_NS`]
+/// instructions of reset.
+fn readme_firmware_starts_at_once(project: &Path, dir: &Path) {
+    let elf = project.join("target/thumbv7em-none-eabihf/release/fw-hello");
+    let frames = dir.join("icount.frames");
+    let mut qemu = Command::new("qemu-system-arm");
+    qemu.args(["-M", "mps2-an386", "-cpu", "cortex-m4"])
+        .args(["-display", "none", "-monitor", "none", "-icount", "shift=0"])
+        .arg("-serial")
+        .arg(format!("file:{}", frames.display()))
+        .arg("-kernel")
+        .arg(&elf);
+    let mut qemu = ChildProcess::spawn("qemu icount", qemu, dir).expect("QEMU");
+    let deadline = Instant::now() + TIMEOUT;
+    // A chunk is at most a 4 KiB page: past that, one went out whole.
+    while std::fs::metadata(&frames).map_or(0, |m| m.len()) < 8192 {
+        assert!(
+            qemu.is_running() && Instant::now() < deadline,
+            "8 KiB of frames from {} under -icount: {}",
+            elf.display(),
+            qemu.stderr_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    qemu.kill(TIMEOUT).expect("QEMU stops");
+    let trace = dir.join("icount.pftrace");
+    let import = Command::new(scenario::shmtrace_binary().expect("shmtrace"))
+        .arg("import")
+        .arg("--frames")
+        .arg(&frames)
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .expect("shmtrace import");
+    assert!(
+        import.status.success(),
+        "shmtrace import: {}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let analysis = scenario::inspect_passes(&trace);
+    assert!(
+        analysis["track_events"]["slice_begin"].as_u64() > Some(0),
+        "{}",
+        analysis["track_events"]
+    );
+    let first = analysis["clocks"]["first_ns"]
+        .as_u64()
+        .expect("the trace's first timestamp");
+    assert!(
+        first <= README_FIRST_EVENT_NS,
+        "the README firmware's first event {first} instructions after reset, more than \
+         {README_FIRST_EVENT_NS}: does its reset handler zero more than .bss?"
+    );
 }
