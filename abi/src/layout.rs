@@ -11,8 +11,8 @@
 //!
 //! # Invariants
 //!
-//! * All multi-byte integers are little-endian (the ABI does not support
-//!   big-endian hosts).
+//! * All multi-byte integers are little-endian, on every target (the
+//!   shared words of a big-endian core too: [`crate::sync::AtomicLeU32`]).
 //! * A view built with `new_checked` holds at least 8 bytes; after that check
 //!   no accessor or setter panics. A view built with `new_unchecked` is meant
 //!   for emission into a buffer the caller sized itself; its accessors panic

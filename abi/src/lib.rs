@@ -40,7 +40,11 @@
 //! ## Shared memory rules
 //!
 //! * Words shared with the peer (page header bitmap, chunk header fields) are
-//!   native lock-free atomics overlaid on the memory with `from_ptr`. By
+//!   native lock-free atomics overlaid on the memory
+//!   ([`sync::AtomicLeU32`]), stored little-endian on every target, so a
+//!   big-endian core (a Cortex-R in BE-8 mode, a PowerPC) writes the bytes
+//!   a little-endian host reads; on little-endian targets that costs
+//!   nothing. By
 //!   default the crate refuses to build on targets without native 16- and
 //!   32-bit compare-and-swap, because emulated atomics (critical sections)
 //!   are not atomic with respect to another process, core or debug probe.

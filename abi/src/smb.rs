@@ -3,8 +3,8 @@
 //! [`Smb`] wraps memory that stays valid for `'m`: an `mmap`ed memfd shared
 //! with another process, a `static` buffer in firmware, or a test buffer. It
 //! validates the geometry once, then drives the chunk state machine of
-//! [`crate::sync`] on `AtomicU32::from_ptr`/`AtomicU16::from_ptr` words
-//! overlaid on the memory, and hands out ownership tokens:
+//! [`crate::sync`] on [`AtomicLeU32`]/[`AtomicLeU16`] words (little-endian
+//! on every target) overlaid on the memory, and hands out ownership tokens:
 //!
 //! * producer: [`Smb::try_partition_page`], [`Smb::try_acquire_chunk_for_writing`]
 //!   → [`WritableChunk`] (write payload, bump the packet count, then
@@ -36,7 +36,6 @@
 #[allow(unsafe_code)]
 mod raw;
 
-use crate::sync::shared::{AtomicU16, AtomicU32};
 use core::fmt;
 use core::ptr::NonNull;
 
@@ -45,7 +44,10 @@ use crate::layout::{
     CHUNK_HEADER_SIZE, SMB_ALIGNMENT,
 };
 use crate::state::{self, ChunkState, PartitionError};
-use crate::sync::{self, AcquireError, ChunkWords, Ordering, PageWords, ReleaseError, ScrapeError};
+use crate::sync::{
+    self, AcquireError, AtomicLeU16, AtomicLeU32, AtomicWord16, AtomicWord32, ChunkWords, Ordering,
+    PageWords, ReleaseError, ScrapeError,
+};
 
 pub use raw::{OutOfBounds, Window, MIN_WINDOW_LEN, WINDOW_LEN, WINDOW_SLACK};
 use raw::{PayloadMut, Region};
@@ -212,17 +214,17 @@ pub struct Smb<'m> {
 
 /// The atomic words of one page of an [`Smb`].
 struct SmbPage<'s> {
-    header_bitmap: &'s AtomicU32,
+    header_bitmap: &'s AtomicLeU32,
     region: &'s Region<'s>,
     page: usize,
 }
 
 impl PageWords for SmbPage<'_> {
-    type Word32 = AtomicU32;
-    type Word16 = AtomicU16;
+    type Word32 = AtomicLeU32;
+    type Word16 = AtomicLeU16;
 
     #[inline]
-    fn header_bitmap(&self) -> &AtomicU32 {
+    fn header_bitmap(&self) -> &AtomicLeU32 {
         self.header_bitmap
     }
 
@@ -230,7 +232,7 @@ impl PageWords for SmbPage<'_> {
         &self,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<&ChunkWords<AtomicU32, AtomicU16>> {
+    ) -> Option<&ChunkWords<AtomicLeU32, AtomicLeU16>> {
         self.region.chunk_words(self.page, layout, chunk)
     }
 }
@@ -641,9 +643,9 @@ pub struct WritableChunk<'a> {
     chunk: u8,
     /// At most the payload's length (below 64 KiB).
     used: u16,
-    words: &'a ChunkWords<AtomicU32, AtomicU16>,
+    words: &'a ChunkWords<AtomicLeU32, AtomicLeU16>,
     /// The page's `header_bitmap` (all the release needs of the page).
-    header_bitmap: &'a AtomicU32,
+    header_bitmap: &'a AtomicLeU32,
     page: usize,
     payload: PayloadMut<'a>,
 }

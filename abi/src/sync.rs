@@ -206,6 +206,96 @@ fn cas_weak_acq_rel(word: &shared::AtomicU32, current: u32, new: u32) -> Result<
 }
 
 impl_words!(shared::AtomicU32, shared::AtomicU16);
+
+/// A 32-bit atomic word of memory shared with another party (a process, a
+/// core, a debug probe), stored little-endian on every target: the ABI's
+/// byte order, so a big-endian core and a little-endian host agree on its
+/// bytes. On little-endian targets every conversion is a no-op.
+///
+/// Laid out as `u32` (`repr(transparent)` over [`shared::AtomicU32`]); the
+/// crate overlays it on shared memory, and has no other way to make one.
+#[derive(Debug)]
+#[repr(transparent)]
+pub struct AtomicLeU32(shared::AtomicU32);
+
+/// The 16-bit [`AtomicLeU32`]: a shared word stored little-endian.
+#[derive(Debug)]
+#[repr(transparent)]
+pub struct AtomicLeU16(shared::AtomicU16);
+
+impl AtomicLeU32 {
+    /// Atomic wrapping add, returning the previous value. On big-endian
+    /// targets a compare-and-swap loop (the bytes to add to are swapped).
+    #[inline]
+    pub fn fetch_add(&self, n: u32, order: Ordering) -> u32 {
+        #[cfg(target_endian = "little")]
+        {
+            self.0.fetch_add(n, order)
+        }
+        #[cfg(target_endian = "big")]
+        {
+            let mut seen = AtomicWord32::load(self, Relaxed);
+            loop {
+                match AtomicWord32::compare_exchange_weak(
+                    self,
+                    seen,
+                    seen.wrapping_add(n),
+                    order,
+                    Relaxed,
+                ) {
+                    Ok(previous) => return previous,
+                    Err(now) => seen = now,
+                }
+            }
+        }
+    }
+}
+
+impl AtomicWord32 for AtomicLeU32 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u32 {
+        u32::from_le(AtomicWord32::load(&self.0, order))
+    }
+    #[inline]
+    fn store(&self, value: u32, order: Ordering) {
+        AtomicWord32::store(&self.0, value.to_le(), order);
+    }
+    #[inline]
+    fn compare_exchange(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32> {
+        AtomicWord32::compare_exchange(&self.0, current.to_le(), new.to_le(), success, failure)
+            .map(u32::from_le)
+            .map_err(u32::from_le)
+    }
+    #[inline]
+    fn compare_exchange_weak(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32> {
+        AtomicWord32::compare_exchange_weak(&self.0, current.to_le(), new.to_le(), success, failure)
+            .map(u32::from_le)
+            .map_err(u32::from_le)
+    }
+}
+
+impl AtomicWord16 for AtomicLeU16 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u16 {
+        u16::from_le(AtomicWord16::load(&self.0, order))
+    }
+    #[inline]
+    fn store(&self, value: u16, order: Ordering) {
+        AtomicWord16::store(&self.0, value.to_le(), order);
+    }
+}
 #[cfg(loom)]
 impl_words!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU16);
 

@@ -3,7 +3,7 @@
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-use crate::sync::shared::AtomicU32;
+use crate::sync::{AtomicLeU32, AtomicWord32};
 
 use super::raw::Mem;
 use super::ring::{self, RingFull, RingWords};
@@ -13,12 +13,12 @@ use super::wire::{offset, RingGeometry, SlotBody, SlotRepr, HEADER_SIZE};
 #[derive(Clone, Copy, Debug)]
 pub struct Ring<'m> {
     /// The slots' words (`slots` x `stride` of them), located once.
-    words: &'m [AtomicU32],
+    words: &'m [AtomicLeU32],
     slots: u32,
     /// Words per slot (8 in v1).
     stride: usize,
     /// The header's control words: `ring_head` and `ring_tail` first.
-    control: &'m [AtomicU32; CONTROL_WORDS],
+    control: &'m [AtomicLeU32; CONTROL_WORDS],
 }
 
 impl<'m> Ring<'m> {
@@ -27,7 +27,7 @@ impl<'m> Ring<'m> {
     fn new(
         mem: Mem<'m>,
         geometry: RingGeometry,
-        control: &'m [AtomicU32; CONTROL_WORDS],
+        control: &'m [AtomicLeU32; CONTROL_WORDS],
     ) -> Option<Self> {
         let stride = geometry.slot_size as usize / 4;
         Some(Ring {
@@ -43,7 +43,7 @@ impl<'m> Ring<'m> {
 
     /// The body words of slot `index` (`None` past the ring).
     #[inline]
-    fn body(&self, index: u32) -> Option<&'m [AtomicU32; 7]> {
+    fn body(&self, index: u32) -> Option<&'m [AtomicLeU32; 7]> {
         // (Wrapping: an index below `slots` does not wrap, and one that
         // does still finds words of the ring or none.)
         let at = (index as usize).wrapping_mul(self.stride);
@@ -63,23 +63,23 @@ impl<'m> Ring<'m> {
 }
 
 impl RingWords for Ring<'_> {
-    type Word = AtomicU32;
+    type Word = AtomicLeU32;
 
     fn slots(&self) -> u32 {
         self.slots
     }
 
-    fn head(&self) -> &AtomicU32 {
+    fn head(&self) -> &AtomicLeU32 {
         let [head, ..] = self.control;
         head
     }
 
-    fn tail(&self) -> &AtomicU32 {
+    fn tail(&self) -> &AtomicLeU32 {
         let [_, tail, ..] = self.control;
         tail
     }
 
-    fn seq(&self, index: u32) -> Option<&AtomicU32> {
+    fn seq(&self, index: u32) -> Option<&AtomicLeU32> {
         // (No check against `slots`: `words` holds `slots` slots, so none
         // is found past them. Wrapping as in `body`.)
         self.words.get((index as usize).wrapping_mul(self.stride))
@@ -147,7 +147,7 @@ impl<'m> Control<'m> {
     /// The control word at header offset `at` (a constant: no check is
     /// left).
     #[inline(always)]
-    fn word(&self, at: usize) -> Option<&'m AtomicU32> {
+    fn word(&self, at: usize) -> Option<&'m AtomicLeU32> {
         self.ring.control.get(at.checked_sub(offset::CONTROL)? / 4)
     }
 

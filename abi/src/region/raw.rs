@@ -18,7 +18,7 @@ use core::ptr::NonNull;
 
 use crate::layout::PageSize;
 use crate::smb::{Smb, SmbError};
-use crate::sync::shared::AtomicU32;
+use crate::sync::AtomicLeU32;
 
 /// Region memory valid for `'m`.
 #[derive(Clone, Copy, Debug)]
@@ -62,22 +62,24 @@ impl<'m> Mem<'m> {
     }
 
     /// The 32-bit atomic at `offset`, if in bounds and 4-aligned.
-    pub(crate) fn word(&self, offset: usize) -> Option<&'m AtomicU32> {
+    pub(crate) fn word(&self, offset: usize) -> Option<&'m AtomicLeU32> {
         let end = offset.checked_add(4)?;
         if end > self.len || self.addr().wrapping_add(offset) % 4 != 0 {
             return None;
         }
         // SAFETY: `offset + 4 <= len`, so the word lies inside memory valid
         // for reads and writes for `'m` (`new`'s contract); its address is
-        // 4-aligned as checked, matching `align_of::<AtomicU32>()`. Within
+        // 4-aligned as checked, matching `align_of::<AtomicLeU32>()`. Within
         // this process these bytes are only accessed through such atomics
         // (module invariant), so no non-atomic access races with it.
-        Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
+        // `AtomicLeU32` is a `repr(transparent)` atomic `u32`, so the cast
+        // is `AtomicU32::from_ptr`'s.
+        Some(unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicLeU32>() })
     }
 
     /// The `count` 32-bit atomics from `offset` on, if in bounds and
     /// 4-aligned: one check for a run of words (a ring's slots).
-    pub(crate) fn words(&self, offset: usize, count: usize) -> Option<&'m [AtomicU32]> {
+    pub(crate) fn words(&self, offset: usize, count: usize) -> Option<&'m [AtomicLeU32]> {
         let end = count.checked_mul(4)?.checked_add(offset)?;
         if end > self.len || self.addr().wrapping_add(offset) % 4 != 0 {
             return None;
@@ -85,13 +87,13 @@ impl<'m> Mem<'m> {
         // SAFETY: `offset + 4 * count <= len`, so the words lie inside
         // memory valid for reads and writes for `'m` (`new`'s contract);
         // the first is 4-aligned as checked, so all are, matching
-        // `align_of::<AtomicU32>()`, whose size and in-memory
-        // representation are those of `u32` (`core`'s and
-        // `portable-atomic`'s alike). Within this process these bytes are
+        // `align_of::<AtomicLeU32>()`, whose size and in-memory
+        // representation are those of `u32` (a `repr(transparent)` atomic:
+        // `core`'s and `portable-atomic`'s alike). Within this process these bytes are
         // only accessed through such atomics (module invariant), so no
         // non-atomic access races with them.
         Some(unsafe {
-            core::slice::from_raw_parts(self.base.as_ptr().add(offset).cast::<AtomicU32>(), count)
+            core::slice::from_raw_parts(self.base.as_ptr().add(offset).cast::<AtomicLeU32>(), count)
         })
     }
 

@@ -21,6 +21,7 @@ use core::sync::atomic::Ordering::{Acquire, Relaxed};
 use crate::layout::{ChunkHeaderRepr, CHUNK_HEADER_SIZE, MAX_CHUNKS_PER_PAGE};
 use crate::smb::{ChunkLocation, Smb, SmbError};
 use crate::state::ChunkState;
+use crate::sync::AtomicWord32;
 
 use super::control::{Control, Counters};
 use super::raw::Mem;

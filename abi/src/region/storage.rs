@@ -23,6 +23,7 @@ use core::sync::atomic::Ordering::{Relaxed, Release};
 use crate::layout::{PageSize, PAGE_HEADER_SIZE};
 use crate::smb::Smb;
 use crate::sync::shared::AtomicU32;
+use crate::sync::{AtomicLeU32, AtomicWord32};
 
 use super::control::Control;
 use super::raw::Mem;
@@ -255,7 +256,7 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         // they are accessed only through `Mem` and the `Smb` built from it
         // (module invariants).
         let mem = unsafe { Mem::new(base, Self::REGION_SIZE) };
-        let words: &[AtomicU32; HEADER_WORDS] = mem
+        let words: &[AtomicLeU32; HEADER_WORDS] = mem
             .words(0, HEADER_WORDS)
             .and_then(|w| w.try_into().ok())
             .ok_or(fail)?;
@@ -296,7 +297,7 @@ impl<const SMB_BYTES: usize, const SLOTS: usize> RegionStorage<SMB_BYTES, SLOTS>
         let smb_at = repr.smb.offset as usize;
         let page_size = repr.smb.page_size;
         for page in (smb_at..smb_at + SMB_BYTES).step_by(page_size.get()) {
-            let header: &[AtomicU32; PAGE_HEADER_SIZE / 4] = mem
+            let header: &[AtomicLeU32; PAGE_HEADER_SIZE / 4] = mem
                 .words(page, PAGE_HEADER_SIZE / 4)
                 .and_then(|w| w.try_into().ok())
                 .ok_or(fail)?;

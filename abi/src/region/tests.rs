@@ -6,6 +6,7 @@ use std::vec::Vec;
 
 use super::*;
 use crate::layout::{PageLayout, PageSize};
+use crate::sync::AtomicWord32;
 use crate::writer::{PacketOutcome, TraceWriter};
 
 fn config() -> RegionConfig<'static> {

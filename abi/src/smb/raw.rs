@@ -29,16 +29,17 @@ use crate::layout::{
     ChunkGeometry, PageLayout, PageSize, CHUNK_HEADER_SIZE, CHUNK_ID_OFFSET, HEADER_BITMAP_OFFSET,
     PACKETS_OFFSET, SMB_ALIGNMENT, WRITER_ID_OFFSET,
 };
-use crate::sync::shared::{AtomicU16, AtomicU32};
 use crate::sync::ChunkWords;
+use crate::sync::{AtomicLeU16, AtomicLeU32};
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
 use super::{SmbError, SmbStorage};
 
-// `from_ptr` needs the pointer aligned to the atomic's alignment; we check
-// offsets against these, so they must not exceed the integer's size.
-const _: () = assert!(align_of::<AtomicU32>() == 4 && align_of::<AtomicU16>() == 2);
+// A pointer cast to a shared word must be aligned to the atomic's
+// alignment; we check offsets against these, so they must not exceed the
+// integer's size.
+const _: () = assert!(align_of::<AtomicLeU32>() == 4 && align_of::<AtomicLeU16>() == 2);
 
 /// A byte range was outside the chunk payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +154,7 @@ impl<'m> Region<'m> {
 
     /// Page `page`'s `header_bitmap` word; `None` if there is no such page.
     #[inline]
-    pub(crate) fn header_bitmap(&self, page: usize) -> Option<&AtomicU32> {
+    pub(crate) fn header_bitmap(&self, page: usize) -> Option<&AtomicLeU32> {
         if page >= self.num_pages {
             return None;
         }
@@ -163,13 +164,15 @@ impl<'m> Region<'m> {
         // inside the region, which is valid for reads and writes for `'m`
         // (outliving `&self`); the page starts at a multiple of 4096 from an
         // 8-aligned base and the word at offset 0 of it, so it is 4-aligned,
-        // matching `align_of::<AtomicU32>()`. Within this process the word
+        // matching `align_of::<AtomicLeU32>()`. Within this process the word
         // is only accessed atomically: non-atomic accesses go through
         // `Payload*`, whose constructors require exclusive ownership of
         // payload bytes, and payloads never overlap page headers. With
         // `portable-atomic`'s lock-based fallback every access of this
-        // process goes through the same `AtomicU32` type, as it requires.
-        Some(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) })
+        // process goes through the same `AtomicLeU32` type, as it requires.
+        // `AtomicLeU32` is a `repr(transparent)` atomic `u32`, so the cast
+        // is `AtomicU32::from_ptr`'s.
+        Some(unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicLeU32>() })
     }
 
     /// Offset from the base and size (header included) of chunk `chunk` of
@@ -198,7 +201,7 @@ impl<'m> Region<'m> {
         page: usize,
         layout: PageLayout,
         chunk: usize,
-    ) -> Option<&ChunkWords<AtomicU32, AtomicU16>> {
+    ) -> Option<&ChunkWords<AtomicLeU32, AtomicLeU16>> {
         let (offset, _) = self.chunk_span(page, layout, chunk)?;
         // SAFETY: a chunk's span lies in the region and starts 4-aligned,
         // and a chunk holds at least its 8-byte header (module invariants,
@@ -211,20 +214,23 @@ impl<'m> Region<'m> {
     /// # Safety
     ///
     /// `offset + 8 <= len` and `addr() + offset` is 4-aligned.
-    unsafe fn chunk_words_unchecked(&self, offset: usize) -> &ChunkWords<AtomicU32, AtomicU16> {
+    unsafe fn chunk_words_unchecked(&self, offset: usize) -> &ChunkWords<AtomicLeU32, AtomicLeU16> {
         const {
             assert!(
-                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, chunk_id)
+                core::mem::offset_of!(ChunkWords<AtomicLeU32, AtomicLeU16>, chunk_id)
                     == CHUNK_ID_OFFSET
             );
             assert!(
-                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, writer_id)
+                core::mem::offset_of!(ChunkWords<AtomicLeU32, AtomicLeU16>, writer_id)
                     == WRITER_ID_OFFSET
             );
             assert!(
-                core::mem::offset_of!(ChunkWords<AtomicU32, AtomicU16>, packets) == PACKETS_OFFSET
+                core::mem::offset_of!(ChunkWords<AtomicLeU32, AtomicLeU16>, packets)
+                    == PACKETS_OFFSET
             );
-            assert!(core::mem::size_of::<ChunkWords<AtomicU32, AtomicU16>>() == CHUNK_HEADER_SIZE);
+            assert!(
+                core::mem::size_of::<ChunkWords<AtomicLeU32, AtomicLeU16>>() == CHUNK_HEADER_SIZE
+            );
         }
         let at = self.base.as_ptr().wrapping_add(offset);
         // SAFETY: `offset + 8 <= len` (contract), so the header's 8 bytes
@@ -235,7 +241,7 @@ impl<'m> Region<'m> {
         // 8 bytes in all, checked above), so each atomic lies on its word of
         // the header. As for `atomic_u32`, these bytes are only ever
         // accessed atomically within this process.
-        unsafe { &*at.cast::<ChunkWords<AtomicU32, AtomicU16>>() }
+        unsafe { &*at.cast::<ChunkWords<AtomicLeU32, AtomicLeU16>>() }
     }
 
     fn sub_ptr(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
@@ -262,7 +268,7 @@ impl<'m> Region<'m> {
         &self,
         page: usize,
         geometry: ChunkGeometry,
-    ) -> (&ChunkWords<AtomicU32, AtomicU16>, PayloadMut<'_>) {
+    ) -> (&ChunkWords<AtomicLeU32, AtomicLeU16>, PayloadMut<'_>) {
         let offset = page * self.page_size.get() + geometry.offset;
         let size = geometry.size;
         // SAFETY: the chunk lies in one of the pages that tile the region
