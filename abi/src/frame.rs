@@ -24,7 +24,10 @@
 //! | 12 + `len` | 4 | `crc` | u32: CRC-32/ISO-HDLC (the zlib/Ethernet CRC: poly `0x04C11DB7` reflected, init and xorout `0xFFFFFFFF`) of bytes `0 .. 12 + len` |
 //!
 //! A sender restarts `seq` at 0 when it restarts, and then sends HELLO
-//! first. A receiver expects `seq` to grow by one: a larger one means
+//! first. It sends HELLO again now and then (every second:
+//! [`crate::link::StreamService`]), so a receiver that starts after it
+//! learns which boot, data source and clock its chunks belong to; a HELLO
+//! of the boot a receiver knows changes nothing. A receiver expects `seq` to grow by one: a larger one means
 //! frames were lost (counted), a smaller or equal one is a duplicate or
 //! out of order (counted, dropped); a HELLO is accepted whatever its `seq`
 //! and restarts the count.

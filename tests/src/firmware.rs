@@ -153,6 +153,10 @@ pub enum Uart {
     /// A TCP server on 127.0.0.1 at this port that QEMU waits on before it
     /// starts the firmware (`-serial tcp:...,server=on,wait=on,nodelay=on`).
     TcpServer(u16),
+    /// A TCP server QEMU does not wait on (`wait=off`): what the firmware
+    /// sends before a client connects is lost, as on a board that boots
+    /// before its host listens.
+    TcpServerNoWait(u16),
 }
 
 /// A firmware binary running under QEMU; dropping it kills QEMU.
@@ -192,23 +196,36 @@ impl Qemu {
                 Uart::TcpServer(port) => {
                     format!("tcp:127.0.0.1:{port},server=on,wait=on,nodelay=on")
                 }
+                Uart::TcpServerNoWait(port) => {
+                    format!("tcp:127.0.0.1:{port},server=on,wait=off,nodelay=on")
+                }
             })
             .arg("-kernel")
             .arg(elf_dir.join(bin));
         let process = ChildProcess::spawn(&format!("qemu {bin}"), command, dir)?;
         let mut qemu = Qemu { process, psram };
-        if let Uart::TcpServer(port) = uart {
-            qemu.await_listening(port)?;
+        match uart {
+            Uart::TcpServer(port) => qemu.await_listening(port)?,
+            // QEMU binds before it starts the firmware: one whose bind
+            // failed has exited within moments.
+            Uart::TcpServerNoWait(port) => qemu.await_running(port)?,
+            Uart::None => {}
         }
         Ok(qemu)
     }
 
     /// [`Qemu::start`] with UART0 on a TCP server at a free port, which it
     /// returns: a port taken by another process between its pick and
-    /// QEMU's bind is picked anew (a few times).
-    pub fn start_serving(elf_dir: &Path, bin: &str, dir: &Path) -> Result<(Self, u16)> {
+    /// QEMU's bind is picked anew (a few times). With `wait`, the firmware
+    /// starts when a client connects; without, at once.
+    pub fn start_serving(elf_dir: &Path, bin: &str, dir: &Path, wait: bool) -> Result<(Self, u16)> {
         scenario::with_free_port("QEMU", |port| {
-            Qemu::start(elf_dir, bin, dir, Uart::TcpServer(port))
+            let uart = if wait {
+                Uart::TcpServer(port)
+            } else {
+                Uart::TcpServerNoWait(port)
+            };
+            Qemu::start(elf_dir, bin, dir, uart)
         })
     }
 
@@ -232,6 +249,20 @@ impl Qemu {
             }
             thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Fails if QEMU exits within its first half second (its bind of
+    /// `port` failed: it reports that and exits at once).
+    fn await_running(&mut self, port: u16) -> Result<()> {
+        thread::sleep(Duration::from_millis(500));
+        if self.process.is_running() {
+            return Ok(());
+        }
+        Err(HarnessError::Driver {
+            name: self.process.name().into(),
+            message: format!("exited instead of listening on 127.0.0.1:{port}"),
+            stderr_tail: self.process.stderr_tail(),
+        })
     }
 
     /// Waits for the firmware's `ready` line; returns its mailbox.

@@ -11,7 +11,9 @@
 //!   service (`real-service`), with the real consumer and the real SDK
 //!   producer.
 //! * `firmware_stream_bridge_into_our_service`: the same into `shmtrace
-//!   serve`, with `shmtrace record` and `interop_producer`.
+//!   serve`, with `shmtrace record` and `interop_producer`;
+//!   `firmware_stream_bridge_started_late_into_our_service` starts the
+//!   bridge after the firmware said its first HELLO (QEMU's `wait=off`).
 //! * `firmware_readme_walkthrough`: the README's "Tracing firmware" section
 //!   run as a reader would (a crate of its own, the README's code and
 //!   commands as written); described at the test.
@@ -89,7 +91,15 @@ enum Transport {
     Attach,
     /// UART frames over TCP, read by `shmtrace bridge`.
     Stream,
+    /// The same, with the bridge started [`LATE_BRIDGE`] after the
+    /// firmware (QEMU does not wait for it), so the firmware's first
+    /// HELLO went nowhere: as a board that boots before its host listens.
+    StreamLate,
 }
+
+/// How long after the firmware's start `Transport::StreamLate` starts the
+/// bridge: past one of the firmware's periodic HELLOs (every second).
+const LATE_BRIDGE: Duration = Duration::from_millis(1_500);
 
 /// What the firmware reported when it finished.
 #[derive(Debug, Clone, Deserialize)]
@@ -134,7 +144,8 @@ fn firmware_into_a_trace(
             );
             (qemu, ready, mailbox, service, None)
         }
-        Transport::Stream => {
+        Transport::Stream | Transport::StreamLate => {
+            let late = transport == Transport::StreamLate;
             let service_process = match service {
                 ServiceImpl::Ours => {
                     start_our_service(dir.path(), &producer_socket, &consumer_socket, &[])
@@ -149,7 +160,14 @@ fn firmware_into_a_trace(
                 .expect("the service starts"),
             };
             let (mut qemu, port) =
-                Qemu::start_serving(&elf_dir, "stream", dir.path()).expect("QEMU starts");
+                Qemu::start_serving(&elf_dir, "stream", dir.path(), !late).expect("QEMU starts");
+            let early = if late {
+                let ready = qemu.ready().expect("the firmware is ready");
+                std::thread::sleep(LATE_BRIDGE);
+                Some(ready)
+            } else {
+                None
+            };
             let mut command = Command::new(scenario::shmtrace_binary().expect("shmtrace"));
             command
                 .args([
@@ -165,13 +183,16 @@ fn firmware_into_a_trace(
                 .arg(&producer_socket);
             let bridge = ChildProcess::spawn("shmtrace bridge", command, dir.path())
                 .expect("spawn shmtrace bridge");
-            let (ready, mailbox) = qemu.ready().expect("the firmware is ready");
+            let (ready, mailbox) = match early {
+                Some(ready) => ready,
+                None => qemu.ready().expect("the firmware is ready"),
+            };
             (qemu, ready, mailbox, service_process, Some(bridge))
         }
     };
     let mode = match transport {
         Transport::Attach => "attach",
-        Transport::Stream => "stream",
+        Transport::Stream | Transport::StreamLate => "stream",
     };
     assert_eq!(ready.mode, mode);
     assert_eq!(ready.region_offset(), 0, "the region is at PSRAM offset 0");
@@ -579,6 +600,18 @@ fn firmware_stream_bridge_into_our_service() {
 }
 
 /// `checker/timeline.py`'s own unit tests (golden trace and changed copies).
+/// A board that booted before its host listened: the bridge learns the
+/// boot from the HELLO the firmware repeats, and the session is complete.
+#[test]
+fn firmware_stream_bridge_started_late_into_our_service() {
+    firmware_into_a_trace(
+        Transport::StreamLate,
+        ServiceImpl::Ours,
+        ProducerImpl::Ours,
+        ConsumerImpl::OurCli,
+    );
+}
+
 #[test]
 fn timeline_unit_tests() {
     checker::python_unit_tests("test_timeline").unwrap_or_else(|e| panic!("{e}"));

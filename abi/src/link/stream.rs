@@ -81,7 +81,10 @@ impl Command {
 ///
 /// What it sends, in this order:
 ///
-/// 1. HELLO, when it is made ([`new`](Self::new)).
+/// 1. HELLO, when it is made ([`new`](Self::new)), and again before every
+///    periodic STATS frame after the first, so a host that starts listening
+///    late (a bridge started after the board, or restarted) learns the
+///    boot within [`STATS_PERIOD_NS`].
 /// 2. At each [`poll`](Self::poll): first the host's commands, each obeyed
 ///    completely before the next is read (the rule in [`crate::frame`]:
 ///    "Command order"): ENABLE/DISABLE set the region's `trace_enabled`,
@@ -169,7 +172,7 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
     /// Run one per region (it is the ring's consumer).
     pub fn new(
         handles: &RegionHandles<'m>,
-        mut io: IO,
+        io: IO,
         mut chunk_buffer: B,
     ) -> Result<Self, StreamError> {
         if !handles.header.stream_mode() {
@@ -183,20 +186,18 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
                 got,
             }));
         }
-        let mut encoder = FrameEncoder::new();
-        encoder.hello(&Hello::from_header(&handles.header), &mut |b: &[u8]| {
-            io.write(b)
-        });
-        Ok(StreamService {
+        let mut service = StreamService {
             io,
             reader,
             control: handles.control,
-            encoder,
+            encoder: FrameEncoder::new(),
             commands: FrameDecoder::new([0; COMMAND_FRAME]),
             chunk: chunk_buffer,
             errors: 0,
             stats_at: None,
-        })
+        };
+        service.send_hello();
+        Ok(service)
     }
 
     /// Obeys the host's frames, sends what the ring holds, and STATS when
@@ -235,7 +236,22 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
             .stats_at
             .is_none_or(|at| now.wrapping_sub(at) >= STATS_PERIOD_NS)
         {
+            // Again with every periodic STATS but the first (`new` sent
+            // one): a host that starts listening after the firmware did
+            // learns its boot.
+            if self.stats_at.is_some() {
+                self.send_hello();
+            }
             self.send_stats(now);
+        }
+    }
+
+    /// HELLO for the region the reader validated last.
+    fn send_hello(&mut self) {
+        if let Some(header) = self.reader.header() {
+            let io = &mut self.io;
+            self.encoder
+                .hello(&Hello::from_header(header), &mut |b: &[u8]| io.write(b));
         }
     }
 

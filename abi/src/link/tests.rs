@@ -262,7 +262,7 @@ fn stats(packets_dropped: u32) -> Got {
 }
 
 #[test]
-fn stream_starts_with_hello_then_sends_what_writers_commit() {
+fn stream_says_hello_at_start_and_each_period_and_sends_what_writers_commit() {
     let mut s = storage();
     let handles = s.init(&config(true)).unwrap();
     handles.control.set_trace_enabled(true);
@@ -304,7 +304,20 @@ fn stream_starts_with_hello_then_sends_what_writers_commit() {
     link.poll(|| {}, || 10 + STATS_PERIOD_NS - 1);
     assert_eq!(host.frames(link.io()), []);
     link.poll(|| {}, || 10 + STATS_PERIOD_NS);
-    assert_eq!(host.frames(link.io()), [stats(4)]);
+    assert_eq!(
+        host.frames(link.io()),
+        [
+            Got::Hello {
+                seq: 3,
+                boot_id: 5,
+                page_size: 4096,
+                data_source: "fw.track_event".into(),
+                producer: "board".into(),
+            },
+            stats(4)
+        ],
+        "every periodic STATS but the first follows a HELLO, for a host that listens late"
+    );
     assert_eq!(link.lost(), 0);
 }
 

@@ -274,6 +274,10 @@ pub struct Engine<O: Output> {
     /// Per running session (instance id): the firmware's loss total when
     /// it started or was last marked.
     sessions: HashMap<u64, u64>,
+    /// The boot id and data source of the hello refused last: the
+    /// firmware says hello again every second, and its refusal is noted
+    /// once (it is counted, and tried again, each time).
+    refused: Option<(u32, String)>,
 }
 
 fn add_counters(into: &mut Vec<(String, u64)>, from: &[(String, u64)]) {
@@ -296,6 +300,7 @@ impl<O: Output> Engine<O> {
             firmware_past: Vec::new(),
             notes: Vec::new(),
             sessions: HashMap::new(),
+            refused: None,
         }
     }
 
@@ -497,9 +502,8 @@ impl<O: Output> Engine<O> {
             return;
         }
         self.end_boot();
-        if h.data_source.is_empty() || h.clock_id >= FIRST_RESERVED_CLOCK {
-            self.stats.hellos_refused += 1;
-            self.notes.push(format!(
+        let refusal = if h.data_source.is_empty() || h.clock_id >= FIRST_RESERVED_CLOCK {
+            Some(format!(
                 "refused the firmware's hello (boot {:#x}): {}",
                 h.boot_id,
                 if h.data_source.is_empty() {
@@ -507,17 +511,23 @@ impl<O: Output> Engine<O> {
                 } else {
                     format!("clock id {} is reserved", h.clock_id)
                 }
-            ));
-            return;
-        }
-        if let Err(e) = self.out.register(&h.data_source) {
+            ))
+        } else {
+            self.out
+                .register(&h.data_source)
+                .err()
+                .map(|e| format!("cannot register data source {:?}: {e}", h.data_source))
+        };
+        if let Some(note) = refusal {
             self.stats.hellos_refused += 1;
-            self.notes.push(format!(
-                "cannot register data source {:?}: {e}",
-                h.data_source
-            ));
+            let this = Some((h.boot_id, h.data_source));
+            if self.refused != this {
+                self.notes.push(note);
+                self.refused = this;
+            }
             return;
         }
+        self.refused = None;
         self.stats.boots += 1;
         let clock = match self.fixed_offset {
             Some(o) => ClockSync::fixed(o),

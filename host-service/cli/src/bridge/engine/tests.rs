@@ -171,6 +171,34 @@ fn chunks_go_into_one_sequence_per_writer_and_none_before_the_hello() {
 }
 
 #[test]
+fn a_bridge_that_starts_late_takes_the_boot_from_the_hello_the_firmware_repeats() {
+    // The firmware said its first hello before the bridge listened: its
+    // chunks are dropped until the hello it repeats (every second), and
+    // the repeats after that change nothing.
+    let (mut e, log) = engine();
+    e.handle(chunk(1, 4), 0);
+    e.handle(hello(7, BOOTTIME), 0);
+    e.handle(chunk(1, 5), 0);
+    e.handle(hello(7, BOOTTIME), 0);
+    e.handle(chunk(1, 6), 0);
+    assert_eq!(
+        take(&log),
+        [
+            Call::Register("fw".into()),
+            Call::New(1, "fw".into()),
+            Call::Chunk(1, 5),
+            Call::Chunk(1, 6),
+        ],
+        "one registration and one sequence, whatever the repeats"
+    );
+    let s = e.stats();
+    assert_eq!(
+        (s.boots, s.resets, s.chunks_before_hello, s.chunks_forwarded),
+        (1, 0, 1, 2)
+    );
+}
+
+#[test]
 fn a_new_boot_never_mixes_with_the_old_one() {
     let (mut e, log) = engine();
     e.handle(hello(7, BOOTTIME), 0);
@@ -217,6 +245,18 @@ fn bad_hellos_and_bad_chunks_are_refused_and_counted() {
     assert_eq!(e.stats().hellos_refused, 2);
     assert_eq!(e.take_notes().len(), 2);
     assert!(e.hello().is_none());
+    // The firmware repeats its hello every second: counted, noted once.
+    e.handle(
+        FirmwareEvent::Hello(Hello {
+            boot_id: 2,
+            data_source: String::new(),
+            producer: "p".into(),
+            clock_id: 6,
+        }),
+        0,
+    );
+    assert_eq!(e.stats().hellos_refused, 3);
+    assert!(e.take_notes().is_empty());
     e.handle(hello(3, BOOTTIME), 0);
     e.handle(chunk(0, 1), 0); // writer id 0
     e.handle(FirmwareEvent::Chunk(vec![1, 2, 3]), 0); // no header
