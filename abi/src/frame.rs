@@ -41,7 +41,7 @@
 //! | `0x01` | HELLO | u16 `version` = 1, u16 0, u32 `boot_id`, u32 `clock_id` (the firmware's absolute clock, 1..=127), u32 `page_size` (of its SMB: the largest chunk is `page_size - 8`), u32 `flags` (0), u8 data source name length (1..=64) + UTF-8 name, u8 producer name length (0..=64) + UTF-8 name |
 //! | `0x02` | CHUNK | one chunk as in the SMB: its 8-byte header (`chunk_id` u32, `writer_id` u16, `packets` u16), then its payload; bytes after the last fragment may be left out (so 8 ..= `page_size - 8` bytes) |
 //! | `0x03` | PATCH | 1 or more 16-byte entries: u16 `writer_id`, u8 flags (bit 0 `has_more`: more patches for this chunk follow), u8 0, u32 `chunk_id`, u16 `offset` (from the chunk payload start), u16 0, 4 bytes `data` |
-//! | `0x04` | CLOCK | u64 firmware time (ns on clock `clock_id`), u32 the host's sync nonce it answers (0: unsolicited) |
+//! | `0x04` | CLOCK | u64 firmware time (ns on clock `clock_id`), u32 the host's sync nonce it answers (0: unsolicited: a sender that has had no host frame sends one every second, so a one-way link relates the clocks too) |
 //! | `0x05` | STATS | u32 `packets_dropped`, u32 `ring_overflows`, u32 `chunks_lost`, u32 `frames_dropped` (frames the firmware could not send); receivers ignore bytes after 16 |
 //!
 //! Host to firmware (optional reverse channel):

@@ -93,7 +93,12 @@ impl Command {
 ///    sends a CLOCK frame with the nonce and the clock read right then.
 ///    Then every record the ring holds, as CHUNK and PATCH frames (a HELLO
 ///    if the region was taken anew), then STATS if [`STATS_PERIOD_NS`]
-///    passed since the last (and at the first poll).
+///    passed since the last (and at the first poll). Until a host frame
+///    arrives, each such STATS also asks the writers to restart their
+///    sequences (as CLEAR does) and follows an unasked CLOCK (nonce 0):
+///    over a link with no way back (a FIFO, a UART's TX line alone, a
+///    probe's up-channel) a host that started listening late decodes what
+///    follows within a period, and relates the clocks one-way.
 ///
 /// `B` is the buffer chunks are copied into on their way out of the SMB
 /// (`[u8; N]`, `&mut [u8]`): at least the region's page size less 8
@@ -164,6 +169,9 @@ pub struct StreamService<'m, IO, B> {
     errors: u64,
     /// When the last STATS frame went out (`None`: none yet).
     stats_at: Option<u64>,
+    /// A host frame arrived: the link is two-way, and the host asks for
+    /// the clock (SYNC) rather than being sent it.
+    heard: bool,
 }
 
 impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
@@ -195,6 +203,7 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
             chunk: chunk_buffer,
             errors: 0,
             stats_at: None,
+            heard: false,
         };
         service.send_hello();
         Ok(service)
@@ -211,6 +220,7 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
             let Some(command) = frame.and_then(|f| Command::of(f.parse().ok()?)) else {
                 continue;
             };
+            self.heard = true;
             match command {
                 Command::Enable(on) => self.control.set_trace_enabled(on),
                 Command::Clear => {
@@ -236,6 +246,18 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
             .stats_at
             .is_none_or(|at| now.wrapping_sub(at) >= STATS_PERIOD_NS)
         {
+            // No host frame yet: a one-way link (or no host), so do what
+            // a host would ask for. The writers restart their sequences
+            // (a host that started listening late gets their interned
+            // strings and tracks again), and the clock goes unasked, read
+            // right before it is sent (a host that cannot ask relates it
+            // one-way).
+            if !self.heard {
+                self.control.request_clear();
+                let now = clock.now_ns();
+                let io = &mut self.io;
+                self.encoder.clock(now, 0, &mut |b: &[u8]| io.write(b));
+            }
             // Again with every periodic STATS but the first (`new` sent
             // one): a host that starts listening after the firmware did
             // learns its boot.

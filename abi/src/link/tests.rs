@@ -286,8 +286,9 @@ fn stream_says_hello_at_start_and_each_period_and_sends_what_writers_commit() {
     link.poll(|| panic!("nobody asked"), || 10u64);
     assert_eq!(
         host.frames(link.io()),
-        [stats(0)],
-        "uncommitted events stay; the first poll sends STATS"
+        [Got::Clock { ns: 10, nonce: 0 }, stats(0)],
+        "uncommitted events stay; the first poll sends STATS, and the clock \
+         unasked: no host frame came yet"
     );
     w.flush();
     handles.control.count_packets_dropped(4);
@@ -307,8 +308,12 @@ fn stream_says_hello_at_start_and_each_period_and_sends_what_writers_commit() {
     assert_eq!(
         host.frames(link.io()),
         [
+            Got::Clock {
+                ns: 10 + STATS_PERIOD_NS,
+                nonce: 0
+            },
             Got::Hello {
-                seq: 3,
+                seq: 5,
                 boot_id: 5,
                 page_size: 4096,
                 data_source: "fw.track_event".into(),
@@ -319,6 +324,39 @@ fn stream_says_hello_at_start_and_each_period_and_sends_what_writers_commit() {
         "every periodic STATS but the first follows a HELLO, for a host that listens late"
     );
     assert_eq!(link.lost(), 0);
+}
+
+#[test]
+fn stream_clears_and_sends_the_clock_unasked_until_the_host_says_something() {
+    let mut s = storage();
+    let handles = s.init(&config(true)).unwrap();
+    let mut pipe = Pipe::default();
+    let mut host = Host::new();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
+    host.frames(link.io());
+    // A one-way link: a CLOCK and a clear request with every periodic
+    // STATS.
+    for (i, t) in [7, 7 + STATS_PERIOD_NS].into_iter().enumerate() {
+        link.poll(|| {}, || t);
+        let frames = host.frames(link.io());
+        assert_eq!(
+            frames.first(),
+            Some(&Got::Clock { ns: t, nonce: 0 }),
+            "period {i}"
+        );
+        assert_eq!(handles.control.clear_request(), i as u32 + 1);
+    }
+    // The host speaks (ENABLE): it asks for the clock and clears when it
+    // wants them.
+    host.command(link.io(), kind::ENABLE);
+    link.poll(|| {}, || 7 + 3 * STATS_PERIOD_NS);
+    let frames = host.frames(link.io());
+    assert!(
+        !frames.iter().any(|f| matches!(f, Got::Clock { .. })),
+        "{frames:?}"
+    );
+    assert!(frames.contains(&stats(0)), "{frames:?}");
+    assert_eq!(handles.control.clear_request(), 2);
 }
 
 #[test]
@@ -342,7 +380,7 @@ fn stream_sends_patches_of_packets_that_span_chunks() {
     let frames = host.frames(link.io());
     let data: Vec<_> = frames
         .iter()
-        .filter(|f| !matches!(f, Got::Hello { .. } | Got::Stats(_)))
+        .filter(|f| !matches!(f, Got::Hello { .. } | Got::Stats(_) | Got::Clock { .. }))
         .collect();
     assert_eq!(
         data,
