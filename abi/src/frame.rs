@@ -30,7 +30,9 @@
 //! of the boot a receiver knows changes nothing. A receiver expects `seq` to grow by one: a larger one means
 //! frames were lost (counted), a smaller or equal one is a duplicate or
 //! out of order (counted, dropped); a HELLO is accepted whatever its `seq`
-//! and restarts the count.
+//! and the count goes on from it (a HELLO at `seq` 0, or at a smaller one
+//! than expected, is a restart; one further on tells how many frames
+//! before it were lost).
 //!
 //! # Types and payloads
 //!

@@ -13,7 +13,9 @@
 //! * [`StreamService`]: the host reads a byte stream (a UART, an RTT-style
 //!   ring, TCP). The region is in stream mode; the service drains its ring
 //!   with a [`RegionReader`](crate::region::RegionReader), sends every record as a [frame](crate::frame)
-//!   (HELLO first, STATS now and then) through a [`ByteIo`], and obeys the
+//!   (HELLO first and again every second with STATS; until the host says
+//!   something, an unasked CLOCK and a clear of the writers' sequences
+//!   every second too) through a [`ByteIo`], and obeys the
 //!   host's frames read back from it: ENABLE/DISABLE and CLEAR (the
 //!   region's own control words, which the arbiters see), FLUSH (commit
 //!   what the writers hold, then send it all), SYNC (a CLOCK frame at

@@ -8,9 +8,11 @@
 //!    `RUSTFLAGS="--cfg loom"` (maitake-sync style). Only
 //!    [`OwnedPageWords`] is built from it.
 //! 2. **Two tiny traits**, [`AtomicWord32`] and [`AtomicWord16`], implemented
-//!    for the [`shared`] atomics (used by [`crate::smb::Smb`] through
-//!    `AtomicU32::from_ptr` into the shared mapping) and, under `--cfg loom`,
-//!    for loom's atomics; plus [`PageWords`], "the atomic words of one page".
+//!    for [`AtomicLeU32`] and [`AtomicLeU16`] (the words [`crate::smb::Smb`]
+//!    and the region overlay on shared memory, little-endian on every
+//!    target), for the [`shared`] atomics (owned words) and, under
+//!    `--cfg loom`, for loom's atomics; plus [`PageWords`], "the atomic
+//!    words of one page".
 //! 3. **Generic operations** ([`try_partition`], [`try_acquire_for_writing`],
 //!    [`release_as_complete`], [`try_acquire_for_reading`],
 //!    [`release_as_free`], [`release_complete_as_free`],
@@ -214,14 +216,24 @@ impl_words!(shared::AtomicU32, shared::AtomicU16);
 ///
 /// Laid out as `u32` (`repr(transparent)` over [`shared::AtomicU32`]); the
 /// crate overlays it on shared memory, and has no other way to make one.
-#[derive(Debug)]
 #[repr(transparent)]
 pub struct AtomicLeU32(shared::AtomicU32);
 
 /// The 16-bit [`AtomicLeU32`]: a shared word stored little-endian.
-#[derive(Debug)]
 #[repr(transparent)]
 pub struct AtomicLeU16(shared::AtomicU16);
+
+impl fmt::Debug for AtomicLeU32 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&AtomicWord32::load(self, Relaxed), f)
+    }
+}
+
+impl fmt::Debug for AtomicLeU16 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&AtomicWord16::load(self, Relaxed), f)
+    }
+}
 
 impl AtomicLeU32 {
     /// Atomic wrapping add, returning the previous value. On big-endian

@@ -343,6 +343,29 @@ fn duplicates_gaps_and_oversized_frames_are_counted() {
         [0, 1, 2, 0, 1]
     );
     assert_eq!(stats.duplicates, 0);
+
+    // The sender's periodic HELLO: frames lost right before it count.
+    let hello = || Model::Hello(1, "x".into(), String::new());
+    let frames = [
+        hello(),
+        Model::Clear,
+        Model::Clear,
+        Model::Clear,
+        hello(),
+        Model::Clear,
+    ];
+    let (bytes, starts) = encode(&frames);
+    let frame = |i: usize| &bytes[starts[i]..starts.get(i + 1).copied().unwrap_or(bytes.len())];
+    let stream: Vec<u8> = [0, 1, 4, 5]
+        .iter()
+        .flat_map(|&i| frame(i).to_vec())
+        .collect();
+    let (got, stats) = decode(&stream, &[], 128);
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [0, 1, 4, 5]
+    );
+    assert_eq!((stats.lost, stats.duplicates), (2, 0));
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Real-thread stress tests of the SMB through the production path
-//! (`AtomicU32::from_ptr`/`AtomicU16::from_ptr` on a heap buffer and
+//! (`AtomicLeU32`/`AtomicLeU16` words overlaid on a heap buffer and
 //! `ptr::copy_nonoverlapping` payload copies). Bounded iteration counts, no
 //! timing assertions. Under miri the counts shrink and miri's data-race
 //! detector checks every payload and header access.

@@ -599,7 +599,6 @@ fn firmware_stream_bridge_into_our_service() {
     );
 }
 
-/// `checker/timeline.py`'s own unit tests (golden trace and changed copies).
 /// A board that booted before its host listened: the bridge learns the
 /// boot from the HELLO the firmware repeats, and the session is complete.
 #[test]
@@ -612,6 +611,7 @@ fn firmware_stream_bridge_started_late_into_our_service() {
     );
 }
 
+/// `checker/timeline.py`'s own unit tests (golden trace and changed copies).
 #[test]
 fn timeline_unit_tests() {
     checker::python_unit_tests("test_timeline").unwrap_or_else(|e| panic!("{e}"));

@@ -284,6 +284,17 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> FrameDecoder<B> {
     /// Sequence check of a good frame; `false` drops it.
     fn accept_seq(&mut self, kind_byte: u8, seq: u32) -> bool {
         let accept = match self.expected_seq {
+            // Accepted whatever its seq, and the count goes on from it: at
+            // seq 0 a sender that restarted; later the sender's periodic
+            // repeat, after which the frames it skipped were lost. (A
+            // smaller seq is a restart whose first HELLO was lost.)
+            Some(expected) if kind_byte == kind::HELLO => {
+                let ahead = seq.wrapping_sub(expected) as i32;
+                if seq != 0 && ahead > 0 {
+                    self.stats.lost += ahead as u64;
+                }
+                true
+            }
             _ if kind_byte == kind::HELLO => true,
             None => true,
             Some(expected) => {

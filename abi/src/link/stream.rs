@@ -81,10 +81,10 @@ impl Command {
 ///
 /// What it sends, in this order:
 ///
-/// 1. HELLO, when it is made ([`new`](Self::new)), and again before every
-///    periodic STATS frame after the first, so a host that starts listening
-///    late (a bridge started after the board, or restarted) learns the
-///    boot within [`STATS_PERIOD_NS`].
+/// 1. HELLO, when it is made ([`new`](Self::new)), and again with every
+///    periodic STATS frame after the first (below), so a host that starts
+///    listening late (a bridge started after the board, or restarted)
+///    learns the boot within [`STATS_PERIOD_NS`].
 /// 2. At each [`poll`](Self::poll): first the host's commands, each obeyed
 ///    completely before the next is read (the rule in [`crate::frame`]:
 ///    "Command order"): ENABLE/DISABLE set the region's `trace_enabled`,
@@ -93,12 +93,13 @@ impl Command {
 ///    sends a CLOCK frame with the nonce and the clock read right then.
 ///    Then every record the ring holds, as CHUNK and PATCH frames (a HELLO
 ///    if the region was taken anew), then STATS if [`STATS_PERIOD_NS`]
-///    passed since the last (and at the first poll). Until a host frame
-///    arrives, each such STATS also asks the writers to restart their
-///    sequences (as CLEAR does) and follows an unasked CLOCK (nonce 0):
-///    over a link with no way back (a FIFO, a UART's TX line alone, a
-///    probe's up-channel) a host that started listening late decodes what
-///    follows within a period, and relates the clocks one-way.
+///    passed since the last (and at the first poll). Every such STATS but
+///    the first follows a HELLO and, until a host frame arrives, an
+///    unasked CLOCK (nonce 0), and asks the writers to restart their
+///    sequences (as CLEAR does): over a link with no way back (a FIFO, a
+///    UART's TX line alone, a probe's up-channel) a host that started
+///    listening late decodes what follows within a period, and relates
+///    the clocks one-way.
 ///
 /// `B` is the buffer chunks are copied into on their way out of the SMB
 /// (`[u8; N]`, `&mut [u8]`): at least the region's page size less 8
@@ -246,23 +247,24 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
             .stats_at
             .is_none_or(|at| now.wrapping_sub(at) >= STATS_PERIOD_NS)
         {
-            // No host frame yet: a one-way link (or no host), so do what
-            // a host would ask for. The writers restart their sequences
-            // (a host that started listening late gets their interned
-            // strings and tracks again), and the clock goes unasked, read
-            // right before it is sent (a host that cannot ask relates it
-            // one-way).
-            if !self.heard {
-                self.control.request_clear();
-                let now = clock.now_ns();
-                let io = &mut self.io;
-                self.encoder.clock(now, 0, &mut |b: &[u8]| io.write(b));
-            }
-            // Again with every periodic STATS but the first (`new` sent
-            // one): a host that starts listening after the firmware did
-            // learns its boot.
+            // Not the first period (`new` sent HELLO; a host connected from
+            // the start speaks within it).
             if self.stats_at.is_some() {
+                // HELLO again: a host that started listening after the
+                // firmware did learns its boot.
                 self.send_hello();
+                // No host frame yet: a one-way link (or no host), so do
+                // what a host would ask for. The writers restart their
+                // sequences (a host that started listening late gets their
+                // interned strings and tracks again), and the clock goes
+                // unasked, read right before it is sent (a host that cannot
+                // ask relates it one-way).
+                if !self.heard {
+                    self.control.request_clear();
+                    let now = clock.now_ns();
+                    let io = &mut self.io;
+                    self.encoder.clock(now, 0, &mut |b: &[u8]| io.write(b));
+                }
             }
             self.send_stats(now);
         }
