@@ -211,8 +211,10 @@ impl_words!(shared::AtomicU32, shared::AtomicU16);
 
 /// A 32-bit atomic word of memory shared with another party (a process, a
 /// core, a debug probe), stored little-endian on every target: the ABI's
-/// byte order, so a big-endian core and a little-endian host agree on its
-/// bytes. On little-endian targets every conversion is a no-op.
+/// byte order (Perfetto assumes it and builds only for little-endian CPUs:
+/// `include/perfetto/ext/tracing/core/shared_memory_abi.h`), so a
+/// big-endian core and a little-endian host agree on its bytes. On
+/// little-endian targets every conversion is a no-op.
 ///
 /// Laid out as `u32` (`repr(transparent)` over [`shared::AtomicU32`]); the
 /// crate overlays it on shared memory, and has no other way to make one.
