@@ -59,6 +59,10 @@
 //! Frames of other types are skipped (counted as unknown) so later
 //! versions can add some.
 //!
+//! A host sends no HELLO, and one that restarts (a bridge started again)
+//! counts its `seq` from 0 again: a firmware obeys host frames whatever
+//! their `seq` ([`crate::link::StreamService`] does).
+//!
 //! # Command order
 //!
 //! A firmware obeys the host's frames one at a time, in the order they
