@@ -59,6 +59,10 @@
 //! Frames of other types are skipped (counted as unknown) so later
 //! versions can add some.
 //!
+//! A host sends no HELLO, and one that restarts (a bridge started again)
+//! counts its `seq` from 0 again: a firmware obeys host frames whatever
+//! their `seq` ([`crate::link::StreamService`] does).
+//!
 //! # Command order
 //!
 //! A firmware obeys the host's frames one at a time, in the order they
@@ -83,8 +87,12 @@
 //! whose length exceeds its buffer (oversized) or whose CRC does not match
 //! (corrupt, or cut short by lost bytes and followed by the next frame) is
 //! counted and decoding resumes at the next magic *after the start of that
-//! frame*, so a good frame hidden behind a bad header is found. Memory is
-//! the caller's buffer; nothing panics.
+//! frame*, so a good frame hidden behind a bad header is found. A sender
+//! that restarts inside a frame cuts it short: a whole HELLO at `seq` 0
+//! inside the frame being assembled ends that frame (counted truncated)
+//! at once, rather than when the new run has sent enough to fill the cut
+//! frame's length (a new run that waits to be enabled sends little).
+//! Memory is the caller's buffer; nothing panics.
 //!
 //! ```
 //! use shmtrace_abi::frame::{Frame, FrameDecoder, FrameEncoder};

@@ -418,3 +418,51 @@ fn payloads_of_the_wrong_size_are_typed_errors() {
         Err(FrameError::BadName(_))
     ));
 }
+
+/// A sender reset while it sent a chunk: the chunk's length would take in
+/// all the new run sends (HELLO, and little more while its tracing is
+/// off). The HELLO at seq 0 ends the cut frame as soon as it is whole,
+/// byte by byte or at once, without waiting for the end of the stream.
+#[test]
+fn a_restart_inside_a_frame_ends_it_at_its_hello() {
+    let (old, starts) = encode(&[Model::Clear, Model::Chunk(vec![7; 600])]);
+    let cut = &old[..starts[1] + 100];
+    let hello = Model::Hello(2, "fw".into(), String::new());
+    let (new, _) = encode(&[hello.clone(), Model::Clear]);
+    let stream = [cut, &new].concat();
+    for step in [1, stream.len()] {
+        let mut dec = FrameDecoder::new(vec![0u8; 4096]);
+        let mut got = Vec::new();
+        for piece in stream.chunks(step) {
+            let mut input = piece;
+            while !input.is_empty() {
+                let (used, frame) = dec.push(input);
+                input = &input[used..];
+                if let Some(f) = frame {
+                    got.push((f.seq, to_model(&f.parse().unwrap())));
+                }
+            }
+        }
+        // (Bytes taken in behind the HELLO come with the next push, or at
+        // the end.)
+        assert_eq!(
+            got[..2],
+            [(0, Model::Clear), (0, hello.clone())],
+            "step {step}"
+        );
+        while let Some(f) = dec.finish() {
+            got.push((f.seq, to_model(&f.parse().unwrap())));
+        }
+        assert_eq!(got[2..], [(1, Model::Clear)], "step {step}");
+        let stats = dec.stats();
+        assert_eq!((stats.truncated, stats.bad_crc, stats.lost), (1, 0, 0));
+        assert_eq!(stats.garbage_bytes, 100, "the cut frame's bytes");
+    }
+    // A HELLO at seq 0 whole inside a chunk that is whole and good is
+    // that chunk's payload.
+    let (inner, _) = encode(std::slice::from_ref(&hello));
+    let (whole, _) = encode(&[Model::Chunk([vec![1; 8], inner].concat())]);
+    let (got, stats) = decode(&whole, &[], 4096);
+    assert!(matches!(got[..], [(0, Model::Chunk(_))]), "{got:?}");
+    assert_eq!(stats.truncated, 0);
+}

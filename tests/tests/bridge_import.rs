@@ -171,7 +171,7 @@ fn import_of_a_full_region_marks_the_firmware_losses() {
     }
     assert!(
         stderr.contains(&format!(
-            "{} at the end of a session for the firmware's own drops",
+            "{} at the end of a session for the firmware's or the link's drops",
             firmware.len()
         )),
         "{stderr}"

@@ -12,8 +12,16 @@
 //!   duplicate), or the skipped-garbage count, or stays buffered.
 //! * Work per call is bounded by the input and buffer lengths; memory is
 //!   the buffer given to [`FrameDecoder::new`].
+//! * A sender that restarts inside a frame (a board reset while it sent
+//!   one) cuts it short, and the frame's length then takes in what the
+//!   new run sends, HELLO first: a quiet new run (tracing off until a host
+//!   that heard its HELLO enables it) sends too little to complete that
+//!   length for a long time. So while a frame is assembled, a whole HELLO
+//!   at `seq` 0 with a good CRC completed inside it ends it: the frame
+//!   is counted as truncated, its bytes as garbage, and the HELLO is
+//!   delivered.
 
-use super::payload::{Frame, FrameError};
+use super::payload::{Frame, FrameError, HELLO_MAX_LEN};
 use super::{kind, CRC, CRC_LEN, HEADER_LEN, MAGIC};
 
 /// A frame with a good CRC, in the decoder's buffer.
@@ -195,7 +203,42 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> FrameDecoder<B> {
             }
             self.filled += n;
             used += n;
+            // Only a frame still incomplete: a whole one's CRC decides.
+            let incomplete = self.filled >= HEADER_LEN && self.filled < self.wanted();
+            if let Some(at) = incomplete.then(|| self.restart_inside(filled)).flatten() {
+                self.stats.truncated += 1;
+                self.stats.garbage_bytes += at as u64;
+                self.consume(at);
+            }
         }
+    }
+
+    /// Where a restart's HELLO (a whole HELLO frame at `seq` 0 with a good
+    /// CRC) that the bytes after `buf[..old]` completed starts inside the
+    /// frame being assembled, if one does (module docs). Looks at the new
+    /// bytes and the longest HELLO frame before them.
+    fn restart_inside(&self, old: usize) -> Option<usize> {
+        const LONGEST: usize = HEADER_LEN + HELLO_MAX_LEN + CRC_LEN;
+        let buf = self.buf.as_ref().get(..self.filled)?;
+        let from = old.saturating_sub(LONGEST).max(1);
+        (from..buf.len()).find(|&at| {
+            let Some(header) = buf.get(at..at + HEADER_LEN) else {
+                return false;
+            };
+            let word = |i: usize| {
+                u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]])
+            };
+            let len = word(8) as usize;
+            let end = at + HEADER_LEN + len + CRC_LEN;
+            header[..3] == [MAGIC[0], MAGIC[1], kind::HELLO]
+                && word(4) == 0
+                && len <= HELLO_MAX_LEN
+                && end > old
+                && end <= buf.len()
+                && buf
+                    .get(end - CRC_LEN..end)
+                    .is_some_and(|crc| CRC.checksum(&buf[at..end - CRC_LEN]).to_le_bytes() == *crc)
+        })
     }
 
     /// The frame `deliver` accepted last.

@@ -12,6 +12,9 @@ use super::{kind, VERSION};
 pub const PATCH_ENTRY_LEN: usize = 16;
 /// Fixed part of a HELLO payload (before the names).
 const HELLO_FIXED_LEN: usize = 20;
+/// The longest HELLO payload: the fixed part and two names of at most
+/// [`NAME_LEN`](crate::region::NAME_LEN) bytes, each after its length.
+pub(crate) const HELLO_MAX_LEN: usize = HELLO_FIXED_LEN + 2 * (1 + crate::region::NAME_LEN);
 /// Bytes of a STATS payload.
 const STATS_LEN: usize = 16;
 

@@ -218,7 +218,14 @@ impl<'m, IO: ByteIo, B: AsMut<[u8]>> StreamService<'m, IO, B> {
         for _ in 0..INPUT_PER_POLL {
             let Some(byte) = self.io.read() else { break };
             let (_, frame) = self.commands.push(&[byte]);
-            let Some(command) = frame.and_then(|f| Command::of(f.parse().ok()?)) else {
+            let Some(frame) = frame else { continue };
+            let command = frame.parse().ok().and_then(Command::of);
+            // A host says no HELLO: one that restarts (a bridge killed
+            // and started again) counts its `seq` from 0 again, below the
+            // last one heard. Its frames are commands, not data whose loss
+            // is counted, so none is dropped for its `seq`.
+            self.commands.reset_seq();
+            let Some(command) = command else {
                 continue;
             };
             self.heard = true;

@@ -570,3 +570,31 @@ fn stream_refuses_a_shared_ram_region_and_a_short_buffer() {
         "no HELLO from a service that did not start"
     );
 }
+
+#[test]
+fn stream_obeys_a_host_that_restarted_its_frame_count() {
+    let mut s = storage();
+    let handles = s.init(&config(true)).unwrap();
+    let mut pipe = Pipe::default();
+    let mut link = StreamService::new(&handles, &mut pipe, [0u8; DEFAULT_CHUNK_BUFFER]).unwrap();
+    // The first host (a bridge) says three things, at seq 0, 1, 2 ...
+    let mut first = Host::new();
+    for nonce in 1..=3 {
+        first.command_u32(link.io(), kind::SYNC, nonce);
+    }
+    link.poll(|| {}, || 7u64);
+    // ... and is killed; the next one counts from 0 again.
+    let mut next = Host::new();
+    next.command_u32(link.io(), kind::SYNC, 10);
+    next.command_u32(link.io(), kind::SYNC, 11);
+    link.poll(|| {}, || 8u64);
+    let answers: Vec<(u64, u32)> = first
+        .frames(link.io())
+        .into_iter()
+        .filter_map(|f| match f {
+            Got::Clock { ns, nonce } => Some((ns, nonce)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, [(7, 1), (7, 2), (7, 3), (8, 10), (8, 11)]);
+}

@@ -44,8 +44,12 @@
 //!   draining it, a dump taken then) have no next packet. So when a
 //!   session ends ([`Engine::session_ending`]), the input ends or the
 //!   bridge stops ([`Engine::finish`]), or a boot ends, and the
-//!   firmware's loss counters (every counter but [`FIRMWARE_NO_LOSS`])
-//!   grew since the session started (or was last marked), every sequence
+//!   firmware's loss counters (every counter but [`FIRMWARE_NO_LOSS`]),
+//!   or the link's that no later chunk reveals (what the shell reports
+//!   with [`Engine::link_loss`]: the last frame of a board reset
+//!   mid-frame; a flush given up on, which leaves what it committed for
+//!   after the session), grew
+//!   since the session started (or was last marked), every sequence
 //!   of that boot gets one more chunk holding a packet
 //!   `previous_packet_dropped` in that session
 //!   ([`Output::mark_loss`]). The counters are the firmware's, not per
@@ -271,9 +275,11 @@ pub struct Engine<O: Output> {
     firmware_past: Vec<(String, u64)>,
     /// Things to tell the shell (logged once each).
     notes: Vec<String>,
-    /// Per running session (instance id): the firmware's loss total when
-    /// it started or was last marked.
+    /// Per running session (instance id): the loss total (firmware and
+    /// link) when it started or was last marked.
     sessions: HashMap<u64, u64>,
+    /// The link's losses so far, as the shell last reported them.
+    link_loss: u64,
     /// The boot id and data source of the hello refused last: the
     /// firmware says hello again every second, and its refusal is noted
     /// once (it is counted, and tried again, each time).
@@ -298,6 +304,7 @@ impl<O: Output> Engine<O> {
             fixed_offset: None,
             stats: EngineStats::default(),
             firmware_past: Vec::new(),
+            link_loss: 0,
             notes: Vec::new(),
             sessions: HashMap::new(),
             refused: None,
@@ -359,10 +366,23 @@ impl<O: Output> Engine<O> {
             .fold(0u64, |t, (_, v)| t.saturating_add(*v))
     }
 
+    /// The link's losses so far that no later chunk reveals (module docs),
+    /// summed: what grew since a session started is marked as the
+    /// firmware's own drops are. The shell reports it before events that
+    /// may end a boot, and before a session ends.
+    pub fn link_loss(&mut self, total: u64) {
+        self.link_loss = total;
+    }
+
+    /// The firmware's and the link's losses, summed.
+    fn loss(&self) -> u64 {
+        self.firmware_loss().saturating_add(self.link_loss)
+    }
+
     /// A session (instance `id`) started the data source: losses from
     /// now on are its own.
     pub fn session_started(&mut self, id: u64) {
-        let loss = self.firmware_loss();
+        let loss = self.loss();
         self.sessions.insert(id, loss);
     }
 
@@ -383,7 +403,7 @@ impl<O: Output> Engine<O> {
     /// Marks the losses since each session's mark in `only` (or every
     /// session) on every sequence of the current boot.
     fn mark_trailing_loss(&mut self, only: Option<u64>) {
-        let loss = self.firmware_loss();
+        let loss = self.loss();
         let Some(b) = &mut self.boot else {
             return;
         };

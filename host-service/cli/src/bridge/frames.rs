@@ -10,6 +10,11 @@
 //!   bad CRCs, oversized or truncated frames, duplicate and missing
 //!   sequence numbers) and frames with a good CRC whose payload is unusable
 //!   (unknown type, bad length, bad HELLO) or that only a host sends.
+//! * A restart that cut the old boot's last frame (a bad, oversized or
+//!   missing frame between the last good one and the new boot's HELLO: a
+//!   board reset mid-frame) is counted apart, `cut_by_restart`: what that
+//!   frame held no later chunk of its sequence reveals, so the engine marks
+//!   it on the old boot's sequences ([`Engine::link_loss`](super::engine::Engine::link_loss)).
 //! * A flush is a FLUSH frame followed by a SYNC with a nonce of the
 //!   bridge's own (high bit set, so never one of the clock's): a firmware
 //!   handles its commands in order, so once the CLOCK answering it arrives
@@ -43,6 +48,11 @@ pub struct FrameStreamDecoder {
     next_barrier: u32,
     next_flush: u32,
     flush_timeouts: u64,
+    /// Bad, oversized, truncated and missing frames up to the last good
+    /// frame.
+    bad_at_last_frame: u64,
+    /// Restarts whose HELLO came after such a frame (module docs).
+    cut_by_restart: u64,
 }
 
 /// What decoded frames turn into (apart from the frame decoder, which
@@ -89,6 +99,8 @@ impl FrameStreamDecoder {
             next_barrier: 0,
             next_flush: 0,
             flush_timeouts: 0,
+            bad_at_last_frame: 0,
+            cut_by_restart: 0,
         }
     }
 }
@@ -100,7 +112,8 @@ impl State {
             .map_or(0, |b| bytes * BITS_PER_BYTE * 1_000_000_000 / u64::from(b))
     }
 
-    fn frame(&mut self, kind: u8, seq: u32, payload: &[u8]) {
+    /// Handles one good frame; `true` if it was a restart's HELLO.
+    fn frame(&mut self, kind: u8, seq: u32, payload: &[u8]) -> bool {
         let expected = self.last_seq.map(|s| s.wrapping_add(1));
         self.last_seq = Some(seq);
         if expected.is_some_and(|e| e != seq) {
@@ -112,7 +125,7 @@ impl State {
             Ok(f) => f,
             Err(_) => {
                 self.unusable += 1;
-                return;
+                return false;
             }
         };
         if !matches!(parsed, Frame::Patch(_)) {
@@ -124,7 +137,8 @@ impl State {
                 // (frame format): a new boot even if its boot_id repeats
                 // (firmware whose RAM a reset zeroes keeps none to count
                 // from). A HELLO later in a run is the same boot's.
-                if seq == 0 && expected.is_some() {
+                let restart = seq == 0 && expected.is_some();
+                if restart {
                     self.events.push_back(FirmwareEvent::Reset);
                 }
                 self.events.push_back(FirmwareEvent::Hello(Hello {
@@ -133,6 +147,7 @@ impl State {
                     producer: h.producer.as_str().to_owned(),
                     clock_id: h.clock_id,
                 }));
+                return restart;
             }
             Frame::Chunk(bytes) => self.events.push_back(FirmwareEvent::Chunk(bytes.to_vec())),
             Frame::Patch(entries) => {
@@ -164,7 +179,14 @@ impl State {
                 self.from_host += 1;
             }
         }
+        false
     }
+}
+
+/// The frames a decoder found bad (bad CRC, oversized, truncated) or
+/// missing.
+fn bad_frames(s: &frame::DecoderStats) -> u64 {
+    s.bad_crc + s.oversized + s.truncated + s.lost
 }
 
 impl StreamDecoder for FrameStreamDecoder {
@@ -172,9 +194,14 @@ impl StreamDecoder for FrameStreamDecoder {
         while !bytes.is_empty() {
             let (used, frame) = self.decoder.push(bytes);
             bytes = &bytes[used..];
-            if let Some(f) = frame {
-                self.state.frame(f.kind, f.seq, f.payload);
+            let Some(f) = frame else { continue };
+            let restart = self.state.frame(f.kind, f.seq, f.payload);
+            // The counts up to this frame (the decoder stops at its end).
+            let bad = bad_frames(&self.decoder.stats());
+            if restart && bad > self.bad_at_last_frame {
+                self.cut_by_restart += 1;
             }
+            self.bad_at_last_frame = bad;
         }
     }
 
@@ -208,6 +235,7 @@ impl StreamDecoder for FrameStreamDecoder {
         vec![
             ("frames", self.decoder.stats().frames),
             ("flush_timeouts", self.flush_timeouts),
+            ("cut_by_restart", self.cut_by_restart),
         ]
     }
 

@@ -226,7 +226,7 @@ impl fmt::Display for Summary {
         writeln!(
             out,
             "  sequences: {} losses marked ({} with a new writer, {} at the end of a session for \
-             the firmware's own drops), {} orphan fragments dropped",
+             the firmware's or the link's drops), {} orphan fragments dropped",
             f.losses_marked,
             f.lanes_restarted,
             e.trailing_losses_marked,
@@ -390,6 +390,19 @@ impl DataSourceHandler for Handler {
     }
 }
 
+/// The link's losses so far for [`Engine::link_loss`]: flushes the source
+/// gave up on (what they committed comes late: after a session's stop, it
+/// has no session) and restarts that cut the old boot's last frame,
+/// summed. (Its other losses are of frames a later chunk of their sequence
+/// reveals, or of no data: a corrupt STATS frame, garbage.)
+fn link_loss(source: &dyn FirmwareSource) -> u64 {
+    source
+        .counters()
+        .into_iter()
+        .filter(|(n, _)| ["flush_timeouts", "cut_by_restart"].contains(n))
+        .fold(0u64, |t, (_, v)| t.saturating_add(v))
+}
+
 /// Host BOOTTIME, nanoseconds.
 pub fn boottime_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
@@ -448,6 +461,12 @@ pub fn run(
             Ok(Some(event)) => {
                 drained = false;
                 let hello = matches!(event, FirmwareEvent::Hello(_));
+                if hello || matches!(event, FirmwareEvent::Reset) {
+                    // It may end a boot: the link's losses until now (a
+                    // frame a reset cut) are marked on the old boot's
+                    // sequences.
+                    engine.link_loss(link_loss(&*source));
+                }
                 engine.handle(event, boottime_ns());
                 if hello && control.instances.load(Ordering::Relaxed) == 0 {
                     // No session: quiet (module docs). A session starting
@@ -491,6 +510,7 @@ pub fn run(
                         st.ending = later;
                         done.into_iter().map(|(id, _)| id).collect()
                     };
+                    engine.link_loss(link_loss(&*source));
                     for id in ending {
                         engine.session_ending(id);
                     }
@@ -523,6 +543,7 @@ pub fn run(
     }
     // Everything read is forwarded (losses left unmarked get their mark);
     // the producer sends it before going.
+    engine.link_loss(link_loss(&*source));
     engine.finish();
     engine.output().flush();
     let summary = summary(&engine, &*source, requests_unsupported);

@@ -722,6 +722,43 @@ fn drops_that_end_a_boot_are_marked_before_its_sequences_go() {
     assert_eq!(take(&log), []);
 }
 
+#[test]
+fn link_losses_that_end_a_boot_or_a_session_are_marked_too() {
+    let (mut e, log) = engine();
+    // Link losses before the session are not its own.
+    e.link_loss(40);
+    e.handle(hello(1, BOOTTIME), 0);
+    e.session_started(5);
+    e.handle(chunk(1, 0), 0);
+    e.handle(chunk(2, 0), 0);
+    take(&log);
+    // The board resets mid-frame: the stream says its last frame was cut
+    // by the restart.
+    e.link_loss(41);
+    e.handle(FirmwareEvent::Reset, 0);
+    let mut calls = take(&log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(
+        calls,
+        [
+            Call::Dropped(1),
+            Call::Dropped(2),
+            Call::Loss(1, Some(5)),
+            Call::Loss(2, Some(5))
+        ]
+    );
+    e.handle(hello(2, BOOTTIME), 0);
+    e.handle(chunk(1, 0), 0);
+    take(&log);
+    // Not again; a flush given up on at the stop is marked at its end.
+    e.session_ending(5);
+    e.session_started(6);
+    e.link_loss(42);
+    e.session_ending(6);
+    assert_eq!(take(&log), [Call::Loss(3, Some(6))]);
+    assert_eq!(e.stats().trailing_losses_marked, 3);
+}
+
 /// A chunk of `writer` with id `id`, [`SNAPSHOT_PERIOD_BYTES`] / 16 bytes
 /// long (header included), holding one packet.
 fn kib_chunk(writer: u16, id: u32) -> FirmwareEvent {

@@ -334,6 +334,53 @@ fn a_hello_at_seq_0_after_frames_is_a_restart_even_with_the_same_boot_id() {
     assert_eq!(loss(&d, "duplicates"), 0);
 }
 
+fn counter(d: &FrameStreamDecoder, name: &str) -> u64 {
+    d.counters()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or_else(|| panic!("no counter {name}"), |(_, v)| v)
+}
+
+/// A board reset mid-frame: the old boot's last chunk frame is cut, the
+/// new boot's HELLO follows. The cut frame is counted as a bad CRC and as
+/// cut by the restart; a bad frame with a good one after it, before the
+/// restart, is not cut by it.
+#[test]
+fn a_restart_right_after_a_cut_frame_is_counted() {
+    let mut wire = Vec::new();
+    let mut old = FrameEncoder::new();
+    let mut sink = |b: &[u8]| wire.extend_from_slice(b);
+    old.hello(&hello(1), &mut sink);
+    old.chunk(&chunk(0), &mut sink);
+    let mut cut = Vec::new();
+    old.chunk(&chunk(1), &mut |b: &[u8]| cut.extend_from_slice(b));
+    wire.extend_from_slice(&cut[..cut.len() - 6]);
+    let mut new = FrameEncoder::new();
+    new.hello(&hello(1), &mut |b: &[u8]| wire.extend_from_slice(b));
+    new.chunk(&chunk(0), &mut |b: &[u8]| wire.extend_from_slice(b));
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&wire);
+    let events = drain(&mut d);
+    assert!(matches!(events[2], FirmwareEvent::Reset), "{events:?}");
+    assert_eq!(events.len(), 5, "{events:?}");
+    assert_eq!(loss(&d, "bad_crc"), 1);
+    assert_eq!(counter(&d, "cut_by_restart"), 1);
+
+    // Cut, then a good frame of the old boot, then the restart.
+    let mut wire = Vec::new();
+    let mut old = FrameEncoder::new();
+    old.hello(&hello(1), &mut |b: &[u8]| wire.extend_from_slice(b));
+    wire.extend_from_slice(&cut[..cut.len() - 6]);
+    old.clock(5, 0, &mut |b: &[u8]| wire.extend_from_slice(b));
+    let mut new = FrameEncoder::new();
+    new.hello(&hello(1), &mut |b: &[u8]| wire.extend_from_slice(b));
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&wire);
+    assert!(drain(&mut d).contains(&FirmwareEvent::Reset));
+    assert_eq!(loss(&d, "bad_crc"), 1);
+    assert_eq!(counter(&d, "cut_by_restart"), 0);
+}
+
 #[test]
 fn arbitrary_bytes_never_panic_and_memory_stays_bounded() {
     use proptest::prelude::*;
