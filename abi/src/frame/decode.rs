@@ -21,7 +21,7 @@
 //!   is counted as truncated, its bytes as garbage, and the HELLO is
 //!   delivered.
 
-use super::payload::{Frame, FrameError, HELLO_MAX_LEN};
+use super::payload::{Frame, FrameError, HELLO_MAX_LEN, HELLO_MIN_LEN};
 use super::{kind, CRC, CRC_LEN, HEADER_LEN, MAGIC};
 
 /// A frame with a good CRC, in the decoder's buffer.
@@ -204,7 +204,11 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> FrameDecoder<B> {
             self.filled += n;
             used += n;
             // Only a frame still incomplete: a whole one's CRC decides.
-            let incomplete = self.filled >= HEADER_LEN && self.filled < self.wanted();
+            // (A buffer too small for any HELLO, a firmware's for host
+            // commands, never holds one: the check compiles away there.)
+            let incomplete = self.buf.as_ref().len() >= HEADER_LEN + HELLO_MIN_LEN + CRC_LEN
+                && self.filled >= HEADER_LEN
+                && self.filled < self.wanted();
             if let Some(at) = incomplete.then(|| self.restart_inside(filled)).flatten() {
                 self.stats.truncated += 1;
                 self.stats.garbage_bytes += at as u64;

@@ -15,6 +15,9 @@ const HELLO_FIXED_LEN: usize = 20;
 /// The longest HELLO payload: the fixed part and two names of at most
 /// [`NAME_LEN`](crate::region::NAME_LEN) bytes, each after its length.
 pub(crate) const HELLO_MAX_LEN: usize = HELLO_FIXED_LEN + 2 * (1 + crate::region::NAME_LEN);
+/// The shortest HELLO payload: the fixed part, a one-byte data source
+/// name and an empty producer name, each after its length.
+pub(crate) const HELLO_MIN_LEN: usize = HELLO_FIXED_LEN + 1 + 1 + 1;
 /// Bytes of a STATS payload.
 const STATS_LEN: usize = 16;
 
