@@ -282,9 +282,13 @@ impl AtomicWord32 for AtomicLeU32 {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u32, u32> {
-        AtomicWord32::compare_exchange(&self.0, current.to_le(), new.to_le(), success, failure)
-            .map(u32::from_le)
-            .map_err(u32::from_le)
+        from_le(AtomicWord32::compare_exchange(
+            &self.0,
+            current.to_le(),
+            new.to_le(),
+            success,
+            failure,
+        ))
     }
     #[inline]
     fn compare_exchange_weak(
@@ -294,10 +298,21 @@ impl AtomicWord32 for AtomicLeU32 {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u32, u32> {
-        AtomicWord32::compare_exchange_weak(&self.0, current.to_le(), new.to_le(), success, failure)
-            .map(u32::from_le)
-            .map_err(u32::from_le)
+        from_le(AtomicWord32::compare_exchange_weak(
+            &self.0,
+            current.to_le(),
+            new.to_le(),
+            success,
+            failure,
+        ))
     }
+}
+
+/// A compare-and-exchange's result (both arms a value as stored) in the
+/// native byte order.
+#[inline]
+fn from_le(stored: Result<u32, u32>) -> Result<u32, u32> {
+    stored.map(u32::from_le).map_err(u32::from_le)
 }
 
 impl AtomicWord16 for AtomicLeU16 {
