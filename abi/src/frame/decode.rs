@@ -233,12 +233,15 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> FrameDecoder<B> {
                 u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]])
             };
             let len = word(8) as usize;
+            if header[..3] != [MAGIC[0], MAGIC[1], kind::HELLO]
+                || word(4) != 0
+                || len > HELLO_MAX_LEN
+            {
+                return false;
+            }
+            // `len` is bounded now: no overflow on a 32-bit `usize`.
             let end = at + HEADER_LEN + len + CRC_LEN;
-            header[..3] == [MAGIC[0], MAGIC[1], kind::HELLO]
-                && word(4) == 0
-                && len <= HELLO_MAX_LEN
-                && end > old
-                && end <= buf.len()
+            end > old
                 && buf
                     .get(end - CRC_LEN..end)
                     .is_some_and(|crc| CRC.checksum(&buf[at..end - CRC_LEN]).to_le_bytes() == *crc)
