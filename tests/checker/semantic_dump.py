@@ -17,12 +17,15 @@ What legitimately differs between producers is normalized away, each for the
 reason given where it is done:
   * absolute timestamps and the clock they are written in (a trace processor
     converts every clock to boottime; only "the sequence's timestamps resolve
-    and never go backwards" is kept). An event given an explicit time names
-    the script's time base in a uint annotation "time_base_ns": its time is
-    shown relative to that base (exact in ns on BOOTTIME and the sequence's
-    clocks, whether written as a delta or absolute; on another global clock
-    such as MONOTONIC, converted through the service's clock snapshots, as
-    the clock's name and whole ms), and the base's value is left out;
+    and never go backwards" is kept; they convert through every clock
+    snapshot of the trace, related as check_trace.py's ClockGraph relates
+    them, so a firmware's clock resolves through its bridge's snapshots). An
+    event given an explicit time names the script's time base in a uint
+    annotation "time_base_ns": its time is shown relative to that base
+    (exact in ns on BOOTTIME and the sequence's clocks, whether written as a
+    delta or absolute; on another global clock such as MONOTONIC, converted
+    through the clock snapshots, as the clock's name and whole ms), and the
+    base's value is left out;
   * pids, tids, track uuids, flow ids and interned ids (numbers the producer
     picks): tracks are described by content, threads and processes by the
     order in which they first appear, flows by first use;
@@ -60,7 +63,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_trace import (  # noqa: E402  (after the path setup)
     BOOTTIME, FIRST_SEQUENCE_SCOPED_CLOCK, SEQ_INCREMENTAL_STATE_CLEARED,
-    SEQ_NEEDS_INCREMENTAL_STATE, SERVICE_SEQUENCE_ID, is_repeated, pb)
+    SEQ_NEEDS_INCREMENTAL_STATE, SERVICE_SEQUENCE_ID, ClockGraph, is_repeated,
+    pb)
 
 TYPE_NAMES = {
     pb.TrackEvent.TYPE_SLICE_BEGIN: "slice_begin",
@@ -127,11 +131,11 @@ class Numbering:
 
 
 class SeqState:
-    def __init__(self):
+    def __init__(self, seq_id):
+        self.id = seq_id
         self.valid = False
         self.interned = {}
         self.defaults = None
-        self.clocks = {}
         self.last_boot = None
         self.packets = []
 
@@ -141,8 +145,6 @@ class SeqState:
             "event_categories", "event_names", "debug_annotation_names",
             "debug_annotation_string_values")}
         self.defaults = None
-        self.clocks = {c: v for c, v in self.clocks.items()
-                       if c < FIRST_SEQUENCE_SCOPED_CLOCK}
 
 
 class Dumper:
@@ -153,22 +155,20 @@ class Dumper:
         self.redescribed = set()
         self.seqs = {}
         self.order = []
-        # The service's clock snapshots ({clock id: value}), which convert
-        # the global clocks other than BOOTTIME.
-        self.snapshots = []
+        # Every clock snapshot of the trace (the service's and the
+        # producers'), as a trace processor relates clocks.
+        self.clocks = ClockGraph()
 
     def load(self, trace):
         for packet in trace.packet:
             seq_id = packet.trusted_packet_sequence_id
             if seq_id == SERVICE_SEQUENCE_ID:
                 if packet.HasField("clock_snapshot"):
-                    self.snapshots.append({
-                        c.clock_id: c.timestamp
-                        for c in packet.clock_snapshot.clocks})
+                    self.clock_snapshot(seq_id, packet.clock_snapshot)
                 continue
             seq = self.seqs.get(seq_id)
             if seq is None:
-                seq = self.seqs[seq_id] = SeqState()
+                seq = self.seqs[seq_id] = SeqState(seq_id)
                 self.order.append(seq_id)
                 seq.first = {
                     "first_packet_on_sequence":
@@ -204,25 +204,30 @@ class Dumper:
                     self.redescribed.add(desc.uuid)
             self.tracks[desc.uuid] = desc
         elif kind == "clock_snapshot":
-            boot = None
-            for c in packet.clock_snapshot.clocks:
-                if c.clock_id == BOOTTIME:
-                    boot = c.timestamp
-            for c in packet.clock_snapshot.clocks:
-                seq.clocks[c.clock_id] = [c.is_incremental, c.timestamp,
-                                          c.timestamp, boot,
-                                          c.unit_multiplier_ns or 1]
+            why = self.clock_snapshot(seq.id, packet.clock_snapshot)
+            if why is not None:
+                seq.problems.append("clock snapshot refused: " + why)
         elif kind == "track_event":
             ts_ok, time = self.timestamp(seq, packet)
             seq.events.append((packet.track_event, ts_ok, time,
                                dict(seq.interned), seq.defaults,
                                packet.sequence_flags))
 
+    def clock_snapshot(self, seq_id, snapshot):
+        """Adds a snapshot to the clock graph; why a trace processor
+        refuses it, or None."""
+        clocks = [c for c in snapshot.clocks
+                  if c.HasField("clock_id") and c.HasField("timestamp")]
+        return self.clocks.add_snapshot(seq_id, clocks, BOOTTIME)
+
     def timestamp(self, seq, packet):
         """The packet's timestamp: whether it resolves (and, on the
         sequence's clocks, goes forward), and its time: the boot-time ns, or
-        (clock id, value) on a global clock the service's snapshots convert
-        (`global_boot`, once all are loaded)."""
+        (clock id, value) on another global clock (`global_boot` converts
+        it once every snapshot is loaded). A sequence-scoped clock converts
+        when read, through the chain of snapshots that relates it to
+        BOOTTIME (a firmware's clock: its sequence's snapshot relates it to
+        the firmware's clock, the bridge's relates that to BOOTTIME)."""
         if not packet.HasField("timestamp"):
             return "missing", None
         clock_id = packet.timestamp_clock_id \
@@ -231,39 +236,25 @@ class Dumper:
                 if seq.defaults is not None and
                 seq.defaults.HasField("timestamp_clock_id") else BOOTTIME)
         ts = packet.timestamp
-        if clock_id == BOOTTIME:
-            boot = ts
-        elif clock_id in seq.clocks:
-            c = seq.clocks[clock_id]
-            if c[0]:
-                c[1] += ts
-                value = c[1]
-            else:
-                value = ts
-            if c[3] is None:
-                return "clock %d without a boottime reference" % clock_id, None
-            boot = c[3] + (value - c[2]) * c[4]
-        elif clock_id < FIRST_SEQUENCE_SCOPED_CLOCK:
+        if clock_id != BOOTTIME and clock_id < FIRST_SEQUENCE_SCOPED_CLOCK:
             # Order is checked on the sequence's own clocks only (as
             # check_trace.py does): a trace processor sorts events anyway.
             return "ok", (clock_id, ts)
-        else:
+        boot, why = self.clocks.convert(seq.id, clock_id, ts, BOOTTIME)
+        if why == "unknown source":
             return "unresolvable clock %d" % clock_id, None
+        if why is not None:
+            return "clock %d with no chain of snapshots to boottime" % \
+                clock_id, None
         backwards = seq.last_boot is not None and boot < seq.last_boot
         seq.last_boot = boot
         return ("backwards" if backwards else "ok"), boot
 
     def global_boot(self, clock_id, value):
         """`value` on global clock `clock_id` in boot-time ns, through the
-        latest service snapshot at or before it (as a trace processor
-        converts), or None."""
-        usable = [s for s in self.snapshots
-                  if clock_id in s and BOOTTIME in s]
-        if not usable:
-            return None
-        before = [s for s in usable if s[clock_id] <= value]
-        snap = before[-1] if before else usable[0]
-        return snap[BOOTTIME] + value - snap[clock_id]
+        latest snapshot at or before it that relates the two (as a trace
+        processor converts), or None."""
+        return self.clocks.convert(0, clock_id, value, BOOTTIME)[0]
 
     # ------------------------------------------------------------------
     def describe_track(self, uuid, depth=0):

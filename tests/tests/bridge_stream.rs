@@ -9,7 +9,7 @@
 
 mod sim_bridge;
 
-use shmtrace_tests::checker::Loss;
+use shmtrace_tests::checker::{self, Loss};
 use shmtrace_tests::scenario::ServiceImpl;
 use sim_bridge::*;
 
@@ -76,6 +76,23 @@ fn a_tcp_stream_is_recorded(service: ServiceImpl) {
         report.buffer_stats
     );
     inspect_passes(&trace);
+    // Every event's time resolves as a trace processor resolves it: the
+    // firmware's incremental clock through its sequence's snapshot to the
+    // firmware clock, and through the bridge's snapshot to BOOTTIME.
+    let dump = checker::semantic_dump(&trace).expect("the semantic dump");
+    let events: Vec<&serde_json::Value> = dump["sequences"]
+        .as_array()
+        .expect("sequences")
+        .iter()
+        .flat_map(|s| s["events"].as_array().expect("events"))
+        .collect();
+    // The slices' begins and ends, the instants (the large events among them).
+    assert_eq!(events.len(), 400 * 2 + 410, "{dump}");
+    let unresolved: Vec<_> = events
+        .iter()
+        .filter(|e| e.get("timestamp").is_some())
+        .collect();
+    assert!(unresolved.is_empty(), "{unresolved:?}");
 
     // Nothing lost on the way; the clock is measured two-way and the
     // firmware clock's true offset lies within the bound.
