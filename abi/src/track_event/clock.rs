@@ -136,24 +136,24 @@ impl TickRate {
     }
 }
 
-/// `a * b`, all 64 bits of it. ARMv6-M (Cortex-M0/M0+, `thumbv6m`: the ARM
-/// target without compare-and-swap) has no 32x32->64-bit multiply
-/// (`UMULL`), so the compiler calls its 64x64-bit routine
-/// (`__aeabi_lmul`, 37 instructions with the call) for `u64::from(a) *
-/// u64::from(b)`; four 16x16-bit products inline are about half of that.
-/// Elsewhere the product is one instruction.
+/// `a * b`, all 64 bits of it. ARMv6-M (Cortex-M0/M0+) and ARMv8-M
+/// Baseline (Cortex-M23) have no 32x32->64-bit multiply (`UMULL`; the
+/// build script sets `shmtrace_no_umull` for them), so the compiler calls
+/// its 64x64-bit routine (`__aeabi_lmul`, 37 instructions with the call)
+/// for `u64::from(a) * u64::from(b)`; four 16x16-bit products inline are
+/// about half of that. Elsewhere the product is one instruction.
 #[inline(always)]
 fn mul_wide(a: u32, b: u32) -> u64 {
-    #[cfg(all(target_arch = "arm", not(target_has_atomic = "32")))]
+    #[cfg(shmtrace_no_umull)]
     let product = mul_wide_halves(a, b);
-    #[cfg(not(all(target_arch = "arm", not(target_has_atomic = "32"))))]
+    #[cfg(not(shmtrace_no_umull))]
     let product = u64::from(a) * u64::from(b);
     product
 }
 
 /// `a * b` from the four products of their 16-bit halves, each of which
 /// fits 32 bits: `a1*b1 << 32 + (a0*b1 + a1*b0) << 16 + a0*b0`.
-#[cfg(any(test, all(target_arch = "arm", not(target_has_atomic = "32"))))]
+#[cfg(any(test, shmtrace_no_umull))]
 #[inline(always)]
 fn mul_wide_halves(a: u32, b: u32) -> u64 {
     let (a0, a1) = (a & 0xFFFF, a >> 16);
