@@ -94,6 +94,14 @@
 //!   read from it is validated from a private copy.
 //! * Nothing a peer writes can make this crate panic.
 //!
+//! ## Cortex-M23 (`thumbv8m.base-none-eabi`)
+//!
+//! ARMv8-M Baseline has compare-and-swap, so no feature is needed, but
+//! like ARMv6-M it has no 32x32->64-bit multiply: the build script sees
+//! the target's name and the tick clock multiplies in 16-bit halves there
+//! rather than calling the compiler's 64-bit routine. (A custom target
+//! file for such a core keeps the library routine: correct, slower.)
+//!
 //! ## Testing
 //!
 //! `cargo test -p shmtrace-abi` (unit, property and real-thread stress tests);
