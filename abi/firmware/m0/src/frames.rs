@@ -6,32 +6,22 @@
 #![no_std]
 #![no_main]
 
+mod exit;
 #[path = "../../src/frames.rs"]
 mod frames;
 #[path = "../../src/markers.rs"]
 mod markers;
 
 use cortex_m_rt::{entry, exception, ExceptionFrame};
-use cortex_m_semihosting::{debug, hprintln};
+use cortex_m_semihosting::hprintln;
+
+use exit::exit;
 
 #[entry]
 fn main() -> ! {
     frames::run(&mut |line| hprintln!("{}", line));
     hprintln!("done");
     exit(true)
-}
-
-/// Ends the run with semihosting `exit`.
-fn exit(success: bool) -> ! {
-    debug::exit(if success {
-        debug::EXIT_SUCCESS
-    } else {
-        debug::EXIT_FAILURE
-    });
-    // Only reached without a semihosting host.
-    loop {
-        cortex_m::asm::wfi();
-    }
 }
 
 #[exception]
