@@ -29,6 +29,15 @@ prints a benchmark table:
   are cross-checked with the SysTick ticks (40 instructions each) the
   firmware summed around the same calls in a normal run.
 
+* the stream link's cost: the `frames` binary (src/frames.rs) encodes
+  CHUNK frames (12-byte header, chunk, CRC-32 of both) of three chunk
+  lengths between the markers, on the Cortex-M4 and, built from m0/ as
+  `m0-frames` (thumbv6m-none-eabi), on QEMU's `microbit` (Cortex-M0), each
+  with shmtrace-abi's CRC as it ships (a 1 KiB table) and with its
+  `crc-bitwise` feature (no table): exact instructions per frame, per frame
+  byte, per slice begin streamed, against writing one, and the flash the
+  table takes. Every frame's CRC is recomputed here.
+
 It also checks every run: each binary exits with status 0, and the chunks
 `instants`, `minimal`, `demo` and `demo-bss` drained from their SMB decode (chunk
 headers, fragments, patches, then the TracePackets of each writer's
@@ -40,7 +49,7 @@ payload must be visible.
 This is a benchmark printout, not a test: it fails (exit status 1) only if
 the firmware does not build or run, or the counts do not match.
 
-Needs: cargo with the thumbv7em-none-eabihf target, qemu-system-arm (7.2)
+Needs: cargo with the thumbv7em-none-eabihf and thumbv6m-none-eabi targets, qemu-system-arm (7.2)
 and binutils-arm-none-eabi (Debian package names). Python 3 stdlib only.
 """
 
@@ -54,6 +63,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -74,6 +84,26 @@ QEMU = [
     "-icount", "shift=0",
 ]
 QEMU_TIMEOUT = 120
+# The stream link's cost (src/frames.rs): `frames` on the Cortex-M4 above,
+# m0/'s `m0-frames` (thumbv6m, its own workspace and target dir) on QEMU's
+# nRF51 `microbit` (Cortex-M0), built as shmtrace-abi ships and with each
+# feature in CRC_VARIANTS (a copy named `NAME-FEATURE` beside the ELF: the
+# plain build overwrites the ELF).
+M0_DIR = HERE / "m0"
+M0_TARGET = "thumbv6m-none-eabi"
+M0_ELF_DIR = M0_DIR / os.environ.get("CARGO_TARGET_DIR", "target") / M0_TARGET / "release"
+QEMU_M0 = [
+    "qemu-system-arm", "-M", "microbit", "-display", "none", "-monitor", "none", "-serial", "none",
+    "-semihosting-config", "enable=on,target=native", "-icount", "shift=0",
+]
+BITWISE = "crc-bitwise"
+# The CRC variants measured: as shmtrace-abi ships, and with the feature.
+CRC_VARIANTS = (("1 KiB table (default)", None), (f"bitwise ({BITWISE})", BITWISE))
+# (core, machine, package, ELF directory, binary).
+FRAME_BENCHES = (("Cortex-M4", QEMU, HERE, ELF_DIR, "frames"), ("Cortex-M0", QEMU_M0, M0_DIR, M0_ELF_DIR, "m0-frames"))
+# src/frames.rs: the chunk bytes' seed; the frame header (shmtrace_abi::frame).
+FRAME_SEED = 0x5EED_F00D
+FRAME_MAGIC, FRAME_CHUNK, FRAME_CRC = b"\xd5\x7a", 2, 4
 # mps2-an386's PSRAM (the machine's main RAM, memory.x region PSRAM).
 PSRAM_BASE = 0x2100_0000
 PSRAM_SIZE = 16 << 20
@@ -210,8 +240,8 @@ def smb_placement(elf):
 # ------------------------------------------------------------------ running
 
 
-def qemu(elf, *extra):
-    cmd = QEMU + list(extra) + ["-kernel", str(elf)]
+def qemu(elf, *extra, machine=QEMU):
+    cmd = machine + list(extra) + ["-kernel", str(elf)]
     try:
         proc = subprocess.run(cmd, text=True, capture_output=True, timeout=QEMU_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -696,6 +726,85 @@ def count_windows(log, syms):
     return windows, irqs
 
 
+def frame_counts(name, text, log, syms):
+    """Checks the frames a `frames` run printed (src/frames.rs), each CRC
+    recomputed, and returns {chunk length: [instructions net of the
+    markers, per round]}."""
+    lines = text.splitlines()
+    head = [line.split() for line in lines if line.startswith("frames ")]
+    if "done" not in lines or len(head) != 1 or int(head[0][2]) != FRAME_SEED:
+        raise ReportError(f"{name}: incomplete output:\n{text[-2000:]}")
+    rounds = int(head[0][4])
+    frames = [tuple(int(v, 16 if i == 3 else 10) for i, v in enumerate(line.split()[1:]))
+              for line in lines if line.startswith("frame ")]
+    if not frames or len(frames) % rounds:
+        raise ReportError(f"{name}: {len(frames)} frames in {rounds} rounds")
+    chunk, x = bytearray(), FRAME_SEED
+    for _ in range(max(length for _, length, _, _ in frames)):
+        x ^= (x << 13) & 0xFFFF_FFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFF_FFFF
+        chunk.append(x & 0xFF)
+    for n, (seq, length, sent, crc) in enumerate(frames):
+        body = FRAME_MAGIC + bytes([FRAME_CHUNK, 0]) + struct.pack("<II", seq, length) + chunk[:length]
+        if seq != n or sent != len(body) + FRAME_CRC or crc != zlib.crc32(body):
+            raise ReportError(f"{name}: frame {n} (seq {seq}, {length} bytes): sent {sent} bytes, CRC {crc:08x}; "
+                              f"expected {len(body) + FRAME_CRC} bytes, CRC {zlib.crc32(body):08x}")
+    windows, _ = count_windows(log, syms)
+    per_round = len(frames) // rounds
+    if len(windows) != rounds * (1 + per_round):
+        raise ReportError(f"{name}: {len(windows)} marker windows in the log, expected {rounds * (1 + per_round)}")
+    counts = {}
+    for r in range(rounds):
+        at = r * (1 + per_round)
+        base = windows[at][0]
+        for (_, length, _, _), (n, _) in zip(frames[r * per_round:], windows[at + 1:at + 1 + per_round]):
+            counts.setdefault(length, []).append(n - base)
+    return counts
+
+
+def slice_begin_bytes(out):
+    """The median size a slice begin takes in its chunk (its packet and the
+    fragment's size varint), interned names already defined."""
+    sizes = []
+    for pkts in packets(out).values():
+        for p in pkts:
+            f = by_field(p)
+            if P_TRACK_EVENT in f and P_INTERNED_DATA not in f and one(by_field(one(f, P_TRACK_EVENT)), E_TYPE) == 1:
+                sizes.append(len(p) + (1 if len(p) < 0x80 else 2))
+    if not sizes:
+        raise ReportError(f"{out.name}: no slice begin without interned data")
+    return statistics.median(sizes)
+
+
+def print_frames(frames, slice_bytes, slice_insns):
+    """The stream link's section: {(core, crc): (counts, flash, table)}."""
+    first = next(iter(frames.values()))[0]
+    lengths = sorted(first)
+    short, long = lengths[-2], lengths[-1]
+    print(f"\n== the stream link: CHUNK frames (src/frames.rs: FrameEncoder::chunk, 12-byte header + chunk + CRC-32 of "
+          f"both, into a sink that counts; exact: single-step log, net of the markers, the median of "
+          f"{len(first[long])} rounds)")
+    rows, per_byte = [], {}
+    for (core, crc), (counts, flash, tab) in frames.items():
+        med = {n: statistics.median(counts[n]) for n in lengths}
+        per_byte[core, crc] = (med[long] - med[short]) / (long - short)
+        rows.append((core, crc, flash, tab) + tuple(f"{med[n]:g}" for n in lengths) + (f"{per_byte[core, crc]:.2f}",))
+    table(rows, ("core", "CRC", "flash (.text + .rodata)", "CRC static") + tuple(f"{n} B chunk" for n in lengths)
+          + ("per frame byte",))
+    base = CRC_VARIANTS[0][0]
+    against = "".join(f", {core} {crc} {flash - frames[core, base][1]:+d} B" for (core, crc), (_, flash, _) in frames.items()
+                      if crc != base)
+    print(f"per frame byte: ({long} B - {short} B) / {long - short}; flash: the `frames` binary's (M4) and "
+          f"`m0-frames`' (M0) .text + .rodata{f' (against the {base}{against})' if against else ''}; CRC static: "
+          f"their shmtrace_abi::frame::CRC (a table, if any, and the algorithm's address)")
+    print(f"a slice begin is {slice_bytes:g} bytes in its chunk (`minimal`'s median: packet + size varint) and costs "
+          f"{slice_insns:g} instructions to write (Cortex-M4, above); streaming it adds the CRC of its bytes:")
+    table([(core, crc, f"{slice_bytes * pb:.0f}", f"{slice_bytes * pb / slice_insns:.2f}")
+           for (core, crc), pb in per_byte.items()],
+          ("core", "CRC", "CRC instructions per slice begin", f"of the {slice_insns:g} to write it (M4)"))
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -763,9 +872,19 @@ def main():
         raise ReportError(f"missing tools: {', '.join(missing)} (apt-get install qemu-system-arm binutils-arm-none-eabi)")
     if not args.no_build:
         print("building (release: opt-level s, fat LTO, codegen-units 1, panic=abort) ...", flush=True)
+        # The frame benchmarks with a bitwise CRC first, kept as copies: the
+        # plain builds after them overwrite the ELFs.
+        for _core, _machine, package, elf_dir, b in FRAME_BENCHES:
+            for _crc, feature in CRC_VARIANTS:
+                if feature:
+                    run(["cargo", "build", "--release", "--bin", b, "--features", f"shmtrace-abi/{feature}"], cwd=package)
+                    shutil.copyfile(elf_dir / b, elf_dir / f"{b}-{feature}")
+        run(["cargo", "build", "--release", "--bins"], cwd=M0_DIR)
         run(["cargo", "build", "--release", "--bins"], cwd=HERE)
     elf = {b: ELF_DIR / b for b in BINARIES}
-    for path in elf.values():
+    frame_elf = {(core, crc): (machine, elf_dir / (f"{b}-{feature}" if feature else b))
+                 for core, machine, _package, elf_dir, b in FRAME_BENCHES for crc, feature in CRC_VARIANTS}
+    for path in list(elf.values()) + [p for _, p in frame_elf.values()]:
         if not path.exists():
             raise ReportError(f"{path} missing")
 
@@ -820,6 +939,16 @@ def main():
             counted[b] = count_windows(log, syms[b])
             if ss.calls != outs[b].calls or ss.irq != outs[b].irq:
                 raise ReportError(f"{b}: the single-step run wrote other events than the normal run")
+        frames = {}
+        for (core, crc), (machine, path) in frame_elf.items():
+            log = tmp / f"{path.name}.exec.log"
+            text = qemu(path, "-singlestep", "-d", "exec,nochain,int", "-D", str(log), machine=machine)
+            fsyms = symbols(path)
+            flash = sum(size for name, (_, size) in section_table(path).items() if name in (".text", ".rodata"))
+            table_size = sum(size for _a, size, _t, name in fsyms if name == "shmtrace_abi::frame::CRC")
+            frames[core, crc] = (frame_counts(f"{path.name} ({core})", text, log, fsyms), flash, table_size)
+            if not args.keep_log:
+                log.unlink()
 
     # ---- the goals
     m = outs["minimal"]
@@ -914,6 +1043,8 @@ def main():
                                           if b == "demo" else "")
             print(f"the SysTick interrupt ({what}) ran {len(irqs)} times: {min(irqs)}..{max(irqs)} instructions, "
                   f"median {statistics.median(irqs):g}, first {irqs[0]}; left out of the counts above")
+
+    print_frames(frames, slice_begin_bytes(outs["minimal"]), slice_begin)
 
     # ---- sizes
     print(f"\n== size ({TARGET}, bytes)")

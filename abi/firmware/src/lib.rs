@@ -24,6 +24,8 @@
 //!   integration tests `tests/tests/firmware.rs` run them), served by
 //!   `shmtrace_abi::link`. Their clock is the FPGA counter ([`fpgaio`]),
 //!   their UART driver [`uart`].
+//! * `frames`: the stream link's own cost, CHUNK frames (header and CRC)
+//!   encoded between the markers ([`frames`]).
 //!
 //! Module plan: [`events`] is the table of event kinds and the [`Tracer`]
 //! interface the loop calls; [`tracer`] and [`shm`] are the modules the
@@ -63,6 +65,7 @@
 pub mod clocks;
 pub mod events;
 pub mod fpgaio;
+pub mod frames;
 pub mod live;
 pub mod markers;
 pub mod out;

@@ -33,13 +33,14 @@
 #![no_std]
 #![no_main]
 
+mod exit;
 mod nrf51;
 
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
 use cortex_m::peripheral::syst::SystClkSource;
 use cortex_m_rt::{entry, exception, ExceptionFrame};
-use cortex_m_semihosting::{debug, hprintln};
+use cortex_m_semihosting::hprintln;
 use shmtrace_abi::layout::PageLayout;
 use shmtrace_abi::link::{StreamService, DEFAULT_CHUNK_BUFFER};
 use shmtrace_abi::region::{RegionArbiter, RegionConfig, RegionHeader, RegionStorage, TakeError};
@@ -49,6 +50,8 @@ use shmtrace_abi::track_event::{
 };
 use shmtrace_abi::writer::InPlaceWriter;
 use shmtrace_abi::{instant, slice_begin};
+
+use exit::exit;
 
 /// Turns of the main loop, six events each.
 pub const ITERATIONS: u32 = 300;
@@ -225,19 +228,6 @@ fn main() -> ! {
         lost
     );
     exit(lost == 0)
-}
-
-/// Ends the run with semihosting `exit`.
-fn exit(success: bool) -> ! {
-    debug::exit(if success {
-        debug::EXIT_SUCCESS
-    } else {
-        debug::EXIT_FAILURE
-    });
-    // Only reached without a semihosting host.
-    loop {
-        cortex_m::asm::wfi();
-    }
 }
 
 /// Reports a failed setup step and ends the run.
