@@ -168,8 +168,10 @@ fn bridge_fifo_stream_into_our_service() {
 /// Garbage between frames, duplicated data frames, STATS frames with bad
 /// CRCs, bogus headers announcing 1 MiB, a last frame cut short by the end
 /// of the stream: each counted exactly as made, and no event lost (the
-/// faults spare the data). The bridge ends at the end of its input, exit
-/// status 0.
+/// faults spare the data). The cut last frame is marked in the trace on
+/// each of the two sequences (the bridge cannot know it held no chunk);
+/// without that mark (before `cut_by_end`) the trace said nothing lost.
+/// The bridge ends at the end of its input, exit status 0.
 #[test]
 fn bridge_survives_a_hostile_stream_without_losing_events() {
     let env = Env::with_service("shmtrace-bridge-hostile-", ServiceImpl::Ours);
@@ -234,8 +236,24 @@ fn bridge_survives_a_hostile_stream_without_losing_events() {
         lost("garbage_bytes") >= made("garbage_bytes") + 12 * made("oversized"),
         "{summary}"
     );
-    let report = check(&env, &trace, emitted(&done), Loss::None, "hostile");
+    assert_eq!(counter(&summary, "transport", "cut_by_end"), 1, "{summary}");
+    assert_eq!(
+        counter(&summary, "engine", "trailing_losses_marked"),
+        2,
+        "{summary}"
+    );
+    let emitted = emitted(&done);
+    let report = check(&env, &trace, emitted, Loss::Allowed, "hostile");
     report.assert_ok("hostile");
+    assert_eq!(report.totals, emitted, "every event is there");
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), 2, "{sequences:?}");
+    assert!(sequences.iter().all(|s| s.loss_marks == 1), "{sequences:?}");
+    assert_eq!(
+        report.loss_indicators,
+        [("mid_sequence_loss_marks".to_owned(), 2)].into(),
+        "the cut frame's marks, nothing else"
+    );
     inspect_passes(&trace);
 }
 

@@ -47,8 +47,8 @@
 //!   firmware's loss counters (every counter but [`FIRMWARE_NO_LOSS`]),
 //!   or the link's that no later chunk reveals (what the shell reports
 //!   with [`Engine::link_loss`]: the last frame of a board reset
-//!   mid-frame; a flush given up on, which leaves what it committed for
-//!   after the session), grew
+//!   mid-frame, or of an input that ended mid-frame; a flush given up on,
+//!   which leaves what it committed for after the session), grew
 //!   since the session started (or was last marked), every sequence
 //!   of that boot gets one more chunk holding a packet
 //!   `previous_packet_dropped` in that session

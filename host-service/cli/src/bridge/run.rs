@@ -392,14 +392,15 @@ impl DataSourceHandler for Handler {
 
 /// The link's losses so far for [`Engine::link_loss`]: flushes the source
 /// gave up on (what they committed comes late: after a session's stop, it
-/// has no session) and restarts that cut the old boot's last frame,
-/// summed. (Its other losses are of frames a later chunk of their sequence
-/// reveals, or of no data: a corrupt STATS frame, garbage.)
+/// has no session), restarts that cut the old boot's last frame and an
+/// end of the input that cut its last frame, summed. (Its other losses
+/// are of frames a later chunk of their sequence reveals, or of no data:
+/// a corrupt STATS frame, garbage.)
 fn link_loss(source: &dyn FirmwareSource) -> u64 {
     source
         .counters()
         .into_iter()
-        .filter(|(n, _)| ["flush_timeouts", "cut_by_restart"].contains(n))
+        .filter(|(n, _)| ["flush_timeouts", "cut_by_restart", "cut_by_end"].contains(n))
         .fold(0u64, |t, (_, v)| t.saturating_add(v))
 }
 
