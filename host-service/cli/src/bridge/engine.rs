@@ -144,8 +144,8 @@ pub struct EngineStats {
     /// Sync requests sent to the firmware.
     pub sync_requests: u64,
     /// Loss marks put at the end of a sequence in a session (one per
-    /// sequence and session) because the firmware's loss counters grew
-    /// (module docs).
+    /// sequence and session) because the firmware's loss counters or the
+    /// link's losses no later chunk reveals grew (module docs).
     pub trailing_losses_marked: u64,
 }
 
