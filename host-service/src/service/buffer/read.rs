@@ -68,10 +68,10 @@ impl<'a> Packet<'a> {
         self.len
     }
 
-    /// `true` only for a loss mark: a sequence that will yield no more
-    /// packets lost data after its last one, so its `loss` comes on a
-    /// packet of its own, with no bytes of the producer's (empty packets
-    /// the producer wrote are skipped).
+    /// `true` only for a loss mark: a closed sequence lost data after its
+    /// last packet, so its `loss` comes on a packet of its own, with no
+    /// bytes of the producer's (empty packets the producer wrote are
+    /// skipped).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -294,7 +294,7 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
                 let ambiguous = before_give_up.is_some_and(|b: DataLoss| {
                     b.is_empty() && seq.loss == DataLoss::because(DataLoss::READ_GAP)
                 });
-                if drain && !seq.loss.is_empty() && !ambiguous {
+                if seq.closed && !seq.loss.is_empty() && !ambiguous {
                     // Nothing will follow to carry it: a trailing loss.
                     self.emit_loss(seq);
                 }
