@@ -112,15 +112,7 @@ fn bridge_tcp_stream_into_the_real_service() {
 #[test]
 fn bridge_fifo_stream_into_our_service() {
     let env = Env::with_service("shmtrace-bridge-fifo-", ServiceImpl::Ours);
-    let fifo = env.path("uart");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .expect("mkfifo");
+    let fifo = env.fifo("uart");
     let go = env.path("go");
     let mut bridge = env.bridge(fifo.to_str().unwrap(), &[]);
     let mut firmware = env.firmware(
@@ -401,15 +393,7 @@ fn a_bridge_killed_mid_packet_leaves_a_loss_mark() {
     use std::time::{Duration, Instant};
 
     let env = Env::with_service("shmtrace-bridge-killed-", ServiceImpl::Ours);
-    let fifo = env.path("uart");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .expect("mkfifo");
+    let fifo = env.fifo("uart");
     let mut bridge = env.bridge(fifo.to_str().unwrap(), &[]);
     let mut uart = std::fs::OpenOptions::new()
         .write(true)
