@@ -166,6 +166,8 @@ pub struct Qemu {
     pub process: ChildProcess,
     /// The file backing PSRAM.
     pub psram: PathBuf,
+    /// QEMU's monitor socket ([`Qemu::system_reset`]).
+    monitor: PathBuf,
 }
 
 impl Qemu {
@@ -175,10 +177,12 @@ impl Qemu {
     /// connects).
     pub fn start(elf_dir: &Path, bin: &str, dir: &Path, uart: Uart) -> Result<Self> {
         let psram = dir.join("psram");
+        let monitor = dir.join("monitor.sock");
         let mut command = Command::new("qemu-system-arm");
         command
             .args(["-M", "mps2-an386", "-cpu", "cortex-m4"])
-            .args(["-display", "none", "-monitor", "none"])
+            .args(["-display", "none", "-monitor"])
+            .arg(format!("unix:{},server=on,wait=off", monitor.display()))
             .args(["-semihosting-config", "enable=on,target=native"])
             .arg("-object")
             .arg(format!(
@@ -203,7 +207,11 @@ impl Qemu {
             .arg("-kernel")
             .arg(elf_dir.join(bin));
         let process = ChildProcess::spawn(&format!("qemu {bin}"), command, dir)?;
-        let mut qemu = Qemu { process, psram };
+        let mut qemu = Qemu {
+            process,
+            psram,
+            monitor,
+        };
         match uart {
             Uart::TcpServer(port) => qemu.await_listening(port)?,
             // QEMU binds before it starts the firmware: one whose bind
@@ -263,6 +271,43 @@ impl Qemu {
             message: format!("exited instead of listening on 127.0.0.1:{port}"),
             stderr_tail: self.process.stderr_tail(),
         })
+    }
+
+    /// Resets the board, as its reset button would (QEMU's monitor command
+    /// `system_reset`): the firmware starts again from its reset vector,
+    /// PSRAM (the file) and the UART's connection kept. Returns once QEMU
+    /// took the command.
+    pub fn system_reset(&self) -> Result<()> {
+        use std::io::{Read, Write};
+        let io = |action: &'static str| {
+            let path = self.monitor.clone();
+            move |source| HarnessError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let mut monitor =
+            std::os::unix::net::UnixStream::connect(&self.monitor).map_err(io("connect to"))?;
+        monitor
+            .set_read_timeout(Some(START_TIMEOUT))
+            .map_err(io("set a timeout on"))?;
+        // The banner ends with a prompt, and so does the command's answer.
+        for command in [&b""[..], b"system_reset\n"] {
+            monitor.write_all(command).map_err(io("write"))?;
+            let mut said = Vec::new();
+            let mut buf = [0u8; 512];
+            while !said.ends_with(b"(qemu) ") {
+                let n = monitor.read(&mut buf).map_err(io("read"))?;
+                if n == 0 {
+                    return Err(HarnessError::Scenario(
+                        "QEMU's monitor closed before its prompt".into(),
+                    ));
+                }
+                said.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(())
     }
 
     /// Waits for the firmware's `ready` line; returns its mailbox.

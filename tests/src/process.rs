@@ -14,6 +14,19 @@ use serde_json::Value;
 
 use crate::error::{HarnessError, Result};
 
+/// Creates a FIFO at `path` (mode 0600): a one-way stream from one child
+/// to another (a firmware's UART into a bridge).
+pub fn make_fifo(path: &Path) -> std::io::Result<()> {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .map_err(std::io::Error::from)
+}
+
 /// How much of a child's stderr log an error message quotes.
 const STDERR_TAIL_BYTES: u64 = 4096;
 

@@ -10,7 +10,7 @@
 mod sim_bridge;
 
 use shmtrace_tests::checker::{self, Loss};
-use shmtrace_tests::scenario::ServiceImpl;
+use shmtrace_tests::scenario::{self, ServiceImpl};
 use sim_bridge::*;
 
 /// Firmware (TCP server) -> bridge (TCP client, two-way) -> `service`.
@@ -129,15 +129,7 @@ fn bridge_tcp_stream_into_the_real_service() {
 #[test]
 fn bridge_fifo_stream_into_our_service() {
     let env = Env::with_service("shmtrace-bridge-fifo-", ServiceImpl::Ours);
-    let fifo = env.path("uart");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .expect("mkfifo");
+    let fifo = env.fifo("uart");
     let go = env.path("go");
     let mut bridge = env.bridge(fifo.to_str().unwrap(), &[]);
     let mut firmware = env.firmware(
@@ -185,8 +177,10 @@ fn bridge_fifo_stream_into_our_service() {
 /// Garbage between frames, duplicated data frames, STATS frames with bad
 /// CRCs, bogus headers announcing 1 MiB, a last frame cut short by the end
 /// of the stream: each counted exactly as made, and no event lost (the
-/// faults spare the data). The bridge ends at the end of its input, exit
-/// status 0.
+/// faults spare the data). The cut last frame is marked in the trace on
+/// each of the two sequences (the bridge cannot know it held no chunk);
+/// without that mark (before `cut_by_end`) the trace said nothing lost.
+/// The bridge ends at the end of its input, exit status 0.
 #[test]
 fn bridge_survives_a_hostile_stream_without_losing_events() {
     let env = Env::with_service("shmtrace-bridge-hostile-", ServiceImpl::Ours);
@@ -251,8 +245,24 @@ fn bridge_survives_a_hostile_stream_without_losing_events() {
         lost("garbage_bytes") >= made("garbage_bytes") + 12 * made("oversized"),
         "{summary}"
     );
-    let report = check(&env, &trace, emitted(&done), Loss::None, "hostile");
+    assert_eq!(counter(&summary, "transport", "cut_by_end"), 1, "{summary}");
+    assert_eq!(
+        counter(&summary, "engine", "trailing_losses_marked"),
+        2,
+        "{summary}"
+    );
+    let emitted = emitted(&done);
+    let report = check(&env, &trace, emitted, Loss::Allowed, "hostile");
     report.assert_ok("hostile");
+    assert_eq!(report.totals, emitted, "every event is there");
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), 2, "{sequences:?}");
+    assert!(sequences.iter().all(|s| s.loss_marks == 1), "{sequences:?}");
+    assert_eq!(
+        report.loss_indicators,
+        [("mid_sequence_loss_marks".to_owned(), 2)].into(),
+        "the cut frame's marks, nothing else"
+    );
     inspect_passes(&trace);
 }
 
@@ -381,4 +391,80 @@ fn bridge_records_an_always_on_firmware_session_after_session() {
     firmware.expect_event("ready", TIMEOUT).expect("ready");
     env.wait_registered();
     sessions_pass_inspect(&env, 3);
+}
+
+/// A bridge killed with SIGKILL mid-packet: a firmware chunk whose last
+/// packet continues on the next chunk was forwarded, the next never was.
+/// The service, seeing the producer gone, gives the rest up and marks the
+/// loss on the bridge's sequence after its last packet (an empty packet:
+/// nothing else follows on it); `inspect --check` passes and counts the
+/// mark. Before that mark the trace said nothing was lost. (What a killed
+/// bridge held in its own memory, or had not yet read, no service can see:
+/// a producer that exits between packets looks the same.)
+#[test]
+fn a_bridge_killed_mid_packet_leaves_a_loss_mark() {
+    use shmtrace_abi::frame::{FrameEncoder, Hello};
+    use shmtrace_abi::layout::{ChunkFlags, Packets, PageSize};
+    use shmtrace_abi::region::Name;
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+
+    let env = Env::with_service("shmtrace-bridge-killed-", ServiceImpl::Ours);
+    let fifo = env.fifo("uart");
+    let mut bridge = env.bridge(fifo.to_str().unwrap(), &[]);
+    let mut uart = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&fifo)
+        .expect("the FIFO's write end");
+    let mut enc = FrameEncoder::new();
+    let mut wire = Vec::new();
+    let mut send = |frame: &dyn Fn(&mut FrameEncoder, &mut Vec<u8>)| {
+        wire.clear();
+        frame(&mut enc, &mut wire);
+        uart.write_all(&wire).expect("write");
+    };
+    let hello = Hello {
+        version: shmtrace_abi::frame::VERSION,
+        boot_id: 1,
+        clock_id: 65,
+        page_size: PageSize::DEFAULT.get() as u32,
+        flags: 0,
+        data_source: Name::new(DATA_SOURCE).unwrap(),
+        producer: Name::new("killed-mcu").unwrap(),
+    };
+    send(&|e, w| e.hello(&hello, &mut |b: &[u8]| w.extend_from_slice(b)));
+    send(&|e, w| e.clock(1_000_000, 0, &mut |b: &[u8]| w.extend_from_slice(b)));
+    env.wait_registered();
+    let consumer = env.start_consumer();
+    bridge.expect_event("enabled", TIMEOUT).expect("started");
+    // Chunk 0 of writer 1: a whole packet (a bare timestamp), then the
+    // start of one that continues on chunk 1.
+    let mut chunk = 0u32.to_le_bytes().to_vec();
+    chunk.extend_from_slice(&1u16.to_le_bytes());
+    let packets = Packets::new(2, ChunkFlags::LAST_PACKET_CONTINUES_ON_NEXT_CHUNK).unwrap();
+    chunk.extend_from_slice(&packets.bits().to_le_bytes());
+    chunk.extend_from_slice(&[2, 0x40, 0x64, 2, 0x40, 0x65]);
+    send(&|e, w| e.clock(2_000_000, 0, &mut |b: &[u8]| w.extend_from_slice(b)));
+    send(&|e, w| e.chunk(&chunk, &mut |b: &[u8]| w.extend_from_slice(b)));
+    // Read by the bridge (nothing left in the FIFO), and forwarded.
+    let deadline = Instant::now() + TIMEOUT;
+    while rustix::io::ioctl_fionread(&uart).expect("FIONREAD") > 0 {
+        assert!(Instant::now() < deadline, "the bridge never read");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    bridge.kill(TIMEOUT).expect("SIGKILL");
+    scenario::query_until(&env.consumer_socket, "the bridge gone", |s| {
+        s["data_sources"]
+            .as_array()
+            .is_none_or(|d| !d.iter().any(|d| d["name"] == DATA_SOURCE))
+    });
+    let trace = env.stop_consumer(consumer);
+    drop(uart);
+
+    let analysis = inspect_passes(&trace);
+    let loss = &analysis["loss"];
+    assert_eq!(loss["loss_marks"], 1, "{analysis}");
+    // PRESENT | REASSEMBLY_GAP (Perfetto's DataLossReason bits).
+    assert_eq!(loss["loss_reasons"], 1 | 16, "{analysis}");
 }

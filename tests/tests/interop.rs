@@ -142,11 +142,21 @@ fn assert_summary_matches(outcome: &Outcome) -> Value {
 /// Every sequence that carries track events belongs to one of the producers
 /// and started cleanly (first packet present, incremental state cleared).
 fn assert_clean_sequences(outcome: &Outcome, expected_sequences: usize) {
+    assert_clean_sequences_with_marks(outcome, expected_sequences, 0);
+}
+
+/// The same, with up to `marks` loss marks per sequence.
+fn assert_clean_sequences_with_marks(outcome: &Outcome, expected_sequences: usize, marks: u64) {
     let sequences: Vec<_> = outcome.report.track_event_sequences().collect();
     assert_eq!(sequences.len(), expected_sequences, "{sequences:#?}");
     for seq in sequences {
         assert!(!seq.start_lost, "sequence {} lost its start", seq.id);
-        assert_eq!(seq.loss_marks, 0, "sequence {} has loss marks", seq.id);
+        assert!(
+            seq.loss_marks <= marks,
+            "sequence {} has {} loss marks",
+            seq.id,
+            seq.loss_marks
+        );
         assert!(
             seq.cleared >= 1,
             "sequence {} never cleared its incremental state",
@@ -361,7 +371,12 @@ fn discard_when_full(cell: Cell) {
     assert!(report.totals.slice_begin < emitted.slice_begin);
     let kept = report.track_event_sequences().count();
     assert!((1..=2).contains(&kept), "{:#?}", report.sequences);
-    assert_clean_sequences(&outcome, kept);
+    // Our service marks the packet the full buffer cut on a sequence whose
+    // writer was gone by the read (unregistered, or its producer
+    // disconnected): one trailing mark, after the prefix. The real service
+    // leaves it unmarked (its buffer statistics count the refusals).
+    let trailing = u64::from(cell.service == ServiceImpl::Ours);
+    assert_clean_sequences_with_marks(&outcome, kept, trailing);
     if let Some(summary) = summary {
         assert_summary_loss(&summary, "chunks_discarded");
     }

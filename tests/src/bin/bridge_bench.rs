@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use shmtrace_tests::process::{cpu_seconds, ChildProcess};
+use shmtrace_tests::process::{cpu_seconds, make_fifo, ChildProcess};
 use shmtrace_tests::scenario::sibling_binary;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -266,14 +266,7 @@ impl Bench {
     fn uart_throughput(&self, baud: u64, secs: f64) {
         let run = self.service(&[]);
         let fifo = run.path("uart");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
+        make_fifo(&fifo).expect("mkfifo");
         let go = run.path("go");
         // Iterations at 20000/s for `secs`: far more than the link takes.
         let rate = 20_000.0;

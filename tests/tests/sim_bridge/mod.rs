@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use shmtrace_tests::checker::{self, EventCounts, Expectation, Loss, ProducerExpectation};
 use shmtrace_tests::config::{self, BufferConfig, DataSource, DataSourceConfig, FillPolicy};
-use shmtrace_tests::process::ChildProcess;
+use shmtrace_tests::process::{self, ChildProcess};
 use shmtrace_tests::scenario::{self, ServiceImpl};
 use shmtrace_tests::{real_binaries, scenario::RealBinaries};
 
@@ -83,6 +83,13 @@ impl Env {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// A FIFO named `name` in the directory, for a one-way stream.
+    pub fn fifo(&self, name: &str) -> PathBuf {
+        let fifo = self.path(name);
+        process::make_fifo(&fifo).expect("mkfifo");
+        fifo
     }
 
     /// The simulated firmware with `args`.

@@ -47,8 +47,8 @@
 //!   firmware's loss counters (every counter but [`FIRMWARE_NO_LOSS`]),
 //!   or the link's that no later chunk reveals (what the shell reports
 //!   with [`Engine::link_loss`]: the last frame of a board reset
-//!   mid-frame; a flush given up on, which leaves what it committed for
-//!   after the session), grew
+//!   mid-frame, or of an input that ended mid-frame; a flush given up on,
+//!   which leaves what it committed for after the session), grew
 //!   since the session started (or was last marked), every sequence
 //!   of that boot gets one more chunk holding a packet
 //!   `previous_packet_dropped` in that session
@@ -144,8 +144,8 @@ pub struct EngineStats {
     /// Sync requests sent to the firmware.
     pub sync_requests: u64,
     /// Loss marks put at the end of a sequence in a session (one per
-    /// sequence and session) because the firmware's loss counters grew
-    /// (module docs).
+    /// sequence and session) because the firmware's loss counters or the
+    /// link's losses no later chunk reveals grew (module docs).
     pub trailing_losses_marked: u64,
 }
 

@@ -15,6 +15,13 @@
 //!   board reset mid-frame) is counted apart, `cut_by_restart`: what that
 //!   frame held no later chunk of its sequence reveals, so the engine marks
 //!   it on the old boot's sequences ([`Engine::link_loss`](super::engine::Engine::link_loss)).
+//! * So is an end of the stream that cut its last frame (a bad, oversized
+//!   or truncated frame after the last good one: a file or pipe that ends,
+//!   a TCP peer that disconnects, mid-frame), `cut_by_end`: nothing
+//!   follows it, so the engine marks it as it marks the firmware's last
+//!   drops. What that frame was (its kind byte is not checked yet) is not
+//!   known: a cut frame that held no chunk is marked too (over-marking,
+//!   never silence).
 //! * A flush is a FLUSH frame followed by a SYNC with a nonce of the
 //!   bridge's own (high bit set, so never one of the clock's): a firmware
 //!   handles its commands in order, so once the CLOCK answering it arrives
@@ -53,6 +60,8 @@ pub struct FrameStreamDecoder {
     bad_at_last_frame: u64,
     /// Restarts whose HELLO came after such a frame (module docs).
     cut_by_restart: u64,
+    /// 1 if the stream ended after such a frame (module docs).
+    cut_by_end: u64,
 }
 
 /// What decoded frames turn into (apart from the frame decoder, which
@@ -101,6 +110,7 @@ impl FrameStreamDecoder {
             flush_timeouts: 0,
             bad_at_last_frame: 0,
             cut_by_restart: 0,
+            cut_by_end: 0,
         }
     }
 }
@@ -183,6 +193,19 @@ impl State {
     }
 }
 
+impl FrameStreamDecoder {
+    /// After a good frame (`restart`: a restart's HELLO): counts a restart
+    /// that cut the old boot's last frame, and the bad frames so far (the
+    /// decoder stops at the good frame's end, so they came before it).
+    fn after_frame(&mut self, restart: bool) {
+        let bad = bad_frames(&self.decoder.stats());
+        if restart && bad > self.bad_at_last_frame {
+            self.cut_by_restart += 1;
+        }
+        self.bad_at_last_frame = bad;
+    }
+}
+
 /// The frames a decoder found bad (bad CRC, oversized, truncated) or
 /// missing.
 fn bad_frames(s: &frame::DecoderStats) -> u64 {
@@ -196,18 +219,17 @@ impl StreamDecoder for FrameStreamDecoder {
             bytes = &bytes[used..];
             let Some(f) = frame else { continue };
             let restart = self.state.frame(f.kind, f.seq, f.payload);
-            // The counts up to this frame (the decoder stops at its end).
-            let bad = bad_frames(&self.decoder.stats());
-            if restart && bad > self.bad_at_last_frame {
-                self.cut_by_restart += 1;
-            }
-            self.bad_at_last_frame = bad;
+            self.after_frame(restart);
         }
     }
 
     fn finish(&mut self) {
         while let Some(f) = self.decoder.finish() {
-            self.state.frame(f.kind, f.seq, f.payload);
+            let restart = self.state.frame(f.kind, f.seq, f.payload);
+            self.after_frame(restart);
+        }
+        if bad_frames(&self.decoder.stats()) > self.bad_at_last_frame {
+            self.cut_by_end = 1;
         }
         let state = &mut self.state;
         state.patches.finish(&mut state.events);
@@ -236,6 +258,7 @@ impl StreamDecoder for FrameStreamDecoder {
             ("frames", self.decoder.stats().frames),
             ("flush_timeouts", self.flush_timeouts),
             ("cut_by_restart", self.cut_by_restart),
+            ("cut_by_end", self.cut_by_end),
         ]
     }
 

@@ -160,7 +160,19 @@ impl Summary {
     }
 
     /// Whether anything was lost on the way (forwarder, transport or
-    /// firmware counters), for the exit status.
+    /// firmware counters, or a loss the bridge marked at the end of a
+    /// session: a flush given up on, whose chunks come after it): the JSON
+    /// summary's `lost_anything`, for scripts (the exit status does not
+    /// depend on it).
+    ///
+    /// Chunks that arrived while no session had the data source started
+    /// (`chunks_no_session`) are not a loss: a firmware writes while its
+    /// `trace_enabled` is on, and only a two-way link can turn it off
+    /// between sessions (a one-way link, an always-on firmware, the time
+    /// between its hello and the bridge's DISABLE write what nobody asked
+    /// to record, as a Perfetto SDK's data source records nothing before
+    /// its start). What a session did expect and got too late (its flush
+    /// given up on) is counted by the mark it gets instead.
     pub fn lost_anything(&self) -> bool {
         let e = &self.engine;
         let f = &self.forward;
@@ -168,6 +180,7 @@ impl Summary {
             + e.chunks_before_hello
             + e.chunks_dropped
             + e.patch_groups_dropped
+            + e.trailing_losses_marked
             + f.chunks_no_room
             + f.chunks_too_big
             + f.chunks_lost
@@ -204,8 +217,9 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             out,
-            "  chunks {}: forwarded {} ({} copies), no session {}, invalid {}, before a hello {}, \
-             dropped {} (no room {}, too big {}, no writer id {}), without a clock {}",
+            "  chunks {}: forwarded {} ({} copies), no session {} (written while nobody \
+             recorded: not lost), invalid {}, before a hello {}, dropped {} (no room {}, too big \
+             {}, no writer id {}), without a clock {}",
             e.chunks,
             e.chunks_forwarded,
             f.chunks_forwarded,
@@ -392,14 +406,15 @@ impl DataSourceHandler for Handler {
 
 /// The link's losses so far for [`Engine::link_loss`]: flushes the source
 /// gave up on (what they committed comes late: after a session's stop, it
-/// has no session) and restarts that cut the old boot's last frame,
-/// summed. (Its other losses are of frames a later chunk of their sequence
-/// reveals, or of no data: a corrupt STATS frame, garbage.)
+/// has no session), restarts that cut the old boot's last frame and an
+/// end of the input that cut its last frame, summed. (Its other losses
+/// are of frames a later chunk of their sequence reveals, or of no data:
+/// a corrupt STATS frame, garbage.)
 fn link_loss(source: &dyn FirmwareSource) -> u64 {
     source
         .counters()
         .into_iter()
-        .filter(|(n, _)| ["flush_timeouts", "cut_by_restart"].contains(n))
+        .filter(|(n, _)| ["flush_timeouts", "cut_by_restart", "cut_by_end"].contains(n))
         .fold(0u64, |t, (_, v)| t.saturating_add(v))
 }
 
@@ -625,6 +640,51 @@ fn unreachable_detail(error: Option<&ConnectError>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summary(engine: EngineStats, transport_counters: Vec<(&'static str, u64)>) -> Summary {
+        Summary {
+            source: "test".into(),
+            engine,
+            forward: ForwardStats::default(),
+            transport: vec![("bad_crc", 0)],
+            transport_counters,
+            firmware: vec![("packets_dropped".into(), 0)],
+            clock: None,
+            requests_unsupported: 0,
+        }
+    }
+
+    /// Chunks a firmware wrote while nobody recorded are no loss; a flush
+    /// given up on in a session, which the trace got a mark for, is one
+    /// (before: exit status 0 with the trace saying data was lost).
+    #[test]
+    fn lost_anything_agrees_with_the_trace_s_marks() {
+        let quiet = summary(
+            EngineStats {
+                chunks: 9,
+                chunks_forwarded: 2,
+                chunks_no_session: 7,
+                ..Default::default()
+            },
+            vec![("flush_timeouts", 0)],
+        );
+        assert!(!quiet.lost_anything());
+        assert!(quiet
+            .to_string()
+            .contains("no session 7 (written while nobody recorded: not lost)"));
+        let given_up = summary(
+            EngineStats {
+                chunks: 9,
+                chunks_forwarded: 2,
+                chunks_no_session: 7,
+                trailing_losses_marked: 2,
+                ..Default::default()
+            },
+            vec![("flush_timeouts", 1)],
+        );
+        assert!(given_up.lost_anything());
+        assert_eq!(given_up.to_json()["lost_anything"], true);
+    }
 
     #[test]
     fn an_unreachable_service_is_said_once_with_the_flag_to_pass() {

@@ -63,6 +63,23 @@
 //!   every sequence's first packet) a sequence that starts at chunk 0 and
 //!   loses nothing reports nothing; unlike V2, a sequence whose first chunk
 //!   read is not chunk 0 reports a gap.
+//! * **A closed sequence's trailing loss is marked too.** A sequence that
+//!   will get no more commits (its producer gone, its writer unregistered)
+//!   and lost data after its last packet (a packet spanning chunks whose
+//!   rest, or whose patches, never came: a producer killed mid-packet; a
+//!   writer's abort or a corrupt tail in its last chunk) yields, once read
+//!   to its end, an empty packet carrying that loss: only the service's
+//!   trusted fields, `previous_packet_dropped` among them. (Upstream keeps
+//!   such a loss for a next packet that never comes: `TraceBuffer`'s
+//!   per-sequence `data_loss_reasons`, src/tracing/service/trace_buffer_v2.cc.)
+//!   The unfinished rest of a chunk scraped while being written is no
+//!   known loss there (a writer's count includes the slot of a packet it
+//!   has not begun, so an idle writer's open chunk looks the same): it is
+//!   marked only if a packet follows it. A live producer's sequence at a
+//!   session's final [`ReadMode::Drain`] is not marked this way: what it
+//!   left unfinished is cut by the session's end, as with DISCARD a full
+//!   buffer's refusals are (counted in the buffer statistics), and a
+//!   trace keeps upstream's clean prefix.
 //! * **Patches** apply to the stored copy only if the chunk of that producer
 //!   is still stored (not read, not evicted), at offsets inside its stored
 //!   bytes ([`shmtrace_abi::reader::apply_patches`] rules).

@@ -62,12 +62,16 @@ impl<'a> Packet<'a> {
             .map(move |&(start, end)| data.get(start..end).unwrap_or(&[]))
     }
 
-    /// Total length in bytes (never 0).
+    /// Total length in bytes: 0 only for a loss mark (see
+    /// [`is_empty`](Self::is_empty)).
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Always `false`: empty packets are skipped.
+    /// `true` only for a loss mark: a closed sequence lost data after its
+    /// last packet, so its `loss` comes on a packet of its own, with no
+    /// bytes of the producer's (empty packets the producer wrote are
+    /// skipped).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -240,6 +244,17 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
         if len == 0 {
             return;
         }
+        self.visit_packet(seq, len);
+    }
+
+    /// Yields `seq`'s pending loss on an empty packet of its own (module
+    /// docs: a trailing loss).
+    fn emit_loss(&mut self, seq: &mut Sequence) {
+        self.ranges.clear();
+        self.visit_packet(seq, 0);
+    }
+
+    fn visit_packet(&mut self, seq: &mut Sequence, len: usize) {
         let packet = Packet {
             producer: seq.producer,
             writer: seq.writer,
@@ -270,10 +285,22 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
     /// records the pass has already visited: up to record id `pos`).
     fn read_sequence(&mut self, seq: &mut Sequence, target: u64, pos: u64) -> SeqRead {
         let drain = self.drain || seq.closed;
+        // The loss before the unfinished rest of the last chunk read was
+        // given up on, if it was (the give-up alone is no known loss at
+        // the end: see below).
+        let mut before_give_up = None;
         'chunks: loop {
             let Some((&ext, head)) = seq.chunks.first_key_value() else {
+                let ambiguous = before_give_up.is_some_and(|b: DataLoss| {
+                    b.is_empty() && seq.loss == DataLoss::because(DataLoss::READ_GAP)
+                });
+                if seq.closed && !seq.loss.is_empty() && !ambiguous {
+                    // Nothing will follow to carry it: a trailing loss.
+                    self.emit_loss(seq);
+                }
                 return SeqRead::Caught;
             };
+            before_give_up = None;
             if ext > target && head.record > pos {
                 return SeqRead::Caught;
             }
@@ -378,6 +405,7 @@ impl<F: FnMut(&Packet<'_>)> Reader<'_, F> {
                 // inflated its count, nothing is lost, but then nothing
                 // follows on this sequence either; a packet that does follow
                 // was written after data we never got.
+                before_give_up = Some(seq.loss);
                 seq.loss |= DataLoss::because(DataLoss::READ_GAP);
             }
             match slot.tail {

@@ -178,6 +178,7 @@ fn a_spanning_packet_waits_for_its_next_chunk_in_live_reads_only() {
 
     chunk(2, &[b"z", b"lost"], 0x2).commit(&mut buf);
     let reads = read_all(&mut buf, ReadMode::Drain);
+    // A live writer's sequence: no mark of its own at the drain.
     assert_eq!(datas(&reads), [b"z".to_vec()]);
     assert_eq!(buf.stats().readaheads_failed, 1);
     // The loss is reported on the sequence's next packet.
@@ -578,9 +579,25 @@ fn closed_sequences_never_wait() {
     chunk(0, &[b"x", b"sp"], 0x2).writer(2, 5).commit(&mut buf);
     buf.producer_gone(P);
     let reads = read_all(&mut buf, ReadMode::Live);
+    // The unfinished rest of P's scraped chunk is given up on unmarked:
+    // a writer's count includes the slot of a packet it has not begun.
     assert_eq!(datas(&reads), [b"a".to_vec(), b"x".to_vec()]);
+    assert_eq!(losses(&reads), [0, 0]);
     buf.producer_gone(2);
-    assert!(read_all(&mut buf, ReadMode::Live).is_empty());
+    // The packet writer 5 began, whose end never came: a producer gone
+    // mid-packet gets a loss mark of its own, as nothing follows it.
+    let reads = read_all(&mut buf, ReadMode::Live);
+    assert_eq!(datas(&reads), [Vec::<u8>::new()]);
+    assert_eq!(
+        reads
+            .iter()
+            .map(|r| (r.producer, r.writer))
+            .collect::<Vec<_>>(),
+        [(2, 5)]
+    );
+    let gap = DataLoss::because(DataLoss::REASSEMBLY_GAP);
+    assert_eq!(losses(&reads), [gap.bits()]);
+    assert!(read_all(&mut buf, ReadMode::Drain).is_empty(), "once");
     assert_eq!(buf.stats().readaheads_failed, 1);
 }
 

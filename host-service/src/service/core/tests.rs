@@ -1195,6 +1195,33 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     got.sort();
     assert_eq!(got, [b"theirs".to_vec(), b"whole".to_vec()]);
     assert_eq!(stats.buffer_stats[0].readaheads_failed, Some(1));
+    // Nothing follows the unfinished packet (patches never came, the rest
+    // never committed) on its sequence: its loss comes on a packet of its own (no producer bytes, only the service's
+    // trusted fields), right after the whole one. Before, the trace said
+    // nothing was lost.
+    let sequence = |p: &Vec<u8>| field(p, 10).and_then(Result::ok);
+    let whole = packets
+        .iter()
+        .position(|p| field(p, 900) == Some(Err(b"whole".to_vec())))
+        .expect("the whole packet");
+    let mark = &packets[whole + 1];
+    assert_eq!(sequence(mark), sequence(&packets[whole]));
+    use crate::service::buffer::DataLoss;
+    // Its first chunk waited for the patch of the size that spans chunks;
+    // the chunks after it continue the packet given up on.
+    let lost = DataLoss::because(DataLoss::REASSEMBLY_BROKEN_CHAIN)
+        | DataLoss::because(DataLoss::ORPHAN_CONTINUATION);
+    assert_eq!(field(mark, 42), Some(Ok(u64::from(lost.bits()))));
+    let numbers: Vec<u32> = fields(mark).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        numbers.iter().all(|n| [3, 10, 42, 79, 98].contains(n)),
+        "trusted fields only: {numbers:?}"
+    );
+    let marks = packets
+        .iter()
+        .filter(|p| field(p, 42).is_some_and(|v| v != Ok(0)))
+        .count();
+    assert_eq!(marks, 1, "the other producer's sequence is not marked");
 }
 
 #[test]

@@ -381,6 +381,51 @@ fn a_restart_right_after_a_cut_frame_is_counted() {
     assert_eq!(counter(&d, "cut_by_restart"), 0);
 }
 
+/// The stream ends inside a frame (a file cut short, a TCP peer gone
+/// mid-frame): the cut frame is counted as truncated and as cut by the
+/// end; a stream that ends after a good frame, even with a bad one before
+/// it, is not cut by its end.
+#[test]
+fn an_end_of_the_stream_inside_a_frame_is_counted() {
+    let mut enc = FrameEncoder::new();
+    let mut wire = Vec::new();
+    enc.hello(&hello(1), &mut |b: &[u8]| wire.extend_from_slice(b));
+    enc.chunk(&chunk(0), &mut |b: &[u8]| wire.extend_from_slice(b));
+    let mut cut = Vec::new();
+    enc.chunk(&chunk(1), &mut |b: &[u8]| cut.extend_from_slice(b));
+    let whole = wire.clone();
+
+    wire.extend_from_slice(&cut[..cut.len() - 6]);
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&wire);
+    assert_eq!(counter(&d, "cut_by_end"), 0, "not before the end");
+    d.finish();
+    assert_eq!(drain(&mut d).len(), 2);
+    assert_eq!(loss(&d, "truncated"), 1);
+    assert_eq!(counter(&d, "cut_by_end"), 1);
+
+    // A cut frame, then a good one, then the end.
+    let mut wire = whole.clone();
+    wire.extend_from_slice(&cut[..cut.len() - 6]);
+    enc.clock(5, 0, &mut |b: &[u8]| wire.extend_from_slice(b));
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&wire);
+    d.finish();
+    assert!(drain(&mut d).contains(&FirmwareEvent::Clock(ClockSample {
+        firmware_ns: 5,
+        nonce: None,
+        transfer_ns: 0
+    })));
+    assert_eq!(loss(&d, "bad_crc"), 1);
+    assert_eq!(counter(&d, "cut_by_end"), 0);
+
+    // A whole stream.
+    let mut d = FrameStreamDecoder::new(None);
+    d.push(&whole);
+    d.finish();
+    assert_eq!(counter(&d, "cut_by_end"), 0);
+}
+
 #[test]
 fn arbitrary_bytes_never_panic_and_memory_stays_bounded() {
     use proptest::prelude::*;
