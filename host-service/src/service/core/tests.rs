@@ -1196,9 +1196,9 @@ fn producer_disconnect_mid_packet_leaves_whole_packets_only() {
     assert_eq!(got, [b"theirs".to_vec(), b"whole".to_vec()]);
     assert_eq!(stats.buffer_stats[0].readaheads_failed, Some(1));
     // Nothing follows the unfinished packet (patches never came, the rest
-    // never committed) on its sequence: its loss comes on a packet of its own (no producer bytes, only the service's
-    // trusted fields), right after the whole one. Before, the trace said
-    // nothing was lost.
+    // never committed) on its sequence: its loss comes on a packet of its
+    // own (no producer bytes, only the service's trusted fields), right
+    // after the whole one. Before, the trace said nothing was lost.
     let sequence = |p: &Vec<u8>| field(p, 10).and_then(Result::ok);
     let whole = packets
         .iter()
