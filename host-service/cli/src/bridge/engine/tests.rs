@@ -908,3 +908,60 @@ fn syncs_are_frequent_at_the_start_of_a_boot_then_once_a_second() {
     assert!(matches!(e.tick(3_000 * MS, true)[..], [Request::Sync(_)]));
     assert!(matches!(e.tick(3_010 * MS, true)[..], [Request::Sync(_)]));
 }
+
+/// A board reset while a session records: its writers' open chunks and
+/// its undrained ring are gone, and no counter said so (the firmware's
+/// counters did not move, no frame was cut). Every sequence of the old
+/// boot is marked in every session running; a restart after the last
+/// session ended (its stop's flush done) is not. Before: no mark at all.
+#[test]
+fn a_boot_cut_mid_session_marks_its_sequences() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.session_started(5);
+    e.session_started(6);
+    e.handle(chunk(1, 0), 0);
+    e.handle(chunk(2, 0), 0);
+    e.handle(dropped(0), 0);
+    take(&log);
+    e.handle(FirmwareEvent::Reset, 0);
+    let mut calls = take(&log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(
+        calls,
+        [
+            Call::Dropped(1),
+            Call::Dropped(2),
+            Call::Loss(1, Some(5)),
+            Call::Loss(1, Some(6)),
+            Call::Loss(2, Some(5)),
+            Call::Loss(2, Some(6)),
+        ]
+    );
+    assert_eq!(
+        (
+            e.stats().restarts_mid_session,
+            e.stats().trailing_losses_marked
+        ),
+        (1, 4)
+    );
+    // A new boot id without a reset before it (its HELLO at seq 0 lost,
+    // or a region whose boot id changed): the same.
+    e.handle(hello(2, BOOTTIME), 0);
+    e.handle(chunk(1, 0), 0);
+    e.session_ending(6);
+    take(&log);
+    e.handle(hello(3, BOOTTIME), 0);
+    assert_eq!(take(&log)[..2], [Call::Loss(3, Some(5)), Call::Dropped(3)]);
+    // Nothing marked twice: not at the session's end, not at the input's.
+    e.handle(chunk(1, 0), 0);
+    take(&log);
+    e.session_ending(5);
+    e.finish();
+    assert_eq!(take(&log), []);
+    // The last session ended: a restart now cut nothing of its.
+    e.handle(FirmwareEvent::Reset, 0);
+    assert_eq!(take(&log), [Call::Dropped(4)]);
+    let s = e.stats();
+    assert_eq!((s.restarts_mid_session, s.trailing_losses_marked), (2, 5));
+}
