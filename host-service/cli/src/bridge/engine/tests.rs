@@ -137,6 +137,13 @@ fn take(log: &Log) -> Vec<Call> {
     std::mem::take(&mut *log.borrow_mut())
 }
 
+/// [`take`], sorted: the order of a boot's sequences in a map is none.
+fn take_sorted(log: &Log) -> Vec<Call> {
+    let mut calls = take(log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    calls
+}
+
 const MS: u64 = 1_000_000;
 
 #[test]
@@ -672,9 +679,10 @@ fn drops_that_end_a_session_are_marked_on_every_sequence_of_the_boot() {
     e.handle(dropped(9), 0);
     take(&log);
     e.session_ending(7);
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
-    assert_eq!(calls, [Call::Loss(1, Some(7)), Call::Loss(2, Some(7))]);
+    assert_eq!(
+        take_sorted(&log),
+        [Call::Loss(1, Some(7)), Call::Loss(2, Some(7))]
+    );
     assert_eq!(e.stats().trailing_losses_marked, 2);
     // Once only; a session in which the counters did not move: nothing.
     e.session_ending(7);
@@ -698,9 +706,10 @@ fn ring_overflows_alone_mark_nothing_and_the_end_of_input_marks_every_session() 
     assert_eq!(take(&log), []);
     e.handle(dropped(1), 0);
     e.finish();
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
-    assert_eq!(calls, [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]);
+    assert_eq!(
+        take_sorted(&log),
+        [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]
+    );
 }
 
 #[test]
@@ -736,10 +745,8 @@ fn link_losses_that_end_a_boot_or_a_session_are_marked_too() {
     // by the restart.
     e.link_loss(41);
     e.handle(FirmwareEvent::Reset, 0);
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(
-        calls,
+        take_sorted(&log),
         [
             Call::Dropped(1),
             Call::Dropped(2),
@@ -925,10 +932,8 @@ fn a_boot_cut_mid_session_marks_its_sequences() {
     e.handle(dropped(0), 0);
     take(&log);
     e.handle(FirmwareEvent::Reset, 0);
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(
-        calls,
+        take_sorted(&log),
         [
             Call::Dropped(1),
             Call::Dropped(2),
