@@ -54,7 +54,8 @@ fn short_firmware(env: &Env, file: &std::path::Path) -> ChildProcess {
 /// started yet): the region is waited for, attached once the firmware
 /// initialized it, recorded; the firmware restarts mid-run (the region is
 /// initialized again with a new boot id): each boot is its own sequences,
-/// every event is there.
+/// every event is there, the first boot's two sequences end with a loss
+/// mark each (it ended mid-session).
 #[test]
 fn serve_attach_records_a_region_across_firmware_resets() {
     let mut env = Env::new("shmtrace-attach-");
@@ -90,12 +91,8 @@ fn serve_attach_records_a_region_across_firmware_resets() {
     firmware.close_stdin();
     let emitted = emitted(&done);
     assert_eq!((emitted.slice_begin, emitted.large), (400, 8), "{done}");
-    let report = check(&env, &trace, emitted, Loss::None, "attach");
-    report.assert_ok("attach");
-    let sequences: Vec<_> = report.track_event_sequences().collect();
-    assert_eq!(sequences.len(), 4, "two writers x two boots: {sequences:?}");
+    let report = check_restarted(&env, &trace, emitted, 2, "attach");
     assert!(report.buffer_stat("patches_succeeded") > 0);
-    inspect_passes(&trace);
 }
 
 /// `shmtrace bridge --input region:FILE@OFFSET` is a normal producer: the

@@ -205,6 +205,50 @@ pub fn inspect_passes(trace: &Path) -> Value {
     verdict.analysis
 }
 
+/// The trace of a simulated firmware that restarted `boots - 1` times
+/// while the session recorded, two writers per boot: every event there
+/// (the firmware flushes and sends everything before it restarts), each
+/// boot on two sequences of its own, and each sequence of a boot that
+/// ended mid-session with one loss mark (nothing the bridge sees tells a
+/// clean restart from one that cut what the writers held: the bridge's
+/// `restarts_mid_session`), the last boot's with none; `inspect --check`
+/// passes and counts exactly those marks. Returns the checker's report.
+pub fn check_restarted(
+    env: &Env,
+    trace: &Path,
+    emitted: EventCounts,
+    boots: usize,
+    label: &str,
+) -> checker::TraceReport {
+    let report = check(env, trace, emitted, Loss::Allowed, label);
+    report.assert_ok(label);
+    assert_eq!(report.totals, emitted, "{label}: every event");
+    let mut sequences: Vec<_> = report.track_event_sequences().collect();
+    sequences.sort_by_key(|s| s.id);
+    assert_eq!(
+        sequences.len(),
+        2 * boots,
+        "{label}: two writers per boot: {sequences:?}"
+    );
+    let (ended, last) = sequences.split_at(2 * (boots - 1));
+    assert!(
+        ended.iter().all(|s| s.loss_marks == 1 && !s.start_lost),
+        "{label}: the boots that ended: {ended:?}"
+    );
+    assert!(
+        last.iter().all(|s| s.loss_marks == 0 && !s.start_lost),
+        "{label}: the last boot: {last:?}"
+    );
+    let analysis = inspect_passes(trace);
+    assert_eq!(
+        analysis["loss"]["loss_marks"].as_u64(),
+        Some(2 * (boots as u64 - 1)),
+        "{label}: {}",
+        analysis["loss"]
+    );
+    report
+}
+
 /// Records `sessions` short sessions one after the other, the firmware
 /// writing on between them: each trace must pass `inspect --check` with
 /// every interned name resolved and hold some of the firmware's slices.

@@ -55,6 +55,22 @@
 //!   ([`Output::mark_loss`]). The counters are the firmware's, not per
 //!   writer: every sequence is marked, also one whose drops its writer
 //!   marked already (over-marking, never silence).
+//! * **A boot cut mid-session is marked.** A boot that ends (a reset, a
+//!   new boot's hello) while a session has the data source started
+//!   ([`Engine::session_started`] until [`Engine::session_ending`]) lost
+//!   what its writers held in their open chunks and what its ring held
+//!   undrained: no frame, no region and no counter of the old boot
+//!   tells it any more, and writes after its last frame leave no trace at
+//!   all, so no counter the firmware reported before could show that
+//!   nothing was pending. So every sequence of that boot gets the loss
+//!   mark in every such session, counted in
+//!   [`EngineStats::restarts_mid_session`]. Outside sessions the firmware
+//!   is kept quiet ([`run`](super::run): the last session's stop
+//!   disables tracing, then flushes, and the session ends once that flush
+//!   is done), so a restart when no session runs cut nothing of theirs
+//!   and is not marked. A clean restart in a session (a firmware that
+//!   flushed before it reset itself) is marked too: over-marking, never
+//!   silence.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -145,8 +161,14 @@ pub struct EngineStats {
     pub sync_requests: u64,
     /// Loss marks put at the end of a sequence in a session (one per
     /// sequence and session) because the firmware's loss counters or the
-    /// link's losses no later chunk reveals grew (module docs).
+    /// link's losses no later chunk reveals grew, or its boot ended
+    /// mid-session (module docs).
     pub trailing_losses_marked: u64,
+    /// Boots that ended (a reset, a new boot's hello) while a session had
+    /// the data source started: what their writers held in open chunks
+    /// and their ring held undrained is lost, and their sequences are
+    /// marked (module docs).
+    pub restarts_mid_session: u64,
 }
 
 /// One forwarded sequence of a boot.
@@ -390,25 +412,26 @@ impl<O: Output> Engine<O> {
     /// forwarded: marks the firmware's losses since it started on every
     /// sequence of the boot (module docs).
     pub fn session_ending(&mut self, id: u64) {
-        self.mark_trailing_loss(Some(id));
+        self.mark_trailing_loss(Some(id), false);
         self.sessions.remove(&id);
     }
 
     /// The input ended or the bridge stops: marks the losses of every
     /// session still running (module docs).
     pub fn finish(&mut self) {
-        self.mark_trailing_loss(None);
+        self.mark_trailing_loss(None, false);
     }
 
     /// Marks the losses since each session's mark in `only` (or every
-    /// session) on every sequence of the current boot.
-    fn mark_trailing_loss(&mut self, only: Option<u64>) {
+    /// session; every one whatever its losses if the boot was `cut`) on
+    /// every sequence of the current boot.
+    fn mark_trailing_loss(&mut self, only: Option<u64>, cut: bool) {
         let loss = self.loss();
         let Some(b) = &mut self.boot else {
             return;
         };
         for (&id, mark) in self.sessions.iter_mut() {
-            if only.is_some_and(|o| o != id) || loss <= *mark {
+            if only.is_some_and(|o| o != id) || (loss <= *mark && !cut) {
                 continue;
             }
             *mark = loss;
@@ -574,10 +597,14 @@ impl<O: Output> Engine<O> {
     }
 
     /// Ends the current boot: held events go first (they are the old
-    /// boot's), then every sequence is dropped (unregistered).
+    /// boot's), then its sequences are marked (its losses; all of them if
+    /// a session had the data source: module docs), then every sequence
+    /// is dropped (unregistered).
     fn end_boot(&mut self) {
         self.release_held(false);
-        self.mark_trailing_loss(None);
+        let cut = self.boot.is_some() && !self.sessions.is_empty();
+        self.stats.restarts_mid_session += u64::from(cut);
+        self.mark_trailing_loss(None, cut);
         if let Some(b) = self.boot.take() {
             add_counters(&mut self.firmware_past, &b.firmware);
         }

@@ -15,7 +15,8 @@
 //!
 //! A hello arriving while a session runs the data source (a firmware that
 //! restarted mid-session) enables tracing, whatever the firmware starts
-//! with. Outside sessions the firmware is kept quiet: a hello arriving while no
+//! with; the old boot's sequences are marked lost (the engine's "A boot
+//! cut mid-session is marked"). Outside sessions the firmware is kept quiet: a hello arriving while no
 //! session runs the data source (a firmware that traces from boot on) and
 //! the last session's stop disable tracing, then ask for a flush. So a
 //! writer holds no chunk begun outside a session when the next one starts:
@@ -161,9 +162,10 @@ impl Summary {
 
     /// Whether anything was lost on the way (forwarder, transport or
     /// firmware counters, or a loss the bridge marked at the end of a
-    /// session: a flush given up on, whose chunks come after it): the JSON
-    /// summary's `lost_anything`, for scripts (the exit status does not
-    /// depend on it).
+    /// session or boot: a flush given up on, whose chunks come after it, a
+    /// boot that ended mid-session, whose open chunks never came): the
+    /// JSON summary's `lost_anything`, for scripts (the exit status does
+    /// not depend on it).
     ///
     /// Chunks that arrived while no session had the data source started
     /// (`chunks_no_session`) are not a loss: a firmware writes while its
@@ -181,6 +183,7 @@ impl Summary {
             + e.chunks_dropped
             + e.patch_groups_dropped
             + e.trailing_losses_marked
+            + e.restarts_mid_session
             + f.chunks_no_room
             + f.chunks_too_big
             + f.chunks_lost
@@ -212,8 +215,9 @@ impl fmt::Display for Summary {
         writeln!(out, "firmware bridge: {}", self.source)?;
         writeln!(
             out,
-            "  boots {}, resets {}, hellos refused {}",
-            e.boots, e.resets, e.hellos_refused
+            "  boots {}, resets {}, hellos refused {}, boots ended mid-session {} (their open \
+             chunks and undrained ring lost: marked)",
+            e.boots, e.resets, e.hellos_refused, e.restarts_mid_session
         )?;
         writeln!(
             out,
@@ -240,7 +244,8 @@ impl fmt::Display for Summary {
         writeln!(
             out,
             "  sequences: {} losses marked ({} with a new writer, {} at the end of a session for \
-             the firmware's or the link's drops), {} orphan fragments dropped",
+             the firmware's or the link's drops, or a boot's end mid-session), {} orphan \
+             fragments dropped",
             f.losses_marked,
             f.lanes_restarted,
             e.trailing_losses_marked,
@@ -684,6 +689,26 @@ mod tests {
         );
         assert!(given_up.lost_anything());
         assert_eq!(given_up.to_json()["lost_anything"], true);
+        // A board reset mid-session: its sequences marked, and a loss even
+        // where no sequence of the boot had a chunk in the session to carry
+        // a mark (what its writers held never came).
+        for marked in [2, 0] {
+            let cut = summary(
+                EngineStats {
+                    boots: 2,
+                    resets: 1,
+                    restarts_mid_session: 1,
+                    trailing_losses_marked: marked,
+                    ..Default::default()
+                },
+                vec![("cut_by_restart", 0)],
+            );
+            assert!(cut.lost_anything());
+            assert_eq!(cut.to_json()["engine"]["restarts_mid_session"], 1);
+            assert!(cut
+                .to_string()
+                .contains("boots ended mid-session 1 (their open chunks and undrained ring lost"));
+        }
     }
 
     #[test]

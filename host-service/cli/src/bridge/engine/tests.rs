@@ -137,6 +137,13 @@ fn take(log: &Log) -> Vec<Call> {
     std::mem::take(&mut *log.borrow_mut())
 }
 
+/// [`take`], sorted: the order of a boot's sequences in a map is none.
+fn take_sorted(log: &Log) -> Vec<Call> {
+    let mut calls = take(log);
+    calls.sort_by_key(|c| format!("{c:?}"));
+    calls
+}
+
 const MS: u64 = 1_000_000;
 
 #[test]
@@ -672,9 +679,10 @@ fn drops_that_end_a_session_are_marked_on_every_sequence_of_the_boot() {
     e.handle(dropped(9), 0);
     take(&log);
     e.session_ending(7);
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
-    assert_eq!(calls, [Call::Loss(1, Some(7)), Call::Loss(2, Some(7))]);
+    assert_eq!(
+        take_sorted(&log),
+        [Call::Loss(1, Some(7)), Call::Loss(2, Some(7))]
+    );
     assert_eq!(e.stats().trailing_losses_marked, 2);
     // Once only; a session in which the counters did not move: nothing.
     e.session_ending(7);
@@ -698,9 +706,10 @@ fn ring_overflows_alone_mark_nothing_and_the_end_of_input_marks_every_session() 
     assert_eq!(take(&log), []);
     e.handle(dropped(1), 0);
     e.finish();
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
-    assert_eq!(calls, [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]);
+    assert_eq!(
+        take_sorted(&log),
+        [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]
+    );
 }
 
 #[test]
@@ -736,10 +745,8 @@ fn link_losses_that_end_a_boot_or_a_session_are_marked_too() {
     // by the restart.
     e.link_loss(41);
     e.handle(FirmwareEvent::Reset, 0);
-    let mut calls = take(&log);
-    calls.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(
-        calls,
+        take_sorted(&log),
         [
             Call::Dropped(1),
             Call::Dropped(2),
@@ -907,4 +914,59 @@ fn syncs_are_frequent_at_the_start_of_a_boot_then_once_a_second() {
     e.handle(hello(2, 65), 3_000 * MS);
     assert!(matches!(e.tick(3_000 * MS, true)[..], [Request::Sync(_)]));
     assert!(matches!(e.tick(3_010 * MS, true)[..], [Request::Sync(_)]));
+}
+
+/// A board reset while a session records: its writers' open chunks and
+/// its undrained ring are gone, and no counter said so (the firmware's
+/// counters did not move, no frame was cut). Every sequence of the old
+/// boot is marked in every session running; a restart after the last
+/// session ended (its stop's flush done) is not. Before: no mark at all.
+#[test]
+fn a_boot_cut_mid_session_marks_its_sequences() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.session_started(5);
+    e.session_started(6);
+    e.handle(chunk(1, 0), 0);
+    e.handle(chunk(2, 0), 0);
+    e.handle(dropped(0), 0);
+    take(&log);
+    e.handle(FirmwareEvent::Reset, 0);
+    assert_eq!(
+        take_sorted(&log),
+        [
+            Call::Dropped(1),
+            Call::Dropped(2),
+            Call::Loss(1, Some(5)),
+            Call::Loss(1, Some(6)),
+            Call::Loss(2, Some(5)),
+            Call::Loss(2, Some(6)),
+        ]
+    );
+    assert_eq!(
+        (
+            e.stats().restarts_mid_session,
+            e.stats().trailing_losses_marked
+        ),
+        (1, 4)
+    );
+    // A new boot id without a reset before it (its HELLO at seq 0 lost,
+    // or a region whose boot id changed): the same.
+    e.handle(hello(2, BOOTTIME), 0);
+    e.handle(chunk(1, 0), 0);
+    e.session_ending(6);
+    take(&log);
+    e.handle(hello(3, BOOTTIME), 0);
+    assert_eq!(take(&log)[..2], [Call::Loss(3, Some(5)), Call::Dropped(3)]);
+    // Nothing marked twice: not at the session's end, not at the input's.
+    e.handle(chunk(1, 0), 0);
+    take(&log);
+    e.session_ending(5);
+    e.finish();
+    assert_eq!(take(&log), []);
+    // The last session ended: a restart now cut nothing of its.
+    e.handle(FirmwareEvent::Reset, 0);
+    assert_eq!(take(&log), [Call::Dropped(4)]);
+    let s = e.stats();
+    assert_eq!((s.restarts_mid_session, s.trailing_losses_marked), (2, 5));
 }
