@@ -16,9 +16,10 @@
 //! A hello arriving while a session runs the data source (a firmware that
 //! restarted mid-session) enables tracing, whatever the firmware starts
 //! with; the old boot's sequences are marked lost (the engine's "A boot
-//! cut mid-session is marked"). Outside sessions the firmware is kept quiet: a hello arriving while no
-//! session runs the data source (a firmware that traces from boot on) and
-//! the last session's stop disable tracing, then ask for a flush. So a
+//! cut mid-session is marked"). Outside sessions the firmware is kept
+//! quiet: a hello arriving while no session runs the data source (a
+//! firmware that traces from boot on) and the last session's stop disable
+//! tracing, then ask for a flush. So a
 //! writer holds no chunk begun outside a session when the next one starts:
 //! a chunk it held would carry packets written before the session's clear
 //! into the session, packets whose interned data and sequence start the
