@@ -14,6 +14,7 @@
 //   flush        Flush (mid-session); reports {"event":"flush","ok":...}
 //   read PATH    ReadBuffers now and write what was returned to PATH
 //   stop         Flush, then DisableTracing, then read and write --out
+//   disable      DisableTracing with no flush first, then read and write --out
 // End of stdin means "stop". Progress is reported as JSON lines on stdout:
 // connected, started (all data sources started), flush, read, done, error.
 // Exit status: 0 done, 2 usage or session error, 3 timeout.
@@ -253,6 +254,11 @@ class Session : public perfetto::Consumer {
                    (ok ? "true" : "false") + ",\"final\":true}");
           endpoint_->DisableTracing();
         });
+      } else if (command == "disable") {
+        // What the producers hold reaches the session only if they commit
+        // it when their data source stops.
+        stopping_ = true;
+        endpoint_->DisableTracing();
       } else {
         Fail("unknown command '" + command + "'", 2);
         return;

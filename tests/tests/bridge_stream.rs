@@ -477,3 +477,180 @@ fn a_bridge_killed_mid_packet_leaves_a_loss_mark() {
     // PRESENT | REASSEMBLY_GAP (Perfetto's DataLossReason bits).
     assert_eq!(loss["loss_reasons"], 1 | 16, "{analysis}");
 }
+
+/// A TCP firmware that runs `iterations` with its writers' last chunks
+/// left open (`--leave-open`: uncommitted, as a firmware's between two
+/// flushes), recorded by `sessions` sessions started in turn; returns the
+/// firmware, the bridge, the consumers (named `s1`, `s2`, ...) and the
+/// firmware's done report.
+fn left_open_run(
+    env: &Env,
+    label: &str,
+    sessions: usize,
+) -> (
+    shmtrace_tests::process::ChildProcess,
+    shmtrace_tests::process::ChildProcess,
+    Vec<shmtrace_tests::process::ChildProcess>,
+    serde_json::Value,
+) {
+    let mut firmware = env.firmware(
+        label,
+        &args(&[
+            "stream",
+            "--listen",
+            "0",
+            "--wait-enabled",
+            "--leave-open",
+            "--iterations",
+            "300",
+            "--large-every",
+            "50",
+            "--rate",
+            "3000",
+        ]),
+    );
+    let port = firmware
+        .expect_event("listening", TIMEOUT)
+        .expect("listening")["port"]
+        .as_u64()
+        .expect("port");
+    let bridge = env.bridge(&format!("tcp:127.0.0.1:{port}"), &[]);
+    firmware.expect_event("ready", TIMEOUT).expect("ready");
+    env.wait_registered();
+    let consumers: Vec<_> = (1..=sessions)
+        .map(|n| env.start_consumer_named(&format!("s{n}")))
+        .collect();
+    firmware.expect_event("enabled", TIMEOUT).expect("enabled");
+    let done = firmware.expect_event("done", TIMEOUT).expect("done");
+    // Everything committed was sent and read.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    (firmware, bridge, consumers, done)
+}
+
+/// Both firmware sequences of `trace`, each with `marks` loss marks and
+/// its start; `inspect --check` passes. Returns the marks it counts.
+fn assert_firmware_sequences(
+    trace: &std::path::Path,
+    report: &checker::TraceReport,
+    marks: u64,
+) -> u64 {
+    let sequences: Vec<_> = report.track_event_sequences().collect();
+    assert_eq!(sequences.len(), 2, "{sequences:?}");
+    assert!(
+        sequences
+            .iter()
+            .all(|s| s.loss_marks == marks && !s.start_lost),
+        "{sequences:?}"
+    );
+    let analysis = inspect_passes(trace);
+    analysis["loss"]["loss_marks"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{analysis}"))
+}
+
+/// The firmware's link lost while a session records (the firmware process
+/// SIGKILLed with its writers' last chunks open): the bridge's TCP input
+/// ends, and it marks the boot's two sequences, says so in its summary and
+/// exits 0. Before, the open chunks' events were missing with no mark in
+/// the trace, and the summary said nothing was lost.
+#[test]
+fn a_tcp_link_lost_mid_session_is_marked() {
+    let env = Env::with_service("shmtrace-bridge-link-lost-", ServiceImpl::Ours);
+    let (mut firmware, mut bridge, mut consumers, done) = left_open_run(&env, "link-lost", 1);
+    firmware.kill(TIMEOUT).expect("SIGKILL");
+    let summary = bridge
+        .expect_event("summary", TIMEOUT)
+        .expect("the bridge's summary at the end of its input");
+    bridge.expect_success(TIMEOUT).expect("the bridge exits 0");
+    assert_eq!(
+        counter(&summary, "engine", "links_lost_mid_session"),
+        1,
+        "{summary}"
+    );
+    assert_eq!(
+        counter(&summary, "engine", "trailing_losses_marked"),
+        2,
+        "{summary}"
+    );
+    assert_eq!(summary["lost_anything"], true, "{summary}");
+    assert!(bridge.stderr_contains("ended while 1 session(s) recorded it"));
+
+    let trace = env.stop_consumer_named(consumers.remove(0), "s1");
+    let emitted = emitted(&done);
+    let report = check(&env, &trace, emitted, Loss::Allowed, "link-lost");
+    report.assert_ok("link-lost");
+    assert!(
+        report.totals.track_events() < emitted.track_events(),
+        "the open chunks' events never came: {:?} of {emitted:?}",
+        report.totals
+    );
+    // The bridge's marks, and the service's on the large events' writer,
+    // whose last packet's end was in its open chunk (REASSEMBLY_GAP).
+    assert_eq!(assert_firmware_sequences(&trace, &report, 1), 3);
+}
+
+/// Two sessions; the first stops while the second runs on, disabled with
+/// no flush first (a consumer's DisableTracing alone). The data source's
+/// stop asks the firmware to flush (without disabling it), as a Perfetto
+/// SDK's writers commit their chunks when theirs stops, so the session
+/// gets every event, those of the writers' open chunks too (before, only
+/// the last session's stop flushed: the first session's trace missed
+/// them, unmarked). The second, started once the firmware was writing,
+/// gets the rest.
+#[test]
+fn a_session_that_stops_while_another_runs_gets_the_open_chunks() {
+    let env = Env::with_service("shmtrace-bridge-two-sessions-", ServiceImpl::Ours);
+    let (firmware, bridge, mut consumers, done) = left_open_run(&env, "two-sessions", 2);
+    let second = consumers.pop().expect("two consumers");
+    let mut first = consumers.pop().expect("two consumers");
+    first.send_line("disable").expect("disable");
+    first.expect_event("done", TIMEOUT).expect("the trace");
+    let first = env.path("s1.pftrace");
+    let emitted = emitted(&done);
+    let report = check(&env, &first, emitted, Loss::None, "first-session");
+    report.assert_ok("first-session");
+    assert_eq!(report.totals, emitted, "the first session: every event");
+    assert_eq!(assert_firmware_sequences(&first, &report, 0), 0);
+    // The firmware was not disabled: the second session still records.
+    let second = env.stop_consumer_named(second, "s2");
+    // (It may start with a mark: its start can fall in a packet that
+    // spans chunks.)
+    let analysis = inspect_passes(&second);
+    assert!(
+        analysis["track_events"]["slice_begin"].as_u64() > Some(0),
+        "{}",
+        analysis["track_events"]
+    );
+    let summary = bridge_summary(bridge);
+    assert_eq!(summary["lost_anything"], false, "{summary}");
+    drop(firmware);
+}
+
+/// The bridge stopped (its stdin closed, as Ctrl-C does) while a session
+/// records: it disables and flushes the firmware first, so the session
+/// gets every event, those of the open chunks too, and no loss mark
+/// (before: the open chunks' events were missing, unmarked).
+#[test]
+fn a_bridge_stopped_mid_session_flushes_the_firmware_first() {
+    let env = Env::with_service("shmtrace-bridge-stopped-", ServiceImpl::Ours);
+    let (firmware, mut bridge, mut consumers, done) = left_open_run(&env, "stopped", 1);
+    bridge.close_stdin();
+    bridge
+        .expect_event("disabled", TIMEOUT)
+        .expect("the bridge disables the firmware before it goes");
+    let summary = bridge.expect_event("summary", TIMEOUT).expect("summary");
+    bridge.expect_success(TIMEOUT).expect("the bridge exits 0");
+    assert_eq!(summary["lost_anything"], false, "{summary}");
+    assert_eq!(
+        counter(&summary, "engine", "links_lost_mid_session"),
+        0,
+        "{summary}"
+    );
+    drop(firmware);
+    let trace = env.stop_consumer_named(consumers.remove(0), "s1");
+    let emitted = emitted(&done);
+    let report = check(&env, &trace, emitted, Loss::None, "stopped");
+    report.assert_ok("stopped");
+    assert_eq!(report.totals, emitted, "every event");
+    assert_eq!(assert_firmware_sequences(&trace, &report, 0), 0);
+}

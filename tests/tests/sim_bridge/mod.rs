@@ -123,6 +123,11 @@ impl Env {
     /// The real consumer recording the firmware's data source into
     /// `trace.pftrace`; returns once its session started.
     pub fn start_consumer(&self) -> ChildProcess {
+        self.start_consumer_named("trace")
+    }
+
+    /// The same into `NAME.pftrace` (a session of its own beside others).
+    pub fn start_consumer_named(&self, name: &str) -> ChildProcess {
         let trace_config = config::TraceConfig {
             buffers: vec![BufferConfig {
                 size_kb: Some(16 * 1024),
@@ -138,15 +143,16 @@ impl Env {
             }],
             ..Default::default()
         };
-        std::fs::write(self.path("config.pb"), config::encode(&trace_config)).expect("config");
+        let config_file = self.path(&format!("{name}.config.pb"));
+        std::fs::write(&config_file, config::encode(&trace_config)).expect("config");
         let mut command = Command::new(&self.bins.consumer);
         command
             .arg("--socket")
             .arg(&self.consumer_socket)
             .arg("--config")
-            .arg(self.path("config.pb"))
+            .arg(config_file)
             .arg("--out")
-            .arg(self.path("trace.pftrace"))
+            .arg(self.path(&format!("{name}.pftrace")))
             .arg("--timeout-ms=120000");
         let mut consumer =
             ChildProcess::spawn("consumer", command, self.dir.path()).expect("spawn consumer");
@@ -155,10 +161,15 @@ impl Env {
     }
 
     /// Stops the consumer's session and waits for the trace.
-    pub fn stop_consumer(&self, mut consumer: ChildProcess) -> PathBuf {
+    pub fn stop_consumer(&self, consumer: ChildProcess) -> PathBuf {
+        self.stop_consumer_named(consumer, "trace")
+    }
+
+    /// Stops the session of [`Env::start_consumer_named`]`(name)`.
+    pub fn stop_consumer_named(&self, mut consumer: ChildProcess, name: &str) -> PathBuf {
         consumer.send_line("stop").expect("stop");
         consumer.expect_event("done", TIMEOUT).expect("the trace");
-        self.path("trace.pftrace")
+        self.path(&format!("{name}.pftrace"))
     }
 }
 

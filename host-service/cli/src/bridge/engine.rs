@@ -71,6 +71,18 @@
 //!   and is not marked. A clean restart in a session (a firmware that
 //!   flushed before it reset itself) is marked too: over-marking, never
 //!   silence.
+//! * **A link lost mid-session is marked.** A two-way link that ends (a
+//!   TCP peer gone, a serial device hung up: [`Engine::finish`] with
+//!   `link_lost`) while a session has the data source started cut the
+//!   firmware off as a reset does: the bridge keeps a firmware it can
+//!   talk to quiet outside sessions, so in one it was writing, and what
+//!   its writers held in open chunks never came. Every sequence of the
+//!   boot gets the mark in every such session, counted in
+//!   [`EngineStats::links_lost_mid_session`]. A one-way input (a file, a
+//!   FIFO) ends where its recording ends, and a firmware meant to be
+//!   captured flushes its writers itself: only the counters mark it. A
+//!   bridge that stops while a session runs quiets and flushes the
+//!   firmware first ([`run`](super::run)), so nothing is cut.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -169,6 +181,11 @@ pub struct EngineStats {
     /// and their ring held undrained is lost, and their sequences are
     /// marked (module docs).
     pub restarts_mid_session: u64,
+    /// Two-way links that ended (a TCP peer gone, a serial device hung up)
+    /// while a session had the data source started: what the firmware's
+    /// writers held in open chunks never came, and the boot's sequences
+    /// are marked (module docs).
+    pub links_lost_mid_session: u64,
 }
 
 /// One forwarded sequence of a boot.
@@ -416,10 +433,25 @@ impl<O: Output> Engine<O> {
         self.sessions.remove(&id);
     }
 
-    /// The input ended or the bridge stops: marks the losses of every
-    /// session still running (module docs).
-    pub fn finish(&mut self) {
-        self.mark_trailing_loss(None, false);
+    /// The input ended or the bridge stops: events still held for a clock
+    /// sample go without one (counted in
+    /// [`EngineStats::chunks_without_clock`]), then the losses of every
+    /// session still running are marked (module docs). `link_lost`: the
+    /// input was a two-way link that ended (module docs, "A link lost
+    /// mid-session is marked").
+    pub fn finish(&mut self, link_lost: bool) {
+        self.release_held(false);
+        let cut = link_lost && self.boot.is_some() && !self.sessions.is_empty();
+        if let (true, Some(b)) = (cut, &self.boot) {
+            self.stats.links_lost_mid_session += 1;
+            self.notes.push(format!(
+                "the link to the firmware (boot {:#x}) ended while {} session(s) recorded it: \
+                 what its writers held in open chunks is lost (marked in the trace)",
+                b.hello.boot_id,
+                self.sessions.len()
+            ));
+        }
+        self.mark_trailing_loss(None, cut);
     }
 
     /// Marks the losses since each session's mark in `only` (or every

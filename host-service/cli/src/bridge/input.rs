@@ -231,6 +231,15 @@ impl ByteStream {
             Ok(0) => Ok(ReadOutcome::End),
             Ok(n) => Ok(ReadOutcome::Data(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(ReadOutcome::Nothing),
+            // A TCP peer that went with bytes of ours unread (a firmware,
+            // or QEMU, that exited while a request was on its way) resets
+            // the connection: it ended all the same.
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionReset
+                    && matches!(self.endpoint, Endpoint::Tcp(_)) =>
+            {
+                Ok(ReadOutcome::End)
+            }
             Err(e) => Err(e),
         }
     }
@@ -441,6 +450,10 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
 
     fn can_sync(&self) -> bool {
         self.stream.is_writable()
+    }
+
+    fn link_lost(&self) -> bool {
+        self.ended && self.stream.is_writable()
     }
 
     fn describe(&self) -> String {

@@ -184,6 +184,13 @@ pub trait FirmwareSource: Send {
     fn can_sync(&self) -> bool {
         false
     }
+    /// Whether the input ended as a two-way link ends when the firmware
+    /// is lost (a TCP peer gone, a serial device hung up), not as a
+    /// recording ends (a file, a FIFO): the engine's "A link lost
+    /// mid-session is marked".
+    fn link_lost(&self) -> bool {
+        false
+    }
     /// What it reads, for messages (`/dev/ttyUSB0`, `tcp:host:port`, ...).
     fn describe(&self) -> String;
 }

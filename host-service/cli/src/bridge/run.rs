@@ -28,6 +28,13 @@
 //! source): a session starting it sooner would get what the flush
 //! commits.
 //!
+//! Every session's stop asks for a flush (the last one's after disabling
+//! tracing): what the firmware's writers hold in open chunks belongs to a
+//! session that stops while another runs too. The bridge stopping (Ctrl-C,
+//! its stdin's end) while a session runs does what the last stop does
+//! first, disable then flush, and waits for that flush (at most
+//! [`FLUSH_WAIT`]), so its sessions get everything the firmware wrote.
+//!
 //! The producer is named after the first hello (unless told otherwise)
 //! and connects once that hello arrived (and the firmware is quiet); the
 //! bridge fails if it cannot reach the service then. Losses and counters are logged every
@@ -164,7 +171,8 @@ impl Summary {
     /// Whether anything was lost on the way (forwarder, transport or
     /// firmware counters, or a loss the bridge marked at the end of a
     /// session or boot: a flush given up on, whose chunks come after it, a
-    /// boot that ended mid-session, whose open chunks never came): the
+    /// boot or a two-way link that ended mid-session, whose open chunks
+    /// never came): the
     /// JSON summary's `lost_anything`, for scripts (the exit status does
     /// not depend on it).
     ///
@@ -185,6 +193,7 @@ impl Summary {
             + e.patch_groups_dropped
             + e.trailing_losses_marked
             + e.restarts_mid_session
+            + e.links_lost_mid_session
             + f.chunks_no_room
             + f.chunks_too_big
             + f.chunks_lost
@@ -217,8 +226,8 @@ impl fmt::Display for Summary {
         writeln!(
             out,
             "  boots {}, resets {}, hellos refused {}, boots ended mid-session {} (their open \
-             chunks and undrained ring lost: marked)",
-            e.boots, e.resets, e.hellos_refused, e.restarts_mid_session
+             chunks and undrained ring lost: marked), link lost mid-session {} (the same)",
+            e.boots, e.resets, e.hellos_refused, e.restarts_mid_session, e.links_lost_mid_session
         )?;
         writeln!(
             out,
@@ -356,6 +365,16 @@ impl Control {
         self.state().requests.push(r);
     }
 
+    /// Asks the firmware to stop tracing and flush, as the last session's
+    /// stop does, for the bridge's own stop; returns the flush to wait
+    /// for (`flushes_done` reaching it).
+    fn quiet(&self) -> u64 {
+        let mut st = self.state();
+        st.requests.extend([Request::Enable(false), Request::Flush]);
+        st.flushes_asked += 1;
+        st.flushes_asked
+    }
+
     /// Waits (at most [`FLUSH_WAIT`]) until the bridge's thread forwarded
     /// everything its source had (and, for instance `ending`, marked the
     /// losses it never saw marked: [`Engine::session_ending`]).
@@ -397,8 +416,10 @@ impl DataSourceHandler for Handler {
             // Disabled first: nothing is written after the flush that
             // would wait in a held chunk for the next session.
             self.0.ask(Request::Enable(false));
-            self.0.ask(Request::Flush);
         }
+        // Every stop: what the writers hold in open chunks is this
+        // session's too, also while another session runs on.
+        self.0.ask(Request::Flush);
         self.0.flush(Some(args.instance_id));
     }
     fn on_flush(&self, _: &InstanceArgs<'_>) {
@@ -451,7 +472,22 @@ pub fn run(
     let mut drained = true;
     // The first hello's quieting flush is pending: connect once it is done.
     let mut connect_when_quiet = false;
-    while !stop.load(Ordering::Relaxed) {
+    // Stopping while a session runs: the flush waited for first (module
+    // docs), and until when.
+    let mut stopping: Option<(u64, Instant)> = None;
+    let mut link_lost = false;
+    loop {
+        if stop.load(Ordering::Relaxed) && stopping.is_none() {
+            if producer.is_none() || control.instances.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            stopping = Some((control.quiet(), Instant::now() + FLUSH_WAIT));
+        }
+        if let Some((target, deadline)) = stopping {
+            if control.state().flushes_done >= target || Instant::now() >= deadline {
+                break;
+            }
+        }
         let pending_flush = {
             let mut st = control.state();
             // Before the requests: a session's enable lets an offline
@@ -540,7 +576,10 @@ pub fn run(
                     control.changed.notify_all();
                 }
             }
-            Err(SourceError::Ended) => break,
+            Err(SourceError::Ended) => {
+                link_lost = source.link_lost();
+                break;
+            }
             Err(e) => {
                 result = Err(e.into_cli(source.describe()));
                 break;
@@ -565,7 +604,10 @@ pub fn run(
     // Everything read is forwarded (losses left unmarked get their mark);
     // the producer sends it before going.
     engine.link_loss(link_loss(&*source));
-    engine.finish();
+    engine.finish(link_lost);
+    for note in engine.take_notes() {
+        log::warn!("{note}");
+    }
     engine.output().flush();
     let summary = summary(&engine, &*source, requests_unsupported);
     drop(engine);

@@ -689,7 +689,7 @@ fn drops_that_end_a_session_are_marked_on_every_sequence_of_the_boot() {
     e.session_started(8);
     e.handle(chunk(1, 1), 0);
     e.session_ending(8);
-    e.finish();
+    e.finish(false);
     assert_eq!(take(&log), [Call::Chunk(1, 1)]);
 }
 
@@ -702,10 +702,10 @@ fn ring_overflows_alone_mark_nothing_and_the_end_of_input_marks_every_session() 
     e.handle(chunk(1, 0), 0);
     e.handle(FirmwareEvent::Stats(vec![("ring_overflows".into(), 5)]), 0);
     take(&log);
-    e.finish();
+    e.finish(false);
     assert_eq!(take(&log), []);
     e.handle(dropped(1), 0);
-    e.finish();
+    e.finish(false);
     assert_eq!(
         take_sorted(&log),
         [Call::Loss(1, Some(3)), Call::Loss(1, Some(4))]
@@ -962,11 +962,76 @@ fn a_boot_cut_mid_session_marks_its_sequences() {
     e.handle(chunk(1, 0), 0);
     take(&log);
     e.session_ending(5);
-    e.finish();
+    e.finish(false);
     assert_eq!(take(&log), []);
     // The last session ended: a restart now cut nothing of its.
     e.handle(FirmwareEvent::Reset, 0);
     assert_eq!(take(&log), [Call::Dropped(4)]);
     let s = e.stats();
     assert_eq!((s.restarts_mid_session, s.trailing_losses_marked), (2, 5));
+}
+
+/// A two-way link that ends while a session records cut the firmware off:
+/// every sequence of the boot is marked in every running session,
+/// whatever its counters say, and the user is told. A one-way input's
+/// end, or a link lost with no session running, marks nothing.
+#[test]
+fn a_link_lost_mid_session_marks_every_sequence_of_the_boot() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, BOOTTIME), 0);
+    e.handle(chunk(1, 0), 0);
+    e.finish(true);
+    assert_eq!(e.stats().links_lost_mid_session, 0, "no session ran");
+    e.session_started(3);
+    e.session_started(4);
+    e.handle(chunk(1, 1), 0);
+    e.handle(chunk(2, 0), 0);
+    take(&log);
+    e.finish(false);
+    assert_eq!(
+        take(&log),
+        [],
+        "a recording's end: the counters did not move"
+    );
+    e.finish(true);
+    assert_eq!(
+        take_sorted(&log),
+        [
+            Call::Loss(1, Some(3)),
+            Call::Loss(1, Some(4)),
+            Call::Loss(2, Some(3)),
+            Call::Loss(2, Some(4))
+        ]
+    );
+    let s = e.stats();
+    assert_eq!((s.links_lost_mid_session, s.trailing_losses_marked), (1, 4));
+    let notes = e.take_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("ended while 2 session(s) recorded it"),
+        "{notes:?}"
+    );
+}
+
+/// Chunks still waiting for the boot's first clock sample when the input
+/// ends go without a snapshot, counted (before: dropped with no count).
+#[test]
+fn chunks_held_for_a_clock_go_when_the_input_ends() {
+    let (mut e, log) = engine();
+    e.handle(hello(1, 70), 0);
+    e.session_started(1);
+    e.handle(chunk(1, 0), 0);
+    e.handle(chunk(1, 1), 0);
+    assert_eq!(take(&log), [Call::Register("fw".into())], "held");
+    e.finish(false);
+    assert_eq!(
+        take(&log),
+        [
+            Call::New(1, "fw".into()),
+            Call::Chunk(1, 0),
+            Call::Chunk(1, 1)
+        ]
+    );
+    let s = e.stats();
+    assert_eq!((s.chunks_forwarded, s.chunks_without_clock), (2, 2));
 }
