@@ -654,3 +654,128 @@ fn a_bridge_stopped_mid_session_flushes_the_firmware_first() {
     assert_eq!(report.totals, emitted, "every event");
     assert_eq!(assert_firmware_sequences(&trace, &report, 0), 0);
 }
+
+/// A firmware that restarts right after answering the last session's stop
+/// flush, its new boot's HELLO in the same TCP segment as that answer:
+/// the flush was done before the restart, so the session lost nothing to
+/// it (before: the hello was taken while the session still ran, and the
+/// old boot's sequence was marked lost in it).
+#[test]
+fn a_restart_right_after_the_last_stop_s_flush_is_not_marked() {
+    use shmtrace_abi::frame::{Frame, FrameDecoder, FrameEncoder, Hello};
+    use shmtrace_abi::layout::{ChunkFlags, Packets, PageSize};
+    use shmtrace_abi::region::Name;
+    use std::io::{Read as _, Write as _};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let env = Env::with_service("shmtrace-bridge-restart-after-stop-", ServiceImpl::Ours);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("port").port();
+    let mut bridge = env.bridge(&format!("tcp:127.0.0.1:{port}"), &[]);
+    let (mut uart, _) = listener.accept().expect("the bridge connects");
+    let hello = |boot_id| Hello {
+        version: shmtrace_abi::frame::VERSION,
+        boot_id,
+        clock_id: 65,
+        page_size: PageSize::DEFAULT.get() as u32,
+        flags: 0,
+        data_source: Name::new(DATA_SOURCE).unwrap(),
+        producer: Name::new("restarting-mcu").unwrap(),
+    };
+    let t0 = std::time::Instant::now();
+    let now = move || 1_000_000_000 + t0.elapsed().as_nanos() as u64;
+    let mut enc = FrameEncoder::new();
+    let mut wire = Vec::new();
+    enc.hello(&hello(1), &mut |b: &[u8]| wire.extend_from_slice(b));
+    enc.clock(now(), 0, &mut |b: &[u8]| wire.extend_from_slice(b));
+    uart.write_all(&wire).expect("hello");
+
+    // The firmware's side: every SYNC answered; the first ENABLE answered
+    // with a chunk (writer 1, two whole packets); the SYNC of the flush
+    // after a DISABLE that follows it with the answer and boot 2's HELLO,
+    // in one write.
+    let restarted = Arc::new(AtomicBool::new(false));
+    let firmware = {
+        let restarted = restarted.clone();
+        let mut reader = uart.try_clone().expect("clone");
+        std::thread::spawn(move || {
+            let mut decoder = FrameDecoder::new(vec![0u8; 256]);
+            let (mut enabled, mut disabled_after) = (false, false);
+            let mut bytes = [0u8; 256];
+            loop {
+                let n = match reader.read(&mut bytes) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let mut input = &bytes[..n];
+                let mut frames = Vec::new();
+                while !input.is_empty() {
+                    let (used, f) = decoder.push(input);
+                    input = &input[used..];
+                    if let Some(Ok(f)) = f.map(|f| f.parse()) {
+                        frames.push(match f {
+                            Frame::Enable => (1, 0),
+                            Frame::Disable => (2, 0),
+                            Frame::Sync(nonce) => (5, nonce),
+                            _ => (0, 0),
+                        });
+                    }
+                }
+                for (what, nonce) in frames {
+                    let mut wire = Vec::new();
+                    match what {
+                        1 if !enabled => {
+                            enabled = true;
+                            let mut chunk = 0u32.to_le_bytes().to_vec();
+                            chunk.extend_from_slice(&1u16.to_le_bytes());
+                            let packets = Packets::new(2, ChunkFlags::EMPTY).unwrap();
+                            chunk.extend_from_slice(&packets.bits().to_le_bytes());
+                            chunk.extend_from_slice(&[2, 0x40, 0x64, 2, 0x40, 0x65]);
+                            enc.chunk(&chunk, &mut |b: &[u8]| wire.extend_from_slice(b));
+                        }
+                        2 if enabled => disabled_after = true,
+                        5 => {
+                            enc.clock(now(), nonce, &mut |b: &[u8]| wire.extend_from_slice(b));
+                            if disabled_after && !restarted.swap(true, Ordering::Relaxed) {
+                                // A reset: frames from seq 0 again.
+                                enc = FrameEncoder::new();
+                                enc.hello(&hello(2), &mut |b: &[u8]| wire.extend_from_slice(b));
+                            }
+                        }
+                        _ => {}
+                    }
+                    if !wire.is_empty() && uart.write_all(&wire).is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    env.wait_registered();
+    let consumer = env.start_consumer();
+    bridge.expect_event("enabled", TIMEOUT).expect("enabled");
+    let trace = env.stop_consumer(consumer);
+    assert!(restarted.load(Ordering::Relaxed), "the firmware restarted");
+    let summary = bridge_summary(bridge);
+    let _ = firmware.join();
+    assert_eq!(counter(&summary, "engine", "boots"), 2, "{summary}");
+    assert_eq!(
+        counter(&summary, "engine", "chunks_forwarded"),
+        1,
+        "{summary}"
+    );
+    assert_eq!(
+        counter(&summary, "engine", "restarts_mid_session"),
+        0,
+        "{summary}"
+    );
+    assert_eq!(
+        counter(&summary, "engine", "trailing_losses_marked"),
+        0,
+        "{summary}"
+    );
+    assert_eq!(summary["lost_anything"], false, "{summary}");
+    let analysis = inspect_passes(&trace);
+    assert_eq!(analysis["loss"]["loss_marks"], 0, "{}", analysis["loss"]);
+}

@@ -445,6 +445,32 @@ fn link_loss(source: &dyn FirmwareSource) -> u64 {
         .fold(0u64, |t, (_, v)| t.saturating_add(v))
 }
 
+/// The flushes up to `target` are done: everything the source had is
+/// forwarded, so the sessions they end are told to the engine (which marks
+/// their losses), the output is flushed and the waiters are woken.
+fn flush_done(
+    control: &Control,
+    engine: &mut Engine<ProducerOutput>,
+    source: &dyn FirmwareSource,
+    target: u64,
+) {
+    let ending: Vec<u64> = {
+        let mut st = control.state();
+        let (done, later) = std::mem::take(&mut st.ending)
+            .into_iter()
+            .partition(|(_, t)| *t <= target);
+        st.ending = later;
+        done.into_iter().map(|(id, _)| id).collect()
+    };
+    engine.link_loss(link_loss(source));
+    for id in ending {
+        engine.session_ending(id);
+    }
+    engine.output().flush();
+    control.state().flushes_done = target;
+    control.changed.notify_all();
+}
+
 /// Host BOOTTIME, nanoseconds.
 pub fn boottime_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
@@ -488,7 +514,7 @@ pub fn run(
                 break;
             }
         }
-        let pending_flush = {
+        let mut pending_flush = {
             let mut st = control.state();
             // Before the requests: a session's enable lets an offline
             // source go on, and its losses count from its start.
@@ -519,9 +545,16 @@ pub fn run(
                 drained = false;
                 let hello = matches!(event, FirmwareEvent::Hello(_));
                 if hello || matches!(event, FirmwareEvent::Reset) {
-                    // It may end a boot: the link's losses until now (a
-                    // frame a reset cut) are marked on the old boot's
-                    // sequences.
+                    // It may end a boot. A flush the old boot answered
+                    // first (a stop's, in the same read as the new boot's
+                    // hello) is done: the sessions it ends lost nothing
+                    // to the restart.
+                    if let Some(target) = pending_flush.filter(|_| !source.flush_pending()) {
+                        flush_done(&control, &mut engine, &*source, target);
+                        pending_flush = None;
+                    }
+                    // The link's losses until now (a frame a reset cut)
+                    // are marked on the old boot's sequences.
                     engine.link_loss(link_loss(&*source));
                 }
                 engine.handle(event, boottime_ns());
@@ -559,21 +592,7 @@ pub fn run(
                     // Not done until the firmware says so (bounded by the
                     // source).
                 } else if let Some(target) = pending_flush {
-                    let ending: Vec<u64> = {
-                        let mut st = control.state();
-                        let (done, later) = std::mem::take(&mut st.ending)
-                            .into_iter()
-                            .partition(|(_, t)| *t <= target);
-                        st.ending = later;
-                        done.into_iter().map(|(id, _)| id).collect()
-                    };
-                    engine.link_loss(link_loss(&*source));
-                    for id in ending {
-                        engine.session_ending(id);
-                    }
-                    engine.output().flush();
-                    control.state().flushes_done = target;
-                    control.changed.notify_all();
+                    flush_done(&control, &mut engine, &*source, target);
                 }
             }
             Err(SourceError::Ended) => {
