@@ -478,11 +478,11 @@ fn a_bridge_killed_mid_packet_leaves_a_loss_mark() {
     assert_eq!(loss["loss_reasons"], 1 | 16, "{analysis}");
 }
 
-/// A TCP firmware that runs `iterations` with its writers' last chunks
+/// A TCP firmware that runs 300 iterations with its writers' last chunks
 /// left open (`--leave-open`: uncommitted, as a firmware's between two
-/// flushes), recorded by `sessions` sessions started in turn; returns the
-/// firmware, the bridge, the consumers (named `s1`, `s2`, ...) and the
-/// firmware's done report.
+/// flushes), recorded by `sessions` sessions, all started before its first
+/// event; returns the firmware, the bridge, the consumers (named `s1`,
+/// `s2`, ...) and the firmware's done report.
 fn left_open_run(
     env: &Env,
     label: &str,
@@ -493,6 +493,7 @@ fn left_open_run(
     Vec<shmtrace_tests::process::ChildProcess>,
     serde_json::Value,
 ) {
+    let go = env.path(&format!("{label}.go"));
     let mut firmware = env.firmware(
         label,
         &args(&[
@@ -500,6 +501,8 @@ fn left_open_run(
             "--listen",
             "0",
             "--wait-enabled",
+            "--go-file",
+            go.to_str().expect("a path"),
             "--leave-open",
             "--iterations",
             "300",
@@ -521,6 +524,7 @@ fn left_open_run(
         .map(|n| env.start_consumer_named(&format!("s{n}")))
         .collect();
     firmware.expect_event("enabled", TIMEOUT).expect("enabled");
+    std::fs::write(&go, b"").expect("go");
     let done = firmware.expect_event("done", TIMEOUT).expect("done");
     // Everything committed was sent and read.
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -595,8 +599,7 @@ fn a_tcp_link_lost_mid_session_is_marked() {
 /// SDK's writers commit their chunks when theirs stops, so the session
 /// gets every event, those of the writers' open chunks too (before, only
 /// the last session's stop flushed: the first session's trace missed
-/// them, unmarked). The second, started once the firmware was writing,
-/// gets the rest.
+/// them, unmarked). The second, stopped last, gets every event too.
 #[test]
 fn a_session_that_stops_while_another_runs_gets_the_open_chunks() {
     let env = Env::with_service("shmtrace-bridge-two-sessions-", ServiceImpl::Ours);
@@ -613,14 +616,10 @@ fn a_session_that_stops_while_another_runs_gets_the_open_chunks() {
     assert_eq!(assert_firmware_sequences(&first, &report, 0), 0);
     // The firmware was not disabled: the second session still records.
     let second = env.stop_consumer_named(second, "s2");
-    // (It may start with a mark: its start can fall in a packet that
-    // spans chunks.)
-    let analysis = inspect_passes(&second);
-    assert!(
-        analysis["track_events"]["slice_begin"].as_u64() > Some(0),
-        "{}",
-        analysis["track_events"]
-    );
+    let report = check(&env, &second, emitted, Loss::None, "second-session");
+    report.assert_ok("second-session");
+    assert_eq!(report.totals, emitted, "the second session: every event");
+    assert_eq!(assert_firmware_sequences(&second, &report, 0), 0);
     let summary = bridge_summary(bridge);
     assert_eq!(summary["lost_anything"], false, "{summary}");
     drop(firmware);

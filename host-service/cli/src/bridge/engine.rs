@@ -82,7 +82,8 @@
 //!   FIFO) ends where its recording ends, and a firmware meant to be
 //!   captured flushes its writers itself: only the counters mark it. A
 //!   bridge that stops while a session runs quiets and flushes the
-//!   firmware first ([`run`](super::run)), so nothing is cut.
+//!   firmware first ([`run`](super::run)), so nothing is cut, unless
+//!   that flush runs out of time: then it is marked as a lost link is.
 
 use std::collections::{HashMap, VecDeque};
 

@@ -240,6 +240,14 @@ impl ByteStream {
             {
                 Ok(ReadOutcome::End)
             }
+            // A terminal hung up (a pty whose other side closed: QEMU
+            // exited; a USB serial adapter unplugged) fails reads with EIO.
+            Err(e)
+                if e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
+                    && self.writable =>
+            {
+                Ok(ReadOutcome::End)
+            }
             Err(e) => Err(e),
         }
     }
@@ -465,6 +473,49 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
 mod tests {
     use super::*;
     use crate::bridge::Hello;
+
+    /// A pty whose other side closed (QEMU exited) fails reads with EIO:
+    /// the input's end, which for a two-way link means the firmware was
+    /// lost (the engine marks it), not a failed input.
+    #[test]
+    fn a_hung_up_terminal_is_the_input_s_end() {
+        use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+        let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("openpt");
+        grantpt(&master).expect("grantpt");
+        unlockpt(&master).expect("unlockpt");
+        let name = ptsname(&master, Vec::new()).expect("ptsname");
+        let path = PathBuf::from(name.to_str().expect("a path"));
+        let mut input = ByteStream::open(&InputSpec::Path(path)).expect("the pty opens");
+        assert!(input.is_writable());
+        rustix::io::write(&master, b"ab").expect("write");
+        let mut buf = [0u8; 16];
+        let wait = Duration::from_secs(5);
+        assert_eq!(
+            input.read_timeout(&mut buf, wait).unwrap(),
+            ReadOutcome::Data(2)
+        );
+        drop(master);
+        assert_eq!(
+            input.read_timeout(&mut buf, wait).unwrap(),
+            ReadOutcome::End
+        );
+    }
+
+    /// A TCP peer that closes with bytes of ours unread resets the
+    /// connection: the input's end too.
+    #[test]
+    fn a_reset_tcp_connection_is_the_input_s_end() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let addr = listener.local_addr().expect("address").to_string();
+        let mut input = ByteStream::open(&InputSpec::Tcp(addr)).expect("connect");
+        let (peer, _) = listener.accept().expect("accept");
+        input.write_all(b"unread").expect("write");
+        std::thread::sleep(Duration::from_millis(50));
+        drop(peer);
+        let mut buf = [0u8; 16];
+        let outcome = input.read_timeout(&mut buf, Duration::from_secs(5));
+        assert_eq!(outcome.unwrap(), ReadOutcome::End);
+    }
 
     #[test]
     fn inputs_parse_or_say_why_not() {

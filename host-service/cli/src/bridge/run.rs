@@ -31,9 +31,11 @@
 //! Every session's stop asks for a flush (the last one's after disabling
 //! tracing): what the firmware's writers hold in open chunks belongs to a
 //! session that stops while another runs too. The bridge stopping (Ctrl-C,
-//! its stdin's end) while a session runs does what the last stop does
-//! first, disable then flush, and waits for that flush (at most
-//! [`FLUSH_WAIT`]), so its sessions get everything the firmware wrote.
+//! SIGTERM, its stdin's end) while a session runs does what the last stop
+//! does first, disable then flush (a hello meanwhile is quieted too), and
+//! waits for that flush (at most [`FLUSH_WAIT`]), so its sessions get
+//! everything the firmware wrote; a flush that runs out of time is marked
+//! as a lost link is (the engine's "A link lost mid-session is marked").
 //!
 //! The producer is named after the first hello (unless told otherwise)
 //! and connects once that hello arrived (and the firmware is quiet); the
@@ -172,9 +174,8 @@ impl Summary {
     /// firmware counters, or a loss the bridge marked at the end of a
     /// session or boot: a flush given up on, whose chunks come after it, a
     /// boot or a two-way link that ended mid-session, whose open chunks
-    /// never came): the
-    /// JSON summary's `lost_anything`, for scripts (the exit status does
-    /// not depend on it).
+    /// never came): the JSON summary's `lost_anything`, for scripts (the
+    /// exit status does not depend on it).
     ///
     /// Chunks that arrived while no session had the data source started
     /// (`chunks_no_session`) are not a loss: a firmware writes while its
@@ -226,7 +227,7 @@ impl fmt::Display for Summary {
         writeln!(
             out,
             "  boots {}, resets {}, hellos refused {}, boots ended mid-session {} (their open \
-             chunks and undrained ring lost: marked), link lost mid-session {} (the same)",
+             chunks and undrained ring lost: marked), links lost mid-session {} (the same)",
             e.boots, e.resets, e.hellos_refused, e.restarts_mid_session, e.links_lost_mid_session
         )?;
         writeln!(
@@ -365,27 +366,30 @@ impl Control {
         self.state().requests.push(r);
     }
 
-    /// Asks the firmware to stop tracing and flush, as the last session's
-    /// stop does, for the bridge's own stop; returns the flush to wait
-    /// for (`flushes_done` reaching it).
-    fn quiet(&self) -> u64 {
+    /// Asks the firmware for `requests`, a flush last, and counts that
+    /// flush under the same lock (so the bridge's thread never completes
+    /// a flush it sent before it was counted); the flush ends instance
+    /// `ending`, if given. Returns the flush to wait for (`flushes_done`
+    /// reaching it).
+    fn ask_flush(&self, requests: &[Request], ending: Option<u64>) -> u64 {
         let mut st = self.state();
-        st.requests.extend([Request::Enable(false), Request::Flush]);
-        st.flushes_asked += 1;
-        st.flushes_asked
-    }
-
-    /// Waits (at most [`FLUSH_WAIT`]) until the bridge's thread forwarded
-    /// everything its source had (and, for instance `ending`, marked the
-    /// losses it never saw marked: [`Engine::session_ending`]).
-    fn flush(&self, ending: Option<u64>) {
-        let mut st = self.state();
+        st.requests.extend_from_slice(requests);
         st.flushes_asked += 1;
         let target = st.flushes_asked;
         if let Some(id) = ending {
             st.ending.push((id, target));
         }
+        target
+    }
+
+    /// [`Control::ask_flush`], then waits (at most [`FLUSH_WAIT`]) until
+    /// the bridge's thread forwarded everything its source had (and, for
+    /// instance `ending`, marked the losses it never saw marked:
+    /// [`Engine::session_ending`]).
+    fn flush(&self, requests: &[Request], ending: Option<u64>) {
+        let target = self.ask_flush(requests, ending);
         let deadline = Instant::now() + FLUSH_WAIT;
+        let mut st = self.state();
         while st.flushes_done < target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -400,6 +404,11 @@ impl Control {
     }
 }
 
+/// What the last session's stop asks (disabled first: nothing is written
+/// after the flush that would wait in a held chunk for the next session),
+/// and the bridge's own stop while a session runs.
+const QUIET: [Request; 2] = [Request::Enable(false), Request::Flush];
+
 struct Handler(Arc<Control>);
 
 impl DataSourceHandler for Handler {
@@ -412,19 +421,17 @@ impl DataSourceHandler for Handler {
         self.0.ask(Request::Enable(true));
     }
     fn on_stop(&self, args: &InstanceArgs<'_>) {
-        if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // Disabled first: nothing is written after the flush that
-            // would wait in a held chunk for the next session.
-            self.0.ask(Request::Enable(false));
-        }
-        // Every stop: what the writers hold in open chunks is this
+        // Every stop flushes: what the writers hold in open chunks is this
         // session's too, also while another session runs on.
-        self.0.ask(Request::Flush);
-        self.0.flush(Some(args.instance_id));
+        let requests: &[Request] = if self.0.instances.fetch_sub(1, Ordering::Relaxed) == 1 {
+            &QUIET
+        } else {
+            &[Request::Flush]
+        };
+        self.0.flush(requests, Some(args.instance_id));
     }
     fn on_flush(&self, _: &InstanceArgs<'_>) {
-        self.0.ask(Request::Flush);
-        self.0.flush(None);
+        self.0.flush(&[Request::Flush], None);
     }
     fn on_clear_incremental_state(&self, _: &InstanceArgs<'_>) {
         self.0.ask(Request::Clear);
@@ -507,7 +514,7 @@ pub fn run(
             if producer.is_none() || control.instances.load(Ordering::Relaxed) == 0 {
                 break;
             }
-            stopping = Some((control.quiet(), Instant::now() + FLUSH_WAIT));
+            stopping = Some((control.ask_flush(&QUIET, None), Instant::now() + FLUSH_WAIT));
         }
         if let Some((target, deadline)) = stopping {
             if control.state().flushes_done >= target || Instant::now() >= deadline {
@@ -558,11 +565,12 @@ pub fn run(
                     engine.link_loss(link_loss(&*source));
                 }
                 engine.handle(event, boottime_ns());
-                if hello && control.instances.load(Ordering::Relaxed) == 0 {
-                    // No session: quiet (module docs). A session starting
-                    // meanwhile has its requests applied after these.
+                if hello && (control.instances.load(Ordering::Relaxed) == 0 || stopping.is_some()) {
+                    // No session, or the bridge stopping: quiet (module
+                    // docs). A session starting meanwhile has its requests
+                    // applied after these.
                     let mut asked = true;
-                    for r in [Request::Enable(false), Request::Flush] {
+                    for r in QUIET {
                         if !source.request(r) {
                             requests_unsupported += 1;
                             asked = false;
@@ -622,8 +630,12 @@ pub fn run(
     }
     // Everything read is forwarded (losses left unmarked get their mark);
     // the producer sends it before going.
+    // A stop's flush that ran out of time left the firmware's open chunks
+    // behind: cut off as by a lost link (if requests reach the firmware:
+    // a one-way input's end is no cut either).
+    let unflushed = stopping.is_some_and(|(t, _)| control.state().flushes_done < t);
     engine.link_loss(link_loss(&*source));
-    engine.finish(link_lost);
+    engine.finish(link_lost || (unflushed && source.can_sync()));
     for note in engine.take_notes() {
         log::warn!("{note}");
     }
