@@ -566,15 +566,10 @@ fn a_tcp_link_lost_mid_session_is_marked() {
         .expect_event("summary", TIMEOUT)
         .expect("the bridge's summary at the end of its input");
     bridge.expect_success(TIMEOUT).expect("the bridge exits 0");
-    assert_eq!(
-        counter(&summary, "engine", "links_lost_mid_session"),
-        1,
-        "{summary}"
-    );
-    assert_eq!(
-        counter(&summary, "engine", "trailing_losses_marked"),
-        2,
-        "{summary}"
+    assert_counters(
+        &summary,
+        "engine",
+        &[("links_lost_mid_session", 1), ("trailing_losses_marked", 2)],
     );
     assert_eq!(summary["lost_anything"], true, "{summary}");
     assert!(bridge.stderr_contains("ended while 1 session(s) recorded it"));
@@ -640,11 +635,7 @@ fn a_bridge_stopped_mid_session_flushes_the_firmware_first() {
     let summary = bridge.expect_event("summary", TIMEOUT).expect("summary");
     bridge.expect_success(TIMEOUT).expect("the bridge exits 0");
     assert_eq!(summary["lost_anything"], false, "{summary}");
-    assert_eq!(
-        counter(&summary, "engine", "links_lost_mid_session"),
-        0,
-        "{summary}"
-    );
+    assert_counters(&summary, "engine", &[("links_lost_mid_session", 0)]);
     drop(firmware);
     let trace = env.stop_consumer_named(consumers.remove(0), "s1");
     let emitted = emitted(&done);
@@ -758,21 +749,15 @@ fn a_restart_right_after_the_last_stop_s_flush_is_not_marked() {
     assert!(restarted.load(Ordering::Relaxed), "the firmware restarted");
     let summary = bridge_summary(bridge);
     let _ = firmware.join();
-    assert_eq!(counter(&summary, "engine", "boots"), 2, "{summary}");
-    assert_eq!(
-        counter(&summary, "engine", "chunks_forwarded"),
-        1,
-        "{summary}"
-    );
-    assert_eq!(
-        counter(&summary, "engine", "restarts_mid_session"),
-        0,
-        "{summary}"
-    );
-    assert_eq!(
-        counter(&summary, "engine", "trailing_losses_marked"),
-        0,
-        "{summary}"
+    assert_counters(
+        &summary,
+        "engine",
+        &[
+            ("boots", 2),
+            ("chunks_forwarded", 1),
+            ("restarts_mid_session", 0),
+            ("trailing_losses_marked", 0),
+        ],
     );
     assert_eq!(summary["lost_anything"], false, "{summary}");
     let analysis = inspect_passes(&trace);

@@ -286,6 +286,17 @@ pub fn counter(summary: &Value, section: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {section}.{name} in {summary}"))
 }
 
+/// Asserts the named counters of a summary section.
+pub fn assert_counters(summary: &Value, section: &str, expected: &[(&str, u64)]) {
+    for (name, want) in expected {
+        assert_eq!(
+            counter(summary, section, name),
+            *want,
+            "{section}.{name}: {summary}"
+        );
+    }
+}
+
 /// String arguments.
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
