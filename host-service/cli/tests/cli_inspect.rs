@@ -1238,3 +1238,45 @@ fn a_sequence_on_two_machines_is_a_trusted_fields_problem() {
         "sequence 4 of machine 0 has a packet of machine 7",
     );
 }
+
+/// Two snapshots of the firmware sequence relating its clock 65 to
+/// BOOTTIME that contradict each other: the offset moved by 0.5 s in 1.5
+/// s, as the bridge stated it once from a clock answer that waited behind
+/// a flush (a bound of 0.5 s) and then from a prompt one. A trace
+/// processor takes both, and places the events around them 0.5 s apart;
+/// `--check` fails. A step within what two right clocks drift apart (1 ms
+/// in 1.5 s) passes.
+#[test]
+fn clock_snapshots_that_contradict_each_other_fail() {
+    let dir = TempDir::new("snapshot-step");
+    let with_second = |boot_step_ns: u64| {
+        let mut t = firmware_sequence(None);
+        let first = t.sequence(3)[0];
+        let mut again = EditTrace {
+            packets: vec![t.packets[first].clone()],
+        };
+        again
+            .clear(0, "clock_snapshot")
+            .clear(0, "first_packet_on_sequence")
+            .clear(0, "previous_packet_dropped")
+            .edit(
+                0,
+                &format!(
+                    "clock_snapshot {{ clocks {{ clock_id: 65 timestamp: 2000001000 }} clocks {{ \
+                     clock_id: 6 timestamp: {} }} }}",
+                    1125788182702 + boot_step_ns
+                ),
+            );
+        let at = t.events(3, INSTANT)[3];
+        t.packets.insert(at, again.packets.remove(0));
+        t
+    };
+    check_passes(&with_second(2_000_000_000 - 1_000_000), &dir);
+    check_fails_with(
+        &with_second(1_500_000_000),
+        &dir,
+        "timestamps",
+        "clock snapshot contradicts the one before it on sequence 3: the offset of clock 65 to \
+         BOOTTIME moved by 0.500 s in 1.500 s",
+    );
+}

@@ -28,7 +28,7 @@
 //! sample of the window ([`WINDOW`] samples) with the smallest bound so
 //! grown. A fresh clock snapshot is due ([`ClockSync::due`]) when
 //! none was given yet, every [`SNAPSHOT_PERIOD_NS`], and when the estimate
-//! moved by more than its bound; between those the engine puts the
+//! moved by more than its (current) bound; between those the engine puts the
 //! snapshot stated last into a sequence again after every
 //! [`SNAPSHOT_PERIOD_BYTES`](super::engine::SNAPSHOT_PERIOD_BYTES) of
 //! forwarded data (the same relation: a ring buffer overwrites the old
@@ -215,6 +215,11 @@ impl ClockSync {
                 two_way: false,
             }),
         };
+        log::debug!(
+            "clock sample: firmware {firmware_ns}, nonce {nonce:?} asked at {asked:?}, read at \
+             {arrival}: (offset, bound) {:?}",
+            sample.map(|s| (s.offset_ns, s.bound_ns))
+        );
         match sample {
             Some(s) => {
                 if self.samples.len() == WINDOW {
@@ -224,6 +229,12 @@ impl ClockSync {
             }
             None => self.rejected += 1,
         }
+    }
+
+    /// When the newest request left, if it is still unanswered (an answer
+    /// settles every request before it too).
+    pub fn unanswered_since(&self) -> Option<u64> {
+        self.pending.back().map(|&(_, t0)| t0)
     }
 
     /// Samples taken so far in the window.
@@ -307,9 +318,13 @@ impl ClockSync {
         let est = self.estimate(now)?;
         let due = match self.injected {
             None => true,
+            // The offset stated last lies outside what is known now: a
+            // tighter estimate can show a loose one off by less than the
+            // loose bound, yet by far more than its own (a relation first
+            // measured with a bound of 0.5 s, then within 0.5 ms).
             Some((last, at)) => {
                 now.saturating_sub(at) >= SNAPSHOT_PERIOD_NS
-                    || last.offset_ns.abs_diff(est.offset_ns) > last.bound_ns.max(est.bound_ns)
+                    || last.offset_ns.abs_diff(est.offset_ns) > est.bound_ns
             }
         };
         due.then_some(est)

@@ -20,6 +20,12 @@
 //!   session: until the first clock sample of a boot, its chunks and
 //!   patches wait (at most [`HOLD_EVENTS`] of them, at most [`HOLD_NS`]);
 //!   past that they go without one (counted, and logged by the shell).
+//!   Those that came while no session had the data source started go
+//!   into none, also if one started while they waited (counted as
+//!   `chunks_no_session`): they were written before its clear and enable
+//!   reached the firmware. (Before, a booting firmware's first second,
+//!   held while its clock was not known, went into a session that
+//!   started meanwhile: events a second before the session began.)
 //!   After that a snapshot goes into every sequence whenever one is due
 //!   ([`ClockSync::due`]: every
 //!   [`SNAPSHOT_PERIOD_NS`](super::clock::SNAPSHOT_PERIOD_NS), or when the
@@ -120,6 +126,15 @@ pub const START_SYNC_PERIOD_NS: u64 = 10_000_000;
 /// Requests asked at [`START_SYNC_PERIOD_NS`] (a window's worth of
 /// samples, [`clock::WINDOW`](super::clock::WINDOW) at most).
 pub const START_SYNCS: u32 = 8;
+/// How long a sync request may go unanswered before the next one is
+/// asked. One request is in flight at a time: a firmware answers its
+/// commands in order, so a request asked while an earlier one waits
+/// (behind a busy link, behind a flush) waits behind it too, and its round
+/// trip (twice its bound) measures that wait rather than the link. Eight
+/// start requests 10 ms apart all queued behind a boot's quieting flush
+/// came back a second later with bounds of 0.5 s each, and the relation
+/// first stated was 0.5 s off.
+pub const SYNC_ANSWER_WAIT_NS: u64 = SYNC_PERIOD_NS;
 /// First sequence-scoped clock id; ids from 128 are reserved.
 const FIRST_SEQUENCE_CLOCK: u32 = 64;
 const FIRST_RESERVED_CLOCK: u32 = 128;
@@ -236,8 +251,9 @@ struct Boot<S> {
     snapshot: Option<Vec<u8>>,
     /// The clock readings it holds `(firmware, boot)`.
     injected: Option<(u64, u64)>,
-    /// Events waiting for the first clock sample, and since when.
-    held: VecDeque<FirmwareEvent>,
+    /// Events waiting for the first clock sample (each with whether a
+    /// session had the data source started when it came), and since when.
+    held: VecDeque<(FirmwareEvent, bool)>,
     held_since: Option<u64>,
     /// Holding gave up: later chunks go as they come.
     hold_expired: bool,
@@ -524,7 +540,7 @@ impl<O: Output> Engine<O> {
                 };
                 if b.needs_clock && b.snapshot.is_none() && !b.hold_expired {
                     b.held_since.get_or_insert(now);
-                    b.held.push_back(e);
+                    b.held.push_back((e, !self.sessions.is_empty()));
                     if b.held.len() >= HOLD_EVENTS {
                         self.release_held(true);
                     }
@@ -536,10 +552,12 @@ impl<O: Output> Engine<O> {
     }
 
     /// Periodic work at host BOOTTIME `now`: held events that waited too
-    /// long go, snapshots due are injected, and (if the source can answer,
-    /// `can_sync`) a sync request is due every [`SYNC_PERIOD_NS`] (every
-    /// [`START_SYNC_PERIOD_NS`] for a boot's first [`START_SYNCS`]). Returns
-    /// what to ask the firmware.
+    /// long go, snapshots due are injected, and (if the source can answer
+    /// now, `can_sync`: not while the firmware is still busy with a flush)
+    /// a sync request is due every [`SYNC_PERIOD_NS`] (every
+    /// [`START_SYNC_PERIOD_NS`] for a boot's first [`START_SYNCS`]), once
+    /// the one before was answered or [`SYNC_ANSWER_WAIT_NS`] passed.
+    /// Returns what to ask the firmware.
     pub fn tick(&mut self, now: u64, can_sync: bool) -> Vec<Request> {
         let mut requests = Vec::new();
         let expired = self
@@ -557,7 +575,10 @@ impl<O: Output> Engine<O> {
             } else {
                 SYNC_PERIOD_NS
             };
-            let due = b.last_sync.is_none_or(|t| now.saturating_sub(t) >= period);
+            let due = b.last_sync.is_none_or(|t| now.saturating_sub(t) >= period)
+                && b.clock
+                    .unanswered_since()
+                    .is_none_or(|t| now.saturating_sub(t) >= SYNC_ANSWER_WAIT_NS);
             if can_sync && b.needs_clock && self.fixed_offset.is_none() && due {
                 b.last_sync = Some(now);
                 b.syncs += 1;
@@ -659,8 +680,23 @@ impl<O: Output> Engine<O> {
                 b.hello.boot_id, b.hello.clock_id
             ));
         }
-        for e in held {
-            self.forward(e);
+        for (e, in_session) in held {
+            if in_session {
+                self.forward(e);
+            } else {
+                // It came while no session recorded: it belongs to none,
+                // also if one started while it waited (it was written
+                // before that session's clear and enable reached the
+                // firmware). What the forwarder does with a chunk no
+                // session wants, without asking it.
+                match e {
+                    FirmwareEvent::Chunk(_) => {
+                        self.stats.chunks += 1;
+                        self.stats.chunks_no_session += 1;
+                    }
+                    _ => self.stats.patch_groups += 1,
+                }
+            }
         }
     }
 
@@ -696,6 +732,12 @@ impl<O: Output> Engine<O> {
             self.stats.snapshots_deferred += 1;
             return;
         }
+        log::debug!(
+            "clock snapshot at {now}: offset {} ns, bound {} ns (measured {:?})",
+            est.offset_ns,
+            est.bound_ns,
+            measured
+        );
         b.clock.injected(est, now);
         b.injected = Some((firmware_ns, boot_ns));
         let packet = snapshot_packet(b.hello.clock_id, firmware_ns, boot_ns);

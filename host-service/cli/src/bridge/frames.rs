@@ -26,7 +26,10 @@
 //!   bridge's own (high bit set, so never one of the clock's): a firmware
 //!   handles its commands in order, so once the CLOCK answering it arrives
 //!   everything the flush committed came before it ([`flush_pending`](StreamDecoder::flush_pending)).
-//!   That answer is not a clock sample.
+//!   That answer is not a clock sample. Until it comes (also after the
+//!   bridge gave up waiting for the flush) the firmware is still busy with
+//!   the flush, and a SYNC sent meanwhile waits behind it
+//!   ([`flush_unanswered`](StreamDecoder::flush_unanswered)).
 //!
 //! Memory is bounded: the frame buffer (a 64 KiB page's chunk), and the
 //! events decoded from one read.
@@ -73,6 +76,10 @@ struct State {
     baud: Option<u32>,
     /// The flush barrier's nonce the firmware has not answered yet.
     barrier: Option<u32>,
+    /// The last barrier's nonce until its answer comes, also after the
+    /// flush was given up on: the firmware is still busy with that flush
+    /// (module docs).
+    unanswered: Option<u32>,
     /// `seq` of the last frame delivered.
     last_seq: Option<u32>,
     unusable: u64,
@@ -100,6 +107,7 @@ impl FrameStreamDecoder {
                 patches: PatchGrouper::new(),
                 baud: baud.filter(|&b| b > 0),
                 barrier: None,
+                unanswered: None,
                 last_seq: None,
                 unusable: 0,
                 from_host: 0,
@@ -166,6 +174,14 @@ impl State {
                 }
             }
             Frame::Clock { firmware_ns, nonce } => {
+                log::debug!(
+                    "CLOCK frame {seq}: firmware {firmware_ns} nonce {nonce:#x} (barrier waited \
+                     for: {:?})",
+                    self.barrier
+                );
+                if nonce != 0 && self.unanswered == Some(nonce) {
+                    self.unanswered = None;
+                }
                 if nonce != 0 && self.barrier == Some(nonce) {
                     self.barrier = None;
                 } else if nonce & BARRIER_BIT == 0 {
@@ -264,6 +280,10 @@ impl StreamDecoder for FrameStreamDecoder {
 
     fn encode_request(&mut self, request: Request, out: &mut Vec<u8>) -> bool {
         use shmtrace_abi::frame::kind;
+        log::debug!(
+            "request {request:?} at BOOTTIME {}",
+            super::run::boottime_ns()
+        );
         let sink = &mut |b: &[u8]| out.extend_from_slice(b);
         match request {
             Request::Enable(true) => self.encoder.command(kind::ENABLE, sink),
@@ -277,6 +297,8 @@ impl StreamDecoder for FrameStreamDecoder {
                 let nonce = self.next_barrier | BARRIER_BIT;
                 self.encoder.command_u32(kind::SYNC, nonce, sink);
                 self.state.barrier = Some(nonce);
+                self.state.unanswered = Some(nonce);
+                log::debug!("flush barrier {nonce:#x}");
             }
         }
         true
@@ -284,6 +306,10 @@ impl StreamDecoder for FrameStreamDecoder {
 
     fn flush_pending(&self) -> bool {
         self.state.barrier.is_some()
+    }
+
+    fn flush_unanswered(&self) -> bool {
+        self.state.unanswered.is_some()
     }
 
     fn give_up_flush(&mut self) {

@@ -309,10 +309,22 @@ pub trait StreamDecoder: Send {
     }
     /// Stops waiting for the pending flush (counted).
     fn give_up_flush(&mut self) {}
+    /// The last flush's end has not been seen yet, also one given up on:
+    /// the firmware obeys its commands in order, so it is still committing
+    /// and sending what that flush asked for, and a request sent now waits
+    /// behind it.
+    fn flush_unanswered(&self) -> bool {
+        false
+    }
 }
 
 /// How long a stream's flush waits for the firmware to show it done.
 pub const FLUSH_DONE_WAIT: Duration = Duration::from_millis(400);
+
+/// How long the firmware is taken to be busy with a flush whose end was
+/// not seen ([`StreamDecoder::flush_unanswered`]) at most: past that its
+/// answer is taken as lost.
+pub const FLUSH_ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a stream may say nothing a firmware sends before the user is
 /// told what to check.
@@ -326,6 +338,8 @@ pub struct StreamSource<D> {
     ended: bool,
     /// Until when a flush may wait for the firmware.
     flush_deadline: Option<Instant>,
+    /// When the last flush was sent.
+    flush_sent: Option<Instant>,
     /// Requests whose frame could not be sent.
     pub requests_failed: u64,
     /// When the stream was opened, until its first event (then `None`),
@@ -344,6 +358,7 @@ impl<D: StreamDecoder> StreamSource<D> {
             buf: vec![0; 64 * 1024].into_boxed_slice(),
             ended: false,
             flush_deadline: None,
+            flush_sent: None,
             requests_failed: 0,
             silent_since: Some(Instant::now()),
             bytes: 0,
@@ -440,7 +455,9 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
             self.requests_failed += 1;
             self.decoder.give_up_flush();
         } else if request == Request::Flush && self.decoder.flush_pending() {
-            self.flush_deadline = Some(Instant::now() + FLUSH_DONE_WAIT);
+            let now = Instant::now();
+            self.flush_deadline = Some(now + FLUSH_DONE_WAIT);
+            self.flush_sent = Some(now);
         }
         sent
     }
@@ -450,6 +467,7 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
             return false;
         }
         if self.flush_deadline.is_none_or(|d| Instant::now() >= d) {
+            log::debug!("gave up waiting for the flush after {FLUSH_DONE_WAIT:?}");
             self.decoder.give_up_flush();
             return false;
         }
@@ -458,6 +476,14 @@ impl<D: StreamDecoder> FirmwareSource for StreamSource<D> {
 
     fn can_sync(&self) -> bool {
         self.stream.is_writable()
+    }
+
+    fn flush_unanswered(&self) -> bool {
+        !self.ended
+            && self.decoder.flush_unanswered()
+            && self
+                .flush_sent
+                .is_some_and(|t| t.elapsed() < FLUSH_ANSWER_WAIT)
     }
 
     fn link_lost(&self) -> bool {

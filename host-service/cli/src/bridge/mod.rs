@@ -184,6 +184,15 @@ pub trait FirmwareSource: Send {
     fn can_sync(&self) -> bool {
         false
     }
+    /// The firmware has not shown the end of the last flush yet, also one
+    /// the bridge gave up waiting for (a stream's barrier not answered yet,
+    /// for at most [`FLUSH_ANSWER_WAIT`](input::FLUSH_ANSWER_WAIT)): it is
+    /// still busy with it, so a clock request sent now would wait behind it
+    /// and its round trip would measure the flush, and what it commits
+    /// (written before the flush was asked for) is still to come.
+    fn flush_unanswered(&self) -> bool {
+        false
+    }
     /// Whether the input ended as a two-way link ends when the firmware
     /// is lost (a TCP peer gone, a serial device hung up), not as a
     /// recording ends (a file, a FIFO): the engine's "A link lost

@@ -24,9 +24,12 @@
 //! a chunk it held would carry packets written before the session's clear
 //! into the session, packets whose interned data and sequence start the
 //! session never got. The first hello's data source is registered (the
-//! producer connects) only once that flush is done (or given up on by the
-//! source): a session starting it sooner would get what the flush
-//! commits.
+//! producer connects) only once the firmware showed that flush done (or
+//! the source gave up on it and on its late answer,
+//! [`flush_unanswered`](super::FirmwareSource::flush_unanswered)): a
+//! session starting it sooner would get what the flush commits (under
+//! load, QEMU's UART took a second to carry a booting firmware's backlog,
+//! and the session got a second of events from before it started).
 //!
 //! Every session's stop asks for a flush (the last one's after disabling
 //! tracing): what the firmware's writers hold in open chunks belongs to a
@@ -524,7 +527,12 @@ pub fn run(
         let mut pending_flush = {
             let mut st = control.state();
             // Before the requests: a session's enable lets an offline
-            // source go on, and its losses count from its start.
+            // source go on, and its losses count from its start (the
+            // link's up to now included: a flush given up on before it
+            // started, the first hello's, lost it nothing).
+            if !st.started.is_empty() {
+                engine.link_loss(link_loss(&*source));
+            }
             for id in std::mem::take(&mut st.started) {
                 engine.session_started(id);
             }
@@ -590,7 +598,11 @@ pub fn run(
             }
             Ok(None) => {
                 drained = true;
-                if connect_when_quiet && !source.flush_pending() {
+                // Quiet once the firmware showed the flush done, even after
+                // the source stopped waiting for it (at most
+                // `FLUSH_ANSWER_WAIT`): what it still commits was written
+                // before any session.
+                if connect_when_quiet && !source.flush_pending() && !source.flush_unanswered() {
                     connect_when_quiet = false;
                     if let Some(h) = engine.hello() {
                         producer = Some(connect(options, &h.producer)?);
@@ -612,7 +624,11 @@ pub fn run(
                 break;
             }
         }
-        for r in engine.tick(boottime_ns(), source.can_sync()) {
+        // No clock request while the firmware is still busy with a flush:
+        // it would wait behind the flush (the engine's
+        // `SYNC_ANSWER_WAIT_NS`).
+        let can_sync = source.can_sync() && !source.flush_unanswered();
+        for r in engine.tick(boottime_ns(), can_sync) {
             if !source.request(r) {
                 requests_unsupported += 1;
             }

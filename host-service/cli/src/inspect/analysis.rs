@@ -82,6 +82,13 @@
 //!   snapshots relates to the trace clock, and a snapshot a trace processor
 //!   refuses (a clock redefined with another unit or incremental flag, the
 //!   trace clock going back).
+//! * Two snapshots of a sequence relating one of its sequence-scoped
+//!   clocks to a global one (a firmware clock to BOOTTIME, as
+//!   `shmtrace bridge` does) contradict each other when the offset between
+//!   the two clocks moved by more than [`SNAPSHOT_STEP_NS`] and more than a
+//!   tenth of the time between them: no two clocks that are both right
+//!   drift that far apart, so the events around them are misplaced by that
+//!   much (a relation measured 0.5 s off, then stated right).
 //! * A timestamp is resolved when it is read: a clock must be related
 //!   before the first packet stamped on it (a trace processor of today
 //!   retries such packets at the end of the trace; older ones drop them).
@@ -120,6 +127,10 @@ const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 const BOOTTIME: u32 = 6;
 /// Problems kept per kind (all are counted).
 const MAX_PROBLEMS_PER_KIND: usize = 50;
+/// How far the offset between a sequence-scoped clock and a global one
+/// may move between two snapshots of a sequence (and a tenth of the time
+/// between them) before they contradict each other (module docs).
+pub const SNAPSHOT_STEP_NS: u64 = 100_000_000;
 
 /// Buffer statistics that mean data was lost, with what they mean.
 pub const BUFFER_LOSS_STATS: &[(&str, &str)] = &[
@@ -666,6 +677,9 @@ pub struct Analyzer {
     builtin_clocks: BTreeSet<u32>,
     /// Every clock snapshot so far.
     clock_graph: Clocks,
+    /// The last readings `(scoped, global)` a snapshot of sequence `.0`
+    /// gave its sequence-scoped clock `.1` and the global clock `.2`.
+    related: HashMap<(u32, u32, u32), (u64, u64)>,
     /// The clock timestamps are resolved to (the service's primary trace
     /// clock, else BOOTTIME).
     trace_clock: Option<u32>,
@@ -1137,6 +1151,50 @@ impl Analyzer {
         let target = self.trace_clock.unwrap_or(BOOTTIME);
         if let Err(e) = self.clock_graph.add_snapshot(seq_id, &taken, target) {
             let message = format!("{at}: clock snapshot refused (as a trace processor does): {e}");
+            self.problem(ProblemKind::Timestamps, message);
+            return;
+        }
+        self.contradictions(seq_id, &taken, at);
+    }
+
+    /// Compares the relations a snapshot of `seq_id` states between its
+    /// sequence-scoped clocks and global ones with the sequence's
+    /// previous ones (module docs).
+    fn contradictions(&mut self, seq_id: u32, taken: &[SnapshotClock], at: &str) {
+        let scoped = |c: &SnapshotClock| (clocks::FIRST_SEQUENCE_SCOPED..128).contains(&c.id);
+        let plain = |c: &&SnapshotClock| !c.incremental;
+        let ns = |c: &SnapshotClock| c.timestamp.saturating_mul(c.unit_ns);
+        let mut found = Vec::new();
+        for a in taken.iter().filter(plain).filter(|c| scoped(c)) {
+            for b in taken
+                .iter()
+                .filter(plain)
+                .filter(|c| !scoped(c) && c.id < 128)
+            {
+                let now = (ns(a), ns(b));
+                let Some(before) = self.related.insert((seq_id, a.id, b.id), now) else {
+                    continue;
+                };
+                let (Some(da), Some(db)) =
+                    (now.0.checked_sub(before.0), now.1.checked_sub(before.1))
+                else {
+                    continue; // a clock went back: the graph's rules
+                };
+                let step = da.abs_diff(db);
+                if step > SNAPSHOT_STEP_NS && step > da.max(db) / 10 {
+                    found.push(format!(
+                        "{at}: clock snapshot contradicts the one before it on sequence {seq_id}: \
+                         the offset of clock {} to {} moved by {:.3} s in {:.3} s (events around \
+                         them are misplaced by up to that much)",
+                        a.id,
+                        clock_name(b.id),
+                        step as f64 / 1e9,
+                        db as f64 / 1e9
+                    ));
+                }
+            }
+        }
+        for message in found {
             self.problem(ProblemKind::Timestamps, message);
         }
     }

@@ -215,6 +215,43 @@ fn requests_become_host_frames_and_a_flush_waits_for_its_barrier() {
     assert_eq!(drain(&mut d), []);
 }
 
+/// A flush given up on is not over for the firmware: it obeys its
+/// commands in order, so until the barrier's answer comes it is still
+/// sending what the flush committed, and a SYNC sent meanwhile waits
+/// behind it. (Under load a booting firmware answered its quieting
+/// flush's barrier a second after it was sent, 0.6 s after the bridge
+/// gave up on it; the eight clock requests sent meanwhile came back with
+/// bounds of 0.5 s, and the session got the flush's pre-session chunks.)
+#[test]
+fn a_flush_given_up_on_is_unanswered_until_its_barrier_comes() {
+    let mut d = FrameStreamDecoder::new(None);
+    assert!(!d.flush_unanswered());
+    let mut out = Vec::new();
+    assert!(d.encode_request(Request::Flush, &mut out));
+    let first = d.state.barrier.unwrap();
+    assert!(d.flush_pending() && d.flush_unanswered());
+    d.give_up_flush();
+    assert!(!d.flush_pending());
+    assert!(d.flush_unanswered(), "the firmware is still at it");
+    // A second flush: only its own barrier's answer ends it.
+    assert!(d.encode_request(Request::Flush, &mut out));
+    let second = d.state.barrier.unwrap();
+    let mut enc = FrameEncoder::new();
+    let mut wire = Vec::new();
+    for (t, nonce) in [(10, 7), (11, first)] {
+        enc.clock(t, nonce, &mut |b: &[u8]| wire.extend_from_slice(b));
+    }
+    d.push(&wire);
+    assert!(d.flush_unanswered());
+    wire.clear();
+    enc.clock(12, second, &mut |b: &[u8]| wire.extend_from_slice(b));
+    d.push(&wire);
+    assert!(!d.flush_pending() && !d.flush_unanswered());
+    // Neither barrier answer is a clock sample; the clock's answer is.
+    let events = drain(&mut d);
+    assert_eq!(events.len(), 1, "{events:?}");
+}
+
 #[test]
 fn broken_input_is_counted_and_the_good_frames_still_come_through() {
     let mut enc = FrameEncoder::new();
