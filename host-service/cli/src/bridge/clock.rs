@@ -135,6 +135,8 @@ pub struct ClockSync {
     next_nonce: u32,
     /// The estimate last injected, and when (host time).
     injected: Option<(Estimate, u64)>,
+    /// The widest bound of an estimate injected.
+    loosest_injected: Option<u64>,
     /// Samples refused (unknown nonce answered late, answers before their
     /// request, offsets out of range).
     pub rejected: u64,
@@ -159,6 +161,7 @@ impl ClockSync {
             samples: VecDeque::new(),
             next_nonce: 1,
             injected: None,
+            loosest_injected: None,
             rejected: 0,
         }
     }
@@ -333,6 +336,14 @@ impl ClockSync {
     /// A snapshot of `est` was injected at host time `now`.
     pub fn injected(&mut self, est: Estimate, now: u64) {
         self.injected = Some((est, now));
+        self.loosest_injected = self.loosest_injected.max(Some(est.bound_ns));
+    }
+
+    /// The widest bound of a relation injected so far: the trace's events
+    /// near that snapshot are placed within it (the latest estimate's
+    /// bound may be far tighter).
+    pub fn loosest_injected(&self) -> Option<u64> {
+        self.loosest_injected
     }
 
     /// The relation injected last.
@@ -390,6 +401,24 @@ mod tests {
         let e = c.estimate(2000 * MS + 200_000).unwrap();
         assert_eq!(e.bound_ns, 100_000);
         assert_eq!(e.offset_ns, (996 * MS) as i64);
+    }
+
+    /// The summary says how loose the loosest relation stated in the
+    /// trace was, not only the latest estimate's bound.
+    #[test]
+    fn the_loosest_relation_injected_is_kept() {
+        let mut c = ClockSync::new();
+        assert_eq!(c.loosest_injected(), None);
+        let n = c.request(1000 * MS);
+        c.sample(5 * MS, Some(n), 2000 * MS, 0); // bound 500 ms
+        let loose = c.estimate(2000 * MS).unwrap();
+        c.injected(loose, 2000 * MS);
+        let n = c.request(3000 * MS);
+        c.sample(2004 * MS, Some(n), 3000 * MS + 2 * MS, 0); // bound 1 ms
+        let tight = c.estimate(3000 * MS + 2 * MS).unwrap();
+        assert_eq!(tight.bound_ns, MS);
+        c.injected(tight, 3000 * MS + 2 * MS);
+        assert_eq!(c.loosest_injected(), Some(500 * MS));
     }
 
     #[test]

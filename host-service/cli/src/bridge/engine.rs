@@ -283,6 +283,9 @@ pub struct ClockStatus {
     pub fixed: bool,
     /// The firmware clock's rate against the host's, if measured.
     pub rate: Option<Rate>,
+    /// The widest bound of a relation put into the trace
+    /// ([`ClockSync::loosest_injected`]).
+    pub loosest_stated_ns: Option<u64>,
 }
 
 /// What the user is told when a boot's clock does not run at the host's
@@ -410,6 +413,7 @@ impl<O: Output> Engine<O> {
             rejected: b.clock.rejected,
             fixed: self.fixed_offset.is_some(),
             rate: b.needs_clock.then(|| b.clock.rate()).flatten(),
+            loosest_stated_ns: b.clock.loosest_injected(),
         })
     }
 

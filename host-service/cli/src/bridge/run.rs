@@ -136,6 +136,7 @@ impl Summary {
                 "fixed": c.fixed,
                 "offset_ns": c.estimate.map(|e| e.offset_ns),
                 "bound_ns": c.estimate.map(|e| e.bound_ns),
+                "loosest_stated_bound_ns": c.loosest_stated_ns,
                 "two_way": c.estimate.map(|e| e.two_way),
                 "rate": c.rate.map(|r| r.ratio()),
                 "rate_beyond_drift": c.rate.map(|r| r.beyond_drift),
@@ -286,12 +287,13 @@ impl fmt::Display for Summary {
                 samples,
                 rejected,
                 fixed: false,
+                loosest_stated_ns,
                 ..
             }) => writeln!(
                 out,
                 "  clock {clock_id}: BOOTTIME = firmware {} {:.6} s, error within {:.3} ms \
                  ({}, {samples} samples, {rejected} refused; {} snapshots injected, {} again \
-                 into one sequence)",
+                 into one sequence{})",
                 if est.offset_ns < 0 { "-" } else { "+" },
                 est.offset_ns.unsigned_abs() as f64 / 1e9,
                 est.bound_ns as f64 / 1e6,
@@ -301,7 +303,14 @@ impl fmt::Display for Summary {
                     "one-way, plus the link's fixed latency"
                 },
                 e.snapshots,
-                e.snapshots_reinjected
+                e.snapshots_reinjected,
+                match loosest_stated_ns {
+                    Some(w) if *w > est.bound_ns => format!(
+                        "; the loosest stated in the trace within {:.3} ms",
+                        *w as f64 / 1e6
+                    ),
+                    _ => String::new(),
+                }
             )?,
             Some(ClockStatus { clock_id, .. }) if *clock_id >= 64 => writeln!(
                 out,
@@ -799,6 +808,40 @@ mod tests {
                 .to_string()
                 .contains("boots ended mid-session 1 (their open chunks and undrained ring lost"));
         }
+    }
+
+    /// A relation first stated loose (its first samples queued behind a
+    /// slow link), then tight: the summary names both bounds.
+    #[test]
+    fn the_summary_names_the_loosest_relation_the_trace_holds() {
+        use crate::bridge::clock::Estimate;
+        let mut s = summary(EngineStats::default(), Vec::new());
+        s.clock = Some(ClockStatus {
+            clock_id: 65,
+            estimate: Some(Estimate {
+                offset_ns: 2_000_000_000,
+                bound_ns: 1_000_000,
+                two_way: true,
+                firmware_ns: 0,
+            }),
+            samples: 16,
+            rejected: 0,
+            fixed: false,
+            rate: None,
+            loosest_stated_ns: Some(500_000_000),
+        });
+        let text = s.to_string();
+        assert!(
+            text.contains("error within 1.000 ms (two-way")
+                && text.contains("; the loosest stated in the trace within 500.000 ms)"),
+            "{text}"
+        );
+        assert_eq!(s.to_json()["clock"]["loosest_stated_bound_ns"], 500_000_000);
+        // Never looser than now: not said.
+        if let Some(c) = &mut s.clock {
+            c.loosest_stated_ns = Some(1_000_000);
+        }
+        assert!(!s.to_string().contains("loosest"));
     }
 
     #[test]
