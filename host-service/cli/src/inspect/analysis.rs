@@ -202,9 +202,10 @@ pub enum ProblemKind {
     Flows,
     /// A counter event without a value or on a non-counter track.
     Counters,
-    /// A timestamp that cannot be resolved: a negative delta on an
-    /// incremental clock, or a clock the sequence does not define or cannot
-    /// convert.
+    /// A timestamp that cannot be resolved (a negative delta on an
+    /// incremental clock, a clock the sequence does not define or cannot
+    /// convert), or a clock snapshot that a trace processor refuses or
+    /// that contradicts the sequence's one before.
     Timestamps,
     /// Data is missing and nothing records a loss.
     UnmarkedLoss,
@@ -234,7 +235,7 @@ impl ProblemKind {
             Self::Interning => "unresolved interning",
             Self::Flows => "unpaired flows",
             Self::Counters => "bad counters",
-            Self::Timestamps => "unresolvable timestamps",
+            Self::Timestamps => "unresolvable timestamps or bad clock snapshots",
             Self::UnmarkedLoss => "unmarked data loss",
             Self::Unsupported => "content inspect cannot read",
         }
