@@ -158,6 +158,11 @@ impl State {
                 let restart = seq == 0 && expected.is_some();
                 if restart {
                     self.events.push_back(FirmwareEvent::Reset);
+                    // The new boot never answers the old one's barrier: it
+                    // is busy with no flush, and may be asked for its
+                    // time at once. (The flush itself waits on, until it
+                    // is given up: its sessions see the restart first.)
+                    self.unanswered = None;
                 }
                 self.events.push_back(FirmwareEvent::Hello(Hello {
                     boot_id: h.boot_id,

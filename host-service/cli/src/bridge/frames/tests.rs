@@ -252,6 +252,33 @@ fn a_flush_given_up_on_is_unanswered_until_its_barrier_comes() {
     assert_eq!(events.len(), 1, "{events:?}");
 }
 
+/// A firmware that restarts while a flush waits never answers that
+/// flush's barrier: the new boot is busy with nothing, so its clock may
+/// be asked for at once (before: no clock request for the new boot until
+/// the old barrier's answer was given up on, 2 s, and its chunks, held
+/// for a clock sample, went without one). The flush itself still waits,
+/// so the restart reaches its sessions first.
+#[test]
+fn a_restart_leaves_no_flush_unanswered() {
+    let mut d = FrameStreamDecoder::new(None);
+    let mut enc = FrameEncoder::new();
+    d.push(&stream(&mut enc));
+    let mut out = Vec::new();
+    assert!(d.encode_request(Request::Flush, &mut out));
+    assert!(d.flush_pending() && d.flush_unanswered());
+    let mut restarted = FrameEncoder::new();
+    let mut wire = Vec::new();
+    restarted.hello(&hello(8), &mut |b: &[u8]| wire.extend_from_slice(b));
+    d.push(&wire);
+    assert!(!d.flush_unanswered(), "the new boot answers no old barrier");
+    assert!(d.flush_pending(), "the flush waits until it is given up");
+    let events = drain(&mut d);
+    assert!(
+        events.iter().any(|e| matches!(e, FirmwareEvent::Reset)),
+        "{events:?}"
+    );
+}
+
 #[test]
 fn broken_input_is_counted_and_the_good_frames_still_come_through() {
     let mut enc = FrameEncoder::new();
