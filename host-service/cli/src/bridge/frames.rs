@@ -179,11 +179,6 @@ impl State {
                 }
             }
             Frame::Clock { firmware_ns, nonce } => {
-                log::debug!(
-                    "CLOCK frame {seq}: firmware {firmware_ns} nonce {nonce:#x} (barrier waited \
-                     for: {:?})",
-                    self.barrier
-                );
                 if nonce != 0 && self.unanswered == Some(nonce) {
                     self.unanswered = None;
                 }
@@ -285,10 +280,6 @@ impl StreamDecoder for FrameStreamDecoder {
 
     fn encode_request(&mut self, request: Request, out: &mut Vec<u8>) -> bool {
         use shmtrace_abi::frame::kind;
-        log::debug!(
-            "request {request:?} at BOOTTIME {}",
-            super::run::boottime_ns()
-        );
         let sink = &mut |b: &[u8]| out.extend_from_slice(b);
         match request {
             Request::Enable(true) => self.encoder.command(kind::ENABLE, sink),
@@ -303,7 +294,6 @@ impl StreamDecoder for FrameStreamDecoder {
                 self.encoder.command_u32(kind::SYNC, nonce, sink);
                 self.state.barrier = Some(nonce);
                 self.state.unanswered = Some(nonce);
-                log::debug!("flush barrier {nonce:#x}");
             }
         }
         true
