@@ -538,9 +538,17 @@ mod tests {
             }
         }
 
-        /// One owner event: the lock, held for `stay`, counted in `seen`.
-        fn owner_event(&self, cell: &WriterCell, stay: Stay, seen: &mut Seen) {
-            let (g, backed_off) = lock_owner_counted(cell);
+        /// One owner event: the lock, held for `stay`, counted in `seen`;
+        /// `after_first_try` runs between the owner's first attempt and
+        /// any wait for a taker.
+        fn owner_event(
+            &self,
+            cell: &WriterCell,
+            stay: Stay,
+            seen: &mut Seen,
+            after_first_try: impl FnOnce(),
+        ) {
+            let (g, backed_off) = lock_owner_counted(cell, after_first_try);
             self.hold(stay);
             drop(g);
             seen.owner_in += 1;
@@ -596,9 +604,14 @@ mod tests {
     }
 
     /// [`WriterCell::lock_owner`] step by step, telling whether the owner
-    /// had to back off for a taker.
-    fn lock_owner_counted(cell: &WriterCell) -> (CellGuard<'_>, bool) {
+    /// had to back off for a taker; runs `after_first_try` after the
+    /// owner's first attempt.
+    fn lock_owner_counted(
+        cell: &WriterCell,
+        after_first_try: impl FnOnce(),
+    ) -> (CellGuard<'_>, bool) {
         let backed_off = !cell.lock.owner_enter();
+        after_first_try();
         if backed_off {
             cell.lock.owner_enter_slow();
         }
@@ -659,7 +672,7 @@ mod tests {
         let mut jitter = Jitter(0x85eb_ca6b);
         let start = Instant::now();
         loop {
-            race.owner_event(&cell, jitter.stay(LONG_ONE_IN, 20), &mut seen);
+            race.owner_event(&cell, jitter.stay(LONG_ONE_IN, 20), &mut seen, || {});
             jitter.pause(OWNER_PAUSE);
             if seen.owner_in % 64 == 0 && race.over(&mut seen, start, true) {
                 break;
@@ -708,21 +721,37 @@ mod tests {
     /// the taker's membarrier removed this sees two holders within about
     /// 10-80 ms (x86 VM, debug and release); the free-running race above
     /// never did in 300 ms. (A 0-255 delay caught it in 4 of 5 debug runs.)
+    ///
+    /// Now and then the owner starts only once the taker is inside, and
+    /// the taker stays until the owner has tried, so that the owner finds
+    /// the taker's flag and backs off. The racing rounds alone need the
+    /// taker to claim within the owner's delay, which a slower machine
+    /// never did: 0 back-offs in 1.9 million rounds (CI, 90 s).
     fn lockstep(mode: LockMode) -> Seen {
         let cell = cell(mode);
         let race = Arc::new(Race::default());
         // The round the owner started, the round the taker finished.
         let go = Arc::new(AtomicU64::new(0));
         let finished = Arc::new(AtomicU64::new(0));
+        // The last round in which the owner follows the taker in, and the
+        // last round in which the owner made its first attempt.
+        let owner_follows = Arc::new(AtomicU64::new(0));
+        let owner_tried = Arc::new(AtomicU64::new(0));
         let taker = {
             let (cell, race, go, finished) =
                 (cell.clone(), race.clone(), go.clone(), finished.clone());
+            let (owner_follows, owner_tried) = (owner_follows.clone(), owner_tried.clone());
             std::thread::spawn(move || {
                 for round in 1.. {
                     if !wait_for(&go, round, || race.done.load(Ordering::Relaxed)) {
                         return;
                     }
-                    race.taker_attempt(&cell, cell.lock.mode(), Stay::Spins(20));
+                    let stay = if owner_follows.load(Ordering::Relaxed) == round {
+                        Stay::Until(&owner_tried, round)
+                    } else {
+                        Stay::Spins(20)
+                    };
+                    race.taker_attempt(&cell, cell.lock.mode(), stay);
                     finished.store(round, Ordering::Release);
                 }
             })
@@ -731,8 +760,17 @@ mod tests {
         let mut jitter = Jitter(0x2545_f491);
         let start = Instant::now();
         for round in 1.. {
+            let follows = jitter.next() % (4 * LONG_ONE_IN) == 1;
+            if follows {
+                owner_follows.store(round, Ordering::Relaxed);
+            }
             let delay = jitter.next() % 64;
             go.store(round, Ordering::Release);
+            if follows {
+                // Until the taker is inside (or has given up).
+                let taker_in = || race.inside.load(Ordering::SeqCst) > 0;
+                wait_for(&finished, round, taker_in);
+            }
             for i in 0..delay {
                 std::hint::black_box(i);
             }
@@ -743,7 +781,9 @@ mod tests {
             } else {
                 Stay::Spins(20)
             };
-            race.owner_event(&cell, stay, &mut seen);
+            race.owner_event(&cell, stay, &mut seen, || {
+                owner_tried.store(round, Ordering::Release);
+            });
             if !wait_for(&finished, round, || start.elapsed() >= GIVE_UP) {
                 break;
             }
