@@ -360,12 +360,12 @@ pub const fn partition(bitmap: u32, layout: PageLayout) -> Result<u32, Partition
     Ok(partitioned(layout))
 }
 
-/// `(i, word)` for `i` in `0..rounds` (2,000 under miri, which runs some
+/// `(i, word)` for `i` in `0..rounds` (500 under miri, which runs some
 /// 10,000 times slower): pseudo-random state words (xorshift32 from
 /// `seed`), for the sweeps of the state word's tests here and in `sync`.
 #[cfg(test)]
 pub(crate) fn sweep(seed: u32, rounds: u32) -> impl Iterator<Item = (u32, u32)> {
-    let rounds = if cfg!(miri) { 2_000 } else { rounds };
+    let rounds = if cfg!(miri) { 500 } else { rounds };
     (0..rounds).scan(seed, |x, i| {
         *x ^= *x << 13;
         *x ^= *x >> 17;

@@ -236,7 +236,7 @@ fn decode(bytes: &[u8], cuts: &[usize], buf_len: usize) -> (Vec<(u32, Model)>, D
 
 fn cases() -> u32 {
     if cfg!(miri) {
-        4
+        2
     } else {
         256
     }

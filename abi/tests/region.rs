@@ -218,12 +218,15 @@ proptest! {
 
     /// A region of arbitrary bytes (the header made valid or not): polls
     /// end, never panic, and hand out only chunks with valid headers.
+    /// (The bytes are drawn as words: eight times fewer draws, a third of
+    /// the time under miri.)
     #[test]
     fn the_reader_survives_arbitrary_regions(
-        bytes in proptest::collection::vec(any::<u8>(), 256 + 8 * 32 + 8192),
+        words in proptest::collection::vec(any::<u64>(), (256 + 8 * 32 + 8192) / 8),
         valid_header in any::<bool>(),
         polls in 1usize..20,
     ) {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut storage = Box::new(RegionStorage::<8192, 8>::new());
         let handles = storage.init(&RegionConfig::new("garbage")).unwrap();
         let header = handles.header;
