@@ -60,6 +60,7 @@ use std::ffi::OsString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -930,6 +931,9 @@ pub struct Outcome {
     /// Every session, the first included (its `report`, `inspect`,
     /// `trace_bytes` and `cli_summary` are also the fields above).
     pub sessions: Vec<SessionTrace>,
+    /// The run's directory, deleted with the last clone of the outcome,
+    /// or kept if the thread is panicking then (see [`RunDir`]).
+    run_dir: Arc<RunDir>,
     /// Under a TCP producer socket: the established connections to the
     /// service's port (in this network namespace) once every producer had
     /// started its data source.
@@ -1024,6 +1028,23 @@ impl Outcome {
 /// The private directory of one run: sockets, config, traces, logs.
 struct WorkDir {
     dir: tempfile::TempDir,
+}
+
+/// A run's directory after the run: kept, and named on stderr, if it is
+/// dropped while the thread panics, so that a test's failed assertion on
+/// the outcome (the checker's verdict, a count) leaves the trace, the
+/// checker's reports and the processes' logs for a look.
+#[derive(Debug, Default)]
+struct RunDir(Option<tempfile::TempDir>);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("kept {}", dir.keep().display());
+            }
+        }
+    }
 }
 
 impl WorkDir {
@@ -1580,9 +1601,11 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     shmtrace_binary()?;
     let dir = WorkDir::new(&format!("{}-{}", scenario.name, cell.name()))?;
     match run_in(&dir, cell, bins, scenario, phases) {
-        Ok(outcome) => {
+        Ok(mut outcome) => {
             if std::env::var_os("SHMTRACE_KEEP_RUNS").is_some() {
                 eprintln!("kept {}", dir.dir.keep().display());
+            } else {
+                outcome.run_dir = Arc::new(RunDir(Some(dir.dir)));
             }
             Ok(outcome)
         }
@@ -1991,6 +2014,7 @@ fn run_in(
         inspect: inspected,
         cli_summary: cli_summaries[0].clone(),
         sessions,
+        run_dir: Arc::default(),
         central_connections,
         machine_links: networks
             .iter()
