@@ -1030,23 +1030,6 @@ struct WorkDir {
     dir: tempfile::TempDir,
 }
 
-/// A run's directory after the run: kept, and named on stderr, if it is
-/// dropped while the thread panics, so that a test's failed assertion on
-/// the outcome (the checker's verdict, a count) leaves the trace, the
-/// checker's reports and the processes' logs for a look.
-#[derive(Debug, Default)]
-struct RunDir(Option<tempfile::TempDir>);
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            if let Some(dir) = self.0.take() {
-                eprintln!("kept {}", dir.keep().display());
-            }
-        }
-    }
-}
-
 impl WorkDir {
     fn new(name: &str) -> Result<Self> {
         // Unix socket paths are limited to 107 bytes: prefer a short base.
@@ -1069,6 +1052,24 @@ impl WorkDir {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+}
+
+/// A run's directory after the run: kept, and named on stderr, if it is
+/// dropped while the thread panics, so that a test's failed assertion on
+/// the outcome (the checker's verdict, a count) leaves the trace, the
+/// checker's reports and the processes' logs for a look; always kept
+/// under `SHMTRACE_KEEP_RUNS`.
+#[derive(Debug, Default)]
+struct RunDir(Option<tempfile::TempDir>);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if thread::panicking() || std::env::var_os("SHMTRACE_KEEP_RUNS").is_some() {
+            if let Some(dir) = self.0.take() {
+                eprintln!("kept {}", dir.keep().display());
+            }
+        }
     }
 }
 
@@ -1602,11 +1603,7 @@ pub fn run(cell: Cell, bins: &RealBinaries, scenario: &Scenario) -> Result<Outco
     let dir = WorkDir::new(&format!("{}-{}", scenario.name, cell.name()))?;
     match run_in(&dir, cell, bins, scenario, phases) {
         Ok(mut outcome) => {
-            if std::env::var_os("SHMTRACE_KEEP_RUNS").is_some() {
-                eprintln!("kept {}", dir.dir.keep().display());
-            } else {
-                outcome.run_dir = Arc::new(RunDir(Some(dir.dir)));
-            }
+            outcome.run_dir = Arc::new(RunDir(Some(dir.dir)));
             Ok(outcome)
         }
         // Every process of the run is gone by now (dropped in `run_in`).
