@@ -23,8 +23,8 @@ use shmtrace_tests::process::ChildProcess;
 use shmtrace_tests::real_binaries;
 use shmtrace_tests::scenario::{self, ServiceImpl};
 
-/// How long building the snippet may take (host-producer and its
-/// dependencies, once; the target directory is kept between runs).
+/// How long building the snippet may take (host-producer and those of its
+/// dependencies the workspace's tests did not build with the same features).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long any other step may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,14 +82,18 @@ fn build_crate(repo: &Path, dir: &Path, name: &str, dependencies: &str, main_rs:
     )
     .unwrap();
     std::fs::write(dir.join("src/main.rs"), main_rs).unwrap();
-    // The workspace's crate versions; a target directory kept between runs.
+    // The workspace's crate versions, and its target directory (this test's
+    // `cargo test` holds no lock on it while tests run): dependencies built
+    // with the same features are built once.
     std::fs::copy(repo.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-    let target = repo.join("target").join("readme-snippet");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("CARGO_TARGET_TMPDIR is <target dir>/tmp");
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command
         .args(["build", "--quiet"])
         .current_dir(dir)
-        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_TARGET_DIR", target)
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_TARGET");
